@@ -1,0 +1,5 @@
+import sys
+
+from rotviz.cli import main
+
+sys.exit(main())

@@ -1,0 +1,99 @@
+"""The `rotviz` command line. Every user error is one line on stderr and exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rotviz.errors import RotvizError
+
+
+def _bool_flag(p: argparse.ArgumentParser, name: str, help: str) -> None:
+    p.add_argument(f"--{name}", action=argparse.BooleanOptionalAction, default=True, help=help)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rotviz", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    m = sub.add_parser("match", help="move SOURCE next to ANCHOR inside its symmetry class")
+    m.add_argument("anchor", help="anchor model: a save_pretrained directory or zoo:NAME")
+    m.add_argument("source", help="source model, same architecture")
+    m.add_argument("--out", required=True, help="directory for the matched source (safetensors)")
+    _bool_flag(m, "ffn", "match FFN neurons by permutation (default on)")
+    _bool_flag(m, "attn", "match attention heads by Q-K and V-O rotations (default on)")
+    _bool_flag(m, "rescale", "rescale Q-K and V-O per head (default on)")
+    m.add_argument("--layers", default=None, help="layer subset, e.g. 0,2-5 (default: all)")
+    m.add_argument("--report", default=None, help="write the full report as JSON here")
+    m.add_argument("--device", default="auto", help="auto, cpu, cuda or mps (default auto)")
+    m.set_defaults(func=cmd_match)
+    for register in _extra_commands():
+        register(sub)
+    return parser
+
+
+def _extra_commands():
+    """Sub-commands contributed by other modules (zoo, eval, landscape, ...), if present."""
+    import importlib
+
+    out = []
+    for mod in ("rotviz.cli_zoo", "rotviz.cli_landscape"):
+        try:
+            out.append(importlib.import_module(mod).register)
+        except ModuleNotFoundError as e:
+            if e.name != mod:
+                raise
+    return out
+
+
+def cmd_match(args: argparse.Namespace) -> int:
+    from rotviz.matching import MatchOptions, parse_layers
+    from rotviz.models import load_model, pick_device, save_model
+    from rotviz.pipeline import FUNCTION_TOLERANCE, match_models
+
+    device = pick_device(args.device)
+    anchor = load_model(args.anchor)
+    source = load_model(args.source)
+    layers = parse_layers(args.layers, _n_layers(anchor))
+    options = MatchOptions(args.ffn, args.attn, args.rescale, layers)
+    out = match_models(anchor, source, options, device)
+    rep = out.report
+    if not out.preserved:
+        raise RotvizError(
+            f"matched model changes the function (max logit difference {rep.max_output_diff:.2e} > "
+            f"{FUNCTION_TOLERANCE:g}); nothing written. Please report this as a bug."
+        )
+    report_json = json.dumps(rep.to_dict(), indent=2)
+    save_model(source, out.state, args.out)
+    if args.report:
+        Path(args.report).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.report).write_text(report_json)
+    print(
+        f"matched [{options.label}] on {device}: distance {rep.before.total:.4f} -> {rep.after.total:.4f} "
+        f"in {rep.seconds:.2f} s; max output difference {rep.max_output_diff:.2e}; wrote {args.out}"
+    )
+    return 0
+
+
+def _n_layers(loaded) -> int:
+    from rotviz.view import resolve_layout
+
+    return len(resolve_layout(loaded.spec, loaded.state).blocks)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except RotvizError as e:
+        print(f"rotviz: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("rotviz: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

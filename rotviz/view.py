@@ -1,0 +1,315 @@
+"""The canonical view: one model's weights, per block, per head, in (out, in) layout.
+
+`read_view` turns a state dict into a `ModelView` using only the family's `ArchSpec`;
+`write_state` turns a view back into a state dict with the original names, shapes, layouts
+and dtypes, bit for bit. Symmetry actions and matching work on views and return new ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from rotviz.arch import ArchSpec, LinearSpec, config_value
+from rotviz.errors import RotvizError
+
+Tensor = torch.Tensor
+
+
+@dataclass(frozen=True)
+class Dims:
+    n_layers: int
+    d_model: int
+    n_heads: int
+    d_head: int
+    d_ffn: int
+    activation: str
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The resolved tensor names of one concrete model (which alternative of each name)."""
+
+    blocks: tuple[str, ...]  # full block prefixes, e.g. "transformer.h.3."
+    roles: Mapping[str, str]  # role -> name relative to a block (q, k, v, qkv, o, ffn_in, ...)
+    norms: Mapping[str, str]  # site -> name relative to a block
+    final_norm: str | None  # full name
+    writers: tuple[str, ...]  # full tensor names
+    stream_norms: tuple[str, ...]  # full module names
+    readers: tuple[str, ...]  # full module names
+
+
+@dataclass(frozen=True)
+class Attention:
+    """One attention layer, split per head. W_O columns of head h are `wo[h]` (d, d_h)."""
+
+    wq: Tensor  # (H, d_h, d)
+    wk: Tensor
+    wv: Tensor
+    wo: Tensor  # (H, d, d_h)
+    bq: Tensor | None  # (H, d_h)
+    bk: Tensor | None
+    bv: Tensor | None
+    bo: Tensor | None  # (d,)
+
+
+@dataclass(frozen=True)
+class FFN:
+    w_in: Tensor  # (m, d)
+    b_in: Tensor | None  # (m,)
+    w_out: Tensor  # (d, m)
+    b_out: Tensor | None  # (d,)
+    activation: str
+
+
+@dataclass(frozen=True)
+class Norm:
+    weight: Tensor | None
+    bias: Tensor | None
+    site: str  # attn_in / ffn_in (pre) or attn_out / ffn_out (post, on the stream)
+
+
+@dataclass(frozen=True)
+class Block:
+    attn: Attention
+    ffn: FFN
+    norms: Mapping[str, Norm]
+
+
+@dataclass(frozen=True)
+class ModelView:
+    spec: ArchSpec
+    dims: Dims
+    layout: Layout
+    blocks: tuple[Block, ...]
+    other: Mapping[str, Tensor] = field(default_factory=dict)  # everything else, untouched
+    dtypes: Mapping[str, torch.dtype] = field(default_factory=dict)  # original dtypes
+
+    def with_block(self, i: int, block: Block) -> ModelView:
+        blocks = list(self.blocks)
+        blocks[i] = block
+        return replace(self, blocks=tuple(blocks))
+
+    def to(self, dtype: torch.dtype | None = None, device=None) -> ModelView:
+        """A copy with every floating tensor cast (used for float64 matching)."""
+
+        def cast(t):
+            if t is None or not t.is_floating_point():
+                return t
+            return t.to(dtype=dtype or t.dtype, device=device)
+
+        return map_tensors(self, cast)
+
+
+def _present(state: Mapping[str, Tensor], name: str) -> bool:
+    return f"{name}.weight" in state
+
+
+def _pick(state: Mapping[str, Tensor], prefix: str, names: tuple[str, ...]) -> str | None:
+    for alt in names:
+        if _present(state, prefix + alt):
+            return alt
+    return None
+
+
+def resolve_layout(spec: ArchSpec, state: Mapping[str, Tensor]) -> Layout:
+    """Find which alternative of every name this state dict uses."""
+    attn_role = spec.qkv or spec.q
+    assert attn_role is not None
+    for root in spec.roots:
+        for tmpl in spec.block:
+            first = root + tmpl.format(i=0)
+            if _pick(state, first, attn_role.names) is None:
+                continue
+            blocks = []
+            while _pick(state, root + tmpl.format(i=len(blocks)), attn_role.names) is not None:
+                blocks.append(root + tmpl.format(i=len(blocks)))
+            roles = {}
+            for role in ("qkv", "q", "k", "v", "o", "ffn_in", "ffn_out"):
+                lin: LinearSpec | None = getattr(spec, role)
+                if lin is None:
+                    continue
+                alt = _pick(state, first, lin.names)
+                if alt is None:
+                    raise RotvizError(
+                        f"weights do not look like {spec.family}: no tensor "
+                        f"'{first}{lin.names[0]}.weight'; is the weights file complete?"
+                    )
+                roles[role] = alt
+            norms = {}
+            for ns in spec.norms:
+                alt = next((a for a in ns.names if f"{first}{a}.weight" in state), None)
+                if alt is not None:
+                    norms[ns.site] = alt
+            final = next((root + n for n in spec.final_norm if _present(state, root + n)), None)
+            writers = tuple(
+                key
+                for w in spec.writers
+                for key in (root + w, root + w + ".weight", root + w + ".bias")
+                if key in state
+            )
+            stream_norms = tuple(root + n for n in spec.stream_norms if _present(state, root + n))
+            readers = tuple(r for r in spec.readers if _present(state, r))
+            return Layout(tuple(blocks), roles, norms, final, writers, stream_norms, readers)
+    raise RotvizError(
+        f"weights do not look like a {spec.family} model: no attention tensors found; "
+        "check that the weights file belongs to this config"
+    )
+
+
+def model_dims(spec: ArchSpec, config: Mapping, state: Mapping[str, Tensor], layout: Layout) -> Dims:
+    n_layers = len(layout.blocks)
+    d = int(config_value(config, spec.d_model_key))
+    h = int(config_value(config, spec.n_heads_key))
+    if d % h:
+        raise RotvizError(f"hidden size {d} is not divisible by {h} heads; the config is invalid")
+    w_in = _weight(state, layout.blocks[0] + layout.roles["ffn_in"], spec.ffn_in)
+    act = config_value(config, spec.activation_key, spec.default_activation)
+    return Dims(n_layers, d, h, d // h, int(w_in.shape[0]), str(act))
+
+
+def _weight(state: Mapping[str, Tensor], name: str, lin: LinearSpec) -> Tensor:
+    w = state[f"{name}.weight"]
+    return w.t() if lin.transposed else w
+
+
+def read_view(spec: ArchSpec, config: Mapping, state: Mapping[str, Tensor]) -> ModelView:
+    """Read a state dict into the canonical view. The state dict is not modified."""
+    layout = resolve_layout(spec, state)
+    dims = model_dims(spec, config, state, layout)
+    h, dh, d = dims.n_heads, dims.d_head, dims.d_model
+    used: set[str] = set()
+
+    def lin(prefix: str, role: str) -> tuple[Tensor, Tensor | None]:
+        lspec: LinearSpec = getattr(spec, role)
+        name = prefix + layout.roles[role]
+        used.add(f"{name}.weight")
+        bias = state.get(f"{name}.bias")
+        if bias is not None:
+            used.add(f"{name}.bias")
+        return _weight(state, name, lspec), bias
+
+    blocks = []
+    for prefix in layout.blocks:
+        if spec.fused:
+            w, b = lin(prefix, "qkv")
+            wq, wk, wv = (w[j * d : (j + 1) * d] for j in range(3))
+            bq, bk, bv = (None,) * 3 if b is None else (b[j * d : (j + 1) * d] for j in range(3))
+        else:
+            (wq, bq), (wk, bk), (wv, bv) = (lin(prefix, r) for r in ("q", "k", "v"))
+        wo, bo = lin(prefix, "o")
+        heads = [x.reshape(h, dh, d) for x in (wq, wk, wv)]
+        hb = [None if b is None else b.reshape(h, dh) for b in (bq, bk, bv)]
+        attn = Attention(
+            heads[0], heads[1], heads[2], wo.reshape(d, h, dh).permute(1, 0, 2), *hb, bo
+        )
+        w_in, b_in = lin(prefix, "ffn_in")
+        w_out, b_out = lin(prefix, "ffn_out")
+        ffn = FFN(w_in, b_in, w_out, b_out, dims.activation)
+        norms = {}
+        for site, alt in layout.norms.items():
+            nw, nb = state.get(f"{prefix}{alt}.weight"), state.get(f"{prefix}{alt}.bias")
+            used.update(k for k in (f"{prefix}{alt}.weight", f"{prefix}{alt}.bias") if k in state)
+            norms[site] = Norm(nw, nb, site)
+        blocks.append(Block(attn, ffn, norms))
+    other = {k: v for k, v in state.items() if k not in used}
+    dtypes = {k: v.dtype for k, v in state.items()}
+    return ModelView(spec, dims, layout, tuple(blocks), other, dtypes)
+
+
+def write_state(view: ModelView) -> dict[str, Tensor]:
+    """Write a view back to a state dict with the original names, layouts and dtypes."""
+    spec, layout, dims = view.spec, view.layout, view.dims
+    d = dims.d_model
+    out: dict[str, Tensor] = {}
+
+    def put(prefix: str, role: str, w: Tensor, b: Tensor | None) -> None:
+        lspec: LinearSpec = getattr(spec, role)
+        name = prefix + layout.roles[role]
+        key = f"{name}.weight"
+        w = w.t() if lspec.transposed else w
+        out[key] = w.contiguous().to(view.dtypes.get(key, w.dtype))
+        if b is not None:
+            out[f"{name}.bias"] = b.contiguous().to(view.dtypes.get(f"{name}.bias", b.dtype))
+
+    for prefix, blk in zip(layout.blocks, view.blocks):
+        a = blk.attn
+        ws = [x.reshape(d, d) for x in (a.wq, a.wk, a.wv)]
+        bs = [None if b is None else b.reshape(d) for b in (a.bq, a.bk, a.bv)]
+        if spec.fused:
+            bias = None if bs[0] is None else torch.cat(bs)
+            put(prefix, "qkv", torch.cat(ws), bias)
+        else:
+            for role, w, b in zip(("q", "k", "v"), ws, bs):
+                put(prefix, role, w, b)
+        put(prefix, "o", a.wo.permute(1, 0, 2).reshape(d, d), a.bo)
+        put(prefix, "ffn_in", blk.ffn.w_in, blk.ffn.b_in)
+        put(prefix, "ffn_out", blk.ffn.w_out, blk.ffn.b_out)
+        for site, alt in layout.norms.items():
+            norm = blk.norms[site]
+            for part, t in (("weight", norm.weight), ("bias", norm.bias)):
+                if t is not None:
+                    key = f"{prefix}{alt}.{part}"
+                    out[key] = t.contiguous().to(view.dtypes.get(key, t.dtype))
+    for k, v in view.other.items():
+        out[k] = v.to(view.dtypes.get(k, v.dtype))
+    # keep the original key order so saved files diff cleanly
+    order = list(view.dtypes)
+    return {k: out[k] for k in order if k in out} | {k: v for k, v in out.items() if k not in view.dtypes}
+
+
+def map_tensors(view: ModelView, fn) -> ModelView:
+    """Apply `fn` to every tensor of the view (blocks and the rest), returning a new view."""
+
+    def m(obj):
+        return replace(obj, **{f: fn(getattr(obj, f)) for f in obj.__dataclass_fields__
+                               if isinstance(getattr(obj, f), torch.Tensor)})
+
+    blocks = tuple(
+        Block(m(b.attn), m(b.ffn), {s: m(n) for s, n in b.norms.items()}) for b in view.blocks
+    )
+    return replace(view, blocks=blocks, other={k: fn(v) for k, v in view.other.items()})
+
+
+# ---- parameter groups, for distances ------------------------------------------------------
+
+KINDS = ("q", "k", "v", "o", "ffn_in", "ffn_out", "norms", "embeddings", "head", "other")
+
+
+def groups(view: ModelView) -> Iterator[tuple[int | None, str, Tensor]]:
+    """Every floating tensor of the view as (layer or None, module kind, tensor)."""
+    for i, blk in enumerate(view.blocks):
+        a, f = blk.attn, blk.ffn
+        for kind, ts in (
+            ("q", (a.wq, a.bq)),
+            ("k", (a.wk, a.bk)),
+            ("v", (a.wv, a.bv)),
+            ("o", (a.wo, a.bo)),
+            ("ffn_in", (f.w_in, f.b_in)),
+            ("ffn_out", (f.w_out, f.b_out)),
+            ("norms", tuple(t for n in blk.norms.values() for t in (n.weight, n.bias))),
+        ):
+            for t in ts:
+                if t is not None:
+                    yield i, kind, t
+    lay = view.layout
+    tied_aliases = {alias for alias, _ in view.spec.tied}
+    for name, t in view.other.items():
+        if not t.is_floating_point() or name in tied_aliases:
+            continue
+        yield None, _kind_of(name, lay), t
+
+
+def _kind_of(name: str, lay: Layout) -> str:
+    module = name.rsplit(".", 1)[0]
+    if name in lay.writers:
+        return "embeddings"
+    if module in lay.stream_norms or module == lay.final_norm:
+        return "norms"
+    if module in lay.readers:
+        return "head"
+    if any(name.startswith(p) for p in lay.blocks):
+        return "other"
+    return "head"
