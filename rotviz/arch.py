@@ -143,7 +143,10 @@ BERT = ArchSpec(
     model_types=("bert",),
     roots=("bert.", ""),
     readers=("bert.pooler.dense", "pooler.dense", "cls.predictions.transform.dense"),
-    tied=(("cls.predictions.decoder.weight", "bert.embeddings.word_embeddings.weight"),),
+    tied=(
+        ("cls.predictions.decoder.weight", "bert.embeddings.word_embeddings.weight"),
+        ("cls.predictions.decoder.bias", "cls.predictions.bias"),
+    ),
     **_BERT_BLOCK,
 )
 
@@ -153,7 +156,10 @@ ROBERTA = ArchSpec(
     model_types=("roberta",),
     roots=("roberta.", ""),
     readers=("roberta.pooler.dense", "pooler.dense", "lm_head.dense", "classifier.dense"),
-    tied=(("lm_head.decoder.weight", "roberta.embeddings.word_embeddings.weight"),),
+    tied=(
+        ("lm_head.decoder.weight", "roberta.embeddings.word_embeddings.weight"),
+        ("lm_head.decoder.bias", "lm_head.bias"),
+    ),
     **_BERT_BLOCK,
 )
 

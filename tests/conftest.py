@@ -1,0 +1,95 @@
+"""Shared fixtures: tiny random models of every family, saved once per test session.
+
+Models are 2 layers, d = 32, 4 heads, FFN 64 (see rotviz.random_models). Loaded models are
+cached and shared between tests, so tests must never modify them (rotviz never does either;
+several tests check exactly that).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from rotviz.models import Loaded, load_model
+from rotviz.random_models import FAMILIES, save_random
+from rotviz.view import ModelView, read_view
+
+TINY = dict(layers=2, d=32, heads=4, ffn=64)
+
+
+@pytest.fixture(params=FAMILIES)
+def family(request) -> str:
+    """Every test that takes `family` runs once per supported architecture family."""
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def saved(tmp_path_factory) -> Callable[..., Path]:
+    """`saved(family, seed, **sizes)`: the directory of a tiny saved random model (cached)."""
+    root = tmp_path_factory.mktemp("models")
+    cache: dict[tuple, Path] = {}
+
+    def get(fam: str, seed: int = 0, **sizes) -> Path:
+        sizes = {**TINY, **sizes}
+        key = (fam, seed, tuple(sorted(sizes.items())))
+        if key not in cache:
+            name = f"{fam}-s{seed}-" + "-".join(f"{k}{v}" for k, v in sorted(sizes.items()))
+            cache[key] = save_random(fam, root / name, seed=seed, **sizes)
+        return cache[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def loaded(saved) -> Callable[..., Loaded]:
+    """`loaded(family, seed, dtype=None)`: a cached Loaded model (shared: never modify it)."""
+    cache: dict[tuple, Loaded] = {}
+
+    def get(fam: str, seed: int = 0, dtype: torch.dtype | None = None) -> Loaded:
+        key = (fam, seed, dtype)
+        if key not in cache:
+            cache[key] = load_model(saved(fam, seed), dtype=dtype)
+        return cache[key]
+
+    return get
+
+
+def view_of(model: Loaded) -> ModelView:
+    return read_view(model.spec, model.config, model.state)
+
+
+def clone_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in state.items()}
+
+
+def assert_state_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    """Bit-exact equality of two state dicts: keys, dtypes, shapes and values."""
+    assert set(a) == set(b), sorted(set(a) ^ set(b))
+    for k in a:
+        assert a[k].dtype == b[k].dtype, (k, a[k].dtype, b[k].dtype)
+        assert torch.equal(a[k], b[k]), k
+
+
+def changed_keys(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> set[str]:
+    """Keys whose tensors differ in any bit (both dicts must have the same keys)."""
+    assert set(a) == set(b)
+    return {k for k in a if not torch.equal(a[k], b[k])}
+
+
+def module_keys(view: ModelView, layers, roles) -> set[str]:
+    """State-dict keys of the given block roles (q, k, v, qkv, o, ffn_in, ffn_out)."""
+    out = set()
+    for i in layers:
+        prefix = view.layout.blocks[i]
+        for role in roles:
+            if role in view.layout.roles:
+                name = prefix + view.layout.roles[role]
+                out |= {f"{name}.weight", f"{name}.bias"}
+    return out
+
+
+ATTN_ROLES = ("q", "k", "v", "qkv", "o")
+FFN_ROLES = ("ffn_in", "ffn_out")

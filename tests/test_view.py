@@ -1,0 +1,110 @@
+"""The canonical view: bit-exact round trip, no mutation, complete and per-head coverage."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import assert_state_equal, clone_state, view_of
+
+from rotviz.errors import RotvizError
+from rotviz.view import KINDS, groups, read_view, write_state
+
+
+def test_round_trip_is_bit_exact(family, loaded):
+    model = loaded(family)
+    out = write_state(view_of(model))
+    assert list(out) == list(model.state)  # same keys, same order
+    assert_state_equal(out, model.state)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_round_trip_keeps_other_dtypes(family, loaded, dtype):
+    model = loaded(family)
+    state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in model.state.items()}
+    assert_state_equal(write_state(read_view(model.spec, model.config, state)), state)
+
+
+def test_float64_view_writes_back_original_dtype(family, loaded):
+    """Matching runs in float64; writing back must restore the file's dtypes exactly."""
+    model = loaded(family)
+    view64 = view_of(model).to(dtype=torch.float64)
+    assert all(t.dtype == torch.float64 for _, _, t in groups(view64))
+    assert_state_equal(write_state(view64), model.state)
+
+
+def test_read_and_write_never_mutate_the_input(family, loaded):
+    model = loaded(family)
+    before = clone_state(model.state)
+    view = view_of(model)
+    write_state(view)
+    write_state(view.to(dtype=torch.float64))
+    assert_state_equal(model.state, before)
+
+
+def test_view_shapes_follow_dims(family, loaded):
+    view = view_of(loaded(family))
+    dims = view.dims
+    assert (dims.n_layers, dims.d_model, dims.n_heads, dims.d_head, dims.d_ffn) == (2, 32, 4, 8, 64)
+    h, dh, d, m = dims.n_heads, dims.d_head, dims.d_model, dims.d_ffn
+    for blk in view.blocks:
+        a, f = blk.attn, blk.ffn
+        for w in (a.wq, a.wk, a.wv):
+            assert w.shape == (h, dh, d)
+        assert a.wo.shape == (h, d, dh)
+        for b in (a.bq, a.bk, a.bv):
+            assert b is not None and b.shape == (h, dh)
+        assert f.w_in.shape == (m, d) and f.w_out.shape == (d, m)
+        assert f.b_in is not None and f.b_in.shape == (m,)
+        assert len(blk.norms) == 2
+
+
+def test_head_slices_match_the_projection_rows(family, loaded):
+    """Head h owns rows h*d_h:(h+1)*d_h of W_Q (in (out, in) layout) and those columns of W_O."""
+    model = loaded(family)
+    view = view_of(model)
+    d, dh = view.dims.d_model, view.dims.d_head
+    spec, lay = view.spec, view.layout
+    for i, prefix in enumerate(lay.blocks):
+        if spec.fused:
+            w = model.state[prefix + lay.roles["qkv"] + ".weight"]
+            w = w.t() if spec.qkv.transposed else w
+            wq, wk = w[:d], w[d : 2 * d]
+        else:
+            wq = model.state[prefix + lay.roles["q"] + ".weight"]
+            wk = model.state[prefix + lay.roles["k"] + ".weight"]
+        wo = model.state[prefix + lay.roles["o"] + ".weight"]
+        wo = wo.t() if spec.o.transposed else wo
+        a = view.blocks[i].attn
+        for h in range(view.dims.n_heads):
+            rows = slice(h * dh, (h + 1) * dh)
+            assert torch.equal(a.wq[h], wq[rows])
+            assert torch.equal(a.wk[h], wk[rows])
+            assert torch.equal(a.wo[h], wo[:, rows])
+
+
+def test_groups_cover_every_parameter_once(family, loaded):
+    """Distances see every floating tensor of the model, tied copies once."""
+    model = loaded(family)
+    view = view_of(model)
+    seen_storage: set[int] = set()
+    expected = 0
+    for t in model.state.values():
+        if t.is_floating_point() and t.data_ptr() not in seen_storage:
+            seen_storage.add(t.data_ptr())
+            expected += t.numel()
+    got = list(groups(view))
+    assert sum(t.numel() for _, _, t in got) == expected
+    assert {kind for _, kind, _ in got} <= set(KINDS)
+    for i in range(view.dims.n_layers):
+        kinds = {kind for layer, kind, _ in got if layer == i}
+        assert kinds == {"q", "k", "v", "o", "ffn_in", "ffn_out", "norms"}
+    assert any(kind == "embeddings" for layer, kind, _ in got if layer is None)
+
+
+def test_missing_block_tensor_is_a_clear_error(family, loaded):
+    model = loaded(family)
+    lay = view_of(model).layout
+    drop = lay.blocks[0] + lay.roles["ffn_in"] + ".weight"
+    state = {k: v for k, v in model.state.items() if k != drop}
+    with pytest.raises(RotvizError, match="ffn|fc|dense|mlp|complete"):
+        read_view(model.spec, model.config, state)
