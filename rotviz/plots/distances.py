@@ -1,0 +1,70 @@
+"""Parameter distances before and after matching, and the per-option ablation."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from rotviz.plots import style
+
+KIND_NAMES = {
+    "q": "W_Q", "k": "W_K", "v": "W_V", "o": "W_O", "ffn_in": "FFN in", "ffn_out": "FFN out",
+    "norms": "norms", "embeddings": "embeddings", "head": "output head", "other": "other",
+}
+
+
+def _order(keys) -> list[str]:
+    """Layers in numeric order with 'rest' last; kinds in the order given."""
+    keys = list(keys)
+    if all(k == "rest" or str(k).isdigit() for k in keys):
+        return sorted(keys, key=lambda k: (k == "rest", int(k) if str(k).isdigit() else 0))
+    return keys
+
+
+def distance_bars(
+    before: Mapping[str, float],
+    after: Mapping[str, float],
+    by: str = "layer",
+    font_size: int = 14,
+) -> go.Figure:
+    """Grouped bars: distance to the anchor before and after matching, per layer or per kind."""
+    keys = _order(list(before) + [k for k in after if k not in before])
+    names = [KIND_NAMES.get(k, k) for k in keys] if by == "kind" else [str(k) for k in keys]
+    fig = go.Figure()
+    for i, (label, values) in enumerate((("before matching", before), ("after matching", after))):
+        fig.add_bar(
+            x=names, y=[float(values.get(k, 0.0)) for k in keys], name=label,
+            marker_color=style.color(i * 3), marker_pattern_shape="" if i == 0 else "/",
+            hovertemplate="%{x}: %{y:.3f}<extra>" + label + "</extra>",
+        )
+    fig.update_layout(barmode="group")
+    x = style.LAYER if by == "layer" else "module kind (which weights)"
+    title = "Distance to the anchor per " + ("layer" if by == "layer" else "module kind")
+    return style.finish(fig, title, x, style.DISTANCE, "source model", font_size)
+
+
+def ablation_bars(rows: Sequence[Mapping], font_size: int = 14) -> go.Figure:
+    """One bar per matching option: total distance, and the loss barrier where measured.
+
+    Each row has `match` (SPEC), `distance` and optionally `barrier`.
+    """
+    labels = [style.nice_label(str(r["match"])) for r in rows]
+    has_barrier = any(r.get("barrier") is not None for r in rows)
+    titles = ["distance to anchor"] + (["loss barrier"] if has_barrier else [])
+    fig = make_subplots(rows=1, cols=len(titles), horizontal_spacing=0.12, subplot_titles=titles)
+    fig.add_bar(x=labels, y=[float(r["distance"]) for r in rows], name="distance to anchor",
+                marker_color=style.color(3), row=1, col=1,
+                hovertemplate="%{x}: %{y:.3f}<extra>distance</extra>")
+    fig.update_yaxes(title_text=style.DISTANCE, row=1, col=1)
+    fig.update_xaxes(title_text="matching option", row=1, col=1)
+    if has_barrier:
+        fig.add_bar(x=labels, y=[r.get("barrier") for r in rows], name="loss barrier",
+                    marker_color=style.color(4), marker_pattern_shape="/", row=1, col=2,
+                    hovertemplate="%{x}: %{y:.3f}<extra>barrier</extra>")
+        fig.update_yaxes(title_text=style.BARRIER, row=1, col=2)
+        fig.update_xaxes(title_text="matching option", row=1, col=2)
+    style.finish(fig, "What each matching option buys", "matching option", style.DISTANCE,
+                 "measure", font_size)
+    return fig

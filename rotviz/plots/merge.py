@@ -1,0 +1,41 @@
+"""Merged-model accuracy, per fusion method, with and without matching first."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import plotly.graph_objects as go
+
+from rotviz.plots import style
+
+
+def fusion_chart(rows: Sequence[Mapping], metric: str = "acc", font_size: int = 14,
+                 references: Mapping[str, float] | None = None) -> go.Figure:
+    """Grouped bars: one group per fusion method, one bar per matching setting.
+
+    Each row has `method`, `matching` (a label) and the metric (`acc` or `loss`).
+    `references` (e.g. {"anchor": 0.95, "source": 0.94}) are drawn as horizontal lines.
+    """
+    methods = list(dict.fromkeys(str(r["method"]) for r in rows))
+    settings = list(dict.fromkeys(str(r["matching"]) for r in rows))
+    fig = go.Figure()
+    for i, s in enumerate(settings):
+        by_method = {str(r["method"]): r for r in rows if str(r["matching"]) == s}
+        fig.add_bar(
+            x=methods, y=[by_method[m][metric] if m in by_method else None for m in methods],
+            name=style.nice_label(s), marker_color=style.color(i),
+            marker_pattern_shape=("", "/", ".", "x", "-")[i % 5],
+            hovertemplate="%{x}: %{y:.3f}<extra>" + style.nice_label(s) + "</extra>",
+        )
+    for j, (name, value) in enumerate((references or {}).items()):
+        fig.add_scatter(
+            x=methods, y=[float(value)] * len(methods), mode="lines", name=name,
+            line={"color": "#000000" if j == 0 else style.GREY, "dash": ("dash", "dot")[j % 2]},
+            hovertemplate=f"{name}: {float(value):.3f}<extra></extra>",
+        )
+    fig.update_layout(barmode="group")
+    y = style.ACCURACY if metric == "acc" else style.LOSS
+    if metric == "acc":
+        fig.update_yaxes(range=[0, 1.02])
+    title = "Merged model " + ("accuracy" if metric == "acc" else "loss") + " per fusion method"
+    return style.finish(fig, title, "fusion method", y, "matching before fusion", font_size)

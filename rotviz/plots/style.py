@@ -1,0 +1,96 @@
+"""One look for every rotviz figure: a colour-blind-safe palette, axis labels with units.
+
+The Okabe-Ito palette stays distinguishable under the common colour-vision deficiencies;
+lines also differ in dash and marker so a figure printed in grey still reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import plotly.graph_objects as go
+
+# Okabe & Ito (2008), "Color Universal Design"; black last, it is reserved for references.
+OKABE_ITO = (
+    "#E69F00",  # orange
+    "#56B4E9",  # sky blue
+    "#009E73",  # bluish green
+    "#0072B2",  # blue
+    "#D55E00",  # vermillion
+    "#CC79A7",  # reddish purple
+    "#F0E442",  # yellow (weak on white: used last)
+    "#000000",
+)
+DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
+MARKERS = ("circle", "square", "diamond", "triangle-up", "x", "cross", "star", "pentagon")
+GREY = "#7F7F7F"
+
+# Colour scales: sequential 'Viridis' and diverging 'RdBu' (reversed: red = positive) are
+# both readable with red-green colour blindness.
+SEQUENTIAL = "Viridis"
+DIVERGING = "RdBu_r"
+
+# Axis labels, with units, shared by every page so the same quantity reads the same way.
+DISTANCE = "Euclidean distance (L2 norm of parameter difference)"
+ALPHA = "interpolation coefficient α (0 = anchor, 1 = matched source)"
+LOSS = "test loss (cross-entropy, nats)"
+ACCURACY = "test accuracy (fraction correct, 0-1)"
+BARRIER = "loss barrier (nats above the straight line between the end points)"
+SINGULAR = "singular value of the cross matrix (unitless)"
+ANGLE = "rotation angle (degrees)"
+HEAD = "attention head (index)"
+LAYER = "layer (block index; 'rest' = embeddings, final norm, head)"
+
+
+def color(i: int) -> str:
+    """The i-th palette colour (cycling, skipping black unless asked for 8+)."""
+    return OKABE_ITO[i % (len(OKABE_ITO) - 1)]
+
+
+def dash(i: int) -> str:
+    return DASHES[i % len(DASHES)]
+
+
+def marker(i: int) -> str:
+    return MARKERS[i % len(MARKERS)]
+
+
+def finish(
+    fig: go.Figure,
+    title: str,
+    x: str,
+    y: str,
+    legend_title: str | None = None,
+    font_size: int = 14,
+    height: int | None = None,
+) -> go.Figure:
+    """Title, axis labels, legend and font, the same way for every figure."""
+    fig.update_layout(
+        title={"text": title, "x": 0.0, "xanchor": "left"},
+        xaxis_title=x,
+        yaxis_title=y,
+        legend_title_text=legend_title,
+        showlegend=True,
+        font={"size": font_size},
+        template="plotly_white",
+        colorway=list(OKABE_ITO),
+        margin={"l": 70, "r": 30, "t": 70, "b": 60},
+    )
+    if height is not None:
+        fig.update_layout(height=height)
+    return fig
+
+
+def nice_label(label: str) -> str:
+    """Matching option labels ('ffn,attn') in plain words for legends."""
+    words = {"none": "no matching", "ffn": "FFN permutation", "attn": "attention rotation",
+             "rescale": "rescale", "seed": "FFN + attention + rescale (seed paper)",
+             "heads": "head permutation", "residual": "residual rotation",
+             "weight": "all data-free matching", "act": "activation matching",
+             "learned": "learned matching"}
+    parts = [p for p in label.split(",") if p]
+    return " + ".join(words.get(p, p) for p in parts) or "no matching"
+
+
+def labels_of(items: Sequence[dict], key: str = "label") -> list[str]:
+    return [str(it[key]) for it in items]
