@@ -196,9 +196,11 @@ def rotation_angles(r: Tensor) -> tuple[Tensor, Tensor]:
 
 def parse_layers(spec: str | Sequence[int] | None, n_layers: int) -> tuple[int, ...] | None:
     """'0,2-5' -> (0, 2, 3, 4, 5); checked against the model's layer count."""
-    if spec is None or spec == "" or spec == "all":
+    if spec is None or spec == "all":
         return None
     if isinstance(spec, str):
+        if not spec.strip():
+            raise RotvizError("malformed --layers '': give indices or ranges like 0,2-5, or leave it out")
         out: list[int] = []
         for part in spec.split(","):
             part = part.strip()

@@ -19,6 +19,10 @@ from rotviz.view import ModelView, read_view
 
 TINY = dict(layers=2, d=32, heads=4, ffn=64)
 
+# Tiny models gain nothing from intra-op threads, and on a shared 2-core machine OpenMP
+# spin-waiting makes each tiny op up to 100x slower when another process holds a core.
+torch.set_num_threads(1)
+
 
 @pytest.fixture(params=FAMILIES)
 def family(request) -> str:

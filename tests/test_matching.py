@@ -1,0 +1,411 @@
+"""The seed paper's matching: planted recovery, optimality of every solver, toggles, report."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from conftest import (
+    ATTN_ROLES,
+    FFN_ROLES,
+    assert_state_equal,
+    changed_keys,
+    clone_state,
+    module_keys,
+    view_of,
+)
+
+from rotviz.actions import apply, random_element, random_orthogonal
+from rotviz.distances import distances, norm
+from rotviz.errors import RotvizError
+from rotviz.matching import (
+    MatchOptions,
+    best_scale,
+    cross_qk,
+    cross_vo,
+    ffn_permutation,
+    match,
+    parse_layers,
+    procrustes,
+)
+from rotviz.models import max_output_diff
+from rotviz.pipeline import match_models
+from rotviz.view import FFN, KINDS, write_state
+
+F64 = torch.float64
+
+
+def _pair(loaded, family, dtype=F64):
+    """(anchor, source): two independent random models of one family."""
+    return loaded(family, 0, dtype), loaded(family, 1, dtype)
+
+
+# ---- planted recovery -------------------------------------------------------------------
+
+
+def test_planted_image_has_the_same_function(family, loaded):
+    model = loaded(family)
+    view = view_of(model)
+    image = apply(view, random_element(view.dims, seed=42))
+    assert distances(image, view).total > 1.0  # it moved far
+    assert max_output_diff(model, model.state, write_state(image)) <= 1e-4
+
+
+def test_planted_element_is_recovered(family, loaded):
+    original = view_of(loaded(family, 0, F64))
+    image = apply(original, random_element(original.dims, seed=42))
+    assert distances(image, original).total / norm(original) > 0.1
+    result = match(original, image)
+    assert distances(result.view, original).total / norm(original) <= 1e-5
+    assert result.report.after.total / norm(original) <= 1e-5
+
+
+# ---- optimality of each solver ------------------------------------------------------------
+
+
+def _head_distance_qk(r, s, a, h):
+    """||R^T W_Q1 - W_Q2||^2 + ||R^T W_K1 - W_K2||^2 + bias terms, for a batch of R (n, dh, dh)."""
+    rt = r.transpose(-1, -2)
+    d = ((rt @ s.wq[h] - a.wq[h]) ** 2).sum((1, 2)) + ((rt @ s.wk[h] - a.wk[h]) ** 2).sum((1, 2))
+    d = d + ((s.bq[h] @ r - a.bq[h]) ** 2).sum(1) + ((s.bk[h] @ r - a.bk[h]) ** 2).sum(1)
+    return d
+
+
+def _head_distance_vo(r, s, a, h):
+    """||R^T W_V1 - W_V2||^2 + ||b_V1 R - b_V2||^2 + ||W_O1[:, h] R - W_O2[:, h]||^2."""
+    rt = r.transpose(-1, -2)
+    d = ((rt @ s.wv[h] - a.wv[h]) ** 2).sum((1, 2)) + ((s.bv[h] @ r - a.bv[h]) ** 2).sum(1)
+    return d + ((s.wo[h] @ r - a.wo[h]) ** 2).sum((1, 2))
+
+
+def _candidates(r_best: torch.Tensor, n_random: int = 1000, n_local: int = 200, seed: int = 0):
+    """Haar-random orthogonal matrices (both determinants) plus small rotations of r_best."""
+    gen = torch.Generator().manual_seed(seed)
+    dh = r_best.shape[-1]
+    rand = random_orthogonal(n_random, dh, gen)
+    skew = torch.randn(n_local, dh, dh, generator=gen, dtype=F64) * 1e-2
+    local = r_best @ torch.linalg.matrix_exp(skew - skew.transpose(-1, -2))
+    return torch.cat([rand, local])
+
+
+@pytest.mark.parametrize("which", ["qk", "vo"])
+def test_procrustes_beats_random_orthogonal_maps(family, loaded, which):
+    anchor, source = (view_of(m) for m in _pair(loaded, family))
+    cross, head_distance = (cross_qk, _head_distance_qk) if which == "qk" else (
+        cross_vo, _head_distance_vo)
+    result = match(anchor, source, MatchOptions(ffn=False, attn=True, rescale=False))
+    for layer in range(anchor.dims.n_layers):
+        s, a = source.blocks[layer].attn, anchor.blocks[layer].attn
+        m = cross(s, a)
+        r, sv = procrustes(m)
+        dets = torch.linalg.det(r).abs()
+        torch.testing.assert_close(dets, torch.ones_like(dets))
+        for h in range(anchor.dims.n_heads):
+            cand = _candidates(r[h], seed=layer * 100 + h)
+            best = torch.trace(r[h].T @ m[h])
+            scores = torch.einsum("nij,ij->n", cand, m[h])  # tr(Q^T M)
+            assert float(best) >= float(scores.max()) - 1e-9 * abs(float(best))
+            torch.testing.assert_close(best, sv[h].sum())  # the optimum is the nuclear norm
+            d_best = head_distance(r[h][None], s, a, h)[0]
+            d_cand = head_distance(cand, s, a, h)
+            assert float(d_best) <= float(d_cand.min()) * (1 + 1e-12)
+            # the library's matched head sits exactly at that optimum
+            got = head_distance(torch.eye(r.shape[-1], dtype=F64)[None],
+                                result.view.blocks[layer].attn, a, h)[0]
+            torch.testing.assert_close(got, d_best, rtol=1e-9, atol=1e-9)
+
+
+def _eq7(anchor_ffn: FFN, source_ffn: FFN) -> np.ndarray:
+    """C[j, k] = <unit j of the source, unit k of the anchor> over [W_in, b_in, W_out^T]."""
+    s, a = source_ffn, anchor_ffn
+    c = s.w_in @ a.w_in.T + torch.outer(s.b_in, a.b_in) + s.w_out.T @ a.w_out
+    return c.double().numpy()
+
+
+def test_ffn_assignment_beats_random_permutations(family, loaded):
+    anchor, source = (view_of(m) for m in _pair(loaded, family))
+    rng = np.random.default_rng(0)
+    for layer in range(anchor.dims.n_layers):
+        c = _eq7(anchor.blocks[layer].ffn, source.blocks[layer].ffn)
+        perm = ffn_permutation(anchor, source, layer).numpy()
+        assert sorted(perm) == list(range(len(perm)))
+        best = c[perm, np.arange(len(perm))].sum()
+        randoms = [c[rng.permutation(len(perm)), np.arange(len(perm))].sum() for _ in range(200)]
+        assert best >= max(randoms) and best >= np.trace(c)
+        # and the distance it leaves is the smallest among those permutations
+        matched = match(anchor, source, MatchOptions(ffn=True, attn=False, rescale=False))
+        cells = distances(matched.view, anchor).cells
+        d_best = cells[(layer, "ffn_in")] + cells[(layer, "ffn_out")]
+        s, a = source.blocks[layer].ffn, anchor.blocks[layer].ffn
+        for _ in range(20):
+            p = torch.as_tensor(rng.permutation(len(perm)))
+            d = float(((s.w_in[p] - a.w_in) ** 2).sum() + ((s.b_in[p] - a.b_in) ** 2).sum()
+                      + ((s.w_out[:, p] - a.w_out) ** 2).sum() + ((s.b_out - a.b_out) ** 2).sum())
+            assert d_best <= d * (1 + 1e-12)
+
+
+def test_ffn_assignment_is_the_exact_optimum_on_a_small_layer(loaded):
+    """Exhaustive check over all 7! permutations of a 7-unit FFN."""
+    base = view_of(loaded("bert", 0, F64))
+    gen = torch.Generator().manual_seed(3)
+
+    def small_ffn():
+        return FFN(torch.randn(7, 32, generator=gen, dtype=F64),
+                   torch.randn(7, generator=gen, dtype=F64),
+                   torch.randn(32, 7, generator=gen, dtype=F64),
+                   torch.zeros(32, dtype=F64), "gelu")
+
+    blk = base.blocks[0]
+    for _ in range(3):
+        fa, fs = small_ffn(), small_ffn()
+        anchor = base.with_block(0, type(blk)(blk.attn, fa, blk.norms))
+        source = base.with_block(0, type(blk)(blk.attn, fs, blk.norms))
+        c = _eq7(fa, fs)
+        perms = np.array(list(itertools.permutations(range(7))))
+        all_scores = c[perms, np.arange(7)].sum(1)
+        perm = ffn_permutation(anchor, source, 0).numpy()
+        assert math.isclose(c[perm, np.arange(7)].sum(), all_scores.max(), rel_tol=1e-12)
+
+
+def _f(coef, a):
+    big_a, big_b, big_c, big_d = coef
+    return big_a * a**2 - 2 * big_b * a + big_c / a**2 - 2 * big_d / a
+
+
+GRID = np.concatenate([np.logspace(-3, 3, 3001), -np.logspace(-3, 3, 3001)])
+
+
+def test_best_scale_beats_a_grid_on_random_objectives():
+    rng = np.random.default_rng(0)
+    coefs = np.column_stack([rng.uniform(0.1, 5, 200), rng.normal(0, 3, 200),
+                             rng.uniform(0.1, 5, 200), rng.normal(0, 3, 200)])
+    t = torch.as_tensor(coefs)
+    s = best_scale(t[:, 0], t[:, 1], t[:, 2], t[:, 3]).numpy()
+    assert (s < 0).any() and (s > 0).any()  # both signs occur and are allowed
+    for co, a in zip(coefs, s, strict=True):
+        assert _f(co, a) <= _f(co, GRID).min() + 1e-9 * (1 + abs(_f(co, a)))
+
+
+def _sq(t):
+    return float((t**2).sum())
+
+
+def _scaled_qk(x, s, a, h):
+    """Head h's Q-K distance after scaling the source by x (W_Q * x, W_K / x)."""
+    return (_sq(x * s.wq[h] - a.wq[h]) + _sq(x * s.bq[h] - a.bq[h])
+            + _sq(s.wk[h] / x - a.wk[h]) + _sq(s.bk[h] / x - a.bk[h]))
+
+
+def _scaled_vo(x, s, a, h):
+    """Head h's V-O distance after scaling the source by x (W_V * x, W_O[:, h] / x)."""
+    return _sq(x * s.wv[h] - a.wv[h]) + _sq(x * s.bv[h] - a.bv[h]) + _sq(s.wo[h] / x - a.wo[h])
+
+
+def test_rescale_beats_a_grid_on_the_head_distance(family, loaded):
+    anchor, source = (view_of(m) for m in _pair(loaded, family))
+    rotated = match(anchor, source, MatchOptions(ffn=False, attn=True, rescale=False)).view
+    full = match(anchor, source, MatchOptions(ffn=False, attn=True, rescale=True))
+    for layer, rep in enumerate(full.report.layers):
+        s, a = rotated.blocks[layer].attn, anchor.blocks[layer].attn
+        m = full.view.blocks[layer].attn
+        for h in range(anchor.dims.n_heads):
+            for fn, scale in ((_scaled_qk, rep.qk_scale[h]), (_scaled_vo, rep.vo_scale[h])):
+                chosen = fn(scale, s, a, h)
+                grid = min(fn(x, s, a, h) for x in GRID[::10])
+                one = fn(1.0, s, a, h)
+                assert chosen <= grid * (1 + 1e-12) and chosen <= one * (1 + 1e-12)
+            # the matched head is the rotated head at the chosen scales
+            torch.testing.assert_close(m.wq[h], rep.qk_scale[h] * s.wq[h])
+            torch.testing.assert_close(m.wo[h], s.wo[h] / rep.vo_scale[h])
+
+
+# ---- never worse, toggles, subsets, anchor ------------------------------------------------
+
+OPTION_SETS = {
+    "full": MatchOptions(),
+    "ffn": MatchOptions(ffn=True, attn=False, rescale=False),
+    "attn": MatchOptions(ffn=False, attn=True, rescale=False),
+    "rescale": MatchOptions(ffn=False, attn=False, rescale=True),
+    "layer1": MatchOptions(layers=(1,)),
+}
+GROUPS = {"qk": ("q", "k"), "vo": ("v", "o"), "ffn": ("ffn_in", "ffn_out")}
+
+
+@pytest.mark.parametrize("name", list(OPTION_SETS))
+def test_matching_never_increases_the_distance(family, loaded, name):
+    anchor, source = (view_of(m) for m in _pair(loaded, family))
+    rep = match(anchor, source, OPTION_SETS[name]).report
+    before, after = rep.before.cells, rep.after.cells
+    assert set(before) == set(after)
+    for layer in range(anchor.dims.n_layers):
+        for kinds in GROUPS.values():
+            b = sum(before[(layer, k)] for k in kinds)
+            a = sum(after[(layer, k)] for k in kinds)
+            assert a <= b * (1 + 1e-12), (layer, kinds)
+    for cell in before:
+        if cell[1] in ("norms", "embeddings", "head", "other"):
+            assert after[cell] == before[cell], cell
+    assert rep.after.total < rep.before.total
+
+
+def _matched_state(anchor, source, options):
+    return write_state(match(view_of(anchor), view_of(source), options).view)
+
+
+def test_no_ffn_keeps_ffn_bit_identical(family, loaded):
+    anchor, source = _pair(loaded, family, None)
+    out = _matched_state(anchor, source, MatchOptions(ffn=False))
+    changed = changed_keys(out, source.state)
+    view = view_of(source)
+    assert changed and changed <= module_keys(view, range(2), ATTN_ROLES)
+    assert not changed & module_keys(view, range(2), FFN_ROLES)
+
+
+def test_no_attn_no_rescale_keeps_attention_bit_identical(family, loaded):
+    anchor, source = _pair(loaded, family, None)
+    out = _matched_state(anchor, source, MatchOptions(ffn=True, attn=False, rescale=False))
+    changed = changed_keys(out, source.state)
+    view = view_of(source)
+    assert changed and changed <= module_keys(view, range(2), FFN_ROLES)
+    assert not changed & module_keys(view, range(2), ATTN_ROLES)
+
+
+def test_rescale_alone_only_scales_heads(family, loaded):
+    anchor, source = (view_of(m) for m in _pair(loaded, family))
+    res = match(anchor, source, MatchOptions(ffn=False, attn=False, rescale=True))
+    for layer, rep in enumerate(res.report.layers):
+        s, m = source.blocks[layer].attn, res.view.blocks[layer].attn
+        a = torch.tensor(rep.qk_scale, dtype=F64)[:, None, None]
+        b = torch.tensor(rep.vo_scale, dtype=F64)[:, None, None]
+        torch.testing.assert_close(m.wq, a * s.wq)
+        torch.testing.assert_close(m.wk, s.wk / a)
+        torch.testing.assert_close(m.wv, b * s.wv)
+        torch.testing.assert_close(m.wo, s.wo / b)
+        assert torch.equal(m.bo, s.bo)
+        assert torch.equal(res.view.blocks[layer].ffn.w_in, source.blocks[layer].ffn.w_in)
+
+
+@pytest.mark.parametrize("layers", [(0,), (1,)])
+def test_layers_outside_the_subset_are_bit_identical(family, loaded, layers):
+    anchor, source = _pair(loaded, family, None)
+    out = _matched_state(anchor, source, MatchOptions(layers=layers))
+    changed = changed_keys(out, source.state)
+    view = view_of(source)
+    inside = module_keys(view, layers, ATTN_ROLES + FFN_ROLES)
+    assert changed and changed <= inside
+
+
+def test_all_toggles_off_changes_nothing(family, loaded):
+    anchor, source = _pair(loaded, family, None)
+    out = _matched_state(anchor, source, MatchOptions(ffn=False, attn=False, rescale=False))
+    assert_state_equal(out, source.state)
+
+
+@pytest.mark.parametrize("name", ["full", "layer1"])
+def test_anchor_and_source_never_change(family, loaded, name):
+    anchor, source = _pair(loaded, family, None)
+    a0, s0 = clone_state(anchor.state), clone_state(source.state)
+    res = match(view_of(anchor), view_of(source), OPTION_SETS[name])
+    write_state(res.view)
+    match_models(anchor, source, OPTION_SETS[name])
+    assert_state_equal(anchor.state, a0)
+    assert_state_equal(source.state, s0)
+
+
+# ---- report -------------------------------------------------------------------------------
+
+
+def _direct_distance(a: dict, b: dict) -> float:
+    """Euclidean distance over all floating tensors, tied copies (shared storage) once."""
+    seen, total = set(), 0.0
+    for k, t in a.items():
+        if t.is_floating_point() and t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            total += float(((t.double() - b[k].double()) ** 2).sum())
+    return total**0.5
+
+
+def test_report_contents(family, loaded):
+    anchor, source = _pair(loaded, family, None)
+    calls = []
+    res = match(view_of(anchor), view_of(source), progress=lambda *c: calls.append(c))
+    rep = res.report
+    dims = view_of(source).dims
+    h, dh = dims.n_heads, dims.d_head
+    # distances: total (checked against a direct computation), per layer, per kind
+    assert math.isclose(rep.before.total, _direct_distance(source.state, anchor.state),
+                        rel_tol=1e-9)
+    after_state = write_state(res.view)
+    assert math.isclose(rep.after.total, _direct_distance(after_state, anchor.state),
+                        rel_tol=1e-6)
+    for dist in (rep.before, rep.after):
+        d = dist.to_dict()
+        assert set(d) == {"total", "per_layer", "per_kind"}
+        assert set(d["per_layer"]) == {"0", "1", "rest"}
+        assert {"q", "k", "v", "o", "ffn_in", "ffn_out", "norms"} <= set(d["per_kind"])
+        assert set(d["per_kind"]) <= set(KINDS)
+        assert math.isclose(sum(v**2 for v in d["per_layer"].values()), d["total"] ** 2,
+                            rel_tol=1e-9)
+        assert math.isclose(sum(v**2 for v in d["per_kind"].values()), d["total"] ** 2,
+                            rel_tol=1e-9)
+    # per head: singular values of the cross matrices, angles, determinants, scales
+    assert [r.layer for r in rep.layers] == [0, 1]
+    sv = torch.linalg.svdvals(cross_qk(view_of(source).blocks[0].attn,
+                                       view_of(anchor).blocks[0].attn))
+    torch.testing.assert_close(torch.tensor(rep.layers[0].qk_singular, dtype=F64), sv)
+    for r in rep.layers:
+        for key in ("qk_singular", "vo_singular", "qk_angles", "vo_angles"):
+            arr = np.array(getattr(r, key))
+            assert arr.shape == (h, dh), key
+            assert np.all(np.isfinite(arr))
+        assert np.all(np.diff(r.qk_singular, axis=1) <= 1e-9)  # descending
+        assert np.all((np.array(r.qk_angles) >= 0) & (np.array(r.qk_angles) <= 180 + 1e-9))
+        assert np.allclose(np.abs(r.qk_det), 1) and np.allclose(np.abs(r.vo_det), 1)
+        assert len(r.qk_scale) == h and len(r.vo_scale) == h
+        assert all(s != 0 and math.isfinite(s) for s in r.qk_scale + r.vo_scale)
+        assert 0 < r.ffn_moved <= dims.d_ffn
+    # progress: (done, total, message), ends at total
+    assert calls[-1][:2] == (2, 2) and all(c[1] == 2 for c in calls)
+    assert [c[0] for c in calls] == sorted(c[0] for c in calls)
+    # the whole report serialises
+    json.dumps(rep.to_dict())
+
+
+def test_match_models_checks_the_function(family, loaded):
+    anchor, source = _pair(loaded, family, None)
+    out = match_models(anchor, source)
+    assert out.report.max_output_diff is not None and out.report.max_output_diff <= 1e-4
+    assert out.preserved
+    assert max_output_diff(source, source.state, out.state) <= 1e-4
+    assert set(out.state) == set(source.state)
+    assert all(out.state[k].dtype == source.state[k].dtype for k in out.state)
+    assert out.report.after.total < out.report.before.total
+    d = out.report.to_dict()
+    assert {"options", "distance_before", "distance_after", "heads", "max_output_diff",
+            "seconds"} <= set(d)
+
+
+# ---- --layers parsing ---------------------------------------------------------------------
+
+
+def test_parse_layers_accepts_lists_and_ranges():
+    assert parse_layers("0,2-5", 6) == (0, 2, 3, 4, 5)
+    assert parse_layers(" 3 , 1-1,1 ", 6) == (1, 3)
+    assert parse_layers([2, 0], 3) == (0, 2)
+    assert parse_layers(None, 3) is None and parse_layers("all", 3) is None
+
+
+@pytest.mark.parametrize("spec", ["a-b", "3-1", "", " ", "1,,2", "x", "1.5", "-1"])
+def test_parse_layers_rejects_malformed(spec):
+    with pytest.raises(RotvizError, match="--layers"):
+        parse_layers(spec, 6)
+
+
+@pytest.mark.parametrize("spec", ["99", "0-6", "5,6"])
+def test_parse_layers_rejects_out_of_range(spec):
+    with pytest.raises(RotvizError, match="out of range.*6 layers"):
+        parse_layers(spec, 6)
