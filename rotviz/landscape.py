@@ -1,0 +1,453 @@
+"""Loss landscapes between two models: interpolation curves, barriers and the 2D loss plane.
+
+Every parameter set is evaluated on the anchor's one module through
+`torch.func.functional_call`, with the data moved to the device once: no model copies, no
+mutation of a loaded (possibly cached and shared) model. Results are plain dataclasses with
+lists and floats and a `to_dict()`, ready for JSON and for the plots in `rotviz.plots`.
+
+Definitions (REFERENCE.md):
+- path: theta(alpha) = (1 - alpha) theta_anchor + alpha theta_source_matched;
+- barrier (generalized-LMC paper): max over alpha of L(theta(alpha)) minus the straight line
+  between the endpoint losses, (1 - alpha) L(0) + alpha L(1); always >= 0;
+- loss range (the seed paper's "loss barrier" in its Figure 5): max minus min along the path.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from rotviz.data import Split
+from rotviz.errors import RotvizError
+from rotviz.evaluate import check_fits
+from rotviz.matching import MatchOptions
+from rotviz.matchspec import label_of, match_options
+from rotviz.models import Loaded, check_compatible, pick_device
+
+Tensor = torch.Tensor
+Progress = Callable[[int, int, str], None]
+IGNORE = -100  # label value that does not count (padding)
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """A torch.device from 'auto', 'cpu', 'cuda', 'mps' or a torch.device."""
+    if isinstance(device, torch.device):
+        return device
+    return pick_device(device or "auto")
+
+
+def as_options(options: MatchOptions | str | None) -> MatchOptions | None:
+    """MatchOptions, a SPEC string, or None (no matching)."""
+    if options is None or isinstance(options, MatchOptions):
+        return options
+    return match_options(options)
+
+
+# ---- evaluation on one module ---------------------------------------------------------------
+
+
+class Evaluator:
+    """Per-sample loss and accuracy of any parameter set of `loaded`'s architecture on a split.
+
+    The split is checked against the model (one-line errors), cut into batches and moved to
+    `device` once. `params(state)` picks and moves the tensors a state dict contributes.
+    """
+
+    def __init__(self, loaded: Loaded, split: Split, device: str | torch.device = "cpu",
+                 batch_size: int = 512):
+        if split.n == 0:
+            raise RotvizError(
+                f"the {split.split} split of '{split.data}' is empty; use another split"
+            )
+        check_fits(loaded, split)
+        if batch_size < 1:
+            raise RotvizError(f"batch size must be at least 1, got {batch_size}")
+        self.loaded = loaded
+        self.split = split
+        self.device = resolve_device(device)
+        module = loaded.model
+        self.names = [n for n, _ in module.named_parameters()]  # tied weights: owner only
+        buffers = dict(module.named_buffers())
+        self.buffers = {n: b.to(self.device) for n, b in buffers.items()}
+        # floating persistent buffers travel with the parameters (interpolated, merged)
+        self.names += [n for n, b in buffers.items() if b.is_floating_point() and n in loaded.state]
+        dev = self.device
+        self.batches = [(x.to(dev), y.to(dev)) for x, y in split.batches(batch_size)]
+
+    @property
+    def n(self) -> int:
+        return self.split.n
+
+    def params(self, state: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """The tensors of `state` this module needs, on the device (never modified)."""
+        missing = [n for n in self.names if n not in state]
+        if missing:
+            raise RotvizError(
+                f"parameter set lacks {missing[:3]}; it is not a {self.loaded.spec.family} model"
+            )
+        return {n: state[n].detach().to(self.device) for n in self.names}
+
+    def logits(self, params: Mapping[str, Tensor], x: Tensor) -> Tensor:
+        from torch.func import functional_call
+
+        full = {**self.buffers, **params}
+        if self.loaded.spec.source == "timm":
+            out = functional_call(self.loaded.model, full, (x,), strict=False)
+        else:
+            key = "pixel_values" if self.loaded.spec.inputs == "pixels" else "input_ids"
+            out = functional_call(self.loaded.model, full, (), {key: x}, strict=False)
+        return out if isinstance(out, Tensor) else out.logits
+
+    def per_sample(self, params: Mapping[str, Tensor]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Summed loss, correct predictions and predictions per sample (text: per sequence)."""
+        losses, corrects, counts = [], [], []
+        with torch.inference_mode():
+            for x, y in self.batches:
+                logits = self.logits(params, x).float()
+                y2 = y.reshape(len(y), -1)
+                lg = logits.reshape(y2.numel(), logits.shape[-1])
+                loss = F.cross_entropy(lg, y2.reshape(-1), reduction="none", ignore_index=IGNORE)
+                valid = y2 != IGNORE
+                correct = (lg.argmax(-1).reshape(y2.shape) == y2) & valid
+                losses.append(loss.reshape(y2.shape).double().sum(1))
+                corrects.append(correct.sum(1))
+                counts.append(valid.sum(1))
+            out = [torch.cat(t).cpu().numpy() for t in (losses, corrects, counts)]
+        return out[0], out[1].astype(np.float64), out[2].astype(np.float64)
+
+    def evaluate(self, params: Mapping[str, Tensor]) -> tuple[float, float]:
+        """(mean loss, accuracy) over the whole split."""
+        loss, correct, count = self.per_sample(params)
+        return float(loss.sum() / count.sum()), float(correct.sum() / count.sum())
+
+
+def flat_inner(a: Mapping[str, Tensor], b: Mapping[str, Tensor]) -> float:
+    """<a, b> over the flattened parameter sets, in float64."""
+    return float(sum(torch.sum(a[k].double() * b[k].double()) for k in a))
+
+
+# ---- matching --------------------------------------------------------------------------------
+
+
+@dataclass
+class MatchInfo:
+    """What matching did, in brief: for curves and tables."""
+
+    match: str
+    distance_before: float
+    distance_after: float
+    max_output_diff: float | None
+    seconds: float
+
+
+def matched_state(anchor: Loaded, source: Loaded, options: MatchOptions | str | None,
+                  device: str | torch.device = "cpu", progress: Progress | None = None
+                  ) -> tuple[dict[str, Tensor], MatchInfo]:
+    """The source as matched onto the anchor (its own state for no matching), checked."""
+    from rotviz.distances import distances
+    from rotviz.pipeline import FUNCTION_TOLERANCE, match_models, view_of
+
+    check_compatible(anchor, source)
+    options = as_options(options)
+    if options is None:
+        d = distances(view_of(source), view_of(anchor)).total
+        return dict(source.state), MatchInfo("none", d, d, 0.0, 0.0)
+    out = match_models(anchor, source, options, resolve_device(device), progress)
+    rep = out.report
+    if not out.preserved:
+        raise RotvizError(
+            f"matching [{options.label}] changed the function (max logit difference "
+            f"{rep.max_output_diff:.2e} > {FUNCTION_TOLERANCE:g}); please report this as a bug"
+        )
+    return out.state, MatchInfo(label_of(options), rep.before.total, rep.after.total,
+                                rep.max_output_diff, rep.seconds)
+
+
+# ---- interpolation ----------------------------------------------------------------------------
+
+
+def barrier_of(alphas: Sequence[float], loss: Sequence[float]) -> float:
+    """GLMC barrier: max over alpha of L(alpha) - ((1 - alpha) L(0) + alpha L(1))."""
+    a, lo = np.asarray(alphas, dtype=float), np.asarray(loss, dtype=float)
+    return float(np.max(lo - ((1 - a) * lo[0] + a * lo[-1])))
+
+
+def loss_range_of(loss: Sequence[float]) -> float:
+    """The seed paper's barrier: max minus min of the loss along the path."""
+    lo = np.asarray(loss, dtype=float)
+    return float(lo.max() - lo.min())
+
+
+@dataclass
+class Curve:
+    """Loss and accuracy along theta(alpha) = (1 - alpha) anchor + alpha matched source."""
+
+    alphas: list[float]
+    loss: list[float]
+    acc: list[float]
+    barrier: float  # GLMC definition, >= 0
+    loss_range: float  # max - min of the loss on the path
+    mid_loss: float  # alpha = 0.5: the simple average of the two models
+    mid_acc: float
+    match: str  # canonical SPEC
+    data: str
+    split: str
+    device: str
+    seconds: float
+    n: int  # samples evaluated
+    anchor: str = ""
+    source: str = ""
+    distance_before: float = 0.0
+    distance_after: float = 0.0
+    max_output_diff: float | None = None
+    match_seconds: float = 0.0
+    repeats: int = 1  # disjoint seeded data subsets; stds below are across them
+    loss_std: list[float] = field(default_factory=list)
+    acc_std: list[float] = field(default_factory=list)
+    barrier_mean: float = 0.0
+    barrier_std: float = 0.0
+    mid_acc_std: float = 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _partition(n: int, repeats: int, seed: int) -> list[np.ndarray]:
+    order = np.random.default_rng(seed).permutation(n)
+    return [part for part in np.array_split(order, repeats)]
+
+
+def path_curve(ev: Evaluator, anchor_params: Mapping[str, Tensor],
+               source_params: Mapping[str, Tensor], alphas: Sequence[float], repeats: int = 1,
+               seed: int = 0, progress: Progress | None = None) -> dict:
+    """Evaluate the straight path at `alphas` (plus 0.5 if missing). Returns a dict of fields."""
+    alphas = [float(a) for a in alphas]
+    extra = [] if any(abs(a - 0.5) < 1e-12 for a in alphas) else [0.5]
+    todo = alphas + extra
+    per = []
+    for j, a in enumerate(todo):
+        params = {k: torch.lerp(anchor_params[k], source_params[k], a) for k in anchor_params}
+        per.append(ev.per_sample(params))
+        if progress:
+            progress(j + 1, len(todo), f"alpha = {a:.3f}")
+    loss = np.array([p[0].sum() / p[2].sum() for p in per])
+    acc = np.array([p[1].sum() / p[2].sum() for p in per])
+    mid = int(np.argmin([abs(a - 0.5) for a in todo]))
+    k = len(alphas)
+    out = dict(alphas=alphas, loss=loss[:k].tolist(), acc=acc[:k].tolist(),
+               barrier=barrier_of(alphas, loss[:k]), loss_range=loss_range_of(loss[:k]),
+               mid_loss=float(loss[mid]), mid_acc=float(acc[mid]), repeats=repeats)
+    if repeats > 1:
+        parts = _partition(ev.n, repeats, seed)
+        pl = np.array([[p[0][ix].sum() / p[2][ix].sum() for p in per] for ix in parts])
+        pa = np.array([[p[1][ix].sum() / p[2][ix].sum() for p in per] for ix in parts])
+        bars = np.array([barrier_of(alphas, row[:k]) for row in pl])
+        out.update(loss_std=pl[:, :k].std(0, ddof=1).tolist(),
+                   acc_std=pa[:, :k].std(0, ddof=1).tolist(),
+                   barrier_mean=float(bars.mean()), barrier_std=float(bars.std(ddof=1)),
+                   mid_acc_std=float(pa[:, mid].std(ddof=1)))
+    else:
+        out.update(barrier_mean=out["barrier"])
+    return out
+
+
+def check_points(points: int, what: str = "--points") -> None:
+    if not isinstance(points, (int, np.integer)) or points < 2:
+        raise RotvizError(
+            f"{what} must be an integer >= 2 (the two endpoints at least), got {points}"
+        )
+
+
+def interpolate(
+    anchor: Loaded,
+    source: Loaded,
+    split: Split,
+    options: MatchOptions | str | None = None,
+    points: int = 21,
+    device: str | torch.device = "cpu",
+    progress: Progress | None = None,
+    repeats: int = 1,
+    seed: int = 0,
+    batch_size: int = 512,
+    source_state: Mapping[str, Tensor] | None = None,
+    evaluator: Evaluator | None = None,
+) -> Curve:
+    """interpolate(anchor, source, split, options|None, points=21, device=, progress=) -> Curve
+
+    Loss and accuracy along the straight path from the anchor (alpha = 0) to the source as
+    matched with `options` (a MatchOptions, a SPEC string, or None for no matching) at
+    `points` evenly spaced alphas. `repeats` > 1 also reports the spread over that many
+    disjoint seeded subsets of the split. `source_state` skips matching (already matched).
+    """
+    check_points(points)
+    if repeats < 1 or repeats > split.n:
+        raise RotvizError(f"repeats must be between 1 and the split size {split.n}, got {repeats}")
+    t0 = time.perf_counter()
+    options = as_options(options)
+    ev = evaluator or Evaluator(anchor, split, device, batch_size)
+    if source_state is None:
+        source_state, info = matched_state(anchor, source, options, ev.device)
+    else:
+        info = MatchInfo(label_of(options), 0.0, 0.0, None, 0.0)
+    alphas = np.linspace(0.0, 1.0, points).tolist()
+    fields = path_curve(ev, ev.params(anchor.state), ev.params(source_state), alphas, repeats,
+                        seed, progress)
+    return Curve(
+        **fields, match=info.match, data=split.data, split=split.split, device=str(ev.device),
+        seconds=time.perf_counter() - t0, n=split.n, anchor=anchor.ref, source=source.ref,
+        distance_before=info.distance_before, distance_after=info.distance_after,
+        max_output_diff=info.max_output_diff, match_seconds=info.seconds,
+    )
+
+
+# ---- the 2D loss plane --------------------------------------------------------------------------
+
+
+@dataclass
+class Plane:
+    """Loss and accuracy on a grid in the plane through A (anchor), B (source), B' (matched).
+
+    Coordinates are true Euclidean distances in parameter space: x along B - A, y along the
+    part of B' - A orthogonal to it (Gram-Schmidt). `loss[iy][ix]` is at (xs[ix], ys[iy]).
+    The grid holds A at (0, 0) and B at (|B - A|, 0) exactly on grid nodes, so its row y = 0
+    is the unmatched interpolation path.
+    """
+
+    xs: list[float]
+    ys: list[float]
+    loss: list[list[float]]
+    acc: list[list[float]]
+    points: dict[str, list[float]]  # "A", "B", "B'", "AB", "AB'" -> [x, y]
+    point_loss: dict[str, float]
+    point_acc: dict[str, float]
+    match: str
+    data: str
+    split: str
+    device: str
+    seconds: float
+    grid: int
+    n: int
+    anchor: str = ""
+    source: str = ""
+    distance_ab: float = 0.0  # |B - A|
+    distance_ab_matched: float = 0.0  # |B' - A|
+    degenerate: bool = False  # B' on the A-B line: y is a seeded random direction instead
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def grid_axis(lo: float, hi: float, n: int, unit: float | None = None) -> np.ndarray:
+    """n coordinates covering [lo, hi] with 0 on a node; with `unit`, also `unit` on a node."""
+    width = hi - lo
+    if unit is not None and unit > 0:
+        k = max(1, math.floor((n - 2) * unit / width))
+        step = unit / k
+    else:
+        step = width / (n - 2)
+    start = math.floor(lo / step + 1e-9) * step
+    return start + step * np.arange(n)
+
+
+def loss_plane(
+    anchor: Loaded,
+    source: Loaded,
+    split: Split,
+    options: MatchOptions | str | None = "seed",
+    grid: int = 21,
+    margin: float = 0.25,
+    device: str | torch.device = "cpu",
+    progress: Progress | None = None,
+    batch_size: int = 512,
+    seed: int = 0,
+    source_state: Mapping[str, Tensor] | None = None,
+) -> Plane:
+    """loss_plane(anchor, source, split, options="seed", grid=21, device=, progress=) -> Plane
+
+    The seed paper's Figure 2 made real: a grid x grid evaluation of the plane through A, B
+    and B' (B matched with `options`), covering the three points with `margin` (a fraction of
+    the span) on each side, plus the exact values at A, B, B' and the midpoints AB and AB'.
+    """
+    if not isinstance(grid, (int, np.integer)) or grid < 3:
+        raise RotvizError(f"--grid must be an integer >= 3, got {grid}")
+    t0 = time.perf_counter()
+    options = as_options(options)
+    ev = Evaluator(anchor, split, device, batch_size)
+    if source_state is None:
+        source_state, info = matched_state(anchor, source, options, ev.device)
+        label = info.match
+    else:
+        label = label_of(options)
+    pa, pb, pc = ev.params(anchor.state), ev.params(source.state), ev.params(source_state)
+    d_b = {k: pb[k] - pa[k] for k in pa}
+    d_c = {k: pc[k] - pa[k] for k in pa}
+    n1 = math.sqrt(flat_inner(d_b, d_b))
+    if n1 == 0.0:
+        raise RotvizError(
+            "anchor and source have identical weights: there is no plane to draw; pick two models"
+        )
+    c = flat_inner(d_b, d_c) / n1  # B' along u1
+    n2 = math.sqrt(max(flat_inner(d_c, d_c) - c * c, 0.0))  # B' off the A-B line
+    pts = {"A": (0.0, 0.0), "B": (n1, 0.0), "B'": (c, n2),
+           "AB": (n1 / 2, 0.0), "AB'": (c / 2, n2 / 2)}
+    degenerate = n2 <= 1e-6 * n1
+    if degenerate:  # B' on the A-B line (e.g. no matching): y is a seeded random direction
+        gen = torch.Generator().manual_seed(seed)
+        d_c = {k: torch.randn(v.shape, generator=gen).to(v) for k, v in d_b.items()}
+        pts["B'"], pts["AB'"] = (c, 0.0), (c / 2, 0.0)
+        c = flat_inner(d_b, d_c) / n1
+        n2 = math.sqrt(max(flat_inner(d_c, d_c) - c * c, 0.0))
+
+    def coeffs(x: float, y: float) -> tuple[float, float]:
+        """theta(x, y) = A + a (B - A) + b (C - A) with x u1 + y u2 = a d_b + b d_c."""
+        b = y / n2
+        return x / n1 - b * c / n1, b
+
+    x_all = [p[0] for p in pts.values()]
+    y_all = [p[1] for p in pts.values()] + ([-n1 / 2, n1 / 2] if degenerate else [])
+    span = max(max(x_all) - min(x_all), max(y_all) - min(y_all))
+    xs = grid_axis(min(x_all) - margin * span, max(x_all) + margin * span, grid, unit=n1)
+    ys = grid_axis(min(y_all) - margin * span, max(y_all) + margin * span, grid)
+
+    def at(x: float, y: float) -> tuple[float, float]:
+        a, b = coeffs(x, y)
+        return ev.evaluate({k: pa[k] + a * d_b[k] + b * d_c[k] for k in pa})
+
+    total = grid * grid + len(pts)
+    loss = np.zeros((grid, grid))
+    acc = np.zeros((grid, grid))
+    done = 0
+    for iy, y in enumerate(ys):
+        for ix, x in enumerate(xs):
+            loss[iy, ix], acc[iy, ix] = at(float(x), float(y))
+            done += 1
+            if progress:
+                progress(done, total, f"grid point {done} of {grid * grid}")
+    point_loss, point_acc = {}, {}
+    for name, (x, y) in pts.items():
+        if name in ("A", "B"):  # exact endpoints, no arithmetic on the weights
+            point_loss[name], point_acc[name] = ev.evaluate(pa if name == "A" else pb)
+        elif name == "B'":
+            point_loss[name], point_acc[name] = ev.evaluate(pc)
+        elif name == "AB'":
+            mid = {k: torch.lerp(pa[k], pc[k], 0.5) for k in pa}
+            point_loss[name], point_acc[name] = ev.evaluate(mid)
+        else:
+            point_loss[name], point_acc[name] = at(x, y)
+        done += 1
+        if progress:
+            progress(done, total, f"point {name}")
+    return Plane(
+        xs=xs.tolist(), ys=ys.tolist(), loss=loss.tolist(), acc=acc.tolist(),
+        points={k: [float(v[0]), float(v[1])] for k, v in pts.items()},
+        point_loss=point_loss, point_acc=point_acc, match=label, data=split.data, split=split.split,
+        device=str(ev.device), seconds=time.perf_counter() - t0, grid=grid, n=split.n,
+        anchor=anchor.ref, source=source.ref, distance_ab=n1,
+        distance_ab_matched=math.hypot(*pts["B'"]), degenerate=degenerate,
+    )
