@@ -1,0 +1,116 @@
+"""Barrier: loss along the straight path from anchor to matched source, per matching option,
+and the 2D loss plane through A, B and B'."""
+
+import streamlit as st
+
+from pages import common
+from rotviz import explore
+from rotviz.plots import barrier as bplots
+from rotviz.plots import style
+
+s = common.setup()
+st.title("Loss barriers between the two models")
+st.markdown(
+    "Walk in a straight line from the anchor (α = 0) to the source (α = 1) and measure the "
+    "test loss on the way. Two unrelated models have a **barrier**: a bump in the middle, "
+    "where the average of their weights is a bad model. Matching the source first (moving it "
+    "inside its symmetry class, without changing what it computes) lowers the bump."
+)
+
+with st.form("barrier_form"):
+    specs = st.multiselect(
+        "Matching options to compare", list(explore.BARRIER_SPECS), list(explore.BARRIER_SPECS),
+        format_func=style.nice_label, key="b_specs", bind="query-params",
+    )
+    c = st.columns(3)
+    points = c[0].slider("Points on the path", 3, 41, 21, 2, key="b_points", bind="query-params")
+    layers = c[1].text_input("Layers to match (empty = all)", "", key="b_layers",
+                             bind="query-params")
+    plane = c[2].toggle("Also draw the 2D loss plane (slower)", False, key="b_plane",
+                        bind="query-params")
+    grid = c[2].slider("Plane grid (points per side)", 5, 31, 13, key="b_grid",
+                       bind="query-params")
+    plane_spec = c[2].selectbox("Plane: matching for B'", list(explore.BARRIER_SPECS[1:]), 3,
+                                format_func=style.nice_label, key="b_plane_spec",
+                                bind="query-params")
+    submitted = st.form_submit_button("Run", type="primary", icon=":material/play_arrow:")
+
+
+@st.fragment
+def at_alpha(curves: list[dict]) -> None:
+    """A slider over the computed curves: no recomputation."""
+    alphas = curves[0]["alphas"]
+    i = st.select_slider("Inspect the model at α", options=list(range(len(alphas))),
+                         value=len(alphas) // 2, format_func=lambda j: f"{alphas[j]:.2f}",
+                         key="b_alpha", bind="query-params")
+    cols = st.columns(len(curves))
+    for col, c in zip(cols, curves, strict=True):
+        col.metric(style.nice_label(c["match"]), f"acc {c['acc'][i]:.3f}",
+                   delta=f"loss {c['loss'][i]:.3f}", delta_color="off")
+
+
+def body() -> None:
+    if not common.require_pair(s):
+        return
+    if not specs:
+        st.warning("Pick at least one matching option.")
+        return
+    if not common.should_run("barrier", submitted, s):
+        st.info("Press **Run** to compute the curves.")
+        return
+    base = {**s.base(), "layers": layers.strip()}
+    curves = []
+    with common.progress("Interpolating", len(specs) + (1 if plane else 0)) as step:
+        for sp in specs:
+            step(f"{style.nice_label(sp)}: matching, then {points} points on the path")
+            curves.append(common.compute("curve", {**base, "spec": sp, "points": points}))
+        pl = None
+        if plane:
+            step(f"loss plane: {grid} x {grid} grid")
+            pl = common.compute("plane", {**base, "spec": plane_spec, "grid": grid})
+    fig_loss = bplots.barrier_curves(curves, "loss", s.font)
+    fig_acc = bplots.barrier_curves(curves, "acc", s.font)
+    common.chart(fig_loss, "barrier_loss")
+    st.caption("Dotted vertical segments mark each barrier: the largest rise of the loss above "
+               "the straight line between the two end points (the generalized-LMC definition). "
+               "The table also gives the loss range (max − min on the path), the seed paper's "
+               "number.")
+    rows = [{
+        "matching": style.nice_label(c["match"]), "spec": c["match"],
+        "barrier": c["barrier"], "loss range": c["loss_range"], "loss at α=0.5": c["mid_loss"],
+        "accuracy at α=0.5": c["mid_acc"], "distance before": c["distance_before"],
+        "distance after": c["distance_after"], "max logit diff": c["max_output_diff"],
+        "function preserved": c["preserved"],
+    } for c in curves]
+    st.dataframe(rows, hide_index=True, column_config={
+        k: st.column_config.NumberColumn(format="%.4f") for k in
+        ("barrier", "loss range", "loss at α=0.5", "accuracy at α=0.5", "distance before",
+         "distance after")} | {"max logit diff": st.column_config.NumberColumn(format="%.1e")})
+    worst = max((c["max_output_diff"] or 0.0) for c in curves)
+    common.function_badge(worst, explore.FUNCTION_TOLERANCE, "matched source (every option)")
+    common.chart(fig_acc, "barrier_acc")
+    at_alpha(curves)
+    figures = {"barrier_loss": fig_loss, "barrier_accuracy": fig_acc}
+    if pl is not None:
+        st.subheader("The loss plane")
+        st.markdown(
+            "A 2D slice of parameter space through the anchor **A**, the source **B** and the "
+            "matched source **B'**. B and B' compute the same function (same loss), but B' "
+            "lies closer to A, and the midpoint AB' sits lower than AB. Axes are true "
+            "Euclidean distances."
+        )
+        fig_plane = bplots.loss_plane(pl["xs"], pl["ys"], pl["loss"], pl["points"], s.font)
+        common.chart(fig_plane, "barrier_plane")
+        st.dataframe([{"point": k, "loss": pl["point_loss"][k], "accuracy": pl["point_acc"][k]}
+                      for k in pl["points"]], hide_index=True)
+        figures["loss_plane"] = fig_plane
+    tables = {"curves": [{"spec": c["match"], "alpha": a, "loss": lo, "acc": ac}
+                         for c in curves
+                         for a, lo, ac in zip(c["alphas"], c["loss"], c["acc"], strict=True)],
+              "summary": rows}
+    common.export("barrier", {"page": "barrier", **base, "specs": specs, "points": points,
+                              "plane": plane, "grid": grid, "plane_spec": plane_spec},
+                  {"curves": curves, "plane": pl}, tables, figures)
+
+
+common.guard(body)

@@ -1,0 +1,462 @@
+"""Streamlit helpers shared by the app's pages (this file is not a page).
+
+- The sidebar (model pair, data, seed, device, presenter mode), bound to the URL.
+- Caches: models, splits and matched state dicts are resources (one object for every
+  session, never modified); results are plain data in `st.cache_data`, keyed by a hash of
+  the configuration, so each session gets its own copy.
+- Per-model locks: evaluating parameter sets through `torch.func.functional_call` swaps
+  tensors on the shared module for the duration of a call, so two sessions must not run a
+  model at the same moment.
+- Badges for the function check, export buttons, presenter styling.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import streamlit as st
+
+from rotviz import appconfig, explore
+from rotviz.errors import RotvizError
+
+DATA_CHOICES = ("digits", "pystdlib")
+SMALL_PAIR = 5_000_000  # parameters in the pair: below this, pages compute without a click
+PRESENTER_FONT = 22
+FONT = 14
+
+
+# ---- the sidebar -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What the sidebar chose; every page reads it."""
+
+    anchor: str
+    source: str
+    data: str
+    seed: int
+    n_eval: int  # 0 = the whole test split
+    device: str  # resolved: cpu, cuda, mps
+    presenter: bool
+    error: str | None = None  # a message when the pair cannot be used
+
+    @property
+    def font(self) -> int:
+        return PRESENTER_FONT if self.presenter else FONT
+
+    def base(self) -> dict[str, Any]:
+        """The part of every run's configuration that the sidebar decides."""
+        return {"anchor": self.anchor, "source": self.source, "data": self.data,
+                "seed": self.seed, "n_eval": self.n_eval, "device": self.device}
+
+
+def _device_choices() -> list[str]:
+    import torch
+
+    out = ["auto", "cpu"]
+    if torch.cuda.is_available():
+        out.append("cuda")
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        out.append("mps")
+    return out
+
+
+@st.cache_data(ttl=60, show_spinner=False)
+def model_choices() -> list[str]:
+    """Zoo entries first, then model folders under the roots."""
+    return appconfig.zoo_refs() + appconfig.discover(appconfig.model_roots())
+
+
+@st.cache_data(show_spinner=False)
+def default_pair() -> tuple[str, str]:
+    return appconfig.default_pair()
+
+
+def sidebar() -> Setup:
+    """Draw the sidebar and return the setup. Every widget is mirrored in the URL."""
+    sb = st.sidebar
+    presenter = bool(st.session_state.get("present", False))
+    choices = model_choices()
+    try:
+        pair = default_pair()
+    except RotvizError as e:
+        pair = (choices[0], choices[-1]) if choices else ("", "")
+        sb.error(str(e))
+    for ref in pair:
+        if ref and ref not in choices:
+            choices = [ref, *choices]
+    sb.markdown("### Model pair")
+    anchor = sb.selectbox(
+        "Anchor (model 2, stays fixed)", choices,
+        index=choices.index(pair[0]) if pair[0] in choices else 0,
+        format_func=appconfig.short_name, key="anchor", bind="query-params",
+        help="The model the other one is moved towards. Zoo entries and folders under the "
+             f"model roots ({appconfig.ENV_ROOTS}).",
+    )
+    source = sb.selectbox(
+        "Source (model 1, gets matched)", choices,
+        index=choices.index(pair[1]) if pair[1] in choices else min(1, len(choices) - 1),
+        format_func=appconfig.short_name, key="source", bind="query-params",
+        help="The model that is permuted, rotated and rescaled onto the anchor.",
+    )
+    error = None
+    with sb.expander("Use a folder instead"):
+        st.caption("Folders under: " + ", ".join(str(r) for r in appconfig.model_roots()))
+        a_path = st.text_input("anchor folder", key="anchor_path", bind="query-params")
+        s_path = st.text_input("source folder", key="source_path", bind="query-params")
+    try:
+        if a_path.strip():
+            anchor = appconfig.resolve_choice(a_path)
+        if s_path.strip():
+            source = appconfig.resolve_choice(s_path)
+    except RotvizError as e:
+        error = str(e)
+    sb.markdown("### Data")
+    data = sb.selectbox("Data source", DATA_CHOICES, key="data", bind="query-params",
+                        help="Evaluated on its fixed, seeded test split.")
+    seed = int(sb.number_input("Seed (data split and random draws)", 0, 10_000, 0, key="seed",
+                               bind="query-params"))
+    n_eval = int(sb.number_input("Test examples to evaluate (0 = all)", 0, 100_000, 0, step=50,
+                                 key="n", bind="query-params"))
+    sb.markdown("### Device")
+    choice = sb.selectbox("Compute on", _device_choices(), key="device", bind="query-params",
+                          help="auto picks cuda, then mps, then cpu.")
+    from rotviz.models import pick_device
+
+    device = pick_device(choice)
+    sb.markdown(f":material/memory: **{appconfig.device_badge(appconfig.device_summary(device))}**")
+    sb.toggle("Presenter mode", key="present", bind="query-params",
+              help="Wide layout, large fonts, controls hidden. Turn off with the button on top "
+                   "or by removing present from the URL.")
+    setup = Setup(anchor or "", source or "", data, seed, n_eval, device.type, presenter, error)
+    st.session_state["_setup"] = setup
+    return setup
+
+
+def setup() -> Setup:
+    """The setup the sidebar drew in this run (app.py draws it before the page)."""
+    s = st.session_state.get("_setup")
+    return s if s is not None else sidebar()
+
+
+def presenter_style(presenter: bool) -> None:
+    """Large fonts and no controls while presenting, with a way back."""
+    if not presenter:
+        return
+    st.html(
+        """<style>
+        html, body, [data-testid="stMarkdownContainer"] p, li { font-size: 22px !important; }
+        h1 { font-size: 3rem !important; } h2 { font-size: 2.3rem !important; }
+        [data-testid="stSidebar"], [data-testid="stSidebarCollapsedControl"],
+        [data-testid="stForm"], [data-testid="stExpander"], [data-testid="stStatusWidget"],
+        .rotviz-controls { display: none !important; }
+        .block-container { max-width: 100% !important; padding: 1rem 2rem !important; }
+        </style>"""
+    )
+
+    def leave() -> None:
+        st.session_state["present"] = False
+
+    st.button("Leave presenter mode", on_click=leave, icon=":material/close_fullscreen:",
+              type="tertiary")
+
+
+# ---- caches ----------------------------------------------------------------------------------
+
+
+@st.cache_resource(show_spinner=False)
+def _locks() -> tuple[threading.Lock, dict[str, threading.RLock]]:
+    return threading.Lock(), {}
+
+
+@contextlib.contextmanager
+def using(*refs: str) -> Iterator[None]:
+    """Hold the locks of these models (sorted: no deadlock) while running them."""
+    master, table = _locks()
+    with master:
+        locks = [table.setdefault(r, threading.RLock()) for r in sorted(set(refs))]
+    with contextlib.ExitStack() as stack:
+        for lock in locks:
+            stack.enter_context(lock)
+        yield
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def load(ref: str):
+    """A loaded model, shared by every session: never modify it (Loaded.state is the model)."""
+    from rotviz.models import load_model
+
+    return load_model(ref)
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def split(data: str, seed: int, n: int):
+    """The test split (first `n` examples when n > 0), shared read-only."""
+    from rotviz.data import load_split
+
+    s = load_split(data, "test", seed)
+    return s.subset(n) if 0 < n < s.n else s
+
+
+def pair(cfg: dict):
+    """Both models of a configuration, checked to be matchable."""
+    from rotviz.models import check_compatible
+
+    a, b = load(cfg["anchor"]), load(cfg["source"])
+    check_compatible(a, b)
+    return a, b
+
+
+def layers_of(text: str | None, n_layers: int) -> tuple[int, ...] | None:
+    from rotviz.matching import parse_layers
+
+    return parse_layers((text or "").strip() or None, n_layers)
+
+
+@st.cache_resource(max_entries=24, show_spinner=False)
+def matched(anchor: str, source: str, spec: str, layers: str, device: str):
+    """The source matched onto the anchor (a `Matched`, shared: never modify), or None for
+    spec 'none'."""
+    from rotviz.matchspec import match_options
+    from rotviz.pipeline import match_models
+
+    a, b = pair({"anchor": anchor, "source": source})
+    opts = match_options(spec, layers_of(layers, _n_layers(a)))
+    if opts is None:
+        return None
+    with using(anchor, source):
+        return match_models(a, b, opts, device)
+
+
+def _n_layers(loaded) -> int:
+    from rotviz.pipeline import view_of
+
+    return view_of(loaded).dims.n_layers
+
+
+# The computations behind `compute(kind, cfg)`; each returns plain data.
+
+
+def _card(cfg: dict) -> dict:
+    m = load(cfg["ref"])
+    sp = split(cfg["data"], cfg["seed"], cfg["n_eval"])
+    with using(cfg["ref"]):
+        return explore.model_card(m, sp)
+
+
+def _match(cfg: dict) -> dict:
+    m = matched(cfg["anchor"], cfg["source"], cfg["spec"], cfg["layers"], cfg["device"])
+    if m is None:
+        from rotviz.distances import distances
+        from rotviz.pipeline import view_of
+
+        a, b = pair(cfg)
+        d = distances(view_of(b), view_of(a)).to_dict()
+        return {"spec": "none", "report": {"distance_before": d, "distance_after": d, "heads": [],
+                                           "max_output_diff": 0.0},
+                "before_total": d["total"], "after_total": d["total"], "max_output_diff": 0.0,
+                "preserved": True, "tolerance": explore.FUNCTION_TOLERANCE}
+    return explore.match_summary(m, cfg["spec"])
+
+
+def _curve(cfg: dict) -> dict:
+    from rotviz.landscape import interpolate
+
+    a, b = pair(cfg)
+    sp = split(cfg["data"], cfg["seed"], cfg["n_eval"])
+    m = matched(cfg["anchor"], cfg["source"], cfg["spec"], cfg["layers"], cfg["device"])
+    state = b.state if m is None else m.state
+    with using(cfg["anchor"], cfg["source"]):
+        c = interpolate(a, b, sp, None, points=cfg["points"], device=cfg["device"],
+                        source_state=state).to_dict()
+    info = _match(cfg)
+    c.update(match=cfg["spec"], distance_before=info["before_total"],
+             distance_after=info["after_total"], max_output_diff=info["max_output_diff"],
+             preserved=info["preserved"])
+    return c
+
+
+def _plane(cfg: dict) -> dict:
+    from rotviz.landscape import loss_plane
+
+    a, b = pair(cfg)
+    sp = split(cfg["data"], cfg["seed"], cfg["n_eval"])
+    m = matched(cfg["anchor"], cfg["source"], cfg["spec"], cfg["layers"], cfg["device"])
+    state = b.state if m is None else m.state
+    with using(cfg["anchor"], cfg["source"]):
+        p = loss_plane(a, b, sp, None, grid=cfg["grid"], device=cfg["device"], seed=cfg["seed"],
+                       source_state=state)
+    out = p.to_dict()
+    out["match"] = cfg["spec"]
+    return out
+
+
+def _learn(cfg: dict) -> dict:
+    m = load(cfg["ref"])
+    sp = split(cfg["data"], cfg["seed"], cfg["n_eval"])
+    with using(cfg["ref"]):
+        return explore.learn_demo(m, sp, cfg["kind"], cfg["demo_seed"], cfg["layer"], cfg["head"])
+
+
+COMPUTE: dict[str, Callable[[dict], Any]] = {
+    "card": _card, "match": _match, "curve": _curve, "plane": _plane, "learn": _learn,
+}
+
+
+def register(kind: str, fn: Callable[[dict], Any]) -> None:
+    """Pages add their own computations (e.g. the fusion table) by name."""
+    COMPUTE[kind] = fn
+
+
+@st.cache_data(max_entries=256, show_spinner=False)
+def _cached(kind: str, key: str, cfg_json: str) -> Any:
+    """The cache of results: one entry per configuration hash, copied out to each session."""
+    return COMPUTE[kind](json.loads(cfg_json))
+
+
+def compute(kind: str, cfg: dict) -> Any:
+    """The result of computation `kind` for a configuration, from the cache when possible."""
+    cfg = appconfig.canonical(cfg)
+    key = appconfig.config_hash({"kind": kind, **cfg})
+    return _cached(kind, key, json.dumps(cfg, sort_keys=True))
+
+
+def run_id(cfg: dict) -> str:
+    return appconfig.config_hash(cfg)
+
+
+def params_in_pair(s: Setup) -> int:
+    try:
+        return sum(explore.n_params(load(r)) for r in (s.anchor, s.source))
+    except RotvizError:
+        return 0
+
+
+def should_run(page: str, submitted: bool, s: Setup) -> bool:
+    """Compute when Run was pressed, once it has been in this session, or at once for a
+    small pair (the default pair shows results on first paint)."""
+    flag = f"_ran_{page}"
+    if submitted:
+        st.session_state[flag] = True
+    return bool(st.session_state.get(flag)) or params_in_pair(s) <= SMALL_PAIR
+
+
+@contextlib.contextmanager
+def progress(label: str, steps: int) -> Iterator[Callable[[str], None]]:
+    """An `st.status` box with a progress bar; yields `step(message)`."""
+    t0 = time.perf_counter()
+    box = st.status(label, expanded=False)
+    bar = box.progress(0.0)
+    done = [0]
+
+    def step(message: str) -> None:
+        box.update(label=f"{label}: {message}")
+        bar.progress(min(1.0, done[0] / max(steps, 1)), text=message)
+        done[0] += 1
+
+    try:
+        yield step
+    except RotvizError as e:
+        box.update(label=f"{label}: failed", state="error", expanded=True)
+        box.error(str(e))
+        raise
+    bar.progress(1.0, text="done")
+    box.update(label=f"{label}: done in {time.perf_counter() - t0:.1f} s", state="complete")
+
+
+def guard(fn: Callable[[], Any]) -> Any:
+    """Run a page body; a user error becomes a clear message instead of a traceback."""
+    try:
+        return fn()
+    except RotvizError as e:
+        st.error(f"{e}", icon=":material/error:")
+        st.info("Pick another pair or setting in the sidebar; the rest of the app keeps working.")
+        return None
+
+
+def require_pair(s: Setup) -> bool:
+    """Show why the pair cannot be used; False stops the page body."""
+    if s.error:
+        st.error(s.error, icon=":material/error:")
+        return False
+    if not s.anchor or not s.source:
+        st.warning("Pick two models in the sidebar.")
+        return False
+    try:
+        pair(s.base())
+        sp = split(s.data, s.seed, s.n_eval)
+        from rotviz.evaluate import check_fits
+
+        check_fits(load(s.anchor), sp)
+    except RotvizError as e:
+        st.error(str(e), icon=":material/error:")
+        st.info("Pick another pair or data source in the sidebar; the rest of the app keeps "
+                "working.")
+        return False
+    return True
+
+
+# ---- showing results ---------------------------------------------------------------------
+
+
+def function_badge(diff: float | None, tol: float, what: str = "matched source") -> None:
+    """The function-preservation check of a transform, as a pass/fail badge."""
+    if diff is None:
+        st.badge(f"function check of the {what}: not run", color="gray", icon=":material/help:")
+    elif diff <= tol:
+        st.badge(f"function preserved: the {what} differs from the original by at most "
+                 f"{diff:.1e} in any logit (pass: ≤ {tol:g})", color="green",
+                 icon=":material/check_circle:")
+    else:
+        st.badge(f"FUNCTION CHANGED: the {what} differs by {diff:.2e} in a logit "
+                 f"(fail: > {tol:g})", color="red", icon=":material/cancel:")
+
+
+def chart(fig, key: str) -> None:
+    st.plotly_chart(fig, key=key, config={"displaylogo": False, "toImageButtonOptions":
+                                          {"format": "png", "scale": 2}})
+
+
+def export(name: str, cfg: dict, results: Any, tables: dict[str, Sequence[dict]] | None = None,
+           figures: dict[str, Any] | None = None) -> None:
+    """Download buttons: every result as JSON and CSV, every figure as HTML (PNG/SVG when a
+    Chromium and kaleido are there), and the whole run as a zip."""
+    tables = tables or {}
+    figures = figures or {}
+    with st.expander(f"Export ({name})", icon=":material/download:"):
+        rid = appconfig.config_hash(cfg)
+        st.caption(f"Run id `{rid}` (a hash of the configuration). The URL of this page "
+                   "reproduces the view.")
+        cols = st.columns(4)
+        cols[0].download_button("results.json", lambda: appconfig.to_json(
+            {"config": cfg, "results": results}), f"{name}-{rid}.json", "application/json",
+            key=f"dl_{name}_json", on_click="ignore")
+        for i, (tname, rows) in enumerate(tables.items()):
+            cols[(i + 1) % 4].download_button(
+                f"{tname}.csv", lambda rows=rows: appconfig.rows_to_csv(rows),
+                f"{name}-{tname}-{rid}.csv", "text/csv", key=f"dl_{name}_{tname}_csv",
+                on_click="ignore")
+        fcols = st.columns(4)
+        fmts = appconfig.static_formats()
+        for i, (fname, fig) in enumerate(figures.items()):
+            c = fcols[i % 4]
+            c.download_button(f"{fname}.html", lambda fig=fig: appconfig.figure_html(fig),
+                              f"{fname}-{rid}.html", "text/html", key=f"dl_{name}_{fname}_html",
+                              on_click="ignore")
+            for fmt in fmts:
+                c.download_button(f"{fname}.{fmt}", lambda fig=fig, fmt=fmt:
+                                  appconfig.figure_image(fig, fmt), f"{fname}-{rid}.{fmt}",
+                                  key=f"dl_{name}_{fname}_{fmt}", on_click="ignore")
+        st.download_button(
+            "Whole run (zip: configuration, results, tables, figures, library versions)",
+            lambda: appconfig.run_zip(cfg, results, tables, figures), f"rotviz-{name}-{rid}.zip",
+            "application/zip", key=f"dl_{name}_zip", on_click="ignore",
+            icon=":material/folder_zip:")

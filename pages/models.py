@@ -1,0 +1,64 @@
+"""Models: the pair, what each model is, how good it is, and its functional check."""
+
+import streamlit as st
+
+from pages import common
+from rotviz import appconfig
+
+s = common.setup()
+st.title("rotviz: the symmetries of transformers")
+st.markdown(
+    "Two transformers trained apart compute nearly the same function with very different "
+    "weights. rotviz moves one of them (the **source**) inside its *symmetry class* "
+    "(permuting FFN neurons, rotating and rescaling attention heads: changes that leave every "
+    "output the same) until it sits next to the other (the **anchor**). Then averaging the two "
+    "works much better. Pick a pair in the sidebar, then visit **Match**, **Barrier**, "
+    "**Spectra** and **Merge**; **Learn** is a five-minute guided demo."
+)
+
+
+def body() -> None:
+    if not common.require_pair(s):
+        return
+    cards = {}
+    with common.progress("Checking both models", 2) as step:
+        for role, ref in (("anchor", s.anchor), ("source", s.source)):
+            step(f"evaluating the {role}")
+            cards[role] = common.compute("card", {"ref": ref, "data": s.data, "seed": s.seed,
+                                                  "n_eval": s.n_eval})
+    st.success("The two models share one architecture: they can be matched, interpolated "
+               "and merged.", icon=":material/check:")
+    cols = st.columns(2)
+    for col, (role, card) in zip(cols, cards.items(), strict=True):
+        with col, st.container(border=True):
+            st.subheader(f"{role.capitalize()}: {appconfig.short_name(card['ref'])}")
+            m = st.columns(3)
+            m[0].metric("test accuracy", f"{card['acc']:.3f}",
+                        help=f"fraction of {card['n_eval']} test examples of {s.data} "
+                             "classified right")
+            m[1].metric("test loss", f"{card['loss']:.3f}", help="cross-entropy, nats")
+            m[2].metric("parameters", f"{card['params']:,}")
+            st.markdown(
+                f"**{card['family']}** · {card['n_layers']} layers · width {card['d_model']} · "
+                f"{card['n_heads']} heads of size {card['d_head']} · FFN {card['d_ffn']} "
+                f"({card['activation']})"
+            )
+            chk = card["check"]
+            st.caption("Functional check: a random symmetry (every FFN permuted, every head "
+                       f"rotated and rescaled) moved the weights by {chk['distance']:.1f} "
+                       "(Euclidean distance), and the outputs by:")
+            common.function_badge(chk["max_output_diff"], explore_tol(),
+                                  "randomly transformed model")
+    rows = [{"role": r, **{k: v for k, v in c.items() if k != "check"},
+             "check_max_output_diff": c["check"]["max_output_diff"],
+             "check_passed": c["check"]["passed"]} for r, c in cards.items()]
+    common.export("models", {"page": "models", **s.base()}, cards, {"models": rows})
+
+
+def explore_tol() -> float:
+    from rotviz.explore import FUNCTION_TOLERANCE
+
+    return FUNCTION_TOLERANCE
+
+
+common.guard(body)

@@ -1,0 +1,326 @@
+"""Library-side helpers for the app: model roots, configuration hashes, devices and exports.
+
+Nothing here imports streamlit, so the tests and the command line can use it too.
+The app only offers models from the zoo and from folders under the configured model roots
+(`ROTVIZ_MODEL_ROOTS`, a `os.pathsep`-separated list; default `assets/zoo`): a path typed
+into a browser must never reach an arbitrary folder of the server.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import math
+import os
+import platform
+import shutil
+import zipfile
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from rotviz.errors import RotvizError
+
+ENV_ROOTS = "ROTVIZ_MODEL_ROOTS"
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_ROOT = REPO / "assets" / "zoo"
+
+
+# ---- where models may come from -----------------------------------------------------------
+
+
+def model_roots(env: Mapping[str, str] | None = None) -> list[Path]:
+    """The folders the app may load models from, resolved (symlinks followed)."""
+    env = os.environ if env is None else env
+    raw = env.get(ENV_ROOTS, "")
+    parts = [p for p in raw.split(os.pathsep) if p.strip()] or [str(DEFAULT_ROOT)]
+    out: list[Path] = []
+    for p in parts:
+        path = Path(p.strip()).expanduser()
+        if not path.is_absolute():
+            path = REPO / path
+        out.append(path.resolve())
+    return out
+
+
+def _zoo():
+    try:
+        from rotviz import zoo
+    except ImportError:
+        return None
+    return zoo
+
+
+def _entry_name(entry: Any) -> str:
+    if isinstance(entry, str):
+        return entry
+    if isinstance(entry, Mapping):
+        return str(entry["name"])
+    return str(entry.name)
+
+
+def zoo_refs() -> list[str]:
+    """`zoo:NAME` for every zoo entry whose files are present."""
+    zoo = _zoo()
+    if zoo is None or not hasattr(zoo, "entries"):
+        return []
+    refs = []
+    for entry in zoo.entries():
+        name = _entry_name(entry)
+        try:
+            if Path(zoo.path_of(name)).is_dir():
+                refs.append(f"zoo:{name}")
+        except RotvizError:
+            continue
+    return refs
+
+
+def default_pair(roots: Sequence[Path] | None = None) -> tuple[str, str]:
+    """The pair the app opens on: the zoo's default, else the first two models found."""
+    zoo = _zoo()
+    if zoo is not None and hasattr(zoo, "default_pair"):
+        try:
+            pair = zoo.default_pair()
+            a, b = (_entry_name(x) for x in pair)
+            return tuple(r if r.startswith("zoo:") else f"zoo:{r}" for r in (a, b))  # type: ignore
+        except RotvizError:
+            pass
+    found = zoo_refs() + discover(roots if roots is not None else model_roots())
+    if len(found) < 2:
+        raise RotvizError(
+            "no model pair found: put two save_pretrained folders under ROTVIZ_MODEL_ROOTS "
+            f"(now {os.pathsep.join(map(str, roots or model_roots()))})"
+        )
+    return found[0], found[1]
+
+
+def discover(roots: Iterable[Path], max_depth: int = 3) -> list[str]:
+    """Model folders (holding config.json) under the roots, as paths; zoo folders excluded."""
+    found: list[str] = []
+    for root in roots:
+        if not root.is_dir():
+            continue
+        base = len(root.parts)
+        for dirpath, dirnames, filenames in os.walk(root):
+            depth = len(Path(dirpath).parts) - base
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            if depth >= max_depth:
+                dirnames[:] = []
+            if "config.json" in filenames and any(
+                f.endswith(".safetensors") or f.endswith(".bin") for f in filenames
+            ):
+                found.append(str(Path(dirpath)))
+                dirnames[:] = []
+    return sorted(set(found))
+
+
+def check_under_roots(path: str | os.PathLike, roots: Sequence[Path]) -> Path:
+    """The resolved folder, if it lies inside one of the roots; a clear error otherwise."""
+    p = Path(path).expanduser()
+    if not p.is_absolute():
+        p = REPO / p
+    p = p.resolve()
+    if not any(p == r or p.is_relative_to(r) for r in roots):
+        raise RotvizError(
+            f"'{path}' is outside the model roots ({', '.join(map(str, roots))}); "
+            f"move the model there or add its folder to {ENV_ROOTS}"
+        )
+    if not p.is_dir():
+        raise RotvizError(
+            f"no model folder at '{path}': give a save_pretrained folder under the model roots"
+        )
+    return p
+
+
+def resolve_choice(choice: str, roots: Sequence[Path] | None = None) -> str:
+    """A model reference the app may load: `zoo:NAME` from the zoo, or a folder under the roots."""
+    choice = (choice or "").strip()
+    if not choice:
+        raise RotvizError("no model chosen: pick a zoo entry or a folder under the model roots")
+    if choice.startswith("zoo:"):
+        if choice not in zoo_refs():
+            known = ", ".join(zoo_refs()) or "none"
+            raise RotvizError(f"'{choice}' is not in the zoo; pick one of {known}")
+        return choice
+    return str(check_under_roots(choice, roots if roots is not None else model_roots()))
+
+
+def short_name(ref: str) -> str:
+    """A label for a model reference: the zoo name, or the folder name."""
+    return ref[4:] if ref.startswith("zoo:") else Path(ref).name
+
+
+# ---- configuration hashes -----------------------------------------------------------------
+
+
+def canonical(obj: Any) -> Any:
+    """A JSON-ready copy with sorted keys, tuples as lists and floats rounded for hashing."""
+    if isinstance(obj, Mapping):
+        return {str(k): canonical(obj[k]) for k in sorted(obj, key=str)}
+    if isinstance(obj, (list, tuple)):
+        return [canonical(x) for x in obj]
+    if isinstance(obj, float):
+        return float(f"{obj:.12g}")
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def config_hash(config: Mapping[str, Any]) -> str:
+    """A short stable hash of a run configuration: the cache key and the run's id."""
+    text = json.dumps(canonical(config), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# ---- devices ----------------------------------------------------------------------------
+
+
+def device_summary(device: Any) -> dict[str, Any]:
+    """Kind, name and memory (GiB) of a torch device, for the app's badge."""
+    import torch
+
+    device = torch.device(device)
+    out: dict[str, Any] = {"kind": device.type, "name": device.type, "total_gib": None,
+                           "free_gib": None}
+    if device.type == "cuda":
+        idx = device.index or 0
+        props = torch.cuda.get_device_properties(idx)
+        free, total = torch.cuda.mem_get_info(idx)
+        out.update(name=props.name, total_gib=total / 2**30, free_gib=free / 2**30)
+    elif device.type == "mps":
+        out["name"] = "Apple GPU (MPS)"
+        rec = getattr(getattr(torch, "mps", None), "recommended_max_memory", None)
+        if rec is not None:
+            out["total_gib"] = rec() / 2**30
+    else:
+        out["name"] = platform.processor() or platform.machine() or "CPU"
+        try:
+            pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+            avail = os.sysconf("SC_AVPHYS_PAGES")
+            out.update(total_gib=pages * size / 2**30, free_gib=avail * size / 2**30)
+        except (ValueError, OSError, AttributeError):
+            pass
+        out["threads"] = torch.get_num_threads()
+    return out
+
+
+def device_badge(summary: Mapping[str, Any]) -> str:
+    """'cuda · NVIDIA H100 · 79.1 of 80.0 GiB free' style text."""
+    parts = [str(summary["kind"]), str(summary["name"])]
+    if summary.get("total_gib"):
+        if summary.get("free_gib") is not None:
+            parts.append(f"{summary['free_gib']:.1f} of {summary['total_gib']:.1f} GiB free")
+        else:
+            parts.append(f"{summary['total_gib']:.1f} GiB")
+    return " · ".join(parts)
+
+
+# ---- versions and exports ---------------------------------------------------------------
+
+
+def versions() -> dict[str, str]:
+    """Versions of python and the libraries a result depends on."""
+    import importlib.metadata as md
+
+    out = {"python": platform.python_version(), "platform": platform.platform()}
+    libs = ("rotviz", "torch", "transformers", "timm", "numpy", "scipy", "plotly", "streamlit")
+    for name in libs:
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            if name == "rotviz":
+                import rotviz
+
+                out[name] = rotviz.__version__
+    return out
+
+
+def jsonable(obj: Any) -> Any:
+    """Plain JSON types for numpy arrays, tensors, dataclasses and paths; NaN/Inf as null."""
+    import dataclasses
+
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return jsonable(dataclasses.asdict(obj))
+    if isinstance(obj, Mapping):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(x) for x in obj]
+    if hasattr(obj, "tolist"):  # numpy arrays and scalars, torch tensors
+        return jsonable(obj.tolist())
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def to_json(obj: Any) -> str:
+    return json.dumps(jsonable(obj), indent=2, sort_keys=False)
+
+
+def rows_to_csv(rows: Sequence[Mapping[str, Any]]) -> str:
+    """A table (list of flat dicts) as CSV; columns in first-seen order."""
+    cols: list[str] = []
+    for r in rows:
+        cols.extend(k for k in r if k not in cols)
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: jsonable(v) for k, v in r.items()})
+    return buf.getvalue()
+
+
+def figure_html(fig: Any) -> str:
+    """A self-contained HTML page of a plotly figure (plotly.js inlined: works offline)."""
+    return fig.to_html(include_plotlyjs=True, full_html=True)
+
+
+def static_formats() -> tuple[str, ...]:
+    """('png', 'svg') where kaleido and a Chrome or Chromium are installed, else ()."""
+    try:
+        import kaleido  # noqa: F401
+    except ImportError:
+        return ()
+    browsers = ("chromium", "chromium-browser", "google-chrome", "chrome")
+    if not any(shutil.which(b) for b in browsers):
+        return ()
+    return ("png", "svg")
+
+
+def figure_image(fig: Any, fmt: str) -> bytes:
+    """PNG or SVG bytes of a figure through kaleido; only call when `static_formats()` has it."""
+    if fmt not in static_formats():
+        raise RotvizError(f"{fmt} export needs kaleido and a Chrome or Chromium; use HTML export")
+    return fig.to_image(format=fmt)
+
+
+def run_zip(
+    config: Mapping[str, Any],
+    results: Mapping[str, Any],
+    tables: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+    figures: Mapping[str, Any] | None = None,
+) -> bytes:
+    """A whole run as a zip: config.json, versions.json, results.json, tables as CSV, figures
+    as HTML (and PNG/SVG when available)."""
+    buf = io.BytesIO()
+    stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("config.json", to_json({"config": config, "hash": config_hash(config),
+                                           "exported": stamp}))
+        z.writestr("versions.json", to_json(versions()))
+        z.writestr("results.json", to_json(results))
+        for name, rows in (tables or {}).items():
+            z.writestr(f"tables/{name}.csv", rows_to_csv(rows))
+        fmts = static_formats()
+        for name, fig in (figures or {}).items():
+            z.writestr(f"figures/{name}.html", figure_html(fig))
+            for fmt in fmts:
+                try:
+                    z.writestr(f"figures/{name}.{fmt}", figure_image(fig, fmt))
+                except Exception:  # a static image is a bonus; the HTML is always there
+                    pass
+    return buf.getvalue()
