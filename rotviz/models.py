@@ -109,6 +109,9 @@ def read_weights(path: Path) -> dict[str, Tensor]:
             raise RotvizError(f"cannot read weights file '{f}' ({e.__class__.__name__}); it is corrupt or not a plain state dict") from None
         if not isinstance(obj, Mapping):
             raise RotvizError(f"'{f}' holds no state dict; re-save the model with save_pretrained")
+        odd = [str(k) for k, v in obj.items() if not isinstance(v, torch.Tensor)]
+        if odd:
+            raise RotvizError(f"'{f}' holds non-tensor entries {odd[:3]}; it is not a plain state dict")
         state.update(obj)
     return state
 
@@ -210,6 +213,10 @@ def _load_hf(path: Path, config: dict, spec: ArchSpec) -> tuple[nn.Module, dict]
 
     import transformers
 
+    if not any(path.glob("*.safetensors")):
+        # A pickled checkpoint: open it ourselves first (weights_only=True, clean one-line
+        # errors for corrupt or non-tensor payloads) rather than rely on transformers' loader.
+        read_weights(path)
     template, full_cfg = build_module(config, spec, instantiate=False)
     cls = template
     level = transformers.logging.get_verbosity()
@@ -342,9 +349,17 @@ def save_model(template: Loaded, state: Mapping[str, Tensor], out: str | os.Path
             (tmp / "config.json").write_text(json.dumps(template.config, indent=2))
             save_file(cpu, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         else:
+            from transformers.utils import logging as hf_logging
+
             model, _ = build_module(json.loads((template.path / "config.json").read_text()), template.spec)
             model.load_state_dict(cpu, strict=False)
-            model.save_pretrained(str(tmp), safe_serialization=True)
+            bar = hf_logging.is_progress_bar_enabled()
+            hf_logging.disable_progress_bar()  # keep the CLI's stderr for errors only
+            try:
+                model.save_pretrained(str(tmp), safe_serialization=True)
+            finally:
+                if bar:
+                    hf_logging.enable_progress_bar()
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text)
         if out.exists():

@@ -41,7 +41,13 @@ def saved(tmp_path_factory) -> Callable[..., Path]:
         key = (fam, seed, tuple(sorted(sizes.items())))
         if key not in cache:
             name = f"{fam}-s{seed}-" + "-".join(f"{k}{v}" for k, v in sorted(sizes.items()))
-            cache[key] = save_random(fam, root / name, seed=seed, **sizes)
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()  # tests capture stderr; keep it for rotviz
+            try:
+                cache[key] = save_random(fam, root / name, seed=seed, **sizes)
+            finally:
+                hf_logging.enable_progress_bar()
         return cache[key]
 
     return get
