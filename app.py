@@ -21,7 +21,7 @@ PAGES = [
     st.Page("pages/learn.py", title="Learn", icon=":material/school:"),
 ]
 
-page = st.navigation(PAGES)
 setup = common.sidebar()
+page = st.navigation(PAGES, position="top" if setup.presenter else "sidebar")
 common.presenter_style(setup.presenter)
 page.run()

@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import streamlit as st
@@ -70,23 +71,23 @@ def _device_choices() -> list[str]:
 
 
 @st.cache_data(ttl=60, show_spinner=False)
-def model_choices() -> list[str]:
+def model_choices(roots: tuple[str, ...]) -> list[str]:
     """Zoo entries first, then model folders under the roots."""
-    return appconfig.zoo_refs() + appconfig.discover(appconfig.model_roots())
+    return appconfig.zoo_refs() + appconfig.discover(map(Path, roots))
 
 
-@st.cache_data(show_spinner=False)
-def default_pair() -> tuple[str, str]:
-    return appconfig.default_pair()
+@st.cache_data(ttl=60, show_spinner=False)
+def default_pair(roots: tuple[str, ...]) -> tuple[str, str]:
+    return appconfig.default_pair([Path(r) for r in roots])
 
 
 def sidebar() -> Setup:
     """Draw the sidebar and return the setup. Every widget is mirrored in the URL."""
     sb = st.sidebar
-    presenter = bool(st.session_state.get("present", False))
-    choices = model_choices()
+    roots = tuple(str(r) for r in appconfig.model_roots())
+    choices = model_choices(roots)
     try:
-        pair = default_pair()
+        pair = default_pair(roots)
     except RotvizError as e:
         pair = (choices[0], choices[-1]) if choices else ("", "")
         sb.error(str(e))
@@ -133,10 +134,11 @@ def sidebar() -> Setup:
 
     device = pick_device(choice)
     sb.markdown(f":material/memory: **{appconfig.device_badge(appconfig.device_summary(device))}**")
-    sb.toggle("Presenter mode", key="present", bind="query-params",
+    presenter = sb.toggle("Presenter mode", key="present", bind="query-params",
               help="Wide layout, large fonts, controls hidden. Turn off with the button on top "
                    "or by removing present from the URL.")
-    setup = Setup(anchor or "", source or "", data, seed, n_eval, device.type, presenter, error)
+    setup = Setup(anchor or "", source or "", data, seed, n_eval, device.type, bool(presenter),
+                  error)
     st.session_state["_setup"] = setup
     return setup
 
@@ -299,6 +301,19 @@ def _plane(cfg: dict) -> dict:
     return out
 
 
+def _circuits(cfg: dict) -> dict:
+    """Cross-matrix and invariant circuit spectra of anchor, source and matched source."""
+    from rotviz.pipeline import view_of
+    from rotviz.spectra import spectra
+    from rotviz.view import read_view
+
+    a, b = pair(cfg)
+    m = matched(cfg["anchor"], cfg["source"], cfg["spec"], cfg["layers"], cfg["device"])
+    mv = None if m is None else read_view(b.spec, b.config, m.state)
+    lay = layers_of(cfg["layers"], _n_layers(a))
+    return spectra(view_of(a), view_of(b), mv, lay).to_dict()
+
+
 def _learn(cfg: dict) -> dict:
     m = load(cfg["ref"])
     sp = split(cfg["data"], cfg["seed"], cfg["n_eval"])
@@ -308,6 +323,7 @@ def _learn(cfg: dict) -> dict:
 
 COMPUTE: dict[str, Callable[[dict], Any]] = {
     "card": _card, "match": _match, "curve": _curve, "plane": _plane, "learn": _learn,
+    "circuits": _circuits,
 }
 
 

@@ -4,6 +4,7 @@
 import streamlit as st
 
 from pages import common
+from rotviz import explore
 from rotviz.plots import spectra as splots
 from rotviz.plots import style
 
@@ -27,14 +28,40 @@ with st.form("spectra_form"):
 
 
 @st.fragment
-def per_layer(heads: list[dict], font: int) -> None:
-    """Layer slider over results already computed (no recomputation)."""
+def per_layer(heads: list[dict], circuits: dict, font: int) -> None:
+    """Layer slider and head picker over results already computed (no recomputation)."""
     idx = [h["layer"] for h in heads]
-    layer = st.select_slider("Layer", options=idx, value=idx[0], key="s_layer",
-                             bind="query-params") if len(idx) > 1 else idx[0]
+    c = st.columns([3, 1])
+    with c[0]:
+        layer = st.select_slider("Layer", options=idx, value=idx[0], key="s_layer",
+                                 bind="query-params") if len(idx) > 1 else idx[0]
     lay = heads[idx.index(layer)]
+    n_heads = len(lay["qk_singular"])
+    head = c[1].selectbox("Head (invariant circuits)", list(range(n_heads)), key="s_head",
+                          bind="query-params")
     common.chart(splots.singular_values(lay, font), "spectra_sv")
     common.chart(splots.rotation_angles(lay, font), "spectra_angles")
+    st.subheader("Invariant circuits: before vs after")
+    st.markdown(
+        "The products W_Qᵀ W_K (which tokens attend to which) and W_O W_V (what a head writes "
+        "back) do not change under the symmetries. For the source and the matched source their "
+        "singular values coincide: proof that matching kept the function. The anchor's "
+        "spectrum shows how different the two trained models really are."
+    )
+    by_layer = {c["layer"]: c for c in circuits["layers"]}
+    cl = by_layer.get(layer)
+    if cl is None:
+        st.info("This layer was not part of the computation.")
+        return
+    cols = st.columns(2)
+    for col, kind, title in zip(cols, ("qk", "vo"), ("Q-K circuit W_Qᵀ W_K", "V-O circuit W_O W_V"),
+                                strict=True):
+        series = {"anchor": cl[f"anchor_{kind}"][head], "source": cl[f"source_{kind}"][head]}
+        if cl.get(f"matched_{kind}"):
+            series["matched source"] = cl[f"matched_{kind}"][head]
+        with col:
+            common.chart(splots.circuit_spectra(series, f"{title}, layer {layer}, head {head}",
+                                                font), f"spectra_circuit_{kind}")
 
 
 def body() -> None:
@@ -47,36 +74,36 @@ def body() -> None:
     with common.progress("Matching", 2) as step:
         step(f"matching with {style.nice_label(spec)}")
         res = common.compute("match", cfg)
-        step("invariant circuits")
-        circuits = common.compute("circuits", cfg) if "circuits" in common.COMPUTE else None
+        step("cross matrices and invariant circuits")
+        circuits = common.compute("circuits", cfg)
     common.function_badge(res["max_output_diff"], res["tolerance"])
+    change = circuits.get("max_circuit_change")
+    if change is not None:
+        ok = change <= 1e-4
+        st.badge(f"invariant circuits {'unchanged' if ok else 'CHANGED'}: largest relative change "
+                 f"of a circuit singular value, source → matched source: {change:.1e}",
+                 color="green" if ok else "red",
+                 icon=":material/check_circle:" if ok else ":material/cancel:")
     heads = [h for h in res["report"]["heads"] if h.get("qk_singular")]
     if not heads:
         st.warning("This option set does not rotate attention heads.")
         return
-    per_layer(heads, s.font)
+    per_layer(heads, circuits, s.font)
+    st.subheader("All layers at a glance")
     figs = {}
     c = st.columns(2)
     for col, kind in zip(c, ("qk", "vo"), strict=True):
         figs[f"angles_{kind}"] = splots.angle_overview(heads, kind, s.font)
         with col:
             common.chart(figs[f"angles_{kind}"], f"spectra_overview_{kind}")
-    if circuits is not None:
-        show_circuits(circuits)
-    from rotviz import explore
-
+    circuit_rows = [
+        {"layer": lay["layer"], "head": h, "circuit": kind, "model": who, "singular_values": sv}
+        for lay in circuits["layers"] for kind in ("qk", "vo")
+        for who in ("anchor", "source", "matched")
+        for h, sv in enumerate(lay.get(f"{who}_{kind}") or [])
+    ]
     common.export("spectra", {"page": "spectra", **cfg}, {"match": res, "circuits": circuits},
-                  {"heads": explore.head_rows(res)}, figs)
-
-
-def show_circuits(circuits: dict) -> None:
-    st.subheader("Invariant circuits: before vs after")
-    st.markdown(
-        "The products W_Qᵀ W_K (which pairs of tokens attend) and W_O W_V (what a head writes) "
-        "do not change under the symmetries. Their singular values for the source and the "
-        "matched source coincide: proof that matching kept the function, while the anchor's "
-        "spectrum shows how different the two trained models really are."
-    )
+                  {"heads": explore.head_rows(res), "circuits": circuit_rows}, figs)
 
 
 common.guard(body)

@@ -1,0 +1,336 @@
+"""The Streamlit app, headless (streamlit.testing.v1.AppTest), and its library-side helpers.
+
+The pages run on the default pair (the zoo's, or two tiny random ViTs when the zoo is not
+installed) on the CPU, on a 100-example subset of the test split to stay fast. The tests
+read numbers out of the charts and compare them with the library's own results.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import threading
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from rotviz import appconfig, explore
+from rotviz.errors import RotvizError
+from rotviz.random_models import save_random
+
+APP = str(Path(__file__).resolve().parent.parent / "app.py")
+N_EVAL = 100
+VIT = dict(layers=2, d=32, heads=4, ffn=64, image=8, patch=2, channels=1, labels=10)
+
+
+# ---- fixtures ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def roots(tmp_path_factory):
+    """Model roots for the app: the zoo when it has a default pair, plus a folder holding a
+    pair of tiny random ViTs and a model of another shape (for the mismatch test)."""
+    root = tmp_path_factory.mktemp("roots")
+    for seed in (0, 1):
+        save_random("vit", root / f"vit-s{seed}", seed=seed, **VIT)
+    save_random("vit", root / "vit-wide", seed=2, **{**VIT, "d": 48})
+    old = os.environ.get(appconfig.ENV_ROOTS)
+    os.environ[appconfig.ENV_ROOTS] = os.pathsep.join([str(appconfig.DEFAULT_ROOT), str(root)])
+    yield root
+    if old is None:
+        os.environ.pop(appconfig.ENV_ROOTS, None)
+    else:
+        os.environ[appconfig.ENV_ROOTS] = old
+
+
+@pytest.fixture(scope="module")
+def pair(roots) -> tuple[str, str]:
+    """The pair the app opens on."""
+    try:
+        return appconfig.default_pair([roots])
+    except RotvizError:
+        pytest.skip("no model pair")
+
+
+def app(page: str | None = None, **params):
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params["n"] = str(N_EVAL)
+    for k, v in params.items():
+        at.query_params[k] = v
+    if page:
+        at.switch_page(f"pages/{page}.py")
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    return at
+
+
+def figures(at) -> dict[str, dict]:
+    """Every plotly chart on the page as its figure JSON, by title."""
+    out = {}
+    for el in at.get("plotly_chart"):
+        fig = json.loads(el.proto.spec)
+        out[fig["layout"]["title"]["text"]] = fig
+    return out
+
+
+def numbers(values) -> list[float]:
+    """Plotly arrays arrive as lists or as base64 typed arrays ({'dtype', 'bdata'})."""
+    if isinstance(values, dict) and "bdata" in values:
+        return np.frombuffer(base64.b64decode(values["bdata"]), dtype=values["dtype"]).tolist()
+    return [float(v) for v in values]
+
+
+def texts(at) -> str:
+    parts = [m.value for m in at.markdown] + [e.value for e in at.error]
+    for kind in (at.info, at.warning, at.success):
+        parts += [x.value for x in kind]
+    return "\n".join(str(p) for p in parts)
+
+
+# ---- library-side helpers -------------------------------------------------------------------
+
+
+def test_model_roots_and_path_checks(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    roots = appconfig.model_roots({appconfig.ENV_ROOTS: f"{a}{os.pathsep}{b}"})
+    assert roots == [a.resolve(), b.resolve()]
+    assert appconfig.model_roots({}) == [appconfig.DEFAULT_ROOT.resolve()]
+    inside = a / "m"
+    inside.mkdir()
+    assert appconfig.check_under_roots(inside, roots) == inside.resolve()
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    for bad in (outside, a / ".." / "elsewhere", "/etc"):
+        with pytest.raises(RotvizError, match="outside the model roots"):
+            appconfig.check_under_roots(bad, roots)
+    (a / "link").symlink_to(outside)  # a link inside a root that leads out of it
+    with pytest.raises(RotvizError, match="outside the model roots"):
+        appconfig.check_under_roots(a / "link", roots)
+    with pytest.raises(RotvizError, match="no model folder"):
+        appconfig.check_under_roots(a / "missing", roots)
+    with pytest.raises(RotvizError, match="not in the zoo"):
+        appconfig.resolve_choice("zoo:no-such-model", roots)
+
+
+def test_discover_finds_model_folders(roots):
+    found = appconfig.discover([roots])
+    assert [Path(f).name for f in found] == ["vit-s0", "vit-s1", "vit-wide"]
+
+
+def test_config_hash_is_stable_and_sensitive():
+    a = {"anchor": "zoo:x", "points": 21, "specs": ["none", "seed"], "alpha": 0.1}
+    b = {"alpha": 0.1, "specs": ("none", "seed"), "points": 21, "anchor": "zoo:x"}
+    assert appconfig.config_hash(a) == appconfig.config_hash(b)
+    assert appconfig.config_hash(a) != appconfig.config_hash({**a, "points": 11})
+    assert len(appconfig.config_hash(a)) == 16
+
+
+def test_exports_csv_json_zip():
+    import plotly.graph_objects as go
+
+    rows = [{"spec": "none", "barrier": 2.0}, {"spec": "seed", "barrier": 1.5, "extra": True}]
+    assert appconfig.rows_to_csv(rows).splitlines() == [
+        "spec,barrier,extra", "none,2.0,", "seed,1.5,True"]
+    data = {"x": np.array([1.0, float("nan")]), "t": torch.tensor([2]), "p": Path("/a")}
+    assert json.loads(appconfig.to_json(data)) == {"x": [1.0, None], "t": [2], "p": "/a"}
+    fig = go.Figure(go.Scatter(x=[0, 1], y=[2, 3], name="curve"))
+    blob = appconfig.run_zip({"points": 3}, {"barrier": 1.5}, {"rows": rows}, {"fig": fig})
+    z = zipfile.ZipFile(io.BytesIO(blob))
+    names = set(z.namelist())
+    assert {"config.json", "versions.json", "results.json", "tables/rows.csv",
+            "figures/fig.html"} <= names
+    cfg = json.loads(z.read("config.json"))
+    assert cfg["config"] == {"points": 3} and cfg["hash"] == appconfig.config_hash({"points": 3})
+    assert json.loads(z.read("versions.json"))["torch"].split("+")[0] == \
+        torch.__version__.split("+")[0]
+    assert json.loads(z.read("results.json")) == {"barrier": 1.5}
+    assert "plotly" in z.read("figures/fig.html").decode()[:2000].lower()
+
+
+def test_device_badge_names_the_device():
+    s = appconfig.device_summary("cpu")
+    assert s["kind"] == "cpu" and s["total_gib"] and s["total_gib"] > 0
+    assert appconfig.device_badge(s).startswith("cpu · ")
+
+
+def test_learn_demo_scrambles_weights_not_outputs(roots):
+    from rotviz.data import load_split
+    from rotviz.models import load_model
+
+    m = load_model(roots / "vit-s0")
+    split = load_split("digits").subset(64)
+    before = {k: v.clone() for k, v in m.state.items()}
+    for kind in ("rotate", "permute", "all"):
+        d = explore.learn_demo(m, split, kind, seed=3, layer=1, head=2)
+        assert d["distance_scrambled"] > 1.0
+        assert d["diff_scrambled"] < 1e-4 and d["probe_diff_scrambled"] < 1e-4
+        assert d["distance_matched"] < 1e-4 * d["distance_scrambled"]  # planted transform undone
+        assert d["diff_matched"] < 1e-4
+        assert d["acc"]["original"] == d["acc"]["scrambled"] == d["acc"]["matched"]
+        w = d["weights"]
+        assert not np.allclose(w["original"], w["scrambled"], atol=1e-3)
+        assert np.allclose(w["original"], w["matched"], atol=1e-5)
+    assert all(torch.equal(before[k], m.state[k]) for k in before)  # the model was not touched
+
+
+def test_model_card_symmetry_check(roots):
+    from rotviz.data import load_split
+    from rotviz.evaluate import evaluate
+    from rotviz.models import load_model
+
+    m = load_model(roots / "vit-s1")
+    split = load_split("digits").subset(50)
+    card = explore.model_card(m, split)
+    assert card["n_layers"] == 2 and card["d_model"] == 32 and card["n_heads"] == 4
+    assert card["acc"] == evaluate(m, split)["acc"] and card["n_eval"] == 50
+    assert card["check"]["passed"] and card["check"]["max_output_diff"] < 1e-4
+    assert card["check"]["distance"] > 1.0
+
+
+def test_model_locks_serialise_shared_modules(roots):
+    """Two sessions evaluating different parameter sets on one cached module at once get
+    their own answers (functional_call swaps tensors on the shared module)."""
+    from pages import common
+    from rotviz.models import forward, load_model, probe_inputs
+
+    m = load_model(roots / "vit-s0")
+    other = load_model(roots / "vit-s1").state
+    x = probe_inputs(m, 8)
+    want = {0: forward(m, x, m.state), 1: forward(m, x, other)}
+    got: dict[int, list[bool]] = {0: [], 1: []}
+
+    def work(i: int) -> None:
+        for _ in range(15):
+            with common.using("vit-s0"):
+                y = forward(m, x, m.state if i == 0 else other)
+            got[i].append(bool(torch.equal(y, want[i])))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(got[0]) and all(got[1]) and len(got[0]) == len(got[1]) == 15
+
+
+# ---- the app, headless ------------------------------------------------------------------
+
+
+def test_models_page_opens_on_the_default_pair(pair):
+    at = app()
+    assert at.selectbox(key="anchor").value == pair[0]
+    assert at.selectbox(key="source").value == pair[1]
+    metrics = {m.label: m.value for m in at.metric}
+    assert "test accuracy" in metrics
+    body = texts(at)
+    assert "function preserved" in body and "can be matched" in body
+    assert f"fraction of {N_EVAL} test examples" in str([m.help for m in at.metric])
+
+
+def test_barrier_page_chart_holds_library_results(pair):
+    from rotviz.data import load_split
+    from rotviz.landscape import interpolate
+    from rotviz.models import load_model
+
+    at = app("barrier", b_points="5")
+    figs = figures(at)
+    loss = figs["Loss along the straight path from anchor to matched source"]
+    lines = [tr for tr in loss["data"] if tr.get("showlegend", True)]
+    assert len(lines) == len(explore.BARRIER_SPECS)
+    assert all(len(numbers(tr["y"])) == 5 for tr in lines)
+    by_name = {tr["name"].split(" (barrier")[0]: tr for tr in lines}
+    none, seed = by_name["no matching"], by_name["FFN + attention + rescale (seed paper)"]
+
+    a, s = load_model(pair[0]), load_model(pair[1])
+    split = load_split("digits").subset(N_EVAL)
+    for spec, tr in (("none", none), ("seed", seed)):
+        ref = interpolate(a, s, split, spec, points=5)
+        assert np.allclose(numbers(tr["y"]), ref.loss, rtol=1e-6, atol=1e-8)
+        assert f"barrier {ref.barrier:.3f}" in tr["name"]
+    barrier_none = float(none["name"].split("barrier ")[1].rstrip(")"))
+    barrier_seed = float(seed["name"].split("barrier ")[1].rstrip(")"))
+    if pair[0].startswith("zoo:"):  # trained models: matching lowers the barrier
+        assert barrier_seed < barrier_none
+    assert "function preserved" in texts(at)
+    acc = figs["Accuracy along the straight path from anchor to matched source"]
+    assert len(acc["data"]) == len(explore.BARRIER_SPECS)
+
+
+def test_barrier_form_reruns_with_new_options(pair):
+    at = app("barrier", b_points="5")
+    at.multiselect(key="b_specs").set_value(["none", "seed"])
+    at.slider(key="b_points").set_value(7)
+    at.toggle(key="b_plane").set_value(True)
+    at.slider(key="b_grid").set_value(5)
+    at.get("form_submit_button")[0].click()
+    at.run()
+    assert not at.exception
+    figs = figures(at)
+    loss = figs["Loss along the straight path from anchor to matched source"]
+    lines = [tr for tr in loss["data"] if tr.get("showlegend", True)]
+    assert len(lines) == 2 and all(len(numbers(tr["y"])) == 7 for tr in lines)
+    plane = figs["Test loss on the plane through A, B and B'"]
+    marks = {tr["text"][0] for tr in plane["data"][1:]}
+    assert marks == {"A", "B", "B'", "AB", "AB'"}
+    z = np.asarray(plane["data"][0]["z"], dtype=float)
+    assert z.shape == (5, 5) and np.isfinite(z).all()
+
+
+def test_match_page_distances_drop(pair):
+    at = app("match", m_barrier="false")
+    figs = figures(at)
+    per_layer = figs["Distance to the anchor per layer"]
+    before, after = (numbers(tr["y"]) for tr in per_layer["data"])
+    assert sum(after) < sum(before)
+    ab = figs["What each matching option buys"]["data"][0]
+    dist = dict(zip(ab["x"], numbers(ab["y"]), strict=True))
+    assert dist["FFN + attention + rescale (seed paper)"] < dist["no matching"]
+    assert "function preserved" in texts(at)
+
+
+def test_spectra_page_circuits_unchanged(pair):
+    at = app("spectra")
+    figs = figures(at)
+    qk = next(f for t, f in figs.items() if t.startswith("Q-K circuit"))
+    series = {tr["name"]: numbers(tr["y"]) for tr in qk["data"]}
+    assert np.allclose(series["source"], series["matched source"], rtol=1e-4)
+    assert not np.allclose(series["source"], series["anchor"], rtol=1e-2)
+    assert "invariant circuits unchanged" in texts(at)
+    assert any(t.startswith("Layer 0: singular values") for t in figs)
+
+
+def test_merge_and_learn_pages(pair):
+    at = app("merge")
+    fig = figures(at)["Merged model accuracy per fusion method"]
+    assert len(fig["data"]) >= 2
+    at = app("learn", l_kind="all")
+    figs = figures(at)
+    stages = figs["How far the weights moved from the original"]
+    d = [numbers(tr["y"])[0] for tr in stages["data"]]
+    assert d[0] == 0.0 and d[1] > 1.0 and d[2] < 1e-4 * d[1]
+    assert texts(at).count("function preserved") >= 2
+
+
+def test_mismatched_pair_and_outside_path_show_messages(pair, roots):
+    at = app("match", anchor_path=str(roots / "vit-s0"), source_path=str(roots / "vit-wide"))
+    assert "differ in shape" in texts(at)
+    assert not figures(at)
+    at = app("barrier", anchor_path="/etc")
+    assert "outside the model roots" in texts(at)
+    at.switch_page("pages/models.py")
+    at.run()
+    assert not at.exception
+
+
+def test_presenter_mode_hides_controls(pair):
+    at = app(present="true")
+    assert any(b.label == "Leave presenter mode" for b in at.button)
