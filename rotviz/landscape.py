@@ -144,6 +144,8 @@ class MatchInfo:
     distance_after: float
     max_output_diff: float | None
     seconds: float
+    before: dict = field(default_factory=dict)  # Distances.to_dict(): total, per_layer, per_kind
+    after: dict = field(default_factory=dict)
 
 
 def matched_state(anchor: Loaded, source: Loaded, options: MatchOptions | str | None,
@@ -156,8 +158,9 @@ def matched_state(anchor: Loaded, source: Loaded, options: MatchOptions | str | 
     check_compatible(anchor, source)
     options = as_options(options)
     if options is None:
-        d = distances(view_of(source), view_of(anchor)).total
-        return dict(source.state), MatchInfo("none", d, d, 0.0, 0.0)
+        d = distances(view_of(source), view_of(anchor))
+        return dict(source.state), MatchInfo("none", d.total, d.total, 0.0, 0.0, d.to_dict(),
+                                             d.to_dict())
     out = match_models(anchor, source, options, resolve_device(device), progress)
     rep = out.report
     if not out.preserved:
@@ -166,7 +169,8 @@ def matched_state(anchor: Loaded, source: Loaded, options: MatchOptions | str | 
             f"{rep.max_output_diff:.2e} > {FUNCTION_TOLERANCE:g}); please report this as a bug"
         )
     return out.state, MatchInfo(label_of(options), rep.before.total, rep.after.total,
-                                rep.max_output_diff, rep.seconds)
+                                rep.max_output_diff, rep.seconds, rep.before.to_dict(),
+                                rep.after.to_dict())
 
 
 # ---- interpolation ----------------------------------------------------------------------------
@@ -277,13 +281,15 @@ def interpolate(
     batch_size: int = 512,
     source_state: Mapping[str, Tensor] | None = None,
     evaluator: Evaluator | None = None,
+    match_info: MatchInfo | None = None,
 ) -> Curve:
     """interpolate(anchor, source, split, options|None, points=21, device=, progress=) -> Curve
 
     Loss and accuracy along the straight path from the anchor (alpha = 0) to the source as
     matched with `options` (a MatchOptions, a SPEC string, or None for no matching) at
     `points` evenly spaced alphas. `repeats` > 1 also reports the spread over that many
-    disjoint seeded subsets of the split. `source_state` skips matching (already matched).
+    disjoint seeded subsets of the split. `source_state` skips matching (already matched;
+    `match_info` then describes it), `evaluator` reuses data already on the device.
     """
     check_points(points)
     if repeats < 1 or repeats > split.n:
@@ -294,7 +300,7 @@ def interpolate(
     if source_state is None:
         source_state, info = matched_state(anchor, source, options, ev.device)
     else:
-        info = MatchInfo(label_of(options), 0.0, 0.0, None, 0.0)
+        info = match_info or MatchInfo(label_of(options), 0.0, 0.0, None, 0.0)
     alphas = np.linspace(0.0, 1.0, points).tolist()
     fields = path_curve(ev, ev.params(anchor.state), ev.params(source_state), alphas, repeats,
                         seed, progress)
