@@ -45,8 +45,10 @@ def at_alpha(curves: list[dict]) -> None:
                          key="b_alpha", bind="query-params")
     cols = st.columns(len(curves))
     for col, c in zip(cols, curves, strict=True):
-        col.metric(style.nice_label(c["match"]), f"acc {c['acc'][i]:.3f}",
-                   delta=f"loss {c['loss'][i]:.3f}", delta_color="off")
+        col.metric(style.nice_label(c["match"]), f"{c['acc'][i]:.3f}",
+                   delta=f"loss {c['loss'][i]:.3f} nats", delta_color="off", delta_arrow="off",
+                   help="test accuracy (fraction correct) of the model at this α; below it the "
+                        "test loss")
 
 
 def body() -> None:

@@ -424,21 +424,24 @@ def require_pair(s: Setup) -> bool:
 
 
 def function_badge(diff: float | None, tol: float, what: str = "matched source") -> None:
-    """The function-preservation check of a transform, as a pass/fail badge."""
-    if diff is None:
-        st.badge(f"function check of the {what}: not run", color="gray", icon=":material/help:")
-    elif diff <= tol:
-        st.badge(f"function preserved: the {what} differs from the original by at most "
-                 f"{diff:.1e} in any logit (pass: ≤ {tol:g})", color="green",
-                 icon=":material/check_circle:")
-    else:
-        st.badge(f"FUNCTION CHANGED: the {what} differs by {diff:.2e} in a logit "
-                 f"(fail: > {tol:g})", color="red", icon=":material/cancel:")
+    """The function-preservation check of a transform, as a pass/fail badge (icon and words,
+    not colour alone), with what was compared in a caption."""
+    with st.container(horizontal=True, vertical_alignment="center", gap="small"):
+        if diff is None:
+            st.badge("function check: not run", color="gray", icon=":material/help:")
+        elif diff <= tol:
+            st.badge(f"PASS · function preserved · max logit change {diff:.1e} ≤ {tol:g}",
+                     color="green", icon=":material/check_circle:")
+        else:
+            st.badge(f"FAIL · function changed · max logit change {diff:.1e} > {tol:g}",
+                     color="red", icon=":material/cancel:")
+        st.caption(f"{what} vs. the model it came from, on seeded probe inputs")
 
 
 def chart(fig, key: str) -> None:
-    st.plotly_chart(fig, key=key, config={"displaylogo": False, "toImageButtonOptions":
-                                          {"format": "png", "scale": 2}})
+    """A figure exactly as exported (no Streamlit theme on top of rotviz's own style)."""
+    st.plotly_chart(fig, key=key, theme=None, config={
+        "displaylogo": False, "toImageButtonOptions": {"format": "png", "scale": 2}})
 
 
 def export(name: str, cfg: dict, results: Any, tables: dict[str, Sequence[dict]] | None = None,

@@ -27,7 +27,12 @@ def _check_frame(fig, title_part: str):
     assert title_part.lower() in lay.title.text.lower()
     assert lay.xaxis.title.text and lay.yaxis.title.text
     assert "(" in lay.yaxis.title.text  # a unit or scale in brackets
-    assert lay.showlegend is True
+    if any(tr.type in ("heatmap", "contour") for tr in fig.data):
+        scales = [tr for tr in fig.data if tr.type in ("heatmap", "contour") and tr.showscale
+                  is not False]
+        assert scales and all("(" in tr.colorbar.title.text for tr in scales)  # with units
+    else:
+        assert lay.showlegend is True
     assert any(tr.name for tr in fig.data)
     assert _colors(fig) <= SAFE, _colors(fig) - SAFE
 
@@ -97,9 +102,9 @@ def test_ablation_bars_show_distance_and_barrier():
             {"match": "ffn,attn", "distance": 24.6, "barrier": 1.64}]
     fig = distances.ablation_bars(rows)
     _check_frame(fig, "matching option")
-    assert list(fig.data[0].y) == [26.8, 24.6] and list(fig.data[1].y) == [2.12, 1.64]
-    assert list(fig.data[0].x) == ["no matching", "FFN permutation + attention rotation"]
-    assert fig.layout.yaxis2.title.text == style.BARRIER
+    assert list(fig.data[0].x) == [26.8, 24.6] and list(fig.data[1].x) == [2.12, 1.64]
+    assert list(fig.data[0].y) == ["no matching", "FFN permutation + attention rotation"]
+    assert "nats" in fig.layout.xaxis2.title.text and "L2" in fig.layout.xaxis.title.text
     only = distances.ablation_bars([{"match": "none", "distance": 1.0}])
     assert len(only.data) == 1
 
@@ -133,7 +138,7 @@ def test_circuit_spectra_log_scale():
     series = {"anchor": [3.0, 1.0], "source": [2.0, 0.5], "matched source": [2.0, 0.5]}
     fig = spectra.circuit_spectra(series, "Q-K circuit, layer 0 head 1")
     _check_frame(fig, "circuit")
-    assert fig.layout.yaxis.type == "log"
+    assert fig.layout.yaxis.type == "log" and fig.layout.yaxis.dtick == 1
     assert [list(tr.y) for tr in fig.data] == list(series.values())
 
 

@@ -96,8 +96,8 @@ def loss_plane(
     hi = float(np.nanpercentile(z, 95)) if np.isfinite(z).any() else 1.0
     fig = go.Figure(go.Contour(
         x=list(map(float, x)), y=list(map(float, y)), z=z.tolist(), colorscale=style.SEQUENTIAL,
-        zmin=float(np.nanmin(z)), zmax=hi, name="test loss", showlegend=True,
-        colorbar={"title": {"text": "loss (nats)"}},
+        zmin=float(np.nanmin(z)), zmax=hi, name="test loss",
+        colorbar={"title": {"text": "test loss (nats)", "side": "right"}},
         contours={"coloring": "heatmap", "showlabels": True},
         hovertemplate="(%{x:.2f}, %{y:.2f}): loss %{z:.3f}<extra></extra>",
     ))

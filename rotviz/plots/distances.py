@@ -48,23 +48,29 @@ def distance_bars(
 def ablation_bars(rows: Sequence[Mapping], font_size: int = 14) -> go.Figure:
     """One bar per matching option: total distance, and the loss barrier where measured.
 
-    Each row has `match` (SPEC), `distance` and optionally `barrier`.
+    Each row has `match` (SPEC), `distance` and optionally `barrier`. Bars are horizontal so
+    the option names read in full.
     """
     labels = [style.nice_label(str(r["match"])) for r in rows]
     has_barrier = any(r.get("barrier") is not None for r in rows)
-    titles = ["distance to anchor"] + (["loss barrier"] if has_barrier else [])
-    fig = make_subplots(rows=1, cols=len(titles), horizontal_spacing=0.12, subplot_titles=titles)
-    fig.add_bar(x=labels, y=[float(r["distance"]) for r in rows], name="distance to anchor",
-                marker_color=style.color(3), row=1, col=1,
-                hovertemplate="%{x}: %{y:.3f}<extra>distance</extra>")
-    fig.update_yaxes(title_text=style.DISTANCE, row=1, col=1)
-    fig.update_xaxes(title_text="matching option", row=1, col=1)
+    titles = ["distance to the anchor"] + (["loss barrier"] if has_barrier else [])
+    fig = make_subplots(rows=1, cols=len(titles), horizontal_spacing=0.06, subplot_titles=titles,
+                        shared_yaxes=True)
+    d = [float(r["distance"]) for r in rows]
+    fig.add_bar(y=labels, x=d, orientation="h", name="distance to the anchor",
+                marker_color=style.color(3), row=1, col=1, text=[f"{v:.2f}" for v in d],
+                textposition="auto", hovertemplate="%{y}: %{x:.3f}<extra>distance</extra>")
+    fig.update_xaxes(title_text="Euclidean distance (L2 norm)", row=1, col=1)
     if has_barrier:
-        fig.add_bar(x=labels, y=[r.get("barrier") for r in rows], name="loss barrier",
+        b = [r.get("barrier") for r in rows]
+        fig.add_bar(y=labels, x=b, orientation="h", name="loss barrier",
                     marker_color=style.color(4), marker_pattern_shape="/", row=1, col=2,
-                    hovertemplate="%{x}: %{y:.3f}<extra>barrier</extra>")
-        fig.update_yaxes(title_text=style.BARRIER, row=1, col=2)
-        fig.update_xaxes(title_text="matching option", row=1, col=2)
-    style.finish(fig, "What each matching option buys", "matching option", style.DISTANCE,
-                 "measure", font_size)
+                    text=[f"{v:.2f}" if v is not None else "" for v in b], textposition="auto",
+                    hovertemplate="%{y}: %{x:.3f}<extra>barrier</extra>")
+        fig.update_xaxes(title_text="loss barrier (nats above the straight line)", row=1, col=2)
+    fig.update_yaxes(autorange="reversed")
+    style.finish(fig, "What each matching option buys (shorter bars are better)",
+                 "Euclidean distance (L2 norm)", "matching option (what was aligned)", "measure",
+                 font_size, height=120 + 60 * len(rows))
+    fig.update_layout(legend={"orientation": "h", "y": -0.25, "x": 0})
     return fig

@@ -26,15 +26,13 @@ def weight_heatmaps(
     for i, (name, a) in enumerate(arrays.items(), start=1):
         fig.add_trace(go.Heatmap(
             z=a.tolist(), colorscale=style.DIVERGING, zmin=-lim, zmax=lim, zmid=0,
-            showscale=i == len(arrays), name=name, showlegend=True,
-            colorbar={"title": {"text": "weight value"}},
+            showscale=i == len(arrays), name=name,
+            colorbar={"title": {"text": "weight value (unitless)", "side": "right"}},
             hovertemplate=f"{name}: row %{{y}}, col %{{x}}: %{{z:.3f}}<extra></extra>",
         ), row=1, col=i)
         fig.update_xaxes(title_text=x_label if i == 1 else "", row=1, col=i)
         fig.update_yaxes(autorange="reversed", row=1, col=i, title_text=y_label if i == 1 else "")
-    fig = style.finish(fig, title, x_label, y_label, "model", font_size, height=360)
-    fig.update_layout(legend={"orientation": "h", "y": -0.3, "x": 0})
-    return fig
+    return style.finish(fig, title, x_label, y_label, None, font_size, height=380, legend=False)
 
 
 def logit_scatter(

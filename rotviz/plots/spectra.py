@@ -72,14 +72,14 @@ def angle_overview(layers: Sequence[Mapping], kind: str = "qk", font_size: int =
     n_heads = max((len(r) for r in z), default=0)
     fig = go.Figure(go.Heatmap(
         z=z, x=list(range(n_heads)), y=[str(lay["layer"]) for lay in rows],
-        colorscale=style.SEQUENTIAL, zmin=0, zmax=180, name="mean angle", showlegend=True,
-        colorbar={"title": {"text": "degrees"}},
+        colorscale=style.SEQUENTIAL, zmin=0, zmax=180, name="mean angle",
+        colorbar={"title": {"text": "mean angle (degrees)", "side": "right"}},
         hovertemplate="layer %{y}, head %{x}: %{z:.1f}°<extra></extra>",
     ))
     fig.update_xaxes(dtick=1)
     name = dict(PAIRS)[kind]
     return style.finish(fig, f"Mean {name} rotation angle per layer and head", style.HEAD,
-                        "layer (block index)", "colour", font_size)
+                        "layer (block index)", None, font_size, legend=False)
 
 
 def circuit_spectra(
@@ -102,5 +102,5 @@ def circuit_spectra(
             marker={"symbol": style.marker(i), "size": 8 - i},
             hovertemplate=f"{name} #%{{x}}: %{{y:.4g}}<extra></extra>",
         )
-    fig.update_yaxes(type="log")
+    style.log_axis(fig)
     return style.finish(fig, title, RANK, y_label, "model", font_size)

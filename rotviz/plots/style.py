@@ -63,14 +63,19 @@ def finish(
     legend_title: str | None = None,
     font_size: int = 14,
     height: int | None = None,
+    legend: bool = True,
 ) -> go.Figure:
-    """Title, axis labels, legend and font, the same way for every figure."""
+    """Title, axis labels, legend and font, the same way for every figure.
+
+    `legend=False` is for heatmaps and contours, whose colour bar (titled, with units) is
+    the legend.
+    """
     fig.update_layout(
         title={"text": title, "x": 0.0, "xanchor": "left"},
         xaxis_title=x,
         yaxis_title=y,
         legend_title_text=legend_title,
-        showlegend=True,
+        showlegend=legend,
         font={"size": font_size},
         template="plotly_white",
         colorway=list(OKABE_ITO),
@@ -78,7 +83,15 @@ def finish(
     )
     if height is not None:
         fig.update_layout(height=height)
+    fig.update_xaxes(title_font_size=font_size, tickfont_size=font_size - 2)
+    fig.update_yaxes(title_font_size=font_size, tickfont_size=font_size - 2)
     return fig
+
+
+def log_axis(fig: go.Figure, axis: str = "y", **where) -> None:
+    """A log axis with one labelled tick per decade (1, 10, 100 or 10⁻², 10⁻¹, ...)."""
+    upd = fig.update_yaxes if axis == "y" else fig.update_xaxes
+    upd(type="log", dtick=1, exponentformat="power", minor={"showgrid": True}, **where)
 
 
 def nice_label(label: str) -> str:

@@ -1,0 +1,193 @@
+"""Open the app in a real browser, screenshot every page and time what a user waits for.
+
+Not part of CI: it needs Debian's `chromium` (apt) and the `playwright` Python package
+(`pip install playwright`, which downloads no browser). It starts
+`streamlit run app.py` headless on a free localhost port, then:
+
+- times the first paint of the Models page (the app's start, with models loading);
+- opens the Barrier page, presses Run and times until the curves are drawn (5 matching
+  options x 21 points on the default pair), then presses Run again (the cached rerun);
+- screenshots every page (and presenter mode) into --out;
+- writes the timings to bench/RESULTS.md (section "app"), unless --no-results.
+
+    .venv/bin/python bench/screenshots.py --out /tmp/rotviz-shots
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PAGES = ("models", "match", "barrier", "spectra", "merge", "learn")
+IDLE = "[data-testid='stApp'][data-test-script-state='notRunning']"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-dev-shm-usage"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(port: int, env: dict[str, str]) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "streamlit", "run", str(REPO / "app.py"),
+           "--server.headless", "true", "--server.fileWatcherType", "none",
+           "--server.port", str(port), "--server.address", "127.0.0.1",
+           "--browser.gatherUsageStats", "false"]
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, start_new_session=True)
+
+
+def wait_healthy(port: int, proc: subprocess.Popen, timeout: float = 60.0) -> float:
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"streamlit exited: {proc.stderr.read().decode()[-2000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2):
+                return time.perf_counter() - t0
+        except OSError:
+            time.sleep(0.2)
+    raise TimeoutError("the app did not answer its health check in time")
+
+
+def drawn(page, timeout_ms: int = 180_000) -> None:
+    """Wait until the script has finished and every plotly chart has drawn."""
+    page.wait_for_selector(IDLE, timeout=timeout_ms)
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('.js-plotly-plot')]"
+        ".every(p => p.querySelector('.main-svg'))",
+        timeout=timeout_ms,
+    )
+
+
+def settle(page, timeout_ms: int = 180_000) -> None:
+    """`drawn`, then a little more for reruns right after connecting and plotly transitions."""
+    drawn(page, timeout_ms)
+    page.wait_for_timeout(300)
+    drawn(page, timeout_ms)
+    page.wait_for_timeout(500)
+
+
+def shoot(page, path: Path, width: int) -> None:
+    """A screenshot of the whole page: Streamlit scrolls inside its main section, so grow the
+    viewport to the content's height first."""
+    h = page.evaluate(
+        "() => Math.max(...[...document.querySelectorAll('[data-testid=stMain], "
+        "[data-testid=stSidebarContent]')].map(e => e.scrollHeight))"
+    )
+    page.set_viewport_size({"width": width, "height": int(min(max(h + 40, 900), 9000))})
+    settle(page)
+    page.screenshot(path=str(path), full_page=True)
+    page.set_viewport_size({"width": width, "height": 1000})
+
+
+def click_and_wait(page, locator) -> float:
+    """Press a button and return the seconds until the rerun has finished and drawn."""
+    t0 = time.perf_counter()
+    locator.click()
+    try:
+        page.wait_for_selector("[data-test-script-state='running']", timeout=3000)
+    except Exception:  # a fast rerun may finish before we look
+        pass
+    drawn(page)
+    return time.perf_counter() - t0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="/tmp/rotviz-shots", help="folder for the PNGs")
+    ap.add_argument("--roots", default=None, help="ROTVIZ_MODEL_ROOTS for the server")
+    ap.add_argument("--query", default="", help="extra query string for every page, e.g. n=100")
+    ap.add_argument("--no-results", action="store_true", help="do not write bench/RESULTS.md")
+    ap.add_argument("--width", type=int, default=1440)
+    args = ap.parse_args(argv)
+
+    from playwright.sync_api import sync_playwright
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        print("screenshots: no chromium on PATH (apt-get install chromium)", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    if args.roots:
+        env["ROTVIZ_MODEL_ROOTS"] = args.roots
+    port = free_port()
+    timings: dict[str, float] = {}
+    t_start = time.perf_counter()
+    proc = start_server(port, env)
+    try:
+        timings["server answers"] = wait_healthy(port, proc)
+        base = f"http://127.0.0.1:{port}"
+        q = f"?{args.query}" if args.query else ""
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": args.width, "height": 1000})
+            page.goto(f"{base}/{q}")
+            page.wait_for_selector("[data-testid='stMetric']", timeout=120_000)
+            timings["first paint with results (Models page)"] = time.perf_counter() - t_start
+            settle(page)
+            shoot(page, out / "models.png", args.width)
+
+            page.goto(f"{base}/barrier{q}")
+            page.wait_for_selector("[data-testid='stFormSubmitButton'] button", timeout=120_000)
+            settle(page)  # the default pair computes on first visit
+            run = page.locator("[data-testid='stFormSubmitButton'] button").first
+            timings["Barrier: Run again (cached rerun)"] = click_and_wait(page, run)
+            settle(page)
+            shoot(page, out / "barrier.png", args.width)
+
+            # A fresh configuration (17 points: not cached yet), so Run really computes.
+            page.locator("[data-testid='stSlider']").first.focus()
+            page.keyboard.press("ArrowLeft")
+            page.keyboard.press("ArrowLeft")
+            timings["Barrier: Run, 5 options x 17 points, uncached"] = click_and_wait(page, run)
+
+            for name in PAGES:
+                if name in ("models", "barrier"):
+                    continue
+                t0 = time.perf_counter()
+                page.goto(f"{base}/{name}{q}")
+                settle(page)
+                timings[f"{name.capitalize()} page"] = time.perf_counter() - t0
+                shoot(page, out / f"{name}.png", args.width)
+            sep = "&" if q else "?"
+            page.goto(f"{base}/barrier{q}{sep}present=true")
+            settle(page)
+            shoot(page, out / "presenter.png", args.width)
+            page.goto(f"{base}/match{q}{sep}anchor_path=/etc")
+            settle(page)
+            shoot(page, out / "outside-roots.png", args.width)
+            browser.close()
+    finally:
+        os.killpg(proc.pid, 15)
+        proc.wait(timeout=30)
+    for k, v in timings.items():
+        print(f"{k}: {v:.2f} s")
+    print(f"screenshots in {out}")
+    if not args.no_results:
+        sys.path.insert(0, str(REPO))
+        from bench.results import machine, write_section
+
+        rows = "\n".join(f"| {k} | {v:.2f} |" for k, v in timings.items())
+        body = (f"Machine: {machine('cpu')}\n\nReal browser (Debian chromium via playwright), "
+                f"default pair{', ' + args.query if args.query else ''}; "
+                "`bench/screenshots.py`. Targets: first paint <= 10 s, Barrier first run <= 15 s, "
+                "cached rerun <= 1 s.\n\n| step | seconds |\n|---|---|\n" + rows)
+        write_section("app", body)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
