@@ -61,10 +61,7 @@ class Evaluator:
 
     def __init__(self, loaded: Loaded, split: Split, device: str | torch.device = "cpu",
                  batch_size: int = 512):
-        if split.n == 0:
-            raise RotvizError(
-                f"the {split.split} split of '{split.data}' is empty; use another split"
-            )
+        check_split(split)
         check_fits(loaded, split)
         if batch_size < 1:
             raise RotvizError(f"batch size must be at least 1, got {batch_size}")
@@ -261,6 +258,11 @@ def path_curve(ev: Evaluator, anchor_params: Mapping[str, Tensor],
     return out
 
 
+def check_split(split: Split) -> None:
+    if split.n == 0:
+        raise RotvizError(f"the {split.split} split of '{split.data}' is empty; use another split")
+
+
 def check_points(points: int, what: str = "--points") -> None:
     if not isinstance(points, (int, np.integer)) or points < 2:
         raise RotvizError(
@@ -292,6 +294,7 @@ def interpolate(
     `match_info` then describes it), `evaluator` reuses data already on the device.
     """
     check_points(points)
+    check_split(split)
     if repeats < 1 or repeats > split.n:
         raise RotvizError(f"repeats must be between 1 and the split size {split.n}, got {repeats}")
     t0 = time.perf_counter()

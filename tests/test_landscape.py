@@ -1,0 +1,352 @@
+"""Interpolation curves, barriers and the loss plane: exact paths, acceptance on the default pair,
+bad input, CLI."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import os
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import clone_state
+
+from rotviz.cli import main
+from rotviz.data import Split, load_split
+from rotviz.errors import RotvizError
+from rotviz.evaluate import evaluate
+from rotviz.landscape import (
+    Evaluator,
+    _partition,
+    barrier_of,
+    interpolate,
+    loss_plane,
+    loss_range_of,
+    matched_state,
+)
+from rotviz.models import Loaded, forward, load_model, probe_inputs
+
+# ---- shared helpers (imported by the other landscape/fusion/spectra tests) ----------
+
+
+@cache
+def default_pair_refs() -> tuple[str, str]:
+    """The two references of the default pair: the zoo's when it ships, else a cached local
+    pair trained once with the zoo's recipe (HF ViT, d 64, 4 layers, digits, seeds 0 and 1)."""
+    try:
+        from rotviz import zoo
+    except ImportError:
+        zoo = None
+    if zoo is not None and hasattr(zoo, "default_pair"):
+        refs = zoo.default_pair()
+        return tuple(r if isinstance(r, str) else r.ref for r in refs)  # type: ignore[return-value]
+    default = Path.home() / ".cache/rotviz/test-pair-vit-digits-v1"
+    root = Path(os.environ.get("ROTVIZ_TEST_PAIR", default))
+    for seed in (0, 1):
+        if not (root / f"s{seed}" / "model.safetensors").exists():
+            _train_vit_digits(seed, root / f"s{seed}")
+    return str(root / "s0"), str(root / "s1")
+
+
+def _train_vit_digits(seed: int, out: Path, epochs: int = 40) -> None:
+    import transformers as T
+
+    torch.manual_seed(seed)
+    cfg = T.ViTConfig(image_size=8, patch_size=2, num_channels=1, num_labels=10, hidden_size=64,
+                      num_hidden_layers=4, num_attention_heads=4, intermediate_size=128,
+                      architectures=["ViTForImageClassification"])
+    model = T.ViTForImageClassification(cfg)
+    train = load_split("digits", "train")
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.05)
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(epochs):
+        perm = torch.randperm(train.n, generator=gen)
+        for i in range(0, train.n, 64):
+            ix = perm[i : i + 64]
+            logits = model(pixel_values=train.inputs[ix]).logits
+            loss = torch.nn.functional.cross_entropy(logits, train.labels[ix])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    model.eval().save_pretrained(str(out))
+
+
+@cache
+def default_pair() -> tuple[Loaded, Loaded]:
+    a, b = default_pair_refs()
+    return load_model(a), load_model(b)
+
+
+@cache
+def digits(split: str = "test") -> Split:
+    return load_split("digits", split)
+
+
+def synthetic_split(model: Loaded, n: int = 12, seed: int = 0) -> Split:
+    """Random inputs of the model's kind with random labels of the right shape and range."""
+    x = next(iter(probe_inputs(model, n, seed).values()))
+    logits = forward(model, probe_inputs(model, 1, seed))
+    n_classes = logits.shape[-1]
+    gen = torch.Generator().manual_seed(seed + 1)
+    shape = (n,) if logits.dim() == 2 else tuple(x.shape)
+    y = torch.randint(0, n_classes, shape, generator=gen)
+    task = "image" if model.spec.inputs == "pixels" else "text"
+    return Split("synthetic", "test", task, x, y, n_classes)
+
+
+def assert_unchanged(model: Loaded, before: dict[str, torch.Tensor]) -> None:
+    assert all(torch.equal(model.state[k], before[k]) for k in before)
+    assert all(torch.equal(p, before[k]) for k, p in model.model.state_dict().items())
+
+
+# ---- exactness ----------
+
+
+def module_loss(model: Loaded, state: dict[str, torch.Tensor], split: Split) -> dict:
+    """Evaluate `state` the plain way: load it into a copy of the module and call the module."""
+    m = copy.deepcopy(model.model)
+    m.load_state_dict(state)
+    return evaluate(dataclasses.replace(model, model=m, state=dict(m.state_dict())), split)
+
+
+def test_functional_call_path_equals_module_evaluation(family, loaded):
+    a, b = loaded(family, 0), loaded(family, 1)
+    before_a, before_b = clone_state(a.state), clone_state(b.state)
+    split = synthetic_split(a)
+    curve = interpolate(a, b, split, None, points=5, device="cpu")
+    assert curve.alphas == [0.0, 0.25, 0.5, 0.75, 1.0]
+    for alpha, loss, acc in zip(curve.alphas, curve.loss, curve.acc, strict=True):
+        state = {k: torch.lerp(a.state[k], b.state[k], alpha) if v.is_floating_point() else v
+                 for k, v in a.state.items()}
+        ref = module_loss(a, state, split)
+        assert abs(loss - ref["loss"]) <= 1e-6, (alpha, loss, ref)
+        assert abs(acc - ref["acc"]) <= 1e-12
+    assert abs(curve.loss[0] - evaluate(a, split)["loss"]) <= 1e-6
+    assert abs(curve.loss[-1] - evaluate(b, split)["loss"]) <= 1e-6
+    assert_unchanged(a, before_a)
+    assert_unchanged(b, before_b)
+
+
+def test_barrier_and_loss_range_definitions():
+    alphas = [0.0, 0.25, 0.5, 0.75, 1.0]
+    loss = [1.0, 2.0, 4.0, 3.0, 3.0]
+    # line between endpoints: 1, 1.5, 2, 2.5, 3 -> excess 0, 0.5, 2, 0.5, 0
+    assert barrier_of(alphas, loss) == pytest.approx(2.0)
+    assert loss_range_of(loss) == pytest.approx(3.0)
+    assert barrier_of([0, 0.5, 1], [2.0, 1.0, 0.5]) == pytest.approx(0.0)  # convex path: no barrier
+
+
+def test_partition_is_disjoint_and_complete():
+    parts = _partition(397, 4, seed=3)
+    assert sorted(np.concatenate(parts).tolist()) == list(range(397))
+    assert [len(p) for p in parts] == [100, 99, 99, 99]
+    assert all(np.array_equal(p, q) for p, q in zip(parts, _partition(397, 4, seed=3), strict=True))
+
+
+# ---- acceptance on the default pair ----------
+
+
+def test_matching_lowers_the_barrier_and_raises_midpoint_accuracy():
+    a, b = default_pair()
+    none = interpolate(a, b, digits(), None, points=21)
+    seed = interpolate(a, b, digits(), "seed", points=21)
+    assert none.match == "none" and seed.match == "seed"
+    assert len(none.alphas) == len(none.loss) == len(none.acc) == 21
+    # both paths start and end at the same models: matching keeps the source's function
+    assert seed.loss[0] == none.loss[0]
+    assert abs(seed.loss[-1] - none.loss[-1]) < 1e-4
+    assert seed.barrier < none.barrier
+    assert seed.mid_acc > none.mid_acc
+    assert seed.distance_after < seed.distance_before == pytest.approx(none.distance_after)
+    assert seed.max_output_diff < 1e-4
+    # the midpoint is the simple average
+    assert none.mid_loss == none.loss[10] and none.mid_acc == none.acc[10]
+    assert none.loss_range >= none.barrier > 1.0
+
+
+def test_repeats_report_spread_over_disjoint_subsets():
+    a, b = default_pair()
+    one = interpolate(a, b, digits(), "seed", points=5)
+    four = interpolate(a, b, digits(), "seed", points=5, repeats=4, seed=1)
+    assert four.loss == pytest.approx(one.loss, abs=1e-12)  # whole-split values are unchanged
+    assert four.repeats == 4 and len(four.loss_std) == len(four.acc_std) == 5
+    assert all(s > 0 for s in four.loss_std[1:-1]) and four.barrier_std > 0
+    # the subset barriers average to roughly the whole-split barrier
+    assert abs(four.barrier_mean - four.barrier) < 3 * four.barrier_std + 1e-9
+
+
+def test_progress_plain_data_and_even_points():
+    a, b = default_pair()
+    calls = []
+    c = interpolate(a, b, digits(), "ffn", points=4,
+                    progress=lambda d, t, m: calls.append((d, t)))
+    assert calls[-1][0] == calls[-1][1] == 5  # 4 alphas plus the midpoint, which is not among them
+    assert [d for d, _ in calls] == [1, 2, 3, 4, 5]
+    d = c.to_dict()
+    json.dumps(d)
+    for key in ("alphas", "loss", "acc", "barrier", "loss_range", "mid_acc", "match", "data",
+                "split", "device", "seconds"):
+        assert key in d
+    assert d["device"] == "cpu" and d["data"] == "digits" and d["split"] == "test"
+    assert d["mid_loss"] not in d["loss"]  # measured at 0.5, between the grid points
+    assert min(d["loss"][1:3]) - 1 < d["mid_loss"]
+
+
+# ---- the loss plane ----------
+
+
+def test_plane_agrees_with_interpolation_and_distances():
+    a, b = default_pair()
+    split = digits().subset(200)
+    plane = loss_plane(a, b, split, "seed", grid=7)
+    none = interpolate(a, b, split, None, points=3)
+    matched = interpolate(a, b, split, "seed", points=3)
+    pts = plane.points
+    assert pts["A"] == [0.0, 0.0] and pts["B"][1] == 0.0
+    assert pts["B"][0] == pytest.approx(none.distance_before, rel=1e-6)
+    assert math.hypot(*pts["B'"]) == pytest.approx(matched.distance_after, rel=1e-6)
+    assert pts["AB"] == pytest.approx([pts["B"][0] / 2, 0.0])
+    assert pts["AB'"] == pytest.approx([pts["B'"][0] / 2, pts["B'"][1] / 2])
+    # |B - B'| from the plane's coordinates equals the true distance between the two sources
+    ev = Evaluator(a, split)
+    pb, pc = ev.params(b.state), ev.params(matched_state(a, b, "seed")[0])
+    true_bb = math.sqrt(sum(float(((pb[k] - pc[k]).double() ** 2).sum()) for k in pb))
+    assert math.dist(pts["B"], pts["B'"]) == pytest.approx(true_bb, rel=1e-5)
+    # the named points equal the interpolation values
+    for name, value in (("A", none.loss[0]), ("B", none.loss[-1]), ("AB", none.loss[1]),
+                        ("B'", matched.loss[-1]), ("AB'", matched.loss[1])):
+        assert plane.point_loss[name] == pytest.approx(value, abs=1e-5), name
+    # the grid covers every point, and its row y = 0 is the unmatched path with A and B on nodes
+    xs, ys = np.array(plane.xs), np.array(plane.ys)
+    for x, y in pts.values():
+        assert xs[0] < x < xs[-1] and ys[0] < y < ys[-1]
+    iy = int(np.argmin(np.abs(ys)))
+    assert abs(ys[iy]) < 1e-9
+    ia, ib = int(np.argmin(np.abs(xs))), int(np.argmin(np.abs(xs - pts["B"][0])))
+    assert abs(xs[ia]) < 1e-9 and abs(xs[ib] - pts["B"][0]) < 1e-6 and ib > ia
+    on_line = interpolate(a, b, split, None, points=ib - ia + 1)
+    row = plane.loss[iy][ia : ib + 1]
+    np.testing.assert_allclose(row, on_line.loss, atol=1e-5)
+    np.testing.assert_allclose(plane.acc[iy][ia : ib + 1], on_line.acc, atol=1e-9)
+    assert len(plane.loss) == len(plane.acc) == 7 and all(len(r) == 7 for r in plane.loss)
+    json.dumps(plane.to_dict())
+
+
+def test_plane_without_matching_is_degenerate_but_drawn():
+    a, b = default_pair()
+    plane = loss_plane(a, b, digits().subset(50), None, grid=3)
+    assert plane.degenerate
+    assert plane.points["B'"] == pytest.approx(plane.points["B"])
+    assert plane.point_loss["B'"] == plane.point_loss["B"]
+
+
+def test_plane_of_identical_models_is_an_error():
+    a, _ = default_pair()
+    with pytest.raises(RotvizError, match="identical"):
+        loss_plane(a, a, digits().subset(20), None, grid=3)
+
+
+# ---- bad input ----------
+
+
+def _one_line(excinfo) -> str:
+    msg = str(excinfo.value)
+    assert msg and "\n" not in msg
+    return msg
+
+
+def test_bad_inputs_are_one_line_errors(loaded):
+    a, b = default_pair()
+    d = digits()
+    empty = Split("digits", "test", "image", d.inputs[:0], d.labels[:0], 10)
+    bad = {
+        "empty": (empty, "empty"),
+        "text to image model": (synthetic_split(loaded("gpt2")), "language model|text"),
+        "wrong size": (Split("x", "test", "image", torch.zeros(3, 1, 16, 16),
+                             torch.zeros(3, dtype=torch.long), 10), "16x16"),
+        "wrong channels": (Split("x", "test", "image", torch.zeros(3, 3, 8, 8),
+                                 torch.zeros(3, dtype=torch.long), 10), "3x8x8"),
+        "labels": (Split("x", "test", "image", d.inputs[:3], d.labels[:3], 7), "7 classes"),
+    }
+    for split, pattern in bad.values():
+        with pytest.raises(RotvizError, match=pattern) as e:
+            interpolate(a, b, split, None, points=3)
+        _one_line(e)
+        with pytest.raises(RotvizError):
+            loss_plane(a, b, split, "seed", grid=3)
+    with pytest.raises(RotvizError, match="image data but .* is a language model") as e:
+        interpolate(loaded("gpt2"), loaded("gpt2", 1), d, None, points=3)
+    _one_line(e)
+    for points in (1, 0, -3):
+        with pytest.raises(RotvizError, match=">= 2") as e:
+            interpolate(a, b, d, None, points=points)
+        _one_line(e)
+    with pytest.raises(RotvizError, match="repeats"):
+        interpolate(a, b, d, None, points=3, repeats=0)
+    with pytest.raises(RotvizError, match="grid"):
+        loss_plane(a, b, d, "seed", grid=2)
+    with pytest.raises(RotvizError, match="unknown matching option") as e:
+        interpolate(a, b, d, "ffn,rotations", points=3)
+    _one_line(e)
+    with pytest.raises(RotvizError, match="differ|architectures"):
+        interpolate(a, loaded("vit"), d, None, points=3)
+
+
+# ---- command line ----------
+
+
+def test_cli_barrier_writes_the_documented_json(tmp_path, capsys):
+    a, b = default_pair_refs()
+    out = tmp_path / "sub" / "barrier.json"
+    rc = main(["barrier", a, b, "--data", "digits", "--match", "seed", "--points", "5",
+               "--device", "cpu", "--json", str(out), "--repeats", "2"])
+    assert rc == 0
+    line = capsys.readouterr().out
+    assert "barrier [seed]" in line
+    d = json.loads(out.read_text())
+    required = {"alphas", "loss", "acc", "barrier", "loss_range", "mid_acc", "match", "data",
+                "split", "device", "seconds"}
+    assert required <= set(d)
+    assert d["match"] == "seed" and d["device"] == "cpu" and len(d["alphas"]) == 5
+    pa, pb = default_pair()
+    direct = interpolate(pa, pb, digits(), "seed", points=5)
+    assert d["barrier"] == pytest.approx(direct.barrier, abs=1e-9)
+    assert [p.name for p in out.parent.iterdir()] == ["barrier.json"]  # no temporary left
+
+
+def test_cli_plane_writes_json(tmp_path, capsys):
+    a, b = default_pair_refs()
+    out = tmp_path / "plane.json"
+    assert main(["plane", a, b, "--data", "digits", "--grid", "3", "--json", str(out),
+                 "--device", "cpu"]) == 0
+    d = json.loads(out.read_text())
+    assert {"xs", "ys", "loss", "acc", "points", "point_loss", "point_acc"} <= set(d)
+    assert set(d["points"]) == {"A", "B", "B'", "AB", "AB'"}
+    assert "plane [seed]" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "extra, pattern",
+    [
+        (["--points", "1"], "--points must be"),
+        (["--match", "ffn,wat"], "unknown matching option"),
+        (["--match", "residual"], "not available yet"),
+        (["--data", "nosuchdata"], "unknown data"),
+        (["--split", "holdout"], "unknown split"),
+        (["--device", "tpu"], "unknown device"),
+    ],
+)
+def test_cli_barrier_errors_are_one_line_exit_2(tmp_path, capsys, extra, pattern):
+    a, b = default_pair_refs()
+    out = tmp_path / "b.json"
+    args = ["barrier", a, b, "--data", "digits", "--json", str(out)]
+    rc = main(args + extra)
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.startswith("rotviz: error: ") and err.count("\n") == 1 and pattern in err
+    assert not out.exists()
