@@ -314,6 +314,18 @@ def _circuits(cfg: dict) -> dict:
     return spectra(view_of(a), view_of(b), mv, lay).to_dict()
 
 
+def _fusion(cfg: dict) -> dict:
+    """Merged accuracy for every method and matching option (rotviz.fusion.fusion_table)."""
+    from rotviz.fusion import fusion_table
+
+    a, b = pair(cfg)
+    sp = split(cfg["data"], cfg["seed"], cfg["n_eval"])
+    with using(cfg["anchor"], cfg["source"]):
+        t = fusion_table(a, b, sp, None, cfg["methods"], cfg["specs"], cfg["weight"],
+                         cfg["batches"], 32, cfg["alpha"], cfg["device"], cfg["seed"])
+    return t.to_dict()
+
+
 def _learn(cfg: dict) -> dict:
     m = load(cfg["ref"])
     sp = split(cfg["data"], cfg["seed"], cfg["n_eval"])
@@ -323,7 +335,7 @@ def _learn(cfg: dict) -> dict:
 
 COMPUTE: dict[str, Callable[[dict], Any]] = {
     "card": _card, "match": _match, "curve": _curve, "plane": _plane, "learn": _learn,
-    "circuits": _circuits,
+    "circuits": _circuits, "fusion": _fusion,
 }
 
 

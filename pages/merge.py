@@ -1,4 +1,4 @@
-"""Merge: fuse the two models, with and without matching first."""
+"""Merge: fuse the two models with each method, with and without matching first."""
 
 import streamlit as st
 
@@ -9,43 +9,66 @@ from rotviz.plots import style
 s = common.setup()
 st.title("Merge the two models")
 st.markdown(
-    "Fusing two models into one (for example averaging their weights) only works when their "
-    "neurons and heads line up. Compare each fusion method on the raw pair and after matching."
+    "Fusing two models into one only works when their neurons and heads line up. Each method "
+    "below is run on the raw pair and after matching; the dashed lines are the two original "
+    "models. **simple** averages the weights; **fisher** weights each parameter by how much "
+    "it matters to each model (diagonal Fisher information); **regmean** solves, for every "
+    "linear layer, for the weights that best reproduce both models' outputs on their inputs. "
+    "Fisher and RegMean statistics come from the training split, computed on the matched models."
 )
+METHODS = {"simple": "simple average", "fisher": "Fisher-weighted average",
+           "regmean": "RegMean (regression mean)"}
 
 with st.form("merge_form"):
-    specs = st.multiselect("Matching before fusion", ["none", "ffn", "attn", "ffn,attn", "seed"],
-                           ["none", "seed"], format_func=style.nice_label, key="g_specs",
-                           bind="query-params")
-    layers = st.text_input("Layers to match (empty = all)", "", key="g_layers",
-                           bind="query-params")
+    c = st.columns(2)
+    methods = c[0].multiselect("Fusion methods", list(METHODS), list(METHODS),
+                               format_func=METHODS.get, key="g_methods", bind="query-params")
+    specs = c[1].multiselect("Matching before fusion", ["none", "ffn", "attn", "ffn,attn", "seed"],
+                             ["none", "seed"], format_func=style.nice_label, key="g_specs",
+                             bind="query-params")
+    c = st.columns(3)
+    weight = c[0].slider("Weight of the source (0 = anchor only, 1 = source only)", 0.0, 1.0,
+                         0.5, 0.05, key="g_weight", bind="query-params")
+    batches = c[1].slider("Statistics: batches of 32 training examples", 1, 32, 8,
+                          key="g_batches", bind="query-params")
+    alpha = c[2].slider("RegMean: off-diagonal scale α", 0.0, 1.0, 0.9, 0.05, key="g_alpha",
+                        bind="query-params")
     submitted = st.form_submit_button("Run", type="primary", icon=":material/play_arrow:")
 
 
 def body() -> None:
     if not common.require_pair(s):
         return
-    if not specs:
-        st.warning("Pick at least one matching option.")
+    if not specs or not methods:
+        st.warning("Pick at least one fusion method and one matching option.")
         return
     if not common.should_run("merge", submitted, s):
         st.info("Press **Run** to fuse the models.")
         return
-    base = {**s.base(), "layers": layers.strip()}
-    rows = []
-    with common.progress("Fusing", len(specs)) as step:
-        for sp in specs:
-            step(f"average of anchor and source ({style.nice_label(sp)})")
-            c = common.compute("curve", {**base, "spec": sp, "points": 3})
-            rows.append({"method": "weight average", "matching": sp, "acc": c["mid_acc"],
-                         "loss": c["mid_loss"], "max_output_diff": c["max_output_diff"]})
-        ends = c
-    refs = {"anchor": ends["acc"][0], "source": ends["acc"][-1]}
+    cfg = {**s.base(), "methods": methods, "specs": specs, "weight": weight,
+           "batches": batches, "alpha": alpha}
+    with common.progress("Fusing", 1) as step:
+        step(f"{len(methods)} methods x {len(specs)} matching options")
+        t = common.compute("fusion", cfg)
+    rows = [{"method": METHODS[m], "matching": sp, "acc": t["acc"][m][sp],
+             "loss": t["loss"][m][sp], "distance": t["distance"][sp]}
+            for m in t["methods"] for sp in t["specs"]]
+    refs = {f"anchor ({t['anchor_acc']:.3f})": t["anchor_acc"],
+            f"source ({t['source_acc']:.3f})": t["source_acc"]}
     fig = mplots.fusion_chart(rows, "acc", s.font, refs)
     common.chart(fig, "merge_chart")
-    st.dataframe(rows, hide_index=True)
-    common.export("merge", {"page": "merge", **base, "specs": specs}, {"rows": rows, **refs},
-                  {"fusion": rows}, {"fusion": fig})
+    best = max(rows, key=lambda r: r["acc"])
+    st.markdown(f"Best: **{best['method']}** after **{style.nice_label(best['matching'])}**, "
+                f"accuracy {best['acc']:.3f} (anchor {t['anchor_acc']:.3f}, source "
+                f"{t['source_acc']:.3f}).")
+    st.dataframe([{**r, "matching": style.nice_label(r["matching"])} for r in rows],
+                 hide_index=True, column_config={
+                     k: st.column_config.NumberColumn(format="%.4f")
+                     for k in ("acc", "loss", "distance")})
+    st.caption(f"Evaluated on {t['split']} ({s.data}); statistics from the {t['stats_split']} "
+               f"split, {t['batches']} x {t['batch_size']} examples; {t['seconds']:.1f} s on "
+               f"{t['device']}.")
+    common.export("merge", {"page": "merge", **cfg}, t, {"fusion": rows}, {"fusion": fig})
 
 
 common.guard(body)

@@ -308,10 +308,27 @@ def test_spectra_page_circuits_unchanged(pair):
     assert any(t.startswith("Layer 0: singular values") for t in figs)
 
 
-def test_merge_and_learn_pages(pair):
-    at = app("merge")
+def test_merge_page_chart_holds_fusion_table(pair):
+    from rotviz.data import load_split
+    from rotviz.fusion import fusion_table
+    from rotviz.models import load_model
+
+    at = app("merge", g_methods="simple")
     fig = figures(at)["Merged model accuracy per fusion method"]
-    assert len(fig["data"]) >= 2
+    bars = {tr["name"]: numbers(tr["y"])[0] for tr in fig["data"] if tr["type"] == "bar"}
+    a, s = load_model(pair[0]), load_model(pair[1])
+    ref = fusion_table(a, s, load_split("digits").subset(N_EVAL), methods=("simple",),
+                       specs=("none", "seed"))
+    assert bars["no matching"] == pytest.approx(ref.acc["simple"]["none"], abs=1e-12)
+    assert bars["FFN + attention + rescale (seed paper)"] == pytest.approx(
+        ref.acc["simple"]["seed"], abs=1e-12)
+    lines = [tr for tr in fig["data"] if tr["type"] == "scatter"]
+    assert numbers(lines[0]["y"])[0] == pytest.approx(ref.anchor_acc)
+    if pair[0].startswith("zoo:"):  # trained models: matching helps the average
+        assert bars["FFN + attention + rescale (seed paper)"] > bars["no matching"]
+
+
+def test_learn_page(pair):
     at = app("learn", l_kind="all")
     figs = figures(at)
     stages = figs["How far the weights moved from the original"]
