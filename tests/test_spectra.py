@@ -1,0 +1,103 @@
+"""Spectra: exact circuit singular values, their invariance under the symmetry (and only under
+it), cross-matrix spectra and rotation angles of a planted rotation."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import view_of
+from test_landscape import default_pair
+
+from rotviz.actions import apply, random_element
+from rotviz.matching import rotation_angles
+from rotviz.pipeline import match_models
+from rotviz.spectra import qk_circuit, spectra, vo_circuit
+from rotviz.view import read_view
+
+
+def brute_force(x: torch.Tensor, y: torch.Tensor, d_h: int) -> torch.Tensor:
+    """Top d_h singular values of the full d x d product x[h]^T y[h]."""
+    full = x.double().transpose(-1, -2) @ y.double()
+    return torch.linalg.svdvals(full)[..., :d_h]
+
+
+def test_circuit_spectra_equal_the_full_svd(family, loaded):
+    view = view_of(loaded(family))
+    dh = view.dims.d_head
+    for blk in view.blocks:
+        a = blk.attn
+        torch.testing.assert_close(qk_circuit(a), brute_force(a.wq, a.wk, dh), rtol=1e-9,
+                                   atol=1e-12)
+        torch.testing.assert_close(vo_circuit(a), brute_force(a.wv, a.wo.transpose(-1, -2), dh),
+                                   rtol=1e-9, atol=1e-12)
+        assert qk_circuit(a).shape == (view.dims.n_heads, dh)
+
+
+def test_circuits_are_invariant_under_the_group_and_only_under_it(family, loaded):
+    view = view_of(loaded(family)).to(dtype=torch.float64)
+    moved = apply(view, random_element(view.dims, seed=5, ffn=True, attn=True, rescale=True))
+    s = spectra(view, view, moved)
+    assert s.max_circuit_change < 1e-10
+    a0, a1 = view.blocks[0].attn, moved.blocks[0].attn
+    assert (a1.wq - a0.wq).abs().max() > 0.1  # the weights did move
+    # a change outside the group (mixing two heads' query rows) changes the circuit spectra
+    wq = a0.wq.clone()
+    wq[0, 0] += wq[1, 0]
+    mixed = view.with_block(0, type(view.blocks[0])(
+        type(a0)(wq, *(getattr(a0, f) for f in ("wk", "wv", "wo", "bq", "bk", "bv", "bo"))),
+        view.blocks[0].ffn, view.blocks[0].norms))
+    assert spectra(view, view, mixed).max_circuit_change > 1e-3
+
+
+def test_invariant_spectra_survive_matching_on_the_default_pair():
+    a, b = default_pair()
+    out = match_models(a, b)
+    matched = read_view(b.spec, b.config, out.state)
+    s = spectra(a, b, matched)
+    assert s.max_circuit_change < 1e-5
+    for lay in s.layers:
+        np.testing.assert_allclose(lay.matched_qk, lay.source_qk, rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(lay.matched_vo, lay.source_vo, rtol=1e-5, atol=1e-7)
+        assert not np.allclose(lay.anchor_qk, lay.source_qk, rtol=1e-2)  # models do differ
+    src, mt = view_of(b).blocks[0].attn, matched.blocks[0].attn
+    assert float((src.wq - mt.wq).abs().max()) > 0.05  # while the weights moved
+    d = s.to_dict()
+    json.dumps(d)
+    assert len(d["layers"]) == 4 and len(d["layers"][0]["qk_cross"]) == s.n_heads
+
+
+def test_cross_spectra_and_angles_of_a_planted_rotation(family, loaded):
+    anchor = view_of(loaded(family)).to(dtype=torch.float64)
+    planted = random_element(anchor.dims, seed=11, ffn=False, attn=True, rescale=False)
+    source = apply(anchor, planted)
+    s = spectra(anchor, source, layers=[1])
+    assert [lay.layer for lay in s.layers] == [1]
+    lay, a = s.layers[0], anchor.blocks[1].attn
+    # the rotation that undoes R has R's eigen-angles (angles of eigenvalues +-1 of a
+    # reflection are sensitive at the 1e-6 degree level)
+    want, det = rotation_angles(planted[1].qk)
+    np.testing.assert_allclose(lay.qk_angles, want.numpy(), atol=1e-4)
+    np.testing.assert_allclose(lay.qk_det, det.numpy(), atol=1e-9)
+    want_vo, _ = rotation_angles(planted[1].vo)
+    np.testing.assert_allclose(lay.vo_angles, want_vo.numpy(), atol=1e-4)
+    # after the best rotation the alignment is the anchor's own squared norm, per head
+    own = (a.wq**2).sum((1, 2)) + (a.wk**2).sum((1, 2))
+    if a.bq is not None:
+        own = own + (a.bq**2).sum(1) + (a.bk**2).sum(1)
+    np.testing.assert_allclose(np.sum(lay.qk_cross, axis=1), own.numpy(), rtol=1e-9)
+    # before rotating, the alignment tr(M) is smaller: the planted rotation misaligned the heads
+    assert all(t < s_ for t, s_ in zip(lay.qk_trace, np.sum(lay.qk_cross, axis=1), strict=True))
+
+
+def test_spectra_accepts_loaded_models_and_needs_no_matched_view():
+    a, b = default_pair()
+    s = spectra(a, b)
+    assert s.max_circuit_change is None
+    assert s.layers[0].matched_qk == [] and len(s.layers) == 4
+    assert s.d_head == 16 and s.n_heads == 4
+    sv = np.array(s.layers[2].qk_cross)
+    assert (np.diff(sv, axis=1) <= 1e-12).all()  # descending per head
+    assert pytest.approx(sum(s.layers[2].qk_trace)) != sv.sum()
