@@ -1,0 +1,81 @@
+"""The app in a real browser: Debian's chromium driven by playwright (no browser download).
+
+Starts `streamlit run app.py` on a free localhost port, opens every page, presses Run on the
+Barrier page, waits for the chart and saves a screenshot. Skipped where the `playwright`
+package or a `chromium` binary is missing (CI installs both: apt `chromium`, pip
+`playwright`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+playwright = pytest.importorskip("playwright.sync_api")
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH")
+
+from bench.screenshots import (  # noqa: E402
+    CHROMIUM_ARGS,
+    IDLE,
+    PAGES,
+    drawn,
+    free_port,
+    start_server,
+    wait_healthy,
+)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """The app, on the zoo's default pair when the zoo ships, else on two tiny random ViTs."""
+    from rotviz import appconfig
+    from rotviz.random_models import save_random
+
+    root = tmp_path_factory.mktemp("browser-roots")
+    env = dict(os.environ)
+    try:
+        appconfig.default_pair([appconfig.DEFAULT_ROOT])
+    except Exception:
+        for seed in (0, 1):
+            save_random("vit", root / f"vit-s{seed}", seed=seed, layers=2, d=32, heads=4, ffn=64,
+                        image=8, patch=2, channels=1, labels=10)
+        env[appconfig.ENV_ROOTS] = str(root)
+    port = free_port()
+    proc = start_server(port, env)
+    try:
+        wait_healthy(port, proc)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        os.killpg(proc.pid, 15)
+        proc.wait(timeout=30)
+
+
+def test_every_page_in_chromium(server, tmp_path):
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 1600})
+        for name in PAGES:
+            page.goto(f"{server}/{'' if name == 'models' else name}?n=100")
+            page.wait_for_selector(IDLE, timeout=180_000)
+            page.wait_for_timeout(300)
+            drawn(page)
+            assert page.locator("[data-testid='stException']").count() == 0, name
+            assert page.locator("h1").first.inner_text().strip()
+            assert page.locator(".js-plotly-plot, [data-testid='stMetric']").count() > 0, name
+        page.goto(f"{server}/barrier?n=100&b_points=7")
+        drawn(page)
+        page.locator("[data-testid='stFormSubmitButton'] button").first.click()
+        page.wait_for_timeout(300)
+        drawn(page)
+        charts = page.locator(".js-plotly-plot")
+        assert charts.count() >= 2
+        title = charts.first.locator(".gtitle").text_content() or ""
+        assert "Loss along the straight path" in title
+        assert charts.first.locator(".scatterlayer .trace").count() >= 5
+        shot = tmp_path / "barrier.png"
+        page.screenshot(path=str(shot), full_page=True)
+        assert shot.stat().st_size > 10_000
+        browser.close()
