@@ -2,7 +2,7 @@
 
 Not part of CI: it needs Debian's `chromium` (apt) and the `playwright` Python package
 (`pip install playwright`, which downloads no browser). It starts
-`streamlit run app.py` headless on a free localhost port, then:
+`rotviz serve` (streamlit, headless) on a free localhost port, then:
 
 - times the first paint of the Models page (the app's start, with models loading);
 - opens the Barrier page, presses Run and times until the curves are drawn (5 matching
@@ -39,10 +39,8 @@ def free_port() -> int:
 
 
 def start_server(port: int, env: dict[str, str]) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "streamlit", "run", str(REPO / "app.py"),
-           "--server.headless", "true", "--server.fileWatcherType", "none",
-           "--server.port", str(port), "--server.address", "127.0.0.1",
-           "--browser.gatherUsageStats", "false"]
+    """`rotviz serve` on localhost (it runs `streamlit run app.py` headless)."""
+    cmd = [sys.executable, "-m", "rotviz", "serve", "--port", str(port), "--address", "127.0.0.1"]
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, start_new_session=True)
 

@@ -38,7 +38,7 @@ def _extra_commands():
     import importlib
 
     out = []
-    for mod in ("rotviz.cli_zoo", "rotviz.cli_landscape"):
+    for mod in ("rotviz.cli_zoo", "rotviz.cli_landscape", "rotviz.cli_serve"):
         try:
             out.append(importlib.import_module(mod).register)
         except ModuleNotFoundError as e:

@@ -222,6 +222,21 @@ def test_model_locks_serialise_shared_modules(roots):
     assert all(got[0]) and all(got[1]) and len(got[0]) == len(got[1]) == 15
 
 
+def test_serve_command(capsys, tmp_path):
+    from rotviz.cli import main
+    from rotviz.cli_serve import serve_command
+
+    cmd = serve_command(8600, "127.0.0.1")
+    assert cmd[1:4] == ["-m", "streamlit", "run"] and Path(cmd[4]) == Path(APP)
+    assert "--server.port" in cmd and "8600" in cmd and "none" in cmd
+    assert main(["serve", "--print-command", "--port", "8600", "--roots", str(tmp_path)]) == 0
+    assert "streamlit run" in capsys.readouterr().out
+    assert main(["serve", "--roots", str(tmp_path / "missing")]) == 2
+    assert "no folder" in capsys.readouterr().err
+    with pytest.raises(RotvizError, match="port"):
+        serve_command(0)
+
+
 # ---- the app, headless ------------------------------------------------------------------
 
 

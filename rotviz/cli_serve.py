@@ -1,0 +1,66 @@
+"""Command-line sub-command `serve`: launch the Streamlit app (registered by rotviz.cli).
+
+    rotviz serve [--port 8501] [--address localhost] [--roots DIR ...] [--print-command]
+
+The app only offers models from the zoo and from folders under the model roots
+(ROTVIZ_MODEL_ROOTS; `--roots` sets it for this launch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from rotviz.errors import RotvizError
+
+
+def register(sub) -> None:
+    s = sub.add_parser("serve", help="launch the interactive app (Streamlit) in the browser")
+    s.add_argument("--port", type=int, default=8501, help="port to listen on (default 8501)")
+    s.add_argument("--address", default="localhost",
+                   help="address to bind (default localhost; 0.0.0.0 serves the network)")
+    s.add_argument("--roots", nargs="+", default=None, metavar="DIR",
+                   help="folders the app may load models from (default: ROTVIZ_MODEL_ROOTS, "
+                        "else assets/zoo)")
+    s.add_argument("--print-command", action="store_true",
+                   help="print the streamlit command line and exit")
+    s.set_defaults(func=cmd_serve)
+
+
+def serve_command(port: int = 8501, address: str = "localhost") -> list[str]:
+    """The streamlit command line that runs the app."""
+    from rotviz.appconfig import REPO
+
+    app = REPO / "app.py"
+    if not app.is_file():
+        raise RotvizError(f"no app.py at {app}: `rotviz serve` runs from a source checkout "
+                          "(pip install -e .)")
+    if not 0 < port < 65536:
+        raise RotvizError(f"--port must be between 1 and 65535, got {port}")
+    return [sys.executable, "-m", "streamlit", "run", str(app), "--server.headless", "true",
+            "--server.fileWatcherType", "none", "--server.port", str(port),
+            "--server.address", address, "--browser.gatherUsageStats", "false"]
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from rotviz.appconfig import ENV_ROOTS, REPO
+
+    cmd = serve_command(args.port, args.address)
+    env = dict(os.environ)
+    if args.roots:
+        bad = [r for r in args.roots if not Path(r).expanduser().is_dir()]
+        if bad:
+            raise RotvizError(f"--roots: no folder at {', '.join(bad)}")
+        env[ENV_ROOTS] = os.pathsep.join(str(Path(r).expanduser().resolve()) for r in args.roots)
+    if args.print_command:
+        print(" ".join(cmd))
+        return 0
+    print(f"rotviz: serving the app on http://{args.address}:{args.port} (Ctrl-C stops it)",
+          file=sys.stderr)
+    try:
+        return subprocess.call(cmd, cwd=REPO, env=env)
+    except KeyboardInterrupt:
+        return 0
