@@ -10,7 +10,9 @@ The anchor is never changed; the source's view is replaced, not modified.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,7 +37,8 @@ class MatchOptions:
 
     @property
     def label(self) -> str:
-        parts = [p for p, on in (("ffn", self.ffn), ("attn", self.attn), ("rescale", self.rescale)) if on]
+        flags = (("ffn", self.ffn), ("attn", self.attn), ("rescale", self.rescale))
+        parts = [p for p, on in flags if on]
         return ",".join(parts) or "none"
 
 
@@ -87,53 +90,68 @@ class MatchResult:
 # ---- solvers --------------------------------------------------------------------------------
 
 
-def ffn_permutation(anchor: ModelView, source: ModelView, i: int) -> Tensor:
-    """Eq. 7: the permutation of source units that best matches the anchor's units."""
+def ffn_cost(anchor: ModelView, source: ModelView, i: int) -> np.ndarray:
+    """Eq. 7's matrix <source unit j, anchor unit k> over [W_in, b_in, W_out^T], on the CPU."""
     fa, fs = anchor.blocks[i].ffn, source.blocks[i].ffn
     dtype = torch.promote_types(fs.w_in.dtype, torch.float32)
-    feats = []
-    for f in (fs, fa):
-        cols = [f.w_in.to(dtype), f.w_out.t().to(dtype)]
-        if f.b_in is not None:
-            cols.append(f.b_in.to(dtype).unsqueeze(1))
-        feats.append(torch.cat(cols, dim=1))
-    cost = (feats[0] @ feats[1].to(feats[0].device).t()).cpu().numpy()  # (source unit, anchor unit)
+
+    def c(t: Tensor) -> Tensor:
+        return t.detach().to(device=fs.w_in.device, dtype=dtype)
+
+    # C = W_in1 W_in2^T + b_in1^T b_in2 + W_out1^T W_out2, without concatenating copies
+    cost = c(fs.w_in) @ c(fa.w_in).t()
+    cost.addmm_(c(fs.w_out).t(), c(fa.w_out))
+    if fs.b_in is not None and fa.b_in is not None:
+        cost.addr_(c(fs.b_in), c(fa.b_in))
+    return cost.cpu().numpy()
+
+
+def assign(cost: np.ndarray) -> Tensor:
+    """The permutation maximising sum_k cost[perm[k], k] (scipy's exact solver; it releases
+    the GIL, so several layers can be solved in threads)."""
     rows, cols = linear_sum_assignment(cost, maximize=True)
     perm = np.empty_like(rows)
     perm[cols] = rows
     return torch.as_tensor(perm, dtype=torch.long)
 
 
-def _pair(x: Tensor | None, y: Tensor | None) -> Tensor | None:
-    """Per-head cross term x^T y for bias rows: (H, d_h) -> (H, d_h, d_h)."""
-    if x is None or y is None:
-        return None
-    return x.unsqueeze(-1) * y.unsqueeze(-2)
+def ffn_permutation(anchor: ModelView, source: ModelView, i: int) -> Tensor:
+    """Eq. 7: the permutation of source units that best matches the anchor's units."""
+    return assign(ffn_cost(anchor, source, i))
+
+
+def _cross(x: Tensor, y: Tensor, bx: Tensor | None = None, by: Tensor | None = None) -> Tensor:
+    """Per head x y^T (+ bx^T by), multiplied in the weights' precision (at least float32)
+    and returned in float64: converting whole weight matrices to float64 first would cost
+    more than the products."""
+    dtype = torch.promote_types(x.dtype, torch.float32)
+    m = x.detach().to(dtype) @ y.detach().to(device=x.device, dtype=dtype).transpose(-1, -2)
+    if bx is not None and by is not None:
+        m = m + bx.detach().to(dtype).unsqueeze(-1) * by.detach().to(m).unsqueeze(-2)
+    return m.to(torch.float64)
+
+
+def qk_parts(src: Attention, anc: Attention) -> tuple[Tensor, Tensor]:
+    """The Q and K terms of the Q-K cross matrix, per head (H, d_h, d_h), float64."""
+    return _cross(src.wq, anc.wq, src.bq, anc.bq), _cross(src.wk, anc.wk, src.bk, anc.bk)
+
+
+def vo_parts(src: Attention, anc: Attention) -> tuple[Tensor, Tensor]:
+    """The V and O terms of the V-O cross matrix, per head (H, d_h, d_h), float64."""
+    wo_s, wo_a = src.wo.transpose(-1, -2), anc.wo.transpose(-1, -2)  # (H, d_h, d)
+    return _cross(src.wv, anc.wv, src.bv, anc.bv), _cross(wo_s, wo_a)
 
 
 def cross_qk(src: Attention, anc: Attention) -> Tensor:
     """M = W_Q1 W_Q2^T + W_K1 W_K2^T + b_Q1^T b_Q2 + b_K1^T b_K2, per head, in float64."""
-    s, a = _f64(src), _f64(anc)
-    m = s.wq @ a.wq.transpose(-1, -2) + s.wk @ a.wk.transpose(-1, -2)
-    for t in (_pair(s.bq, a.bq), _pair(s.bk, a.bk)):
-        if t is not None:
-            m = m + t
-    return m
+    mq, mk = qk_parts(src, anc)
+    return mq + mk
 
 
 def cross_vo(src: Attention, anc: Attention) -> Tensor:
     """M = W_V1 W_V2^T + b_V1^T b_V2 + W_O1[:, h]^T W_O2[:, h], per head, in float64."""
-    s, a = _f64(src), _f64(anc)
-    m = s.wv @ a.wv.transpose(-1, -2) + s.wo.transpose(-1, -2) @ a.wo
-    t = _pair(s.bv, a.bv)
-    return m if t is None else m + t
-
-
-def _f64(a: Attention) -> Attention:
-    def c(t):
-        return None if t is None else t.detach().to(torch.float64)
-
-    return Attention(*(c(getattr(a, f)) for f in Attention.__dataclass_fields__))
+    mv, mo = vo_parts(src, anc)
+    return mv + mo
 
 
 def procrustes(m: Tensor) -> tuple[Tensor, Tensor]:
@@ -142,14 +160,17 @@ def procrustes(m: Tensor) -> tuple[Tensor, Tensor]:
     return u @ vh, s
 
 
-def _sq(*ts: Tensor | None) -> Tensor:
-    return sum(torch.sum(t * t, dim=tuple(range(1, t.dim()))) for t in ts if t is not None)
+def _head_sq(w: Tensor, b: Tensor | None = None) -> Tensor:
+    """Per head ||W_h||^2 + ||b_h||^2, summed in float64."""
+    out = (w * w).sum(dim=tuple(range(1, w.dim())), dtype=torch.float64)
+    if b is not None:
+        out = out + (b * b).sum(dim=-1, dtype=torch.float64)
+    return out
 
 
-def _dot(pairs) -> Tensor:
-    return sum(
-        torch.sum(x * y, dim=tuple(range(1, x.dim()))) for x, y in pairs if x is not None and y is not None
-    )
+def _trace(r: Tensor, m: Tensor) -> Tensor:
+    """Per head tr(R^T M)."""
+    return (r * m).sum(dim=(-2, -1))
 
 
 def best_scale(a: Tensor, b: Tensor, c: Tensor, d: Tensor) -> Tensor:
@@ -169,25 +190,45 @@ def best_scale(a: Tensor, b: Tensor, c: Tensor, d: Tensor) -> Tensor:
     return torch.as_tensor(out, dtype=torch.float64)
 
 
+def scales_after(
+    src: Attention, r_qk: Tensor, r_vo: Tensor, parts_qk, parts_vo
+) -> tuple[Tensor, Tensor]:
+    """Eq. 11-12 for the source rotated by (r_qk, r_vo), without forming the rotated weights.
+
+    Rotations keep norms, and <R^T W_1, W_2> = tr(R^T W_1 W_2^T), so every coefficient
+    comes from the per-kind cross matrices already computed for the Procrustes step."""
+    (mq, mk), (mv, mo) = parts_qk, parts_vo
+    a = best_scale(_head_sq(src.wq, src.bq), _trace(r_qk, mq),
+                   _head_sq(src.wk, src.bk), _trace(r_qk, mk))
+    b = best_scale(_head_sq(src.wv, src.bv), _trace(r_vo, mv),
+                   _head_sq(src.wo), _trace(r_vo, mo))
+    return a, b
+
+
 def rescale_qk(src: Attention, anc: Attention) -> Tensor:
-    s, a = _f64(src), _f64(anc)
-    return best_scale(
-        _sq(s.wq, s.bq), _dot([(s.wq, a.wq), (s.bq, a.bq)]),
-        _sq(s.wk, s.bk), _dot([(s.wk, a.wk), (s.bk, a.bk)]),
-    )
+    """The Q-K scale per head for the source as it is (no rotation)."""
+    mq, mk = qk_parts(src, anc)
+    eye = torch.eye(mq.shape[-1], dtype=mq.dtype, device=mq.device)
+    return best_scale(_head_sq(src.wq, src.bq), _trace(eye, mq),
+                      _head_sq(src.wk, src.bk), _trace(eye, mk))
 
 
 def rescale_vo(src: Attention, anc: Attention) -> Tensor:
-    s, a = _f64(src), _f64(anc)
-    return best_scale(
-        _sq(s.wv, s.bv), _dot([(s.wv, a.wv), (s.bv, a.bv)]),
-        _sq(s.wo), _dot([(s.wo, a.wo)]),
-    )
+    """The V-O scale per head for the source as it is (no rotation)."""
+    mv, mo = vo_parts(src, anc)
+    eye = torch.eye(mv.shape[-1], dtype=mv.dtype, device=mv.device)
+    return best_scale(_head_sq(src.wv, src.bv), _trace(eye, mv),
+                      _head_sq(src.wo), _trace(eye, mo))
 
 
 def rotation_angles(r: Tensor) -> tuple[Tensor, Tensor]:
-    """Eigen-angles of each orthogonal map in degrees (sorted, largest first), and det(R)."""
-    ang = torch.rad2deg(torch.angle(torch.linalg.eigvals(r)).abs())
+    """Eigen-angles of each orthogonal map in degrees (sorted, largest first), and det(R).
+
+    The eigenvalues of an orthogonal R are e^{+-i theta}; its symmetric part (R + R^T) / 2
+    has eigenvalues cos theta, and a symmetric eigensolver is several times faster than a
+    general one."""
+    cos = torch.linalg.eigvalsh((r + r.transpose(-1, -2)) / 2).clamp(-1.0, 1.0)
+    ang = torch.rad2deg(torch.arccos(cos))
     return torch.sort(ang, dim=-1, descending=True).values, torch.linalg.det(r)
 
 
@@ -200,7 +241,9 @@ def parse_layers(spec: str | Sequence[int] | None, n_layers: int) -> tuple[int, 
         return None
     if isinstance(spec, str):
         if not spec.strip():
-            raise RotvizError("malformed --layers '': give indices or ranges like 0,2-5, or leave it out")
+            raise RotvizError(
+                "malformed --layers '': give indices or ranges like 0,2-5, or leave it out"
+            )
         out: list[int] = []
         for part in spec.split(","):
             part = part.strip()
@@ -226,6 +269,56 @@ def parse_layers(spec: str | Sequence[int] | None, n_layers: int) -> tuple[int, 
     return tuple(sorted(set(out)))
 
 
+# Threads that run scipy's assignment solver (it releases the GIL) while the main thread
+# builds the next cost matrix; 0 solves inline. At most this many cost matrices wait.
+LSA_THREADS = 2
+
+
+def _ffn_permutations(anchor: ModelView, source: ModelView, layers: Sequence[int],
+                      tick: Callable[[str], None]) -> dict[int, Tensor]:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    threads = min(LSA_THREADS, cores or 1, len(layers))
+    if threads <= 0:
+        out = {}
+        for i in layers:
+            tick(f"FFN, layer {i}")
+            out[i] = assign(ffn_cost(anchor, source, i))
+        return out
+    futures: dict[int, Future] = {}
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        for i in layers:
+            tick(f"FFN, layer {i}")
+            running = [f for f in futures.values() if not f.done()]
+            if len(running) >= threads:  # bound memory: one cost matrix per thread
+                wait(running, return_when=FIRST_COMPLETED)
+            futures[i] = pool.submit(assign, ffn_cost(anchor, source, i))
+        return {i: f.result() for i, f in futures.items()}
+
+
+def _match_attention(
+    src: Attention, anc: Attention, options: MatchOptions, rep: HeadReport
+) -> tuple[Tensor, Tensor]:
+    """One layer's Q-K and V-O maps (rotation times scale, per head); fills `rep`."""
+    parts_qk, parts_vo = qk_parts(src, anc), vo_parts(src, anc)
+    h, dh = parts_qk[0].shape[:2]
+    eye = torch.eye(dh, dtype=torch.float64, device=parts_qk[0].device).expand(h, dh, dh)
+    qk = vo = eye
+    if options.attn:
+        m = torch.stack([parts_qk[0] + parts_qk[1], parts_vo[0] + parts_vo[1]])
+        both, sv = procrustes(m)  # one batched SVD per layer
+        qk, vo = both[0], both[1]
+        rep.qk_singular, rep.vo_singular = sv[0].tolist(), sv[1].tolist()
+        angles, dets = rotation_angles(both)
+        rep.qk_angles, rep.vo_angles = angles[0].tolist(), angles[1].tolist()
+        rep.qk_det, rep.vo_det = dets[0].tolist(), dets[1].tolist()
+    if options.rescale:
+        a_s, b_s = scales_after(src, qk, vo, parts_qk, parts_vo)
+        rep.qk_scale, rep.vo_scale = a_s.tolist(), b_s.tolist()
+        qk = qk * a_s.to(qk.device)[:, None, None]
+        vo = vo * b_s.to(vo.device)[:, None, None]
+    return qk, vo
+
+
 def match(
     anchor: ModelView,
     source: ModelView,
@@ -237,40 +330,40 @@ def match(
 
     t0 = time.perf_counter()
     layers = options.layers if options.layers is not None else tuple(range(anchor.dims.n_layers))
+    reports = {i: HeadReport(layer=i) for i in layers}
+    do_attn = options.attn or options.rescale
+    total = len(layers) * (int(do_attn) + int(options.ffn))
+    done = 0
+
+    def tick(message: str) -> None:
+        nonlocal done
+        if progress:
+            progress(done, total, message)
+        done += 1
+
+    attn: dict[int, tuple[Tensor, Tensor]] = {}
+    if do_attn:  # cheap: all of it before the FFN solver threads compete for the cores
+        for i in layers:
+            tick(f"attention, layer {i}")
+            attn[i] = _match_attention(source.blocks[i].attn, anchor.blocks[i].attn,
+                                       options, reports[i])
+    perms = _ffn_permutations(anchor, source, layers, tick) if options.ffn else {}
     view = source
     transforms: dict[int, LayerTransform] = {}
-    reports: list[HeadReport] = []
-    for step, i in enumerate(layers):
-        if progress:
-            progress(step, len(layers), f"matching layer {i}")
-        rep = HeadReport(layer=i)
-        perm = qk = vo = None
-        anc_attn = anchor.blocks[i].attn
-        if options.ffn:
-            perm = ffn_permutation(anchor, view, i)
-            rep.ffn_moved = int((perm != torch.arange(len(perm))).sum())
-        if options.attn:
-            m_qk, m_vo = cross_qk(view.blocks[i].attn, anc_attn), cross_vo(view.blocks[i].attn, anc_attn)
-            both, sv = procrustes(torch.stack([m_qk, m_vo]))  # one batched SVD per layer
-            qk, vo = both[0], both[1]
-            rep.qk_singular, rep.vo_singular = sv[0].tolist(), sv[1].tolist()
-            angles, dets = rotation_angles(both)
-            rep.qk_angles, rep.vo_angles = angles[0].tolist(), angles[1].tolist()
-            rep.qk_det, rep.vo_det = dets[0].tolist(), dets[1].tolist()
-        t = LayerTransform(perm, qk, vo)
-        view = apply_layer(view, i, t)
-        if options.rescale:
-            a_s = rescale_qk(view.blocks[i].attn, anc_attn)
-            b_s = rescale_vo(view.blocks[i].attn, anc_attn)
-            eye = torch.eye(anchor.dims.d_head, dtype=torch.float64)
-            scale = LayerTransform(None, a_s[:, None, None] * eye, b_s[:, None, None] * eye)
-            view = apply_layer(view, i, scale)
-            t = t.then(scale)
-            rep.qk_scale, rep.vo_scale = a_s.tolist(), b_s.tolist()
-        transforms[i] = t
-        reports.append(rep)
+    for i in layers:
+        perm = perms.get(i)
+        if perm is not None:
+            reports[i].ffn_moved = int((perm != torch.arange(len(perm))).sum())
+        qk, vo = attn.get(i, (None, None))
+        transforms[i] = LayerTransform(perm, qk, vo)
+        view = apply_layer(view, i, transforms[i])
     if progress:
-        progress(len(layers), len(layers), "done")
-    report = MatchReport(options, distances(source, anchor), distances(view, anchor), reports)
+        progress(total, total, "done")
+    before = distances(source, anchor)
+    kinds = (("ffn_in", "ffn_out") if options.ffn else ()) + (
+        ("q", "k", "v", "o") if options.attn or options.rescale else ())
+    touched = {(i, k) for i in layers for k in kinds}  # every other cell is the same tensors
+    after = Distances({**before.cells, **distances(view, anchor, only=touched).cells})
+    report = MatchReport(options, before, after, [reports[i] for i in layers])
     report.seconds = time.perf_counter() - t0
     return MatchResult(view, transforms, report)

@@ -336,9 +336,10 @@ def test_report_contents(family, loaded):
     rep = res.report
     dims = view_of(source).dims
     h, dh = dims.n_heads, dims.d_head
-    # distances: total (checked against a direct computation), per layer, per kind
+    # distances: total (checked against a direct float64 computation; rotviz takes the
+    # differences in the weights' own float32), per layer, per kind
     assert math.isclose(rep.before.total, _direct_distance(source.state, anchor.state),
-                        rel_tol=1e-9)
+                        rel_tol=1e-6)
     after_state = write_state(res.view)
     assert math.isclose(rep.after.total, _direct_distance(after_state, anchor.state),
                         rel_tol=1e-6)
@@ -369,8 +370,10 @@ def test_report_contents(family, loaded):
         assert all(s != 0 and math.isfinite(s) for s in r.qk_scale + r.vo_scale)
         assert 0 < r.ffn_moved <= dims.d_ffn
     # progress: (done, total, message), ends at total
-    assert calls[-1][:2] == (2, 2) and all(c[1] == 2 for c in calls)
-    assert [c[0] for c in calls] == sorted(c[0] for c in calls)
+    total = calls[-1][1]
+    assert total >= 2 and calls[-1][0] == total and all(c[1] == total for c in calls)
+    assert [c[0] for c in calls] == sorted(c[0] for c in calls) and calls[0][0] == 0
+    assert all(isinstance(c[2], str) for c in calls)
     # the whole report serialises
     json.dumps(rep.to_dict())
 
