@@ -9,6 +9,7 @@ from rotviz.plots import distances as dplots
 from rotviz.plots import style
 
 s = common.setup()
+POINTS = 21  # the Barrier page's default: the two pages share these curves in the cache
 st.title("Match the source onto the anchor")
 st.markdown(
     "Matching searches the source's symmetry class for the copy closest to the anchor "
@@ -29,8 +30,8 @@ with st.form("match_form"):
     layers = st.text_input("Layers to match (empty = all; e.g. 0,2-3)", "", key="m_layers",
                            bind="query-params")
     with_barrier = st.checkbox("Measure the loss barrier of each option in the ablation "
-                               "(11 points on the path each)", True, key="m_barrier",
-                               bind="query-params")
+                               f"({POINTS} points on the path each, shared with the Barrier page)",
+                               True, key="m_barrier", bind="query-params")
     submitted = st.form_submit_button("Run", type="primary", icon=":material/play_arrow:")
 
 
@@ -57,7 +58,7 @@ def body() -> None:
                    "max_output_diff": r["max_output_diff"], "preserved": r["preserved"]}
             if with_barrier:
                 step(f"barrier: {style.nice_label(sp)}")
-                cur = common.compute("curve", {**base, "spec": sp, "points": 11})
+                cur = common.compute("curve", {**base, "spec": sp, "points": POINTS})
                 row.update(barrier=cur["barrier"], mid_acc=cur["mid_acc"])
             ablation.append(row)
     st.subheader(f"Result: {style.nice_label(spec)}")

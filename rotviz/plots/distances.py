@@ -59,13 +59,15 @@ def ablation_bars(rows: Sequence[Mapping], font_size: int = 14) -> go.Figure:
     d = [float(r["distance"]) for r in rows]
     fig.add_bar(y=labels, x=d, orientation="h", name="distance to the anchor",
                 marker_color=style.color(3), row=1, col=1, text=[f"{v:.2f}" for v in d],
-                textposition="auto", hovertemplate="%{y}: %{x:.3f}<extra>distance</extra>")
+                textposition="outside", cliponaxis=False,
+                hovertemplate="%{y}: %{x:.3f}<extra>distance</extra>")
     fig.update_xaxes(title_text="Euclidean distance (L2 norm)", row=1, col=1)
     if has_barrier:
         b = [r.get("barrier") for r in rows]
         fig.add_bar(y=labels, x=b, orientation="h", name="loss barrier",
                     marker_color=style.color(4), marker_pattern_shape="/", row=1, col=2,
-                    text=[f"{v:.2f}" if v is not None else "" for v in b], textposition="auto",
+                    text=[f"{v:.2f}" if v is not None else "" for v in b],
+                    textposition="outside", cliponaxis=False,
                     hovertemplate="%{y}: %{x:.3f}<extra>barrier</extra>")
         fig.update_xaxes(title_text="loss barrier (nats above the straight line)", row=1, col=2)
     fig.update_yaxes(autorange="reversed")

@@ -77,9 +77,9 @@ def angle_overview(layers: Sequence[Mapping], kind: str = "qk", font_size: int =
         hovertemplate="layer %{y}, head %{x}: %{z:.1f}°<extra></extra>",
     ))
     fig.update_xaxes(dtick=1)
-    name = dict(PAIRS)[kind]
-    return style.finish(fig, f"Mean {name} rotation angle per layer and head", style.HEAD,
-                        "layer (block index)", None, font_size, legend=False)
+    title = f"{kind[0].upper()}-{kind[1].upper()}: mean rotation angle per layer and head"
+    return style.finish(fig, title, style.HEAD, "layer (block index)", None, font_size,
+                        legend=False)
 
 
 def circuit_spectra(
@@ -94,12 +94,16 @@ def circuit_spectra(
     source's curve coincide: the visible proof that matching kept the function.
     """
     fig = go.Figure()
+    # Curves that coincide (source and matched source) must both stay visible: earlier ones
+    # are drawn wide with open markers, later ones thin on top.
+    n = len(series)
     for i, (name, sv) in enumerate(series.items()):
         fig.add_scatter(
             x=list(range(1, len(sv) + 1)), y=[float(s) for s in sv], mode="lines+markers",
             name=name,
-            line={"color": style.color(i), "dash": style.dash(i), "width": 3 if i == 0 else 2},
-            marker={"symbol": style.marker(i), "size": 8 - i},
+            line={"color": style.color(i), "dash": style.dash(i), "width": 1.5 + 2 * (n - 1 - i)},
+            marker={"symbol": style.marker(i) + ("-open" if i < n - 1 else ""),
+                    "size": 6 + 4 * (n - 1 - i), "line": {"width": 2}},
             hovertemplate=f"{name} #%{{x}}: %{{y:.4g}}<extra></extra>",
         )
     style.log_axis(fig)
