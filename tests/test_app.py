@@ -196,6 +196,26 @@ def test_model_card_symmetry_check(roots):
     assert card["check"]["distance"] > 1.0
 
 
+def test_match_tables_for_export(roots):
+    from rotviz.matching import MatchOptions
+    from rotviz.models import load_model
+    from rotviz.pipeline import match_models
+
+    a, s = load_model(roots / "vit-s0"), load_model(roots / "vit-s1")
+    summary = explore.match_summary(match_models(a, s, MatchOptions()), "seed")
+    assert summary["preserved"] and summary["after_total"] < summary["before_total"]
+    rows = explore.distance_rows(summary)
+    layer_rows = [r for r in rows if r["group"] == "layer"]
+    assert sorted(r["name"] for r in layer_rows) == ["0", "1", "rest"]
+    total_after = sum(r["after"] ** 2 for r in layer_rows) ** 0.5
+    assert total_after == pytest.approx(summary["after_total"], rel=1e-9)
+    heads = explore.head_rows(summary)
+    assert len(heads) == 2 * 4  # layers x heads
+    rep = summary["report"]["heads"][1]
+    assert heads[4]["qk_singular_sum"] == pytest.approx(sum(rep["qk_singular"][0]))
+    assert heads[4]["qk_scale"] == rep["qk_scale"][0] and heads[4]["layer"] == 1
+
+
 def test_model_locks_serialise_shared_modules(roots):
     """Two sessions evaluating different parameter sets on one cached module at once get
     their own answers (functional_call swaps tensors on the shared module)."""
