@@ -147,11 +147,11 @@ def main(argv: list[str] | None = None) -> int:
             shoot(page, out / "barrier.png", args.width)
 
             # A fresh configuration (17 points: not cached yet), so Run really computes.
-            thumb = page.locator("[data-testid='stSlider'] [role='slider']").first
+            thumb = page.locator("[data-testid='stSlider'] input[type='range']").first
             thumb.focus()
             page.keyboard.press("ArrowLeft")
             page.keyboard.press("ArrowLeft")
-            assert thumb.get_attribute("aria-valuenow") == "17", "the points slider did not move"
+            assert thumb.get_attribute("aria-valuetext") == "17", "the points slider did not move"
             timings["Barrier: Run, 5 options x 17 points, uncached"] = click_and_wait(page, run)
 
             for name in PAGES:
