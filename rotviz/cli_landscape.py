@@ -23,6 +23,7 @@ def _common(p: argparse.ArgumentParser, match_default: str = "seed") -> None:
     p.add_argument("--match", default=match_default, metavar="SPEC",
                    help=f"none, or a comma list of ffn, attn, rescale; seed = ffn,attn,rescale "
                         f"(default {match_default})")
+    p.add_argument("--layers", default=None, help="match only these layers, e.g. 0,2-5")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or mps (default auto)")
     p.add_argument("--json", default=None, metavar="FILE", help="write the result as JSON here")
 
@@ -76,32 +77,41 @@ def write_json(path: str | os.PathLike, obj) -> None:
 
 
 def _load_pair(args):
+    """Models, data, device and matching options, every part checked; SPEC errors come first."""
+    from rotviz.ablations import n_layers
     from rotviz.data import load_split
+    from rotviz.matching import parse_layers
+    from rotviz.matchspec import match_options
     from rotviz.models import check_compatible, load_model, pick_device
 
+    match_options(args.match)
     device = pick_device(args.device)
     anchor, source = load_model(args.anchor), load_model(args.source)
     check_compatible(anchor, source)
     split = load_split(args.data, args.split)
-    return anchor, source, split, device
+    options = match_options(args.match, parse_layers(args.layers, n_layers(anchor)))
+    return anchor, source, split, device, options
+
+
+def _label(match: str, layers: list[int] | None) -> str:
+    return match if layers is None else f"{match}, layers {','.join(map(str, layers))}"
 
 
 def cmd_barrier(args: argparse.Namespace) -> int:
     from rotviz.landscape import check_points, interpolate
-    from rotviz.matchspec import match_options
 
     check_points(args.points)
     if args.repeats < 1:
         raise RotvizError(f"--repeats must be >= 1, got {args.repeats}")
-    options = match_options(args.match)
-    anchor, source, split, device = _load_pair(args)
+    anchor, source, split, device, options = _load_pair(args)
     c = interpolate(anchor, source, split, options, args.points, device, repeats=args.repeats,
                     seed=args.seed, batch_size=args.batch_size)
     if args.json:
         write_json(args.json, c.to_dict())
     spread = f" (mean {c.barrier_mean:.4f} +- {c.barrier_std:.4f} over {c.repeats} subsets)" \
         if c.repeats > 1 else ""
-    print(f"barrier [{c.match}] on {c.device}: {c.barrier:.4f}{spread}, loss range "
+    print(f"barrier [{_label(c.match, c.layers)}] on {c.device}: {c.barrier:.4f}{spread}, "
+          f"loss range "
           f"{c.loss_range:.4f}, accuracy at alpha 0.5 {c.mid_acc:.4f}; endpoint losses "
           f"{c.loss[0]:.4f} / {c.loss[-1]:.4f}; "
           f"distance {c.distance_before:.3f} -> {c.distance_after:.3f}; {len(c.alphas)} points "
@@ -111,14 +121,12 @@ def cmd_barrier(args: argparse.Namespace) -> int:
 
 def cmd_plane(args: argparse.Namespace) -> int:
     from rotviz.landscape import loss_plane
-    from rotviz.matchspec import match_options
 
     if args.grid < 3:
         raise RotvizError(f"--grid must be >= 3, got {args.grid}")
     if args.margin < 0:
         raise RotvizError(f"--margin must be >= 0, got {args.margin}")
-    options = match_options(args.match)
-    anchor, source, split, device = _load_pair(args)
+    anchor, source, split, device, options = _load_pair(args)
 
     def show(done: int, total: int, _msg: str) -> None:
         if done == total or done % max(1, total // 10) == 0:
@@ -129,7 +137,8 @@ def cmd_plane(args: argparse.Namespace) -> int:
     if args.json:
         write_json(args.json, pl.to_dict())
     pts = ", ".join(f"{k} {pl.point_loss[k]:.3f}" for k in pl.points)
-    print(f"plane [{pl.match}] {pl.grid}x{pl.grid} on {pl.device}: losses {pts}; "
+    print(f"plane [{_label(pl.match, pl.layers)}] {pl.grid}x{pl.grid} on {pl.device}: "
+          f"losses {pts}; "
           f"|AB| {pl.distance_ab:.3f}, |AB'| {pl.distance_ab_matched:.3f}; {pl.seconds:.1f} s")
     return 0
 
@@ -137,7 +146,6 @@ def cmd_plane(args: argparse.Namespace) -> int:
 def cmd_merge(args: argparse.Namespace) -> int:
     from rotviz.data import load_split
     from rotviz.fusion import check_method, check_weight, merge
-    from rotviz.matchspec import match_options
     from rotviz.models import save_model
 
     method = check_method(args.method)
@@ -146,8 +154,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
         raise RotvizError(f"--alpha must be in [0, 1], got {args.alpha}")
     if args.batches < 1 or args.batch_size < 1:
         raise RotvizError("--batches and --batch-size must be >= 1")
-    options = match_options(args.match)
-    anchor, source, split, device = _load_pair(args)
+    anchor, source, split, device, options = _load_pair(args)
     stats = load_split(args.data, args.stats_split) if method != "simple" else None
     r = merge(anchor, source, method, options, split, stats, args.weight, args.batches,
               args.batch_size, args.alpha, device, args.seed)
@@ -156,7 +163,8 @@ def cmd_merge(args: argparse.Namespace) -> int:
     if args.json:
         write_json(args.json, r.to_dict() | {"out": args.out})
     wrote = f"; wrote {args.out}" if args.out else ""
-    print(f"merged [{r.method}, match {r.match}, weight {r.weight:g}] on {r.device}: accuracy "
+    print(f"merged [{r.method}, match {_label(r.match, r.layers)}, weight {r.weight:g}] on "
+          f"{r.device}: accuracy "
           f"{r.acc:.4f} (loss {r.loss:.4f}); anchor {r.anchor_acc:.4f}, source {r.source_acc:.4f}; "
           f"{r.seconds:.2f} s{wrote}")
     return 0

@@ -34,7 +34,14 @@ from torch import nn
 from rotviz.data import Split
 from rotviz.errors import RotvizError
 from rotviz.evaluate import check_fits
-from rotviz.landscape import IGNORE, Evaluator, as_options, matched_state, resolve_device
+from rotviz.landscape import (
+    IGNORE,
+    Evaluator,
+    as_options,
+    layers_of,
+    matched_state,
+    resolve_device,
+)
 from rotviz.matching import MatchOptions
 from rotviz.matchspec import label_of, parse_spec
 from rotviz.models import Loaded
@@ -273,6 +280,7 @@ class Merged:
     distance_after: float
     anchor: str = ""
     source: str = ""
+    layers: list[int] | None = None  # layers matched (None: all)
     state: dict[str, Tensor] = field(default_factory=dict, repr=False)
     anchor_stats: dict[str, Tensor] | None = field(default=None, repr=False)
     source_stats: dict[str, Tensor] | None = field(default=None, repr=False)
@@ -390,7 +398,8 @@ def merge(
         batches=batches, batch_size=batch_size, alpha=alpha if method == "regmean" else None,
         device=str(ev.device), n=split.n, seconds=time.perf_counter() - t0, match_seconds=match_s,
         stats_seconds=stats_s, distance_before=d0, distance_after=d1, anchor=anchor.ref,
-        source=source.ref, state=merged, anchor_stats=sa, source_stats=sb,
+        source=source.ref, layers=layers_of(options), state=merged, anchor_stats=sa,
+        source_stats=sb,
     )
 
 

@@ -202,6 +202,7 @@ class Curve:
     device: str
     seconds: float
     n: int  # samples evaluated
+    layers: list[int] | None = None  # layers matched (None: all)
     anchor: str = ""
     source: str = ""
     distance_before: float = 0.0
@@ -258,6 +259,10 @@ def path_curve(ev: Evaluator, anchor_params: Mapping[str, Tensor],
     return out
 
 
+def layers_of(options: MatchOptions | None) -> list[int] | None:
+    return None if options is None or options.layers is None else list(options.layers)
+
+
 def check_split(split: Split) -> None:
     if split.n == 0:
         raise RotvizError(f"the {split.split} split of '{split.data}' is empty; use another split")
@@ -309,8 +314,8 @@ def interpolate(
                         seed, progress)
     return Curve(
         **fields, match=info.match, data=split.data, split=split.split, device=str(ev.device),
-        seconds=time.perf_counter() - t0, n=split.n, anchor=anchor.ref, source=source.ref,
-        distance_before=info.distance_before, distance_after=info.distance_after,
+        seconds=time.perf_counter() - t0, n=split.n, layers=layers_of(options), anchor=anchor.ref,
+        source=source.ref, distance_before=info.distance_before, distance_after=info.distance_after,
         max_output_diff=info.max_output_diff, match_seconds=info.seconds,
     )
 
@@ -342,6 +347,7 @@ class Plane:
     seconds: float
     grid: int
     n: int
+    layers: list[int] | None = None  # layers matched (None: all)
     anchor: str = ""
     source: str = ""
     distance_ab: float = 0.0  # |B - A|
@@ -457,6 +463,6 @@ def loss_plane(
         points={k: [float(v[0]), float(v[1])] for k, v in pts.items()},
         point_loss=point_loss, point_acc=point_acc, match=label, data=split.data, split=split.split,
         device=str(ev.device), seconds=time.perf_counter() - t0, grid=grid, n=split.n,
-        anchor=anchor.ref, source=source.ref, distance_ab=n1,
+        layers=layers_of(options), anchor=anchor.ref, source=source.ref, distance_ab=n1,
         distance_ab_matched=math.hypot(*pts["B'"]), degenerate=degenerate,
     )

@@ -319,6 +319,19 @@ def test_cli_barrier_writes_the_documented_json(tmp_path, capsys):
     assert [p.name for p in out.parent.iterdir()] == ["barrier.json"]  # no temporary left
 
 
+def test_cli_barrier_layer_subset(tmp_path, capsys):
+    a, b = default_pair_refs()
+    out = tmp_path / "b.json"
+    assert main(["barrier", a, b, "--data", "digits", "--points", "3", "--layers", "1-2",
+                 "--json", str(out), "--device", "cpu"]) == 0
+    assert "[seed, layers 1,2]" in capsys.readouterr().out
+    d = json.loads(out.read_text())
+    pa, pb = default_pair()
+    full = interpolate(pa, pb, digits(), "seed", points=3)
+    assert d["layers"] == [1, 2] and d["match"] == "seed"
+    assert full.distance_after < d["distance_after"] < d["distance_before"]
+
+
 def test_cli_plane_writes_json(tmp_path, capsys):
     a, b = default_pair_refs()
     out = tmp_path / "plane.json"
@@ -339,6 +352,7 @@ def test_cli_plane_writes_json(tmp_path, capsys):
         (["--data", "nosuchdata"], "unknown data"),
         (["--split", "holdout"], "unknown split"),
         (["--device", "tpu"], "unknown device"),
+        (["--layers", "9"], "out of range"),
     ],
 )
 def test_cli_barrier_errors_are_one_line_exit_2(tmp_path, capsys, extra, pattern):
