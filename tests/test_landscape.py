@@ -364,3 +364,56 @@ def test_cli_barrier_errors_are_one_line_exit_2(tmp_path, capsys, extra, pattern
     assert rc == 2
     assert err.startswith("rotviz: error: ") and err.count("\n") == 1 and pattern in err
     assert not out.exists()
+
+
+# ---- ablations and layer sweeps ----------------------------------------------------------
+
+
+def test_ablation_rows_agree_with_curves_and_touch_only_their_modules():
+    from rotviz.ablations import ABLATION_SPECS, ablation
+
+    a, b = default_pair()
+    split = digits().subset(150)
+    ab = ablation(a, b, split, points=5)
+    rows = {r.match: r for r in ab.rows}
+    assert list(rows) == list(ABLATION_SPECS)
+    none = rows["none"]
+    assert none.distance == pytest.approx(ab.distance_none)
+    assert rows["ffn"].distance < none.distance and rows["attn"].distance < none.distance
+    assert rows["ffn,attn"].distance < min(rows["ffn"].distance, rows["attn"].distance)
+    assert rows["seed"].distance <= rows["ffn,attn"].distance + 1e-9  # rescaling never adds
+    # FFN matching moves only FFN tensors, attention matching only Q, K, V, O
+    for kind in ("q", "k", "v", "o", "norms", "embeddings", "head"):
+        assert rows["ffn"].per_kind[kind] == pytest.approx(none.per_kind[kind], rel=1e-9)
+    for kind in ("ffn_in", "ffn_out", "norms", "embeddings", "head"):
+        assert rows["attn"].per_kind[kind] == pytest.approx(none.per_kind[kind], rel=1e-9)
+    for spec in ("none", "attn"):
+        c = interpolate(a, b, split, spec, points=5)
+        assert rows[spec].barrier == pytest.approx(c.barrier, abs=1e-9)
+        assert rows[spec].loss == pytest.approx(c.loss, abs=1e-9)
+    assert set(none.per_layer) == {"0", "1", "2", "3", "rest"}
+    json.dumps(ab.to_dict())
+
+
+def test_layer_sweeps_cover_single_and_tail_subsets():
+    from rotviz.ablations import layer_sweeps
+
+    a, b = default_pair()
+    split = digits().subset(150)
+    calls = []
+    sw = layer_sweeps(a, b, split, "seed", points=3, progress=lambda d, t, m: calls.append(d))
+    assert sw.n_layers == 4 and sw.match == "seed"
+    assert [p.layers for p in sw.single] == [[0], [1], [2], [3]]
+    assert [p.layers for p in sw.tail] == [[3], [2, 3], [1, 2, 3], [0, 1, 2, 3]]
+    assert sw.tail[0] == sw.single[3] and sw.tail[-1] == sw.all
+    assert sw.none.layers == [] and sw.all.layers == [0, 1, 2, 3]
+    full = interpolate(a, b, split, "seed", points=3)
+    assert sw.all.distance == pytest.approx(full.distance_after)
+    assert sw.all.mid_loss == pytest.approx(full.mid_loss, abs=1e-9)
+    assert sw.none.distance == pytest.approx(full.distance_before)
+    assert all(sw.all.distance < p.distance < sw.none.distance for p in sw.single)
+    # tail distances shrink as more layers are matched
+    d = [p.distance for p in sw.tail]
+    assert all(x > y for x, y in zip(d, d[1:], strict=False))
+    assert calls and max(calls) == 9  # none, 4 single, 4 tail (tail[0] and tail[-1] reused)
+    json.dumps(sw.to_dict())
