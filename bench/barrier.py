@@ -32,7 +32,8 @@ def default_pair_refs() -> tuple[str, str]:
     try:
         from rotviz import zoo
 
-        return tuple(zoo.default_pair())[:2]  # type: ignore[return-value]
+        refs = tuple(zoo.default_pair())[:2]
+        return tuple(getattr(r, "ref", None) or str(r) for r in refs)  # type: ignore[return-value]
     except (ImportError, AttributeError):
         pass
     root = Path(os.environ.get("ROTVIZ_TEST_PAIR",

@@ -43,8 +43,8 @@ def default_pair_refs() -> tuple[str, str]:
     except ImportError:
         zoo = None
     if zoo is not None and hasattr(zoo, "default_pair"):
-        refs = zoo.default_pair()
-        return tuple(r if isinstance(r, str) else r.ref for r in refs)  # type: ignore[return-value]
+        refs = tuple(zoo.default_pair())[:2]
+        return tuple(getattr(r, "ref", None) or str(r) for r in refs)  # type: ignore[return-value]
     default = Path.home() / ".cache/rotviz/test-pair-vit-digits-v1"
     root = Path(os.environ.get("ROTVIZ_TEST_PAIR", default))
     for seed in (0, 1):
