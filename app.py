@@ -21,7 +21,9 @@ PAGES = [
     st.Page("pages/learn.py", title="Learn", icon=":material/school:"),
 ]
 
+# Navigation first: a run interrupted before st.navigation would make Streamlit fall back to
+# listing the pages/ folder.
+page = st.navigation(PAGES, position="top" if common.presenting() else "sidebar")
 setup = common.sidebar()
-page = st.navigation(PAGES, position="top" if setup.presenter else "sidebar")
 common.presenter_style(setup.presenter)
 page.run()

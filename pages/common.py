@@ -98,14 +98,14 @@ def sidebar() -> Setup:
     anchor = sb.selectbox(
         "Anchor (model 2, stays fixed)", choices,
         index=choices.index(pair[0]) if pair[0] in choices else 0,
-        format_func=appconfig.short_name, key="anchor", bind="query-params",
+        format_func=appconfig.model_label, key="anchor", bind="query-params",
         help="The model the other one is moved towards. Zoo entries and folders under the "
              f"model roots ({appconfig.ENV_ROOTS}).",
     )
     source = sb.selectbox(
         "Source (model 1, gets matched)", choices,
         index=choices.index(pair[1]) if pair[1] in choices else min(1, len(choices) - 1),
-        format_func=appconfig.short_name, key="source", bind="query-params",
+        format_func=appconfig.model_label, key="source", bind="query-params",
         help="The model that is permuted, rotated and rescaled onto the anchor.",
     )
     error = None
@@ -143,8 +143,33 @@ def sidebar() -> Setup:
     return setup
 
 
+def presenting() -> bool:
+    """Presenter mode, known before the sidebar's toggle is drawn (from its state or the URL)."""
+    if "present" in st.session_state:
+        return bool(st.session_state["present"])
+    return st.query_params.get("present", "").lower() in ("true", "1", "yes")
+
+
+def _through_app() -> None:
+    """Make sure the page runs inside app.py's navigation.
+
+    Streamlit treats a folder named pages/ next to the entrypoint as the old multipage layout
+    until some session has called st.navigation; a server whose first visitor opens /barrier
+    directly would run pages/barrier.py alone (no sidebar, pages listed by file name). Leave
+    that mode and rerun: the rerun goes through app.py and lands on the same page.
+    """
+    try:
+        from streamlit.runtime.pages_manager import PagesManager
+    except ImportError:  # pragma: no cover - other Streamlit versions
+        return
+    if getattr(PagesManager, "uses_pages_directory", False):
+        PagesManager.uses_pages_directory = False
+        st.rerun()
+
+
 def setup() -> Setup:
     """The setup the sidebar drew in this run (app.py draws it before the page)."""
+    _through_app()
     s = st.session_state.get("_setup")
     return s if s is not None else sidebar()
 

@@ -148,6 +148,18 @@ def resolve_choice(choice: str, roots: Sequence[Path] | None = None) -> str:
     return str(check_under_roots(choice, roots if roots is not None else model_roots()))
 
 
+def model_label(ref: str) -> str:
+    """A unique, readable label for a model choice (also its value in the app's URL):
+    `zoo:NAME`, or the folder relative to the checkout when inside it, else its full path."""
+    if ref.startswith("zoo:"):
+        return ref
+    p = Path(ref)
+    try:
+        return str(p.resolve().relative_to(REPO))
+    except ValueError:
+        return str(p)
+
+
 def short_name(ref: str) -> str:
     """A label for a model reference: the zoo name, or the folder name."""
     return ref[4:] if ref.startswith("zoo:") else Path(ref).name

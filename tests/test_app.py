@@ -124,6 +124,10 @@ def test_model_roots_and_path_checks(tmp_path):
 def test_discover_finds_model_folders(roots):
     found = appconfig.discover([roots])
     assert [Path(f).name for f in found] == ["vit-s0", "vit-s1", "vit-wide"]
+    labels = [appconfig.model_label(f) for f in found]
+    assert labels == found  # outside the checkout: full paths, unique
+    assert appconfig.model_label("zoo:x") == "zoo:x"
+    assert appconfig.model_label(str(appconfig.REPO / "assets" / "m")) == "assets/m"
 
 
 def test_config_hash_is_stable_and_sensitive():
@@ -348,7 +352,7 @@ def test_merge_page_chart_holds_fusion_table(pair):
     from rotviz.fusion import fusion_table
     from rotviz.models import load_model
 
-    at = app("merge", g_methods="simple")
+    at = app("merge", g_methods="simple average")
     fig = figures(at)["Merged model accuracy per fusion method"]
     bars = {tr["name"]: numbers(tr["y"])[0] for tr in fig["data"] if tr["type"] == "bar"}
     a, s = load_model(pair[0]), load_model(pair[1])

@@ -57,6 +57,17 @@ def test_every_page_in_chromium(server, tmp_path):
     with playwright.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1280, "height": 1600})
+        # A fresh server whose first visitor opens a page directly still runs it inside
+        # app.py's navigation (not Streamlit's old pages/-folder mode).
+        page.goto(f"{server}/spectra?n=100")
+        drawn(page)
+        page.wait_for_timeout(500)
+        drawn(page)
+        links = page.locator("[data-testid='stSidebarNav'] a").all_inner_texts()
+        nav = [t.split()[-1] for t in links]  # icon name, then the title
+        assert nav == ["Models", "Match", "Barrier", "Spectra", "Merge", "Learn"], nav
+        assert page.locator("h1").first.inner_text().strip() == "Attention spectra"
+        assert page.get_by_text("Anchor (model 2, stays fixed)").count() == 1
         for name in PAGES:
             page.goto(f"{server}/{'' if name == 'models' else name}?n=100")
             page.wait_for_selector(IDLE, timeout=180_000)
