@@ -55,11 +55,26 @@ def _zoo():
 
 
 def _entry_name(entry: Any) -> str:
+    """The name of a zoo entry (a string, a mapping with 'name', or an object with .name)."""
     if isinstance(entry, str):
-        return entry
+        return entry[4:] if entry.startswith("zoo:") else entry
     if isinstance(entry, Mapping):
         return str(entry["name"])
     return str(entry.name)
+
+
+def _as_ref(item: Any) -> str:
+    """A model reference from what the zoo hands out: a Loaded, a path, `zoo:NAME`, a bare
+    zoo name, a mapping or an entry object."""
+    if hasattr(item, "ref") and hasattr(item, "state"):  # a Loaded model
+        return str(item.ref)
+    if isinstance(item, os.PathLike):
+        return str(item)
+    if isinstance(item, str):
+        if item.startswith("zoo:") or os.sep in item or Path(item).is_dir():
+            return item
+        return f"zoo:{item}"
+    return f"zoo:{_entry_name(item)}"
 
 
 def zoo_refs() -> list[str]:
@@ -83,10 +98,9 @@ def default_pair(roots: Sequence[Path] | None = None) -> tuple[str, str]:
     zoo = _zoo()
     if zoo is not None and hasattr(zoo, "default_pair"):
         try:
-            pair = zoo.default_pair()
-            a, b = (_entry_name(x) for x in pair)
-            return tuple(r if r.startswith("zoo:") else f"zoo:{r}" for r in (a, b))  # type: ignore
-        except RotvizError:
+            a, b = (_as_ref(x) for x in tuple(zoo.default_pair())[:2])
+            return a, b
+        except (RotvizError, OSError, LookupError):  # zoo files missing: look in the roots
             pass
     found = zoo_refs() + discover(roots if roots is not None else model_roots())
     if len(found) < 2:

@@ -130,6 +130,31 @@ def test_discover_finds_model_folders(roots):
     assert appconfig.model_label(str(appconfig.REPO / "assets" / "m")) == "assets/m"
 
 
+def test_default_pair_from_whatever_the_zoo_returns(monkeypatch, tmp_path):
+    import sys
+    import types
+
+    fake = types.ModuleType("rotviz.zoo")
+    loaded = types.SimpleNamespace(ref="zoo:b", state={})
+    for returned, want in (
+        (("a", "b"), ("zoo:a", "zoo:b")),
+        (("zoo:a", loaded), ("zoo:a", "zoo:b")),
+        ((tmp_path / "x", {"name": "b"}), (str(tmp_path / "x"), "zoo:b")),
+        ((types.SimpleNamespace(name="a"), "b"), ("zoo:a", "zoo:b")),
+    ):
+        fake.default_pair = lambda returned=returned: returned
+        monkeypatch.setitem(sys.modules, "rotviz.zoo", fake)
+        assert appconfig.default_pair([tmp_path]) == want
+
+    def broken():
+        raise RotvizError("zoo files missing")
+
+    fake.default_pair = broken
+    fake.entries = lambda: []
+    with pytest.raises(RotvizError, match="no model pair"):
+        appconfig.default_pair([tmp_path])
+
+
 def test_config_hash_is_stable_and_sensitive():
     a = {"anchor": "zoo:x", "points": 21, "specs": ["none", "seed"], "alpha": 0.1}
     b = {"alpha": 0.1, "specs": ("none", "seed"), "points": 21, "anchor": "zoo:x"}
