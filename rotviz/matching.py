@@ -174,19 +174,28 @@ def _trace(r: Tensor, m: Tensor) -> Tensor:
 
 
 def best_scale(a: Tensor, b: Tensor, c: Tensor, d: Tensor) -> Tensor:
-    """Per head, the real non-zero root of A s^4 - B s^3 + D s - C minimising the objective."""
-    coeffs = torch.stack([a, -b, torch.zeros_like(a), d, -c], dim=-1).cpu().numpy()
-    out = np.ones(len(coeffs))
-    for h, co in enumerate(coeffs):  # H quartics of degree 4: negligible next to the SVD
-        if co[0] <= 0 or co[4] >= 0:
-            continue  # a zero block: any scale is optimal, keep 1
-        roots = np.roots(co)
-        real = roots[np.abs(roots.imag) <= 1e-9 * np.maximum(1.0, np.abs(roots))].real
-        real = real[real != 0]
-        if len(real) == 0:
-            continue
-        f = co[0] * real**2 + 2 * co[1] * real + (-co[4]) / real**2 - 2 * co[3] / real
-        out[h] = real[np.argmin(f)]
+    """Per head, the real non-zero root of A s^4 - B s^3 + D s - C minimising the objective
+    f(s) = A s^2 - 2 B s + C / s^2 - 2 D / s. All heads' quartics are solved at once, as the
+    eigenvalues of their companion matrices (what np.roots does for one)."""
+    big_a, big_b, big_c, big_d = torch.stack([a, b, c, d]).detach().cpu().double().numpy()
+    out = np.ones(len(big_a))
+    ok = (big_a > 0) & (big_c > 0)  # else a zero block: any scale is optimal, keep 1
+    if not ok.any():
+        return torch.as_tensor(out, dtype=torch.float64)
+    qa, qb, qc, qd = big_a[ok], big_b[ok], big_c[ok], big_d[ok]
+    comp = np.zeros((len(qa), 4, 4))
+    comp[:, 0] = np.stack([qb, np.zeros_like(qa), -qd, qc], axis=-1) / qa[:, None]
+    comp[:, 1, 0] = comp[:, 2, 1] = comp[:, 3, 2] = 1.0
+    roots = np.linalg.eigvals(comp)
+    s = roots.real
+    valid = (np.abs(roots.imag) <= 1e-9 * np.maximum(1.0, np.abs(roots))) & (s != 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        f = (qa[:, None] * s**2 - 2 * qb[:, None] * s + qc[:, None] / s**2
+             - 2 * qd[:, None] / s)
+    f = np.where(valid, f, np.inf)
+    pick = np.argmin(f, axis=1)
+    found = np.isfinite(f[np.arange(len(f)), pick])
+    out[np.flatnonzero(ok)[found]] = s[np.arange(len(s)), pick][found]
     return torch.as_tensor(out, dtype=torch.float64)
 
 
@@ -269,9 +278,10 @@ def parse_layers(spec: str | Sequence[int] | None, n_layers: int) -> tuple[int, 
     return tuple(sorted(set(out)))
 
 
-# Threads that run scipy's assignment solver (it releases the GIL) while the main thread
-# builds the next cost matrix; 0 solves inline. At most this many cost matrices wait.
-LSA_THREADS = 2
+# Threads (at most; never more than the usable cores) that run scipy's assignment solver,
+# which releases the GIL, while the main thread builds the next cost matrices; 0 solves
+# inline. At most this many cost matrices are alive at once.
+LSA_THREADS = 4
 
 
 def _ffn_permutations(anchor: ModelView, source: ModelView, layers: Sequence[int],
@@ -299,13 +309,18 @@ def _match_attention(
     src: Attention, anc: Attention, options: MatchOptions, rep: HeadReport
 ) -> tuple[Tensor, Tensor]:
     """One layer's Q-K and V-O maps (rotation times scale, per head); fills `rep`."""
-    parts_qk, parts_vo = qk_parts(src, anc), vo_parts(src, anc)
+    # The d_h x d_h problems are solved on the CPU (LAPACK beats GPU solvers at this size),
+    # the SVD in float32 unless the weights are float64: the cross matrices of float32
+    # weights hold no more digits, and float32 halves the cost of the largest step here.
+    parts_qk = tuple(p.cpu() for p in qk_parts(src, anc))
+    parts_vo = tuple(p.cpu() for p in vo_parts(src, anc))
     h, dh = parts_qk[0].shape[:2]
-    eye = torch.eye(dh, dtype=torch.float64, device=parts_qk[0].device).expand(h, dh, dh)
-    qk = vo = eye
+    qk = vo = torch.eye(dh, dtype=torch.float64).expand(h, dh, dh)
     if options.attn:
         m = torch.stack([parts_qk[0] + parts_qk[1], parts_vo[0] + parts_vo[1]])
-        both, sv = procrustes(m)  # one batched SVD per layer
+        solve = torch.float64 if src.wq.dtype == torch.float64 else torch.float32
+        both, sv = procrustes(m.to(solve))  # one batched SVD per layer
+        both = both.double()
         qk, vo = both[0], both[1]
         rep.qk_singular, rep.vo_singular = sv[0].tolist(), sv[1].tolist()
         angles, dets = rotation_angles(both)
@@ -314,8 +329,8 @@ def _match_attention(
     if options.rescale:
         a_s, b_s = scales_after(src, qk, vo, parts_qk, parts_vo)
         rep.qk_scale, rep.vo_scale = a_s.tolist(), b_s.tolist()
-        qk = qk * a_s.to(qk.device)[:, None, None]
-        vo = vo * b_s.to(vo.device)[:, None, None]
+        qk = qk * a_s[:, None, None]
+        vo = vo * b_s[:, None, None]
     return qk, vo
 
 

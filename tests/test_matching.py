@@ -357,7 +357,9 @@ def test_report_contents(family, loaded):
     assert [r.layer for r in rep.layers] == [0, 1]
     sv = torch.linalg.svdvals(cross_qk(view_of(source).blocks[0].attn,
                                        view_of(anchor).blocks[0].attn))
-    torch.testing.assert_close(torch.tensor(rep.layers[0].qk_singular, dtype=F64), sv)
+    # float32 weights: rotviz solves the small SVDs in float32
+    torch.testing.assert_close(torch.tensor(rep.layers[0].qk_singular, dtype=F64), sv,
+                               rtol=1e-5, atol=1e-6)
     for r in rep.layers:
         for key in ("qk_singular", "vo_singular", "qk_angles", "vo_angles"):
             arr = np.array(getattr(r, key))
