@@ -2,12 +2,22 @@
 
 A data reference is a short string: `digits`, `pystdlib`, `cifar10:DIR`, `imagefolder:DIR`
 or `text:FILE`. `load_split(ref, split)` returns a `Split` of ready tensors.
+
+Nothing is downloaded: `digits` is scikit-learn's bundled copy (read straight from its CSV,
+which avoids importing scikit-learn), `pystdlib` is built from the Python standard library's
+own source files, and the rest are the user's files. Text is encoded with one fixed character
+vocabulary (`VOCAB`), so a character model trained on one text can be evaluated on any other.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
+import pickle
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -15,6 +25,22 @@ import torch
 from rotviz.errors import RotvizError
 
 SPLITS = ("train", "val", "test")
+
+# ---- the character vocabulary -----------------------------------------------------------------
+
+UNK = 0
+CHARS = "\t\n" + "".join(chr(c) for c in range(32, 127))  # id = 1 + position; 0 = anything else
+VOCAB_SIZE = 1 + len(CHARS)
+CONTEXT = 64  # characters of input per text window (the window holds one more, the last target)
+_CODE = np.zeros(128, dtype=np.int64)
+_CODE[[ord(c) for c in CHARS]] = np.arange(1, VOCAB_SIZE)
+
+# Old, small, rarely edited pure-Python modules: the pystdlib corpus, in this order.
+PYSTDLIB_FILES = (
+    "colorsys.py", "bisect.py", "heapq.py", "fnmatch.py", "textwrap.py", "shlex.py", "sched.py",
+    "queue.py", "string.py", "graphlib.py", "numbers.py", "reprlib.py", "copy.py", "operator.py",
+    "abc.py", "functools.py", "difflib.py", "pprint.py", "fractions.py", "statistics.py",
+)
 
 
 @dataclass(frozen=True)
@@ -45,6 +71,11 @@ class Split:
     def subset(self, n: int) -> Split:
         return Split(self.data, self.split, self.task, self.inputs[:n], self.labels[:n], self.n_classes)
 
+    def take(self, index: torch.Tensor) -> Split:
+        """The examples at `index` (e.g. one half of the training set for a fine-tune)."""
+        return Split(self.data, self.split, self.task, self.inputs[index], self.labels[index],
+                     self.n_classes)
+
 
 def _split_indices(n: int, seed: int, n_val: int, n_test: int) -> dict[str, np.ndarray]:
     order = np.random.default_rng(seed).permutation(n)
@@ -55,26 +86,298 @@ def _split_indices(n: int, seed: int, n_val: int, n_test: int) -> dict[str, np.n
     }
 
 
+def _tenth_split(n: int, seed: int) -> dict[str, np.ndarray]:
+    """10% test, 10% val (at least one each once there are 3 examples), the rest train."""
+    k = max(1, round(n / 10)) if n >= 3 else 0
+    return _split_indices(n, seed, k, k)
+
+
+# ---- digits -----------------------------------------------------------------------------------
+
+
+def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's bundled digits (1797 x 64 pixels in 0..16, labels 0..9)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("sklearn")
+    roots = list(spec.submodule_search_locations or []) if spec else []
+    for root in roots:
+        csv = Path(root) / "datasets" / "data" / "digits.csv.gz"
+        if csv.is_file():
+            table = np.loadtxt(csv, delimiter=",")
+            return table[:, :-1], table[:, -1].astype(np.int64)
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        raise RotvizError("the digits data needs scikit-learn: pip install scikit-learn") from None
+    bunch = load_digits()
+    return bunch.data, bunch.target
+
+
 def digits(split: str, seed: int = 0) -> Split:
     """scikit-learn's bundled 8x8 digits, scaled to [0, 1]; 397 test, 200 val, 1200 train."""
-    from sklearn.datasets import load_digits
-
-    bunch = load_digits()
-    x = torch.tensor(bunch.images / 16.0, dtype=torch.float32).unsqueeze(1)
-    y = torch.tensor(bunch.target, dtype=torch.long)
+    pixels, target = _digits_arrays()
+    x = torch.tensor(pixels.reshape(-1, 8, 8) / 16.0, dtype=torch.float32).unsqueeze(1)
+    y = torch.tensor(target, dtype=torch.long)
     idx = torch.as_tensor(_split_indices(len(y), seed, 200, 397)[split])
     return Split("digits", split, "image", x[idx], y[idx], 10)
+
+
+# ---- text -------------------------------------------------------------------------------------
+
+
+def encode(text: str) -> torch.Tensor:
+    """Character ids in the fixed vocabulary (unknown characters -> UNK = 0)."""
+    codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32).astype(np.int64)
+    out = np.zeros(len(codes), dtype=np.int64)
+    ascii_ = codes < 128
+    out[ascii_] = _CODE[codes[ascii_]]
+    return torch.from_numpy(out)
+
+
+def decode(ids) -> str:
+    return "".join(CHARS[i - 1] if 0 < i < VOCAB_SIZE else "\ufffd" for i in map(int, ids))
+
+
+def text_windows(ids: torch.Tensor, context: int = CONTEXT) -> tuple[torch.Tensor, torch.Tensor]:
+    """Non-overlapping windows: inputs ids[s : s+T], targets ids[s+1 : s+T+1], s = 0, T, 2T..."""
+    n = (len(ids) - 1) // context
+    if n <= 0:
+        return torch.zeros(0, context, dtype=torch.long), torch.zeros(0, context, dtype=torch.long)
+    x = ids[: n * context].reshape(n, context)
+    y = ids[1 : n * context + 1].reshape(n, context)
+    return x, y
+
+
+def _text_split(name: str, text: str, split: str, seed: int) -> Split:
+    x, y = text_windows(encode(text))
+    idx = torch.as_tensor(_tenth_split(len(x), seed)[split], dtype=torch.long)
+    return Split(name, split, "text", x[idx], y[idx], VOCAB_SIZE)
+
+
+def stdlib_dir() -> Path:
+    import sysconfig
+
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def pystdlib_text() -> str:
+    """The pystdlib corpus: the files of PYSTDLIB_FILES, each preceded by a `# file:` line.
+
+    Files are read as UTF-8 with universal newlines, so the text does not depend on the
+    platform. It does depend on the Python version (patch releases occasionally edit these
+    files); `pystdlib_fingerprint()` identifies the exact corpus and the zoo cards record it.
+    """
+    root = stdlib_dir()
+    parts = []
+    for name in PYSTDLIB_FILES:
+        path = root / name
+        try:
+            parts.append(f"# file: {name}\n" + path.read_text(encoding="utf-8"))
+        except OSError:
+            raise RotvizError(
+                f"the pystdlib corpus needs the standard library source '{path}', which is "
+                "missing; use a Python install that ships its .py sources"
+            ) from None
+    return "\n".join(parts)
+
+
+def pystdlib_fingerprint() -> dict:
+    """What the pystdlib corpus is on this machine: python version, characters, sha256."""
+    text = pystdlib_text()
+    return {
+        "python": ".".join(map(str, sys.version_info[:3])),
+        "files": list(PYSTDLIB_FILES),
+        "chars": len(text),
+        "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
+    }
+
+
+def pystdlib(split: str, seed: int = 0) -> Split:
+    """A character corpus from the standard library's own source, in 64-character windows."""
+    return _text_split("pystdlib", pystdlib_text(), split, seed)
+
+
+def text_file(path: str, split: str, seed: int = 0) -> Split:
+    """Any UTF-8 text file, in 64-character windows (10% test, 10% val, by seeded windows)."""
+    file = _existing(path, "file", "a UTF-8 text file")
+    try:
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise RotvizError(f"'{file}' is not UTF-8 text (byte {e.start}); expected a UTF-8 text file") from None
+    except OSError as e:
+        raise RotvizError(f"cannot read '{file}' ({e.strerror}); expected a UTF-8 text file") from None
+    need = 3 * CONTEXT + 1
+    if len(text) < need:
+        raise RotvizError(
+            f"'{file}' has {len(text)} characters; a text data file needs at least {need} "
+            f"(three {CONTEXT}-character windows for train, val and test)"
+        )
+    return _text_split(f"text:{path}", text, split, seed)
+
+
+# ---- user images ------------------------------------------------------------------------------
+
+
+def _existing(path: str, kind: str, expected: str) -> Path:
+    p = Path(path).expanduser()
+    if not path:
+        raise RotvizError(f"no {kind} given; expected {expected}")
+    if kind == "file" and not p.is_file():
+        what = "is a directory" if p.is_dir() else "does not exist"
+        raise RotvizError(f"'{p}' {what}; expected {expected}")
+    if kind == "directory" and not p.is_dir():
+        what = "is a file" if p.exists() else "does not exist"
+        raise RotvizError(f"'{p}' {what}; expected {expected}")
+    return p
+
+
+CIFAR_FORMAT = "a CIFAR-10 python folder (data_batch_1..5 and test_batch pickles of {data, labels})"
+
+
+class _ArrayUnpickler(pickle.Unpickler):
+    """Unpickles plain containers and numpy arrays only: a data file never runs code."""
+
+    ALLOWED = {
+        ("numpy", "ndarray"), ("numpy", "dtype"),
+        ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
+        ("copyreg", "_reconstructor"), ("builtins", "object"),
+    }
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in self.ALLOWED:
+            raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
+        return super().find_class(module, name)
+
+
+def _read_cifar_batch(file: Path) -> tuple[np.ndarray, np.ndarray]:
+    try:
+        obj = _ArrayUnpickler(io.BytesIO(file.read_bytes()), encoding="bytes").load()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError,
+            ImportError, IndexError, KeyError, OverflowError) as e:
+        raise RotvizError(f"cannot read '{file}' ({e.__class__.__name__}: {e}); expected {CIFAR_FORMAT}") from None
+    if not isinstance(obj, dict):
+        raise RotvizError(f"'{file}' holds a {type(obj).__name__}, not a dict; expected {CIFAR_FORMAT}")
+    obj = {k.decode() if isinstance(k, bytes) else k: v for k, v in obj.items()}
+    labels = obj.get("labels", obj.get("fine_labels"))
+    if "data" not in obj or labels is None:
+        raise RotvizError(
+            f"'{file}' has keys {sorted(map(str, obj))[:6]} but needs 'data' and 'labels'; "
+            f"expected {CIFAR_FORMAT}"
+        )
+    data = np.asarray(obj["data"])
+    labels = np.asarray(labels)
+    if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
+        raise RotvizError(
+            f"'{file}': 'data' is {data.dtype} {data.shape}, expected uint8 (N, 3072) rows of "
+            "3x32x32 pixels"
+        )
+    if labels.ndim != 1 or len(labels) != len(data) or not np.issubdtype(labels.dtype, np.integer):
+        raise RotvizError(f"'{file}': 'labels' must be {len(data)} integers, one per row of 'data'")
+    return data, labels.astype(np.int64)
+
+
+def cifar10(path: str, split: str, seed: int = 0) -> Split:
+    """CIFAR-10 python batches: test = test_batch, val = a seeded tenth of the train batches."""
+    root = _existing(path, "directory", CIFAR_FORMAT)
+    if split == "test":
+        files = [root / "test_batch"]
+        if not files[0].is_file():
+            raise RotvizError(f"no test_batch in '{root}'; expected {CIFAR_FORMAT}")
+    else:
+        files = sorted(root.glob("data_batch_*"))
+        if not files:
+            raise RotvizError(f"no data_batch_* files in '{root}'; expected {CIFAR_FORMAT}")
+    parts = [_read_cifar_batch(f) for f in files]
+    data = np.concatenate([p[0] for p in parts])
+    labels = np.concatenate([p[1] for p in parts])
+    n_classes = _cifar_classes(root, labels)
+    if split != "test":
+        k = max(1, round(len(data) / 10)) if len(data) >= 2 else 0
+        idx = _split_indices(len(data), seed, k, 0)[split]
+        data, labels = data[idx], labels[idx]
+    x = torch.tensor(data.reshape(-1, 3, 32, 32), dtype=torch.float32) / 255.0
+    return Split(f"cifar10:{path}", split, "image", x, torch.tensor(labels), n_classes)
+
+
+def _cifar_classes(root: Path, labels: np.ndarray) -> int:
+    meta = root / "batches.meta"
+    if meta.is_file():
+        try:
+            obj = _ArrayUnpickler(io.BytesIO(meta.read_bytes()), encoding="bytes").load()
+            names = obj.get(b"label_names", obj.get("label_names")) if isinstance(obj, dict) else None
+            if names:
+                return len(names)
+        except Exception:  # an odd meta file only loses the class names: count labels instead
+            pass
+    return max(10, int(labels.max()) + 1 if len(labels) else 0)
+
+
+IMAGEFOLDER_FORMAT = "a folder with one subfolder of images (PNG, JPEG, ...) per class"
+
+
+def imagefolder(path: str, split: str, seed: int = 0) -> Split:
+    """One subfolder per class (sorted names are class ids), images of one size.
+
+    Grayscale folders give 1 channel, anything else RGB; pixels scaled to [0, 1].
+    Split: a seeded 10% test and 10% val over all images.
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    root = _existing(path, "directory", IMAGEFOLDER_FORMAT)
+    classes = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not classes:
+        raise RotvizError(f"'{root}' has no class subfolders; expected {IMAGEFOLDER_FORMAT}")
+    files: list[tuple[Path, int]] = []
+    for label, folder in enumerate(classes):
+        found = sorted(f for f in folder.iterdir() if f.is_file() and not f.name.startswith("."))
+        if not found:
+            raise RotvizError(f"class folder '{folder}' is empty; expected {IMAGEFOLDER_FORMAT}")
+        files += [(f, label) for f in found]
+    images = []
+    for f, _ in files:
+        try:
+            with Image.open(f) as im:
+                im.load()
+                images.append(im.copy())
+        except (UnidentifiedImageError, OSError, SyntaxError) as e:
+            raise RotvizError(f"'{f}' is not a readable image ({e.__class__.__name__}); "
+                              f"expected {IMAGEFOLDER_FORMAT}") from None
+    first = images[0].size
+    odd = next(((f, im.size) for (f, _), im in zip(files, images) if im.size != first), None)
+    if odd is not None:
+        raise RotvizError(f"images differ in size ('{files[0][0]}' is {first[0]}x{first[1]}, "
+                          f"'{odd[0]}' is {odd[1][0]}x{odd[1][1]}); resize them to one size")
+    gray = all(im.mode in ("1", "L", "I", "I;16", "F") for im in images)
+    arrays = [np.asarray(im.convert("L" if gray else "RGB"), dtype=np.float32) / 255.0 for im in images]
+    x = torch.tensor(np.stack(arrays))
+    x = x.unsqueeze(1) if gray else x.permute(0, 3, 1, 2).contiguous()
+    y = torch.tensor([label for _, label in files], dtype=torch.long)
+    idx = torch.as_tensor(_tenth_split(len(y), seed)[split], dtype=torch.long)
+    return Split(f"imagefolder:{path}", split, "image", x[idx], y[idx], len(classes))
+
+
+# ---- references -------------------------------------------------------------------------------
+
+KNOWN = "digits, pystdlib, cifar10:DIR, imagefolder:DIR or text:FILE"
 
 
 def load_split(ref: str, split: str = "test", seed: int = 0) -> Split:
     """Load one split of a data reference."""
     if split not in SPLITS:
         raise RotvizError(f"unknown split '{split}': use one of {', '.join(SPLITS)}")
-    kind = ref.split(":", 1)[0]
-    loaders = {"digits": digits}
-    if kind not in loaders:
-        raise RotvizError(f"unknown data '{ref}': use digits, pystdlib, cifar10:DIR, imagefolder:DIR or text:FILE")
-    out = loaders[kind](split, seed)
+    kind, _, arg = ref.partition(":")
+    plain = {"digits": digits, "pystdlib": pystdlib}
+    with_path = {"cifar10": cifar10, "imagefolder": imagefolder, "text": text_file}
+    if kind in plain and not arg:
+        out = plain[kind](split, seed)
+    elif kind in with_path:
+        if not arg:
+            raise RotvizError(f"'{ref}' names no path: write {kind}:PATH")
+        out = with_path[kind](arg, split, seed)
+    else:
+        raise RotvizError(f"unknown data '{ref}': use {KNOWN}")
     if out.n == 0:
         raise RotvizError(f"the {split} split of '{ref}' is empty; use a larger data set or another split")
     return out

@@ -1,0 +1,193 @@
+"""Command-line sub-commands `zoo build|list|default` and `eval` (registered by rotviz.cli).
+
+Imports stay inside the handlers: `rotviz eval` must answer in a few seconds, imports included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rotviz.errors import RotvizError
+
+
+def register(sub) -> None:
+    z = sub.add_parser("zoo", help="the shipped model zoo: list it, name the default pair, rebuild")
+    zs = z.add_subparsers(dest="zoo_command", required=True)
+    b = zs.add_parser("build", help="train zoo models from their recipes and seeds")
+    b.add_argument("names", nargs="+", metavar="NAME",
+                   help="zoo model names, or a pair (default, finetuned, gpt2), or all")
+    b.add_argument("--out", default=None, metavar="DIR",
+                   help="write NAME folders under DIR (default: the zoo folder itself)")
+    b.set_defaults(func=cmd_build)
+    li = zs.add_parser("list", help="list the zoo models with their test metrics")
+    li.set_defaults(func=cmd_list)
+    d = zs.add_parser("default", help="print the two references of the default pair")
+    d.set_defaults(func=cmd_default)
+
+    e = sub.add_parser("eval", help="test loss and accuracy of a model on a data split")
+    e.add_argument("model", help="model: a save_pretrained directory or zoo:NAME")
+    e.add_argument("--data", required=True,
+                   help="digits, pystdlib, cifar10:DIR, imagefolder:DIR or text:FILE")
+    e.add_argument("--split", default="test", help="train, val or test (default test)")
+    e.add_argument("--json", default=None, metavar="FILE", help="also write the result as JSON here")
+    e.add_argument("--device", default="auto", help="auto, cpu, cuda or mps (default auto)")
+    e.add_argument("--batch-size", type=int, default=512, help="evaluation batch size (default 512)")
+    e.set_defaults(func=cmd_eval)
+
+
+# ---- zoo --------------------------------------------------------------------------------------
+
+
+def _expand(names: list[str]) -> list[str]:
+    """Names in build order (a fine-tune's base first), pairs and `all` expanded."""
+    from rotviz import zoo
+
+    wanted: list[str] = []
+    for n in names:
+        if n == "all":
+            wanted += [e.name for e in zoo.entries()]
+        elif n in zoo.PAIRS:
+            wanted += list(zoo.PAIRS[n])
+        else:
+            wanted.append(zoo.entry(n).name)
+    order = [e.name for e in zoo.entries()]
+    return sorted(dict.fromkeys(wanted), key=order.index)
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from rotviz import zoo
+
+    names = _expand(args.names)
+    for name in names:
+        out = Path(args.out) / name if args.out else None
+        bar = _bar(name)
+        try:
+            path = zoo.build(name, out, progress=bar.update_to)
+        finally:
+            bar.close()
+        card = zoo.read_card(path)
+        t = card["test"]
+        print(f"built {name} in {card['train_seconds']:.1f} s: test loss {t['loss']:.4f}, "
+              f"acc {t['acc']:.4f} (n={t['n']}); wrote {path}")
+    return 0
+
+
+class _Bar:
+    """A tqdm bar on stderr fed by a rotviz progress callback (silent when not a terminal)."""
+
+    def __init__(self, desc: str):
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=0, desc=desc, unit="step", file=sys.stderr, disable=None,
+                        dynamic_ncols=True, leave=False)
+
+    def update_to(self, done: int, total: int, message: str) -> None:
+        if self.bar.total != total:
+            self.bar.reset(total=total)
+        self.bar.update(done - self.bar.n)
+        self.bar.set_postfix_str(message, refresh=False)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _bar(desc: str) -> _Bar:
+    return _Bar(desc)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from rotviz import zoo
+
+    rows = [("name", "pair", "recipe", "seed", "test loss", "test acc", "n")]
+    for e in zoo.entries():
+        if zoo.is_built(e.name):
+            card = zoo.read_card(e.name)
+            t = card["test"]
+            rows.append((e.name, e.pair, e.recipe, str(e.seed), f"{t['loss']:.4f}", f"{t['acc']:.4f}",
+                         str(t["n"])))
+        else:
+            rows.append((e.name, e.pair, e.recipe, str(e.seed), "not built", "-", "-"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    print(f"(zoo folder: {zoo.zoo_dir()}; rebuild with: rotviz zoo build NAME)")
+    return 0
+
+
+def cmd_default(args: argparse.Namespace) -> int:
+    from rotviz import zoo
+
+    for ref in zoo.default_pair():
+        print(ref)
+    return 0
+
+
+# ---- eval -------------------------------------------------------------------------------------
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    start = time.perf_counter()
+    if args.batch_size < 1:
+        raise RotvizError(f"--batch-size must be at least 1 (got {args.batch_size})")
+    from rotviz.data import SPLITS
+
+    if args.split not in SPLITS:
+        raise RotvizError(f"unknown split '{args.split}': use one of {', '.join(SPLITS)}")
+    if args.json:
+        _check_writable(args.json)
+    from rotviz.data import load_split
+    from rotviz.evaluate import evaluate
+    from rotviz.lite import load_for_eval
+    from rotviz.models import pick_device
+
+    device = pick_device(args.device)
+    split = load_split(args.data, args.split)
+    loaded = load_for_eval(args.model, device)
+    metrics = evaluate(loaded, split, batch_size=args.batch_size)
+    result = {
+        "loss": metrics["loss"],
+        "acc": metrics["acc"],
+        "n": metrics["n"],
+        "data": args.data,
+        "split": args.split,
+        "model": args.model,
+        "device": str(device),
+        "seconds": round(time.perf_counter() - start, 4),
+    }
+    unit = "windows" if split.task == "text" else "images"
+    what = "next-character accuracy" if split.task == "text" else "accuracy"
+    print(f"{args.model} on {args.data} ({args.split}, {result['n']} {unit}): loss {result['loss']:.4f}, "
+          f"{what} {result['acc']:.4f} [{result['device']}, {result['seconds']:.2f} s]")
+    if args.json:
+        _write_json(args.json, result)
+    return 0
+
+
+def _check_writable(path: str) -> None:
+    p = Path(path)
+    if p.is_dir():
+        raise RotvizError(f"--json '{path}' is a directory; give a file name")
+    parent = p.parent if str(p.parent) else Path(".")
+    if parent.exists() and not parent.is_dir():
+        raise RotvizError(f"--json '{path}': '{parent}' is not a directory")
+
+
+def _write_json(path: str, obj: dict) -> None:
+    """Write JSON atomically: a temporary file beside the target, then a rename."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=2)
+            f.write("\n")
+        os.replace(tmp, p)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
