@@ -26,7 +26,8 @@ import streamlit as st
 from rotviz import appconfig, explore
 from rotviz.errors import RotvizError
 
-DATA_CHOICES = ("digits", "pystdlib")
+DATA_CHOICES = ("auto", "digits", "pystdlib")
+PAIR_NAMES = {"default": "two seeds", "finetuned": "two fine-tunes", "gpt2": "GPT-2 pair"}
 SMALL_PAIR = 5_000_000  # parameters in the pair: below this, pages compute without a click
 PRESENTER_FONT = 22
 FONT = 14
@@ -95,6 +96,18 @@ def sidebar() -> Setup:
         if ref and ref not in choices:
             choices = [ref, *choices]
     sb.markdown("### Model pair")
+    presets = {k: v for k, v in appconfig.zoo_pairs().items() if all(r in choices for r in v)}
+    if len(presets) > 1:
+
+        def use_preset() -> None:
+            name = st.session_state.get("pair_preset")
+            if name in presets:
+                st.session_state["anchor"], st.session_state["source"] = presets[name]
+            st.session_state["pair_preset"] = None
+
+        sb.pills("Zoo pairs", list(presets), format_func=lambda k: PAIR_NAMES.get(k, k),
+                 key="pair_preset", on_change=use_preset,
+                 help="Set both models to one of the zoo's pairs.")
     anchor = sb.selectbox(
         "Anchor (model 2, stays fixed)", choices,
         index=choices.index(pair[0]) if pair[0] in choices else 0,
@@ -121,8 +134,12 @@ def sidebar() -> Setup:
     except RotvizError as e:
         error = str(e)
     sb.markdown("### Data")
+    auto = appconfig.data_of(anchor) if anchor else "digits"
     data = sb.selectbox("Data source", DATA_CHOICES, key="data", bind="query-params",
+                        format_func=lambda d: f"auto ({auto}, from the model card)"
+                        if d == "auto" else d,
                         help="Evaluated on its fixed, seeded test split.")
+    data = auto if data == "auto" else data
     seed = int(sb.number_input("Seed (data split and random draws)", 0, 10_000, 0, key="seed",
                                bind="query-params"))
     n_eval = int(sb.number_input("Test examples to evaluate (0 = all)", 0, 100_000, 0, step=50,

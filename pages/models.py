@@ -43,6 +43,15 @@ def body() -> None:
                 f"{card['n_heads']} heads of size {card['d_head']} · FFN {card['d_ffn']} "
                 f"({card['activation']})"
             )
+            zoo_card = appconfig.card_of(card["ref"])
+            if zoo_card:
+                recipe = zoo_card.get("recipe") or {}
+                st.caption(
+                    f"{zoo_card.get('description', '')}. {recipe.get('description', '')}; "
+                    f"seed {zoo_card.get('seed')}, trained in "
+                    f"{zoo_card.get('train_seconds', float('nan')):.0f} s "
+                    f"(zoo card; rebuild with `rotviz zoo build {zoo_card.get('name')}`)."
+                )
             chk = card["check"]
             st.caption("Functional check: a random symmetry (every FFN permuted, every head "
                        f"rotated and rescaled) moved the weights by {chk['distance']:.1f} "

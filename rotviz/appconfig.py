@@ -111,6 +111,41 @@ def default_pair(roots: Sequence[Path] | None = None) -> tuple[str, str]:
     return found[0], found[1]
 
 
+def zoo_pairs() -> dict[str, tuple[str, str]]:
+    """The zoo's named pairs whose two models are built, e.g. {"default": (zoo:a, zoo:b)}."""
+    zoo = _zoo()
+    built = set(zoo_refs())
+    out: dict[str, tuple[str, str]] = {}
+    for name, (a, b) in (getattr(zoo, "PAIRS", None) or {}).items():
+        refs = (f"zoo:{_entry_name(a)}", f"zoo:{_entry_name(b)}")
+        if all(r in built for r in refs):
+            out[str(name)] = refs
+    return out
+
+
+def card_of(ref: str) -> dict | None:
+    """The zoo card (recipe, seed, data, metrics) of a model, if it has one."""
+    zoo = _zoo()
+    if zoo is None or not hasattr(zoo, "read_card"):
+        return None
+    try:
+        return zoo.read_card(ref[4:] if ref.startswith("zoo:") else ref)
+    except (RotvizError, OSError, ValueError):
+        return None
+
+
+def data_of(ref: str, default: str = "digits") -> str:
+    """The data a model was trained on, from its card; `default` without one."""
+    card = card_of(ref) or {}
+    data = card.get("data")
+    if isinstance(data, Mapping) and data.get("ref"):
+        return str(data["ref"])
+    recipe = card.get("recipe")
+    if isinstance(recipe, Mapping) and recipe.get("data"):
+        return str(recipe["data"])
+    return default
+
+
 def discover(roots: Iterable[Path], max_depth: int = 3) -> list[str]:
     """Model folders (holding config.json) under the roots, as paths; zoo folders excluded."""
     found: list[str] = []
