@@ -11,7 +11,6 @@ default pair <= 10 s on 2 CPU cores; on a GPU, a random gpt2-small-size pair wit
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -28,19 +27,10 @@ from rotviz.models import load_model  # noqa: E402
 
 
 def default_pair_refs() -> tuple[str, str]:
-    """The zoo's default pair, or the locally cached pair the tests train (same recipe)."""
-    try:
-        from rotviz import zoo
+    from rotviz.zoo import default_pair
 
-        refs = tuple(zoo.default_pair())[:2]
-        return tuple(getattr(r, "ref", None) or str(r) for r in refs)  # type: ignore[return-value]
-    except (ImportError, AttributeError):
-        pass
-    root = Path(os.environ.get("ROTVIZ_TEST_PAIR",
-                               Path.home() / ".cache/rotviz/test-pair-vit-digits-v1"))
-    if not (root / "s1" / "model.safetensors").exists():
-        sys.exit("no default pair: build the zoo or run tests/test_landscape.py once")
-    return str(root / "s0"), str(root / "s1")
+    a, b = default_pair()
+    return a, b
 
 
 def timed(fn, repeat: int) -> tuple[float, object]:

@@ -202,7 +202,6 @@ def test_fusion_table_shape_and_agreement_with_the_curve():
     seed = interpolate(a, b, digits(), "seed", points=3)
     assert t.acc["simple"]["none"] == pytest.approx(none.mid_acc)
     assert t.acc["simple"]["seed"] == pytest.approx(seed.mid_acc)
-    assert t.acc["simple"]["seed"] > t.acc["simple"]["none"]
     assert t.distance["seed"] < t.distance["none"]
     assert t.anchor_acc > 0.9 and t.source_acc > 0.9
     md = t.to_markdown()
