@@ -443,13 +443,20 @@ def progress(label: str, steps: int) -> Iterator[Callable[[str], None]]:
 
 
 def guard(fn: Callable[[], Any]) -> Any:
-    """Run a page body; a user error becomes a clear message instead of a traceback."""
+    """Run a page body; a user error becomes a clear message instead of a traceback, and an
+    unexpected one a short message with the details folded away. The app stays usable."""
     try:
         return fn()
     except RotvizError as e:
         st.error(f"{e}", icon=":material/error:")
         st.info("Pick another pair or setting in the sidebar; the rest of the app keeps working.")
-        return None
+    except Exception as e:  # noqa: BLE001 - a page must never take the session down
+        st.error(f"This computation failed ({e.__class__.__name__}: {str(e)[:200]}). Pick "
+                 "another pair or setting; if it persists, please report it with the details "
+                 "below.", icon=":material/error:")
+        with st.expander("Details"):
+            st.exception(e)
+    return None
 
 
 def require_pair(s: Setup) -> bool:

@@ -50,8 +50,8 @@ def body() -> None:
     name = appconfig.short_name(s.anchor)
 
     st.header("1 · The original model")
-    st.markdown(f"**{name}** gets {100 * d['acc']['original']:.1f} % of the test examples right. "
-                f"Here are {what}, one coloured square per number:")
+    st.markdown(f"**{name}** gets {100 * d['acc']['original']:.1f} % of its test predictions "
+                f"right. Here are {what}, one coloured square per number:")
     fig1 = lplots.weight_heatmaps({"original": w["original"]}, f"Original: {what}", s.font)
     common.chart(fig1, "learn_w1")
 
@@ -91,9 +91,10 @@ def body() -> None:
     )
     common.function_badge(max(d["diff_scrambled"], d["probe_diff_scrambled"]), d["tolerance"],
                           "scrambled model")
-    preds = {k: np.asarray(v).argmax(-1)[:12].tolist() for k, v in d["logits"].items()}
-    st.markdown("Predicted classes of the first 12 examples: original "
-                f"`{preds['original']}`, scrambled `{preds['scrambled']}`.")
+    if np.asarray(d["logits"]["original"]).ndim == 2:  # classifiers: one prediction each
+        preds = {k: np.asarray(v).argmax(-1)[:12].tolist() for k, v in d["logits"].items()}
+        st.markdown("Predicted classes of the first 12 examples: original "
+                    f"`{preds['original']}`, scrambled `{preds['scrambled']}`.")
 
     st.header("4 · Matching undoes it")
     st.markdown(

@@ -37,6 +37,15 @@ def check_fits(loaded: Loaded, split: Split) -> None:
             raise RotvizError(
                 f"'{split.data}' has {split.n_classes} symbols but {loaded.ref}'s vocabulary has {vocab}"
             )
+        cfg = loaded.config
+        max_pos = int(cfg.get("n_positions") or cfg.get("max_position_embeddings") or 0)
+        if loaded.spec.family == "roberta":
+            max_pos -= int(cfg.get("pad_token_id") or 1) + 1  # positions start after padding
+        length = int(split.inputs.shape[1]) if split.inputs.dim() > 1 else 0
+        if max_pos > 0 and length > max_pos:
+            raise RotvizError(
+                f"'{split.data}' sequences have {length} tokens but {loaded.ref} takes at most {max_pos}"
+            )
 
 
 def _n_outputs(loaded: Loaded) -> int | None:

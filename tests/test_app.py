@@ -408,6 +408,8 @@ def test_mismatched_pair_and_outside_path_show_messages(pair, roots):
     assert not figures(at)
     at = app("barrier", anchor_path="/etc")
     assert "outside the model roots" in texts(at)
+    at = app("learn", data="pystdlib")  # text data for an image pair
+    assert "is text data but" in texts(at) and not figures(at)
     at.switch_page("pages/models.py")
     at.run()
     assert not at.exception
