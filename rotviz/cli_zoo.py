@@ -11,6 +11,8 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from rotviz.errors import RotvizError
@@ -35,9 +37,11 @@ def register(sub) -> None:
     e.add_argument("--data", required=True,
                    help="digits, pystdlib, cifar10:DIR, imagefolder:DIR or text:FILE")
     e.add_argument("--split", default="test", help="train, val or test (default test)")
-    e.add_argument("--json", default=None, metavar="FILE", help="also write the result as JSON here")
+    e.add_argument("--json", default=None, metavar="FILE",
+                   help="also write the result as JSON here")
     e.add_argument("--device", default="auto", help="auto, cpu, cuda or mps (default auto)")
-    e.add_argument("--batch-size", type=int, default=512, help="evaluation batch size (default 512)")
+    e.add_argument("--batch-size", type=int, default=512,
+                   help="evaluation batch size (default 512)")
     e.set_defaults(func=cmd_eval)
 
 
@@ -109,13 +113,13 @@ def cmd_list(args: argparse.Namespace) -> int:
         if zoo.is_built(e.name):
             card = zoo.read_card(e.name)
             t = card["test"]
-            rows.append((e.name, e.pair, e.recipe, str(e.seed), f"{t['loss']:.4f}", f"{t['acc']:.4f}",
-                         str(t["n"])))
+            rows.append((e.name, e.pair, e.recipe, str(e.seed), f"{t['loss']:.4f}",
+                         f"{t['acc']:.4f}", str(t["n"])))
         else:
             rows.append((e.name, e.pair, e.recipe, str(e.seed), "not built", "-", "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
     print(f"(zoo folder: {zoo.zoo_dir()}; rebuild with: rotviz zoo build NAME)")
     return 0
 
@@ -149,7 +153,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     device = pick_device(args.device)
     split = load_split(args.data, args.split)
     loaded = load_for_eval(args.model, device)
-    metrics = evaluate(loaded, split, batch_size=args.batch_size)
+    with _threads_for(loaded, device):
+        metrics = evaluate(loaded, split, batch_size=args.batch_size)
     result = {
         "loss": metrics["loss"],
         "acc": metrics["acc"],
@@ -162,11 +167,33 @@ def cmd_eval(args: argparse.Namespace) -> int:
     }
     unit = "windows" if split.task == "text" else "images"
     what = "next-character accuracy" if split.task == "text" else "accuracy"
-    print(f"{args.model} on {args.data} ({args.split}, {result['n']} {unit}): loss {result['loss']:.4f}, "
-          f"{what} {result['acc']:.4f} [{result['device']}, {result['seconds']:.2f} s]")
+    print(f"{args.model} on {args.data} ({args.split}, {result['n']} {unit}): "
+          f"loss {result['loss']:.4f}, {what} {result['acc']:.4f} "
+          f"[{result['device']}, {result['seconds']:.2f} s]")
     if args.json:
         _write_json(args.json, result)
     return 0
+
+
+SMALL_MODEL = 5_000_000  # parameters; below this one CPU thread is fastest
+
+
+@contextmanager
+def _threads_for(loaded, device) -> Iterator[None]:
+    """One CPU thread for small models (scoped): their ops are too small to split, and on a
+    busy machine OpenMP threads waiting for each other make evaluation several times slower."""
+    import torch
+
+    n = sum(p.numel() for p in loaded.model.parameters())
+    if device.type != "cpu" or n >= SMALL_MODEL:
+        yield
+        return
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
 
 
 def _check_writable(path: str) -> None:

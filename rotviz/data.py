@@ -69,7 +69,8 @@ class Split:
             yield self.inputs[i : i + batch_size], self.labels[i : i + batch_size]
 
     def subset(self, n: int) -> Split:
-        return Split(self.data, self.split, self.task, self.inputs[:n], self.labels[:n], self.n_classes)
+        return Split(self.data, self.split, self.task, self.inputs[:n], self.labels[:n],
+                     self.n_classes)
 
     def take(self, index: torch.Tensor) -> Split:
         """The examples at `index` (e.g. one half of the training set for a fine-tune)."""
@@ -204,9 +205,13 @@ def text_file(path: str, split: str, seed: int = 0) -> Split:
     try:
         text = file.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
-        raise RotvizError(f"'{file}' is not UTF-8 text (byte {e.start}); expected a UTF-8 text file") from None
+        raise RotvizError(
+            f"'{file}' is not UTF-8 text (byte {e.start}); expected a UTF-8 text file"
+        ) from None
     except OSError as e:
-        raise RotvizError(f"cannot read '{file}' ({e.strerror}); expected a UTF-8 text file") from None
+        raise RotvizError(
+            f"cannot read '{file}' ({e.strerror}); expected a UTF-8 text file"
+        ) from None
     need = 3 * CONTEXT + 1
     if len(text) < need:
         raise RotvizError(
@@ -256,9 +261,13 @@ def _read_cifar_batch(file: Path) -> tuple[np.ndarray, np.ndarray]:
         obj = _ArrayUnpickler(io.BytesIO(file.read_bytes()), encoding="bytes").load()
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError,
             ImportError, IndexError, KeyError, OverflowError) as e:
-        raise RotvizError(f"cannot read '{file}' ({e.__class__.__name__}: {e}); expected {CIFAR_FORMAT}") from None
+        raise RotvizError(
+            f"cannot read '{file}' ({e.__class__.__name__}: {e}); expected {CIFAR_FORMAT}"
+        ) from None
     if not isinstance(obj, dict):
-        raise RotvizError(f"'{file}' holds a {type(obj).__name__}, not a dict; expected {CIFAR_FORMAT}")
+        raise RotvizError(
+            f"'{file}' holds a {type(obj).__name__}, not a dict; expected {CIFAR_FORMAT}"
+        )
     obj = {k.decode() if isinstance(k, bytes) else k: v for k, v in obj.items()}
     labels = obj.get("labels", obj.get("fine_labels"))
     if "data" not in obj or labels is None:
@@ -274,7 +283,8 @@ def _read_cifar_batch(file: Path) -> tuple[np.ndarray, np.ndarray]:
             "3x32x32 pixels"
         )
     if labels.ndim != 1 or len(labels) != len(data) or not np.issubdtype(labels.dtype, np.integer):
-        raise RotvizError(f"'{file}': 'labels' must be {len(data)} integers, one per row of 'data'")
+        raise RotvizError(f"'{file}': 'labels' must be {len(data)} integers, one per row of "
+                          f"'data'; expected {CIFAR_FORMAT}")
     return data, labels.astype(np.int64)
 
 
@@ -306,7 +316,9 @@ def _cifar_classes(root: Path, labels: np.ndarray) -> int:
     if meta.is_file():
         try:
             obj = _ArrayUnpickler(io.BytesIO(meta.read_bytes()), encoding="bytes").load()
-            names = obj.get(b"label_names", obj.get("label_names")) if isinstance(obj, dict) else None
+            names = None
+            if isinstance(obj, dict):
+                names = obj.get(b"label_names", obj.get("label_names"))
             if names:
                 return len(names)
         except Exception:  # an odd meta file only loses the class names: count labels instead
@@ -345,12 +357,14 @@ def imagefolder(path: str, split: str, seed: int = 0) -> Split:
             raise RotvizError(f"'{f}' is not a readable image ({e.__class__.__name__}); "
                               f"expected {IMAGEFOLDER_FORMAT}") from None
     first = images[0].size
-    odd = next(((f, im.size) for (f, _), im in zip(files, images) if im.size != first), None)
+    pairs = zip(files, images, strict=True)
+    odd = next(((f, im.size) for (f, _), im in pairs if im.size != first), None)
     if odd is not None:
         raise RotvizError(f"images differ in size ('{files[0][0]}' is {first[0]}x{first[1]}, "
                           f"'{odd[0]}' is {odd[1][0]}x{odd[1][1]}); resize them to one size")
     gray = all(im.mode in ("1", "L", "I", "I;16", "F") for im in images)
-    arrays = [np.asarray(im.convert("L" if gray else "RGB"), dtype=np.float32) / 255.0 for im in images]
+    mode = "L" if gray else "RGB"
+    arrays = [np.asarray(im.convert(mode), dtype=np.float32) / 255.0 for im in images]
     x = torch.tensor(np.stack(arrays))
     x = x.unsqueeze(1) if gray else x.permute(0, 3, 1, 2).contiguous()
     y = torch.tensor([label for _, label in files], dtype=torch.long)
@@ -379,5 +393,7 @@ def load_split(ref: str, split: str = "test", seed: int = 0) -> Split:
     else:
         raise RotvizError(f"unknown data '{ref}': use {KNOWN}")
     if out.n == 0:
-        raise RotvizError(f"the {split} split of '{ref}' is empty; use a larger data set or another split")
+        raise RotvizError(
+            f"the {split} split of '{ref}' is empty; use a larger data set or another split"
+        )
     return out

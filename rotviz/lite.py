@@ -1,13 +1,236 @@
-"""Loading a model for evaluation only (a fast path is added for the zoo's families)."""
+"""Loading a model for evaluation without importing transformers, when that is exact.
+
+Importing transformers costs seconds (it pulls in torch._dynamo and torch.distributed), more
+than `rotviz eval` may take in all. The zoo's two families are small enough to run with plain
+torch: `LiteViT` (ViTForImageClassification) and `LiteGPT2` (GPT2LMHeadModel) compute the same
+logits from the same tensors under the same names (tests compare them with transformers to
+1e-5 on every shipped model and on random ones). Anything else (other classes, settings these
+modules do not implement, checkpoints with other tensor names, pickled weights) is loaded the
+ordinary way with `rotviz.models.load_model`: `load_for_eval` never guesses.
+"""
 
 from __future__ import annotations
 
+import os
+import re
+from dataclasses import replace
+from pathlib import Path
+
 import torch
+import torch.nn.functional as F
+from torch import nn
 
-from rotviz.models import Loaded, load_model
+from rotviz.models import Loaded, check_finite, load_model, read_config, resolve_ref
+
+_ACTS = {
+    "gelu": lambda x: F.gelu(x),
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+}
 
 
-def load_for_eval(ref: str, device: torch.device) -> Loaded:
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, causal: bool,
+            scale: float | None) -> torch.Tensor:
+    b, t, d = q.shape
+
+    def split(x):
+        return x.view(b, t, heads, d // heads).transpose(1, 2)
+
+    out = F.scaled_dot_product_attention(split(q), split(k), split(v), is_causal=causal,
+                                         scale=scale)
+    return out.transpose(1, 2).reshape(b, t, d)
+
+
+class _Node(nn.Module):
+    """A named container, so that parameters carry transformers' state-dict names."""
+
+    def __init__(self, **children: nn.Module):
+        super().__init__()
+        for name, child in children.items():
+            self.add_module(name, child)
+
+
+def _ln(d: int, eps: float) -> nn.LayerNorm:
+    return nn.LayerNorm(d, eps=eps)
+
+
+class LiteViT(nn.Module):
+    """ViTForImageClassification's forward (pre-LN encoder, CLS token head) in plain torch."""
+
+    def __init__(self, cfg: dict):
+        super().__init__()
+        d, m, eps = cfg["hidden_size"], cfg["intermediate_size"], cfg["layer_norm_eps"]
+        c, size, patch = cfg["num_channels"], cfg["image_size"], cfg["patch_size"]
+        self.heads, self.act = cfg["num_attention_heads"], _ACTS[cfg["hidden_act"]]
+        n_tokens = (size // patch) ** 2 + 1
+        qkv_bias = cfg["qkv_bias"]
+        layers = nn.ModuleList(
+            _Node(
+                attention=_Node(q_proj=nn.Linear(d, d, bias=qkv_bias),
+                                k_proj=nn.Linear(d, d, bias=qkv_bias),
+                                v_proj=nn.Linear(d, d, bias=qkv_bias), o_proj=nn.Linear(d, d)),
+                layernorm_before=_ln(d, eps), layernorm_after=_ln(d, eps),
+                mlp=_Node(fc1=nn.Linear(d, m), fc2=nn.Linear(m, d)),
+            )
+            for _ in range(cfg["num_hidden_layers"])
+        )
+        emb = _Node(patch_embeddings=_Node(projection=nn.Conv2d(c, d, patch, stride=patch)))
+        emb.cls_token = nn.Parameter(torch.empty(1, 1, d))
+        emb.position_embeddings = nn.Parameter(torch.empty(1, n_tokens, d))
+        self.vit = _Node(embeddings=emb, layers=layers, layernorm=_ln(d, eps))
+        self.classifier = nn.Linear(d, cfg["num_labels"])
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        emb = self.vit.embeddings
+        x = emb.patch_embeddings.projection(pixel_values).flatten(2).transpose(1, 2)
+        x = torch.cat([emb.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+        x = x + emb.position_embeddings
+        for blk in self.vit.layers:
+            a, h = blk.attention, blk.layernorm_before(x)
+            mixed = _attend(a.q_proj(h), a.k_proj(h), a.v_proj(h), self.heads, False, None)
+            x = x + a.o_proj(mixed)
+            x = x + blk.mlp.fc2(self.act(blk.mlp.fc1(blk.layernorm_after(x))))
+        return self.classifier(self.vit.layernorm(x)[:, 0])
+
+
+class _Conv1D(nn.Module):
+    """GPT-2's linear layer, weight stored (in, out)."""
+
+    def __init__(self, d_in: int, d_out: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(d_in, d_out))
+        self.bias = nn.Parameter(torch.empty(d_out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight).view(
+            *x.shape[:-1], -1)
+
+
+class LiteGPT2(nn.Module):
+    """GPT2LMHeadModel's forward (causal pre-LN decoder, head tied to wte) in plain torch."""
+
+    def __init__(self, cfg: dict):
+        super().__init__()
+        d, eps = cfg["n_embd"], cfg["layer_norm_epsilon"]
+        m = cfg.get("n_inner") or 4 * d
+        self.heads, self.act = cfg["n_head"], _ACTS[cfg["activation_function"]]
+        self.scale = None if cfg["scale_attn_weights"] else 1.0
+        h = nn.ModuleList(
+            _Node(ln_1=_ln(d, eps), attn=_Node(c_attn=_Conv1D(d, 3 * d), c_proj=_Conv1D(d, d)),
+                  ln_2=_ln(d, eps), mlp=_Node(c_fc=_Conv1D(d, m), c_proj=_Conv1D(m, d)))
+            for _ in range(cfg["n_layer"])
+        )
+        self.transformer = _Node(wte=nn.Embedding(cfg["vocab_size"], d),
+                                 wpe=nn.Embedding(cfg["n_positions"], d), h=h, ln_f=_ln(d, eps))
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        tr = self.transformer
+        pos = torch.arange(input_ids.shape[1], device=input_ids.device)
+        x = tr.wte(input_ids) + tr.wpe(pos)
+        for blk in tr.h:
+            q, k, v = blk.attn.c_attn(blk.ln_1(x)).split(x.shape[-1], dim=2)
+            x = x + blk.attn.c_proj(_attend(q, k, v, self.heads, True, self.scale))
+            x = x + blk.mlp.c_proj(self.act(blk.mlp.c_fc(blk.ln_2(x))))
+        return tr.ln_f(x) @ tr.wte.weight.T
+
+
+def _vit_ok(cfg: dict) -> bool:
+    need = ("hidden_size", "intermediate_size", "layer_norm_eps", "num_channels", "image_size",
+            "patch_size", "num_attention_heads", "num_hidden_layers", "qkv_bias", "num_labels")
+    if not all(k in cfg for k in need if k != "num_labels"):
+        return False
+    head_dim = cfg.get("head_dim")
+    return (cfg.get("hidden_act") in _ACTS and isinstance(cfg["image_size"], int)
+            and isinstance(cfg["patch_size"], int)
+            and (head_dim is None or head_dim * cfg["num_attention_heads"] == cfg["hidden_size"]))
+
+
+def _gpt2_ok(cfg: dict) -> bool:
+    need = ("n_embd", "layer_norm_epsilon", "n_head", "activation_function", "n_layer",
+            "vocab_size", "n_positions")
+    return (all(k in cfg for k in need) and cfg["activation_function"] in _ACTS
+            and cfg.get("scale_attn_weights", True)
+            and not cfg.get("scale_attn_by_inverse_layer_idx")
+            and not cfg.get("add_cross_attention") and cfg.get("tie_word_embeddings", True))
+
+
+# Checkpoints keep transformers 4.x tensor names on disk (5.x writes them back that way);
+# the modules above use the names of the loaded 5.x module, so states are interchangeable.
+_RENAMES = [
+    (re.compile(rf"^vit\.encoder\.layer\.(\d+)\.{old}\."), rf"vit.layers.\1.{new}.")
+    for old, new in (
+        (r"attention\.attention\.query", "attention.q_proj"),
+        (r"attention\.attention\.key", "attention.k_proj"),
+        (r"attention\.attention\.value", "attention.v_proj"),
+        (r"attention\.output\.dense", "attention.o_proj"),
+        (r"intermediate\.dense", "mlp.fc1"),
+        (r"output\.dense", "mlp.fc2"),
+        (r"(layernorm_before|layernorm_after)", r"\2"),
+    )
+]
+
+
+def runtime_name(name: str) -> str:
+    """The loaded module's name for a checkpoint tensor name."""
+    for pattern, repl in _RENAMES:
+        new, n = pattern.subn(repl, name)
+        if n:
+            return new
+    return name
+
+
+def lite_module(config: dict) -> nn.Module | None:
+    """An uninitialised (meta) plain-torch module for the config, or None if not covered."""
+    arch = (config.get("architectures") or [None])[0]
+    cfg = dict(config)
+    with torch.device("meta"):
+        if arch == "ViTForImageClassification" and config.get("model_type") == "vit":
+            if "num_labels" not in cfg:
+                cfg["num_labels"] = len(config.get("id2label") or {}) or 2
+            return LiteViT(cfg) if _vit_ok(cfg) else None
+        if arch == "GPT2LMHeadModel" and config.get("model_type") == "gpt2":
+            return LiteGPT2(cfg) if _gpt2_ok(cfg) else None
+    return None
+
+
+def load_lite(ref: str | os.PathLike, device: torch.device | str = "cpu") -> Loaded | None:
+    """The model as a plain-torch module, or None when the lite path does not cover it."""
+    from safetensors.torch import load_file
+
+    from rotviz.arch import spec_for
+
+    path = resolve_ref(ref)
+    config = read_config(path)
+    files = sorted(Path(path).glob("*.safetensors"))
+    if config.get("auto_map") or len(files) != 1:
+        return None
+    module = lite_module(config)
+    if module is None:
+        return None
+    try:
+        weights = load_file(str(files[0]))
+    except Exception:  # the ordinary loader gives the one-line error for a broken file
+        return None
+    weights = {runtime_name(k): v for k, v in weights.items()}
+    own = module.state_dict()
+    if set(weights) != set(own) or any(weights[k].shape != own[k].shape for k in own):
+        return None
+    module.load_state_dict(weights, strict=True, assign=True)
+    module.to(device)
+    module.eval()
+    module.requires_grad_(False)
+    state = dict(module.state_dict())
+    check_finite(state, path)
+    return Loaded(str(ref), Path(path), config, spec_for(config), module, state)
+
+
+def load_for_eval(ref: str | os.PathLike, device: torch.device | str = "cpu") -> Loaded:
+    """A model ready for `rotviz.evaluate.evaluate` on `device`: lite when exact, else full."""
+    lite = load_lite(ref, device)
+    if lite is not None:
+        return lite
     loaded = load_model(ref)
     loaded.model.to(device)
-    return loaded
+    return replace(loaded, state=dict(loaded.model.state_dict()))
+

@@ -117,9 +117,11 @@ def train(
                 opt.step()
                 sched.step()
                 step += 1
-                run += float(loss) * len(ix)
+                value = loss.item()
+                run += value * len(ix)
                 if progress:
-                    progress(step, total, f"epoch {epoch + 1}/{recipe.epochs} loss {float(loss):.3f}")
+                    msg = f"epoch {epoch + 1}/{recipe.epochs} loss {value:.3f}"
+                    progress(step, total, msg)
             losses.append(run / data.n)
             if not math.isfinite(losses[-1]):
                 raise RotvizError(f"training of '{recipe.name}' diverged (loss {losses[-1]}); "

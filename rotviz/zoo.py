@@ -80,7 +80,9 @@ def path_of(name: str) -> Path:
     """The directory of a built zoo model."""
     path = zoo_dir() / entry(name).name
     if not (path / "config.json").is_file():
-        raise RotvizError(f"zoo model '{name}' is not built (no {path}); run: rotviz zoo build {name}")
+        raise RotvizError(
+            f"zoo model '{name}' is not built (no {path}); run: rotviz zoo build {name}"
+        )
     return path
 
 
@@ -113,7 +115,9 @@ def read_card(name_or_dir: str | os.PathLike) -> dict:
     try:
         return json.loads(f.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise RotvizError(f"cannot parse '{f}' ({e.__class__.__name__}); rebuild the model") from None
+        raise RotvizError(
+            f"cannot parse '{f}' ({e.__class__.__name__}); rebuild the model"
+        ) from None
 
 
 def write_card(model_dir: str | os.PathLike, card: dict) -> None:
@@ -157,7 +161,9 @@ def _versions() -> dict:
 # ---- building ---------------------------------------------------------------------------------
 
 
-def build(name: str, out_dir: str | os.PathLike | None = None, progress: Progress | None = None) -> Path:
+def build(
+    name: str, out_dir: str | os.PathLike | None = None, progress: Progress | None = None
+) -> Path:
     """Train zoo model `name` from its recipe and seed; write it (with its card) atomically.
 
     A fine-tune starts from its base as shipped in the zoo, or, when the base is not built,
@@ -222,12 +228,12 @@ def build(name: str, out_dir: str | os.PathLike | None = None, progress: Progres
 def _base_state(base: str, progress: Progress | None):
     """The weights a fine-tune starts from: the shipped base, else the base trained now."""
     from rotviz.data import load_split
-    from rotviz.models import read_weights
+    from rotviz.models import load_model
     from rotviz.recipes import recipe as get_recipe
     from rotviz.train import select, train
 
     if is_built(base):
-        return read_weights(path_of(base))
+        return load_model(path_of(base)).state
     ent = entry(base)
     rec = get_recipe(ent.recipe)
     data = select(load_split(rec.data, "train"), rec.subset)
