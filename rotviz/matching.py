@@ -177,7 +177,7 @@ def best_scale(a: Tensor, b: Tensor, c: Tensor, d: Tensor) -> Tensor:
     """Per head, the real non-zero root of A s^4 - B s^3 + D s - C minimising the objective
     f(s) = A s^2 - 2 B s + C / s^2 - 2 D / s. All heads' quartics are solved at once, as the
     eigenvalues of their companion matrices (what np.roots does for one)."""
-    big_a, big_b, big_c, big_d = torch.stack([a, b, c, d]).detach().cpu().double().numpy()
+    big_a, big_b, big_c, big_d = (t.detach().cpu().double().numpy() for t in (a, b, c, d))
     out = np.ones(len(big_a))
     ok = (big_a > 0) & (big_c > 0)  # else a zero block: any scale is optimal, keep 1
     if not ok.any():
