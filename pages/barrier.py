@@ -88,6 +88,24 @@ def body() -> None:
         k: st.column_config.NumberColumn(format="%.4f") for k in
         ("barrier", "loss range", "loss at α=0.5", "accuracy at α=0.5", "distance before",
          "distance after")} | {"max logit diff": st.column_config.NumberColumn(format="%.1e")})
+    by_spec = {c["match"]: c for c in curves}
+    best = min((c for c in curves if c["match"] != "none"), key=lambda c: c["barrier"],
+               default=None)
+    if "none" in by_spec and best is not None:
+        base_c = by_spec["none"]
+        if best["barrier"] < base_c["barrier"]:
+            st.success(f"Matching lowers the barrier: {base_c['barrier']:.3f} without matching, "
+                       f"{best['barrier']:.3f} with {style.nice_label(best['match'])}.",
+                       icon=":material/trending_down:")
+        else:
+            st.info(
+                f"On this pair matching moved the source closer (distance "
+                f"{base_c['distance_after']:.2f} → {best['distance_after']:.2f}) but did not "
+                f"lower the barrier ({base_c['barrier']:.3f} → {best['barrier']:.3f}). "
+                "Data-free matching of independently trained models often closes distance "
+                "more than it closes the barrier; a pair that shares more (for example two "
+                "fine-tunes of one base) usually shows a clearer drop.",
+                icon=":material/info:")
     worst = max((c["max_output_diff"] or 0.0) for c in curves)
     common.function_badge(worst, explore.FUNCTION_TOLERANCE, "matched source (every option)")
     common.chart(fig_acc, "barrier_acc")
