@@ -11,6 +11,7 @@ ordinary way with `rotviz.models.load_model`: `load_for_eval` never guesses.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import replace
@@ -22,9 +23,16 @@ from torch import nn
 
 from rotviz.models import Loaded, check_finite, load_model, read_config, resolve_ref
 
+
+def _gelu_new(x: torch.Tensor) -> torch.Tensor:
+    """GPT-2's tanh GELU, written out the way transformers computes it (bit for bit)."""
+    inner = math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))
+    return 0.5 * x * (1.0 + torch.tanh(inner))
+
+
 _ACTS = {
     "gelu": lambda x: F.gelu(x),
-    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_new": _gelu_new,
     "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "relu": F.relu,
 }
@@ -110,6 +118,8 @@ class _Conv1D(nn.Module):
 class LiteGPT2(nn.Module):
     """GPT2LMHeadModel's forward (causal pre-LN decoder, head tied to wte) in plain torch."""
 
+    TIED = {"lm_head.weight": "transformer.wte.weight"}
+
     def __init__(self, cfg: dict):
         super().__init__()
         d, eps = cfg["n_embd"], cfg["layer_norm_epsilon"]
@@ -123,6 +133,10 @@ class LiteGPT2(nn.Module):
         )
         self.transformer = _Node(wte=nn.Embedding(cfg["vocab_size"], d),
                                  wpe=nn.Embedding(cfg["n_positions"], d), h=h, ln_f=_ln(d, eps))
+        self.lm_head = nn.Linear(d, cfg["vocab_size"], bias=False)
+
+    def tie(self) -> None:
+        self.lm_head.weight = self.transformer.wte.weight
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         tr = self.transformer
@@ -132,7 +146,7 @@ class LiteGPT2(nn.Module):
             q, k, v = blk.attn.c_attn(blk.ln_1(x)).split(x.shape[-1], dim=2)
             x = x + blk.attn.c_proj(_attend(q, k, v, self.heads, True, self.scale))
             x = x + blk.mlp.c_proj(self.act(blk.mlp.c_fc(blk.ln_2(x))))
-        return tr.ln_f(x) @ tr.wte.weight.T
+        return self.lm_head(tr.ln_f(x))
 
 
 def _vit_ok(cfg: dict) -> bool:
@@ -213,10 +227,17 @@ def load_lite(ref: str | os.PathLike, device: torch.device | str = "cpu") -> Loa
     except Exception:  # the ordinary loader gives the one-line error for a broken file
         return None
     weights = {runtime_name(k): v for k, v in weights.items()}
-    own = module.state_dict()
+    tied = getattr(module, "TIED", {})
+    for alias, owner in tied.items():
+        if alias in weights:
+            if owner not in weights or not torch.equal(weights.pop(alias), weights[owner]):
+                return None  # an untied head: not what the lite module computes
+    own = {k: v for k, v in module.state_dict().items() if k not in tied}
     if set(weights) != set(own) or any(weights[k].shape != own[k].shape for k in own):
         return None
-    module.load_state_dict(weights, strict=True, assign=True)
+    module.load_state_dict(weights, strict=False, assign=True)
+    if tied:
+        module.tie()
     module.to(device)
     module.eval()
     module.requires_grad_(False)
