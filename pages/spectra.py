@@ -91,6 +91,9 @@ def body() -> None:
     per_layer(heads, circuits, s.font)
     st.subheader("All layers at a glance")
     figs = {}
+    for lay in heads:  # every layer's figures go into the export, not only the one shown
+        figs[f"singular_values_layer{lay['layer']}"] = splots.singular_values(lay, s.font)
+        figs[f"rotation_angles_layer{lay['layer']}"] = splots.rotation_angles(lay, s.font)
     c = st.columns(2)
     for col, kind in zip(c, ("qk", "vo"), strict=True):
         figs[f"angles_{kind}"] = splots.angle_overview(heads, kind, s.font)
