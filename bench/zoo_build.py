@@ -1,0 +1,98 @@
+"""Benchmark rebuilding the zoo: wall time of `rotviz zoo build`, and whether it reproduces.
+
+    python bench/zoo_build.py [--names default] [--parallel] [--results bench/RESULTS.md]
+
+Writes section `zoo build` of bench/RESULTS.md. Target (issue 3): building the default pair
+(two vit-digits seeds) <= 3 minutes on 2 CPU cores. Models are built into a temporary folder
+with a fresh `python -m rotviz zoo build` (imports included), one after the other, or with
+`--parallel` one process per model at once (training uses one thread each, so two fit on two
+cores). Each rebuilt card is compared with the shipped card.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.results import RESULTS, machine, write_section  # noqa: E402
+from rotviz import zoo  # noqa: E402
+
+
+def expand(names: list[str]) -> list[str]:
+    out: list[str] = []
+    for n in names:
+        if n == "all":
+            out += [e.name for e in zoo.entries()]
+        elif n in zoo.PAIRS:
+            out += list(zoo.PAIRS[n])
+        else:
+            out.append(zoo.entry(n).name)
+    return list(dict.fromkeys(out))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--names", nargs="+", default=["default"],
+                   help="zoo names or pairs (default, finetuned, gpt2, all)")
+    p.add_argument("--parallel", action="store_true", help="one process per model, at once")
+    p.add_argument("--results", type=Path, default=RESULTS)
+    args = p.parse_args()
+    names = expand(args.names)
+    py = sys.executable
+    loads = [os.getloadavg()[0]]
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.perf_counter()
+        if args.parallel:
+            procs = [subprocess.Popen([py, "-m", "rotviz", "zoo", "build", n, "--out", tmp],
+                                      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True) for n in names]
+            for pr in procs:
+                _, err = pr.communicate()
+                if pr.returncode:
+                    raise SystemExit(err)
+        else:
+            proc = subprocess.run([py, "-m", "rotviz", "zoo", "build", *names, "--out", tmp],
+                                  cwd=ROOT, capture_output=True, text=True)
+            if proc.returncode:
+                raise SystemExit(proc.stderr)
+        total = time.perf_counter() - start
+        loads.append(os.getloadavg()[0])
+        rows = []
+        for n in names:
+            new = json.loads((Path(tmp) / n / "card.json").read_text())
+            old = zoo.read_card(n) if zoo.is_built(n) else None
+            if old is None:
+                same = "no shipped card"
+            else:
+                d = max(abs(new["test"][k] - old["test"][k]) for k in ("loss", "acc"))
+                same = f"yes (max diff {d:.1e})" if d <= 1e-4 else f"NO (max diff {d:.1e})"
+            t = new["test"]
+            rows.append(f"| {n} | {new['steps']} | {new['train_seconds']:.1f} | {t['loss']:.4f} | "
+                        f"{t['acc']:.4f} | {same} |")
+    mode = "in parallel, one process per model" if args.parallel else "one after the other"
+    lines = [
+        f"Machine: {machine('cpu')}; load average {min(loads):.1f} to {max(loads):.1f} while "
+        "measured (shared VM: higher loads mean pessimistic numbers).",
+        "",
+        f"Built {', '.join(names)} {mode}: **{total:.1f} s** wall in all, fresh processes, "
+        "imports included. Target: the default pair <= 180 s on 2 CPU cores.",
+        "",
+        "| model | steps | train s | test loss | test acc | reproduces shipped card (1e-4) |",
+        "|---|---|---|---|---|---|",
+        *rows,
+    ]
+    write_section("zoo build", "\n".join(lines), args.results)
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
