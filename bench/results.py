@@ -9,7 +9,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
-HEADER = "# rotviz benchmarks\n\nEach section is rewritten by the script named in it. Timings are wall-clock seconds.\n"
+HEADER = (
+    "# rotviz benchmarks\n\n"
+    "Each section is rewritten by the script named in it. Timings are wall-clock seconds.\n"
+)
 
 
 def machine(device: str = "cpu") -> str:
@@ -17,7 +20,10 @@ def machine(device: str = "cpu") -> str:
     import torch
 
     cpu = platform.processor() or platform.machine()
-    line = f"{platform.system()} {cpu}, {os.cpu_count()} cores, torch {torch.__version__}, threads {torch.get_num_threads()}"
+    line = (
+        f"{platform.system()} {cpu}, {os.cpu_count()} cores, torch {torch.__version__}, "
+        f"threads {torch.get_num_threads()}"
+    )
     if device.startswith("cuda") and torch.cuda.is_available():
         line += f", GPU {torch.cuda.get_device_name(0)}"
     return line
@@ -27,7 +33,16 @@ def write_section(name: str, body: str, path: Path = RESULTS) -> None:
     """Replace (or append) the section `name` of RESULTS.md with `body` (markdown)."""
     text = path.read_text() if path.exists() else HEADER
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    block = f"<!-- {name}:start -->\n## {name}\n\n_updated {stamp}_\n\n{body.strip()}\n<!-- {name}:end -->"
-    pattern = re.compile(rf"<!-- {re.escape(name)}:start -->.*?<!-- {re.escape(name)}:end -->", re.S)
-    text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
+    block = (
+        f"<!-- {name}:start -->\n## {name}\n\n_updated {stamp}_\n\n"
+        f"{body.strip()}\n<!-- {name}:end -->"
+    )
+    pattern = re.compile(
+        rf"<!-- {re.escape(name)}:start -->.*?<!-- {re.escape(name)}:end -->", re.S
+    )
+    text = (
+        pattern.sub(lambda _: block, text)
+        if pattern.search(text)
+        else text.rstrip() + "\n\n" + block + "\n"
+    )
     path.write_text(text)

@@ -70,7 +70,8 @@ def cmd_match(args: argparse.Namespace) -> int:
         Path(args.report).parent.mkdir(parents=True, exist_ok=True)
         Path(args.report).write_text(report_json)
     print(
-        f"matched [{options.label}] on {device}: distance {rep.before.total:.4f} -> {rep.after.total:.4f} "
+        f"matched [{options.label}] on {device}: "
+        f"distance {rep.before.total:.4f} -> {rep.after.total:.4f} "
         f"in {rep.seconds:.2f} s; max output difference {rep.max_output_diff:.2e}; wrote {args.out}"
     )
     return 0

@@ -17,25 +17,32 @@ def check_fits(loaded: Loaded, split: Split) -> None:
     spec = loaded.spec
     if spec.inputs == "pixels":
         if split.task != "image":
-            raise RotvizError(f"'{split.data}' is {split.task} data but {loaded.ref} is an image model")
+            raise RotvizError(
+                f"'{split.data}' is {split.task} data but {loaded.ref} is an image model"
+            )
         c, size = image_shape(loaded)
         _, dc, dh, dw = split.inputs.shape
         if dc != c or dh != size or dw != size:
             raise RotvizError(
-                f"'{split.data}' images are {dc}x{dh}x{dw} but {loaded.ref} expects {c}x{size}x{size}"
+                f"'{split.data}' images are {dc}x{dh}x{dw}"
+                f" but {loaded.ref} expects {c}x{size}x{size}"
             )
         n_out = _n_outputs(loaded)
         if n_out is not None and n_out != split.n_classes:
             raise RotvizError(
-                f"'{split.data}' has {split.n_classes} classes but {loaded.ref}'s head has {n_out} outputs"
+                f"'{split.data}' has {split.n_classes} classes"
+                f" but {loaded.ref}'s head has {n_out} outputs"
             )
     else:
         if split.task != "text":
-            raise RotvizError(f"'{split.data}' is {split.task} data but {loaded.ref} is a language model")
+            raise RotvizError(
+                f"'{split.data}' is {split.task} data but {loaded.ref} is a language model"
+            )
         vocab = int(loaded.config.get("vocab_size", 0))
         if vocab and split.n_classes > vocab:
             raise RotvizError(
-                f"'{split.data}' has {split.n_classes} symbols but {loaded.ref}'s vocabulary has {vocab}"
+                f"'{split.data}' has {split.n_classes} symbols"
+                f" but {loaded.ref}'s vocabulary has {vocab}"
             )
         cfg = loaded.config
         max_pos = int(cfg.get("n_positions") or cfg.get("max_position_embeddings") or 0)
@@ -44,13 +51,20 @@ def check_fits(loaded: Loaded, split: Split) -> None:
         length = int(split.inputs.shape[1]) if split.inputs.dim() > 1 else 0
         if max_pos > 0 and length > max_pos:
             raise RotvizError(
-                f"'{split.data}' sequences have {length} tokens but {loaded.ref} takes at most {max_pos}"
+                f"'{split.data}' sequences have {length} tokens"
+                f" but {loaded.ref} takes at most {max_pos}"
             )
 
 
 def _n_outputs(loaded: Loaded) -> int | None:
     if loaded.spec.source == "timm":
-        return int(loaded.config.get("num_classes") or loaded.config.get("model_args", {}).get("num_classes", 0)) or None
+        return (
+            int(
+                loaded.config.get("num_classes")
+                or loaded.config.get("model_args", {}).get("num_classes", 0)
+            )
+            or None
+        )
     labels = loaded.config.get("id2label")
     return len(labels) if labels else loaded.config.get("num_labels")
 

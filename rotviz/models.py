@@ -53,7 +53,9 @@ def pick_device(device: str = "auto") -> torch.device:
     if device not in ("cpu", "cuda", "mps") and not device.startswith("cuda:"):
         raise RotvizError(f"unknown device '{device}': use auto, cpu, cuda or mps")
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise RotvizError("--device cuda asked for, but no CUDA GPU is visible; use --device auto or cpu")
+        raise RotvizError(
+            "--device cuda asked for, but no CUDA GPU is visible; use --device auto or cpu"
+        )
     return torch.device(device)
 
 
@@ -68,7 +70,9 @@ def resolve_ref(ref: str | os.PathLike) -> Path:
         return zoo.path_of(ref[4:])
     path = Path(ref).expanduser()
     if not path.is_dir():
-        raise RotvizError(f"no model directory at '{ref}': give a save_pretrained folder or zoo:NAME")
+        raise RotvizError(
+            f"no model directory at '{ref}': give a save_pretrained folder or zoo:NAME"
+        )
     return path
 
 
@@ -82,7 +86,9 @@ def read_config(path: Path) -> dict:
     try:
         return json.loads(cfg_file.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise RotvizError(f"cannot parse '{cfg_file}': {e.__class__.__name__}; re-save the model") from None
+        raise RotvizError(
+            f"cannot parse '{cfg_file}': {e.__class__.__name__}; re-save the model"
+        ) from None
 
 
 def read_weights(path: Path) -> dict[str, Tensor]:
@@ -97,21 +103,30 @@ def read_weights(path: Path) -> dict[str, Tensor]:
             try:
                 state.update(load_file(str(f)))
             except (SafetensorError, OSError, ValueError) as e:
-                raise RotvizError(f"cannot read weights file '{f}' ({e}); the file is corrupt or truncated") from None
+                raise RotvizError(
+                    f"cannot read weights file '{f}' ({e}); the file is corrupt or truncated"
+                ) from None
         return state
     bins = sorted(path.glob("pytorch_model*.bin"))
     if not bins:
-        raise RotvizError(f"no weights in '{path}': expected model.safetensors or pytorch_model.bin")
+        raise RotvizError(
+            f"no weights in '{path}': expected model.safetensors or pytorch_model.bin"
+        )
     for f in bins:
         try:
             obj = torch.load(str(f), map_location="cpu", weights_only=True)
         except Exception as e:  # torch raises many types for corrupt pickles
-            raise RotvizError(f"cannot read weights file '{f}' ({e.__class__.__name__}); it is corrupt or not a plain state dict") from None
+            raise RotvizError(
+                f"cannot read weights file '{f}' ({e.__class__.__name__}); "
+                "it is corrupt or not a plain state dict"
+            ) from None
         if not isinstance(obj, Mapping):
             raise RotvizError(f"'{f}' holds no state dict; re-save the model with save_pretrained")
         odd = [str(k) for k, v in obj.items() if not isinstance(v, torch.Tensor)]
         if odd:
-            raise RotvizError(f"'{f}' holds non-tensor entries {odd[:3]}; it is not a plain state dict")
+            raise RotvizError(
+                f"'{f}' holds non-tensor entries {odd[:3]}; it is not a plain state dict"
+            )
         state.update(obj)
     return state
 
@@ -166,10 +181,14 @@ def load_model(ref: str | os.PathLike, dtype: torch.dtype | None = None) -> Load
     path = resolve_ref(ref)
     config = read_config(path)
     if config.get("auto_map"):
-        raise RotvizError(f"'{path}' needs remote code (auto_map in config.json); rotviz never runs it")
+        raise RotvizError(
+            f"'{path}' needs remote code (auto_map in config.json); rotviz never runs it"
+        )
     spec = spec_for(config)
     if not any(path.glob("*.safetensors")) and not any(path.glob("pytorch_model*.bin")):
-        raise RotvizError(f"no weights in '{path}': expected model.safetensors or pytorch_model.bin")
+        raise RotvizError(
+            f"no weights in '{path}': expected model.safetensors or pytorch_model.bin"
+        )
     if spec.source == "timm":
         model, full_cfg = _load_timm(path, config, spec)
     else:
@@ -204,7 +223,9 @@ def _fit_error(path: Path, missing, unexpected, mismatched) -> None:
     if mismatched:
         parts.append(f"wrong shape {list(mismatched)[:3]}")
     if parts:
-        raise RotvizError(f"weights in '{path}' do not fit its config ({'; '.join(parts)}); re-save the model")
+        raise RotvizError(
+            f"weights in '{path}' do not fit its config ({'; '.join(parts)}); re-save the model"
+        )
 
 
 def _load_hf(path: Path, config: dict, spec: ArchSpec) -> tuple[nn.Module, dict]:
@@ -227,14 +248,17 @@ def _load_hf(path: Path, config: dict, spec: ArchSpec) -> tuple[nn.Module, dict]
         model, info = cls.from_pretrained(
             str(path), local_files_only=True, output_loading_info=True, trust_remote_code=False
         )
-    except (OSError, ValueError, RuntimeError, KeyError, EnvironmentError) as e:
+    except (OSError, ValueError, RuntimeError, KeyError) as e:
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else e.__class__.__name__
         raise RotvizError(
-            f"cannot read the weights in '{path}' ({first}); the file is corrupt or does not fit config.json"
+            f"cannot read the weights in '{path}' ({first}); "
+            "the file is corrupt or does not fit config.json"
         ) from None
     except Exception as e:  # safetensors raises its own error type for truncated files
         if "safetensor" in type(e).__module__.lower() or "Safetensor" in type(e).__name__:
-            raise RotvizError(f"cannot read the weights in '{path}' ({e}); the file is corrupt or truncated") from None
+            raise RotvizError(
+                f"cannot read the weights in '{path}' ({e}); the file is corrupt or truncated"
+            ) from None
         raise
     finally:
         transformers.logging.set_verbosity(level)
@@ -248,7 +272,9 @@ def _load_hf(path: Path, config: dict, spec: ArchSpec) -> tuple[nn.Module, dict]
 def check_finite(state: Mapping[str, Tensor], where) -> None:
     for k, t in state.items():
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            raise RotvizError(f"'{where}' has NaN or Inf weights in {k}; the checkpoint is corrupt or diverged")
+            raise RotvizError(
+                f"'{where}' has NaN or Inf weights in {k}; the checkpoint is corrupt or diverged"
+            )
 
 
 def check_compatible(a: Loaded, b: Loaded) -> None:
@@ -258,7 +284,12 @@ def check_compatible(a: Loaded, b: Loaded) -> None:
             f"different architectures: '{a.ref}' is {a.spec.family}, '{b.ref}' is {b.spec.family}"
         )
     fields = []
-    for keys in (a.spec.n_layers_key, a.spec.d_model_key, a.spec.n_heads_key, a.spec.activation_key):
+    for keys in (
+        a.spec.n_layers_key,
+        a.spec.d_model_key,
+        a.spec.n_heads_key,
+        a.spec.activation_key,
+    ):
         va, vb = config_value(a.config, keys), config_value(b.config, keys)
         if va != vb:
             fields.append(f"{keys[0]} {va} vs {vb}")
@@ -270,7 +301,9 @@ def check_compatible(a: Loaded, b: Loaded) -> None:
     only = sorted(set(a.state) ^ set(b.state))
     if fields or shapes or only:
         parts = fields or shapes[:3] or [f"tensors only in one model: {only[:3]}"]
-        raise RotvizError(f"models differ in shape: {'; '.join(parts)}; match two models of one architecture")
+        raise RotvizError(
+            f"models differ in shape: {'; '.join(parts)}; match two models of one architecture"
+        )
 
 
 # ---- running ------------------------------------------------------------------------------
@@ -299,7 +332,9 @@ def image_shape(loaded: Loaded) -> tuple[int, int]:
     return int(cfg.get("num_channels", 3)), int(cfg.get("image_size", 224))
 
 
-def forward(loaded: Loaded, inputs: Mapping[str, Tensor], state: Mapping[str, Tensor] | None = None) -> Tensor:
+def forward(
+    loaded: Loaded, inputs: Mapping[str, Tensor], state: Mapping[str, Tensor] | None = None
+) -> Tensor:
     """Logits of the model, or of `state` evaluated on the model's module (not modified)."""
     from torch.func import functional_call
 
@@ -320,8 +355,13 @@ def forward(loaded: Loaded, inputs: Mapping[str, Tensor], state: Mapping[str, Te
     return out if isinstance(out, torch.Tensor) else out.logits
 
 
-def max_output_diff(loaded: Loaded, state_a: Mapping[str, Tensor], state_b: Mapping[str, Tensor],
-                    n: int = 4, seed: int = 0) -> float:
+def max_output_diff(
+    loaded: Loaded,
+    state_a: Mapping[str, Tensor],
+    state_b: Mapping[str, Tensor],
+    n: int = 4,
+    seed: int = 0,
+) -> float:
     """The largest absolute logit difference between two parameter sets on probe inputs."""
     x = probe_inputs(loaded, n, seed)
     ya, yb = forward(loaded, x, state_a), forward(loaded, x, state_b)
@@ -331,8 +371,12 @@ def max_output_diff(loaded: Loaded, state_a: Mapping[str, Tensor], state_b: Mapp
 # ---- saving ---------------------------------------------------------------------------------
 
 
-def save_model(template: Loaded, state: Mapping[str, Tensor], out: str | os.PathLike,
-               extra_files: Mapping[str, str] | None = None) -> Path:
+def save_model(
+    template: Loaded,
+    state: Mapping[str, Tensor],
+    out: str | os.PathLike,
+    extra_files: Mapping[str, str] | None = None,
+) -> Path:
     """Write `state` as a model of `template`'s class into `out`, atomically.
 
     The files go to a temporary folder beside `out` and are moved in place only when
@@ -351,7 +395,9 @@ def save_model(template: Loaded, state: Mapping[str, Tensor], out: str | os.Path
         else:
             from transformers.utils import logging as hf_logging
 
-            model, _ = build_module(json.loads((template.path / "config.json").read_text()), template.spec)
+            model, _ = build_module(
+                json.loads((template.path / "config.json").read_text()), template.spec
+            )
             model.load_state_dict(cpu, strict=False)
             bar = hf_logging.is_progress_bar_enabled()
             hf_logging.disable_progress_bar()  # keep the CLI's stderr for errors only

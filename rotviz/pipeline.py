@@ -33,13 +33,15 @@ def view_of(loaded: Loaded, device: torch.device | str = "cpu"):
 def match_models(
     anchor: Loaded,
     source: Loaded,
-    options: MatchOptions = MatchOptions(),
+    options: MatchOptions | None = None,
     device: torch.device | str = "cpu",
     progress: Progress | None = None,
 ) -> Matched:
     """Match `source` onto `anchor`; check on probe inputs that the function is preserved."""
     check_compatible(anchor, source)
-    result = match(view_of(anchor, device), view_of(source, device), options, progress)
+    result = match(
+        view_of(anchor, device), view_of(source, device), options or MatchOptions(), progress
+    )
     state = {k: v.to("cpu") for k, v in write_state(result.view).items()}
     check_finite(state, "the matched model")
     result.report.max_output_diff = max_output_diff(source, source.state, state)

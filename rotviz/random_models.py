@@ -15,44 +15,100 @@ from torch import nn
 FAMILIES = ("gpt2", "bert", "roberta", "vit", "timm-vit")
 
 
-def _hf_config(family: str, layers: int, d: int, heads: int, ffn: int, vocab: int, image: int,
-               patch: int, channels: int, labels: int):
+def _hf_config(
+    family: str,
+    layers: int,
+    d: int,
+    heads: int,
+    ffn: int,
+    vocab: int,
+    image: int,
+    patch: int,
+    channels: int,
+    labels: int,
+):
     import transformers as T
 
     if family == "gpt2":
-        return T.GPT2Config(n_layer=layers, n_embd=d, n_head=heads, n_inner=ffn, vocab_size=vocab,
-                            n_positions=32, bos_token_id=0, eos_token_id=0,
-                            architectures=["GPT2LMHeadModel"]), T.GPT2LMHeadModel
-    common = dict(num_hidden_layers=layers, hidden_size=d, num_attention_heads=heads,
-                  intermediate_size=ffn)
+        return T.GPT2Config(
+            n_layer=layers,
+            n_embd=d,
+            n_head=heads,
+            n_inner=ffn,
+            vocab_size=vocab,
+            n_positions=32,
+            bos_token_id=0,
+            eos_token_id=0,
+            architectures=["GPT2LMHeadModel"],
+        ), T.GPT2LMHeadModel
+    common = dict(
+        num_hidden_layers=layers, hidden_size=d, num_attention_heads=heads, intermediate_size=ffn
+    )
     if family == "bert":
-        return T.BertConfig(vocab_size=vocab, max_position_embeddings=32, num_labels=labels,
-                            architectures=["BertForSequenceClassification"], **common), \
-            T.BertForSequenceClassification
+        return T.BertConfig(
+            vocab_size=vocab,
+            max_position_embeddings=32,
+            num_labels=labels,
+            architectures=["BertForSequenceClassification"],
+            **common,
+        ), T.BertForSequenceClassification
     if family == "roberta":
-        return T.RobertaConfig(vocab_size=vocab, max_position_embeddings=34, pad_token_id=1,
-                               bos_token_id=0, eos_token_id=2,
-                               architectures=["RobertaForMaskedLM"], **common), T.RobertaForMaskedLM
+        return T.RobertaConfig(
+            vocab_size=vocab,
+            max_position_embeddings=34,
+            pad_token_id=1,
+            bos_token_id=0,
+            eos_token_id=2,
+            architectures=["RobertaForMaskedLM"],
+            **common,
+        ), T.RobertaForMaskedLM
     if family == "vit":
-        return T.ViTConfig(image_size=image, patch_size=patch, num_channels=channels, num_labels=labels,
-                           architectures=["ViTForImageClassification"], **common), \
-            T.ViTForImageClassification
+        return T.ViTConfig(
+            image_size=image,
+            patch_size=patch,
+            num_channels=channels,
+            num_labels=labels,
+            architectures=["ViTForImageClassification"],
+            **common,
+        ), T.ViTForImageClassification
     raise ValueError(family)
 
 
-def random_model(family: str, seed: int = 0, layers: int = 2, d: int = 32, heads: int = 4,
-                 ffn: int = 64, vocab: int = 61, image: int = 8, patch: int = 2, channels: int = 1,
-                 labels: int = 5, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, dict]:
+def random_model(
+    family: str,
+    seed: int = 0,
+    layers: int = 2,
+    d: int = 32,
+    heads: int = 4,
+    ffn: int = 64,
+    vocab: int = 61,
+    image: int = 8,
+    patch: int = 2,
+    channels: int = 1,
+    labels: int = 5,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[nn.Module, dict]:
     """A model of `family` with random weights (seeded) and its config as a dict."""
     torch.manual_seed(seed)
     if family == "timm-vit":
         import timm
 
-        args = dict(img_size=image, patch_size=patch, in_chans=channels, embed_dim=d, depth=layers,
-                    num_heads=heads, mlp_ratio=ffn / d, num_classes=labels)
+        args = dict(
+            img_size=image,
+            patch_size=patch,
+            in_chans=channels,
+            embed_dim=d,
+            depth=layers,
+            num_heads=heads,
+            mlp_ratio=ffn / d,
+            num_classes=labels,
+        )
         model = timm.create_model("vit_base_patch16_224", pretrained=False, **args)
-        config = {"architecture": "vit_base_patch16_224", "num_classes": labels,
-                  "model_args": {k: v for k, v in args.items() if k != "num_classes"}}
+        config = {
+            "architecture": "vit_base_patch16_224",
+            "num_classes": labels,
+            "model_args": {k: v for k, v in args.items() if k != "num_classes"},
+        }
     else:
         cfg, cls = _hf_config(family, layers, d, heads, ffn, vocab, image, patch, channels, labels)
         model = cls(cfg)
@@ -86,7 +142,10 @@ def save_random(family: str, out: str | os.PathLike, seed: int = 0, **sizes) -> 
     out.mkdir(parents=True, exist_ok=True)
     if family == "timm-vit":
         (out / "config.json").write_text(json.dumps(config, indent=2))
-        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out / "model.safetensors"))
+        save_file(
+            {k: v.contiguous() for k, v in model.state_dict().items()},
+            str(out / "model.safetensors"),
+        )
     else:
         model.save_pretrained(str(out), safe_serialization=True)
     return out

@@ -159,7 +159,9 @@ def resolve_layout(spec: ArchSpec, state: Mapping[str, Tensor]) -> Layout:
     )
 
 
-def model_dims(spec: ArchSpec, config: Mapping, state: Mapping[str, Tensor], layout: Layout) -> Dims:
+def model_dims(
+    spec: ArchSpec, config: Mapping, state: Mapping[str, Tensor], layout: Layout
+) -> Dims:
     n_layers = len(layout.blocks)
     d = int(config_value(config, spec.d_model_key))
     h = int(config_value(config, spec.n_heads_key))
@@ -234,7 +236,7 @@ def write_state(view: ModelView) -> dict[str, Tensor]:
         if b is not None:
             out[f"{name}.bias"] = b.contiguous().to(view.dtypes.get(f"{name}.bias", b.dtype))
 
-    for prefix, blk in zip(layout.blocks, view.blocks):
+    for prefix, blk in zip(layout.blocks, view.blocks, strict=True):
         a = blk.attn
         ws = [x.reshape(d, d) for x in (a.wq, a.wk, a.wv)]
         bs = [None if b is None else b.reshape(d) for b in (a.bq, a.bk, a.bv)]
@@ -242,7 +244,7 @@ def write_state(view: ModelView) -> dict[str, Tensor]:
             bias = None if bs[0] is None else torch.cat(bs)
             put(prefix, "qkv", torch.cat(ws), bias)
         else:
-            for role, w, b in zip(("q", "k", "v"), ws, bs):
+            for role, w, b in zip(("q", "k", "v"), ws, bs, strict=True):
                 put(prefix, role, w, b)
         put(prefix, "o", a.wo.permute(1, 0, 2).reshape(d, d), a.bo)
         put(prefix, "ffn_in", blk.ffn.w_in, blk.ffn.b_in)
@@ -257,15 +259,23 @@ def write_state(view: ModelView) -> dict[str, Tensor]:
         out[k] = v.to(view.dtypes.get(k, v.dtype))
     # keep the original key order so saved files diff cleanly
     order = list(view.dtypes)
-    return {k: out[k] for k in order if k in out} | {k: v for k, v in out.items() if k not in view.dtypes}
+    return {k: out[k] for k in order if k in out} | {
+        k: v for k, v in out.items() if k not in view.dtypes
+    }
 
 
 def map_tensors(view: ModelView, fn) -> ModelView:
     """Apply `fn` to every tensor of the view (blocks and the rest), returning a new view."""
 
     def m(obj):
-        return replace(obj, **{f: fn(getattr(obj, f)) for f in obj.__dataclass_fields__
-                               if isinstance(getattr(obj, f), torch.Tensor)})
+        return replace(
+            obj,
+            **{
+                f: fn(getattr(obj, f))
+                for f in obj.__dataclass_fields__
+                if isinstance(getattr(obj, f), torch.Tensor)
+            },
+        )
 
     blocks = tuple(
         Block(m(b.attn), m(b.ffn), {s: m(n) for s, n in b.norms.items()}) for b in view.blocks
