@@ -40,8 +40,8 @@ def register(sub) -> None:
     e.add_argument("--json", default=None, metavar="FILE",
                    help="also write the result as JSON here")
     e.add_argument("--device", default="auto", help="auto, cpu, cuda or mps (default auto)")
-    e.add_argument("--batch-size", type=int, default=512,
-                   help="evaluation batch size (default 512)")
+    e.add_argument("--batch-size", type=int, default=None,
+                   help="evaluation batch size (default 512 images or 64 text windows)")
     e.set_defaults(func=cmd_eval)
 
 
@@ -137,7 +137,7 @@ def cmd_default(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     start = time.perf_counter()
-    if args.batch_size < 1:
+    if args.batch_size is not None and args.batch_size < 1:
         raise RotvizError(f"--batch-size must be at least 1 (got {args.batch_size})")
     from rotviz.data import SPLITS
 
@@ -154,7 +154,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     split = load_split(args.data, args.split)
     loaded = load_for_eval(args.model, device)
     with _threads_for(loaded, device):
-        metrics = evaluate(loaded, split, batch_size=args.batch_size)
+        # Text batches hold 64 tokens per window: smaller batches keep activations in cache.
+        batch_size = args.batch_size or (64 if split.task == "text" else 512)
+        metrics = evaluate(loaded, split, batch_size=batch_size)
     result = {
         "loss": metrics["loss"],
         "acc": metrics["acc"],
