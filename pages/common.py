@@ -200,8 +200,8 @@ def presenter_style(presenter: bool) -> None:
         html, body, [data-testid="stMarkdownContainer"] p, li { font-size: 22px !important; }
         h1 { font-size: 3rem !important; } h2 { font-size: 2.3rem !important; }
         [data-testid="stSidebar"], [data-testid="stSidebarCollapsedControl"],
-        [data-testid="stForm"], [data-testid="stExpander"], [data-testid="stStatusWidget"],
-        .rotviz-controls { display: none !important; }
+        [data-testid="stForm"], [data-testid="stExpander"],
+        [data-testid="stStatusWidget"] { display: none !important; }
         .block-container { max-width: 100% !important; padding: 1rem 2rem !important; }
         </style>"""
     )

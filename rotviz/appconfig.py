@@ -93,15 +93,30 @@ def zoo_refs() -> list[str]:
     return refs
 
 
+def _built(ref: str) -> bool:
+    """Whether a model reference can be loaded now (zoo model built, or folder present)."""
+    if ref.startswith("zoo:"):
+        check = getattr(_zoo(), "is_built", None)
+        try:
+            return True if check is None else bool(check(ref[4:]))
+        except RotvizError:
+            return False
+    return Path(ref).is_dir()
+
+
 def default_pair(roots: Sequence[Path] | None = None) -> tuple[str, str]:
-    """The pair the app opens on: the zoo's default, else the first two models found."""
+    """The pair the app opens on: the zoo's default, else another built zoo pair, else the
+    first two models found under the roots."""
     zoo = _zoo()
     if zoo is not None and hasattr(zoo, "default_pair"):
         try:
             a, b = (_as_ref(x) for x in tuple(zoo.default_pair())[:2])
-            return a, b
-        except (RotvizError, OSError, LookupError):  # zoo files missing: look in the roots
+            if _built(a) and _built(b):
+                return a, b
+        except (RotvizError, OSError, LookupError):  # zoo files missing: look further
             pass
+    for pair in zoo_pairs().values():
+        return pair
     found = zoo_refs() + discover(roots if roots is not None else model_roots())
     if len(found) < 2:
         raise RotvizError(

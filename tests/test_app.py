@@ -138,6 +138,7 @@ def test_default_pair_from_whatever_the_zoo_returns(monkeypatch, tmp_path):
 
     fake = types.ModuleType("rotviz.zoo")
     loaded = types.SimpleNamespace(ref="zoo:b", state={})
+    (tmp_path / "x").mkdir()
     for returned, want in (
         (("a", "b"), ("zoo:a", "zoo:b")),
         (("zoo:a", loaded), ("zoo:a", "zoo:b")),
@@ -155,7 +156,16 @@ def test_default_pair_from_whatever_the_zoo_returns(monkeypatch, tmp_path):
     fake.default_pair = broken
     fake.entries = lambda: []
     with pytest.raises(RotvizError, match="no model pair"):
-        appconfig.default_pair([tmp_path])
+        appconfig.default_pair([tmp_path / "x"])
+    # a default pair that is not built yet: another built pair of the zoo, else the roots
+    fake.default_pair = lambda: ("a", "b")
+    fake.is_built = lambda name: name in ("c", "d")
+    fake.entries = lambda: ["c", "d"]
+    fake.path_of = lambda name: tmp_path
+    fake.PAIRS = {"other": ("c", "d")}
+    assert appconfig.default_pair([tmp_path]) == ("zoo:c", "zoo:d")
+    fake.PAIRS = {}
+    assert appconfig.default_pair([tmp_path]) == ("zoo:c", "zoo:d")  # first two found
 
 
 def test_config_hash_is_stable_and_sensitive():
@@ -440,6 +450,8 @@ def test_mismatched_pair_and_outside_path_show_messages(pair, roots):
     assert "outside the model roots" in texts(at)
     at = app("learn", data="pystdlib")  # text data for an image pair
     assert "is text data but" in texts(at) and not figures(at)
+    at = app("match", m_layers="0,7")  # the default pair has 4 layers
+    assert "out of range" in texts(at) and not figures(at)
     at.switch_page("pages/models.py")
     at.run()
     assert not at.exception
