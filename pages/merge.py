@@ -68,6 +68,11 @@ def body() -> None:
     st.caption(f"Evaluated on {t['split']} ({s.data}); statistics from the {t['stats_split']} "
                f"split, {t['batches']} x {t['batch_size']} examples; {t['seconds']:.1f} s on "
                f"{t['device']}.")
+    checks = [common.compute("match", {**s.base(), "layers": "", "spec": sp})
+              for sp in t["specs"] if sp != "none"]
+    if checks:
+        worst = max(c["max_output_diff"] for c in checks)
+        common.function_badge(worst, checks[0]["tolerance"], "matched source (every option)")
     common.export("merge", {"page": "merge", **cfg}, t, {"fusion": rows}, {"fusion": fig})
 
 

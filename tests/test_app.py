@@ -339,22 +339,19 @@ def test_barrier_page_chart_holds_library_results(pair):
 
 
 @pytest.fixture(scope="module")
-def reference_pair_dirs(roots) -> tuple[str, str]:
-    """Two digits ViTs trained with REFERENCE.md's recipe (tests/test_landscape.py trains and
-    caches them), added to the model roots so the app can open them as folders."""
-    try:
-        from tests.test_landscape import reference_pair
-    except ImportError:
-        pytest.skip("the reference pair helper is not available")
-    a, b = reference_pair()
+def default_pair_dirs(roots) -> tuple[str, str]:
+    """The zoo's default pair as two folders, added to the model roots."""
+    from tests.test_landscape import default_pair
+
+    a, b = default_pair()
     os.environ[appconfig.ENV_ROOTS] += os.pathsep + str(Path(a.path).parent)
     return str(a.path), str(b.path)
 
 
-def test_barrier_chart_shows_matching_lowering_the_barrier(reference_pair_dirs):
+def test_barrier_chart_shows_matching_lowering_the_barrier(default_pair_dirs):
     """Acceptance: in the chart data, the seed paper's matching has the lower barrier (and a
-    better midpoint), on a pair trained with REFERENCE.md's recipe, opened as folders."""
-    a, s = reference_pair_dirs
+    better midpoint), on the zoo's default pair, opened as folders."""
+    a, s = default_pair_dirs
     at = app("barrier", anchor_path=a, source_path=s, b_points="5")
     loss = figures(at)["Loss along the straight path from anchor to matched source"]
     lines = {tr["name"].split(" (barrier")[0]: tr for tr in loss["data"]
@@ -431,6 +428,7 @@ def test_merge_page_chart_holds_fusion_table(pair):
         ref.acc["simple"]["seed"], abs=1e-12)
     lines = [tr for tr in fig["data"] if tr["type"] == "scatter"]
     assert numbers(lines[0]["y"])[0] == pytest.approx(ref.anchor_acc)
+    assert "function preserved" in texts(at)
 
 
 def test_learn_page(pair):
