@@ -101,7 +101,10 @@ def train(
         per_epoch = math.ceil(data.n / recipe.batch_size)
         total = recipe.epochs * per_epoch
         warmup = round(recipe.warmup_epochs * per_epoch)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _schedule(s, warmup, total))
+        if recipe.schedule == "constant":
+            sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+        else:
+            sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _schedule(s, warmup, total))
         gen = torch.Generator().manual_seed(seed)
         start, step, losses = time.perf_counter(), 0, []
         for epoch in range(recipe.epochs):

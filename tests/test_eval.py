@@ -32,17 +32,17 @@ def _run(args, capsys) -> tuple[int, str, str]:
 @pytest.mark.parametrize("split", ["test", "val"])
 def test_eval_json_has_the_documented_keys_and_true_values(tmp_path, capsys, split):
     f = tmp_path / "deep" / "eval.json"
-    rc, out, err = _run(["eval", "zoo:vit-digits-s0", "--data", "digits", "--split", split,
+    rc, out, err = _run(["eval", "zoo:vit-digits-s3", "--data", "digits", "--split", split,
                          "--json", str(f), "--device", "cpu"], capsys)
     assert rc == 0, err
     got = json.loads(f.read_text())
     assert set(got) == KEYS
-    want = evaluate(load_model("zoo:vit-digits-s0"), load_split("digits", split))
+    want = evaluate(load_model("zoo:vit-digits-s3"), load_split("digits", split))
     assert got["loss"] == pytest.approx(want["loss"], abs=1e-6)
     assert got["acc"] == pytest.approx(want["acc"], abs=1e-9)
     assert got["n"] == want["n"] == {"test": 397, "val": 200}[split]
     assert (got["data"], got["split"], got["model"], got["device"]) == (
-        "digits", split, "zoo:vit-digits-s0", "cpu")
+        "digits", split, "zoo:vit-digits-s3", "cpu")
     assert got["seconds"] > 0
     assert f"loss {got['loss']:.4f}" in out and f"accuracy {got['acc']:.4f}" in out
     assert [p.name for p in f.parent.iterdir()] == ["eval.json"]  # no temporary left behind
@@ -68,7 +68,7 @@ def test_eval_of_a_directory_and_of_a_language_model(tmp_path, capsys):
 
 def test_eval_leaves_the_thread_count_alone(capsys):
     before = torch.get_num_threads()
-    assert main(["eval", "zoo:vit-digits-s1", "--data", "digits"]) == 0
+    assert main(["eval", "zoo:vit-digits-s6", "--data", "digits"]) == 0
     assert torch.get_num_threads() == before
     capsys.readouterr()
 
@@ -90,15 +90,15 @@ def test_text_longer_than_the_models_positions(saved, capsys):
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["zoo:vit-digits-s0", "--data", "pystdlib"], "is text data but"),
+    (["zoo:vit-digits-s3", "--data", "pystdlib"], "is text data but"),
     (["zoo:gpt2-pystdlib-s0", "--data", "digits"], "is image data but"),
-    (["zoo:vit-digits-s0", "--data", "mnist"], "unknown data 'mnist'"),
-    (["zoo:vit-digits-s0", "--data", "digits", "--split", "dev"], "unknown split 'dev'"),
+    (["zoo:vit-digits-s3", "--data", "mnist"], "unknown data 'mnist'"),
+    (["zoo:vit-digits-s3", "--data", "digits", "--split", "dev"], "unknown split 'dev'"),
     (["zoo:nope", "--data", "digits"], "unknown zoo model 'nope'"),
     (["/no/such/model", "--data", "digits"], "no model directory"),
-    (["zoo:vit-digits-s0", "--data", "text:/no/such.txt"], "does not exist"),
-    (["zoo:vit-digits-s0", "--data", "digits", "--device", "tpu"], "unknown device"),
-    (["zoo:vit-digits-s0", "--data", "digits", "--batch-size", "0"], "--batch-size"),
+    (["zoo:vit-digits-s3", "--data", "text:/no/such.txt"], "does not exist"),
+    (["zoo:vit-digits-s3", "--data", "digits", "--device", "tpu"], "unknown device"),
+    (["zoo:vit-digits-s3", "--data", "digits", "--batch-size", "0"], "--batch-size"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, needle, capsys):
     rc, out, err = _run(["eval", *args], capsys)
@@ -108,33 +108,33 @@ def test_bad_input_is_one_line_and_exit_2(args, needle, capsys):
 
 
 def test_json_path_that_is_a_directory(tmp_path, capsys):
-    rc, _, err = _run(["eval", "zoo:vit-digits-s0", "--data", "digits", "--json", str(tmp_path)],
+    rc, _, err = _run(["eval", "zoo:vit-digits-s3", "--data", "digits", "--json", str(tmp_path)],
                       capsys)
     assert rc == 2 and "is a directory" in err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without a GPU")
 def test_cuda_without_a_gpu(capsys):
-    rc, _, err = _run(["eval", "zoo:vit-digits-s0", "--data", "digits", "--device", "cuda"], capsys)
+    rc, _, err = _run(["eval", "zoo:vit-digits-s3", "--data", "digits", "--device", "cuda"], capsys)
     assert rc == 2 and "no CUDA GPU" in err
 
 
 def test_real_command_line(tmp_path):
     f = tmp_path / "e.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "rotviz", "eval", "zoo:vit-digits-s1", "--data", "digits",
+        [sys.executable, "-m", "rotviz", "eval", "zoo:vit-digits-s6", "--data", "digits",
          "--json", str(f)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     got = json.loads(f.read_text())
-    card = zoo.read_card("vit-digits-s1")
+    card = zoo.read_card("vit-digits-s6")
     assert got["loss"] == pytest.approx(card["test"]["loss"], abs=1e-4)
     assert got["acc"] == pytest.approx(card["test"]["acc"], abs=1e-4)
     # the fast path: no transformers import needed to evaluate a zoo model
     probe = subprocess.run(
         [sys.executable, "-c",
-         "import sys; from rotviz.cli import main; main(['eval', 'zoo:vit-digits-s1', "
+         "import sys; from rotviz.cli import main; main(['eval', 'zoo:vit-digits-s6', "
          "'--data', 'digits']); print(sorted(m for m in sys.modules if m.split('.')[0] in "
          "('transformers', 'sklearn', 'timm', 'streamlit', 'plotly', 'scipy')))"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,

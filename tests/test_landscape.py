@@ -7,9 +7,7 @@ import copy
 import dataclasses
 import json
 import math
-import os
 from functools import cache
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -47,48 +45,6 @@ def default_pair_refs() -> tuple[str, str]:
 def default_pair() -> tuple[Loaded, Loaded]:
     a, b = default_pair_refs()
     return load_model(a), load_model(b)
-
-
-@cache
-def reference_pair() -> tuple[Loaded, Loaded]:
-    """Two digits ViTs trained with REFERENCE.md's recipe: the zoo's architecture, constant
-    learning rate (no warm-up, no cosine decay). Trained once (about a minute on 2 cores) and
-    cached under ~/.cache/rotviz (ROTVIZ_TEST_PAIR moves it)."""
-    default = Path.home() / ".cache/rotviz/test-pair-vit-digits-v1"
-    root = Path(os.environ.get("ROTVIZ_TEST_PAIR", default))
-    for seed in (0, 1):
-        if not (root / f"s{seed}" / "model.safetensors").exists():
-            _train_vit_digits(seed, root / f"s{seed}")
-    return load_model(root / "s0"), load_model(root / "s1")
-
-
-def _train_vit_digits(seed: int, out: Path, epochs: int = 40) -> None:
-    import tempfile
-
-    import transformers as T
-
-    from rotviz.models import save_model
-
-    torch.manual_seed(seed)
-    cfg = T.ViTConfig(image_size=8, patch_size=2, num_channels=1, num_labels=10, hidden_size=64,
-                      num_hidden_layers=4, num_attention_heads=4, intermediate_size=128,
-                      architectures=["ViTForImageClassification"])
-    model = T.ViTForImageClassification(cfg)
-    train = load_split("digits", "train")
-    opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.05)
-    gen = torch.Generator().manual_seed(seed)
-    for _ in range(epochs):
-        perm = torch.randperm(train.n, generator=gen)
-        for i in range(0, train.n, 64):
-            ix = perm[i : i + 64]
-            logits = model(pixel_values=train.inputs[ix]).logits
-            loss = torch.nn.functional.cross_entropy(logits, train.labels[ix])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    with tempfile.TemporaryDirectory() as tmp:
-        model.eval().save_pretrained(tmp)
-        save_model(load_model(tmp), dict(model.state_dict()), out)  # atomic
 
 
 @cache
@@ -177,16 +133,8 @@ def _check_matching_helps(a: Loaded, b: Loaded) -> None:
     assert seed.mid_acc > none.mid_acc
 
 
-def test_matching_lowers_the_barrier_and_raises_midpoint_accuracy():
-    """The seed paper's Figure 5 claim, on two ViTs trained with REFERENCE.md's recipe."""
-    _check_matching_helps(*reference_pair())
-
-
-@pytest.mark.xfail(strict=True, reason=(
-    "on the shipped default pair (zoo recipe: warm-up + cosine schedule) the seed matching "
-    "shrinks the distance (18.65 -> 16.91) but not the test barrier (4.05 -> 4.20), and the "
-    "midpoint stays at chance; strict: remove this mark once the zoo's pair shows the effect"))
 def test_default_pair_matching_lowers_the_barrier_and_raises_midpoint_accuracy():
+    """The seed paper's Figure 5 claim, on the zoo's default pair (issue 4's acceptance)."""
     _check_matching_helps(*default_pair())
 
 

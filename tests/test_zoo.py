@@ -92,7 +92,7 @@ def test_language_models_predict_this_machines_corpus(name):
 
 def test_default_pair_is_accurate_and_has_a_barrier():
     refs = zoo.default_pair()
-    assert refs == ("zoo:vit-digits-s0", "zoo:vit-digits-s1")
+    assert refs == ("zoo:vit-digits-s3", "zoo:vit-digits-s6")
     a, b = (model(r[4:]) for r in refs)
     test = split("digits")
     ea, eb = evaluate(a, test), evaluate(b, test)
@@ -154,13 +154,13 @@ def test_other_families_take_the_full_path(saved, family):
 
 
 def test_path_of_errors(tmp_path, monkeypatch):
-    with pytest.raises(RotvizError, match="known are vit-digits-s0, vit-digits-s1"):
+    with pytest.raises(RotvizError, match="known are vit-digits-s3, vit-digits-s6"):
         zoo.path_of("nope")
     monkeypatch.setenv("ROTVIZ_ZOO", str(tmp_path))
-    with pytest.raises(RotvizError, match="rotviz zoo build vit-digits-s0"):
-        zoo.path_of("vit-digits-s0")
+    with pytest.raises(RotvizError, match="rotviz zoo build vit-digits-s3"):
+        zoo.path_of("vit-digits-s3")
     with pytest.raises(RotvizError, match="not built"):
-        load_model("zoo:vit-digits-s0")
+        load_model("zoo:vit-digits-s3")
 
 
 # ---- training --------------------------------------------------------------------------------
