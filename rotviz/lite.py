@@ -1,4 +1,5 @@
-"""Loading a model for evaluation without importing transformers, when that is exact.
+"""Loading a model for evaluation without importing transformers, where plain torch computes
+the same logits.
 
 Importing transformers costs seconds (it pulls in torch._dynamo and torch.distributed), more
 than `rotviz eval` may take in all. The zoo's two families are small enough to run with plain
