@@ -25,11 +25,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.results import RESULTS, machine, write_section  # noqa: E402
+from rotviz import zoo  # noqa: E402
 
-CASES = [
-    ("zoo:vit-digits-s0", "digits"),
-    ("zoo:vit-digits-ft-a", "digits"),
-    ("zoo:gpt2-pystdlib-s0", "pystdlib"),
+CASES = [  # the first model of each shipped pair
+    (zoo.pair("default")[0], "digits"),
+    (zoo.pair("finetuned")[0], "digits"),
+    (zoo.pair("gpt2")[0], "pystdlib"),
 ]
 FULL_PATH = (
     "import sys, torch; from rotviz.models import load_model; from rotviz.data import load_split; "
