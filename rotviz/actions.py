@@ -5,6 +5,8 @@ Conventions (row vectors, `y = x W^T + b`, REFERENCE.md):
 - Q-K map A (per head, invertible): W_Q -> A^T W_Q, b_Q -> b_Q A, W_K -> A^-1 W_K, b_K -> b_K A^-T.
   Scores q k^T are unchanged because A A^-1 = I.
 - V-O map B (per head, invertible): W_V -> B^T W_V, b_V -> b_V B, W_O[:, h] -> W_O[:, h] B^-T.
+- Head permutation `heads`: new head k is old head heads[k] (its Q, K, V rows, their biases and
+  its W_O columns move together); applied before the Q-K and V-O maps, which act on new heads.
 The seed paper's group uses A = a R and B = b R with R orthogonal and a, b non-zero scalars.
 """
 
@@ -27,13 +29,21 @@ class LayerTransform:
     perm: Tensor | None = None  # (m,) long
     qk: Tensor | None = None  # (H, d_h, d_h)
     vo: Tensor | None = None  # (H, d_h, d_h)
+    heads: Tensor | None = None  # (H,) long, applied before qk and vo
 
     def then(self, other: LayerTransform) -> LayerTransform:
-        """The element that applies `self` first, then `other`."""
+        """The element that applies `self` first, then `other`.
+
+        `other`'s head permutation p2 carries `self`'s per-head maps along: new head k gets
+        old head p1[p2[k]] and the map A1[p2[k]] A2[k]."""
         perm = _compose_opt(self.perm, other.perm, lambda p1, p2: p1[p2])
-        qk = _compose_opt(self.qk, other.qk, lambda a1, a2: a1 @ a2.to(a1.dtype))
-        vo = _compose_opt(self.vo, other.vo, lambda b1, b2: b1 @ b2.to(b1.dtype))
-        return LayerTransform(perm, qk, vo)
+        p2 = other.heads
+        qk1 = self.qk if self.qk is None or p2 is None else self.qk[p2.to(self.qk.device)]
+        vo1 = self.vo if self.vo is None or p2 is None else self.vo[p2.to(self.vo.device)]
+        qk = _compose_opt(qk1, other.qk, lambda a1, a2: a1 @ a2.to(a1.dtype))
+        vo = _compose_opt(vo1, other.vo, lambda b1, b2: b1 @ b2.to(b1.dtype))
+        heads = _compose_opt(self.heads, other.heads, lambda h1, h2: h1[h2])
+        return LayerTransform(perm, qk, vo, heads)
 
 
 def _compose_opt(x, y, fn):
@@ -57,6 +67,17 @@ def permute_ffn(ffn: FFN, perm: Tensor) -> FFN:
         b_in=None if ffn.b_in is None else ffn.b_in[perm],
         w_out=ffn.w_out[:, perm],
     )
+
+
+def permute_heads(attn: Attention, heads: Tensor) -> Attention:
+    """New head k is old head heads[k]: Q, K, V rows, their biases and W_O columns together."""
+    heads = heads.to(attn.wq.device)
+
+    def pick(t: Tensor | None) -> Tensor | None:
+        return None if t is None else t[heads]
+
+    return replace(attn, wq=pick(attn.wq), wk=pick(attn.wk), wv=pick(attn.wv), wo=pick(attn.wo),
+                   bq=pick(attn.bq), bk=pick(attn.bk), bv=pick(attn.bv))
 
 
 def transform_qk(attn: Attention, a: Tensor) -> Attention:
@@ -85,6 +106,8 @@ def transform_vo(attn: Attention, b: Tensor) -> Attention:
 def apply_layer(view: ModelView, i: int, t: LayerTransform) -> ModelView:
     blk = view.blocks[i]
     attn, ffn = blk.attn, blk.ffn
+    if t.heads is not None:
+        attn = permute_heads(attn, t.heads)
     if t.qk is not None:
         attn = transform_qk(attn, t.qk)
     if t.vo is not None:
@@ -119,8 +142,11 @@ def random_transform(
     attn: bool = True,
     rescale: bool = True,
     scale_range: tuple[float, float] = (0.5, 2.0),
+    heads: bool = False,
 ) -> LayerTransform:
-    """A random element of the seed paper's group for one block (seeded, reproducible)."""
+    """A random element of the seed paper's group for one block (seeded, reproducible).
+
+    `heads` adds a random head permutation, drawn last so the other parts stay the same."""
     gen = torch.Generator().manual_seed(seed)
     h, dh = dims.n_heads, dims.d_head
     perm = torch.randperm(dims.d_ffn, generator=gen) if ffn else None
@@ -134,7 +160,8 @@ def random_transform(
             a = lo + (hi - lo) * torch.rand(h, 1, 1, generator=gen, dtype=torch.float64)
             b = lo + (hi - lo) * torch.rand(h, 1, 1, generator=gen, dtype=torch.float64)
             qk, vo = qk * a, vo * b
-    return LayerTransform(perm, qk, vo)
+    head_perm = torch.randperm(h, generator=gen) if heads else None
+    return LayerTransform(perm, qk, vo, head_perm)
 
 
 def random_element(dims: Dims, seed: int, **kinds) -> dict[int, LayerTransform]:

@@ -24,6 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
     _bool_flag(m, "ffn", "match FFN neurons by permutation (default on)")
     _bool_flag(m, "attn", "match attention heads by Q-K and V-O rotations (default on)")
     _bool_flag(m, "rescale", "rescale Q-K and V-O per head (default on)")
+    m.add_argument("--heads", action=argparse.BooleanOptionalAction, default=False,
+                   help="permute heads by linear assignment before rotating them; needs --attn "
+                        "(default off: the seed paper's method)")
     m.add_argument("--layers", default=None, help="layer subset, e.g. 0,2-5 (default: all)")
     m.add_argument("--report", default=None, help="write the full report as JSON here")
     m.add_argument("--device", default="auto", help="auto, cpu, cuda or mps (default auto)")
@@ -56,7 +59,7 @@ def cmd_match(args: argparse.Namespace) -> int:
     anchor = load_model(args.anchor)
     source = load_model(args.source)
     layers = parse_layers(args.layers, _n_layers(anchor))
-    options = MatchOptions(args.ffn, args.attn, args.rescale, layers)
+    options = MatchOptions(args.ffn, args.attn, args.rescale, layers, heads=args.heads)
     out = match_models(anchor, source, options, device)
     rep = out.report
     if not out.preserved:

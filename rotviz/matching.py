@@ -3,6 +3,9 @@
 - FFN (Eq. 7): linear assignment on [W_in, b_in, W_out^T].
 - Attention (Theorem 4.1): per-head orthogonal Procrustes for Q-K and V-O, biases included,
   all heads of a layer in one batched SVD.
+- Head permutation (beyond the paper, off by default): per layer, every (source head, anchor
+  head) pair is scored by its Procrustes gain (nuclear norms of its Q-K and V-O cross matrices,
+  all H x H pairs in one batched SVD), and a linear assignment picks the heads before rotating.
 - Rescaling (Eq. 11-12): per head, the real root of A a^4 - B a^3 + D a - C = 0 that minimises
   f(a) = A a^2 - 2 B a + C / a^2 - 2 D / a.
 The anchor is never changed; the source's view is replaced, not modified.
@@ -19,7 +22,7 @@ import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from rotviz.actions import LayerTransform, apply_layer
+from rotviz.actions import LayerTransform, apply_layer, permute_heads
 from rotviz.distances import Distances, distances
 from rotviz.errors import RotvizError
 from rotviz.view import Attention, ModelView
@@ -34,10 +37,19 @@ class MatchOptions:
     attn: bool = True
     rescale: bool = True
     layers: tuple[int, ...] | None = None  # None = every layer
+    heads: bool = False  # permute heads before rotating them (needs attn)
+
+    def __post_init__(self) -> None:
+        if self.heads and not self.attn:
+            raise RotvizError(
+                "head permutation (heads) needs attention matching (attn): "
+                "turn attn on or heads off"
+            )
 
     @property
     def label(self) -> str:
-        flags = (("ffn", self.ffn), ("attn", self.attn), ("rescale", self.rescale))
+        flags = (("ffn", self.ffn), ("attn", self.attn), ("rescale", self.rescale),
+                 ("heads", self.heads))
         parts = [p for p, on in flags if on]
         return ",".join(parts) or "none"
 
@@ -56,6 +68,7 @@ class HeadReport:
     qk_scale: list[float] = field(default_factory=list)
     vo_scale: list[float] = field(default_factory=list)
     ffn_moved: int = 0  # FFN units that changed position
+    head_perm: list[int] = field(default_factory=list)  # new head k = source head head_perm[k]
 
 
 @dataclass
@@ -70,7 +83,7 @@ class MatchReport:
     def to_dict(self) -> dict:
         o = self.options
         return {
-            "options": {"ffn": o.ffn, "attn": o.attn, "rescale": o.rescale,
+            "options": {"ffn": o.ffn, "attn": o.attn, "rescale": o.rescale, "heads": o.heads,
                         "layers": list(o.layers) if o.layers is not None else None},
             "distance_before": self.before.to_dict(),
             "distance_after": self.after.to_dict(),
@@ -152,6 +165,48 @@ def cross_vo(src: Attention, anc: Attention) -> Tensor:
     """M = W_V1 W_V2^T + b_V1^T b_V2 + W_O1[:, h]^T W_O2[:, h], per head, in float64."""
     mv, mo = vo_parts(src, anc)
     return mv + mo
+
+
+def _cross_all(x: Tensor, y: Tensor, bx: Tensor | None = None,
+               by: Tensor | None = None) -> Tensor:
+    """x_i y_j^T (+ bx_i^T by_j) for every pair of heads (H, H, d_h, d_h), in float64: one
+    (H d_h) x (H d_h) product, cut into blocks."""
+    h, dh = x.shape[:2]
+    dtype = torch.promote_types(x.dtype, torch.float32)
+    xf = x.detach().to(dtype).reshape(h * dh, -1)
+    yf = y.detach().to(device=x.device, dtype=dtype).reshape(h * dh, -1)
+    m = xf @ yf.t()
+    if bx is not None and by is not None:
+        m = m + bx.detach().to(dtype).reshape(-1, 1) * by.detach().to(m).reshape(1, -1)
+    return m.reshape(h, dh, h, dh).permute(0, 2, 1, 3).to(torch.float64)
+
+
+def pair_parts(src: Attention, anc: Attention) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The Q, K, V and O terms of the cross matrices of every (source head i, anchor head j)
+    pair, each (H, H, d_h, d_h) float64; `[i, i]` is what qk_parts/vo_parts give for head i."""
+    wo_s, wo_a = src.wo.transpose(-1, -2), anc.wo.transpose(-1, -2)  # (H, d_h, d)
+    return (_cross_all(src.wq, anc.wq, src.bq, anc.bq), _cross_all(src.wk, anc.wk, src.bk, anc.bk),
+            _cross_all(src.wv, anc.wv, src.bv, anc.bv), _cross_all(wo_s, wo_a))
+
+
+def head_gain(src: Attention, anc: Attention,
+              parts: tuple[Tensor, Tensor, Tensor, Tensor] | None = None) -> Tensor:
+    """G[i, j]: the Procrustes gain of rotating source head i onto anchor head j, i.e.
+    ||M_QK[i, j]||_* + ||M_VO[i, j]||_* (sums of singular values), (H, H) float64.
+
+    Maximising tr(R^T M) over orthogonal R gives the nuclear norm, and the distance after
+    rotation is the head norms (fixed) minus twice it, so the best head assignment maximises
+    the summed gain. All H x H pairs of both kinds go through one batched SVD, float32
+    unless the weights are float64 (as for the rotations)."""
+    mq, mk, mv, mo = parts if parts is not None else pair_parts(src, anc)
+    solve = torch.float64 if src.wq.dtype == torch.float64 else torch.float32
+    sv = torch.linalg.svdvals(torch.stack([mq + mk, mv + mo]).cpu().to(solve))
+    return sv.double().sum(dim=-1).sum(dim=0)
+
+
+def head_permutation(src: Attention, anc: Attention) -> Tensor:
+    """The head permutation (new head k = source head perm[k]) maximising the summed gain."""
+    return assign(head_gain(src, anc).numpy())
 
 
 def procrustes(m: Tensor) -> tuple[Tensor, Tensor]:
@@ -307,13 +362,24 @@ def _ffn_permutations(anchor: ModelView, source: ModelView, layers: Sequence[int
 
 def _match_attention(
     src: Attention, anc: Attention, options: MatchOptions, rep: HeadReport
-) -> tuple[Tensor, Tensor]:
-    """One layer's Q-K and V-O maps (rotation times scale, per head); fills `rep`."""
+) -> tuple[Tensor | None, Tensor, Tensor]:
+    """One layer's head permutation (None unless options.heads) and Q-K and V-O maps
+    (rotation times scale, per head, acting on the permuted heads); fills `rep`."""
     # The d_h x d_h problems are solved on the CPU (LAPACK beats GPU solvers at this size),
     # the SVD in float32 unless the weights are float64: the cross matrices of float32
     # weights hold no more digits, and float32 halves the cost of the largest step here.
-    parts_qk = tuple(p.cpu() for p in qk_parts(src, anc))
-    parts_vo = tuple(p.cpu() for p in vo_parts(src, anc))
+    heads = None
+    if options.heads:
+        parts = tuple(p.cpu() for p in pair_parts(src, anc))
+        heads = assign(head_gain(src, anc, parts).numpy())
+        rep.head_perm = heads.tolist()
+        idx = torch.arange(len(heads))
+        mq, mk, mv, mo = (p[heads, idx] for p in parts)  # permuted source head k vs anchor k
+        parts_qk, parts_vo = (mq, mk), (mv, mo)
+        src = permute_heads(src, heads)
+    else:
+        parts_qk = tuple(p.cpu() for p in qk_parts(src, anc))
+        parts_vo = tuple(p.cpu() for p in vo_parts(src, anc))
     h, dh = parts_qk[0].shape[:2]
     qk = vo = torch.eye(dh, dtype=torch.float64).expand(h, dh, dh)
     if options.attn:
@@ -331,7 +397,7 @@ def _match_attention(
         rep.qk_scale, rep.vo_scale = a_s.tolist(), b_s.tolist()
         qk = qk * a_s[:, None, None]
         vo = vo * b_s[:, None, None]
-    return qk, vo
+    return heads, qk, vo
 
 
 def match(
@@ -356,7 +422,7 @@ def match(
             progress(done, total, message)
         done += 1
 
-    attn: dict[int, tuple[Tensor, Tensor]] = {}
+    attn: dict[int, tuple[Tensor | None, Tensor, Tensor]] = {}
     if do_attn:  # cheap: all of it before the FFN solver threads compete for the cores
         for i in layers:
             tick(f"attention, layer {i}")
@@ -369,8 +435,8 @@ def match(
         perm = perms.get(i)
         if perm is not None:
             reports[i].ffn_moved = int((perm != torch.arange(len(perm))).sum())
-        qk, vo = attn.get(i, (None, None))
-        transforms[i] = LayerTransform(perm, qk, vo)
+        heads, qk, vo = attn.get(i, (None, None, None))
+        transforms[i] = LayerTransform(perm, qk, vo, heads)
         view = apply_layer(view, i, transforms[i])
     if progress:
         progress(total, total, "done")

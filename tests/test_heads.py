@@ -1,0 +1,118 @@
+"""Head permutation (issue 6, item 1): planted recovery, optimal assignment, composition, errors."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from conftest import view_of
+
+from rotviz.actions import LayerTransform, apply, apply_layer, random_element, random_transform
+from rotviz.distances import distances, norm
+from rotviz.errors import RotvizError
+from rotviz.matching import MatchOptions, head_gain, head_permutation, match
+from rotviz.matchspec import match_options
+from rotviz.models import load_model, max_output_diff
+from rotviz.pipeline import match_models
+from rotviz.view import write_state
+
+F64 = torch.float64
+HEADS = MatchOptions(heads=True)
+
+
+def _planted(view, seed=42):
+    element = random_element(view.dims, seed=seed, heads=True)
+    assert any(not torch.equal(t.heads, torch.arange(view.dims.n_heads))
+               for t in element.values())  # the heads really move
+    return element
+
+
+def test_planted_image_with_head_permutation_has_the_same_function(family, loaded):
+    model = loaded(family)
+    view = view_of(model)
+    image = apply(view, _planted(view))
+    assert distances(image, view).total > 1.0
+    assert max_output_diff(model, model.state, write_state(image)) <= 1e-4
+
+
+def test_head_matching_recovers_the_planted_element(family, loaded):
+    original = view_of(loaded(family, 0, F64))
+    image = apply(original, _planted(original))
+    scale = norm(original)
+    with_heads = match(original, image, HEADS)
+    assert distances(with_heads.view, original).total / scale <= 1e-5
+    assert with_heads.report.after.total / scale <= 1e-5
+    seed_only = match(original, image)
+    assert seed_only.report.after.total > with_heads.report.after.total
+    assert seed_only.report.after.total / scale > 1e-3  # rotations alone cannot undo it
+    assert all(len(h.head_perm) == original.dims.n_heads for h in with_heads.report.layers)
+    # the returned element maps the image onto the result
+    assert distances(apply(image, with_heads.transforms), with_heads.view).total / scale <= 1e-9
+
+
+def test_heads_matching_keeps_the_function(family, loaded):
+    anchor, source = loaded(family, 0), loaded(family, 1)
+    out = match_models(anchor, source, HEADS)
+    assert out.report.max_output_diff <= 1e-4 and out.preserved
+
+
+def test_head_assignment_is_optimal_over_all_permutations(family, loaded):
+    anchor, source = (view_of(loaded(family, s, F64)) for s in (0, 1))
+    for i in range(anchor.dims.n_layers):
+        src, anc = source.blocks[i].attn, anchor.blocks[i].attn
+        h = src.wq.shape[0]
+        assert h == 4
+        # the gain from first principles, one pair at a time
+        gain = torch.empty(h, h, dtype=F64)
+        for a, b in itertools.product(range(h), range(h)):
+            mqk = src.wq[a] @ anc.wq[b].T + src.wk[a] @ anc.wk[b].T
+            mqk = mqk + torch.outer(src.bq[a], anc.bq[b]) + torch.outer(src.bk[a], anc.bk[b])
+            mvo = src.wv[a] @ anc.wv[b].T + torch.outer(src.bv[a], anc.bv[b])
+            mvo = mvo + src.wo[a].T @ anc.wo[b]
+            gain[a, b] = (torch.linalg.svdvals(mqk).sum() + torch.linalg.svdvals(mvo).sum())
+        torch.testing.assert_close(head_gain(src, anc), gain, rtol=1e-10, atol=1e-10)
+        perm = head_permutation(src, anc)
+        chosen = sum(gain[perm[k], k] for k in range(h))
+        best = max(sum(gain[p[k], k] for k in range(h)) for p in itertools.permutations(range(h)))
+        assert chosen >= best - 1e-9
+
+
+def test_heads_without_attn_is_a_one_line_error():
+    with pytest.raises(RotvizError, match=r"\(heads\) needs attention") as e:
+        MatchOptions(attn=False, heads=True)
+    assert "\n" not in str(e.value)
+    with pytest.raises(RotvizError, match="needs attention"):
+        match_options("ffn,heads")
+
+
+def test_spec_passes_heads_through():
+    opts = match_options("seed,heads")
+    assert opts == MatchOptions(heads=True) and opts.label == "ffn,attn,rescale,heads"
+    assert MatchOptions().label == "ffn,attn,rescale" and not MatchOptions().heads
+
+
+def test_composition_with_head_permutations(loaded):
+    view = view_of(loaded("gpt2", 0, F64))
+    t1 = random_transform(view.dims, 1, heads=True)
+    t2 = random_transform(view.dims, 2, heads=True)
+    two_steps = apply_layer(apply_layer(view, 0, t1), 0, t2)
+    once = apply_layer(view, 0, t1.then(t2))
+    assert distances(two_steps, once).total / norm(view) <= 1e-12
+    # heads=False draws exactly the element it drew before heads existed
+    plain = random_transform(view.dims, 1)
+    assert plain.heads is None and torch.equal(plain.qk, t1.qk) and torch.equal(plain.perm, t1.perm)
+    only_heads = LayerTransform(heads=t1.heads)
+    moved = apply_layer(view, 0, only_heads).blocks[0].attn
+    torch.testing.assert_close(moved.wo, view.blocks[0].attn.wo[t1.heads])
+
+
+def test_default_pair_heads_keep_function_and_do_not_lose_to_seed():
+    from rotviz.zoo import default_pair
+
+    a_ref, b_ref = default_pair()
+    anchor, source = load_model(a_ref), load_model(b_ref)
+    seed = match_models(anchor, source, MatchOptions())
+    heads = match_models(anchor, source, HEADS)
+    assert heads.preserved and heads.report.max_output_diff <= 1e-4
+    assert heads.report.after.total <= seed.report.after.total + 1e-9
