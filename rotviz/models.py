@@ -12,7 +12,8 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -371,6 +372,25 @@ def max_output_diff(
 # ---- saving ---------------------------------------------------------------------------------
 
 
+@contextmanager
+def atomic_dir(out: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary folder beside `out`; on success it replaces `out`, on failure it goes.
+
+    Whatever is written there appears at `out` whole or not at all.
+    """
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        yield tmp
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 def save_model(
     template: Loaded,
     state: Mapping[str, Tensor],
@@ -383,9 +403,7 @@ def save_model(
     complete, so a failure leaves nothing half-written.
     """
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_dir(out) as tmp:
         cpu = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
         if template.spec.source == "timm":
             from safetensors.torch import save_file
@@ -408,10 +426,4 @@ def save_model(
                     hf_logging.enable_progress_bar()
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return out

@@ -16,8 +16,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -171,7 +169,7 @@ def build(
     """
     from rotviz.data import load_split, pystdlib_fingerprint
     from rotviz.evaluate import evaluate
-    from rotviz.models import load_model
+    from rotviz.models import atomic_dir, load_model
     from rotviz.recipes import recipe as get_recipe
     from rotviz.train import TRAIN_THREADS, deterministic_cpu, select, train
 
@@ -182,9 +180,7 @@ def build(
     data = select(load_split(rec.data, "train"), rec.subset)
     result = train(rec, ent.seed, data, init_state, progress)
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_dir(out) as tmp:
         _save_pretrained(result.model, tmp)
         loaded = load_model(tmp)
         with deterministic_cpu(0, TRAIN_THREADS):
@@ -216,12 +212,6 @@ def build(
         tmp.chmod(0o755)
         for f in tmp.iterdir():
             f.chmod(0o644)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
