@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 from rotviz.errors import RotvizError
@@ -78,6 +80,21 @@ def cmd_match(args: argparse.Namespace) -> int:
         f"in {rep.seconds:.2f} s; max output difference {rep.max_output_diff:.2e}; wrote {args.out}"
     )
     return 0
+
+
+def write_json(path: str | os.PathLike, obj) -> None:
+    """Write JSON atomically: a temporary file beside `path`, then a rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=2)
+            f.write("\n")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def _n_layers(loaded) -> int:

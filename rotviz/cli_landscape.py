@@ -7,11 +7,8 @@ JSON and model outputs are written to a temporary path and renamed, never half-w
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import tempfile
-from pathlib import Path
 
+from rotviz.cli import write_json
 from rotviz.errors import RotvizError
 
 
@@ -60,20 +57,6 @@ def register(sub) -> None:
                    help="RegMean scale of off-diagonal Gram entries in [0, 1] (default 0.9)")
     m.add_argument("--seed", type=int, default=0, help="seed of the statistics batches")
     m.set_defaults(func=cmd_merge)
-
-
-def write_json(path: str | os.PathLike, obj) -> None:
-    """Write JSON atomically: a temporary file beside `path`, then rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def _load_pair(args):

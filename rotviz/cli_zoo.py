@@ -6,10 +6,7 @@ Imports stay inside the handlers: `rotviz eval` must answer in a few seconds, im
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -173,7 +170,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
           f"loss {result['loss']:.4f}, {what} {result['acc']:.4f} "
           f"[{result['device']}, {result['seconds']:.2f} s]")
     if args.json:
-        _write_json(args.json, result)
+        from rotviz.cli import write_json
+
+        write_json(args.json, result)
     return 0
 
 
@@ -207,16 +206,3 @@ def _check_writable(path: str) -> None:
         raise RotvizError(f"--json '{path}': '{parent}' is not a directory")
 
 
-def _write_json(path: str, obj: dict) -> None:
-    """Write JSON atomically: a temporary file beside the target, then a rename."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2)
-            f.write("\n")
-        os.replace(tmp, p)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
