@@ -72,10 +72,28 @@ class ArchSpec:
     stream_norms: Names
     readers: Names
     tied: tuple[tuple[str, str], ...] = ()  # (alias, owner) full tensor names
+    # Writers above that are linear or convolution layers (output channels first, e.g. a
+    # patch projection): their weight's rows live in the stream. Every other writer is a
+    # table or token whose last dimension is the stream (embeddings, position, class tokens).
+    projections: Names = ()
+    # "layernorm" (mean and variance, gain and bias) or "rmsnorm" (gain only)
+    norm_kind: str = "layernorm"
+    # Gated FFN (SwiGLU): the gate linear, read from the stream like ffn_in (the "up" map);
+    # act(gate x) * (up x) feeds ffn_out. None for a plain FFN.
+    ffn_gate: LinearSpec | None = None
+    n_kv_heads_key: Names = ()  # grouped-query attention: key/value heads (default n_heads)
+    head_dim_key: Names = ()  # explicit head size (default d_model / n_heads)
+    # Rotary position embeddings on Q and K: None, "rotate_half" (Hugging Face: dim i pairs
+    # with i + d_h/2) or "interleaved" (dims 2j and 2j+1 pair)
+    rope: str | None = None
 
     @property
     def fused(self) -> bool:
         return self.qkv is not None
+
+    @property
+    def gated(self) -> bool:
+        return self.ffn_gate is not None
 
 
 GPT2 = ArchSpec(
@@ -193,6 +211,7 @@ VIT = ArchSpec(
     ),
     stream_norms=(),
     readers=("classifier", "pooler.dense"),
+    projections=("embeddings.patch_embeddings.projection",),
 )
 
 TIMM_VIT = ArchSpec(
@@ -221,6 +240,7 @@ TIMM_VIT = ArchSpec(
     writers=("cls_token", "pos_embed", "reg_token", "patch_embed.proj"),
     stream_norms=(),
     readers=("head",),
+    projections=("patch_embed.proj",),
 )
 
 SPECS: tuple[ArchSpec, ...] = (GPT2, BERT, ROBERTA, VIT, TIMM_VIT)

@@ -57,11 +57,16 @@ class Attention:
 
 @dataclass(frozen=True)
 class FFN:
+    """A plain FFN, act(x W_in^T + b_in) W_out^T + b_out, or a gated one (SwiGLU), where
+    act(x W_gate^T) * (x W_in^T) feeds W_out: W_in is then the "up" map."""
+
     w_in: Tensor  # (m, d)
     b_in: Tensor | None  # (m,)
     w_out: Tensor  # (d, m)
     b_out: Tensor | None  # (d,)
     activation: str
+    w_gate: Tensor | None = None  # (m, d), gated FFNs only
+    b_gate: Tensor | None = None  # (m,)
 
 
 @dataclass(frozen=True)
