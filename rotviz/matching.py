@@ -32,12 +32,37 @@ Progress = Callable[[int, int, str], None]
 
 
 @dataclass(frozen=True)
+class LearnOptions:
+    """Learned matching (GLMC paper): orthogonal maps tuned on training data so that the
+    interpolated model at lambda ~ U(lam) has a low loss, early-stopped on a validation
+    barrier. Every choice is seeded."""
+
+    steps: int = 300
+    lr: float = 0.01
+    batch_size: int = 128
+    lam: tuple[float, float] = (0.4, 0.6)
+    eval_every: int = 20  # steps between validation barriers
+    patience: int = 8  # validation checks without improvement before stopping
+    seed: int = 0
+    residual: bool = True  # learn the residual map (where the architecture has a rotation)
+    heads: bool = True  # learn per-head Q-K and V-O rotations
+
+
+@dataclass(frozen=True)
 class MatchOptions:
     ffn: bool = True
     attn: bool = True
     rescale: bool = True
     layers: tuple[int, ...] | None = None  # None = every layer
     heads: bool = False  # permute heads before rotating them (needs attn)
+    # residual stream map, alternated with the per-layer maps (beyond the seed paper)
+    residual: bool = False
+    residual_group: str = "auto"  # auto (the architecture's), or a subgroup: permutation, ...
+    rounds: int = 50  # at most this many alternations of per-layer and residual maps
+    tol: float = 1e-6  # stop when a round gains less than this fraction of the start
+    act: bool = False  # FFN and residual maps from activations on data (needs data)
+    learned: bool = False  # tune the maps on data after weight matching (needs data)
+    learn: LearnOptions = field(default_factory=LearnOptions)
 
     def __post_init__(self) -> None:
         if self.heads and not self.attn:
@@ -45,11 +70,18 @@ class MatchOptions:
                 "head permutation (heads) needs attention matching (attn): "
                 "turn attn on or heads off"
             )
+        if self.rounds < 1:
+            raise RotvizError(f"rounds must be at least 1, got {self.rounds}")
+
+    @property
+    def needs_data(self) -> bool:
+        return self.act or self.learned
 
     @property
     def label(self) -> str:
         flags = (("ffn", self.ffn), ("attn", self.attn), ("rescale", self.rescale),
-                 ("heads", self.heads))
+                 ("heads", self.heads), ("residual", self.residual), ("act", self.act),
+                 ("learned", self.learned))
         parts = [p for p, on in flags if on]
         return ",".join(parts) or "none"
 
@@ -79,15 +111,22 @@ class MatchReport:
     layers: list[HeadReport]
     seconds: float = 0.0
     max_output_diff: float | None = None  # filled by the function check
+    residual: dict | None = None  # the residual map: group, rounds, objective, angles
+    act: dict | None = None  # activation matching: data, examples, correlations
+    learned: dict | None = None  # learned matching: steps, history, validation barriers
 
     def to_dict(self) -> dict:
         o = self.options
         return {
             "options": {"ffn": o.ffn, "attn": o.attn, "rescale": o.rescale, "heads": o.heads,
+                        "residual": o.residual, "act": o.act, "learned": o.learned,
                         "layers": list(o.layers) if o.layers is not None else None},
             "distance_before": self.before.to_dict(),
             "distance_after": self.after.to_dict(),
             "heads": [vars(h) for h in self.layers],
+            "residual": self.residual,
+            "act": self.act,
+            "learned": self.learned,
             "max_output_diff": self.max_output_diff,
             "seconds": self.seconds,
         }
@@ -95,9 +134,14 @@ class MatchReport:
 
 @dataclass
 class MatchResult:
+    """The matched view and the group element that produced it. With a residual map the
+    element acts on canonical forms (rotviz.residual): `view` = restore(apply(canonical
+    source, transforms, residual), the anchor's gauge)."""
+
     view: ModelView
     transforms: dict[int, LayerTransform]
     report: MatchReport
+    residual: Tensor | None = None  # (d, d), x -> x Q on the stream
 
 
 # ---- solvers --------------------------------------------------------------------------------
@@ -406,8 +450,20 @@ def match(
     options: MatchOptions = MatchOptions(),
     progress: Progress | None = None,
 ) -> MatchResult:
-    """Match `source` onto `anchor`. Returns the matched view, the group element and a report."""
+    """Match `source` onto `anchor`. Returns the matched view, the group element and a report.
+
+    With `options.residual` the residual map is alternated with the per-layer maps
+    (rotviz.alternating); activation and learned matching need data (rotviz.pipeline)."""
     import time
+
+    if options.needs_data:
+        raise RotvizError(
+            f"matching [{options.label}] needs data: use rotviz.pipeline.match_models(..., data=)"
+        )
+    if options.residual:
+        from rotviz.alternating import match_residual
+
+        return match_residual(anchor, source, options, progress)
 
     t0 = time.perf_counter()
     layers = options.layers if options.layers is not None else tuple(range(anchor.dims.n_layers))

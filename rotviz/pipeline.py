@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -36,12 +37,23 @@ def match_models(
     options: MatchOptions | None = None,
     device: torch.device | str = "cpu",
     progress: Progress | None = None,
+    data: str | None = None,
+    cancel: Callable[[], bool] | None = None,
 ) -> Matched:
-    """Match `source` onto `anchor`; check on probe inputs that the function is preserved."""
+    """Match `source` onto `anchor`; check on probe inputs that the function is preserved.
+
+    Activation and learned matching (`options.act`, `options.learned`) read `data` (a data
+    reference such as "digits"); learned matching stops early when `cancel()` is true."""
     check_compatible(anchor, source)
-    result = match(
-        view_of(anchor, device), view_of(source, device), options or MatchOptions(), progress
-    )
+    options = options or MatchOptions()
+    va, vs = view_of(anchor, device), view_of(source, device)
+    if options.needs_data:
+        from rotviz.datamatch import match_with_data
+
+        result = match_with_data(anchor, va, vs, options, data, torch.device(device), progress,
+                                 cancel)
+    else:
+        result = match(va, vs, options, progress)
     state = {k: v.to("cpu") for k, v in write_state(result.view).items()}
     check_finite(state, "the matched model")
     result.report.max_output_diff = max_output_diff(source, source.state, state)

@@ -1,0 +1,95 @@
+"""Weight matching with the residual stream: alternate the per-layer maps and the residual map.
+
+The residual map acts on the other side of every matrix than the FFN and head maps, so each
+is solved exactly given the others: per-layer maps (the seed paper's, plus head permutation)
+on the canonical forms, then the residual map, and again, until a round gains less than
+`options.tol` of the starting objective. Every step includes the identity among its choices,
+so the objective (squared distance to the anchor) never goes up; the report keeps its history.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import torch
+
+from rotviz import residual as rs
+from rotviz.actions import LayerTransform
+from rotviz.distances import distances
+from rotviz.errors import RotvizError
+from rotviz.matching import MatchOptions, MatchReport, MatchResult, Progress, match
+from rotviz.view import ModelView
+
+
+def objective(src: ModelView, anc: ModelView) -> float:
+    """The squared Euclidean distance that weight matching minimises."""
+    return distances(src, anc).total ** 2
+
+
+def check_residual(view: ModelView, options: MatchOptions) -> str:
+    """The residual group to use here, or a one-line error saying what is allowed."""
+    why = rs.unsupported(view)
+    if why:
+        raise RotvizError(f"residual matching is unavailable for {view.spec.family}: {why}")
+    return rs.check_group(view, options.residual_group)
+
+
+def match_residual(anchor: ModelView, source: ModelView, options: MatchOptions,
+                   progress: Progress | None = None) -> MatchResult:
+    """Weight matching with per-layer maps and the residual map, alternated (see module)."""
+    t0 = time.perf_counter()
+    group = check_residual(source, options)
+    anc_c, gauge = rs.canonicalise(anchor)
+    src_c, _ = rs.canonicalise(source)
+    per_layer = options.ffn or options.attn or options.rescale
+    inner = replace(options, residual=False)
+    history = [objective(src_c, anc_c)]
+    q_total: torch.Tensor | None = None
+    transforms: dict[int, LayerTransform] = {}
+    first = None
+    rounds = 0
+    for r in range(options.rounds):
+        start = history[-1]
+        if progress:
+            progress(r, options.rounds, f"round {r + 1}: per-layer maps")
+        if per_layer:
+            step = match(anc_c, src_c, inner)
+            first = first or step
+            src_c = step.view
+            for i, t in step.transforms.items():
+                transforms[i] = transforms[i].then(t) if i in transforms else t
+            history.append(step.report.after.total ** 2)
+        if progress:
+            progress(r, options.rounds, f"round {r + 1}: residual map")
+        q = rs.solve(rs.cross(src_c, anc_c), group)
+        src_c = rs.apply_residual(src_c, q.to(src_c.blocks[0].attn.wq), check=False)
+        q_total = q if q_total is None else q_total @ q
+        history.append(objective(src_c, anc_c))
+        rounds = r + 1
+        if start - history[-1] <= options.tol * history[0]:
+            break
+    if progress:
+        progress(options.rounds, options.rounds, "done")
+    view = rs.restore(src_c, gauge)
+    before = distances(source, anchor)
+    after = distances(view, anchor)
+    layers = first.report.layers if first is not None else []
+    for rep in layers:  # what the whole element does, not just its first round
+        t = transforms.get(rep.layer)
+        if t is not None and t.perm is not None:
+            rep.ffn_moved = int((t.perm != torch.arange(len(t.perm))).sum())
+        if t is not None and t.heads is not None:
+            rep.head_perm = t.heads.tolist()
+    info = {
+        "group": group,
+        "rounds": rounds,
+        "objective": history,  # squared canonical distance after each step
+        "distance_canonical_before": history[0] ** 0.5,
+        "distance_canonical_after": history[-1] ** 0.5,
+        "angles": rs.angles(q_total, group) if q_total is not None else [],
+        "moved": int((q_total.diagonal() < 0.5).sum()) if group == "permutation" else None,
+    }
+    report = MatchReport(options, before, after, layers, residual=info)
+    report.seconds = time.perf_counter() - t0
+    return MatchResult(view, transforms, report, residual=q_total)

@@ -1,0 +1,169 @@
+"""Matching from data: activation matching, and learned matching on top of a data-free start.
+
+Activation matching (Git Re-Basin's, extended to the stream): run both models on the same
+training examples; the residual map is the Procrustes solution of the summed cross-covariance
+of their streams (at every block's input and before the final norm), and each FFN permutation
+is the linear assignment that maximises the correlation of hidden units. Attention maps then
+come from the weights, given those. Learned matching (rotviz.learned) starts from weight
+matching, or from activation matching when `act` is also on.
+
+Activations are read from a private copy of the anchor's module (hooks would otherwise touch
+a module that other callers share).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+import torch
+
+from rotviz import residual as rs
+from rotviz.actions import LayerTransform, apply
+from rotviz.alternating import check_residual
+from rotviz.data import Split, load_split
+from rotviz.distances import distances
+from rotviz.errors import RotvizError
+from rotviz.matching import MatchOptions, MatchReport, MatchResult, Progress, assign, match
+from rotviz.models import Loaded
+from rotviz.view import ModelView, write_state
+
+Tensor = torch.Tensor
+ACT_EXAMPLES = 256  # training examples (images, or 64-character windows) for activations
+
+
+def _module_of(model: torch.nn.Module, prefix: str) -> torch.nn.Module:
+    return model.get_submodule(prefix.rstrip("."))
+
+
+def activations(loaded: Loaded, view: ModelView, split: Split, device: torch.device,
+                batch_size: int = 64) -> tuple[list[Tensor], list[Tensor]]:
+    """(streams, hidden): the stream entering every block and the final norm (pre-norm) or
+    leaving the last block (post-norm), and every FFN's hidden activation, as (tokens, width)
+    float64 matrices, for `view`'s weights evaluated on `split`."""
+    from torch.func import functional_call
+
+    module = copy.deepcopy(loaded.model).to(device)
+    state = write_state(view)
+    lay = view.layout
+    streams: dict[int, list[Tensor]] = {}
+    hidden: dict[int, list[Tensor]] = {}
+
+    def keep(store: dict, k: int):
+        def hook(_mod, args, kwargs, *out):
+            x = out[0] if out else (args[0] if args else next(iter(kwargs.values())))
+            x = x[0] if isinstance(x, tuple) else x
+            store.setdefault(k, []).append(x.detach().double().reshape(-1, x.shape[-1]).cpu())
+        return hook
+
+    n = len(lay.blocks)
+    for i, prefix in enumerate(lay.blocks):
+        _module_of(module, prefix).register_forward_pre_hook(keep(streams, i), with_kwargs=True)
+        ffn_out = _module_of(module, prefix + lay.roles["ffn_out"])
+        ffn_out.register_forward_pre_hook(keep(hidden, i), with_kwargs=True)
+    if view.spec.placement == "pre" and lay.final_norm is not None:
+        _module_of(module, lay.final_norm).register_forward_pre_hook(keep(streams, n),
+                                                                     with_kwargs=True)
+    else:
+        _module_of(module, lay.blocks[-1]).register_forward_hook(keep(streams, n),
+                                                                 with_kwargs=True)
+    names = set(dict(module.named_parameters())) | set(dict(module.named_buffers()))
+    params = {k: v.to(device) for k, v in state.items() if k in names}
+    key = "pixel_values" if loaded.spec.inputs == "pixels" else "input_ids"
+    with torch.no_grad():
+        for x, _ in split.subset(min(split.n, ACT_EXAMPLES)).batches(batch_size):
+            x = x.to(device)
+            if loaded.spec.source == "timm":
+                functional_call(module, params, (x,), strict=False)
+            else:
+                functional_call(module, params, (), {key: x}, strict=False)
+    return ([torch.cat(streams[k]) for k in sorted(streams)],
+            [torch.cat(hidden[k]) for k in sorted(hidden)])
+
+
+def _corr(a: Tensor, b: Tensor) -> Tensor:
+    """Correlation of every column of a with every column of b."""
+    a = (a - a.mean(0)) / (a.std(0) + 1e-8)
+    b = (b - b.mean(0)) / (b.std(0) + 1e-8)
+    return a.t() @ b / len(a)
+
+
+def match_activations(anchor: Loaded, anc_c: ModelView, src_c: ModelView, options: MatchOptions,
+                      group: str | None, split: Split, device: torch.device,
+                      ) -> tuple[ModelView, dict[int, LayerTransform], Tensor | None, dict]:
+    """Residual map and FFN permutations from activations (canonical forms), then attention
+    maps from weights. Returns the moved canonical source, the per-layer maps, Q and a report."""
+    layers = options.layers if options.layers is not None else range(len(anc_c.blocks))
+    sa, ha = activations(anchor, anc_c, split, device)
+    ss, hs = activations(anchor, src_c, split, device)
+    info: dict = {"data": split.data, "split": split.split, "examples": min(split.n, ACT_EXAMPLES)}
+    q = None
+    if options.residual and group is not None:
+        c = sum(s.t() @ a for s, a in zip(ss, sa, strict=True))
+        q = rs.solve(c.to(device), group)
+        src_c = rs.apply_residual(src_c, q.to(src_c.blocks[0].attn.wq), check=False)
+        info["residual_angles"] = rs.angles(q, group)
+    transforms: dict[int, LayerTransform] = {}
+    if options.ffn:
+        corr_before, corr_after = [], []
+        for i in layers:
+            c = _corr(hs[i], ha[i])
+            perm = assign(c.numpy())
+            corr_before.append(float(c.diagonal().mean()))
+            corr_after.append(float(c[perm, torch.arange(len(perm))].mean()))
+            transforms[i] = LayerTransform(perm=perm)
+        src_c = apply(src_c, transforms)
+        info["ffn_corr_before"], info["ffn_corr_after"] = corr_before, corr_after
+    if options.attn or options.rescale:
+        step = match(anc_c, src_c, replace(options, ffn=False, residual=False, act=False,
+                                           learned=False))
+        src_c = step.view
+        for i, t in step.transforms.items():
+            transforms[i] = transforms[i].then(t) if i in transforms else t
+    return src_c, transforms, q, info
+
+
+def match_with_data(anchor: Loaded, anchor_view: ModelView, source_view: ModelView,
+                    options: MatchOptions, data: str | None, device: torch.device,
+                    progress: Progress | None = None,
+                    cancel: Callable[[], bool] | None = None) -> MatchResult:
+    """Activation and/or learned matching (`options.act`, `options.learned`) on `data`'s
+    training split (learned matching stops early on its validation split)."""
+    if not data:
+        raise RotvizError(
+            f"matching [{options.label}] learns from data: give a data reference (--data)"
+        )
+    t0 = time.perf_counter()
+    train = load_split(data, "train")
+    group = check_residual(source_view, options) if options.residual else None
+    anc_c, gauge = rs.canonicalise(anchor_view)
+    plain = replace(options, act=False, learned=False)
+    report_extra: dict = {}
+    if options.act:
+        src_c, _ = rs.canonicalise(source_view)
+        if progress:
+            progress(0, 1, "activations")
+        src_c, transforms, q, report_extra["act"] = match_activations(
+            anchor, anc_c, src_c, options, group, train, device)
+        start = MatchResult(rs.restore(src_c, gauge), transforms, None, residual=q)
+    else:
+        start = match(anchor_view, source_view, plain, progress)
+        report_extra["residual"] = start.report.residual if start.report else None
+        src_c, _ = rs.canonicalise(start.view)
+    layers_rep = start.report.layers if start.report else []
+    view = start.view
+    if options.learned:
+        from rotviz.learned import learn
+
+        val = load_split(data, "val")
+        tuned, info = learn(anchor, anc_c, src_c, group, train, val, options.learn, device,
+                            progress, cancel)
+        view = rs.restore(tuned.to(anchor_view.blocks[0].attn.wq.dtype,
+                                   anchor_view.blocks[0].attn.wq.device), gauge)
+        report_extra["learned"] = info.to_dict()
+    before, after = distances(source_view, anchor_view), distances(view, anchor_view)
+    report = MatchReport(options, before, after, layers_rep, **report_extra)
+    report.seconds = time.perf_counter() - t0
+    return MatchResult(view, start.transforms, report, residual=start.residual)

@@ -1,0 +1,219 @@
+"""Learned matching (GLMC paper): tune the orthogonal maps on data so the path has no barrier.
+
+Start from weight matching, on canonical forms (rotviz.residual). Parametrise the residual map
+and every per-head Q-K and V-O map as rotations exp(S - S^T) applied on top of that start, and
+minimise the task loss of the interpolated model (1 - lam) anchor + lam source' at
+lam ~ U(lam_lo, lam_hi) on training batches. Permutations and scales stay as weight matching
+left them. Every `eval_every` steps the barrier is measured on the validation split; the best
+maps are kept, and training stops after `patience` checks without improvement, when the steps
+run out, or when `cancel` is set. Every map is a group element, so the function never changes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from rotviz import residual as rs
+from rotviz.actions import LayerTransform, apply
+from rotviz.data import Split
+from rotviz.landscape import IGNORE, Evaluator, barrier_of
+from rotviz.matching import LearnOptions, Progress
+from rotviz.models import Loaded
+from rotviz.view import ModelView, write_state
+
+Tensor = torch.Tensor
+VAL_ALPHAS = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+@dataclass
+class LearnInfo:
+    steps: int = 0
+    best_step: int = 0
+    stopped: str = ""  # "patience", "steps" or "cancelled"
+    seconds: float = 0.0
+    val_barrier_start: float = 0.0
+    val_barrier: float = 0.0  # of the maps kept
+    history: list[dict] = field(default_factory=list)  # per check: step, train_loss, val_barrier
+    learned: list[str] = field(default_factory=list)  # which maps were tuned
+
+    def to_dict(self) -> dict:
+        return dict(vars(self))
+
+
+def rope_mask(view: ModelView) -> Tensor | None:
+    """Under rotary embeddings only per-frequency-pair rotations keep Q-K: the skew
+    generator may only pair i with its partner."""
+    rope = view.spec.rope
+    if rope is None:
+        return None
+    dh = view.blocks[0].attn.wq.shape[1]
+    mask = torch.zeros(dh, dh)
+    idx = torch.arange(dh // 2)
+    a, b = (idx, idx + dh // 2) if rope == "rotate_half" else (2 * idx, 2 * idx + 1)
+    mask[a, b] = 1.0
+    mask[b, a] = 1.0
+    return mask
+
+
+class Maps(torch.nn.Module):
+    """Skew generators of the learned rotations, all zero at the start (= weight matching)."""
+
+    def __init__(self, view: ModelView, group: str | None, opts: LearnOptions):
+        super().__init__()
+        d = view.dims.d_model
+        self.group = group
+        self.residual = None
+        if opts.residual and group in ("orthogonal", "centred"):
+            k = d - 1 if group == "centred" else d
+            self.residual = torch.nn.Parameter(torch.zeros(k, k, dtype=torch.float64))
+            self.register_buffer("bz", rs.ones_complement(d) if group == "centred" else None)
+        self.qk = self.vo = None
+        if opts.heads:
+            a = view.blocks[0].attn
+            shape = (len(view.blocks), a.wk.shape[0], a.wk.shape[1], a.wk.shape[1])
+            self.qk = torch.nn.Parameter(torch.zeros(shape, dtype=torch.float64))
+            self.vo = torch.nn.Parameter(torch.zeros(shape, dtype=torch.float64))
+        mask = rope_mask(view)
+        self.register_buffer("mask", None if mask is None else mask.double())
+
+    @staticmethod
+    def _rot(s: Tensor, mask: Tensor | None = None) -> Tensor:
+        a = s - s.transpose(-1, -2)
+        if mask is not None:
+            a = a * mask
+        return torch.linalg.matrix_exp(a)
+
+    def names(self) -> list[str]:
+        return [n for n, p in (("residual", self.residual), ("qk", self.qk), ("vo", self.vo))
+                if p is not None]
+
+    def transform(self, view: ModelView) -> ModelView:
+        """The view moved by the current maps (differentiable)."""
+        if self.qk is not None:
+            qk, vo = self._rot(self.qk, self.mask), self._rot(self.vo)
+            view = apply(view, {i: LayerTransform(qk=qk[i], vo=vo[i])
+                                for i in range(len(view.blocks))})
+        if self.residual is not None:
+            r = self._rot(self.residual)
+            if self.group == "centred":
+                d = self.bz.shape[0]
+                q = self.bz @ r @ self.bz.t() + torch.full((d, d), 1.0 / d, dtype=r.dtype,
+                                                           device=r.device)
+            else:
+                q = r
+            view = rs.apply_residual(view, q, check=False)
+        return view
+
+
+def _train_loss(ev: Evaluator, params: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
+    logits = ev.logits(params, x).float()
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
+                           ignore_index=IGNORE)
+
+
+def learn(
+    anchor: Loaded,
+    anchor_c: ModelView,
+    start_c: ModelView,
+    group: str | None,
+    train: Split,
+    val: Split,
+    opts: LearnOptions | None = None,
+    device: str | torch.device = "cpu",
+    progress: Progress | None = None,
+    cancel: Callable[[], bool] | None = None,
+) -> tuple[ModelView, LearnInfo]:
+    """Tune rotations on top of `start_c` (the weight-matched source, canonical) against
+    `anchor_c` (the canonical anchor). Returns the tuned canonical source and what happened."""
+    t0 = time.perf_counter()
+    opts = opts or LearnOptions()
+    info = LearnInfo()
+    torch.manual_seed(opts.seed)
+    gen = np.random.default_rng(opts.seed)
+    ev_train = Evaluator(anchor, train, device, batch_size=opts.batch_size)
+    ev_val = Evaluator(anchor, val, device)
+    dev = ev_train.device
+    anchor_c = anchor_c.to(torch.float64, dev)
+    start_c = start_c.to(torch.float64, dev)
+    maps = Maps(start_c, group, opts).to(dev)
+    info.learned = maps.names()
+    pa = ev_train.params(write_state(anchor_c))
+    pa = {k: v.detach() for k, v in pa.items()}
+
+    def source_params() -> dict[str, Tensor]:  # not detached: gradients reach the maps
+        state = write_state(maps.transform(start_c))
+        return {n: state[n].to(dev) for n in ev_train.names}
+
+    with torch.no_grad():
+        ends = [ev_val.evaluate(pa)[0], ev_val.evaluate(source_params())[0]]
+
+    def val_barrier() -> float:
+        with torch.no_grad():
+            ps = source_params()
+            loss = [ends[0]] + [ev_val.evaluate({k: torch.lerp(pa[k], ps[k], a) for k in pa})[0]
+                                for a in VAL_ALPHAS[1:-1]] + [ends[1]]
+        return barrier_of(VAL_ALPHAS, loss)
+
+    best = val_barrier()
+    info.val_barrier_start = best
+    best_state = {k: v.detach().clone() for k, v in maps.state_dict().items()}
+    info.history.append({"step": 0, "train_loss": None, "val_barrier": best})
+    if not info.learned:
+        info.stopped = "nothing to learn"
+        info.val_barrier = best
+        return start_c, info
+    optim = torch.optim.Adam(maps.parameters(), lr=opts.lr)
+    # cosine decay to zero: late steps refine instead of hopping between nearby maps
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        optim, lambda k: 0.5 * (1 + np.cos(np.pi * min(k, opts.steps) / opts.steps)))
+    batches = ev_train.batches
+    xs = torch.cat([x for x, _ in batches])
+    ys = torch.cat([y for _, y in batches])
+    n = len(xs)
+    bad = 0
+    recent: list[float] = []
+    info.stopped = "steps"
+    for step in range(1, opts.steps + 1):
+        if cancel is not None and cancel():
+            info.stopped = "cancelled"
+            break
+        idx = torch.as_tensor(gen.choice(n, size=min(opts.batch_size, n), replace=False))
+        lam = float(gen.uniform(*opts.lam))
+        ps = source_params()
+        params = {k: torch.lerp(pa[k], ps[k], lam) for k in pa}
+        loss = _train_loss(ev_train, params, xs[idx.to(xs.device)], ys[idx.to(ys.device)])
+        optim.zero_grad()
+        loss.backward()
+        optim.step()
+        sched.step()
+        value = float(loss.detach())
+        recent.append(value)
+        info.steps = step
+        if progress:
+            progress(step, opts.steps, f"step {step}: loss at lam {lam:.2f} = {value:.3f}")
+        if step % opts.eval_every == 0 or step == opts.steps:
+            vb = val_barrier()
+            info.history.append({"step": step, "train_loss": float(np.mean(recent)),
+                                 "val_barrier": vb})
+            recent = []
+            if vb < best - 1e-6:
+                best, bad = vb, 0
+                info.best_step = step
+                best_state = {k: v.detach().clone() for k, v in maps.state_dict().items()}
+            else:
+                bad += 1
+                if bad >= opts.patience:
+                    info.stopped = "patience"
+                    break
+    maps.load_state_dict(best_state)
+    with torch.no_grad():
+        out = maps.transform(start_c)
+    info.val_barrier = best
+    info.seconds = time.perf_counter() - t0
+    return out, info
