@@ -29,6 +29,17 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--heads", action=argparse.BooleanOptionalAction, default=False,
                    help="permute heads by linear assignment before rotating them; needs --attn "
                         "(default off: the seed paper's method)")
+    m.add_argument("--residual", action=argparse.BooleanOptionalAction, default=False,
+                   help="also map the residual stream (rotation, centred rotation or "
+                        "permutation, as the architecture allows), alternated with the others")
+    m.add_argument("--residual-group", default="auto",
+                   help="auto (the architecture's group), or a subgroup: permutation, centred")
+    m.add_argument("--act", action="store_true",
+                   help="FFN and residual maps from activations on --data (training split)")
+    m.add_argument("--learned", action="store_true",
+                   help="then tune the rotations on --data so the path has no barrier")
+    m.add_argument("--steps", type=int, default=300, help="learned matching steps (default 300)")
+    m.add_argument("--data", default=None, help="data reference for --act / --learned")
     m.add_argument("--layers", default=None, help="layer subset, e.g. 0,2-5 (default: all)")
     m.add_argument("--report", default=None, help="write the full report as JSON here")
     m.add_argument("--device", default="auto", help="auto, cpu, cuda or mps (default auto)")
@@ -53,16 +64,23 @@ def _extra_commands():
 
 
 def cmd_match(args: argparse.Namespace) -> int:
-    from rotviz.matching import MatchOptions, parse_layers
+    from rotviz.matching import LearnOptions, MatchOptions, parse_layers
     from rotviz.models import load_model, pick_device, save_model
     from rotviz.pipeline import FUNCTION_TOLERANCE, match_models
 
+    if (args.act or args.learned) and not args.data:
+        raise RotvizError("--act and --learned learn from data: add --data, e.g. --data digits")
+    if args.steps < 1:
+        raise RotvizError(f"--steps must be at least 1, got {args.steps}")
     device = pick_device(args.device)
     anchor = load_model(args.anchor)
     source = load_model(args.source)
     layers = parse_layers(args.layers, _n_layers(anchor))
-    options = MatchOptions(args.ffn, args.attn, args.rescale, layers, heads=args.heads)
-    out = match_models(anchor, source, options, device)
+    options = MatchOptions(args.ffn, args.attn, args.rescale, layers, heads=args.heads,
+                           residual=args.residual, residual_group=args.residual_group,
+                           act=args.act, learned=args.learned,
+                           learn=LearnOptions(steps=args.steps))
+    out = match_models(anchor, source, options, device, data=args.data)
     rep = out.report
     if not out.preserved:
         raise RotvizError(

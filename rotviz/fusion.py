@@ -372,7 +372,7 @@ def merge(
     options = as_options(options)
     ev = Evaluator(anchor, split, device)
     if source_state is None:
-        source_state, info = matched_state(anchor, source, options, ev.device)
+        source_state, info = matched_state(anchor, source, options, ev.device, data=split.data)
         match_s, d0, d1 = info.seconds, info.distance_before, info.distance_after
     else:
         match_s, d0, d1 = 0.0, 0.0, 0.0
@@ -498,7 +498,7 @@ def fusion_table(
 
     for spec, label in zip(specs, labels, strict=True):
         t = time.perf_counter()
-        state, info = matched_state(anchor, source, as_options(spec), ev.device)
+        state, info = matched_state(anchor, source, as_options(spec), ev.device, data=split.data)
         timing[f"match:{label}"] = time.perf_counter() - t
         distance[label] = info.distance_after
         tick(f"matched [{label}]")

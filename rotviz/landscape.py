@@ -146,9 +146,11 @@ class MatchInfo:
 
 
 def matched_state(anchor: Loaded, source: Loaded, options: MatchOptions | str | None,
-                  device: str | torch.device = "cpu", progress: Progress | None = None
+                  device: str | torch.device = "cpu", progress: Progress | None = None,
+                  data: str | None = None, cancel: Callable[[], bool] | None = None,
                   ) -> tuple[dict[str, Tensor], MatchInfo]:
-    """The source as matched onto the anchor (its own state for no matching), checked."""
+    """The source as matched onto the anchor (its own state for no matching), checked.
+    Activation and learned matching train on `data`'s train split (validation: its val)."""
     from rotviz.distances import distances
     from rotviz.pipeline import FUNCTION_TOLERANCE, match_models, view_of
 
@@ -158,7 +160,7 @@ def matched_state(anchor: Loaded, source: Loaded, options: MatchOptions | str | 
         d = distances(view_of(source), view_of(anchor))
         return dict(source.state), MatchInfo("none", d.total, d.total, 0.0, 0.0, d.to_dict(),
                                              d.to_dict())
-    out = match_models(anchor, source, options, resolve_device(device), progress)
+    out = match_models(anchor, source, options, resolve_device(device), progress, data, cancel)
     rep = out.report
     if not out.preserved:
         raise RotvizError(
@@ -306,7 +308,7 @@ def interpolate(
     options = as_options(options)
     ev = evaluator or Evaluator(anchor, split, device, batch_size)
     if source_state is None:
-        source_state, info = matched_state(anchor, source, options, ev.device)
+        source_state, info = matched_state(anchor, source, options, ev.device, data=split.data)
     else:
         info = match_info or MatchInfo(label_of(options), 0.0, 0.0, None, 0.0)
     alphas = np.linspace(0.0, 1.0, points).tolist()
@@ -395,7 +397,7 @@ def loss_plane(
     options = as_options(options)
     ev = Evaluator(anchor, split, device, batch_size)
     if source_state is None:
-        source_state, info = matched_state(anchor, source, options, ev.device)
+        source_state, info = matched_state(anchor, source, options, ev.device, data=split.data)
         label = info.match
     else:
         label = label_of(options)

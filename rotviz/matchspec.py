@@ -1,9 +1,13 @@
 """Matching SPEC strings, as typed on the command line and stored in results.
 
-A SPEC is `none`, or a comma list of symmetry names: `ffn`, `attn`, `rescale` (the seed
-paper's three), and `seed` as shorthand for all three. The later options `heads`, `residual`,
-`weight` (everything data-free), `act` and `learned` parse already, so results and URLs keep
-one format, but using one raises a clear error until `MatchOptions` grows a field for it.
+A SPEC is `none`, or a comma list of names:
+- groups: `ffn`, `attn`, `rescale` (the seed paper's three), `heads` (head permutation) and
+  `residual` (the residual-stream map, alternated with the others);
+- solvers that need data: `act` (FFN and residual maps from activations) and `learned`
+  (maps tuned so the path has no barrier);
+- shorthands: `seed` = ffn,attn,rescale; `weight` = seed,residual, the data-free weight matching
+  (head permutation stays opt-in: on the default pair it lowers the distance but raises the
+  barrier, see README). `act` or `learned` with no group named starts from `weight`.
 """
 
 from __future__ import annotations
@@ -17,11 +21,11 @@ from rotviz.matching import MatchOptions
 # name -> the flags it switches on
 SHORTHANDS: dict[str, tuple[str, ...]] = {
     "seed": ("ffn", "attn", "rescale"),
-    "weight": ("ffn", "attn", "rescale", "heads", "residual"),
+    "weight": ("ffn", "attn", "rescale", "residual"),
 }
-AVAILABLE = ("ffn", "attn", "rescale")
-LATER = ("heads", "residual", "act", "learned")
-FLAGS = AVAILABLE + LATER
+GROUPS = ("ffn", "attn", "rescale", "heads", "residual")
+SOLVERS = ("act", "learned")  # need data
+FLAGS = GROUPS + SOLVERS
 NAMES = ("none",) + FLAGS + tuple(SHORTHANDS)
 
 
@@ -45,7 +49,7 @@ class Spec:
     def label(self) -> str:
         on = set(self.flags)
         for short in ("weight", "seed"):
-            if set(SHORTHANDS[short]) <= on and on - set(SHORTHANDS[short]) <= set(LATER):
+            if set(SHORTHANDS[short]) <= on:
                 rest = [f for f in self.flags if f not in SHORTHANDS[short]]
                 return ",".join([short, *rest])
         return ",".join(self.flags) or "none"
@@ -89,6 +93,8 @@ def parse_spec(text: str | Spec | None) -> Spec:
     on: set[str] = set()
     for n in names:
         on.update(SHORTHANDS.get(n, (n,)))
+    if on & set(SOLVERS) and not on & set(GROUPS):  # a solver alone starts from weight matching
+        on.update(SHORTHANDS["weight"])
     return Spec(**{f: f in on for f in FLAGS})
 
 

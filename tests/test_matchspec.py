@@ -10,7 +10,7 @@ from rotviz.errors import RotvizError
 from rotviz.matching import MatchOptions
 from rotviz.matchspec import (
     FLAGS,
-    LATER,
+    SOLVERS,
     Spec,
     label_of,
     match_options,
@@ -71,24 +71,29 @@ def test_unknown_names_are_one_line_errors_listing_valid_ones(text):
         assert name in msg
 
 
-@pytest.mark.parametrize("name", LATER)
-def test_later_options_parse_but_are_refused_until_implemented(name):
+@pytest.mark.parametrize("name", FLAGS)
+def test_every_flag_reaches_match_options(name):
     spec = parse_spec(f"seed,{name}")
     assert getattr(spec, name) and spec.ffn and spec.attn and spec.rescale
-    assert name in spec.label
-    if name in OPTION_FIELDS:  # the engine has grown this option: it passes through
-        assert getattr(spec.options(), name) is True
-    else:
-        with pytest.raises(RotvizError, match="not available yet") as e:
-            spec.options()
-        assert "\n" not in str(e.value) and name in str(e.value)
+    assert name in spec.label or name in ("ffn", "attn", "rescale")
+    assert getattr(spec.options(), name) is True
 
 
-def test_weight_is_everything_data_free():
+def test_weight_is_the_seed_maps_plus_the_residual_map():
     spec = parse_spec("weight")
-    assert spec.flags == ("ffn", "attn", "rescale", "heads", "residual")
+    assert spec.flags == ("ffn", "attn", "rescale", "residual")
     assert spec.label == "weight"
     assert parse_spec("weight,learned").label == "weight,learned"
+    assert parse_spec("seed,residual").label == "weight"
+    assert parse_spec("weight,heads").label == "weight,heads"
+
+
+@pytest.mark.parametrize("name", SOLVERS)
+def test_a_data_solver_alone_starts_from_weight_matching(name):
+    assert parse_spec(name).label == f"weight,{name}"
+    assert parse_spec(f"seed,{name}").label == f"seed,{name}"  # a named start is kept
+    assert spec_of(parse_spec(name).options()) == parse_spec(name)
+    assert parse_spec(name).options().needs_data
 
 
 def test_spec_fields_cover_every_flag():
