@@ -26,6 +26,7 @@ def _hf_config(
     patch: int,
     channels: int,
     labels: int,
+    tie: bool = True,
 ):
     import transformers as T
 
@@ -39,6 +40,7 @@ def _hf_config(
             n_positions=32,
             bos_token_id=0,
             eos_token_id=0,
+            tie_word_embeddings=tie,
             architectures=["GPT2LMHeadModel"],
         ), T.GPT2LMHeadModel
     common = dict(
@@ -87,8 +89,10 @@ def random_model(
     channels: int = 1,
     labels: int = 5,
     dtype: torch.dtype = torch.float32,
+    tie: bool = True,
 ) -> tuple[nn.Module, dict]:
-    """A model of `family` with random weights (seeded) and its config as a dict."""
+    """A model of `family` with random weights (seeded) and its config as a dict. `tie=False`
+    gives GPT-2 an output head of its own (residual maps need one)."""
     torch.manual_seed(seed)
     if family == "timm-vit":
         import timm
@@ -110,7 +114,8 @@ def random_model(
             "model_args": {k: v for k, v in args.items() if k != "num_classes"},
         }
     else:
-        cfg, cls = _hf_config(family, layers, d, heads, ffn, vocab, image, patch, channels, labels)
+        cfg, cls = _hf_config(family, layers, d, heads, ffn, vocab, image, patch, channels, labels,
+                              tie)
         model = cls(cfg)
         config = cfg.to_dict()
     gen = torch.Generator().manual_seed(seed)

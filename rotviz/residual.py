@@ -66,8 +66,8 @@ def unsupported(view: ModelView) -> str | None:
     """Why residual maps cannot be used on this model, or None when they can."""
     lay, spec = view.layout, view.spec
     readers = {f"{r}.weight" for r in lay.readers}
-    for alias, owner in spec.tied:
-        if alias not in view.other or owner not in lay.writers:
+    for alias, owner in tied_pairs(view):
+        if owner not in lay.writers:
             continue
         if alias not in readers:
             return (f"{alias} is tied to the stream writer {owner} but reads another space; "
@@ -79,6 +79,20 @@ def unsupported(view: ModelView) -> str | None:
                         "final norm's gain cannot be folded into one without the other; use a "
                         "model saved with tie_word_embeddings=false, or match without residual")
     return None
+
+
+def tied_pairs(view: ModelView) -> list[tuple[str, str]]:
+    """The spec's (alias, owner) pairs that this model really ties: one storage, or equal
+    values (a copy made on the way, e.g. by a dtype cast)."""
+    out = []
+    for alias, owner in view.spec.tied:
+        a, o = view.other.get(alias), view.other.get(owner)
+        if a is None or o is None or a.shape != o.shape:
+            continue
+        same = a.data_ptr() == o.data_ptr() or bool(torch.equal(a.detach(), o.detach().to(a)))
+        if same:
+            out.append((alias, owner))
+    return out
 
 
 def _final_gain(view: ModelView) -> Tensor | None:
@@ -194,6 +208,9 @@ def canonicalise(view: ModelView) -> tuple[ModelView, Gauge]:
     are returned as they are. Gains must be non-zero."""
     if view.spec.placement == "post":
         return view, Gauge({}, {})
+    why = unsupported(view)
+    if why:
+        raise RotvizError(f"cannot canonicalise {view.spec.family}: {why}")
     gains = {}
     for nid, i, site in _norm_ids(view):
         g = view.other[f"{view.layout.final_norm}.weight"] if i is None else \
@@ -299,8 +316,8 @@ def apply_residual(view: ModelView, q: Tensor, check: bool = True) -> ModelView:
             key = f"{mod}.{part}"
             if key in other and (part == "bias" or group == "permutation"):
                 other[key] = r(other[key])
-    for alias, owner in view.spec.tied:  # one tensor: the alias follows its owner
-        if alias in other and owner in other and alias not in {f"{m}.weight" for m in lay.readers}:
+    for alias, owner in tied_pairs(view):  # one tensor: the alias follows its owner
+        if alias not in {f"{m}.weight" for m in lay.readers}:
             other[alias] = other[owner]
     return replace(view, blocks=tuple(blocks), other=other)
 
@@ -341,7 +358,7 @@ def cross(src: ModelView, anc: ModelView) -> Tensor:
             if site in ("attn_out", "ffn_out"):
                 add(n.weight, na.weight)
     lay = src.layout
-    tied = {a for a, _ in src.spec.tied}
+    tied = {a for a, _ in tied_pairs(src)}
     for key in lay.writers:
         add(src.other[key], anc.other[key], rows_last=not _is_projection(src, key))
     for mod in lay.readers:

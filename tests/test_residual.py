@@ -1,0 +1,187 @@
+"""Residual-stream maps (issue 6, item 2): canonical forms, planted recovery per group, the
+alternating objective, optimality of the solvers, and one-line errors for maps that do not
+exist on an architecture."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import clone_state, view_of
+
+from rotviz import residual as rs
+from rotviz.actions import random_orthogonal
+from rotviz.distances import distances, norm
+from rotviz.errors import RotvizError
+from rotviz.matching import MatchOptions, match
+from rotviz.models import load_model, max_output_diff
+from rotviz.pipeline import match_models
+from rotviz.view import write_state
+
+F64 = torch.float64
+RESIDUAL_ONLY = MatchOptions(ffn=False, attn=False, rescale=False, residual=True)
+# (family, extra sizes): every family whose stream has a symmetry we can use
+WITH_RESIDUAL = [("vit", {}), ("timm-vit", {}), ("bert", {}), ("gpt2", {"tie": False})]
+EXPECTED_GROUP = {"vit": "centred", "timm-vit": "centred", "bert": "permutation",
+                  "gpt2": "centred"}
+
+
+@pytest.fixture(params=WITH_RESIDUAL, ids=[f for f, _ in WITH_RESIDUAL])
+def stream_model(request, saved):
+    """`get(seed, dtype)`: a tiny model of one family whose residual stream can be mapped."""
+    fam, extra = request.param
+    cache = {}
+
+    def get(seed: int = 0, dtype=None):
+        if (seed, dtype) not in cache:
+            cache[(seed, dtype)] = load_model(saved(fam, seed, **extra), dtype=dtype)
+        return cache[(seed, dtype)]
+
+    return get
+
+
+def test_group_is_read_from_the_architecture(stream_model):
+    model = stream_model()
+    view = view_of(model)
+    assert rs.group_of(view) == EXPECTED_GROUP[model.spec.family]
+    assert rs.unsupported(view) is None
+
+
+def test_canonical_form_keeps_the_function_and_restores_exactly(stream_model):
+    model = stream_model()
+    view = view_of(model)
+    before = clone_state(model.state)
+    canon, gauge = rs.canonicalise(view)
+    assert max_output_diff(model, model.state, write_state(canon)) <= 1e-4
+    if view.spec.placement == "pre":
+        assert distances(canon, view).total > 0.1  # gains folded, writers centred: it moved
+        for blk in canon.blocks:
+            assert all(bool((n.weight == 1).all()) for n in blk.norms.values())
+    back = rs.restore(canon, gauge)
+    assert distances(back, view).total / norm(view) <= 1e-6
+    assert all(torch.equal(before[k], model.state[k]) for k in before)  # nothing mutated
+
+
+def test_planted_residual_map_keeps_the_function(stream_model):
+    model = stream_model()
+    canon, _ = rs.canonicalise(view_of(model))
+    image = rs.apply_residual(canon, rs.random_map(canon, seed=7))
+    assert distances(image, canon).total > 1.0
+    assert max_output_diff(model, model.state, write_state(image)) <= 1e-4
+
+
+def test_matching_recovers_a_planted_residual_map(stream_model):
+    canon, _ = rs.canonicalise(view_of(stream_model(0, F64)))
+    image = rs.apply_residual(canon, rs.random_map(canon, seed=7))
+    out = match(canon, image, RESIDUAL_ONLY)
+    assert distances(out.view, canon).total / norm(canon) <= 1e-5
+    assert out.report.residual["group"] == rs.group_of(canon)
+
+
+def test_alternating_objective_never_goes_up(stream_model):
+    anchor, source = view_of(stream_model(0, F64)), view_of(stream_model(1, F64))
+    out = match(anchor, source, MatchOptions(heads=True, residual=True, rounds=6, tol=0.0))
+    history = out.report.residual["objective"]
+    assert len(history) == 1 + 2 * 6  # start, then per-layer and residual steps each round
+    assert all(b <= a * (1 + 1e-12) for a, b in zip(history, history[1:], strict=False))
+    assert history[-1] < history[1]  # the residual steps gain beyond the per-layer maps
+    # the first step is exactly the per-layer matching of the canonical forms
+    ac, _ = rs.canonicalise(anchor)
+    sc, _ = rs.canonicalise(source)
+    seed = match(ac, sc, MatchOptions(heads=True))
+    assert abs(seed.report.after.total ** 2 - history[1]) <= 1e-9 * history[1]
+
+
+def test_weight_matching_keeps_the_function_and_shrinks_the_distance(stream_model):
+    anchor, source = stream_model(0), stream_model(1)
+    before = clone_state(source.state)
+    out = match_models(anchor, source, MatchOptions(residual=True))
+    assert out.report.max_output_diff <= 1e-4 and out.preserved
+    res = out.report.residual
+    assert res["distance_canonical_after"] < 0.9 * res["distance_canonical_before"]
+    assert all(torch.equal(before[k], source.state[k]) for k in before)
+
+
+def test_centred_procrustes_is_optimal_and_keeps_all_ones():
+    gen = torch.Generator().manual_seed(0)
+    d = 12
+    m = torch.randn(d, d, generator=gen, dtype=F64)
+    q = rs.solve(m, "centred")
+    ones = torch.ones(d, dtype=F64)
+    assert torch.allclose(q.t() @ q, torch.eye(d, dtype=F64), atol=1e-12)
+    assert torch.allclose(q @ ones, ones, atol=1e-12)
+    best = float(torch.trace(q.t() @ m))
+    bz = rs.ones_complement(d)
+    for r in random_orthogonal(500, d - 1, gen):
+        other = bz @ r @ bz.t() + torch.full((d, d), 1.0 / d, dtype=F64)
+        assert float(torch.trace(other.t() @ m)) <= best + 1e-9
+    full = rs.solve(m, "orthogonal")  # the unconstrained optimum is at least as good
+    assert float(torch.trace(full.t() @ m)) >= best - 1e-9
+
+
+def test_permutation_solver_is_the_exact_assignment():
+    import itertools
+
+    gen = torch.Generator().manual_seed(1)
+    m = torch.randn(6, 6, generator=gen, dtype=F64)
+    q = rs.solve(m, "permutation")
+    best = max(sum(float(m[p[k], k]) for k in range(6)) for p in itertools.permutations(range(6)))
+    assert abs(float(torch.trace(q.t() @ m)) - best) <= 1e-12
+
+
+def test_full_rotation_of_a_layernorm_stream_is_refused_and_would_break_it(loaded):
+    model = loaded("vit")
+    canon, _ = rs.canonicalise(view_of(model))
+    gen = torch.Generator().manual_seed(3)
+    full = random_orthogonal(1, canon.dims.d_model, gen)[0]
+    with pytest.raises(RotvizError, match="Q 1 = 1") as e:
+        rs.apply_residual(canon, full)
+    assert "\n" not in str(e.value)
+    broken = rs.apply_residual(canon, full, check=False)  # the check is what keeps it safe
+    assert max_output_diff(model, model.state, write_state(broken)) > 1e-2
+
+
+def test_rotation_of_a_post_norm_stream_is_refused_and_would_break_it(loaded):
+    model = loaded("bert")
+    view = view_of(model)
+    rotation = random_orthogonal(1, view.dims.d_model, torch.Generator().manual_seed(2))[0]
+    with pytest.raises(RotvizError, match="only coordinate permutations"):
+        rs.apply_residual(view, rotation)
+    with pytest.raises(RotvizError, match="allows only coordinate permutation") as e:
+        match(view, view, MatchOptions(residual=True, residual_group="orthogonal"))
+    assert "residual auto" in str(e.value)
+    broken = rs.apply_residual(view, rotation, check=False)
+    assert max_output_diff(model, model.state, write_state(broken)) > 1e-2
+
+
+def test_unfolded_gains_are_refused(loaded):
+    view = view_of(loaded("vit"))
+    with pytest.raises(RotvizError, match="canonicalise"):
+        rs.apply_residual(view, torch.eye(view.dims.d_model))
+
+
+@pytest.mark.parametrize("family", ["gpt2", "roberta"])
+def test_tied_heads_are_refused_with_a_way_out(loaded, family):
+    """GPT-2's tied head would need the final gain folded into its embedding; RoBERTa's tied
+    MLM decoder reads another space. Both are one-line errors naming what to do instead."""
+    model = loaded(family)
+    view = view_of(model)
+    assert rs.unsupported(view)
+    with pytest.raises(RotvizError) as e:
+        match_models(model, loaded(family, 1), MatchOptions(residual=True))
+    msg = str(e.value)
+    assert "\n" not in msg and "without residual" in msg
+    if family == "gpt2":
+        with pytest.raises(RotvizError, match="tie_word_embeddings"):
+            rs.canonicalise(view)
+
+
+def test_residual_and_seed_compose_on_planted_elements(loaded, saved):
+    """A planted residual map plus the seed paper's group on an untied GPT-2: every part
+    together keeps the function."""
+    from rotviz.actions import apply, random_element
+
+    model = load_model(saved("gpt2", 0, tie=False))
+    canon, _ = rs.canonicalise(view_of(model))
+    image = apply(rs.apply_residual(canon, rs.random_map(canon, 5)),
+                  random_element(canon.dims, 5, heads=True))
+    assert max_output_diff(model, model.state, write_state(image)) <= 1e-4
