@@ -1,0 +1,157 @@
+"""Matching from data (issue 6, items 3-4) and the acceptance on the shipped default pair:
+barrier(weight) <= barrier(seed), barrier(learned) <= 0.1, the function kept to 1e-4."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import clone_state, view_of
+from test_landscape import default_pair_refs
+
+from rotviz import residual as rs
+from rotviz.actions import LayerTransform, apply
+from rotviz.cli import main
+from rotviz.data import load_split
+from rotviz.datamatch import match_activations
+from rotviz.distances import distances, norm
+from rotviz.errors import RotvizError
+from rotviz.landscape import interpolate
+from rotviz.matching import LearnOptions, MatchOptions, match
+from rotviz.models import load_model, max_output_diff
+from rotviz.pipeline import match_models
+from rotviz.view import write_state
+
+
+@pytest.fixture(scope="module")
+def pair():
+    a, b = default_pair_refs()
+    return load_model(a), load_model(b)
+
+
+@pytest.fixture(scope="module")
+def test_split():
+    return load_split("digits", "test")
+
+
+@pytest.fixture(scope="module")
+def curves(pair, test_split):
+    """Barrier curves on the default pair's test split, 21 points, keyed by SPEC."""
+    a, b = pair
+    out = {}
+    for spec in ("seed", "weight"):
+        m = match_models(a, b, MatchOptions(residual=spec == "weight"))
+        out[spec] = (interpolate(a, b, test_split, None, 21, source_state=m.state), m)
+    return out
+
+
+def test_default_pair_weight_matching_does_not_raise_the_barrier(curves):
+    seed, weight = curves["seed"][0], curves["weight"][0]
+    assert weight.barrier <= seed.barrier
+    assert weight.mid_acc >= seed.mid_acc
+    assert curves["weight"][1].report.max_output_diff <= 1e-4
+
+
+def test_default_pair_learned_matching_removes_the_barrier(pair, test_split, curves):
+    a, b = pair
+    before = clone_state(b.state)
+    m = match_models(a, b, MatchOptions(residual=True, learned=True), data="digits")
+    c = interpolate(a, b, test_split, None, 21, source_state=m.state)
+    assert c.barrier <= 0.1
+    assert c.mid_acc >= 0.9
+    assert m.report.max_output_diff <= 1e-4
+    info = m.report.learned
+    assert info["learned"] == ["residual", "qk", "vo"]
+    assert info["val_barrier"] < info["val_barrier_start"]
+    assert info["history"][0]["step"] == 0 and info["steps"] <= 300
+    # endpoints are the same functions: the path starts and ends where weight matching's does
+    w = curves["weight"][0]
+    assert abs(c.loss[0] - w.loss[0]) <= 1e-5 and abs(c.loss[-1] - w.loss[-1]) <= 1e-4
+    assert all(torch.equal(before[k], b.state[k]) for k in before)
+
+
+def test_learned_matching_is_reproducible_and_cancellable(pair):
+    a, b = pair
+    short = MatchOptions(residual=True, learned=True, learn=LearnOptions(steps=10, eval_every=5))
+    one = match_models(a, b, short, data="digits")
+    two = match_models(a, b, short, data="digits")
+    assert all(torch.equal(one.state[k], two.state[k]) for k in one.state)
+    steps = []  # learned steps seen (weight matching reports its rounds first)
+
+    def progress(done, total, message):
+        if message.startswith("step "):
+            steps.append(done)
+
+    stopped = match_models(a, b, short, data="digits", progress=progress,
+                           cancel=lambda: len(steps) >= 3)
+    assert stopped.report.learned["stopped"] == "cancelled"
+    assert stopped.report.learned["steps"] == 3
+    assert stopped.report.max_output_diff <= 1e-4
+
+
+def test_data_matching_without_data_is_a_one_line_error(pair):
+    a, b = pair
+    for opts in (MatchOptions(learned=True), MatchOptions(act=True)):
+        with pytest.raises(RotvizError, match="data") as e:
+            match_models(a, b, opts)
+        assert "\n" not in str(e.value)
+    with pytest.raises(RotvizError, match="needs data"):
+        match(view_of(a), view_of(b), MatchOptions(act=True))
+
+
+def test_activation_matching_recovers_planted_stream_and_ffn_maps(loaded):
+    """Streams equal up to Q and hidden units equal up to P: activations give both back."""
+    model = loaded("vit")
+    canon, _ = rs.canonicalise(view_of(model))
+    gen = torch.Generator().manual_seed(4)
+    perms = {i: LayerTransform(perm=torch.randperm(canon.dims.d_ffn, generator=gen))
+             for i in range(canon.dims.n_layers)}
+    image = apply(rs.apply_residual(canon, rs.random_map(canon, 4).float()), perms)
+    assert distances(image, canon).total / norm(canon) > 0.5
+    options = MatchOptions(attn=False, rescale=False, residual=True, act=True)
+    out, _, q, info = match_activations(model, canon, image, options, "centred",
+                                        load_split("digits", "train"), torch.device("cpu"))
+    assert distances(out, canon).total / norm(canon) <= 1e-4
+    assert min(info["ffn_corr_after"]) >= 0.999
+    assert max_output_diff(model, model.state, write_state(out)) <= 1e-4
+
+
+def test_activation_matching_on_the_default_pair_keeps_the_function(pair):
+    a, b = pair
+    m = match_models(a, b, MatchOptions(residual=True, act=True), data="digits")
+    assert m.report.max_output_diff <= 1e-4
+    act = m.report.act
+    assert act["examples"] == 256 and len(act["residual_angles"]) == 63
+    assert all(after >= before for before, after in
+               zip(act["ffn_corr_before"], act["ffn_corr_after"], strict=True))
+    assert m.report.after.total < m.report.before.total
+
+
+def test_cli_match_with_residual_writes_a_checked_model_and_report(tmp_path, pair, capsys):
+    a, b = default_pair_refs()
+    out, rep = tmp_path / "m", tmp_path / "r.json"
+    assert main(["match", a, b, "--out", str(out), "--residual", "--report", str(rep),
+                 "--device", "cpu"]) == 0
+    report = json.loads(rep.read_text())
+    assert report["options"]["residual"] is True
+    hist = report["residual"]["objective"]
+    assert all(y <= x * (1 + 1e-9) for x, y in zip(hist, hist[1:], strict=False))
+    assert report["max_output_diff"] <= 1e-4
+    matched = load_model(out)
+    assert max_output_diff(pair[1], pair[1].state, matched.state) <= 1e-4
+    assert "ffn,attn,rescale,residual" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("extra, pattern", [
+    (["--learned"], "add --data"),
+    (["--residual", "--residual-group", "orthogonal"], "use residual auto"),
+    (["--act", "--data", "nosuch"], "unknown data"),
+])
+def test_cli_match_bad_data_options_are_one_line_exit_2(tmp_path, capsys, extra, pattern):
+    a, b = default_pair_refs()
+    out = tmp_path / "m"
+    assert main(["match", a, b, "--out", str(out), "--device", "cpu", *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rotviz: error: ") and err.count("\n") == 1 and pattern in err
+    assert not out.exists()
