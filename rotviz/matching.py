@@ -19,6 +19,8 @@ The anchor is never changed; the source's view is replaced, not modified.
 
 from __future__ import annotations
 
+import itertools
+import math
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -269,37 +271,62 @@ def pair_parts(src: Attention, anc: Attention) -> tuple[Tensor, Tensor, Tensor, 
             _cross_all(src.wv, anc.wv, src.bv, anc.bv), _cross_all(wo_s, wo_a))
 
 
+# Under grouped-query attention, the query heads of each (source group, anchor group) pair
+# are assigned by trying every order when there are at most this many (r! for r query heads
+# per group, so up to r = 4: exact), else by a linear assignment on per-head gains.
+EXACT_INNER = 24
+
+
+def _pair_gain(qk: Tensor, vo: Tensor, rope: str | None, solve) -> Tensor:
+    """Per pair of heads or groups: max tr(R^T M_QK) + max tr(R^T M_VO), float64."""
+    if rope is None:
+        sv = torch.linalg.svdvals(torch.stack([qk, vo]).to(solve))
+        return sv.double().sum(dim=-1).sum(dim=0)
+    return qk_gain(qk, rope).double() + torch.linalg.svdvals(vo.to(solve)).double().sum(dim=-1)
+
+
 def _group_pairs(parts: tuple[Tensor, Tensor, Tensor, Tensor], rope: str | None, solve):
     """For every (source group g, anchor group g'): the assignment of g's query heads to those
-    of g' (by the per-head gains of their Q and O terms) and the group's gain with it.
+    of g' that maximises the pair's gain, and that gain.
 
     Returns (gain (H_kv, H_kv), inner (H_kv, H_kv, r) long: anchor head k of g' gets source
     head g r + inner[g, g', k], and the four cross terms summed under that assignment, each
     (H_kv, H_kv, d_h, d_h)). Without grouped-query attention (r = 1) the gain is what
-    `head_gain` always gave: ||M_QK[i, j]||_* + ||M_VO[i, j]||_*."""
+    `head_gain` always gave: ||M_QK[i, j]||_* + ||M_VO[i, j]||_*. With r! <= EXACT_INNER
+    every order is tried (exact); beyond, the order comes from a linear assignment on the
+    gains of single query-head pairs (their Q and O terms), a heuristic."""
     mq, mk, mv, mo = parts
     h, h_kv = mq.shape[0], mk.shape[0]
     r = h // h_kv
+    g_idx = torch.arange(h_kv)
+    anc_heads = (g_idx[None, :, None] * r + torch.arange(r)).expand(h_kv, h_kv, r)
+
+    def summed(inner: Tensor) -> tuple[Tensor, Tensor]:
+        src_heads = g_idx[:, None, None] * r + inner  # (H_kv, H_kv, r)
+        return mq[src_heads, anc_heads].sum(dim=2), mo[src_heads, anc_heads].sum(dim=2)
+
     if r == 1:
         inner = torch.zeros(h, h, 1, dtype=torch.long)
         sq, so = mq, mo
+    elif math.factorial(r) <= EXACT_INNER:
+        orders = torch.tensor(list(itertools.permutations(range(r))), dtype=torch.long)
+        best = torch.full((h_kv, h_kv), -math.inf, dtype=torch.float64)
+        pick = torch.zeros(h_kv, h_kv, dtype=torch.long)
+        for n, order in enumerate(orders):
+            sq, so = summed(order.expand(h_kv, h_kv, r))
+            gain = _pair_gain(sq + mk, so + mv, rope, solve)
+            better = gain > best
+            best, pick = torch.where(better, gain, best), torch.where(better, n, pick)
+        inner = orders[pick]
+        sq, so = summed(inner)
     else:
         # per query-head pair: the Q-K and O gains it brings (an upper bound on what it adds)
-        q_score = (qk_gain(mq.to(solve), rope) + torch.linalg.svdvals(mo.to(solve)).sum(-1))
+        q_score = qk_gain(mq.to(solve), rope) + torch.linalg.svdvals(mo.to(solve)).sum(-1)
         blocks = q_score.double().reshape(h_kv, r, h_kv, r).permute(0, 2, 1, 3).numpy()
         inner = torch.stack([torch.stack([assign(blocks[g, g2]) for g2 in range(h_kv)])
                              for g in range(h_kv)])
-        g_idx = torch.arange(h_kv)
-        src_heads = g_idx[:, None, None] * r + inner  # (H_kv, H_kv, r)
-        anc_heads = (g_idx[None, :, None] * r + torch.arange(r)).expand(h_kv, h_kv, r)
-        sq = mq[src_heads, anc_heads].sum(dim=2)
-        so = mo[src_heads, anc_heads].sum(dim=2)
-    qk, vo = (sq + mk).to(solve), (so + mv).to(solve)
-    if rope is None:
-        gain = torch.linalg.svdvals(torch.stack([qk, vo])).double().sum(dim=-1).sum(dim=0)
-    else:
-        gain = qk_gain(qk, rope).double() + torch.linalg.svdvals(vo).double().sum(dim=-1)
-    return gain, inner, (sq, mk, mv, so)
+        sq, so = summed(inner)
+    return _pair_gain(sq + mk, so + mv, rope, solve), inner, (sq, mk, mv, so)
 
 
 def head_gain(src: Attention, anc: Attention,
