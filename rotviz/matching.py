@@ -91,7 +91,9 @@ class HeadReport:
     ffn_moved: int = 0  # FFN units that changed position
     head_perm: list[int] = field(default_factory=list)  # new head k = source head head_perm[k]
     qk_pair_scale: list[list[float]] = field(default_factory=list)  # rotary: (H_kv, d_h / 2)
-    ffn_scale: list[float] = field(default_factory=list)  # gated FFN: up/down scale per unit
+    # gated FFN with rescaling: quantiles (0, 25, 50, 75, 100 %) of the per-unit up/down
+    # scales (the scales themselves are in MatchResult.transforms[layer].ffn_scale)
+    ffn_scale_quantiles: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -641,7 +643,8 @@ def match(
             if options.rescale and source.dims.gated:
                 moved = permute_ffn(source.blocks[i].ffn, perm)
                 scale = ffn_scales(anchor.blocks[i].ffn, moved)
-                reports[i].ffn_scale = scale.tolist()
+                q = torch.tensor([0.0, 0.25, 0.5, 0.75, 1.0], dtype=torch.float64)
+                reports[i].ffn_scale_quantiles = torch.quantile(scale, q).tolist()
         heads, qk, vo = attn.get(i, (None, None, None))
         transforms[i] = LayerTransform(perm, qk, vo, heads, scale)
         view = apply_layer(view, i, transforms[i])

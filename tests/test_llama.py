@@ -317,7 +317,8 @@ def test_swiglu_element_is_recovered(llama, variant):
     assert _rel(image, original) > 0.05
     result = match(original, image)
     assert _rel(result.view, original) <= RECOVERED
-    assert all(len(r.ffn_scale) == 64 for r in result.report.layers)
+    assert all(len(r.ffn_scale_quantiles) == 5 for r in result.report.layers)
+    assert all(result.transforms[i].ffn_scale.shape == (64,) for i in range(2))
 
 
 # ---- actions: rotary Q-K, V-O per KV group, grouped-query attention ------------------------
@@ -629,7 +630,9 @@ def test_ffn_unit_scales_beat_a_grid(llama):
             return (((s[..., None] * up[:, None] - up2[:, None]) ** 2).sum(-1)
                     + ((down[:, None] / s[..., None] - down2[:, None]) ** 2).sum(-1))
 
-        chosen = torch.tensor(rep.ffn_scale, dtype=F64)
+        chosen = res.transforms[layer].ffn_scale
+        q = torch.quantile(chosen, torch.tensor([0.0, 0.25, 0.5, 0.75, 1.0], dtype=F64))
+        torch.testing.assert_close(torch.tensor(rep.ffn_scale_quantiles, dtype=F64), q)
         at_chosen = f(chosen[:, None])[:, 0]
         assert bool((at_chosen <= f(grid.expand(64, -1)).amin(1) * (1 + 1e-12)).all())
         assert bool((at_chosen <= f(torch.ones(64, 1, dtype=F64))[:, 0] * (1 + 1e-12)).all())
@@ -721,7 +724,8 @@ def test_report_under_rope_and_gqa(llama, variant):
         pair = np.array(rep.qk_pair_scale)
         assert pair.shape == (h_kv, dh // 2) and np.all(pair != 0)
         np.testing.assert_allclose(rep.qk_scale, np.exp(np.log(np.abs(pair)).mean(1)))
-        assert len(rep.vo_scale) == h_kv and len(rep.ffn_scale) == dims.d_ffn
+        assert len(rep.vo_scale) == h_kv and len(rep.ffn_scale_quantiles) == 5
+        assert rep.ffn_scale_quantiles == sorted(rep.ffn_scale_quantiles)
         assert 0 < rep.ffn_moved <= dims.d_ffn
         assert sorted(rep.head_perm) == list(range(dims.n_heads))
         group_permutation(torch.tensor(rep.head_perm), h_kv)
