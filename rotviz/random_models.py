@@ -29,6 +29,7 @@ def _hf_config(
     kv_heads: int | None = None,
     head_dim: int | None = None,
     bias: bool = False,
+    tie_embeddings: bool = False,
 ):
     import transformers as T
 
@@ -47,7 +48,7 @@ def _hf_config(
             rope_theta=100.0,  # short contexts: lower base, so every pair turns visibly
             attention_bias=bias,
             mlp_bias=bias,
-            tie_word_embeddings=False,
+            tie_word_embeddings=tie_embeddings,
             bos_token_id=0,
             eos_token_id=0,
             architectures=["LlamaForCausalLM"],
@@ -114,13 +115,18 @@ def random_model(
     kv_heads: int | None = None,
     head_dim: int | None = None,
     bias: bool = False,
+    tie_embeddings: bool = False,
 ) -> tuple[nn.Module, dict]:
     """A model of `family` with random weights (seeded) and its config as a dict.
 
     llama only: `kv_heads` key/value heads (default heads // 2: grouped-query attention),
-    `head_dim` (default d // heads) and `bias` (biases on attention and FFN linears)."""
-    if family != "llama" and (kv_heads is not None or head_dim is not None or bias):
-        raise ValueError(f"kv_heads, head_dim and bias are llama options, not {family}'s")
+    `head_dim` (default d // heads), `bias` (biases on attention and FFN linears) and
+    `tie_embeddings` (lm_head shares the embedding table; untied by default)."""
+    if family != "llama" and (kv_heads is not None or head_dim is not None or bias
+                              or tie_embeddings):
+        raise ValueError(
+            f"kv_heads, head_dim, bias and tie_embeddings are llama options, not {family}'s"
+        )
     torch.manual_seed(seed)
     if family == "timm-vit":
         import timm
@@ -143,7 +149,7 @@ def random_model(
         }
     else:
         cfg, cls = _hf_config(family, layers, d, heads, ffn, vocab, image, patch, channels, labels,
-                              kv_heads, head_dim, bias)
+                              kv_heads, head_dim, bias, tie_embeddings)
         model = cls(cfg)
         config = cfg.to_dict()
     gen = torch.Generator().manual_seed(seed)

@@ -61,6 +61,7 @@ VARIANTS = {
     "mha": dict(kv_heads=4),
     "mqa": dict(kv_heads=1),
     "hd12-bias": dict(head_dim=12, bias=True),  # d_h = 12 != d / H, biases everywhere
+    "tied": dict(tie_embeddings=True),  # lm_head is the embedding table
 }
 GROUPED = ["gqa", "mqa", "hd12-bias"]  # H_kv < H
 
@@ -149,16 +150,22 @@ def test_round_trip_is_bit_exact(llama, variant, dtype):
 
 
 def test_groups_count_every_parameter_once(llama, variant):
-    """Distances see every tensor: the gate (as ffn_in) and the untied lm_head included."""
+    """Distances see every tensor once: the gate (as ffn_in) included, and lm_head unless the
+    config ties it to the embedding table."""
     model = llama(variant)
-    assert model.config["tie_word_embeddings"] is False
+    tied = variant == "tied"
+    assert model.config["tie_word_embeddings"] is tied
+    head, emb = model.state["lm_head.weight"], model.state["model.embed_tokens.weight"]
+    assert (head.data_ptr() == emb.data_ptr()) is tied
     got = list(groups(view_of(model)))
     expected = sum(t.numel() for t in model.state.values() if t.is_floating_point())
+    expected -= head.numel() if tied else 0
     assert sum(t.numel() for _, _, t in got) == expected
+    assert any(t is head for _, _, t in got) is not tied
     gate = model.state["model.layers.0.mlp.gate_proj.weight"]
     assert any(k == "ffn_in" and t is gate for layer, k, t in got if layer == 0)
     kinds = {k for layer, k, _ in got if layer is None}
-    assert {"embeddings", "head", "norms"} <= kinds
+    assert {"embeddings", "norms"} | (set() if tied else {"head"}) == kinds
 
 
 def test_config_that_does_not_fit_the_weights_is_a_clear_error(llama):
@@ -742,10 +749,11 @@ def test_match_models_keeps_the_function_and_lowers_the_distance(llama, variant)
         assert all(out.state[k].dtype == source.state[k].dtype for k in out.state)
 
 
-def test_matched_model_saves_and_reloads(llama, tmp_path):
+@pytest.mark.parametrize("variant", ["gqa", "tied"])
+def test_matched_model_saves_and_reloads(llama, tmp_path, variant):
     import transformers
 
-    anchor, source = llama("gqa", 0), llama("gqa", 1)
+    anchor, source = llama(variant, 0), llama(variant, 1)
     out = match_models(anchor, source)
     folder = save_model(source, out.state, tmp_path / "matched")
     again = load_model(folder)
@@ -760,3 +768,6 @@ def test_matched_model_saves_and_reloads(llama, tmp_path):
         assert (own(**x).logits - y_source).abs().max() <= TOL
     after = distances(view_of(again), view_of(anchor)).total
     assert math.isclose(after, out.report.after.total, rel_tol=1e-6)
+    tied = again.state["lm_head.weight"].data_ptr() == again.state[
+        "model.embed_tokens.weight"].data_ptr()
+    assert tied is (variant == "tied")  # a tie survives saving and loading; no tie appears
