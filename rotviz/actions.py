@@ -149,6 +149,11 @@ def scale_ffn(ffn: FFN, s: Tensor) -> FFN:
 def permute_heads(attn: Attention, heads: Tensor) -> Attention:
     """New head k is old head heads[k]: Q rows, their biases and W_O columns together; K and V
     follow the KV groups (see `group_permutation`)."""
+    if tuple(heads.shape) != (attn.n_heads,) or sorted(heads.tolist()) != list(range(attn.n_heads)):
+        raise RotvizError(
+            f"a head permutation of this model lists each of its {attn.n_heads} heads once, "
+            f"not {heads.tolist()}"
+        )
     heads = heads.to(attn.wq.device)
     groups = group_permutation(heads, attn.n_kv_heads).to(attn.wq.device)
 

@@ -343,7 +343,7 @@ def head_gain(src: Attention, anc: Attention,
     unless the weights are float64 (as for the rotations). Under rotary embeddings the Q-K
     term is the gain of the per-pair rotations instead; under grouped-query attention G is
     over KV groups (H_kv, H_kv), each with its query heads assigned inside first."""
-    parts = parts if parts is not None else pair_parts(src, anc)
+    parts = tuple(p.cpu() for p in (parts if parts is not None else pair_parts(src, anc)))
     solve = torch.float64 if src.wq.dtype == torch.float64 else torch.float32
     return _group_pairs(parts, rope, solve)[0]
 

@@ -467,6 +467,8 @@ def test_group_splitting_head_permutation_is_refused(llama):
     with pytest.raises(RotvizError, match="splits a key/value group") as e:
         permute_heads(view.blocks[0].attn, torch.tensor([0, 2, 1, 3]))
     assert "\n" not in str(e.value)
+    with pytest.raises(RotvizError, match="each of its 4 heads once"):
+        permute_heads(view.blocks[0].attn, torch.tensor([0, 0, 1, 2]))
     moved = permute_heads(view.blocks[0].attn, torch.tensor([3, 2, 0, 1]))
     assert torch.equal(moved.wk, view.blocks[0].attn.wk[[1, 0]])
     assert torch.equal(moved.wq, view.blocks[0].attn.wq[[3, 2, 0, 1]])
