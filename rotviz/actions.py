@@ -1,12 +1,23 @@
 """Symmetry actions on the canonical view. Each returns new tensors; inputs are never touched.
 
 Conventions (row vectors, `y = x W^T + b`, REFERENCE.md):
-- FFN permutation `perm`: new unit k is old unit perm[k].
-- Q-K map A (per head, invertible): W_Q -> A^T W_Q, b_Q -> b_Q A, W_K -> A^-1 W_K, b_K -> b_K A^-T.
-  Scores q k^T are unchanged because A A^-1 = I.
-- V-O map B (per head, invertible): W_V -> B^T W_V, b_V -> b_V B, W_O[:, h] -> W_O[:, h] B^-T.
-- Head permutation `heads`: new head k is old head heads[k] (its Q, K, V rows, their biases and
-  its W_O columns move together); applied before the Q-K and V-O maps, which act on new heads.
+- FFN permutation `perm`: new unit k is old unit perm[k]. A gated FFN's gate rows move with
+  the up rows and the down columns.
+- FFN scale `ffn_scale` (gated FFNs; ReLU with positive scales): after the permutation, unit k's
+  up row (and bias) times s[k], its down column divided by s[k]; the gate never changes.
+- Q-K map A (per KV group, invertible): W_Q -> A^T W_Q, b_Q -> b_Q A for every query head of the
+  group, W_K -> A^-1 W_K, b_K -> b_K A^-T. Scores q k^T are unchanged because A A^-1 = I.
+- V-O map B (per KV group, invertible): W_V -> B^T W_V, b_V -> b_V B, W_O[:, h] -> W_O[:, h] B^-T
+  for every query head h of the group.
+- Without grouped-query attention a KV group is one head (H_kv = H). Maps that differ between
+  the query heads of one group break the function; the (H_kv, d_h, d_h) shape rules them out.
+- Rotary embeddings: a Q-K map must commute with every position rotation, i.e. be a 2x2
+  rotation times a scale on each frequency pair (`rope_pairs`) and zero elsewhere.
+- Head permutation `heads`: new head k is old head heads[k] (its Q rows, bias and W_O columns
+  move together, and with them its K and V rows when H_kv = H). Under grouped-query attention
+  it must move whole groups: the heads of new group g are the heads of one old group, in any
+  order; K and V follow the groups. Applied before the Q-K and V-O maps, which act on new
+  heads.
 The seed paper's group uses A = a R and B = b R with R orthogonal and a, b non-zero scalars.
 """
 
@@ -17,6 +28,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from rotviz.errors import RotvizError
 from rotviz.view import FFN, Attention, Dims, ModelView
 
 Tensor = torch.Tensor
@@ -27,23 +39,54 @@ class LayerTransform:
     """One group element acting on one block. None means identity."""
 
     perm: Tensor | None = None  # (m,) long
-    qk: Tensor | None = None  # (H, d_h, d_h)
-    vo: Tensor | None = None  # (H, d_h, d_h)
+    qk: Tensor | None = None  # (H_kv, d_h, d_h), one map per KV group
+    vo: Tensor | None = None  # (H_kv, d_h, d_h)
     heads: Tensor | None = None  # (H,) long, applied before qk and vo
+    ffn_scale: Tensor | None = None  # (m,), applied after perm, to the permuted units
 
     def then(self, other: LayerTransform) -> LayerTransform:
         """The element that applies `self` first, then `other`.
 
-        `other`'s head permutation p2 carries `self`'s per-head maps along: new head k gets
-        old head p1[p2[k]] and the map A1[p2[k]] A2[k]."""
+        `other`'s head permutation p2 carries `self`'s per-group maps along: new group g gets
+        old group q2[g] (q2: p2 on groups) and the map A1[q2[g]] A2[g]. Likewise `other`'s
+        FFN permutation carries `self`'s unit scales: s = s1[p2] * s2."""
         perm = _compose_opt(self.perm, other.perm, lambda p1, p2: p1[p2])
         p2 = other.heads
-        qk1 = self.qk if self.qk is None or p2 is None else self.qk[p2.to(self.qk.device)]
-        vo1 = self.vo if self.vo is None or p2 is None else self.vo[p2.to(self.vo.device)]
+        qk1 = self.qk if self.qk is None or p2 is None else self.qk[_group_index(p2, self.qk)]
+        vo1 = self.vo if self.vo is None or p2 is None else self.vo[_group_index(p2, self.vo)]
         qk = _compose_opt(qk1, other.qk, lambda a1, a2: a1 @ a2.to(a1.dtype))
         vo = _compose_opt(vo1, other.vo, lambda b1, b2: b1 @ b2.to(b1.dtype))
         heads = _compose_opt(self.heads, other.heads, lambda h1, h2: h1[h2])
-        return LayerTransform(perm, qk, vo, heads)
+        s1 = self.ffn_scale
+        if s1 is not None and other.perm is not None:
+            s1 = s1[other.perm.to(s1.device)]
+        scale = _compose_opt(s1, other.ffn_scale, lambda a, b: a * b.to(a))
+        return LayerTransform(perm, qk, vo, heads, scale)
+
+
+def _group_index(heads: Tensor, maps: Tensor) -> Tensor:
+    """The KV-group permutation of a head permutation, for indexing per-group `maps`."""
+    return group_permutation(heads, maps.shape[0]).to(maps.device)
+
+
+def group_permutation(heads: Tensor, n_kv: int) -> Tensor:
+    """The KV groups' permutation (new group g is old group q[g]) carried by a head permutation
+    (new head k is old head heads[k]) of H query heads in `n_kv` groups. The heads of each new
+    group must all come from one old group; anything else breaks grouped-query attention."""
+    h = heads.shape[0]
+    if n_kv == h:
+        return heads
+    if n_kv <= 0 or h % n_kv:
+        raise RotvizError(f"{h} heads cannot form {n_kv} key/value groups; check the model's dims")
+    r = h // n_kv
+    old_groups = heads.reshape(n_kv, r) // r
+    q = old_groups[:, 0]
+    if not bool((old_groups == q[:, None]).all()) or len(set(q.tolist())) != n_kv:
+        raise RotvizError(
+            "this head permutation splits a key/value group: under grouped-query attention "
+            "heads may move only with their whole group (and be reordered inside it)"
+        )
+    return q
 
 
 def _compose_opt(x, y, fn):
@@ -60,41 +103,145 @@ def _row_times(b: Tensor | None, m: Tensor) -> Tensor | None:
 
 
 def permute_ffn(ffn: FFN, perm: Tensor) -> FFN:
+    """New unit k is old unit perm[k]: up (in) rows, gate rows and down (out) columns."""
     perm = perm.to(ffn.w_in.device)
+
+    def rows(t: Tensor | None) -> Tensor | None:
+        return None if t is None else t[perm]
+
     return replace(
         ffn,
         w_in=ffn.w_in[perm],
-        b_in=None if ffn.b_in is None else ffn.b_in[perm],
+        b_in=rows(ffn.b_in),
         w_out=ffn.w_out[:, perm],
+        w_gate=rows(ffn.w_gate),
+        b_gate=rows(ffn.b_gate),
+    )
+
+
+def scale_ffn(ffn: FFN, s: Tensor) -> FFN:
+    """Unit k's up row and bias times s[k], its down column divided by s[k]; never the gate.
+
+    A symmetry of gated FFNs (act(gate) * up is linear in up) for any s != 0, and of ReLU FFNs
+    for s > 0; for any other FFN it changes the function, so it is refused."""
+    if ffn.w_gate is None:
+        if ffn.activation != "relu":
+            raise RotvizError(
+                f"per-unit FFN scaling is a symmetry only of gated FFNs and ReLU FFNs, not of a "
+                f"{ffn.activation} FFN; leave ffn_scale out for this model"
+            )
+        if not bool((s > 0).all()):
+            raise RotvizError(
+                "per-unit scales of a ReLU FFN must be positive (a negative scale flips the "
+                "ReLU); use scales > 0"
+            )
+    if not bool((s != 0).all()):
+        raise RotvizError("a per-unit FFN scale of 0 is not invertible; use non-zero scales")
+    s = s.to(ffn.w_in)
+    return replace(
+        ffn,
+        w_in=ffn.w_in * s[:, None],
+        b_in=None if ffn.b_in is None else ffn.b_in * s,
+        w_out=ffn.w_out / s,
     )
 
 
 def permute_heads(attn: Attention, heads: Tensor) -> Attention:
-    """New head k is old head heads[k]: Q, K, V rows, their biases and W_O columns together."""
+    """New head k is old head heads[k]: Q rows, their biases and W_O columns together; K and V
+    follow the KV groups (see `group_permutation`)."""
+    if tuple(heads.shape) != (attn.n_heads,) or sorted(heads.tolist()) != list(range(attn.n_heads)):
+        raise RotvizError(
+            f"a head permutation of this model lists each of its {attn.n_heads} heads once, "
+            f"not {heads.tolist()}"
+        )
     heads = heads.to(attn.wq.device)
+    groups = group_permutation(heads, attn.n_kv_heads).to(attn.wq.device)
 
-    def pick(t: Tensor | None) -> Tensor | None:
-        return None if t is None else t[heads]
+    def pick(t: Tensor | None, idx: Tensor) -> Tensor | None:
+        return None if t is None else t[idx]
 
-    return replace(attn, wq=pick(attn.wq), wk=pick(attn.wk), wv=pick(attn.wv), wo=pick(attn.wo),
-                   bq=pick(attn.bq), bk=pick(attn.bk), bv=pick(attn.bv))
+    return replace(attn, wq=pick(attn.wq, heads), wk=pick(attn.wk, groups),
+                   wv=pick(attn.wv, groups), wo=pick(attn.wo, heads), bq=pick(attn.bq, heads),
+                   bk=pick(attn.bk, groups), bv=pick(attn.bv, groups))
 
 
-def transform_qk(attn: Attention, a: Tensor) -> Attention:
+def rope_pairs(d_head: int, rope: str) -> tuple[Tensor, Tensor]:
+    """The frequency pairs (i, j) of a head of size d_head that rotary embeddings rotate
+    together: `rotate_half` (Hugging Face) pairs i with i + d_head/2, `interleaved` pairs 2j
+    with 2j + 1. Returns the first and second members, each (d_head/2,) long."""
+    if d_head % 2:
+        raise RotvizError(f"rotary embeddings need an even head size, not {d_head}")
+    half = d_head // 2
+    if rope == "rotate_half":
+        first = torch.arange(half)
+        return first, first + half
+    if rope == "interleaved":
+        first = torch.arange(0, d_head, 2)
+        return first, first + 1
+    raise RotvizError(f"unknown rotary layout '{rope}': use rotate_half or interleaved")
+
+
+def rope_structured(a: Tensor, rope: str) -> Tensor:
+    """Whether each map (..., d_h, d_h) commutes with rotary embeddings: zero outside the
+    frequency pairs' 2x2 blocks and each block a rotation times a scale, [[x, -y], [y, x]]
+    (up to rounding). Returns a bool per map."""
+    dh = a.shape[-1]
+    i, j = (t.to(a.device) for t in rope_pairs(dh, rope))
+    allowed = torch.zeros(dh, dh, dtype=torch.bool, device=a.device)
+    for u in (i, j):
+        for v in (i, j):
+            allowed[u, v] = True
+    size = a.abs().amax(dim=(-2, -1))
+    tol = 1000 * torch.finfo(a.dtype).eps * size
+    outside = a.masked_fill(allowed, 0).abs().amax(dim=(-2, -1))
+    diag = (a[..., i, i] - a[..., j, j]).abs().amax(dim=-1)
+    anti = (a[..., i, j] + a[..., j, i]).abs().amax(dim=-1)
+    return (outside <= tol) & (diag <= tol) & (anti <= tol)
+
+
+def _per_query_head(m: Tensor, n_heads: int) -> Tensor:
+    """Per-group maps (H_kv, ...) repeated for the query heads of each group (H, ...)."""
+    return m.repeat_interleave(n_heads // m.shape[0], dim=0)
+
+
+def _check_group_maps(attn: Attention, m: Tensor, what: str) -> None:
+    h_kv, dh = attn.n_kv_heads, attn.wq.shape[1]
+    if tuple(m.shape) != (h_kv, dh, dh):
+        per_head = m.shape[0] == attn.n_heads != h_kv
+        raise RotvizError(
+            f"{what} maps must have shape ({h_kv}, {dh}, {dh}), one per key/value group, not "
+            f"{tuple(m.shape)}"
+            + ("; query heads of one group share their map (different maps change the function)"
+               if per_head else "")
+        )
+
+
+def transform_qk(attn: Attention, a: Tensor, rope: str | None = None) -> Attention:
+    """The Q-K map A (H_kv, d_h, d_h) on every query head of each group and on the group's K.
+    With `rope` the maps must commute with the rotary embeddings (see `rope_structured`)."""
+    _check_group_maps(attn, a, "Q-K")
+    if rope is not None and not bool(rope_structured(a, rope).all()):
+        raise RotvizError(
+            "Q-K maps under rotary embeddings must be 2x2 rotation-scales per frequency pair "
+            "(full rotations change the function); use attn matching, which respects RoPE"
+        )
     a = a.to(attn.wq)
     a_inv = torch.linalg.inv(a)
+    a_q = _per_query_head(a, attn.n_heads)
     return replace(
         attn,
-        wq=a.transpose(-1, -2) @ attn.wq,
-        bq=_row_times(attn.bq, a),
+        wq=a_q.transpose(-1, -2) @ attn.wq,
+        bq=_row_times(attn.bq, a_q),
         wk=a_inv @ attn.wk,
         bk=_row_times(attn.bk, a_inv.transpose(-1, -2)),
     )
 
 
 def transform_vo(attn: Attention, b: Tensor) -> Attention:
+    """The V-O map B (H_kv, d_h, d_h) on each group's V and on W_O of its query heads."""
+    _check_group_maps(attn, b, "V-O")
     b = b.to(attn.wv)
-    b_inv_t = torch.linalg.inv(b).transpose(-1, -2)
+    b_inv_t = _per_query_head(torch.linalg.inv(b).transpose(-1, -2), attn.n_heads)
     return replace(
         attn,
         wv=b.transpose(-1, -2) @ attn.wv,
@@ -109,11 +256,13 @@ def apply_layer(view: ModelView, i: int, t: LayerTransform) -> ModelView:
     if t.heads is not None:
         attn = permute_heads(attn, t.heads)
     if t.qk is not None:
-        attn = transform_qk(attn, t.qk)
+        attn = transform_qk(attn, t.qk, view.dims.rope)
     if t.vo is not None:
         attn = transform_vo(attn, t.vo)
     if t.perm is not None:
         ffn = permute_ffn(ffn, t.perm)
+    if t.ffn_scale is not None:
+        ffn = scale_ffn(ffn, t.ffn_scale)
     return view.with_block(i, replace(blk, attn=attn, ffn=ffn))
 
 
@@ -135,6 +284,48 @@ def random_orthogonal(n_heads: int, d: int, gen: torch.Generator, dtype=torch.fl
     return q.to(dtype)
 
 
+def random_rope_maps(n: int, d_head: int, rope: str, gen: torch.Generator, rotate: bool = True,
+                     scale_range: tuple[float, float] | None = None,
+                     dtype=torch.float64) -> Tensor:
+    """Random maps (n, d_h, d_h) that commute with rotary embeddings: per frequency pair a
+    rotation by a uniform angle (if `rotate`) times a scale drawn from `scale_range` (if
+    given), zero elsewhere."""
+    i, j = rope_pairs(d_head, rope)
+    half = d_head // 2
+    theta = (2 * torch.pi * torch.rand(n, half, generator=gen, dtype=torch.float64) if rotate
+             else torch.zeros(n, half, dtype=torch.float64))
+    scale = torch.ones(n, half, dtype=torch.float64)
+    if scale_range is not None:
+        lo, hi = scale_range
+        scale = lo + (hi - lo) * torch.rand(n, half, generator=gen, dtype=torch.float64)
+    return rope_maps(torch.cos(theta) * scale, torch.sin(theta) * scale, rope).to(dtype)
+
+
+def rope_maps(x: Tensor, y: Tensor, rope: str) -> Tensor:
+    """Assemble (..., d_h, d_h) maps from per-pair blocks [[x, -y], [y, x]] (x, y: (..., d_h/2))
+    on the frequency pairs of `rope`."""
+    half = x.shape[-1]
+    i, j = rope_pairs(2 * half, rope)
+    out = x.new_zeros(*x.shape[:-1], 2 * half, 2 * half)
+    out[..., i, i] = x
+    out[..., j, j] = x
+    out[..., i, j] = -y
+    out[..., j, i] = y
+    return out
+
+
+def random_head_permutation(dims: Dims, gen: torch.Generator) -> Tensor:
+    """A random head permutation that keeps KV groups whole: a random order of the groups and
+    a random order of the query heads inside each (a plain random permutation if H_kv = H)."""
+    h, h_kv = dims.n_heads, dims.n_kv_heads
+    if h_kv == h:
+        return torch.randperm(h, generator=gen)
+    r = h // h_kv
+    groups = torch.randperm(h_kv, generator=gen)
+    inside = torch.stack([torch.randperm(r, generator=gen) for _ in range(h_kv)])
+    return (groups[:, None] * r + inside).reshape(h)
+
+
 def random_transform(
     dims: Dims,
     seed: int,
@@ -144,24 +335,37 @@ def random_transform(
     scale_range: tuple[float, float] = (0.5, 2.0),
     heads: bool = False,
 ) -> LayerTransform:
-    """A random element of the seed paper's group for one block (seeded, reproducible).
+    """A random element of the seed paper's group for one block (seeded, reproducible),
+    shaped by `dims`: one Q-K and one V-O map per KV group, Q-K maps that commute with rotary
+    embeddings when `dims.rope` is set (a random angle and, with `rescale`, a scale per
+    frequency pair), and per-unit up/down scales of a gated FFN when `ffn` and `rescale`.
 
-    `heads` adds a random head permutation, drawn last so the other parts stay the same."""
+    `heads` adds a random head permutation (keeping KV groups whole), drawn last so the other
+    parts stay the same. Plain models draw exactly what they drew before these cases existed."""
     gen = torch.Generator().manual_seed(seed)
-    h, dh = dims.n_heads, dims.d_head
+    h, dh = dims.n_kv_heads, dims.d_head
     perm = torch.randperm(dims.d_ffn, generator=gen) if ffn else None
     qk = vo = None
     if attn or rescale:
         eye = torch.eye(dh, dtype=torch.float64).expand(h, dh, dh)
-        qk = random_orthogonal(h, dh, gen) if attn else eye.clone()
+        if dims.rope is None:
+            qk = random_orthogonal(h, dh, gen) if attn else eye.clone()
+        else:
+            qk = random_rope_maps(h, dh, dims.rope, gen, rotate=attn,
+                                  scale_range=scale_range if rescale else None)
         vo = random_orthogonal(h, dh, gen) if attn else eye.clone()
         if rescale:
             lo, hi = scale_range
-            a = lo + (hi - lo) * torch.rand(h, 1, 1, generator=gen, dtype=torch.float64)
-            b = lo + (hi - lo) * torch.rand(h, 1, 1, generator=gen, dtype=torch.float64)
-            qk, vo = qk * a, vo * b
-    head_perm = torch.randperm(h, generator=gen) if heads else None
-    return LayerTransform(perm, qk, vo, head_perm)
+            if dims.rope is None:  # (rotary maps carry their scales per pair already)
+                qk = qk * (lo + (hi - lo) * torch.rand(h, 1, 1, generator=gen,
+                                                       dtype=torch.float64))
+            vo = vo * (lo + (hi - lo) * torch.rand(h, 1, 1, generator=gen, dtype=torch.float64))
+    ffn_scale = None
+    if ffn and rescale and dims.gated:
+        lo, hi = scale_range
+        ffn_scale = lo + (hi - lo) * torch.rand(dims.d_ffn, generator=gen, dtype=torch.float64)
+    head_perm = random_head_permutation(dims, gen) if heads else None
+    return LayerTransform(perm, qk, vo, head_perm, ffn_scale)
 
 
 def random_element(dims: Dims, seed: int, **kinds) -> dict[int, LayerTransform]:

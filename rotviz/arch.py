@@ -243,7 +243,45 @@ TIMM_VIT = ArchSpec(
     projections=("patch_embed.proj",),
 )
 
-SPECS: tuple[ArchSpec, ...] = (GPT2, BERT, ROBERTA, VIT, TIMM_VIT)
+LLAMA = ArchSpec(
+    family="llama",
+    description="Hugging Face LLaMA (pre-RMSNorm decoder, SwiGLU FFN, grouped-query attention, "
+    "rotary embeddings)",
+    source="hf",
+    model_types=("llama",),
+    inputs="tokens",
+    n_layers_key=("num_hidden_layers",),
+    d_model_key=("hidden_size",),
+    n_heads_key=("num_attention_heads",),
+    activation_key=("hidden_act",),
+    default_activation="silu",
+    roots=("model.", ""),
+    block=("layers.{i}.",),
+    qkv=None,
+    q=LinearSpec(("self_attn.q_proj",)),
+    k=LinearSpec(("self_attn.k_proj",)),
+    v=LinearSpec(("self_attn.v_proj",)),
+    o=LinearSpec(("self_attn.o_proj",)),
+    ffn_in=LinearSpec(("mlp.up_proj",)),
+    ffn_out=LinearSpec(("mlp.down_proj",)),
+    norms=(
+        NormSpec(("input_layernorm",), "attn_in"),
+        NormSpec(("post_attention_layernorm",), "ffn_in"),
+    ),
+    placement="pre",
+    final_norm=("norm",),
+    writers=("embed_tokens",),
+    stream_norms=(),
+    readers=("lm_head", "score"),
+    tied=(("lm_head.weight", "model.embed_tokens.weight"),),
+    norm_kind="rmsnorm",
+    ffn_gate=LinearSpec(("mlp.gate_proj",)),
+    n_kv_heads_key=("num_key_value_heads",),
+    head_dim_key=("head_dim",),
+    rope="rotate_half",
+)
+
+SPECS: tuple[ArchSpec, ...] = (GPT2, BERT, ROBERTA, VIT, TIMM_VIT, LLAMA)
 
 
 def supported() -> str:

@@ -1,11 +1,17 @@
 """The seed paper's matching (Algorithm 1): move the source next to the anchor in its class.
 
-- FFN (Eq. 7): linear assignment on [W_in, b_in, W_out^T].
+- FFN (Eq. 7): linear assignment on [W_in, b_in, W_out^T] (and a gated FFN's W_gate, b_gate);
+  with rescaling, a gated FFN's units then get the best up/down scale each (the quartic below).
 - Attention (Theorem 4.1): per-head orthogonal Procrustes for Q-K and V-O, biases included,
-  all heads of a layer in one batched SVD.
+  all heads of a layer in one batched SVD. Under grouped-query attention one map per KV group,
+  from cross matrices summed over the group's query heads. Under rotary embeddings the Q-K map
+  is solved per frequency pair (a 2x2 rotation, then a scale per pair), which keeps it in the
+  group that commutes with the position rotations.
 - Head permutation (beyond the paper, off by default): per layer, every (source head, anchor
   head) pair is scored by its Procrustes gain (nuclear norms of its Q-K and V-O cross matrices,
   all H x H pairs in one batched SVD), and a linear assignment picks the heads before rotating.
+  Under grouped-query attention whole KV groups are assigned, with the query heads of each pair
+  of groups assigned inside it first.
 - Rescaling (Eq. 11-12): per head, the real root of A a^4 - B a^3 + D a - C = 0 that minimises
   f(a) = A a^2 - 2 B a + C / a^2 - 2 D / a.
 The anchor is never changed; the source's view is replaced, not modified.
@@ -13,6 +19,8 @@ The anchor is never changed; the source's view is replaced, not modified.
 
 from __future__ import annotations
 
+import itertools
+import math
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -22,7 +30,14 @@ import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from rotviz.actions import LayerTransform, apply_layer, permute_heads
+from rotviz.actions import (
+    LayerTransform,
+    apply_layer,
+    permute_ffn,
+    permute_heads,
+    rope_maps,
+    rope_pairs,
+)
 from rotviz.distances import Distances, distances
 from rotviz.errors import RotvizError
 from rotviz.view import Attention, ModelView
@@ -88,12 +103,18 @@ class MatchOptions:
 
 @dataclass
 class HeadReport:
-    """Per layer, per head: what matching saw and did."""
+    """Per layer, per head: what matching saw and did.
+
+    "Per head" means per KV group under grouped-query attention (H_kv entries; H_kv = H
+    otherwise). Under rotary embeddings the Q-K rotation turns each frequency pair by its own
+    angle: its eigen-angles (qk_angles) are those angles, each twice, and its det is +1;
+    qk_scale is then |det A|^(1/d_h), the geometric mean of the per-pair scales qk_pair_scale.
+    """
 
     layer: int
-    qk_singular: list[list[float]] = field(default_factory=list)  # (H, d_h)
+    qk_singular: list[list[float]] = field(default_factory=list)  # (H_kv, d_h)
     vo_singular: list[list[float]] = field(default_factory=list)
-    qk_angles: list[list[float]] = field(default_factory=list)  # degrees, (H, d_h)
+    qk_angles: list[list[float]] = field(default_factory=list)  # degrees, (H_kv, d_h)
     vo_angles: list[list[float]] = field(default_factory=list)
     qk_det: list[float] = field(default_factory=list)
     vo_det: list[float] = field(default_factory=list)
@@ -101,6 +122,10 @@ class HeadReport:
     vo_scale: list[float] = field(default_factory=list)
     ffn_moved: int = 0  # FFN units that changed position
     head_perm: list[int] = field(default_factory=list)  # new head k = source head head_perm[k]
+    qk_pair_scale: list[list[float]] = field(default_factory=list)  # rotary: (H_kv, d_h / 2)
+    # gated FFN with rescaling: quantiles (0, 25, 50, 75, 100 %) of the per-unit up/down
+    # scales (the scales themselves are in MatchResult.transforms[layer].ffn_scale)
+    ffn_scale_quantiles: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -148,19 +173,47 @@ class MatchResult:
 
 
 def ffn_cost(anchor: ModelView, source: ModelView, i: int) -> np.ndarray:
-    """Eq. 7's matrix <source unit j, anchor unit k> over [W_in, b_in, W_out^T], on the CPU."""
+    """Eq. 7's matrix <source unit j, anchor unit k> over [W_in, b_in, W_out^T] (and a gated
+    FFN's [W_gate, b_gate], which moves with the units), on the CPU."""
     fa, fs = anchor.blocks[i].ffn, source.blocks[i].ffn
     dtype = torch.promote_types(fs.w_in.dtype, torch.float32)
 
     def c(t: Tensor) -> Tensor:
         return t.detach().to(device=fs.w_in.device, dtype=dtype)
 
-    # C = W_in1 W_in2^T + b_in1^T b_in2 + W_out1^T W_out2, without concatenating copies
+    # C = W_in1 W_in2^T + b_in1^T b_in2 + W_out1^T W_out2 (+ W_gate1 W_gate2^T + b_gate1^T
+    # b_gate2), without concatenating copies
     cost = c(fs.w_in) @ c(fa.w_in).t()
     cost.addmm_(c(fs.w_out).t(), c(fa.w_out))
     if fs.b_in is not None and fa.b_in is not None:
         cost.addr_(c(fs.b_in), c(fa.b_in))
+    if fs.w_gate is not None and fa.w_gate is not None:
+        cost.addmm_(c(fs.w_gate), c(fa.w_gate).t())
+        if fs.b_gate is not None and fa.b_gate is not None:
+            cost.addr_(c(fs.b_gate), c(fa.b_gate))
     return cost.cpu().numpy()
+
+
+def ffn_scales(anchor_ffn, source_ffn) -> Tensor:
+    """Per unit of a gated FFN (the source already permuted), the scale s minimising
+    ||s up_1 - up_2||^2 + ||down_1 / s - down_2||^2 (up rows with their biases, down columns):
+    the quartic of Eq. 11-12 with A = ||up_1||^2, B = <up_1, up_2>, C = ||down_1||^2,
+    D = <down_1, down_2>. Returns (m,) float64."""
+    dtype = torch.promote_types(source_ffn.w_in.dtype, torch.float32)
+
+    def c(t: Tensor) -> Tensor:
+        return t.detach().to(device=source_ffn.w_in.device, dtype=dtype)
+
+    up1, up2 = c(source_ffn.w_in), c(anchor_ffn.w_in)
+    down1, down2 = c(source_ffn.w_out), c(anchor_ffn.w_out)
+    a = (up1 * up1).sum(-1, dtype=torch.float64)
+    b = (up1 * up2).sum(-1, dtype=torch.float64)
+    if source_ffn.b_in is not None and anchor_ffn.b_in is not None:
+        b1, b2 = c(source_ffn.b_in).double(), c(anchor_ffn.b_in).double()
+        a, b = a + b1 * b1, b + b1 * b2
+    cc = (down1 * down1).sum(0, dtype=torch.float64)
+    d = (down1 * down2).sum(0, dtype=torch.float64)
+    return best_scale(a, b, cc, d)
 
 
 def assign(cost: np.ndarray) -> Tensor:
@@ -188,27 +241,57 @@ def _cross(x: Tensor, y: Tensor, bx: Tensor | None = None, by: Tensor | None = N
     return m.to(torch.float64)
 
 
+def group_sum(x: Tensor, n_kv: int) -> Tensor:
+    """Per-query-head values (H, ...) summed over each KV group's query heads (H_kv, ...)."""
+    return x if x.shape[0] == n_kv else x.reshape(n_kv, -1, *x.shape[1:]).sum(dim=1)
+
+
 def qk_parts(src: Attention, anc: Attention) -> tuple[Tensor, Tensor]:
-    """The Q and K terms of the Q-K cross matrix, per head (H, d_h, d_h), float64."""
-    return _cross(src.wq, anc.wq, src.bq, anc.bq), _cross(src.wk, anc.wk, src.bk, anc.bk)
+    """The Q and K terms of the Q-K cross matrix, per KV group (H_kv, d_h, d_h), float64: the
+    Q term sums the group's query heads."""
+    mq = group_sum(_cross(src.wq, anc.wq, src.bq, anc.bq), src.n_kv_heads)
+    return mq, _cross(src.wk, anc.wk, src.bk, anc.bk)
 
 
 def vo_parts(src: Attention, anc: Attention) -> tuple[Tensor, Tensor]:
-    """The V and O terms of the V-O cross matrix, per head (H, d_h, d_h), float64."""
+    """The V and O terms of the V-O cross matrix, per KV group (H_kv, d_h, d_h), float64: the
+    O term sums the group's query heads."""
     wo_s, wo_a = src.wo.transpose(-1, -2), anc.wo.transpose(-1, -2)  # (H, d_h, d)
-    return _cross(src.wv, anc.wv, src.bv, anc.bv), _cross(wo_s, wo_a)
+    return _cross(src.wv, anc.wv, src.bv, anc.bv), group_sum(_cross(wo_s, wo_a), src.n_kv_heads)
 
 
 def cross_qk(src: Attention, anc: Attention) -> Tensor:
-    """M = W_Q1 W_Q2^T + W_K1 W_K2^T + b_Q1^T b_Q2 + b_K1^T b_K2, per head, in float64."""
+    """M = W_Q1 W_Q2^T + W_K1 W_K2^T + b_Q1^T b_Q2 + b_K1^T b_K2, per head (per KV group, Q
+    summed over its query heads), in float64."""
     mq, mk = qk_parts(src, anc)
     return mq + mk
 
 
 def cross_vo(src: Attention, anc: Attention) -> Tensor:
-    """M = W_V1 W_V2^T + b_V1^T b_V2 + W_O1[:, h]^T W_O2[:, h], per head, in float64."""
+    """M = W_V1 W_V2^T + b_V1^T b_V2 + W_O1[:, h]^T W_O2[:, h], per head (per KV group, O
+    summed over its query heads), in float64."""
     mv, mo = vo_parts(src, anc)
     return mv + mo
+
+
+def rope_procrustes(m: Tensor, rope: str) -> tuple[Tensor, Tensor]:
+    """argmax_R tr(R^T M) over maps that commute with rotary embeddings and are orthogonal:
+    per frequency pair (i, j) the rotation by atan2(M_ji - M_ij, M_ii + M_jj). For a batch of
+    M (..., d_h, d_h); returns R and the gain of each pair (..., d_h / 2), all pairs and heads
+    at once."""
+    i, j = rope_pairs(m.shape[-1], rope)
+    x = m[..., i, i] + m[..., j, j]
+    y = m[..., j, i] - m[..., i, j]
+    theta = torch.atan2(y, x)
+    return rope_maps(torch.cos(theta), torch.sin(theta), rope), torch.hypot(x, y)
+
+
+def qk_gain(m: Tensor, rope: str | None = None) -> Tensor:
+    """max tr(R^T M) over the Q-K rotations allowed: the nuclear norm of M, or under rotary
+    embeddings the sum of the per-pair gains (see `rope_procrustes`). For a batch (...)."""
+    if rope is None:
+        return torch.linalg.svdvals(m).sum(dim=-1)
+    return rope_procrustes(m, rope)[1].sum(dim=-1)
 
 
 def _cross_all(x: Tensor, y: Tensor, bx: Tensor | None = None,
@@ -227,30 +310,106 @@ def _cross_all(x: Tensor, y: Tensor, bx: Tensor | None = None,
 
 def pair_parts(src: Attention, anc: Attention) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The Q, K, V and O terms of the cross matrices of every (source head i, anchor head j)
-    pair, each (H, H, d_h, d_h) float64; `[i, i]` is what qk_parts/vo_parts give for head i."""
+    pair, each (H, H, d_h, d_h) float64 (K and V: (H_kv, H_kv, d_h, d_h), pairs of KV heads);
+    `[i, i]` is what qk_parts/vo_parts give for head i without grouped-query attention."""
     wo_s, wo_a = src.wo.transpose(-1, -2), anc.wo.transpose(-1, -2)  # (H, d_h, d)
     return (_cross_all(src.wq, anc.wq, src.bq, anc.bq), _cross_all(src.wk, anc.wk, src.bk, anc.bk),
             _cross_all(src.wv, anc.wv, src.bv, anc.bv), _cross_all(wo_s, wo_a))
 
 
+# Under grouped-query attention, the query heads of each (source group, anchor group) pair
+# are assigned by trying every order when there are at most this many (r! for r query heads
+# per group, so up to r = 4: exact), else by a linear assignment on per-head gains.
+EXACT_INNER = 24
+
+
+def _pair_gain(qk: Tensor, vo: Tensor, rope: str | None, solve) -> Tensor:
+    """Per pair of heads or groups: max tr(R^T M_QK) + max tr(R^T M_VO), float64."""
+    if rope is None:
+        sv = torch.linalg.svdvals(torch.stack([qk, vo]).to(solve))
+        return sv.double().sum(dim=-1).sum(dim=0)
+    return qk_gain(qk, rope).double() + torch.linalg.svdvals(vo.to(solve)).double().sum(dim=-1)
+
+
+def _group_pairs(parts: tuple[Tensor, Tensor, Tensor, Tensor], rope: str | None, solve):
+    """For every (source group g, anchor group g'): the assignment of g's query heads to those
+    of g' that maximises the pair's gain, and that gain.
+
+    Returns (gain (H_kv, H_kv), inner (H_kv, H_kv, r) long: anchor head k of g' gets source
+    head g r + inner[g, g', k], and the four cross terms summed under that assignment, each
+    (H_kv, H_kv, d_h, d_h)). Without grouped-query attention (r = 1) the gain is what
+    `head_gain` always gave: ||M_QK[i, j]||_* + ||M_VO[i, j]||_*. With r! <= EXACT_INNER
+    every order is tried (exact); beyond, the order comes from a linear assignment on the
+    gains of single query-head pairs (their Q and O terms), a heuristic."""
+    mq, mk, mv, mo = parts
+    h, h_kv = mq.shape[0], mk.shape[0]
+    r = h // h_kv
+    g_idx = torch.arange(h_kv)
+    anc_heads = (g_idx[None, :, None] * r + torch.arange(r)).expand(h_kv, h_kv, r)
+
+    def summed(inner: Tensor) -> tuple[Tensor, Tensor]:
+        src_heads = g_idx[:, None, None] * r + inner  # (H_kv, H_kv, r)
+        return mq[src_heads, anc_heads].sum(dim=2), mo[src_heads, anc_heads].sum(dim=2)
+
+    if r == 1:
+        inner = torch.zeros(h, h, 1, dtype=torch.long)
+        sq, so = mq, mo
+    elif math.factorial(r) <= EXACT_INNER:
+        orders = torch.tensor(list(itertools.permutations(range(r))), dtype=torch.long)
+        best = torch.full((h_kv, h_kv), -math.inf, dtype=torch.float64)
+        pick = torch.zeros(h_kv, h_kv, dtype=torch.long)
+        for n, order in enumerate(orders):
+            sq, so = summed(order.expand(h_kv, h_kv, r))
+            gain = _pair_gain(sq + mk, so + mv, rope, solve)
+            better = gain > best
+            best, pick = torch.where(better, gain, best), torch.where(better, n, pick)
+        inner = orders[pick]
+        sq, so = summed(inner)
+    else:
+        # per query-head pair: the Q-K and O gains it brings (an upper bound on what it adds)
+        q_score = qk_gain(mq.to(solve), rope) + torch.linalg.svdvals(mo.to(solve)).sum(-1)
+        blocks = q_score.double().reshape(h_kv, r, h_kv, r).permute(0, 2, 1, 3).numpy()
+        inner = torch.stack([torch.stack([assign(blocks[g, g2]) for g2 in range(h_kv)])
+                             for g in range(h_kv)])
+        sq, so = summed(inner)
+    return _pair_gain(sq + mk, so + mv, rope, solve), inner, (sq, mk, mv, so)
+
+
 def head_gain(src: Attention, anc: Attention,
-              parts: tuple[Tensor, Tensor, Tensor, Tensor] | None = None) -> Tensor:
+              parts: tuple[Tensor, Tensor, Tensor, Tensor] | None = None,
+              rope: str | None = None) -> Tensor:
     """G[i, j]: the Procrustes gain of rotating source head i onto anchor head j, i.e.
     ||M_QK[i, j]||_* + ||M_VO[i, j]||_* (sums of singular values), (H, H) float64.
 
     Maximising tr(R^T M) over orthogonal R gives the nuclear norm, and the distance after
     rotation is the head norms (fixed) minus twice it, so the best head assignment maximises
     the summed gain. All H x H pairs of both kinds go through one batched SVD, float32
-    unless the weights are float64 (as for the rotations)."""
-    mq, mk, mv, mo = parts if parts is not None else pair_parts(src, anc)
+    unless the weights are float64 (as for the rotations). Under rotary embeddings the Q-K
+    term is the gain of the per-pair rotations instead; under grouped-query attention G is
+    over KV groups (H_kv, H_kv), each with its query heads assigned inside first."""
+    parts = tuple(p.cpu() for p in (parts if parts is not None else pair_parts(src, anc)))
     solve = torch.float64 if src.wq.dtype == torch.float64 else torch.float32
-    sv = torch.linalg.svdvals(torch.stack([mq + mk, mv + mo]).cpu().to(solve))
-    return sv.double().sum(dim=-1).sum(dim=0)
+    return _group_pairs(parts, rope, solve)[0]
 
 
-def head_permutation(src: Attention, anc: Attention) -> Tensor:
-    """The head permutation (new head k = source head perm[k]) maximising the summed gain."""
-    return assign(head_gain(src, anc).numpy())
+def _assign_heads(parts, rope: str | None, solve) -> tuple[Tensor, tuple[Tensor, ...]]:
+    """The head permutation (new head k = source head perm[k]) maximising the summed gain,
+    keeping KV groups whole, and the Q, K, V, O cross terms of each new group vs the anchor's
+    group (H_kv, d_h, d_h) each."""
+    gain, inner, (sq, mk, mv, so) = _group_pairs(parts, rope, solve)
+    groups = assign(gain.numpy())  # new group g' = source group groups[g']
+    h_kv, r = inner.shape[0], inner.shape[-1]
+    idx = torch.arange(h_kv)
+    heads = (groups[:, None] * r + inner[groups, idx]).reshape(-1)
+    return heads, (sq[groups, idx], mk[groups, idx], mv[groups, idx], so[groups, idx])
+
+
+def head_permutation(src: Attention, anc: Attention, rope: str | None = None) -> Tensor:
+    """The head permutation (new head k = source head perm[k]) maximising the summed gain;
+    under grouped-query attention it moves whole KV groups."""
+    solve = torch.float64 if src.wq.dtype == torch.float64 else torch.float32
+    parts = tuple(p.cpu() for p in pair_parts(src, anc))
+    return _assign_heads(parts, rope, solve)[0]
 
 
 def procrustes(m: Tensor) -> tuple[Tensor, Tensor]:
@@ -301,32 +460,64 @@ def best_scale(a: Tensor, b: Tensor, c: Tensor, d: Tensor) -> Tensor:
 def scales_after(
     src: Attention, r_qk: Tensor, r_vo: Tensor, parts_qk, parts_vo
 ) -> tuple[Tensor, Tensor]:
-    """Eq. 11-12 for the source rotated by (r_qk, r_vo), without forming the rotated weights.
+    """Eq. 11-12 for the source rotated by (r_qk, r_vo), without forming the rotated weights;
+    one scale per head (per KV group: its query heads' Q and O terms summed).
 
     Rotations keep norms, and <R^T W_1, W_2> = tr(R^T W_1 W_2^T), so every coefficient
     comes from the per-kind cross matrices already computed for the Procrustes step."""
     (mq, mk), (mv, mo) = parts_qk, parts_vo
-    a = best_scale(_head_sq(src.wq, src.bq), _trace(r_qk, mq),
+    n_kv = src.n_kv_heads
+    a = best_scale(group_sum(_head_sq(src.wq, src.bq), n_kv), _trace(r_qk, mq),
                    _head_sq(src.wk, src.bk), _trace(r_qk, mk))
     b = best_scale(_head_sq(src.wv, src.bv), _trace(r_vo, mv),
-                   _head_sq(src.wo), _trace(r_vo, mo))
+                   group_sum(_head_sq(src.wo), n_kv), _trace(r_vo, mo))
     return a, b
 
 
+def _row_sq(w: Tensor, b: Tensor | None = None) -> Tensor:
+    """Per head and row ||W_h[i]||^2 + b_h[i]^2, (H, d_h) float64."""
+    out = (w * w).sum(dim=-1, dtype=torch.float64)
+    if b is not None:
+        out = out + (b * b).double()
+    return out
+
+
+def rope_scales_after(src: Attention, r_qk: Tensor, parts_qk, rope: str) -> Tensor:
+    """Eq. 11-12 per frequency pair for the source's Q-K rotated by the per-pair rotations
+    r_qk (H_kv, d_h, d_h): scaling a pair's rows of W_Q by s and of W_K by 1/s commutes with
+    the position rotations. Returns (H_kv, d_h / 2) float64."""
+    mq, mk = parts_qk
+    i, j = rope_pairs(mq.shape[-1], rope)
+    n_kv = src.n_kv_heads
+
+    def pair_sum(x: Tensor) -> Tensor:  # (..., d_h) -> (..., d_h / 2)
+        return x[..., i] + x[..., j]
+
+    def pair_trace(m: Tensor) -> Tensor:  # tr(R_p^T M_p) per pair
+        p = r_qk * m
+        return p[..., i, i] + p[..., i, j] + p[..., j, i] + p[..., j, j]
+
+    big_a = pair_sum(group_sum(_row_sq(src.wq, src.bq), n_kv).cpu())
+    big_c = pair_sum(_row_sq(src.wk, src.bk).cpu())
+    s = best_scale(big_a.reshape(-1), pair_trace(mq).reshape(-1), big_c.reshape(-1),
+                   pair_trace(mk).reshape(-1))
+    return s.reshape(big_a.shape)
+
+
 def rescale_qk(src: Attention, anc: Attention) -> Tensor:
-    """The Q-K scale per head for the source as it is (no rotation)."""
+    """The Q-K scale per head (per KV group) for the source as it is (no rotation)."""
     mq, mk = qk_parts(src, anc)
     eye = torch.eye(mq.shape[-1], dtype=mq.dtype, device=mq.device)
-    return best_scale(_head_sq(src.wq, src.bq), _trace(eye, mq),
+    return best_scale(group_sum(_head_sq(src.wq, src.bq), src.n_kv_heads), _trace(eye, mq),
                       _head_sq(src.wk, src.bk), _trace(eye, mk))
 
 
 def rescale_vo(src: Attention, anc: Attention) -> Tensor:
-    """The V-O scale per head for the source as it is (no rotation)."""
+    """The V-O scale per head (per KV group) for the source as it is (no rotation)."""
     mv, mo = vo_parts(src, anc)
     eye = torch.eye(mv.shape[-1], dtype=mv.dtype, device=mv.device)
     return best_scale(_head_sq(src.wv, src.bv), _trace(eye, mv),
-                      _head_sq(src.wo), _trace(eye, mo))
+                      group_sum(_head_sq(src.wo), src.n_kv_heads), _trace(eye, mo))
 
 
 def rotation_angles(r: Tensor) -> tuple[Tensor, Tensor]:
@@ -405,20 +596,21 @@ def _ffn_permutations(anchor: ModelView, source: ModelView, layers: Sequence[int
 
 
 def _match_attention(
-    src: Attention, anc: Attention, options: MatchOptions, rep: HeadReport
+    src: Attention, anc: Attention, options: MatchOptions, rep: HeadReport,
+    rope: str | None = None,
 ) -> tuple[Tensor | None, Tensor, Tensor]:
     """One layer's head permutation (None unless options.heads) and Q-K and V-O maps
-    (rotation times scale, per head, acting on the permuted heads); fills `rep`."""
+    (rotation times scale, per KV group, acting on the permuted heads); fills `rep`. With
+    `rope` the Q-K maps are per-pair rotations and per-pair scales."""
     # The d_h x d_h problems are solved on the CPU (LAPACK beats GPU solvers at this size),
     # the SVD in float32 unless the weights are float64: the cross matrices of float32
     # weights hold no more digits, and float32 halves the cost of the largest step here.
+    solve = torch.float64 if src.wq.dtype == torch.float64 else torch.float32
     heads = None
     if options.heads:
         parts = tuple(p.cpu() for p in pair_parts(src, anc))
-        heads = assign(head_gain(src, anc, parts).numpy())
+        heads, (mq, mk, mv, mo) = _assign_heads(parts, rope, solve)
         rep.head_perm = heads.tolist()
-        idx = torch.arange(len(heads))
-        mq, mk, mv, mo = (p[heads, idx] for p in parts)  # permuted source head k vs anchor k
         parts_qk, parts_vo = (mq, mk), (mv, mo)
         src = permute_heads(src, heads)
     else:
@@ -427,19 +619,31 @@ def _match_attention(
     h, dh = parts_qk[0].shape[:2]
     qk = vo = torch.eye(dh, dtype=torch.float64).expand(h, dh, dh)
     if options.attn:
-        m = torch.stack([parts_qk[0] + parts_qk[1], parts_vo[0] + parts_vo[1]])
-        solve = torch.float64 if src.wq.dtype == torch.float64 else torch.float32
+        m_qk = parts_qk[0] + parts_qk[1]
+        m = torch.stack([m_qk, parts_vo[0] + parts_vo[1]])
         both, sv = procrustes(m.to(solve))  # one batched SVD per layer
         both = both.double()
         qk, vo = both[0], both[1]
+        if rope is not None:  # only rotations that commute with the position rotations
+            qk = rope_procrustes(m_qk, rope)[0]
+            both = torch.stack([qk, vo])
         rep.qk_singular, rep.vo_singular = sv[0].tolist(), sv[1].tolist()
         angles, dets = rotation_angles(both)
         rep.qk_angles, rep.vo_angles = angles[0].tolist(), angles[1].tolist()
         rep.qk_det, rep.vo_det = dets[0].tolist(), dets[1].tolist()
     if options.rescale:
         a_s, b_s = scales_after(src, qk, vo, parts_qk, parts_vo)
+        if rope is not None:
+            pair = rope_scales_after(src, qk, parts_qk, rope)  # (H_kv, d_h / 2)
+            i, j = rope_pairs(dh, rope)
+            per_dim = torch.empty(h, dh, dtype=torch.float64)
+            per_dim[:, i], per_dim[:, j] = pair, pair
+            qk = qk * per_dim[:, None, :]  # each pair's block times its scale
+            rep.qk_pair_scale = pair.tolist()
+            a_s = pair.abs().log().mean(dim=-1).exp()  # |det A|^(1/d_h)
+        else:
+            qk = qk * a_s[:, None, None]
         rep.qk_scale, rep.vo_scale = a_s.tolist(), b_s.tolist()
-        qk = qk * a_s[:, None, None]
         vo = vo * b_s[:, None, None]
     return heads, qk, vo
 
@@ -483,16 +687,22 @@ def match(
         for i in layers:
             tick(f"attention, layer {i}")
             attn[i] = _match_attention(source.blocks[i].attn, anchor.blocks[i].attn,
-                                       options, reports[i])
+                                       options, reports[i], anchor.dims.rope)
     perms = _ffn_permutations(anchor, source, layers, tick) if options.ffn else {}
     view = source
     transforms: dict[int, LayerTransform] = {}
     for i in layers:
         perm = perms.get(i)
+        scale = None
         if perm is not None:
             reports[i].ffn_moved = int((perm != torch.arange(len(perm))).sum())
+            if options.rescale and source.dims.gated:
+                moved = permute_ffn(source.blocks[i].ffn, perm)
+                scale = ffn_scales(anchor.blocks[i].ffn, moved)
+                q = torch.tensor([0.0, 0.25, 0.5, 0.75, 1.0], dtype=torch.float64)
+                reports[i].ffn_scale_quantiles = torch.quantile(scale, q).tolist()
         heads, qk, vo = attn.get(i, (None, None, None))
-        transforms[i] = LayerTransform(perm, qk, vo, heads)
+        transforms[i] = LayerTransform(perm, qk, vo, heads, scale)
         view = apply_layer(view, i, transforms[i])
     if progress:
         progress(total, total, "done")

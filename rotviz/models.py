@@ -168,13 +168,20 @@ def build_module(config: dict, spec: ArchSpec, instantiate: bool = True) -> tupl
 
 
 def _tied_aliases(model: nn.Module, spec: ArchSpec) -> set[str]:
-    tied = set(a for a, _ in spec.tied)
+    """Tensor names a checkpoint may leave out because the loaded model ties them to another
+    tensor. An alias whose owner is known counts only if the two really share storage after
+    loading: a model that unties them (LLaMA's `tie_word_embeddings: false`) needs its own."""
+    pairs = dict(spec.tied)
     keys = getattr(model, "_tied_weights_keys", None)
+    loose: set[str] = set()
     if isinstance(keys, dict):
-        tied |= set(keys)
+        pairs.update(keys)
     elif isinstance(keys, (list, tuple)):
-        tied |= set(keys)
-    return tied
+        loose |= set(keys)  # legacy form: no owner named
+    state = model.state_dict()
+    live = {alias for alias, owner in pairs.items() if alias in state and owner in state
+            and state[alias].data_ptr() == state[owner].data_ptr()}
+    return live | (loose - set(pairs))
 
 
 def load_model(ref: str | os.PathLike, dtype: torch.dtype | None = None) -> Loaded:

@@ -26,9 +26,34 @@ def _hf_config(
     patch: int,
     channels: int,
     labels: int,
+    kv_heads: int | None = None,
+    head_dim: int | None = None,
+    bias: bool = False,
+    tie_embeddings: bool = False,
     tie: bool = True,
 ):
     import transformers as T
+
+    if family == "llama":
+        if kv_heads is None:
+            kv_heads = heads // 2 if heads % 2 == 0 else heads  # grouped-query attention
+        return T.LlamaConfig(
+            num_hidden_layers=layers,
+            hidden_size=d,
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            head_dim=head_dim if head_dim is not None else d // heads,
+            intermediate_size=ffn,
+            vocab_size=vocab,
+            max_position_embeddings=32,
+            rope_theta=100.0,  # short contexts: lower base, so every pair turns visibly
+            attention_bias=bias,
+            mlp_bias=bias,
+            tie_word_embeddings=tie_embeddings,
+            bos_token_id=0,
+            eos_token_id=0,
+            architectures=["LlamaForCausalLM"],
+        ), T.LlamaForCausalLM
 
     if family == "gpt2":
         return T.GPT2Config(
@@ -89,10 +114,25 @@ def random_model(
     channels: int = 1,
     labels: int = 5,
     dtype: torch.dtype = torch.float32,
+    kv_heads: int | None = None,
+    head_dim: int | None = None,
+    bias: bool = False,
+    tie_embeddings: bool = False,
     tie: bool = True,
 ) -> tuple[nn.Module, dict]:
-    """A model of `family` with random weights (seeded) and its config as a dict. `tie=False`
-    gives GPT-2 an output head of its own (residual maps need one)."""
+    """A model of `family` with random weights (seeded) and its config as a dict.
+
+    llama only: `kv_heads` key/value heads (default heads // 2: grouped-query attention),
+    `head_dim` (default d // heads), `bias` (biases on attention and FFN linears) and
+    `tie_embeddings` (lm_head shares the embedding table; untied by default).
+    gpt2: `tie=False` gives it an output head of its own (residual maps need one)."""
+    if family != "llama" and (kv_heads is not None or head_dim is not None or bias
+                              or tie_embeddings):
+        raise ValueError(
+            f"kv_heads, head_dim, bias and tie_embeddings are llama options, not {family}'s"
+        )
+    if family != "gpt2" and not tie:
+        raise ValueError(f"tie is a gpt2 option, not {family}'s")
     torch.manual_seed(seed)
     if family == "timm-vit":
         import timm
@@ -115,7 +155,7 @@ def random_model(
         }
     else:
         cfg, cls = _hf_config(family, layers, d, heads, ffn, vocab, image, patch, channels, labels,
-                              tie)
+                              kv_heads, head_dim, bias, tie_embeddings, tie)
         model = cls(cfg)
         config = cfg.to_dict()
     gen = torch.Generator().manual_seed(seed)

@@ -20,12 +20,29 @@ Tensor = torch.Tensor
 
 @dataclass(frozen=True)
 class Dims:
+    """A model's sizes, and the facts about its layers that decide its symmetry group.
+
+    The trailing fields have defaults so that `Dims(n_layers, d, H, d_h, m, act)` still
+    describes a plain model: `n_kv_heads` None means H (no grouped-query attention)."""
+
     n_layers: int
     d_model: int
     n_heads: int
     d_head: int
     d_ffn: int
     activation: str
+    n_kv_heads: int | None = None  # key/value heads (grouped-query attention); None: n_heads
+    rope: str | None = None  # rotary layout of Q and K ("rotate_half", "interleaved") or None
+    gated: bool = False  # gated FFN (SwiGLU): up rows may be rescaled, down columns inversely
+
+    def __post_init__(self) -> None:
+        if self.n_kv_heads is None:
+            object.__setattr__(self, "n_kv_heads", self.n_heads)
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per KV group (1 without grouped-query attention)."""
+        return self.n_heads // self.n_kv_heads
 
 
 @dataclass(frozen=True)
@@ -43,16 +60,27 @@ class Layout:
 
 @dataclass(frozen=True)
 class Attention:
-    """One attention layer, split per head. W_O columns of head h are `wo[h]` (d, d_h)."""
+    """One attention layer, split per head. W_O columns of head h are `wo[h]` (d, d_h).
+
+    Under grouped-query attention K and V have H_kv < H heads; query head h reads KV head
+    h // (H / H_kv). Without it H_kv = H."""
 
     wq: Tensor  # (H, d_h, d)
-    wk: Tensor
-    wv: Tensor
+    wk: Tensor  # (H_kv, d_h, d)
+    wv: Tensor  # (H_kv, d_h, d)
     wo: Tensor  # (H, d, d_h)
     bq: Tensor | None  # (H, d_h)
-    bk: Tensor | None
-    bv: Tensor | None
+    bk: Tensor | None  # (H_kv, d_h)
+    bv: Tensor | None  # (H_kv, d_h)
     bo: Tensor | None  # (d,)
+
+    @property
+    def n_heads(self) -> int:
+        return self.wq.shape[0]
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.wk.shape[0]
 
 
 @dataclass(frozen=True)
@@ -91,6 +119,9 @@ class ModelView:
     blocks: tuple[Block, ...]
     other: Mapping[str, Tensor] = field(default_factory=dict)  # everything else, untouched
     dtypes: Mapping[str, torch.dtype] = field(default_factory=dict)  # original dtypes
+    # The spec's (alias, owner) ties that hold in this model (None: all of spec.tied). An
+    # alias of a live tie is one tensor with its owner and is counted once in distances.
+    tied: tuple[tuple[str, str], ...] | None = None
 
     def with_block(self, i: int, block: Block) -> ModelView:
         blocks = list(self.blocks)
@@ -132,7 +163,7 @@ def resolve_layout(spec: ArchSpec, state: Mapping[str, Tensor]) -> Layout:
             while _pick(state, root + tmpl.format(i=len(blocks)), attn_role.names) is not None:
                 blocks.append(root + tmpl.format(i=len(blocks)))
             roles = {}
-            for role in ("qkv", "q", "k", "v", "o", "ffn_in", "ffn_out"):
+            for role in ("qkv", "q", "k", "v", "o", "ffn_in", "ffn_gate", "ffn_out"):
                 lin: LinearSpec | None = getattr(spec, role)
                 if lin is None:
                     continue
@@ -170,11 +201,38 @@ def model_dims(
     n_layers = len(layout.blocks)
     d = int(config_value(config, spec.d_model_key))
     h = int(config_value(config, spec.n_heads_key))
-    if d % h:
-        raise RotvizError(f"hidden size {d} is not divisible by {h} heads; the config is invalid")
+    dh = config_value(config, spec.head_dim_key) if spec.head_dim_key else None
+    if dh is None:
+        if d % h:
+            raise RotvizError(
+                f"hidden size {d} is not divisible by {h} heads; the config is invalid"
+            )
+        dh = d // h
+    h_kv = int(config_value(config, spec.n_kv_heads_key, h) if spec.n_kv_heads_key else h)
+    if h_kv <= 0 or h % h_kv:
+        raise RotvizError(
+            f"{h} attention heads cannot be shared by {h_kv} key/value heads (it must divide "
+            "the number of heads); the config is invalid"
+        )
     w_in = _weight(state, layout.blocks[0] + layout.roles["ffn_in"], spec.ffn_in)
     act = config_value(config, spec.activation_key, spec.default_activation)
-    return Dims(n_layers, d, h, d // h, int(w_in.shape[0]), str(act))
+    return Dims(n_layers, d, h, int(dh), int(w_in.shape[0]), str(act), h_kv, spec.rope,
+                spec.gated)
+
+
+def _live_ties(spec: ArchSpec, config: Mapping, state: Mapping[str, Tensor]):
+    """The spec's ties that hold here: both tensors present, and the config does not untie
+    them (`tie_word_embeddings: false`) unless they still share storage."""
+    untied = config.get("tie_word_embeddings") is False
+    out = []
+    for alias, owner in spec.tied:
+        a, o = state.get(alias), state.get(owner)
+        if a is None or o is None or a.shape != o.shape:
+            continue
+        if untied and a.data_ptr() != o.data_ptr():
+            continue
+        out.append((alias, owner))
+    return tuple(out)
 
 
 def _weight(state: Mapping[str, Tensor], name: str, lin: LinearSpec) -> Tensor:
@@ -186,7 +244,8 @@ def read_view(spec: ArchSpec, config: Mapping, state: Mapping[str, Tensor]) -> M
     """Read a state dict into the canonical view. The state dict is not modified."""
     layout = resolve_layout(spec, state)
     dims = model_dims(spec, config, state, layout)
-    h, dh, d = dims.n_heads, dims.d_head, dims.d_model
+    h, h_kv, dh, d = dims.n_heads, dims.n_kv_heads, dims.d_head, dims.d_model
+    rows = (h * dh, h_kv * dh, h_kv * dh)  # W_Q, W_K, W_V
     used: set[str] = set()
 
     def lin(prefix: str, role: str) -> tuple[Tensor, Tensor | None]:
@@ -198,23 +257,37 @@ def read_view(spec: ArchSpec, config: Mapping, state: Mapping[str, Tensor]) -> M
             used.add(f"{name}.bias")
         return _weight(state, name, lspec), bias
 
+    def check(name: str, w: Tensor, shape: tuple[int, int]) -> None:
+        if tuple(w.shape) != shape:
+            raise RotvizError(
+                f"{name} has shape {tuple(w.shape)} but the config ({h} heads, {h_kv} key/value "
+                f"heads of size {dh}, hidden size {d}) needs {shape}; the weights do not fit "
+                "config.json"
+            )
+
     blocks = []
     for prefix in layout.blocks:
         if spec.fused:
             w, b = lin(prefix, "qkv")
-            wq, wk, wv = (w[j * d : (j + 1) * d] for j in range(3))
-            bq, bk, bv = (None,) * 3 if b is None else (b[j * d : (j + 1) * d] for j in range(3))
+            check(prefix + layout.roles["qkv"], w, (sum(rows), d))
+            wq, wk, wv = torch.split(w, rows)
+            bq, bk, bv = (None,) * 3 if b is None else torch.split(b, rows)
         else:
             (wq, bq), (wk, bk), (wv, bv) = (lin(prefix, r) for r in ("q", "k", "v"))
+            for role, w, n in zip(("q", "k", "v"), (wq, wk, wv), rows, strict=True):
+                check(prefix + layout.roles[role], w, (n, d))
         wo, bo = lin(prefix, "o")
-        heads = [x.reshape(h, dh, d) for x in (wq, wk, wv)]
-        hb = [None if b is None else b.reshape(h, dh) for b in (bq, bk, bv)]
+        check(prefix + layout.roles["o"], wo, (d, h * dh))
+        heads = [x.reshape(n, dh, d) for x, n in zip((wq, wk, wv), (h, h_kv, h_kv), strict=True)]
+        hb = [None if b is None else b.reshape(n, dh)
+              for b, n in zip((bq, bk, bv), (h, h_kv, h_kv), strict=True)]
         attn = Attention(
             heads[0], heads[1], heads[2], wo.reshape(d, h, dh).permute(1, 0, 2), *hb, bo
         )
         w_in, b_in = lin(prefix, "ffn_in")
         w_out, b_out = lin(prefix, "ffn_out")
-        ffn = FFN(w_in, b_in, w_out, b_out, dims.activation)
+        w_gate, b_gate = lin(prefix, "ffn_gate") if spec.gated else (None, None)
+        ffn = FFN(w_in, b_in, w_out, b_out, dims.activation, w_gate, b_gate)
         norms = {}
         for site, alt in layout.norms.items():
             nw, nb = state.get(f"{prefix}{alt}.weight"), state.get(f"{prefix}{alt}.bias")
@@ -223,7 +296,8 @@ def read_view(spec: ArchSpec, config: Mapping, state: Mapping[str, Tensor]) -> M
         blocks.append(Block(attn, ffn, norms))
     other = {k: v for k, v in state.items() if k not in used}
     dtypes = {k: v.dtype for k, v in state.items()}
-    return ModelView(spec, dims, layout, tuple(blocks), other, dtypes)
+    return ModelView(spec, dims, layout, tuple(blocks), other, dtypes,
+                     _live_ties(spec, config, state))
 
 
 def write_state(view: ModelView) -> dict[str, Tensor]:
@@ -243,16 +317,18 @@ def write_state(view: ModelView) -> dict[str, Tensor]:
 
     for prefix, blk in zip(layout.blocks, view.blocks, strict=True):
         a = blk.attn
-        ws = [x.reshape(d, d) for x in (a.wq, a.wk, a.wv)]
-        bs = [None if b is None else b.reshape(d) for b in (a.bq, a.bk, a.bv)]
+        ws = [x.reshape(-1, d) for x in (a.wq, a.wk, a.wv)]
+        bs = [None if b is None else b.reshape(-1) for b in (a.bq, a.bk, a.bv)]
         if spec.fused:
             bias = None if bs[0] is None else torch.cat(bs)
             put(prefix, "qkv", torch.cat(ws), bias)
         else:
             for role, w, b in zip(("q", "k", "v"), ws, bs, strict=True):
                 put(prefix, role, w, b)
-        put(prefix, "o", a.wo.permute(1, 0, 2).reshape(d, d), a.bo)
+        put(prefix, "o", a.wo.permute(1, 0, 2).reshape(d, -1), a.bo)
         put(prefix, "ffn_in", blk.ffn.w_in, blk.ffn.b_in)
+        if spec.gated:
+            put(prefix, "ffn_gate", blk.ffn.w_gate, blk.ffn.b_gate)
         put(prefix, "ffn_out", blk.ffn.w_out, blk.ffn.b_out)
         for site, alt in layout.norms.items():
             norm = blk.norms[site]
@@ -302,7 +378,7 @@ def groups(view: ModelView) -> Iterator[tuple[int | None, str, Tensor]]:
             ("k", (a.wk, a.bk)),
             ("v", (a.wv, a.bv)),
             ("o", (a.wo, a.bo)),
-            ("ffn_in", (f.w_in, f.b_in)),
+            ("ffn_in", (f.w_in, f.b_in, f.w_gate, f.b_gate)),  # a gated FFN's gate reads too
             ("ffn_out", (f.w_out, f.b_out)),
             ("norms", tuple(t for n in blk.norms.values() for t in (n.weight, n.bias))),
         ):
@@ -310,7 +386,8 @@ def groups(view: ModelView) -> Iterator[tuple[int | None, str, Tensor]]:
                 if t is not None:
                     yield i, kind, t
     lay = view.layout
-    tied_aliases = {alias for alias, _ in view.spec.tied}
+    ties = view.spec.tied if view.tied is None else view.tied
+    tied_aliases = {alias for alias, _ in ties}
     for name, t in view.other.items():
         if not t.is_floating_point() or name in tied_aliases:
             continue

@@ -170,7 +170,7 @@ def test_models_of_different_architecture(saved, tmp_path, capsys):
     _expect_error(argv, capsys, "vit", "timm-vit")
 
 
-@pytest.mark.parametrize("model_type", ["llama", "t5"])
+@pytest.mark.parametrize("model_type", ["mixtral", "t5"])
 def test_unsupported_model_type(saved, tmp_path, capsys, model_type):
     bad = _copy(saved("bert", 1), tmp_path / model_type)
     cfg = json.loads((bad / "config.json").read_text())
