@@ -38,14 +38,21 @@ def circuit_singular_values(x: Tensor, y: Tensor) -> Tensor:
     return torch.linalg.svdvals(r1 @ r2.transpose(-1, -2))
 
 
+def _per_query_head(kv: Tensor, n_heads: int) -> Tensor:
+    """K or V of each query head: under grouped-query attention a group's query heads share
+    one K/V head."""
+    return kv.repeat_interleave(n_heads // kv.shape[0], dim=0)
+
+
 def qk_circuit(attn: Attention) -> Tensor:
     """(H, d_h) singular values of W_Q[h]^T W_K[h], invariant under the Q-K maps."""
-    return circuit_singular_values(attn.wq, attn.wk)
+    return circuit_singular_values(attn.wq, _per_query_head(attn.wk, attn.wq.shape[0]))
 
 
 def vo_circuit(attn: Attention) -> Tensor:
     """(H, d_h) singular values of W_V[h]^T W_O[:, h]^T, invariant under the V-O maps."""
-    return circuit_singular_values(attn.wv, attn.wo.transpose(-1, -2))
+    return circuit_singular_values(_per_query_head(attn.wv, attn.wo.shape[0]),
+                                   attn.wo.transpose(-1, -2))
 
 
 @dataclass

@@ -20,9 +20,10 @@ from rotviz.view import write_state
 F64 = torch.float64
 RESIDUAL_ONLY = MatchOptions(ffn=False, attn=False, rescale=False, residual=True)
 # (family, extra sizes): every family whose stream has a symmetry we can use
-WITH_RESIDUAL = [("vit", {}), ("timm-vit", {}), ("bert", {}), ("gpt2", {"tie": False})]
+WITH_RESIDUAL = [("vit", {}), ("timm-vit", {}), ("bert", {}), ("gpt2", {"tie": False}),
+                 ("llama", {})]
 EXPECTED_GROUP = {"vit": "centred", "timm-vit": "centred", "bert": "permutation",
-                  "gpt2": "centred"}
+                  "gpt2": "centred", "llama": "orthogonal"}
 
 
 @pytest.fixture(params=WITH_RESIDUAL, ids=[f for f, _ in WITH_RESIDUAL])
