@@ -101,3 +101,18 @@ def test_spectra_accepts_loaded_models_and_needs_no_matched_view():
     sv = np.array(s.layers[2].qk_cross)
     assert (np.diff(sv, axis=1) <= 1e-12).all()  # descending per head
     assert pytest.approx(sum(s.layers[2].qk_trace)) != sv.sum()
+
+
+def test_circuit_spectra_of_grouped_query_attention_are_invariant(saved):
+    """Under GQA each query head reads its group's K and V: the circuits of a tiny LLaMA
+    (4 query heads, 2 KV heads) keep their spectra under a random element of its group."""
+    from rotviz.models import load_model
+
+    model = load_model(saved("llama", 0, kv_heads=2))
+    view = view_of(model)
+    moved = apply(view, random_element(view.dims, 3))
+    for blk, mb in zip(view.blocks, moved.blocks, strict=True):
+        assert qk_circuit(blk.attn).shape[0] == 4
+        for fn in (qk_circuit, vo_circuit):
+            a, b = fn(blk.attn), fn(mb.attn)
+            assert torch.allclose(a, b, rtol=1e-4, atol=1e-5)
