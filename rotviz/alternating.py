@@ -1,9 +1,11 @@
 """Weight matching with the residual stream: alternate the per-layer maps and the residual map.
 
 The residual map acts on the other side of every matrix than the FFN and head maps, so each
-is solved exactly given the others: per-layer maps (the seed paper's, plus head permutation)
-on the canonical forms, then the residual map, and again, until a round gains less than
-`options.tol` of the starting objective. Every step includes the identity among its choices,
+is solved exactly given the others: per-layer maps (the seed paper's) on the canonical forms,
+then the residual map, and again, until a round gains less than `options.tol` of the starting
+objective. With head permutation on, a second phase then alternates with it too: assigning
+heads before the stream is aligned locks in poor choices (on the default pair, barrier 2.44
+against 1.65 when heads join after convergence). Every step includes the identity among its choices,
 so the objective (squared distance to the anchor) never goes up; the report keeps its history.
 """
 
@@ -43,34 +45,42 @@ def match_residual(anchor: ModelView, source: ModelView, options: MatchOptions,
     anc_c, gauge = rs.canonicalise(anchor)
     src_c, _ = rs.canonicalise(source)
     per_layer = options.ffn or options.attn or options.rescale
-    inner = replace(options, residual=False)
+    # Head assignments made before the stream is aligned lock in poor choices, so with heads
+    # on, a first phase alternates without them until it converges, then a second with them.
+    phases = [replace(options, residual=False, heads=False)]
+    if options.heads:
+        phases.append(replace(options, residual=False))
     history = [objective(src_c, anc_c)]
     q_total: torch.Tensor | None = None
     transforms: dict[int, LayerTransform] = {}
     first = None
-    rounds = 0
-    for r in range(options.rounds):
-        start = history[-1]
-        if progress:
-            progress(r, options.rounds, f"round {r + 1}: per-layer maps")
-        if per_layer:
-            step = match(anc_c, src_c, inner)
-            first = first or step
-            src_c = step.view
-            for i, t in step.transforms.items():
-                transforms[i] = transforms[i].then(t) if i in transforms else t
-            history.append(step.report.after.total ** 2)
-        if progress:
-            progress(r, options.rounds, f"round {r + 1}: residual map")
-        q = rs.solve(rs.cross(src_c, anc_c), group)
-        src_c = rs.apply_residual(src_c, q.to(src_c.blocks[0].attn.wq), check=False)
-        q_total = q if q_total is None else q_total @ q
-        history.append(objective(src_c, anc_c))
-        rounds = r + 1
-        if start - history[-1] <= options.tol * history[0]:
-            break
+    rounds: list[int] = []
+    total = options.rounds * len(phases)
+    for k, inner in enumerate(phases):
+        rounds.append(0)
+        for r in range(options.rounds):
+            start = history[-1]
+            done = k * options.rounds + r
+            if progress:
+                progress(done, total, f"round {r + 1}{' (heads)' if k else ''}: per-layer maps")
+            if per_layer:
+                step = match(anc_c, src_c, inner)
+                first = first or step
+                src_c = step.view
+                for i, t in step.transforms.items():
+                    transforms[i] = transforms[i].then(t) if i in transforms else t
+                history.append(step.report.after.total ** 2)
+            if progress:
+                progress(done, total, f"round {r + 1}{' (heads)' if k else ''}: residual map")
+            q = rs.solve(rs.cross(src_c, anc_c), group)
+            src_c = rs.apply_residual(src_c, q.to(src_c.blocks[0].attn.wq), check=False)
+            q_total = q if q_total is None else q_total @ q
+            history.append(objective(src_c, anc_c))
+            rounds[-1] = r + 1
+            if start - history[-1] <= options.tol * history[0]:
+                break
     if progress:
-        progress(options.rounds, options.rounds, "done")
+        progress(total, total, "done")
     view = rs.restore(src_c, gauge)
     before = distances(source, anchor)
     after = distances(view, anchor)
@@ -83,7 +93,8 @@ def match_residual(anchor: ModelView, source: ModelView, options: MatchOptions,
             rep.head_perm = t.heads.tolist()
     info = {
         "group": group,
-        "rounds": rounds,
+        "rounds": sum(rounds),
+        "phase_rounds": rounds,  # without head permutation, then with it (when on)
         "objective": history,  # squared canonical distance after each step
         "distance_canonical_before": history[0] ** 0.5,
         "distance_canonical_after": history[-1] ** 0.5,

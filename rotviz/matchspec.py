@@ -5,9 +5,8 @@ A SPEC is `none`, or a comma list of names:
   `residual` (the residual-stream map, alternated with the others);
 - solvers that need data: `act` (FFN and residual maps from activations) and `learned`
   (maps tuned so the path has no barrier);
-- shorthands: `seed` = ffn,attn,rescale; `weight` = seed,residual, the data-free weight matching
-  (head permutation stays opt-in: on the default pair it lowers the distance but raises the
-  barrier, see README). `act` or `learned` with no group named starts from `weight`.
+- shorthands: `seed` = ffn,attn,rescale; `weight` = seed,heads,residual: every data-free map,
+  alternated (rotviz.alternating). `act` or `learned` with no group named starts from `weight`.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from rotviz.matching import MatchOptions
 # name -> the flags it switches on
 SHORTHANDS: dict[str, tuple[str, ...]] = {
     "seed": ("ffn", "attn", "rescale"),
-    "weight": ("ffn", "attn", "rescale", "residual"),
+    "weight": ("ffn", "attn", "rescale", "heads", "residual"),
 }
 GROUPS = ("ffn", "attn", "rescale", "heads", "residual")
 SOLVERS = ("act", "learned")  # need data

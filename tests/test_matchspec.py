@@ -79,13 +79,13 @@ def test_every_flag_reaches_match_options(name):
     assert getattr(spec.options(), name) is True
 
 
-def test_weight_is_the_seed_maps_plus_the_residual_map():
+def test_weight_is_everything_data_free():
     spec = parse_spec("weight")
-    assert spec.flags == ("ffn", "attn", "rescale", "residual")
+    assert spec.flags == ("ffn", "attn", "rescale", "heads", "residual")
     assert spec.label == "weight"
     assert parse_spec("weight,learned").label == "weight,learned"
-    assert parse_spec("seed,residual").label == "weight"
-    assert parse_spec("weight,heads").label == "weight,heads"
+    assert parse_spec("seed,heads,residual").label == "weight"
+    assert parse_spec("seed,residual").label == "seed,residual"
 
 
 @pytest.mark.parametrize("name", SOLVERS)
