@@ -476,6 +476,12 @@ def compute(kind: str, cfg: dict, progress: Progress | None = None) -> Any:
         key, lambda: COMPUTE[kind](json.loads(json.dumps(cfg)), progress))
 
 
+def is_cached(kind: str, cfg: dict) -> bool:
+    """Whether `compute(kind, cfg)` would come straight from the cache."""
+    cfg = appconfig.canonical(cfg)
+    return appconfig.config_hash({"kind": kind, **cfg}) in _stores()["results"]
+
+
 def run_id(cfg: dict) -> str:
     return appconfig.config_hash(cfg)
 
@@ -494,7 +500,7 @@ def should_run(page: str, submitted: bool, s: Setup) -> bool:
     flag, stopped = f"_ran_{page}", f"_stopped_{page}"
     if submitted:
         st.session_state[flag] = True
-        st.session_state.pop(stopped, None)
+        st.session_state[stopped] = False
     if st.session_state.get(stopped):
         st.warning("Stopped. Nothing from the stopped run was kept or cached.",
                    icon=":material/stop_circle:")

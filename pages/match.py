@@ -52,8 +52,9 @@ with st.form("match_form"):
                             help=f"Trains on the training split of {s.data}; learned matching "
                                  "stops early on its validation split. Alone, each starts from "
                                  "weight matching.")
-    c[1].caption(explore.WHY_UNCHANGED["learned"] if "learned" in solver else
-                 explore.WHY_UNCHANGED["act"])
+    c[1].caption(explore.WHY_UNCHANGED["learned"] + " It tunes the rotations switched on here: "
+                 "every head's, and the residual map's when that is on."
+                 if "learned" in solver else explore.WHY_UNCHANGED["act"])
     steps = int(c[2].number_input(
         "Learned matching: at most this many steps", 5, 3000, common.DEFAULT_LEARN_STEPS,
         step=25, key="m_steps", bind="query-params",
