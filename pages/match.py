@@ -109,37 +109,32 @@ def beyond(res: dict) -> tuple[dict, dict]:
         fig_obj = mplots.objective_history(rows, s.font)
         fig_ang = mplots.angle_spectrum({"residual map (weight matching)": res_info["angles"]},
                                         s.font)
-        c = st.columns(2)
-        with c[0]:
-            common.chart(fig_obj, "match_objective")
-            ok = explore.never_increases([r["objective"] for r in rows])
-            st.caption(("✓ never went up" if ok else "✗ went up at some step (please report)")
-                       + f": {rows[0]['objective']:.2f} → {rows[-1]['objective']:.2f} in "
-                       f"{len(rows) - 1} steps.")
-        with c[1]:
-            common.chart(fig_ang, "match_angles")
-            st.caption("How far the residual map turns the stream: the angles of its "
-                       "eigenvalues e^(±iθ). All 0° would be the identity; 180° flips a "
-                       "direction.")
+        common.chart(fig_obj, "match_objective")
+        ok = explore.never_increases([r["objective"] for r in rows])
+        st.caption(("✓ never went up" if ok else "✗ went up at some step (please report)")
+                   + f": {rows[0]['objective']:.2f} → {rows[-1]['objective']:.2f} in "
+                   f"{len(rows) - 1} steps.")
+        common.chart(fig_ang, "match_angles")
+        st.caption("How far the residual map turns the stream: the angles of its eigenvalues "
+                   "e^(±iθ), which come in pairs. All 0° would be the identity; 180° flips a "
+                   "direction.")
         figures.update(objective=fig_obj, residual_angles=fig_ang)
         tables["objective"] = rows
     if act:
         st.subheader("Activation matching")
         st.caption(f"Activations of both models on {act['examples']} {act['split']} examples "
                    f"of {act['data']}.")
-        c = st.columns(2)
-        if act.get("residual_angles"):
-            fig = mplots.angle_spectrum({"residual map (activation matching)":
-                                         act["residual_angles"]}, s.font)
-            with c[0]:
-                common.chart(fig, "match_act_angles")
-            figures["act_residual_angles"] = fig
         if act.get("ffn_corr_before"):
             fig = mplots.ffn_correlation(act["ffn_corr_before"], act["ffn_corr_after"],
-                                         font_size=s.font)
-            with c[1]:
-                common.chart(fig, "match_act_corr")
+                                         rep["options"].get("layers"), s.font)
+            common.chart(fig, "match_act_corr")
             figures["act_ffn_correlation"] = fig
+        if act.get("residual_angles"):
+            fig = mplots.angle_spectrum({"residual map (activation matching)":
+                                         act["residual_angles"]}, s.font,
+                                        "Residual map from activations: eigen-angle spectrum")
+            common.chart(fig, "match_act_angles")
+            figures["act_residual_angles"] = fig
     if learned:
         st.subheader("Learned matching")
         m = st.columns(4)

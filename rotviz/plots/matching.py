@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 
 from rotviz.plots import style
 
-OBJECTIVE = "squared distance to anchor (canonical; squared L2 norm)"
+OBJECTIVE = "squared distance to anchor (canonical, L2²)"
 STEP = "step (each solves one kind of map, the others held fixed)"
 ANGLE_INDEX = "eigen-angle index (sorted, largest first)"
 NATS = "loss (nats)"
