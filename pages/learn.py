@@ -51,7 +51,8 @@ def residual_step(r: dict, name: str) -> dict:
         "gains are moved into the layers that read from it"
         + (", and every layer's writes are shifted to average zero (so the normalisation "
            "sees the same thing)" if r["group"] == "centred" else "")
-        + f". Then the stream is turned by a random rotation ({r['group_text']})."
+        + ". Then the stream is turned by a random element of its symmetry group, for this "
+        f"model: {r['group_text']}."
     )
     m = st.columns(4)
     m[0].metric("weights moved by tidying up", f"{r['distance_canonical']:.2f}",

@@ -146,7 +146,8 @@ def beyond(res: dict) -> tuple[dict, dict]:
         m[1].metric("steps run", learned["steps"])
         m[2].metric("maps kept from step", learned["best_step"])
         m[3].metric("seconds", f"{learned['seconds']:.1f}")
-        tuned = ", ".join(LEARNED_NAMES.get(n, n) for n in learned["learned"]) or "nothing"
+        names = [LEARNED_NAMES.get(n, n) for n in learned["learned"]] or ["nothing"]
+        tuned = " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
         st.markdown(f"It stopped because {explore.stop_reason(learned)}. It tuned {tuned}, "
                     "starting from data-free matching, and kept the maps with the lowest "
                     "validation barrier.")

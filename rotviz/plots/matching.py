@@ -37,7 +37,15 @@ def objective_history(rows: Sequence[Mapping], font_size: int = 14,
             marker={"color": style.color(i), "symbol": style.marker(i), "size": 9},
             hovertemplate="step %{x}: %{y:.4g}<extra>" + kind + "</extra>",
         )
-    return style.finish(fig, title, STEP, OBJECTIVE, "step", font_size, height=380)
+    style.finish(fig, title, STEP, OBJECTIVE, "step", font_size, height=420)
+    return _legend_below(fig)
+
+
+def _legend_below(fig: go.Figure) -> go.Figure:
+    """A horizontal legend under the x-axis title: long entry names leave the plot its width."""
+    fig.update_layout(legend={"orientation": "h", "x": 0, "xanchor": "left", "y": -0.22,
+                              "yanchor": "top"}, margin={"b": 110})
+    return fig
 
 
 def angle_spectrum(series: Mapping[str, Sequence[float]], font_size: int = 14,
@@ -85,8 +93,9 @@ def learn_history(rows: Sequence[Mapping], best_step: int | None = None, font_si
                                 "line": {"color": "#000000", "width": 1}},
                         hovertemplate="kept the maps of step %{x}<extra></extra>")
     fig.update_yaxes(rangemode="tozero")
-    return style.finish(fig, title, "training step (Adam updates of the rotations)", NATS,
-                        "", font_size, height=380)
+    style.finish(fig, title, "training step (Adam updates of the rotations)", NATS, "",
+                 font_size, height=420)
+    return _legend_below(fig)
 
 
 def ffn_correlation(before: Sequence[float], after: Sequence[float],
