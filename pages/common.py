@@ -546,10 +546,13 @@ class Steps:
         if now - self._last < self.EVERY and done < total:
             return
         self._last = now
+        first = not self._stop_shown
         self._show_stop()
         unit = max(self.done - 1, 0)
         frac = (unit + min(max(done / max(total, 1), 0.0), 1.0)) / self.steps
         text = f"{self.message} · {message}" if self.message else message
+        # the label shows progress while the box is closed; real work opens the box
+        self.box.update(label=f"{self.label}: {text}", **({"expanded": True} if first else {}))
         self.bar.progress(min(1.0, frac), text=text)
         self.updates += 1
 
@@ -557,9 +560,11 @@ class Steps:
         """A Stop button under the box once real work starts (results from the cache never
         show it). A click ends this run at its next update, and the page then waits for
         Run instead of starting over."""
-        if self._stop_shown or self.stop_slot is None or self.stop_page is None:
+        if self._stop_shown:
             return
         self._stop_shown = True
+        if self.stop_slot is None or self.stop_page is None:
+            return
         self.stop_slot.button(
             "Stop", key=f"stop_{self.stop_page}", on_click=_request_stop,
             args=(self.stop_page,), icon=":material/stop_circle:",
@@ -587,7 +592,8 @@ def progress(label: str, steps: int, stop: str | None = None) -> Iterator[Steps]
     if slot is not None:
         slot.empty()
     bar.progress(1.0, text="done")
-    box.update(label=f"{label}: done in {time.perf_counter() - t0:.1f} s", state="complete")
+    box.update(label=f"{label}: done in {time.perf_counter() - t0:.1f} s", state="complete",
+               expanded=False)
 
 
 def guard(fn: Callable[[], Any]) -> Any:
