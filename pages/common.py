@@ -546,13 +546,11 @@ class Steps:
         if now - self._last < self.EVERY and done < total:
             return
         self._last = now
-        first = not self._stop_shown
         self._show_stop()
         unit = max(self.done - 1, 0)
         frac = (unit + min(max(done / max(total, 1), 0.0), 1.0)) / self.steps
-        text = f"{self.message} · {message}" if self.message else message
-        # the label shows progress while the box is closed; real work opens the box
-        self.box.update(label=f"{self.label}: {text}", **({"expanded": True} if first else {}))
+        text = f"{self.message} · {message} [{done}/{total}]" if self.message else message
+        self.box.update(label=f"{self.label}: {text}")  # readable while the box is closed
         self.bar.progress(min(1.0, frac), text=text)
         self.updates += 1
 
@@ -592,8 +590,7 @@ def progress(label: str, steps: int, stop: str | None = None) -> Iterator[Steps]
     if slot is not None:
         slot.empty()
     bar.progress(1.0, text="done")
-    box.update(label=f"{label}: done in {time.perf_counter() - t0:.1f} s", state="complete",
-               expanded=False)
+    box.update(label=f"{label}: done in {time.perf_counter() - t0:.1f} s", state="complete")
 
 
 def guard(fn: Callable[[], Any]) -> Any:

@@ -521,7 +521,8 @@ def test_progress_detail_touches_the_page_at_a_bounded_rate():
         step.detail(k, 2000, f"step {k}")
     assert 1 <= step.updates < 200
     value, text = bar.calls[-1]
-    assert value == pytest.approx(0.5) and text.endswith("step 2000")  # unit 1 of 2, complete
+    assert box.calls[-1] == {"label": "Matching: weight,learned · step 2000 [2000/2000]"}
+    assert value == pytest.approx(0.5) and text.endswith("[2000/2000]")  # unit 1 of 2, done
     step.EVERY = 0.0
     step.detail(1, 10, "slow step")  # a slow loop: every report reaches the page
     step.detail(2, 10, "slow step")
