@@ -1,9 +1,13 @@
 """Streamlit helpers shared by the app's pages (this file is not a page).
 
 - The sidebar (model pair, data, seed, device, presenter mode), bound to the URL.
-- Caches: models, splits and matched state dicts are resources (one object for every
-  session, never modified); results are plain data in `st.cache_data`, keyed by a hash of
-  the configuration, so each session gets its own copy.
+- Caches: models and splits are `st.cache_resource` (one object for every session, never
+  modified); matched sources (shared, never modified) and results (plain data, a copy for
+  each caller) live in `rotviz.appconfig.ResultCache`s keyed by a hash of the configuration.
+  Those compute outside any Streamlit-cached function, so a long computation can show its
+  progress and be stopped, and only finished results are stored.
+- Progress boxes with a Stop button; matching SPECs, the learned-matching step budget and
+  which pairs have a residual map.
 - Per-model locks: evaluating parameter sets through `torch.func.functional_call` swaps
   tensors on the shared module for the duration of a call, so two sessions must not run a
   model at the same moment.

@@ -37,7 +37,7 @@ def objective_history(rows: Sequence[Mapping], font_size: int = 14,
             marker={"color": style.color(i), "symbol": style.marker(i), "size": 9},
             hovertemplate="step %{x}: %{y:.4g}<extra>" + kind + "</extra>",
         )
-    style.finish(fig, title, STEP, OBJECTIVE, "step", font_size, height=420)
+    style.finish(fig, title, STEP, OBJECTIVE, "step", font_size, height=480)
     return _legend_below(fig)
 
 
