@@ -7,7 +7,8 @@ Not part of CI: it needs Debian's `chromium` (apt) and the `playwright` Python p
 - times the first paint of the Models page (the app's start, with models loading);
 - opens the Barrier page, presses Run and times until the curves are drawn (5 matching
   options x 21 points on the default pair), then presses Run again (the cached rerun);
-- screenshots every page (and presenter mode) into --out;
+- screenshots every page (plus the Match page with the residual stream, and presenter mode)
+  into --out;
 - writes the timings to bench/RESULTS.md (section "app"), unless --no-results.
 
     .venv/bin/python bench/screenshots.py --out /tmp/rotviz-shots
@@ -168,6 +169,10 @@ def main(argv: list[str] | None = None) -> int:
                 timings[f"{name.capitalize()} page"] = time.perf_counter() - t0
                 shoot(page, out / f"{name}.png", args.width)
             sep = "&" if q else "?"
+            # the Match page with the residual stream: alternation history and eigen-angles
+            page.goto(f"{base}/match{q}{sep}m_residual=true&m_barrier=false")
+            settle(page)
+            shoot(page, out / "match-residual.png", args.width)
             page.goto(f"{base}/barrier{q}{sep}present=true")
             settle(page)
             shoot(page, out / "presenter.png", args.width)

@@ -17,22 +17,36 @@ st.markdown(
     "inside its symmetry class, without changing what it computes) lowers the bump."
 )
 
+offered, residual_why = common.offered_specs(s, explore.SPEC_CHOICES)
+
 with st.form("barrier_form"):
     specs = st.multiselect(
-        "Matching options to compare", list(explore.BARRIER_SPECS), list(explore.BARRIER_SPECS),
+        "Matching options to compare", offered,
+        [sp for sp in explore.DEFAULT_SPECS if sp in offered],
         format_func=style.nice_label, key="b_specs", bind="query-params",
+        help="The seed paper's five, then head permutation, the residual stream (weight "
+             "matching = seed + residual), and matching from data: activation matching and "
+             "learned matching (it trains: opt-in).",
     )
+    if residual_why is not None:
+        st.caption(f"Residual stream options are not offered for this pair: {residual_why}.")
     c = st.columns(3)
     points = c[0].slider("Points on the path", 3, 41, 21, 2, key="b_points", bind="query-params")
     layers = c[1].text_input("Layers to match (empty = all)", "", key="b_layers",
                              bind="query-params")
+    steps = int(c[1].number_input(
+        "Learned matching: at most this many steps", 5, 3000, common.DEFAULT_LEARN_STEPS,
+        step=25, key="b_steps", bind="query-params",
+        help=f"Only for learned matching, which trains on the training split of {s.data} and "
+             "keeps the maps with the lowest validation barrier."))
     plane = c[2].toggle("Also draw the 2D loss plane (slower)", False, key="b_plane",
                         bind="query-params")
     grid = c[2].slider("Plane grid (points per side)", 5, 31, 13, key="b_grid",
                        bind="query-params")
-    plane_spec = c[2].selectbox("Plane: matching for B'", list(explore.BARRIER_SPECS[1:]), 3,
-                                format_func=style.nice_label, key="b_plane_spec",
-                                bind="query-params")
+    plane_choices = offered[1:]
+    plane_spec = c[2].selectbox("Plane: matching for B'", plane_choices,
+                                plane_choices.index("seed"), format_func=style.nice_label,
+                                key="b_plane_spec", bind="query-params")
     submitted = st.form_submit_button("Run", type="primary", icon=":material/play_arrow:")
 
 
@@ -62,14 +76,17 @@ def body() -> None:
         return
     base = {**s.base(), "layers": layers.strip()}
     curves = []
-    with common.progress("Interpolating", len(specs) + (1 if plane else 0)) as step:
+    with common.progress("Interpolating", len(specs) + (1 if plane else 0),
+                         stop="barrier") as step:
         for sp in specs:
             step(f"{style.nice_label(sp)}: matching, then {points} points on the path")
-            curves.append(common.compute("curve", {**base, "spec": sp, "points": points}))
+            curves.append(common.compute(
+                "curve", {**base, **common.spec_cfg(sp, steps), "points": points}, step.detail))
         pl = None
         if plane:
             step(f"loss plane: {grid} x {grid} grid")
-            pl = common.compute("plane", {**base, "spec": plane_spec, "grid": grid})
+            pl = common.compute("plane", {**base, **common.spec_cfg(plane_spec, steps),
+                                          "grid": grid}, step.detail)
     fig_loss = bplots.barrier_curves(curves, "loss", s.font)
     fig_acc = bplots.barrier_curves(curves, "acc", s.font)
     common.chart(fig_loss, "barrier_loss")
@@ -129,7 +146,8 @@ def body() -> None:
                          for a, lo, ac in zip(c["alphas"], c["loss"], c["acc"], strict=True)],
               "summary": rows}
     common.export("barrier", {"page": "barrier", **base, "specs": specs, "points": points,
-                              "plane": plane, "grid": grid, "plane_spec": plane_spec},
+                              "plane": plane, "grid": grid, "plane_spec": plane_spec,
+                              "learn_steps": steps},
                   {"curves": curves, "plane": pl}, tables, figures)
 
 

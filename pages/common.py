@@ -1,9 +1,13 @@
 """Streamlit helpers shared by the app's pages (this file is not a page).
 
 - The sidebar (model pair, data, seed, device, presenter mode), bound to the URL.
-- Caches: models, splits and matched state dicts are resources (one object for every
-  session, never modified); results are plain data in `st.cache_data`, keyed by a hash of
-  the configuration, so each session gets its own copy.
+- Caches: models and splits are `st.cache_resource` (one object for every session, never
+  modified); matched sources (shared, never modified) and results (plain data, a copy for
+  each caller) live in `rotviz.appconfig.ResultCache`s keyed by a hash of the configuration.
+  Those compute outside any Streamlit-cached function, so a long computation can show its
+  progress and be stopped, and only finished results are stored.
+- Progress boxes with a Stop button; matching SPECs, the learned-matching step budget and
+  which pairs have a residual map.
 - Per-model locks: evaluating parameter sets through `torch.func.functional_call` swaps
   tensors on the shared module for the duration of a call, so two sessions must not run a
   model at the same moment.
@@ -13,6 +17,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import threading
 import time
@@ -26,6 +31,7 @@ import streamlit as st
 from rotviz import appconfig, explore
 from rotviz.errors import RotvizError
 
+Progress = Callable[[int, int, str], None]
 DATA_CHOICES = ("auto", "digits", "pystdlib")
 PAIR_NAMES = {"default": "two seeds", "finetuned": "two fine-tunes", "gpt2": "GPT-2 pair"}
 SMALL_PAIR = 5_000_000  # parameters in the pair: below this, pages compute without a click
@@ -265,19 +271,93 @@ def layers_of(text: str | None, n_layers: int) -> tuple[int, ...] | None:
     return parse_layers((text or "").strip() or None, n_layers)
 
 
-@st.cache_resource(max_entries=24, show_spinner=False)
-def matched(anchor: str, source: str, spec: str, layers: str, device: str):
+@st.cache_resource(show_spinner=False)
+def _stores() -> dict[str, appconfig.ResultCache]:
+    """The app's caches, one per server process: results (plain data, a copy for every
+    caller, keyed by the configuration's hash) and matched sources (shared, never modified).
+    Computations run outside any Streamlit-cached function, so they can report progress to
+    the page and be interrupted (Stop, or a changed widget); an interrupted or cancelled
+    computation stores nothing."""
+    return {"results": appconfig.ResultCache(256, copy=True),
+            "matched": appconfig.ResultCache(24, copy=False)}
+
+
+class Cancelled(RotvizError):
+    """Learned matching was cancelled before it finished: nothing of it is cached."""
+
+
+DEFAULT_LEARN_STEPS = 300
+
+
+def spec_cfg(spec: str, learn_steps: int = 0) -> dict:
+    """The part of a configuration a matching SPEC decides: its canonical label, and the
+    learned-matching step budget only when the SPEC learns (so data-free results are shared
+    by every page whatever the budget field says)."""
+    label = explore.spec_label(spec)
+    out: dict[str, Any] = {"spec": label}
+    if explore.learns(label):
+        out["learn_steps"] = int(learn_steps or DEFAULT_LEARN_STEPS)
+    return out
+
+
+def matched(anchor: str, source: str, spec: str, layers: str, device: str, data: str = "",
+            learn_steps: int = 0, seed: int = 0, progress: Progress | None = None,
+            cancel: Callable[[], bool] | None = None):
     """The source matched onto the anchor (a `Matched`, shared: never modify), or None for
-    spec 'none'."""
+    spec 'none'. Activation and learned matching train on `data`'s train split (learned
+    matching early-stops on its val split, runs at most `learn_steps` steps and draws its
+    batches with `seed`); `progress(done, total, message)` hears about every step, and
+    `cancel()` returning True stops learned matching (then nothing is cached: `Cancelled`)."""
+    from rotviz.matching import LearnOptions
     from rotviz.matchspec import match_options
     from rotviz.pipeline import match_models
 
-    a, b = pair({"anchor": anchor, "source": source})
-    opts = match_options(spec, layers_of(layers, _n_layers(a)))
-    if opts is None:
+    label = explore.spec_label(spec)
+    if label == "none":
         return None
-    with using(anchor, source):
-        return match_models(a, b, opts, device)
+    needs, learns = explore.needs_data(label), explore.learns(label)
+    steps = int(learn_steps or DEFAULT_LEARN_STEPS) if learns else 0
+    key = appconfig.config_hash({
+        "anchor": anchor, "source": source, "spec": label, "layers": layers or "",
+        "device": device, "data": data if needs else "", "learn_steps": steps,
+        "learn_seed": seed if learns else 0})
+
+    def run():
+        a, b = pair({"anchor": anchor, "source": source})
+        opts = match_options(label, layers_of(layers, _n_layers(a)))
+        if learns:
+            opts = dataclasses.replace(opts, learn=LearnOptions(steps=steps, seed=seed))
+        with using(anchor, source):
+            m = match_models(a, b, opts, device, progress, data if needs else None, cancel)
+        learned = m.report.learned or {}
+        if learned.get("stopped") == "cancelled":
+            raise Cancelled(f"learned matching was cancelled after {learned.get('steps')} of "
+                            f"{steps} steps; nothing was kept. Press Run to start again.")
+        return m
+
+    return _stores()["matched"].get_or_compute(key, run)
+
+
+def _matched_of(cfg: dict, progress: Progress | None = None):
+    return matched(cfg["anchor"], cfg["source"], cfg["spec"], cfg.get("layers", ""),
+                   cfg["device"], cfg.get("data", ""), cfg.get("learn_steps", 0),
+                   cfg.get("seed", 0), progress)
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def residual_why(ref: str) -> str | None:
+    """Why this model's residual stream cannot be matched (e.g. a tied output head), or
+    None. Asked of the anchor: both models of a pair share the architecture."""
+    try:
+        return explore.residual_unsupported(load(ref))
+    except RotvizError:
+        return None
+
+
+def offered_specs(s: Setup, choices) -> tuple[list[str], str | None]:
+    """The SPECs this pair can use, and why residual ones are missing (None when offered)."""
+    why = residual_why(s.anchor) if s.anchor else None
+    return explore.offered(choices, why), why
 
 
 def _n_layers(loaded) -> int:
@@ -289,15 +369,15 @@ def _n_layers(loaded) -> int:
 # The computations behind `compute(kind, cfg)`; each returns plain data.
 
 
-def _card(cfg: dict) -> dict:
+def _card(cfg: dict, progress: Progress | None = None) -> dict:
     m = load(cfg["ref"])
     sp = split(cfg["data"], cfg["seed"], cfg["n_eval"])
     with using(cfg["ref"]):
         return explore.model_card(m, sp)
 
 
-def _match(cfg: dict) -> dict:
-    m = matched(cfg["anchor"], cfg["source"], cfg["spec"], cfg["layers"], cfg["device"])
+def _match(cfg: dict, progress: Progress | None = None) -> dict:
+    m = _matched_of(cfg, progress)
     if m is None:
         from rotviz.distances import distances
         from rotviz.pipeline import view_of
@@ -311,29 +391,29 @@ def _match(cfg: dict) -> dict:
     return explore.match_summary(m, cfg["spec"])
 
 
-def _curve(cfg: dict) -> dict:
+def _curve(cfg: dict, progress: Progress | None = None) -> dict:
     from rotviz.landscape import interpolate
 
     a, b = pair(cfg)
     sp = split(cfg["data"], cfg["seed"], cfg["n_eval"])
-    m = matched(cfg["anchor"], cfg["source"], cfg["spec"], cfg["layers"], cfg["device"])
+    m = _matched_of(cfg, progress)
     state = b.state if m is None else m.state
     with using(cfg["anchor"], cfg["source"]):
         c = interpolate(a, b, sp, None, points=cfg["points"], device=cfg["device"],
                         source_state=state).to_dict()
-    info = _match(cfg)
+    info = _match(cfg, progress)
     c.update(match=cfg["spec"], distance_before=info["before_total"],
              distance_after=info["after_total"], max_output_diff=info["max_output_diff"],
              preserved=info["preserved"])
     return c
 
 
-def _plane(cfg: dict) -> dict:
+def _plane(cfg: dict, progress: Progress | None = None) -> dict:
     from rotviz.landscape import loss_plane
 
     a, b = pair(cfg)
     sp = split(cfg["data"], cfg["seed"], cfg["n_eval"])
-    m = matched(cfg["anchor"], cfg["source"], cfg["spec"], cfg["layers"], cfg["device"])
+    m = _matched_of(cfg, progress)
     state = b.state if m is None else m.state
     with using(cfg["anchor"], cfg["source"]):
         p = loss_plane(a, b, sp, None, grid=cfg["grid"], device=cfg["device"], seed=cfg["seed"],
@@ -343,60 +423,67 @@ def _plane(cfg: dict) -> dict:
     return out
 
 
-def _circuits(cfg: dict) -> dict:
+def _circuits(cfg: dict, progress: Progress | None = None) -> dict:
     """Cross-matrix and invariant circuit spectra of anchor, source and matched source."""
     from rotviz.pipeline import view_of
     from rotviz.spectra import spectra
     from rotviz.view import read_view
 
     a, b = pair(cfg)
-    m = matched(cfg["anchor"], cfg["source"], cfg["spec"], cfg["layers"], cfg["device"])
+    m = _matched_of(cfg, progress)
     mv = None if m is None else read_view(b.spec, b.config, m.state)
     lay = layers_of(cfg["layers"], _n_layers(a))
     return spectra(view_of(a), view_of(b), mv, lay).to_dict()
 
 
-def _fusion(cfg: dict) -> dict:
-    """Merged accuracy for every method and matching option (rotviz.fusion.fusion_table)."""
-    from rotviz.fusion import fusion_table
-
+def _fusion(cfg: dict, progress: Progress | None = None) -> dict:
+    """Merged accuracy for every method and matching option (rotviz.fusion.fusion_table, on
+    sources matched through the app's cache)."""
     a, b = pair(cfg)
     sp = split(cfg["data"], cfg["seed"], cfg["n_eval"])
+    states = {}
+    for spec in cfg["specs"]:
+        m = _matched_of({**cfg, **spec_cfg(spec, cfg.get("learn_steps", 0)), "layers": ""},
+                        progress)
+        states[explore.spec_label(spec)] = None if m is None else m.state
     with using(cfg["anchor"], cfg["source"]):
-        t = fusion_table(a, b, sp, None, cfg["methods"], cfg["specs"], cfg["weight"],
-                         cfg["batches"], 32, cfg["alpha"], cfg["device"], cfg["seed"])
-    return t.to_dict()
+        return explore.fusion_with_states(a, b, sp, states, cfg["methods"], cfg["weight"],
+                                          cfg["batches"], 32, cfg["alpha"], cfg["device"],
+                                          cfg["seed"])
 
 
-def _learn(cfg: dict) -> dict:
+def _learn(cfg: dict, progress: Progress | None = None) -> dict:
     m = load(cfg["ref"])
     sp = split(cfg["data"], cfg["seed"], cfg["n_eval"])
     with using(cfg["ref"]):
         return explore.learn_demo(m, sp, cfg["kind"], cfg["demo_seed"], cfg["layer"], cfg["head"])
 
 
-COMPUTE: dict[str, Callable[[dict], Any]] = {
+COMPUTE: dict[str, Callable[[dict, Progress | None], Any]] = {
     "card": _card, "match": _match, "curve": _curve, "plane": _plane, "learn": _learn,
     "circuits": _circuits, "fusion": _fusion,
 }
 
 
-def register(kind: str, fn: Callable[[dict], Any]) -> None:
-    """Pages add their own computations (e.g. the fusion table) by name."""
+def register(kind: str, fn: Callable[[dict, Progress | None], Any]) -> None:
+    """Pages add their own computations (fn(cfg, progress) -> plain data) by name."""
     COMPUTE[kind] = fn
 
 
-@st.cache_data(max_entries=256, show_spinner=False)
-def _cached(kind: str, key: str, cfg_json: str) -> Any:
-    """The cache of results: one entry per configuration hash, copied out to each session."""
-    return COMPUTE[kind](json.loads(cfg_json))
-
-
-def compute(kind: str, cfg: dict) -> Any:
-    """The result of computation `kind` for a configuration, from the cache when possible."""
+def compute(kind: str, cfg: dict, progress: Progress | None = None) -> Any:
+    """The result of computation `kind` for a configuration, from the cache when possible
+    (keyed by a hash of kind and configuration; every caller gets its own copy). While it
+    computes, `progress(done, total, message)` hears from the long steps (matching)."""
     cfg = appconfig.canonical(cfg)
     key = appconfig.config_hash({"kind": kind, **cfg})
-    return _cached(kind, key, json.dumps(cfg, sort_keys=True))
+    return _stores()["results"].get_or_compute(
+        key, lambda: COMPUTE[kind](json.loads(json.dumps(cfg)), progress))
+
+
+def is_cached(kind: str, cfg: dict) -> bool:
+    """Whether `compute(kind, cfg)` would come straight from the cache."""
+    cfg = appconfig.canonical(cfg)
+    return appconfig.config_hash({"kind": kind, **cfg}) in _stores()["results"]
 
 
 def run_id(cfg: dict) -> str:
@@ -412,32 +499,100 @@ def params_in_pair(s: Setup) -> int:
 
 def should_run(page: str, submitted: bool, s: Setup) -> bool:
     """Compute when Run was pressed, once it has been in this session, or at once for a
-    small pair (the default pair shows results on first paint)."""
-    flag = f"_ran_{page}"
+    small pair (the default pair shows results on first paint); never right after the user
+    stopped a run on this page, until Run is pressed again."""
+    flag, stopped = f"_ran_{page}", f"_stopped_{page}"
     if submitted:
         st.session_state[flag] = True
+        st.session_state[stopped] = False
+    if st.session_state.get(stopped):
+        st.warning("Stopped. Nothing from the stopped run was kept or cached.",
+                   icon=":material/stop_circle:")
+        return False
     return bool(st.session_state.get(flag)) or params_in_pair(s) <= SMALL_PAIR
 
 
+def _request_stop(page: str) -> None:
+    st.session_state[f"_stopped_{page}"] = True
+
+
+class Steps:
+    """What `progress` yields: `step(message)` starts the next of `steps` units of work;
+    `step.detail(done, total, message)` (a `Progress` callback for the library) moves the
+    bar within the current unit.
+
+    Every update touches Streamlit, which is where Streamlit interrupts a running script
+    when the user presses Stop or changes a widget. Detail updates are sent at most every
+    `EVERY` seconds (and always at the end of a loop), so a long loop such as learned
+    matching stays interruptible within one of its steps without flooding the page."""
+
+    EVERY = 0.15
+
+    def __init__(self, label: str, steps: int, box, bar, stop_slot=None,
+                 stop_page: str | None = None):
+        self.label, self.steps = label, max(steps, 1)
+        self.box, self.bar = box, bar
+        self.stop_slot, self.stop_page = stop_slot, stop_page
+        self.done = 0
+        self.message = ""
+        self.updates = 0  # detail updates sent to the page
+        self._last = 0.0
+        self._stop_shown = False
+
+    def __call__(self, message: str) -> None:
+        self.message = message
+        self.box.update(label=f"{self.label}: {message}")
+        self.bar.progress(min(1.0, self.done / self.steps), text=message)
+        self.done += 1
+
+    def detail(self, done: int, total: int, message: str) -> None:
+        now = time.perf_counter()
+        if now - self._last < self.EVERY and done < total:
+            return
+        self._last = now
+        self._show_stop()
+        unit = max(self.done - 1, 0)
+        frac = (unit + min(max(done / max(total, 1), 0.0), 1.0)) / self.steps
+        text = f"{self.message} · {message} [{done}/{total}]" if self.message else message
+        self.box.update(label=f"{self.label}: {text}")  # readable while the box is closed
+        self.bar.progress(min(1.0, frac), text=text)
+        self.updates += 1
+
+    def _show_stop(self) -> None:
+        """A Stop button under the box once real work starts (results from the cache never
+        show it). A click ends this run at its next update, and the page then waits for
+        Run instead of starting over."""
+        if self._stop_shown:
+            return
+        self._stop_shown = True
+        if self.stop_slot is None or self.stop_page is None:
+            return
+        self.stop_slot.button(
+            "Stop", key=f"stop_{self.stop_page}", on_click=_request_stop,
+            args=(self.stop_page,), icon=":material/stop_circle:",
+            help="Stop this computation. Nothing from a stopped run is kept; press Run to "
+                 "start again. (Streamlit's own Stop, top right, works too.)")
+
+
 @contextlib.contextmanager
-def progress(label: str, steps: int) -> Iterator[Callable[[str], None]]:
-    """An `st.status` box with a progress bar; yields `step(message)`."""
+def progress(label: str, steps: int, stop: str | None = None) -> Iterator[Steps]:
+    """An `st.status` box with a progress bar; yields `step` (see `Steps`). With `stop` (the
+    page's name) a Stop button appears while something is being computed."""
     t0 = time.perf_counter()
     box = st.status(label, expanded=False)
     bar = box.progress(0.0)
-    done = [0]
-
-    def step(message: str) -> None:
-        box.update(label=f"{label}: {message}")
-        bar.progress(min(1.0, done[0] / max(steps, 1)), text=message)
-        done[0] += 1
-
+    slot = st.empty() if stop else None
+    step = Steps(label, steps, box, bar, slot, stop)
     try:
         yield step
-    except RotvizError as e:
+    except RotvizError as e:  # Streamlit's stop and rerun signals pass through untouched
+        if slot is not None:
+            slot.empty()
         box.update(label=f"{label}: failed", state="error", expanded=True)
         box.error(str(e))
         raise
+    if slot is not None:
+        slot.empty()
     bar.progress(1.0, text="done")
     box.update(label=f"{label}: done in {time.perf_counter() - t0:.1f} s", state="complete")
 

@@ -11,7 +11,7 @@ s = common.setup()
 st.title("Learn: same function, different weights")
 st.markdown(
     "A neural network is a long list of numbers (its *weights*). Surprisingly, many different "
-    "lists compute **exactly the same thing**. This demo shows it in four steps on the anchor "
+    "lists compute **exactly the same thing**. This demo shows it in five steps on the anchor "
     "model from the sidebar."
 )
 
@@ -33,6 +33,74 @@ with st.form("learn_form"):
     submitted = st.form_submit_button("Run", type="primary", icon=":material/play_arrow:")
 
 
+def residual_step(r: dict, name: str) -> dict:
+    """Step 5: the residual stream can be rotated too. Returns its figures."""
+    st.header("5 · The residual stream can be rotated too")
+    st.markdown(
+        "Inside the model, every layer reads one shared running total of numbers, the "
+        "*residual stream*, and adds its own result back to it. Turn the whole stream by one "
+        "rotation, and turn the way every layer reads it and writes to it by the same "
+        "rotation: again nothing changes, because the two turns cancel."
+    )
+    if r.get("unsupported"):
+        st.info(f"Not for **{name}**: {r['unsupported']}. The other steps above still hold.",
+                icon=":material/block:")
+        return {}
+    st.markdown(
+        "First a tidy-up that changes weights but not outputs: each normalisation layer's "
+        "gains are moved into the layers that read from it"
+        + (", and every layer's writes are shifted to average zero (so the normalisation "
+           "sees the same thing)" if r["group"] == "centred" else "")
+        + ". Then the stream is turned by a random element of its symmetry group, for this "
+        f"model: {r['group_text']}."
+    )
+    m = st.columns(4)
+    m[0].metric("weights moved by tidying up", f"{r['distance_canonical']:.2f}",
+                help="Euclidean distance between the original and the tidied model")
+    m[1].metric("weights moved by the rotation", f"{r['distance_rotated']:.2f}",
+                help="Euclidean distance between the tidied and the rotated model")
+    share = r["numbers_changed"] / max(r["numbers_total"], 1)
+    m[2].metric("numbers changed by the rotation", f"{100 * share:.1f} %",
+                help=f"{r['numbers_changed']:,} of {r['numbers_total']:,} numbers; "
+                     f"{len(r['changed'])} of {len(r['changed']) + len(r['unchanged'])} "
+                     "weight tensors")
+    worst = max(r["diff_rotated"], r["probe_diff_rotated"], r["diff_canonical"],
+                r["probe_diff_canonical"])
+    m[3].metric("largest logit change", f"{worst:.1e}",
+                help="tidied and rotated model vs the original, on test and probe inputs")
+    w = r["weights"]
+    what = f"W_Q of head {r['head']} in layer {r['layer']}"
+    fig_w = lplots.weight_heatmaps(
+        {"original": w["original"], "tidied": w["canonical"], "stream rotated": w["rotated"],
+         "matched back": w["matched"]}, f"The residual stream turned: {what}", s.font)
+    common.chart(fig_w, "learn_res_weights")
+    st.markdown(
+        f"Every column of these weights changed (the columns are the stream's directions). "
+        f"Yet the model gets {100 * r['acc']['rotated']:.1f} % right, like the original's "
+        f"{100 * r['acc']['original']:.1f} %."
+    )
+    common.function_badge(worst, r["tolerance"], "tidied and rotated model")
+    with st.expander("Which weights did not change?"):
+        st.write("Only those that never touch the stream: biases inside heads and FFN "
+                 "neurons, norm gains (all 1 after tidying up) and the output bias:")
+        st.code("\n".join(r["unchanged"]) or "(none)")
+    fig_d = lplots.stage_distances(
+        [("original", 0.0), ("tidied", r["distance_canonical"]),
+         ("stream rotated", r["distance_rotated_original"]),
+         ("matched back", r["distance_matched"])], s.font,
+        "The residual stream: how far the weights moved from the original")
+    common.chart(fig_d, "learn_res_stages")
+    common.function_badge(max(r["diff_matched"], r["probe_diff_matched"]), r["tolerance"],
+                          "matched-back model")
+    st.success(
+        f"Matching with the residual map alone (one Procrustes problem) found the rotation: "
+        f"the distance went from {r['distance_rotated_original']:.2f} back to "
+        f"{r['distance_matched']:.1e}. Between two separately trained models, this map is "
+        "what **weight matching** adds to the seed paper's: see **Match** and **Barrier**.",
+        icon=":material/lightbulb:")
+    return {"residual_weights": fig_w, "residual_distances": fig_d}
+
+
 def body() -> None:
     if not common.require_pair(s):
         return
@@ -41,9 +109,11 @@ def body() -> None:
         return
     cfg = {"ref": s.anchor, "data": s.data, "seed": s.seed, "n_eval": s.n_eval, "kind": kind,
            "demo_seed": demo_seed, "layer": layer, "head": head}
-    with common.progress("Preparing the demo", 1) as step:
+    with common.progress("Preparing the demo", 2) as step:
         step("transforming, checking and matching back")
         d = common.compute("learn", cfg)
+        step("rotating the residual stream")
+        r = common.compute("learn", {**cfg, "kind": "residual"})
     w = d["weights"]
     what = (f"the query weights W_Q of head {d['head']} in layer {d['layer']}" if kind != "permute"
             else f"the input weights of the first 24 FFN neurons in layer {d['layer']}")
@@ -118,11 +188,12 @@ def body() -> None:
         "part, which is why averaging matched models works better: see **Barrier** and "
         "**Merge**.", icon=":material/lightbulb:")
     figures = {"original": fig1, "scrambled": fig2, "logits": fig3, "matched": fig4,
-               "distances": fig5}
+               "distances": fig5, **residual_step(r, name)}
     rows = [{"stage": k, "distance": v, "accuracy": d["acc"][a]} for k, v, a in
             (("original", 0.0, "original"), ("scrambled", d["distance_scrambled"], "scrambled"),
              ("matched back", d["distance_matched"], "matched"))]
-    common.export("learn", {"page": "learn", **cfg}, d, {"stages": rows}, figures)
+    common.export("learn", {"page": "learn", **cfg}, {"demo": d, "residual": r},
+                  {"stages": rows}, figures)
 
 
 common.guard(body)

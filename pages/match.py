@@ -4,11 +4,14 @@ import streamlit as st
 
 from pages import common
 from rotviz import explore
-from rotviz.matchspec import label_of
 from rotviz.plots import distances as dplots
+from rotviz.plots import matching as mplots
 from rotviz.plots import style
+from rotviz.residual import GROUP_TEXT
 
 s = common.setup()
+LEARNED_NAMES = {"residual": "the residual map", "qk": "every head's Q-K rotation",
+                 "vo": "every head's V-O rotation"}
 POINTS = 21  # the Barrier page's default: the two pages share these curves in the cache
 st.title("Match the source onto the anchor")
 st.markdown(
@@ -19,14 +22,44 @@ st.markdown(
     "The matched source computes exactly what the source computes."
 )
 
+SOLVERS = {"none": "no: from the weights alone", "act": "activation matching",
+           "learned": "learned matching (trains)", "act,learned": "activations, then learned"}
+residual_why = common.residual_why(s.anchor) if s.anchor else None
+
 with st.form("match_form"):
-    c = st.columns(3)
+    st.markdown("**Per-layer maps** (the seed paper's three, and head permutation)")
+    c = st.columns(4)
     ffn = c[0].toggle("FFN permutation", True, key="m_ffn", bind="query-params")
     c[0].caption(explore.WHY_UNCHANGED["ffn"])
     attn = c[1].toggle("Attention rotation", True, key="m_attn", bind="query-params")
     c[1].caption(explore.WHY_UNCHANGED["attn"])
     rescale = c[2].toggle("Rescale heads", True, key="m_rescale", bind="query-params")
     c[2].caption(explore.WHY_UNCHANGED["rescale"])
+    heads = c[3].toggle("Permute heads", False, key="m_heads", bind="query-params",
+                        help="Needs attention rotation. Off by default: on the default pair it "
+                             "shortens the distance but raises the barrier.")
+    c[3].caption(explore.WHY_UNCHANGED["heads"])
+    st.markdown("**Beyond the seed paper**: the residual stream, and matching from data")
+    c = st.columns(3)
+    residual = c[0].toggle("Residual stream rotation", False, key="m_residual",
+                           bind="query-params", disabled=residual_why is not None,
+                           help="Alternates with the per-layer maps until the distance stops "
+                                "shrinking (weight matching = the seed paper's three + this).")
+    c[0].caption(explore.WHY_UNCHANGED["residual"] if residual_why is None else
+                 f"Not available for this pair: {residual_why}.")
+    solver = c[1].selectbox("Use data", list(SOLVERS), format_func=SOLVERS.get, key="m_solver",
+                            bind="query-params",
+                            help=f"Trains on the training split of {s.data}; learned matching "
+                                 "stops early on its validation split. Alone, each starts from "
+                                 "weight matching.")
+    c[1].caption(explore.WHY_UNCHANGED["learned"] + " It tunes the rotations switched on here: "
+                 "every head's, and the residual map's when that is on."
+                 if "learned" in solver else explore.WHY_UNCHANGED["act"])
+    steps = int(c[2].number_input(
+        "Learned matching: at most this many steps", 5, 3000, common.DEFAULT_LEARN_STEPS,
+        step=25, key="m_steps", bind="query-params",
+        help="Adam steps on the rotations; it keeps the maps with the lowest validation "
+             "barrier. A few hundred take tens of seconds on a laptop CPU."))
     layers = st.text_input("Layers to match (empty = all; e.g. 0,2-3)", "", key="m_layers",
                            bind="query-params")
     with_barrier = st.checkbox("Measure the loss barrier of each option in the ablation "
@@ -35,30 +68,122 @@ with st.form("match_form"):
     submitted = st.form_submit_button("Run", type="primary", icon=":material/play_arrow:")
 
 
+def chosen_spec() -> str:
+    """The SPEC of the form, with the residual map left out (and said so) when the pair has
+    none."""
+    flags = [f for f, on in (("ffn", ffn), ("attn", attn), ("rescale", rescale),
+                             ("heads", heads), ("residual", residual)) if on]
+    if solver != "none":
+        flags += solver.split(",")
+    spec = explore.spec_label(",".join(flags) or "none")
+    if residual_why is not None and explore.uses_residual(spec):
+        spec = explore.without_residual(spec)
+        st.warning(f"Residual stream matching is not available for this pair: {residual_why}. "
+                   f"Matching with {style.nice_label(spec)} instead.", icon=":material/info:")
+    return spec
+
+
+def beyond(res: dict) -> tuple[dict, dict]:
+    """What the residual map, activation matching and learned matching did, when they ran.
+    Returns the figures and tables drawn, for the export."""
+    rep = res["report"]
+    figures, tables = {}, {}
+    res_info, act, learned = rep.get("residual"), rep.get("act"), rep.get("learned")
+    if res_info:
+        st.subheader("The residual stream")
+        m = st.columns(3)
+        m[0].metric("residual group", res_info["group"], help=GROUP_TEXT.get(res_info["group"]))
+        m[1].metric("alternation rounds", res_info["rounds"],
+                    help="rounds of (per-layer maps, then the residual map), until a round "
+                         "gained less than the tolerance")
+        d0, d1 = res_info["distance_canonical_before"], res_info["distance_canonical_after"]
+        m[2].metric("distance between canonical forms", f"{d1:.3f}", delta=f"{d1 - d0:+.3f}",
+                    delta_color="inverse",
+                    help="Both models with their norm gains folded into the readers (and, for "
+                         "LayerNorm, their writers centred): the distance the alternation "
+                         "minimises.")
+        st.caption(f"Group: {GROUP_TEXT.get(res_info['group'], res_info['group'])}. Each step "
+                   "solves one kind of map exactly with the others held fixed, and keeping the "
+                   "old map is always one of its choices, so the distance can only go down.")
+        rows = explore.objective_rows(res)
+        fig_obj = mplots.objective_history(rows, s.font)
+        fig_ang = mplots.angle_spectrum({"residual map (weight matching)": res_info["angles"]},
+                                        s.font)
+        common.chart(fig_obj, "match_objective")
+        ok = explore.never_increases([r["objective"] for r in rows])
+        st.caption(("✓ never went up" if ok else "✗ went up at some step (please report)")
+                   + f": {rows[0]['objective']:.2f} → {rows[-1]['objective']:.2f} in "
+                   f"{len(rows) - 1} steps.")
+        common.chart(fig_ang, "match_angles")
+        st.caption("How far the residual map turns the stream: the angles of its eigenvalues "
+                   "e^(±iθ), which come in pairs. All 0° would be the identity; 180° flips a "
+                   "direction.")
+        figures.update(objective=fig_obj, residual_angles=fig_ang)
+        tables["objective"] = rows
+    if act:
+        st.subheader("Activation matching")
+        st.caption(f"Activations of both models on {act['examples']} {act['split']} examples "
+                   f"of {act['data']}.")
+        if act.get("ffn_corr_before"):
+            fig = mplots.ffn_correlation(act["ffn_corr_before"], act["ffn_corr_after"],
+                                         rep["options"].get("layers"), s.font)
+            common.chart(fig, "match_act_corr")
+            figures["act_ffn_correlation"] = fig
+        if act.get("residual_angles"):
+            fig = mplots.angle_spectrum({"residual map (activation matching)":
+                                         act["residual_angles"]}, s.font,
+                                        "Residual map from activations: eigen-angle spectrum")
+            common.chart(fig, "match_act_angles")
+            figures["act_residual_angles"] = fig
+    if learned:
+        st.subheader("Learned matching")
+        m = st.columns(4)
+        m[0].metric("validation barrier", f"{learned['val_barrier']:.3f}",
+                    delta=f"{learned['val_barrier'] - learned['val_barrier_start']:+.3f}",
+                    delta_color="inverse",
+                    help="nats above the straight line, on the validation split; the start is "
+                         "the data-free matching it began from")
+        m[1].metric("steps run", learned["steps"])
+        m[2].metric("maps kept from step", learned["best_step"])
+        m[3].metric("seconds", f"{learned['seconds']:.1f}")
+        names = [LEARNED_NAMES.get(n, n) for n in learned["learned"]] or ["nothing"]
+        tuned = " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+        st.markdown(f"It stopped because {explore.stop_reason(learned)}. It tuned {tuned}, "
+                    "starting from data-free matching, and kept the maps with the lowest "
+                    "validation barrier.")
+        rows = explore.learned_rows(res)
+        fig = mplots.learn_history(rows, learned["best_step"], s.font)
+        common.chart(fig, "match_learned")
+        figures["learned_history"] = fig
+        tables["learned"] = rows
+    return figures, tables
+
+
 def body() -> None:
     if not common.require_pair(s):
         return
     if not common.should_run("match", submitted, s):
         st.info("Press **Run** to match this pair.")
         return
-    from rotviz.matching import MatchOptions
-
-    spec = label_of(MatchOptions(ffn=ffn, attn=attn, rescale=rescale)) if (ffn or attn or rescale) \
-        else "none"
+    spec = chosen_spec()
     base = {**s.base(), "layers": layers.strip()}
-    specs = list(explore.BARRIER_SPECS)
-    with common.progress("Matching", 1 + len(specs) * (2 if with_barrier else 1)) as step:
+    specs = explore.offered(explore.ABLATION_SPECS, residual_why)
+    if spec not in specs:
+        specs.append(spec)
+    with common.progress("Matching", 1 + len(specs) * (2 if with_barrier else 1),
+                         stop="match") as step:
         step(f"matching with {style.nice_label(spec)}")
-        res = common.compute("match", {**base, "spec": spec})
+        res = common.compute("match", {**base, **common.spec_cfg(spec, steps)}, step.detail)
         ablation = []
         for sp in specs:
+            cfg = {**base, **common.spec_cfg(sp, steps)}
             step(f"ablation: {style.nice_label(sp)}")
-            r = common.compute("match", {**base, "spec": sp})
+            r = common.compute("match", cfg, step.detail)
             row = {"match": sp, "distance": r["after_total"],
                    "max_output_diff": r["max_output_diff"], "preserved": r["preserved"]}
             if with_barrier:
                 step(f"barrier: {style.nice_label(sp)}")
-                cur = common.compute("curve", {**base, "spec": sp, "points": POINTS})
+                cur = common.compute("curve", {**cfg, "points": POINTS}, step.detail)
                 row.update(barrier=cur["barrier"], mid_acc=cur["mid_acc"])
             ablation.append(row)
     st.subheader(f"Result: {style.nice_label(spec)}")
@@ -80,6 +205,7 @@ def body() -> None:
         common.chart(fig_layer, "match_layer")
     with t2:
         common.chart(fig_kind, "match_kind")
+    figures, tables = beyond(res)
     st.subheader("Ablation: what each option buys")
     st.caption("Each bar matches the source with one option set (all layers chosen above). "
                "Lower is better. The barrier is the loss bump on the straight path between the "
@@ -96,11 +222,12 @@ def body() -> None:
             st.dataframe(heads, hide_index=True)
         else:
             st.write("No attention matching in this option set.")
-    common.export("match", {"page": "match", **base, "spec": spec},
+    common.export("match", {"page": "match", **base, **common.spec_cfg(spec, steps)},
                   {"match": res, "ablation": ablation},
-                  {"distances": explore.distance_rows(res), "heads": heads, "ablation": ablation},
+                  {"distances": explore.distance_rows(res), "heads": heads, "ablation": ablation,
+                   **tables},
                   {"distance_per_layer": fig_layer, "distance_per_kind": fig_kind,
-                   "ablation": fig_ab})
+                   "ablation": fig_ab, **figures})
 
 
 common.guard(body)

@@ -3,6 +3,7 @@
 import streamlit as st
 
 from pages import common
+from rotviz import explore
 from rotviz.plots import merge as mplots
 from rotviz.plots import style
 
@@ -19,20 +20,30 @@ st.markdown(
 METHODS = {"simple": "simple average", "fisher": "Fisher-weighted average",
            "regmean": "RegMean (regression mean)"}
 
+offered, residual_why = common.offered_specs(s, explore.MERGE_SPECS)
+
 with st.form("merge_form"):
     c = st.columns(2)
     methods = c[0].multiselect("Fusion methods", list(METHODS), list(METHODS),
                                format_func=METHODS.get, key="g_methods", bind="query-params")
-    specs = c[1].multiselect("Matching before fusion", ["none", "ffn", "attn", "ffn,attn", "seed"],
-                             ["none", "seed"], format_func=style.nice_label, key="g_specs",
-                             bind="query-params")
-    c = st.columns(3)
+    specs = c[1].multiselect("Matching before fusion", offered, ["none", "seed"],
+                             format_func=style.nice_label, key="g_specs", bind="query-params",
+                             help="The seed paper's options, head permutation, the residual "
+                                  "stream (weight = seed + residual), and matching from data "
+                                  "(activation, learned: it trains on the training split).")
+    if residual_why is not None:
+        c[1].caption(f"Residual stream options are not offered for this pair: {residual_why}.")
+    c = st.columns(4)
     weight = c[0].slider("Weight of the source (0 = anchor only, 1 = source only)", 0.0, 1.0,
                          0.5, 0.05, key="g_weight", bind="query-params")
     batches = c[1].slider("Statistics: batches of 32 training examples", 1, 32, 8,
                           key="g_batches", bind="query-params")
     alpha = c[2].slider("RegMean: off-diagonal scale α", 0.0, 1.0, 0.9, 0.05, key="g_alpha",
                         bind="query-params")
+    steps = int(c[3].number_input(
+        "Learned matching: at most this many steps", 5, 3000, common.DEFAULT_LEARN_STEPS,
+        step=25, key="g_steps", bind="query-params",
+        help="Only for learned matching; it keeps the maps with the lowest validation barrier."))
     submitted = st.form_submit_button("Run", type="primary", icon=":material/play_arrow:")
 
 
@@ -45,11 +56,14 @@ def body() -> None:
     if not common.should_run("merge", submitted, s):
         st.info("Press **Run** to fuse the models.")
         return
-    cfg = {**s.base(), "methods": methods, "specs": specs, "weight": weight,
+    labels = [explore.spec_label(sp) for sp in specs]
+    cfg = {**s.base(), "methods": methods, "specs": labels, "weight": weight,
            "batches": batches, "alpha": alpha}
-    with common.progress("Fusing", 1) as step:
-        step(f"{len(methods)} methods x {len(specs)} matching options")
-        t = common.compute("fusion", cfg)
+    if any(explore.learns(sp) for sp in labels):
+        cfg["learn_steps"] = steps
+    with common.progress("Fusing", 1, stop="merge") as step:
+        step(f"{len(methods)} methods x {len(labels)} matching options")
+        t = common.compute("fusion", cfg, step.detail)
     rows = [{"method": METHODS[m], "matching": sp, "acc": t["acc"][m][sp],
              "loss": t["loss"][m][sp], "distance": t["distance"][sp]}
             for m in t["methods"] for sp in t["specs"]]
@@ -68,7 +82,7 @@ def body() -> None:
     st.caption(f"Evaluated on {t['split']} ({s.data}); statistics from the {t['stats_split']} "
                f"split, {t['batches']} x {t['batch_size']} examples; {t['seconds']:.1f} s on "
                f"{t['device']}.")
-    checks = [common.compute("match", {**s.base(), "layers": "", "spec": sp})
+    checks = [common.compute("match", {**s.base(), "layers": "", **common.spec_cfg(sp, steps)})
               for sp in t["specs"] if sp != "none"]
     if checks:
         worst = max(c["max_output_diff"] for c in checks)

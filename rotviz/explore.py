@@ -23,8 +23,19 @@ from rotviz.view import write_state
 
 Progress = Callable[[int, int, str], None]
 
-# The five settings the Barrier page compares, as matching SPEC strings (rotviz.matchspec).
+# Matching SPEC strings (rotviz.matchspec) the app offers. The seed paper's five first (the
+# Barrier page's original comparison), then what goes beyond it: head permutation, the
+# residual stream alone, weight matching (seed + residual, alternated), activation matching
+# and learned matching (both start from weight matching and need data).
 BARRIER_SPECS = ("none", "ffn", "attn", "ffn,attn", "seed")
+SPEC_CHOICES = BARRIER_SPECS + ("seed,heads", "residual", "weight", "weight,act",
+                                "weight,learned")
+# What the Barrier page draws by default: the seed paper's five plus weight matching
+# (learned matching trains, so it is opt-in).
+DEFAULT_SPECS = BARRIER_SPECS + ("weight",)
+# The Match page's ablation: each option set on its own (the page adds the one chosen).
+ABLATION_SPECS = BARRIER_SPECS + ("seed,heads", "weight")
+MERGE_SPECS = SPEC_CHOICES
 
 # One line per symmetry toggle: why the function does not change (shown next to the toggle).
 WHY_UNCHANGED = {
@@ -34,7 +45,66 @@ WHY_UNCHANGED = {
             "cancels (R Rᵀ = I); values rotated by R are rotated back by W_O.",
     "rescale": "Multiplying a head's queries by a and dividing its keys by a leaves every q·k "
                "the same (likewise values by b, W_O by 1/b).",
+    "heads": "A layer adds up its heads' outputs in any order: moving a head's W_Q, W_K, W_V "
+             "rows together with its W_O columns relabels heads without changing the sum.",
+    "residual": "Layers talk through the residual stream: writers add to it, readers see it "
+                "through a norm. Turning the stream by an orthogonal Q and every reader by the "
+                "same Q cancels, x Q (W Q)ᵀ = x Wᵀ. LayerNorm allows it once its gains are "
+                "folded into the readers and Q keeps the all-ones direction (Q 1 = 1).",
+    "act": "Activation matching picks the FFN permutations and the residual map from the two "
+           "models' activations on training data instead of their weights. The maps are still "
+           "symmetries, so the function cannot change.",
+    "learned": "Learned matching tunes the rotations by gradient descent so that the models "
+               "half-way between the two have a low training loss, stopping when the barrier on "
+               "the validation split stops improving. Still symmetries: the function is kept.",
 }
+
+
+def spec_of(spec: str):
+    """The parsed SPEC (rotviz.matchspec.Spec): its flags and canonical label."""
+    from rotviz.matchspec import parse_spec
+
+    return parse_spec(spec)
+
+
+def spec_label(spec: str) -> str:
+    """The canonical text of a SPEC ('act' -> 'weight,act'): one cache key per meaning."""
+    return spec_of(spec).label
+
+
+def needs_data(spec: str) -> bool:
+    s = spec_of(spec)
+    return s.act or s.learned
+
+
+def uses_residual(spec: str) -> bool:
+    return spec_of(spec).residual
+
+
+def learns(spec: str) -> bool:
+    return spec_of(spec).learned
+
+
+def residual_unsupported(loaded: Loaded) -> str | None:
+    """Why residual maps cannot be used on this model (e.g. a tied output head), or None."""
+    from rotviz.residual import unsupported
+
+    return unsupported(view_of(loaded))
+
+
+def offered(specs, residual_why: str | None) -> list[str]:
+    """The SPECs a pair can use: none with the residual map when the pair has none."""
+    return [s for s in specs if residual_why is None or not uses_residual(s)]
+
+
+def without_residual(spec: str) -> str:
+    """The SPEC with the residual map left out (data solvers then start from seed)."""
+    from rotviz.matchspec import GROUPS
+
+    s = dataclasses.replace(spec_of(spec), residual=False)
+    if (s.act or s.learned) and not any(getattr(s, g) for g in GROUPS):
+        s = dataclasses.replace(s, ffn=True, attn=True, rescale=True)
+    return s.label
 
 
 def dims_of(loaded: Loaded) -> dict:
@@ -127,6 +197,58 @@ def head_rows(summary: Mapping) -> list[dict]:
     return rows
 
 
+def objective_rows(summary: Mapping) -> list[dict]:
+    """The weight-matching alternation, one row per step: the squared distance to the anchor
+    between canonical forms after the step, and which maps that step solved. Empty when no
+    residual map was matched."""
+    rep = summary["report"]
+    res = rep.get("residual") or {}
+    obj = res.get("objective") or []
+    if not obj:
+        return []
+    o = rep.get("options") or {}
+    per_layer = bool(o.get("ffn") or o.get("attn") or o.get("rescale"))
+    rows = [{"step": 0, "objective": float(obj[0]), "after": "start (canonical forms)",
+             "round": 0}]
+    for k, v in enumerate(obj[1:], start=1):
+        if per_layer:
+            after = "per-layer maps (FFN, heads)" if k % 2 == 1 else "residual map"
+            rnd = (k + 1) // 2
+        else:
+            after, rnd = "residual map", k
+        rows.append({"step": k, "objective": float(v), "after": after, "round": rnd})
+    return rows
+
+
+def never_increases(values, rtol: float = 1e-9) -> bool:
+    """True when no value is above the one before it (up to float rounding)."""
+    v = [float(x) for x in values]
+    return all(b <= a + rtol * max(1.0, abs(a)) for a, b in zip(v, v[1:], strict=False))
+
+
+STOP_REASONS = {
+    "steps": "it ran all {steps} steps it was given",
+    "patience": "the validation barrier did not improve for {patience} checks in a row "
+                "(one check every {eval_every} steps)",
+    "cancelled": "it was stopped",
+    "nothing to learn": "there was nothing to learn (no rotation in this option set)",
+}
+
+
+def stop_reason(learned: Mapping, patience: int = 8, eval_every: int = 20) -> str:
+    """Why learned matching stopped, in words."""
+    text = STOP_REASONS.get(str(learned.get("stopped")), str(learned.get("stopped")))
+    return text.format(steps=learned.get("steps"), patience=patience, eval_every=eval_every)
+
+
+def learned_rows(summary: Mapping) -> list[dict]:
+    """Learned matching's validation checks: step, mean training loss since the last check,
+    validation barrier."""
+    learned = summary["report"].get("learned") or {}
+    return [{"step": h["step"], "train_loss": h.get("train_loss"),
+             "val_barrier": h["val_barrier"]} for h in learned.get("history") or []]
+
+
 # ---- the Learn page -------------------------------------------------------------------------
 
 LEARN_KINDS = {
@@ -141,10 +263,13 @@ def learn_demo(loaded: Loaded, split, kind: str = "rotate", seed: int = 0, layer
     """Scramble a model with a random symmetry, show nothing changed, then match it back.
 
     Returns the weights of one head (W_Q) or FFN slice in the three models, logits of all
-    three on a few examples, distances and accuracies, as numpy arrays and floats.
+    three on a few examples, distances and accuracies, as numpy arrays and floats. Kind
+    "residual" turns the residual stream instead (`residual_demo`).
     """
+    if kind == "residual":
+        return residual_demo(loaded, split, seed, layer, head, n_examples)
     if kind not in LEARN_KINDS:
-        raise ValueError(f"kind must be one of {sorted(LEARN_KINDS)}")
+        raise ValueError(f"kind must be one of {sorted([*LEARN_KINDS, 'residual'])}")
     flags = LEARN_KINDS[kind]
     view = view_of(loaded)
     g = random_element(view.dims, seed, **flags)
@@ -179,3 +304,121 @@ def learn_demo(loaded: Loaded, split, kind: str = "rotate", seed: int = 0, layer
         "acc": accs,
         "tolerance": FUNCTION_TOLERANCE,
     }
+
+
+def _changed(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor],
+             atol: float = 1e-6) -> tuple[list[str], list[str], int, int]:
+    """Tensors (floating, shared) that differ between two states, those that do not, and how
+    many numbers changed out of how many."""
+    changed, same, n_changed, n_total = [], [], 0, 0
+    for k, x in a.items():
+        y = b.get(k)
+        if y is None or not x.is_floating_point():
+            continue
+        diff = (x.detach().double() - y.detach().double()).abs() > atol
+        n_changed += int(diff.sum())
+        n_total += diff.numel()
+        (changed if bool(diff.any()) else same).append(k)
+    return changed, same, n_changed, n_total
+
+
+def residual_demo(loaded: Loaded, split, seed: int = 0, layer: int = 0, head: int = 0,
+                  n_examples: int = 32) -> dict:
+    """The Learn page's residual step: canonicalise the model (fold the norm gains into the
+    readers and, for LayerNorm, centre the writers: other weights, same function), turn its
+    residual stream by a random element of its group, check the outputs, and match it back
+    with the residual map alone.
+
+    When the architecture has no usable residual map (e.g. GPT-2's tied output head) the
+    result says why (`unsupported`) and carries only the original model's numbers.
+    """
+    from rotviz import residual as rs
+
+    view = view_of(loaded)
+    layer = min(layer, view.dims.n_layers - 1)
+    head = min(head, view.dims.n_heads - 1)
+    x = split.inputs[:n_examples]
+    inputs = batch_inputs(loaded, x)
+    group = rs.group_of(view)
+    why = rs.unsupported(view)
+
+    def wq(v) -> np.ndarray:
+        return v.blocks[layer].attn.wq[head].detach().double().numpy()
+
+    out: dict = {"kind": "residual", "seed": seed, "layer": layer, "head": head,
+                 "group": group, "group_text": rs.GROUP_TEXT[group], "unsupported": why,
+                 "tolerance": FUNCTION_TOLERANCE}
+    if why:
+        out.update(weights={"original": wq(view)},
+                   acc={"original": evaluate(loaded, split)["acc"]})
+        return out
+    canon, _ = rs.canonicalise(view)
+    q = rs.random_map(canon, seed)
+    rotated = rs.apply_residual(canon, q.to(canon.blocks[0].attn.wq))
+    back = match(view, rotated, MatchOptions(ffn=False, attn=False, rescale=False,
+                                             residual=True))
+    states = {"canonical": write_state(canon), "rotated": write_state(rotated),
+              "matched": write_state(back.view)}
+    logits = {"original": forward(loaded, inputs, None).double().numpy()}
+    logits.update({k: forward(loaded, inputs, st).double().numpy() for k, st in states.items()})
+    changed, same, n_changed, n_total = _changed(states["canonical"], states["rotated"])
+    res = back.report.residual or {}
+    out.update(
+        weights={"original": wq(view), "canonical": wq(canon), "rotated": wq(rotated),
+                 "matched": wq(back.view)},
+        logits=logits,
+        **{f"diff_{k}": float(np.abs(logits[k] - logits["original"]).max()) for k in states},
+        **{f"probe_diff_{k}": max_output_diff(loaded, loaded.state, st)
+           for k, st in states.items()},
+        distance_canonical=distances(canon, view).total,
+        distance_rotated=distances(rotated, canon).total,
+        distance_rotated_original=distances(rotated, view).total,
+        distance_matched=distances(back.view, view).total,
+        changed=changed, unchanged=same, numbers_changed=n_changed, numbers_total=n_total,
+        angles=rs.angles(q, group),
+        matched_angles=res.get("angles") or [],
+        acc={"original": evaluate(loaded, split)["acc"],
+             **{k: evaluate(loaded, split, st)["acc"] for k, st in states.items()}},
+    )
+    return out
+
+
+# ---- the Merge page --------------------------------------------------------------------------
+
+
+def fusion_with_states(anchor: Loaded, source: Loaded, split,
+                       states: Mapping[str, Mapping[str, torch.Tensor] | None],
+                       methods, weight: float = 0.5, batches: int = 8, batch_size: int = 32,
+                       alpha: float = 0.9, device="cpu", seed: int = 0) -> dict:
+    """`rotviz.fusion.fusion_table` for sources matched beforehand: one column per entry of
+    `states` (label -> the matched source's state dict, None for the source as it is).
+
+    The app matches through its own cache (shared with the other pages, with progress and
+    cancelling), then hands each matched source to fusion_table as a source that needs no
+    matching, so merging, statistics and evaluation are the library's own. Same keys as
+    `FusionTable.to_dict()`; `seconds` and `timing` leave matching out."""
+    from rotviz.fusion import fusion_table
+
+    out: dict | None = None
+    for label, state in states.items():
+        moved = source if state is None else dataclasses.replace(source, state=dict(state))
+        t = fusion_table(anchor, moved, split, None, methods, ("none",), weight, batches,
+                         batch_size, alpha, device, seed).to_dict()
+        if out is None:
+            out = {**t, "specs": [], "acc": {m: {} for m in t["methods"]},
+                   "loss": {m: {} for m in t["methods"]}, "distance": {}, "timing": {},
+                   "seconds": 0.0}
+        out["specs"].append(label)
+        for m in t["methods"]:
+            out["acc"][m][label] = t["acc"][m]["none"]
+            out["loss"][m][label] = t["loss"][m]["none"]
+        out["distance"][label] = t["distance"]["none"]
+        for k, v in t["timing"].items():
+            if not k.startswith("match:"):
+                out["timing"][k] = out["timing"].get(k, 0.0) + v
+        out["seconds"] += t["seconds"]
+        if state is None:  # the end models' numbers from the source as it is
+            out.update(source_acc=t["source_acc"], source_loss=t["source_loss"])
+    if out is None:
+        raise ValueError("fusion_with_states needs at least one source state")
+    return out

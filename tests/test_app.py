@@ -322,22 +322,28 @@ def test_barrier_page_chart_holds_library_results(pair):
     figs = figures(at)
     loss = figs["Loss along the straight path from anchor to matched source"]
     lines = [tr for tr in loss["data"] if tr.get("showlegend", True)]
-    assert len(lines) == len(explore.BARRIER_SPECS)
+    assert len(lines) == len(explore.DEFAULT_SPECS)  # the seed paper's five, plus weight
     assert all(len(numbers(tr["y"])) == 5 for tr in lines)
     by_name = {tr["name"].split(" (barrier")[0]: tr for tr in lines}
     none, seed = by_name["no matching"], by_name["FFN + attention + rescale (seed paper)"]
+    weight = by_name["weight matching (seed + residual)"]
 
     a, s = load_model(pair[0]), load_model(pair[1])
     split = load_split("digits").subset(N_EVAL)
-    for spec, tr in (("none", none), ("seed", seed)):
+    for spec, tr in (("none", none), ("seed", seed), ("weight", weight)):
         ref = interpolate(a, s, split, spec, points=5)
         assert np.allclose(numbers(tr["y"]), ref.loss, rtol=1e-6, atol=1e-8)
         assert f"barrier {ref.barrier:.3f}" in tr["name"]
     assert "function preserved" in texts(at)
     acc = figs["Accuracy along the straight path from anchor to matched source"]
-    assert len(acc["data"]) == len(explore.BARRIER_SPECS)
+    assert len(acc["data"]) == len(explore.DEFAULT_SPECS)
     if pair[0].startswith("zoo:"):  # acceptance: the shipped pair shows matching's effect
         assert barrier_of(seed) < barrier_of(none)
+        # weight matching (seed + residual map) lowers it further on the default pair
+        assert barrier_of(weight) < barrier_of(seed) - 0.2
+        mid = {tr["name"]: numbers(tr["y"])[2] for tr in acc["data"]}
+        assert mid["weight matching (seed + residual)"] > \
+            mid["FFN + attention + rescale (seed paper)"]
         assert "Matching lowers the barrier" in texts(at)
 
 
@@ -361,7 +367,8 @@ def test_barrier_chart_shows_matching_lowering_the_barrier(default_pair_dirs):
     """Acceptance: in the chart data, the seed paper's matching has the lower barrier (and a
     better midpoint), on the zoo's default pair, opened as folders."""
     a, s = default_pair_dirs
-    at = app("barrier", anchor_path=a, source_path=s, b_points="5")
+    at = app("barrier", anchor_path=a, source_path=s, b_points="5",
+             b_specs=["no matching", "FFN + attention + rescale (seed paper)"])
     loss = figures(at)["Loss along the straight path from anchor to matched source"]
     lines = {tr["name"].split(" (barrier")[0]: tr for tr in loss["data"]
              if tr.get("showlegend", True)}
@@ -462,3 +469,226 @@ def test_mismatched_pair_and_outside_path_show_messages(pair, roots):
 def test_presenter_mode_hides_controls(pair):
     at = app(present="true")
     assert any(b.label == "Leave presenter mode" for b in at.button)
+
+
+# ---- matching beyond the seed paper: residual, activation, learned ---------------------------
+
+
+def test_result_cache_stores_only_what_finished():
+    cache = appconfig.ResultCache(max_entries=2)
+    assert cache.get_or_compute("a", lambda: {"x": [1]}) == {"x": [1]}
+    got = cache.get_or_compute("a", lambda: pytest.fail("recomputed"))
+    got["x"].append(2)  # a copy: the stored value does not change
+    assert cache.get_or_compute("a", lambda: None) == {"x": [1]}
+
+    class Interrupted(BaseException):  # like Streamlit's stop and rerun signals
+        pass
+
+    def interrupted():
+        raise Interrupted
+
+    with pytest.raises(Interrupted):
+        cache.get_or_compute("b", interrupted)
+    assert "b" not in cache and len(cache) == 1
+    assert cache.get_or_compute("b", lambda: 2) == 2
+    cache.get_or_compute("c", lambda: 3)  # beyond max_entries: the least recently used goes
+    assert "a" not in cache and "b" in cache and "c" in cache
+    shared = appconfig.ResultCache(copy=False)
+    obj = object()
+    assert shared.get_or_compute("k", lambda: obj) is obj
+    assert shared.get_or_compute("k", lambda: None) is obj
+
+
+def test_progress_detail_touches_the_page_at_a_bounded_rate():
+    """Learned matching reports every step; the page is updated at most every EVERY seconds
+    (each update is where Streamlit can interrupt the run) and always at a loop's end."""
+    from pages import common
+
+    class Fake:
+        def __init__(self):
+            self.calls = []
+
+        def progress(self, value, text=""):
+            self.calls.append((value, text))
+
+        def update(self, **kw):
+            self.calls.append(kw)
+
+    bar, box = Fake(), Fake()
+    step = common.Steps("Matching", 2, box, bar)
+    step("weight,learned")
+    for k in range(1, 2001):  # a fast loop: most reports are not sent
+        step.detail(k, 2000, f"step {k}")
+    assert 1 <= step.updates < 200
+    value, text = bar.calls[-1]
+    assert box.calls[-1] == {"label": "Matching: weight,learned · step 2000 [2000/2000]"}
+    assert value == pytest.approx(0.5) and text.endswith("[2000/2000]")  # unit 1 of 2, done
+    step.EVERY = 0.0
+    step.detail(1, 10, "slow step")  # a slow loop: every report reaches the page
+    step.detail(2, 10, "slow step")
+    assert step.updates >= 3
+
+
+def test_spec_choices_and_residual_fallback():
+    assert explore.spec_label("act") == "weight,act"
+    assert explore.spec_label("ffn,attn,rescale,residual,learned") == "weight,learned"
+    assert set(explore.DEFAULT_SPECS) == set(explore.BARRIER_SPECS) | {"weight"}
+    assert all(explore.spec_label(sp) == sp for sp in explore.SPEC_CHOICES)
+    assert not any(explore.learns(sp) for sp in explore.DEFAULT_SPECS)  # learned is opt-in
+    why = "tied head"
+    assert explore.offered(explore.SPEC_CHOICES, why) == [
+        "none", "ffn", "attn", "ffn,attn", "seed", "seed,heads"]
+    assert explore.offered(explore.SPEC_CHOICES, None) == list(explore.SPEC_CHOICES)
+    assert explore.without_residual("weight") == "seed"
+    assert explore.without_residual("weight,learned") == "seed,learned"
+    assert explore.without_residual("learned") == "seed,learned"
+    assert explore.without_residual("residual") == "none"
+    assert {"heads", "residual", "act", "learned"} <= set(explore.WHY_UNCHANGED)
+
+
+def test_cancelled_or_interrupted_learned_matching_is_not_cached(roots):
+    """A run that learned matching's cancel() stopped, or that Streamlit interrupted from the
+    progress callback, leaves nothing in the app's caches; the next run computes afresh."""
+    from streamlit.runtime.scriptrunner_utils.exceptions import StopException
+
+    from pages import common
+
+    a, s = str(roots / "vit-s0"), str(roots / "vit-s1")
+    args = (a, s, "weight,learned", "", "cpu", "digits", 6, 0)
+    with pytest.raises(common.Cancelled, match="cancelled after 0 of 6 steps"):
+        common.matched(*args, cancel=lambda: True)
+    cfg = {"anchor": a, "source": s, "data": "digits", "seed": 0, "n_eval": N_EVAL,
+           "device": "cpu", "layers": "", **common.spec_cfg("weight,learned", 6)}
+    assert cfg["learn_steps"] == 6
+
+    def stop_at_step_3(done, total, message):
+        if message.startswith("step 3"):
+            raise StopException  # what Streamlit raises in a st call when the user stops
+
+    with pytest.raises(StopException):
+        common.compute("match", cfg, stop_at_step_3)
+    assert not common.is_cached("match", cfg)
+    seen = []
+    res = common.compute("match", cfg, lambda d, t, m: seen.append(m))
+    assert common.is_cached("match", cfg)
+    learned = res["report"]["learned"]
+    assert learned["steps"] == 6 and learned["stopped"] == "steps"
+    assert [h["step"] for h in learned["history"]] == [0, 6]
+    assert any(m.startswith("step 6") for m in seen)
+    assert res["preserved"]
+
+
+def test_stopped_page_waits_for_run(pair):
+    """After the page's Stop button (its callback sets the flag), the page computes nothing
+    until Run is pressed. (Under AppTest every run passes through the pages-folder rerun of
+    `common._through_app`, which drops a form button's click, so Run's effect on the flag
+    is set by hand here; a real server does that rerun once, for its first visitor.)"""
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params["n"] = str(N_EVAL)
+    at.query_params["m_barrier"] = "false"
+    at.switch_page("pages/match.py")
+    at.session_state["_stopped_match"] = True
+    at.run()
+    assert not at.exception
+    assert "Stopped. Nothing from the stopped run was kept" in texts(at) and not figures(at)
+    at.session_state["_stopped_match"] = False  # what pressing Run does
+    at.run()
+    assert not at.exception and figures(at)
+    assert "Stopped." not in texts(at)
+
+
+def test_match_page_residual_alternation_never_goes_up(pair):
+    at = app("match", m_residual="true", m_barrier="false")
+    figs = figures(at)
+    obj = figs["Weight matching, step by step: the distance never goes up"]
+    line = numbers(obj["data"][0]["y"])
+    assert len(line) >= 3 and line[-1] < line[0]
+    assert all(b <= a * (1 + 1e-9) for a, b in zip(line, line[1:], strict=False))
+    assert {tr["name"] for tr in obj["data"][1:]} == {
+        "start (canonical forms)", "after per-layer maps (FFN, heads)", "after residual map"}
+    assert obj["layout"]["yaxis"]["title"]["text"].startswith("squared distance to anchor")
+    ang = numbers(figs["Residual map: eigen-angle spectrum"]["data"][0]["y"])
+    metrics = {m.label: m.value for m in at.metric}
+    d_model = explore.dims_of(load_cached(pair[0]))["d_model"]
+    if metrics["residual group"] == "centred":  # LayerNorm: the all-ones axis stays fixed
+        assert len(ang) == d_model - 1
+    assert all(0.0 <= v <= 180.0 for v in ang) and max(ang) > 1.0
+    canon = float(metrics["distance between canonical forms"])
+    assert canon ** 2 == pytest.approx(line[-1], rel=1e-3)
+    assert "✓ never went up" in "\n".join(c.value for c in at.caption)
+    assert "function preserved" in texts(at)
+    assert float(metrics["distance after"]) < float(metrics["distance before"])
+
+
+def load_cached(ref: str):
+    from pages import common
+
+    return common.load(ref)
+
+
+def test_match_page_learned_on_a_tiny_pair(roots):
+    """Learned matching from the form, on two tiny random ViTs with a 5-step budget: the
+    validation-barrier history, why it stopped, and the option in the ablation."""
+    at = app("match", anchor_path=str(roots / "vit-s0"), source_path=str(roots / "vit-s1"),
+             m_residual="true", m_solver="learned matching (trains)", m_steps="5",
+             m_barrier="false")
+    figs = figures(at)
+    hist = figs["Learned matching: validation barrier while training"]
+    val = next(tr for tr in hist["data"] if tr["name"].startswith("validation barrier"))
+    assert numbers(val["x"]) == [0, 5]
+    assert all(v >= 0 for v in numbers(val["y"]))
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["steps run"] == "5"
+    assert "It stopped because it ran all 5 steps" in texts(at)
+    assert "Weight matching, step by step: the distance never goes up" in figs  # its start
+    ab = figs["What each matching option buys (shorter bars are better)"]["data"][0]
+    assert "weight matching (seed + residual) + learned matching" in ab["y"]
+    assert "function preserved" in texts(at)
+
+
+def test_learn_page_residual_step(pair):
+    at = app("learn")
+    figs = figures(at)
+    stages = figs["The residual stream: how far the weights moved from the original"]
+    d = dict(zip([tr["name"] for tr in stages["data"]],
+                 [numbers(tr["y"])[0] for tr in stages["data"]], strict=True))
+    assert d["original"] == 0.0 and d["tidied"] > 0.1 and d["stream rotated"] > 1.0
+    assert d["matched back"] <= 1e-3
+    metrics = {m.label: m.value for m in at.metric}
+    assert float(metrics["largest logit change"]) <= 1e-4
+    assert float(metrics["numbers changed by the rotation"].rstrip(" %")) > 90.0
+    heat = figs["The residual stream turned: W_Q of head 0 in layer 0"]
+    z = [np.asarray(tr["z"], dtype=float) for tr in heat["data"]]
+    assert not np.allclose(z[1], z[2], atol=1e-3)  # rotated: every column moved
+    assert np.allclose(z[0], z[3], atol=1e-4)  # matched back: the original
+    assert texts(at).count("function preserved") >= 4
+
+
+def gpt2_pair() -> tuple[str, str]:
+    refs = appconfig.zoo_refs()
+    a, b = "zoo:gpt2-pystdlib-s0", "zoo:gpt2-pystdlib-s1"
+    if a not in refs or b not in refs:
+        pytest.skip("the zoo's GPT-2 pair is not installed")
+    return a, b
+
+
+def test_gpt2_pair_residual_is_a_message(pair):
+    """GPT-2's output head is tied to its embedding, so it has no residual map: the pages say
+    why instead of offering it or failing."""
+    a, b = gpt2_pair()
+    at = app("match", anchor=a, source=b, m_residual="true", m_barrier="false")
+    body = texts(at)
+    assert "Residual stream matching is not available for this pair" in body
+    assert "tied" in body and "Result: FFN + attention + rescale (seed paper)" in \
+        "\n".join(h.value for h in at.subheader)
+    assert "function preserved" in body
+    at = app("barrier", anchor=a, source=b, b_points="3",
+             b_specs=["no matching", "weight matching (seed + residual)"])
+    options = at.multiselect(key="b_specs").options
+    assert "weight matching (seed + residual)" not in options and len(options) == 6
+    assert "not offered for this pair" in "\n".join(c.value for c in at.caption)
+    at = app("learn", anchor=a, source=b)
+    assert "tied" in texts(at)
+    assert "The residual stream: how far the weights moved from the original" not in figures(at)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rotviz.plots import barrier, distances, learn, merge, spectra, style
+from rotviz.plots import barrier, distances, learn, matching, merge, spectra, style
 
 SAFE = {c.lower() for c in style.OKABE_ITO} | {style.GREY.lower()}
 
@@ -169,6 +169,45 @@ def test_learn_figures():
     st = learn.stage_distances([("original", 0.0), ("scrambled", 45.6), ("matched back", 1e-5)])
     _check_frame(st, "moved")
     assert [tr.y[0] for tr in st.data] == [0.0, 45.6, 1e-5]
+
+
+def test_matching_figures():
+    from rotviz import explore
+
+    summary = {"report": {"options": {"ffn": True, "attn": True, "rescale": True},
+                          "residual": {"objective": [10.0, 7.0, 6.5, 6.4, 6.4]}}}
+    rows = explore.objective_rows(summary)
+    assert [r["after"] for r in rows[1:]] == ["per-layer maps (FFN, heads)", "residual map"] * 2
+    assert [r["round"] for r in rows] == [0, 1, 1, 2, 2]
+    assert explore.never_increases([r["objective"] for r in rows])
+    assert not explore.never_increases([3.0, 2.0, 2.5])
+    fig = matching.objective_history(rows)
+    _check_frame(fig, "never goes up")
+    assert fig.layout.yaxis.title.text.startswith("squared distance to anchor (canonical")
+    assert fig.layout.xaxis.title.text.startswith("step")
+    assert list(fig.data[0].y) == [10.0, 7.0, 6.5, 6.4, 6.4]
+    assert [tr.name for tr in fig.data[1:]] == [
+        "start (canonical forms)", "after per-layer maps (FFN, heads)", "after residual map"]
+    assert list(fig.data[3].x) == [2, 4]
+
+    ang = matching.angle_spectrum({"residual map": [180.0, 90.0, 90.0, 0.0]})
+    _check_frame(ang, "eigen-angle")
+    assert ang.layout.yaxis.title.text == style.ANGLE and list(ang.data[0].y)[0] == 180.0
+
+    hist = [{"step": 0, "train_loss": None, "val_barrier": 1.6},
+            {"step": 20, "train_loss": 0.6, "val_barrier": 0.25},
+            {"step": 40, "train_loss": 0.3, "val_barrier": 0.3}]
+    lh = matching.learn_history(hist, best_step=20)
+    _check_frame(lh, "validation barrier")
+    assert "nats" in lh.layout.yaxis.title.text
+    assert list(lh.data[0].y) == [1.6, 0.25, 0.3] and list(lh.data[1].x) == [20, 40]
+    assert lh.data[2].name == "kept: step 20" and list(lh.data[2].y) == [0.25]
+    assert "steps" in explore.stop_reason({"stopped": "steps", "steps": 40})
+    assert "8 checks" in explore.stop_reason({"stopped": "patience", "steps": 180})
+
+    corr = matching.ffn_correlation([0.1, 0.2], [0.6, 0.7])
+    _check_frame(corr, "activation matching")
+    assert [list(tr.y) for tr in corr.data] == [[0.1, 0.2], [0.6, 0.7]]
 
 
 def test_palette_is_okabe_ito():
