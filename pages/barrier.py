@@ -25,7 +25,7 @@ with st.form("barrier_form"):
         [sp for sp in explore.DEFAULT_SPECS if sp in offered],
         format_func=style.nice_label, key="b_specs", bind="query-params",
         help="The seed paper's five, then head permutation, the residual stream (weight "
-             "matching = seed + residual), and matching from data: activation matching and "
+             "matching = seed + heads + residual), and matching from data: activation matching and "
              "learned matching (it trains: opt-in).",
     )
     if residual_why is not None:

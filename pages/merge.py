@@ -29,8 +29,9 @@ with st.form("merge_form"):
     specs = c[1].multiselect("Matching before fusion", offered, ["none", "seed"],
                              format_func=style.nice_label, key="g_specs", bind="query-params",
                              help="The seed paper's options, head permutation, the residual "
-                                  "stream (weight = seed + residual), and matching from data "
-                                  "(activation, learned: it trains on the training split).")
+                                  "stream (weight = seed + heads + residual), and matching "
+                                  "from data (activation, learned: it trains on the training "
+                                  "split).")
     if residual_why is not None:
         c[1].caption(f"Residual stream options are not offered for this pair: {residual_why}.")
     c = st.columns(4)

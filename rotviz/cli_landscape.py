@@ -19,8 +19,8 @@ def _common(p: argparse.ArgumentParser, match_default: str = "seed") -> None:
     p.add_argument("--split", default="test", help="split to evaluate on (default test)")
     p.add_argument("--match", default=match_default, metavar="SPEC",
                    help="none, or a comma list of ffn, attn, rescale, heads, residual, act, "
-                        "learned; seed = ffn,attn,rescale; weight = seed,residual (data-free); "
-                        f"act and learned train on --data (default {match_default})")
+                        "learned; seed = ffn,attn,rescale; weight = seed,heads,residual "
+                        f"(data-free); act and learned train on --data (default {match_default})")
     p.add_argument("--layers", default=None, help="match only these layers, e.g. 0,2-5")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or mps (default auto)")
     p.add_argument("--json", default=None, metavar="FILE", help="write the result as JSON here")

@@ -25,7 +25,7 @@ Progress = Callable[[int, int, str], None]
 
 # Matching SPEC strings (rotviz.matchspec) the app offers. The seed paper's five first (the
 # Barrier page's original comparison), then what goes beyond it: head permutation, the
-# residual stream alone, weight matching (seed + residual, alternated), activation matching
+# residual stream alone, weight matching (seed + heads + residual, alternated), activation matching
 # and learned matching (both start from weight matching and need data).
 BARRIER_SPECS = ("none", "ffn", "attn", "ffn,attn", "seed")
 SPEC_CHOICES = BARRIER_SPECS + ("seed,heads", "residual", "weight", "weight,act",

@@ -326,7 +326,7 @@ def test_barrier_page_chart_holds_library_results(pair):
     assert all(len(numbers(tr["y"])) == 5 for tr in lines)
     by_name = {tr["name"].split(" (barrier")[0]: tr for tr in lines}
     none, seed = by_name["no matching"], by_name["FFN + attention + rescale (seed paper)"]
-    weight = by_name["weight matching (seed + residual)"]
+    weight = by_name["weight matching (every data-free map)"]
 
     a, s = load_model(pair[0]), load_model(pair[1])
     split = load_split("digits").subset(N_EVAL)
@@ -339,10 +339,10 @@ def test_barrier_page_chart_holds_library_results(pair):
     assert len(acc["data"]) == len(explore.DEFAULT_SPECS)
     if pair[0].startswith("zoo:"):  # acceptance: the shipped pair shows matching's effect
         assert barrier_of(seed) < barrier_of(none)
-        # weight matching (seed + residual map) lowers it further on the default pair
+        # weight matching (every data-free map) lowers it further on the default pair
         assert barrier_of(weight) < barrier_of(seed) - 0.2
         mid = {tr["name"]: numbers(tr["y"])[2] for tr in acc["data"]}
-        assert mid["weight matching (seed + residual)"] > \
+        assert mid["weight matching (every data-free map)"] > \
             mid["FFN + attention + rescale (seed paper)"]
         assert "Matching lowers the barrier" in texts(at)
 
@@ -644,7 +644,7 @@ def test_match_page_learned_on_a_tiny_pair(roots):
     assert "It stopped because it ran all 5 steps" in texts(at)
     assert "Weight matching, step by step: the distance never goes up" in figs  # its start
     ab = figs["What each matching option buys (shorter bars are better)"]["data"][0]
-    assert "weight matching (seed + residual) + learned matching" in ab["y"]
+    assert "weight matching (every data-free map) + learned matching" in ab["y"]
     assert "function preserved" in texts(at)
 
 
@@ -685,9 +685,9 @@ def test_gpt2_pair_residual_is_a_message(pair):
         "\n".join(h.value for h in at.subheader)
     assert "function preserved" in body
     at = app("barrier", anchor=a, source=b, b_points="3",
-             b_specs=["no matching", "weight matching (seed + residual)"])
+             b_specs=["no matching", "weight matching (every data-free map)"])
     options = at.multiselect(key="b_specs").options
-    assert "weight matching (seed + residual)" not in options and len(options) == 6
+    assert "weight matching (every data-free map)" not in options and len(options) == 6
     assert "not offered for this pair" in "\n".join(c.value for c in at.caption)
     at = app("learn", anchor=a, source=b)
     assert "tied" in texts(at)

@@ -99,7 +99,7 @@ def nice_label(label: str) -> str:
     words = {"none": "no matching", "ffn": "FFN permutation", "attn": "attention rotation",
              "rescale": "rescale", "seed": "FFN + attention + rescale (seed paper)",
              "heads": "head permutation", "residual": "residual rotation",
-             "weight": "weight matching (seed + residual)", "act": "activation matching",
+             "weight": "weight matching (every data-free map)", "act": "activation matching",
              "learned": "learned matching"}
     parts = [p for p in label.split(",") if p]
     return " + ".join(words.get(p, p) for p in parts) or "no matching"
