@@ -28,7 +28,6 @@ from rotviz.models import Loaded
 from rotviz.view import ModelView, write_state
 
 Tensor = torch.Tensor
-VAL_ALPHAS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
 @dataclass
@@ -153,12 +152,14 @@ def learn(
     with torch.no_grad():
         ends = [ev_val.evaluate(pa)[0], ev_val.evaluate(source_params())[0]]
 
+    alphas = np.linspace(0.0, 1.0, opts.val_points).tolist()
+
     def val_barrier() -> float:
         with torch.no_grad():
             ps = source_params()
             loss = [ends[0]] + [ev_val.evaluate({k: torch.lerp(pa[k], ps[k], a) for k in pa})[0]
-                                for a in VAL_ALPHAS[1:-1]] + [ends[1]]
-        return barrier_of(VAL_ALPHAS, loss)
+                                for a in alphas[1:-1]] + [ends[1]]
+        return barrier_of(alphas, loss)
 
     best = val_barrier()
     info.val_barrier_start = best

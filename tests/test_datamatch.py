@@ -19,6 +19,7 @@ from rotviz.distances import distances, norm
 from rotviz.errors import RotvizError
 from rotviz.landscape import interpolate
 from rotviz.matching import LearnOptions, MatchOptions, match
+from rotviz.matchspec import match_options
 from rotviz.models import load_model, max_output_diff
 from rotviz.pipeline import match_models
 from rotviz.view import write_state
@@ -56,7 +57,7 @@ def test_default_pair_weight_matching_does_not_raise_the_barrier(curves):
 def test_default_pair_learned_matching_removes_the_barrier(pair, test_split, curves):
     a, b = pair
     before = clone_state(b.state)
-    m = match_models(a, b, MatchOptions(residual=True, learned=True), data="digits")
+    m = match_models(a, b, match_options("learned"), data="digits")  # = weight,learned
     c = interpolate(a, b, test_split, None, 21, source_state=m.state)
     assert c.barrier <= 0.1
     assert c.mid_acc >= 0.9
