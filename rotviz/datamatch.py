@@ -135,14 +135,22 @@ def match_with_data(anchor: Loaded, anchor_view: ModelView, source_view: ModelVi
         raise RotvizError(
             f"matching [{options.label}] learns from data: give a data reference (--data)"
         )
+    from rotviz.evaluate import check_fits
+
     t0 = time.perf_counter()
     train = load_split(data, "train")
+    check_fits(anchor, train)  # one line for data the model cannot read, before any work
     group = check_residual(source_view, options) if options.residual else None
-    anc_c, gauge = rs.canonicalise(anchor_view)
+
+    def canonical(view: ModelView) -> tuple[ModelView, rs.Gauge]:
+        """Canonical forms only where the residual map needs them (a tied head has none)."""
+        return rs.canonicalise(view) if group is not None else (view, rs.Gauge({}, {}))
+
+    anc_c, gauge = canonical(anchor_view)
     plain = replace(options, act=False, learned=False)
     report_extra: dict = {}
     if options.act:
-        src_c, _ = rs.canonicalise(source_view)
+        src_c, _ = canonical(source_view)
         if progress:
             progress(0, 1, "activations")
         src_c, transforms, q, report_extra["act"] = match_activations(
@@ -151,7 +159,7 @@ def match_with_data(anchor: Loaded, anchor_view: ModelView, source_view: ModelVi
     else:
         start = match(anchor_view, source_view, plain, progress)
         report_extra["residual"] = start.report.residual if start.report else None
-        src_c, _ = rs.canonicalise(start.view)
+        src_c, _ = canonical(start.view)
     layers_rep = start.report.layers if start.report else []
     view = start.view
     if options.learned:

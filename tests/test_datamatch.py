@@ -156,3 +156,25 @@ def test_cli_match_bad_data_options_are_one_line_exit_2(tmp_path, capsys, extra,
     err = capsys.readouterr().err
     assert err.startswith("rotviz: error: ") and err.count("\n") == 1 and pattern in err
     assert not out.exists()
+
+
+def test_data_matching_without_residual_works_on_a_tied_head(pair):
+    """The zoo's GPT-2 pair ties its head, so it has no residual map, but activation and
+    learned matching of its FFN units and heads need none: no canonical form is taken."""
+    a, b = (load_model(r) for r in ("zoo:gpt2-pystdlib-s0", "zoo:gpt2-pystdlib-s1"))
+    assert rs.unsupported(view_of(a))
+    act = match_models(a, b, match_options("seed,act"), data="pystdlib")
+    assert act.report.max_output_diff <= 1e-4
+    assert act.report.after.total < act.report.before.total
+    short = MatchOptions(learned=True, learn=LearnOptions(steps=2, eval_every=2, batch_size=8,
+                                                          val_points=3))
+    learned = match_models(a, b, short, data="pystdlib")
+    assert learned.report.learned["learned"] == ["qk", "vo"]
+    assert learned.report.max_output_diff <= 1e-4
+
+
+def test_data_the_model_cannot_read_is_a_one_line_error(saved):
+    a, b = (load_model(saved("gpt2", k, vocab=98)) for k in (0, 1))  # 32 positions < 64
+    with pytest.raises(RotvizError) as e:
+        match_models(a, b, match_options("seed,act"), data="pystdlib")
+    assert "\n" not in str(e.value) and "at most 32" in str(e.value)
