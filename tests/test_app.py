@@ -531,7 +531,8 @@ def test_progress_detail_touches_the_page_at_a_bounded_rate():
 
 def test_spec_choices_and_residual_fallback():
     assert explore.spec_label("act") == "weight,act"
-    assert explore.spec_label("ffn,attn,rescale,residual,learned") == "weight,learned"
+    assert explore.spec_label("ffn,attn,rescale,heads,residual,learned") == "weight,learned"
+    assert explore.spec_label("ffn,attn,rescale,residual,learned") == "seed,residual,learned"
     assert set(explore.DEFAULT_SPECS) == set(explore.BARRIER_SPECS) | {"weight"}
     assert all(explore.spec_label(sp) == sp for sp in explore.SPEC_CHOICES)
     assert not any(explore.learns(sp) for sp in explore.DEFAULT_SPECS)  # learned is opt-in
@@ -539,9 +540,9 @@ def test_spec_choices_and_residual_fallback():
     assert explore.offered(explore.SPEC_CHOICES, why) == [
         "none", "ffn", "attn", "ffn,attn", "seed", "seed,heads"]
     assert explore.offered(explore.SPEC_CHOICES, None) == list(explore.SPEC_CHOICES)
-    assert explore.without_residual("weight") == "seed"
-    assert explore.without_residual("weight,learned") == "seed,learned"
-    assert explore.without_residual("learned") == "seed,learned"
+    assert explore.without_residual("weight") == "seed,heads"  # every data-free map left
+    assert explore.without_residual("weight,learned") == "seed,heads,learned"
+    assert explore.without_residual("learned") == "seed,heads,learned"
     assert explore.without_residual("residual") == "none"
     assert {"heads", "residual", "act", "learned"} <= set(explore.WHY_UNCHANGED)
 
@@ -644,7 +645,10 @@ def test_match_page_learned_on_a_tiny_pair(roots):
     assert "It stopped because it ran all 5 steps" in texts(at)
     assert "Weight matching, step by step: the distance never goes up" in figs  # its start
     ab = figs["What each matching option buys (shorter bars are better)"]["data"][0]
-    assert "weight matching (every data-free map) + learned matching" in ab["y"]
+    # the form's toggles (residual on, heads off) name seed,residual,learned
+    from rotviz.plots.style import nice_label
+
+    assert nice_label("seed,residual,learned") in ab["y"]
     assert "function preserved" in texts(at)
 
 
