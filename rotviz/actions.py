@@ -103,8 +103,12 @@ def _row_times(b: Tensor | None, m: Tensor) -> Tensor | None:
 
 
 def permute_ffn(ffn: FFN, perm: Tensor) -> FFN:
-    """New unit k is old unit perm[k]: up (in) rows, gate rows and down (out) columns."""
+    """New unit k is old unit perm[k]: up (in) rows, gate rows and down (out) columns. The
+    identity returns `ffn` itself (its tensors are never modified), so unchanged layers keep
+    their tensor objects."""
     perm = perm.to(ffn.w_in.device)
+    if torch.equal(perm, torch.arange(len(perm), device=perm.device)):
+        return ffn
 
     def rows(t: Tensor | None) -> Tensor | None:
         return None if t is None else t[perm]

@@ -21,12 +21,13 @@ from rotviz.actions import LayerTransform
 from rotviz.distances import distances
 from rotviz.errors import RotvizError
 from rotviz.matching import MatchOptions, MatchReport, MatchResult, Progress, match
+from rotviz.memo import TensorMemo
 from rotviz.view import ModelView
 
 
-def objective(src: ModelView, anc: ModelView) -> float:
+def objective(src: ModelView, anc: ModelView, memo: TensorMemo | None = None) -> float:
     """The squared Euclidean distance that weight matching minimises."""
-    return distances(src, anc).total ** 2
+    return distances(src, anc, memo=memo).total ** 2
 
 
 def check_residual(view: ModelView, options: MatchOptions) -> str:
@@ -50,7 +51,10 @@ def match_residual(anchor: ModelView, source: ModelView, options: MatchOptions,
     phases = [replace(options, residual=False, heads=False)]
     if options.heads:
         phases.append(replace(options, residual=False))
-    history = [objective(src_c, anc_c)]
+    # Rounds re-solve subproblems whose tensors often did not change (units that stayed put,
+    # a residual permutation that came out the identity): the memo makes those look-ups.
+    memo = TensorMemo()
+    history = [objective(src_c, anc_c, memo)]
     q_total: torch.Tensor | None = None
     transforms: dict[int, LayerTransform] = {}
     first = None
@@ -64,7 +68,7 @@ def match_residual(anchor: ModelView, source: ModelView, options: MatchOptions,
             if progress:
                 progress(done, total, f"round {r + 1}{' (heads)' if k else ''}: per-layer maps")
             if per_layer:
-                step = match(anc_c, src_c, inner)
+                step = match(anc_c, src_c, inner, memo=memo)
                 first = first or step
                 src_c = step.view
                 for i, t in step.transforms.items():
@@ -72,10 +76,11 @@ def match_residual(anchor: ModelView, source: ModelView, options: MatchOptions,
                 history.append(step.report.after.total ** 2)
             if progress:
                 progress(done, total, f"round {r + 1}{' (heads)' if k else ''}: residual map")
-            q = rs.solve(rs.cross(src_c, anc_c), group)
-            src_c = rs.apply_residual(src_c, q.to(src_c.blocks[0].attn.wq), check=False)
+            q = rs.solve(rs.cross(src_c, anc_c, memo), group)
+            if not torch.equal(q, torch.eye(len(q), dtype=q.dtype, device=q.device)):
+                src_c = rs.apply_residual(src_c, q.to(src_c.blocks[0].attn.wq), check=False)
             q_total = q if q_total is None else q_total @ q
-            history.append(objective(src_c, anc_c))
+            history.append(objective(src_c, anc_c, memo))
             rounds[-1] = r + 1
             if start - history[-1] <= options.tol * history[0]:
                 break

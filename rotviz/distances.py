@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rotviz.memo import TensorMemo, cached
 from rotviz.view import KINDS, ModelView, groups
 
 
@@ -39,13 +40,16 @@ class Distances:
 
 
 def distances(a: ModelView, b: ModelView,
-              only: Collection[tuple[int | None, str]] | None = None) -> Distances:
+              only: Collection[tuple[int | None, str]] | None = None,
+              memo: TensorMemo | None = None) -> Distances:
     """Distances over every floating tensor the two views share (tied copies counted once);
-    with `only`, just those (layer, kind) cells."""
+    with `only`, just those (layer, kind) cells; with `memo`, pairs of tensors already
+    measured are not measured again."""
     cells: dict[tuple[int | None, str], float] = defaultdict(float)
     for (la, ka, ta), (_, _, tb) in zip(groups(a), groups(b), strict=True):
         if only is None or (la, ka) in only:
-            cells[(la, ka)] += squared_distance(ta, tb)
+            cells[(la, ka)] += cached(memo, "sq", (ta, tb),
+                                      lambda ta=ta, tb=tb: squared_distance(ta, tb))
     return Distances(dict(cells))
 
 

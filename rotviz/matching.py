@@ -40,6 +40,7 @@ from rotviz.actions import (
 )
 from rotviz.distances import Distances, distances
 from rotviz.errors import RotvizError
+from rotviz.memo import TensorMemo
 from rotviz.view import Attention, ModelView
 
 Tensor = torch.Tensor
@@ -587,25 +588,45 @@ def parse_layers(spec: str | Sequence[int] | None, n_layers: int) -> tuple[int, 
 LSA_THREADS = 4
 
 
+def _ffn_tensors(view: ModelView, i: int) -> tuple[Tensor | None, ...]:
+    f = view.blocks[i].ffn
+    return f.w_in, f.b_in, f.w_out, f.w_gate, f.b_gate
+
+
 def _ffn_permutations(anchor: ModelView, source: ModelView, layers: Sequence[int],
-                      tick: Callable[[str], None]) -> dict[int, Tensor]:
+                      tick: Callable[[str], None],
+                      memo: TensorMemo | None = None) -> dict[int, Tensor]:
+    out: dict[int, Tensor] = {}
+    keys = {i: ("ffn-perm", (*_ffn_tensors(source, i), *_ffn_tensors(anchor, i)))
+            for i in layers}  # (match() keeps these tags in step)
+    todo = []
+    for i in layers:  # layers solved before with these very tensors are look-ups
+        found, perm = memo.find(*keys[i]) if memo is not None else (False, None)
+        if found:
+            tick(f"FFN, layer {i} (unchanged)")
+            out[i] = perm
+        else:
+            todo.append(i)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    threads = min(LSA_THREADS, cores or 1, len(layers))
+    threads = min(LSA_THREADS, cores or 1, len(todo))
     if threads <= 0:
-        out = {}
-        for i in layers:
+        for i in todo:
             tick(f"FFN, layer {i}")
             out[i] = assign(ffn_cost(anchor, source, i))
-        return out
-    futures: dict[int, Future] = {}
-    with ThreadPoolExecutor(max_workers=threads) as pool:
-        for i in layers:
-            tick(f"FFN, layer {i}")
-            running = [f for f in futures.values() if not f.done()]
-            if len(running) >= threads:  # bound memory: one cost matrix per thread
-                wait(running, return_when=FIRST_COMPLETED)
-            futures[i] = pool.submit(assign, ffn_cost(anchor, source, i))
-        return {i: f.result() for i, f in futures.items()}
+    else:
+        futures: dict[int, Future] = {}
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            for i in todo:
+                tick(f"FFN, layer {i}")
+                running = [f for f in futures.values() if not f.done()]
+                if len(running) >= threads:  # bound memory: one cost matrix per thread
+                    wait(running, return_when=FIRST_COMPLETED)
+                futures[i] = pool.submit(assign, ffn_cost(anchor, source, i))
+            out.update({i: f.result() for i, f in futures.items()})
+    if memo is not None:
+        for i in todo:
+            memo.put(*keys[i], out[i])
+    return {i: out[i] for i in layers}
 
 
 def _match_attention(
@@ -666,11 +687,14 @@ def match(
     source: ModelView,
     options: MatchOptions = MatchOptions(),
     progress: Progress | None = None,
+    memo: TensorMemo | None = None,
 ) -> MatchResult:
     """Match `source` onto `anchor`. Returns the matched view, the group element and a report.
 
     With `options.residual` the residual map is alternated with the per-layer maps
-    (rotviz.alternating); activation and learned matching need data (rotviz.pipeline)."""
+    (rotviz.alternating); activation and learned matching need data (rotviz.pipeline).
+    `memo` lets repeated calls on partly unchanged views (alternation rounds) skip the FFN
+    solves and distances of tensors they have seen."""
     import time
 
     if options.needs_data:
@@ -701,7 +725,7 @@ def match(
             tick(f"attention, layer {i}")
             attn[i] = _match_attention(source.blocks[i].attn, anchor.blocks[i].attn,
                                        options, reports[i], anchor.dims.rope)
-    perms = _ffn_permutations(anchor, source, layers, tick) if options.ffn else {}
+    perms = _ffn_permutations(anchor, source, layers, tick, memo) if options.ffn else {}
     view = source
     transforms: dict[int, LayerTransform] = {}
     for i in layers:
@@ -717,13 +741,19 @@ def match(
         heads, qk, vo = attn.get(i, (None, None, None))
         transforms[i] = LayerTransform(perm, qk, vo, heads, scale)
         view = apply_layer(view, i, transforms[i])
+        if memo is not None and perm is not None and scale is None:
+            # the units now sit where the optimum put them: on these tensors the identity
+            # is an optimal assignment, so a later round need not solve it again
+            memo.put("ffn-perm", (*_ffn_tensors(view, i), *_ffn_tensors(anchor, i)),
+                     torch.arange(len(perm)))
     if progress:
         progress(total, total, "done")
-    before = distances(source, anchor)
+    before = distances(source, anchor, memo=memo)
     kinds = (("ffn_in", "ffn_out") if options.ffn else ()) + (
         ("q", "k", "v", "o") if options.attn or options.rescale else ())
     touched = {(i, k) for i in layers for k in kinds}  # every other cell is the same tensors
-    after = Distances({**before.cells, **distances(view, anchor, only=touched).cells})
+    after = Distances({**before.cells,
+                       **distances(view, anchor, only=touched, memo=memo).cells})
     report = MatchReport(options, before, after, [reports[i] for i in layers])
     report.seconds = time.perf_counter() - t0
     return MatchResult(view, transforms, report)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from rotviz.errors import RotvizError
+from rotviz.memo import TensorMemo, cached
 from rotviz.view import FFN, Attention, Block, ModelView, Norm
 
 Tensor = torch.Tensor
@@ -325,32 +326,38 @@ def apply_residual(view: ModelView, q: Tensor, check: bool = True) -> ModelView:
 # ---- the matching problem ----------------------------------------------------------------------
 
 
-def cross(src: ModelView, anc: ModelView) -> Tensor:
+def cross(src: ModelView, anc: ModelView, memo: TensorMemo | None = None) -> Tensor:
     """M = sum over every stream tensor X_src^T X_anc (d x d, float64): the distance after
-    X_src -> X_src Q is constant - 2 tr(Q^T M)."""
+    X_src -> X_src Q is constant - 2 tr(Q^T M). With `memo`, the terms of tensor pairs seen
+    before (the same objects) are not computed again."""
     d = src.dims.d_model
     m = torch.zeros(d, d, dtype=torch.float64, device=src.blocks[0].attn.wq.device)
 
-    def add(xs: Tensor | None, xa: Tensor | None, rows_last: bool = True) -> None:
-        if xs is None or xa is None:
-            return
+    def rows(x: Tensor, layout: str) -> Tensor:  # (n, d): one stream vector per row
+        if layout == "heads":  # W_O (H, d, d_h)
+            return x.transpose(-1, -2).reshape(-1, d)
+        if layout == "first":  # stream on the first axis (writers stored (d, in))
+            return x.reshape(d, -1).t()
+        return x.reshape(-1, d)
+
+    def term(xs: Tensor, xa: Tensor, layout: str) -> Tensor:
         dtype = torch.promote_types(xs.dtype, torch.float32)
-        xs = xs.detach().to(device=m.device, dtype=dtype)
-        xa = xa.detach().to(device=m.device, dtype=dtype)
-        if rows_last:
-            xs, xa = xs.reshape(-1, d), xa.reshape(-1, d)
-        else:  # stream on the first axis (writers stored (d, in))
-            xs, xa = xs.reshape(d, -1).t(), xa.reshape(d, -1).t()
-        m.add_((xs.t() @ xa).to(torch.float64))
+        xs = rows(xs.detach().to(device=m.device, dtype=dtype), layout)
+        xa = rows(xa.detach().to(device=m.device, dtype=dtype), layout)
+        return (xs.t() @ xa).to(torch.float64)
+
+    def add(xs: Tensor | None, xa: Tensor | None, layout: str = "last") -> None:
+        if xs is not None and xa is not None:
+            m.add_(cached(memo, f"cross-{layout}", (xs, xa), lambda: term(xs, xa, layout)))
 
     for bs, ba in zip(src.blocks, anc.blocks, strict=True):
         for name in ("wq", "wk", "wv"):
             add(getattr(bs.attn, name), getattr(ba.attn, name))
-        add(bs.attn.wo.transpose(-1, -2), ba.attn.wo.transpose(-1, -2))
+        add(bs.attn.wo, ba.attn.wo, "heads")
         add(bs.attn.bo, ba.attn.bo)
         add(bs.ffn.w_in, ba.ffn.w_in)
         add(bs.ffn.w_gate, ba.ffn.w_gate)
-        add(bs.ffn.w_out, ba.ffn.w_out, rows_last=False)
+        add(bs.ffn.w_out, ba.ffn.w_out, "first")
         add(bs.ffn.b_out, ba.ffn.b_out)
         for site, n in bs.norms.items():
             na = ba.norms[site]
@@ -360,7 +367,7 @@ def cross(src: ModelView, anc: ModelView) -> Tensor:
     lay = src.layout
     tied = {a for a, _ in tied_pairs(src)}
     for key in lay.writers:
-        add(src.other[key], anc.other[key], rows_last=not _is_projection(src, key))
+        add(src.other[key], anc.other[key], "first" if _is_projection(src, key) else "last")
     for mod in lay.readers:
         key = f"{mod}.weight"
         if key not in tied:
