@@ -328,10 +328,12 @@ def apply_residual(view: ModelView, q: Tensor, check: bool = True) -> ModelView:
 
 def cross(src: ModelView, anc: ModelView, memo: TensorMemo | None = None) -> Tensor:
     """M = sum over every stream tensor X_src^T X_anc (d x d, float64): the distance after
-    X_src -> X_src Q is constant - 2 tr(Q^T M). With `memo`, the terms of tensor pairs seen
-    before (the same objects) are not computed again."""
+    X_src -> X_src Q is constant - 2 tr(Q^T M). With `memo`, the part of M from a group of
+    tensors seen before (a block's attention, its FFN and norms, the rest; the same objects)
+    is not computed again; one d x d sum per group keeps the memo small."""
     d = src.dims.d_model
-    m = torch.zeros(d, d, dtype=torch.float64, device=src.blocks[0].attn.wq.device)
+    dev = src.blocks[0].attn.wq.device
+    Pair = tuple[Tensor | None, Tensor | None, str]
 
     def rows(x: Tensor, layout: str) -> Tensor:  # (n, d): one stream vector per row
         if layout == "heads":  # W_O (H, d, d_h)
@@ -340,43 +342,47 @@ def cross(src: ModelView, anc: ModelView, memo: TensorMemo | None = None) -> Ten
             return x.reshape(d, -1).t()
         return x.reshape(-1, d)
 
-    def term(xs: Tensor, xa: Tensor, layout: str) -> Tensor:
-        dtype = torch.promote_types(xs.dtype, torch.float32)
-        xs = rows(xs.detach().to(device=m.device, dtype=dtype), layout)
-        xa = rows(xa.detach().to(device=m.device, dtype=dtype), layout)
-        return (xs.t() @ xa).to(torch.float64)
+    def part(pairs: list[Pair]) -> Tensor:
+        out = torch.zeros(d, d, dtype=torch.float64, device=dev)
+        for xs, xa, layout in pairs:
+            dtype = torch.promote_types(xs.dtype, torch.float32)
+            xs = rows(xs.detach().to(device=dev, dtype=dtype), layout)
+            xa = rows(xa.detach().to(device=dev, dtype=dtype), layout)
+            out.add_((xs.t() @ xa).to(torch.float64))
+        return out
 
-    def add(xs: Tensor | None, xa: Tensor | None, layout: str = "last") -> None:
-        if xs is not None and xa is not None:
-            m.add_(cached(memo, f"cross-{layout}", (xs, xa), lambda: term(xs, xa, layout)))
-
+    parts: list[list[Pair]] = []
     for bs, ba in zip(src.blocks, anc.blocks, strict=True):
-        for name in ("wq", "wk", "wv"):
-            add(getattr(bs.attn, name), getattr(ba.attn, name))
-        add(bs.attn.wo, ba.attn.wo, "heads")
-        add(bs.attn.bo, ba.attn.bo)
-        add(bs.ffn.w_in, ba.ffn.w_in)
-        add(bs.ffn.w_gate, ba.ffn.w_gate)
-        add(bs.ffn.w_out, ba.ffn.w_out, "first")
-        add(bs.ffn.b_out, ba.ffn.b_out)
+        a_s, a_a, f_s, f_a = bs.attn, ba.attn, bs.ffn, ba.ffn
+        parts.append([(a_s.wq, a_a.wq, "last"), (a_s.wk, a_a.wk, "last"),
+                      (a_s.wv, a_a.wv, "last"), (a_s.wo, a_a.wo, "heads"),
+                      (a_s.bo, a_a.bo, "last")])
+        ffn = [(f_s.w_in, f_a.w_in, "last"), (f_s.w_gate, f_a.w_gate, "last"),
+               (f_s.w_out, f_a.w_out, "first"), (f_s.b_out, f_a.b_out, "last")]
         for site, n in bs.norms.items():
             na = ba.norms[site]
-            add(n.bias, na.bias)
+            ffn.append((n.bias, na.bias, "last"))
             if site in ("attn_out", "ffn_out"):
-                add(n.weight, na.weight)
+                ffn.append((n.weight, na.weight, "last"))
+        parts.append(ffn)
     lay = src.layout
     tied = {a for a, _ in tied_pairs(src)}
-    for key in lay.writers:
-        add(src.other[key], anc.other[key], "first" if _is_projection(src, key) else "last")
-    for mod in lay.readers:
-        key = f"{mod}.weight"
-        if key not in tied:
-            add(src.other[key], anc.other[key])
-    stream = list(lay.stream_norms) + ([lay.final_norm] if lay.final_norm else [])
-    for mod in stream:
-        add(src.other.get(f"{mod}.bias"), anc.other.get(f"{mod}.bias"))
+    rest = [(src.other[k], anc.other[k], "first" if _is_projection(src, k) else "last")
+            for k in lay.writers]
+    rest += [(src.other[f"{mod}.weight"], anc.other[f"{mod}.weight"], "last")
+             for mod in lay.readers if f"{mod}.weight" not in tied]
+    for mod in list(lay.stream_norms) + ([lay.final_norm] if lay.final_norm else []):
+        rest.append((src.other.get(f"{mod}.bias"), anc.other.get(f"{mod}.bias"), "last"))
         if src.spec.placement == "post":
-            add(src.other.get(f"{mod}.weight"), anc.other.get(f"{mod}.weight"))
+            rest.append((src.other.get(f"{mod}.weight"), anc.other.get(f"{mod}.weight"), "last"))
+    parts.append(rest)
+    m = torch.zeros(d, d, dtype=torch.float64, device=dev)
+    for pairs in parts:
+        pairs = [p for p in pairs if p[0] is not None and p[1] is not None]
+        if pairs:
+            key = [t for xs, xa, _ in pairs for t in (xs, xa)]
+            tag = "cross:" + ",".join(layout for *_, layout in pairs)
+            m.add_(cached(memo, tag, key, lambda pairs=pairs: part(pairs)))
     return m
 
 
