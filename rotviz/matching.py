@@ -92,6 +92,8 @@ class MatchOptions:
             )
         if self.rounds < 1:
             raise RotvizError(f"rounds must be at least 1, got {self.rounds}")
+        if not self.tol >= 0:  # also refuses NaN
+            raise RotvizError(f"tol must be a number >= 0, got {self.tol}")
 
     @property
     def needs_data(self) -> bool:

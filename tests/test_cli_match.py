@@ -316,3 +316,27 @@ def test_subprocess_error_is_one_line(saved, tmp_path):
     assert len(lines) == 1 and lines[0].startswith("rotviz: error: "), proc.stderr
     assert "num_attention_heads" in lines[0]
     assert proc.stdout == "" and not out.exists()
+
+
+def test_rounds_caps_the_alternation(saved, tmp_path, capsys):
+    """--rounds bounds the work of --residual (each round costs about one seed matching on
+    large models); a cap of 1 round per phase runs exactly 2 (without, then with heads)."""
+    report = tmp_path / "r.json"
+    argv = ["match", str(saved("bert", 0)), str(saved("bert", 1)), "--out", str(tmp_path / "o"),
+            "--residual", "--heads", "--rounds", "1", "--tol", "0", "--report", str(report)]
+    assert main(argv) == 0
+    assert "(2 alternation rounds)" in capsys.readouterr().out
+    res = json.loads(report.read_text())["residual"]
+    assert res["phase_rounds"] == [1, 1]
+    assert len(res["objective"]) == 1 + 2 * 2
+
+
+@pytest.mark.parametrize(("flag", "value", "fragment"),
+                         [("--rounds", "0", "rounds must be at least 1"),
+                          ("--tol", "-1", "tol must be a number >= 0"),
+                          ("--tol", "nan", "tol must be a number >= 0")])
+def test_bad_rounds_and_tol(saved, tmp_path, capsys, flag, value, fragment):
+    argv = ["match", str(saved("bert", 0)), str(saved("bert", 1)), "--out", str(tmp_path / "o"),
+            "--residual", flag, value]
+    _expect_error(argv, capsys, fragment)
+    assert not (tmp_path / "o").exists()
