@@ -40,6 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--tol", type=float, default=1e-6,
                    help="with --residual: stop when a round gains less than this fraction of "
                         "the starting squared distance (default 1e-6)")
+    m.add_argument("--ffn-backoff", action="store_true",
+                   help="with --residual: after an FFN solve that moves no unit, hold the FFN "
+                        "maps for 1, 2, 4, ... rounds while the others re-solve (about 3x "
+                        "faster on large models; reaches another local optimum)")
     m.add_argument("--act", action="store_true",
                    help="FFN and residual maps from activations on --data (training split)")
     m.add_argument("--learned", action="store_true",
@@ -78,13 +82,16 @@ def cmd_match(args: argparse.Namespace) -> int:
         raise RotvizError("--act and --learned learn from data: add --data, e.g. --data digits")
     if args.steps < 1:
         raise RotvizError(f"--steps must be at least 1, got {args.steps}")
+    if args.ffn_backoff and not args.residual:
+        raise RotvizError("--ffn-backoff holds FFN maps between rounds of the residual "
+                          "alternation: add --residual, or drop --ffn-backoff")
     device = pick_device(args.device)
     anchor = load_model(args.anchor)
     source = load_model(args.source)
     layers = parse_layers(args.layers, _n_layers(anchor))
     options = MatchOptions(args.ffn, args.attn, args.rescale, layers, heads=args.heads,
                            residual=args.residual, residual_group=args.residual_group,
-                           rounds=args.rounds, tol=args.tol,
+                           rounds=args.rounds, tol=args.tol, ffn_backoff=args.ffn_backoff,
                            act=args.act, learned=args.learned,
                            learn=LearnOptions(steps=args.steps))
     out = match_models(anchor, source, options, device, data=args.data)
@@ -99,8 +106,11 @@ def cmd_match(args: argparse.Namespace) -> int:
     if args.report:
         Path(args.report).parent.mkdir(parents=True, exist_ok=True)
         Path(args.report).write_text(report_json)
-    rounds = (f" ({rep.residual['rounds']} alternation rounds)"
-              if rep.residual and "rounds" in rep.residual else "")
+    rounds = ""
+    if rep.residual and "rounds" in rep.residual:
+        held = rep.residual.get("ffn_held", 0)
+        rounds = (f" ({rep.residual['rounds']} alternation rounds"
+                  f"{f', {held} holding the FFN maps' if options.ffn_backoff else ''})")
     print(
         f"matched [{options.label}] on {device}: "
         f"distance {rep.before.total:.4f} -> {rep.after.total:.4f} "

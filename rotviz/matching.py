@@ -80,6 +80,9 @@ class MatchOptions:
     residual_group: str = "auto"  # auto (the architecture's), or a subgroup: permutation, ...
     rounds: int = 50  # at most this many alternations of per-layer and residual maps
     tol: float = 1e-6  # stop when a round gains less than this fraction of the start
+    # hold the FFN maps for 1, 2, 4, ... rounds after an FFN solve moves no unit (faster on
+    # large models, another local optimum; rotviz.alternating)
+    ffn_backoff: bool = False
     act: bool = False  # FFN and residual maps from activations on data (needs data)
     learned: bool = False  # tune the maps on data after weight matching (needs data)
     learn: LearnOptions = field(default_factory=LearnOptions)
@@ -151,7 +154,9 @@ class MatchReport:
         o = self.options
         return {
             "options": {"ffn": o.ffn, "attn": o.attn, "rescale": o.rescale, "heads": o.heads,
-                        "residual": o.residual, "act": o.act, "learned": o.learned,
+                        "residual": o.residual, "residual_group": o.residual_group,
+                        "rounds": o.rounds, "tol": o.tol, "ffn_backoff": o.ffn_backoff,
+                        "act": o.act, "learned": o.learned,
                         "layers": list(o.layers) if o.layers is not None else None},
             "distance_before": self.before.to_dict(),
             "distance_after": self.after.to_dict(),

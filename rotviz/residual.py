@@ -275,8 +275,18 @@ def _check_element(view: ModelView, q: Tensor, group: str, tol: float = 1e-6) ->
                 )
 
 
-def apply_residual(view: ModelView, q: Tensor, check: bool = True) -> ModelView:
-    """The model with its stream turned by Q: x -> x Q. New tensors; differentiable in Q."""
+PARTS = ("all", "ffn", "rest")  # what a residual map is applied to or summed over
+
+
+def apply_residual(view: ModelView, q: Tensor, check: bool = True,
+                   which: str = "all") -> ModelView:
+    """The model with its stream turned by Q: x -> x Q. New tensors; differentiable in Q.
+
+    `which`: "ffn" turns only the blocks' FFN and norm tensors, "rest" everything else, so
+    a caller can defer the largest tensors while only the rest moves (rotviz.alternating);
+    applying both parts equals applying "all"."""
+    if which not in PARTS:
+        raise ValueError(f"which must be one of {PARTS}, got {which!r}")
     group = group_of(view)
     if check:
         _check_element(view, q, group)
@@ -290,17 +300,22 @@ def apply_residual(view: ModelView, q: Tensor, check: bool = True) -> ModelView:
 
     blocks = []
     for blk in view.blocks:
-        a, f = blk.attn, blk.ffn
-        attn = Attention(r(a.wq), r(a.wk), r(a.wv), qt.to(a.wo) @ a.wo, a.bq, a.bk, a.bv, r(a.bo))
-        ffn = FFN(r(f.w_in), f.b_in, qt.to(f.w_out) @ f.w_out, r(f.b_out), f.activation,
-                  r(f.w_gate), f.b_gate)
-        norms = {}
-        for site, n in blk.norms.items():
-            if site in ("attn_out", "ffn_out"):  # on the stream: permuted with it
-                norms[site] = Norm(r(n.weight), r(n.bias), site)
-            else:  # gain 1 (checked); the bias is a vector in the stream
-                norms[site] = Norm(n.weight, r(n.bias), site)
-        blocks.append(Block(attn, ffn, norms))
+        a, f, norms = blk.attn, blk.ffn, blk.norms
+        if which != "ffn":
+            a = Attention(r(a.wq), r(a.wk), r(a.wv), qt.to(a.wo) @ a.wo, a.bq, a.bk, a.bv,
+                          r(a.bo))
+        if which != "rest":
+            f = FFN(r(f.w_in), f.b_in, qt.to(f.w_out) @ f.w_out, r(f.b_out), f.activation,
+                    r(f.w_gate), f.b_gate)
+            norms = {}
+            for site, n in blk.norms.items():
+                if site in ("attn_out", "ffn_out"):  # on the stream: permuted with it
+                    norms[site] = Norm(r(n.weight), r(n.bias), site)
+                else:  # gain 1 (checked); the bias is a vector in the stream
+                    norms[site] = Norm(n.weight, r(n.bias), site)
+        blocks.append(Block(a, f, norms))
+    if which == "ffn":
+        return replace(view, blocks=tuple(blocks))
     other = dict(view.other)
     lay = view.layout
     for key in lay.writers:
@@ -326,14 +341,35 @@ def apply_residual(view: ModelView, q: Tensor, check: bool = True) -> ModelView:
 # ---- the matching problem ----------------------------------------------------------------------
 
 
-def cross(src: ModelView, anc: ModelView, memo: TensorMemo | None = None) -> Tensor:
+Pair = tuple[Tensor | None, Tensor | None, str]  # source tensor, anchor tensor, stream axis
+
+
+def _rest_pairs(src: ModelView, anc: ModelView) -> list[Pair]:
+    """The stream tensors outside the blocks (embeddings, heads, stream norms), paired."""
+    lay = src.layout
+    tied = {a for a, _ in tied_pairs(src)}
+    rest = [(src.other[k], anc.other[k], "first" if _is_projection(src, k) else "last")
+            for k in lay.writers]
+    rest += [(src.other[f"{mod}.weight"], anc.other[f"{mod}.weight"], "last")
+             for mod in lay.readers if f"{mod}.weight" not in tied]
+    for mod in list(lay.stream_norms) + ([lay.final_norm] if lay.final_norm else []):
+        rest.append((src.other.get(f"{mod}.bias"), anc.other.get(f"{mod}.bias"), "last"))
+        if src.spec.placement == "post":
+            rest.append((src.other.get(f"{mod}.weight"), anc.other.get(f"{mod}.weight"), "last"))
+    return rest
+
+
+def cross(src: ModelView, anc: ModelView, memo: TensorMemo | None = None,
+          which: str = "all") -> Tensor:
     """M = sum over every stream tensor X_src^T X_anc (d x d, float64): the distance after
     X_src -> X_src Q is constant - 2 tr(Q^T M). With `memo`, the part of M from a group of
     tensors seen before (a block's attention, its FFN and norms, the rest; the same objects)
-    is not computed again; one d x d sum per group keeps the memo small."""
+    is not computed again; one d x d sum per group keeps the memo small. `which` as in
+    apply_residual: "ffn" sums the blocks' FFN and norm groups, "rest" the others."""
+    if which not in PARTS:
+        raise ValueError(f"which must be one of {PARTS}, got {which!r}")
     d = src.dims.d_model
     dev = src.blocks[0].attn.wq.device
-    Pair = tuple[Tensor | None, Tensor | None, str]
 
     def rows(x: Tensor, layout: str) -> Tensor:  # (n, d): one stream vector per row
         if layout == "heads":  # W_O (H, d, d_h)
@@ -354,9 +390,12 @@ def cross(src: ModelView, anc: ModelView, memo: TensorMemo | None = None) -> Ten
     parts: list[list[Pair]] = []
     for bs, ba in zip(src.blocks, anc.blocks, strict=True):
         a_s, a_a, f_s, f_a = bs.attn, ba.attn, bs.ffn, ba.ffn
-        parts.append([(a_s.wq, a_a.wq, "last"), (a_s.wk, a_a.wk, "last"),
-                      (a_s.wv, a_a.wv, "last"), (a_s.wo, a_a.wo, "heads"),
-                      (a_s.bo, a_a.bo, "last")])
+        if which != "ffn":
+            parts.append([(a_s.wq, a_a.wq, "last"), (a_s.wk, a_a.wk, "last"),
+                          (a_s.wv, a_a.wv, "last"), (a_s.wo, a_a.wo, "heads"),
+                          (a_s.bo, a_a.bo, "last")])
+        if which == "rest":
+            continue
         ffn = [(f_s.w_in, f_a.w_in, "last"), (f_s.w_gate, f_a.w_gate, "last"),
                (f_s.w_out, f_a.w_out, "first"), (f_s.b_out, f_a.b_out, "last")]
         for site, n in bs.norms.items():
@@ -365,17 +404,8 @@ def cross(src: ModelView, anc: ModelView, memo: TensorMemo | None = None) -> Ten
             if site in ("attn_out", "ffn_out"):
                 ffn.append((n.weight, na.weight, "last"))
         parts.append(ffn)
-    lay = src.layout
-    tied = {a for a, _ in tied_pairs(src)}
-    rest = [(src.other[k], anc.other[k], "first" if _is_projection(src, k) else "last")
-            for k in lay.writers]
-    rest += [(src.other[f"{mod}.weight"], anc.other[f"{mod}.weight"], "last")
-             for mod in lay.readers if f"{mod}.weight" not in tied]
-    for mod in list(lay.stream_norms) + ([lay.final_norm] if lay.final_norm else []):
-        rest.append((src.other.get(f"{mod}.bias"), anc.other.get(f"{mod}.bias"), "last"))
-        if src.spec.placement == "post":
-            rest.append((src.other.get(f"{mod}.weight"), anc.other.get(f"{mod}.weight"), "last"))
-    parts.append(rest)
+    if which != "ffn":
+        parts.append(_rest_pairs(src, anc))
     m = torch.zeros(d, d, dtype=torch.float64, device=dev)
     for pairs in parts:
         pairs = [p for p in pairs if p[0] is not None and p[1] is not None]

@@ -331,12 +331,29 @@ def test_rounds_caps_the_alternation(saved, tmp_path, capsys):
     assert len(res["objective"]) == 1 + 2 * 2
 
 
+def test_ffn_backoff_is_reported(saved, tmp_path, capsys):
+    """--ffn-backoff: the summary says how many rounds held the FFN maps, the report has the
+    options it ran with, and the written model keeps the function (checked before writing)."""
+    report = tmp_path / "r.json"
+    argv = ["match", str(saved("llama", 0)), str(saved("llama", 1)), "--out",
+            str(tmp_path / "o"), "--residual", "--rounds", "8", "--tol", "0", "--ffn-backoff",
+            "--report", str(report)]
+    assert main(argv) == 0
+    rep = json.loads(report.read_text())
+    held = rep["residual"]["ffn_held"]
+    assert held >= 1
+    assert f"(8 alternation rounds, {held} holding the FFN maps)" in capsys.readouterr().out
+    assert rep["options"]["ffn_backoff"] is True and rep["options"]["rounds"] == 8
+    assert rep["max_output_diff"] <= 1e-4
+
+
 @pytest.mark.parametrize(("flag", "value", "fragment"),
                          [("--rounds", "0", "rounds must be at least 1"),
                           ("--tol", "-1", "tol must be a number >= 0"),
-                          ("--tol", "nan", "tol must be a number >= 0")])
+                          ("--tol", "nan", "tol must be a number >= 0"),
+                          ("--ffn-backoff", None, "add --residual, or drop --ffn-backoff")])
 def test_bad_rounds_and_tol(saved, tmp_path, capsys, flag, value, fragment):
-    argv = ["match", str(saved("bert", 0)), str(saved("bert", 1)), "--out", str(tmp_path / "o"),
-            "--residual", flag, value]
+    argv = ["match", str(saved("bert", 0)), str(saved("bert", 1)), "--out", str(tmp_path / "o")]
+    argv += [flag] if value is None else ["--residual", flag, value]
     _expect_error(argv, capsys, fragment)
     assert not (tmp_path / "o").exists()

@@ -188,3 +188,68 @@ def test_residual_and_seed_compose_on_planted_elements(loaded, saved):
     image = apply(rs.apply_residual(canon, rs.random_map(canon, 5)),
                   random_element(canon.dims, 5, heads=True))
     assert max_output_diff(model, model.state, write_state(image)) <= 1e-4
+
+
+# ---- holding the FFN maps (MatchOptions.ffn_backoff) ----------------------------------------
+
+
+def test_residual_map_parts_compose_to_the_whole(stream_model):
+    """Turning the rest, then the blocks' FFN and norms, is turning everything; their cross
+    terms add up to the whole one."""
+    anchor, _ = rs.canonicalise(view_of(stream_model(0, F64)))
+    source, _ = rs.canonicalise(view_of(stream_model(1, F64)))
+    q = rs.random_map(source, seed=3)
+    whole = rs.apply_residual(source, q)
+    parts = rs.apply_residual(rs.apply_residual(source, q, which="rest"), q, which="ffn")
+    assert distances(parts, whole).total == 0.0
+    assert distances(rs.apply_residual(source, q, which="rest"), whole).total > 1e-3
+    m = rs.cross(source, anchor)
+    split = rs.cross(source, anchor, which="ffn") + rs.cross(source, anchor, which="rest")
+    assert torch.allclose(split, m, rtol=0, atol=1e-12 * float(m.abs().max()))
+    with pytest.raises(ValueError, match="which must be one of"):
+        rs.cross(source, anchor, which="attn")
+
+
+def test_held_ffn_tensors_are_accounted_exactly(stream_model):
+    """While FFN tensors lag behind the residual map, the cross term and the objective the
+    alternation uses are those of the model they stand for (1e-10 relative), and settling
+    yields that model."""
+    from rotviz.alternating import _LazyFFN, objective
+    from rotviz.memo import TensorMemo
+
+    anchor, _ = rs.canonicalise(view_of(stream_model(0, F64)))
+    source, _ = rs.canonicalise(view_of(stream_model(1, F64)))
+    q1, q2 = rs.random_map(source, seed=4), rs.random_map(source, seed=5)
+    target = rs.apply_residual(rs.apply_residual(source, q1), q2)
+    lazy = _LazyFFN(anchor, TensorMemo())
+    held = lazy.turn(lazy.turn(source, q1), q2)
+    assert held.blocks[0].ffn.w_in is source.blocks[0].ffn.w_in  # not turned yet
+    want = rs.cross(target, anchor)
+    assert (lazy.cross(held) - want).abs().max() <= 1e-10 * want.abs().max()
+    obj = objective(target, anchor)
+    assert abs(lazy.objective(held, objective(held, anchor)) - obj) <= 1e-10 * obj
+    assert distances(lazy.settle(held), target).total <= 1e-12 * norm(target)
+    assert lazy.pending is None
+
+
+def test_ffn_backoff_holds_the_ffn_and_keeps_every_guarantee(saved):
+    """On a random LLaMA pair the units stop moving after the first rounds: with ffn_backoff
+    later rounds hold the FFN maps, the objective still never goes up, the first round is the
+    default's, and the matched model computes the source's function."""
+    anchor, source = (load_model(saved("llama", s)) for s in (0, 1))
+    before = clone_state(source.state)
+    runs = {}
+    for backoff in (False, True):
+        options = MatchOptions(heads=True, residual=True, rounds=12, tol=0.0,
+                               ffn_backoff=backoff)
+        runs[backoff] = match_models(anchor, source, options)
+    held, plain = runs[True].report.residual, runs[False].report.residual
+    assert plain["ffn_held"] == 0 and held["ffn_held"] >= 6
+    history = held["objective"]
+    assert len(history) == 1 + 2 * 12 * 2
+    assert all(b <= a * (1 + 1e-6) for a, b in zip(history, history[1:], strict=False))
+    assert history[:2] == plain["objective"][:2]  # the first per-layer step, as it was
+    assert history[2] == pytest.approx(plain["objective"][2], rel=1e-8)  # held: via Q
+    assert history[-1] <= 1.01 * plain["objective"][-1]
+    assert runs[True].preserved and runs[True].report.max_output_diff <= 1e-4
+    assert all(torch.equal(before[k], source.state[k]) for k in before)
