@@ -19,14 +19,15 @@ memory, on two independently seeded random models (seeds 0 and 1) per size:
 Every weight-matching run reports the rounds it ran and the seconds per round, from the
 progress callback's time stamps. Where the default misses the target (weight matching <= 2x
 the seed matching's time), the round caps in --caps are measured as well (e.g. 1, 2, 3), each
-with the distance it reaches. Peak memory is the process high-water mark (as bench/match.py
-measures it) above the level before the models were built: the two models plus everything
-matching allocates, compared with the two models' weight bytes. On CUDA it is the allocator's
-peak with the two views on the GPU.
+with the distance it reaches; --backoff adds the default with `ffn_backoff=True` (rounds
+hold the FFN maps once its solve stops moving units; rotviz.alternating). Peak memory is the
+process high-water mark (as bench/match.py measures it) above the level before the models
+were built: the two models plus everything matching allocates, compared with the two models'
+weight bytes. On CUDA it is the allocator's peak with the two views on the GPU.
 
     python bench/weight.py [--device cpu|cuda] [--sizes roberta-base,llama-1b]
         [--layers llama-1b=4] [--caps 1,2,3] [--always-caps] [--skip-default]
-        [--budget SECONDS] [--repeats N] [--threads N] [--label NAME] [--note TEXT]
+        [--backoff] [--budget SECONDS] [--repeats N] [--threads N] [--label NAME] [--note TEXT]
         [--results PATH]
 
 Each run replaces its own blocks (label/size) of the `weight` section of bench/RESULTS.md and
@@ -65,6 +66,7 @@ SIZES = {
 }
 SEED = MatchOptions()
 WEIGHT = MatchOptions(heads=True, residual=True)
+BACKOFF = MatchOptions(heads=True, residual=True, ffn_backoff=True)
 TARGET = 2.0  # weight matching's time <= TARGET x the seed matching's, same size
 MEMORY_TARGET = 3.0  # as in bench/match.py
 GB = 1024**3
@@ -153,6 +155,7 @@ class Row:
     history: list[float] = field(default_factory=list)  # canonical distance after each step
     stopped: bool = False  # cut off by --budget
     runs: list[float] = field(default_factory=list)  # every repeat's seconds
+    held: int = 0  # rounds that held the FFN maps (ffn_backoff)
 
     @property
     def outside(self) -> float:
@@ -205,6 +208,7 @@ def run_once(va, vs, options: MatchOptions, what: str, device: str, baseline: in
         row.before, row.after = rep.before.total, rep.after.total
         if rep.residual is not None:
             row.rounds = rep.residual["rounds"]
+            row.held = rep.residual.get("ffn_held", 0)
             row.history = [x**0.5 for x in rep.residual["objective"]]
     if options.residual:
         row.per_round = stamps.rounds()
@@ -216,7 +220,7 @@ def run_once(va, vs, options: MatchOptions, what: str, device: str, baseline: in
 
 def bench_size(size: str, layers: int | None, device: str, caps: list[int], always_caps: bool,
                skip_default: bool, budget: float | None, repeats: int,
-               baseline: int) -> tuple[list[Row], int, int]:
+               baseline: int, backoff: bool = False) -> tuple[list[Row], int, int]:
     anchor, source = build(size, 0, layers), build(size, 1, layers)
     weights = weight_bytes(anchor, source)
     va = read_view(anchor.spec, anchor.config, anchor.state).to(device=device)
@@ -230,6 +234,9 @@ def bench_size(size: str, layers: int | None, device: str, caps: list[int], alwa
     if not skip_default:
         configs.append((f"weight (heads + residual, default: rounds <= {WEIGHT.rounds}, "
                         f"tol {WEIGHT.tol:g})", WEIGHT, budget))
+    if backoff:  # after the default, which decides the caps below
+        configs.append(("weight, FFN back-off (`ffn_backoff=True`, default rounds and tol)",
+                        BACKOFF, budget))
     runs: dict[str, list[Row]] = {}
     for rep in range(repeats):
         for what, options, limit in configs:
@@ -278,7 +285,7 @@ def table(size: str, rows: list[Row], weights: int, n_layers: int, head: str) ->
             rounds = per_round = outside = "-"
             target = ""
         else:
-            rounds = f"{r.rounds}" + (" (cut off by --budget)" if r.stopped else "")
+            rounds = f"{r.rounds}" + (f", {r.held} holding the FFN maps" if r.held else "")
             pl = [a for a, _ in r.per_round]
             rs = [b for _, b in r.per_round]
             per_round = (f"{(sum(pl) + sum(rs)) / len(pl):.2f} ({sum(pl) / len(pl):.2f} + "
@@ -286,8 +293,8 @@ def table(size: str, rows: list[Row], weights: int, n_layers: int, head: str) ->
             outside = f"{r.outside:.2f}"
             target = f"{'met' if ratio <= TARGET else 'MISSED'} (<= {TARGET:g}x seed)"
             if r.stopped:  # it would have run longer: its time is a lower bound
-                rounds = (f"{r.rounds} whole, of at most {r.cap} (cut off by --budget, "
-                          "not converged)")
+                rounds = (f"{r.rounds} whole, of at most {r.cap} per phase (cut off by "
+                          "--budget, not converged)")
                 outside = "-"
                 target = (f"MISSED (> {TARGET:g}x seed even cut off)" if ratio > TARGET
                           else "unknown (cut off)")
@@ -374,6 +381,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-default", action="store_true",
                    help="measure the seed matching and the caps only (the default in a run "
                         "of its own, e.g. with another --label)")
+    p.add_argument("--backoff", action="store_true",
+                   help="also time the default with ffn_backoff=True")
     p.add_argument("--budget", type=float, default=None,
                    help="cut the default weight matching off after this many seconds (at a "
                         "step boundary; the table says so)")
@@ -411,7 +420,8 @@ def main(argv: list[str] | None = None) -> int:
         load0 = os.getloadavg()
         rows, weights, n_layers = bench_size(size, layers.get(size), args.device, caps,
                                              args.always_caps, args.skip_default,
-                                             args.budget, args.repeats, baseline)
+                                             args.budget, args.repeats, baseline,
+                                             args.backoff)
         load1 = os.getloadavg()
         family, dims = SIZES[size]
         shape = dict(dims, layers=n_layers)
