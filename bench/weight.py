@@ -30,8 +30,9 @@ weight bytes. On CUDA it is the allocator's peak with the two views on the GPU.
         [--backoff] [--budget SECONDS] [--repeats N] [--threads N] [--label NAME] [--note TEXT]
         [--results PATH]
 
-Each run replaces its own blocks (label/size) of the `weight` section of bench/RESULTS.md and
-keeps the others, so sizes measured in separate processes sit side by side.
+Each run replaces its own blocks (label/size, and the depth where --layers cuts it) of the
+`weight` section of bench/RESULTS.md and keeps the others, so sizes measured in separate
+processes sit side by side.
 """
 
 from __future__ import annotations
@@ -436,7 +437,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{', '.join(f'{x:.2f}' for x in load1)} at the end. {args.note}"
         ).strip()
         blocks = blocks_of(args.results)
-        blocks[f"{label}-{size}"] = table(size, rows, weights, n_layers, head)
+        key = f"{label}-{size}" + ("" if n_layers == dims["layers"] else f"-{n_layers}l")
+        blocks[key] = table(size, rows, weights, n_layers, head)
         write(args.results, blocks)
         del rows
         gc.collect()
