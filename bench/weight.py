@@ -44,7 +44,7 @@ import os
 import re
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -67,7 +67,7 @@ SIZES = {
 }
 SEED = MatchOptions()
 WEIGHT = MatchOptions(heads=True, residual=True)
-BACKOFF = MatchOptions(heads=True, residual=True, ffn_backoff=True)
+BACKOFF = replace(WEIGHT, ffn_backoff=True)
 TARGET = 2.0  # weight matching's time <= TARGET x the seed matching's, same size
 MEMORY_TARGET = 3.0  # as in bench/match.py
 GB = 1024**3

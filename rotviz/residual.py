@@ -278,6 +278,11 @@ def _check_element(view: ModelView, q: Tensor, group: str, tol: float = 1e-6) ->
 PARTS = ("all", "ffn", "rest")  # what a residual map is applied to or summed over
 
 
+def _check_part(which: str) -> None:
+    if which not in PARTS:
+        raise ValueError(f"which must be one of {PARTS}, got {which!r}")
+
+
 def apply_residual(view: ModelView, q: Tensor, check: bool = True,
                    which: str = "all") -> ModelView:
     """The model with its stream turned by Q: x -> x Q. New tensors; differentiable in Q.
@@ -285,8 +290,7 @@ def apply_residual(view: ModelView, q: Tensor, check: bool = True,
     `which`: "ffn" turns only the blocks' FFN and norm tensors, "rest" everything else, so
     a caller can defer the largest tensors while only the rest moves (rotviz.alternating);
     applying both parts equals applying "all"."""
-    if which not in PARTS:
-        raise ValueError(f"which must be one of {PARTS}, got {which!r}")
+    _check_part(which)
     group = group_of(view)
     if check:
         _check_element(view, q, group)
@@ -366,8 +370,7 @@ def cross(src: ModelView, anc: ModelView, memo: TensorMemo | None = None,
     tensors seen before (a block's attention, its FFN and norms, the rest; the same objects)
     is not computed again; one d x d sum per group keeps the memo small. `which` as in
     apply_residual: "ffn" sums the blocks' FFN and norm groups, "rest" the others."""
-    if which not in PARTS:
-        raise ValueError(f"which must be one of {PARTS}, got {which!r}")
+    _check_part(which)
     d = src.dims.d_model
     dev = src.blocks[0].attn.wq.device
 
