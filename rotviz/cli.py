@@ -36,7 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto (the architecture's group), or a subgroup: permutation, centred")
     m.add_argument("--rounds", type=int, default=50,
                    help="with --residual: at most this many alternation rounds per phase "
-                        "(default 50; each round costs about one seed matching on large models)")
+                        "(default 50; each round costs about one seed matching on large "
+                        "models, and fewer rounds leave a higher barrier: bench/rounds.py)")
     m.add_argument("--tol", type=float, default=1e-6,
                    help="with --residual: stop when a round gains less than this fraction of "
                         "the starting squared distance (default 1e-6)")
