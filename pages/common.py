@@ -157,6 +157,9 @@ def sidebar() -> Setup:
 
     device = pick_device(choice)
     sb.markdown(f":material/memory: **{appconfig.device_badge(appconfig.device_summary(device))}**")
+    note = appconfig.device_note(device)
+    if note:
+        sb.caption(note)
     presenter = sb.toggle("Presenter mode", key="present", bind="query-params",
               help="Wide layout, large fonts, controls hidden. Turn off with the button on top "
                    "or by removing present from the URL.")

@@ -346,6 +346,14 @@ def device_summary(device: Any) -> dict[str, Any]:
     return out
 
 
+def device_note(device: Any) -> str | None:
+    """What a user should know about where the work runs on `device`, if anything."""
+    if getattr(device, "type", device) == "mps":
+        return ("Forward passes run on the Apple GPU; matching runs on the CPU, because its "
+                "solvers work in float64, which MPS does not have.")
+    return None
+
+
 def device_badge(summary: Mapping[str, Any]) -> str:
     """'cuda · NVIDIA H100 · 79.1 of 80.0 GiB free' style text."""
     parts = [str(summary["kind"]), str(summary["name"])]

@@ -77,7 +77,7 @@ def _extra_commands():
 
 def cmd_match(args: argparse.Namespace) -> int:
     from rotviz.matching import LearnOptions, MatchOptions, parse_layers
-    from rotviz.models import load_model, pick_device, save_model
+    from rotviz.models import load_model, pick_device, save_model, wide_device
     from rotviz.pipeline import FUNCTION_TOLERANCE, match_models
 
     if (args.act or args.learned) and not args.data:
@@ -113,8 +113,10 @@ def cmd_match(args: argparse.Namespace) -> int:
         held = rep.residual.get("ffn_held", 0)
         rounds = (f" ({rep.residual['rounds']} alternation rounds"
                   f"{f', {held} holding the FFN maps' if options.ffn_backoff else ''})")
+    ran_on = wide_device(device)  # MPS has no float64: the solvers run on the CPU
+    where = f"{ran_on}" + (f" ({device} has no float64)" if ran_on != device else "")
     print(
-        f"matched [{options.label}] on {device}: "
+        f"matched [{options.label}] on {where}: "
         f"distance {rep.before.total:.4f} -> {rep.after.total:.4f} "
         f"in {rep.seconds:.2f} s{rounds}; max output difference {rep.max_output_diff:.2e}; "
         f"wrote {args.out}"

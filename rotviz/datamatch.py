@@ -27,7 +27,7 @@ from rotviz.data import Split, load_split
 from rotviz.distances import distances
 from rotviz.errors import RotvizError
 from rotviz.matching import MatchOptions, MatchReport, MatchResult, Progress, assign, match
-from rotviz.models import Loaded
+from rotviz.models import Loaded, to_wide
 from rotviz.view import ModelView, write_state
 
 Tensor = torch.Tensor
@@ -55,7 +55,7 @@ def activations(loaded: Loaded, view: ModelView, split: Split, device: torch.dev
         def hook(_mod, args, kwargs, *out):
             x = out[0] if out else (args[0] if args else next(iter(kwargs.values())))
             x = x[0] if isinstance(x, tuple) else x
-            store.setdefault(k, []).append(x.detach().double().reshape(-1, x.shape[-1]).cpu())
+            store.setdefault(k, []).append(to_wide(x.detach()).reshape(-1, x.shape[-1]).cpu())
         return hook
 
     n = len(lay.blocks)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from rotviz.memo import TensorMemo, cached
+from rotviz.models import wide_device
 from rotviz.view import KINDS, ModelView, groups
 
 
@@ -58,6 +59,7 @@ def squared_distance(a: torch.Tensor, b: torch.Tensor) -> float:
     in float64. Converting both to float64 first costs ~6x the time for no useful digits."""
     dtype = torch.promote_types(torch.promote_types(a.dtype, b.dtype), torch.float32)
     diff = a.detach().to(dtype) - b.detach().to(device=a.device, dtype=dtype)
+    diff = diff.to(wide_device(diff.device))  # MPS has no float64 to sum in
     diff.mul_(diff)
     return float(diff.sum(dtype=torch.float64))
 

@@ -44,7 +44,7 @@ from rotviz.landscape import (
 )
 from rotviz.matching import MatchOptions
 from rotviz.matchspec import label_of, parse_spec
-from rotviz.models import Loaded
+from rotviz.models import Loaded, to_wide, wide_device
 
 Tensor = torch.Tensor
 Progress = Callable[[int, int, str], None]
@@ -128,7 +128,8 @@ def fisher_diag(
 
     per_sample = vmap(grad(log_lik), in_dims=(None, 0, 0), chunk_size=chunk)
     p = {n: params[n] for n in trainable}
-    out = {n: torch.zeros_like(t, dtype=torch.float64) for n, t in params.items()}
+    out = {n: torch.zeros_like(t, dtype=torch.float64, device=wide_device(dev))
+           for n, t in params.items()}
     count = 0
     todo = list(stats_batches(split, batches, batch_size, seed))
     with warnings.catch_warnings():
@@ -136,7 +137,7 @@ def fisher_diag(
         for j, (x, y) in enumerate(todo):
             g = per_sample(p, x.to(dev), y.to(dev))
             for n in trainable:
-                out[n] += (g[n].double() ** 2).sum(0)
+                out[n] += (to_wide(g[n]) ** 2).sum(0)
             count += len(x)
             if progress:
                 progress(j + 1, len(todo), "Fisher information")
@@ -185,7 +186,7 @@ def gram_matrices(
 
     def hook(name: str):
         def fn(_mod, args):
-            x = args[0].detach().reshape(-1, args[0].shape[-1]).double()
+            x = to_wide(args[0].detach().reshape(-1, args[0].shape[-1]))
             sums[name] = sums.get(name, 0) + x.T @ x
             counts[name] = counts.get(name, 0) + x.shape[0]
 

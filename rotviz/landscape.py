@@ -28,7 +28,7 @@ from rotviz.errors import RotvizError
 from rotviz.evaluate import check_fits
 from rotviz.matching import MatchOptions
 from rotviz.matchspec import label_of, match_options
-from rotviz.models import Loaded, check_compatible, pick_device
+from rotviz.models import Loaded, check_compatible, pick_device, to_wide
 
 Tensor = torch.Tensor
 Progress = Callable[[int, int, str], None]
@@ -112,7 +112,7 @@ class Evaluator:
                 loss = F.cross_entropy(lg, y2.reshape(-1), reduction="none", ignore_index=IGNORE)
                 valid = y2 != IGNORE
                 correct = (lg.argmax(-1).reshape(y2.shape) == y2) & valid
-                losses.append(loss.reshape(y2.shape).double().sum(1))
+                losses.append(to_wide(loss.reshape(y2.shape)).sum(1))
                 corrects.append(correct.sum(1))
                 counts.append(valid.sum(1))
             out = [torch.cat(t).cpu().numpy() for t in (losses, corrects, counts)]
@@ -126,7 +126,7 @@ class Evaluator:
 
 def flat_inner(a: Mapping[str, Tensor], b: Mapping[str, Tensor]) -> float:
     """<a, b> over the flattened parameter sets, in float64."""
-    return float(sum(torch.sum(a[k].double() * b[k].double()) for k in a))
+    return float(sum(torch.sum(to_wide(a[k]) * to_wide(b[k])) for k in a))
 
 
 # ---- matching --------------------------------------------------------------------------------

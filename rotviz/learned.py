@@ -22,9 +22,9 @@ import torch.nn.functional as F
 from rotviz import residual as rs
 from rotviz.actions import LayerTransform, apply
 from rotviz.data import Split
-from rotviz.landscape import IGNORE, Evaluator, barrier_of
+from rotviz.landscape import IGNORE, Evaluator, barrier_of, resolve_device
 from rotviz.matching import LearnOptions, Progress
-from rotviz.models import Loaded
+from rotviz.models import Loaded, wide_device
 from rotviz.view import ModelView, write_state
 
 Tensor = torch.Tensor
@@ -135,6 +135,7 @@ def learn(
     info = LearnInfo()
     torch.manual_seed(opts.seed)
     gen = np.random.default_rng(opts.seed)
+    device = wide_device(resolve_device(device))  # float64 maps: the CPU stands in for MPS
     ev_train = Evaluator(anchor, train, device, batch_size=opts.batch_size)
     ev_val = Evaluator(anchor, val, device)
     dev = ev_train.device

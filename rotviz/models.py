@@ -57,7 +57,25 @@ def pick_device(device: str = "auto") -> torch.device:
         raise RotvizError(
             "--device cuda asked for, but no CUDA GPU is visible; use --device auto or cpu"
         )
+    if device == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        if mps is None or not mps.is_available():
+            raise RotvizError("--device mps asked for, but no Apple GPU (MPS) is available; "
+                              "use --device auto or cpu")
     return torch.device(device)
+
+
+def wide_device(device: torch.device | str) -> torch.device:
+    """Where float64 work for `device` runs: the device itself, except MPS, which has no
+    float64, so the solvers, learned maps and float64 sums run on the CPU instead."""
+    device = torch.device(device)
+    return torch.device("cpu") if device.type == "mps" else device
+
+
+def to_wide(t: Tensor) -> Tensor:
+    """`t` in float64: on its own device, or on the CPU when it lives on MPS (a new tensor
+    unless it already is one)."""
+    return t.to(device=wide_device(t.device), dtype=torch.float64)
 
 
 def resolve_ref(ref: str | os.PathLike) -> Path:

@@ -8,7 +8,13 @@ from dataclasses import dataclass
 import torch
 
 from rotviz.matching import MatchOptions, MatchReport, Progress, match
-from rotviz.models import Loaded, check_compatible, check_finite, max_output_diff
+from rotviz.models import (
+    Loaded,
+    check_compatible,
+    check_finite,
+    max_output_diff,
+    wide_device,
+)
 from rotviz.view import read_view, write_state
 
 # A transform counts as function-preserving when the logits move by less than this
@@ -46,6 +52,7 @@ def match_models(
     reference such as "digits"); learned matching stops early when `cancel()` is true."""
     check_compatible(anchor, source)
     options = options or MatchOptions()
+    device = wide_device(device)  # the solvers work in float64, which MPS lacks
     va, vs = view_of(anchor, device), view_of(source, device)
     if options.needs_data:
         from rotviz.datamatch import match_with_data
