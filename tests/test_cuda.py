@@ -1,0 +1,68 @@
+"""The same guarantees on a CUDA GPU: matching there keeps the function and reaches what the
+CPU reaches, planted maps are recovered, and curves agree with the CPU's. Skipped without a
+GPU (CI has none); run them on one with `pytest tests/test_cuda.py`."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import view_of
+
+from rotviz import residual as rs
+from rotviz.data import load_split
+from rotviz.distances import distances, norm
+from rotviz.landscape import interpolate
+from rotviz.matching import LearnOptions, MatchOptions, match
+from rotviz.models import load_model
+from rotviz.pipeline import match_models
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+F64 = torch.float64
+WEIGHT = MatchOptions(heads=True, residual=True, rounds=6)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return load_model("zoo:vit-digits-s3"), load_model("zoo:vit-digits-s6")
+
+
+@pytest.mark.parametrize("options", [MatchOptions(), WEIGHT], ids=["seed", "weight"])
+def test_matching_on_the_gpu_reaches_what_the_cpu_reaches(pair, options):
+    a, b = pair
+    cpu = match_models(a, b, options, "cpu")
+    gpu = match_models(a, b, options, "cuda")
+    assert gpu.report.max_output_diff <= 1e-4
+    assert {v.device.type for v in gpu.state.values()} == {"cpu"}  # written back to the host
+    assert abs(gpu.report.after.total - cpu.report.after.total) <= 1e-4 * cpu.report.after.total
+    if options.residual:
+        history = gpu.report.residual["objective"]
+        assert all(y <= x * (1 + 1e-6) for x, y in zip(history, history[1:], strict=False))
+
+
+@pytest.mark.parametrize("family", ["vit", "llama"])
+def test_planted_residual_map_is_recovered_on_the_gpu(loaded, family):
+    canon, _ = rs.canonicalise(view_of(loaded(family, 0, F64)).to(device="cuda"))
+    image = rs.apply_residual(canon, rs.random_map(canon, seed=7).to("cuda"))
+    out = match(canon, image, MatchOptions(ffn=False, attn=False, rescale=False,
+                                           residual=True))
+    assert distances(out.view, canon).total / norm(canon) <= 1e-5
+
+
+def test_curves_on_the_gpu_agree_with_the_cpu(pair):
+    a, b = pair
+    test = load_split("digits", "test")
+    cpu = interpolate(a, b, test, "seed", 11, device="cpu")
+    gpu = interpolate(a, b, test, "seed", 11, device="cuda")
+    assert max(abs(x - y) for x, y in zip(cpu.loss, gpu.loss, strict=True)) <= 1e-3
+    assert abs(cpu.barrier - gpu.barrier) <= 1e-3
+
+
+def test_learned_matching_on_the_gpu_keeps_the_function(pair):
+    a, b = pair
+    short = MatchOptions(residual=True, learned=True,
+                         learn=LearnOptions(steps=20, eval_every=10))
+    m = match_models(a, b, short, "cuda", data="digits")
+    assert m.report.max_output_diff <= 1e-4
+    info = m.report.learned
+    assert info["val_barrier"] <= info["val_barrier_start"]
