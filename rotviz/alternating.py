@@ -77,8 +77,10 @@ def match_residual(anchor: ModelView, source: ModelView, options: MatchOptions,
     # from Q alone.
     others = options.attn or options.rescale
     held = 0
+    converged: list[bool] = []  # per phase: ended by a round gaining < tol (not the cap)
     for k, inner in enumerate(phases):
         rounds.append(0)
+        converged.append(False)
         wait_next, waiting = 1, 0
         for r in range(options.rounds):
             start = history[-1]
@@ -115,6 +117,7 @@ def match_residual(anchor: ModelView, source: ModelView, options: MatchOptions,
             rounds[-1] = r + 1
             settled = start - history[-1] <= options.tol * history[0]
             if settled and full:
+                converged[-1] = True
                 break
             if settled:
                 waiting = 0
@@ -135,6 +138,7 @@ def match_residual(anchor: ModelView, source: ModelView, options: MatchOptions,
         "group": group,
         "rounds": sum(rounds),
         "phase_rounds": rounds,  # without head permutation, then with it (when on)
+        "converged": converged,  # per phase: False where the round cap ended it
         "ffn_held": held,  # rounds that held the FFN maps (options.ffn_backoff)
         "objective": history,  # squared canonical distance after each step
         "distance_canonical_before": history[0] ** 0.5,

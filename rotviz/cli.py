@@ -111,8 +111,10 @@ def cmd_match(args: argparse.Namespace) -> int:
     rounds = ""
     if rep.residual and "rounds" in rep.residual:
         held = rep.residual.get("ffn_held", 0)
+        capped = not all(rep.residual.get("converged", [True]))
         rounds = (f" ({rep.residual['rounds']} alternation rounds"
-                  f"{f', {held} holding the FFN maps' if options.ffn_backoff else ''})")
+                  f"{f', {held} holding the FFN maps' if options.ffn_backoff else ''}"
+                  f"{'; ended by --rounds, still gaining more than --tol' if capped else ''})")
     ran_on = wide_device(device)  # MPS has no float64: the solvers run on the CPU
     where = f"{ran_on}" + (f" ({device} has no float64)" if ran_on != device else "")
     print(

@@ -325,9 +325,12 @@ def test_rounds_caps_the_alternation(saved, tmp_path, capsys):
     argv = ["match", str(saved("bert", 0)), str(saved("bert", 1)), "--out", str(tmp_path / "o"),
             "--residual", "--heads", "--rounds", "1", "--tol", "0", "--report", str(report)]
     assert main(argv) == 0
-    assert "(2 alternation rounds)" in capsys.readouterr().out
+    out = capsys.readouterr().out
     res = json.loads(report.read_text())["residual"]
     assert res["phase_rounds"] == [1, 1]
+    # each phase's one round still gained (tol 0): the summary says the cap ended it
+    assert res["converged"] == [False, False]
+    assert "(2 alternation rounds; ended by --rounds, still gaining more than --tol)" in out
     assert len(res["objective"]) == 1 + 2 * 2
 
 
@@ -342,7 +345,9 @@ def test_ffn_backoff_is_reported(saved, tmp_path, capsys):
     rep = json.loads(report.read_text())
     held = rep["residual"]["ffn_held"]
     assert held >= 1
-    assert f"(8 alternation rounds, {held} holding the FFN maps)" in capsys.readouterr().out
+    assert rep["residual"]["converged"] == [False]
+    assert (f"(8 alternation rounds, {held} holding the FFN maps; ended by --rounds"
+            in capsys.readouterr().out)
     assert rep["options"]["ffn_backoff"] is True and rep["options"]["rounds"] == 8
     assert rep["max_output_diff"] <= 1e-4
 

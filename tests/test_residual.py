@@ -94,6 +94,21 @@ def test_alternating_objective_never_goes_up(stream_model):
     assert abs(seed.report.after.total ** 2 - history[1]) <= 1e-9 * history[1]
 
 
+def test_the_report_says_whether_the_alternation_converged(stream_model):
+    """A planted map is recovered and then nothing gains: the phase ends by the tolerance,
+    long before the cap. A real pair under a cap of 2 rounds (tol 0) is still gaining."""
+    canon, _ = rs.canonicalise(view_of(stream_model(0, F64)))
+    image = rs.apply_residual(canon, rs.random_map(canon, seed=7))
+    res = match(canon, image, RESIDUAL_ONLY).report.residual
+    assert res["converged"] == [True] and res["phase_rounds"][0] <= 3
+    anchor, source = view_of(stream_model(0, F64)), view_of(stream_model(1, F64))
+    capped = match(anchor, source, MatchOptions(heads=True, residual=True, rounds=2, tol=0.0))
+    res = capped.report.residual
+    assert res["phase_rounds"] == [2, 2] and res["converged"] == [False, False]
+    history = res["objective"]
+    assert history[-1] < history[-3]  # the last round did gain: the cap, not the gain, ended it
+
+
 def test_weight_matching_keeps_the_function_and_shrinks_the_distance(stream_model):
     anchor, source = stream_model(0), stream_model(1)
     before = clone_state(source.state)
