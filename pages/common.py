@@ -68,11 +68,12 @@ class Setup:
 def _device_choices() -> list[str]:
     import torch
 
+    from rotviz.models import mps_available
+
     out = ["auto", "cpu"]
     if torch.cuda.is_available():
         out.append("cuda")
-    mps = getattr(torch.backends, "mps", None)
-    if mps is not None and mps.is_available():
+    if mps_available():
         out.append("mps")
     return out
 

@@ -42,13 +42,18 @@ class Loaded:
         return self.ref
 
 
+def mps_available() -> bool:
+    """Whether an Apple GPU (MPS) is usable (builds without MPS lack torch.backends.mps)."""
+    mps = getattr(torch.backends, "mps", None)
+    return mps is not None and mps.is_available()
+
+
 def pick_device(device: str = "auto") -> torch.device:
     """`auto` picks cuda, then mps, then cpu."""
     if device == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
-        mps = getattr(torch.backends, "mps", None)
-        if mps is not None and mps.is_available():
+        if mps_available():
             return torch.device("mps")
         return torch.device("cpu")
     if device not in ("cpu", "cuda", "mps") and not device.startswith("cuda:"):
@@ -57,11 +62,9 @@ def pick_device(device: str = "auto") -> torch.device:
         raise RotvizError(
             "--device cuda asked for, but no CUDA GPU is visible; use --device auto or cpu"
         )
-    if device == "mps":
-        mps = getattr(torch.backends, "mps", None)
-        if mps is None or not mps.is_available():
-            raise RotvizError("--device mps asked for, but no Apple GPU (MPS) is available; "
-                              "use --device auto or cpu")
+    if device == "mps" and not mps_available():
+        raise RotvizError("--device mps asked for, but no Apple GPU (MPS) is available; "
+                          "use --device auto or cpu")
     return torch.device(device)
 
 

@@ -12,10 +12,10 @@ from rotviz.cli import main
 from rotviz.errors import RotvizError
 from rotviz.landscape import flat_inner
 from rotviz.matching import LearnOptions, MatchOptions
-from rotviz.models import load_model, pick_device, to_wide, wide_device
+from rotviz.models import load_model, mps_available, pick_device, to_wide, wide_device
 from rotviz.pipeline import match_models
 
-HAS_MPS = bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
+HAS_MPS = mps_available()
 
 
 def test_float64_work_stays_on_cpu_and_cuda_and_leaves_mps():
