@@ -4,6 +4,7 @@ import streamlit as st
 
 from pages import common
 from rotviz import explore
+from rotviz.alternating import ended_by_cap
 from rotviz.plots import distances as dplots
 from rotviz.plots import matching as mplots
 from rotviz.plots import style
@@ -93,13 +94,10 @@ def beyond(res: dict) -> tuple[dict, dict]:
         st.subheader("The residual stream")
         m = st.columns(3)
         m[0].metric("residual group", res_info["group"], help=GROUP_TEXT.get(res_info["group"]))
-        capped = not all(res_info.get("converged", [True]))
         m[1].metric("alternation rounds", res_info["rounds"],
                     help="rounds of (per-layer maps, then the residual map), until a round "
-                         "gains less than the tolerance or the round cap is reached"
-                         + (": here the cap ended it, so more rounds would still lower the "
-                            "distance (not always the barrier)" if capped else
-                            ": here the gain fell below the tolerance"))
+                         "gains less than the tolerance or the round cap is reached (the "
+                         "caption below says which)")
         d0, d1 = res_info["distance_canonical_before"], res_info["distance_canonical_after"]
         m[2].metric("distance between canonical forms", f"{d1:.3f}", delta=f"{d1 - d0:+.3f}",
                     delta_color="inverse",
@@ -110,7 +108,8 @@ def beyond(res: dict) -> tuple[dict, dict]:
                    "solves one kind of map exactly with the others held fixed, and keeping the "
                    "old map is always one of its choices, so the distance can only go down. "
                    + ("The round cap ended it while rounds still gained a little; more rounds "
-                      "lower the distance further, but not always the barrier." if capped else
+                      "lower the distance further, but not always the barrier."
+                      if ended_by_cap(res_info) else
                       "It stopped when a round gained less than the tolerance."))
         rows = explore.objective_rows(res)
         fig_obj = mplots.objective_history(rows, s.font)

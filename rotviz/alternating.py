@@ -38,6 +38,12 @@ def objective(src: ModelView, anc: ModelView, memo: TensorMemo | None = None) ->
     return distances(src, anc, memo=memo).total ** 2
 
 
+def ended_by_cap(info: dict) -> bool:
+    """Whether a report's residual info (`MatchReport.residual`) says the round cap, not
+    the tolerance, ended some phase of the alternation."""
+    return not all(info.get("converged", [True]))
+
+
 def check_residual(view: ModelView, options: MatchOptions) -> str:
     """The residual group to use here, or a one-line error saying what is allowed."""
     why = rs.unsupported(view)

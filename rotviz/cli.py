@@ -76,6 +76,7 @@ def _extra_commands():
 
 
 def cmd_match(args: argparse.Namespace) -> int:
+    from rotviz.alternating import ended_by_cap
     from rotviz.matching import LearnOptions, MatchOptions, parse_layers
     from rotviz.models import load_model, pick_device, save_model, wide_device
     from rotviz.pipeline import FUNCTION_TOLERANCE, match_models
@@ -111,7 +112,7 @@ def cmd_match(args: argparse.Namespace) -> int:
     rounds = ""
     if rep.residual and "rounds" in rep.residual:
         held = rep.residual.get("ffn_held", 0)
-        capped = not all(rep.residual.get("converged", [True]))
+        capped = ended_by_cap(rep.residual)
         rounds = (f" ({rep.residual['rounds']} alternation rounds"
                   f"{f', {held} holding the FFN maps' if options.ffn_backoff else ''}"
                   f"{'; ended by --rounds, still gaining more than --tol' if capped else ''})")
