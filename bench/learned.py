@@ -20,13 +20,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from bench.results import RESULTS, machine, write_section  # noqa: E402
-from rotviz import zoo  # noqa: E402
-from rotviz.data import load_split  # noqa: E402
+from bench.results import RESULTS, default_pair_on_test, machine, write_section  # noqa: E402
 from rotviz.landscape import interpolate  # noqa: E402
 from rotviz.matching import LearnOptions  # noqa: E402
 from rotviz.matchspec import match_options  # noqa: E402
-from rotviz.models import load_model  # noqa: E402
 from rotviz.pipeline import match_models  # noqa: E402
 
 
@@ -54,9 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--results", type=Path, default=RESULTS)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    a_ref, b_ref = zoo.default_pair()
-    anchor, source = load_model(a_ref), load_model(b_ref)
-    test = load_split("digits", "test")
+    anchor, source, test = default_pair_on_test()
+    a_ref, b_ref = anchor.ref, source.ref
     rows = [row(anchor, source, test, "seed"), row(anchor, source, test, "weight")]
     for seed in (int(s) for s in args.seeds.split(",") if s.strip()):
         rows.append(row(anchor, source, test, "learned", seed))

@@ -29,6 +29,17 @@ def machine(device: str = "cpu") -> str:
     return line
 
 
+def default_pair_on_test():
+    """(anchor, source, test split): the zoo's default pair, loaded, and the digits test split
+    the benchmarks on it evaluate; `anchor.ref` and `source.ref` name the models."""
+    from rotviz import zoo
+    from rotviz.data import load_split
+    from rotviz.models import load_model
+
+    a_ref, b_ref = zoo.default_pair()
+    return load_model(a_ref), load_model(b_ref), load_split("digits", "test")
+
+
 def write_section(name: str, body: str, path: Path = RESULTS) -> None:
     """Replace (or append) the section `name` of RESULTS.md with `body` (markdown)."""
     text = path.read_text() if path.exists() else HEADER

@@ -24,12 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from bench.results import RESULTS, machine, write_section  # noqa: E402
-from rotviz import zoo  # noqa: E402
-from rotviz.data import load_split  # noqa: E402
+from bench.results import RESULTS, default_pair_on_test, machine, write_section  # noqa: E402
 from rotviz.landscape import interpolate  # noqa: E402
 from rotviz.matching import MatchOptions  # noqa: E402
-from rotviz.models import load_model  # noqa: E402
 from rotviz.pipeline import match_models  # noqa: E402
 
 DEFAULT = MatchOptions(heads=True, residual=True)
@@ -60,9 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--results", type=Path, default=RESULTS)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    a_ref, b_ref = zoo.default_pair()
-    anchor, source = load_model(a_ref), load_model(b_ref)
-    test = load_split("digits", "test")
+    anchor, source, test = default_pair_on_test()
+    a_ref, b_ref = anchor.ref, source.ref
     match_models(anchor, source, DEFAULT)  # warm-up: solvers loaded outside the timings
     rows = [row(anchor, source, test, "none", None),
             row(anchor, source, test, "seed paper (`seed`)", MatchOptions())]
