@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-import tempfile
-from pathlib import Path
+import warnings
+from dataclasses import replace
 
+from rotviz.cli_args import Parser, add_overwrite, bounded, layers_text, needs
 from rotviz.errors import RotvizError
+from rotviz.limits import DEFAULT_ROUNDS, DEFAULT_STEPS, DEFAULT_TOL, ROUNDS, STEPS, TOL
 
 
 def _bool_flag(p: argparse.ArgumentParser, name: str, help: str) -> None:
@@ -17,12 +17,14 @@ def _bool_flag(p: argparse.ArgumentParser, name: str, help: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rotviz", description=__doc__)
+    parser = Parser(prog="rotviz", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     m = sub.add_parser("match", help="move SOURCE next to ANCHOR inside its symmetry class")
     m.add_argument("anchor", help="anchor model: a save_pretrained directory or zoo:NAME")
     m.add_argument("source", help="source model, same architecture")
-    m.add_argument("--out", required=True, help="directory for the matched source (safetensors)")
+    m.add_argument("--out", required=True,
+                   help="new folder for the matched source (safetensors); see --overwrite")
+    add_overwrite(m)
     _bool_flag(m, "ffn", "match FFN neurons by permutation (default on)")
     _bool_flag(m, "attn", "match attention heads by Q-K and V-O rotations (default on)")
     _bool_flag(m, "rescale", "rescale Q-K and V-O per head (default on)")
@@ -32,15 +34,17 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--residual", action=argparse.BooleanOptionalAction, default=False,
                    help="also map the residual stream (rotation, centred rotation or "
                         "permutation, as the architecture allows), alternated with the others")
-    m.add_argument("--residual-group", default="auto",
-                   help="auto (the architecture's group), or a subgroup: permutation, centred")
-    m.add_argument("--rounds", type=int, default=50,
-                   help="with --residual: at most this many alternation rounds per phase "
-                        "(default 50; each round costs about one seed matching on large "
-                        "models, and fewer rounds leave a higher barrier: bench/rounds.py)")
-    m.add_argument("--tol", type=float, default=1e-6,
+    m.add_argument("--residual-group", default=None,
+                   help="with --residual: auto (the architecture's group, the default), or a "
+                        "subgroup: permutation, centred")
+    m.add_argument("--rounds", type=bounded(ROUNDS), default=None,
+                   help=f"with --residual: at most this many alternation rounds per phase "
+                        f"(default {DEFAULT_ROUNDS}, at most {ROUNDS.hi:g}; each round costs "
+                        "about one seed matching on large models, and fewer rounds leave a "
+                        "higher barrier: bench/rounds.py)")
+    m.add_argument("--tol", type=bounded(TOL), default=None,
                    help="with --residual: stop when a round gains less than this fraction of "
-                        "the starting squared distance (default 1e-6)")
+                        f"the starting squared distance (default {DEFAULT_TOL:g}, in [0, 1])")
     m.add_argument("--ffn-backoff", action="store_true",
                    help="with --residual: after an FFN solve that moves no unit, hold the FFN "
                         "maps for 1, 2, 4, ... rounds while the others re-solve (rounds about "
@@ -50,10 +54,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="FFN and residual maps from activations on --data (training split)")
     m.add_argument("--learned", action="store_true",
                    help="then tune the rotations on --data so the path has no barrier")
-    m.add_argument("--steps", type=int, default=300, help="learned matching steps (default 300)")
-    m.add_argument("--data", default=None, help="data reference for --act / --learned")
-    m.add_argument("--layers", default=None, help="layer subset, e.g. 0,2-5 (default: all)")
-    m.add_argument("--report", default=None, help="write the full report as JSON here")
+    m.add_argument("--steps", type=bounded(STEPS), default=None,
+                   help=f"with --learned: learned matching steps (default {DEFAULT_STEPS}, "
+                        f"at most {STEPS.hi:g})")
+    m.add_argument("--data", default=None, help="with --act or --learned: the data to learn from")
+    m.add_argument("--layers", type=layers_text, default=None,
+                   help="layer subset, e.g. 0,2-5 (default: all)")
+    m.add_argument("--report", default=None,
+                   help="also write the full report as JSON to this new file")
     m.add_argument("--device", default="auto", help="auto, cpu, cuda or mps (default auto)")
     m.set_defaults(func=cmd_match)
     for register in _extra_commands():
@@ -78,25 +86,39 @@ def _extra_commands():
 def cmd_match(args: argparse.Namespace) -> int:
     from rotviz.alternating import ended_by_cap
     from rotviz.matching import LearnOptions, MatchOptions, parse_layers
-    from rotviz.models import load_model, pick_device, save_model, wide_device
+    from rotviz.models import load_model, pick_device, wide_device, write_model
+    from rotviz.outputs import Outputs, write_json_file
     from rotviz.pipeline import FUNCTION_TOLERANCE, match_models
 
     if (args.act or args.learned) and not args.data:
         raise RotvizError("--act and --learned learn from data: add --data, e.g. --data digits")
-    if args.steps < 1:
-        raise RotvizError(f"--steps must be at least 1, got {args.steps}")
-    if args.ffn_backoff and not args.residual:
-        raise RotvizError("--ffn-backoff holds FFN maps between rounds of the residual "
-                          "alternation: add --residual, or drop --ffn-backoff")
+    needs("--data", args.data is not None, "--act or --learned", args.act or args.learned)
+    needs("--steps", args.steps is not None, "--learned", args.learned)
+    for flag, given in (("--rounds", args.rounds is not None), ("--tol", args.tol is not None),
+                        ("--residual-group", args.residual_group is not None),
+                        ("--ffn-backoff", args.ffn_backoff)):
+        needs(flag, given, "--residual (it tunes the residual alternation)", args.residual)
+    from rotviz.residual import GROUPS
+
+    if args.residual_group not in (None, "auto", *GROUPS):
+        raise RotvizError(f"unknown --residual-group '{args.residual_group}': use auto, "
+                          f"{', '.join(GROUPS)}")
+    needs("--heads", args.heads, "--attn (heads are permuted before they are rotated)",
+          args.attn)
+    options = MatchOptions(
+        args.ffn, args.attn, args.rescale, None, heads=args.heads, residual=args.residual,
+        residual_group=args.residual_group or "auto",
+        rounds=DEFAULT_ROUNDS if args.rounds is None else args.rounds,
+        tol=DEFAULT_TOL if args.tol is None else args.tol, ffn_backoff=args.ffn_backoff,
+        act=args.act, learned=args.learned,
+        learn=LearnOptions(steps=DEFAULT_STEPS if args.steps is None else args.steps))
+    outputs = Outputs("match")
+    out_dir = outputs.add(args.out, "--out", folder=True, overwrite=args.overwrite)
+    report_file = outputs.add(args.report, "--report", folder=False, overwrite=args.overwrite)
     device = pick_device(args.device)
     anchor = load_model(args.anchor)
     source = load_model(args.source)
-    layers = parse_layers(args.layers, _n_layers(anchor))
-    options = MatchOptions(args.ffn, args.attn, args.rescale, layers, heads=args.heads,
-                           residual=args.residual, residual_group=args.residual_group,
-                           rounds=args.rounds, tol=args.tol, ffn_backoff=args.ffn_backoff,
-                           act=args.act, learned=args.learned,
-                           learn=LearnOptions(steps=args.steps))
+    options = replace(options, layers=parse_layers(args.layers, _n_layers(anchor)))
     out = match_models(anchor, source, options, device, data=args.data)
     rep = out.report
     if not out.preserved:
@@ -104,11 +126,10 @@ def cmd_match(args: argparse.Namespace) -> int:
             f"matched model changes the function (max logit difference {rep.max_output_diff:.2e} > "
             f"{FUNCTION_TOLERANCE:g}); nothing written. Please report this as a bug."
         )
-    report_json = json.dumps(rep.to_dict(), indent=2)
-    save_model(source, out.state, args.out)
-    if args.report:
-        Path(args.report).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.report).write_text(report_json)
+    with outputs.write() as tmp:
+        write_model(source, out.state, tmp[out_dir])
+        if report_file is not None:
+            write_json_file(tmp[report_file], rep.to_dict(), "match")
     rounds = ""
     if rep.residual and "rounds" in rep.residual:
         held = rep.residual.get("ffn_held", 0)
@@ -127,21 +148,6 @@ def cmd_match(args: argparse.Namespace) -> int:
     return 0
 
 
-def write_json(path: str | os.PathLike, obj) -> None:
-    """Write JSON atomically: a temporary file beside `path`, then a rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2)
-            f.write("\n")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def _n_layers(loaded) -> int:
     from rotviz.view import resolve_layout
 
@@ -149,15 +155,23 @@ def _n_layers(loaded) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; a user error is one line on stderr and exit code 2, an interrupt
+    leaves no output (rotviz.outputs) and exits with 130."""
     parser = build_parser()
-    args = parser.parse_args(argv)
     try:
-        return args.func(args)
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse: --help (0) or a one-line error (2)
+        return e.code if isinstance(e.code, int) else 2
+    try:
+        with warnings.catch_warnings():
+            if not sys.warnoptions:  # -W or PYTHONWARNINGS still shows them
+                warnings.simplefilter("ignore")  # library warnings are no user's business
+            return args.func(args)
     except RotvizError as e:
-        print(f"rotviz: error: {e}", file=sys.stderr)
+        print(f"rotviz: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("rotviz: interrupted", file=sys.stderr)
+        print("rotviz: interrupted; nothing was written", file=sys.stderr)
         return 130
 
 

@@ -8,8 +8,19 @@ from __future__ import annotations
 
 import argparse
 
-from rotviz.cli import write_json
+from rotviz.cli_args import add_overwrite, bounded, layers_text, needs
 from rotviz.errors import RotvizError
+from rotviz.limits import (
+    ALPHA,
+    BATCH_SIZE,
+    BATCHES,
+    GRID,
+    MARGIN,
+    POINTS,
+    REPEATS,
+    SEED,
+    WEIGHT,
+)
 
 
 def _common(p: argparse.ArgumentParser, match_default: str = "seed") -> None:
@@ -21,43 +32,81 @@ def _common(p: argparse.ArgumentParser, match_default: str = "seed") -> None:
                    help="none, or a comma list of ffn, attn, rescale, heads, residual, act, "
                         "learned; seed = ffn,attn,rescale; weight = seed,heads,residual "
                         f"(data-free); act and learned train on --data (default {match_default})")
-    p.add_argument("--layers", default=None, help="match only these layers, e.g. 0,2-5")
+    p.add_argument("--layers", type=layers_text, default=None,
+                   help="match only these layers, e.g. 0,2-5")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or mps (default auto)")
-    p.add_argument("--json", default=None, metavar="FILE", help="write the result as JSON here")
+    p.add_argument("--json", default=None, metavar="FILE",
+                   help="also write the result as JSON to this new file")
+    add_overwrite(p)
 
 
 def register(sub) -> None:
     b = sub.add_parser("barrier", help="loss and accuracy on the path anchor -> matched source")
     _common(b)
-    b.add_argument("--points", type=int, default=21, help="number of alphas in [0, 1] (default 21)")
-    b.add_argument("--repeats", type=int, default=1,
-                   help="also report mean/std over this many disjoint seeded data subsets")
-    b.add_argument("--seed", type=int, default=0, help="seed of the subsets (default 0)")
-    b.add_argument("--batch-size", type=int, default=512, help="evaluation batch size")
+    b.add_argument("--points", type=bounded(POINTS), default=21,
+                   help=f"number of alphas in [0, 1] (default 21, {POINTS.text})")
+    b.add_argument("--repeats", type=bounded(REPEATS), default=1,
+                   help="also report mean/std over this many disjoint seeded data subsets "
+                        f"({REPEATS.text})")
+    b.add_argument("--seed", type=bounded(SEED), default=None,
+                   help="with --repeats: seed of the subsets (default 0)")
+    b.add_argument("--batch-size", type=bounded(BATCH_SIZE), default=512,
+                   help=f"evaluation batch size (default 512, {BATCH_SIZE.text})")
     b.set_defaults(func=cmd_barrier)
 
     p = sub.add_parser("plane", help="2D loss grid through anchor, source and matched source")
     _common(p)
-    p.add_argument("--grid", type=int, default=21, help="grid points per axis (default 21)")
-    p.add_argument("--margin", type=float, default=0.25, help="margin around the points, "
-                   "as a fraction of their span (default 0.25)")
-    p.add_argument("--batch-size", type=int, default=512, help="evaluation batch size")
+    p.add_argument("--grid", type=bounded(GRID), default=21,
+                   help=f"grid points per axis (default 21, {GRID.text})")
+    p.add_argument("--margin", type=bounded(MARGIN), default=0.25,
+                   help="margin around the points, as a fraction of their span (default 0.25, "
+                        f"{MARGIN.text})")
+    p.add_argument("--batch-size", type=bounded(BATCH_SIZE), default=512,
+                   help=f"evaluation batch size (default 512, {BATCH_SIZE.text})")
     p.set_defaults(func=cmd_plane)
 
     m = sub.add_parser("merge", help="merge the matched source into the anchor and evaluate it")
     _common(m)
     m.add_argument("--method", default="simple", help="simple, fisher or regmean (default simple)")
-    m.add_argument("--out", default=None, metavar="DIR", help="write the merged model here")
-    m.add_argument("--weight", type=float, default=0.5,
+    m.add_argument("--out", default=None, metavar="DIR",
+                   help="write the merged model to this new folder")
+    m.add_argument("--weight", type=bounded(WEIGHT), default=0.5,
                    help="weight of the source in [0, 1] (default 0.5)")
-    m.add_argument("--stats-split", default="train",
-                   help="split for Fisher / Gram statistics (default train)")
-    m.add_argument("--batches", type=int, default=8, help="statistics batches (default 8)")
-    m.add_argument("--batch-size", type=int, default=32, help="statistics batch size (default 32)")
-    m.add_argument("--alpha", type=float, default=0.9,
-                   help="RegMean scale of off-diagonal Gram entries in [0, 1] (default 0.9)")
-    m.add_argument("--seed", type=int, default=0, help="seed of the statistics batches")
+    m.add_argument("--stats-split", default=None,
+                   help="fisher and regmean: split for Fisher / Gram statistics (default train)")
+    m.add_argument("--batches", type=bounded(BATCHES), default=None,
+                   help=f"fisher and regmean: statistics batches (default 8, {BATCHES.text})")
+    m.add_argument("--batch-size", type=bounded(BATCH_SIZE), default=None,
+                   help="fisher and regmean: statistics batch size (default 32)")
+    m.add_argument("--alpha", type=bounded(ALPHA), default=None,
+                   help="regmean: scale of off-diagonal Gram entries in [0, 1] (default 0.9)")
+    m.add_argument("--seed", type=bounded(SEED), default=None,
+                   help="fisher and regmean: seed of the statistics batches (default 0)")
     m.set_defaults(func=cmd_merge)
+
+
+def _outputs(args, command: str, out_dir: str | None = None):
+    """The command's outputs, checked before any model is loaded (rotviz.outputs)."""
+    from rotviz.outputs import Outputs
+
+    outputs = Outputs(command)
+    folder = outputs.add(out_dir, "--out", folder=True, overwrite=args.overwrite)
+    js = outputs.add(args.json, "--json", folder=False, overwrite=args.overwrite)
+    return outputs, folder, js
+
+
+def _write(outputs, folder, js, result: dict, command: str, model=None) -> None:
+    """Write the JSON result and the model (template, state) as one transaction."""
+    from rotviz.models import write_model
+    from rotviz.outputs import write_json_file
+
+    if not outputs.items:
+        return
+    with outputs.write() as tmp:
+        if folder is not None:
+            write_model(*model, tmp[folder])
+        if js is not None:
+            write_json_file(tmp[js], result, command)
 
 
 def _load_pair(args):
@@ -82,16 +131,15 @@ def _label(match: str, layers: list[int] | None) -> str:
 
 
 def cmd_barrier(args: argparse.Namespace) -> int:
-    from rotviz.landscape import check_points, interpolate
+    from rotviz.landscape import interpolate
 
-    check_points(args.points)
-    if args.repeats < 1:
-        raise RotvizError(f"--repeats must be >= 1, got {args.repeats}")
+    needs("--seed", args.seed is not None, "--repeats N with N >= 2 (it seeds the subsets)",
+          args.repeats > 1)
+    outputs, _, js = _outputs(args, "barrier")
     anchor, source, split, device, options = _load_pair(args)
     c = interpolate(anchor, source, split, options, args.points, device, repeats=args.repeats,
-                    seed=args.seed, batch_size=args.batch_size)
-    if args.json:
-        write_json(args.json, c.to_dict())
+                    seed=args.seed or 0, batch_size=args.batch_size)
+    _write(outputs, None, js, c.to_dict(), "barrier")
     spread = f" (mean {c.barrier_mean:.4f} +- {c.barrier_std:.4f} over {c.repeats} subsets)" \
         if c.repeats > 1 else ""
     print(f"barrier [{_label(c.match, c.layers)}] on {c.device}: {c.barrier:.4f}{spread}, "
@@ -106,10 +154,7 @@ def cmd_barrier(args: argparse.Namespace) -> int:
 def cmd_plane(args: argparse.Namespace) -> int:
     from rotviz.landscape import loss_plane
 
-    if args.grid < 3:
-        raise RotvizError(f"--grid must be >= 3, got {args.grid}")
-    if args.margin < 0:
-        raise RotvizError(f"--margin must be >= 0, got {args.margin}")
+    outputs, _, js = _outputs(args, "plane")
     anchor, source, split, device, options = _load_pair(args)
 
     def show(done: int, total: int, _msg: str) -> None:
@@ -118,8 +163,7 @@ def cmd_plane(args: argparse.Namespace) -> int:
 
     pl = loss_plane(anchor, source, split, options, args.grid, args.margin, device,
                     progress=show, batch_size=args.batch_size)
-    if args.json:
-        write_json(args.json, pl.to_dict())
+    _write(outputs, None, js, pl.to_dict(), "plane")
     pts = ", ".join(f"{k} {pl.point_loss[k]:.3f}" for k in pl.points)
     print(f"plane [{_label(pl.match, pl.layers)}] {pl.grid}x{pl.grid} on {pl.device}: "
           f"losses {pts}; "
@@ -128,24 +172,27 @@ def cmd_plane(args: argparse.Namespace) -> int:
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
-    from rotviz.data import load_split
-    from rotviz.fusion import check_method, check_weight, merge
-    from rotviz.models import save_model
+    from rotviz.data import SPLITS, load_split
+    from rotviz.fusion import check_method, merge
 
     method = check_method(args.method)
-    check_weight(args.weight)
-    if not 0.0 <= args.alpha <= 1.0:
-        raise RotvizError(f"--alpha must be in [0, 1], got {args.alpha}")
-    if args.batches < 1 or args.batch_size < 1:
-        raise RotvizError("--batches and --batch-size must be >= 1")
+    stats = method != "simple"
+    for flag, value in (("--stats-split", args.stats_split), ("--batches", args.batches),
+                        ("--batch-size", args.batch_size), ("--seed", args.seed)):
+        needs(flag, value is not None, "--method fisher or regmean (simple takes no "
+              "statistics)", stats)
+    needs("--alpha", args.alpha is not None, "--method regmean", method == "regmean")
+    stats_split = args.stats_split or "train"
+    if stats_split not in SPLITS:
+        raise RotvizError(f"unknown --stats-split '{stats_split}': use one of {', '.join(SPLITS)}")
+    outputs, folder, js = _outputs(args, "merge", args.out)
     anchor, source, split, device, options = _load_pair(args)
-    stats = load_split(args.data, args.stats_split) if method != "simple" else None
-    r = merge(anchor, source, method, options, split, stats, args.weight, args.batches,
-              args.batch_size, args.alpha, device, args.seed)
-    if args.out:
-        save_model(anchor, r.state, args.out)
-    if args.json:
-        write_json(args.json, r.to_dict() | {"out": args.out})
+    stats_data = load_split(args.data, stats_split) if stats else None
+    given = {k: v for k, v in (("batches", args.batches), ("batch_size", args.batch_size),
+                               ("alpha", args.alpha), ("seed", args.seed)) if v is not None}
+    r = merge(anchor, source, method, options, split, stats_data, args.weight, device=device,
+              **given)  # what is not given keeps merge's own defaults
+    _write(outputs, folder, js, r.to_dict() | {"out": args.out}, "merge", (anchor, r.state))
     wrote = f"; wrote {args.out}" if args.out else ""
     print(f"merged [{r.method}, match {_label(r.match, r.layers)}, weight {r.weight:g}] on "
           f"{r.device}: accuracy "

@@ -14,12 +14,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rotviz.cli_args import bounded
 from rotviz.errors import RotvizError
+from rotviz.limits import PORT
 
 
 def register(sub) -> None:
     s = sub.add_parser("serve", help="launch the interactive app (Streamlit) in the browser")
-    s.add_argument("--port", type=int, default=8501, help="port to listen on (default 8501)")
+    s.add_argument("--port", type=bounded(PORT), default=8501,
+                   help="port to listen on (default 8501)")
     s.add_argument("--address", default="localhost",
                    help="address to bind (default localhost; 0.0.0.0 serves the network)")
     s.add_argument("--roots", nargs="+", default=None, metavar="DIR",
@@ -38,8 +41,7 @@ def serve_command(port: int = 8501, address: str = "localhost") -> list[str]:
     if not app.is_file():
         raise RotvizError(f"no app.py at {app}: `rotviz serve` runs from a source checkout "
                           "(pip install -e .)")
-    if not 0 < port < 65536:
-        raise RotvizError(f"--port must be between 1 and 65535, got {port}")
+    PORT.check(port)
     return [sys.executable, "-m", "streamlit", "run", str(app), "--server.headless", "true",
             "--server.fileWatcherType", "none", "--server.port", str(port),
             "--server.address", address, "--browser.gatherUsageStats", "false"]

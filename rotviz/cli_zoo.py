@@ -12,7 +12,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from rotviz.cli_args import add_overwrite, bounded
 from rotviz.errors import RotvizError
+from rotviz.limits import BATCH_SIZE
 
 
 def register(sub) -> None:
@@ -22,7 +24,9 @@ def register(sub) -> None:
     b.add_argument("names", nargs="+", metavar="NAME",
                    help="zoo model names, or a pair (default, finetuned, gpt2), or all")
     b.add_argument("--out", default=None, metavar="DIR",
-                   help="write NAME folders under DIR (default: the zoo folder itself)")
+                   help="write NAME folders under DIR (default: rebuild in the zoo folder "
+                        "itself, replacing the earlier build)")
+    add_overwrite(b)
     b.set_defaults(func=cmd_build)
     li = zs.add_parser("list", help="list the zoo models with their test metrics")
     li.set_defaults(func=cmd_list)
@@ -35,9 +39,10 @@ def register(sub) -> None:
                    help="digits, pystdlib, cifar10:DIR, imagefolder:DIR or text:FILE")
     e.add_argument("--split", default="test", help="train, val or test (default test)")
     e.add_argument("--json", default=None, metavar="FILE",
-                   help="also write the result as JSON here")
+                   help="also write the result as JSON to this new file")
+    add_overwrite(e)
     e.add_argument("--device", default="auto", help="auto, cpu, cuda or mps (default auto)")
-    e.add_argument("--batch-size", type=int, default=None,
+    e.add_argument("--batch-size", type=bounded(BATCH_SIZE), default=None,
                    help="evaluation batch size (default 512 images or 64 text windows)")
     e.set_defaults(func=cmd_eval)
 
@@ -65,11 +70,13 @@ def cmd_build(args: argparse.Namespace) -> int:
     from rotviz import zoo
 
     names = _expand(args.names)
+    for name in names:  # every output checked before any training
+        zoo.build_output(name, _out_of(args, name), args.overwrite)
     for name in names:
-        out = Path(args.out) / name if args.out else None
         bar = _bar(name)
         try:
-            path = zoo.build(name, out, progress=bar.update_to)
+            path = zoo.build(name, _out_of(args, name), progress=bar.update_to,
+                             overwrite=args.overwrite)
         finally:
             bar.close()
         card = zoo.read_card(path)
@@ -77,6 +84,10 @@ def cmd_build(args: argparse.Namespace) -> int:
         print(f"built {name} in {card['train_seconds']:.1f} s: test loss {t['loss']:.4f}, "
               f"acc {t['acc']:.4f} (n={t['n']}); wrote {path}")
     return 0
+
+
+def _out_of(args: argparse.Namespace, name: str) -> Path | None:
+    return Path(args.out) / name if args.out is not None else None
 
 
 class _Bar:
@@ -134,14 +145,14 @@ def cmd_default(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     start = time.perf_counter()
-    if args.batch_size is not None and args.batch_size < 1:
-        raise RotvizError(f"--batch-size must be at least 1 (got {args.batch_size})")
     from rotviz.data import SPLITS
 
     if args.split not in SPLITS:
         raise RotvizError(f"unknown split '{args.split}': use one of {', '.join(SPLITS)}")
-    if args.json:
-        _check_writable(args.json)
+    from rotviz.outputs import Outputs, write_json_file
+
+    outputs = Outputs("eval")
+    js = outputs.add(args.json, "--json", folder=False, overwrite=args.overwrite)
     from rotviz.data import load_split
     from rotviz.evaluate import evaluate
     from rotviz.lite import load_for_eval
@@ -166,13 +177,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     }
     unit = "windows" if split.task == "text" else "images"
     what = "next-character accuracy" if split.task == "text" else "accuracy"
+    if js is not None:
+        with outputs.write() as tmp:
+            write_json_file(tmp[js], result, "eval")
     print(f"{args.model} on {args.data} ({args.split}, {result['n']} {unit}): "
           f"loss {result['loss']:.4f}, {what} {result['acc']:.4f} "
           f"[{result['device']}, {result['seconds']:.2f} s]")
-    if args.json:
-        from rotviz.cli import write_json
-
-        write_json(args.json, result)
     return 0
 
 
@@ -195,14 +205,3 @@ def _threads_for(loaded, device) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(old)
-
-
-def _check_writable(path: str) -> None:
-    p = Path(path)
-    if p.is_dir():
-        raise RotvizError(f"--json '{path}' is a directory; give a file name")
-    parent = p.parent if str(p.parent) else Path(".")
-    if parent.exists() and not parent.is_dir():
-        raise RotvizError(f"--json '{path}': '{parent}' is not a directory")
-
-

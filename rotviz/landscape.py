@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from rotviz.data import Split
 from rotviz.errors import RotvizError
 from rotviz.evaluate import check_fits
+from rotviz.limits import BATCH_SIZE, GRID, MARGIN, POINTS, REPEATS
 from rotviz.matching import MatchOptions
 from rotviz.matchspec import label_of, match_options
 from rotviz.models import Loaded, check_compatible, pick_device, to_wide
@@ -63,8 +64,7 @@ class Evaluator:
                  batch_size: int = 512):
         check_split(split)
         check_fits(loaded, split)
-        if batch_size < 1:
-            raise RotvizError(f"batch size must be at least 1, got {batch_size}")
+        BATCH_SIZE.check(batch_size)
         self.loaded = loaded
         self.split = split
         self.device = resolve_device(device)
@@ -270,13 +270,6 @@ def check_split(split: Split) -> None:
         raise RotvizError(f"the {split.split} split of '{split.data}' is empty; use another split")
 
 
-def check_points(points: int, what: str = "--points") -> None:
-    if not isinstance(points, (int, np.integer)) or points < 2:
-        raise RotvizError(
-            f"{what} must be an integer >= 2 (the two endpoints at least), got {points}"
-        )
-
-
 def interpolate(
     anchor: Loaded,
     source: Loaded,
@@ -300,7 +293,8 @@ def interpolate(
     disjoint seeded subsets of the split. `source_state` skips matching (already matched;
     `match_info` then describes it), `evaluator` reuses data already on the device.
     """
-    check_points(points)
+    POINTS.check(points)
+    REPEATS.check(repeats)
     check_split(split)
     if repeats < 1 or repeats > split.n:
         raise RotvizError(f"repeats must be between 1 and the split size {split.n}, got {repeats}")
@@ -391,8 +385,8 @@ def loss_plane(
     and B' (B matched with `options`), covering the three points with `margin` (a fraction of
     the span) on each side, plus the exact values at A, B, B' and the midpoints AB and AB'.
     """
-    if not isinstance(grid, (int, np.integer)) or grid < 3:
-        raise RotvizError(f"--grid must be an integer >= 3, got {grid}")
+    GRID.check(grid)
+    MARGIN.check(margin)
     t0 = time.perf_counter()
     options = as_options(options)
     ev = Evaluator(anchor, split, device, batch_size)

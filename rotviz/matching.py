@@ -40,6 +40,16 @@ from rotviz.actions import (
 )
 from rotviz.distances import Distances, distances
 from rotviz.errors import RotvizError
+from rotviz.limits import (
+    DEFAULT_ROUNDS,
+    DEFAULT_STEPS,
+    DEFAULT_TOL,
+    ROUNDS,
+    STEPS,
+    TOL,
+    check_layer_ranges,
+    layer_ranges,
+)
 from rotviz.memo import TensorMemo
 from rotviz.view import Attention, ModelView
 
@@ -53,7 +63,7 @@ class LearnOptions:
     interpolated model at lambda ~ U(lam) has a low loss, early-stopped on a validation
     barrier. Every choice is seeded."""
 
-    steps: int = 300
+    steps: int = DEFAULT_STEPS
     lr: float = 0.01
     batch_size: int = 128
     # lambda ~ U(lam): the GLMC paper trains at U(0.4, 0.6); on the default pair that left
@@ -67,6 +77,9 @@ class LearnOptions:
     residual: bool = True  # learn the residual map (where the architecture has a rotation)
     heads: bool = True  # learn per-head Q-K and V-O rotations
 
+    def __post_init__(self) -> None:
+        STEPS.check(self.steps)
+
 
 @dataclass(frozen=True)
 class MatchOptions:
@@ -78,8 +91,8 @@ class MatchOptions:
     # residual stream map, alternated with the per-layer maps (beyond the seed paper)
     residual: bool = False
     residual_group: str = "auto"  # auto (the architecture's), or a subgroup: permutation, ...
-    rounds: int = 50  # at most this many alternations of per-layer and residual maps
-    tol: float = 1e-6  # stop when a round gains less than this fraction of the start
+    rounds: int = DEFAULT_ROUNDS  # at most this many alternations of per-layer and residual maps
+    tol: float = DEFAULT_TOL  # stop when a round gains less than this fraction of the start
     # hold the FFN maps for 1, 2, 4, ... rounds after an FFN solve moves no unit (faster on
     # large models, another local optimum; rotviz.alternating)
     ffn_backoff: bool = False
@@ -93,10 +106,8 @@ class MatchOptions:
                 "head permutation (heads) needs attention matching (attn): "
                 "turn attn on or heads off"
             )
-        if self.rounds < 1:
-            raise RotvizError(f"rounds must be at least 1, got {self.rounds}")
-        if not self.tol >= 0:  # also refuses NaN
-            raise RotvizError(f"tol must be a number >= 0, got {self.tol}")
+        ROUNDS.check(self.rounds)
+        TOL.check(self.tol)  # also refuses NaN and inf
 
     @property
     def needs_data(self) -> bool:
@@ -556,35 +567,17 @@ def rotation_angles(r: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def parse_layers(spec: str | Sequence[int] | None, n_layers: int) -> tuple[int, ...] | None:
-    """'0,2-5' -> (0, 2, 3, 4, 5); checked against the model's layer count."""
-    if spec is None or spec == "all":
+    """'0,2-5' -> (0, 2, 3, 4, 5); checked against the model's layer count before any range
+    is expanded, so a huge range costs nothing and its message quotes the input."""
+    if spec is None or (isinstance(spec, str) and spec.strip() == "all"):
         return None
     if isinstance(spec, str):
-        if not spec.strip():
-            raise RotvizError(
-                "malformed --layers '': give indices or ranges like 0,2-5, or leave it out"
-            )
-        out: list[int] = []
-        for part in spec.split(","):
-            part = part.strip()
-            try:
-                if "-" in part:
-                    lo, hi = (int(x) for x in part.split("-", 1))
-                    if hi < lo:
-                        raise ValueError
-                    out.extend(range(lo, hi + 1))
-                else:
-                    out.append(int(part))
-            except ValueError:
-                raise RotvizError(
-                    f"malformed --layers '{spec}': use comma-separated indices or ranges like 0,2-5"
-                ) from None
-    else:
-        out = [int(x) for x in spec]
+        return check_layer_ranges(layer_ranges(spec), n_layers, spec)
+    out = [int(x) for x in spec]
     bad = [i for i in out if not 0 <= i < n_layers]
     if bad:
         raise RotvizError(
-            f"--layers {bad} out of range: the model has {n_layers} layers (0-{n_layers - 1})"
+            f"--layers {bad[:5]} out of range: the model has {n_layers} layers (0-{n_layers - 1})"
         )
     return tuple(sorted(set(out)))
 

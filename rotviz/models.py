@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -400,58 +397,54 @@ def max_output_diff(
 # ---- saving ---------------------------------------------------------------------------------
 
 
-@contextmanager
-def atomic_dir(out: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary folder beside `out`; on success it replaces `out`, on failure it goes.
-
-    Whatever is written there appears at `out` whole or not at all.
-    """
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        yield tmp
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
 def save_model(
     template: Loaded,
     state: Mapping[str, Tensor],
     out: str | os.PathLike,
     extra_files: Mapping[str, str] | None = None,
+    overwrite: bool = False,
 ) -> Path:
-    """Write `state` as a model of `template`'s class into `out`, atomically.
+    """Write `state` as a model of `template`'s class into `out`, as one transaction.
 
-    The files go to a temporary folder beside `out` and are moved in place only when
-    complete, so a failure leaves nothing half-written.
-    """
-    out = Path(out)
-    with atomic_dir(out) as tmp:
-        cpu = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
-        if template.spec.source == "timm":
-            from safetensors.torch import save_file
+    `out` is checked first (rotviz.outputs: a new or empty folder, or with `overwrite` an
+    earlier rotviz output); the files go to a temporary folder beside it and are moved in
+    place only when complete, so a failure leaves nothing half-written."""
+    from rotviz.outputs import Outputs
 
-            (tmp / "config.json").write_text(json.dumps(template.config, indent=2))
-            save_file(cpu, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        else:
-            from transformers.utils import logging as hf_logging
+    outputs = Outputs("save")
+    folder = outputs.add(out, "out", folder=True, overwrite=overwrite)
+    with outputs.write() as tmp:
+        write_model(template, state, tmp[folder], extra_files)
+    return folder.path
 
-            model, _ = build_module(
-                json.loads((template.path / "config.json").read_text()), template.spec
-            )
-            model.load_state_dict(cpu, strict=False)
-            bar = hf_logging.is_progress_bar_enabled()
-            hf_logging.disable_progress_bar()  # keep the CLI's stderr for errors only
-            try:
-                model.save_pretrained(str(tmp), safe_serialization=True)
-            finally:
-                if bar:
-                    hf_logging.enable_progress_bar()
-        for name, text in (extra_files or {}).items():
-            (tmp / name).write_text(text)
-    return out
+
+def write_model(
+    template: Loaded,
+    state: Mapping[str, Tensor],
+    folder: Path,
+    extra_files: Mapping[str, str] | None = None,
+) -> None:
+    """The files of `state` as a model of `template`'s class, into the (empty) `folder`."""
+    tmp = folder
+    cpu = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
+    if template.spec.source == "timm":
+        from safetensors.torch import save_file
+
+        (tmp / "config.json").write_text(json.dumps(template.config, indent=2))
+        save_file(cpu, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    else:
+        from transformers.utils import logging as hf_logging
+
+        model, _ = build_module(
+            json.loads((template.path / "config.json").read_text()), template.spec
+        )
+        model.load_state_dict(cpu, strict=False)
+        bar = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()  # keep the CLI's stderr for errors only
+        try:
+            model.save_pretrained(str(tmp), safe_serialization=True)
+        finally:
+            if bar:
+                hf_logging.enable_progress_bar()
+    for name, text in (extra_files or {}).items():
+        (tmp / name).write_text(text)

@@ -159,28 +159,47 @@ def _versions() -> dict:
 # ---- building ---------------------------------------------------------------------------------
 
 
+def build_output(name: str, out_dir: str | os.PathLike | None = None, overwrite: bool = False):
+    """The checked output folder of `build` (rotviz.outputs), before any training.
+
+    Without `out_dir` the model is rebuilt in place in the zoo folder, replacing the earlier
+    build (a rotviz output) as if `overwrite` were given."""
+    from rotviz.outputs import Outputs
+
+    outputs = Outputs("zoo build")
+    if out_dir is None:
+        outputs.add(zoo_dir() / entry(name).name, "zoo folder", folder=True, overwrite=True)
+    else:
+        outputs.add(out_dir, "--out", folder=True, overwrite=overwrite)
+    return outputs
+
+
 def build(
-    name: str, out_dir: str | os.PathLike | None = None, progress: Progress | None = None
+    name: str, out_dir: str | os.PathLike | None = None, progress: Progress | None = None,
+    overwrite: bool = False,
 ) -> Path:
-    """Train zoo model `name` from its recipe and seed; write it (with its card) atomically.
+    """Train zoo model `name` from its recipe and seed; write it (with its card) as one
+    transaction (rotviz.outputs), checked before training starts.
 
     A fine-tune starts from its base as shipped in the zoo, or, when the base is not built,
     from the base trained here first (the same weights on the same machine).
     """
     from rotviz.data import load_split, pystdlib_fingerprint
     from rotviz.evaluate import evaluate
-    from rotviz.models import atomic_dir, load_model
+    from rotviz.models import load_model
     from rotviz.recipes import recipe as get_recipe
     from rotviz.train import TRAIN_THREADS, deterministic_cpu, select, train
 
     ent = entry(name)
     rec = get_recipe(ent.recipe)
-    out = Path(out_dir) if out_dir is not None else zoo_dir() / name
+    outputs = build_output(name, out_dir, overwrite)
+    folder = outputs.items[0]
     init_state = _base_state(rec.init, progress) if rec.init else None
     data = select(load_split(rec.data, "train"), rec.subset)
     result = train(rec, ent.seed, data, init_state, progress)
 
-    with atomic_dir(out) as tmp:
+    with outputs.write() as temps:
+        tmp = temps[folder]
         _save_pretrained(result.model, tmp)
         loaded = load_model(tmp)
         with deterministic_cpu(0, TRAIN_THREADS):
@@ -209,10 +228,7 @@ def build(
             "built": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         }
         write_card(tmp, card)
-        tmp.chmod(0o755)
-        for f in tmp.iterdir():
-            f.chmod(0o644)
-    return out
+    return folder.path
 
 
 def _base_state(base: str, progress: Progress | None):

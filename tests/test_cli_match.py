@@ -353,10 +353,10 @@ def test_ffn_backoff_is_reported(saved, tmp_path, capsys):
 
 
 @pytest.mark.parametrize(("flag", "value", "fragment"),
-                         [("--rounds", "0", "rounds must be at least 1"),
-                          ("--tol", "-1", "tol must be a number >= 0"),
-                          ("--tol", "nan", "tol must be a number >= 0"),
-                          ("--ffn-backoff", None, "add --residual, or drop --ffn-backoff")])
+                         [("--rounds", "0", "--rounds must be an integer from 1 to"),
+                          ("--tol", "-1", "--tol must be a number from 0 to 1"),
+                          ("--tol", "nan", "--tol must be a number from 0 to 1"),
+                          ("--ffn-backoff", None, "--ffn-backoff needs --residual")])
 def test_bad_rounds_and_tol(saved, tmp_path, capsys, flag, value, fragment):
     argv = ["match", str(saved("bert", 0)), str(saved("bert", 1)), "--out", str(tmp_path / "o")]
     argv += [flag] if value is None else ["--residual", flag, value]

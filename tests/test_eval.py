@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import rotviz
 from rotviz import zoo
 from rotviz.cli import main
 from rotviz.data import load_split
@@ -20,7 +21,7 @@ from rotviz.evaluate import evaluate
 from rotviz.models import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
-KEYS = {"loss", "acc", "n", "data", "split", "model", "device", "seconds"}
+KEYS = {"rotviz", "loss", "acc", "n", "data", "split", "model", "device", "seconds"}
 
 
 def _run(args, capsys) -> tuple[int, str, str]:
@@ -44,6 +45,7 @@ def test_eval_json_has_the_documented_keys_and_true_values(tmp_path, capsys, spl
     assert (got["data"], got["split"], got["model"], got["device"]) == (
         "digits", split, "zoo:vit-digits-s3", "cpu")
     assert got["seconds"] > 0
+    assert got["rotviz"] == {"version": rotviz.__version__, "command": "eval"}
     assert f"loss {got['loss']:.4f}" in out and f"accuracy {got['acc']:.4f}" in out
     assert [p.name for p in f.parent.iterdir()] == ["eval.json"]  # no temporary left behind
 
@@ -110,7 +112,7 @@ def test_bad_input_is_one_line_and_exit_2(args, needle, capsys):
 def test_json_path_that_is_a_directory(tmp_path, capsys):
     rc, _, err = _run(["eval", "zoo:vit-digits-s3", "--data", "digits", "--json", str(tmp_path)],
                       capsys)
-    assert rc == 2 and "is a directory" in err
+    assert rc == 2 and "is a folder; give a file name" in err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without a GPU")

@@ -1,0 +1,64 @@
+"""What every `rotviz` sub-command shares: a parser whose errors are one line (exit 2),
+option types that check their bounds at parse time (rotviz.limits), and output options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Callable
+
+from rotviz.errors import RotvizError
+from rotviz.limits import Bound, layer_ranges
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, except that an error is one line on stderr (no usage block), exit code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        m = re.match(r"argument ([^:]+): (.*)", message, re.S)
+        if m and any(name in m.group(2) for name in m.group(1).split("/")):
+            message = m.group(2)  # the message already names the option
+        one = " ".join(message.split())
+        self.exit(2, f"rotviz: error: {one} (see {self.prog} --help)\n")
+
+
+def bounded(bound: Bound) -> Callable[[str], int | float]:
+    """An argparse type: the text parsed and checked against `bound`."""
+
+    def parse(text: str) -> int | float:
+        try:
+            return bound.parse(text)
+        except RotvizError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    parse.__name__ = bound.flag
+    return parse
+
+
+def layers_text(text: str) -> str:
+    """An argparse type for --layers: the syntax checked now, the range once the model is
+    known (rotviz.matching.parse_layers), never expanded before that."""
+    try:
+        layer_ranges(text)
+    except RotvizError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def add_overwrite(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace outputs that an earlier rotviz run wrote (a folder holding "
+                        "rotviz-output.json and nothing else, a JSON file rotviz wrote); "
+                        "anything else is never replaced")
+
+
+def needs(flag: str, given: bool, requirement: str, ok: bool) -> None:
+    """An option that only means something with another one is an error without it."""
+    if given and not ok:
+        raise RotvizError(f"{flag} needs {requirement}: add it, or drop {flag}")
+
+
+def note(message: str) -> None:
+    print(f"rotviz: {message}", file=sys.stderr)

@@ -1,0 +1,109 @@
+"""Bounds of every numeric option, in one place: the CLI parses with them, the library checks
+with them and the app draws its widgets with them, so a value refused in one is refused in all.
+
+A bound names the option as the command line spells it, so its message tells the user what to
+change; values are checked without building anything their size (a `--layers` range is never
+expanded before it is known to fit the model).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import re
+from dataclasses import dataclass
+
+from rotviz.errors import RotvizError
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A closed interval [lo, hi] of integers or finite floats, for the option `flag`."""
+
+    flag: str
+    lo: float
+    hi: float
+    integer: bool = True
+
+    @property
+    def text(self) -> str:
+        kind = "an integer" if self.integer else "a number"
+        return f"{kind} from {self.lo:g} to {self.hi:g}"
+
+    def check(self, value: object) -> int | float:
+        """`value` if it lies in the bound (bools and non-finite numbers never do)."""
+        ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+        ok = ok and math.isfinite(value)
+        if ok and self.integer and not isinstance(value, numbers.Integral):
+            ok = float(value).is_integer()
+        if not ok or not self.lo <= value <= self.hi:
+            raise RotvizError(f"{self.flag} must be {self.text}, got {_show(value)}")
+        return int(value) if self.integer else float(value)
+
+    def parse(self, text: str) -> int | float:
+        """A command-line string, parsed and checked (garbage, NaN, inf and huge refused)."""
+        s = str(text).strip()
+        try:
+            value: int | float = int(s) if self.integer else float(s)
+        except ValueError:
+            raise RotvizError(f"{self.flag} must be {self.text}, got {_show(text)}") from None
+        return self.check(value)
+
+
+def _show(value: object) -> str:
+    s = repr(value) if not isinstance(value, str) else f"'{value}'"
+    return s if len(s) <= 40 else s[:37] + "...'"
+
+
+POINTS = Bound("--points", 2, 1001)  # alphas on an interpolation path, endpoints included
+GRID = Bound("--grid", 3, 201)  # loss-plane points per axis (grid**2 evaluations)
+MARGIN = Bound("--margin", 0.0, 10.0, integer=False)  # plane margin, fraction of the span
+STEPS = Bound("--steps", 1, 100_000)  # learned matching steps
+ROUNDS = Bound("--rounds", 1, 10_000)  # alternation rounds per phase
+TOL = Bound("--tol", 0.0, 1.0, integer=False)  # alternation stop: gain / starting objective
+REPEATS = Bound("--repeats", 1, 100)  # disjoint data subsets of a barrier
+BATCH_SIZE = Bound("--batch-size", 1, 65_536)
+BATCHES = Bound("--batches", 1, 100_000)  # merge statistics batches
+WEIGHT = Bound("--weight", 0.0, 1.0, integer=False)  # weight of the source in a merge
+ALPHA = Bound("--alpha", 0.0, 1.0, integer=False)  # RegMean off-diagonal scale
+SEED = Bound("--seed", 0, 2**32 - 1)  # numpy's seed range
+PORT = Bound("--port", 1, 65_535)
+
+# Defaults of the bounded options that have one place to live (MatchOptions, LearnOptions,
+# the CLI's help and the app's fields all read them here).
+DEFAULT_ROUNDS = 50
+DEFAULT_TOL = 1e-6
+DEFAULT_STEPS = 300
+
+MAX_LAYERS_TEXT = 200  # characters of a --layers value
+_PART = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
+
+
+def layer_ranges(text: str, flag: str = "--layers") -> tuple[tuple[int, int], ...]:
+    """'0,2-5' -> ((0, 0), (2, 5)): the syntax of a layer subset, checked without expanding."""
+    shown = _show(text)
+    if len(text) > MAX_LAYERS_TEXT:
+        raise RotvizError(f"{flag} {shown} is longer than {MAX_LAYERS_TEXT} characters: "
+                          "give indices or ranges like 0,2-5")
+    if not text.strip():
+        raise RotvizError(f"malformed {flag} '': give indices or ranges like 0,2-5, "
+                          "or leave it out")
+    out = []
+    for part in text.split(","):
+        m = _PART.match(part)
+        lo = int(m.group(1)) if m else 0
+        hi = int(m.group(2)) if m and m.group(2) is not None else lo
+        if m is None or hi < lo:
+            raise RotvizError(f"malformed {flag} {shown}: use comma-separated indices or "
+                              "ascending ranges like 0,2-5")
+        out.append((lo, hi))
+    return tuple(out)
+
+
+def check_layer_ranges(ranges: tuple[tuple[int, int], ...], n_layers: int, text: str,
+                       flag: str = "--layers") -> tuple[int, ...]:
+    """The sorted layer indices, once every range is known to lie inside the model."""
+    if any(hi >= n_layers for _, hi in ranges):
+        raise RotvizError(f"{flag} {_show(text)} is out of range: the model has {n_layers} "
+                          f"layers (0-{n_layers - 1})")
+    return tuple(sorted({i for lo, hi in ranges for i in range(lo, hi + 1)}))

@@ -1,0 +1,297 @@
+"""A command's outputs as one transaction: every path checked before any work, everything
+written into temporary siblings, renamed into place only when all of it has succeeded.
+
+rotviz never deletes what it did not write. It recognises its own output by a marker:
+- a folder it wrote holds `rotviz-output.json`, which lists every file it put there;
+- a JSON file it wrote has a top-level `"rotviz"` entry.
+
+An existing folder that holds files, or an existing file, is refused unless `overwrite` is
+given, and even then only when it is a rotviz output holding nothing but what rotviz listed.
+The current folder, its parents and `/` are always refused. New files and folders follow the
+umask. An interrupt (Ctrl-C) or an error while writing leaves no temporary sibling behind and
+the previous output, if any, in place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rotviz.errors import RotvizError
+
+MARKER = "rotviz-output.json"
+JSON_KEY = "rotviz"
+_TMP = ".rotviz-tmp-"
+_OLD = ".rotviz-old-"
+
+
+def _version() -> str:
+    from rotviz import __version__
+
+    return __version__
+
+
+def json_stamp(command: str) -> dict[str, str]:
+    """The entry that marks a JSON file as written by rotviz (and by which command)."""
+    return {"version": _version(), "command": command}
+
+
+@dataclass(frozen=True)
+class Output:
+    """One output path: a model folder (`folder=True`) or a file, as given by `flag`."""
+
+    path: Path  # absolute, not resolved (a symbolic link is refused, not followed)
+    flag: str
+    folder: bool
+    overwrite: bool
+    replaces: bool  # something of ours (or an empty folder) is there and will be replaced
+
+
+def _err(flag: str, path: str | os.PathLike, why: str) -> RotvizError:
+    return RotvizError(f"{flag} '{path}' {why}")
+
+
+def _absolute(path: str | os.PathLike, flag: str) -> Path:
+    text = str(path)
+    if not text.strip():
+        raise RotvizError(f"{flag} is empty: give a path")
+    if "\0" in text:
+        raise RotvizError(f"{flag} holds a NUL character: give a plain path")
+    p = Path(text).expanduser()
+    return p if p.is_absolute() else Path.cwd() / p
+
+
+def _nearest_existing(p: Path) -> Path:
+    q = p
+    while not os.path.lexists(q):
+        q = q.parent
+    return q
+
+
+def _check_parent(p: Path, given: str | os.PathLike, flag: str) -> None:
+    """The folder that will hold `p` exists or can be made, and can be written to."""
+    anc = _nearest_existing(p.parent)
+    if not anc.is_dir():
+        raise _err(flag, given, f"lies under '{anc}', which is a file, not a folder")
+    probe = anc / f"{_TMP}probe-{secrets.token_hex(4)}"
+    try:  # the only sure test (root passes os.access on read-only mounts and /proc)
+        os.mkdir(probe)
+        os.rmdir(probe)
+    except OSError as e:
+        raise _err(flag, given, f"cannot be written: '{anc}' refuses new entries "
+                                f"({e.strerror or e.__class__.__name__}); give another "
+                                "location") from None
+
+
+def _is_cwd_or_parent(p: Path) -> bool:
+    real, cwd = p.resolve(), Path.cwd().resolve()
+    return real == cwd or cwd.is_relative_to(real) or real == Path(real.anchor)
+
+
+def listed_files(folder: Path) -> set[str] | None:
+    """The files a rotviz output folder's marker lists, or None if it is not one."""
+    try:
+        marker = json.loads((folder / MARKER).read_text())
+        files = marker["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+        return None
+    return set(files) | {MARKER}
+
+
+def _strangers(folder: Path, ours: set[str]) -> list[str]:
+    return sorted(e.name for e in os.scandir(folder) if e.name not in ours or e.is_dir())
+
+
+def _check_replace_folder(p: Path, given, flag: str, overwrite: bool) -> None:
+    if not overwrite:
+        raise _err(flag, given, "is a folder that already holds files; give a new folder, or "
+                                "add --overwrite to replace an earlier rotviz output")
+    ours = listed_files(p)
+    if ours is None:
+        raise _err(flag, given, f"was not written by rotviz (no {MARKER}), so --overwrite "
+                                "will not replace it; give a new folder")
+    extra = _strangers(p, ours)
+    if extra:
+        raise _err(flag, given, f"holds entries rotviz did not write ({', '.join(extra[:3])}); "
+                                "--overwrite will not delete them: move them or give a new "
+                                "folder")
+
+
+def is_rotviz_json(p: Path) -> bool:
+    try:
+        obj = json.loads(p.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(obj, dict) and isinstance(obj.get(JSON_KEY), dict)
+
+
+def check_output(path: str | os.PathLike, flag: str, *, folder: bool,
+                 overwrite: bool = False) -> Output:
+    """Check one output path before any work; nothing is created or changed."""
+    p = _absolute(path, flag)
+    if p.is_symlink():
+        raise _err(flag, path, "is a symbolic link; give the real path")
+    if folder and _is_cwd_or_parent(p):
+        raise _err(flag, path, "is the current folder, one of its parents or /; give a new "
+                               "folder for the output")
+    _check_parent(p, path, flag)
+    replaces = False
+    if os.path.lexists(p):
+        if folder and not p.is_dir():
+            raise _err(flag, path, "is a file; give a folder path")
+        if not folder and p.is_dir():
+            raise _err(flag, path, "is a folder; give a file name")
+        if not folder and not p.is_file():
+            raise _err(flag, path, "is not a regular file; give a file name")
+        if folder and any(os.scandir(p)):
+            _check_replace_folder(p, path, flag, overwrite)
+        elif not folder:
+            if not overwrite:
+                raise _err(flag, path, "already exists; give a new file name, or add "
+                                       "--overwrite to replace an earlier rotviz output")
+            if not is_rotviz_json(p):
+                raise _err(flag, path, "was not written by rotviz, so --overwrite will not "
+                                       "replace it; give a new file name")
+        replaces = True
+    return Output(p, flag, folder, overwrite, replaces)
+
+
+@dataclass
+class Outputs:
+    """The outputs of one command: `add` checks each before any work, `write` commits them."""
+
+    command: str
+    items: list[Output] = field(default_factory=list)
+
+    def add(self, path: str | os.PathLike | None, flag: str, *, folder: bool,
+            overwrite: bool = False) -> Output | None:
+        if path is None:
+            return None
+        out = check_output(path, flag, folder=folder, overwrite=overwrite)
+        for other in self.items:
+            a, b = out.path.resolve(), other.path.resolve()
+            if a == b or a.is_relative_to(b) or b.is_relative_to(a):
+                inner, outer = (out, other) if a.is_relative_to(b) else (other, out)
+                raise RotvizError(f"{inner.flag} '{inner.path}' lies inside or on "
+                                  f"{outer.flag} '{outer.path}'; give paths apart")
+        self.items.append(out)
+        return out
+
+    @contextmanager
+    def write(self) -> Iterator[Mapping[Output, Path]]:
+        """Yield a temporary sibling for every output; on success rename each into place.
+
+        On any failure, an interrupt included, the temporaries (and any parent folders made
+        for them) are removed and earlier outputs stay as they were."""
+        made: list[Path] = []  # parent folders created here, deepest last
+        temps: dict[Output, Path] = {}
+        try:
+            for out in self.items:
+                made += _make_parents(out.path.parent)
+                tmp = out.path.parent / f"{_TMP}{out.path.name}-{secrets.token_hex(4)}"
+                if out.folder:
+                    os.mkdir(tmp)  # mode 0o777 less the umask
+                temps[out] = tmp
+            yield temps
+            for out, tmp in temps.items():
+                if out.folder:
+                    _write_marker(tmp, self.command)
+                elif not tmp.is_file():
+                    raise RotvizError(f"internal: {out.flag} was not written")
+            for out, tmp in temps.items():
+                _commit(out, tmp)
+            made.clear()
+        finally:
+            for tmp in temps.values():
+                _remove_ours(tmp)
+            for d in reversed(made):
+                try:
+                    d.rmdir()
+                except OSError:
+                    pass
+
+
+def _make_parents(d: Path) -> list[Path]:
+    missing = []
+    while not os.path.lexists(d):
+        missing.append(d)
+        d = d.parent
+    for m in reversed(missing):
+        os.mkdir(m)
+    return list(reversed(missing))
+
+
+def _follow_umask(folder: Path) -> None:
+    """Give every file in `folder` the mode a plain new file gets (0o666 less the umask):
+    some writers (safetensors via transformers) create theirs 0o600 whatever the umask."""
+    probe = folder / f"{_TMP}umask"
+    with open(probe, "x"):
+        pass
+    mode = probe.stat().st_mode & 0o777
+    probe.unlink()
+    for e in os.scandir(folder):
+        if e.is_file(follow_symlinks=False):
+            os.chmod(e.path, mode)
+
+
+def _write_marker(folder: Path, command: str) -> None:
+    _follow_umask(folder)
+    files = sorted(e.name for e in os.scandir(folder))
+    body = {"written_by": f"rotviz {_version()}", "command": command, "files": files}
+    (folder / MARKER).write_text(json.dumps(body, indent=2) + "\n")
+
+
+def _commit(out: Output, tmp: Path) -> None:
+    p = out.path
+    if not out.folder:
+        if os.path.lexists(p) and not (out.overwrite and is_rotviz_json(p)):
+            raise _err(out.flag, p, "appeared while rotviz was working; nothing was replaced")
+        os.replace(tmp, p)
+        return
+    if not os.path.lexists(p):
+        os.rename(tmp, p)
+        return
+    if p.is_symlink() or not p.is_dir():
+        raise _err(out.flag, p, "changed while rotviz was working; nothing was replaced")
+    if not any(os.scandir(p)):
+        os.rename(tmp, p)  # POSIX replaces an empty folder
+        return
+    _check_replace_folder(p, p, out.flag, out.overwrite)  # again: it may have changed
+    old = p.parent / f"{_OLD}{p.name}-{secrets.token_hex(4)}"
+    os.rename(p, old)
+    try:
+        os.rename(tmp, p)
+    except BaseException:
+        os.rename(old, p)
+        raise
+    _remove_ours(old)
+
+
+def _remove_ours(path: Path) -> None:
+    """Remove a temporary or replaced path that rotviz itself made."""
+    if not os.path.lexists(path):
+        return
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        try:
+            path.unlink()
+        except OSError:
+            pass
+
+
+def write_json_file(path: Path, obj: Any, command: str) -> None:
+    """`obj` (a dict) as JSON, stamped as rotviz output, to `path` (a temporary sibling)."""
+    body = {JSON_KEY: json_stamp(command), **obj} if isinstance(obj, dict) else obj
+    with open(path, "x") as f:  # mode 0o666 less the umask
+        json.dump(body, f, indent=2)
+        f.write("\n")
