@@ -5,6 +5,7 @@ import streamlit as st
 
 from pages import common
 from rotviz import explore
+from rotviz.limits import MAX_LAYERS_TEXT
 from rotviz.plots import barrier as bplots
 from rotviz.plots import style
 
@@ -33,7 +34,7 @@ with st.form("barrier_form"):
     c = st.columns(3)
     points = c[0].slider("Points on the path", 3, 41, 21, 2, key="b_points", bind="query-params")
     layers = c[1].text_input("Layers to match (empty = all)", "", key="b_layers",
-                             bind="query-params")
+                             max_chars=MAX_LAYERS_TEXT, bind="query-params")
     steps = int(c[1].number_input(
         "Learned matching: at most this many steps", 5, 3000, common.DEFAULT_LEARN_STEPS,
         step=25, key="b_steps", bind="query-params",

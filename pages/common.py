@@ -28,7 +28,7 @@ from typing import Any
 
 import streamlit as st
 
-from rotviz import appconfig, explore
+from rotviz import appconfig, explore, limits
 from rotviz.errors import RotvizError
 
 Progress = Callable[[int, int, str], None]
@@ -243,9 +243,16 @@ def using(*refs: str) -> Iterator[None]:
         yield
 
 
-@st.cache_resource(max_entries=8, show_spinner=False)
 def load(ref: str):
-    """A loaded model, shared by every session: never modify it (Loaded.state is the model)."""
+    """A loaded model, shared by every session: never modify it (Loaded.state is the model).
+    The reference is checked on every call, cached or not: zoo entries, or folders whose
+    every file resolves under the model roots."""
+    appconfig.resolve_choice(ref)
+    return _load(ref)
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _load(ref: str):
     from rotviz.models import load_model
 
     return load_model(ref)
@@ -290,7 +297,7 @@ class Cancelled(RotvizError):
     """Learned matching was cancelled before it finished: nothing of it is cached."""
 
 
-DEFAULT_LEARN_STEPS = 300
+DEFAULT_LEARN_STEPS = limits.DEFAULT_STEPS
 
 
 def spec_cfg(spec: str, learn_steps: int = 0) -> dict:

@@ -5,6 +5,7 @@ import streamlit as st
 from pages import common
 from rotviz import explore
 from rotviz.alternating import ended_by_cap
+from rotviz.limits import MAX_LAYERS_TEXT
 from rotviz.plots import distances as dplots
 from rotviz.plots import matching as mplots
 from rotviz.plots import style
@@ -62,7 +63,7 @@ with st.form("match_form"):
         help="Adam steps on the rotations; it keeps the maps with the lowest validation "
              "barrier. A few hundred take tens of seconds on a laptop CPU."))
     layers = st.text_input("Layers to match (empty = all; e.g. 0,2-3)", "", key="m_layers",
-                           bind="query-params")
+                           max_chars=MAX_LAYERS_TEXT, bind="query-params")
     with_barrier = st.checkbox("Measure the loss barrier of each option in the ablation "
                                f"({POINTS} points on the path each, shared with the Barrier page)",
                                True, key="m_barrier", bind="query-params")

@@ -5,6 +5,7 @@ import streamlit as st
 
 from pages import common
 from rotviz import explore
+from rotviz.limits import MAX_LAYERS_TEXT
 from rotviz.plots import spectra as splots
 from rotviz.plots import style
 
@@ -23,7 +24,7 @@ with st.form("spectra_form"):
     spec = c[0].selectbox("Matching", ATTN_SPECS, format_func=style.nice_label, key="s_spec",
                           bind="query-params")
     layers = c[1].text_input("Layers to match (empty = all)", "", key="s_layers",
-                             bind="query-params")
+                             max_chars=MAX_LAYERS_TEXT, bind="query-params")
     submitted = st.form_submit_button("Run", type="primary", icon=":material/play_arrow:")
 
 

@@ -189,7 +189,7 @@ def check_under_roots(path: str | os.PathLike, roots: Sequence[Path]) -> Path:
     if not p.is_absolute():
         p = REPO / p
     p = p.resolve()
-    if not any(p == r or p.is_relative_to(r) for r in roots):
+    if not _under(p, roots):
         raise RotvizError(
             f"'{path}' is outside the model roots ({', '.join(map(str, roots))}); "
             f"move the model there or add its folder to {ENV_ROOTS}"
@@ -198,7 +198,18 @@ def check_under_roots(path: str | os.PathLike, roots: Sequence[Path]) -> Path:
         raise RotvizError(
             f"no model folder at '{path}': give a save_pretrained folder under the model roots"
         )
+    for entry in sorted(p.iterdir()):  # a file may link out of the roots: check each one
+        real = entry.resolve()
+        if not _under(real, roots):
+            raise RotvizError(
+                f"'{entry}' leads to '{real}', outside the model roots "
+                f"({', '.join(map(str, roots))}); copy the file into the folder instead"
+            )
     return p
+
+
+def _under(p: Path, roots: Sequence[Path]) -> bool:
+    return any(p == r or p.is_relative_to(r) for r in roots)
 
 
 def resolve_choice(choice: str, roots: Sequence[Path] | None = None) -> str:

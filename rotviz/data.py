@@ -15,6 +15,7 @@ import hashlib
 import io
 import pickle
 import sys
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -329,6 +330,33 @@ def _cifar_classes(root: Path, labels: np.ndarray) -> int:
 IMAGEFOLDER_FORMAT = "a folder with one subfolder of images (PNG, JPEG, ...) per class"
 
 
+# Images are refused from their header above these sizes, before anything is decoded
+# (a 12000x12000 PNG decodes to 432 MB of float32 pixels per channel).
+MAX_IMAGE_PIXELS = 4096 * 4096
+MAX_FOLDER_PIXELS = 2**29  # all images of a folder together: 2 GiB of float32 per channel
+
+
+def _image_size(f: Path) -> tuple[int, int]:
+    """Width and height from the file's header; huge or unreadable images are refused."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # PIL's DecompressionBombWarning: checked below
+            with Image.open(f) as im:
+                w, h = im.size
+    except Image.DecompressionBombError:  # PIL's own bound, far above ours
+        raise RotvizError(f"'{f}' is above rotviz's bound of {MAX_IMAGE_PIXELS:,} pixels per "
+                          "image; resize the images") from None
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+        raise RotvizError(f"'{f}' is not a readable image ({e.__class__.__name__}); "
+                          f"expected {IMAGEFOLDER_FORMAT}") from None
+    if w * h > MAX_IMAGE_PIXELS:
+        raise RotvizError(f"'{f}' is {w}x{h} pixels, above rotviz's bound of "
+                          f"{MAX_IMAGE_PIXELS:,} pixels per image; resize the images")
+    return w, h
+
+
 def imagefolder(path: str, split: str, seed: int = 0) -> Split:
     """One subfolder per class (sorted names are class ids), images of one size.
 
@@ -347,21 +375,28 @@ def imagefolder(path: str, split: str, seed: int = 0) -> Split:
         if not found:
             raise RotvizError(f"class folder '{folder}' is empty; expected {IMAGEFOLDER_FORMAT}")
         files += [(f, label) for f in found]
-    images = []
-    for f, _ in files:
-        try:
-            with Image.open(f) as im:
-                im.load()
-                images.append(im.copy())
-        except (UnidentifiedImageError, OSError, SyntaxError) as e:
-            raise RotvizError(f"'{f}' is not a readable image ({e.__class__.__name__}); "
-                              f"expected {IMAGEFOLDER_FORMAT}") from None
-    first = images[0].size
-    pairs = zip(files, images, strict=True)
-    odd = next(((f, im.size) for (f, _), im in pairs if im.size != first), None)
+    sizes = [_image_size(f) for f, _ in files]  # headers only: nothing decoded yet
+    first = sizes[0]
+    odd = next(((f, size) for (f, _), size in zip(files, sizes, strict=True) if size != first),
+               None)
     if odd is not None:
         raise RotvizError(f"images differ in size ('{files[0][0]}' is {first[0]}x{first[1]}, "
                           f"'{odd[0]}' is {odd[1][0]}x{odd[1][1]}); resize them to one size")
+    if len(files) * first[0] * first[1] > MAX_FOLDER_PIXELS:
+        raise RotvizError(f"'{root}' holds {len(files)} images of {first[0]}x{first[1]}, more "
+                          f"than {MAX_FOLDER_PIXELS:,} pixels in all; use fewer or smaller "
+                          "images")
+    images = []
+    for f, _ in files:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # sizes are bounded above
+                with Image.open(f) as im:
+                    im.load()
+                    images.append(im.copy())
+        except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+            raise RotvizError(f"'{f}' is not a readable image ({e.__class__.__name__}); "
+                              f"expected {IMAGEFOLDER_FORMAT}") from None
     gray = all(im.mode in ("1", "L", "I", "I;16", "F") for im in images)
     mode = "L" if gray else "RGB"
     arrays = [np.asarray(im.convert(mode), dtype=np.float32) / 255.0 for im in images]

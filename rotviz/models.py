@@ -276,6 +276,8 @@ def _load_hf(path: Path, config: dict, spec: ArchSpec) -> tuple[nn.Module, dict]
         )
     except (OSError, ValueError, RuntimeError, KeyError) as e:
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else e.__class__.__name__
+        if "ignore_mismatched_sizes" in first:  # its "report above" is not shown: say it
+            first = "a tensor's shape differs from what config.json describes"
         raise RotvizError(
             f"cannot read the weights in '{path}' ({first}); "
             "the file is corrupt or does not fit config.json"
