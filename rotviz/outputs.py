@@ -210,6 +210,10 @@ class Outputs:
             for out, tmp in temps.items():
                 _commit(out, tmp)
             made.clear()
+        except OSError as e:  # a full disk, a folder removed under us: say so in one line
+            where = f" ({e.filename})" if e.filename else ""
+            raise RotvizError(f"writing the outputs failed: {e.strerror or e}{where}; nothing "
+                              "was written") from None
         finally:
             for tmp in temps.values():
                 _remove_ours(tmp)
