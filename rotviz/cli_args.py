@@ -34,6 +34,7 @@ def bounded(bound: Bound) -> Callable[[str], int | float]:
             raise argparse.ArgumentTypeError(str(e)) from None
 
     parse.__name__ = bound.flag
+    parse.bound = bound  # type: ignore[attr-defined]  # tests read the bound back
     return parse
 
 

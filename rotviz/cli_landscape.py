@@ -182,7 +182,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
         needs(flag, value is not None, "--method fisher or regmean (simple takes no "
               "statistics)", stats)
     needs("--alpha", args.alpha is not None, "--method regmean", method == "regmean")
-    stats_split = args.stats_split or "train"
+    stats_split = "train" if args.stats_split is None else args.stats_split
     if stats_split not in SPLITS:
         raise RotvizError(f"unknown --stats-split '{stats_split}': use one of {', '.join(SPLITS)}")
     outputs, folder, js = _outputs(args, "merge", args.out)

@@ -53,7 +53,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     cmd = serve_command(args.port, args.address)
     env = dict(os.environ)
     if args.roots:
-        bad = [r for r in args.roots if not Path(r).expanduser().is_dir()]
+        bad = [repr(r) for r in args.roots if not r.strip() or not Path(r).expanduser().is_dir()]
         if bad:
             raise RotvizError(f"--roots: no folder at {', '.join(bad)}")
         env[ENV_ROOTS] = os.pathsep.join(str(Path(r).expanduser().resolve()) for r in args.roots)

@@ -70,6 +70,9 @@ def cmd_build(args: argparse.Namespace) -> int:
     from rotviz import zoo
 
     names = _expand(args.names)
+    if args.out is not None and not args.out.strip():
+        raise RotvizError("--out is empty: give a folder for the NAME folders, or leave it out "
+                          "to rebuild in the zoo folder")
     for name in names:  # every output checked before any training
         zoo.build_output(name, _out_of(args, name), args.overwrite)
     for name in names:

@@ -7,6 +7,9 @@ several tests check exactly that).
 
 from __future__ import annotations
 
+import hashlib
+import os
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
@@ -103,3 +106,58 @@ def module_keys(view: ModelView, layers, roles) -> set[str]:
 
 ATTN_ROLES = ("q", "k", "v", "qkv", "o")
 FFN_ROLES = ("ffn_in", "ffn_out")
+
+
+# ---- a user's workspace, for commands that must leave it alone --------------------------------
+
+ZOO = Path(__file__).resolve().parents[1] / "assets" / "zoo"
+
+
+def snapshot(*roots: Path) -> dict[str, tuple]:
+    """Every path under the roots with its kind, mode and content hash."""
+    out: dict[str, tuple] = {}
+    for root in roots:
+        for dirpath, dirnames, filenames in os.walk(root):
+            for name in dirnames + filenames:
+                p = Path(dirpath) / name
+                st = p.lstat()
+                if stat.S_ISREG(st.st_mode):
+                    digest = hashlib.sha256(p.read_bytes()).hexdigest()
+                elif stat.S_ISLNK(st.st_mode):
+                    digest = os.readlink(p)
+                else:
+                    digest = ""
+                out[str(p)] = (stat.S_IFMT(st.st_mode), stat.S_IMODE(st.st_mode), digest)
+    return out
+
+
+@pytest.fixture
+def ws(tmp_path, monkeypatch):
+    """A workspace (the current folder) holding a user's files: a.txt, sub/, f.txt, full/."""
+    d = tmp_path / "in"
+    (d / "sub").mkdir(parents=True)
+    (d / "a.txt").write_text("a user's file")
+    (d / "f.txt").write_text("another")
+    (d / "full").mkdir()
+    (d / "full" / "keep.txt").write_text("keep me")
+    (d / "link").symlink_to(d / "sub")
+    monkeypatch.chdir(d)
+    return d
+
+
+def refused(argv: list[str], capfd, ws: Path, *fragments: str) -> str:
+    """Run the command: exit 2, one stderr line, no traceback, nothing written or removed."""
+    from rotviz.cli import main
+
+    before = snapshot(ws.parent, ZOO)
+    capfd.readouterr()
+    rc = main(argv)
+    out, err = capfd.readouterr()
+    lines = err.strip().splitlines()
+    assert rc == 2, (out, err)
+    assert len(lines) == 1 and lines[0].startswith("rotviz: error: "), err
+    assert "Traceback" not in err and out == ""
+    for f in fragments:
+        assert f in lines[0], lines[0]
+    assert snapshot(ws.parent, ZOO) == before
+    return lines[0]

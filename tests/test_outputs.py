@@ -7,7 +7,6 @@ followed.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -18,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import ZOO, refused, snapshot
 
 from rotviz import appconfig, outputs
 from rotviz.cli import main
@@ -25,55 +25,6 @@ from rotviz.errors import RotvizError
 
 ROOT = Path(__file__).resolve().parents[1]
 A, B = "zoo:vit-digits-s3", "zoo:vit-digits-s6"
-ZOO = ROOT / "assets" / "zoo"
-
-
-def snapshot(*roots: Path) -> dict[str, tuple]:
-    """Every path under the roots with its kind, mode and content hash."""
-    out: dict[str, tuple] = {}
-    for root in roots:
-        for dirpath, dirnames, filenames in os.walk(root):
-            for name in dirnames + filenames:
-                p = Path(dirpath) / name
-                st = p.lstat()
-                if stat.S_ISREG(st.st_mode):
-                    digest = hashlib.sha256(p.read_bytes()).hexdigest()
-                elif stat.S_ISLNK(st.st_mode):
-                    digest = os.readlink(p)
-                else:
-                    digest = ""
-                out[str(p)] = (stat.S_IFMT(st.st_mode), stat.S_IMODE(st.st_mode), digest)
-    return out
-
-
-@pytest.fixture
-def ws(tmp_path, monkeypatch):
-    """A workspace (the current folder) holding a user's files: a.txt, sub/, f.txt, full/."""
-    d = tmp_path / "in"
-    (d / "sub").mkdir(parents=True)
-    (d / "a.txt").write_text("a user's file")
-    (d / "f.txt").write_text("another")
-    (d / "full").mkdir()
-    (d / "full" / "keep.txt").write_text("keep me")
-    (d / "link").symlink_to(d / "sub")
-    monkeypatch.chdir(d)
-    return d
-
-
-def refused(argv: list[str], capfd, ws: Path, *fragments: str) -> str:
-    """Run the command: exit 2, one stderr line, no traceback, nothing written or removed."""
-    before = snapshot(ws.parent, ZOO)
-    capfd.readouterr()
-    rc = main(argv)
-    out, err = capfd.readouterr()
-    lines = err.strip().splitlines()
-    assert rc == 2, (out, err)
-    assert len(lines) == 1 and lines[0].startswith("rotviz: error: "), err
-    assert "Traceback" not in err and out == ""
-    for f in fragments:
-        assert f in lines[0], lines[0]
-    assert snapshot(ws.parent, ZOO) == before
-    return lines[0]
 
 
 # ---- 1. --out onto an existing folder ---------------------------------------------------------
