@@ -68,7 +68,7 @@ def main() -> None:
         for model, data in CASES:
             js = Path(tmp) / "e.json"
             med, low, _ = wall([py, "-m", "rotviz", "eval", model, "--data", data,
-                                "--json", str(js)], args.repeat)
+                                "--json", str(js), "--overwrite"], args.repeat)
             got = json.loads(js.read_text())
             rows.append((f"`rotviz eval {model} --data {data}`", f"{got['n']}", med, low,
                          f"{got['seconds']:.2f}"))
