@@ -79,7 +79,7 @@ def cmd_match(args: argparse.Namespace) -> int:
     from rotviz.alternating import ended_by_cap
     from rotviz.matching import LearnOptions, MatchOptions, parse_layers
     from rotviz.models import load_model, pick_device, save_model, wide_device
-    from rotviz.pipeline import FUNCTION_TOLERANCE, match_models
+    from rotviz.pipeline import match_models, stored_check_words
 
     if (args.act or args.learned) and not args.data:
         raise RotvizError("--act and --learned learn from data: add --data, e.g. --data digits")
@@ -100,10 +100,7 @@ def cmd_match(args: argparse.Namespace) -> int:
     out = match_models(anchor, source, options, device, data=args.data)
     rep = out.report
     if not out.preserved:
-        raise RotvizError(
-            f"matched model changes the function (max logit difference {rep.max_output_diff:.2e} > "
-            f"{FUNCTION_TOLERANCE:g}); nothing written. Please report this as a bug."
-        )
+        raise RotvizError(f"{out.failure}; nothing written. Please report this as a bug.")
     report_json = json.dumps(rep.to_dict(), indent=2)
     save_model(source, out.state, args.out)
     if args.report:
@@ -121,8 +118,8 @@ def cmd_match(args: argparse.Namespace) -> int:
     print(
         f"matched [{options.label}] on {where}: "
         f"distance {rep.before.total:.4f} -> {rep.after.total:.4f} "
-        f"in {rep.seconds:.2f} s{rounds}; max output difference {rep.max_output_diff:.2e}; "
-        f"wrote {args.out}"
+        f"in {rep.seconds:.2f} s{rounds}; max output difference {rep.max_output_diff:.2e}"
+        f"{stored_check_words(rep)}; wrote {args.out}"
     )
     return 0
 
