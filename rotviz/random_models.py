@@ -32,6 +32,7 @@ def _hf_config(
     tie_embeddings: bool = False,
     tie: bool = True,
     positions: int = 32,
+    lm: bool = False,
 ):
     import transformers as T
 
@@ -72,6 +73,14 @@ def _hf_config(
     common = dict(
         num_hidden_layers=layers, hidden_size=d, num_attention_heads=heads, intermediate_size=ffn
     )
+    if family == "bert" and lm:
+        return T.BertConfig(
+            vocab_size=vocab,
+            max_position_embeddings=positions,
+            is_decoder=True,
+            architectures=["BertLMHeadModel"],
+            **common,
+        ), T.BertLMHeadModel
     if family == "bert":
         return T.BertConfig(
             vocab_size=vocab,
@@ -121,6 +130,7 @@ def random_model(
     tie_embeddings: bool = False,
     tie: bool = True,
     positions: int = 32,
+    lm: bool = False,
 ) -> tuple[nn.Module, dict]:
     """A model of `family` with random weights (seeded) and its config as a dict.
 
@@ -128,7 +138,9 @@ def random_model(
     `head_dim` (default d // heads), `bias` (biases on attention and FFN linears) and
     `tie_embeddings` (lm_head shares the embedding table; untied by default).
     gpt2: `tie=False` gives it an output head of its own (residual maps need one).
-    Text families: `positions` tokens of context (default 32; the pystdlib data needs 64)."""
+    Text families: `positions` tokens of context (default 32; the pystdlib data needs 64).
+    bert: `lm=True` builds BertLMHeadModel (a causal next-token head tied to the embeddings)
+    instead of BertForSequenceClassification, whose one label per text fits no text data."""
     if family != "llama" and (kv_heads is not None or head_dim is not None or bias
                               or tie_embeddings):
         raise ValueError(
@@ -136,6 +148,8 @@ def random_model(
         )
     if family != "gpt2" and not tie:
         raise ValueError(f"tie is a gpt2 option, not {family}'s")
+    if family != "bert" and lm:
+        raise ValueError(f"lm is a bert option, not {family}'s")
     if family in ("vit", "timm-vit") and positions != 32:
         raise ValueError(f"positions is an option of text families, not {family}'s")
     torch.manual_seed(seed)
@@ -160,7 +174,7 @@ def random_model(
         }
     else:
         cfg, cls = _hf_config(family, layers, d, heads, ffn, vocab, image, patch, channels, labels,
-                              kv_heads, head_dim, bias, tie_embeddings, tie, positions)
+                              kv_heads, head_dim, bias, tie_embeddings, tie, positions, lm)
         model = cls(cfg)
         config = cfg.to_dict()
     gen = torch.Generator().manual_seed(seed)
