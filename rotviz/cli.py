@@ -88,7 +88,7 @@ def cmd_match(args: argparse.Namespace) -> int:
     from rotviz.matching import LearnOptions, MatchOptions, parse_layers
     from rotviz.models import load_model, pick_device, wide_device, write_model
     from rotviz.outputs import Outputs, write_json_file
-    from rotviz.pipeline import FUNCTION_TOLERANCE, match_models
+    from rotviz.pipeline import match_models, stored_check_words
 
     if (args.act or args.learned) and not args.data:
         raise RotvizError("--act and --learned learn from data: add --data, e.g. --data digits")
@@ -122,10 +122,7 @@ def cmd_match(args: argparse.Namespace) -> int:
     out = match_models(anchor, source, options, device, data=args.data)
     rep = out.report
     if not out.preserved:
-        raise RotvizError(
-            f"matched model changes the function (max logit difference {rep.max_output_diff:.2e} > "
-            f"{FUNCTION_TOLERANCE:g}); nothing written. Please report this as a bug."
-        )
+        raise RotvizError(f"{out.failure}; nothing written. Please report this as a bug.")
     with outputs.write() as tmp:
         write_model(source, out.state, tmp[out_dir])
         if report_file is not None:
@@ -142,8 +139,8 @@ def cmd_match(args: argparse.Namespace) -> int:
     print(
         f"matched [{options.label}] on {where}: "
         f"distance {rep.before.total:.4f} -> {rep.after.total:.4f} "
-        f"in {rep.seconds:.2f} s{rounds}; max output difference {rep.max_output_diff:.2e}; "
-        f"wrote {args.out}"
+        f"in {rep.seconds:.2f} s{rounds}; max output difference {rep.max_output_diff:.2e}"
+        f"{stored_check_words(rep)}; wrote {args.out}"
     )
     return 0
 

@@ -11,6 +11,10 @@ from rotviz.data import Split
 from rotviz.errors import RotvizError
 from rotviz.models import Loaded, forward, image_shape
 
+# Class-name endings of Hugging Face models with a per-token vocabulary head: the only ones whose
+# logits fit per-token labels (next-character text; a sequence classifier has one row per text).
+LM_HEADS = ("LMHeadModel", "ForCausalLM", "ForMaskedLM")
+
 
 def check_fits(loaded: Loaded, split: Split) -> None:
     """Data must fit the model's task: one clear line when it does not."""
@@ -37,6 +41,13 @@ def check_fits(loaded: Loaded, split: Split) -> None:
         if split.task != "text":
             raise RotvizError(
                 f"'{split.data}' is {split.task} data but {loaded.ref} is a language model"
+            )
+        head = (loaded.config.get("architectures") or [""])[0]
+        if split.labels.dim() > 1 and not head.endswith(LM_HEADS):
+            raise RotvizError(
+                f"'{split.data}' labels every token but {loaded.ref} ({head or 'no head'}) "
+                "has no language-model head: give a ...LMHeadModel, ...ForCausalLM or "
+                "...ForMaskedLM"
             )
         vocab = int(loaded.config.get("vocab_size", 0))
         if vocab and split.n_classes > vocab:

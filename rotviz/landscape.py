@@ -152,7 +152,7 @@ def matched_state(anchor: Loaded, source: Loaded, options: MatchOptions | str | 
     """The source as matched onto the anchor (its own state for no matching), checked.
     Activation and learned matching train on `data`'s train split (validation: its val)."""
     from rotviz.distances import distances
-    from rotviz.pipeline import FUNCTION_TOLERANCE, match_models, view_of
+    from rotviz.pipeline import match_models, view_of
 
     check_compatible(anchor, source)
     options = as_options(options)
@@ -163,10 +163,7 @@ def matched_state(anchor: Loaded, source: Loaded, options: MatchOptions | str | 
     out = match_models(anchor, source, options, resolve_device(device), progress, data, cancel)
     rep = out.report
     if not out.preserved:
-        raise RotvizError(
-            f"matching [{options.label}] changed the function (max logit difference "
-            f"{rep.max_output_diff:.2e} > {FUNCTION_TOLERANCE:g}); please report this as a bug"
-        )
+        raise RotvizError(f"matching [{options.label}]: {out.failure}; please report this as a bug")
     return out.state, MatchInfo(label_of(options), rep.before.total, rep.after.total,
                                 rep.max_output_diff, rep.seconds, rep.before.to_dict(),
                                 rep.after.to_dict())

@@ -21,7 +21,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rotviz.models import Loaded, check_finite, load_model, read_config, resolve_ref
+from rotviz.models import (
+    HALF,
+    Loaded,
+    check_finite,
+    floating_dtypes,
+    load_model,
+    read_config,
+    resolve_ref,
+)
 
 _ACTS = {
     "gelu": lambda x: F.gelu(x),
@@ -271,6 +279,10 @@ def load_lite(ref: str | os.PathLike, device: torch.device | str = "cpu") -> Loa
     own = {k: v for k, v in module.state_dict().items() if k not in tied}
     if set(weights) != set(own) or any(weights[k].shape != own[k].shape for k in own):
         return None
+    stored = floating_dtypes(weights)
+    # Half checkpoints run in float32, as `load_model` runs them (the file's tensors are fresh
+    # here, so this copies nothing shared).
+    weights = {k: v.float() if v.dtype in HALF else v for k, v in weights.items()}
     module.load_state_dict(weights, strict=False, assign=True)
     if tied:
         module.tie()
@@ -279,7 +291,7 @@ def load_lite(ref: str | os.PathLike, device: torch.device | str = "cpu") -> Loa
     module.requires_grad_(False)
     state = dict(module.state_dict())
     check_finite(state, path)
-    return Loaded(str(ref), Path(path), config, spec_for(config), module, state)
+    return Loaded(str(ref), Path(path), config, spec_for(config), module, state, stored)
 
 
 def load_for_eval(ref: str | os.PathLike, device: torch.device | str = "cpu") -> Loaded:

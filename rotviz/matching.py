@@ -156,7 +156,12 @@ class MatchReport:
     after: Distances
     layers: list[HeadReport]
     seconds: float = 0.0
-    max_output_diff: float | None = None  # filled by the function check
+    max_output_diff: float | None = None  # filled by the function check (float32)
+    # A half checkpoint's second check, run in its own dtype (rotviz.pipeline): the dtype's
+    # name, the largest logit change and the tolerance it met, in logits.
+    stored_dtype: str | None = None
+    stored_output_diff: float | None = None
+    stored_tolerance: float | None = None
     residual: dict | None = None  # the residual map: group, rounds, objective, angles
     act: dict | None = None  # activation matching: data, examples, correlations
     learned: dict | None = None  # learned matching: steps, history, validation barriers
@@ -176,6 +181,9 @@ class MatchReport:
             "act": self.act,
             "learned": self.learned,
             "max_output_diff": self.max_output_diff,
+            "stored_dtype": self.stored_dtype,
+            "stored_output_diff": self.stored_output_diff,
+            "stored_tolerance": self.stored_tolerance,
             "seconds": self.seconds,
         }
 

@@ -8,10 +8,11 @@ Remote code is never run and nothing is downloaded.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -22,10 +23,16 @@ from rotviz.errors import RotvizError
 
 Tensor = torch.Tensor
 
+HALF = (torch.float16, torch.bfloat16)
+
 
 @dataclass(frozen=True)
 class Loaded:
-    """A model as rotviz holds it. `state` shares storage with `model`: never modify either."""
+    """A model as rotviz holds it. `state` shares storage with `model`: never modify either.
+
+    `state` is float32 (or an explicitly asked dtype) even when the checkpoint stores half
+    precision: `stored_dtypes` keeps each floating tensor's dtype in the checkpoint (empty:
+    all float32), so that outputs can be written back in it."""
 
     ref: str
     path: Path
@@ -33,10 +40,19 @@ class Loaded:
     spec: ArchSpec
     model: nn.Module
     state: dict[str, Tensor]
+    stored_dtypes: dict[str, torch.dtype] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
         return self.ref
+
+    @property
+    def stored_dtype(self) -> torch.dtype:
+        """The checkpoint's dtype: the floating dtype holding most parameters."""
+        count: dict[torch.dtype, int] = {}
+        for k, dt in self.stored_dtypes.items():
+            count[dt] = count.get(dt, 0) + (self.state[k].numel() if k in self.state else 0)
+        return max(count, key=count.__getitem__) if count else torch.float32
 
 
 def mps_available() -> bool:
@@ -216,19 +232,33 @@ def load_model(ref: str | os.PathLike, dtype: torch.dtype | None = None) -> Load
             f"no weights in '{path}': expected model.safetensors or pytorch_model.bin"
         )
     if spec.source == "timm":
-        model, full_cfg = _load_timm(path, config, spec)
+        model, full_cfg, stored = _load_timm(path, config, spec)
     else:
-        model, full_cfg = _load_hf(path, config, spec)
+        model, full_cfg = _load_hf(path, config, spec)  # keeps the checkpoint's dtypes
+        stored = floating_dtypes(model.state_dict())
     if dtype is not None:
         model = model.to(dtype)
+        stored = {}
+    elif any(dt in HALF for dt in stored.values()):
+        # torch.linalg has no half kernels and half sums lose the small differences rotviz
+        # measures: compute in float32, write back in `stored` (see save_model).
+        model = model.to(torch.float32)
     model.eval()
     model.requires_grad_(False)
     state = dict(model.state_dict())
     check_finite(state, path)
-    return Loaded(str(ref), path, full_cfg, spec, model, state)
+    return Loaded(str(ref), path, full_cfg, spec, model, state, stored)
 
 
-def _load_timm(path: Path, config: dict, spec: ArchSpec) -> tuple[nn.Module, dict]:
+def floating_dtypes(state: Mapping[str, Tensor]) -> dict[str, torch.dtype]:
+    """The dtype of each floating tensor."""
+    return {k: v.dtype for k, v in state.items() if v.is_floating_point()}
+
+
+def _load_timm(
+    path: Path, config: dict, spec: ArchSpec
+) -> tuple[nn.Module, dict, dict[str, torch.dtype]]:
+    """The module (float32: load_state_dict casts into it), its config, the file's dtypes."""
     weights = read_weights(path)
     model, full_cfg = build_module(config, spec)
     own = model.state_dict()
@@ -237,7 +267,7 @@ def _load_timm(path: Path, config: dict, spec: ArchSpec) -> tuple[nn.Module, dic
     bad_shape = [k for k in weights if k in own and weights[k].shape != own[k].shape]
     _fit_error(path, missing, unexpected, bad_shape)
     model.load_state_dict(weights)
-    return model, full_cfg
+    return model, full_cfg, floating_dtypes(weights)
 
 
 def _fit_error(path: Path, missing, unexpected, mismatched) -> None:
@@ -396,7 +426,56 @@ def max_output_diff(
     return float((ya.double() - yb.double()).abs().max())
 
 
+def stored_state(loaded: Loaded, state: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """`state` with each tensor in the checkpoint's dtype of `loaded` (new tensors where cast)."""
+    dtypes = loaded.stored_dtypes
+    return {k: v.to(dtypes.get(k, v.dtype)) for k, v in state.items()}
+
+
+def stored_module(loaded: Loaded) -> nn.Module:
+    """A copy of `loaded.model` holding each checkpoint tensor in its stored dtype, as the
+    checkpoint runs natively; `loaded.model` (shared) is not touched. Each tensor is cast
+    straight into the copy, so no second float32 model is made; non-persistent buffers (RoPE
+    frequencies) are copied as they are, as transformers keeps them float32 too."""
+    dtypes = loaded.stored_dtypes
+    memo: dict[int, object] = {}
+    for name, t in [*loaded.model.named_parameters(), *loaded.model.named_buffers()]:
+        if name in dtypes and t.dtype != dtypes[name]:
+            cast = t.detach().to(dtypes[name])
+            memo[id(t)] = nn.Parameter(cast, requires_grad=False) \
+                if isinstance(t, nn.Parameter) else cast
+    return copy.deepcopy(loaded.model, memo)
+
+
+def stored_output_diff(
+    loaded: Loaded, state: Mapping[str, Tensor], n: int = 4, seed: int = 0
+) -> tuple[float, float]:
+    """The largest absolute logit difference between `loaded` and `state`, both held and run
+    in the checkpoint's dtypes (as they are stored), on probe inputs; and the largest |logit|
+    of `loaded` there, the scale that difference is judged against. Not finite (inf) where a
+    model's logits overflow."""
+    module = stored_module(loaded)
+    view = replace(loaded, model=module)
+    dtype = loaded.stored_dtype
+    x = {k: v.to(dtype) if v.is_floating_point() else v
+         for k, v in probe_inputs(loaded, n, seed).items()}
+    ya = forward(view, x).double()
+    yb = forward(view, x, stored_state(loaded, state)).double()
+    inf = float("inf")
+    scale = float(ya.abs().max()) if bool(torch.isfinite(ya).all()) else inf
+    diff = float((ya - yb).abs().max()) if bool(torch.isfinite(yb).all()) else inf
+    return diff, scale
+
+
 # ---- saving ---------------------------------------------------------------------------------
+
+
+def cast_like(module: nn.Module, state: Mapping[str, Tensor]) -> None:
+    """Give `module`'s floating tensors the dtypes of `state`'s, in place (ties kept), so that
+    load_state_dict keeps them: it would cast them into the module's own dtype."""
+    for name, t in [*module.named_parameters(), *module.named_buffers()]:
+        if name in state and t.is_floating_point() and t.dtype != state[name].dtype:
+            t.data = t.data.to(state[name].dtype)
 
 
 def save_model(
@@ -428,7 +507,9 @@ def write_model(
 ) -> None:
     """The files of `state` as a model of `template`'s class, into the (empty) `folder`."""
     tmp = folder
-    cpu = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
+    dtypes = template.stored_dtypes  # each tensor back in the checkpoint's dtype
+    cpu = {k: v.detach().to("cpu", dtypes.get(k, v.dtype)).contiguous()
+           for k, v in state.items()}
     if template.spec.source == "timm":
         from safetensors.torch import save_file
 
@@ -440,6 +521,7 @@ def write_model(
         model, _ = build_module(
             json.loads((template.path / "config.json").read_text()), template.spec
         )
+        cast_like(model, cpu)
         model.load_state_dict(cpu, strict=False)
         bar = hf_logging.is_progress_bar_enabled()
         hf_logging.disable_progress_bar()  # keep the CLI's stderr for errors only

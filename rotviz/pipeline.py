@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -9,17 +10,35 @@ import torch
 
 from rotviz.matching import MatchOptions, MatchReport, Progress, match
 from rotviz.models import (
+    HALF,
     Loaded,
     check_compatible,
     check_finite,
     max_output_diff,
+    stored_output_diff,
     wide_device,
 )
 from rotviz.view import read_view, write_state
 
-# A transform counts as function-preserving when the logits move by less than this
-# (float32; every transform in rotviz stays far below it, see tests/).
-FUNCTION_TOLERANCE = 1e-3
+# The largest logit change for which a transform counts as function-preserving, per dtype the
+# check runs in.
+# - float32 (every model; rotviz computes in float32 or float64): absolute. Every transform
+#   in rotviz stays far below it (< 3e-5 on every family, see tests/).
+# - float16, bfloat16 (a half checkpoint, run once more as it will be stored: source and
+#   matched weights both rounded to that dtype, both run in it): relative to the largest
+#   |logit| of the source run in that dtype, since rounding to 11 (fp16) or 8 (bf16)
+#   significant bits moves every logit in proportion to its size. Measured, seed and weight
+#   matching (--heads --residual), 2- and 8-layer random models of all six families and the
+#   zoo's vit-digits and gpt2-pystdlib pairs cast to half: at most 0.0034 (fp16) and 0.033
+#   (bf16) of that scale, about 4 units of roundoff (finfo.eps) either way. The tolerances
+#   are about 12 units, a margin of 3 or more: 0.0125 and 0.1. A wrongly permuted FFN layer
+#   moves the logits by 0.6 to 1.3 of the scale; finer errors are the float32 check's to catch.
+FUNCTION_TOLERANCES: dict[torch.dtype, float] = {
+    torch.float32: 1e-3,
+    torch.float16: 0.0125,
+    torch.bfloat16: 0.1,
+}
+FUNCTION_TOLERANCE = FUNCTION_TOLERANCES[torch.float32]  # the float32 check's, as a number
 
 
 @dataclass
@@ -29,12 +48,51 @@ class Matched:
 
     @property
     def preserved(self) -> bool:
-        diff = self.report.max_output_diff
-        return diff is not None and diff <= FUNCTION_TOLERANCE
+        """Both checks pass: float32, and the checkpoint's own dtype where it is half."""
+        return self.failure is None
+
+    @property
+    def failure(self) -> str | None:
+        """What the function check found, in one line; None when the function is preserved."""
+        r = self.report
+        if r.max_output_diff is None:
+            return "the function check did not run"
+        if not r.max_output_diff <= FUNCTION_TOLERANCE:  # NaN fails too
+            return (f"matched model changes the function (max logit difference "
+                    f"{r.max_output_diff:.2e} > {FUNCTION_TOLERANCE:g})")
+        if r.stored_output_diff is not None and not r.stored_output_diff <= r.stored_tolerance:
+            return (f"matched model changes the function in {r.stored_dtype}, the checkpoint's "
+                    f"dtype (max logit difference {r.stored_output_diff:.2e} > "
+                    f"{r.stored_tolerance:.2e})")
+        return None
+
+
+def stored_check_words(report: MatchReport) -> str:
+    """The CLI summary's words on the check in a half checkpoint's dtype (empty if none)."""
+    if report.stored_dtype is None:
+        return ""
+    if report.stored_output_diff is None:
+        return f" (not checked in {report.stored_dtype}: the source's own logits overflow in it)"
+    return (f", {report.stored_output_diff:.2e} in {report.stored_dtype} "
+            f"(tolerance {report.stored_tolerance:.2e})")
 
 
 def view_of(loaded: Loaded, device: torch.device | str = "cpu"):
     return read_view(loaded.spec, loaded.config, loaded.state).to(device=device)
+
+
+def check_in_stored_dtype(source: Loaded, state: dict[str, torch.Tensor],
+                          report: MatchReport) -> None:
+    """For a half checkpoint, fill the report's check in that dtype: `state` and the source,
+    both rounded to it as they would be stored and run in it, on the usual probe inputs."""
+    dtype = source.stored_dtype
+    if dtype not in HALF:
+        return
+    report.stored_dtype = str(dtype).removeprefix("torch.")
+    diff, scale = stored_output_diff(source, state)
+    if math.isfinite(scale):  # else the checkpoint itself overflows in `dtype`: no check
+        report.stored_output_diff = diff
+        report.stored_tolerance = FUNCTION_TOLERANCES[dtype] * scale
 
 
 def match_models(
@@ -46,7 +104,8 @@ def match_models(
     data: str | None = None,
     cancel: Callable[[], bool] | None = None,
 ) -> Matched:
-    """Match `source` onto `anchor`; check on probe inputs that the function is preserved.
+    """Match `source` onto `anchor`; check on probe inputs that the function is preserved
+    (in float32, and for a half checkpoint in its dtype too).
 
     Activation and learned matching (`options.act`, `options.learned`) read `data` (a data
     reference such as "digits"); learned matching stops early when `cancel()` is true."""
@@ -64,4 +123,5 @@ def match_models(
     state = {k: v.to("cpu") for k, v in write_state(result.view).items()}
     check_finite(state, "the matched model")
     result.report.max_output_diff = max_output_diff(source, source.state, state)
+    check_in_stored_dtype(source, state, result.report)
     return Matched(state, result.report)

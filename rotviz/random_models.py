@@ -31,6 +31,8 @@ def _hf_config(
     bias: bool = False,
     tie_embeddings: bool = False,
     tie: bool = True,
+    positions: int = 32,
+    lm: bool = False,
 ):
     import transformers as T
 
@@ -45,7 +47,7 @@ def _hf_config(
             head_dim=head_dim if head_dim is not None else d // heads,
             intermediate_size=ffn,
             vocab_size=vocab,
-            max_position_embeddings=32,
+            max_position_embeddings=positions,
             rope_theta=100.0,  # short contexts: lower base, so every pair turns visibly
             attention_bias=bias,
             mlp_bias=bias,
@@ -62,7 +64,7 @@ def _hf_config(
             n_head=heads,
             n_inner=ffn,
             vocab_size=vocab,
-            n_positions=32,
+            n_positions=positions,
             bos_token_id=0,
             eos_token_id=0,
             tie_word_embeddings=tie,
@@ -71,10 +73,18 @@ def _hf_config(
     common = dict(
         num_hidden_layers=layers, hidden_size=d, num_attention_heads=heads, intermediate_size=ffn
     )
+    if family == "bert" and lm:
+        return T.BertConfig(
+            vocab_size=vocab,
+            max_position_embeddings=positions,
+            is_decoder=True,
+            architectures=["BertLMHeadModel"],
+            **common,
+        ), T.BertLMHeadModel
     if family == "bert":
         return T.BertConfig(
             vocab_size=vocab,
-            max_position_embeddings=32,
+            max_position_embeddings=positions,
             num_labels=labels,
             architectures=["BertForSequenceClassification"],
             **common,
@@ -82,7 +92,7 @@ def _hf_config(
     if family == "roberta":
         return T.RobertaConfig(
             vocab_size=vocab,
-            max_position_embeddings=34,
+            max_position_embeddings=positions + 2,  # counted from pad_token_id + 1
             pad_token_id=1,
             bos_token_id=0,
             eos_token_id=2,
@@ -119,13 +129,18 @@ def random_model(
     bias: bool = False,
     tie_embeddings: bool = False,
     tie: bool = True,
+    positions: int = 32,
+    lm: bool = False,
 ) -> tuple[nn.Module, dict]:
     """A model of `family` with random weights (seeded) and its config as a dict.
 
     llama only: `kv_heads` key/value heads (default heads // 2: grouped-query attention),
     `head_dim` (default d // heads), `bias` (biases on attention and FFN linears) and
     `tie_embeddings` (lm_head shares the embedding table; untied by default).
-    gpt2: `tie=False` gives it an output head of its own (residual maps need one)."""
+    gpt2: `tie=False` gives it an output head of its own (residual maps need one).
+    Text families: `positions` tokens of context (default 32; the pystdlib data needs 64).
+    bert: `lm=True` builds BertLMHeadModel (a causal next-token head tied to the embeddings)
+    instead of BertForSequenceClassification, whose one label per text fits no text data."""
     if family != "llama" and (kv_heads is not None or head_dim is not None or bias
                               or tie_embeddings):
         raise ValueError(
@@ -133,6 +148,10 @@ def random_model(
         )
     if family != "gpt2" and not tie:
         raise ValueError(f"tie is a gpt2 option, not {family}'s")
+    if family != "bert" and lm:
+        raise ValueError(f"lm is a bert option, not {family}'s")
+    if family in ("vit", "timm-vit") and positions != 32:
+        raise ValueError(f"positions is an option of text families, not {family}'s")
     torch.manual_seed(seed)
     if family == "timm-vit":
         import timm
@@ -155,7 +174,7 @@ def random_model(
         }
     else:
         cfg, cls = _hf_config(family, layers, d, heads, ffn, vocab, image, patch, channels, labels,
-                              kv_heads, head_dim, bias, tie_embeddings, tie)
+                              kv_heads, head_dim, bias, tie_embeddings, tie, positions, lm)
         model = cls(cfg)
         config = cfg.to_dict()
     gen = torch.Generator().manual_seed(seed)
