@@ -195,6 +195,10 @@ def body() -> None:
             ablation.append(row)
     st.subheader(f"Result: {style.nice_label(spec)}")
     common.function_badge(res["max_output_diff"], res["tolerance"])
+    rep = res.get("report", {})
+    if rep.get("stored_output_diff") is not None:  # a half checkpoint: checked as stored too
+        common.function_badge(rep["stored_output_diff"], rep["stored_tolerance"],
+                              f"matched source in {rep['stored_dtype']} (the checkpoint's dtype)")
     m = st.columns(3)
     m[0].metric("distance before", f"{res['before_total']:.3f}",
                 help=style.DISTANCE + " between source and anchor")
