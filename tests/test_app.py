@@ -696,3 +696,20 @@ def test_gpt2_pair_residual_is_a_message(pair):
     at = app("learn", anchor=a, source=b)
     assert "tied" in texts(at)
     assert "The residual stream: how far the weights moved from the original" not in figures(at)
+
+
+def test_match_page_shows_the_check_in_a_half_checkpoints_dtype(roots):
+    """A bfloat16 pair under the roots: the page shows both function checks, float32 and
+    bfloat16 (source and matched source rounded to it and run in it), each as a badge."""
+    from rotviz.random_models import random_model
+
+    for seed in (0, 1):
+        model, _ = random_model("vit", seed, dtype=torch.bfloat16, **VIT)
+        model.save_pretrained(str(roots / f"vit-bf16-s{seed}"))
+    at = app("match", anchor_path=str(roots / "vit-bf16-s0"),
+             source_path=str(roots / "vit-bf16-s1"))
+    shown = texts(at)
+    badges = [line for line in shown.splitlines() if "PASS · function preserved" in line]
+    assert len(badges) == 2, shown
+    captions = " ".join(str(c.value) for c in at.caption)
+    assert "matched source in bfloat16 (the checkpoint's dtype) vs. the model" in captions
