@@ -73,22 +73,11 @@ def _hf_config(
     common = dict(
         num_hidden_layers=layers, hidden_size=d, num_attention_heads=heads, intermediate_size=ffn
     )
-    if family == "bert" and lm:
-        return T.BertConfig(
-            vocab_size=vocab,
-            max_position_embeddings=positions,
-            is_decoder=True,
-            architectures=["BertLMHeadModel"],
-            **common,
-        ), T.BertLMHeadModel
-    if family == "bert":
-        return T.BertConfig(
-            vocab_size=vocab,
-            max_position_embeddings=positions,
-            num_labels=labels,
-            architectures=["BertForSequenceClassification"],
-            **common,
-        ), T.BertForSequenceClassification
+    if family == "bert":  # a sequence classifier, or with lm=True a causal LM head
+        cls = T.BertLMHeadModel if lm else T.BertForSequenceClassification
+        head = dict(is_decoder=True) if lm else dict(num_labels=labels)
+        return T.BertConfig(vocab_size=vocab, max_position_embeddings=positions,
+                            architectures=[cls.__name__], **head, **common), cls
     if family == "roberta":
         return T.RobertaConfig(
             vocab_size=vocab,
