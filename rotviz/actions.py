@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from rotviz.errors import RotvizError
+from rotviz.groups import random_orthogonal, random_rope_maps, rope_pairs
 from rotviz.view import FFN, Attention, Dims, ModelView
 
 Tensor = torch.Tensor
@@ -169,22 +170,6 @@ def permute_heads(attn: Attention, heads: Tensor) -> Attention:
                    bk=pick(attn.bk, groups), bv=pick(attn.bv, groups))
 
 
-def rope_pairs(d_head: int, rope: str) -> tuple[Tensor, Tensor]:
-    """The frequency pairs (i, j) of a head of size d_head that rotary embeddings rotate
-    together: `rotate_half` (Hugging Face) pairs i with i + d_head/2, `interleaved` pairs 2j
-    with 2j + 1. Returns the first and second members, each (d_head/2,) long."""
-    if d_head % 2:
-        raise RotvizError(f"rotary embeddings need an even head size, not {d_head}")
-    half = d_head // 2
-    if rope == "rotate_half":
-        first = torch.arange(half)
-        return first, first + half
-    if rope == "interleaved":
-        first = torch.arange(0, d_head, 2)
-        return first, first + 1
-    raise RotvizError(f"unknown rotary layout '{rope}': use rotate_half or interleaved")
-
-
 def rope_structured(a: Tensor, rope: str) -> Tensor:
     """Whether each map (..., d_h, d_h) commutes with rotary embeddings: zero outside the
     frequency pairs' 2x2 blocks and each block a rotation times a scale, [[x, -y], [y, x]]
@@ -278,44 +263,6 @@ def apply(view: ModelView, transforms: Mapping[int, LayerTransform]) -> ModelVie
 
 
 # ---- random group elements, for tests, demos and the Learn page ----------------------------
-
-
-def random_orthogonal(n_heads: int, d: int, gen: torch.Generator, dtype=torch.float64) -> Tensor:
-    """Haar-random orthogonal matrices (H, d, d): QR of a Gaussian with the sign fix."""
-    g = torch.randn(n_heads, d, d, generator=gen, dtype=torch.float64)
-    q, r = torch.linalg.qr(g)
-    q = q * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1)).unsqueeze(-2)
-    return q.to(dtype)
-
-
-def random_rope_maps(n: int, d_head: int, rope: str, gen: torch.Generator, rotate: bool = True,
-                     scale_range: tuple[float, float] | None = None,
-                     dtype=torch.float64) -> Tensor:
-    """Random maps (n, d_h, d_h) that commute with rotary embeddings: per frequency pair a
-    rotation by a uniform angle (if `rotate`) times a scale drawn from `scale_range` (if
-    given), zero elsewhere."""
-    i, j = rope_pairs(d_head, rope)
-    half = d_head // 2
-    theta = (2 * torch.pi * torch.rand(n, half, generator=gen, dtype=torch.float64) if rotate
-             else torch.zeros(n, half, dtype=torch.float64))
-    scale = torch.ones(n, half, dtype=torch.float64)
-    if scale_range is not None:
-        lo, hi = scale_range
-        scale = lo + (hi - lo) * torch.rand(n, half, generator=gen, dtype=torch.float64)
-    return rope_maps(torch.cos(theta) * scale, torch.sin(theta) * scale, rope).to(dtype)
-
-
-def rope_maps(x: Tensor, y: Tensor, rope: str) -> Tensor:
-    """Assemble (..., d_h, d_h) maps from per-pair blocks [[x, -y], [y, x]] (x, y: (..., d_h/2))
-    on the frequency pairs of `rope`."""
-    half = x.shape[-1]
-    i, j = rope_pairs(2 * half, rope)
-    out = x.new_zeros(*x.shape[:-1], 2 * half, 2 * half)
-    out[..., i, i] = x
-    out[..., j, j] = x
-    out[..., i, j] = -y
-    out[..., j, i] = y
-    return out
 
 
 def random_head_permutation(dims: Dims, gen: torch.Generator) -> Tensor:

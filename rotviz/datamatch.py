@@ -26,7 +26,8 @@ from rotviz.alternating import check_residual
 from rotviz.data import Split, load_split
 from rotviz.distances import distances
 from rotviz.errors import RotvizError
-from rotviz.matching import MatchOptions, MatchReport, MatchResult, Progress, assign, match
+from rotviz.groups import assign
+from rotviz.matching import MatchOptions, MatchReport, MatchResult, Progress, match
 from rotviz.models import Loaded, to_wide
 from rotviz.view import ModelView, write_state
 

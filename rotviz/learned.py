@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from rotviz import residual as rs
 from rotviz.actions import LayerTransform, apply
 from rotviz.data import Split
+from rotviz.groups import centred_lift, ones_complement, rope_pairs
 from rotviz.landscape import IGNORE, Evaluator, barrier_of, resolve_device
 from rotviz.matching import LearnOptions, Progress
 from rotviz.models import Loaded, wide_device
@@ -53,8 +54,7 @@ def rope_mask(view: ModelView) -> Tensor | None:
         return None
     dh = view.blocks[0].attn.wq.shape[1]
     mask = torch.zeros(dh, dh)
-    idx = torch.arange(dh // 2)
-    a, b = (idx, idx + dh // 2) if rope == "rotate_half" else (2 * idx, 2 * idx + 1)
+    a, b = rope_pairs(dh, rope)
     mask[a, b] = 1.0
     mask[b, a] = 1.0
     return mask
@@ -71,7 +71,7 @@ class Maps(torch.nn.Module):
         if opts.residual and group in ("orthogonal", "centred"):
             k = d - 1 if group == "centred" else d
             self.residual = torch.nn.Parameter(torch.zeros(k, k, dtype=torch.float64))
-            self.register_buffer("bz", rs.ones_complement(d) if group == "centred" else None)
+            self.register_buffer("bz", ones_complement(d) if group == "centred" else None)
         self.qk = self.vo = None
         if opts.heads:
             a = view.blocks[0].attn
@@ -100,12 +100,7 @@ class Maps(torch.nn.Module):
                                 for i in range(len(view.blocks))})
         if self.residual is not None:
             r = self._rot(self.residual)
-            if self.group == "centred":
-                d = self.bz.shape[0]
-                q = self.bz @ r @ self.bz.t() + torch.full((d, d), 1.0 / d, dtype=r.dtype,
-                                                           device=r.device)
-            else:
-                q = r
+            q = centred_lift(r, self.bz) if self.group == "centred" else r
             view = rs.apply_residual(view, q, check=False)
         return view
 

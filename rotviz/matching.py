@@ -28,18 +28,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from scipy.optimize import linear_sum_assignment
 
-from rotviz.actions import (
-    LayerTransform,
-    apply_layer,
-    permute_ffn,
-    permute_heads,
-    rope_maps,
-    rope_pairs,
-)
+from rotviz.actions import LayerTransform, apply_layer, permute_ffn, permute_heads
 from rotviz.distances import Distances, distances
 from rotviz.errors import RotvizError
+from rotviz.groups import (
+    assign,
+    best_scale,
+    procrustes,
+    rope_pairs,
+    rope_procrustes,
+    rotation_angles,
+)
 from rotviz.limits import (
     DEFAULT_ROUNDS,
     DEFAULT_STEPS,
@@ -247,24 +247,6 @@ def ffn_scales(anchor_ffn, source_ffn) -> Tensor:
     return best_scale(a, b, cc, d)
 
 
-def assign(cost: np.ndarray) -> Tensor:
-    """The permutation maximising sum_k cost[perm[k], k] (scipy's exact solver; it releases
-    the GIL, so several layers can be solved in threads).
-
-    Shortcut, still exact: when every row's best column is a different column, taking them
-    reaches the sum of the row maxima, which no assignment can beat. Later rounds of the
-    alternating weight matching meet this almost always (the units are already in place)."""
-    best = cost.argmax(axis=1)
-    if cost.shape[0] == cost.shape[1] and len(np.unique(best)) == len(best):
-        perm = np.empty_like(best)
-        perm[best] = np.arange(len(best))
-        return torch.as_tensor(perm, dtype=torch.long)
-    rows, cols = linear_sum_assignment(cost, maximize=True)
-    perm = np.empty_like(rows)
-    perm[cols] = rows
-    return torch.as_tensor(perm, dtype=torch.long)
-
-
 def ffn_permutation(anchor: ModelView, source: ModelView, i: int) -> Tensor:
     """Eq. 7: the permutation of source units that best matches the anchor's units."""
     return assign(ffn_cost(anchor, source, i))
@@ -312,18 +294,6 @@ def cross_vo(src: Attention, anc: Attention) -> Tensor:
     summed over its query heads), in float64."""
     mv, mo = vo_parts(src, anc)
     return mv + mo
-
-
-def rope_procrustes(m: Tensor, rope: str) -> tuple[Tensor, Tensor]:
-    """argmax_R tr(R^T M) over maps that commute with rotary embeddings and are orthogonal:
-    per frequency pair (i, j) the rotation by atan2(M_ji - M_ij, M_ii + M_jj). For a batch of
-    M (..., d_h, d_h); returns R and the gain of each pair (..., d_h / 2), all pairs and heads
-    at once."""
-    i, j = rope_pairs(m.shape[-1], rope)
-    x = m[..., i, i] + m[..., j, j]
-    y = m[..., j, i] - m[..., i, j]
-    theta = torch.atan2(y, x)
-    return rope_maps(torch.cos(theta), torch.sin(theta), rope), torch.hypot(x, y)
 
 
 def qk_gain(m: Tensor, rope: str | None = None) -> Tensor:
@@ -452,12 +422,6 @@ def head_permutation(src: Attention, anc: Attention, rope: str | None = None) ->
     return _assign_heads(parts, rope, solve)[0]
 
 
-def procrustes(m: Tensor) -> tuple[Tensor, Tensor]:
-    """argmax_R tr(R^T M) over orthogonal R, for a batch of M: R = U V^T. Returns (R, S)."""
-    u, s, vh = torch.linalg.svd(m)
-    return u @ vh, s
-
-
 def _head_sq(w: Tensor, b: Tensor | None = None) -> Tensor:
     """Per head ||W_h||^2 + ||b_h||^2, summed in float64."""
     out = (w * w).sum(dim=tuple(range(1, w.dim())), dtype=torch.float64)
@@ -469,32 +433,6 @@ def _head_sq(w: Tensor, b: Tensor | None = None) -> Tensor:
 def _trace(r: Tensor, m: Tensor) -> Tensor:
     """Per head tr(R^T M)."""
     return (r * m).sum(dim=(-2, -1))
-
-
-def best_scale(a: Tensor, b: Tensor, c: Tensor, d: Tensor) -> Tensor:
-    """Per head, the real non-zero root of A s^4 - B s^3 + D s - C minimising the objective
-    f(s) = A s^2 - 2 B s + C / s^2 - 2 D / s. All heads' quartics are solved at once, as the
-    eigenvalues of their companion matrices (what np.roots does for one)."""
-    big_a, big_b, big_c, big_d = (t.detach().cpu().double().numpy() for t in (a, b, c, d))
-    out = np.ones(len(big_a))
-    ok = (big_a > 0) & (big_c > 0)  # else a zero block: any scale is optimal, keep 1
-    if not ok.any():
-        return torch.as_tensor(out, dtype=torch.float64)
-    qa, qb, qc, qd = big_a[ok], big_b[ok], big_c[ok], big_d[ok]
-    comp = np.zeros((len(qa), 4, 4))
-    comp[:, 0] = np.stack([qb, np.zeros_like(qa), -qd, qc], axis=-1) / qa[:, None]
-    comp[:, 1, 0] = comp[:, 2, 1] = comp[:, 3, 2] = 1.0
-    roots = np.linalg.eigvals(comp)
-    s = roots.real
-    valid = (np.abs(roots.imag) <= 1e-9 * np.maximum(1.0, np.abs(roots))) & (s != 0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        f = (qa[:, None] * s**2 - 2 * qb[:, None] * s + qc[:, None] / s**2
-             - 2 * qd[:, None] / s)
-    f = np.where(valid, f, np.inf)
-    pick = np.argmin(f, axis=1)
-    found = np.isfinite(f[np.arange(len(f)), pick])
-    out[np.flatnonzero(ok)[found]] = s[np.arange(len(s)), pick][found]
-    return torch.as_tensor(out, dtype=torch.float64)
 
 
 def scales_after(
@@ -558,17 +496,6 @@ def rescale_vo(src: Attention, anc: Attention) -> Tensor:
     eye = torch.eye(mv.shape[-1], dtype=mv.dtype, device=mv.device)
     return best_scale(_head_sq(src.wv, src.bv), _trace(eye, mv),
                       group_sum(_head_sq(src.wo), src.n_kv_heads), _trace(eye, mo))
-
-
-def rotation_angles(r: Tensor) -> tuple[Tensor, Tensor]:
-    """Eigen-angles of each orthogonal map in degrees (sorted, largest first), and det(R).
-
-    The eigenvalues of an orthogonal R are e^{+-i theta}; its symmetric part (R + R^T) / 2
-    has eigenvalues cos theta, and a symmetric eigensolver is several times faster than a
-    general one."""
-    cos = torch.linalg.eigvalsh((r + r.transpose(-1, -2)) / 2).clamp(-1.0, 1.0)
-    ang = torch.rad2deg(torch.arccos(cos))
-    return torch.sort(ang, dim=-1, descending=True).values, torch.linalg.det(r)
 
 
 # ---- the algorithm --------------------------------------------------------------------------

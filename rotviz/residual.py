@@ -24,6 +24,14 @@ from dataclasses import dataclass, replace
 import torch
 
 from rotviz.errors import RotvizError
+from rotviz.groups import (
+    assign,
+    centred_lift,
+    ones_complement,
+    permutation_matrix,
+    random_orthogonal,
+    rotation_angles,
+)
 from rotviz.memo import TensorMemo, cached
 from rotviz.view import FFN, Attention, Block, ModelView, Norm
 
@@ -419,57 +427,35 @@ def cross(src: ModelView, anc: ModelView, memo: TensorMemo | None = None,
     return m
 
 
-def ones_complement(d: int, dtype=torch.float64, device=None) -> Tensor:
-    """A fixed orthonormal basis (d, d - 1) of the vectors orthogonal to all-ones."""
-    a = torch.eye(d, dtype=torch.float64)
-    a[:, 0] = 1.0
-    q, _ = torch.linalg.qr(a)
-    return q[:, 1:].to(dtype=dtype, device=device)
-
-
 def solve(m: Tensor, group: str) -> Tensor:
     """argmax tr(Q^T M) over the group (float64): Procrustes, centred Procrustes or a linear
     assignment."""
     d = m.shape[0]
     if group == "permutation":
-        from rotviz.matching import assign
-
-        perm = assign(m.detach().cpu().numpy())
-        q = torch.zeros(d, d, dtype=torch.float64)
-        q[perm, torch.arange(d)] = 1.0
-        return q.to(m.device)
+        return permutation_matrix(assign(m.detach().cpu().numpy())).to(m.device)
     if group == "orthogonal":
         u, _, vh = torch.linalg.svd(m)
         return u @ vh
     bz = ones_complement(d, device=m.device)
     u, _, vh = torch.linalg.svd(bz.t() @ m @ bz)
-    return bz @ (u @ vh) @ bz.t() + torch.full((d, d), 1.0 / d, dtype=m.dtype, device=m.device)
+    return centred_lift(u @ vh, bz)
 
 
 def random_map(view: ModelView, seed: int, group: str | None = None) -> Tensor:
     """A random element of the model's residual group (seeded, float64)."""
-    from rotviz.actions import random_orthogonal
-
     group = check_group(view, group)
     d = view.dims.d_model
     gen = torch.Generator().manual_seed(seed)
     if group == "permutation":
-        perm = torch.randperm(d, generator=gen)
-        q = torch.zeros(d, d, dtype=torch.float64)
-        q[perm, torch.arange(d)] = 1.0
-        return q
+        return permutation_matrix(torch.randperm(d, generator=gen))
     if group == "orthogonal":
         return random_orthogonal(1, d, gen)[0]
-    bz = ones_complement(d)
-    r = random_orthogonal(1, d - 1, gen)[0]
-    return bz @ r @ bz.t() + torch.full((d, d), 1.0 / d, dtype=torch.float64)
+    return centred_lift(random_orthogonal(1, d - 1, gen)[0], ones_complement(d))
 
 
 def angles(q: Tensor, group: str) -> list[float]:
     """Eigen-angles of Q in degrees (largest first); the fixed all-ones axis of a centred map
     is left out. For a permutation: 0 or the angles of its cycles."""
-    from rotviz.matching import rotation_angles
-
     qd = q.detach().double().cpu()
     if group == "centred":
         bz = ones_complement(qd.shape[0])

@@ -24,7 +24,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from rotviz.matching import cross_qk, cross_vo, procrustes, rotation_angles
+from rotviz.groups import procrustes, rotation_angles
+from rotviz.matching import cross_qk, cross_vo
 from rotviz.view import Attention, ModelView
 
 Tensor = torch.Tensor

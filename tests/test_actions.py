@@ -8,13 +8,8 @@ import pytest
 import torch
 from conftest import assert_state_equal, clone_state, view_of
 
-from rotviz.actions import (
-    LayerTransform,
-    apply,
-    random_element,
-    random_orthogonal,
-    random_transform,
-)
+from rotviz.actions import LayerTransform, apply, random_element, random_transform
+from rotviz.groups import random_orthogonal
 from rotviz.models import max_output_diff
 from rotviz.view import ModelView, groups, read_view, write_state
 

@@ -26,17 +26,20 @@ from rotviz.actions import (
     group_permutation,
     permute_heads,
     random_element,
-    random_orthogonal,
-    random_rope_maps,
     random_transform,
-    rope_maps,
-    rope_pairs,
     rope_structured,
     transform_qk,
 )
 from rotviz.arch import LLAMA, spec_for
 from rotviz.distances import distances, norm
 from rotviz.errors import RotvizError
+from rotviz.groups import (
+    random_orthogonal,
+    random_rope_maps,
+    rope_maps,
+    rope_pairs,
+    rope_procrustes,
+)
 from rotviz.matching import (
     MatchOptions,
     cross_qk,
@@ -45,7 +48,6 @@ from rotviz.matching import (
     ffn_permutation,
     head_permutation,
     match,
-    rope_procrustes,
 )
 from rotviz.models import forward, load_model, max_output_diff, probe_inputs, save_model
 from rotviz.pipeline import match_models

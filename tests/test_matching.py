@@ -19,19 +19,11 @@ from conftest import (
     view_of,
 )
 
-from rotviz.actions import apply, random_element, random_orthogonal
+from rotviz.actions import apply, random_element
 from rotviz.distances import distances, norm
 from rotviz.errors import RotvizError
-from rotviz.matching import (
-    MatchOptions,
-    best_scale,
-    cross_qk,
-    cross_vo,
-    ffn_permutation,
-    match,
-    parse_layers,
-    procrustes,
-)
+from rotviz.groups import best_scale, procrustes, random_orthogonal
+from rotviz.matching import MatchOptions, cross_qk, cross_vo, ffn_permutation, match, parse_layers
 from rotviz.models import max_output_diff
 from rotviz.pipeline import match_models
 from rotviz.view import FFN, KINDS, write_state

@@ -9,9 +9,9 @@ import torch
 from conftest import clone_state, view_of
 
 from rotviz import residual as rs
-from rotviz.actions import random_orthogonal
 from rotviz.distances import distances, norm
 from rotviz.errors import RotvizError
+from rotviz.groups import random_orthogonal
 from rotviz.matching import MatchOptions, match
 from rotviz.models import load_model, max_output_diff
 from rotviz.pipeline import match_models

@@ -12,7 +12,7 @@ from conftest import view_of
 from test_landscape import default_pair
 
 from rotviz.actions import apply, random_element
-from rotviz.matching import rotation_angles
+from rotviz.groups import rotation_angles
 from rotviz.pipeline import match_models
 from rotviz.spectra import qk_circuit, spectra, vo_circuit
 from rotviz.view import read_view

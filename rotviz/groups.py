@@ -1,0 +1,180 @@
+"""The groups rotviz works in, and their generic solvers and random draws: linear assignment
+(permutations), orthogonal Procrustes, rotations per rotary frequency pair, the centred
+orthogonal maps (Q 1 = 1) and the per-head scale quartic. Nothing here knows a model: it takes
+and returns tensors, batched over a leading dimension where it can.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from scipy.optimize import linear_sum_assignment
+
+from rotviz.errors import RotvizError
+
+Tensor = torch.Tensor
+
+
+# ---- permutations -------------------------------------------------------------------------
+
+
+def assign(cost: np.ndarray) -> Tensor:
+    """The permutation maximising sum_k cost[perm[k], k] (scipy's exact solver; it releases
+    the GIL, so several layers can be solved in threads).
+
+    Shortcut, still exact: when every row's best column is a different column, taking them
+    reaches the sum of the row maxima, which no assignment can beat. Later rounds of the
+    alternating weight matching meet this almost always (the units are already in place)."""
+    best = cost.argmax(axis=1)
+    if cost.shape[0] == cost.shape[1] and len(np.unique(best)) == len(best):
+        perm = np.empty_like(best)
+        perm[best] = np.arange(len(best))
+        return torch.as_tensor(perm, dtype=torch.long)
+    rows, cols = linear_sum_assignment(cost, maximize=True)
+    perm = np.empty_like(rows)
+    perm[cols] = rows
+    return torch.as_tensor(perm, dtype=torch.long)
+
+
+def permutation_matrix(perm: Tensor, dtype=torch.float64) -> Tensor:
+    """The matrix Q with Q[perm[k], k] = 1: x Q moves coordinate perm[k] to k."""
+    d = len(perm)
+    q = torch.zeros(d, d, dtype=dtype)
+    q[perm, torch.arange(d)] = 1.0
+    return q
+
+
+# ---- orthogonal maps ----------------------------------------------------------------------
+
+
+def procrustes(m: Tensor) -> tuple[Tensor, Tensor]:
+    """argmax_R tr(R^T M) over orthogonal R, for a batch of M: R = U V^T. Returns (R, S)."""
+    u, s, vh = torch.linalg.svd(m)
+    return u @ vh, s
+
+
+def rotation_angles(r: Tensor) -> tuple[Tensor, Tensor]:
+    """Eigen-angles of each orthogonal map in degrees (sorted, largest first), and det(R).
+
+    The eigenvalues of an orthogonal R are e^{+-i theta}; its symmetric part (R + R^T) / 2
+    has eigenvalues cos theta, and a symmetric eigensolver is several times faster than a
+    general one."""
+    cos = torch.linalg.eigvalsh((r + r.transpose(-1, -2)) / 2).clamp(-1.0, 1.0)
+    ang = torch.rad2deg(torch.arccos(cos))
+    return torch.sort(ang, dim=-1, descending=True).values, torch.linalg.det(r)
+
+
+def ones_complement(d: int, dtype=torch.float64, device=None) -> Tensor:
+    """A fixed orthonormal basis (d, d - 1) of the vectors orthogonal to all-ones."""
+    a = torch.eye(d, dtype=torch.float64)
+    a[:, 0] = 1.0
+    q, _ = torch.linalg.qr(a)
+    return q[:, 1:].to(dtype=dtype, device=device)
+
+
+def centred_lift(r: Tensor, bz: Tensor) -> Tensor:
+    """The centred orthogonal map (Q 1 = 1) that acts as `r` on the complement of all-ones
+    (`bz`, from `ones_complement`) and keeps the all-ones axis."""
+    d = bz.shape[0]
+    return bz @ r @ bz.t() + torch.full((d, d), 1.0 / d, dtype=r.dtype, device=r.device)
+
+
+# ---- rotary embeddings: maps per frequency pair -------------------------------------------
+
+
+def rope_pairs(d_head: int, rope: str) -> tuple[Tensor, Tensor]:
+    """The frequency pairs (i, j) of a head of size d_head that rotary embeddings rotate
+    together: `rotate_half` (Hugging Face) pairs i with i + d_head/2, `interleaved` pairs 2j
+    with 2j + 1. Returns the first and second members, each (d_head/2,) long."""
+    if d_head % 2:
+        raise RotvizError(f"rotary embeddings need an even head size, not {d_head}")
+    half = d_head // 2
+    if rope == "rotate_half":
+        first = torch.arange(half)
+        return first, first + half
+    if rope == "interleaved":
+        first = torch.arange(0, d_head, 2)
+        return first, first + 1
+    raise RotvizError(f"unknown rotary layout '{rope}': use rotate_half or interleaved")
+
+
+def rope_maps(x: Tensor, y: Tensor, rope: str) -> Tensor:
+    """Assemble (..., d_h, d_h) maps from per-pair blocks [[x, -y], [y, x]] (x, y: (..., d_h/2))
+    on the frequency pairs of `rope`."""
+    half = x.shape[-1]
+    i, j = rope_pairs(2 * half, rope)
+    out = x.new_zeros(*x.shape[:-1], 2 * half, 2 * half)
+    out[..., i, i] = x
+    out[..., j, j] = x
+    out[..., i, j] = -y
+    out[..., j, i] = y
+    return out
+
+
+def rope_procrustes(m: Tensor, rope: str) -> tuple[Tensor, Tensor]:
+    """argmax_R tr(R^T M) over maps that commute with rotary embeddings and are orthogonal:
+    per frequency pair (i, j) the rotation by atan2(M_ji - M_ij, M_ii + M_jj). For a batch of
+    M (..., d_h, d_h); returns R and the gain of each pair (..., d_h / 2), all pairs and heads
+    at once."""
+    i, j = rope_pairs(m.shape[-1], rope)
+    x = m[..., i, i] + m[..., j, j]
+    y = m[..., j, i] - m[..., i, j]
+    theta = torch.atan2(y, x)
+    return rope_maps(torch.cos(theta), torch.sin(theta), rope), torch.hypot(x, y)
+
+
+# ---- per-head scales ----------------------------------------------------------------------
+
+
+def best_scale(a: Tensor, b: Tensor, c: Tensor, d: Tensor) -> Tensor:
+    """Per head, the real non-zero root of A s^4 - B s^3 + D s - C minimising the objective
+    f(s) = A s^2 - 2 B s + C / s^2 - 2 D / s. All heads' quartics are solved at once, as the
+    eigenvalues of their companion matrices (what np.roots does for one)."""
+    big_a, big_b, big_c, big_d = (t.detach().cpu().double().numpy() for t in (a, b, c, d))
+    out = np.ones(len(big_a))
+    ok = (big_a > 0) & (big_c > 0)  # else a zero block: any scale is optimal, keep 1
+    if not ok.any():
+        return torch.as_tensor(out, dtype=torch.float64)
+    qa, qb, qc, qd = big_a[ok], big_b[ok], big_c[ok], big_d[ok]
+    comp = np.zeros((len(qa), 4, 4))
+    comp[:, 0] = np.stack([qb, np.zeros_like(qa), -qd, qc], axis=-1) / qa[:, None]
+    comp[:, 1, 0] = comp[:, 2, 1] = comp[:, 3, 2] = 1.0
+    roots = np.linalg.eigvals(comp)
+    s = roots.real
+    valid = (np.abs(roots.imag) <= 1e-9 * np.maximum(1.0, np.abs(roots))) & (s != 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        f = (qa[:, None] * s**2 - 2 * qb[:, None] * s + qc[:, None] / s**2
+             - 2 * qd[:, None] / s)
+    f = np.where(valid, f, np.inf)
+    pick = np.argmin(f, axis=1)
+    found = np.isfinite(f[np.arange(len(f)), pick])
+    out[np.flatnonzero(ok)[found]] = s[np.arange(len(s)), pick][found]
+    return torch.as_tensor(out, dtype=torch.float64)
+
+
+# ---- random draws, for tests, demos and the Learn page ------------------------------------
+
+
+def random_orthogonal(n_heads: int, d: int, gen: torch.Generator, dtype=torch.float64) -> Tensor:
+    """Haar-random orthogonal matrices (H, d, d): QR of a Gaussian with the sign fix."""
+    g = torch.randn(n_heads, d, d, generator=gen, dtype=torch.float64)
+    q, r = torch.linalg.qr(g)
+    q = q * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1)).unsqueeze(-2)
+    return q.to(dtype)
+
+
+def random_rope_maps(n: int, d_head: int, rope: str, gen: torch.Generator, rotate: bool = True,
+                     scale_range: tuple[float, float] | None = None,
+                     dtype=torch.float64) -> Tensor:
+    """Random maps (n, d_h, d_h) that commute with rotary embeddings: per frequency pair a
+    rotation by a uniform angle (if `rotate`) times a scale drawn from `scale_range` (if
+    given), zero elsewhere."""
+    i, j = rope_pairs(d_head, rope)
+    half = d_head // 2
+    theta = (2 * torch.pi * torch.rand(n, half, generator=gen, dtype=torch.float64) if rotate
+             else torch.zeros(n, half, dtype=torch.float64))
+    scale = torch.ones(n, half, dtype=torch.float64)
+    if scale_range is not None:
+        lo, hi = scale_range
+        scale = lo + (hi - lo) * torch.rand(n, half, generator=gen, dtype=torch.float64)
+    return rope_maps(torch.cos(theta) * scale, torch.sin(theta) * scale, rope).to(dtype)
