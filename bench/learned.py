@@ -22,9 +22,9 @@ import torch  # noqa: E402
 
 from bench.results import RESULTS, default_pair_on_test, machine, write_section  # noqa: E402
 from rotviz.landscape import interpolate  # noqa: E402
-from rotviz.matching import LearnOptions  # noqa: E402
-from rotviz.matchspec import match_options  # noqa: E402
-from rotviz.pipeline import match_models  # noqa: E402
+from rotviz.match.options import LearnOptions  # noqa: E402
+from rotviz.match.pipeline import match_models  # noqa: E402
+from rotviz.match.selection import match_options  # noqa: E402
 
 
 def row(anchor, source, test, spec: str, seed: int = 0) -> str:

@@ -3,7 +3,7 @@
 Random RoBERTa-family models (rotviz.random_models) of roberta-base size (12 layers, d = 768,
 12 heads, FFN 3072) and deberta-v3-large size (24 layers, d = 1024, 16 heads, FFN 4096; the
 RoBERTa layout at that size, vocabulary 1000 to save memory). For each size and device it times
-`rotviz.matching.match` on views already in memory (attention only, attention + rescale, and
+`rotviz.match.engine.match` on views already in memory (attention only, attention + rescale, and
 the full method), median of --repeats runs, and once the end-to-end `match_models` (views,
 matching, state dict, finiteness and function check). Peak memory: CPU from the kernel's
 high-water mark (/proc/self/status VmHWM after resetting it through /proc/self/clear_refs, or
@@ -43,11 +43,12 @@ import torch  # noqa: E402
 
 from bench.results import RESULTS, machine, write_section  # noqa: E402
 from rotviz.arch import spec_for  # noqa: E402
-from rotviz.matching import MatchOptions, match  # noqa: E402
+from rotviz.match.engine import match  # noqa: E402
+from rotviz.match.options import MatchOptions
+from rotviz.match.pipeline import match_models  # noqa: E402
 from rotviz.models import Loaded  # noqa: E402
-from rotviz.pipeline import match_models  # noqa: E402
 from rotviz.random_models import random_model  # noqa: E402
-from rotviz.view import read_view  # noqa: E402
+from rotviz.symmetry.view import read_view  # noqa: E402
 
 SIZES = {
     "roberta-base": dict(layers=12, d=768, heads=12, ffn=3072, vocab=1000),
@@ -243,8 +244,8 @@ BLOCK = re.compile(r"<!-- match/([\w.+-]+) -->\n(.*?)\n<!-- /match/\1 -->", re.S
 SECTION = re.compile(r"<!-- match:start -->(.*?)<!-- match:end -->", re.S)
 INTRO = (
     "Written by `bench/match.py`: random RoBERTa-layout models, float32, views already in "
-    "memory for `match`; end-to-end is `rotviz.pipeline.match_models` (views, matching, state "
-    "dict, finiteness and function check). Peak memory counts the two models plus everything "
+    "memory for `match`; end-to-end is `rotviz.match.pipeline.match_models` (views, matching, "
+    "state dict, finiteness and function check). Peak memory counts the two models plus everything "
     "matching allocates (CPU: process high-water mark above the level before the models were "
     "built; CUDA: allocator peak with both views on the GPU). Targets from issue 2 apply to a "
     "2-core CPU."
@@ -274,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads (default: the cores this process may use)")
     p.add_argument("--lsa-threads", type=int, default=None,
-                   help="override rotviz.matching.LSA_THREADS (FFN solver threads; 0 = inline)")
+                   help="override rotviz.match.layers.LSA_THREADS (FFN solver threads; 0 = inline)")
     p.add_argument("--label", default=None, help="table label (default: the device)")
     p.add_argument("--note", default="", help="one line printed above the table")
     p.add_argument("--results", type=Path, default=RESULTS)
@@ -296,9 +297,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         devices = [args.device]
     if args.lsa_threads is not None:
-        import rotviz.matching
+        import rotviz.match.layers
 
-        rotviz.matching.LSA_THREADS = args.lsa_threads
+        rotviz.match.layers.LSA_THREADS = args.lsa_threads
         args.note = f"LSA_THREADS={args.lsa_threads}. {args.note}".strip()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     torch.set_num_threads(args.threads or cores or 1)

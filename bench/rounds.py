@@ -2,7 +2,7 @@
 
     python bench/rounds.py [--threads 2] [--caps 1,2,5,10,20,50,200] [--results PATH]
 
-Weight matching (`MatchOptions(heads=True, residual=True)`, rotviz.alternating) alternates
+Weight matching (`MatchOptions(heads=True, residual=True)`, rotviz.match.alternating) alternates
 the per-layer maps and the residual map until a round gains less than `tol` of the starting
 objective, at most `rounds` rounds per phase. A round cap is the obvious way to make it
 cheaper (bench/weight.py measures caps at large sizes), so this table shows what a cap costs
@@ -26,8 +26,8 @@ import torch  # noqa: E402
 
 from bench.results import RESULTS, default_pair_on_test, machine, write_section  # noqa: E402
 from rotviz.landscape import interpolate  # noqa: E402
-from rotviz.matching import MatchOptions  # noqa: E402
-from rotviz.pipeline import match_models  # noqa: E402
+from rotviz.match.options import MatchOptions  # noqa: E402
+from rotviz.match.pipeline import match_models  # noqa: E402
 
 DEFAULT = MatchOptions(heads=True, residual=True)
 

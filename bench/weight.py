@@ -2,9 +2,9 @@
 
 Weight matching is `MatchOptions(heads=True, residual=True)`: the seed paper's per-layer maps
 (FFN permutation, Q-K and V-O rotations, rescaling) plus a head permutation per layer, and the
-residual-stream map, alternated (rotviz.alternating) until a round gains less than `tol` of
+residual-stream map, alternated (rotviz.match.alternating) until a round gains less than `tol` of
 the starting objective, at most `rounds` rounds (library defaults: 50 and 1e-6). The seed
-matching is `MatchOptions()`. Both are timed with `rotviz.matching.match` on views already in
+matching is `MatchOptions()`. Both are timed with `rotviz.match.engine.match` on views already in
 memory, on two independently seeded random models (seeds 0 and 1) per size:
 
 - roberta-base: 12 layers, d 768, 12 heads, FFN 3072, vocabulary 1000. Post-norm LayerNorm,
@@ -20,7 +20,7 @@ Every weight-matching run reports the rounds it ran and the seconds per round, f
 progress callback's time stamps. Where the default misses the target (weight matching <= 2x
 the seed matching's time), the round caps in --caps are measured as well (e.g. 1, 2, 3), each
 with the distance it reaches; --backoff adds the default with `ffn_backoff=True` (rounds
-hold the FFN maps once its solve stops moving units; rotviz.alternating). Peak memory is the
+hold the FFN maps once its solve stops moving units; rotviz.match.alternating). Peak memory is the
 process high-water mark (as bench/match.py measures it) above the level before the models
 were built: the two models plus everything matching allocates, compared with the two models'
 weight bytes. On CUDA it is the allocator's peak with the two views on the GPU.
@@ -55,10 +55,11 @@ import torch  # noqa: E402
 from bench.match import PeakMemory, _status, weight_bytes  # noqa: E402
 from bench.results import RESULTS, machine, write_section  # noqa: E402
 from rotviz.arch import spec_for  # noqa: E402
-from rotviz.matching import MatchOptions, match  # noqa: E402
+from rotviz.match.engine import match  # noqa: E402
+from rotviz.match.options import MatchOptions
 from rotviz.models import Loaded  # noqa: E402
 from rotviz.random_models import random_model  # noqa: E402
-from rotviz.view import read_view  # noqa: E402
+from rotviz.symmetry.view import read_view  # noqa: E402
 
 SIZES = {
     "roberta-base": ("roberta", dict(layers=12, d=768, heads=12, ffn=3072, vocab=1000)),
@@ -319,7 +320,7 @@ def table(size: str, rows: list[Row], weights: int, n_layers: int, head: str) ->
                   f"{longest.history[0]:.2f}): "
                   + ", ".join(f"{x:.2f}" for x in by_round)
                   + ". The canonical forms have the norm gains folded into their readers "
-                  "(rotviz.residual), so these differ from the distances above, which are "
+                  "(rotviz.symmetry.residual), so these differ from the distances above, which are "
                   "taken in the anchor's own gauge, except on post-norm models."]
     return "\n".join(lines)
 
@@ -330,7 +331,7 @@ INTRO = (
     "Written by `bench/weight.py`: weight matching (`MatchOptions(heads=True, residual=True)`: "
     "the seed paper's per-layer maps, head permutation and the residual-stream map, "
     "alternated until a round gains less than tol = 1e-6 of the start, at most 50 rounds) "
-    "against the seed paper's matching (`MatchOptions()`), timed with `rotviz.matching.match` "
+    "against the seed paper's matching (`MatchOptions()`), timed with `rotviz.match.engine.match` "
     "on views already in memory; random float32 models, seeds 0 (anchor) and 1 (source). "
     "With --repeats N every matching runs N times, interleaved (seed, weight, caps, then "
     "again), and the table has the fastest run of each, all runs listed. "

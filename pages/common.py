@@ -277,7 +277,7 @@ def pair(cfg: dict):
 
 
 def layers_of(text: str | None, n_layers: int) -> tuple[int, ...] | None:
-    from rotviz.matching import parse_layers
+    from rotviz.match.options import parse_layers
 
     return parse_layers((text or "").strip() or None, n_layers)
 
@@ -319,9 +319,9 @@ def matched(anchor: str, source: str, spec: str, layers: str, device: str, data:
     matching early-stops on its val split, runs at most `learn_steps` steps and draws its
     batches with `seed`); `progress(done, total, message)` hears about every step, and
     `cancel()` returning True stops learned matching (then nothing is cached: `Cancelled`)."""
-    from rotviz.matching import LearnOptions
-    from rotviz.matchspec import match_options
-    from rotviz.pipeline import match_models
+    from rotviz.match.options import LearnOptions
+    from rotviz.match.pipeline import match_models
+    from rotviz.match.selection import match_options
 
     label = explore.spec_label(spec)
     if label == "none":
@@ -372,7 +372,7 @@ def offered_specs(s: Setup, choices) -> tuple[list[str], str | None]:
 
 
 def _n_layers(loaded) -> int:
-    from rotviz.pipeline import view_of
+    from rotviz.match.pipeline import view_of
 
     return view_of(loaded).dims.n_layers
 
@@ -390,8 +390,8 @@ def _card(cfg: dict, progress: Progress | None = None) -> dict:
 def _match(cfg: dict, progress: Progress | None = None) -> dict:
     m = _matched_of(cfg, progress)
     if m is None:
-        from rotviz.distances import distances
-        from rotviz.pipeline import view_of
+        from rotviz.match.distances import distances
+        from rotviz.match.pipeline import view_of
 
         a, b = pair(cfg)
         d = distances(view_of(b), view_of(a)).to_dict()
@@ -436,9 +436,9 @@ def _plane(cfg: dict, progress: Progress | None = None) -> dict:
 
 def _circuits(cfg: dict, progress: Progress | None = None) -> dict:
     """Cross-matrix and invariant circuit spectra of anchor, source and matched source."""
-    from rotviz.pipeline import view_of
+    from rotviz.match.pipeline import view_of
     from rotviz.spectra import spectra
-    from rotviz.view import read_view
+    from rotviz.symmetry.view import read_view
 
     a, b = pair(cfg)
     m = _matched_of(cfg, progress)

@@ -4,12 +4,12 @@ import streamlit as st
 
 from pages import common
 from rotviz import explore
-from rotviz.alternating import ended_by_cap
 from rotviz.limits import MAX_LAYERS_TEXT
+from rotviz.match.alternating import ended_by_cap
 from rotviz.plots import distances as dplots
 from rotviz.plots import matching as mplots
 from rotviz.plots import style
-from rotviz.residual import GROUP_TEXT
+from rotviz.symmetry.residual import GROUP_TEXT
 
 s = common.setup()
 LEARNED_NAMES = {"residual": "the residual map", "qk": "every head's Q-K rotation",

@@ -20,8 +20,8 @@ import torch
 
 from rotviz.data import Split
 from rotviz.landscape import Evaluator, interpolate, matched_state
-from rotviz.matching import MatchOptions
-from rotviz.matchspec import parse_spec
+from rotviz.match.options import MatchOptions
+from rotviz.match.selection import parse_spec
 from rotviz.models import Loaded
 
 Progress = Callable[[int, int, str], None]
@@ -139,7 +139,7 @@ def layer_sweeps(
     Single-layer and tail-layers matching (the seed paper's Figure 6): which layers must be
     matched for the merge to work.
     """
-    from rotviz.matchspec import spec_of
+    from rotviz.match.selection import spec_of
 
     t0 = time.perf_counter()
     s = spec_of(spec) if isinstance(spec, MatchOptions) else parse_spec(spec)
@@ -171,6 +171,6 @@ def layer_sweeps(
 
 
 def n_layers(loaded: Loaded) -> int:
-    from rotviz.view import resolve_layout
+    from rotviz.symmetry.view import resolve_layout
 
     return len(resolve_layout(loaded.spec, loaded.state).blocks)

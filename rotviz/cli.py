@@ -84,11 +84,11 @@ def _extra_commands():
 
 
 def cmd_match(args: argparse.Namespace) -> int:
-    from rotviz.alternating import ended_by_cap
-    from rotviz.matching import LearnOptions, MatchOptions, parse_layers
+    from rotviz.match.alternating import ended_by_cap
+    from rotviz.match.options import LearnOptions, MatchOptions, parse_layers
+    from rotviz.match.pipeline import match_models, stored_check_words
     from rotviz.models import load_model, pick_device, wide_device, write_model
     from rotviz.outputs import Outputs, write_json_file
-    from rotviz.pipeline import match_models, stored_check_words
 
     if (args.act or args.learned) and not args.data:
         raise RotvizError("--act and --learned learn from data: add --data, e.g. --data digits")
@@ -98,7 +98,7 @@ def cmd_match(args: argparse.Namespace) -> int:
                         ("--residual-group", args.residual_group is not None),
                         ("--ffn-backoff", args.ffn_backoff)):
         needs(flag, given, "--residual (it tunes the residual alternation)", args.residual)
-    from rotviz.residual import GROUPS
+    from rotviz.symmetry.residual import GROUPS
 
     if args.residual_group not in (None, "auto", *GROUPS):
         raise RotvizError(f"unknown --residual-group '{args.residual_group}': use auto, "
@@ -146,7 +146,7 @@ def cmd_match(args: argparse.Namespace) -> int:
 
 
 def _n_layers(loaded) -> int:
-    from rotviz.view import resolve_layout
+    from rotviz.symmetry.view import resolve_layout
 
     return len(resolve_layout(loaded.spec, loaded.state).blocks)
 

@@ -40,7 +40,7 @@ def bounded(bound: Bound) -> Callable[[str], int | float]:
 
 def layers_text(text: str) -> str:
     """An argparse type for --layers: the syntax checked now, the range once the model is
-    known (rotviz.matching.parse_layers), never expanded before that."""
+    known (rotviz.match.options.parse_layers), never expanded before that."""
     try:
         layer_ranges(text)
     except RotvizError as e:

@@ -113,8 +113,8 @@ def _load_pair(args):
     """Models, data, device and matching options, every part checked; SPEC errors come first."""
     from rotviz.ablations import n_layers
     from rotviz.data import load_split
-    from rotviz.matching import parse_layers
-    from rotviz.matchspec import match_options
+    from rotviz.match.options import parse_layers
+    from rotviz.match.selection import match_options
     from rotviz.models import check_compatible, load_model, pick_device
 
     match_options(args.match)

@@ -13,17 +13,18 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import torch
 
-from rotviz.actions import apply, random_element
-from rotviz.distances import distances
 from rotviz.evaluate import batch_inputs, evaluate
-from rotviz.matching import MatchOptions, match
+from rotviz.match.distances import distances
+from rotviz.match.engine import match
+from rotviz.match.options import MatchOptions
+from rotviz.match.pipeline import FUNCTION_TOLERANCE, Matched, view_of
 from rotviz.models import Loaded, forward, max_output_diff
-from rotviz.pipeline import FUNCTION_TOLERANCE, Matched, view_of
-from rotviz.view import write_state
+from rotviz.symmetry.actions import apply, random_element
+from rotviz.symmetry.view import write_state
 
 Progress = Callable[[int, int, str], None]
 
-# Matching SPEC strings (rotviz.matchspec) the app offers. The seed paper's five first (the
+# Matching SPEC strings (rotviz.match.selection) the app offers. The seed paper's five first (the
 # Barrier page's original comparison), then what goes beyond it: head permutation, the
 # residual stream alone, weight matching (seed + heads + residual, alternated), activation matching
 # and learned matching (both start from weight matching and need data).
@@ -61,8 +62,8 @@ WHY_UNCHANGED = {
 
 
 def spec_of(spec: str):
-    """The parsed SPEC (rotviz.matchspec.Spec): its flags and canonical label."""
-    from rotviz.matchspec import parse_spec
+    """The parsed SPEC (rotviz.match.selection.Selection): its flags and canonical label."""
+    from rotviz.match.selection import parse_spec
 
     return parse_spec(spec)
 
@@ -87,7 +88,7 @@ def learns(spec: str) -> bool:
 
 def residual_unsupported(loaded: Loaded) -> str | None:
     """Why residual maps cannot be used on this model (e.g. a tied output head), or None."""
-    from rotviz.residual import unsupported
+    from rotviz.symmetry.residual import unsupported
 
     return unsupported(view_of(loaded))
 
@@ -99,7 +100,7 @@ def offered(specs, residual_why: str | None) -> list[str]:
 
 def without_residual(spec: str) -> str:
     """The SPEC with the residual map left out (data solvers then start from seed)."""
-    from rotviz.matchspec import GROUPS
+    from rotviz.match.selection import GROUPS
 
     s = dataclasses.replace(spec_of(spec), residual=False)
     if (s.act or s.learned) and not any(getattr(s, g) for g in GROUPS):
@@ -133,7 +134,7 @@ def symmetry_check(loaded: Loaded, seed: int = 0) -> dict:
 
 
 def view_of_state(loaded: Loaded, state: Mapping[str, torch.Tensor]):
-    from rotviz.view import read_view
+    from rotviz.symmetry.view import read_view
 
     return read_view(loaded.spec, loaded.config, state)
 
@@ -332,7 +333,7 @@ def residual_demo(loaded: Loaded, split, seed: int = 0, layer: int = 0, head: in
     When the architecture has no usable residual map (e.g. GPT-2's tied output head) the
     result says why (`unsupported`) and carries only the original model's numbers.
     """
-    from rotviz import residual as rs
+    from rotviz.symmetry import residual as rs
 
     view = view_of(loaded)
     layer = min(layer, view.dims.n_layers - 1)

@@ -42,8 +42,8 @@ from rotviz.landscape import (
     matched_state,
     resolve_device,
 )
-from rotviz.matching import MatchOptions
-from rotviz.matchspec import label_of, parse_spec
+from rotviz.match.options import MatchOptions
+from rotviz.match.selection import label_of, parse_spec
 from rotviz.models import Loaded, to_wide, wide_device
 
 Tensor = torch.Tensor

@@ -27,8 +27,8 @@ from rotviz.data import Split
 from rotviz.errors import RotvizError
 from rotviz.evaluate import check_fits
 from rotviz.limits import BATCH_SIZE, GRID, MARGIN, POINTS, REPEATS
-from rotviz.matching import MatchOptions
-from rotviz.matchspec import label_of, match_options
+from rotviz.match.options import MatchOptions
+from rotviz.match.selection import label_of, match_options
 from rotviz.models import Loaded, check_compatible, pick_device, to_wide
 
 Tensor = torch.Tensor
@@ -151,8 +151,8 @@ def matched_state(anchor: Loaded, source: Loaded, options: MatchOptions | str | 
                   ) -> tuple[dict[str, Tensor], MatchInfo]:
     """The source as matched onto the anchor (its own state for no matching), checked.
     Activation and learned matching train on `data`'s train split (validation: its val)."""
-    from rotviz.distances import distances
-    from rotviz.pipeline import match_models, view_of
+    from rotviz.match.distances import distances
+    from rotviz.match.pipeline import match_models, view_of
 
     check_compatible(anchor, source)
     options = as_options(options)

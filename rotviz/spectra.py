@@ -25,8 +25,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from rotviz.groups import procrustes, rotation_angles
-from rotviz.matching import cross_qk, cross_vo
-from rotviz.view import Attention, ModelView
+from rotviz.match.layers import cross_qk, cross_vo
+from rotviz.symmetry.view import Attention, ModelView
 
 Tensor = torch.Tensor
 
@@ -92,7 +92,7 @@ class Spectra:
 def _as_view(model) -> ModelView:
     if isinstance(model, ModelView):
         return model
-    from rotviz.pipeline import view_of
+    from rotviz.match.pipeline import view_of
 
     return view_of(model)
 

@@ -18,7 +18,7 @@ import torch
 
 from rotviz.models import Loaded, load_model
 from rotviz.random_models import FAMILIES, save_random
-from rotviz.view import ModelView, read_view
+from rotviz.symmetry.view import ModelView, read_view
 
 TINY = dict(layers=2, d=32, heads=4, ffn=64)
 

@@ -239,9 +239,9 @@ def test_model_card_symmetry_check(roots):
 
 
 def test_match_tables_for_export(roots):
-    from rotviz.matching import MatchOptions
+    from rotviz.match.options import MatchOptions
+    from rotviz.match.pipeline import match_models
     from rotviz.models import load_model
-    from rotviz.pipeline import match_models
 
     a, s = load_model(roots / "vit-s0"), load_model(roots / "vit-s1")
     summary = explore.match_summary(match_models(a, s, MatchOptions()), "seed")

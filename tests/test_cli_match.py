@@ -27,7 +27,7 @@ from conftest import (
 from safetensors.torch import load_file, save_file
 
 from rotviz.cli import main
-from rotviz.distances import distances
+from rotviz.match.distances import distances
 from rotviz.models import forward, load_model, probe_inputs
 
 ROOT = Path(__file__).resolve().parents[1]

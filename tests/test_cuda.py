@@ -8,13 +8,14 @@ import pytest
 import torch
 from conftest import view_of
 
-from rotviz import residual as rs
 from rotviz.data import load_split
-from rotviz.distances import distances, norm
 from rotviz.landscape import interpolate
-from rotviz.matching import LearnOptions, MatchOptions, match
+from rotviz.match.distances import distances, norm
+from rotviz.match.engine import match
+from rotviz.match.options import LearnOptions, MatchOptions
+from rotviz.match.pipeline import match_models
 from rotviz.models import load_model
-from rotviz.pipeline import match_models
+from rotviz.symmetry import residual as rs
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

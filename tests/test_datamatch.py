@@ -10,19 +10,20 @@ import torch
 from conftest import clone_state, view_of
 from test_landscape import default_pair_refs
 
-from rotviz import residual as rs
-from rotviz.actions import LayerTransform, apply
 from rotviz.cli import main
 from rotviz.data import load_split
-from rotviz.datamatch import match_activations
-from rotviz.distances import distances, norm
 from rotviz.errors import RotvizError
 from rotviz.landscape import interpolate
-from rotviz.matching import LearnOptions, MatchOptions, match
-from rotviz.matchspec import match_options
+from rotviz.match.datamatch import match_activations
+from rotviz.match.distances import distances, norm
+from rotviz.match.engine import match
+from rotviz.match.options import LearnOptions, MatchOptions
+from rotviz.match.pipeline import match_models
+from rotviz.match.selection import match_options
 from rotviz.models import load_model, max_output_diff
-from rotviz.pipeline import match_models
-from rotviz.view import write_state
+from rotviz.symmetry import residual as rs
+from rotviz.symmetry.actions import LayerTransform, apply
+from rotviz.symmetry.view import write_state
 
 
 @pytest.fixture(scope="module")

@@ -32,9 +32,10 @@ from rotviz.fusion import (
     simple_average,
 )
 from rotviz.landscape import interpolate, matched_state
-from rotviz.matching import MatchOptions, match
+from rotviz.match.engine import match
+from rotviz.match.options import MatchOptions
 from rotviz.models import load_model
-from rotviz.view import write_state
+from rotviz.symmetry.view import write_state
 
 
 def _gram(n: int, gen: torch.Generator) -> torch.Tensor:

@@ -2,7 +2,7 @@
 
 rotviz computes in float32 (float64 where it already does) and writes each tensor back in the
 checkpoint's own dtype; `match` checks the function a second time in that dtype, against the
-per-dtype tolerance of `rotviz.pipeline.FUNCTION_TOLERANCES`. The CLI runs in-process. Text
+per-dtype tolerance of `rotviz.match.pipeline.FUNCTION_TOLERANCES`. The CLI runs in-process. Text
 families read the built-in `pystdlib` corpus (its head; 64-token windows, so 64 positions;
 BERT as BertLMHeadModel, since its sequence classifier fits no text data); image families read
 `digits` (8x8, 1 channel, 10 classes).
@@ -24,7 +24,8 @@ from rotviz.data import VOCAB_SIZE, load_split
 from rotviz.evaluate import evaluate
 from rotviz.fusion import merge, simple_average
 from rotviz.lite import load_for_eval
-from rotviz.matching import MatchOptions
+from rotviz.match.options import MatchOptions
+from rotviz.match.pipeline import FUNCTION_TOLERANCES, check_in_stored_dtype, match_models
 from rotviz.models import (
     Loaded,
     forward,
@@ -34,7 +35,6 @@ from rotviz.models import (
     stored_module,
     stored_output_diff,
 )
-from rotviz.pipeline import FUNCTION_TOLERANCES, check_in_stored_dtype, match_models
 from rotviz.random_models import FAMILIES, save_random
 
 ALL = (*FAMILIES, "llama")  # FAMILIES leaves llama to tests/test_llama.py

@@ -8,14 +8,22 @@ import pytest
 import torch
 from conftest import view_of
 
-from rotviz.actions import LayerTransform, apply, apply_layer, random_element, random_transform
-from rotviz.distances import distances, norm
 from rotviz.errors import RotvizError
-from rotviz.matching import MatchOptions, head_gain, head_permutation, match
-from rotviz.matchspec import match_options
+from rotviz.match.distances import distances, norm
+from rotviz.match.engine import match
+from rotviz.match.layers import head_gain, head_permutation
+from rotviz.match.options import MatchOptions
+from rotviz.match.pipeline import match_models
+from rotviz.match.selection import match_options
 from rotviz.models import load_model, max_output_diff
-from rotviz.pipeline import match_models
-from rotviz.view import write_state
+from rotviz.symmetry.actions import (
+    LayerTransform,
+    apply,
+    apply_layer,
+    random_element,
+    random_transform,
+)
+from rotviz.symmetry.view import write_state
 
 F64 = torch.float64
 HEADS = MatchOptions(heads=True)

@@ -19,7 +19,22 @@ import torch
 from conftest import assert_state_equal, clone_state, view_of
 from safetensors.torch import load_file, save_file
 
-from rotviz.actions import (
+from rotviz.arch import LLAMA, spec_for
+from rotviz.errors import RotvizError
+from rotviz.groups import (
+    random_orthogonal,
+    random_rope_maps,
+    rope_maps,
+    rope_pairs,
+    rope_procrustes,
+)
+from rotviz.match.distances import distances, norm
+from rotviz.match.engine import match
+from rotviz.match.layers import cross_qk, cross_vo, ffn_cost, ffn_permutation, head_permutation
+from rotviz.match.options import MatchOptions
+from rotviz.match.pipeline import match_models
+from rotviz.models import forward, load_model, max_output_diff, probe_inputs, save_model
+from rotviz.symmetry.actions import (
     LayerTransform,
     apply,
     apply_layer,
@@ -30,28 +45,7 @@ from rotviz.actions import (
     rope_structured,
     transform_qk,
 )
-from rotviz.arch import LLAMA, spec_for
-from rotviz.distances import distances, norm
-from rotviz.errors import RotvizError
-from rotviz.groups import (
-    random_orthogonal,
-    random_rope_maps,
-    rope_maps,
-    rope_pairs,
-    rope_procrustes,
-)
-from rotviz.matching import (
-    MatchOptions,
-    cross_qk,
-    cross_vo,
-    ffn_cost,
-    ffn_permutation,
-    head_permutation,
-    match,
-)
-from rotviz.models import forward, load_model, max_output_diff, probe_inputs, save_model
-from rotviz.pipeline import match_models
-from rotviz.view import Dims, groups, read_view, write_state
+from rotviz.symmetry.view import Dims, groups, read_view, write_state
 
 F64 = torch.float64
 TOL = 1e-4  # float32 logits

@@ -19,14 +19,16 @@ from conftest import (
     view_of,
 )
 
-from rotviz.actions import apply, random_element
-from rotviz.distances import distances, norm
 from rotviz.errors import RotvizError
 from rotviz.groups import best_scale, procrustes, random_orthogonal
-from rotviz.matching import MatchOptions, cross_qk, cross_vo, ffn_permutation, match, parse_layers
+from rotviz.match.distances import distances, norm
+from rotviz.match.engine import match
+from rotviz.match.layers import cross_qk, cross_vo, ffn_permutation
+from rotviz.match.options import MatchOptions, parse_layers
+from rotviz.match.pipeline import match_models
 from rotviz.models import max_output_diff
-from rotviz.pipeline import match_models
-from rotviz.view import FFN, KINDS, write_state
+from rotviz.symmetry.actions import apply, random_element
+from rotviz.symmetry.view import FFN, KINDS, write_state
 
 F64 = torch.float64
 

@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 
 from rotviz.errors import RotvizError
-from rotviz.matching import MatchOptions
-from rotviz.matchspec import (
+from rotviz.match.options import MatchOptions
+from rotviz.match.selection import (
     FLAGS,
     SOLVERS,
     Spec,

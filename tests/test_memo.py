@@ -14,12 +14,13 @@ import pytest
 import torch
 from conftest import view_of
 
-import rotviz.alternating as alternating
-from rotviz.actions import permute_ffn
-from rotviz.matching import MatchOptions, match
+from rotviz.match import alternating
+from rotviz.match.engine import match
+from rotviz.match.options import MatchOptions
 from rotviz.memo import TensorMemo
 from rotviz.models import load_model
-from rotviz.view import FFN, write_state
+from rotviz.symmetry.actions import permute_ffn
+from rotviz.symmetry.view import FFN, write_state
 
 
 def test_hits_only_the_same_tensor_objects():

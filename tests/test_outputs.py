@@ -281,8 +281,9 @@ def test_a_failure_while_writing_leaves_nothing(ws, capfd, monkeypatch):
 # ---- Ctrl-C in a real process -----------------------------------------------------------------
 
 
-READY = ("import sys, torch, transformers, timm, scipy.optimize, rotviz.cli, rotviz.pipeline, "
-         "rotviz.landscape, rotviz.fusion, rotviz.train, rotviz.datamatch\n"
+READY = ("import sys, torch, transformers, timm, scipy.optimize, rotviz.cli, "
+         "rotviz.match.pipeline, rotviz.landscape, rotviz.fusion, rotviz.train, "
+         "rotviz.match.datamatch\n"
          "print('ready', flush=True)\n"
          "sys.exit(rotviz.cli.main(sys.argv[1:]))\n")
 

@@ -8,14 +8,15 @@ import pytest
 import torch
 from conftest import clone_state, view_of
 
-from rotviz import residual as rs
-from rotviz.distances import distances, norm
 from rotviz.errors import RotvizError
 from rotviz.groups import random_orthogonal
-from rotviz.matching import MatchOptions, match
+from rotviz.match.distances import distances, norm
+from rotviz.match.engine import match
+from rotviz.match.options import MatchOptions
+from rotviz.match.pipeline import match_models
 from rotviz.models import load_model, max_output_diff
-from rotviz.pipeline import match_models
-from rotviz.view import write_state
+from rotviz.symmetry import residual as rs
+from rotviz.symmetry.view import write_state
 
 F64 = torch.float64
 RESIDUAL_ONLY = MatchOptions(ffn=False, attn=False, rescale=False, residual=True)
@@ -196,7 +197,7 @@ def test_tied_heads_are_refused_with_a_way_out(loaded, family):
 def test_residual_and_seed_compose_on_planted_elements(loaded, saved):
     """A planted residual map plus the seed paper's group on an untied GPT-2: every part
     together keeps the function."""
-    from rotviz.actions import apply, random_element
+    from rotviz.symmetry.actions import apply, random_element
 
     model = load_model(saved("gpt2", 0, tie=False))
     canon, _ = rs.canonicalise(view_of(model))
@@ -229,7 +230,7 @@ def test_held_ffn_tensors_are_accounted_exactly(stream_model):
     """While FFN tensors lag behind the residual map, the cross term and the objective the
     alternation uses are those of the model they stand for (1e-10 relative), and settling
     yields that model."""
-    from rotviz.alternating import _LazyFFN, objective
+    from rotviz.match.alternating import _LazyFFN, objective
     from rotviz.memo import TensorMemo
 
     anchor, _ = rs.canonicalise(view_of(stream_model(0, F64)))

@@ -11,11 +11,11 @@ import torch
 from conftest import view_of
 from test_landscape import default_pair
 
-from rotviz.actions import apply, random_element
 from rotviz.groups import rotation_angles
-from rotviz.pipeline import match_models
+from rotviz.match.pipeline import match_models
 from rotviz.spectra import qk_circuit, spectra, vo_circuit
-from rotviz.view import read_view
+from rotviz.symmetry.actions import apply, random_element
+from rotviz.symmetry.view import read_view
 
 
 def brute_force(x: torch.Tensor, y: torch.Tensor, d_h: int) -> torch.Tensor:

@@ -7,7 +7,7 @@ import torch
 from conftest import assert_state_equal, clone_state, view_of
 
 from rotviz.errors import RotvizError
-from rotviz.view import KINDS, groups, read_view, write_state
+from rotviz.symmetry.view import KINDS, groups, read_view, write_state
 
 
 def test_round_trip_is_bit_exact(family, loaded):

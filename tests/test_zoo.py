@@ -19,14 +19,14 @@ import torch
 from rotviz import zoo
 from rotviz.cli import main
 from rotviz.data import load_split, pystdlib_fingerprint
-from rotviz.distances import distances
 from rotviz.errors import RotvizError
 from rotviz.evaluate import evaluate
 from rotviz.lite import load_for_eval, load_lite
+from rotviz.match.distances import distances
 from rotviz.models import Loaded, forward, load_model, probe_inputs
 from rotviz.recipes import RECIPES, Recipe
+from rotviz.symmetry.view import read_view
 from rotviz.train import select, train
-from rotviz.view import read_view
 
 NAMES = [e.name for e in zoo.entries()]
 CARD_KEYS = {"name", "recipe", "seed", "data", "test", "val", "train_seconds", "versions",

@@ -4,7 +4,7 @@ Activation matching (Git Re-Basin's, extended to the stream): run both models on
 training examples; the residual map is the Procrustes solution of the summed cross-covariance
 of their streams (at every block's input and before the final norm), and each FFN permutation
 is the linear assignment that maximises the correlation of hidden units. Attention maps then
-come from the weights, given those. Learned matching (rotviz.learned) starts from weight
+come from the weights, given those. Learned matching (rotviz.match.learned) starts from weight
 matching, or from activation matching when `act` is also on.
 
 Activations are read from a private copy of the anchor's module (hooks would otherwise touch
@@ -20,16 +20,19 @@ from dataclasses import replace
 
 import torch
 
-from rotviz import residual as rs
-from rotviz.actions import LayerTransform, apply
-from rotviz.alternating import check_residual
 from rotviz.data import Split, load_split
-from rotviz.distances import distances
 from rotviz.errors import RotvizError
 from rotviz.groups import assign
-from rotviz.matching import MatchOptions, MatchReport, MatchResult, Progress, match
+from rotviz.match.alternating import check_residual
+from rotviz.match.distances import distances
+from rotviz.match.engine import match
+from rotviz.match.layers import match_layers
+from rotviz.match.options import MatchOptions, Progress
+from rotviz.match.report import MatchReport, MatchResult
 from rotviz.models import Loaded, to_wide
-from rotviz.view import ModelView, write_state
+from rotviz.symmetry import residual as rs
+from rotviz.symmetry.actions import LayerTransform, apply
+from rotviz.symmetry.view import ModelView, write_state
 
 Tensor = torch.Tensor
 ACT_EXAMPLES = 256  # training examples (images, or 64-character windows) for activations
@@ -118,7 +121,7 @@ def match_activations(anchor: Loaded, anc_c: ModelView, src_c: ModelView, option
         src_c = apply(src_c, transforms)
         info["ffn_corr_before"], info["ffn_corr_after"] = corr_before, corr_after
     if options.attn or options.rescale:
-        step = match(anc_c, src_c, replace(options, ffn=False, residual=False, act=False,
+        step = match_layers(anc_c, src_c, replace(options, ffn=False, residual=False, act=False,
                                            learned=False))
         src_c = step.view
         for i, t in step.transforms.items():
@@ -164,7 +167,7 @@ def match_with_data(anchor: Loaded, anchor_view: ModelView, source_view: ModelVi
     layers_rep = start.report.layers if start.report else []
     view = start.view
     if options.learned:
-        from rotviz.learned import learn
+        from rotviz.match.learned import learn
 
         val = load_split(data, "val")
         tuned, info = learn(anchor, anc_c, src_c, group, train, val, options.learn, device,

@@ -10,7 +10,7 @@ import torch
 
 from rotviz.memo import TensorMemo, cached
 from rotviz.models import wide_device
-from rotviz.view import KINDS, ModelView, groups
+from rotviz.symmetry.view import KINDS, ModelView, groups
 
 
 @dataclass(frozen=True)

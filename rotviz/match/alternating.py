@@ -24,13 +24,15 @@ from dataclasses import replace
 
 import torch
 
-from rotviz import residual as rs
-from rotviz.actions import LayerTransform
-from rotviz.distances import distances
 from rotviz.errors import RotvizError
-from rotviz.matching import MatchOptions, MatchReport, MatchResult, Progress, match
+from rotviz.match.distances import distances
+from rotviz.match.layers import match_layers
+from rotviz.match.options import MatchOptions, Progress
+from rotviz.match.report import MatchReport, MatchResult
 from rotviz.memo import TensorMemo
-from rotviz.view import ModelView
+from rotviz.symmetry import residual as rs
+from rotviz.symmetry.actions import LayerTransform
+from rotviz.symmetry.view import ModelView
 
 
 def objective(src: ModelView, anc: ModelView, memo: TensorMemo | None = None) -> float:
@@ -100,7 +102,7 @@ def match_residual(anchor: ModelView, source: ModelView, options: MatchOptions,
             if per_layer:
                 if full:
                     src_c = lazy.settle(src_c)
-                step = match(anc_c, src_c, step_options, memo=memo)
+                step = match_layers(anc_c, src_c, step_options, memo=memo)
                 if full and options.ffn:  # back off while the units stay put
                     moved = any(rep.ffn_moved for rep in step.report.layers)
                     waiting, wait_next = (0, 1) if moved else (wait_next, 2 * wait_next)

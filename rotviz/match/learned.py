@@ -1,7 +1,8 @@
 """Learned matching (GLMC paper): tune the orthogonal maps on data so the path has no barrier.
 
-Start from weight matching, on canonical forms (rotviz.residual). Parametrise the residual map
-and every per-head Q-K and V-O map as rotations exp(S - S^T) applied on top of that start, and
+Start from weight matching, on canonical forms (rotviz.symmetry.residual). Parametrise the
+residual map and every per-head Q-K and V-O map as rotations exp(S - S^T) applied on top of
+that start, and
 minimise the task loss of the interpolated model (1 - lam) anchor + lam source' at
 lam ~ U(lam_lo, lam_hi) on training batches. Permutations and scales stay as weight matching
 left them. Every `eval_every` steps the barrier is measured on the validation split; the best
@@ -19,14 +20,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from rotviz import residual as rs
-from rotviz.actions import LayerTransform, apply
 from rotviz.data import Split
 from rotviz.groups import centred_lift, ones_complement, rope_pairs
 from rotviz.landscape import IGNORE, Evaluator, barrier_of, resolve_device
-from rotviz.matching import LearnOptions, Progress
+from rotviz.match.options import LearnOptions, Progress
 from rotviz.models import Loaded, wide_device
-from rotviz.view import ModelView, write_state
+from rotviz.symmetry import residual as rs
+from rotviz.symmetry.actions import LayerTransform, apply
+from rotviz.symmetry.view import ModelView, write_state
 
 Tensor = torch.Tensor
 

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 
 import torch
 
-from rotviz.matching import MatchOptions, MatchReport, Progress, match
+from rotviz.match.engine import match
+from rotviz.match.options import MatchOptions, Progress
+from rotviz.match.report import MatchReport
 from rotviz.models import (
     HALF,
     Loaded,
@@ -18,7 +20,7 @@ from rotviz.models import (
     stored_output_diff,
     wide_device,
 )
-from rotviz.view import read_view, write_state
+from rotviz.symmetry.view import read_view, write_state
 
 # The largest logit change for which a transform counts as function-preserving, per dtype the
 # check runs in.
@@ -114,7 +116,7 @@ def match_models(
     device = wide_device(device)  # the solvers work in float64, which MPS lacks
     va, vs = view_of(anchor, device), view_of(source, device)
     if options.needs_data:
-        from rotviz.datamatch import match_with_data
+        from rotviz.match.datamatch import match_with_data
 
         result = match_with_data(anchor, va, vs, options, data, torch.device(device), progress,
                                  cancel)

@@ -33,7 +33,7 @@ from rotviz.groups import (
     rotation_angles,
 )
 from rotviz.memo import TensorMemo, cached
-from rotviz.view import FFN, Attention, Block, ModelView, Norm
+from rotviz.symmetry.view import FFN, Attention, Block, ModelView, Norm
 
 Tensor = torch.Tensor
 
@@ -265,7 +265,7 @@ def _check_element(view: ModelView, q: Tensor, group: str, tol: float = 1e-6) ->
             raise RotvizError(
                 f"on {view.spec.family} (pre-norm LayerNorm) the residual map must keep the "
                 "all-ones vector (Q 1 = 1); a full rotation changes the function. Use a centred "
-                "map (rotviz.residual.random_map or matching with residual)"
+                "map (rotviz.symmetry.residual.random_map or matching with residual)"
             )
     if group == "permutation" and not bool(((qd - qd.round()).abs() <= tol).all()):
         raise RotvizError(
@@ -279,7 +279,7 @@ def _check_element(view: ModelView, q: Tensor, group: str, tol: float = 1e-6) ->
             if g is not None and not bool((g == 1).all()):
                 raise RotvizError(
                     f"norm gain {nid} is not folded: canonicalise the model "
-                    "(rotviz.residual.canonicalise) before a residual rotation"
+                    "(rotviz.symmetry.residual.canonicalise) before a residual rotation"
                 )
 
 
@@ -296,7 +296,7 @@ def apply_residual(view: ModelView, q: Tensor, check: bool = True,
     """The model with its stream turned by Q: x -> x Q. New tensors; differentiable in Q.
 
     `which`: "ffn" turns only the blocks' FFN and norm tensors, "rest" everything else, so
-    a caller can defer the largest tensors while only the rest moves (rotviz.alternating);
+    a caller can defer the largest tensors while only the rest moves (rotviz.match.alternating);
     applying both parts equals applying "all"."""
     _check_part(which)
     group = group_of(view)

@@ -6,7 +6,8 @@ A SPEC is `none`, or a comma list of names:
 - solvers that need data: `act` (FFN and residual maps from activations) and `learned`
   (maps tuned so the path has no barrier);
 - shorthands: `seed` = ffn,attn,rescale; `weight` = seed,heads,residual: every data-free map,
-  alternated (rotviz.alternating). `act` or `learned` with no group named starts from `weight`.
+  alternated (rotviz.match.alternating). `act` or `learned` with no group named starts from
+  `weight`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from rotviz.errors import RotvizError
-from rotviz.matching import MatchOptions
+from rotviz.match.options import MatchOptions
 
 # name -> the flags it switches on
 SHORTHANDS: dict[str, tuple[str, ...]] = {

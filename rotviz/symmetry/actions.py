@@ -30,7 +30,7 @@ import torch
 
 from rotviz.errors import RotvizError
 from rotviz.groups import random_orthogonal, random_rope_maps, rope_pairs
-from rotviz.view import FFN, Attention, Dims, ModelView
+from rotviz.symmetry.view import FFN, Attention, Dims, ModelView
 
 Tensor = torch.Tensor
 

@@ -22,16 +22,13 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from rotviz.actions import LayerTransform, apply_layer, permute_ffn, permute_heads
-from rotviz.distances import Distances, distances
-from rotviz.errors import RotvizError
 from rotviz.groups import (
     assign,
     best_scale,
@@ -40,164 +37,14 @@ from rotviz.groups import (
     rope_procrustes,
     rotation_angles,
 )
-from rotviz.limits import (
-    DEFAULT_ROUNDS,
-    DEFAULT_STEPS,
-    DEFAULT_TOL,
-    ROUNDS,
-    STEPS,
-    TOL,
-    check_layer_ranges,
-    layer_ranges,
-)
+from rotviz.match.distances import Distances, distances
+from rotviz.match.options import MatchOptions, Progress
+from rotviz.match.report import HeadReport, MatchReport, MatchResult
 from rotviz.memo import TensorMemo
-from rotviz.view import Attention, ModelView
+from rotviz.symmetry.actions import LayerTransform, apply_layer, permute_ffn, permute_heads
+from rotviz.symmetry.view import Attention, ModelView
 
 Tensor = torch.Tensor
-Progress = Callable[[int, int, str], None]
-
-
-@dataclass(frozen=True)
-class LearnOptions:
-    """Learned matching (GLMC paper): orthogonal maps tuned on training data so that the
-    interpolated model at lambda ~ U(lam) has a low loss, early-stopped on a validation
-    barrier. Every choice is seeded."""
-
-    steps: int = DEFAULT_STEPS
-    lr: float = 0.01
-    batch_size: int = 128
-    # lambda ~ U(lam): the GLMC paper trains at U(0.4, 0.6); on the default pair that left
-    # barriers of 0.10-0.19 at alpha ~ 0.7 for some seeds (the flanks are never trained),
-    # U(0.2, 0.8) left 0.05-0.07 for every seed tried (bench/learned.py)
-    lam: tuple[float, float] = (0.2, 0.8)
-    eval_every: int = 20  # steps between validation barriers
-    val_points: int = 5  # alphas on the validation path, endpoints included
-    patience: int = 8  # validation checks without improvement before stopping
-    seed: int = 0
-    residual: bool = True  # learn the residual map (where the architecture has a rotation)
-    heads: bool = True  # learn per-head Q-K and V-O rotations
-
-    def __post_init__(self) -> None:
-        STEPS.check(self.steps)
-
-
-@dataclass(frozen=True)
-class MatchOptions:
-    ffn: bool = True
-    attn: bool = True
-    rescale: bool = True
-    layers: tuple[int, ...] | None = None  # None = every layer
-    heads: bool = False  # permute heads before rotating them (needs attn)
-    # residual stream map, alternated with the per-layer maps (beyond the seed paper)
-    residual: bool = False
-    residual_group: str = "auto"  # auto (the architecture's), or a subgroup: permutation, ...
-    rounds: int = DEFAULT_ROUNDS  # at most this many alternations of per-layer and residual maps
-    tol: float = DEFAULT_TOL  # stop when a round gains less than this fraction of the start
-    # hold the FFN maps for 1, 2, 4, ... rounds after an FFN solve moves no unit (faster on
-    # large models, another local optimum; rotviz.alternating)
-    ffn_backoff: bool = False
-    act: bool = False  # FFN and residual maps from activations on data (needs data)
-    learned: bool = False  # tune the maps on data after weight matching (needs data)
-    learn: LearnOptions = field(default_factory=LearnOptions)
-
-    def __post_init__(self) -> None:
-        if self.heads and not self.attn:
-            raise RotvizError(
-                "head permutation (heads) needs attention matching (attn): "
-                "turn attn on or heads off"
-            )
-        ROUNDS.check(self.rounds)
-        TOL.check(self.tol)  # also refuses NaN and inf
-
-    @property
-    def needs_data(self) -> bool:
-        return self.act or self.learned
-
-    @property
-    def label(self) -> str:
-        flags = (("ffn", self.ffn), ("attn", self.attn), ("rescale", self.rescale),
-                 ("heads", self.heads), ("residual", self.residual), ("act", self.act),
-                 ("learned", self.learned))
-        parts = [p for p, on in flags if on]
-        return ",".join(parts) or "none"
-
-
-@dataclass
-class HeadReport:
-    """Per layer, per head: what matching saw and did.
-
-    "Per head" means per KV group under grouped-query attention (H_kv entries; H_kv = H
-    otherwise). Under rotary embeddings the Q-K rotation turns each frequency pair by its own
-    angle: its eigen-angles (qk_angles) are those angles, each twice, and its det is +1;
-    qk_scale is then |det A|^(1/d_h), the geometric mean of the per-pair scales qk_pair_scale.
-    """
-
-    layer: int
-    qk_singular: list[list[float]] = field(default_factory=list)  # (H_kv, d_h)
-    vo_singular: list[list[float]] = field(default_factory=list)
-    qk_angles: list[list[float]] = field(default_factory=list)  # degrees, (H_kv, d_h)
-    vo_angles: list[list[float]] = field(default_factory=list)
-    qk_det: list[float] = field(default_factory=list)
-    vo_det: list[float] = field(default_factory=list)
-    qk_scale: list[float] = field(default_factory=list)
-    vo_scale: list[float] = field(default_factory=list)
-    ffn_moved: int = 0  # FFN units that changed position
-    head_perm: list[int] = field(default_factory=list)  # new head k = source head head_perm[k]
-    qk_pair_scale: list[list[float]] = field(default_factory=list)  # rotary: (H_kv, d_h / 2)
-    # gated FFN with rescaling: quantiles (0, 25, 50, 75, 100 %) of the per-unit up/down
-    # scales (the scales themselves are in MatchResult.transforms[layer].ffn_scale)
-    ffn_scale_quantiles: list[float] = field(default_factory=list)
-
-
-@dataclass
-class MatchReport:
-    options: MatchOptions
-    before: Distances
-    after: Distances
-    layers: list[HeadReport]
-    seconds: float = 0.0
-    max_output_diff: float | None = None  # filled by the function check (float32)
-    # A half checkpoint's second check, run in its own dtype (rotviz.pipeline): the dtype's
-    # name, the largest logit change and the tolerance it met, in logits.
-    stored_dtype: str | None = None
-    stored_output_diff: float | None = None
-    stored_tolerance: float | None = None
-    residual: dict | None = None  # the residual map: group, rounds, objective, angles
-    act: dict | None = None  # activation matching: data, examples, correlations
-    learned: dict | None = None  # learned matching: steps, history, validation barriers
-
-    def to_dict(self) -> dict:
-        o = self.options
-        return {
-            "options": {"ffn": o.ffn, "attn": o.attn, "rescale": o.rescale, "heads": o.heads,
-                        "residual": o.residual, "residual_group": o.residual_group,
-                        "rounds": o.rounds, "tol": o.tol, "ffn_backoff": o.ffn_backoff,
-                        "act": o.act, "learned": o.learned,
-                        "layers": list(o.layers) if o.layers is not None else None},
-            "distance_before": self.before.to_dict(),
-            "distance_after": self.after.to_dict(),
-            "heads": [vars(h) for h in self.layers],
-            "residual": self.residual,
-            "act": self.act,
-            "learned": self.learned,
-            "max_output_diff": self.max_output_diff,
-            "stored_dtype": self.stored_dtype,
-            "stored_output_diff": self.stored_output_diff,
-            "stored_tolerance": self.stored_tolerance,
-            "seconds": self.seconds,
-        }
-
-
-@dataclass
-class MatchResult:
-    """The matched view and the group element that produced it. With a residual map the
-    element acts on canonical forms (rotviz.residual): `view` = restore(apply(canonical
-    source, transforms, residual), the anchor's gauge)."""
-
-    view: ModelView
-    transforms: dict[int, LayerTransform]
-    report: MatchReport
-    residual: Tensor | None = None  # (d, d), x -> x Q on the stream
 
 
 # ---- solvers --------------------------------------------------------------------------------
@@ -501,22 +348,6 @@ def rescale_vo(src: Attention, anc: Attention) -> Tensor:
 # ---- the algorithm --------------------------------------------------------------------------
 
 
-def parse_layers(spec: str | Sequence[int] | None, n_layers: int) -> tuple[int, ...] | None:
-    """'0,2-5' -> (0, 2, 3, 4, 5); checked against the model's layer count before any range
-    is expanded, so a huge range costs nothing and its message quotes the input."""
-    if spec is None or (isinstance(spec, str) and spec.strip() == "all"):
-        return None
-    if isinstance(spec, str):
-        return check_layer_ranges(layer_ranges(spec), n_layers, spec)
-    out = [int(x) for x in spec]
-    bad = [i for i in out if not 0 <= i < n_layers]
-    if bad:
-        raise RotvizError(
-            f"--layers {bad[:5]} out of range: the model has {n_layers} layers (0-{n_layers - 1})"
-        )
-    return tuple(sorted(set(out)))
-
-
 # Threads (at most; never more than the usable cores) that run scipy's assignment solver,
 # which releases the GIL, while the main thread builds the next cost matrices; 0 solves
 # inline. At most this many cost matrices are alive at once.
@@ -617,30 +448,17 @@ def _match_attention(
     return heads, qk, vo
 
 
-def match(
+def match_layers(
     anchor: ModelView,
     source: ModelView,
-    options: MatchOptions = MatchOptions(),
+    options: MatchOptions,
     progress: Progress | None = None,
     memo: TensorMemo | None = None,
 ) -> MatchResult:
-    """Match `source` onto `anchor`. Returns the matched view, the group element and a report.
-
-    With `options.residual` the residual map is alternated with the per-layer maps
-    (rotviz.alternating); activation and learned matching need data (rotviz.pipeline).
-    `memo` lets repeated calls on partly unchanged views (alternation rounds) skip the FFN
-    solves and distances of tensors they have seen."""
-    import time
-
-    if options.needs_data:
-        raise RotvizError(
-            f"matching [{options.label}] needs data: use rotviz.pipeline.match_models(..., data=)"
-        )
-    if options.residual:
-        from rotviz.alternating import match_residual
-
-        return match_residual(anchor, source, options, progress)
-
+    """The per-layer maps of `options` (FFN, attention, rescale, heads; not the residual
+    stream: rotviz.match.engine picks the alternation for that). Returns the matched view,
+    the group element and a report. `memo` lets repeated calls on partly unchanged views
+    (alternation rounds) skip the FFN solves and distances of tensors they have seen."""
     t0 = time.perf_counter()
     layers = options.layers if options.layers is not None else tuple(range(anchor.dims.n_layers))
     reports = {i: HeadReport(layer=i) for i in layers}

@@ -1,0 +1,92 @@
+"""What matching found and did: per-layer head reports, the run's report and its result."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from rotviz.match.distances import Distances
+from rotviz.match.options import MatchOptions
+from rotviz.symmetry.actions import LayerTransform
+from rotviz.symmetry.view import ModelView
+
+Tensor = torch.Tensor
+
+
+@dataclass
+class HeadReport:
+    """Per layer, per head: what matching saw and did.
+
+    "Per head" means per KV group under grouped-query attention (H_kv entries; H_kv = H
+    otherwise). Under rotary embeddings the Q-K rotation turns each frequency pair by its own
+    angle: its eigen-angles (qk_angles) are those angles, each twice, and its det is +1;
+    qk_scale is then |det A|^(1/d_h), the geometric mean of the per-pair scales qk_pair_scale.
+    """
+
+    layer: int
+    qk_singular: list[list[float]] = field(default_factory=list)  # (H_kv, d_h)
+    vo_singular: list[list[float]] = field(default_factory=list)
+    qk_angles: list[list[float]] = field(default_factory=list)  # degrees, (H_kv, d_h)
+    vo_angles: list[list[float]] = field(default_factory=list)
+    qk_det: list[float] = field(default_factory=list)
+    vo_det: list[float] = field(default_factory=list)
+    qk_scale: list[float] = field(default_factory=list)
+    vo_scale: list[float] = field(default_factory=list)
+    ffn_moved: int = 0  # FFN units that changed position
+    head_perm: list[int] = field(default_factory=list)  # new head k = source head head_perm[k]
+    qk_pair_scale: list[list[float]] = field(default_factory=list)  # rotary: (H_kv, d_h / 2)
+    # gated FFN with rescaling: quantiles (0, 25, 50, 75, 100 %) of the per-unit up/down
+    # scales (the scales themselves are in MatchResult.transforms[layer].ffn_scale)
+    ffn_scale_quantiles: list[float] = field(default_factory=list)
+
+
+@dataclass
+class MatchReport:
+    options: MatchOptions
+    before: Distances
+    after: Distances
+    layers: list[HeadReport]
+    seconds: float = 0.0
+    max_output_diff: float | None = None  # filled by the function check (float32)
+    # A half checkpoint's second check, run in its own dtype (rotviz.match.pipeline): the dtype's
+    # name, the largest logit change and the tolerance it met, in logits.
+    stored_dtype: str | None = None
+    stored_output_diff: float | None = None
+    stored_tolerance: float | None = None
+    residual: dict | None = None  # the residual map: group, rounds, objective, angles
+    act: dict | None = None  # activation matching: data, examples, correlations
+    learned: dict | None = None  # learned matching: steps, history, validation barriers
+
+    def to_dict(self) -> dict:
+        o = self.options
+        return {
+            "options": {"ffn": o.ffn, "attn": o.attn, "rescale": o.rescale, "heads": o.heads,
+                        "residual": o.residual, "residual_group": o.residual_group,
+                        "rounds": o.rounds, "tol": o.tol, "ffn_backoff": o.ffn_backoff,
+                        "act": o.act, "learned": o.learned,
+                        "layers": list(o.layers) if o.layers is not None else None},
+            "distance_before": self.before.to_dict(),
+            "distance_after": self.after.to_dict(),
+            "heads": [vars(h) for h in self.layers],
+            "residual": self.residual,
+            "act": self.act,
+            "learned": self.learned,
+            "max_output_diff": self.max_output_diff,
+            "stored_dtype": self.stored_dtype,
+            "stored_output_diff": self.stored_output_diff,
+            "stored_tolerance": self.stored_tolerance,
+            "seconds": self.seconds,
+        }
+
+
+@dataclass
+class MatchResult:
+    """The matched view and the group element that produced it. With a residual map the
+    element acts on canonical forms (rotviz.symmetry.residual): `view` = restore(apply(canonical
+    source, transforms, residual), the anchor's gauge)."""
+
+    view: ModelView
+    transforms: dict[int, LayerTransform]
+    report: MatchReport
+    residual: Tensor | None = None  # (d, d), x -> x Q on the stream
