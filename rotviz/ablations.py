@@ -21,7 +21,7 @@ import torch
 from rotviz.data import Split
 from rotviz.landscape import Evaluator, interpolate, matched_state
 from rotviz.match.options import MatchOptions
-from rotviz.match.selection import parse_spec
+from rotviz.match.selection import parse_selection
 from rotviz.models import Loaded
 
 Progress = Callable[[int, int, str], None]
@@ -77,7 +77,7 @@ def ablation(
 ) -> Ablation:
     """ablation(anchor, source, split, specs=ABLATION_SPECS, points=21, device=) -> Ablation"""
     t0 = time.perf_counter()
-    parsed = [parse_spec(s) for s in specs]
+    parsed = [parse_selection(s) for s in specs]
     ev = Evaluator(anchor, split, device, batch_size)
     rows = []
     d0 = 0.0
@@ -139,10 +139,10 @@ def layer_sweeps(
     Single-layer and tail-layers matching (the seed paper's Figure 6): which layers must be
     matched for the merge to work.
     """
-    from rotviz.match.selection import spec_of
+    from rotviz.match.selection import selection_of
 
     t0 = time.perf_counter()
-    s = spec_of(spec) if isinstance(spec, MatchOptions) else parse_spec(spec)
+    s = selection_of(spec) if isinstance(spec, MatchOptions) else parse_selection(spec)
     ev = Evaluator(anchor, split, device, batch_size)
     n = n_layers(anchor)
     subsets: list[tuple[int, ...] | None] = [()]

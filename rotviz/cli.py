@@ -10,10 +10,7 @@ from dataclasses import replace
 from rotviz.cli_args import Parser, add_overwrite, bounded, layers_text, needs
 from rotviz.errors import RotvizError
 from rotviz.limits import DEFAULT_ROUNDS, DEFAULT_STEPS, DEFAULT_TOL, ROUNDS, STEPS, TOL
-
-
-def _bool_flag(p: argparse.ArgumentParser, name: str, help: str) -> None:
-    p.add_argument(f"--{name}", action=argparse.BooleanOptionalAction, default=True, help=help)
+from rotviz.symmetry.registry import SYMMETRIES
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,15 +22,14 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--out", required=True,
                    help="new folder for the matched source (safetensors); see --overwrite")
     add_overwrite(m)
-    _bool_flag(m, "ffn", "match FFN neurons by permutation (default on)")
-    _bool_flag(m, "attn", "match attention heads by Q-K and V-O rotations (default on)")
-    _bool_flag(m, "rescale", "rescale Q-K and V-O per head (default on)")
-    m.add_argument("--heads", action=argparse.BooleanOptionalAction, default=False,
-                   help="permute heads by linear assignment before rotating them; needs --attn "
-                        "(default off: the seed paper's method)")
-    m.add_argument("--residual", action=argparse.BooleanOptionalAction, default=False,
-                   help="also map the residual stream (rotation, centred rotation or "
-                        "permutation, as the architecture allows), alternated with the others")
+    for s in SYMMETRIES:  # one flag per registered symmetry (rotviz.symmetry.registry)
+        needs_text = "".join(f"; needs --{r}" for r in s.requires)
+        if s.needs_data:
+            m.add_argument(f"--{s.name}", action="store_true", help=f"{s.help}{needs_text}")
+        else:
+            m.add_argument(f"--{s.name}", action=argparse.BooleanOptionalAction,
+                           default=s.default, help=f"{s.help}{needs_text} (default "
+                                                   f"{'on' if s.default else 'off'})")
     m.add_argument("--residual-group", default=None,
                    help="with --residual: auto (the architecture's group, the default), or a "
                         "subgroup: permutation, centred")
@@ -50,10 +46,6 @@ def build_parser() -> argparse.ArgumentParser:
                         "maps for 1, 2, 4, ... rounds while the others re-solve (rounds about "
                         "2.7x as fast on a LLaMA-1B-size pair; reaches another local "
                         "optimum)")
-    m.add_argument("--act", action="store_true",
-                   help="FFN and residual maps from activations on --data (training split)")
-    m.add_argument("--learned", action="store_true",
-                   help="then tune the rotations on --data so the path has no barrier")
     m.add_argument("--steps", type=bounded(STEPS), default=None,
                    help=f"with --learned: learned matching steps (default {DEFAULT_STEPS}, "
                         f"at most {STEPS.hi:g})")
@@ -103,14 +95,14 @@ def cmd_match(args: argparse.Namespace) -> int:
     if args.residual_group not in (None, "auto", *GROUPS):
         raise RotvizError(f"unknown --residual-group '{args.residual_group}': use auto, "
                           f"{', '.join(GROUPS)}")
-    needs("--heads", args.heads, "--attn (heads are permuted before they are rotated)",
-          args.attn)
+    for s in SYMMETRIES:
+        for r in s.requires:
+            needs(f"--{s.name}", getattr(args, s.name), f"--{r}", getattr(args, r))
     options = MatchOptions(
-        args.ffn, args.attn, args.rescale, None, heads=args.heads, residual=args.residual,
+        **{s.name: getattr(args, s.name) for s in SYMMETRIES},
         residual_group=args.residual_group or "auto",
         rounds=DEFAULT_ROUNDS if args.rounds is None else args.rounds,
         tol=DEFAULT_TOL if args.tol is None else args.tol, ffn_backoff=args.ffn_backoff,
-        act=args.act, learned=args.learned,
         learn=LearnOptions(steps=DEFAULT_STEPS if args.steps is None else args.steps))
     outputs = Outputs("match")
     out_dir = outputs.add(args.out, "--out", folder=True, overwrite=args.overwrite)

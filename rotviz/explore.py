@@ -20,6 +20,7 @@ from rotviz.match.options import MatchOptions
 from rotviz.match.pipeline import FUNCTION_TOLERANCE, Matched, view_of
 from rotviz.models import Loaded, forward, max_output_diff
 from rotviz.symmetry.actions import apply, random_element
+from rotviz.symmetry.registry import SYMMETRIES
 from rotviz.symmetry.view import write_state
 
 Progress = Callable[[int, int, str], None]
@@ -39,51 +40,34 @@ ABLATION_SPECS = BARRIER_SPECS + ("seed,heads", "weight")
 MERGE_SPECS = SPEC_CHOICES
 
 # One line per symmetry toggle: why the function does not change (shown next to the toggle).
-WHY_UNCHANGED = {
-    "ffn": "Hidden units of an FFN are summed in any order: permuting W_in's rows together with "
-           "W_out's columns relabels neurons without changing the sum.",
-    "attn": "Attention scores use q·k = (x W_Qᵀ)(x W_Kᵀ)ᵀ: rotating queries and keys by the same R "
-            "cancels (R Rᵀ = I); values rotated by R are rotated back by W_O.",
-    "rescale": "Multiplying a head's queries by a and dividing its keys by a leaves every q·k "
-               "the same (likewise values by b, W_O by 1/b).",
-    "heads": "A layer adds up its heads' outputs in any order: moving a head's W_Q, W_K, W_V "
-             "rows together with its W_O columns relabels heads without changing the sum.",
-    "residual": "Layers talk through the residual stream: writers add to it, readers see it "
-                "through a norm. Turning the stream by an orthogonal Q and every reader by the "
-                "same Q cancels, x Q (W Q)ᵀ = x Wᵀ. LayerNorm allows it once its gains are "
-                "folded into the readers and Q keeps the all-ones direction (Q 1 = 1).",
-    "act": "Activation matching picks the FFN permutations and the residual map from the two "
-           "models' activations on training data instead of their weights. The maps are still "
-           "symmetries, so the function cannot change.",
-    "learned": "Learned matching tunes the rotations by gradient descent so that the models "
-               "half-way between the two have a low training loss, stopping when the barrier on "
-               "the validation split stops improving. Still symmetries: the function is kept.",
-}
+WHY_UNCHANGED = {s.name: s.why for s in SYMMETRIES}
 
 
-def spec_of(spec: str):
-    """The parsed SPEC (rotviz.match.selection.Selection): its flags and canonical label."""
-    from rotviz.match.selection import parse_spec
+def selection(spec: str):
+    """The parsed matching string (rotviz.match.selection.Selection): flags and label."""
+    from rotviz.match.selection import parse_selection
 
-    return parse_spec(spec)
+    return parse_selection(spec)
 
 
 def spec_label(spec: str) -> str:
     """The canonical text of a SPEC ('act' -> 'weight,act'): one cache key per meaning."""
-    return spec_of(spec).label
+    return selection(spec).label
 
 
 def needs_data(spec: str) -> bool:
-    s = spec_of(spec)
-    return s.act or s.learned
+    from rotviz.symmetry.registry import DATA_SOLVERS
+
+    s = selection(spec)
+    return any(getattr(s, d) for d in DATA_SOLVERS)
 
 
 def uses_residual(spec: str) -> bool:
-    return spec_of(spec).residual
+    return selection(spec).residual
 
 
 def learns(spec: str) -> bool:
-    return spec_of(spec).learned
+    return selection(spec).learned
 
 
 def residual_unsupported(loaded: Loaded) -> str | None:
@@ -100,10 +84,10 @@ def offered(specs, residual_why: str | None) -> list[str]:
 
 def without_residual(spec: str) -> str:
     """The SPEC with the residual map left out (data solvers then start from seed)."""
-    from rotviz.match.selection import GROUPS
+    from rotviz.symmetry.registry import DATA_SOLVERS, MAPS
 
-    s = dataclasses.replace(spec_of(spec), residual=False)
-    if (s.act or s.learned) and not any(getattr(s, g) for g in GROUPS):
+    s = dataclasses.replace(selection(spec), residual=False)
+    if any(getattr(s, d) for d in DATA_SOLVERS) and not any(getattr(s, g) for g in MAPS):
         s = dataclasses.replace(s, ffn=True, attn=True, rescale=True)
     return s.label
 

@@ -43,7 +43,7 @@ from rotviz.landscape import (
     resolve_device,
 )
 from rotviz.match.options import MatchOptions
-from rotviz.match.selection import label_of, parse_spec
+from rotviz.match.selection import label_of, parse_selection
 from rotviz.models import Loaded, to_wide, wide_device
 
 Tensor = torch.Tensor
@@ -479,7 +479,7 @@ def fusion_table(
     methods = [check_method(m) for m in methods]
     weight = check_weight(weight)
     labels = [label_of(as_options(s)) if isinstance(s, MatchOptions) or s is None
-              else parse_spec(s).label for s in specs]
+              else parse_selection(s).label for s in specs]
     ev = Evaluator(anchor, split, device)
     st_split = stats_split if stats_split is not None else (
         default_stats_split(split) if any(m != "simple" for m in methods) else split)

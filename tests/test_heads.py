@@ -87,7 +87,7 @@ def test_head_assignment_is_optimal_over_all_permutations(family, loaded):
 
 
 def test_heads_without_attn_is_a_one_line_error():
-    with pytest.raises(RotvizError, match=r"\(heads\) needs attention") as e:
+    with pytest.raises(RotvizError, match=r"\(heads\) needs attention rotation \(attn\)") as e:
         MatchOptions(attn=False, heads=True)
     assert "\n" not in str(e.value)
     with pytest.raises(RotvizError, match="needs attention"):

@@ -317,7 +317,7 @@ def test_cli_plane_writes_json(tmp_path, capsys):
     [
         (["--points", "1"], "--points must be"),
         (["--match", "ffn,wat"], "unknown matching option"),
-        (["--match", "heads"], "needs attention matching"),
+        (["--match", "heads"], "needs attention rotation (attn)"),
         (["--data", "nosuchdata"], "unknown data"),
         (["--split", "holdout"], "unknown split"),
         (["--device", "tpu"], "unknown device"),

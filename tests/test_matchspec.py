@@ -1,4 +1,4 @@
-"""SPEC strings: parsing, canonical labels, later options, one-line errors."""
+"""Matching strings (selections): parsing, canonical labels, later options, one-line errors."""
 
 from __future__ import annotations
 
@@ -10,20 +10,20 @@ from rotviz.errors import RotvizError
 from rotviz.match.options import MatchOptions
 from rotviz.match.selection import (
     FLAGS,
-    SOLVERS,
-    Spec,
+    Selection,
     label_of,
     match_options,
-    parse_spec,
-    spec_of,
+    parse_selection,
+    selection_of,
 )
+from rotviz.symmetry.registry import DATA_SOLVERS
 
 OPTION_FIELDS = {f.name for f in dataclasses.fields(MatchOptions)}
 
 
 @pytest.mark.parametrize("text", ["none", "", "  ", "NONE", None])
 def test_none_means_no_matching(text):
-    spec = parse_spec(text)
+    spec = parse_selection(text)
     assert spec.is_none and spec.label == "none" and spec.flags == ()
     assert match_options(text) is None
 
@@ -42,10 +42,10 @@ def test_none_means_no_matching(text):
     ],
 )
 def test_parse_and_canonical_label(text, flags, label):
-    spec = parse_spec(text)
+    spec = parse_selection(text)
     assert spec.flags == flags
     assert spec.label == label
-    assert parse_spec(spec.label) == spec  # the label parses back to the same spec
+    assert parse_selection(spec.label) == spec  # the label parses back to the same spec
     opts = spec.options()
     on = tuple(f in flags for f in ("ffn", "attn", "rescale"))
     assert (opts.ffn, opts.attn, opts.rescale) == on
@@ -55,16 +55,16 @@ def test_parse_and_canonical_label(text, flags, label):
 def test_options_carry_layers_and_round_trip():
     opts = match_options("seed", layers=(0, 2))
     assert opts == MatchOptions(ffn=True, attn=True, rescale=True, layers=(0, 2))
-    assert spec_of(opts) == parse_spec("seed")
+    assert selection_of(opts) == parse_selection("seed")
     assert label_of(opts) == "seed"
-    assert label_of(MatchOptions(True, False, False)) == "ffn"
+    assert label_of(MatchOptions(ffn=True, attn=False, rescale=False)) == "ffn"
     assert label_of(None) == "none"
 
 
 @pytest.mark.parametrize("text", ["ffn,foo", "rotate", "ffn;attn", "none,ffn"])
 def test_unknown_names_are_one_line_errors_listing_valid_ones(text):
     with pytest.raises(RotvizError) as e:
-        parse_spec(text)
+        parse_selection(text)
     msg = str(e.value)
     assert "\n" not in msg
     for name in ("ffn", "attn", "rescale", "seed", "none"):
@@ -73,33 +73,33 @@ def test_unknown_names_are_one_line_errors_listing_valid_ones(text):
 
 @pytest.mark.parametrize("name", FLAGS)
 def test_every_flag_reaches_match_options(name):
-    spec = parse_spec(f"seed,{name}")
+    spec = parse_selection(f"seed,{name}")
     assert getattr(spec, name) and spec.ffn and spec.attn and spec.rescale
-    assert parse_spec(spec.label) == spec  # the canonical label reads back the same
+    assert parse_selection(spec.label) == spec  # the canonical label reads back the same
     assert getattr(spec.options(), name) is True
 
 
 def test_weight_is_everything_data_free():
-    spec = parse_spec("weight")
+    spec = parse_selection("weight")
     assert spec.flags == ("ffn", "attn", "rescale", "heads", "residual")
     assert spec.label == "weight"
-    assert parse_spec("weight,learned").label == "weight,learned"
-    assert parse_spec("seed,heads,residual").label == "weight"
-    assert parse_spec("seed,residual").label == "seed,residual"
+    assert parse_selection("weight,learned").label == "weight,learned"
+    assert parse_selection("seed,heads,residual").label == "weight"
+    assert parse_selection("seed,residual").label == "seed,residual"
 
 
-@pytest.mark.parametrize("name", SOLVERS)
+@pytest.mark.parametrize("name", DATA_SOLVERS)
 def test_a_data_solver_alone_starts_from_weight_matching(name):
-    assert parse_spec(name).label == f"weight,{name}"
-    assert parse_spec(f"seed,{name}").label == f"seed,{name}"  # a named start is kept
-    assert spec_of(parse_spec(name).options()) == parse_spec(name)
-    assert parse_spec(name).options().needs_data
+    assert parse_selection(name).label == f"weight,{name}"
+    assert parse_selection(f"seed,{name}").label == f"seed,{name}"  # a named start is kept
+    assert selection_of(parse_selection(name).options()) == parse_selection(name)
+    assert parse_selection(name).options().needs_data
 
 
 def test_spec_fields_cover_every_flag():
-    assert {f.name for f in dataclasses.fields(Spec)} == set(FLAGS)
+    assert {f.name for f in dataclasses.fields(Selection)} == set(FLAGS)
 
 
 def test_non_string_spec_is_an_error():
     with pytest.raises(RotvizError):
-        parse_spec(3)  # type: ignore[arg-type]
+        parse_selection(3)  # type: ignore[arg-type]

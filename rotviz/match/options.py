@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 
 from rotviz.errors import RotvizError
 from rotviz.limits import (
@@ -16,6 +16,7 @@ from rotviz.limits import (
     check_layer_ranges,
     layer_ranges,
 )
+from rotviz.symmetry.registry import BY_NAME, SYMMETRIES
 
 Progress = Callable[[int, int, str], None]
 
@@ -42,45 +43,48 @@ class LearnOptions:
     def __post_init__(self) -> None:
         STEPS.check(self.steps)
 
-@dataclass(frozen=True)
-class MatchOptions:
-    ffn: bool = True
-    attn: bool = True
-    rescale: bool = True
-    layers: tuple[int, ...] | None = None  # None = every layer
-    heads: bool = False  # permute heads before rotating them (needs attn)
-    # residual stream map, alternated with the per-layer maps (beyond the seed paper)
-    residual: bool = False
-    residual_group: str = "auto"  # auto (the architecture's), or a subgroup: permutation, ...
-    rounds: int = DEFAULT_ROUNDS  # at most this many alternations of per-layer and residual maps
-    tol: float = DEFAULT_TOL  # stop when a round gains less than this fraction of the start
-    # hold the FFN maps for 1, 2, 4, ... rounds after an FFN solve moves no unit (faster on
-    # large models, another local optimum; rotviz.match.alternating)
-    ffn_backoff: bool = False
-    act: bool = False  # FFN and residual maps from activations on data (needs data)
-    learned: bool = False  # tune the maps on data after weight matching (needs data)
-    learn: LearnOptions = field(default_factory=LearnOptions)
+class _Options:
+    """The behaviour of MatchOptions; its fields are made below from the symmetry registry."""
 
     def __post_init__(self) -> None:
-        if self.heads and not self.attn:
-            raise RotvizError(
-                "head permutation (heads) needs attention matching (attn): "
-                "turn attn on or heads off"
-            )
+        for s in SYMMETRIES:
+            for r in s.requires:
+                if getattr(self, s.name) and not getattr(self, r):
+                    raise RotvizError(f"{s.label} ({s.name}) needs {BY_NAME[r].label} ({r}): "
+                                      f"turn {r} on or {s.name} off")
         ROUNDS.check(self.rounds)
         TOL.check(self.tol)  # also refuses NaN and inf
 
     @property
     def needs_data(self) -> bool:
-        return self.act or self.learned
+        return any(getattr(self, s.name) for s in SYMMETRIES if s.needs_data)
 
     @property
     def label(self) -> str:
-        flags = (("ffn", self.ffn), ("attn", self.attn), ("rescale", self.rescale),
-                 ("heads", self.heads), ("residual", self.residual), ("act", self.act),
-                 ("learned", self.learned))
-        parts = [p for p, on in flags if on]
-        return ",".join(parts) or "none"
+        return ",".join(s.name for s in SYMMETRIES if getattr(self, s.name)) or "none"
+
+
+MatchOptions = make_dataclass(
+    "MatchOptions",
+    [(s.name, bool, field(default=s.default)) for s in SYMMETRIES] + [
+        ("layers", tuple[int, ...] | None, field(default=None)),  # None = every layer
+        # with residual: the group (auto = the architecture's, or a subgroup), at most this
+        # many alternation rounds per phase, stop when a round gains less than `tol` of the
+        # start, and hold the FFN maps for 1, 2, 4, ... rounds after an FFN solve moves no
+        # unit (faster on large models, another local optimum; rotviz.match.alternating)
+        ("residual_group", str, field(default="auto")),
+        ("rounds", int, field(default=DEFAULT_ROUNDS)),
+        ("tol", float, field(default=DEFAULT_TOL)),
+        ("ffn_backoff", bool, field(default=False)),
+        ("learn", LearnOptions, field(default_factory=LearnOptions)),  # with learned
+    ],
+    bases=(_Options,), frozen=True, kw_only=True,
+)
+MatchOptions.__module__ = __name__  # for repr, pickling and documentation
+MatchOptions.__doc__ = ("What to match: one flag per symmetry of rotviz.symmetry.registry "
+                        "(keyword-only), the layer subset, and how the residual alternation and "
+                        "learned matching run.")
+
 
 def parse_layers(spec: str | Sequence[int] | None, n_layers: int) -> tuple[int, ...] | None:
     """'0,2-5' -> (0, 2, 3, 4, 5); checked against the model's layer count before any range

@@ -9,6 +9,7 @@ import torch
 from rotviz.match.distances import Distances
 from rotviz.match.options import MatchOptions
 from rotviz.symmetry.actions import LayerTransform
+from rotviz.symmetry.registry import SYMMETRIES
 from rotviz.symmetry.view import ModelView
 
 Tensor = torch.Tensor
@@ -61,10 +62,9 @@ class MatchReport:
     def to_dict(self) -> dict:
         o = self.options
         return {
-            "options": {"ffn": o.ffn, "attn": o.attn, "rescale": o.rescale, "heads": o.heads,
-                        "residual": o.residual, "residual_group": o.residual_group,
-                        "rounds": o.rounds, "tol": o.tol, "ffn_backoff": o.ffn_backoff,
-                        "act": o.act, "learned": o.learned,
+            "options": {**{s.name: getattr(o, s.name) for s in SYMMETRIES},
+                        "residual_group": o.residual_group, "rounds": o.rounds, "tol": o.tol,
+                        "ffn_backoff": o.ffn_backoff,
                         "layers": list(o.layers) if o.layers is not None else None},
             "distance_before": self.before.to_dict(),
             "distance_after": self.after.to_dict(),

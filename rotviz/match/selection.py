@@ -1,45 +1,26 @@
-"""Matching SPEC strings, as typed on the command line and stored in results.
+"""Matching strings (`--match`, stored in results): which symmetries a run matches.
 
-A SPEC is `none`, or a comma list of names:
-- groups: `ffn`, `attn`, `rescale` (the seed paper's three), `heads` (head permutation) and
-  `residual` (the residual-stream map, alternated with the others);
-- solvers that need data: `act` (FFN and residual maps from activations) and `learned`
-  (maps tuned so the path has no barrier);
-- shorthands: `seed` = ffn,attn,rescale; `weight` = seed,heads,residual: every data-free map,
-  alternated (rotviz.match.alternating). `act` or `learned` with no group named starts from
-  `weight`.
+A matching string is `none`, or a comma list of names: the records of
+rotviz.symmetry.registry (`ffn`, `attn`, `rescale`, `heads`, `residual`; `act` and `learned`
+solve from data) and the shorthands `seed` (the seed paper's three) and `weight` (every
+data-free map, alternated: rotviz.match.alternating). `act` or `learned` with no map named
+starts from `weight`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
+from dataclasses import make_dataclass
 
 from rotviz.errors import RotvizError
 from rotviz.match.options import MatchOptions
+from rotviz.symmetry.registry import DATA_SOLVERS, MAPS, SHORTHANDS, SYMMETRIES
 
-# name -> the flags it switches on
-SHORTHANDS: dict[str, tuple[str, ...]] = {
-    "seed": ("ffn", "attn", "rescale"),
-    "weight": ("ffn", "attn", "rescale", "heads", "residual"),
-}
-GROUPS = ("ffn", "attn", "rescale", "heads", "residual")
-SOLVERS = ("act", "learned")  # need data
-FLAGS = GROUPS + SOLVERS
+FLAGS = tuple(s.name for s in SYMMETRIES)
 NAMES = ("none",) + FLAGS + tuple(SHORTHANDS)
 
 
-@dataclass(frozen=True)
-class Spec:
-    """A parsed SPEC: one boolean per symmetry or solver. `label` is its canonical text."""
-
-    ffn: bool = False
-    attn: bool = False
-    rescale: bool = False
-    heads: bool = False
-    residual: bool = False
-    act: bool = False
-    learned: bool = False
+class _Selection:
+    """The behaviour of Selection; one boolean field per registered symmetry."""
 
     @property
     def flags(self) -> tuple[str, ...]:
@@ -47,6 +28,7 @@ class Spec:
 
     @property
     def label(self) -> str:
+        """The canonical text: the largest shorthand it holds, then the rest."""
         on = set(self.flags)
         for short in ("weight", "seed"):
             if set(SHORTHANDS[short]) <= on:
@@ -59,29 +41,28 @@ class Spec:
         return not self.flags
 
     def options(self, layers: tuple[int, ...] | None = None) -> MatchOptions:
-        """The `MatchOptions` for this spec; a flag the engine cannot do yet is an error."""
-        fields = {f.name for f in dataclasses.fields(MatchOptions)}
-        missing = [f for f in self.flags if f not in fields]
-        if missing:
-            raise RotvizError(
-                f"matching option {', '.join(missing)} is not available yet; "
-                f"use a comma list of {', '.join(f for f in FLAGS if f in fields)}, seed or none"
-            )
-        kwargs = {f: getattr(self, f) for f in FLAGS if f in fields}
-        return MatchOptions(**kwargs, layers=layers)
+        """The `MatchOptions` for this selection."""
+        return MatchOptions(**{f: getattr(self, f) for f in FLAGS}, layers=layers)
 
 
-def parse_spec(text: str | Spec | None) -> Spec:
-    """'seed' -> Spec(ffn, attn, rescale); 'none' or '' -> Spec(); unknown names are an error."""
-    if isinstance(text, Spec):
+Selection = make_dataclass("Selection", [(f, bool, False) for f in FLAGS],
+                           bases=(_Selection,), frozen=True, kw_only=True)
+Selection.__module__ = __name__
+Selection.__doc__ = "A parsed matching string: one boolean per registered symmetry."
+
+
+def parse_selection(text: str | _Selection | None) -> _Selection:
+    """'seed' -> Selection(ffn, attn, rescale); 'none' or '' -> Selection(); unknown names
+    are an error."""
+    if isinstance(text, _Selection):
         return text
     if text is None:
-        return Spec()
+        return Selection()
     if not isinstance(text, str):
         raise RotvizError(f"matching SPEC must be text like 'ffn,attn', not {type(text).__name__}")
     names = [p.strip().lower() for p in text.split(",") if p.strip()]
     if not names or names == ["none"]:
-        return Spec()
+        return Selection()
     unknown = [n for n in names if n not in NAMES or n == "none"]
     if unknown:
         what = "'none' cannot be combined with other names" if unknown == ["none"] else (
@@ -93,24 +74,25 @@ def parse_spec(text: str | Spec | None) -> Spec:
     on: set[str] = set()
     for n in names:
         on.update(SHORTHANDS.get(n, (n,)))
-    if on & set(SOLVERS) and not on & set(GROUPS):  # a solver alone starts from weight matching
+    if on & set(DATA_SOLVERS) and not on & set(MAPS):  # a solver alone starts from weight
         on.update(SHORTHANDS["weight"])
-    return Spec(**{f: f in on for f in FLAGS})
+    return Selection(**{f: f in on for f in FLAGS})
 
 
-def match_options(text: str | Spec | None,
+def match_options(text: str | _Selection | None,
                   layers: tuple[int, ...] | None = None) -> MatchOptions | None:
-    """Parse a SPEC straight to `MatchOptions`; `none` gives None (no matching at all)."""
-    spec = parse_spec(text)
-    return None if spec.is_none else spec.options(layers)
+    """Parse a matching string straight to `MatchOptions`; `none` gives None (no matching)."""
+    sel = parse_selection(text)
+    return None if sel.is_none else sel.options(layers)
 
 
-def spec_of(options: MatchOptions | None) -> Spec:
-    """The spec of a `MatchOptions` (None means no matching)."""
+def selection_of(options: MatchOptions | None) -> _Selection:
+    """The selection of a `MatchOptions` (None means no matching)."""
     if options is None:
-        return Spec()
-    return Spec(**{f: bool(getattr(options, f, False)) for f in FLAGS})
+        return Selection()
+    return Selection(**{f: bool(getattr(options, f, False)) for f in FLAGS})
 
 
 def label_of(options: MatchOptions | None) -> str:
-    return spec_of(options).label
+    return selection_of(options).label
+

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 
 import plotly.graph_objects as go
 
+from rotviz.symmetry import registry
+
 # Okabe & Ito (2008), "Color Universal Design"; black last, it is reserved for references.
 OKABE_ITO = (
     "#E69F00",  # orange
@@ -96,13 +98,8 @@ def log_axis(fig: go.Figure, axis: str = "y", **where) -> None:
 
 def nice_label(label: str) -> str:
     """Matching option labels ('ffn,attn') in plain words for legends."""
-    words = {"none": "no matching", "ffn": "FFN permutation", "attn": "attention rotation",
-             "rescale": "rescale", "seed": "FFN + attention + rescale (seed paper)",
-             "heads": "head permutation", "residual": "residual rotation",
-             "weight": "weight matching (every data-free map)", "act": "activation matching",
-             "learned": "learned matching"}
     parts = [p for p in label.split(",") if p]
-    return " + ".join(words.get(p, p) for p in parts) or "no matching"
+    return " + ".join(registry.label(p) for p in parts) or "no matching"
 
 
 def labels_of(items: Sequence[dict], key: str = "label") -> list[str]:

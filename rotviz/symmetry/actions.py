@@ -30,6 +30,7 @@ import torch
 
 from rotviz.errors import RotvizError
 from rotviz.groups import random_orthogonal, random_rope_maps, rope_pairs
+from rotviz.symmetry.registry import SYMMETRIES
 from rotviz.symmetry.view import FFN, Attention, Dims, ModelView
 
 Tensor = torch.Tensor
@@ -320,5 +321,11 @@ def random_transform(
 
 
 def random_element(dims: Dims, seed: int, **kinds) -> dict[int, LayerTransform]:
-    """A random group element for the whole model: one independent draw per block."""
+    """A random group element for the whole model: one independent draw per block. `kinds`
+    switch the per-layer symmetries of rotviz.symmetry.registry on or off (their `draw`)."""
+    known = {s.draw for s in SYMMETRIES if s.scope == "layer"} | {"scale_range"}
+    unknown = sorted(set(kinds) - known)
+    if unknown:
+        raise RotvizError(f"no random draw for {', '.join(unknown)}: use "
+                          f"{', '.join(sorted(known))}")
     return {i: random_transform(dims, seed * 1000 + i, **kinds) for i in range(dims.n_layers)}
