@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from rotviz.errors import RotvizError
+from rotviz.version import __version__
 
 MARKER = "rotviz-output.json"
 JSON_KEY = "rotviz"
@@ -33,8 +34,6 @@ _OLD = ".rotviz-old-"
 
 
 def _version() -> str:
-    from rotviz import __version__
-
     return __version__
 
 

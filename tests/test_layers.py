@@ -1,0 +1,117 @@
+"""rotviz is built in layers: no import cycle, counting imports inside functions too (an ast
+walk over the package), and no module imports a layer above its own."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "rotviz"
+
+
+def modules(root: Path = PKG) -> dict[str, Path]:
+    out = {}
+    for p in root.rglob("*.py"):
+        parts = p.relative_to(root.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = p
+    return out
+
+
+def imports(path: Path, known: set[str]) -> set[str]:
+    """The rotviz modules a file imports, at any depth of its code."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name in known}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for a in node.names:
+                sub = f"{node.module}.{a.name}"
+                out.add(sub if sub in known else node.module)
+    return out & known
+
+
+def graph(root: Path = PKG) -> dict[str, set[str]]:
+    mods = modules(root)
+    return {m: imports(p, set(mods)) - {m} for m, p in mods.items()}
+
+
+def find_cycle(g: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a list of modules (first == last), or None."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(g.get(m, ())):
+            if state.get(n) == 1:
+                return stack[stack.index(n):] + [n]
+            if n not in state:
+                found = visit(n)
+                if found:
+                    return found
+        stack.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(g):
+        if m not in state:
+            found = visit(m)
+            if found:
+                return found
+    return None
+
+
+def test_no_import_cycle():
+    cycle = find_cycle(graph())
+    assert cycle is None, " -> ".join(cycle)
+
+
+def test_the_check_finds_a_planted_cycle(tmp_path):
+    pkg = tmp_path / "rotviz"
+    (pkg / "a").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a" / "__init__.py").write_text("")
+    (pkg / "a" / "x.py").write_text("def f():\n    from rotviz.b import g\n")  # in a function
+    (pkg / "b.py").write_text("from rotviz.a import x\n")
+    assert find_cycle(graph(pkg)) == ["rotviz.a.x", "rotviz.b", "rotviz.a.x"]
+    (pkg / "a" / "x.py").write_text("def f():\n    pass\n")
+    assert find_cycle(graph(pkg)) is None
+
+
+# Layers, lowest first: a module may import its own layer and those below it.
+LAYERS = [
+    ("core", ["rotviz.errors", "rotviz.limits", "rotviz.memo", "rotviz.version",
+              "rotviz.outputs"]),
+    ("arch", ["rotviz.arch"]),
+    ("groups", ["rotviz.groups"]),
+    ("symmetry", ["rotviz.symmetry"]),
+    ("models", ["rotviz.data", "rotviz.sources", "rotviz.models", "rotviz.lite",
+                "rotviz.evaluate", "rotviz.random_models", "rotviz.zoo.registry"]),
+    ("match", ["rotviz.match"]),
+    ("analysis", ["rotviz.analysis", "rotviz.landscape", "rotviz.fusion", "rotviz.ablations",
+                  "rotviz.spectra"]),
+    ("top", ["rotviz.zoo", "rotviz.app", "rotviz.appconfig", "rotviz.explore", "rotviz.cli",
+             "rotviz.plots", "rotviz"]),
+]
+
+
+def layer_of(module: str) -> int:
+    best, rank = -1, -1
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".")) and len(p) > best:
+                best, rank = len(p), i
+    return rank
+
+
+@pytest.mark.parametrize("module", sorted(modules()))
+def test_no_module_imports_a_layer_above_its_own(module):
+    g = graph()
+    mine = layer_of(module)
+    assert mine >= 0, f"{module} is in no layer: add it to LAYERS"
+    above = sorted(n for n in g[module] if layer_of(n) > mine)
+    assert not above, f"{module} ({LAYERS[mine][0]}) imports {above} from a layer above"
