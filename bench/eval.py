@@ -34,7 +34,7 @@ CASES = [  # the first model of each shipped pair
 ]
 FULL_PATH = (
     "import sys, torch; from rotviz.models import load_model; from rotviz.data import load_split; "
-    "from rotviz.evaluate import evaluate; torch.set_num_threads(1); "
+    "from rotviz.evaluation import evaluate; torch.set_num_threads(1); "
     "print(evaluate(load_model(sys.argv[1]), load_split(sys.argv[2], 'test')))"
 )
 

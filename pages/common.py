@@ -636,7 +636,7 @@ def require_pair(s: Setup) -> bool:
     try:
         pair(s.base())
         sp = split(s.data, s.seed, s.n_eval)
-        from rotviz.evaluate import check_fits
+        from rotviz.evaluation import check_fits
 
         check_fits(load(s.anchor), sp)
     except RotvizError as e:

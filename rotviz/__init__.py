@@ -1,3 +1,31 @@
-"""rotviz: see, teach and use the parameter-space symmetries of transformers."""
+"""rotviz: see, teach and use the parameter-space symmetries of transformers.
 
-__version__ = "0.1.0"
+The public API, imported on first use (so `import rotviz` and the command line stay light):
+`load_model`, `match_models`, `MatchOptions`, `interpolate`, `loss_plane`, `merge` and
+`evaluate`. Everything else lives in the layers below: `arch` (architectures as data),
+`groups` (solvers), `symmetry` (views, actions, the symmetry registry), models and data,
+`match`, `analysis`, then `zoo`, `app` and `cli`.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from rotviz.version import __version__
+
+_API = {
+    "load_model": "rotviz.models",
+    "match_models": "rotviz.match.pipeline",
+    "MatchOptions": "rotviz.match.options",
+    "interpolate": "rotviz.landscape",
+    "loss_plane": "rotviz.landscape",
+    "merge": "rotviz.fusion",
+    "evaluate": "rotviz.evaluation",
+}
+__all__ = ["__version__", *_API]
+
+
+def __getattr__(name: str):
+    if name in _API:
+        return getattr(importlib.import_module(_API[name]), name)
+    raise AttributeError(f"module 'rotviz' has no attribute '{name}'")

@@ -13,7 +13,7 @@ The data is moved to the device once and every curve runs on the anchor's one mo
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import torch
@@ -23,8 +23,8 @@ from rotviz.landscape import Evaluator, interpolate, matched_state
 from rotviz.match.options import MatchOptions
 from rotviz.match.selection import parse_selection
 from rotviz.models import Loaded
+from rotviz.types import Progress
 
-Progress = Callable[[int, int, str], None]
 ABLATION_SPECS = ("none", "ffn", "attn", "ffn,attn", "seed")
 
 

@@ -390,9 +390,9 @@ def versions() -> dict[str, str]:
             out[name] = md.version(name)
         except md.PackageNotFoundError:
             if name == "rotviz":
-                import rotviz
+                from rotviz.version import __version__
 
-                out[name] = rotviz.__version__
+                out[name] = __version__
     return out
 
 

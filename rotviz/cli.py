@@ -43,9 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
                         f"the starting squared distance (default {DEFAULT_TOL:g}, in [0, 1])")
     m.add_argument("--ffn-backoff", action="store_true",
                    help="with --residual: after an FFN solve that moves no unit, hold the FFN "
-                        "maps for 1, 2, 4, ... rounds while the others re-solve (rounds about "
-                        "2.7x as fast on a LLaMA-1B-size pair; reaches another local "
-                        "optimum)")
+                        "maps for 1, 2, 4, ... rounds while the others re-solve (cheaper rounds "
+                        "on large models, another local optimum: bench/RESULTS.md)")
     m.add_argument("--steps", type=bounded(STEPS), default=None,
                    help=f"with --learned: learned matching steps (default {DEFAULT_STEPS}, "
                         f"at most {STEPS.hi:g})")

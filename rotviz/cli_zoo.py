@@ -157,7 +157,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     outputs = Outputs("eval")
     js = outputs.add(args.json, "--json", folder=False, overwrite=args.overwrite)
     from rotviz.data import load_split
-    from rotviz.evaluate import evaluate
+    from rotviz.evaluation import evaluate
     from rotviz.lite import load_for_eval
     from rotviz.models import pick_device
 

@@ -8,12 +8,12 @@ loaded models are only read (every transform builds new tensors).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import numpy as np
 import torch
 
-from rotviz.evaluate import batch_inputs, evaluate
+from rotviz.evaluation import batch_inputs, evaluate
 from rotviz.match.distances import distances
 from rotviz.match.engine import match
 from rotviz.match.options import MatchOptions
@@ -22,8 +22,6 @@ from rotviz.models import Loaded, forward, max_output_diff
 from rotviz.symmetry.actions import apply, random_element
 from rotviz.symmetry.registry import SYMMETRIES
 from rotviz.symmetry.view import write_state
-
-Progress = Callable[[int, int, str], None]
 
 # Matching SPEC strings (rotviz.match.selection) the app offers. The seed paper's five first (the
 # Barrier page's original comparison), then what goes beyond it: head permutation, the

@@ -23,7 +23,7 @@ from __future__ import annotations
 import copy
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -33,7 +33,7 @@ from torch import nn
 
 from rotviz.data import Split
 from rotviz.errors import RotvizError
-from rotviz.evaluate import check_fits
+from rotviz.evaluation import check_fits
 from rotviz.landscape import (
     IGNORE,
     Evaluator,
@@ -45,9 +45,9 @@ from rotviz.landscape import (
 from rotviz.match.options import MatchOptions
 from rotviz.match.selection import label_of, parse_selection
 from rotviz.models import Loaded, to_wide, wide_device
+from rotviz.types import Progress
 
 Tensor = torch.Tensor
-Progress = Callable[[int, int, str], None]
 METHODS = ("simple", "fisher", "regmean")
 FISHER_FLOOR = 1e-6  # added to every Fisher value: parameters no sample moves average simply
 

@@ -25,14 +25,14 @@ import torch.nn.functional as F
 
 from rotviz.data import Split
 from rotviz.errors import RotvizError
-from rotviz.evaluate import check_fits
+from rotviz.evaluation import check_fits
 from rotviz.limits import BATCH_SIZE, GRID, MARGIN, POINTS, REPEATS
 from rotviz.match.options import MatchOptions
 from rotviz.match.selection import label_of, match_options
 from rotviz.models import Loaded, check_compatible, pick_device, to_wide
+from rotviz.types import Progress
 
 Tensor = torch.Tensor
-Progress = Callable[[int, int, str], None]
 IGNORE = -100  # label value that does not count (padding)
 
 

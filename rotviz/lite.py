@@ -295,7 +295,7 @@ def load_lite(ref: str | os.PathLike, device: torch.device | str = "cpu") -> Loa
 
 
 def load_for_eval(ref: str | os.PathLike, device: torch.device | str = "cpu") -> Loaded:
-    """A model ready for `rotviz.evaluate.evaluate` on `device`: lite when exact, else full."""
+    """A model ready for `rotviz.evaluation.evaluate` on `device`: lite when exact, else full."""
     lite = load_lite(ref, device)
     if lite is not None:
         return lite

@@ -185,7 +185,7 @@ def build(
     from the base trained here first (the same weights on the same machine).
     """
     from rotviz.data import load_split, pystdlib_fingerprint
-    from rotviz.evaluate import evaluate
+    from rotviz.evaluation import evaluate
     from rotviz.models import load_model
     from rotviz.recipes import recipe as get_recipe
     from rotviz.train import TRAIN_THREADS, deterministic_cpu, select, train

@@ -226,7 +226,7 @@ def test_learn_demo_scrambles_weights_not_outputs(roots):
 
 def test_model_card_symmetry_check(roots):
     from rotviz.data import load_split
-    from rotviz.evaluate import evaluate
+    from rotviz.evaluation import evaluate
     from rotviz.models import load_model
 
     m = load_model(roots / "vit-s1")

@@ -17,7 +17,7 @@ import rotviz
 from rotviz import zoo
 from rotviz.cli import main
 from rotviz.data import load_split
-from rotviz.evaluate import evaluate
+from rotviz.evaluation import evaluate
 from rotviz.models import load_model
 
 ROOT = Path(__file__).resolve().parents[1]

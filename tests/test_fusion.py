@@ -20,7 +20,7 @@ from test_landscape import (
 from rotviz.cli import main
 from rotviz.data import Split
 from rotviz.errors import RotvizError
-from rotviz.evaluate import evaluate
+from rotviz.evaluation import evaluate
 from rotviz.fusion import (
     METHODS,
     fisher_combine,

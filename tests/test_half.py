@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 
 from rotviz.cli import main
 from rotviz.data import VOCAB_SIZE, load_split
-from rotviz.evaluate import evaluate
+from rotviz.evaluation import evaluate
 from rotviz.fusion import merge, simple_average
 from rotviz.lite import load_for_eval
 from rotviz.match.options import MatchOptions

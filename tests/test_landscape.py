@@ -17,7 +17,7 @@ from conftest import clone_state
 from rotviz.cli import main
 from rotviz.data import Split, load_split
 from rotviz.errors import RotvizError
-from rotviz.evaluate import evaluate
+from rotviz.evaluation import evaluate
 from rotviz.landscape import (
     Evaluator,
     _partition,

@@ -90,7 +90,7 @@ LAYERS = [
     ("groups", ["rotviz.groups"]),
     ("symmetry", ["rotviz.symmetry"]),
     ("models", ["rotviz.data", "rotviz.sources", "rotviz.models", "rotviz.lite",
-                "rotviz.evaluate", "rotviz.random_models", "rotviz.zoo.registry"]),
+                "rotviz.evaluation", "rotviz.random_models", "rotviz.zoo.registry"]),
     ("match", ["rotviz.match"]),
     ("analysis", ["rotviz.analysis", "rotviz.landscape", "rotviz.fusion", "rotviz.ablations",
                   "rotviz.spectra"]),
@@ -115,3 +115,24 @@ def test_no_module_imports_a_layer_above_its_own(module):
     assert mine >= 0, f"{module} is in no layer: add it to LAYERS"
     above = sorted(n for n in g[module] if layer_of(n) > mine)
     assert not above, f"{module} ({LAYERS[mine][0]}) imports {above} from a layer above"
+
+
+def test_the_public_api_is_importable_from_rotviz_itself():
+    """The names the README's library example uses, each the function or class itself (no
+    submodule of the same name shadows one once it is imported)."""
+    import rotviz
+    import rotviz.evaluation  # noqa: F401  (a submodule import must not shadow evaluate)
+    from rotviz import (
+        MatchOptions,
+        evaluate,
+        interpolate,
+        load_model,
+        loss_plane,
+        match_models,
+        merge,
+    )
+
+    for obj in (evaluate, interpolate, load_model, loss_plane, match_models, merge):
+        assert callable(obj) and obj.__name__ in rotviz.__all__
+    assert MatchOptions().label == "ffn,attn,rescale"
+    assert not set(rotviz.__all__) & {m.split(".")[1] for m in modules() if m.count(".") >= 1}

@@ -20,7 +20,7 @@ from rotviz import zoo
 from rotviz.cli import main
 from rotviz.data import load_split, pystdlib_fingerprint
 from rotviz.errors import RotvizError
-from rotviz.evaluate import evaluate
+from rotviz.evaluation import evaluate
 from rotviz.lite import load_for_eval, load_lite
 from rotviz.match.distances import distances
 from rotviz.models import Loaded, forward, load_model, probe_inputs

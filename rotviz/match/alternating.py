@@ -4,8 +4,8 @@ The residual map acts on the other side of every matrix than the FFN and head ma
 is solved exactly given the others: per-layer maps (the seed paper's) on the canonical forms,
 then the residual map, and again, until a round gains less than `options.tol` of the starting
 objective. With head permutation on, a second phase then alternates with it too: assigning
-heads before the stream is aligned locks in poor choices (on the default pair, barrier 2.44
-against 1.65 when heads join after convergence). Every step includes the identity among its
+heads before the stream is aligned locks in poor choices (a higher barrier than when heads
+join after convergence: bench/RESULTS.md). Every step includes the identity among its
 choices, so the objective (squared distance to the anchor) never goes up; the report keeps
 its history.
 
@@ -13,8 +13,7 @@ On large models the FFN solve (an m x m cost matrix per layer) is most of a roun
 the units are in place, often moves none. With `options.ffn_backoff`, rounds then hold the
 FFN maps and re-solve the rest, a fraction of a round, and the FFN solve comes back after 1,
 2, 4, ... rounds and whenever the rest settles; a phase ends only on a round that solved
-everything. It is off by default: it reaches a different local optimum (on the default pair,
-canonical distance 18.71 against 18.58 with heads, 18.809 against 18.807 without).
+everything. It is off by default: it reaches a different local optimum (bench/weight.py).
 """
 
 from __future__ import annotations
@@ -27,12 +26,13 @@ import torch
 from rotviz.errors import RotvizError
 from rotviz.match.distances import distances
 from rotviz.match.layers import match_layers
-from rotviz.match.options import MatchOptions, Progress
+from rotviz.match.options import MatchOptions
 from rotviz.match.report import MatchReport, MatchResult
 from rotviz.memo import TensorMemo
 from rotviz.symmetry import residual as rs
 from rotviz.symmetry.actions import LayerTransform
 from rotviz.symmetry.view import ModelView
+from rotviz.types import Progress
 
 
 def objective(src: ModelView, anc: ModelView, memo: TensorMemo | None = None) -> float:

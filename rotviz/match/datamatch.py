@@ -27,12 +27,13 @@ from rotviz.match.alternating import check_residual
 from rotviz.match.distances import distances
 from rotviz.match.engine import match
 from rotviz.match.layers import match_layers
-from rotviz.match.options import MatchOptions, Progress
+from rotviz.match.options import MatchOptions
 from rotviz.match.report import MatchReport, MatchResult
 from rotviz.models import Loaded, to_wide
 from rotviz.symmetry import residual as rs
 from rotviz.symmetry.actions import LayerTransform, apply
 from rotviz.symmetry.view import ModelView, write_state
+from rotviz.types import Progress
 
 Tensor = torch.Tensor
 ACT_EXAMPLES = 256  # training examples (images, or 64-character windows) for activations
@@ -139,7 +140,7 @@ def match_with_data(anchor: Loaded, anchor_view: ModelView, source_view: ModelVi
         raise RotvizError(
             f"matching [{options.label}] learns from data: give a data reference (--data)"
         )
-    from rotviz.evaluate import check_fits
+    from rotviz.evaluation import check_fits
 
     t0 = time.perf_counter()
     train = load_split(data, "train")

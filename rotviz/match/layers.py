@@ -38,11 +38,12 @@ from rotviz.groups import (
     rotation_angles,
 )
 from rotviz.match.distances import Distances, distances
-from rotviz.match.options import MatchOptions, Progress
+from rotviz.match.options import MatchOptions
 from rotviz.match.report import HeadReport, MatchReport, MatchResult
 from rotviz.memo import TensorMemo
 from rotviz.symmetry.actions import LayerTransform, apply_layer, permute_ffn, permute_heads
 from rotviz.symmetry.view import Attention, ModelView
+from rotviz.types import Progress
 
 Tensor = torch.Tensor
 

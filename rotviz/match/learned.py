@@ -23,11 +23,12 @@ import torch.nn.functional as F
 from rotviz.data import Split
 from rotviz.groups import centred_lift, ones_complement, rope_pairs
 from rotviz.landscape import IGNORE, Evaluator, barrier_of, resolve_device
-from rotviz.match.options import LearnOptions, Progress
+from rotviz.match.options import LearnOptions
 from rotviz.models import Loaded, wide_device
 from rotviz.symmetry import residual as rs
 from rotviz.symmetry.actions import LayerTransform, apply
 from rotviz.symmetry.view import ModelView, write_state
+from rotviz.types import Progress
 
 Tensor = torch.Tensor
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, make_dataclass
 
 from rotviz.errors import RotvizError
@@ -18,7 +18,6 @@ from rotviz.limits import (
 )
 from rotviz.symmetry.registry import BY_NAME, SYMMETRIES
 
-Progress = Callable[[int, int, str], None]
 
 @dataclass(frozen=True)
 class LearnOptions:
@@ -29,9 +28,8 @@ class LearnOptions:
     steps: int = DEFAULT_STEPS
     lr: float = 0.01
     batch_size: int = 128
-    # lambda ~ U(lam): the GLMC paper trains at U(0.4, 0.6); on the default pair that left
-    # barriers of 0.10-0.19 at alpha ~ 0.7 for some seeds (the flanks are never trained),
-    # U(0.2, 0.8) left 0.05-0.07 for every seed tried (bench/learned.py)
+    # lambda ~ U(lam): the GLMC paper trains at U(0.4, 0.6), which never trains the flanks of
+    # the path and left higher barriers near alpha ~ 0.7 than U(0.2, 0.8) (bench/learned.py)
     lam: tuple[float, float] = (0.2, 0.8)
     eval_every: int = 20  # steps between validation barriers
     val_points: int = 5  # alphas on the validation path, endpoints included

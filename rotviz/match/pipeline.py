@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from rotviz.match.engine import match
-from rotviz.match.options import MatchOptions, Progress
+from rotviz.match.options import MatchOptions
 from rotviz.match.report import MatchReport
 from rotviz.models import (
     HALF,
@@ -21,6 +21,7 @@ from rotviz.models import (
     wide_device,
 )
 from rotviz.symmetry.view import read_view, write_state
+from rotviz.types import Progress
 
 # The largest logit change for which a transform counts as function-preserving, per dtype the
 # check runs in.
