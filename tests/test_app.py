@@ -286,7 +286,7 @@ def test_model_locks_serialise_shared_modules(roots):
 
 def test_serve_command(capsys, tmp_path):
     from rotviz.cli import main
-    from rotviz.cli_serve import serve_command
+    from rotviz.cli.serve import serve_command
 
     cmd = serve_command(8600, "127.0.0.1")
     assert cmd[1:4] == ["-m", "streamlit", "run"] and Path(cmd[4]) == Path(APP)

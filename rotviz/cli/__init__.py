@@ -7,7 +7,8 @@ import sys
 import warnings
 from dataclasses import replace
 
-from rotviz.cli_args import Parser, add_overwrite, bounded, layers_text, needs
+from rotviz.cli import landscape, serve, zoo
+from rotviz.cli.args import Parser, add_overwrite, bounded, layers_text, needs
 from rotviz.errors import RotvizError
 from rotviz.limits import DEFAULT_ROUNDS, DEFAULT_STEPS, DEFAULT_TOL, ROUNDS, STEPS, TOL
 from rotviz.symmetry.registry import SYMMETRIES
@@ -61,17 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _extra_commands():
-    """Sub-commands contributed by other modules (zoo, eval, landscape, ...), if present."""
-    import importlib
-
-    out = []
-    for mod in ("rotviz.cli_zoo", "rotviz.cli_landscape", "rotviz.cli_serve"):
-        try:
-            out.append(importlib.import_module(mod).register)
-        except ModuleNotFoundError as e:
-            if e.name != mod:
-                raise
-    return out
+    """The other sub-commands: zoo and eval, barrier/plane/merge, serve (each module imports
+    its heavy libraries inside its handlers, so `rotviz --help` stays fast)."""
+    return [zoo.register, landscape.register, serve.register]
 
 
 def cmd_match(args: argparse.Namespace) -> int:

@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rotviz.cli_args import bounded
+from rotviz.cli.args import bounded
 from rotviz.errors import RotvizError
 from rotviz.limits import PORT
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from rotviz.cli_args import add_overwrite, bounded, layers_text, needs
+from rotviz.cli.args import add_overwrite, bounded, layers_text, needs
 from rotviz.errors import RotvizError
 from rotviz.limits import (
     ALPHA,

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from rotviz.cli_args import add_overwrite, bounded
+from rotviz.cli.args import add_overwrite, bounded
 from rotviz.errors import RotvizError
 from rotviz.limits import BATCH_SIZE
 
