@@ -84,7 +84,7 @@ def test_the_check_finds_a_planted_cycle(tmp_path):
 
 # Layers, lowest first: a module may import its own layer and those below it.
 LAYERS = [
-    ("core", ["rotviz.errors", "rotviz.limits", "rotviz.memo", "rotviz.version",
+    ("core", ["rotviz.errors", "rotviz.limits", "rotviz.memo", "rotviz.version", "rotviz.types",
               "rotviz.outputs"]),
     ("arch", ["rotviz.arch"]),
     ("groups", ["rotviz.groups"]),
