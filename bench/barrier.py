@@ -75,8 +75,8 @@ def main() -> None:
     import transformers
 
     transformers.utils.logging.disable_progress_bar()
-    from rotviz.fusion import merge
-    from rotviz.landscape import interpolate, loss_plane, matched_state
+    from rotviz.analysis.fusion import merge
+    from rotviz.analysis.landscape import interpolate, loss_plane, matched_state
     from rotviz.models import pick_device
 
     device = pick_device(args.device)

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from bench.results import RESULTS, default_pair_on_test, machine, write_section  # noqa: E402
-from rotviz.landscape import interpolate  # noqa: E402
+from rotviz.analysis.landscape import interpolate  # noqa: E402
 from rotviz.match.options import MatchOptions  # noqa: E402
 from rotviz.match.pipeline import match_models  # noqa: E402
 

@@ -403,7 +403,7 @@ def _match(cfg: dict, progress: Progress | None = None) -> dict:
 
 
 def _curve(cfg: dict, progress: Progress | None = None) -> dict:
-    from rotviz.landscape import interpolate
+    from rotviz.analysis.landscape import interpolate
 
     a, b = pair(cfg)
     sp = split(cfg["data"], cfg["seed"], cfg["n_eval"])
@@ -420,7 +420,7 @@ def _curve(cfg: dict, progress: Progress | None = None) -> dict:
 
 
 def _plane(cfg: dict, progress: Progress | None = None) -> dict:
-    from rotviz.landscape import loss_plane
+    from rotviz.analysis.landscape import loss_plane
 
     a, b = pair(cfg)
     sp = split(cfg["data"], cfg["seed"], cfg["n_eval"])
@@ -436,8 +436,8 @@ def _plane(cfg: dict, progress: Progress | None = None) -> dict:
 
 def _circuits(cfg: dict, progress: Progress | None = None) -> dict:
     """Cross-matrix and invariant circuit spectra of anchor, source and matched source."""
+    from rotviz.analysis.spectra import spectra
     from rotviz.match.pipeline import view_of
-    from rotviz.spectra import spectra
     from rotviz.symmetry.view import read_view
 
     a, b = pair(cfg)
@@ -448,7 +448,7 @@ def _circuits(cfg: dict, progress: Progress | None = None) -> dict:
 
 
 def _fusion(cfg: dict, progress: Progress | None = None) -> dict:
-    """Merged accuracy for every method and matching option (rotviz.fusion.fusion_table, on
+    """Merged accuracy for every method and matching option (rotviz.analysis.fusion.fusion_table, on
     sources matched through the app's cache)."""
     a, b = pair(cfg)
     sp = split(cfg["data"], cfg["seed"], cfg["n_eval"])

@@ -17,9 +17,9 @@ _API = {
     "load_model": "rotviz.models",
     "match_models": "rotviz.match.pipeline",
     "MatchOptions": "rotviz.match.options",
-    "interpolate": "rotviz.landscape",
-    "loss_plane": "rotviz.landscape",
-    "merge": "rotviz.fusion",
+    "interpolate": "rotviz.analysis.landscape",
+    "loss_plane": "rotviz.analysis.landscape",
+    "merge": "rotviz.analysis.fusion",
     "evaluate": "rotviz.evaluation",
 }
 __all__ = ["__version__", *_API]

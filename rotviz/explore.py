@@ -373,14 +373,14 @@ def fusion_with_states(anchor: Loaded, source: Loaded, split,
                        states: Mapping[str, Mapping[str, torch.Tensor] | None],
                        methods, weight: float = 0.5, batches: int = 8, batch_size: int = 32,
                        alpha: float = 0.9, device="cpu", seed: int = 0) -> dict:
-    """`rotviz.fusion.fusion_table` for sources matched beforehand: one column per entry of
+    """`rotviz.analysis.fusion.fusion_table` for sources matched beforehand: one column per entry of
     `states` (label -> the matched source's state dict, None for the source as it is).
 
     The app matches through its own cache (shared with the other pages, with progress and
     cancelling), then hands each matched source to fusion_table as a source that needs no
     matching, so merging, statistics and evaluation are the library's own. Same keys as
     `FusionTable.to_dict()`; `seconds` and `timing` leave matching out."""
-    from rotviz.fusion import fusion_table
+    from rotviz.analysis.fusion import fusion_table
 
     out: dict | None = None
     for label, state in states.items():

@@ -314,8 +314,8 @@ def test_models_page_opens_on_the_default_pair(pair):
 
 
 def test_barrier_page_chart_holds_library_results(pair):
+    from rotviz.analysis.landscape import interpolate
     from rotviz.data import load_split
-    from rotviz.landscape import interpolate
     from rotviz.models import load_model
 
     at = app("barrier", b_points="5")
@@ -424,8 +424,8 @@ def test_spectra_page_circuits_unchanged(pair):
 
 
 def test_merge_page_chart_holds_fusion_table(pair):
+    from rotviz.analysis.fusion import fusion_table
     from rotviz.data import load_split
-    from rotviz.fusion import fusion_table
     from rotviz.models import load_model
 
     at = app("merge", g_methods="simple average")

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_importing_every_rotviz_module_leaves_streamlit_unloaded():
     names = [m.name for m in pkgutil.walk_packages(rotviz.__path__, "rotviz.")]
-    assert {"rotviz.match.layers", "rotviz.landscape", "rotviz.plots",
+    assert {"rotviz.match.layers", "rotviz.analysis.landscape", "rotviz.plots",
             "rotviz.appconfig"} <= set(names)
     code = (
         "import importlib, sys\n"

@@ -8,8 +8,8 @@ import pytest
 import torch
 from conftest import view_of
 
+from rotviz.analysis.landscape import interpolate
 from rotviz.data import load_split
-from rotviz.landscape import interpolate
 from rotviz.match.distances import distances, norm
 from rotviz.match.engine import match
 from rotviz.match.options import LearnOptions, MatchOptions

@@ -10,10 +10,10 @@ import torch
 from conftest import clone_state, view_of
 from test_landscape import default_pair_refs
 
+from rotviz.analysis.landscape import interpolate
 from rotviz.cli import main
 from rotviz.data import load_split
 from rotviz.errors import RotvizError
-from rotviz.landscape import interpolate
 from rotviz.match.datamatch import match_activations
 from rotviz.match.distances import distances, norm
 from rotviz.match.engine import match

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rotviz.analysis.landscape import flat_inner
 from rotviz.appconfig import device_note
 from rotviz.cli import main
 from rotviz.errors import RotvizError
-from rotviz.landscape import flat_inner
 from rotviz.match.options import LearnOptions, MatchOptions
 from rotviz.match.pipeline import match_models
 from rotviz.models import load_model, mps_available, pick_device, to_wide, wide_device

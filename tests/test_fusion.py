@@ -17,11 +17,7 @@ from test_landscape import (
     synthetic_split,
 )
 
-from rotviz.cli import main
-from rotviz.data import Split
-from rotviz.errors import RotvizError
-from rotviz.evaluation import evaluate
-from rotviz.fusion import (
+from rotviz.analysis.fusion import (
     METHODS,
     fisher_combine,
     fisher_diag,
@@ -31,7 +27,11 @@ from rotviz.fusion import (
     regmean_combine,
     simple_average,
 )
-from rotviz.landscape import interpolate, matched_state
+from rotviz.analysis.landscape import interpolate, matched_state
+from rotviz.cli import main
+from rotviz.data import Split
+from rotviz.errors import RotvizError
+from rotviz.evaluation import evaluate
 from rotviz.match.engine import match
 from rotviz.match.options import MatchOptions
 from rotviz.models import load_model

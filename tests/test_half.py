@@ -19,10 +19,10 @@ import torch
 from conftest import TINY, clone_state
 from safetensors.torch import load_file, save_file
 
+from rotviz.analysis.fusion import merge, simple_average
 from rotviz.cli import main
 from rotviz.data import VOCAB_SIZE, load_split
 from rotviz.evaluation import evaluate
-from rotviz.fusion import merge, simple_average
 from rotviz.lite import load_for_eval
 from rotviz.match.options import MatchOptions
 from rotviz.match.pipeline import FUNCTION_TOLERANCES, check_in_stored_dtype, match_models

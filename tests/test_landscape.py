@@ -14,11 +14,7 @@ import pytest
 import torch
 from conftest import clone_state
 
-from rotviz.cli import main
-from rotviz.data import Split, load_split
-from rotviz.errors import RotvizError
-from rotviz.evaluation import evaluate
-from rotviz.landscape import (
+from rotviz.analysis.landscape import (
     Evaluator,
     _partition,
     barrier_of,
@@ -27,6 +23,10 @@ from rotviz.landscape import (
     loss_range_of,
     matched_state,
 )
+from rotviz.cli import main
+from rotviz.data import Split, load_split
+from rotviz.errors import RotvizError
+from rotviz.evaluation import evaluate
 from rotviz.models import Loaded, forward, load_model, probe_inputs
 
 # ---- shared helpers (imported by the other landscape/fusion/spectra tests) ----------
@@ -339,7 +339,7 @@ def test_cli_barrier_errors_are_one_line_exit_2(tmp_path, capsys, extra, pattern
 
 
 def test_ablation_rows_agree_with_curves_and_touch_only_their_modules():
-    from rotviz.ablations import ABLATION_SPECS, ablation
+    from rotviz.analysis.ablations import ABLATION_SPECS, ablation
 
     a, b = default_pair()
     split = digits().subset(150)
@@ -365,7 +365,7 @@ def test_ablation_rows_agree_with_curves_and_touch_only_their_modules():
 
 
 def test_layer_sweeps_cover_single_and_tail_subsets():
-    from rotviz.ablations import layer_sweeps
+    from rotviz.analysis.ablations import layer_sweeps
 
     a, b = default_pair()
     split = digits().subset(150)

@@ -92,8 +92,7 @@ LAYERS = [
     ("models", ["rotviz.data", "rotviz.sources", "rotviz.models", "rotviz.lite",
                 "rotviz.evaluation", "rotviz.random_models", "rotviz.zoo.registry"]),
     ("match", ["rotviz.match"]),
-    ("analysis", ["rotviz.analysis", "rotviz.landscape", "rotviz.fusion", "rotviz.ablations",
-                  "rotviz.spectra"]),
+    ("analysis", ["rotviz.analysis"]),
     ("top", ["rotviz.zoo", "rotviz.app", "rotviz.appconfig", "rotviz.explore", "rotviz.cli",
              "rotviz.plots", "rotviz"]),
 ]

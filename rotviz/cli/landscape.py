@@ -111,7 +111,7 @@ def _write(outputs, folder, js, result: dict, command: str, model=None) -> None:
 
 def _load_pair(args):
     """Models, data, device and matching options, every part checked; SPEC errors come first."""
-    from rotviz.ablations import n_layers
+    from rotviz.analysis.ablations import n_layers
     from rotviz.data import load_split
     from rotviz.match.options import parse_layers
     from rotviz.match.selection import match_options
@@ -131,7 +131,7 @@ def _label(match: str, layers: list[int] | None) -> str:
 
 
 def cmd_barrier(args: argparse.Namespace) -> int:
-    from rotviz.landscape import interpolate
+    from rotviz.analysis.landscape import interpolate
 
     needs("--seed", args.seed is not None, "--repeats N with N >= 2 (it seeds the subsets)",
           args.repeats > 1)
@@ -152,7 +152,7 @@ def cmd_barrier(args: argparse.Namespace) -> int:
 
 
 def cmd_plane(args: argparse.Namespace) -> int:
-    from rotviz.landscape import loss_plane
+    from rotviz.analysis.landscape import loss_plane
 
     outputs, _, js = _outputs(args, "plane")
     anchor, source, split, device, options = _load_pair(args)
@@ -172,8 +172,8 @@ def cmd_plane(args: argparse.Namespace) -> int:
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
+    from rotviz.analysis.fusion import check_method, merge
     from rotviz.data import SPLITS, load_split
-    from rotviz.fusion import check_method, merge
 
     method = check_method(args.method)
     stats = method != "simple"

@@ -31,7 +31,7 @@ def barrier_curves(
 ) -> go.Figure:
     """One line per matching option along θ(α) = (1-α)·anchor + α·matched source.
 
-    Each curve is a mapping like `rotviz.landscape.Curve.to_dict()`: `match` (the matching
+    Each curve is a mapping like `rotviz.analysis.landscape.Curve.to_dict()`: `match` (the matching
     SPEC), `alphas`, `loss` and `acc`. For the loss the barrier is drawn as a vertical
     segment from the straight line between the end points up to the curve, and its height
     is given in the legend.
@@ -87,7 +87,7 @@ def loss_plane(
 ) -> go.Figure:
     """Contour of the loss over a 2D slice of parameter space, with the models marked.
 
-    `z[j][i]` is the loss at (x[i], y[j]) (`rotviz.landscape.Plane`: xs, ys, loss, points);
+    `z[j][i]` is the loss at (x[i], y[j]) (`rotviz.analysis.landscape.Plane`: xs, ys, loss, points);
     `points` maps the names in PLANE_MARKERS to plane coordinates.
     """
     z = np.asarray(z, dtype=float)

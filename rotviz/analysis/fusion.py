@@ -31,10 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rotviz.data import Split
-from rotviz.errors import RotvizError
-from rotviz.evaluation import check_fits
-from rotviz.landscape import (
+from rotviz.analysis.landscape import (
     IGNORE,
     Evaluator,
     as_options,
@@ -42,6 +39,9 @@ from rotviz.landscape import (
     matched_state,
     resolve_device,
 )
+from rotviz.data import Split
+from rotviz.errors import RotvizError
+from rotviz.evaluation import check_fits
 from rotviz.match.options import MatchOptions
 from rotviz.match.selection import label_of, parse_selection
 from rotviz.models import Loaded, to_wide, wide_device
