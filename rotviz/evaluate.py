@@ -7,9 +7,11 @@ from collections.abc import Callable, Mapping
 import torch
 import torch.nn.functional as F
 
+from rotviz.arch import max_positions
 from rotviz.data import Split
 from rotviz.errors import RotvizError
 from rotviz.models import Loaded, forward, image_shape
+from rotviz.sources import source_of
 
 # Class-name endings of Hugging Face models with a per-token vocabulary head: the only ones whose
 # logits fit per-token labels (next-character text; a sequence classifier has one row per text).
@@ -31,7 +33,7 @@ def check_fits(loaded: Loaded, split: Split) -> None:
                 f"'{split.data}' images are {dc}x{dh}x{dw}"
                 f" but {loaded.ref} expects {c}x{size}x{size}"
             )
-        n_out = _n_outputs(loaded)
+        n_out = source_of(spec).n_outputs(loaded.config)
         if n_out is not None and n_out != split.n_classes:
             raise RotvizError(
                 f"'{split.data}' has {split.n_classes} classes"
@@ -55,10 +57,7 @@ def check_fits(loaded: Loaded, split: Split) -> None:
                 f"'{split.data}' has {split.n_classes} symbols"
                 f" but {loaded.ref}'s vocabulary has {vocab}"
             )
-        cfg = loaded.config
-        max_pos = int(cfg.get("n_positions") or cfg.get("max_position_embeddings") or 0)
-        if loaded.spec.family == "roberta":
-            max_pos -= int(cfg.get("pad_token_id") or 1) + 1  # positions start after padding
+        max_pos = max_positions(spec, loaded.config, 0)
         length = int(split.inputs.shape[1]) if split.inputs.dim() > 1 else 0
         if max_pos > 0 and length > max_pos:
             raise RotvizError(
@@ -67,21 +66,8 @@ def check_fits(loaded: Loaded, split: Split) -> None:
             )
 
 
-def _n_outputs(loaded: Loaded) -> int | None:
-    if loaded.spec.source == "timm":
-        return (
-            int(
-                loaded.config.get("num_classes")
-                or loaded.config.get("model_args", {}).get("num_classes", 0)
-            )
-            or None
-        )
-    labels = loaded.config.get("id2label")
-    return len(labels) if labels else loaded.config.get("num_labels")
-
-
 def batch_inputs(loaded: Loaded, x: torch.Tensor) -> dict[str, torch.Tensor]:
-    return {"pixel_values": x} if loaded.spec.inputs == "pixels" else {"input_ids": x}
+    return {loaded.spec.input_key: x}
 
 
 def loss_and_correct(logits: torch.Tensor, y: torch.Tensor) -> tuple[float, int, int]:

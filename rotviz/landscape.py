@@ -30,6 +30,7 @@ from rotviz.limits import BATCH_SIZE, GRID, MARGIN, POINTS, REPEATS
 from rotviz.matching import MatchOptions
 from rotviz.matchspec import label_of, match_options
 from rotviz.models import Loaded, check_compatible, pick_device, to_wide
+from rotviz.sources import call
 
 Tensor = torch.Tensor
 Progress = Callable[[int, int, str], None]
@@ -91,15 +92,7 @@ class Evaluator:
         return {n: state[n].detach().to(self.device) for n in self.names}
 
     def logits(self, params: Mapping[str, Tensor], x: Tensor) -> Tensor:
-        from torch.func import functional_call
-
-        full = {**self.buffers, **params}
-        if self.loaded.spec.source == "timm":
-            out = functional_call(self.loaded.model, full, (x,), strict=False)
-        else:
-            key = "pixel_values" if self.loaded.spec.inputs == "pixels" else "input_ids"
-            out = functional_call(self.loaded.model, full, (), {key: x}, strict=False)
-        return out if isinstance(out, Tensor) else out.logits
+        return call(self.loaded.spec, self.loaded.model, {**self.buffers, **params}, x)
 
     def per_sample(self, params: Mapping[str, Tensor]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Summed loss, correct predictions and predictions per sample (text: per sequence)."""
