@@ -19,8 +19,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from rotviz import zoo
 from rotviz.arch import ArchSpec, config_value, spec_for
 from rotviz.errors import RotvizError
+from rotviz.outputs import Outputs
 from rotviz.sources import call, source_of
 
 Tensor = torch.Tensor
@@ -100,10 +102,6 @@ def resolve_ref(ref: str | os.PathLike) -> Path:
     """A directory for a model reference (`zoo:NAME` or a path)."""
     ref = str(ref)
     if ref.startswith("zoo:"):
-        try:
-            from rotviz import zoo
-        except ImportError:  # pragma: no cover - the zoo ships with rotviz
-            raise RotvizError("the model zoo is not available in this install") from None
         return zoo.path_of(ref[4:])
     path = Path(ref).expanduser()
     if not path.is_dir():
@@ -290,8 +288,6 @@ def save_model(
     `out` is checked first (rotviz.outputs: a new or empty folder, or with `overwrite` an
     earlier rotviz output); the files go to a temporary folder beside it and are moved in
     place only when complete, so a failure leaves nothing half-written."""
-    from rotviz.outputs import Outputs
-
     outputs = Outputs("save")
     folder = outputs.add(out, "out", folder=True, overwrite=overwrite)
     with outputs.write() as tmp:

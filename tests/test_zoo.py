@@ -24,9 +24,10 @@ from rotviz.errors import RotvizError
 from rotviz.evaluate import evaluate
 from rotviz.lite import load_for_eval, load_lite
 from rotviz.models import Loaded, forward, load_model, probe_inputs
-from rotviz.recipes import RECIPES, Recipe
-from rotviz.train import select, train
 from rotviz.view import read_view
+from rotviz.zoo.build import build
+from rotviz.zoo.recipes import RECIPES, Recipe
+from rotviz.zoo.train import select, train
 
 NAMES = [e.name for e in zoo.entries()]
 CARD_KEYS = {"name", "recipe", "seed", "data", "test", "val", "train_seconds", "versions",
@@ -213,7 +214,7 @@ def test_rebuilding_a_shipped_model_reproduces_its_card(tmp_path):
     recipe, seed and shipped base, and compare with its card."""
     card = zoo.read_card("vit-digits-ft-b")
     calls = []
-    out = zoo.build("vit-digits-ft-b", tmp_path / "ft-b", progress=lambda i, n, m: calls.append(i))
+    out = build("vit-digits-ft-b", tmp_path / "ft-b", progress=lambda i, n, m: calls.append(i))
     new = json.loads((out / "card.json").read_text())
     for key in ("loss", "acc"):
         assert new["test"][key] == pytest.approx(card["test"][key], abs=1e-4)
