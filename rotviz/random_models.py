@@ -20,31 +20,30 @@ from torch import nn
 from rotviz.arch import FAMILIES, Sizes, family_module, spec_named
 from rotviz.sources import source_of
 
-__all__ = ["FAMILIES", "random_model", "save_random"]
+__all__ = ["FAMILIES", "options", "random_config", "random_model", "save_random"]
 
 
-def _options(family: str) -> dict[str, object]:
+def options(family: str) -> dict[str, object]:
     """The keyword options of a family's random model and their defaults."""
     params = inspect.signature(family_module(family).random_config).parameters.values()
     return {p.name: p.default for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
 
 
-def random_config(family: str, sizes: Sizes, **options) -> dict:
-    """The config (as config.json holds it) of `family`'s random model.
-
-    An option of other families only (llama's `kv_heads`, gpt2's `tie`, ...) is an error
-    unless it has their default value."""
-    own = _options(family)
-    for name, value in options.items():
+def random_config(family: str, sizes: Sizes, **given) -> dict:
+    """The config (as config.json holds it) of `family`'s random model with the options
+    `given`. An option of other families only (llama's `kv_heads`, gpt2's `tie`, ...) is an
+    error unless it has their default value."""
+    own = options(family)
+    for name, value in given.items():
         if name in own:
             continue
-        owners = [f for f in FAMILIES if name in _options(f)]
+        owners = [f for f in FAMILIES if name in options(f)]
         if not owners:
             raise TypeError(f"random_model() got an unexpected keyword argument '{name}'")
-        if value != _options(owners[0])[name]:
+        if value != options(owners[0])[name]:
             raise ValueError(f"{name} is an option of {', '.join(owners)}, not {family}'s")
     return family_module(family).random_config(
-        sizes, **{k: v for k, v in options.items() if k in own})
+        sizes, **{k: v for k, v in given.items() if k in own})
 
 
 def random_model(

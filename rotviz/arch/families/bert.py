@@ -5,6 +5,9 @@ from __future__ import annotations
 from rotviz.arch.spec import ArchSpec, LinearSpec, NormSpec, Sizes
 
 ORDER = 1
+# random_config options of a variant whose output head is its own: the default's
+# (a sequence classifier; the LM head with lm=True is tied)
+UNTIED: dict | None = {}
 
 SPEC = ArchSpec(
     family="bert",

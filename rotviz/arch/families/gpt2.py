@@ -5,6 +5,8 @@ from __future__ import annotations
 from rotviz.arch.spec import ArchSpec, LinearSpec, NormSpec, Sizes
 
 ORDER = 0
+# random_config options of a variant whose output head is its own (residual maps need one)
+UNTIED: dict | None = {"tie": False}
 
 SPEC = ArchSpec(
     family="gpt2",

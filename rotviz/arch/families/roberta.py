@@ -8,6 +8,9 @@ from rotviz.arch.families import bert
 from rotviz.arch.spec import Sizes
 
 ORDER = 2
+# random_config options of a variant whose output head is its own: none (the MLM decoder
+# is tied to the embeddings, which residual maps refuse)
+UNTIED: dict | None = None
 
 SPEC = replace(
     bert.SPEC,

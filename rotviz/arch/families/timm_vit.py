@@ -6,6 +6,8 @@ from __future__ import annotations
 from rotviz.arch.spec import ArchSpec, LinearSpec, NormSpec, Sizes
 
 ORDER = 4
+# random_config options of a variant whose output head is its own: the default's
+UNTIED: dict | None = {}
 
 SPEC = ArchSpec(
     family="timm-vit",
