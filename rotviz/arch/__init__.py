@@ -1,10 +1,10 @@
 """Architectures described as data: one module per family in `rotviz/arch/families/`.
 
-Every module there is found here (pkgutil) and defines `SPEC`, its family's `ArchSpec`
-(rotviz.arch.spec), `random_config`, the config of a tiny random test model
-(rotviz.random_models), and `ORDER`, where the family is listed (families without one come
-last, by name). Adding a Hugging Face family is one file there; tests run on every family
-found. `rotviz.arch.GPT2` (any family module's name in capitals) is that family's spec.
+Every module there is found here (pkgutil); each defines `SPEC`, its family's `ArchSpec`
+(rotviz.arch.spec), the config of a tiny random test model, and where it is listed (see
+rotviz/arch/families/__init__.py). Adding a Hugging Face family is one file there; the tests
+run on every family found. `rotviz.arch.GPT2` (any family module's name in capitals) is that
+family's spec.
 """
 
 from __future__ import annotations
