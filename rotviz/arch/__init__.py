@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from collections.abc import Mapping
-from types import ModuleType
+from types import MappingProxyType, ModuleType
 
 from rotviz.arch import families as _families
 from rotviz.arch.spec import (
@@ -44,9 +44,9 @@ def _discover() -> tuple[ModuleType, ...]:
 _MODULES: tuple[ModuleType, ...] = _discover()
 SPECS: tuple[ArchSpec, ...] = tuple(m.SPEC for m in _MODULES)
 FAMILIES: tuple[str, ...] = tuple(s.family for s in SPECS)
-_BY_FAMILY: dict[str, ModuleType] = {m.SPEC.family: m for m in _MODULES}
-_BY_CONSTANT: dict[str, ArchSpec] = {m.__name__.rsplit(".", 1)[1].upper(): m.SPEC
-                                     for m in _MODULES}
+_BY_FAMILY: Mapping[str, ModuleType] = MappingProxyType({m.SPEC.family: m for m in _MODULES})
+_BY_CONSTANT: Mapping[str, ArchSpec] = MappingProxyType(
+    {m.__name__.rsplit(".", 1)[1].upper(): m.SPEC for m in _MODULES})
 
 
 def __getattr__(name: str) -> ArchSpec:

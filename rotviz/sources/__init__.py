@@ -10,6 +10,7 @@ whose checkpoints come from that library. A family's `ArchSpec.source` names its
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import MappingProxyType
 
 import torch
 from torch import nn
@@ -22,7 +23,7 @@ from rotviz.sources.timm import TIMM
 
 __all__ = ["SOURCES", "Source", "call", "source_of"]
 
-SOURCES: dict[str, Source] = {s.name: s for s in (HF, TIMM)}
+SOURCES: Mapping[str, Source] = MappingProxyType({s.name: s for s in (HF, TIMM)})
 
 
 def source_of(spec: ArchSpec) -> Source:
