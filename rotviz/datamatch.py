@@ -44,7 +44,6 @@ def activations(loaded: Loaded, view: ModelView, split: Split, device: torch.dev
     """(streams, hidden): the stream entering every block and the final norm (pre-norm) or
     leaving the last block (post-norm), and every FFN's hidden activation, as (tokens, width)
     float64 matrices, for `view`'s weights evaluated on `split`."""
-
     module = copy.deepcopy(loaded.model).to(device)
     state = write_state(view)
     lay = view.layout
