@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
+from rotviz.arch import max_positions
 from rotviz.data import Split
 from rotviz.errors import RotvizError
-from rotviz.models import Loaded, forward, image_shape
+from rotviz.limits import BATCH_SIZE
+from rotviz.models import Loaded, forward, image_shape, pick_device, to_wide
+from rotviz.sources import call, source_of
+
+Tensor = torch.Tensor
 
 # Class-name endings of Hugging Face models with a per-token vocabulary head: the only ones whose
 # logits fit per-token labels (next-character text; a sequence classifier has one row per text).
@@ -31,7 +37,7 @@ def check_fits(loaded: Loaded, split: Split) -> None:
                 f"'{split.data}' images are {dc}x{dh}x{dw}"
                 f" but {loaded.ref} expects {c}x{size}x{size}"
             )
-        n_out = _n_outputs(loaded)
+        n_out = source_of(spec).n_outputs(loaded.config)
         if n_out is not None and n_out != split.n_classes:
             raise RotvizError(
                 f"'{split.data}' has {split.n_classes} classes"
@@ -55,10 +61,7 @@ def check_fits(loaded: Loaded, split: Split) -> None:
                 f"'{split.data}' has {split.n_classes} symbols"
                 f" but {loaded.ref}'s vocabulary has {vocab}"
             )
-        cfg = loaded.config
-        max_pos = int(cfg.get("n_positions") or cfg.get("max_position_embeddings") or 0)
-        if loaded.spec.family == "roberta":
-            max_pos -= int(cfg.get("pad_token_id") or 1) + 1  # positions start after padding
+        max_pos = max_positions(spec, loaded.config, 0)
         length = int(split.inputs.shape[1]) if split.inputs.dim() > 1 else 0
         if max_pos > 0 and length > max_pos:
             raise RotvizError(
@@ -67,21 +70,8 @@ def check_fits(loaded: Loaded, split: Split) -> None:
             )
 
 
-def _n_outputs(loaded: Loaded) -> int | None:
-    if loaded.spec.source == "timm":
-        return (
-            int(
-                loaded.config.get("num_classes")
-                or loaded.config.get("model_args", {}).get("num_classes", 0)
-            )
-            or None
-        )
-    labels = loaded.config.get("id2label")
-    return len(labels) if labels else loaded.config.get("num_labels")
-
-
 def batch_inputs(loaded: Loaded, x: torch.Tensor) -> dict[str, torch.Tensor]:
-    return {"pixel_values": x} if loaded.spec.inputs == "pixels" else {"input_ids": x}
+    return {loaded.spec.input_key: x}
 
 
 def loss_and_correct(logits: torch.Tensor, y: torch.Tensor) -> tuple[float, int, int]:
@@ -111,3 +101,89 @@ def evaluate(
         if progress:
             progress(j + 1, n_batches, "evaluating")
     return {"loss": total_loss / count, "acc": correct / count, "n": split.n}
+
+
+# ---- any parameter set on one module, the data on the device once ----------------------------
+
+IGNORE = -100  # label value that does not count (padding)
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """A torch.device from 'auto', 'cpu', 'cuda', 'mps' or a torch.device."""
+    if isinstance(device, torch.device):
+        return device
+    return pick_device(device or "auto")
+
+
+def check_split(split: Split) -> None:
+    if split.n == 0:
+        raise RotvizError(f"the {split.split} split of '{split.data}' is empty; use another split")
+
+
+class Evaluator:
+    """Per-sample loss and accuracy of any parameter set of `loaded`'s architecture on a split.
+
+    The split is checked against the model (one-line errors), cut into batches and moved to
+    `device` once. `params(state)` picks and moves the tensors a state dict contributes.
+    """
+
+    def __init__(self, loaded: Loaded, split: Split, device: str | torch.device = "cpu",
+                 batch_size: int = 512):
+        check_split(split)
+        check_fits(loaded, split)
+        BATCH_SIZE.check(batch_size)
+        self.loaded = loaded
+        self.split = split
+        self.device = resolve_device(device)
+        module = loaded.model
+        self.names = [n for n, _ in module.named_parameters()]  # tied weights: owner only
+        buffers = dict(module.named_buffers())
+        self.buffers = {n: b.to(self.device) for n, b in buffers.items()}
+        # floating persistent buffers travel with the parameters (interpolated, merged)
+        self.names += [n for n, b in buffers.items() if b.is_floating_point() and n in loaded.state]
+        dev = self.device
+        self.batches = [(x.to(dev), y.to(dev)) for x, y in split.batches(batch_size)]
+
+    @property
+    def n(self) -> int:
+        return self.split.n
+
+    def params(self, state: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """The tensors of `state` this module needs, on the device (never modified)."""
+        missing = [n for n in self.names if n not in state]
+        if missing:
+            raise RotvizError(
+                f"parameter set lacks {missing[:3]}; it is not a {self.loaded.spec.family} model"
+            )
+        return {n: state[n].detach().to(self.device) for n in self.names}
+
+    def logits(self, params: Mapping[str, Tensor], x: Tensor) -> Tensor:
+        return call(self.loaded.spec, self.loaded.model, {**self.buffers, **params}, x)
+
+    def per_sample(self, params: Mapping[str, Tensor]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Summed loss, correct predictions and predictions per sample (text: per sequence)."""
+        losses, corrects, counts = [], [], []
+        with torch.inference_mode():
+            for x, y in self.batches:
+                logits = self.logits(params, x).float()
+                y2 = y.reshape(len(y), -1)
+                lg = logits.reshape(y2.numel(), logits.shape[-1])
+                loss = F.cross_entropy(lg, y2.reshape(-1), reduction="none", ignore_index=IGNORE)
+                valid = y2 != IGNORE
+                correct = (lg.argmax(-1).reshape(y2.shape) == y2) & valid
+                losses.append(to_wide(loss.reshape(y2.shape)).sum(1))
+                corrects.append(correct.sum(1))
+                counts.append(valid.sum(1))
+            out = [torch.cat(t).cpu().numpy() for t in (losses, corrects, counts)]
+        return out[0], out[1].astype(np.float64), out[2].astype(np.float64)
+
+    def evaluate(self, params: Mapping[str, Tensor]) -> tuple[float, float]:
+        """(mean loss, accuracy) over the whole split."""
+        loss, correct, count = self.per_sample(params)
+        return float(loss.sum() / count.sum()), float(correct.sum() / count.sum())
+
+
+def barrier_of(alphas: Sequence[float], loss: Sequence[float]) -> float:
+    """GLMC barrier: max over alpha of L(alpha) - ((1 - alpha) L(0) + alpha L(1))."""
+    a, lo = np.asarray(alphas, dtype=float), np.asarray(loss, dtype=float)
+    return float(np.max(lo - ((1 - a) * lo[0] + a * lo[-1])))

@@ -21,15 +21,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rotviz.arch import spec_for
 from rotviz.models import (
     HALF,
     Loaded,
     check_finite,
-    floating_dtypes,
     load_model,
     read_config,
     resolve_ref,
 )
+from rotviz.sources.files import floating_dtypes
 
 _ACTS = {
     "gelu": lambda x: F.gelu(x),
@@ -255,8 +256,6 @@ def lite_module(config: dict) -> nn.Module | None:
 def load_lite(ref: str | os.PathLike, device: torch.device | str = "cpu") -> Loaded | None:
     """The model as a plain-torch module, or None when the lite path does not cover it."""
     from safetensors.torch import load_file
-
-    from rotviz.arch import spec_for
 
     path = resolve_ref(ref)
     config = read_config(path)

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from rotviz.arch import FAMILIES
 from rotviz.models import Loaded, load_model
-from rotviz.random_models import FAMILIES, save_random
+from rotviz.random_models import save_random
 from rotviz.symmetry.view import ModelView, read_view
 
 TINY = dict(layers=2, d=32, heads=4, ffn=64)
@@ -105,7 +106,7 @@ def module_keys(view: ModelView, layers, roles) -> set[str]:
 
 
 ATTN_ROLES = ("q", "k", "v", "qkv", "o")
-FFN_ROLES = ("ffn_in", "ffn_out")
+FFN_ROLES = ("ffn_in", "ffn_gate", "ffn_out")  # the gate where the FFN is gated (SwiGLU)
 
 
 # ---- a user's workspace, for commands that must leave it alone --------------------------------

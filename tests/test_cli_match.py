@@ -81,7 +81,8 @@ def test_cli_round_trip(family, saved, loaded, tmp_path, capsys):
     assert math.isclose(report["distance_after"]["total"], after, rel_tol=1e-5)
     assert report["max_output_diff"] <= 1e-4
     assert f"{before:.4f} -> {after:.4f}" in lines[0]
-    assert len(report["heads"]) == 2 and len(report["heads"][0]["qk_scale"]) == 4
+    maps = view_of(source).dims.n_kv_heads  # one per key/value group (per head without GQA)
+    assert len(report["heads"]) == 2 and len(report["heads"][0]["qk_scale"]) == maps
 
 
 def test_cli_layer_subset_without_ffn(family, saved, loaded, tmp_path, capsys):

@@ -24,7 +24,7 @@ from rotviz.data import (
     text_windows,
 )
 from rotviz.errors import RotvizError
-from rotviz.recipes import RECIPES
+from rotviz.zoo.recipes import RECIPES
 
 # ---- digits -----------------------------------------------------------------------------------
 

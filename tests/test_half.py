@@ -20,6 +20,7 @@ from conftest import TINY, clone_state
 from safetensors.torch import load_file, save_file
 
 from rotviz.analysis.fusion import merge, simple_average
+from rotviz.arch import FAMILIES, family_module, spec_named
 from rotviz.cli import main
 from rotviz.data import VOCAB_SIZE, load_split
 from rotviz.evaluation import evaluate
@@ -35,20 +36,28 @@ from rotviz.models import (
     stored_module,
     stored_output_diff,
 )
-from rotviz.random_models import FAMILIES, save_random
+from rotviz.random_models import options, save_random
 
-ALL = (*FAMILIES, "llama")  # FAMILIES leaves llama to tests/test_llama.py
+ALL = FAMILIES
 HALF = (torch.bfloat16, torch.float16)
 # A stream map needs an output head of its own: tied heads (RoBERTa's and BERT's LM heads)
-# refuse it, so BERT's residual run uses its sequence classifier (match reads no data).
-RESIDUAL = {"gpt2", "bert", "vit", "timm-vit", "llama"}
+# refuse it, so every family runs residual maps on its random model with an untied head (the
+# family module's UNTIED; BERT's sequence classifier: match reads no data), where it has one.
+RESIDUAL = {f for f in FAMILIES if family_module(f).UNTIED is not None}
+
+
+def _images(family: str) -> bool:
+    return spec_named(family).inputs == "pixels"
 
 
 def _sizes(family: str, lm: bool = True) -> dict:
-    if family in ("vit", "timm-vit"):
+    """Image families: digits' shape. Text families: the corpus' vocabulary and 64 positions,
+    an untied head where the family has one, and with `lm` a language-model head where the
+    family's random model makes one on request (BERT: `lm`)."""
+    if _images(family):
         return dict(TINY, image=8, channels=1, labels=10)
-    extra = {"tie": False} if family == "gpt2" else {}
-    if family == "bert" and lm:
+    extra = dict(family_module(family).UNTIED or {})
+    if lm and "lm" in options(family):
         extra["lm"] = True
     return dict(TINY, vocab=VOCAB_SIZE, positions=64, **extra)
 
@@ -61,7 +70,7 @@ def data_for(tmp_path_factory):
 
     text = tmp_path_factory.mktemp("text") / "pystdlib-head.txt"
     text.write_text(pystdlib_text()[: 640 * CONTEXT + 1], encoding="utf-8")
-    return lambda family: "digits" if family in ("vit", "timm-vit") else f"text:{text}"
+    return lambda family: "digits" if _images(family) else f"text:{text}"
 
 
 @pytest.fixture(scope="session")

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
 from conftest import view_of
 
 from rotviz.errors import RotvizError
+from rotviz.groups import rope_pairs
 from rotviz.match.distances import distances, norm
 from rotviz.match.engine import match
 from rotviz.match.layers import head_gain, head_permutation
@@ -65,24 +67,62 @@ def test_heads_matching_keeps_the_function(family, loaded):
     assert out.report.max_output_diff <= 1e-4 and out.preserved
 
 
+def _outer(x, y, i, j):
+    return 0.0 if x is None else torch.outer(x[i], y[j])
+
+
+def _qk_gain(m, rope):
+    """max tr(R^T M) over the Q-K maps allowed: the nuclear norm, or under rotary embeddings
+    the per-pair rotations' gain, sum over pairs (i, j) of |(M_ii + M_jj, M_ji - M_ij)|."""
+    if rope is None:
+        return torch.linalg.svdvals(m).sum()
+    i, j = rope_pairs(m.shape[-1], rope)
+    return torch.hypot(m[i, i] + m[j, j], m[j, i] - m[i, j]).sum()
+
+
+def _group_gain(src, anc, heads, gs, ga, rope):
+    """From first principles: the gain of rotating source key/value group gs, its query heads
+    `heads` in that order, onto anchor group ga (a single head without grouped-query
+    attention)."""
+    r = len(heads)
+    mqk = src.wk[gs] @ anc.wk[ga].T + _outer(src.bk, anc.bk, gs, ga)
+    mvo = src.wv[gs] @ anc.wv[ga].T + _outer(src.bv, anc.bv, gs, ga)
+    for k, hs in enumerate(heads):
+        ha = ga * r + k
+        mqk = mqk + src.wq[hs] @ anc.wq[ha].T + _outer(src.bq, anc.bq, hs, ha)
+        mvo = mvo + src.wo[hs].T @ anc.wo[ha]
+    return _qk_gain(mqk, rope) + torch.linalg.svdvals(mvo).sum()
+
+
 def test_head_assignment_is_optimal_over_all_permutations(family, loaded):
+    """Over every head permutation the model allows (those that keep key/value groups whole;
+    all of them without grouped-query attention), the chosen one has the largest gain."""
     anchor, source = (view_of(loaded(family, s, F64)) for s in (0, 1))
-    for i in range(anchor.dims.n_layers):
+    dims = anchor.dims
+    h, h_kv, r, rope = dims.n_heads, dims.n_kv_heads, dims.group_size, dims.rope
+    allowed = [torch.tensor([order[g] * r + inner[g][k] for g in range(h_kv) for k in range(r)])
+               for order in itertools.permutations(range(h_kv))
+               for inner in itertools.product(itertools.permutations(range(r)), repeat=h_kv)]
+    assert len(allowed) == math.factorial(h_kv) * math.factorial(r) ** h_kv
+
+    def total(src, anc, perm):  # new head k = source head perm[k]
+        return sum(_group_gain(src, anc, perm[g * r:(g + 1) * r].tolist(),
+                               int(perm[g * r]) // r, g, rope) for g in range(h_kv))
+
+    for i in range(dims.n_layers):
         src, anc = source.blocks[i].attn, anchor.blocks[i].attn
-        h = src.wq.shape[0]
-        assert h == 4
-        # the gain from first principles, one pair at a time
-        gain = torch.empty(h, h, dtype=F64)
-        for a, b in itertools.product(range(h), range(h)):
-            mqk = src.wq[a] @ anc.wq[b].T + src.wk[a] @ anc.wk[b].T
-            mqk = mqk + torch.outer(src.bq[a], anc.bq[b]) + torch.outer(src.bk[a], anc.bk[b])
-            mvo = src.wv[a] @ anc.wv[b].T + torch.outer(src.bv[a], anc.bv[b])
-            mvo = mvo + src.wo[a].T @ anc.wo[b]
-            gain[a, b] = (torch.linalg.svdvals(mqk).sum() + torch.linalg.svdvals(mvo).sum())
-        torch.testing.assert_close(head_gain(src, anc), gain, rtol=1e-10, atol=1e-10)
-        perm = head_permutation(src, anc)
-        chosen = sum(gain[perm[k], k] for k in range(h))
-        best = max(sum(gain[p[k], k] for k in range(h)) for p in itertools.permutations(range(h)))
+        assert src.wq.shape[0] == h == 4
+        # the gain from first principles, one pair of groups (heads) at a time, with the
+        # best order of the group's query heads
+        gain = torch.empty(h_kv, h_kv, dtype=F64)
+        for gs, ga in itertools.product(range(h_kv), range(h_kv)):
+            gain[gs, ga] = max(_group_gain(src, anc, [gs * r + o for o in order], gs, ga, rope)
+                               for order in itertools.permutations(range(r)))
+        torch.testing.assert_close(head_gain(src, anc, rope=rope), gain, rtol=1e-10,
+                                   atol=1e-10)
+        perm = head_permutation(src, anc, rope)
+        chosen = total(src, anc, perm)
+        best = max(total(src, anc, p) for p in allowed)
         assert chosen >= best - 1e-9
 
 

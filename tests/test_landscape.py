@@ -15,9 +15,7 @@ import torch
 from conftest import clone_state
 
 from rotviz.analysis.landscape import (
-    Evaluator,
     _partition,
-    barrier_of,
     interpolate,
     loss_plane,
     loss_range_of,
@@ -26,7 +24,7 @@ from rotviz.analysis.landscape import (
 from rotviz.cli import main
 from rotviz.data import Split, load_split
 from rotviz.errors import RotvizError
-from rotviz.evaluation import evaluate
+from rotviz.evaluation import Evaluator, barrier_of, evaluate
 from rotviz.models import Loaded, forward, load_model, probe_inputs
 
 # ---- shared helpers (imported by the other landscape/fusion/spectra tests) ----------

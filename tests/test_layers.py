@@ -90,10 +90,12 @@ LAYERS = [
     ("groups", ["rotviz.groups"]),
     ("symmetry", ["rotviz.symmetry"]),
     ("models", ["rotviz.data", "rotviz.sources", "rotviz.models", "rotviz.lite",
-                "rotviz.evaluation", "rotviz.random_models", "rotviz.zoo.registry"]),
+                "rotviz.evaluation", "rotviz.random_models", "rotviz.zoo",
+                "rotviz.zoo.registry"]),
     ("match", ["rotviz.match"]),
     ("analysis", ["rotviz.analysis"]),
-    ("top", ["rotviz.zoo", "rotviz.app", "rotviz.appconfig", "rotviz.explore", "rotviz.cli",
+    ("top", ["rotviz.zoo.build", "rotviz.zoo.train", "rotviz.zoo.recipes", "rotviz.app",
+             "rotviz.appconfig", "rotviz.explore", "rotviz.cli",
              "rotviz.plots", "rotviz"]),
 ]
 

@@ -20,7 +20,14 @@ from conftest import (
 )
 
 from rotviz.errors import RotvizError
-from rotviz.groups import best_scale, procrustes, random_orthogonal
+from rotviz.groups import (
+    best_scale,
+    procrustes,
+    random_orthogonal,
+    random_rope_maps,
+    rope_pairs,
+    rope_procrustes,
+)
 from rotviz.match.distances import distances, norm
 from rotviz.match.engine import match
 from rotviz.match.layers import cross_qk, cross_vo, ffn_permutation
@@ -61,19 +68,34 @@ def test_planted_element_is_recovered(family, loaded):
 # ---- optimality of each solver ------------------------------------------------------------
 
 
-def _head_distance_qk(r, s, a, h):
-    """||R^T W_Q1 - W_Q2||^2 + ||R^T W_K1 - W_K2||^2 + bias terms, for a batch of R (n, dh, dh)."""
+def _bias_sq(b1, b2, idx, r):
+    """||b1[idx] R - b2[idx]||^2 for a batch of R (n, dh, dh); 0 where the model has no bias."""
+    if b1 is None:
+        return 0.0
+    return ((b1[idx] @ r - b2[idx]) ** 2).sum(-1)
+
+
+def _head_distance_qk(r, s, a, g):
+    """||R^T W_Q1 - W_Q2||^2 over the query heads of key/value group g (head g without
+    grouped-query attention) + ||R^T W_K1 - W_K2||^2 of the group + bias terms, for a batch
+    of orthogonal R (n, dh, dh)."""
     rt = r.transpose(-1, -2)
-    d = ((rt @ s.wq[h] - a.wq[h]) ** 2).sum((1, 2)) + ((rt @ s.wk[h] - a.wk[h]) ** 2).sum((1, 2))
-    d = d + ((s.bq[h] @ r - a.bq[h]) ** 2).sum(1) + ((s.bk[h] @ r - a.bk[h]) ** 2).sum(1)
+    size = s.n_heads // s.n_kv_heads
+    d = ((rt @ s.wk[g] - a.wk[g]) ** 2).sum((1, 2)) + _bias_sq(s.bk, a.bk, g, r)
+    for h in range(g * size, (g + 1) * size):
+        d = d + ((rt @ s.wq[h] - a.wq[h]) ** 2).sum((1, 2)) + _bias_sq(s.bq, a.bq, h, r)
     return d
 
 
-def _head_distance_vo(r, s, a, h):
-    """||R^T W_V1 - W_V2||^2 + ||b_V1 R - b_V2||^2 + ||W_O1[:, h] R - W_O2[:, h]||^2."""
+def _head_distance_vo(r, s, a, g):
+    """||R^T W_V1 - W_V2||^2 + ||b_V1 R - b_V2||^2 of key/value group g + ||W_O1[:, h] R -
+    W_O2[:, h]||^2 over its query heads."""
     rt = r.transpose(-1, -2)
-    d = ((rt @ s.wv[h] - a.wv[h]) ** 2).sum((1, 2)) + ((s.bv[h] @ r - a.bv[h]) ** 2).sum(1)
-    return d + ((s.wo[h] @ r - a.wo[h]) ** 2).sum((1, 2))
+    size = s.n_heads // s.n_kv_heads
+    d = ((rt @ s.wv[g] - a.wv[g]) ** 2).sum((1, 2)) + _bias_sq(s.bv, a.bv, g, r)
+    for h in range(g * size, (g + 1) * size):
+        d = d + ((s.wo[h] @ r - a.wo[h]) ** 2).sum((1, 2))
+    return d
 
 
 def _candidates(r_best: torch.Tensor, n_random: int = 1000, n_local: int = 200, seed: int = 0):
@@ -88,36 +110,59 @@ def _candidates(r_best: torch.Tensor, n_random: int = 1000, n_local: int = 200, 
 
 @pytest.mark.parametrize("which", ["qk", "vo"])
 def test_procrustes_beats_random_orthogonal_maps(family, loaded, which):
+    """Per map (one per key/value group; per head without grouped-query attention): the
+    Procrustes solution is the optimum over orthogonal maps, and the library's matched head
+    sits at the optimum over the maps its group allows (under rotary embeddings the Q-K maps
+    are per-pair rotations: the structured optimum, which beats random structured maps)."""
     anchor, source = (view_of(m) for m in _pair(loaded, family))
+    dims = anchor.dims
     cross, head_distance = (cross_qk, _head_distance_qk) if which == "qk" else (
         cross_vo, _head_distance_vo)
+    structured = which == "qk" and dims.rope is not None
     result = match(anchor, source, MatchOptions(ffn=False, attn=True, rescale=False))
-    for layer in range(anchor.dims.n_layers):
+    for layer in range(dims.n_layers):
         s, a = source.blocks[layer].attn, anchor.blocks[layer].attn
         m = cross(s, a)
         r, sv = procrustes(m)
         dets = torch.linalg.det(r).abs()
         torch.testing.assert_close(dets, torch.ones_like(dets))
-        for h in range(anchor.dims.n_heads):
-            cand = _candidates(r[h], seed=layer * 100 + h)
-            best = torch.trace(r[h].T @ m[h])
-            scores = torch.einsum("nij,ij->n", cand, m[h])  # tr(Q^T M)
+        r_lib = rope_procrustes(m, dims.rope)[0] if structured else r
+        for g in range(dims.n_kv_heads):
+            cand = _candidates(r[g], seed=layer * 100 + g)
+            best = torch.trace(r[g].T @ m[g])
+            scores = torch.einsum("nij,ij->n", cand, m[g])  # tr(Q^T M)
             assert float(best) >= float(scores.max()) - 1e-9 * abs(float(best))
-            torch.testing.assert_close(best, sv[h].sum())  # the optimum is the nuclear norm
-            d_best = head_distance(r[h][None], s, a, h)[0]
-            d_cand = head_distance(cand, s, a, h)
+            torch.testing.assert_close(best, sv[g].sum())  # the optimum is the nuclear norm
+            d_best = head_distance(r[g][None], s, a, g)[0]
+            d_cand = head_distance(cand, s, a, g)
             assert float(d_best) <= float(d_cand.min()) * (1 + 1e-12)
+            d_lib = head_distance(r_lib[g][None], s, a, g)[0]
+            if structured:
+                gen = torch.Generator().manual_seed(layer * 100 + g)
+                rand = random_rope_maps(1000, dims.d_head, dims.rope, gen)
+                assert float(d_lib) <= float(head_distance(rand, s, a, g).min()) * (1 + 1e-12)
             # the library's matched head sits exactly at that optimum
             got = head_distance(torch.eye(r.shape[-1], dtype=F64)[None],
-                                result.view.blocks[layer].attn, a, h)[0]
-            torch.testing.assert_close(got, d_best, rtol=1e-9, atol=1e-9)
+                                result.view.blocks[layer].attn, a, g)[0]
+            torch.testing.assert_close(got, d_lib, rtol=1e-9, atol=1e-9)
+
+
+def _outer(x, y):
+    return 0.0 if x is None else torch.outer(x, y)
 
 
 def _eq7(anchor_ffn: FFN, source_ffn: FFN) -> np.ndarray:
-    """C[j, k] = <unit j of the source, unit k of the anchor> over [W_in, b_in, W_out^T]."""
+    """C[j, k] = <unit j of the source, unit k of the anchor> over [W_in, b_in, W_out^T], and
+    the gate [W_gate, b_gate] of a gated FFN (permuted with them)."""
     s, a = source_ffn, anchor_ffn
-    c = s.w_in @ a.w_in.T + torch.outer(s.b_in, a.b_in) + s.w_out.T @ a.w_out
+    c = s.w_in @ a.w_in.T + _outer(s.b_in, a.b_in) + s.w_out.T @ a.w_out
+    if s.w_gate is not None:
+        c = c + s.w_gate @ a.w_gate.T + _outer(s.b_gate, a.b_gate)
     return c.double().numpy()
+
+
+def _sq_diff(x, y):
+    return 0.0 if x is None else ((x - y) ** 2).sum()
 
 
 def test_ffn_assignment_beats_random_permutations(family, loaded):
@@ -137,8 +182,11 @@ def test_ffn_assignment_beats_random_permutations(family, loaded):
         s, a = source.blocks[layer].ffn, anchor.blocks[layer].ffn
         for _ in range(20):
             p = torch.as_tensor(rng.permutation(len(perm)))
-            d = float(((s.w_in[p] - a.w_in) ** 2).sum() + ((s.b_in[p] - a.b_in) ** 2).sum()
-                      + ((s.w_out[:, p] - a.w_out) ** 2).sum() + ((s.b_out - a.b_out) ** 2).sum())
+            d = float(((s.w_in[p] - a.w_in) ** 2).sum()
+                      + _sq_diff(None if s.b_in is None else s.b_in[p], a.b_in)
+                      + ((s.w_out[:, p] - a.w_out) ** 2).sum() + _sq_diff(s.b_out, a.b_out)
+                      + _sq_diff(None if s.w_gate is None else s.w_gate[p], a.w_gate)
+                      + _sq_diff(None if s.b_gate is None else s.b_gate[p], a.b_gate))
             assert d_best <= d * (1 + 1e-12)
 
 
@@ -188,33 +236,62 @@ def _sq(t):
     return float((t**2).sum())
 
 
-def _scaled_qk(x, s, a, h):
-    """Head h's Q-K distance after scaling the source by x (W_Q * x, W_K / x)."""
-    return (_sq(x * s.wq[h] - a.wq[h]) + _sq(x * s.bq[h] - a.bq[h])
-            + _sq(s.wk[h] / x - a.wk[h]) + _sq(s.bk[h] / x - a.bk[h]))
+def _group(s, g):
+    """The query heads of key/value group g (head g alone without grouped-query attention)."""
+    size = s.n_heads // s.n_kv_heads
+    return range(g * size, (g + 1) * size)
 
 
-def _scaled_vo(x, s, a, h):
-    """Head h's V-O distance after scaling the source by x (W_V * x, W_O[:, h] / x)."""
-    return _sq(x * s.wv[h] - a.wv[h]) + _sq(x * s.bv[h] - a.bv[h]) + _sq(s.wo[h] / x - a.wo[h])
+def _scaled_qk(x, s, a, g):
+    """Group g's Q-K distance after scaling the source by x, a number or one per head
+    dimension (W_Q rows * x, W_K rows / x)."""
+    x = torch.as_tensor(x, dtype=F64).reshape(-1)
+    d = _sq(s.wk[g] / x[:, None] - a.wk[g]) + (0.0 if s.bk is None else _sq(s.bk[g] / x - a.bk[g]))
+    for h in _group(s, g):
+        d += _sq(x[:, None] * s.wq[h] - a.wq[h])
+        d += 0.0 if s.bq is None else _sq(x * s.bq[h] - a.bq[h])
+    return d
+
+
+def _scaled_vo(x, s, a, g):
+    """Group g's V-O distance after scaling the source by x (W_V * x, W_O[:, h] / x)."""
+    d = _sq(x * s.wv[g] - a.wv[g]) + (0.0 if s.bv is None else _sq(x * s.bv[g] - a.bv[g]))
+    return d + sum(_sq(s.wo[h] / x - a.wo[h]) for h in _group(s, g))
+
+
+def _qk_dim_scales(rep, dims) -> torch.Tensor:
+    """The Q-K scale of every head dimension of every key/value group (H_kv, d_h): one per
+    map, or under rotary embeddings one per frequency pair (both dims of the pair)."""
+    if dims.rope is None:
+        return torch.tensor(rep.qk_scale, dtype=F64)[:, None].expand(-1, dims.d_head)
+    pair = torch.tensor(rep.qk_pair_scale, dtype=F64)
+    i, j = rope_pairs(dims.d_head, dims.rope)
+    out = torch.empty(dims.n_kv_heads, dims.d_head, dtype=F64)
+    out[:, i], out[:, j] = pair, pair
+    return out
 
 
 def test_rescale_beats_a_grid_on_the_head_distance(family, loaded):
+    """The chosen scales (one per map, or per frequency pair under rotary embeddings) beat a
+    grid of single scales and no scaling, and the matched heads are the rotated heads at them."""
     anchor, source = (view_of(m) for m in _pair(loaded, family))
+    dims = anchor.dims
     rotated = match(anchor, source, MatchOptions(ffn=False, attn=True, rescale=False)).view
     full = match(anchor, source, MatchOptions(ffn=False, attn=True, rescale=True))
     for layer, rep in enumerate(full.report.layers):
         s, a = rotated.blocks[layer].attn, anchor.blocks[layer].attn
         m = full.view.blocks[layer].attn
-        for h in range(anchor.dims.n_heads):
-            for fn, scale in ((_scaled_qk, rep.qk_scale[h]), (_scaled_vo, rep.vo_scale[h])):
-                chosen = fn(scale, s, a, h)
-                grid = min(fn(x, s, a, h) for x in GRID[::10])
-                one = fn(1.0, s, a, h)
+        qk_dims = _qk_dim_scales(rep, dims)
+        for g in range(dims.n_kv_heads):
+            for fn, scale in ((_scaled_qk, qk_dims[g]), (_scaled_vo, rep.vo_scale[g])):
+                chosen = fn(scale, s, a, g)
+                grid = min(fn(x, s, a, g) for x in GRID[::10])
+                one = fn(1.0, s, a, g)
                 assert chosen <= grid * (1 + 1e-12) and chosen <= one * (1 + 1e-12)
-            # the matched head is the rotated head at the chosen scales
-            torch.testing.assert_close(m.wq[h], rep.qk_scale[h] * s.wq[h])
-            torch.testing.assert_close(m.wo[h], s.wo[h] / rep.vo_scale[h])
+            # the matched heads are the rotated heads at the chosen scales
+            for h in _group(s, g):
+                torch.testing.assert_close(m.wq[h], qk_dims[g][:, None] * s.wq[h])
+                torch.testing.assert_close(m.wo[h], s.wo[h] / rep.vo_scale[g])
 
 
 # ---- never worse, toggles, subsets, anchor ------------------------------------------------
@@ -270,16 +347,18 @@ def test_no_attn_no_rescale_keeps_attention_bit_identical(family, loaded):
 
 def test_rescale_alone_only_scales_heads(family, loaded):
     anchor, source = (view_of(m) for m in _pair(loaded, family))
+    dims = source.dims
     res = match(anchor, source, MatchOptions(ffn=False, attn=False, rescale=True))
+    size = dims.group_size
     for layer, rep in enumerate(res.report.layers):
         s, m = source.blocks[layer].attn, res.view.blocks[layer].attn
-        a = torch.tensor(rep.qk_scale, dtype=F64)[:, None, None]
+        a = _qk_dim_scales(rep, dims)[:, :, None]  # per key/value group and head dimension
         b = torch.tensor(rep.vo_scale, dtype=F64)[:, None, None]
-        torch.testing.assert_close(m.wq, a * s.wq)
+        torch.testing.assert_close(m.wq, a.repeat_interleave(size, 0) * s.wq)
         torch.testing.assert_close(m.wk, s.wk / a)
         torch.testing.assert_close(m.wv, b * s.wv)
-        torch.testing.assert_close(m.wo, s.wo / b)
-        assert torch.equal(m.bo, s.bo)
+        torch.testing.assert_close(m.wo, s.wo / b.repeat_interleave(size, 0))
+        assert (m.bo is None) == (s.bo is None) and (m.bo is None or torch.equal(m.bo, s.bo))
         assert torch.equal(res.view.blocks[layer].ffn.w_in, source.blocks[layer].ffn.w_in)
 
 
@@ -329,7 +408,7 @@ def test_report_contents(family, loaded):
     res = match(view_of(anchor), view_of(source), progress=lambda *c: calls.append(c))
     rep = res.report
     dims = view_of(source).dims
-    h, dh = dims.n_heads, dims.d_head
+    h, dh = dims.n_kv_heads, dims.d_head  # one map per key/value group (per head without GQA)
     # distances: total (checked against a direct float64 computation; rotviz takes the
     # differences in the weights' own float32), per layer, per kind
     assert math.isclose(rep.before.total, _direct_distance(source.state, anchor.state),

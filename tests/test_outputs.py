@@ -68,13 +68,13 @@ def test_item2_eval_json_checked_before_it_prints(ws, capfd):
 def no_work(monkeypatch):
     """Make any model loading or training fail loudly: a refusal must come before them."""
     import rotviz.models
-    import rotviz.train
+    import rotviz.zoo.train
 
     def boom(*a, **k):
         raise AssertionError("work started before the output paths were checked")
 
     monkeypatch.setattr(rotviz.models, "load_model", boom)
-    monkeypatch.setattr(rotviz.train, "train", boom)
+    monkeypatch.setattr(rotviz.zoo.train, "train", boom)
 
 
 @pytest.mark.parametrize(("out", "fragment"), [
@@ -282,8 +282,8 @@ def test_a_failure_while_writing_leaves_nothing(ws, capfd, monkeypatch):
 
 
 READY = ("import sys, torch, transformers, timm, scipy.optimize, rotviz.cli, "
-         "rotviz.match.pipeline, rotviz.analysis.landscape, rotviz.analysis.fusion, rotviz.train, "
-         "rotviz.match.datamatch\n"
+         "rotviz.match.pipeline, rotviz.analysis.landscape, rotviz.analysis.fusion, "
+         "rotviz.zoo.train, rotviz.match.datamatch\n"
          "print('ready', flush=True)\n"
          "sys.exit(rotviz.cli.main(sys.argv[1:]))\n")
 

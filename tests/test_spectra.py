@@ -26,12 +26,17 @@ def brute_force(x: torch.Tensor, y: torch.Tensor, d_h: int) -> torch.Tensor:
 
 def test_circuit_spectra_equal_the_full_svd(family, loaded):
     view = view_of(loaded(family))
-    dh = view.dims.d_head
+    dh, size = view.dims.d_head, view.dims.group_size
+
+    def per_head(t):  # each query head reads its key/value group's K and V
+        return t.repeat_interleave(size, 0)
+
     for blk in view.blocks:
         a = blk.attn
-        torch.testing.assert_close(qk_circuit(a), brute_force(a.wq, a.wk, dh), rtol=1e-9,
-                                   atol=1e-12)
-        torch.testing.assert_close(vo_circuit(a), brute_force(a.wv, a.wo.transpose(-1, -2), dh),
+        torch.testing.assert_close(qk_circuit(a), brute_force(a.wq, per_head(a.wk), dh),
+                                   rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(vo_circuit(a),
+                                   brute_force(per_head(a.wv), a.wo.transpose(-1, -2), dh),
                                    rtol=1e-9, atol=1e-12)
         assert qk_circuit(a).shape == (view.dims.n_heads, dh)
 
@@ -83,10 +88,16 @@ def test_cross_spectra_and_angles_of_a_planted_rotation(family, loaded):
     np.testing.assert_allclose(lay.qk_det, det.numpy(), atol=1e-9)
     want_vo, _ = rotation_angles(planted[1].vo)
     np.testing.assert_allclose(lay.vo_angles, want_vo.numpy(), atol=1e-4)
-    # after the best rotation the alignment is the anchor's own squared norm, per head
-    own = (a.wq**2).sum((1, 2)) + (a.wk**2).sum((1, 2))
+    # after the best rotation the alignment is the anchor's own squared norm, per map (per key/
+    # value group: its query heads and its K; per head without grouped-query attention)
+    size = anchor.dims.group_size
+
+    def group_sum(x):
+        return x.reshape(-1, size).sum(1)
+
+    own = group_sum((a.wq**2).sum((1, 2))) + (a.wk**2).sum((1, 2))
     if a.bq is not None:
-        own = own + (a.bq**2).sum(1) + (a.bk**2).sum(1)
+        own = own + group_sum((a.bq**2).sum(1)) + (a.bk**2).sum(1)
     np.testing.assert_allclose(np.sum(lay.qk_cross, axis=1), own.numpy(), rtol=1e-9)
     # before rotating, the alignment tr(M) is smaller: the planted rotation misaligned the heads
     assert all(t < s_ for t, s_ in zip(lay.qk_trace, np.sum(lay.qk_cross, axis=1), strict=True))

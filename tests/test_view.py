@@ -42,44 +42,58 @@ def test_read_and_write_never_mutate_the_input(family, loaded):
 
 
 def test_view_shapes_follow_dims(family, loaded):
-    view = view_of(loaded(family))
+    """Shapes from the config: K and V have one head per key/value group (all heads without
+    grouped-query attention), biases are there exactly where the checkpoint has them, and a
+    gated FFN's gate has the shape of its up map."""
+    model = loaded(family)
+    view = view_of(model)
     dims = view.dims
     assert (dims.n_layers, dims.d_model, dims.n_heads, dims.d_head, dims.d_ffn) == (2, 32, 4, 8, 64)
-    h, dh, d, m = dims.n_heads, dims.d_head, dims.d_model, dims.d_ffn
-    for blk in view.blocks:
+    h, h_kv, dh, d, m = dims.n_heads, dims.n_kv_heads, dims.d_head, dims.d_model, dims.d_ffn
+    for prefix, blk in zip(view.layout.blocks, view.blocks, strict=True):
         a, f = blk.attn, blk.ffn
-        for w in (a.wq, a.wk, a.wv):
-            assert w.shape == (h, dh, d)
+        assert a.wq.shape == (h, dh, d)
+        for w in (a.wk, a.wv):
+            assert w.shape == (h_kv, dh, d)
         assert a.wo.shape == (h, d, dh)
-        for b in (a.bq, a.bk, a.bv):
-            assert b is not None and b.shape == (h, dh)
+        attn_bias = f"{prefix}{view.layout.roles['qkv' if view.spec.fused else 'q']}.bias"
+        for b, n in zip((a.bq, a.bk, a.bv), (h, h_kv, h_kv), strict=True):
+            assert (b is not None) == (attn_bias in model.state)
+            assert b is None or b.shape == (n, dh)
         assert f.w_in.shape == (m, d) and f.w_out.shape == (d, m)
-        assert f.b_in is not None and f.b_in.shape == (m,)
+        ffn_bias = f"{prefix}{view.layout.roles['ffn_in']}.bias"
+        assert (f.b_in is not None) == (ffn_bias in model.state)
+        assert f.b_in is None or f.b_in.shape == (m,)
+        assert (f.w_gate is not None) == dims.gated
+        assert f.w_gate is None or f.w_gate.shape == (m, d)
         assert len(blk.norms) == 2
 
 
 def test_head_slices_match_the_projection_rows(family, loaded):
-    """Head h owns rows h*d_h:(h+1)*d_h of W_Q (in (out, in) layout) and those columns of W_O."""
+    """Head h owns rows h*d_h:(h+1)*d_h of W_Q (in (out, in) layout) and those columns of W_O;
+    key/value head g owns rows g*d_h:(g+1)*d_h of W_K."""
     model = loaded(family)
     view = view_of(model)
-    d, dh = view.dims.d_model, view.dims.d_head
+    dh, h, h_kv = view.dims.d_head, view.dims.n_heads, view.dims.n_kv_heads
     spec, lay = view.spec, view.layout
     for i, prefix in enumerate(lay.blocks):
         if spec.fused:
             w = model.state[prefix + lay.roles["qkv"] + ".weight"]
             w = w.t() if spec.qkv.transposed else w
-            wq, wk = w[:d], w[d : 2 * d]
+            wq, wk = w[: h * dh], w[h * dh : (h + h_kv) * dh]
         else:
             wq = model.state[prefix + lay.roles["q"] + ".weight"]
             wk = model.state[prefix + lay.roles["k"] + ".weight"]
         wo = model.state[prefix + lay.roles["o"] + ".weight"]
         wo = wo.t() if spec.o.transposed else wo
         a = view.blocks[i].attn
-        for h in range(view.dims.n_heads):
-            rows = slice(h * dh, (h + 1) * dh)
-            assert torch.equal(a.wq[h], wq[rows])
-            assert torch.equal(a.wk[h], wk[rows])
-            assert torch.equal(a.wo[h], wo[:, rows])
+        for hh in range(h):
+            rows = slice(hh * dh, (hh + 1) * dh)
+            assert torch.equal(a.wq[hh], wq[rows])
+            assert torch.equal(a.wo[hh], wo[:, rows])
+        for g in range(h_kv):
+            rows = slice(g * dh, (g + 1) * dh)
+            assert torch.equal(a.wk[g], wk[rows])
 
 
 def test_groups_cover_every_parameter_once(family, loaded):

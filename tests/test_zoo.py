@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from rotviz import zoo
+from rotviz.arch import FAMILIES
 from rotviz.cli import main
 from rotviz.data import load_split, pystdlib_fingerprint
 from rotviz.errors import RotvizError
@@ -24,9 +25,10 @@ from rotviz.evaluation import evaluate
 from rotviz.lite import load_for_eval, load_lite
 from rotviz.match.distances import distances
 from rotviz.models import Loaded, forward, load_model, probe_inputs
-from rotviz.recipes import RECIPES, Recipe
 from rotviz.symmetry.view import read_view
-from rotviz.train import select, train
+from rotviz.zoo.build import build
+from rotviz.zoo.recipes import RECIPES, Recipe
+from rotviz.zoo.train import select, train
 
 NAMES = [e.name for e in zoo.entries()]
 CARD_KEYS = {"name", "recipe", "seed", "data", "test", "val", "train_seconds", "versions",
@@ -137,7 +139,10 @@ def test_lite_path_computes_the_same_logits(name):
     assert (forward(lite, x, full.state) - forward(full, x)).abs().max() < 1e-5
 
 
-@pytest.mark.parametrize("family", ["vit", "gpt2"])
+LITE = ("vit", "gpt2")  # the families rotviz.lite runs in plain torch
+
+
+@pytest.mark.parametrize("family", LITE)
 def test_lite_path_on_random_models(saved, family):
     d = saved(family, 3)
     lite, full = load_lite(d), load_model(d)
@@ -146,7 +151,7 @@ def test_lite_path_on_random_models(saved, family):
     assert (forward(lite, x) - forward(full, x)).abs().max() < 1e-5
 
 
-@pytest.mark.parametrize("family", ["bert", "roberta", "timm-vit"])
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f not in LITE])
 def test_other_families_take_the_full_path(saved, family):
     d = saved(family, 0)
     assert load_lite(d) is None
@@ -213,7 +218,7 @@ def test_rebuilding_a_shipped_model_reproduces_its_card(tmp_path):
     recipe, seed and shipped base, and compare with its card."""
     card = zoo.read_card("vit-digits-ft-b")
     calls = []
-    out = zoo.build("vit-digits-ft-b", tmp_path / "ft-b", progress=lambda i, n, m: calls.append(i))
+    out = build("vit-digits-ft-b", tmp_path / "ft-b", progress=lambda i, n, m: calls.append(i))
     new = json.loads((out / "card.json").read_text())
     for key in ("loss", "acc"):
         assert new["test"][key] == pytest.approx(card["test"][key], abs=1e-4)

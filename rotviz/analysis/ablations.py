@@ -18,8 +18,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from rotviz.analysis.landscape import Evaluator, interpolate, matched_state
+from rotviz.analysis.landscape import interpolate, matched_state
 from rotviz.data import Split
+from rotviz.evaluation import Evaluator
 from rotviz.match.options import MatchOptions
 from rotviz.match.selection import parse_selection
 from rotviz.models import Loaded

@@ -31,20 +31,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rotviz.analysis.landscape import (
-    IGNORE,
-    Evaluator,
-    as_options,
-    layers_of,
-    matched_state,
-    resolve_device,
-)
+from rotviz.analysis.landscape import as_options, layers_of, matched_state
 from rotviz.data import Split
 from rotviz.errors import RotvizError
-from rotviz.evaluation import check_fits
+from rotviz.evaluation import IGNORE, Evaluator, check_fits, resolve_device
 from rotviz.match.options import MatchOptions
 from rotviz.match.selection import label_of, parse_selection
 from rotviz.models import Loaded, to_wide, wide_device
+from rotviz.sources import call
 from rotviz.types import Progress
 
 Tensor = torch.Tensor
@@ -80,17 +74,6 @@ def stats_batches(split: Split, batches: int, batch_size: int, seed: int = 0):
         yield split.inputs[ix], split.labels[ix]
 
 
-def _call(loaded: Loaded, module: nn.Module, params: Mapping[str, Tensor], x: Tensor) -> Tensor:
-    from torch.func import functional_call
-
-    if loaded.spec.source == "timm":
-        out = functional_call(module, params, (x,), strict=True)
-    else:
-        key = "pixel_values" if loaded.spec.inputs == "pixels" else "input_ids"
-        out = functional_call(module, params, (), {key: x}, strict=True)
-    return out if isinstance(out, Tensor) else out.logits
-
-
 # ---- statistics -----------------------------------------------------------------------------
 
 
@@ -121,7 +104,8 @@ def fisher_diag(
     chunk = max(1, int(2.5e8 // max(n_params, 1)))  # ~1 GB of per-sample gradients at a time
 
     def log_lik(p: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
-        logits = _call(loaded, loaded.model, {**frozen, **p}, x.unsqueeze(0)).float()
+        logits = call(loaded.spec, loaded.model, {**frozen, **p}, x.unsqueeze(0),
+                      strict=True).float()
         y = y.reshape(-1)
         return -F.cross_entropy(logits.reshape(y.numel(), -1), y, reduction="sum",
                                 ignore_index=IGNORE)
@@ -198,7 +182,7 @@ def gram_matrices(
     try:
         with torch.inference_mode():
             for j, (x, _) in enumerate(todo):
-                _call(loaded, module, {**ev.buffers, **params}, x.to(dev))
+                call(loaded.spec, module, {**ev.buffers, **params}, x.to(dev), strict=True)
                 if progress:
                     progress(j + 1, len(todo), "Gram matrices")
     finally:

@@ -21,26 +21,17 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from rotviz.data import Split
 from rotviz.errors import RotvizError
-from rotviz.evaluation import check_fits
-from rotviz.limits import BATCH_SIZE, GRID, MARGIN, POINTS, REPEATS
+from rotviz.evaluation import Evaluator, barrier_of, check_split, resolve_device
+from rotviz.limits import GRID, MARGIN, POINTS, REPEATS
 from rotviz.match.options import MatchOptions
 from rotviz.match.selection import label_of, match_options
-from rotviz.models import Loaded, check_compatible, pick_device, to_wide
+from rotviz.models import Loaded, check_compatible, to_wide
 from rotviz.types import Progress
 
 Tensor = torch.Tensor
-IGNORE = -100  # label value that does not count (padding)
-
-
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    """A torch.device from 'auto', 'cpu', 'cuda', 'mps' or a torch.device."""
-    if isinstance(device, torch.device):
-        return device
-    return pick_device(device or "auto")
 
 
 def as_options(options: MatchOptions | str | None) -> MatchOptions | None:
@@ -51,77 +42,6 @@ def as_options(options: MatchOptions | str | None) -> MatchOptions | None:
 
 
 # ---- evaluation on one module ---------------------------------------------------------------
-
-
-class Evaluator:
-    """Per-sample loss and accuracy of any parameter set of `loaded`'s architecture on a split.
-
-    The split is checked against the model (one-line errors), cut into batches and moved to
-    `device` once. `params(state)` picks and moves the tensors a state dict contributes.
-    """
-
-    def __init__(self, loaded: Loaded, split: Split, device: str | torch.device = "cpu",
-                 batch_size: int = 512):
-        check_split(split)
-        check_fits(loaded, split)
-        BATCH_SIZE.check(batch_size)
-        self.loaded = loaded
-        self.split = split
-        self.device = resolve_device(device)
-        module = loaded.model
-        self.names = [n for n, _ in module.named_parameters()]  # tied weights: owner only
-        buffers = dict(module.named_buffers())
-        self.buffers = {n: b.to(self.device) for n, b in buffers.items()}
-        # floating persistent buffers travel with the parameters (interpolated, merged)
-        self.names += [n for n, b in buffers.items() if b.is_floating_point() and n in loaded.state]
-        dev = self.device
-        self.batches = [(x.to(dev), y.to(dev)) for x, y in split.batches(batch_size)]
-
-    @property
-    def n(self) -> int:
-        return self.split.n
-
-    def params(self, state: Mapping[str, Tensor]) -> dict[str, Tensor]:
-        """The tensors of `state` this module needs, on the device (never modified)."""
-        missing = [n for n in self.names if n not in state]
-        if missing:
-            raise RotvizError(
-                f"parameter set lacks {missing[:3]}; it is not a {self.loaded.spec.family} model"
-            )
-        return {n: state[n].detach().to(self.device) for n in self.names}
-
-    def logits(self, params: Mapping[str, Tensor], x: Tensor) -> Tensor:
-        from torch.func import functional_call
-
-        full = {**self.buffers, **params}
-        if self.loaded.spec.source == "timm":
-            out = functional_call(self.loaded.model, full, (x,), strict=False)
-        else:
-            key = "pixel_values" if self.loaded.spec.inputs == "pixels" else "input_ids"
-            out = functional_call(self.loaded.model, full, (), {key: x}, strict=False)
-        return out if isinstance(out, Tensor) else out.logits
-
-    def per_sample(self, params: Mapping[str, Tensor]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Summed loss, correct predictions and predictions per sample (text: per sequence)."""
-        losses, corrects, counts = [], [], []
-        with torch.inference_mode():
-            for x, y in self.batches:
-                logits = self.logits(params, x).float()
-                y2 = y.reshape(len(y), -1)
-                lg = logits.reshape(y2.numel(), logits.shape[-1])
-                loss = F.cross_entropy(lg, y2.reshape(-1), reduction="none", ignore_index=IGNORE)
-                valid = y2 != IGNORE
-                correct = (lg.argmax(-1).reshape(y2.shape) == y2) & valid
-                losses.append(to_wide(loss.reshape(y2.shape)).sum(1))
-                corrects.append(correct.sum(1))
-                counts.append(valid.sum(1))
-            out = [torch.cat(t).cpu().numpy() for t in (losses, corrects, counts)]
-        return out[0], out[1].astype(np.float64), out[2].astype(np.float64)
-
-    def evaluate(self, params: Mapping[str, Tensor]) -> tuple[float, float]:
-        """(mean loss, accuracy) over the whole split."""
-        loss, correct, count = self.per_sample(params)
-        return float(loss.sum() / count.sum()), float(correct.sum() / count.sum())
 
 
 def flat_inner(a: Mapping[str, Tensor], b: Mapping[str, Tensor]) -> float:
@@ -170,12 +90,6 @@ def matched_state(anchor: Loaded, source: Loaded, options: MatchOptions | str | 
 
 
 # ---- interpolation ----------------------------------------------------------------------------
-
-
-def barrier_of(alphas: Sequence[float], loss: Sequence[float]) -> float:
-    """GLMC barrier: max over alpha of L(alpha) - ((1 - alpha) L(0) + alpha L(1))."""
-    a, lo = np.asarray(alphas, dtype=float), np.asarray(loss, dtype=float)
-    return float(np.max(lo - ((1 - a) * lo[0] + a * lo[-1])))
 
 
 def loss_range_of(loss: Sequence[float]) -> float:
@@ -260,11 +174,6 @@ def path_curve(ev: Evaluator, anchor_params: Mapping[str, Tensor],
 
 def layers_of(options: MatchOptions | None) -> list[int] | None:
     return None if options is None or options.layers is None else list(options.layers)
-
-
-def check_split(split: Split) -> None:
-    if split.n == 0:
-        raise RotvizError(f"the {split.split} split of '{split.data}' is empty; use another split")
 
 
 def interpolate(

@@ -68,18 +68,19 @@ def _expand(names: list[str]) -> list[str]:
 
 def cmd_build(args: argparse.Namespace) -> int:
     from rotviz import zoo
+    from rotviz.zoo.build import build, build_output
 
     names = _expand(args.names)
     if args.out is not None and not args.out.strip():
         raise RotvizError("--out is empty: give a folder for the NAME folders, or leave it out "
                           "to rebuild in the zoo folder")
     for name in names:  # every output checked before any training
-        zoo.build_output(name, _out_of(args, name), args.overwrite)
+        build_output(name, _out_of(args, name), args.overwrite)
     for name in names:
         bar = _bar(name)
         try:
-            path = zoo.build(name, _out_of(args, name), progress=bar.update_to,
-                             overwrite=args.overwrite)
+            path = build(name, _out_of(args, name), progress=bar.update_to,
+                         overwrite=args.overwrite)
         finally:
             bar.close()
         card = zoo.read_card(path)

@@ -30,6 +30,7 @@ from rotviz.match.layers import match_layers
 from rotviz.match.options import MatchOptions
 from rotviz.match.report import MatchReport, MatchResult
 from rotviz.models import Loaded, to_wide
+from rotviz.sources import call
 from rotviz.symmetry import residual as rs
 from rotviz.symmetry.actions import LayerTransform, apply
 from rotviz.symmetry.view import ModelView, write_state
@@ -48,8 +49,6 @@ def activations(loaded: Loaded, view: ModelView, split: Split, device: torch.dev
     """(streams, hidden): the stream entering every block and the final norm (pre-norm) or
     leaving the last block (post-norm), and every FFN's hidden activation, as (tokens, width)
     float64 matrices, for `view`'s weights evaluated on `split`."""
-    from torch.func import functional_call
-
     module = copy.deepcopy(loaded.model).to(device)
     state = write_state(view)
     lay = view.layout
@@ -76,14 +75,9 @@ def activations(loaded: Loaded, view: ModelView, split: Split, device: torch.dev
                                                                  with_kwargs=True)
     names = set(dict(module.named_parameters())) | set(dict(module.named_buffers()))
     params = {k: v.to(device) for k, v in state.items() if k in names}
-    key = "pixel_values" if loaded.spec.inputs == "pixels" else "input_ids"
     with torch.no_grad():
         for x, _ in split.subset(min(split.n, ACT_EXAMPLES)).batches(batch_size):
-            x = x.to(device)
-            if loaded.spec.source == "timm":
-                functional_call(module, params, (x,), strict=False)
-            else:
-                functional_call(module, params, (), {key: x}, strict=False)
+            call(loaded.spec, module, params, x.to(device))
     return ([torch.cat(streams[k]) for k in sorted(streams)],
             [torch.cat(hidden[k]) for k in sorted(hidden)])
 

@@ -20,8 +20,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from rotviz.analysis.landscape import IGNORE, Evaluator, barrier_of, resolve_device
 from rotviz.data import Split
+from rotviz.evaluation import IGNORE, Evaluator, barrier_of, resolve_device
 from rotviz.groups import centred_lift, ones_complement, rope_pairs
 from rotviz.match.options import LearnOptions
 from rotviz.models import Loaded, wide_device

@@ -19,9 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rotviz.arch import spec_named
 from rotviz.data import Split
 from rotviz.errors import RotvizError
-from rotviz.recipes import Recipe
+from rotviz.zoo.recipes import Recipe
 
 Progress = Callable[[int, int, str], None]
 TRAIN_THREADS = 1  # tiny models gain nothing from more; one thread is also reproducible anywhere
@@ -69,10 +70,7 @@ def _schedule(step: int, warmup: int, total: int) -> float:
 
 
 def _loss(model: nn.Module, family: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    if family == "vit":
-        logits = model(pixel_values=x).logits
-    else:
-        logits = model(input_ids=x).logits
+    logits = model(**{spec_named(family).input_key: x}).logits
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
 

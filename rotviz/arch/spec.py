@@ -1,0 +1,158 @@
+"""What an architecture family is, as data: `ArchSpec` and the helpers that read it.
+
+Each supported family is an `ArchSpec` (one file per family in `rotviz/arch/families/`):
+where its Q/K/V/O and FFN tensors live, whether QKV is fused and whether linears are stored
+transposed (GPT-2's Conv1D), where the norms sit, which tensors write to and read from the
+residual stream, and its quirks (RoBERTa's position offset). Every transform in rotviz is
+derived from these descriptions; no code path is written per family.
+
+Names are tuples of alternatives (the first present in a state dict wins), which is how one
+spec covers both transformers 4.x and 5.x module names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+Names = tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class LinearSpec:
+    """A linear layer `<name>.weight` / `<name>.bias` inside a block."""
+
+    names: Names
+    transposed: bool = False  # stored (in, out), as GPT-2's Conv1D
+
+
+@dataclass(frozen=True)
+class NormSpec:
+    """A normalisation layer inside a block.
+
+    `site` says what it normalises: `attn_in` / `ffn_in` (pre-norm: the input of the
+    sub-layer, the stream itself is untouched) or `attn_out` / `ffn_out` (post-norm: the
+    stream after the residual add, so the norm sits on the stream).
+    """
+
+    names: Names
+    site: str
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """Where everything lives in one architecture family."""
+
+    family: str
+    description: str
+    source: str  # the weight source's adapter (rotviz.sources): "hf" (transformers) or "timm"
+    # How a config names the family: its `type_key` holds one of `model_types` (with
+    # `type_prefix`, starts with one: timm's architecture names, e.g. vit_base_patch16_224)
+    model_types: Names
+    inputs: str  # "tokens" or "pixels"
+    # config keys, alternatives in order
+    n_layers_key: Names
+    d_model_key: Names
+    n_heads_key: Names
+    activation_key: Names
+    default_activation: str
+    roots: Names  # prefixes of the backbone inside the full model, tried in order
+    block: Names  # block prefix templates relative to a root, with {i}
+    qkv: LinearSpec | None  # fused Q, K, V (three blocks of d rows, in that order)
+    q: LinearSpec | None
+    k: LinearSpec | None
+    v: LinearSpec | None
+    o: LinearSpec
+    ffn_in: LinearSpec
+    ffn_out: LinearSpec
+    norms: tuple[NormSpec, ...]
+    placement: str  # "pre" or "post" norm
+    final_norm: Names  # relative to a root; empty for none
+    # Residual stream, outside the blocks (relative to a root). Writers add to the stream
+    # (embedding tables, position / class tokens, patch projections); embedding norms of
+    # post-norm models sit on the stream. Readers (relative to the full model) read it.
+    writers: Names
+    stream_norms: Names
+    readers: Names
+    tied: tuple[tuple[str, str], ...] = ()  # (alias, owner) full tensor names
+    # Writers above that are linear or convolution layers (output channels first, e.g. a
+    # patch projection): their weight's rows live in the stream. Every other writer is a
+    # table or token whose last dimension is the stream (embeddings, position, class tokens).
+    projections: Names = ()
+    # "layernorm" (mean and variance, gain and bias) or "rmsnorm" (gain only)
+    norm_kind: str = "layernorm"
+    # Gated FFN (SwiGLU): the gate linear, read from the stream like ffn_in (the "up" map);
+    # act(gate x) * (up x) feeds ffn_out. None for a plain FFN.
+    ffn_gate: LinearSpec | None = None
+    n_kv_heads_key: Names = ()  # grouped-query attention: key/value heads (default n_heads)
+    head_dim_key: Names = ()  # explicit head size (default d_model / n_heads)
+    # Rotary position embeddings on Q and K: None, "rotate_half" (Hugging Face: dim i pairs
+    # with i + d_h/2) or "interleaved" (dims 2j and 2j+1 pair)
+    rope: str | None = None
+    # Token models whose position ids do not start at 0: (config key, value when unset) of the
+    # index they start after. RoBERTa counts positions from pad_token_id + 1, so its table
+    # holds pad_token_id + 1 rows fewer usable positions than max_position_embeddings says.
+    positions_after: tuple[str, int] | None = None
+    type_key: str = "model_type"
+    type_prefix: bool = False
+
+    def describes(self, config: Mapping) -> bool:
+        """Whether `config` (config.json of a checkpoint) is a model of this family."""
+        name = config.get(self.type_key)
+        if self.type_prefix:
+            return isinstance(name, str) and name.startswith(self.model_types)
+        return name in self.model_types
+
+    @property
+    def input_key(self) -> str:
+        """The name of the model's input: `pixel_values` or `input_ids`."""
+        return "pixel_values" if self.inputs == "pixels" else "input_ids"
+
+    @property
+    def fused(self) -> bool:
+        return self.qkv is not None
+
+    @property
+    def gated(self) -> bool:
+        return self.ffn_gate is not None
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The sizes of a random test model (rotviz.random_models), shared by every family; each
+    family's `random_config` reads those that apply to it."""
+
+    layers: int = 2
+    d: int = 32
+    heads: int = 4
+    ffn: int = 64
+    vocab: int = 61
+    image: int = 8
+    patch: int = 2
+    channels: int = 1
+    labels: int = 5
+
+
+def config_value(config: Mapping, keys: Names, default=None):
+    """The first present key of `keys` in a (possibly nested timm) config."""
+    sources = [config, config.get("model_args") or {}]
+    for src in sources:
+        for key in keys:
+            if key in src and src[key] is not None:
+                return src[key]
+    return default
+
+
+def position_offset(spec: ArchSpec, config: Mapping) -> int:
+    """Rows of the position table before the first position (`spec.positions_after`)."""
+    if spec.positions_after is None:
+        return 0
+    key, unset = spec.positions_after
+    return int(config.get(key) or unset) + 1
+
+
+def max_positions(spec: ArchSpec, config: Mapping, default: int) -> int:
+    """How many tokens a model of `spec` takes: its position table's size (`default` when the
+    config names none), less `position_offset`."""
+    table = int(config.get("n_positions") or config.get("max_position_embeddings") or default)
+    return table - position_offset(spec, config)

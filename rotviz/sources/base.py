@@ -1,0 +1,92 @@
+"""What every weight source's adapter does (rotviz.sources): build a module from a config,
+load one from a folder, write one, and call a module with given parameters on inputs.
+
+An adapter knows the library a checkpoint comes from (transformers, timm); the family's
+`ArchSpec` (rotviz.arch) knows where the tensors sit and how configs name the family.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from rotviz.arch.spec import ArchSpec, max_positions
+
+Tensor = torch.Tensor
+
+
+class Source:
+    """The adapter of one weight source. Stateless: one shared instance per source."""
+
+    name: str = ""
+
+    # ---- building and loading --------------------------------------------------------------
+
+    def build(self, config: dict, spec: ArchSpec, instantiate: bool = True) -> tuple:
+        """A randomly initialised module of the config (or, where the source loads through a
+        class, with `instantiate=False` that class) and the full config as a dict."""
+        raise NotImplementedError
+
+    def load(self, path: Path, config: dict, spec: ArchSpec
+             ) -> tuple[nn.Module, dict, dict[str, torch.dtype]]:
+        """The module in `path`, its full config and the dtype of each floating tensor in the
+        checkpoint. One-line errors for weights that do not fit."""
+        raise NotImplementedError
+
+    # ---- writing ----------------------------------------------------------------------------
+
+    def save_module(self, module: nn.Module, config: dict, folder: Path) -> None:
+        """`module` (of `config`) as a checkpoint folder, into the (empty) `folder`."""
+        raise NotImplementedError
+
+    def write_state(self, spec: ArchSpec, path: Path, config: dict,
+                    state: Mapping[str, Tensor], folder: Path) -> None:
+        """`state` (CPU tensors in their final dtypes) as a checkpoint of the model loaded
+        from `path` (full config `config`), into the (empty) `folder`."""
+        raise NotImplementedError
+
+    # ---- running ----------------------------------------------------------------------------
+
+    def arguments(self, spec: ArchSpec, inputs: Mapping[str, Tensor]) -> tuple[tuple, dict]:
+        """Positional and keyword arguments of the module's forward for `inputs`."""
+        raise NotImplementedError
+
+    def call(self, spec: ArchSpec, module: nn.Module, params: Mapping[str, Tensor] | None,
+             inputs: Tensor | Mapping[str, Tensor], strict: bool = False) -> Tensor:
+        """The logits of `module` run with the parameter set `params` (torch.func's
+        functional_call; None: the module's own) on `inputs` (a mapping of named inputs, or
+        one tensor: the spec's `input_key`). The module is not modified; gradients flow as
+        the caller's context allows."""
+        from torch.func import functional_call
+
+        if isinstance(inputs, Tensor):
+            inputs = {spec.input_key: inputs}
+        args, kwargs = self.arguments(spec, inputs)
+        if params is None:
+            out = module(*args, **kwargs)
+        else:
+            out = functional_call(module, params, args, kwargs, strict=strict)
+        return out if isinstance(out, Tensor) else out.logits
+
+    def image_shape(self, module: nn.Module, config: Mapping) -> tuple[int, int]:
+        """(channels, size) of the square images an image model takes."""
+        raise NotImplementedError
+
+    def n_outputs(self, config: Mapping) -> int | None:
+        """Outputs of a classifier's head, None if the config does not say."""
+        raise NotImplementedError
+
+    def probe_inputs(self, spec: ArchSpec, config: Mapping, module: nn.Module, n: int = 4,
+                     seed: int = 0) -> dict[str, Tensor]:
+        """Random but seeded inputs of the model's kind, for function checks: up to 16 tokens
+        (as many as the positions allow), or images of the model's shape."""
+        gen = torch.Generator().manual_seed(seed)
+        if spec.inputs == "tokens":
+            vocab = int(config.get("vocab_size", 100))
+            length = max(2, min(16, max_positions(spec, config, 32)))
+            return {"input_ids": torch.randint(0, vocab, (n, length), generator=gen)}
+        c, size = self.image_shape(module, config)
+        return {"pixel_values": torch.randn(n, c, size, size, generator=gen)}

@@ -1,0 +1,143 @@
+"""Hugging Face transformers checkpoints: `save_pretrained` folders (config.json with
+`model_type` and `architectures`, safetensors or a pickled pytorch_model.bin), read with
+transformers' own reader, which maps legacy tensor names (4.x <-> 5.x). Remote code is never
+run and nothing is downloaded."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from rotviz.arch.spec import ArchSpec
+from rotviz.errors import RotvizError
+from rotviz.sources.base import Source
+from rotviz.sources.files import fit_error, floating_dtypes, read_weights
+
+Tensor = torch.Tensor
+
+
+def tied_aliases(model: nn.Module, spec: ArchSpec) -> set[str]:
+    """Tensor names a checkpoint may leave out because the loaded model ties them to another
+    tensor. An alias whose owner is known counts only if the two really share storage after
+    loading: a model that unties them (LLaMA's `tie_word_embeddings: false`) needs its own."""
+    pairs = dict(spec.tied)
+    keys = getattr(model, "_tied_weights_keys", None)
+    loose: set[str] = set()
+    if isinstance(keys, dict):
+        pairs.update(keys)
+    elif isinstance(keys, (list, tuple)):
+        loose |= set(keys)  # legacy form: no owner named
+    state = model.state_dict()
+    live = {alias for alias, owner in pairs.items() if alias in state and owner in state
+            and state[alias].data_ptr() == state[owner].data_ptr()}
+    return live | (loose - set(pairs))
+
+
+def cast_like(module: nn.Module, state: Mapping[str, Tensor]) -> None:
+    """Give `module`'s floating tensors the dtypes of `state`'s, in place (ties kept), so that
+    load_state_dict keeps them: it would cast them into the module's own dtype."""
+    for name, t in [*module.named_parameters(), *module.named_buffers()]:
+        if name in state and t.is_floating_point() and t.dtype != state[name].dtype:
+            t.data = t.data.to(state[name].dtype)
+
+
+class HFSource(Source):
+    name = "hf"
+
+    def build(self, config: dict, spec: ArchSpec, instantiate: bool = True) -> tuple:
+        import transformers
+
+        cfg_cls = transformers.AutoConfig.for_model
+        try:
+            hf_cfg = cfg_cls(**{k: v for k, v in config.items() if k != "auto_map"})
+        except (ValueError, KeyError, TypeError) as e:
+            raise RotvizError(f"invalid config for {spec.family}: {e}") from None
+        names = config.get("architectures") or []
+        cls = getattr(transformers, names[0], None) if names else None
+        if cls is None or getattr(cls, "config_class", None) is None:
+            cls = transformers.AutoModel._model_mapping[type(hf_cfg)]
+        if not instantiate:
+            return cls, hf_cfg.to_dict()
+        return cls(hf_cfg), hf_cfg.to_dict()
+
+    def load(self, path: Path, config: dict, spec: ArchSpec
+             ) -> tuple[nn.Module, dict, dict[str, torch.dtype]]:
+        """The module keeps the checkpoint's dtypes."""
+        import logging
+
+        import transformers
+
+        if not any(path.glob("*.safetensors")):
+            # A pickled checkpoint: open it ourselves first (weights_only=True, clean one-line
+            # errors for corrupt or non-tensor payloads) rather than rely on transformers'.
+            read_weights(path)
+        cls, full_cfg = self.build(config, spec, instantiate=False)
+        level = transformers.logging.get_verbosity()
+        transformers.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
+        logging.getLogger("transformers").setLevel(logging.ERROR)
+        try:
+            model, info = cls.from_pretrained(
+                str(path), local_files_only=True, output_loading_info=True,
+                trust_remote_code=False
+            )
+        except (OSError, ValueError, RuntimeError, KeyError) as e:
+            text = str(e).strip()
+            first = text.splitlines()[0][:200] if text else e.__class__.__name__
+            if "ignore_mismatched_sizes" in first:  # its "report above" is not shown: say it
+                first = "a tensor's shape differs from what config.json describes"
+            raise RotvizError(
+                f"cannot read the weights in '{path}' ({first}); "
+                "the file is corrupt or does not fit config.json"
+            ) from None
+        except Exception as e:  # safetensors raises its own error type for truncated files
+            if "safetensor" in type(e).__module__.lower() or "Safetensor" in type(e).__name__:
+                raise RotvizError(
+                    f"cannot read the weights in '{path}' ({e}); the file is corrupt or truncated"
+                ) from None
+            raise
+        finally:
+            transformers.logging.set_verbosity(level)
+            transformers.utils.logging.enable_progress_bar()
+        allowed = tied_aliases(model, spec)
+        missing = [k for k in info.get("missing_keys", []) if k not in allowed]
+        fit_error(path, missing, info.get("unexpected_keys", []),
+                  info.get("mismatched_keys", []))
+        return model, full_cfg, floating_dtypes(model.state_dict())
+
+    def save_module(self, module: nn.Module, config: dict, folder: Path) -> None:
+        from transformers.utils import logging as hf_logging
+
+        bar = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()  # keep the CLI's stderr for errors only
+        try:
+            module.save_pretrained(str(folder), safe_serialization=True)
+        finally:
+            if bar:
+                hf_logging.enable_progress_bar()
+
+    def write_state(self, spec: ArchSpec, path: Path, config: dict,
+                    state: Mapping[str, Tensor], folder: Path) -> None:
+        """Through a fresh module of the checkpoint's own config.json, so that
+        `save_pretrained` writes what transformers itself would."""
+        model, _ = self.build(json.loads((path / "config.json").read_text()), spec)
+        cast_like(model, state)
+        model.load_state_dict(state, strict=False)
+        self.save_module(model, config, folder)
+
+    def arguments(self, spec: ArchSpec, inputs: Mapping[str, Tensor]) -> tuple[tuple, dict]:
+        return (), dict(inputs)
+
+    def image_shape(self, module: nn.Module, config: Mapping) -> tuple[int, int]:
+        return int(config.get("num_channels", 3)), int(config.get("image_size", 224))
+
+    def n_outputs(self, config: Mapping) -> int | None:
+        labels = config.get("id2label")
+        return len(labels) if labels else config.get("num_labels")
+
+
+HF = HFSource()

@@ -1,0 +1,135 @@
+"""Building the zoo: train an entry from its recipe and seed (rotviz.zoo.train), evaluate it
+and write it with its card, as one transaction (rotviz.outputs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+
+from rotviz import models
+from rotviz.arch import spec_named
+from rotviz.data import load_split, pystdlib_fingerprint
+from rotviz.evaluation import evaluate
+from rotviz.outputs import Outputs
+from rotviz.sources import source_of
+from rotviz.zoo import recipes, train
+from rotviz.zoo.registry import entry, is_built, path_of, zoo_dir
+
+Progress = Callable[[int, int, str], None]
+
+
+def write_card(model_dir: str | os.PathLike, card: dict) -> None:
+    """card.json (and a short README.md) into a model directory."""
+    d = Path(model_dir)
+    (d / "card.json").write_text(json.dumps(card, indent=2) + "\n")
+    (d / "README.md").write_text(card_markdown(card))
+
+
+def card_markdown(card: dict) -> str:
+    t, r = card["test"], card["recipe"]
+    lines = [
+        f"# {card['name']}",
+        "",
+        card.get("description", ""),
+        "",
+        f"- recipe: `{r['name']}` ({r['description']})",
+        f"- seed: {card['seed']}" + (f"; starts from `{card['init']}`" if card.get("init") else ""),
+        f"- data: `{card['data']['ref']}`, train subset `{card['data']['subset']}` "
+        f"({card['data']['n_train']} examples), split seed {card['data']['split_seed']}",
+        f"- test: loss {t['loss']:.4f}, accuracy {t['acc']:.4f} on {t['n']} examples",
+        f"- trained in {card['train_seconds']:.1f} s on {card['threads']} CPU thread(s), "
+        f"python {card['python']}, torch {card['versions']['torch']}, "
+        f"transformers {card['versions']['transformers']}",
+        "",
+        f"Rebuild: `rotviz zoo build {card['name']}`",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _versions() -> dict:
+    import numpy
+    import torch
+    import transformers
+
+    return {"torch": torch.__version__, "transformers": transformers.__version__,
+            "numpy": numpy.__version__, "python": platform.python_version()}
+
+
+def build_output(name: str, out_dir: str | os.PathLike | None = None, overwrite: bool = False):
+    """The checked output folder of `build` (rotviz.outputs), before any training.
+
+    Without `out_dir` the model is rebuilt in place in the zoo folder, replacing the earlier
+    build (a rotviz output) as if `overwrite` were given."""
+    outputs = Outputs("zoo build")
+    if out_dir is None:
+        outputs.add(zoo_dir() / entry(name).name, "zoo folder", folder=True, overwrite=True)
+    else:
+        outputs.add(out_dir, "--out", folder=True, overwrite=overwrite)
+    return outputs
+
+
+def build(
+    name: str, out_dir: str | os.PathLike | None = None, progress: Progress | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Train zoo model `name` from its recipe and seed; write it (with its card) as one
+    transaction (rotviz.outputs), checked before training starts.
+
+    A fine-tune starts from its base as shipped in the zoo, or, when the base is not built,
+    from the base trained here first (the same weights on the same machine).
+    """
+    ent = entry(name)
+    rec = recipes.recipe(ent.recipe)
+    outputs = build_output(name, out_dir, overwrite)
+    folder = outputs.items[0]
+    init_state = _base_state(rec.init, progress) if rec.init else None
+    data = train.select(load_split(rec.data, "train"), rec.subset)
+    result = train.train(rec, ent.seed, data, init_state, progress)
+
+    with outputs.write() as temps:
+        tmp = temps[folder]
+        spec = spec_named(rec.family)
+        source_of(spec).save_module(result.model, rec.hf_config().to_dict(), tmp)
+        loaded = models.load_model(tmp)
+        with train.deterministic_cpu(0, train.TRAIN_THREADS):
+            metrics = {s: evaluate(loaded, load_split(rec.data, s)) for s in ("val", "test")}
+        data_info = {"ref": rec.data, "split_seed": 0, "subset": rec.subset, "n_train": data.n,
+                     "n_val": metrics["val"]["n"], "n_test": metrics["test"]["n"]}
+        if rec.data == "pystdlib":
+            data_info["corpus"] = pystdlib_fingerprint()
+        card = {
+            "name": name,
+            "description": ent.description,
+            "pair": ent.pair,
+            "recipe": rec.to_dict(),
+            "seed": ent.seed,
+            "init": rec.init,
+            "data": data_info,
+            "test": metrics["test"],
+            "val": metrics["val"],
+            "final_train_loss": result.epoch_losses[-1],
+            "train_seconds": round(result.seconds, 2),
+            "steps": result.steps,
+            "threads": train.TRAIN_THREADS,
+            "python": platform.python_version(),
+            "versions": _versions(),
+            "platform": f"{platform.system()} {platform.machine()}",
+            "built": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        }
+        write_card(tmp, card)
+    return folder.path
+
+
+def _base_state(base: str, progress: Progress | None):
+    """The weights a fine-tune starts from: the shipped base, else the base trained now."""
+    if is_built(base):
+        return models.load_model(path_of(base)).state
+    ent = entry(base)
+    rec = recipes.recipe(ent.recipe)
+    data = train.select(load_split(rec.data, "train"), rec.subset)
+    return train.train(rec, ent.seed, data, None, progress).model.state_dict()

@@ -1,0 +1,115 @@
+"""The zoo's registry (a leaf: it imports nothing of rotviz but its errors): the shipped
+models and pairs, where they live, and their cards. Building them is `rotviz.zoo.build`.
+
+The model zoo: small trained models shipped in `assets/zoo/`, each rebuildable from its recipe.
+Every entry is a model directory (config.json + model.safetensors, Hugging Face format) with
+a card (`card.json`) recording its recipe, seed, data split, test metrics, training time and
+library versions. `zoo:NAME` works wherever rotviz takes a model.
+
+Pairs:
+- default (`vit-digits-s3`, `vit-digits-s6`): independent seeds, the generalized-LMC setting;
+- finetuned (`vit-digits-ft-a`, `vit-digits-ft-b`): two fine-tunes of `vit-digits-base` on
+  different halves of the training split with different hyperparameters, the seed paper's setting;
+- gpt2 (`gpt2-pystdlib-s0`, `gpt2-pystdlib-s1`): independent seeds of a character LM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from rotviz.errors import RotvizError
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    recipe: str
+    seed: int
+    pair: str  # which shipped pair it belongs to ("base" for the fine-tunes' start)
+    description: str
+
+    @property
+    def ref(self) -> str:
+        return f"zoo:{self.name}"
+
+
+ENTRIES: tuple[Entry, ...] = (
+    Entry("vit-digits-s3", "vit-digits", 3, "default", "ViT on digits, seed 3"),
+    Entry("vit-digits-s6", "vit-digits", 6, "default", "ViT on digits, seed 6"),
+    Entry("vit-digits-base", "vit-digits-base", 2, "base", "shared base of the fine-tuned pair"),
+    Entry("vit-digits-ft-a", "vit-digits-ft-even", 3, "finetuned",
+          "vit-digits-base fine-tuned on the even half, lr 5e-4, batch 32"),
+    Entry("vit-digits-ft-b", "vit-digits-ft-odd", 4, "finetuned",
+          "vit-digits-base fine-tuned on the odd half, lr 1e-3, weight decay 0.1"),
+    Entry("gpt2-pystdlib-s0", "gpt2-pystdlib", 0, "gpt2", "GPT-2 character LM, seed 0"),
+    Entry("gpt2-pystdlib-s1", "gpt2-pystdlib", 1, "gpt2", "GPT-2 character LM, seed 1"),
+)
+_BY_NAME = {e.name: e for e in ENTRIES}
+PAIRS = {
+    "default": ("vit-digits-s3", "vit-digits-s6"),
+    "finetuned": ("vit-digits-ft-a", "vit-digits-ft-b"),
+    "gpt2": ("gpt2-pystdlib-s0", "gpt2-pystdlib-s1"),
+}
+
+
+def zoo_dir() -> Path:
+    """`ROTVIZ_ZOO` if set, else the repository's `assets/zoo`."""
+    env = os.environ.get("ROTVIZ_ZOO")
+    return Path(env).expanduser() if env else Path(__file__).resolve().parents[2] / "assets" / "zoo"
+
+
+def entries() -> list[Entry]:
+    return list(ENTRIES)
+
+
+def entry(name: str) -> Entry:
+    if name not in _BY_NAME:
+        raise RotvizError(f"unknown zoo model '{name}': known are {', '.join(_BY_NAME)}")
+    return _BY_NAME[name]
+
+
+def path_of(name: str) -> Path:
+    """The directory of a built zoo model."""
+    path = zoo_dir() / entry(name).name
+    if not (path / "config.json").is_file():
+        raise RotvizError(
+            f"zoo model '{name}' is not built (no {path}); run: rotviz zoo build {name}"
+        )
+    return path
+
+
+def is_built(name: str) -> bool:
+    return (zoo_dir() / entry(name).name / "config.json").is_file()
+
+
+def default_pair() -> tuple[str, str]:
+    """The pair the app and the demos open on, as two `zoo:NAME` references."""
+    a, b = PAIRS["default"]
+    return f"zoo:{a}", f"zoo:{b}"
+
+
+def pair(kind: str) -> tuple[str, str]:
+    if kind not in PAIRS:
+        raise RotvizError(f"unknown pair '{kind}': use one of {', '.join(PAIRS)}")
+    a, b = PAIRS[kind]
+    return f"zoo:{a}", f"zoo:{b}"
+
+
+# ---- cards ------------------------------------------------------------------------------------
+
+
+def read_card(name_or_dir: str | os.PathLike) -> dict:
+    """The card of a zoo model (by name) or of a model directory."""
+    d = Path(name_or_dir) if Path(name_or_dir).is_dir() else path_of(str(name_or_dir))
+    f = d / "card.json"
+    if not f.is_file():
+        raise RotvizError(f"no card.json in '{d}'; rebuild it with rotviz zoo build")
+    try:
+        return json.loads(f.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RotvizError(
+            f"cannot parse '{f}' ({e.__class__.__name__}); rebuild the model"
+        ) from None
