@@ -10,7 +10,6 @@ run and nothing is downloaded.
 from __future__ import annotations
 
 import copy
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -20,7 +19,7 @@ import torch
 from torch import nn
 
 from rotviz.arch import ArchSpec, config_value, spec_for
-from rotviz.errors import RotvizError
+from rotviz.errors import RotvizError, read_json
 from rotviz.outputs import Outputs
 from rotviz.sources import call, source_of
 from rotviz.zoo import registry as zoo
@@ -118,12 +117,7 @@ def read_config(path: Path) -> dict:
             f"no model in '{path}': expected config.json and model.safetensors "
             "(Hugging Face save_pretrained format)"
         )
-    try:
-        return json.loads(cfg_file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise RotvizError(
-            f"cannot parse '{cfg_file}': {e.__class__.__name__}; re-save the model"
-        ) from None
+    return read_json(cfg_file, "re-save the model")
 
 
 def load_model(ref: str | os.PathLike, dtype: torch.dtype | None = None) -> Loaded:

@@ -15,12 +15,11 @@ Pairs:
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from rotviz.errors import RotvizError
+from rotviz.errors import RotvizError, read_json
 
 
 @dataclass(frozen=True)
@@ -107,9 +106,4 @@ def read_card(name_or_dir: str | os.PathLike) -> dict:
     f = d / "card.json"
     if not f.is_file():
         raise RotvizError(f"no card.json in '{d}'; rebuild it with rotviz zoo build")
-    try:
-        return json.loads(f.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise RotvizError(
-            f"cannot parse '{f}' ({e.__class__.__name__}); rebuild the model"
-        ) from None
+    return read_json(f, "rebuild the model")
