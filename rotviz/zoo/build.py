@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -16,10 +15,9 @@ from rotviz.data import load_split, pystdlib_fingerprint
 from rotviz.evaluation import evaluate
 from rotviz.outputs import Outputs
 from rotviz.sources import source_of
+from rotviz.types import Progress
 from rotviz.zoo import recipes, train
 from rotviz.zoo.registry import entry, is_built, path_of, zoo_dir
-
-Progress = Callable[[int, int, str], None]
 
 
 def write_card(model_dir: str | os.PathLike, card: dict) -> None:

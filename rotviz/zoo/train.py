@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -22,9 +22,9 @@ from torch import nn
 from rotviz.arch import spec_named
 from rotviz.data import Split
 from rotviz.errors import RotvizError
+from rotviz.types import Progress
 from rotviz.zoo.recipes import Recipe
 
-Progress = Callable[[int, int, str], None]
 TRAIN_THREADS = 1  # tiny models gain nothing from more; one thread is also reproducible anywhere
 
 
