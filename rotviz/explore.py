@@ -2,24 +2,24 @@
 
 Each function takes loaded models and a data split and returns something the app can cache
 by value, export as JSON or CSV and hand to `rotviz.plots`. Nothing here imports streamlit;
-loaded models are only read (every transform builds new tensors).
+loaded models are only read (every transform builds new tensors). Importing this module costs
+no torch import (the SPEC tables and labels are what a page needs before it computes): each
+function imports the engine when it runs.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
-from rotviz.actions import apply, random_element
-from rotviz.distances import distances
-from rotviz.evaluate import batch_inputs, evaluate
-from rotviz.matching import MatchOptions, match
-from rotviz.models import Loaded, forward, max_output_diff
-from rotviz.pipeline import FUNCTION_TOLERANCE, Matched, view_of
-from rotviz.view import write_state
+if TYPE_CHECKING:
+    import torch
+
+    from rotviz.models import Loaded
+    from rotviz.pipeline import Matched
 
 Progress = Callable[[int, int, str], None]
 
@@ -58,6 +58,28 @@ WHY_UNCHANGED = {
                "half-way between the two have a low training loss, stopping when the barrier on "
                "the validation split stops improving. Still symmetries: the function is kept.",
 }
+
+
+def __getattr__(name: str) -> Any:
+    """FUNCTION_TOLERANCE (rotviz.pipeline's float32 tolerance) on first use."""
+    if name == "FUNCTION_TOLERANCE":
+        from rotviz.pipeline import FUNCTION_TOLERANCE
+
+        return FUNCTION_TOLERANCE
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def view_of(loaded: Loaded):
+    """The model's weights as a `ModelView` (rotviz.pipeline.view_of), on the CPU."""
+    from rotviz.pipeline import view_of as view
+
+    return view(loaded)
+
+
+def _tolerance() -> float:
+    from rotviz.pipeline import FUNCTION_TOLERANCE
+
+    return FUNCTION_TOLERANCE
 
 
 def spec_of(spec: str):
@@ -124,11 +146,16 @@ def n_params(loaded: Loaded) -> int:
 def symmetry_check(loaded: Loaded, seed: int = 0) -> dict:
     """Apply a random element of the full group (permute, rotate, rescale every layer) and
     measure the largest logit change on probe inputs: the model's own functional check."""
+    from rotviz.actions import apply, random_element
+    from rotviz.distances import distances
+    from rotviz.models import max_output_diff
+    from rotviz.view import write_state
+
     view = view_of(loaded)
     g = random_element(view.dims, seed, ffn=True, attn=True, rescale=True)
     moved = write_state(apply(view, g))
     diff = max_output_diff(loaded, loaded.state, moved)
-    return {"max_output_diff": diff, "passed": diff <= FUNCTION_TOLERANCE,
+    return {"max_output_diff": diff, "passed": diff <= _tolerance(),
             "distance": distances(view, view_of_state(loaded, moved)).total}
 
 
@@ -140,6 +167,8 @@ def view_of_state(loaded: Loaded, state: Mapping[str, torch.Tensor]):
 
 def model_card(loaded: Loaded, split) -> dict:
     """What the Models page shows for one model: shape, size, quality and its symmetry check."""
+    from rotviz.evaluate import evaluate
+
     d = dims_of(loaded)
     ev = evaluate(loaded, split)
     return {
@@ -164,7 +193,7 @@ def match_summary(matched: Matched, spec: str) -> dict:
         "after_total": rep.after.total,
         "max_output_diff": rep.max_output_diff,
         "preserved": matched.preserved,
-        "tolerance": FUNCTION_TOLERANCE,
+        "tolerance": _tolerance(),
     }
 
 
@@ -268,6 +297,13 @@ def learn_demo(loaded: Loaded, split, kind: str = "rotate", seed: int = 0, layer
     """
     if kind == "residual":
         return residual_demo(loaded, split, seed, layer, head, n_examples)
+    from rotviz.actions import apply, random_element
+    from rotviz.distances import distances
+    from rotviz.evaluate import batch_inputs, evaluate
+    from rotviz.matching import MatchOptions, match
+    from rotviz.models import forward, max_output_diff
+    from rotviz.view import write_state
+
     if kind not in LEARN_KINDS:
         raise ValueError(f"kind must be one of {sorted([*LEARN_KINDS, 'residual'])}")
     flags = LEARN_KINDS[kind]
@@ -302,7 +338,7 @@ def learn_demo(loaded: Loaded, split, kind: str = "rotate", seed: int = 0, layer
         "distance_scrambled": distances(scrambled_view, view).total,
         "distance_matched": distances(back.view, view).total,
         "acc": accs,
-        "tolerance": FUNCTION_TOLERANCE,
+        "tolerance": _tolerance(),
     }
 
 
@@ -333,6 +369,11 @@ def residual_demo(loaded: Loaded, split, seed: int = 0, layer: int = 0, head: in
     result says why (`unsupported`) and carries only the original model's numbers.
     """
     from rotviz import residual as rs
+    from rotviz.distances import distances
+    from rotviz.evaluate import batch_inputs, evaluate
+    from rotviz.matching import MatchOptions, match
+    from rotviz.models import forward, max_output_diff
+    from rotviz.view import write_state
 
     view = view_of(loaded)
     layer = min(layer, view.dims.n_layers - 1)
@@ -347,7 +388,7 @@ def residual_demo(loaded: Loaded, split, seed: int = 0, layer: int = 0, head: in
 
     out: dict = {"kind": "residual", "seed": seed, "layer": layer, "head": head,
                  "group": group, "group_text": rs.GROUP_TEXT[group], "unsupported": why,
-                 "tolerance": FUNCTION_TOLERANCE}
+                 "tolerance": _tolerance()}
     if why:
         out.update(weights={"original": wq(view)},
                    acc={"original": evaluate(loaded, split)["acc"]})

@@ -553,13 +553,14 @@ def test_cancelled_or_interrupted_learned_matching_is_not_cached(roots):
     from streamlit.runtime.scriptrunner_utils.exceptions import StopException
 
     from pages import common
+    from rotviz import app as rapp
 
     a, s = str(roots / "vit-s0"), str(roots / "vit-s1")
     args = (a, s, "weight,learned", "", "cpu", "digits", 6, 0)
-    with pytest.raises(common.Cancelled, match="cancelled after 0 of 6 steps"):
-        common.matched(*args, cancel=lambda: True)
+    with pytest.raises(rapp.Cancelled, match="cancelled after 0 of 6 steps"):
+        rapp.matched(common.resources(), *args, cancel=lambda: True)
     cfg = {"anchor": a, "source": s, "data": "digits", "seed": 0, "n_eval": N_EVAL,
-           "device": "cpu", "layers": "", **common.spec_cfg("weight,learned", 6)}
+           "device": "cpu", "layers": "", **rapp.spec_cfg("weight,learned", 6)}
     assert cfg["learn_steps"] == 6
 
     def stop_at_step_3(done, total, message):
@@ -581,9 +582,10 @@ def test_cancelled_or_interrupted_learned_matching_is_not_cached(roots):
 
 def test_stopped_page_waits_for_run(pair):
     """After the page's Stop button (its callback sets the flag), the page computes nothing
-    until Run is pressed. (Under AppTest every run passes through the pages-folder rerun of
-    `common._through_app`, which drops a form button's click, so Run's effect on the flag
-    is set by hand here; a real server does that rerun once, for its first visitor.)"""
+    until Run is pressed. (Under AppTest every run starts in Streamlit's pages/ layout and
+    passes through `common.through_app`'s switch to app.py and back, which drops a form
+    button's click, so Run's effect on the flag is set by hand here; a real server makes that
+    trip once, for its first visitor.)"""
     from streamlit.testing.v1 import AppTest
 
     at = AppTest.from_file(APP, default_timeout=120)
