@@ -78,10 +78,22 @@ def body() -> None:
     curves = []
     with common.progress("Interpolating", len(specs) + (1 if plane else 0),
                          stop="barrier") as step:
-        for sp in specs:
-            step(f"{style.nice_label(sp)}: matching, then {points} points on the path")
-            curves.append(common.compute(
-                "curve", {**base, **app.spec_cfg(sp, steps), "points": points}, step.detail))
+        live, note = st.empty(), st.empty()  # the loss chart, drawn as the curves come in
+        try:
+            for i, sp in enumerate(specs):
+                cfg = {**base, **app.spec_cfg(sp, steps), "points": points}
+                fresh = not common.is_cached("curve", cfg)
+                step(f"{style.nice_label(sp)}: matching, then {points} points on the path")
+                curves.append(common.compute("curve", cfg, step.detail))
+                if fresh and i < len(specs) - 1:  # computed now, and more to come: show it
+                    with live:
+                        common.chart(bplots.barrier_curves(curves, "loss", s.font),
+                                     f"barrier_loss_{i}")
+                    note.caption(f"{len(curves)} of {len(specs)} matching options so far; "
+                                 "the others are being computed.")
+        except app.RotvizError:
+            note.empty()  # the curves drawn so far stay; the box above says what failed
+            raise
         pl = None
         if plane:
             step(f"loss plane: {grid} x {grid} grid")
@@ -89,7 +101,9 @@ def body() -> None:
                                           "grid": grid}, step.detail)
     fig_loss = bplots.barrier_curves(curves, "loss", s.font)
     fig_acc = bplots.barrier_curves(curves, "acc", s.font)
-    common.chart(fig_loss, "barrier_loss")
+    note.empty()
+    with live:
+        common.chart(fig_loss, "barrier_loss")
     st.caption("Dotted vertical segments mark each barrier: the largest rise of the loss above "
                "the straight line between the two end points (the generalized-LMC definition). "
                "The table also gives the loss range (max − min on the path), the seed paper's "

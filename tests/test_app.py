@@ -320,6 +320,9 @@ def test_barrier_page_chart_holds_library_results(pair):
 
     at = app("barrier", b_points="5")
     figs = figures(at)
+    # curves computed now are drawn as they come in; the final chart replaces them
+    assert len(at.get("plotly_chart")) == len(figs) == 2
+    assert "matching options so far" not in "\n".join(c.value for c in at.caption)
     loss = figs["Loss along the straight path from anchor to matched source"]
     lines = [tr for tr in loss["data"] if tr.get("showlegend", True)]
     assert len(lines) == len(explore.DEFAULT_SPECS)  # the seed paper's five, plus weight
