@@ -335,11 +335,10 @@ def load(ref: str):
 # ---- warming up, after the first paint ---------------------------------------------------------
 
 
-@st.cache_resource(show_spinner=False)
-def _warm_up_lock() -> threading.Lock:
-    """Held while a warm-up thread imports and loads; scripts wait for it (`_ready`) before
-    they import the engine or load, so two threads never import the same modules at once."""
-    return threading.Lock()
+# Held while a warm-up thread imports and loads; scripts wait for it (`_ready`) before they
+# import the engine or load, so two threads never import the same modules at once. A module
+# global (one per server process), so that clearing Streamlit's caches cannot replace it.
+_WARMING = threading.Lock()
 
 
 def warm_up(s: Setup) -> None:
@@ -351,7 +350,7 @@ def warm_up(s: Setup) -> None:
     refs = [r for r in dict.fromkeys((s.anchor, s.source)) if r and r not in stores["models"]]
     if not refs or params_in_pair(s) > SMALL_PAIR:
         return
-    busy = _warm_up_lock()
+    busy = _WARMING
     if not busy.acquire(blocking=False):  # one warm-up at a time
         return
 
@@ -372,7 +371,7 @@ def warm_up(s: Setup) -> None:
 def _ready() -> None:
     """Wait for a running warm-up (with a spinner), so this script thread does not import
     the modules the warm-up is importing."""
-    busy = _warm_up_lock()
+    busy = _WARMING
     if not busy.locked():
         return
     with st.spinner("Loading the models (the first time after the app started)...",

@@ -313,6 +313,30 @@ def test_models_page_opens_on_the_default_pair(pair):
     assert f"fraction of {N_EVAL} test examples" in str([m.help for m in at.metric])
 
 
+def test_models_page_evaluates_light_models_then_warms_up_the_full_ones(pair):
+    """The Models page checks and evaluates the pair without transformers' modules (rotviz.lite
+    where it is exact) and, once painted, loads the full models in the background, so the
+    next page finds them loaded."""
+    from pages import common
+
+    stores = common._stores()
+    with common._WARMING:  # an earlier page's warm-up is over
+        pass
+    stores["models"].clear()
+    stores["eval_models"].clear()
+    app()
+    with common._WARMING:  # the warm-up thread (started by the page) has finished
+        pass
+    for ref in pair:
+        assert ref in stores["models"] and ref in stores["eval_models"]
+        full = common.load(ref)
+        assert type(full.model).__module__.startswith("transformers")
+        if ref.startswith("zoo:vit"):
+            lite = stores["eval_models"].get_or_compute(ref, lambda: pytest.fail("reloaded"))
+            assert type(lite.model).__module__ == "rotviz.lite"
+        assert common.resources().load_eval(ref) is full  # once loaded, the full one
+
+
 def test_barrier_page_chart_holds_library_results(pair):
     from rotviz.data import load_split
     from rotviz.landscape import interpolate
