@@ -4,12 +4,11 @@ and the 2D loss plane through A, B and B'."""
 import streamlit as st
 
 from pages import common
-from rotviz import explore
-from rotviz.limits import MAX_LAYERS_TEXT
+from rotviz import app, explore
 from rotviz.plots import barrier as bplots
 from rotviz.plots import style
 
-s = common.setup()
+s = common.setup(__file__)
 st.title("Loss barriers between the two models")
 st.markdown(
     "Walk in a straight line from the anchor (α = 0) to the source (α = 1) and measure the "
@@ -34,9 +33,9 @@ with st.form("barrier_form"):
     c = st.columns(3)
     points = c[0].slider("Points on the path", 3, 41, 21, 2, key="b_points", bind="query-params")
     layers = c[1].text_input("Layers to match (empty = all)", "", key="b_layers",
-                             max_chars=MAX_LAYERS_TEXT, bind="query-params")
+                             max_chars=app.MAX_LAYERS_TEXT, bind="query-params")
     steps = int(c[1].number_input(
-        "Learned matching: at most this many steps", 5, 3000, common.DEFAULT_LEARN_STEPS,
+        "Learned matching: at most this many steps", 5, 3000, app.DEFAULT_LEARN_STEPS,
         step=25, key="b_steps", bind="query-params",
         help=f"Only for learned matching, which trains on the training split of {s.data} and "
              "keeps the maps with the lowest validation barrier."))
@@ -79,18 +78,32 @@ def body() -> None:
     curves = []
     with common.progress("Interpolating", len(specs) + (1 if plane else 0),
                          stop="barrier") as step:
-        for sp in specs:
-            step(f"{style.nice_label(sp)}: matching, then {points} points on the path")
-            curves.append(common.compute(
-                "curve", {**base, **common.spec_cfg(sp, steps), "points": points}, step.detail))
+        live, note = st.empty(), st.empty()  # the loss chart, drawn as the curves come in
+        try:
+            for i, sp in enumerate(specs):
+                cfg = {**base, **app.spec_cfg(sp, steps), "points": points}
+                fresh = not common.is_cached("curve", cfg)
+                step(f"{style.nice_label(sp)}: matching, then {points} points on the path")
+                curves.append(common.compute("curve", cfg, step.detail))
+                if fresh and i < len(specs) - 1:  # computed now, and more to come: show it
+                    with live:
+                        common.chart(bplots.barrier_curves(curves, "loss", s.font),
+                                     f"barrier_loss_{i}")
+                    note.caption(f"{len(curves)} of {len(specs)} matching options so far; "
+                                 "the others are being computed.")
+        except app.RotvizError:
+            note.empty()  # the curves drawn so far stay; the box above says what failed
+            raise
         pl = None
         if plane:
             step(f"loss plane: {grid} x {grid} grid")
-            pl = common.compute("plane", {**base, **common.spec_cfg(plane_spec, steps),
+            pl = common.compute("plane", {**base, **app.spec_cfg(plane_spec, steps),
                                           "grid": grid}, step.detail)
     fig_loss = bplots.barrier_curves(curves, "loss", s.font)
     fig_acc = bplots.barrier_curves(curves, "acc", s.font)
-    common.chart(fig_loss, "barrier_loss")
+    note.empty()
+    with live:
+        common.chart(fig_loss, "barrier_loss")
     st.caption("Dotted vertical segments mark each barrier: the largest rise of the loss above "
                "the straight line between the two end points (the generalized-LMC definition). "
                "The table also gives the loss range (max − min on the path), the seed paper's "
@@ -125,7 +138,7 @@ def body() -> None:
                 "fine-tunes of one base) usually shows a clearer drop.",
                 icon=":material/info:")
     worst = max((c["max_output_diff"] or 0.0) for c in curves)
-    common.function_badge(worst, explore.FUNCTION_TOLERANCE, "matched source (every option)")
+    common.function_badge(worst, app.FUNCTION_TOLERANCE, "matched source (every option)")
     common.chart(fig_acc, "barrier_acc")
     at_alpha(curves)
     figures = {"barrier_loss": fig_loss, "barrier_accuracy": fig_acc}

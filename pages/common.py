@@ -1,23 +1,28 @@
-"""Streamlit helpers shared by the app's pages (this file is not a page).
+"""Streamlit helpers shared by the app's pages (this file is not a page): the UI layer.
 
-- The sidebar (model pair, data, seed, device, presenter mode), bound to the URL.
-- Caches: models and splits are `st.cache_resource` (one object for every session, never
-  modified); matched sources (shared, never modified) and results (plain data, a copy for
-  each caller) live in `rotviz.appconfig.ResultCache`s keyed by a hash of the configuration.
-  Those compute outside any Streamlit-cached function, so a long computation can show its
-  progress and be stopped, and only finished results are stored.
-- Progress boxes with a Stop button; matching SPECs, the learned-matching step budget and
-  which pairs have a residual map.
+The computations themselves live in `rotviz.app` (no Streamlit); this file gives them the
+app's caches and locks, shows their progress and lets the user stop them.
+
+- The sidebar (model pair, data, seed, device, presenter mode), bound to the URL, and the
+  frame: every page runs inside app.py's navigation (`through_app`).
+- Caches, one per server process: results (plain data, a copy for each caller), matched
+  sources and loaded models (shared, never modified) live in `rotviz.appconfig.ResultCache`s
+  keyed by a hash of the configuration; splits are `st.cache_resource`. Results compute
+  outside any Streamlit-cached function, so a long computation can show its progress and be
+  stopped, and only finished results are stored.
+- Warming up: once a page has painted, a background thread imports the engine and loads
+  the pair as full models, for the next page (`warm_up`).
 - Per-model locks: evaluating parameter sets through `torch.func.functional_call` swaps
   tensors on the shared module for the duration of a call, so two sessions must not run a
   model at the same moment.
-- Badges for the function check, export buttons, presenter styling.
+- Progress boxes with a Stop button, badges for the function check, export buttons,
+  presenter styling.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
+import contextvars
 import json
 import threading
 import time
@@ -27,11 +32,11 @@ from pathlib import Path
 from typing import Any
 
 import streamlit as st
+from streamlit.errors import StreamlitAPIException
 
-from rotviz import appconfig, explore, limits
-from rotviz.errors import RotvizError
+from rotviz import app, appconfig, explore
+from rotviz.app import Progress, RotvizError
 
-Progress = Callable[[int, int, str], None]
 DATA_CHOICES = ("auto", "digits", "pystdlib")
 PAIR_NAMES = {"default": "two seeds", "finetuned": "two fine-tunes", "gpt2": "GPT-2 pair"}
 SMALL_PAIR = 5_000_000  # parameters in the pair: below this, pages compute without a click
@@ -63,19 +68,6 @@ class Setup:
         """The part of every run's configuration that the sidebar decides."""
         return {"anchor": self.anchor, "source": self.source, "data": self.data,
                 "seed": self.seed, "n_eval": self.n_eval, "device": self.device}
-
-
-def _device_choices() -> list[str]:
-    import torch
-
-    from rotviz.models import mps_available
-
-    out = ["auto", "cpu"]
-    if torch.cuda.is_available():
-        out.append("cuda")
-    if mps_available():
-        out.append("mps")
-    return out
 
 
 @st.cache_data(ttl=60, show_spinner=False)
@@ -152,11 +144,9 @@ def sidebar() -> Setup:
     n_eval = int(sb.number_input("Test examples to evaluate (0 = all)", 0, 100_000, 0, step=50,
                                  key="n", bind="query-params"))
     sb.markdown("### Device")
-    choice = sb.selectbox("Compute on", _device_choices(), key="device", bind="query-params",
-                          help="auto picks cuda, then mps, then cpu.")
-    from rotviz.models import pick_device
-
-    device = pick_device(choice)
+    choice = sb.selectbox("Compute on", app.device_choices(), key="device",
+                          bind="query-params", help="auto picks cuda, then mps, then cpu.")
+    device = app.pick_device(choice)
     sb.markdown(f":material/memory: **{appconfig.device_badge(appconfig.device_summary(device))}**")
     note = appconfig.device_note(device)
     if note:
@@ -177,26 +167,67 @@ def presenting() -> bool:
     return st.query_params.get("present", "").lower() in ("true", "1", "yes")
 
 
-def _through_app() -> None:
-    """Make sure the page runs inside app.py's navigation.
+# ---- every page inside app.py's frame ---------------------------------------------------------
 
-    Streamlit treats a folder named pages/ next to the entrypoint as the old multipage layout
-    until some session has called st.navigation; a server whose first visitor opens /barrier
-    directly would run pages/barrier.py alone (no sidebar, pages listed by file name). Leave
-    that mode and rerun: the rerun goes through app.py and lands on the same page.
-    """
+ROOT = Path(__file__).resolve().parent.parent  # where app.py lives
+ENTRYPOINT = "app.py"
+_RETURN = "_rotviz_return_to"  # session state: the page (and its query) to go back to
+_IN_FRAME: contextvars.ContextVar[bool] = contextvars.ContextVar("rotviz_in_frame",
+                                                                  default=False)
+
+
+@contextlib.contextmanager
+def frame() -> Iterator[None]:
+    """app.py runs the page it navigated to inside this, after drawing the shared frame."""
+    token = _IN_FRAME.set(True)
     try:
-        from streamlit.runtime.pages_manager import PagesManager
-    except ImportError:  # pragma: no cover - other Streamlit versions
+        yield
+    finally:
+        _IN_FRAME.reset(token)
+
+
+def through_app(page_file: str | None) -> None:
+    """Make sure the page runs inside app.py's navigation; public Streamlit API only.
+
+    Streamlit treats a folder named pages/ next to the entrypoint as its old multipage
+    layout until a session calls `st.navigation`; from then on it ignores the folder, in
+    every session (documented under st.navigation). On a fresh server whose first visitor
+    opens /barrier directly, Streamlit runs pages/barrier.py alone: no sidebar, every file
+    of pages/ listed as a page. In that layout the entrypoint is a page too, so the page
+    remembers itself and the URL's query parameters and switches to app.py
+    (`st.switch_page`); app.py calls `st.navigation`, which ends the old layout, and
+    `return_to_page` switches to the remembered page with its query parameters. It costs
+    two short reruns, for that first visitor only.
+    """
+    if _IN_FRAME.get():
         return
-    if getattr(PagesManager, "uses_pages_directory", False):
-        PagesManager.uses_pages_directory = False
-        st.rerun()
+    page = None
+    if page_file:
+        path = Path(page_file).resolve()
+        if path.is_relative_to(ROOT):
+            page = path.relative_to(ROOT).as_posix()
+    query = {k: st.query_params.get_all(k) for k in st.query_params}
+    st.session_state[_RETURN] = (page, query)
+    try:
+        st.switch_page(ENTRYPOINT, query_params=query)
+    except StreamlitAPIException:  # pragma: no cover - no entrypoint page: draw it alone
+        st.session_state.pop(_RETURN, None)
 
 
-def setup() -> Setup:
-    """The setup the sidebar drew in this run (app.py draws it before the page)."""
-    _through_app()
+def return_to_page() -> None:
+    """In app.py, right after st.navigation: finish `through_app`'s trip, if one is due."""
+    due = st.session_state.pop(_RETURN, None)
+    if due is None:
+        return
+    page, query = due
+    if page is not None:  # else (e.g. /common) the default page, where app.py already is
+        st.switch_page(page, query_params=query)
+
+
+def setup(page_file: str | None = None) -> Setup:
+    """The setup the sidebar drew in this run (app.py draws it before the page). Pages pass
+    their `__file__`, to come back to it if Streamlit ran them outside app.py."""
+    through_app(page_file)
     s = st.session_state.get("_setup")
     return s if s is not None else sidebar()
 
@@ -243,124 +274,123 @@ def using(*refs: str) -> Iterator[None]:
         yield
 
 
-def load(ref: str):
-    """A loaded model, shared by every session: never modify it (Loaded.state is the model).
-    The reference is checked on every call, cached or not: zoo entries, or folders whose
-    every file resolves under the model roots."""
-    appconfig.resolve_choice(ref)
-    return _load(ref)
-
-
-@st.cache_resource(max_entries=8, show_spinner=False)
-def _load(ref: str):
-    from rotviz.models import load_model
-
-    return load_model(ref)
+@st.cache_resource(show_spinner=False)
+def _stores() -> dict[str, appconfig.ResultCache]:
+    """The app's caches, one per server process: results (plain data, a copy for every
+    caller, keyed by the configuration's hash), matched sources and loaded models (shared,
+    never modified). Computations run outside any Streamlit-cached function, so they can
+    report progress to the page and be interrupted (Stop, or a changed widget); an
+    interrupted or cancelled computation stores nothing. A store computes each key once:
+    a second caller waits for the first (the page for the warm-up thread, say)."""
+    return {"results": appconfig.ResultCache(256, copy=True),
+            "matched": appconfig.ResultCache(24, copy=False),
+            "models": appconfig.ResultCache(8, copy=False),
+            "eval_models": appconfig.ResultCache(8, copy=False)}
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)
 def split(data: str, seed: int, n: int):
     """The test split (first `n` examples when n > 0), shared read-only."""
-    from rotviz.data import load_split
-
-    s = load_split(data, "test", seed)
-    return s.subset(n) if 0 < n < s.n else s
+    return app.load_test_split(data, seed, n)
 
 
-def pair(cfg: dict):
-    """Both models of a configuration, checked to be matchable."""
-    from rotviz.models import check_compatible
+class AppResources(app.Resources):
+    """rotviz.app's computations get their models, splits and matched sources from the
+    app's caches (shared by every session), and hold the models' locks while running them."""
 
-    a, b = load(cfg["anchor"]), load(cfg["source"])
-    check_compatible(a, b)
-    return a, b
+    def load(self, ref: str):
+        appconfig.resolve_choice(ref)  # checked on every call, cached or not
+        return _stores()["models"].get_or_compute(ref, lambda: app.load_full(ref))
 
+    def load_eval(self, ref: str):
+        appconfig.resolve_choice(ref)
+        stores = _stores()
+        if ref in stores["models"]:  # the full model computes the same numbers
+            return stores["models"].get_or_compute(ref, lambda: app.load_full(ref))
+        return stores["eval_models"].get_or_compute(ref, lambda: app.load_eval(ref))
 
-def layers_of(text: str | None, n_layers: int) -> tuple[int, ...] | None:
-    from rotviz.match.options import parse_layers
+    def split(self, data: str, seed: int, n: int):
+        return split(data, seed, n)
 
-    return parse_layers((text or "").strip() or None, n_layers)
+    def using(self, *refs: str):
+        return using(*refs)
 
-
-@st.cache_resource(show_spinner=False)
-def _stores() -> dict[str, appconfig.ResultCache]:
-    """The app's caches, one per server process: results (plain data, a copy for every
-    caller, keyed by the configuration's hash) and matched sources (shared, never modified).
-    Computations run outside any Streamlit-cached function, so they can report progress to
-    the page and be interrupted (Stop, or a changed widget); an interrupted or cancelled
-    computation stores nothing."""
-    return {"results": appconfig.ResultCache(256, copy=True),
-            "matched": appconfig.ResultCache(24, copy=False)}
-
-
-class Cancelled(RotvizError):
-    """Learned matching was cancelled before it finished: nothing of it is cached."""
+    def remember(self, key: str, compute: Callable[[], Any]) -> Any:
+        return _stores()["matched"].get_or_compute(key, compute)
 
 
-DEFAULT_LEARN_STEPS = limits.DEFAULT_STEPS
+def resources() -> AppResources:
+    """The app's `rotviz.app.Resources`, once the warm-up (if one runs) has finished."""
+    _ready()
+    return AppResources()
 
 
-def spec_cfg(spec: str, learn_steps: int = 0) -> dict:
-    """The part of a configuration a matching SPEC decides: its canonical label, and the
-    learned-matching step budget only when the SPEC learns (so data-free results are shared
-    by every page whatever the budget field says)."""
-    label = explore.spec_label(spec)
-    out: dict[str, Any] = {"spec": label}
-    if explore.learns(label):
-        out["learn_steps"] = int(learn_steps or DEFAULT_LEARN_STEPS)
-    return out
+def load(ref: str):
+    """A loaded model, shared by every session: never modify it (Loaded.state is the model).
+    The reference is checked on every call, cached or not: zoo entries, or folders whose
+    every file resolves under the model roots."""
+    return resources().load(ref)
 
 
-def matched(anchor: str, source: str, spec: str, layers: str, device: str, data: str = "",
-            learn_steps: int = 0, seed: int = 0, progress: Progress | None = None,
-            cancel: Callable[[], bool] | None = None):
-    """The source matched onto the anchor (a `Matched`, shared: never modify), or None for
-    spec 'none'. Activation and learned matching train on `data`'s train split (learned
-    matching early-stops on its val split, runs at most `learn_steps` steps and draws its
-    batches with `seed`); `progress(done, total, message)` hears about every step, and
-    `cancel()` returning True stops learned matching (then nothing is cached: `Cancelled`)."""
-    from rotviz.match.options import LearnOptions
-    from rotviz.match.pipeline import match_models
-    from rotviz.match.selection import match_options
-
-    label = explore.spec_label(spec)
-    if label == "none":
-        return None
-    needs, learns = explore.needs_data(label), explore.learns(label)
-    steps = int(learn_steps or DEFAULT_LEARN_STEPS) if learns else 0
-    key = appconfig.config_hash({
-        "anchor": anchor, "source": source, "spec": label, "layers": layers or "",
-        "device": device, "data": data if needs else "", "learn_steps": steps,
-        "learn_seed": seed if learns else 0})
-
-    def run():
-        a, b = pair({"anchor": anchor, "source": source})
-        opts = match_options(label, layers_of(layers, _n_layers(a)))
-        if learns:
-            opts = dataclasses.replace(opts, learn=LearnOptions(steps=steps, seed=seed))
-        with using(anchor, source):
-            m = match_models(a, b, opts, device, progress, data if needs else None, cancel)
-        learned = m.report.learned or {}
-        if learned.get("stopped") == "cancelled":
-            raise Cancelled(f"learned matching was cancelled after {learned.get('steps')} of "
-                            f"{steps} steps; nothing was kept. Press Run to start again.")
-        return m
-
-    return _stores()["matched"].get_or_compute(key, run)
+# ---- warming up, after the first paint ---------------------------------------------------------
 
 
-def _matched_of(cfg: dict, progress: Progress | None = None):
-    return matched(cfg["anchor"], cfg["source"], cfg["spec"], cfg.get("layers", ""),
-                   cfg["device"], cfg.get("data", ""), cfg.get("learn_steps", 0),
-                   cfg.get("seed", 0), progress)
+# Held while a warm-up thread imports and loads; scripts wait for it (`_ready`) before they
+# import the engine or load, so two threads never import the same modules at once. A module
+# global (one per server process), so that clearing Streamlit's caches cannot replace it.
+_WARMING = threading.Lock()
 
 
-@st.cache_data(max_entries=64, show_spinner=False)
+def warm_up(s: Setup) -> None:
+    """After a page has painted, load what the next page will need in a background thread:
+    the engine's modules (transformers, scipy, the solvers) and the pair as full models.
+    Only for a small pair (the pages compute at once for those); nothing is computed, and a
+    failure leaves nothing behind (the page that needs the model then says why)."""
+    stores = _stores()
+    refs = [r for r in dict.fromkeys((s.anchor, s.source)) if r and r not in stores["models"]]
+    if not refs or params_in_pair(s) > SMALL_PAIR:
+        return
+    busy = _WARMING
+    if not busy.acquire(blocking=False):  # one warm-up at a time
+        return
+
+    def work() -> None:
+        try:
+            app.warm_up()
+            for ref in refs:
+                appconfig.resolve_choice(ref)
+                stores["models"].get_or_compute(ref, lambda ref=ref: app.load_full(ref))
+        except Exception:  # noqa: BLE001 - the page's own load reports it
+            pass
+        finally:
+            busy.release()
+
+    threading.Thread(target=work, name="rotviz-warm-up", daemon=True).start()
+
+
+def _ready() -> None:
+    """Wait for a running warm-up (with a spinner), so this script thread does not import
+    the modules the warm-up is importing."""
+    busy = _WARMING
+    if not busy.locked():
+        return
+    with st.spinner("Loading the models (the first time after the app started)...",
+                    show_time=True):
+        with busy:
+            pass
+
+
 def residual_why(ref: str) -> str | None:
     """Why this model's residual stream cannot be matched (e.g. a tied output head), or
     None. Asked of the anchor: both models of a pair share the architecture."""
+    _ready()
+    return _residual_why(ref)
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def _residual_why(ref: str) -> str | None:
     try:
-        return explore.residual_unsupported(load(ref))
+        return app.residual_why(AppResources().load_eval(ref))
     except RotvizError:
         return None
 
@@ -371,124 +401,16 @@ def offered_specs(s: Setup, choices) -> tuple[list[str], str | None]:
     return explore.offered(choices, why), why
 
 
-def _n_layers(loaded) -> int:
-    from rotviz.match.pipeline import view_of
-
-    return view_of(loaded).dims.n_layers
-
-
-# The computations behind `compute(kind, cfg)`; each returns plain data.
-
-
-def _card(cfg: dict, progress: Progress | None = None) -> dict:
-    m = load(cfg["ref"])
-    sp = split(cfg["data"], cfg["seed"], cfg["n_eval"])
-    with using(cfg["ref"]):
-        return explore.model_card(m, sp)
-
-
-def _match(cfg: dict, progress: Progress | None = None) -> dict:
-    m = _matched_of(cfg, progress)
-    if m is None:
-        from rotviz.match.distances import distances
-        from rotviz.match.pipeline import view_of
-
-        a, b = pair(cfg)
-        d = distances(view_of(b), view_of(a)).to_dict()
-        return {"spec": "none", "report": {"distance_before": d, "distance_after": d, "heads": [],
-                                           "max_output_diff": 0.0},
-                "before_total": d["total"], "after_total": d["total"], "max_output_diff": 0.0,
-                "preserved": True, "tolerance": explore.FUNCTION_TOLERANCE}
-    return explore.match_summary(m, cfg["spec"])
-
-
-def _curve(cfg: dict, progress: Progress | None = None) -> dict:
-    from rotviz.analysis.landscape import interpolate
-
-    a, b = pair(cfg)
-    sp = split(cfg["data"], cfg["seed"], cfg["n_eval"])
-    m = _matched_of(cfg, progress)
-    state = b.state if m is None else m.state
-    with using(cfg["anchor"], cfg["source"]):
-        c = interpolate(a, b, sp, None, points=cfg["points"], device=cfg["device"],
-                        source_state=state).to_dict()
-    info = _match(cfg, progress)
-    c.update(match=cfg["spec"], distance_before=info["before_total"],
-             distance_after=info["after_total"], max_output_diff=info["max_output_diff"],
-             preserved=info["preserved"])
-    return c
-
-
-def _plane(cfg: dict, progress: Progress | None = None) -> dict:
-    from rotviz.analysis.landscape import loss_plane
-
-    a, b = pair(cfg)
-    sp = split(cfg["data"], cfg["seed"], cfg["n_eval"])
-    m = _matched_of(cfg, progress)
-    state = b.state if m is None else m.state
-    with using(cfg["anchor"], cfg["source"]):
-        p = loss_plane(a, b, sp, None, grid=cfg["grid"], device=cfg["device"], seed=cfg["seed"],
-                       source_state=state)
-    out = p.to_dict()
-    out["match"] = cfg["spec"]
-    return out
-
-
-def _circuits(cfg: dict, progress: Progress | None = None) -> dict:
-    """Cross-matrix and invariant circuit spectra of anchor, source and matched source."""
-    from rotviz.analysis.spectra import spectra
-    from rotviz.match.pipeline import view_of
-    from rotviz.symmetry.view import read_view
-
-    a, b = pair(cfg)
-    m = _matched_of(cfg, progress)
-    mv = None if m is None else read_view(b.spec, b.config, m.state)
-    lay = layers_of(cfg["layers"], _n_layers(a))
-    return spectra(view_of(a), view_of(b), mv, lay).to_dict()
-
-
-def _fusion(cfg: dict, progress: Progress | None = None) -> dict:
-    """Merged accuracy for every method and matching option (rotviz.analysis.fusion.fusion_table, on
-    sources matched through the app's cache)."""
-    a, b = pair(cfg)
-    sp = split(cfg["data"], cfg["seed"], cfg["n_eval"])
-    states = {}
-    for spec in cfg["specs"]:
-        m = _matched_of({**cfg, **spec_cfg(spec, cfg.get("learn_steps", 0)), "layers": ""},
-                        progress)
-        states[explore.spec_label(spec)] = None if m is None else m.state
-    with using(cfg["anchor"], cfg["source"]):
-        return explore.fusion_with_states(a, b, sp, states, cfg["methods"], cfg["weight"],
-                                          cfg["batches"], 32, cfg["alpha"], cfg["device"],
-                                          cfg["seed"])
-
-
-def _learn(cfg: dict, progress: Progress | None = None) -> dict:
-    m = load(cfg["ref"])
-    sp = split(cfg["data"], cfg["seed"], cfg["n_eval"])
-    with using(cfg["ref"]):
-        return explore.learn_demo(m, sp, cfg["kind"], cfg["demo_seed"], cfg["layer"], cfg["head"])
-
-
-COMPUTE: dict[str, Callable[[dict, Progress | None], Any]] = {
-    "card": _card, "match": _match, "curve": _curve, "plane": _plane, "learn": _learn,
-    "circuits": _circuits, "fusion": _fusion,
-}
-
-
-def register(kind: str, fn: Callable[[dict, Progress | None], Any]) -> None:
-    """Pages add their own computations (fn(cfg, progress) -> plain data) by name."""
-    COMPUTE[kind] = fn
-
-
 def compute(kind: str, cfg: dict, progress: Progress | None = None) -> Any:
-    """The result of computation `kind` for a configuration, from the cache when possible
-    (keyed by a hash of kind and configuration; every caller gets its own copy). While it
-    computes, `progress(done, total, message)` hears from the long steps (matching)."""
+    """The result of computation `kind` (rotviz.app.COMPUTE) for a configuration, from the
+    cache when possible (keyed by a hash of kind and configuration; every caller gets its own
+    copy). While it computes, `progress(done, total, message)` hears from the long steps
+    (matching)."""
     cfg = appconfig.canonical(cfg)
     key = appconfig.config_hash({"kind": kind, **cfg})
+    res = resources()
     return _stores()["results"].get_or_compute(
-        key, lambda: COMPUTE[kind](json.loads(json.dumps(cfg)), progress))
+        key, lambda: app.run(kind, res, json.loads(json.dumps(cfg)), progress))
 
 
 def is_cached(kind: str, cfg: dict) -> bool:
@@ -497,13 +419,10 @@ def is_cached(kind: str, cfg: dict) -> bool:
     return appconfig.config_hash({"kind": kind, **cfg}) in _stores()["results"]
 
 
-def run_id(cfg: dict) -> str:
-    return appconfig.config_hash(cfg)
-
-
 def params_in_pair(s: Setup) -> int:
     try:
-        return sum(explore.n_params(load(r)) for r in (s.anchor, s.source))
+        res = resources()
+        return sum(app.n_params(res.load_eval(r)) for r in (s.anchor, s.source))
     except RotvizError:
         return 0
 
@@ -625,8 +544,10 @@ def guard(fn: Callable[[], Any]) -> Any:
     return None
 
 
-def require_pair(s: Setup) -> bool:
-    """Show why the pair cannot be used; False stops the page body."""
+def require_pair(s: Setup, full: bool = True) -> bool:
+    """Show why the pair cannot be used; False stops the page body. `full=False` checks the
+    pair as the Models page evaluates it (rotviz.app.load_eval), without loading the models
+    that matching and merging need."""
     if s.error:
         st.error(s.error, icon=":material/error:")
         return False
@@ -634,11 +555,9 @@ def require_pair(s: Setup) -> bool:
         st.warning("Pick two models in the sidebar.")
         return False
     try:
-        pair(s.base())
-        sp = split(s.data, s.seed, s.n_eval)
-        from rotviz.evaluation import check_fits
-
-        check_fits(load(s.anchor), sp)
+        res = resources()
+        get = res.load if full else res.load_eval
+        app.check_pair(get(s.anchor), get(s.source), res.split(s.data, s.seed, s.n_eval))
     except RotvizError as e:
         st.error(str(e), icon=":material/error:")
         st.info("Pick another pair or data source in the sidebar; the rest of the app keeps "
@@ -706,3 +625,7 @@ def export(name: str, cfg: dict, results: Any, tables: dict[str, Sequence[dict]]
             lambda: appconfig.run_zip(cfg, results, tables, figures), f"rotviz-{name}-{rid}.zip",
             "application/zip", key=f"dl_{name}_zip", on_click="ignore",
             icon=":material/folder_zip:")
+
+
+if __name__ == "__main__":  # Streamlit's pages/ layout runs this file as a page: go to the app
+    through_app(None)

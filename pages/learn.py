@@ -7,7 +7,7 @@ from pages import common
 from rotviz import appconfig
 from rotviz.plots import learn as lplots
 
-s = common.setup()
+s = common.setup(__file__)
 st.title("Learn: same function, different weights")
 st.markdown(
     "A neural network is a long list of numbers (its *weights*). Surprisingly, many different "

@@ -3,15 +3,12 @@
 import streamlit as st
 
 from pages import common
-from rotviz import explore
-from rotviz.limits import MAX_LAYERS_TEXT
-from rotviz.match.alternating import ended_by_cap
+from rotviz import app, explore
 from rotviz.plots import distances as dplots
 from rotviz.plots import matching as mplots
 from rotviz.plots import style
-from rotviz.symmetry.residual import GROUP_TEXT
 
-s = common.setup()
+s = common.setup(__file__)
 LEARNED_NAMES = {"residual": "the residual map", "qk": "every head's Q-K rotation",
                  "vo": "every head's V-O rotation"}
 POINTS = 21  # the Barrier page's default: the two pages share these curves in the cache
@@ -30,25 +27,24 @@ residual_why = common.residual_why(s.anchor) if s.anchor else None
 
 with st.form("match_form"):
     st.markdown("**Per-layer maps** (the seed paper's three, and head permutation)")
-    c = st.columns(4)
-    ffn = c[0].toggle("FFN permutation", True, key="m_ffn", bind="query-params")
-    c[0].caption(explore.WHY_UNCHANGED["ffn"])
-    attn = c[1].toggle("Attention rotation", True, key="m_attn", bind="query-params")
-    c[1].caption(explore.WHY_UNCHANGED["attn"])
-    rescale = c[2].toggle("Rescale heads", True, key="m_rescale", bind="query-params")
-    c[2].caption(explore.WHY_UNCHANGED["rescale"])
-    heads = c[3].toggle("Permute heads", False, key="m_heads", bind="query-params",
-                        help="Needs attention rotation. Off by default: on the default pair it "
-                             "shortens the distance but raises the barrier.")
-    c[3].caption(explore.WHY_UNCHANGED["heads"])
+    on: dict[str, bool] = {}  # one toggle per data-free symmetry of the registry
+    layer_maps = [m for m in app.SYMMETRIES if not m.needs_data and m.scope == "layer"]
+    stream_maps = [m for m in app.SYMMETRIES if not m.needs_data and m.scope == "stream"]
+    for col, m in zip(st.columns(len(layer_maps)), layer_maps, strict=True):
+        needs = ", ".join(app.BY_NAME[r].label for r in m.requires)
+        on[m.name] = col.toggle(m.label.capitalize(), m.default, key=f"m_{m.name}",
+                                bind="query-params", help=f"Needs {needs}." if needs else None)
+        col.caption(m.why)
     st.markdown("**Beyond the seed paper**: the residual stream, and matching from data")
     c = st.columns(3)
-    residual = c[0].toggle("Residual stream rotation", False, key="m_residual",
-                           bind="query-params", disabled=residual_why is not None,
-                           help="Alternates with the per-layer maps until the distance stops "
-                                "shrinking (weight matching = the seed paper's three + this).")
-    c[0].caption(explore.WHY_UNCHANGED["residual"] if residual_why is None else
-                 f"Not available for this pair: {residual_why}.")
+    for m in stream_maps:
+        on[m.name] = c[0].toggle(
+            f"{m.label.capitalize()} of the stream", m.default, key=f"m_{m.name}",
+            bind="query-params", disabled=residual_why is not None,
+            help="Alternates with the per-layer maps until the distance stops shrinking "
+                 "(weight matching = the seed paper's three + this).")
+        c[0].caption(m.why if residual_why is None else
+                     f"Not available for this pair: {residual_why}.")
     solver = c[1].selectbox("Use data", list(SOLVERS), format_func=SOLVERS.get, key="m_solver",
                             bind="query-params",
                             help=f"Trains on the training split of {s.data}; learned matching "
@@ -58,12 +54,12 @@ with st.form("match_form"):
                  "every head's, and the residual map's when that is on."
                  if "learned" in solver else explore.WHY_UNCHANGED["act"])
     steps = int(c[2].number_input(
-        "Learned matching: at most this many steps", 5, 3000, common.DEFAULT_LEARN_STEPS,
+        "Learned matching: at most this many steps", 5, 3000, app.DEFAULT_LEARN_STEPS,
         step=25, key="m_steps", bind="query-params",
         help="Adam steps on the rotations; it keeps the maps with the lowest validation "
              "barrier. A few hundred take tens of seconds on a laptop CPU."))
     layers = st.text_input("Layers to match (empty = all; e.g. 0,2-3)", "", key="m_layers",
-                           max_chars=MAX_LAYERS_TEXT, bind="query-params")
+                           max_chars=app.MAX_LAYERS_TEXT, bind="query-params")
     with_barrier = st.checkbox("Measure the loss barrier of each option in the ablation "
                                f"({POINTS} points on the path each, shared with the Barrier page)",
                                True, key="m_barrier", bind="query-params")
@@ -73,8 +69,7 @@ with st.form("match_form"):
 def chosen_spec() -> str:
     """The SPEC of the form, with the residual map left out (and said so) when the pair has
     none."""
-    flags = [f for f, on in (("ffn", ffn), ("attn", attn), ("rescale", rescale),
-                             ("heads", heads), ("residual", residual)) if on]
+    flags = [name for name, chosen in on.items() if chosen]
     if solver != "none":
         flags += solver.split(",")
     spec = explore.spec_label(",".join(flags) or "none")
@@ -94,7 +89,7 @@ def beyond(res: dict) -> tuple[dict, dict]:
     if res_info:
         st.subheader("The residual stream")
         m = st.columns(3)
-        m[0].metric("residual group", res_info["group"], help=GROUP_TEXT.get(res_info["group"]))
+        m[0].metric("residual group", res_info["group"], help=app.group_text(res_info["group"]))
         m[1].metric("alternation rounds", res_info["rounds"],
                     help="rounds of (per-layer maps, then the residual map), until a round "
                          "gains less than the tolerance or the round cap is reached (the "
@@ -105,12 +100,13 @@ def beyond(res: dict) -> tuple[dict, dict]:
                     help="Both models with their norm gains folded into the readers (and, for "
                          "LayerNorm, their writers centred): the distance the alternation "
                          "minimises.")
-        st.caption(f"Group: {GROUP_TEXT.get(res_info['group'], res_info['group'])}. Each step "
+        group = app.group_text(res_info["group"]) or res_info["group"]
+        st.caption(f"Group: {group}. Each step "
                    "solves one kind of map exactly with the others held fixed, and keeping the "
                    "old map is always one of its choices, so the distance can only go down. "
                    + ("The round cap ended it while rounds still gained a little; more rounds "
                       "lower the distance further, but not always the barrier."
-                      if ended_by_cap(res_info) else
+                      if app.ended_by_cap(res_info) else
                       "It stopped when a round gained less than the tolerance."))
         rows = explore.objective_rows(res)
         fig_obj = mplots.objective_history(rows, s.font)
@@ -174,16 +170,16 @@ def body() -> None:
         return
     spec = chosen_spec()
     base = {**s.base(), "layers": layers.strip()}
-    specs = explore.offered(explore.ABLATION_SPECS, residual_why)
+    specs = explore.offered(explore.ABLATION_CHOICES, residual_why)
     if spec not in specs:
         specs.append(spec)
     with common.progress("Matching", 1 + len(specs) * (2 if with_barrier else 1),
                          stop="match") as step:
         step(f"matching with {style.nice_label(spec)}")
-        res = common.compute("match", {**base, **common.spec_cfg(spec, steps)}, step.detail)
+        res = common.compute("match", {**base, **app.spec_cfg(spec, steps)}, step.detail)
         ablation = []
         for sp in specs:
-            cfg = {**base, **common.spec_cfg(sp, steps)}
+            cfg = {**base, **app.spec_cfg(sp, steps)}
             step(f"ablation: {style.nice_label(sp)}")
             r = common.compute("match", cfg, step.detail)
             row = {"match": sp, "distance": r["after_total"],
@@ -233,7 +229,7 @@ def body() -> None:
             st.dataframe(heads, hide_index=True)
         else:
             st.write("No attention matching in this option set.")
-    common.export("match", {"page": "match", **base, **common.spec_cfg(spec, steps)},
+    common.export("match", {"page": "match", **base, **app.spec_cfg(spec, steps)},
                   {"match": res, "ablation": ablation},
                   {"distances": explore.distance_rows(res), "heads": heads, "ablation": ablation,
                    **tables},

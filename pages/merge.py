@@ -3,11 +3,11 @@
 import streamlit as st
 
 from pages import common
-from rotviz import explore
+from rotviz import app, explore
 from rotviz.plots import merge as mplots
 from rotviz.plots import style
 
-s = common.setup()
+s = common.setup(__file__)
 st.title("Merge the two models")
 st.markdown(
     "Fusing two models into one only works when their neurons and heads line up. Each method "
@@ -42,7 +42,7 @@ with st.form("merge_form"):
     alpha = c[2].slider("RegMean: off-diagonal scale α", 0.0, 1.0, 0.9, 0.05, key="g_alpha",
                         bind="query-params")
     steps = int(c[3].number_input(
-        "Learned matching: at most this many steps", 5, 3000, common.DEFAULT_LEARN_STEPS,
+        "Learned matching: at most this many steps", 5, 3000, app.DEFAULT_LEARN_STEPS,
         step=25, key="g_steps", bind="query-params",
         help="Only for learned matching; it keeps the maps with the lowest validation barrier."))
     submitted = st.form_submit_button("Run", type="primary", icon=":material/play_arrow:")
@@ -83,7 +83,7 @@ def body() -> None:
     st.caption(f"Evaluated on {t['split']} ({s.data}); statistics from the {t['stats_split']} "
                f"split, {t['batches']} x {t['batch_size']} examples; {t['seconds']:.1f} s on "
                f"{t['device']}.")
-    checks = [common.compute("match", {**s.base(), "layers": "", **common.spec_cfg(sp, steps)})
+    checks = [common.compute("match", {**s.base(), "layers": "", **app.spec_cfg(sp, steps)})
               for sp in t["specs"] if sp != "none"]
     if checks:
         worst = max(c["max_output_diff"] for c in checks)

@@ -3,9 +3,9 @@
 import streamlit as st
 
 from pages import common
-from rotviz import appconfig
+from rotviz import app, appconfig
 
-s = common.setup()
+s = common.setup(__file__)
 st.title("rotviz: the symmetries of transformers")
 st.markdown(
     "Two transformers trained apart compute nearly the same function with very different "
@@ -18,7 +18,7 @@ st.markdown(
 
 
 def body() -> None:
-    if not common.require_pair(s):
+    if not common.require_pair(s, full=False):  # the cards need no matching code
         return
     cards = {}
     with common.progress("Checking both models", 2) as step:
@@ -56,18 +56,13 @@ def body() -> None:
             st.caption("Functional check: a random symmetry (every FFN permuted, every head "
                        f"rotated and rescaled) moved the weights by {chk['distance']:.1f} "
                        "(Euclidean distance), and the outputs by:")
-            common.function_badge(chk["max_output_diff"], explore_tol(),
+            common.function_badge(chk["max_output_diff"], app.FUNCTION_TOLERANCE,
                                   "randomly transformed model")
     rows = [{"role": r, **{k: v for k, v in c.items() if k != "check"},
              "check_max_output_diff": c["check"]["max_output_diff"],
              "check_passed": c["check"]["passed"]} for r, c in cards.items()]
     common.export("models", {"page": "models", **s.base()}, cards, {"models": rows})
-
-
-def explore_tol() -> float:
-    from rotviz.explore import FUNCTION_TOLERANCE
-
-    return FUNCTION_TOLERANCE
+    common.warm_up(s)  # the pair's full models, for the page the user opens next
 
 
 common.guard(body)

@@ -4,12 +4,11 @@
 import streamlit as st
 
 from pages import common
-from rotviz import explore
-from rotviz.limits import MAX_LAYERS_TEXT
+from rotviz import app, explore
 from rotviz.plots import spectra as splots
 from rotviz.plots import style
 
-s = common.setup()
+s = common.setup(__file__)
 st.title("Attention spectra")
 st.markdown(
     "For each head, matching builds a small *cross matrix* from the two models' query and key "
@@ -24,7 +23,7 @@ with st.form("spectra_form"):
     spec = c[0].selectbox("Matching", ATTN_SPECS, format_func=style.nice_label, key="s_spec",
                           bind="query-params")
     layers = c[1].text_input("Layers to match (empty = all)", "", key="s_layers",
-                             max_chars=MAX_LAYERS_TEXT, bind="query-params")
+                             max_chars=app.MAX_LAYERS_TEXT, bind="query-params")
     submitted = st.form_submit_button("Run", type="primary", icon=":material/play_arrow:")
 
 

@@ -2,26 +2,27 @@
 
 Each function takes loaded models and a data split and returns something the app can cache
 by value, export as JSON or CSV and hand to `rotviz.plots`. Nothing here imports streamlit;
-loaded models are only read (every transform builds new tensors).
+loaded models are only read (every transform builds new tensors). Importing this module costs
+no torch import (the SPEC tables and labels are what a page needs before it computes): each
+function imports the engine when it runs.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
-from rotviz.evaluation import batch_inputs, evaluate
-from rotviz.match.distances import distances
-from rotviz.match.engine import match
-from rotviz.match.options import MatchOptions
-from rotviz.match.pipeline import FUNCTION_TOLERANCE, Matched, view_of
-from rotviz.models import Loaded, forward, max_output_diff
-from rotviz.symmetry.actions import apply, random_element
-from rotviz.symmetry.registry import SYMMETRIES
-from rotviz.symmetry.view import write_state
+from rotviz.symmetry.registry import DATA_SOLVERS, MAPS, SYMMETRIES
+
+if TYPE_CHECKING:
+    import torch
+
+    from rotviz.match.pipeline import Matched
+    from rotviz.models import Loaded
+
 
 # Matching SPEC strings (rotviz.match.selection) the app offers. The seed paper's five first (the
 # Barrier page's original comparison), then what goes beyond it: head permutation, the
@@ -34,11 +35,33 @@ SPEC_CHOICES = BARRIER_SPECS + ("seed,heads", "residual", "weight", "weight,act"
 # (learned matching trains, so it is opt-in).
 DEFAULT_SPECS = BARRIER_SPECS + ("weight",)
 # The Match page's ablation: each option set on its own (the page adds the one chosen).
-ABLATION_SPECS = BARRIER_SPECS + ("seed,heads", "weight")
+ABLATION_CHOICES = BARRIER_SPECS + ("seed,heads", "weight")
 MERGE_SPECS = SPEC_CHOICES
 
 # One line per symmetry toggle: why the function does not change (shown next to the toggle).
 WHY_UNCHANGED = {s.name: s.why for s in SYMMETRIES}
+
+
+def __getattr__(name: str) -> Any:
+    """FUNCTION_TOLERANCE (rotviz.match.pipeline's float32 tolerance) on first use."""
+    if name == "FUNCTION_TOLERANCE":
+        from rotviz.match.pipeline import FUNCTION_TOLERANCE
+
+        return FUNCTION_TOLERANCE
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def view_of(loaded: Loaded):
+    """The model's weights as a `ModelView` (rotviz.match.pipeline.view_of), on the CPU."""
+    from rotviz.match.pipeline import view_of as view
+
+    return view(loaded)
+
+
+def _tolerance() -> float:
+    from rotviz.match.pipeline import FUNCTION_TOLERANCE
+
+    return FUNCTION_TOLERANCE
 
 
 def selection(spec: str):
@@ -54,8 +77,6 @@ def spec_label(spec: str) -> str:
 
 
 def needs_data(spec: str) -> bool:
-    from rotviz.symmetry.registry import DATA_SOLVERS
-
     s = selection(spec)
     return any(getattr(s, d) for d in DATA_SOLVERS)
 
@@ -82,8 +103,6 @@ def offered(specs, residual_why: str | None) -> list[str]:
 
 def without_residual(spec: str) -> str:
     """The SPEC with the residual map left out (data solvers then start from seed)."""
-    from rotviz.symmetry.registry import DATA_SOLVERS, MAPS
-
     s = dataclasses.replace(selection(spec), residual=False)
     if any(getattr(s, d) for d in DATA_SOLVERS) and not any(getattr(s, g) for g in MAPS):
         s = dataclasses.replace(s, ffn=True, attn=True, rescale=True)
@@ -107,11 +126,16 @@ def n_params(loaded: Loaded) -> int:
 def symmetry_check(loaded: Loaded, seed: int = 0) -> dict:
     """Apply a random element of the full group (permute, rotate, rescale every layer) and
     measure the largest logit change on probe inputs: the model's own functional check."""
+    from rotviz.match.distances import distances
+    from rotviz.models import max_output_diff
+    from rotviz.symmetry.actions import apply, random_element
+    from rotviz.symmetry.view import write_state
+
     view = view_of(loaded)
     g = random_element(view.dims, seed, ffn=True, attn=True, rescale=True)
     moved = write_state(apply(view, g))
     diff = max_output_diff(loaded, loaded.state, moved)
-    return {"max_output_diff": diff, "passed": diff <= FUNCTION_TOLERANCE,
+    return {"max_output_diff": diff, "passed": diff <= _tolerance(),
             "distance": distances(view, view_of_state(loaded, moved)).total}
 
 
@@ -123,6 +147,8 @@ def view_of_state(loaded: Loaded, state: Mapping[str, torch.Tensor]):
 
 def model_card(loaded: Loaded, split) -> dict:
     """What the Models page shows for one model: shape, size, quality and its symmetry check."""
+    from rotviz.evaluation import evaluate
+
     d = dims_of(loaded)
     ev = evaluate(loaded, split)
     return {
@@ -147,7 +173,7 @@ def match_summary(matched: Matched, spec: str) -> dict:
         "after_total": rep.after.total,
         "max_output_diff": rep.max_output_diff,
         "preserved": matched.preserved,
-        "tolerance": FUNCTION_TOLERANCE,
+        "tolerance": _tolerance(),
     }
 
 
@@ -251,6 +277,14 @@ def learn_demo(loaded: Loaded, split, kind: str = "rotate", seed: int = 0, layer
     """
     if kind == "residual":
         return residual_demo(loaded, split, seed, layer, head, n_examples)
+    from rotviz.evaluation import batch_inputs, evaluate
+    from rotviz.match.distances import distances
+    from rotviz.match.engine import match
+    from rotviz.match.options import MatchOptions
+    from rotviz.models import forward, max_output_diff
+    from rotviz.symmetry.actions import apply, random_element
+    from rotviz.symmetry.view import write_state
+
     if kind not in LEARN_KINDS:
         raise ValueError(f"kind must be one of {sorted([*LEARN_KINDS, 'residual'])}")
     flags = LEARN_KINDS[kind]
@@ -285,7 +319,7 @@ def learn_demo(loaded: Loaded, split, kind: str = "rotate", seed: int = 0, layer
         "distance_scrambled": distances(scrambled_view, view).total,
         "distance_matched": distances(back.view, view).total,
         "acc": accs,
-        "tolerance": FUNCTION_TOLERANCE,
+        "tolerance": _tolerance(),
     }
 
 
@@ -315,7 +349,13 @@ def residual_demo(loaded: Loaded, split, seed: int = 0, layer: int = 0, head: in
     When the architecture has no usable residual map (e.g. GPT-2's tied output head) the
     result says why (`unsupported`) and carries only the original model's numbers.
     """
+    from rotviz.evaluation import batch_inputs, evaluate
+    from rotviz.match.distances import distances
+    from rotviz.match.engine import match
+    from rotviz.match.options import MatchOptions
+    from rotviz.models import forward, max_output_diff
     from rotviz.symmetry import residual as rs
+    from rotviz.symmetry.view import write_state
 
     view = view_of(loaded)
     layer = min(layer, view.dims.n_layers - 1)
@@ -330,7 +370,7 @@ def residual_demo(loaded: Loaded, split, seed: int = 0, layer: int = 0, head: in
 
     out: dict = {"kind": "residual", "seed": seed, "layer": layer, "head": head,
                  "group": group, "group_text": rs.GROUP_TEXT[group], "unsupported": why,
-                 "tolerance": FUNCTION_TOLERANCE}
+                 "tolerance": _tolerance()}
     if why:
         out.update(weights={"original": wq(view)},
                    acc={"original": evaluate(loaded, split)["acc"]})

@@ -313,6 +313,30 @@ def test_models_page_opens_on_the_default_pair(pair):
     assert f"fraction of {N_EVAL} test examples" in str([m.help for m in at.metric])
 
 
+def test_models_page_evaluates_light_models_then_warms_up_the_full_ones(pair):
+    """The Models page checks and evaluates the pair without transformers' modules (rotviz.lite
+    where it is exact) and, once painted, loads the full models in the background, so the
+    next page finds them loaded."""
+    from pages import common
+
+    stores = common._stores()
+    with common._WARMING:  # an earlier page's warm-up is over
+        pass
+    stores["models"].clear()
+    stores["eval_models"].clear()
+    app()
+    with common._WARMING:  # the warm-up thread (started by the page) has finished
+        pass
+    for ref in pair:
+        assert ref in stores["models"] and ref in stores["eval_models"]
+        full = common.load(ref)
+        assert type(full.model).__module__.startswith("transformers")
+        if ref.startswith("zoo:vit"):
+            lite = stores["eval_models"].get_or_compute(ref, lambda: pytest.fail("reloaded"))
+            assert type(lite.model).__module__ == "rotviz.lite"
+        assert common.resources().load_eval(ref) is full  # once loaded, the full one
+
+
 def test_barrier_page_chart_holds_library_results(pair):
     from rotviz.analysis.landscape import interpolate
     from rotviz.data import load_split
@@ -320,6 +344,9 @@ def test_barrier_page_chart_holds_library_results(pair):
 
     at = app("barrier", b_points="5")
     figs = figures(at)
+    # curves computed now are drawn as they come in; the final chart replaces them
+    assert len(at.get("plotly_chart")) == len(figs) == 2
+    assert "matching options so far" not in "\n".join(c.value for c in at.caption)
     loss = figs["Loss along the straight path from anchor to matched source"]
     lines = [tr for tr in loss["data"] if tr.get("showlegend", True)]
     assert len(lines) == len(explore.DEFAULT_SPECS)  # the seed paper's five, plus weight
@@ -553,13 +580,14 @@ def test_cancelled_or_interrupted_learned_matching_is_not_cached(roots):
     from streamlit.runtime.scriptrunner_utils.exceptions import StopException
 
     from pages import common
+    from rotviz import app as rapp
 
     a, s = str(roots / "vit-s0"), str(roots / "vit-s1")
     args = (a, s, "weight,learned", "", "cpu", "digits", 6, 0)
-    with pytest.raises(common.Cancelled, match="cancelled after 0 of 6 steps"):
-        common.matched(*args, cancel=lambda: True)
+    with pytest.raises(rapp.Cancelled, match="cancelled after 0 of 6 steps"):
+        rapp.matched(common.resources(), *args, cancel=lambda: True)
     cfg = {"anchor": a, "source": s, "data": "digits", "seed": 0, "n_eval": N_EVAL,
-           "device": "cpu", "layers": "", **common.spec_cfg("weight,learned", 6)}
+           "device": "cpu", "layers": "", **rapp.spec_cfg("weight,learned", 6)}
     assert cfg["learn_steps"] == 6
 
     def stop_at_step_3(done, total, message):
@@ -581,9 +609,10 @@ def test_cancelled_or_interrupted_learned_matching_is_not_cached(roots):
 
 def test_stopped_page_waits_for_run(pair):
     """After the page's Stop button (its callback sets the flag), the page computes nothing
-    until Run is pressed. (Under AppTest every run passes through the pages-folder rerun of
-    `common._through_app`, which drops a form button's click, so Run's effect on the flag
-    is set by hand here; a real server does that rerun once, for its first visitor.)"""
+    until Run is pressed. (Under AppTest every run starts in Streamlit's pages/ layout and
+    passes through `common.through_app`'s switch to app.py and back, which drops a form
+    button's click, so Run's effect on the flag is set by hand here; a real server makes that
+    trip once, for its first visitor.)"""
     from streamlit.testing.v1 import AppTest
 
     at = AppTest.from_file(APP, default_timeout=120)
@@ -713,3 +742,16 @@ def test_match_page_shows_the_check_in_a_half_checkpoints_dtype(roots):
     assert len(badges) == 2, shown
     captions = " ".join(str(c.value) for c in at.caption)
     assert "matched source in bfloat16 (the checkpoint's dtype) vs. the model" in captions
+
+
+def test_match_page_has_one_toggle_per_data_free_symmetry_of_the_registry():
+    """The page keeps no list of its own: a registered map gets its toggle and caption."""
+    from rotviz.symmetry.registry import SYMMETRIES
+
+    at = app("match", m_barrier="false")
+    toggles = {t.key: t for t in at.toggle}
+    maps = [s for s in SYMMETRIES if not s.needs_data]
+    assert {f"m_{s.name}" for s in maps} <= set(toggles)
+    assert all(toggles[f"m_{s.name}"].value == s.default for s in maps)
+    captions = " ".join(str(c.value) for c in at.caption)
+    assert all(s.why in captions for s in maps if s.scope == "layer")

@@ -1,5 +1,7 @@
-"""The library boundary: no module of rotviz/ imports streamlit (pages are the only UI layer)."""
+"""The library boundary: no module of rotviz/ imports streamlit (pages are the only UI layer),
+and the pages reach the library only through its app-facing part."""
 
+import ast
 import pkgutil
 import subprocess
 import sys
@@ -33,4 +35,25 @@ def test_no_source_file_of_rotviz_mentions_a_streamlit_import():
         for p in (ROOT / "rotviz").rglob("*.py")
         if "import streamlit" in p.read_text() or "from streamlit" in p.read_text()
     ]
+    assert offenders == []
+
+
+# What app.py and pages/ may import from rotviz: the app-facing library and the plots.
+APP_FACING = ("rotviz.app", "rotviz.appconfig", "rotviz.explore", "rotviz.plots")
+
+
+def test_pages_import_only_the_app_facing_library():
+    offenders = []
+    for path in [ROOT / "app.py", *sorted((ROOT / "pages").glob("*.py"))]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = ([f"rotviz.{a.name}" for a in node.names] if node.module == "rotviz"
+                         else [node.module])
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            offenders += [f"{path.relative_to(ROOT)}: {n}" for n in names
+                          if n.split(".")[0] == "rotviz"
+                          and not any(n == m or n.startswith(m + ".") for m in APP_FACING)]
     assert offenders == []

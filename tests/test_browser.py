@@ -8,8 +8,10 @@ package or a `chromium` binary is missing (CI installs both: apt `chromium`, pip
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+from urllib.parse import parse_qs, urlencode, urlparse
 
 import pytest
 
@@ -28,20 +30,21 @@ from bench.screenshots import (  # noqa: E402
 )
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """The app, on the zoo's default pair when the zoo ships, else on two tiny random ViTs."""
+@contextlib.contextmanager
+def serving(root):
+    """A fresh app server on a free port: the zoo's default pair when the zoo ships, else two
+    tiny random ViTs saved under `root`."""
     from rotviz import appconfig
     from rotviz.random_models import save_random
 
-    root = tmp_path_factory.mktemp("browser-roots")
     env = dict(os.environ)
     try:
         appconfig.default_pair([appconfig.DEFAULT_ROOT])
     except Exception:
         for seed in (0, 1):
-            save_random("vit", root / f"vit-s{seed}", seed=seed, layers=2, d=32, heads=4, ffn=64,
-                        image=8, patch=2, channels=1, labels=10)
+            if not (root / f"vit-s{seed}").exists():
+                save_random("vit", root / f"vit-s{seed}", seed=seed, layers=2, d=32, heads=4,
+                            ffn=64, image=8, patch=2, channels=1, labels=10)
         env[appconfig.ENV_ROOTS] = str(root)
     port = free_port()
     proc = start_server(port, env)
@@ -51,6 +54,18 @@ def server(tmp_path_factory):
     finally:
         os.killpg(proc.pid, 15)
         proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """The app, on the zoo's default pair when the zoo ships, else on two tiny random ViTs."""
+    with serving(tmp_path_factory.mktemp("browser-roots")) as url:
+        yield url
+
+
+def nav_titles(page) -> list[str]:
+    links = page.locator("[data-testid='stSidebarNav'] a").all_inner_texts()
+    return [t.split()[-1] for t in links]  # icon name, then the title
 
 
 def test_every_page_in_chromium(server, tmp_path):
@@ -63,8 +78,7 @@ def test_every_page_in_chromium(server, tmp_path):
         drawn(page)
         page.wait_for_timeout(500)
         drawn(page)
-        links = page.locator("[data-testid='stSidebarNav'] a").all_inner_texts()
-        nav = [t.split()[-1] for t in links]  # icon name, then the title
+        nav = nav_titles(page)
         assert nav == ["Models", "Match", "Barrier", "Spectra", "Merge", "Learn"], nav
         assert page.locator("h1").first.inner_text().strip() == "Attention spectra"
         assert page.get_by_text("Anchor (model 2, stays fixed)").count() == 1
@@ -89,4 +103,31 @@ def test_every_page_in_chromium(server, tmp_path):
         shot = tmp_path / "barrier.png"
         page.screenshot(path=str(shot), full_page=True)
         assert shot.stat().st_size > 10_000
+        browser.close()
+
+
+def test_a_page_url_as_a_fresh_servers_first_request(tmp_path):
+    """A fresh server (Streamlit still in its pages/-folder layout) whose very first request
+    is /barrier with a query string: the visitor gets the real app (app.py's sidebar and
+    navigation, the six pages by title) on the Barrier page, with the URL and every query
+    parameter kept, and the page computes with them (7 points on the path)."""
+    with serving(tmp_path) as base, playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 1400})
+        specs = ["no matching", "FFN + attention + rescale (seed paper)"]  # as the URL has them
+        page.goto(f"{base}/barrier?n=100&b_points=7&" + urlencode({"b_specs": specs}, doseq=True))
+        drawn(page)
+        page.wait_for_timeout(500)
+        drawn(page)
+        assert nav_titles(page) == ["Models", "Match", "Barrier", "Spectra", "Merge", "Learn"]
+        assert page.locator("h1").first.inner_text().strip() == \
+            "Loss barriers between the two models"
+        assert page.get_by_text("Anchor (model 2, stays fixed)").count() == 1
+        url = urlparse(page.url)
+        assert url.path == "/barrier", page.url
+        assert parse_qs(url.query) == {"n": ["100"], "b_points": ["7"], "b_specs": specs}, page.url
+        assert page.locator("[data-testid='stException']").count() == 0
+        lengths = page.evaluate("() => document.querySelector('.js-plotly-plot').data"
+                                ".filter(t => t.showlegend !== false).map(t => t.y.length)")
+        assert lengths == [7, 7], lengths
         browser.close()

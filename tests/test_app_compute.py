@@ -1,0 +1,236 @@
+"""rotviz.app, the app's computations, called without Streamlit: each must give exactly what
+the engine gives for the same configuration (the pages only cache, draw and export it).
+
+Runs on the zoo's default pair (two digits ViTs) on 100 test images, on the CPU.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rotviz import app, appconfig, explore
+from rotviz.errors import RotvizError
+
+ROOT = Path(__file__).resolve().parents[1]
+N_EVAL = 100
+
+
+@pytest.fixture(scope="module")
+def refs() -> tuple[str, str]:
+    try:
+        return appconfig.default_pair()
+    except RotvizError:
+        pytest.skip("the zoo's default pair is not installed")
+
+
+@pytest.fixture(scope="module")
+def res() -> app.Resources:
+    return app.Resources()
+
+
+@pytest.fixture(scope="module")
+def base(refs) -> dict:
+    return {"anchor": refs[0], "source": refs[1], "data": "digits", "seed": 0,
+            "n_eval": N_EVAL, "device": "cpu", "layers": ""}
+
+
+@pytest.fixture(scope="module")
+def engine(refs):
+    """The pair as the engine loads it, and the split, straight from the engine."""
+    from rotviz.data import load_split
+    from rotviz.models import load_model
+
+    return load_model(refs[0]), load_model(refs[1]), load_split("digits", "test", 0).subset(N_EVAL)
+
+
+def test_importing_rotviz_app_loads_no_engine():
+    """The pages import rotviz.app (and explore) before they paint: no torch, transformers
+    or scipy comes with it."""
+    code = ("import sys, rotviz.app, rotviz.explore, rotviz.appconfig\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'scipy', 'streamlit') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("spec", ["seed", "weight"])
+def test_match_equals_match_models(res, base, engine, spec):
+    """Distances (total, per layer, per kind), the per-head report and the function check of
+    the match computation are rotviz.pipeline.match_models' own."""
+    from rotviz.matchspec import match_options
+    from rotviz.pipeline import FUNCTION_TOLERANCE, match_models
+
+    got = app.run("match", res, {**base, **app.spec_cfg(spec)})
+    a, b, _ = engine
+    want = match_models(a, b, match_options(spec, None), "cpu").report.to_dict()
+    assert got["before_total"] == want["distance_before"]["total"]
+    assert got["after_total"] == want["distance_after"]["total"]
+    assert got["report"]["distance_after"] == want["distance_after"]
+    assert got["report"]["heads"] == want["heads"]
+    assert got["max_output_diff"] == want["max_output_diff"] <= FUNCTION_TOLERANCE
+    assert got["preserved"] and got["tolerance"] == FUNCTION_TOLERANCE
+    assert got["after_total"] < got["before_total"]
+
+
+def test_no_matching_is_the_plain_distance(res, base, engine):
+    from rotviz.distances import distances
+    from rotviz.pipeline import view_of
+
+    got = app.run("match", res, {**base, "spec": "none"})
+    a, b, _ = engine
+    d = distances(view_of(b), view_of(a)).to_dict()
+    assert got["before_total"] == got["after_total"] == d["total"]
+    assert got["report"]["distance_after"] == d and got["max_output_diff"] == 0.0
+    assert app.matched(res, base["anchor"], base["source"], "none", "", "cpu") is None
+
+
+def test_curve_equals_interpolate(res, base, engine):
+    """The barrier curve is rotviz.landscape.interpolate's on the matched source, with the
+    matching's distances and check attached."""
+    from rotviz.landscape import interpolate
+
+    cfg = {**base, **app.spec_cfg("seed"), "points": 5}
+    got = app.run("curve", res, cfg)
+    a, b, split = engine
+    m = app.matched(res, base["anchor"], base["source"], "seed", "", "cpu")
+    want = interpolate(a, b, split, None, points=5, device="cpu", source_state=m.state)
+    assert got["loss"] == list(want.loss) and got["acc"] == list(want.acc)
+    assert got["barrier"] == want.barrier and got["match"] == "seed"
+    info = app.run("match", res, {**base, **app.spec_cfg("seed")})
+    assert got["distance_after"] == info["after_total"]
+    assert got["max_output_diff"] == info["max_output_diff"] and got["preserved"]
+
+
+def test_matched_sources_are_computed_once_per_resources(base):
+    """Resources keeps what it computed on the instance, nothing global: a second instance
+    computes afresh."""
+    calls = []
+
+    class Counting(app.Resources):
+        def remember(self, key, compute):
+            calls.append(key)
+            return super().remember(key, compute)
+
+    r1, r2 = Counting(), Counting()
+    m1 = app.matched(r1, base["anchor"], base["source"], "ffn", "", "cpu")
+    assert app.matched(r1, base["anchor"], base["source"], "ffn", "", "cpu") is m1
+    m2 = app.matched(r2, base["anchor"], base["source"], "ffn", "", "cpu")
+    assert m2 is not m1 and len(calls) == 3 and len(set(calls)) == 1
+    assert r1.load(base["anchor"]) is not r2.load(base["anchor"])
+
+
+def test_card_equals_model_card_of_the_full_model(res, refs, engine):
+    """The Models page's card evaluates the lighter model (rotviz.lite where exact), and
+    gets exactly the numbers of the full model: loss, accuracy, size, the symmetry check."""
+    a, b, split = engine
+    for ref, full in zip(refs, (a, b), strict=True):
+        got = app.run("card", res, {"ref": ref, "data": "digits", "seed": 0, "n_eval": N_EVAL})
+        assert got == explore.model_card(full, split)
+        assert got["check"]["passed"] and got["n_eval"] == N_EVAL
+
+
+def test_card_and_residual_check_on_the_gpt2_pair():
+    """The same for the zoo's GPT-2 pair (tied head): cards equal, and the lighter model
+    gives the same reason why the residual stream cannot be matched."""
+    from rotviz.models import load_model
+
+    ref = "zoo:gpt2-pystdlib-s0"
+    if ref not in appconfig.zoo_refs():
+        pytest.skip("the zoo's GPT-2 pair is not installed")
+    res = app.Resources()
+    full = load_model(ref)
+    got = app.run("card", res, {"ref": ref, "data": "pystdlib", "seed": 0, "n_eval": 16})
+    assert got == explore.model_card(full, res.split("pystdlib", 0, 16))
+    why = app.residual_why(res.load_eval(ref))
+    assert why and "tied" in why and why == explore.residual_unsupported(full)
+
+
+def test_residual_why_and_check_pair(res, refs):
+    a, b = (res.load_eval(r) for r in refs)
+    assert app.residual_why(a) is None
+    app.check_pair(a, b, res.split("digits", 0, N_EVAL))
+    with pytest.raises(RotvizError, match="is text data but"):
+        app.check_pair(a, b, res.split("pystdlib", 0, 8))
+
+
+def test_circuits_equal_spectra(res, base, engine):
+    from rotviz.pipeline import view_of
+    from rotviz.spectra import spectra
+    from rotviz.view import read_view
+
+    cfg = {**base, "spec": "seed", "layers": "0,2"}
+    got = app.run("circuits", res, cfg)
+    a, b, _ = engine
+    m = app.matched(res, base["anchor"], base["source"], "seed", "0,2", "cpu")
+    want = spectra(view_of(a), view_of(b), read_view(b.spec, b.config, m.state), (0, 2))
+    assert got == want.to_dict()
+    assert [lay["layer"] for lay in got["layers"]] == [0, 2]
+    assert got["max_circuit_change"] <= 1e-4
+
+
+def test_plane_marks_the_three_models(res, base):
+    got = app.run("plane", res, {**base, "spec": "seed", "grid": 5})
+    assert set(got["points"]) == {"A", "B", "B'", "AB", "AB'"} and got["match"] == "seed"
+    z = np.asarray(got["loss"], dtype=float)
+    assert z.shape == (5, 5) and np.isfinite(z).all()
+    assert got["point_loss"]["B"] == pytest.approx(got["point_loss"]["B'"], abs=1e-4)
+
+
+def test_fusion_equals_fusion_table(res, base, engine):
+    from rotviz.fusion import fusion_table
+
+    cfg = {**base, "methods": ["simple"], "specs": ["none", "seed"], "weight": 0.5,
+           "batches": 2, "alpha": 0.9}
+    got = app.run("fusion", res, cfg)
+    a, b, split = engine
+    want = fusion_table(a, b, split, methods=("simple",), specs=("none", "seed"), batches=2)
+    assert got["acc"]["simple"] == want.acc["simple"]
+    assert got["loss"]["simple"] == want.loss["simple"]
+    assert got["anchor_acc"] == want.anchor_acc and got["source_acc"] == want.source_acc
+
+
+def test_learn_demo_matches_back(res, refs):
+    cfg = {"ref": refs[0], "data": "digits", "seed": 0, "n_eval": N_EVAL, "kind": "all",
+           "demo_seed": 3, "layer": 1, "head": 2}
+    got = app.run("learn", res, cfg)
+    assert got["layer"] == 1 and got["head"] == 2
+    assert got["distance_scrambled"] > 1.0 and got["distance_matched"] < 1e-4
+    assert max(got["diff_scrambled"], got["diff_matched"]) <= got["tolerance"]
+
+
+def test_progress_reaches_the_caller_and_unknown_kinds_are_refused(refs):
+    seen = []
+    got = app.run("match", app.Resources(), {"anchor": refs[0], "source": refs[1],
+                                             "device": "cpu", "layers": "",
+                                             **app.spec_cfg("weight")},
+                  lambda done, total, msg: seen.append((done, total, msg)))
+    assert got["report"]["residual"]["rounds"] >= 1 and seen
+    assert all(0 <= d <= t for d, t, _ in seen)
+    with pytest.raises(RotvizError, match="no computation 'nope'"):
+        app.run("nope", app.Resources(), {})
+
+
+def test_names_the_pages_need(refs):
+    """What the pages read from the engine, offered under rotviz.app's own names."""
+    from rotviz.alternating import ended_by_cap
+    from rotviz.pipeline import FUNCTION_TOLERANCE
+    from rotviz.residual import GROUP_TEXT
+
+    assert app.FUNCTION_TOLERANCE == explore.FUNCTION_TOLERANCE == FUNCTION_TOLERANCE
+    assert all(app.group_text(g) == t for g, t in GROUP_TEXT.items())
+    assert app.group_text("nope") is None
+    for info in ({"converged": [True, True]}, {"converged": [True, False]}, {}):
+        assert app.ended_by_cap(info) == ended_by_cap(info)
+    assert app.device_choices()[:2] == ["auto", "cpu"]
+    assert app.pick_device("cpu").type == "cpu"
+    assert app.spec_cfg("weight,learned", 0) == {"spec": "weight,learned",
+                                                 "learn_steps": app.DEFAULT_LEARN_STEPS}
+    assert app.spec_cfg("act", 50) == {"spec": "weight,act"}
+    assert app.n_params(app.Resources().load_eval(refs[0])) > 10_000
