@@ -91,8 +91,9 @@ def body() -> None:
                                      f"barrier_loss_{i}")
                     note.caption(f"{len(curves)} of {len(specs)} matching options so far; "
                                  "the others are being computed.")
-        except app.RotvizError:
-            note.empty()  # the curves drawn so far stay; the box above says what failed
+        except app.RotvizError:  # the box above says what failed; no chart of part of a run
+            live.empty()
+            note.empty()
             raise
         pl = None
         if plane:
