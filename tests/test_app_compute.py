@@ -63,9 +63,9 @@ def test_importing_rotviz_app_loads_no_engine():
 @pytest.mark.parametrize("spec", ["seed", "weight"])
 def test_match_equals_match_models(res, base, engine, spec):
     """Distances (total, per layer, per kind), the per-head report and the function check of
-    the match computation are rotviz.pipeline.match_models' own."""
-    from rotviz.matchspec import match_options
-    from rotviz.pipeline import FUNCTION_TOLERANCE, match_models
+    the match computation are rotviz.match.pipeline.match_models' own."""
+    from rotviz.match.pipeline import FUNCTION_TOLERANCE, match_models
+    from rotviz.match.selection import match_options
 
     got = app.run("match", res, {**base, **app.spec_cfg(spec)})
     a, b, _ = engine
@@ -80,8 +80,8 @@ def test_match_equals_match_models(res, base, engine, spec):
 
 
 def test_no_matching_is_the_plain_distance(res, base, engine):
-    from rotviz.distances import distances
-    from rotviz.pipeline import view_of
+    from rotviz.match.distances import distances
+    from rotviz.match.pipeline import view_of
 
     got = app.run("match", res, {**base, "spec": "none"})
     a, b, _ = engine
@@ -92,9 +92,9 @@ def test_no_matching_is_the_plain_distance(res, base, engine):
 
 
 def test_curve_equals_interpolate(res, base, engine):
-    """The barrier curve is rotviz.landscape.interpolate's on the matched source, with the
+    """The barrier curve is rotviz.analysis.landscape.interpolate's on the matched source, with the
     matching's distances and check attached."""
-    from rotviz.landscape import interpolate
+    from rotviz.analysis.landscape import interpolate
 
     cfg = {**base, **app.spec_cfg("seed"), "points": 5}
     got = app.run("curve", res, cfg)
@@ -161,9 +161,9 @@ def test_residual_why_and_check_pair(res, refs):
 
 
 def test_circuits_equal_spectra(res, base, engine):
-    from rotviz.pipeline import view_of
-    from rotviz.spectra import spectra
-    from rotviz.view import read_view
+    from rotviz.analysis.spectra import spectra
+    from rotviz.match.pipeline import view_of
+    from rotviz.symmetry.view import read_view
 
     cfg = {**base, "spec": "seed", "layers": "0,2"}
     got = app.run("circuits", res, cfg)
@@ -184,7 +184,7 @@ def test_plane_marks_the_three_models(res, base):
 
 
 def test_fusion_equals_fusion_table(res, base, engine):
-    from rotviz.fusion import fusion_table
+    from rotviz.analysis.fusion import fusion_table
 
     cfg = {**base, "methods": ["simple"], "specs": ["none", "seed"], "weight": 0.5,
            "batches": 2, "alpha": 0.9}
@@ -219,9 +219,9 @@ def test_progress_reaches_the_caller_and_unknown_kinds_are_refused(refs):
 
 def test_names_the_pages_need(refs):
     """What the pages read from the engine, offered under rotviz.app's own names."""
-    from rotviz.alternating import ended_by_cap
-    from rotviz.pipeline import FUNCTION_TOLERANCE
-    from rotviz.residual import GROUP_TEXT
+    from rotviz.match.alternating import ended_by_cap
+    from rotviz.match.pipeline import FUNCTION_TOLERANCE
+    from rotviz.symmetry.residual import GROUP_TEXT
 
     assert app.FUNCTION_TOLERANCE == explore.FUNCTION_TOLERANCE == FUNCTION_TOLERANCE
     assert all(app.group_text(g) == t for g, t in GROUP_TEXT.items())
