@@ -22,8 +22,9 @@ from rotviz.analysis.landscape import interpolate, matched_state
 from rotviz.data import Split
 from rotviz.evaluation import Evaluator
 from rotviz.match.options import MatchOptions
-from rotviz.match.selection import parse_selection
+from rotviz.match.selection import parse_selection, selection_of
 from rotviz.models import Loaded
+from rotviz.symmetry.view import resolve_layout
 from rotviz.types import Progress
 
 ABLATION_SPECS = ("none", "ffn", "attn", "ffn,attn", "seed")
@@ -140,8 +141,6 @@ def layer_sweeps(
     Single-layer and tail-layers matching (the seed paper's Figure 6): which layers must be
     matched for the merge to work.
     """
-    from rotviz.match.selection import selection_of
-
     t0 = time.perf_counter()
     s = selection_of(spec) if isinstance(spec, MatchOptions) else parse_selection(spec)
     ev = Evaluator(anchor, split, device, batch_size)
@@ -172,6 +171,4 @@ def layer_sweeps(
 
 
 def n_layers(loaded: Loaded) -> int:
-    from rotviz.symmetry.view import resolve_layout
-
     return len(resolve_layout(loaded.spec, loaded.state).blocks)

@@ -26,7 +26,9 @@ from rotviz.data import Split
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator, barrier_of, check_split, resolve_device
 from rotviz.limits import GRID, MARGIN, POINTS, REPEATS
+from rotviz.match.distances import distances
 from rotviz.match.options import MatchOptions
+from rotviz.match.pipeline import match_models, view_of
 from rotviz.match.selection import label_of, match_options
 from rotviz.models import Loaded, check_compatible, to_wide
 from rotviz.types import Progress
@@ -71,9 +73,6 @@ def matched_state(anchor: Loaded, source: Loaded, options: MatchOptions | str | 
                   ) -> tuple[dict[str, Tensor], MatchInfo]:
     """The source as matched onto the anchor (its own state for no matching), checked.
     Activation and learned matching train on `data`'s train split (validation: its val)."""
-    from rotviz.match.distances import distances
-    from rotviz.match.pipeline import match_models, view_of
-
     check_compatible(anchor, source)
     options = as_options(options)
     if options is None:

@@ -26,6 +26,7 @@ import torch
 
 from rotviz.groups import procrustes, rotation_angles
 from rotviz.match.layers import cross_qk, cross_vo
+from rotviz.match.pipeline import view_of
 from rotviz.symmetry.view import Attention, ModelView
 
 Tensor = torch.Tensor
@@ -92,7 +93,6 @@ class Spectra:
 def _as_view(model) -> ModelView:
     if isinstance(model, ModelView):
         return model
-    from rotviz.match.pipeline import view_of
 
     return view_of(model)
 

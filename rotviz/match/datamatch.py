@@ -22,11 +22,13 @@ import torch
 
 from rotviz.data import Split, load_split
 from rotviz.errors import RotvizError
+from rotviz.evaluation import check_fits
 from rotviz.groups import assign
 from rotviz.match.alternating import check_residual
 from rotviz.match.distances import distances
 from rotviz.match.engine import match
 from rotviz.match.layers import match_layers
+from rotviz.match.learned import learn
 from rotviz.match.options import MatchOptions
 from rotviz.match.report import MatchReport, MatchResult
 from rotviz.models import Loaded, to_wide
@@ -134,7 +136,6 @@ def match_with_data(anchor: Loaded, anchor_view: ModelView, source_view: ModelVi
         raise RotvizError(
             f"matching [{options.label}] learns from data: give a data reference (--data)"
         )
-    from rotviz.evaluation import check_fits
 
     t0 = time.perf_counter()
     train = load_split(data, "train")
@@ -162,8 +163,6 @@ def match_with_data(anchor: Loaded, anchor_view: ModelView, source_view: ModelVi
     layers_rep = start.report.layers if start.report else []
     view = start.view
     if options.learned:
-        from rotviz.match.learned import learn
-
         val = load_split(data, "val")
         tuned, info = learn(anchor, anc_c, src_c, group, train, val, options.learn, device,
                             progress, cancel)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rotviz.match.datamatch import match_with_data
 from rotviz.match.engine import match
 from rotviz.match.options import MatchOptions
 from rotviz.match.report import MatchReport
@@ -117,8 +118,6 @@ def match_models(
     device = wide_device(device)  # the solvers work in float64, which MPS lacks
     va, vs = view_of(anchor, device), view_of(source, device)
     if options.needs_data:
-        from rotviz.match.datamatch import match_with_data
-
         result = match_with_data(anchor, va, vs, options, data, torch.device(device), progress,
                                  cancel)
     else:
