@@ -300,7 +300,10 @@ class AppResources(app.Resources):
 
     def load(self, ref: str):
         appconfig.resolve_choice(ref)  # checked on every call, cached or not
-        return _stores()["models"].get_or_compute(ref, lambda: app.load_full(ref))
+        stores = _stores()
+        loaded = stores["models"].get_or_compute(ref, lambda: app.load_full(ref))
+        stores["eval_models"].discard(ref)  # the full model stands in for it from now on
+        return loaded
 
     def load_eval(self, ref: str):
         appconfig.resolve_choice(ref)
@@ -358,8 +361,7 @@ def warm_up(s: Setup) -> None:
         try:
             app.warm_up()
             for ref in refs:
-                appconfig.resolve_choice(ref)
-                stores["models"].get_or_compute(ref, lambda ref=ref: app.load_full(ref))
+                AppResources().load(ref)
         except Exception:  # noqa: BLE001 - the page's own load reports it
             pass
         finally:

@@ -320,6 +320,11 @@ class ResultCache:
                 self._key_locks.pop(key, None)
         return self._out(value)
 
+    def discard(self, key: str) -> None:
+        """Forget `key` (nothing happens if it is not stored)."""
+        with self._lock:
+            self._data.pop(key, None)
+
     def clear(self) -> None:
         with self._lock:
             self._data.clear()

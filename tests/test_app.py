@@ -318,23 +318,36 @@ def test_models_page_evaluates_light_models_then_warms_up_the_full_ones(pair):
     where it is exact) and, once painted, loads the full models in the background, so the
     next page finds them loaded."""
     from pages import common
+    from rotviz import app as rapp
 
     stores = common._stores()
     with common._WARMING:  # an earlier page's warm-up is over
         pass
     stores["models"].clear()
     stores["eval_models"].clear()
-    app()
+    seen = {}
+    real_load_eval = rapp.load_eval
+
+    def load_eval(ref):
+        seen[ref] = real_load_eval(ref)
+        return seen[ref]
+
+    rapp.load_eval = load_eval
+    try:
+        app()
+    finally:
+        rapp.load_eval = real_load_eval
+    assert set(seen) == set(pair)  # the page evaluated lighter models ...
+    if all(ref.startswith("zoo:vit") for ref in pair):
+        assert {type(m.model).__module__ for m in seen.values()} == {"rotviz.lite"}
     with common._WARMING:  # the warm-up thread (started by the page) has finished
         pass
     for ref in pair:
-        assert ref in stores["models"] and ref in stores["eval_models"]
+        assert ref in stores["models"]  # loaded by the warm-up
         full = common.load(ref)
         assert type(full.model).__module__.startswith("transformers")
-        if ref.startswith("zoo:vit"):
-            lite = stores["eval_models"].get_or_compute(ref, lambda: pytest.fail("reloaded"))
-            assert type(lite.model).__module__ == "rotviz.lite"
-        assert common.resources().load_eval(ref) is full  # once loaded, the full one
+        assert ref not in stores["eval_models"]  # the lighter copy is gone
+        assert common.resources().load_eval(ref) is full  # the full one stands in for it
 
 
 def test_barrier_page_chart_holds_library_results(pair):
@@ -520,6 +533,9 @@ def test_result_cache_stores_only_what_finished():
     assert cache.get_or_compute("b", lambda: 2) == 2
     cache.get_or_compute("c", lambda: 3)  # beyond max_entries: the least recently used goes
     assert "a" not in cache and "b" in cache and "c" in cache
+    cache.discard("b")
+    cache.discard("never stored")
+    assert "b" not in cache and len(cache) == 1
     shared = appconfig.ResultCache(copy=False)
     obj = object()
     assert shared.get_or_compute("k", lambda: obj) is obj
