@@ -32,14 +32,14 @@ with st.form("match_form"):
     stream_maps = [m for m in app.SYMMETRIES if not m.needs_data and m.scope == "stream"]
     for col, m in zip(st.columns(len(layer_maps)), layer_maps, strict=True):
         needs = ", ".join(app.BY_NAME[r].label for r in m.requires)
-        on[m.name] = col.toggle(m.label.capitalize(), m.default, key=f"m_{m.name}",
+        on[m.name] = col.toggle(m.label[:1].upper() + m.label[1:], m.default, key=f"m_{m.name}",
                                 bind="query-params", help=f"Needs {needs}." if needs else None)
         col.caption(m.why)
     st.markdown("**Beyond the seed paper**: the residual stream, and matching from data")
     c = st.columns(3)
     for m in stream_maps:
         on[m.name] = c[0].toggle(
-            f"{m.label.capitalize()} of the stream", m.default, key=f"m_{m.name}",
+            f"{m.label[:1].upper() + m.label[1:]} of the stream", m.default, key=f"m_{m.name}",
             bind="query-params", disabled=residual_why is not None,
             help="Alternates with the per-layer maps until the distance stops shrinking "
                  "(weight matching = the seed paper's three + this).")

@@ -771,3 +771,4 @@ def test_match_page_has_one_toggle_per_data_free_symmetry_of_the_registry():
     assert all(toggles[f"m_{s.name}"].value == s.default for s in maps)
     captions = " ".join(str(c.value) for c in at.caption)
     assert all(s.why in captions for s in maps if s.scope == "layer")
+    assert toggles["m_ffn"].label == "FFN permutation"  # labels keep the registry's capitals
