@@ -31,7 +31,8 @@ with st.form("barrier_form"):
     if residual_why is not None:
         st.caption(f"Residual stream options are not offered for this pair: {residual_why}.")
     c = st.columns(3)
-    points = c[0].slider("Points on the path", 3, 41, 21, 2, key="b_points", bind="query-params")
+    points = c[0].slider("Points on the path", 3, 41, app.BARRIER_POINTS, 2, key="b_points",
+                         bind="query-params")
     layers = c[1].text_input("Layers to match (empty = all)", "", key="b_layers",
                              max_chars=app.MAX_LAYERS_TEXT, bind="query-params")
     steps = int(c[1].number_input(
@@ -81,7 +82,7 @@ def body() -> None:
         live, note = st.empty(), st.empty()  # the loss chart, drawn as the curves come in
         try:
             for i, sp in enumerate(specs):
-                cfg = {**base, **app.spec_cfg(sp, steps), "points": points}
+                cfg = app.curve_cfg(s.base(), sp, points, layers, steps)
                 fresh = not common.is_cached("curve", cfg)
                 step(f"{style.nice_label(sp)}: matching, then {points} points on the path")
                 curves.append(common.compute("curve", cfg, step.detail))

@@ -10,8 +10,8 @@ app's caches and locks, shows their progress and lets the user stop them.
   keyed by a hash of the configuration; splits are `st.cache_resource`. Results compute
   outside any Streamlit-cached function, so a long computation can show its progress and be
   stopped, and only finished results are stored.
-- Warming up: once a page has painted, a background thread imports the engine and loads
-  the pair as full models, for the next page (`warm_up`).
+- Warming up: once a page has painted, a background thread imports the engine, loads the
+  pair and computes the Barrier page's default curves, for the next page (`warm_up`).
 - Per-model locks: evaluating parameter sets through `torch.func.functional_call` swaps
   tensors on the shared module for the duration of a call, so two sessions must not run a
   model at the same moment.
@@ -342,17 +342,25 @@ def load(ref: str):
 # import the engine or load, so two threads never import the same modules at once. A module
 # global (one per server process), so that clearing Streamlit's caches cannot replace it.
 _WARMING = threading.Lock()
+# Held while a warm-up thread computes ahead (after `_WARMING`); pages never wait for it (a
+# page asking for a result under way waits for that result only), tests do.
+_AHEAD = threading.Lock()
 
 
 def warm_up(s: Setup) -> None:
-    """After a page has painted, load what the next page will need in a background thread:
-    the engine's modules (transformers, scipy, the solvers) and the pair as full models.
-    Only for a small pair (the pages compute at once for those); nothing is computed, and a
-    failure leaves nothing behind (the page that needs the model then says why)."""
-    stores = _stores()
-    refs = [r for r in dict.fromkeys((s.anchor, s.source)) if r and r not in stores["models"]]
-    if not refs or params_in_pair(s) > SMALL_PAIR:
+    """After a page has painted, get ready for the next one in a background thread: import
+    the engine's modules (scipy, the solvers), load the pair as the computations take it
+    (`AppResources.load_eval`), then compute the Barrier page's default curves into the
+    results cache (the same computation the page would run; it finds them there, or waits
+    for the one under way). Once per pair, and only for a small pair (the pages compute at
+    once for those). A failure leaves nothing behind: the page that needs the result then
+    computes it and says what went wrong."""
+    if not s.anchor or not s.source or params_in_pair(s) > SMALL_PAIR:
         return
+    refs = list(dict.fromkeys((s.anchor, s.source)))
+    ahead = app.barrier_defaults(s.base(), _residual_why(s.anchor))
+    if all(is_cached("curve", cfg) for cfg in ahead):
+        return  # warmed up before: nothing to get ready
     busy = _WARMING
     if not busy.acquire(blocking=False):  # one warm-up at a time
         return
@@ -361,11 +369,17 @@ def warm_up(s: Setup) -> None:
         try:
             app.warm_up()
             for ref in refs:
-                AppResources().load(ref)
+                AppResources().load_eval(ref)
         except Exception:  # noqa: BLE001 - the page's own load reports it
-            pass
+            return
         finally:
-            busy.release()
+            busy.release()  # pages go on from here; what follows shares the caches' locks
+        with _AHEAD:
+            try:
+                for cfg in ahead:
+                    _compute(AppResources(), "curve", cfg)
+            except Exception:  # noqa: BLE001 - the Barrier page computes again and reports it
+                pass
 
     threading.Thread(target=work, name="rotviz-warm-up", daemon=True).start()
 
@@ -408,11 +422,41 @@ def compute(kind: str, cfg: dict, progress: Progress | None = None) -> Any:
     cache when possible (keyed by a hash of kind and configuration; every caller gets its own
     copy). While it computes, `progress(done, total, message)` hears from the long steps
     (matching)."""
+    return _compute(resources(), kind, cfg, progress)
+
+
+def _compute(res: AppResources, kind: str, cfg: dict, progress: Progress | None = None) -> Any:
     cfg = appconfig.canonical(cfg)
     key = appconfig.config_hash({"kind": kind, **cfg})
-    res = resources()
-    return _stores()["results"].get_or_compute(
-        key, lambda: app.run(kind, res, json.loads(json.dumps(cfg)), progress))
+
+    def run() -> Any:
+        _pin_threads(res, cfg)
+        return app.run(kind, res, json.loads(json.dumps(cfg)), progress)
+
+    return _stores()["results"].get_or_compute(key, run)
+
+
+_THREADS: list[int] = []  # torch's own thread count, read before the app first changes it
+
+
+def _pin_threads(res: AppResources, cfg: dict) -> None:
+    """One torch thread for a small pair's computation, torch's own count otherwise. A
+    small model's many small operations cost more to hand out to a second thread than they
+    gain (weight matching on the default pair: about 2x slower with two threads on a 2-core
+    machine, bench/RESULTS.md, app). Threads split the same work, so no number changes. Set
+    in the thread that computes (OpenMP keeps the count per thread)."""
+    import torch
+
+    if not _THREADS:
+        _THREADS.append(torch.get_num_threads())
+    refs = [cfg[k] for k in ("anchor", "source", "ref") if cfg.get(k)]
+    try:
+        small = sum(app.n_params(res.load_eval(r)) for r in refs) <= SMALL_PAIR
+    except RotvizError:  # the computation itself reports it
+        small = False
+    want = 1 if small else _THREADS[0]
+    if torch.get_num_threads() != want:
+        torch.set_num_threads(want)
 
 
 def is_cached(kind: str, cfg: dict) -> bool:

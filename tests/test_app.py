@@ -313,41 +313,62 @@ def test_models_page_opens_on_the_default_pair(pair):
     assert f"fraction of {N_EVAL} test examples" in str([m.help for m in at.metric])
 
 
-def test_models_page_evaluates_light_models_then_warms_up_the_full_ones(pair):
+def test_models_page_evaluates_light_models_then_computes_the_barrier_page_ahead(pair):
     """The Models page checks and evaluates the pair without transformers' modules (rotviz.lite
-    where it is exact) and, once painted, loads the full models in the background, so the
-    next page finds them loaded."""
+    where it is exact) and, once painted, computes the Barrier page's default curves in the
+    background, so that page finds them ready. They are the library's numbers with the
+    models' own transformers classes, bit for bit."""
     from pages import common
     from rotviz import app as rapp
+    from rotviz.analysis.landscape import interpolate
+    from rotviz.data import load_split
+    from rotviz.match.pipeline import match_models
+    from rotviz.match.selection import match_options
+    from rotviz.models import load_model
 
     stores = common._stores()
-    with common._WARMING:  # an earlier page's warm-up is over
+    with common._WARMING, common._AHEAD:  # an earlier page's warm-up is over
         pass
-    stores["models"].clear()
-    stores["eval_models"].clear()
-    seen = {}
-    real_load_eval = rapp.load_eval
+    for store in stores.values():
+        store.clear()
+    seen, planned = {}, []
+    real_load_eval, real_defaults = rapp.load_eval, rapp.barrier_defaults
 
     def load_eval(ref):
         seen[ref] = real_load_eval(ref)
         return seen[ref]
 
-    rapp.load_eval = load_eval
+    def barrier_defaults(base, why):
+        planned.append(real_defaults(base, why))
+        return planned[-1]
+
+    rapp.load_eval, rapp.barrier_defaults = load_eval, barrier_defaults
     try:
         app()
     finally:
-        rapp.load_eval = real_load_eval
+        rapp.load_eval, rapp.barrier_defaults = real_load_eval, real_defaults
     assert set(seen) == set(pair)  # the page evaluated lighter models ...
     if all(ref.startswith("zoo:vit") for ref in pair):
         assert {type(m.model).__module__ for m in seen.values()} == {"rotviz.lite"}
-    with common._WARMING:  # the warm-up thread (started by the page) has finished
+    with common._WARMING, common._AHEAD:  # the warm-up thread (started by the page) is done
         pass
-    for ref in pair:
-        assert ref in stores["models"]  # loaded by the warm-up
-        full = common.load(ref)
-        assert type(full.model).__module__.startswith("transformers")
-        assert ref not in stores["eval_models"]  # the lighter copy is gone
-        assert common.resources().load_eval(ref) is full  # the full one stands in for it
+    assert not stores["models"]  # ... and never needed the full ones
+    (ahead,) = planned
+    assert [c["spec"] for c in ahead] == list(explore.DEFAULT_SPECS)
+    assert {(c["anchor"], c["source"], c["points"]) for c in ahead} == {
+        (*pair, rapp.BARRIER_POINTS)}
+    assert all(common.is_cached("curve", cfg) for cfg in ahead)
+    a, b = load_model(pair[0]), load_model(pair[1])
+    assert type(a.model).__module__.startswith("transformers")
+    split = load_split(ahead[0]["data"], "test", 0).subset(ahead[0]["n_eval"])
+    for cfg in (ahead[0], ahead[-1]):  # none, and weight matching (the longest)
+        got = common.compute("curve", cfg)
+        state = b.state
+        if cfg["spec"] != "none":
+            state = match_models(a, b, match_options(cfg["spec"], None), "cpu").state
+        want = interpolate(a, b, split, None, points=cfg["points"], source_state=state)
+        assert got["loss"] == want.loss and got["acc"] == want.acc  # bit for bit
+        assert got["barrier"] == want.barrier
 
 
 def test_barrier_page_chart_holds_library_results(pair):
@@ -671,7 +692,7 @@ def test_match_page_residual_alternation_never_goes_up(pair):
 def load_cached(ref: str):
     from pages import common
 
-    return common.load(ref)
+    return common.resources().load_eval(ref)
 
 
 def test_match_page_learned_on_a_tiny_pair(roots):

@@ -18,16 +18,19 @@ from __future__ import annotations
 from typing import Any
 
 from rotviz.app.compute import (
+    BARRIER_POINTS,
     COMPUTE,
     COMPUTE_MODULES,
     DEFAULT_LEARN_STEPS,
     Cancelled,
     Progress,
     Resources,
+    barrier_defaults,
     card,
     check_pair,
     circuits,
     curve,
+    curve_cfg,
     device_choices,
     ended_by_cap,
     fusion,
@@ -55,12 +58,12 @@ from rotviz.limits import MAX_LAYERS_TEXT
 from rotviz.symmetry.registry import BY_NAME, SYMMETRIES
 
 __all__ = [
-    "BY_NAME", "COMPUTE", "COMPUTE_MODULES", "DEFAULT_LEARN_STEPS", "FUNCTION_TOLERANCE",
-    "MAX_LAYERS_TEXT", "SYMMETRIES",
-    "Cancelled", "Progress", "Resources", "RotvizError", "card", "check_pair", "circuits",
-    "curve", "device_choices", "ended_by_cap", "fusion", "group_text", "layers_of", "learn",
-    "load_eval", "load_full", "load_test_split", "match", "matched", "matched_key", "n_layers",
-    "n_params", "pair", "pick_device", "plane", "residual_why", "run", "spec_cfg", "warm_up",
+    "BARRIER_POINTS", "BY_NAME", "COMPUTE", "COMPUTE_MODULES", "DEFAULT_LEARN_STEPS",
+    "FUNCTION_TOLERANCE", "MAX_LAYERS_TEXT", "SYMMETRIES", "Cancelled", "Progress", "Resources",
+    "RotvizError", "barrier_defaults", "card", "check_pair", "circuits", "curve", "curve_cfg",
+    "device_choices", "ended_by_cap", "fusion", "group_text", "layers_of", "learn", "load_eval",
+    "load_full", "load_test_split", "match", "matched", "matched_key", "n_layers", "n_params",
+    "pair", "pick_device", "plane", "residual_why", "run", "spec_cfg", "warm_up",
 ]
 
 

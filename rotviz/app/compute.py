@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from rotviz.models import Loaded
 
 DEFAULT_LEARN_STEPS = DEFAULT_STEPS
+BARRIER_POINTS = 21  # the Barrier page's default points on the path
 
 # What a page run needs besides the pair: imported ahead by `warm_up` (see there).
 COMPUTE_MODULES = ("rotviz.match.pipeline", "rotviz.analysis.landscape",
@@ -118,8 +119,9 @@ def load_test_split(data: str, seed: int, n: int) -> Split:
 
 
 def warm_up() -> None:
-    """Import what the computations need (torch, transformers' model classes through
-    `load_full`, scipy, the solvers), so the first computation does not wait for it."""
+    """Import what the computations need (torch, scipy, the solvers), so the first
+    computation does not wait for it. A model's own transformers class is imported when it
+    is loaded, and only where rotviz.lite does not compute the same logits."""
     import importlib
 
     for name in COMPUTE_MODULES:
@@ -197,11 +199,29 @@ def spec_cfg(spec: str, learn_steps: int = 0) -> dict:
     return out
 
 
+def curve_cfg(base: dict, spec: str, points: int = 21, layers: str = "",
+              learn_steps: int = 0) -> dict:
+    """The configuration of one Barrier-page curve: `base` (the sidebar's part: anchor,
+    source, data, seed, n_eval, device), the SPEC, the points on the path and the layers."""
+    return {**base, "layers": layers.strip(), **spec_cfg(spec, learn_steps), "points": points}
+
+
+def barrier_defaults(base: dict, residual_why: str | None) -> list[dict]:
+    """The curves the Barrier page draws on its first visit (its default options and
+    points), for the pair in `base`: what the app may compute ahead, after the first page
+    has painted, so that the Barrier page finds them ready."""
+    return [curve_cfg(base, sp, BARRIER_POINTS)
+            for sp in explore.offered(explore.DEFAULT_SPECS, residual_why)]
+
+
 def pair(res: Resources, cfg: dict) -> tuple[Loaded, Loaded]:
-    """Both models of a configuration, checked to be matchable."""
+    """Both models of a configuration, checked to be matchable. The computations here read
+    and evaluate models and never save one, so they take them as `Resources.load_eval` gives
+    them: plain torch where that computes the same logits (rotviz.lite: no transformers
+    import, the same numbers), the model's own class otherwise."""
     from rotviz.models import check_compatible
 
-    a, b = res.load(cfg["anchor"]), res.load(cfg["source"])
+    a, b = res.load_eval(cfg["anchor"]), res.load_eval(cfg["source"])
     check_compatible(a, b)
     return a, b
 
@@ -373,7 +393,7 @@ def fusion(res: Resources, cfg: dict, progress: Progress | None = None) -> dict:
 def learn(res: Resources, cfg: dict, progress: Progress | None = None) -> dict:
     """The Learn page's demo on model `ref`: scramble it with a random symmetry, show its
     outputs stay, match it back (kind rotate, permute, all or residual)."""
-    m = res.load(cfg["ref"])
+    m = res.load_eval(cfg["ref"])
     sp = _split_of(res, cfg)
     with res.using(cfg["ref"]):
         return explore.learn_demo(m, sp, cfg["kind"], cfg["demo_seed"], cfg["layer"], cfg["head"])

@@ -351,8 +351,10 @@ def rescale_vo(src: Attention, anc: Attention) -> Tensor:
 
 # Threads (at most; never more than the usable cores) that run scipy's assignment solver,
 # which releases the GIL, while the main thread builds the next cost matrices; 0 solves
-# inline. At most this many cost matrices are alive at once.
+# inline. At most this many cost matrices are alive at once. Layers narrower than
+# LSA_INLINE_BELOW units are solved inline: a thread pool costs more than they do.
 LSA_THREADS = 4
+LSA_INLINE_BELOW = 1024
 
 
 def _ffn_tensors(view: ModelView, i: int) -> tuple[Tensor | None, ...]:
@@ -376,6 +378,8 @@ def _ffn_permutations(anchor: ModelView, source: ModelView, layers: Sequence[int
             todo.append(i)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     threads = min(LSA_THREADS, cores or 1, len(todo))
+    if todo and source.blocks[todo[0]].ffn.w_in.shape[0] < LSA_INLINE_BELOW:
+        threads = 0
     if threads <= 0:
         for i in todo:
             tick(f"FFN, layer {i}")
