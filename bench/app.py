@@ -3,7 +3,8 @@
 Measures, on the default pair and the whole digits test split:
 - cold start: a fresh Python process until the Models page has run (imports, model loading,
   both model cards) - the server-side part of the first paint;
-- the Barrier page's first run with its defaults (5 matching options x 21 points);
+- the Barrier page's first run with its defaults (its matching options x 21 points), which
+  the app starts computing once the Models page has painted;
 - a cached rerun of the Barrier page (what pressing Run again costs on the server).
 Browser-side timings (rendering included) come from bench/screenshots.py.
 
@@ -20,6 +21,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from rotviz.explore import DEFAULT_SPECS  # noqa: E402
 
 CHILD = """
 import json, sys, time
@@ -54,9 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     t = json.loads(out.stdout.strip().splitlines()[-1])
     rows = [
         ("cold start to the Models page rendered (imports, 2 models, 2 cards)", t["models"],
-         "<= 10 s to first paint"),
-        ("Barrier page, first run: 5 options x 21 points, 397 test images", t["barrier"],
-         "<= 15 s"),
+         "<= 8 s to first paint"),
+        (f"Barrier page, first run: {len(DEFAULT_SPECS)} options x 21 points, 397 test images "
+         "(computed ahead from the Models page on)", t["barrier"], "<= 10 s"),
         ("Barrier page, cached rerun", t["cached"], "<= 1 s"),
     ]
     for name, sec, target in rows:
