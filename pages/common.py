@@ -289,9 +289,10 @@ def _stores() -> dict[str, appconfig.ResultCache]:
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)
-def split(data: str, seed: int, n: int):
-    """The test split (first `n` examples when n > 0), shared read-only."""
-    return app.load_test_split(data, seed, n)
+def split(data: str, seed: int, n: int, ref: str):
+    """The test split (first `n` examples when n > 0) as model `ref` reads it, shared
+    read-only."""
+    return app.load_test_split(data, seed, n, AppResources().load_eval(ref))
 
 
 class AppResources(app.Resources):
@@ -312,8 +313,8 @@ class AppResources(app.Resources):
             return stores["models"].get_or_compute(ref, lambda: app.load_full(ref))
         return stores["eval_models"].get_or_compute(ref, lambda: app.load_eval(ref))
 
-    def split(self, data: str, seed: int, n: int):
-        return split(data, seed, n)
+    def split(self, data: str, seed: int, n: int, ref: str):
+        return split(data, seed, n, ref)
 
     def using(self, *refs: str):
         return using(*refs)
@@ -603,7 +604,7 @@ def require_pair(s: Setup, full: bool = True) -> bool:
     try:
         res = resources()
         get = res.load if full else res.load_eval
-        app.check_pair(get(s.anchor), get(s.source), res.split(s.data, s.seed, s.n_eval))
+        app.check_pair(get(s.anchor), get(s.source), res.split(s.data, s.seed, s.n_eval, s.anchor))
     except RotvizError as e:
         st.error(str(e), icon=":material/error:")
         st.info("Pick another pair or data source in the sidebar; the rest of the app keeps "

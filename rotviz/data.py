@@ -5,8 +5,9 @@ or `text:FILE`. `load_split(ref, split)` returns a `Split` of ready tensors.
 
 Nothing is downloaded: `digits` is scikit-learn's bundled copy (read straight from its CSV,
 which avoids importing scikit-learn), `pystdlib` is built from the Python standard library's
-own source files, and the rest are the user's files. Text is encoded with one fixed character
-vocabulary (`VOCAB`), so a character model trained on one text can be evaluated on any other.
+own source files, and the rest are the user's files. Text is read the way the model reads it
+(rotviz.tokens): with its own tokenizer, or with rotviz's fixed character vocabulary (`CHARS`)
+for the character models that declare it; `rotviz.evaluation.split_for` picks the reading.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import pickle
 import sys
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -26,6 +28,8 @@ import torch
 from rotviz.errors import RotvizError
 
 SPLITS = ("train", "val", "test")
+IGNORE = -100  # label value that does not count (padding, tokens a masked LM is not asked for)
+MASK_RATE = 0.15  # masked-LM evaluation hides this fraction of each window's tokens (seeded)
 
 # ---- the character vocabulary -----------------------------------------------------------------
 
@@ -49,16 +53,21 @@ class Split:
     """One split of a data source, as tensors on the CPU.
 
     Images: `inputs` (N, C, H, W) float32, `labels` (N,) long, `n_classes` classes.
-    Text: `inputs` (N, T) long character ids, `labels` (N, T) long next-character ids,
-    `n_classes` the vocabulary size.
+    Text (`task` "text", for causal LMs): `inputs` (N, T) long token ids, `labels` (N, T) the
+    next token's id. Text for masked LMs (`task` "masked"): `inputs` with a seeded 15% of the
+    tokens replaced by the mask id, `labels` the hidden ids there and IGNORE elsewhere.
+    `n_classes` is the vocabulary's size, and `encoding` the fingerprint of the vocabulary the
+    ids come from (rotviz.tokens; "" for images): models check it before they read a split.
     """
 
     data: str
     split: str
-    task: str  # "image" or "text"
+    task: str  # "image", "text" (next token) or "masked" (masked LM)
     inputs: torch.Tensor
     labels: torch.Tensor
     n_classes: int
+    encoding: str = ""
+    how: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def n(self) -> int:
@@ -71,12 +80,16 @@ class Split:
 
     def subset(self, n: int) -> Split:
         return Split(self.data, self.split, self.task, self.inputs[:n], self.labels[:n],
-                     self.n_classes)
+                     self.n_classes, self.encoding, self.how)
 
     def take(self, index: torch.Tensor) -> Split:
         """The examples at `index` (e.g. one half of the training set for a fine-tune)."""
         return Split(self.data, self.split, self.task, self.inputs[index], self.labels[index],
-                     self.n_classes)
+                     self.n_classes, self.encoding, self.how)
+
+    def sibling(self, split: str) -> Split:
+        """Another split of the same data, read the same way (vocabulary, masking, length)."""
+        return load_split(self.data, split, **self.how)
 
 
 def _split_indices(n: int, seed: int, n_val: int, n_test: int) -> dict[str, np.ndarray]:
@@ -122,7 +135,7 @@ def digits(split: str, seed: int = 0) -> Split:
     x = torch.tensor(pixels.reshape(-1, 8, 8) / 16.0, dtype=torch.float32).unsqueeze(1)
     y = torch.tensor(target, dtype=torch.long)
     idx = torch.as_tensor(_split_indices(len(y), seed, 200, 397)[split])
-    return Split("digits", split, "image", x[idx], y[idx], 10)
+    return Split("digits", split, "image", x[idx], y[idx], 10, "", {"seed": seed})
 
 
 # ---- text -------------------------------------------------------------------------------------
@@ -151,10 +164,67 @@ def text_windows(ids: torch.Tensor, context: int = CONTEXT) -> tuple[torch.Tenso
     return x, y
 
 
-def _text_split(name: str, text: str, split: str, seed: int) -> Split:
-    x, y = text_windows(encode(text))
+def _text_split(name: str, text: str, split: str, seed: int, reader: Any = None,
+                masked: bool = False, seq_len: int | None = None) -> Split:
+    """Windows of `seq_len` tokens (default CONTEXT) of `text`, read by `reader` (a
+    rotviz.tokens.TextEncoding; None: the character vocabulary), as next-token data or,
+    `masked`, as seeded masked-LM data; the windows are split 80/10/10 by `seed`."""
+    how = {"seed": seed, "reader": reader, "masked": masked, "seq_len": seq_len}
+    length = int(seq_len or CONTEXT)
+    if length < 2:
+        raise RotvizError(f"text windows need at least 2 tokens, got a length of {length}")
+    ids = encode(text) if reader is None else reader.encode(text)
+    vocab = VOCAB_SIZE if reader is None else reader.vocab_size
+    encoding = "chars" if reader is None else reader.fingerprint
+    if not masked:
+        x, y = text_windows(ids, length)
+        task = "text"
+    else:
+        x, y = _masked_windows(ids, length, reader, seed, name)
+        task = "masked"
+    if len(x) < 3:
+        raise RotvizError(
+            f"'{name}' gives {len(x)} windows of {length} tokens; it needs at least 3 (train, "
+            "val and test): use a longer text or shorter windows"
+        )
     idx = torch.as_tensor(_tenth_split(len(x), seed)[split], dtype=torch.long)
-    return Split(name, split, "text", x[idx], y[idx], VOCAB_SIZE)
+    return Split(name, split, task, x[idx], y[idx], vocab, encoding, how)
+
+
+def _masked_windows(ids: torch.Tensor, length: int, reader: Any, seed: int,
+                    name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Windows as a masked LM reads them: the tokenizer's special tokens around `length`
+    tokens in all, MASK_RATE of the ordinary tokens (at least one per window, chosen with
+    `seed`) replaced by the mask id; the labels hold the hidden ids there, IGNORE elsewhere."""
+    extra = 0 if reader is None else reader.n_special()
+    body = length - extra
+    if body < 1:
+        raise RotvizError(f"windows of {length} tokens leave no room for text beside the "
+                          f"{extra} special tokens; use longer windows")
+    n = len(ids) // body
+    if n == 0:
+        return torch.zeros(0, length, dtype=torch.long), torch.zeros(0, length, dtype=torch.long)
+    rows = ids[: n * body].reshape(n, body).tolist()
+    wrapped = [row if reader is None else reader.wrap(row) for row in rows]
+    x = torch.tensor(wrapped, dtype=torch.long)
+    if reader is None:
+        ordinary = torch.ones_like(x, dtype=torch.bool)
+    else:
+        tok = reader.tokenizer
+        ordinary = torch.tensor([[not s for s in tok.get_special_tokens_mask(
+            w, already_has_special_tokens=True)] for w in wrapped], dtype=torch.bool)
+    rng = np.random.default_rng([seed, 7919])  # one draw for the whole corpus: every split
+    draw = torch.from_numpy(rng.random(x.shape))
+    draw[~ordinary] = 2.0  # never chosen
+    hide = draw < MASK_RATE
+    first = draw.argmin(1)  # at least one hidden token in each window
+    hide[torch.arange(n), first] = True
+    hide &= ordinary
+    y = torch.full_like(x, IGNORE)
+    y[hide] = x[hide]
+    x = x.clone()
+    x[hide] = reader.mask_id() if reader is not None else UNK
+    return x, y
 
 
 def stdlib_dir() -> Path:
@@ -195,13 +265,15 @@ def pystdlib_fingerprint() -> dict:
     }
 
 
-def pystdlib(split: str, seed: int = 0) -> Split:
-    """A character corpus from the standard library's own source, in 64-character windows."""
-    return _text_split("pystdlib", pystdlib_text(), split, seed)
+def pystdlib(split: str, seed: int = 0, **reading) -> Split:
+    """A text corpus from the standard library's own source, in windows of CONTEXT tokens
+    (`reading`: how the model reads it, see `_text_split`)."""
+    return _text_split("pystdlib", pystdlib_text(), split, seed, **reading)
 
 
-def text_file(path: str, split: str, seed: int = 0) -> Split:
-    """Any UTF-8 text file, in 64-character windows (10% test, 10% val, by seeded windows)."""
+def text_file(path: str, split: str, seed: int = 0, **reading) -> Split:
+    """Any UTF-8 text file, in windows of CONTEXT tokens (10% test, 10% val, by seeded
+    windows; `reading`: how the model reads it, see `_text_split`)."""
     file = _existing(path, "file", "a UTF-8 text file")
     try:
         text = file.read_text(encoding="utf-8")
@@ -219,7 +291,7 @@ def text_file(path: str, split: str, seed: int = 0) -> Split:
             f"'{file}' has {len(text)} characters; a text data file needs at least {need} "
             f"(three {CONTEXT}-character windows for train, val and test)"
         )
-    return _text_split(f"text:{path}", text, split, seed)
+    return _text_split(f"text:{path}", text, split, seed, **reading)
 
 
 # ---- user images ------------------------------------------------------------------------------
@@ -309,7 +381,8 @@ def cifar10(path: str, split: str, seed: int = 0) -> Split:
         idx = _split_indices(len(data), seed, k, 0)[split]
         data, labels = data[idx], labels[idx]
     x = torch.tensor(data.reshape(-1, 3, 32, 32), dtype=torch.float32) / 255.0
-    return Split(f"cifar10:{path}", split, "image", x, torch.tensor(labels), n_classes)
+    return Split(f"cifar10:{path}", split, "image", x, torch.tensor(labels), n_classes, "",
+                 {"seed": seed})
 
 
 def _cifar_classes(root: Path, labels: np.ndarray) -> int:
@@ -404,7 +477,8 @@ def imagefolder(path: str, split: str, seed: int = 0) -> Split:
     x = x.unsqueeze(1) if gray else x.permute(0, 3, 1, 2).contiguous()
     y = torch.tensor([label for _, label in files], dtype=torch.long)
     idx = torch.as_tensor(_tenth_split(len(y), seed)[split], dtype=torch.long)
-    return Split(f"imagefolder:{path}", split, "image", x[idx], y[idx], len(classes))
+    return Split(f"imagefolder:{path}", split, "image", x[idx], y[idx], len(classes), "",
+                 {"seed": seed})
 
 
 # ---- references -------------------------------------------------------------------------------
@@ -412,19 +486,28 @@ def imagefolder(path: str, split: str, seed: int = 0) -> Split:
 KNOWN = "digits, pystdlib, cifar10:DIR, imagefolder:DIR or text:FILE"
 
 
-def load_split(ref: str, split: str = "test", seed: int = 0) -> Split:
-    """Load one split of a data reference."""
+TEXT_SOURCES = ("pystdlib", "text")
+
+
+def load_split(ref: str, split: str = "test", seed: int = 0, reader: Any = None,
+               masked: bool = False, seq_len: int | None = None) -> Split:
+    """Load one split of a data reference. Text is read by `reader` (the model's
+    rotviz.tokens.TextEncoding; None: rotviz's character vocabulary), as masked-LM data when
+    `masked`, in windows of `seq_len` tokens; image data ignores these. To read data the way
+    a given model does, use `rotviz.evaluation.split_for`."""
     if split not in SPLITS:
         raise RotvizError(f"unknown split '{split}': use one of {', '.join(SPLITS)}")
     kind, _, arg = ref.partition(":")
     plain = {"digits": digits, "pystdlib": pystdlib}
     with_path = {"cifar10": cifar10, "imagefolder": imagefolder, "text": text_file}
+    reading = ({"reader": reader, "masked": masked, "seq_len": seq_len}
+               if kind in TEXT_SOURCES else {})
     if kind in plain and not arg:
-        out = plain[kind](split, seed)
+        out = plain[kind](split, seed, **reading)
     elif kind in with_path:
         if not arg:
             raise RotvizError(f"'{ref}' names no path: write {kind}:PATH")
-        out = with_path[kind](arg, split, seed)
+        out = with_path[kind](arg, split, seed, **reading)
     else:
         raise RotvizError(f"unknown data '{ref}': use {KNOWN}")
     if out.n == 0:

@@ -9,17 +9,47 @@ import torch
 import torch.nn.functional as F
 
 from rotviz.arch import max_positions
-from rotviz.data import Split
+from rotviz.data import IGNORE, Split, load_split
 from rotviz.errors import RotvizError
 from rotviz.limits import BATCH_SIZE
 from rotviz.models import Loaded, forward, image_shape, pick_device, to_wide
 from rotviz.sources import call, source_of
+from rotviz.tokens import CHARS, encoding_fingerprint, text_encoding
 
 Tensor = torch.Tensor
 
 # Class-name endings of Hugging Face models with a per-token vocabulary head: the only ones whose
-# logits fit per-token labels (next-character text; a sequence classifier has one row per text).
+# logits fit per-token labels (next-token text; a sequence classifier has one row per text).
 LM_HEADS = ("LMHeadModel", "ForCausalLM", "ForMaskedLM")
+MASKED_HEADS = ("ForMaskedLM",)
+
+
+def head_of(loaded: Loaded) -> str:
+    return (loaded.config.get("architectures") or [""])[0]
+
+
+def is_masked_lm(loaded: Loaded) -> bool:
+    return head_of(loaded).endswith(MASKED_HEADS)
+
+
+def split_for(loaded: Loaded, ref: str, split: str = "test", seed: int = 0,
+              seq_len: int | None = None) -> Split:
+    """One split of data `ref`, read the way `loaded` reads it: text through the model's own
+    tokenizer (or rotviz's characters for a model that declares them), as masked-LM data
+    for a masked LM, in windows of `seq_len` tokens; images as they are. One line when the
+    model cannot be fed text (rotviz.tokens)."""
+    kind = ref.partition(":")[0]
+    if loaded.spec.inputs == "pixels" or kind not in ("pystdlib", "text"):
+        return load_split(ref, split, seed)
+    reader = text_encoding(loaded.path, loaded.config, loaded.ref)
+    return load_split(ref, split, seed, None if reader.chars else reader,
+                      is_masked_lm(loaded), seq_len)
+
+
+def _reading(encoding: str) -> str:
+    if encoding == CHARS:
+        return "rotviz's character vocabulary"
+    return f"another tokenizer ({encoding})" if encoding else "no vocabulary"
 
 
 def check_fits(loaded: Loaded, split: Split) -> None:
@@ -44,16 +74,31 @@ def check_fits(loaded: Loaded, split: Split) -> None:
                 f" but {loaded.ref}'s head has {n_out} outputs"
             )
     else:
-        if split.task != "text":
+        if split.task not in ("text", "masked"):
             raise RotvizError(
                 f"'{split.data}' is {split.task} data but {loaded.ref} is a language model"
             )
-        head = (loaded.config.get("architectures") or [""])[0]
+        want = encoding_fingerprint(loaded.path, loaded.config, loaded.ref)
+        if split.encoding != want:
+            own = "its own tokenizer" if want != CHARS else "rotviz's character vocabulary"
+            raise RotvizError(
+                f"'{split.data}' was read with {_reading(split.encoding)} but {loaded.ref} "
+                f"reads text with {own}; load the data through the model "
+                "(rotviz.evaluation.split_for), as the rotviz commands do"
+            )
+        head = head_of(loaded)
         if split.labels.dim() > 1 and not head.endswith(LM_HEADS):
             raise RotvizError(
                 f"'{split.data}' labels every token but {loaded.ref} ({head or 'no head'}) "
                 "has no language-model head: give a ...LMHeadModel, ...ForCausalLM or "
                 "...ForMaskedLM"
+            )
+        if head.endswith(LM_HEADS) and (split.task == "masked") != is_masked_lm(loaded):
+            want_task = "masked-LM" if is_masked_lm(loaded) else "next-token"
+            raise RotvizError(
+                f"'{split.data}' was prepared as {split.task} data but {loaded.ref} ({head}) "
+                f"needs {want_task} data; load the data through the model "
+                "(rotviz.evaluation.split_for), as the rotviz commands do"
             )
         vocab = int(loaded.config.get("vocab_size", 0))
         if vocab and split.n_classes > vocab:
@@ -78,9 +123,10 @@ def loss_and_correct(logits: torch.Tensor, y: torch.Tensor) -> tuple[float, int,
     """Summed cross-entropy, number correct and number of predictions in one batch."""
     logits = logits.float().reshape(-1, logits.shape[-1])
     y = y.reshape(-1).to(logits.device)
-    loss = F.cross_entropy(logits, y, reduction="sum")
-    correct = (logits.argmax(-1) == y).sum()
-    return float(loss), int(correct), int(y.numel())
+    valid = y != IGNORE  # padding, and the tokens a masked LM is not asked for
+    loss = F.cross_entropy(logits, y, reduction="sum", ignore_index=IGNORE)
+    correct = ((logits.argmax(-1) == y) & valid).sum()
+    return float(loss), int(correct), int(valid.sum())
 
 
 def evaluate(
@@ -105,7 +151,6 @@ def evaluate(
 
 # ---- any parameter set on one module, the data on the device once ----------------------------
 
-IGNORE = -100  # label value that does not count (padding)
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:

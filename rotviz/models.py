@@ -22,6 +22,7 @@ from rotviz.arch import ArchSpec, config_value, spec_for
 from rotviz.errors import RotvizError, read_json
 from rotviz.outputs import Outputs
 from rotviz.sources import call, source_of
+from rotviz.tokens import PROCESSOR_FILES, TOKENIZER_FILES, encoding_fingerprint
 from rotviz.zoo import registry as zoo
 
 Tensor = torch.Tensor
@@ -156,6 +157,22 @@ def check_finite(state: Mapping[str, Tensor], where) -> None:
             )
 
 
+def check_same_reading(a: Loaded, b: Loaded) -> None:
+    """Two text models are compared on one set of ids: they must read text alike (the same
+    tokenizer files, or both rotviz's characters). A model that reads none is let through
+    here; the first evaluation says why it cannot be fed."""
+    try:
+        fa = encoding_fingerprint(a.path, a.config, a.ref)
+        fb = encoding_fingerprint(b.path, b.config, b.ref)
+    except RotvizError:
+        return
+    if fa != fb:
+        raise RotvizError(
+            f"'{a.ref}' and '{b.ref}' read text differently ({fa} vs {fb}): one set of ids "
+            "cannot feed both; compare two models that share a tokenizer"
+        )
+
+
 def check_compatible(a: Loaded, b: Loaded) -> None:
     """Two models must share family, config shape fields and tensor shapes to be matched."""
     if a.spec.family != b.spec.family:
@@ -178,6 +195,8 @@ def check_compatible(a: Loaded, b: Loaded) -> None:
         if k in b.state and a.state[k].shape != b.state[k].shape
     ]
     only = sorted(set(a.state) ^ set(b.state))
+    if not (fields or shapes or only) and a.spec.inputs != "pixels":
+        check_same_reading(a, b)
     if fields or shapes or only:
         parts = fields or shapes[:3] or [f"tensors only in one model: {only[:3]}"]
         raise RotvizError(
@@ -301,5 +320,21 @@ def write_model(
     cpu = {k: v.detach().to("cpu", dtypes.get(k, v.dtype)).contiguous()
            for k, v in state.items()}
     source_of(template.spec).write_state(template.spec, template.path, template.config, cpu, tmp)
+    copy_reading_files(template.path, tmp)
     for name, text in (extra_files or {}).items():
         (tmp / name).write_text(text)
+
+
+def copy_reading_files(src: Path, folder: Path) -> list[str]:
+    """Copy the tokenizer, image-processor and generation files of the model folder `src`
+    into the output `folder` (those it does not hold yet), so the output loads with
+    AutoTokenizer / AutoImageProcessor as the original does. Returns the names copied."""
+    import shutil
+
+    copied = []
+    for name in (*TOKENIZER_FILES, *PROCESSOR_FILES):
+        f = Path(src) / name
+        if f.is_file() and not (folder / name).exists():
+            shutil.copyfile(f, folder / name)
+            copied.append(name)
+    return copied

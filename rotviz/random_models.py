@@ -19,6 +19,7 @@ from torch import nn
 
 from rotviz.arch import FAMILIES, Sizes, family_module, spec_named
 from rotviz.sources import source_of
+from rotviz.tokens import CHARS, VOCAB_KEY
 
 __all__ = ["FAMILIES", "options", "random_config", "random_model", "save_random"]
 
@@ -42,8 +43,11 @@ def random_config(family: str, sizes: Sizes, **given) -> dict:
             raise TypeError(f"random_model() got an unexpected keyword argument '{name}'")
         if value != options(owners[0])[name]:
             raise ValueError(f"{name} is an option of {', '.join(owners)}, not {family}'s")
-    return family_module(family).random_config(
+    config = family_module(family).random_config(
         sizes, **{k: v for k, v in given.items() if k in own})
+    if spec_named(family).inputs != "pixels":  # rotviz's own text models read characters
+        config[VOCAB_KEY] = CHARS                # (a tokenizer saved beside one takes over)
+    return config
 
 
 def random_model(

@@ -147,7 +147,7 @@ def test_card_and_residual_check_on_the_gpt2_pair():
     res = app.Resources()
     full = load_model(ref)
     got = app.run("card", res, {"ref": ref, "data": "pystdlib", "seed": 0, "n_eval": 16})
-    assert got == explore.model_card(full, res.split("pystdlib", 0, 16))
+    assert got == explore.model_card(full, res.split("pystdlib", 0, 16, ref))
     why = app.residual_why(res.load_eval(ref))
     assert why and "tied" in why and why == explore.residual_unsupported(full)
 
@@ -155,9 +155,9 @@ def test_card_and_residual_check_on_the_gpt2_pair():
 def test_residual_why_and_check_pair(res, refs):
     a, b = (res.load_eval(r) for r in refs)
     assert app.residual_why(a) is None
-    app.check_pair(a, b, res.split("digits", 0, N_EVAL))
+    app.check_pair(a, b, res.split("digits", 0, N_EVAL, a.ref))
     with pytest.raises(RotvizError, match="is text data but"):
-        app.check_pair(a, b, res.split("pystdlib", 0, 8))
+        app.check_pair(a, b, res.split("pystdlib", 0, 8, a.ref))
 
 
 def test_circuits_equal_spectra(res, base, engine):

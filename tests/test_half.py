@@ -23,7 +23,7 @@ from rotviz.analysis.fusion import merge, simple_average
 from rotviz.arch import FAMILIES, family_module, spec_named
 from rotviz.cli import main
 from rotviz.data import VOCAB_SIZE, load_split
-from rotviz.evaluation import evaluate
+from rotviz.evaluation import evaluate, split_for
 from rotviz.lite import load_for_eval
 from rotviz.match.options import MatchOptions
 from rotviz.match.pipeline import FUNCTION_TOLERANCES, check_in_stored_dtype, match_models
@@ -301,7 +301,7 @@ def test_barrier_merge_and_eval_agree_on_half_pairs(family, dtype, half_pair, ha
         _run(["eval", str(d), "--data", data, "--json", str(f), "--device", "cpu"], capsys)
         evals.append(json.loads(f.read_text()))
     # the half models are read in float32 exactly: eval equals the float32 evaluation
-    want = evaluate(a, load_split(data, "test"))
+    want = evaluate(a, split_for(a, data, "test"))
     assert evals[0]["loss"] == pytest.approx(want["loss"], abs=1e-5)
     bf = tmp_path / "barrier.json"
     _run(["barrier", str(a_dir), str(b_dir), "--data", data, "--points", "3", "--json", str(bf),

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rotviz.analysis.landscape import as_options, layers_of, matched_state
-from rotviz.data import Split, load_split
+from rotviz.data import Split
 from rotviz.errors import RotvizError
 from rotviz.evaluation import IGNORE, Evaluator, check_fits, resolve_device
 from rotviz.match.options import MatchOptions
@@ -390,7 +390,7 @@ def merge(
 
 def default_stats_split(split: Split) -> Split:
     """The train split of the evaluation data (statistics never come from the test split)."""
-    return load_split(split.data, "train")
+    return split.sibling("train")
 
 
 def _stage(progress: Progress | None, what: str) -> Progress | None:

@@ -75,11 +75,12 @@ class Resources:
         self._models[(ref, False)] = load_eval(ref)
         return self._models[(ref, False)]
 
-    def split(self, data: str, seed: int, n: int) -> Split:
-        """The test split of `data` (its first `n` examples when 0 < n < its size)."""
-        key = (data, int(seed), int(n))
+    def split(self, data: str, seed: int, n: int, ref: str) -> Split:
+        """The test split of `data` (its first `n` examples when 0 < n < its size), read the
+        way model `ref` reads it (its tokenizer, rotviz.evaluation.split_for)."""
+        key = (data, int(seed), int(n), ref)
         if key not in self._splits:
-            self._splits[key] = load_test_split(data, seed, n)
+            self._splits[key] = load_test_split(data, seed, n, self.load_eval(ref))
         return self._splits[key]
 
     @contextlib.contextmanager
@@ -111,10 +112,11 @@ def load_eval(ref: str) -> Loaded:
     return load_for_eval(ref)
 
 
-def load_test_split(data: str, seed: int, n: int) -> Split:
-    from rotviz.data import load_split
+def load_test_split(data: str, seed: int, n: int, model: Loaded) -> Split:
+    """The test split of `data` as `model` reads it (first `n` examples when 0 < n)."""
+    from rotviz.evaluation import split_for
 
-    s = load_split(data, "test", seed)
+    s = split_for(model, data, "test", seed)
     return s.subset(n) if 0 < n < s.n else s
 
 
@@ -294,7 +296,7 @@ def _matched_of(res: Resources, cfg: dict, progress: Progress | None = None):
 
 
 def _split_of(res: Resources, cfg: dict) -> Split:
-    return res.split(cfg["data"], cfg["seed"], cfg["n_eval"])
+    return res.split(cfg["data"], cfg["seed"], cfg["n_eval"], cfg.get("anchor") or cfg["ref"])
 
 
 # ---- the computations behind `run(kind, res, cfg)`; each returns plain data --------------------

@@ -112,7 +112,7 @@ def _write(outputs, folder, js, result: dict, command: str, model=None) -> None:
 def _load_pair(args):
     """Models, data, device and matching options, every part checked; SPEC errors come first."""
     from rotviz.analysis.ablations import n_layers
-    from rotviz.data import load_split
+    from rotviz.evaluation import split_for
     from rotviz.match.options import parse_layers
     from rotviz.match.selection import match_options
     from rotviz.models import check_compatible, load_model, pick_device
@@ -121,7 +121,7 @@ def _load_pair(args):
     device = pick_device(args.device)
     anchor, source = load_model(args.anchor), load_model(args.source)
     check_compatible(anchor, source)
-    split = load_split(args.data, args.split)
+    split = split_for(anchor, args.data, args.split)
     options = match_options(args.match, parse_layers(args.layers, n_layers(anchor)))
     return anchor, source, split, device, options
 
@@ -173,7 +173,7 @@ def cmd_plane(args: argparse.Namespace) -> int:
 
 def cmd_merge(args: argparse.Namespace) -> int:
     from rotviz.analysis.fusion import check_method, merge
-    from rotviz.data import SPLITS, load_split
+    from rotviz.data import SPLITS
 
     method = check_method(args.method)
     stats = method != "simple"
@@ -187,7 +187,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
         raise RotvizError(f"unknown --stats-split '{stats_split}': use one of {', '.join(SPLITS)}")
     outputs, folder, js = _outputs(args, "merge", args.out)
     anchor, source, split, device, options = _load_pair(args)
-    stats_data = load_split(args.data, stats_split) if stats else None
+    stats_data = split.sibling(stats_split) if stats else None
     given = {k: v for k, v in (("batches", args.batches), ("batch_size", args.batch_size),
                                ("alpha", args.alpha), ("seed", args.seed)) if v is not None}
     r = merge(anchor, source, method, options, split, stats_data, args.weight, device=device,

@@ -157,14 +157,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     outputs = Outputs("eval")
     js = outputs.add(args.json, "--json", folder=False, overwrite=args.overwrite)
-    from rotviz.data import load_split
-    from rotviz.evaluation import evaluate
+    from rotviz.evaluation import evaluate, split_for
     from rotviz.lite import load_for_eval
     from rotviz.models import pick_device
 
     device = pick_device(args.device)
-    split = load_split(args.data, args.split)
     loaded = load_for_eval(args.model, device)
+    split = split_for(loaded, args.data, args.split)
     with _threads_for(loaded, device):
         # Text batches hold 64 tokens per window: smaller batches keep activations in cache.
         batch_size = args.batch_size or (64 if split.task == "text" else 512)

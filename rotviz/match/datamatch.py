@@ -20,9 +20,9 @@ from dataclasses import replace
 
 import torch
 
-from rotviz.data import Split, load_split
+from rotviz.data import Split
 from rotviz.errors import RotvizError
-from rotviz.evaluation import check_fits
+from rotviz.evaluation import check_fits, split_for
 from rotviz.groups import assign
 from rotviz.match.alternating import check_residual
 from rotviz.match.distances import distances
@@ -138,7 +138,7 @@ def match_with_data(anchor: Loaded, anchor_view: ModelView, source_view: ModelVi
         )
 
     t0 = time.perf_counter()
-    train = load_split(data, "train")
+    train = split_for(anchor, data, "train")
     check_fits(anchor, train)  # one line for data the model cannot read, before any work
     group = check_residual(source_view, options) if options.residual else None
 
@@ -163,7 +163,7 @@ def match_with_data(anchor: Loaded, anchor_view: ModelView, source_view: ModelVi
     layers_rep = start.report.layers if start.report else []
     view = start.view
     if options.learned:
-        val = load_split(data, "val")
+        val = train.sibling("val")
         tuned, info = learn(anchor, anc_c, src_c, group, train, val, options.learn, device,
                             progress, cancel)
         view = rs.restore(tuned.to(anchor_view.blocks[0].attn.wq.dtype,

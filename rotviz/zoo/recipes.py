@@ -64,6 +64,7 @@ _GPT2_PYSTDLIB = dict(
     vocab_size=98, n_positions=64, n_embd=128, n_layer=4, n_head=4, n_inner=512,
     activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
     bos_token_id=0, eos_token_id=0, tie_word_embeddings=True,
+    rotviz_vocab="chars",  # reads rotviz's character vocabulary (rotviz.tokens)
 )
 
 RECIPES: dict[str, Recipe] = {

@@ -1,0 +1,146 @@
+"""How a model reads text: its own tokenizer, or rotviz's character vocabulary when it says so.
+
+Feeding a model ids from the wrong vocabulary gives numbers that look fine and mean nothing
+(a BPE model fed character ids scores a barrier of 0), so the choice is never a guess:
+- a model folder with tokenizer files is read with that tokenizer (`AutoTokenizer` from the
+  local files; never remote code);
+- a model whose config declares `"rotviz_vocab": "chars"` (rotviz's own character models,
+  and the random test models) is read with `rotviz.data`'s character vocabulary;
+- any other model given text is refused in one line.
+
+Each encoding has a fingerprint (`chars`, or `tok:` and a hash of the tokenizer files). A
+split records the one it was made with, and `rotviz.evaluation.check_fits` refuses a split
+whose fingerprint is not the model's, so no consumer can feed the wrong ids, and a pair of
+models whose tokenizers differ is refused before anything is computed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rotviz.errors import RotvizError
+
+CHARS = "chars"  # the fingerprint (and config value) of rotviz's character vocabulary
+VOCAB_KEY = "rotviz_vocab"  # the config key a character model declares it with
+
+# Files a Hugging Face tokenizer is saved as (any one of them marks a folder as having one).
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+    "vocab.json", "merges.txt", "vocab.txt", "tokenizer.model", "spiece.model",
+    "sentencepiece.bpe.model", "chat_template.jinja", "chat_template.json",
+)
+_MARKS = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt",
+          "tokenizer.model", "spiece.model", "sentencepiece.bpe.model")
+# Files an image processor or generation settings are saved as: an output folder carries them.
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json", "generation_config.json")
+
+
+@dataclass(frozen=True)
+class TextEncoding:
+    """How one model reads text. `tokenizer` is None for the character vocabulary."""
+
+    fingerprint: str
+    describe: str  # for messages: "its own tokenizer (tokenizer.json)" or "rotviz's characters"
+    tokenizer: Any = None
+    vocab_size: int = 0
+
+    @property
+    def chars(self) -> bool:
+        return self.tokenizer is None
+
+    def encode(self, text: str):
+        """The ids of `text` (a 1-D long tensor), without special tokens."""
+        import torch
+
+        if self.tokenizer is None:
+            from rotviz.data import encode
+
+            return encode(text)
+        ids = self.tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
+        return torch.tensor(ids, dtype=torch.long)
+
+    def mask_id(self) -> int:
+        """The id masked-LM evaluation puts in place of a hidden token. The character
+        vocabulary has no mask symbol: it uses the unknown id, 0."""
+        if self.tokenizer is None:
+            from rotviz.data import UNK
+
+            return UNK
+        mid = self.tokenizer.mask_token_id
+        if mid is None:
+            raise RotvizError("the model's tokenizer has no mask token, which masked-LM "
+                              "evaluation needs; save the tokenizer with its mask token")
+        return int(mid)
+
+    def wrap(self, ids: list[int]) -> list[int]:
+        """`ids` with the tokenizer's special tokens for one sequence ([CLS] ... [SEP])."""
+        if self.tokenizer is None:
+            return list(ids)
+        return list(self.tokenizer.build_inputs_with_special_tokens(list(ids)))
+
+    def n_special(self) -> int:
+        """How many special tokens `wrap` adds to one sequence."""
+        return len(self.wrap([])) if self.tokenizer is not None else 0
+
+
+def tokenizer_files(folder: Path) -> list[Path]:
+    """The tokenizer files saved in `folder` (empty when it has none)."""
+    folder = Path(folder)
+    if not any((folder / m).is_file() for m in _MARKS):
+        return []
+    return [folder / f for f in TOKENIZER_FILES if (folder / f).is_file()]
+
+
+def fingerprint(files: list[Path]) -> str:
+    h = hashlib.sha256()
+    for f in sorted(files, key=lambda p: p.name):
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return "tok:" + h.hexdigest()[:16]
+
+
+def declares_chars(config: Mapping) -> bool:
+    return config.get(VOCAB_KEY) == CHARS
+
+
+def encoding_fingerprint(path: Path, config: Mapping, ref: str) -> str:
+    """The fingerprint of how the model at `path` reads text, without loading a tokenizer."""
+    files = tokenizer_files(path)
+    if files:
+        return fingerprint(files)
+    if declares_chars(config):
+        return CHARS
+    raise RotvizError(no_encoding(ref))
+
+
+def no_encoding(ref: str) -> str:
+    return (f"{ref} has no tokenizer files and does not declare rotviz's character vocabulary "
+            f"(config \"{VOCAB_KEY}\": \"{CHARS}\"); save its tokenizer into the folder "
+            "(tokenizer.save_pretrained) so rotviz can feed it text")
+
+
+def text_encoding(path: Path, config: Mapping, ref: str) -> TextEncoding:
+    """How the model at `path` reads text (see the module): one line when it cannot."""
+    files = tokenizer_files(path)
+    if not files:
+        if declares_chars(config):
+            from rotviz.data import VOCAB_SIZE
+
+            return TextEncoding(CHARS, "rotviz's character vocabulary", None, VOCAB_SIZE)
+        raise RotvizError(no_encoding(ref))
+    try:
+        from transformers import AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True,
+                                            trust_remote_code=False)
+    except Exception as e:  # noqa: BLE001 - any failure is one line about the folder
+        msg = str(e).strip().splitlines()[0][:160] if str(e).strip() else e.__class__.__name__
+        raise RotvizError(f"cannot load the tokenizer saved in '{path}' ({msg}); save it "
+                          "again with tokenizer.save_pretrained") from None
+    names = ", ".join(f.name for f in files[:2])
+    return TextEncoding(fingerprint(files), f"its own tokenizer ({names})", tok, len(tok))
