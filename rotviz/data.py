@@ -207,12 +207,9 @@ def _masked_windows(ids: torch.Tensor, length: int, reader: Any, seed: int,
     rows = ids[: n * body].reshape(n, body).tolist()
     wrapped = [row if reader is None else reader.wrap(row) for row in rows]
     x = torch.tensor(wrapped, dtype=torch.long)
-    if reader is None:
-        ordinary = torch.ones_like(x, dtype=torch.bool)
-    else:
-        tok = reader.tokenizer
-        ordinary = torch.tensor([[not s for s in tok.get_special_tokens_mask(
-            w, already_has_special_tokens=True)] for w in wrapped], dtype=torch.bool)
+    ordinary = torch.zeros_like(x, dtype=torch.bool)  # the text's own tokens, not specials
+    start = 0 if reader is None else len(reader.ends()[0])
+    ordinary[:, start : start + body] = True
     rng = np.random.default_rng([seed, 7919])  # one draw for the whole corpus: every split
     draw = torch.from_numpy(rng.random(x.shape))
     draw[~ordinary] = 2.0  # never chosen

@@ -76,15 +76,30 @@ class TextEncoding:
                               "evaluation needs; save the tokenizer with its mask token")
         return int(mid)
 
+    def ends(self) -> tuple[list[int], list[int]]:
+        """The special tokens the tokenizer puts before and after one sequence ([CLS] and
+        [SEP] for BERT, <s> and </s> for RoBERTa, nothing for GPT-2), read off how it encodes
+        a short text with and without them."""
+        if self.tokenizer is None:
+            return [], []
+        probe = "a b"
+        bare = self.tokenizer(probe, add_special_tokens=False)["input_ids"]
+        full = self.tokenizer(probe, add_special_tokens=True)["input_ids"]
+        for i in range(len(full) - len(bare) + 1):
+            if full[i : i + len(bare)] == bare:
+                return list(full[:i]), list(full[i + len(bare):])
+        raise RotvizError("cannot tell where the tokenizer puts its special tokens; save it "
+                          "again with tokenizer.save_pretrained")
+
     def wrap(self, ids: list[int]) -> list[int]:
         """`ids` with the tokenizer's special tokens for one sequence ([CLS] ... [SEP])."""
-        if self.tokenizer is None:
-            return list(ids)
-        return list(self.tokenizer.build_inputs_with_special_tokens(list(ids)))
+        before, after = self.ends()
+        return [*before, *ids, *after]
 
     def n_special(self) -> int:
         """How many special tokens `wrap` adds to one sequence."""
-        return len(self.wrap([])) if self.tokenizer is not None else 0
+        before, after = self.ends()
+        return len(before) + len(after)
 
 
 def tokenizer_files(folder: Path) -> list[Path]:
