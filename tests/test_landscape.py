@@ -58,8 +58,10 @@ def synthetic_split(model: Loaded, n: int = 12, seed: int = 0) -> Split:
     gen = torch.Generator().manual_seed(seed + 1)
     shape = (n,) if logits.dim() == 2 else tuple(x.shape)
     y = torch.randint(0, n_classes, shape, generator=gen)
-    task = "image" if model.spec.inputs == "pixels" else "text"
-    return Split("synthetic", "test", task, x, y, n_classes)
+    from rotviz.evaluation import is_masked_lm
+
+    task = "image" if model.spec.inputs == "pixels" else "masked" if is_masked_lm(model) else "text"
+    return Split("synthetic", "test", task, x, y, n_classes, "" if task == "image" else "chars")
 
 
 def assert_unchanged(model: Loaded, before: dict[str, torch.Tensor]) -> None:
