@@ -329,13 +329,6 @@ def resources() -> AppResources:
     return AppResources()
 
 
-def load(ref: str):
-    """A loaded model, shared by every session: never modify it (Loaded.state is the model).
-    The reference is checked on every call, cached or not: zoo entries, or folders whose
-    every file resolves under the model roots."""
-    return resources().load(ref)
-
-
 # ---- warming up, after the first paint ---------------------------------------------------------
 
 
@@ -451,10 +444,7 @@ def _pin_threads(res: AppResources, cfg: dict) -> None:
     if not _THREADS:
         _THREADS.append(torch.get_num_threads())
     refs = [cfg[k] for k in ("anchor", "source", "ref") if cfg.get(k)]
-    try:
-        small = sum(app.n_params(res.load_eval(r)) for r in refs) <= SMALL_PAIR
-    except RotvizError:  # the computation itself reports it
-        small = False
+    small = 0 < _params_in(res, refs) <= SMALL_PAIR  # 0: unreadable, the computation says so
     want = 1 if small else _THREADS[0]
     if torch.get_num_threads() != want:
         torch.set_num_threads(want)
@@ -467,9 +457,13 @@ def is_cached(kind: str, cfg: dict) -> bool:
 
 
 def params_in_pair(s: Setup) -> int:
+    return _params_in(resources(), (s.anchor, s.source))
+
+
+def _params_in(res: AppResources, refs) -> int:
+    """Parameters in the models `refs` together; 0 when one cannot be loaded."""
     try:
-        res = resources()
-        return sum(app.n_params(res.load_eval(r)) for r in (s.anchor, s.source))
+        return sum(app.n_params(res.load_eval(r)) for r in refs)
     except RotvizError:
         return 0
 

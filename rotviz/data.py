@@ -195,21 +195,23 @@ def _masked_windows(ids: torch.Tensor, length: int, reader: Any, seed: int,
                     name: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Windows as a masked LM reads them: the tokenizer's special tokens around `length`
     tokens in all, MASK_RATE of the ordinary tokens (at least one per window, chosen with
-    `seed`) replaced by the mask id; the labels hold the hidden ids there, IGNORE elsewhere."""
-    extra = 0 if reader is None else reader.n_special()
-    body = length - extra
+    `seed`) replaced by the mask id; the labels hold the hidden ids there, IGNORE elsewhere.
+    The character vocabulary has no special tokens and no mask symbol: it masks with UNK."""
+    before, after = ([], []) if reader is None else reader.ends
+    body = length - len(before) - len(after)
     if body < 1:
         raise RotvizError(f"windows of {length} tokens leave no room for text beside the "
-                          f"{extra} special tokens; use longer windows")
+                          f"{len(before) + len(after)} special tokens; use longer windows")
     n = len(ids) // body
     if n == 0:
         return torch.zeros(0, length, dtype=torch.long), torch.zeros(0, length, dtype=torch.long)
-    rows = ids[: n * body].reshape(n, body).tolist()
-    wrapped = [row if reader is None else reader.wrap(row) for row in rows]
-    x = torch.tensor(wrapped, dtype=torch.long)
+
+    def column(tokens: list[int]) -> torch.Tensor:
+        return torch.tensor(tokens, dtype=torch.long).expand(n, len(tokens))
+
+    x = torch.cat([column(before), ids[: n * body].reshape(n, body), column(after)], 1)
     ordinary = torch.zeros_like(x, dtype=torch.bool)  # the text's own tokens, not specials
-    start = 0 if reader is None else len(reader.ends()[0])
-    ordinary[:, start : start + body] = True
+    ordinary[:, len(before) : len(before) + body] = True
     rng = np.random.default_rng([seed, 7919])  # one draw for the whole corpus: every split
     draw = torch.from_numpy(rng.random(x.shape))
     draw[~ordinary] = 2.0  # never chosen
@@ -219,7 +221,6 @@ def _masked_windows(ids: torch.Tensor, length: int, reader: Any, seed: int,
     hide &= ordinary
     y = torch.full_like(x, IGNORE)
     y[hide] = x[hide]
-    x = x.clone()
     x[hide] = reader.mask_id() if reader is not None else UNK
     return x, y
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +42,11 @@ PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json", "generat
 
 @dataclass(frozen=True)
 class TextEncoding:
-    """How one model reads text. `tokenizer` is None for the character vocabulary."""
+    """How one model reads text. `tokenizer` is None for the character vocabulary, which
+    rotviz.data reads itself (`load_split` without a reader): the methods below are the
+    tokenizer's."""
 
     fingerprint: str
-    describe: str  # for messages: "its own tokenizer (tokenizer.json)" or "rotviz's characters"
     tokenizer: Any = None
     vocab_size: int = 0
 
@@ -56,32 +58,22 @@ class TextEncoding:
         """The ids of `text` (a 1-D long tensor), without special tokens."""
         import torch
 
-        if self.tokenizer is None:
-            from rotviz.data import encode
-
-            return encode(text)
         ids = self.tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
         return torch.tensor(ids, dtype=torch.long)
 
     def mask_id(self) -> int:
-        """The id masked-LM evaluation puts in place of a hidden token. The character
-        vocabulary has no mask symbol: it uses the unknown id, 0."""
-        if self.tokenizer is None:
-            from rotviz.data import UNK
-
-            return UNK
+        """The id masked-LM evaluation puts in place of a hidden token."""
         mid = self.tokenizer.mask_token_id
         if mid is None:
             raise RotvizError("the model's tokenizer has no mask token, which masked-LM "
                               "evaluation needs; save the tokenizer with its mask token")
         return int(mid)
 
+    @cached_property
     def ends(self) -> tuple[list[int], list[int]]:
         """The special tokens the tokenizer puts before and after one sequence ([CLS] and
         [SEP] for BERT, <s> and </s> for RoBERTa, nothing for GPT-2), read off how it encodes
-        a short text with and without them."""
-        if self.tokenizer is None:
-            return [], []
+        a short text with and without them (once per encoding)."""
         probe = "a b"
         bare = self.tokenizer(probe, add_special_tokens=False)["input_ids"]
         full = self.tokenizer(probe, add_special_tokens=True)["input_ids"]
@@ -90,16 +82,6 @@ class TextEncoding:
                 return list(full[:i]), list(full[i + len(bare):])
         raise RotvizError("cannot tell where the tokenizer puts its special tokens; save it "
                           "again with tokenizer.save_pretrained")
-
-    def wrap(self, ids: list[int]) -> list[int]:
-        """`ids` with the tokenizer's special tokens for one sequence ([CLS] ... [SEP])."""
-        before, after = self.ends()
-        return [*before, *ids, *after]
-
-    def n_special(self) -> int:
-        """How many special tokens `wrap` adds to one sequence."""
-        before, after = self.ends()
-        return len(before) + len(after)
 
 
 def tokenizer_files(folder: Path) -> list[Path]:
@@ -144,7 +126,7 @@ def text_encoding(path: Path, config: Mapping, ref: str) -> TextEncoding:
         if declares_chars(config):
             from rotviz.data import VOCAB_SIZE
 
-            return TextEncoding(CHARS, "rotviz's character vocabulary", None, VOCAB_SIZE)
+            return TextEncoding(CHARS, None, VOCAB_SIZE)
         raise RotvizError(no_encoding(ref))
     try:
         from transformers import AutoTokenizer
@@ -157,5 +139,4 @@ def text_encoding(path: Path, config: Mapping, ref: str) -> TextEncoding:
         msg = str(e).strip().splitlines()[0][:160] if str(e).strip() else e.__class__.__name__
         raise RotvizError(f"cannot load the tokenizer saved in '{path}' ({msg}); save it "
                           "again with tokenizer.save_pretrained") from None
-    names = ", ".join(f.name for f in files[:2])
-    return TextEncoding(fingerprint(files), f"its own tokenizer ({names})", tok, len(tok))
+    return TextEncoding(fingerprint(files), tok, len(tok))

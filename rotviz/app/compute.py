@@ -99,7 +99,8 @@ class Resources:
 
 
 def load_full(ref: str) -> Loaded:
-    """A model with its own transformers (or timm) module: matching, merging, curves."""
+    """A model with its own transformers (or timm) module (`Resources.load`), for a host
+    that needs the model's own class; the computations here take `load_eval`'s."""
     from rotviz.models import load_model
 
     return load_model(ref)
