@@ -24,7 +24,9 @@ with st.form("barrier_form"):
         "Matching options to compare", offered,
         [sp for sp in explore.DEFAULT_SPECS if sp in offered],
         format_func=style.nice_label, key="b_specs", bind="query-params",
-        help="The seed paper's five, then head permutation, the residual stream (weight "
+        help="Drawn by default: no matching, the seed paper's method and weight matching. Add "
+             "the seed paper's ablation (FFN only, attention only, both without rescale), "
+             "head permutation, the residual stream (weight "
              "matching = seed + heads + residual), and matching from data: activation matching and "
              "learned matching (it trains: opt-in).",
     )

@@ -585,10 +585,10 @@ def guard(fn: Callable[[], Any]) -> Any:
     return None
 
 
-def require_pair(s: Setup, full: bool = True) -> bool:
-    """Show why the pair cannot be used; False stops the page body. `full=False` checks the
-    pair as the Models page evaluates it (rotviz.app.load_eval), without loading the models
-    that matching and merging need."""
+def require_pair(s: Setup) -> bool:
+    """Show why the pair cannot be used; False stops the page body. Checks the pair as the
+    computations take it (rotviz.app.load_eval: no transformers import where plain torch
+    computes the same logits); no page needs more."""
     if s.error:
         st.error(s.error, icon=":material/error:")
         return False
@@ -597,8 +597,8 @@ def require_pair(s: Setup, full: bool = True) -> bool:
         return False
     try:
         res = resources()
-        get = res.load if full else res.load_eval
-        app.check_pair(get(s.anchor), get(s.source), res.split(s.data, s.seed, s.n_eval, s.anchor))
+        app.check_pair(res.load_eval(s.anchor), res.load_eval(s.source),
+                       res.split(s.data, s.seed, s.n_eval, s.anchor))
     except RotvizError as e:
         st.error(str(e), icon=":material/error:")
         st.info("Pick another pair or data source in the sidebar; the rest of the app keeps "

@@ -18,7 +18,7 @@ st.markdown(
 
 
 def body() -> None:
-    if not common.require_pair(s, full=False):  # the cards need no matching code
+    if not common.require_pair(s):
         return
     cards = {}
     with common.progress("Checking both models", 2) as step:

@@ -372,18 +372,22 @@ def test_models_page_evaluates_light_models_then_computes_the_barrier_page_ahead
 
 
 def test_barrier_page_chart_holds_library_results(pair):
+    from pages import common
     from rotviz.analysis.landscape import interpolate
     from rotviz.data import load_split
     from rotviz.models import load_model
 
     at = app("barrier", b_points="5")
+    # the page checks and computes with the models as the computations take them: it never
+    # loads transformers' modules (that import competed with the first curves for the CPU)
+    assert not common._stores()["models"]
     figs = figures(at)
     # curves computed now are drawn as they come in; the final chart replaces them
     assert len(at.get("plotly_chart")) == len(figs) == 2
     assert "matching options so far" not in "\n".join(c.value for c in at.caption)
     loss = figs["Loss along the straight path from anchor to matched source"]
     lines = [tr for tr in loss["data"] if tr.get("showlegend", True)]
-    assert len(lines) == len(explore.DEFAULT_SPECS)  # the seed paper's five, plus weight
+    assert len(lines) == len(explore.DEFAULT_SPECS)  # none, seed and weight
     assert all(len(numbers(tr["y"])) == 5 for tr in lines)
     by_name = {tr["name"].split(" (barrier")[0]: tr for tr in lines}
     none, seed = by_name["no matching"], by_name["FFN + attention + rescale (seed paper)"]
@@ -597,7 +601,8 @@ def test_spec_choices_and_residual_fallback():
     assert explore.spec_label("act") == "weight,act"
     assert explore.spec_label("ffn,attn,rescale,heads,residual,learned") == "weight,learned"
     assert explore.spec_label("ffn,attn,rescale,residual,learned") == "seed,residual,learned"
-    assert set(explore.DEFAULT_SPECS) == set(explore.BARRIER_SPECS) | {"weight"}
+    assert explore.DEFAULT_SPECS == ("none", "seed", "weight")
+    assert set(explore.DEFAULT_SPECS) <= set(explore.SPEC_CHOICES)
     assert all(explore.spec_label(sp) == sp for sp in explore.SPEC_CHOICES)
     assert not any(explore.learns(sp) for sp in explore.DEFAULT_SPECS)  # learned is opt-in
     why = "tied head"
