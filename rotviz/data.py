@@ -26,10 +26,30 @@ import numpy as np
 import torch
 
 from rotviz.errors import RotvizError
+from rotviz.labelled import LABELLED_KINDS, labelled_split
+from rotviz.splits import IGNORE, SPLITS
+from rotviz.splits import split_indices as _split_indices
+from rotviz.splits import tenth_split as _tenth_split
 
-SPLITS = ("train", "val", "test")
-IGNORE = -100  # label value that does not count (padding, tokens a masked LM is not asked for)
+# A batch's inputs: one tensor (the spec's input key), or named inputs (padded text)
+Inputs = torch.Tensor | dict[str, torch.Tensor]
 MASK_RATE = 0.15  # masked-LM evaluation hides this fraction of each window's tokens (seeded)
+
+def to_device(x: Inputs, device: torch.device | str) -> Inputs:
+    """A batch's inputs on `device`."""
+    if isinstance(x, torch.Tensor):
+        return x.to(device)
+    return {k: v.to(device) for k, v in x.items()}
+
+
+def n_rows(x: Inputs) -> int:
+    return int((x if isinstance(x, torch.Tensor) else x["input_ids"]).shape[0])
+
+
+def token_mask(x: Inputs) -> torch.Tensor | None:
+    """Which positions hold real tokens (None: every position does)."""
+    return None if isinstance(x, torch.Tensor) else x.get("attention_mask")
+
 
 # ---- the character vocabulary -----------------------------------------------------------------
 
@@ -68,43 +88,40 @@ class Split:
     n_classes: int
     encoding: str = ""
     how: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    # Further model inputs, one row per example (padded text: attention_mask, token_type_ids)
+    extra: dict[str, torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
+    label_names: tuple[str, ...] = ()  # a classifier's label names, by id (F1 reads BIO tags)
 
     @property
     def n(self) -> int:
         return int(self.inputs.shape[0])
 
-    def batches(self, batch_size: int = 256) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Fixed-order batches (evaluation needs no shuffling)."""
+    def batches(self, batch_size: int = 256) -> Iterator[tuple[Inputs, torch.Tensor]]:
+        """Fixed-order batches (evaluation needs no shuffling): the inputs (one tensor, or
+        the named inputs when the split has `extra` ones) and the labels."""
         for i in range(0, self.n, batch_size):
-            yield self.inputs[i : i + batch_size], self.labels[i : i + batch_size]
+            yield self._inputs(slice(i, i + batch_size)), self.labels[i : i + batch_size]
+
+    def _inputs(self, index) -> Inputs:
+        if not self.extra:
+            return self.inputs[index]
+        return {"input_ids": self.inputs[index], **{k: v[index] for k, v in self.extra.items()}}
+
+    def _with(self, index) -> Split:
+        return Split(self.data, self.split, self.task, self.inputs[index], self.labels[index],
+                     self.n_classes, self.encoding, self.how,
+                     {k: v[index] for k, v in self.extra.items()}, self.label_names)
 
     def subset(self, n: int) -> Split:
-        return Split(self.data, self.split, self.task, self.inputs[:n], self.labels[:n],
-                     self.n_classes, self.encoding, self.how)
+        return self._with(slice(0, n))
 
     def take(self, index: torch.Tensor) -> Split:
         """The examples at `index` (e.g. one half of the training set for a fine-tune)."""
-        return Split(self.data, self.split, self.task, self.inputs[index], self.labels[index],
-                     self.n_classes, self.encoding, self.how)
+        return self._with(index)
 
     def sibling(self, split: str) -> Split:
         """Another split of the same data, read the same way (vocabulary, masking, length)."""
         return load_split(self.data, split, **self.how)
-
-
-def _split_indices(n: int, seed: int, n_val: int, n_test: int) -> dict[str, np.ndarray]:
-    order = np.random.default_rng(seed).permutation(n)
-    return {
-        "test": order[:n_test],
-        "val": order[n_test : n_test + n_val],
-        "train": order[n_test + n_val :],
-    }
-
-
-def _tenth_split(n: int, seed: int) -> dict[str, np.ndarray]:
-    """10% test, 10% val (at least one each once there are 3 examples), the rest train."""
-    k = max(1, round(n / 10)) if n >= 3 else 0
-    return _split_indices(n, seed, k, k)
 
 
 # ---- digits -----------------------------------------------------------------------------------
@@ -481,21 +498,35 @@ def imagefolder(path: str, split: str, seed: int = 0) -> Split:
 
 # ---- references -------------------------------------------------------------------------------
 
-KNOWN = "digits, pystdlib, cifar10:DIR, imagefolder:DIR or text:FILE"
+KNOWN = ("digits, pystdlib, cifar10:DIR, imagefolder:DIR, text:FILE, csv:FILE, tsv:FILE, "
+         "jsonl:FILE, conll:FILE or hf:DIR")
 
 
 TEXT_SOURCES = ("pystdlib", "text")
 
 
 def load_split(ref: str, split: str = "test", seed: int = 0, reader: Any = None,
-               masked: bool = False, seq_len: int | None = None) -> Split:
+               masked: bool = False, seq_len: int | None = None,
+               labelling: Any = None) -> Split:
     """Load one split of a data reference. Text is read by `reader` (the model's
     rotviz.tokens.TextEncoding; None: rotviz's character vocabulary), as masked-LM data when
-    `masked`, in windows of `seq_len` tokens; image data ignores these. To read data the way
-    a given model does, use `rotviz.evaluation.split_for`."""
+    `masked`, in windows of `seq_len` tokens; labelled text (rotviz.labelled) for the
+    classifier `labelling` describes; image data ignores these. To read data the way a given
+    model does, use `rotviz.evaluation.split_for`."""
     if split not in SPLITS:
         raise RotvizError(f"unknown split '{split}': use one of {', '.join(SPLITS)}")
     kind, _, arg = ref.partition(":")
+    if kind in LABELLED_KINDS:
+        if labelling is None:
+            raise RotvizError(f"'{ref}' is labelled data, read for one classifier: load it "
+                              "through the model (rotviz.evaluation.split_for)")
+        ids, labels, extra = labelled_split(ref, split, seed, reader, labelling)
+        how = {"seed": seed, "reader": reader, "labelling": labelling}
+        out = Split(ref, split, labelling.task, ids, labels, labelling.num_labels,
+                    reader.fingerprint, how, extra, labelling.names)
+        if out.n == 0:
+            raise RotvizError(f"the {split} split of '{ref}' is empty; use more rows")
+        return out
     plain = {"digits": digits, "pystdlib": pystdlib}
     with_path = {"cifar10": cifar10, "imagefolder": imagefolder, "text": text_file}
     reading = ({"reader": reader, "masked": masked, "seq_len": seq_len}

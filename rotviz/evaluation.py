@@ -9,38 +9,91 @@ import torch
 import torch.nn.functional as F
 
 from rotviz.arch import max_positions
-from rotviz.data import IGNORE, Split, load_split
+from rotviz.data import IGNORE, TEXT_SOURCES, Inputs, Split, load_split, to_device
 from rotviz.errors import RotvizError
+from rotviz.labelled import LABELLED_KINDS, Columns, Labelling
 from rotviz.limits import BATCH_SIZE
 from rotviz.models import Loaded, forward, image_shape, pick_device, to_wide
 from rotviz.sources import call, source_of
+from rotviz.tasks import (
+    CLASSIFIER_TASKS,
+    LM_HEADS,
+    LM_TASKS,
+    MASKED_HEADS,
+    batch_loss,
+    head_class,
+    label_names,
+    predictions,
+    sample_losses,
+    scores,
+    task_of_config,
+)
 from rotviz.tokens import CHARS, encoding_fingerprint, text_encoding
 
 Tensor = torch.Tensor
-
-# Class-name endings of Hugging Face models with a per-token vocabulary head: the only ones whose
-# logits fit per-token labels (next-token text; a sequence classifier has one row per text).
-LM_HEADS = ("LMHeadModel", "ForCausalLM", "ForMaskedLM")
-MASKED_HEADS = ("ForMaskedLM",)
+LABELLED = "csv:, tsv:, jsonl:, conll: or hf:"
 
 
 def head_of(loaded: Loaded) -> str:
-    return (loaded.config.get("architectures") or [""])[0]
+    return head_class(loaded.config)
 
 
 def is_masked_lm(loaded: Loaded) -> bool:
     return head_of(loaded).endswith(MASKED_HEADS)
 
 
+def task_of(loaded: Loaded) -> str | None:
+    """The task the model's head was trained for (rotviz.tasks); None for a bare text model."""
+    return task_of_config(loaded.spec.inputs, loaded.config)
+
+
+def labelling(loaded: Loaded, columns: Columns | None = None,
+              seq_len: int | None = None) -> Labelling:
+    """What labelled data must say for this classifier (its task, labels, padding, length)."""
+    task = task_of(loaded)
+    if task not in CLASSIFIER_TASKS:
+        raise RotvizError(
+            f"{loaded.ref} ({head_of(loaded) or 'no head'}) is not a text classifier, so "
+            f"labelled data ({LABELLED}) does not fit it; give text:FILE or pystdlib, or a "
+            "...ForSequenceClassification / ...ForTokenClassification model")
+    longest = max_positions(loaded.spec, loaded.config, 512)
+    length = int(seq_len or longest)
+    if length > longest:
+        raise RotvizError(f"--seq-len {length} is longer than {loaded.ref} takes ({longest})")
+    reader = text_encoding(loaded.path, loaded.config, loaded.ref)
+    pad = getattr(reader.tokenizer, "pad_token_id", None)
+    if pad is None:
+        pad = loaded.config.get("pad_token_id")
+    if pad is None:
+        raise RotvizError(
+            f"{loaded.ref} has no padding token (neither its tokenizer nor its config's "
+            "pad_token_id), which batches of texts of different lengths need; set "
+            "pad_token_id in its config.json (a sequence classifier reads the last token "
+            "before the padding)")
+    return Labelling(task, label_names(loaded.config), int(pad), length, columns or Columns())
+
+
 def split_for(loaded: Loaded, ref: str, split: str = "test", seed: int = 0,
-              seq_len: int | None = None) -> Split:
+              seq_len: int | None = None, columns: Columns | None = None) -> Split:
     """One split of data `ref`, read the way `loaded` reads it: text through the model's own
-    tokenizer (or rotviz's characters for a model that declares them), as masked-LM data
-    for a masked LM, in windows of `seq_len` tokens; images as they are. One line when the
-    model cannot be fed text (rotviz.tokens)."""
+    tokenizer (or rotviz's characters for a model that declares them), as masked-LM data for
+    a masked LM, in windows of `seq_len` tokens; labelled rows (csv:, jsonl:, ...) for the
+    model's classifier head, with `columns`; images as they are. One line when the model
+    cannot be fed the data."""
     kind = ref.partition(":")[0]
-    if loaded.spec.inputs == "pixels" or kind not in ("pystdlib", "text"):
+    if kind in LABELLED_KINDS:
+        if loaded.spec.inputs == "pixels":
+            raise RotvizError(f"'{ref}' is labelled text but {loaded.ref} is an image model")
+        lab = labelling(loaded, columns, seq_len)
+        reader = text_encoding(loaded.path, loaded.config, loaded.ref)
+        return load_split(ref, split, seed, reader, labelling=lab)
+    if loaded.spec.inputs == "pixels" or kind not in TEXT_SOURCES:
         return load_split(ref, split, seed)
+    task = task_of(loaded)
+    if task in CLASSIFIER_TASKS:
+        raise RotvizError(
+            f"'{ref}' is plain text (language-model data) but {loaded.ref} is a {task} "
+            f"model; give labelled data: {LABELLED}")
     reader = text_encoding(loaded.path, loaded.config, loaded.ref)
     return load_split(ref, split, seed, None if reader.chars else reader,
                       is_masked_lm(loaded), seq_len)
@@ -74,10 +127,9 @@ def check_fits(loaded: Loaded, split: Split) -> None:
                 f" but {loaded.ref}'s head has {n_out} outputs"
             )
     else:
-        if split.task not in ("text", "masked"):
-            raise RotvizError(
-                f"'{split.data}' is {split.task} data but {loaded.ref} is a language model"
-            )
+        task = task_of(loaded)
+        if split.task == "image":
+            raise RotvizError(f"'{split.data}' is image data but {loaded.ref} is a language model")
         want = encoding_fingerprint(loaded.path, loaded.config, loaded.ref)
         if split.encoding != want:
             own = "its own tokenizer" if want != CHARS else "rotviz's character vocabulary"
@@ -87,7 +139,18 @@ def check_fits(loaded: Loaded, split: Split) -> None:
                 "(rotviz.evaluation.split_for), as the rotviz commands do"
             )
         head = head_of(loaded)
-        if split.labels.dim() > 1 and not head.endswith(LM_HEADS):
+        if split.task in CLASSIFIER_TASKS or task in CLASSIFIER_TASKS:
+            if split.task != task:
+                raise RotvizError(
+                    f"'{split.data}' was prepared as {split.task} data but {loaded.ref} "
+                    f"({head}) is a {task or 'bare'} model; load the data through the model "
+                    "(rotviz.evaluation.split_for), as the rotviz commands do")
+            n_out = num_outputs(loaded)
+            if split.n_classes != n_out:
+                raise RotvizError(
+                    f"'{split.data}' has {split.n_classes} labels but {loaded.ref}'s head "
+                    f"has {n_out} outputs")
+        elif split.labels.dim() > 1 and not head.endswith(LM_HEADS):
             raise RotvizError(
                 f"'{split.data}' labels every token but {loaded.ref} ({head or 'no head'}) "
                 "has no language-model head: give a ...LMHeadModel, ...ForCausalLM or "
@@ -101,7 +164,11 @@ def check_fits(loaded: Loaded, split: Split) -> None:
                 "(rotviz.evaluation.split_for), as the rotviz commands do"
             )
         vocab = int(loaded.config.get("vocab_size", 0))
-        if vocab and split.n_classes > vocab:
+        if split.task in CLASSIFIER_TASKS:
+            if vocab and split.n and int(split.inputs.max()) >= vocab:
+                raise RotvizError(f"'{split.data}' holds token ids beyond {loaded.ref}'s "
+                                  f"vocabulary of {vocab}; save the model's own tokenizer")
+        elif vocab and split.n_classes > vocab:
             raise RotvizError(
                 f"'{split.data}' has {split.n_classes} symbols"
                 f" but {loaded.ref}'s vocabulary has {vocab}"
@@ -115,18 +182,18 @@ def check_fits(loaded: Loaded, split: Split) -> None:
             )
 
 
-def batch_inputs(loaded: Loaded, x: torch.Tensor) -> dict[str, torch.Tensor]:
-    return {loaded.spec.input_key: x}
+def batch_inputs(loaded: Loaded, x: Inputs) -> dict[str, torch.Tensor]:
+    return dict(x) if isinstance(x, dict) else {loaded.spec.input_key: x}
 
 
-def loss_and_correct(logits: torch.Tensor, y: torch.Tensor) -> tuple[float, int, int]:
-    """Summed cross-entropy, number correct and number of predictions in one batch."""
-    logits = logits.float().reshape(-1, logits.shape[-1])
-    y = y.reshape(-1).to(logits.device)
-    valid = y != IGNORE  # padding, and the tokens a masked LM is not asked for
-    loss = F.cross_entropy(logits, y, reduction="sum", ignore_index=IGNORE)
-    correct = ((logits.argmax(-1) == y) & valid).sum()
-    return float(loss), int(correct), int(valid.sum())
+def loss_and_correct(logits: torch.Tensor, y: torch.Tensor, task: str = "image"
+                     ) -> tuple[float, int, int]:
+    """Summed loss, number correct and number of predictions in one batch (rotviz.tasks)."""
+    return batch_loss(task, logits, y.to(logits.device))
+
+
+def num_outputs(loaded: Loaded) -> int:
+    return int(source_of(loaded.spec).n_outputs(loaded.config) or 0)
 
 
 def evaluate(
@@ -136,17 +203,36 @@ def evaluate(
     batch_size: int = 512,
     progress: Callable[[int, int, str], None] | None = None,
 ) -> dict[str, float]:
-    """Mean loss and accuracy (top-1, or next-character for language models) on a split."""
+    """Mean loss, accuracy (top-1; next-token or masked-token for language models; per
+    label for multi-label; none for regression) and the task's metrics on a split
+    (rotviz.tasks: macro-F1, entity micro-F1, ...)."""
     check_fits(loaded, split)
     total_loss, correct, count = 0.0, 0, 0
+    preds, labels = [], []
     n_batches = (split.n + batch_size - 1) // batch_size
     for j, (x, y) in enumerate(split.batches(batch_size)):
         logits = forward(loaded, batch_inputs(loaded, x), state)
-        bl, bc, bn = loss_and_correct(logits, y)
+        bl, bc, bn = loss_and_correct(logits, y, split.task)
         total_loss, correct, count = total_loss + bl, correct + bc, count + bn
+        if split.task not in LM_TASKS:
+            preds.append(predictions(split.task, logits).cpu())
+            labels.append(y)
         if progress:
             progress(j + 1, n_batches, "evaluating")
-    return {"loss": total_loss / count, "acc": correct / count, "n": split.n}
+    acc = float("nan") if split.task == "regression" else correct / count
+    out = {"loss": total_loss / count, "acc": acc, "n": split.n}
+    if preds:
+        out.update(scores(split.task, _cat(preds), _cat(labels), split.label_names,
+                          split.n_classes))
+    return out
+
+
+def _cat(parts: list[Tensor]) -> Tensor:
+    """Batches of per-token rows padded to different lengths, as one tensor."""
+    if parts[0].dim() < 2 or len({p.shape[1] for p in parts}) == 1:
+        return torch.cat(parts)
+    width = max(p.shape[1] for p in parts)
+    return torch.cat([F.pad(p, (0, width - p.shape[1]), value=IGNORE) for p in parts])
 
 
 # ---- any parameter set on one module, the data on the device once ----------------------------
@@ -187,7 +273,7 @@ class Evaluator:
         # floating persistent buffers travel with the parameters (interpolated, merged)
         self.names += [n for n, b in buffers.items() if b.is_floating_point() and n in loaded.state]
         dev = self.device
-        self.batches = [(x.to(dev), y.to(dev)) for x, y in split.batches(batch_size)]
+        self.batches = [(to_device(x, dev), y.to(dev)) for x, y in split.batches(batch_size)]
 
     @property
     def n(self) -> int:
@@ -210,15 +296,11 @@ class Evaluator:
         losses, corrects, counts = [], [], []
         with torch.inference_mode():
             for x, y in self.batches:
-                logits = self.logits(params, x).float()
-                y2 = y.reshape(len(y), -1)
-                lg = logits.reshape(y2.numel(), logits.shape[-1])
-                loss = F.cross_entropy(lg, y2.reshape(-1), reduction="none", ignore_index=IGNORE)
-                valid = y2 != IGNORE
-                correct = (lg.argmax(-1).reshape(y2.shape) == y2) & valid
-                losses.append(to_wide(loss.reshape(y2.shape)).sum(1))
-                corrects.append(correct.sum(1))
-                counts.append(valid.sum(1))
+                logits = self.logits(params, x)
+                loss, correct, count = sample_losses(self.split.task, logits, y, to_wide)
+                losses.append(loss)
+                corrects.append(correct)
+                counts.append(count)
             out = [torch.cat(t).cpu().numpy() for t in (losses, corrects, counts)]
         return out[0], out[1].astype(np.float64), out[2].astype(np.float64)
 

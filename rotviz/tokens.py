@@ -49,6 +49,7 @@ class TextEncoding:
     fingerprint: str
     tokenizer: Any = None
     vocab_size: int = 0
+    path: str = ""  # the folder the tokenizer was loaded from
 
     @property
     def chars(self) -> bool:
@@ -68,6 +69,16 @@ class TextEncoding:
             raise RotvizError("the model's tokenizer has no mask token, which masked-LM "
                               "evaluation needs; save the tokenizer with its mask token")
         return int(mid)
+
+    def words_tokenizer(self) -> Any:
+        """The tokenizer for text already split into words (token classification). A
+        byte-level BPE tokenizer (GPT-2, RoBERTa) needs `add_prefix_space` for that, as its
+        model was trained with: loaded again with it where needed."""
+        try:
+            self.tokenizer(["a"], is_split_into_words=True)
+            return self.tokenizer
+        except (ValueError, TypeError, AssertionError):
+            return _auto_tokenizer(Path(self.path), add_prefix_space=True)
 
     @cached_property
     def ends(self) -> tuple[list[int], list[int]]:
@@ -128,15 +139,20 @@ def text_encoding(path: Path, config: Mapping, ref: str) -> TextEncoding:
 
             return TextEncoding(CHARS, None, VOCAB_SIZE)
         raise RotvizError(no_encoding(ref))
+    tok = _auto_tokenizer(path)
+    return TextEncoding(fingerprint(files), tok, len(tok), str(path))
+
+
+def _auto_tokenizer(path: Path, **kwargs: Any) -> Any:
+    """`AutoTokenizer` from the folder's own files (never remote code), or one line."""
     try:
         from transformers import AutoTokenizer
         from transformers.utils import logging as hf_logging
 
         hf_logging.set_verbosity_error()
-        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True,
-                                            trust_remote_code=False)
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True,
+                                             trust_remote_code=False, **kwargs)
     except Exception as e:  # noqa: BLE001 - any failure is one line about the folder
         msg = str(e).strip().splitlines()[0][:160] if str(e).strip() else e.__class__.__name__
         raise RotvizError(f"cannot load the tokenizer saved in '{path}' ({msg}); save it "
                           "again with tokenizer.save_pretrained") from None
-    return TextEncoding(fingerprint(files), tok, len(tok))

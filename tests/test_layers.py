@@ -89,7 +89,7 @@ LAYERS = [
     ("arch", ["rotviz.arch"]),
     ("groups", ["rotviz.groups"]),
     ("symmetry", ["rotviz.symmetry"]),
-    ("models", ["rotviz.data", "rotviz.tokens", "rotviz.sources", "rotviz.models", "rotviz.lite",
+    ("models", ["rotviz.splits", "rotviz.labelled", "rotviz.tasks", "rotviz.data", "rotviz.tokens", "rotviz.sources", "rotviz.models", "rotviz.lite",
                 "rotviz.evaluation", "rotviz.random_models", "rotviz.zoo",
                 "rotviz.zoo.registry"]),
     ("match", ["rotviz.match"]),
