@@ -35,11 +35,30 @@ from rotviz.splits import tenth_split as _tenth_split
 Inputs = torch.Tensor | dict[str, torch.Tensor]
 MASK_RATE = 0.15  # masked-LM evaluation hides this fraction of each window's tokens (seeded)
 
+def map_inputs(x: Inputs, fn) -> Inputs:
+    """`fn` applied to a batch's input tensor, or to each of its named inputs."""
+    return fn(x) if isinstance(x, torch.Tensor) else {k: fn(v) for k, v in x.items()}
+
+
 def to_device(x: Inputs, device: torch.device | str) -> Inputs:
     """A batch's inputs on `device`."""
-    if isinstance(x, torch.Tensor):
-        return x.to(device)
-    return {k: v.to(device) for k, v in x.items()}
+    return map_inputs(x, lambda t: t.to(device))
+
+
+def without_padding(h: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """The rows of activations `h` (batch, positions, features) at real tokens, as
+    (tokens, features); `h` as it is when there is no mask or it is not per position (a
+    classifier head's pooled input). Statistics of activations never count padding."""
+    if mask is None or h.dim() != 3 or tuple(h.shape[:2]) != tuple(mask.shape):
+        return h
+    return h[mask.bool()]
+
+
+def cat_inputs(parts: list[Inputs]) -> Inputs:
+    """Batches of one split (padded alike) as one batch."""
+    if isinstance(parts[0], torch.Tensor):
+        return torch.cat(parts)
+    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
 
 def n_rows(x: Inputs) -> int:
@@ -100,9 +119,10 @@ class Split:
         """Fixed-order batches (evaluation needs no shuffling): the inputs (one tensor, or
         the named inputs when the split has `extra` ones) and the labels."""
         for i in range(0, self.n, batch_size):
-            yield self._inputs(slice(i, i + batch_size)), self.labels[i : i + batch_size]
+            yield self.inputs_at(slice(i, i + batch_size)), self.labels[i : i + batch_size]
 
-    def _inputs(self, index) -> Inputs:
+    def inputs_at(self, index) -> Inputs:
+        """The inputs of the examples at `index` (one tensor, or the named inputs)."""
         if not self.extra:
             return self.inputs[index]
         return {"input_ids": self.inputs[index], **{k: v[index] for k, v in self.extra.items()}}

@@ -60,6 +60,7 @@ GRID = Bound("--grid", 3, 201)  # loss-plane points per axis (grid**2 evaluation
 MARGIN = Bound("--margin", 0.0, 10.0, integer=False)  # plane margin, fraction of the span
 STEPS = Bound("--steps", 1, 100_000)  # learned matching steps
 ROUNDS = Bound("--rounds", 1, 10_000)  # alternation rounds per phase
+SEQ_LEN = Bound("--seq-len", 2, 1_048_576)  # tokens per text window or labelled example
 TOL = Bound("--tol", 0.0, 1.0, integer=False)  # alternation stop: gain / starting objective
 REPEATS = Bound("--repeats", 1, 100)  # disjoint data subsets of a barrier
 BATCH_SIZE = Bound("--batch-size", 1, 65_536)

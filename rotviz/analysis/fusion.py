@@ -32,13 +32,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from rotviz.analysis.landscape import as_options, layers_of, matched_state
-from rotviz.data import Split
+from rotviz.data import Inputs, Split, map_inputs, to_device, token_mask, without_padding
 from rotviz.errors import RotvizError
 from rotviz.evaluation import IGNORE, Evaluator, check_fits, resolve_device
 from rotviz.match.options import MatchOptions
 from rotviz.match.selection import label_of, parse_selection
 from rotviz.models import Loaded, to_wide, wide_device
 from rotviz.sources import call
+from rotviz.tasks import sample_losses
 from rotviz.types import Progress
 
 Tensor = torch.Tensor
@@ -71,7 +72,7 @@ def stats_batches(split: Split, batches: int, batch_size: int, seed: int = 0):
     order = torch.as_tensor(order)
     for i in range(0, len(order), batch_size):
         ix = order[i : i + batch_size]
-        yield split.inputs[ix], split.labels[ix]
+        yield split.inputs_at(ix), split.labels[ix]
 
 
 # ---- statistics -----------------------------------------------------------------------------
@@ -103,14 +104,21 @@ def fisher_diag(
     n_params = sum(params[n].numel() for n in trainable)
     chunk = max(1, int(2.5e8 // max(n_params, 1)))  # ~1 GB of per-sample gradients at a time
 
-    def log_lik(p: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
-        logits = call(loaded.spec, loaded.model, {**frozen, **p}, x.unsqueeze(0),
-                      strict=True).float()
+    task = split.task
+
+    def log_lik(p: dict[str, Tensor], x: Inputs, y: Tensor) -> Tensor:
+        one = map_inputs(x, lambda t: t.unsqueeze(0))
+        logits = call(loaded.spec, loaded.model, {**frozen, **p}, one, strict=True).float()
+        if task in ("multi-label", "regression"):  # the head's own likelihood
+            return -sample_losses(task, logits, y.unsqueeze(0), lambda t: t)[0].sum()
         y = y.reshape(-1)
         return -F.cross_entropy(logits.reshape(y.numel(), -1), y, reduction="sum",
                                 ignore_index=IGNORE)
 
     per_sample = vmap(grad(log_lik), in_dims=(None, 0, 0), chunk_size=chunk)
+    # transformers builds attention masks with data-dependent steps that vmap cannot batch;
+    # an example cut to its own tokens needs no mask, and gives the same gradient
+    one = grad(log_lik)
     p = {n: params[n] for n in trainable}
     out = {n: torch.zeros_like(t, dtype=torch.float64, device=wide_device(dev))
            for n, t in params.items()}
@@ -119,13 +127,31 @@ def fisher_diag(
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*batching rule.*")
         for j, (x, y) in enumerate(todo):
-            g = per_sample(p, x.to(dev), y.to(dev))
-            for n in trainable:
-                out[n] += (to_wide(g[n]) ** 2).sum(0)
-            count += len(x)
+            x, y = to_device(x, dev), y.to(dev)
+            if isinstance(x, dict):  # padded text: one example at a time, cut to its tokens
+                for xi, yi in unpadded(x, y):
+                    gi = one(p, xi, yi)
+                    for n in trainable:
+                        out[n] += to_wide(gi[n]) ** 2
+            else:
+                g = per_sample(p, x, y)
+                for n in trainable:
+                    out[n] += (to_wide(g[n]) ** 2).sum(0)
+            count += len(y)
             if progress:
                 progress(j + 1, len(todo), "Fisher information")
     return {n: (t / count).to(params[n].dtype) for n, t in out.items()}
+
+
+def unpadded(x: dict[str, Tensor], y: Tensor):
+    """Each example of a padded text batch, cut to its real tokens (labels too, when they
+    are per token)."""
+    lengths = x["attention_mask"].sum(1).tolist() if "attention_mask" in x else None
+    for i in range(len(y)):
+        n = int(lengths[i]) if lengths is not None else None
+        xi = {k: v[i, :n] for k, v in x.items()}
+        yi = y[i, :n] if y.dim() == 2 and y.dtype == torch.long else y[i]
+        yield xi, yi
 
 
 def linear_layers(module: nn.Module) -> dict[str, tuple[nn.Module, bool]]:
@@ -168,9 +194,12 @@ def gram_matrices(
     counts: dict[str, int] = {}
     handles = []
 
+    real: list[Tensor | None] = [None]  # the batch's real-token mask (None: no padding)
+
     def hook(name: str):
         def fn(_mod, args):
-            x = to_wide(args[0].detach().reshape(-1, args[0].shape[-1]))
+            x = without_padding(args[0].detach(), real[0])
+            x = to_wide(x.reshape(-1, x.shape[-1]))
             sums[name] = sums.get(name, 0) + x.T @ x
             counts[name] = counts.get(name, 0) + x.shape[0]
 
@@ -182,7 +211,9 @@ def gram_matrices(
     try:
         with torch.inference_mode():
             for j, (x, _) in enumerate(todo):
-                call(loaded.spec, module, {**ev.buffers, **params}, x.to(dev), strict=True)
+                x = to_device(x, dev)
+                real[0] = token_mask(x)
+                call(loaded.spec, module, {**ev.buffers, **params}, x, strict=True)
                 if progress:
                     progress(j + 1, len(todo), "Gram matrices")
     finally:

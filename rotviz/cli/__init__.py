@@ -8,7 +8,15 @@ import warnings
 from dataclasses import replace
 
 from rotviz.cli import landscape, serve, zoo
-from rotviz.cli.args import Parser, add_overwrite, bounded, layers_text, needs
+from rotviz.cli.args import (
+    Parser,
+    add_overwrite,
+    add_reading,
+    bounded,
+    layers_text,
+    needs,
+    reading,
+)
 from rotviz.errors import RotvizError
 from rotviz.limits import DEFAULT_ROUNDS, DEFAULT_STEPS, DEFAULT_TOL, ROUNDS, STEPS, TOL
 from rotviz.symmetry.registry import SYMMETRIES
@@ -50,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"with --learned: learned matching steps (default {DEFAULT_STEPS}, "
                         f"at most {STEPS.hi:g})")
     m.add_argument("--data", default=None, help="with --act or --learned: the data to learn from")
+    add_reading(m)
     m.add_argument("--layers", type=layers_text, default=None,
                    help="layer subset, e.g. 0,2-5 (default: all)")
     m.add_argument("--report", default=None,
@@ -68,6 +77,7 @@ def _extra_commands():
 
 
 def cmd_match(args: argparse.Namespace) -> int:
+    from rotviz.evaluation import split_for
     from rotviz.match.alternating import ended_by_cap
     from rotviz.match.options import LearnOptions, MatchOptions, parse_layers
     from rotviz.match.pipeline import match_models, stored_check_words
@@ -99,11 +109,15 @@ def cmd_match(args: argparse.Namespace) -> int:
     outputs = Outputs("match")
     out_dir = outputs.add(args.out, "--out", folder=True, overwrite=args.overwrite)
     report_file = outputs.add(args.report, "--report", folder=False, overwrite=args.overwrite)
+    columns, seq_len = reading(args, args.data)
     device = pick_device(args.device)
     anchor = load_model(args.anchor)
     source = load_model(args.source)
     options = replace(options, layers=parse_layers(args.layers, _n_layers(anchor)))
-    out = match_models(anchor, source, options, device, data=args.data)
+    data = args.data
+    if data is not None:  # read the way the anchor reads it, with the reading options
+        data = split_for(anchor, data, "train", seq_len=seq_len, columns=columns)
+    out = match_models(anchor, source, options, device, data=data)
     rep = out.report
     if not out.preserved:
         raise RotvizError(f"{out.failure}; nothing written. Please report this as a bug.")

@@ -63,3 +63,46 @@ def needs(flag: str, given: bool, requirement: str, ok: bool) -> None:
 
 def note(message: str) -> None:
     print(f"rotviz: {message}", file=sys.stderr)
+
+
+# ---- how data is read --------------------------------------------------------------------------
+
+COLUMN_FLAGS = (("--text-column", "text", "the text column (default text)"),
+                ("--pair-column", "pair", "a second text column, for sentence pairs"),
+                ("--label-column", "label", "the label column (default label)"),
+                ("--words-column", "words", "token classification: the words (default tokens)"),
+                ("--tags-column", "tags", "token classification: the tags (default ner_tags)"))
+
+
+def add_reading(p: argparse.ArgumentParser) -> None:
+    """--seq-len and the column names of labelled data (csv:, tsv:, jsonl:, hf:)."""
+    from rotviz.limits import SEQ_LEN
+
+    p.add_argument("--seq-len", type=bounded(SEQ_LEN), default=None,
+                   help="text: tokens per window (default 64); labelled text: truncate "
+                        "examples to this many tokens (default: the model's longest)")
+    for flag, _, text in COLUMN_FLAGS:
+        p.add_argument(flag, default=None, metavar="NAME", help=text)
+
+
+def reading(args: argparse.Namespace, data: str | None):
+    """The columns and sequence length the reading options give, checked against `data`."""
+    from rotviz.data import TEXT_SOURCES
+    from rotviz.labelled import LABELLED_KINDS, Columns
+
+    kind = (data or "").partition(":")[0]
+    given = {field: getattr(args, flag[2:].replace("-", "_"))
+             for flag, field, _ in COLUMN_FLAGS}
+    for flag, field, _ in COLUMN_FLAGS:
+        value = given[field]
+        if value is None:
+            continue
+        if not value.strip():
+            raise RotvizError(f"{flag} is empty; name a column of the data")
+        if kind not in LABELLED_KINDS:
+            raise RotvizError(f"{flag} applies to labelled data (csv:, tsv:, jsonl:, hf:), "
+                              f"not to '{data}'")
+    if args.seq_len is not None and kind not in (*TEXT_SOURCES, *LABELLED_KINDS):
+        raise RotvizError(f"--seq-len applies to text data, not to '{data}'")
+    cols = Columns(**{k: v for k, v in given.items() if v is not None})
+    return cols, args.seq_len

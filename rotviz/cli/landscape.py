@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from rotviz.cli.args import add_overwrite, bounded, layers_text, needs
+from rotviz.cli.args import add_overwrite, add_reading, bounded, layers_text, needs, reading
 from rotviz.errors import RotvizError
 from rotviz.limits import (
     ALPHA,
@@ -26,8 +26,11 @@ from rotviz.limits import (
 def _common(p: argparse.ArgumentParser, match_default: str = "seed") -> None:
     p.add_argument("anchor", help="anchor model (kept fixed): a model directory or zoo:NAME")
     p.add_argument("source", help="source model, same architecture; it is matched onto the anchor")
-    p.add_argument("--data", required=True, help="data reference, e.g. digits")
+    p.add_argument("--data", required=True,
+                   help="data reference: digits, pystdlib, text:FILE, csv:FILE, tsv:FILE, "
+                        "jsonl:FILE, conll:FILE, hf:DIR, imagefolder:DIR or cifar10:DIR")
     p.add_argument("--split", default="test", help="split to evaluate on (default test)")
+    add_reading(p)
     p.add_argument("--match", default=match_default, metavar="SPEC",
                    help="none, or a comma list of ffn, attn, rescale, heads, residual, act, "
                         "learned; seed = ffn,attn,rescale; weight = seed,heads,residual "
@@ -118,10 +121,11 @@ def _load_pair(args):
     from rotviz.models import check_compatible, load_model, pick_device
 
     match_options(args.match)
+    columns, seq_len = reading(args, args.data)
     device = pick_device(args.device)
     anchor, source = load_model(args.anchor), load_model(args.source)
     check_compatible(anchor, source)
-    split = split_for(anchor, args.data, args.split)
+    split = split_for(anchor, args.data, args.split, seq_len=seq_len, columns=columns)
     options = match_options(args.match, parse_layers(args.layers, n_layers(anchor)))
     return anchor, source, split, device, options
 

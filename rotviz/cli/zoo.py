@@ -6,13 +6,14 @@ Imports stay inside the handlers: `rotviz eval` must answer in a few seconds, im
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from rotviz.cli.args import add_overwrite, bounded
+from rotviz.cli.args import add_overwrite, add_reading, bounded, reading
 from rotviz.errors import RotvizError
 from rotviz.limits import BATCH_SIZE
 
@@ -36,7 +37,9 @@ def register(sub) -> None:
     e = sub.add_parser("eval", help="test loss and accuracy of a model on a data split")
     e.add_argument("model", help="model: a save_pretrained directory or zoo:NAME")
     e.add_argument("--data", required=True,
-                   help="digits, pystdlib, cifar10:DIR, imagefolder:DIR or text:FILE")
+                   help="digits, pystdlib, text:FILE, csv:FILE, tsv:FILE, jsonl:FILE, "
+                        "conll:FILE, hf:DIR, imagefolder:DIR or cifar10:DIR")
+    add_reading(e)
     e.add_argument("--split", default="test", help="train, val or test (default test)")
     e.add_argument("--json", default=None, metavar="FILE",
                    help="also write the result as JSON to this new file")
@@ -161,31 +164,43 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from rotviz.lite import load_for_eval
     from rotviz.models import pick_device
 
+    columns, seq_len = reading(args, args.data)
     device = pick_device(args.device)
     loaded = load_for_eval(args.model, device)
-    split = split_for(loaded, args.data, args.split)
+    split = split_for(loaded, args.data, args.split, seq_len=seq_len, columns=columns)
     with _threads_for(loaded, device):
         # Text batches hold 64 tokens per window: smaller batches keep activations in cache.
         batch_size = args.batch_size or (64 if split.task == "text" else 512)
         metrics = evaluate(loaded, split, batch_size=batch_size)
+    acc = metrics["acc"]
+    extra = {k: v for k, v in metrics.items() if k not in ("loss", "acc", "n")}
     result = {
         "loss": metrics["loss"],
-        "acc": metrics["acc"],
+        "acc": None if math.isnan(acc) else acc,
+        **extra,
         "n": metrics["n"],
+        "task": split.task,
         "data": args.data,
         "split": args.split,
         "model": args.model,
         "device": str(device),
         "seconds": round(time.perf_counter() - start, 4),
     }
-    unit = "windows" if split.task == "text" else "images"
-    what = "next-character accuracy" if split.task == "text" else "accuracy"
+    unit = {"text": "windows", "masked": "windows", "image": "images",
+            "token-cls": "sentences"}.get(split.task, "examples")
+    what = {"text": "next-token accuracy", "masked": "masked-token accuracy",
+            "multi-label": "label accuracy"}.get(split.task, "accuracy")
     if js is not None:
         with outputs.write() as tmp:
             write_json_file(tmp[js], result, "eval")
-    print(f"{args.model} on {args.data} ({args.split}, {result['n']} {unit}): "
-          f"loss {result['loss']:.4f}, {what} {result['acc']:.4f} "
-          f"[{result['device']}, {result['seconds']:.2f} s]")
+    from rotviz.tasks import METRIC_LABELS
+
+    shown = [f"loss {result['loss']:.4f}"]
+    if result["acc"] is not None:
+        shown.append(f"{what} {result['acc']:.4f}")
+    shown += [f"{METRIC_LABELS.get(k, k)} {v:.4f}" for k, v in extra.items()]
+    print(f"{args.model} on {args.data} ({args.split}, {result['n']} {unit}, {split.task}): "
+          f"{', '.join(shown)} [{result['device']}, {result['seconds']:.2f} s]")
     return 0
 
 

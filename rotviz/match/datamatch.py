@@ -20,7 +20,7 @@ from dataclasses import replace
 
 import torch
 
-from rotviz.data import Split
+from rotviz.data import Split, to_device, token_mask, without_padding
 from rotviz.errors import RotvizError
 from rotviz.evaluation import check_fits, split_for
 from rotviz.groups import assign
@@ -57,11 +57,13 @@ def activations(loaded: Loaded, view: ModelView, split: Split, device: torch.dev
     streams: dict[int, list[Tensor]] = {}
     hidden: dict[int, list[Tensor]] = {}
 
+    real: list[Tensor | None] = [None]  # the batch's real-token mask (None: no padding)
+
     def keep(store: dict, k: int):
         def hook(_mod, args, kwargs, *out):
             x = out[0] if out else (args[0] if args else next(iter(kwargs.values())))
-            x = x[0] if isinstance(x, tuple) else x
-            store.setdefault(k, []).append(to_wide(x.detach()).reshape(-1, x.shape[-1]).cpu())
+            x = without_padding((x[0] if isinstance(x, tuple) else x).detach(), real[0])
+            store.setdefault(k, []).append(to_wide(x).reshape(-1, x.shape[-1]).cpu())
         return hook
 
     n = len(lay.blocks)
@@ -79,7 +81,9 @@ def activations(loaded: Loaded, view: ModelView, split: Split, device: torch.dev
     params = {k: v.to(device) for k, v in state.items() if k in names}
     with torch.no_grad():
         for x, _ in split.subset(min(split.n, ACT_EXAMPLES)).batches(batch_size):
-            call(loaded.spec, module, params, x.to(device))
+            x = to_device(x, device)
+            real[0] = token_mask(x)
+            call(loaded.spec, module, params, x)
     return ([torch.cat(streams[k]) for k in sorted(streams)],
             [torch.cat(hidden[k]) for k in sorted(hidden)])
 
@@ -127,18 +131,20 @@ def match_activations(anchor: Loaded, anc_c: ModelView, src_c: ModelView, option
 
 
 def match_with_data(anchor: Loaded, anchor_view: ModelView, source_view: ModelView,
-                    options: MatchOptions, data: str | None, device: torch.device,
+                    options: MatchOptions, data: str | Split | None, device: torch.device,
                     progress: Progress | None = None,
                     cancel: Callable[[], bool] | None = None) -> MatchResult:
     """Activation and/or learned matching (`options.act`, `options.learned`) on `data`'s
-    training split (learned matching stops early on its validation split)."""
+    training split (learned matching stops early on its validation split). `data` is a data
+    reference, read the way the anchor reads it, or a split read that way (its reading, e.g.
+    the columns of a CSV, carries over to the training split)."""
     if not data:
         raise RotvizError(
             f"matching [{options.label}] learns from data: give a data reference (--data)"
         )
 
     t0 = time.perf_counter()
-    train = split_for(anchor, data, "train")
+    train = data.sibling("train") if isinstance(data, Split) else split_for(anchor, data, "train")
     check_fits(anchor, train)  # one line for data the model cannot read, before any work
     group = check_residual(source_view, options) if options.residual else None
 

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from rotviz.data import Split
+from rotviz.data import Inputs, Split, cat_inputs, map_inputs
 from rotviz.evaluation import IGNORE, Evaluator, barrier_of, resolve_device
 from rotviz.groups import centred_lift, ones_complement, rope_pairs
 from rotviz.match.options import LearnOptions
@@ -28,6 +28,7 @@ from rotviz.models import Loaded, wide_device
 from rotviz.symmetry import residual as rs
 from rotviz.symmetry.actions import LayerTransform, apply
 from rotviz.symmetry.view import ModelView, write_state
+from rotviz.tasks import sample_losses
 from rotviz.types import Progress
 
 Tensor = torch.Tensor
@@ -107,8 +108,11 @@ class Maps(torch.nn.Module):
         return view
 
 
-def _train_loss(ev: Evaluator, params: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
+def _train_loss(ev: Evaluator, params: dict[str, Tensor], x: Inputs, y: Tensor) -> Tensor:
     logits = ev.logits(params, x).float()
+    if ev.split.task in ("multi-label", "regression"):  # the head's own mean loss
+        loss, _, count = sample_losses(ev.split.task, logits, y, lambda t: t)
+        return loss.sum() / count.sum()
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
                            ignore_index=IGNORE)
 
@@ -172,9 +176,9 @@ def learn(
     sched = torch.optim.lr_scheduler.LambdaLR(
         optim, lambda k: 0.5 * (1 + np.cos(np.pi * min(k, opts.steps) / opts.steps)))
     batches = ev_train.batches
-    xs = torch.cat([x for x, _ in batches])
+    xs = cat_inputs([x for x, _ in batches])
     ys = torch.cat([y for _, y in batches])
-    n = len(xs)
+    n = len(ys)
     bad = 0
     recent: list[float] = []
     info.stopped = "steps"
@@ -186,7 +190,8 @@ def learn(
         lam = float(gen.uniform(*opts.lam))
         ps = source_params()
         params = {k: torch.lerp(pa[k], ps[k], lam) for k in pa}
-        loss = _train_loss(ev_train, params, xs[idx.to(xs.device)], ys[idx.to(ys.device)])
+        pick = idx.to(ys.device)
+        loss = _train_loss(ev_train, params, map_inputs(xs, lambda t, i=pick: t[i]), ys[pick])
         optim.zero_grad()
         loss.backward()
         optim.step()

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rotviz.data import Split
 from rotviz.match.datamatch import match_with_data
 from rotviz.match.engine import match
 from rotviz.match.options import MatchOptions
@@ -105,14 +106,15 @@ def match_models(
     options: MatchOptions | None = None,
     device: torch.device | str = "cpu",
     progress: Progress | None = None,
-    data: str | None = None,
+    data: str | Split | None = None,
     cancel: Callable[[], bool] | None = None,
 ) -> Matched:
     """Match `source` onto `anchor`; check on probe inputs that the function is preserved
     (in float32, and for a half checkpoint in its dtype too).
 
     Activation and learned matching (`options.act`, `options.learned`) read `data` (a data
-    reference such as "digits"); learned matching stops early when `cancel()` is true."""
+    reference such as "digits", or a split read through the anchor); learned matching stops
+    early when `cancel()` is true."""
     check_compatible(anchor, source)
     options = options or MatchOptions()
     device = wide_device(device)  # the solvers work in float64, which MPS lacks
