@@ -309,6 +309,20 @@ class Evaluator:
         loss, correct, count = self.per_sample(params)
         return float(loss.sum() / count.sum()), float(correct.sum() / count.sum())
 
+    def scores(self, params: Mapping[str, Tensor]) -> dict[str, float]:
+        """The task's metrics beyond loss and accuracy (rotviz.tasks: macro-F1, entity F1,
+        MSE); empty for language models."""
+        task = self.split.task
+        if task in LM_TASKS:
+            return {}
+        preds, labels = [], []
+        with torch.inference_mode():
+            for x, y in self.batches:
+                preds.append(predictions(task, self.logits(params, x)).cpu())
+                labels.append(y.cpu())
+        return scores(task, _cat(preds), _cat(labels), self.split.label_names,
+                      self.split.n_classes)
+
 
 def barrier_of(alphas: Sequence[float], loss: Sequence[float]) -> float:
     """GLMC barrier: max over alpha of L(alpha) - ((1 - alpha) L(0) + alpha L(1))."""

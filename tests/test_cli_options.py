@@ -52,6 +52,8 @@ PATHS = {
     "layers": ["a-b", "-1", "nan", "inf", "0-99999999999", "3-1", "", "1.5", "0," * 120],
     "name": ["nope", "", "-5", "nan"],
     "spec": ["nope", "ffn,nope", "-5", "nan"],  # "" is a SPEC: none
+    # column names: empty, or given for data without columns (the commands' digits)
+    "column": ["", " ", "nope", "text"],
 }
 KINDS = {
     ("match", "anchor"): "model", ("match", "source"): "model", ("match", "--out"): "out folder",
@@ -64,6 +66,9 @@ KINDS = {
     ("merge", "--stats-split"): "name",
     ("zoo build", "names"): "name", ("zoo build", "--out"): "zoo out",
     ("serve", "--roots"): "roots",
+    **{(c, f): "column" for c in ("match", "barrier", "plane", "merge", "eval")
+       for f in ("--text-column", "--pair-column", "--label-column", "--words-column",
+                 "--tags-column")},
     **{(c, o): k for c in ("barrier", "plane", "merge")
        for o, k in (("anchor", "model"), ("source", "model"), ("--data", "data"),
                     ("--json", "out file"), ("--layers", "layers"), ("--match", "spec"),

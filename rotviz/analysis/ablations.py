@@ -85,7 +85,7 @@ def ablation(
     d0 = 0.0
     for k, spec in enumerate(parsed):
         options = None if spec.is_none else spec.options()
-        state, info = matched_state(anchor, source, options, ev.device, data=split.data)
+        state, info = matched_state(anchor, source, options, ev.device, data=split)
         d0 = info.distance_before
         c = interpolate(anchor, source, split, options, points, evaluator=ev, source_state=state,
                         match_info=info, progress=_spread(progress, k, len(parsed), spec.label))
@@ -153,7 +153,7 @@ def layer_sweeps(
         if layers in cache:
             continue
         options = None if (s.is_none or not layers) else s.options(layers)
-        state, info = matched_state(anchor, source, options, ev.device, data=split.data)
+        state, info = matched_state(anchor, source, options, ev.device, data=split)
         c = interpolate(anchor, source, split, options, points, evaluator=ev, source_state=state,
                         match_info=info)
         cache[layers] = SweepPoint(list(layers), info.distance_after, c.barrier, c.loss_range,

@@ -297,6 +297,10 @@ class Merged:
     anchor: str = ""
     source: str = ""
     layers: list[int] | None = None  # layers matched (None: all)
+    # the task's further metrics (rotviz.tasks: macro-F1, entity F1, ...; none for LMs)
+    scores: dict[str, float] = field(default_factory=dict)
+    anchor_scores: dict[str, float] = field(default_factory=dict)
+    source_scores: dict[str, float] = field(default_factory=dict)
     state: dict[str, Tensor] = field(default_factory=dict, repr=False)
     anchor_stats: dict[str, Tensor] | None = field(default=None, repr=False)
     source_stats: dict[str, Tensor] | None = field(default=None, repr=False)
@@ -388,7 +392,7 @@ def merge(
     options = as_options(options)
     ev = Evaluator(anchor, split, device)
     if source_state is None:
-        source_state, info = matched_state(anchor, source, options, ev.device, data=split.data)
+        source_state, info = matched_state(anchor, source, options, ev.device, data=split)
         match_s, d0, d1 = info.seconds, info.distance_before, info.distance_after
     else:
         match_s, d0, d1 = 0.0, 0.0, 0.0
@@ -415,7 +419,9 @@ def merge(
         device=str(ev.device), n=split.n, seconds=time.perf_counter() - t0, match_seconds=match_s,
         stats_seconds=stats_s, distance_before=d0, distance_after=d1, anchor=anchor.ref,
         source=source.ref, layers=layers_of(options), state=merged, anchor_stats=sa,
-        source_stats=sb,
+        source_stats=sb, scores=ev.scores(ev.params(merged)),
+        anchor_scores=ev.scores(ev.params(anchor.state)),
+        source_scores=ev.scores(ev.params(source_state)),
     )
 
 
@@ -456,6 +462,10 @@ class FusionTable:
     device: str
     seconds: float
     timing: dict[str, float]  # "match:SPEC", "stats:METHOD", "merge:METHOD" -> seconds
+    # method -> spec -> the task's further metrics of the merged model (macro-F1, ...)
+    scores: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    anchor_scores: dict[str, float] = field(default_factory=dict)
+    source_scores: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -499,6 +509,7 @@ def fusion_table(
     total = len(specs) * (1 + len(methods))
     step = 0
     timing: dict[str, float] = {}
+    scored: dict[str, dict[str, dict[str, float]]] = {}
     acc: dict[str, dict[str, float]] = {m: {} for m in methods}
     loss: dict[str, dict[str, float]] = {m: {} for m in methods}
     distance: dict[str, float] = {}
@@ -512,7 +523,7 @@ def fusion_table(
 
     for spec, label in zip(specs, labels, strict=True):
         t = time.perf_counter()
-        state, info = matched_state(anchor, source, as_options(spec), ev.device, data=split.data)
+        state, info = matched_state(anchor, source, as_options(spec), ev.device, data=split)
         timing[f"match:{label}"] = time.perf_counter() - t
         distance[label] = info.distance_after
         tick(f"matched [{label}]")
@@ -528,6 +539,7 @@ def fusion_table(
                                   alpha)
             timing[f"merge:{m}"] = timing.get(f"merge:{m}", 0.0) + time.perf_counter() - t
             loss[m][label], acc[m][label] = ev.evaluate(ev.params(merged))
+            scored.setdefault(m, {})[label] = ev.scores(ev.params(merged))
             tick(f"{m} merge [{label}]")
     a_loss, a_acc = ev.evaluate(ev.params(anchor.state))
     s_loss, s_acc = ev.evaluate(ev.params(source.state))
@@ -536,5 +548,6 @@ def fusion_table(
         anchor_loss=a_loss, source_loss=s_loss, distance=distance, weight=weight, alpha=alpha,
         batches=batches, batch_size=batch_size, data=split.data, split=split.split,
         stats_split=st_split.split, device=str(ev.device), seconds=time.perf_counter() - t0,
-        timing=timing,
+        timing=timing, scores=scored, anchor_scores=ev.scores(ev.params(anchor.state)),
+        source_scores=ev.scores(ev.params(source.state)),
     )

@@ -69,7 +69,7 @@ class MatchInfo:
 
 def matched_state(anchor: Loaded, source: Loaded, options: MatchOptions | str | None,
                   device: str | torch.device = "cpu", progress: Progress | None = None,
-                  data: str | None = None, cancel: Callable[[], bool] | None = None,
+                  data: str | Split | None = None, cancel: Callable[[], bool] | None = None,
                   ) -> tuple[dict[str, Tensor], MatchInfo]:
     """The source as matched onto the anchor (its own state for no matching), checked.
     Activation and learned matching train on `data`'s train split (validation: its val)."""
@@ -207,7 +207,7 @@ def interpolate(
     options = as_options(options)
     ev = evaluator or Evaluator(anchor, split, device, batch_size)
     if source_state is None:
-        source_state, info = matched_state(anchor, source, options, ev.device, data=split.data)
+        source_state, info = matched_state(anchor, source, options, ev.device, data=split)
     else:
         info = match_info or MatchInfo(label_of(options), 0.0, 0.0, None, 0.0)
     alphas = np.linspace(0.0, 1.0, points).tolist()
@@ -296,7 +296,7 @@ def loss_plane(
     options = as_options(options)
     ev = Evaluator(anchor, split, device, batch_size)
     if source_state is None:
-        source_state, info = matched_state(anchor, source, options, ev.device, data=split.data)
+        source_state, info = matched_state(anchor, source, options, ev.device, data=split)
         label = info.match
     else:
         label = label_of(options)

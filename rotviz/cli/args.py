@@ -100,9 +100,10 @@ def reading(args: argparse.Namespace, data: str | None):
         if not value.strip():
             raise RotvizError(f"{flag} is empty; name a column of the data")
         if kind not in LABELLED_KINDS:
-            raise RotvizError(f"{flag} applies to labelled data (csv:, tsv:, jsonl:, hf:), "
-                              f"not to '{data}'")
+            what = f"not to '{data}'" if data else "given with --data"
+            raise RotvizError(f"{flag} applies to labelled data (csv:, tsv:, jsonl:, hf:) {what}")
     if args.seq_len is not None and kind not in (*TEXT_SOURCES, *LABELLED_KINDS):
-        raise RotvizError(f"--seq-len applies to text data, not to '{data}'")
+        what = f"not to '{data}'" if data else "given with --data"
+        raise RotvizError(f"--seq-len applies to text data {what}")
     cols = Columns(**{k: v for k, v in given.items() if v is not None})
     return cols, args.seq_len
