@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from rotviz.errors import RotvizError
-from rotviz.labelled import LABELLED_KINDS, labelled_split
+from rotviz.labelled import LABELLED_KINDS, data_path, labelled_split
 from rotviz.splits import IGNORE, SPLITS
 from rotviz.splits import split_indices as _split_indices
 from rotviz.splits import tenth_split as _tenth_split
@@ -333,7 +333,7 @@ def text_file(path: str, split: str, seed: int = 0, **reading) -> Split:
 
 
 def _existing(path: str, kind: str, expected: str) -> Path:
-    p = Path(path).expanduser()
+    p = data_path(path)
     if not path:
         raise RotvizError(f"no {kind} given; expected {expected}")
     if kind == "file" and not p.is_file():
@@ -396,7 +396,7 @@ def _read_cifar_batch(file: Path) -> tuple[np.ndarray, np.ndarray]:
     return data, labels.astype(np.int64)
 
 
-def cifar10(path: str, split: str, seed: int = 0) -> Split:
+def cifar10(path: str, split: str, seed: int = 0, processor: Any = None) -> Split:
     """CIFAR-10 python batches: test = test_batch, val = a seeded tenth of the train batches."""
     root = _existing(path, "directory", CIFAR_FORMAT)
     if split == "test":
@@ -415,9 +415,16 @@ def cifar10(path: str, split: str, seed: int = 0) -> Split:
         k = max(1, round(len(data) / 10)) if len(data) >= 2 else 0
         idx = _split_indices(len(data), seed, k, 0)[split]
         data, labels = data[idx], labels[idx]
-    x = torch.tensor(data.reshape(-1, 3, 32, 32), dtype=torch.float32) / 255.0
-    return Split(f"cifar10:{path}", split, "image", x, torch.tensor(labels), n_classes, "",
-                 {"seed": seed})
+    if processor is not None:  # the model's own resize, crop and normalisation
+        from PIL import Image
+
+        images = [Image.fromarray(a) for a in data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)]
+        x = processor.pixels(images) if images else torch.zeros(0, 3, 32, 32)
+    else:
+        x = torch.tensor(data.reshape(-1, 3, 32, 32), dtype=torch.float32) / 255.0
+    return Split(f"cifar10:{path}", split, "image", x, torch.tensor(labels), n_classes,
+                 processor.fingerprint if processor is not None else "",
+                 {"seed": seed, "processor": processor})
 
 
 def _cifar_classes(root: Path, labels: np.ndarray) -> int:
@@ -465,10 +472,12 @@ def _image_size(f: Path) -> tuple[int, int]:
     return w, h
 
 
-def imagefolder(path: str, split: str, seed: int = 0) -> Split:
-    """One subfolder per class (sorted names are class ids), images of one size.
+def imagefolder(path: str, split: str, seed: int = 0, processor: Any = None) -> Split:
+    """One subfolder per class (sorted names are class ids).
 
-    Grayscale folders give 1 channel, anything else RGB; pixels scaled to [0, 1].
+    Without a processor: images of one size; grayscale folders give 1 channel, anything else
+    RGB; pixels scaled to [0, 1]. With the model's image processor (rotviz.tokens.ImageReading):
+    any sizes, as RGB, resized, cropped and normalised by it.
     Split: a seeded 10% test and 10% val over all images.
     """
     from PIL import Image, UnidentifiedImageError
@@ -481,19 +490,25 @@ def imagefolder(path: str, split: str, seed: int = 0) -> Split:
     for label, folder in enumerate(classes):
         found = sorted(f for f in folder.iterdir() if f.is_file() and not f.name.startswith("."))
         if not found:
+            inner = sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+            if inner:
+                raise RotvizError(
+                    f"'{folder}' holds folders ({', '.join(p.name for p in inner[:3])}), not "
+                    f"images: point imagefolder: at the folder whose subfolders are the "
+                    f"classes, e.g. imagefolder:{folder}")
             raise RotvizError(f"class folder '{folder}' is empty; expected {IMAGEFOLDER_FORMAT}")
         files += [(f, label) for f in found]
     sizes = [_image_size(f) for f, _ in files]  # headers only: nothing decoded yet
     first = sizes[0]
     odd = next(((f, size) for (f, _), size in zip(files, sizes, strict=True) if size != first),
                None)
-    if odd is not None:
+    if odd is not None and processor is None:
         raise RotvizError(f"images differ in size ('{files[0][0]}' is {first[0]}x{first[1]}, "
-                          f"'{odd[0]}' is {odd[1][0]}x{odd[1][1]}); resize them to one size")
-    if len(files) * first[0] * first[1] > MAX_FOLDER_PIXELS:
-        raise RotvizError(f"'{root}' holds {len(files)} images of {first[0]}x{first[1]}, more "
-                          f"than {MAX_FOLDER_PIXELS:,} pixels in all; use fewer or smaller "
-                          "images")
+                          f"'{odd[0]}' is {odd[1][0]}x{odd[1][1]}); resize them to one size, or "
+                          "save the model's image processor (preprocessor_config.json) with it")
+    if sum(w * h for w, h in sizes) > MAX_FOLDER_PIXELS:
+        raise RotvizError(f"'{root}' holds {len(files)} images, more than "
+                          f"{MAX_FOLDER_PIXELS:,} pixels in all; use fewer or smaller images")
     images = []
     for f, _ in files:
         try:
@@ -505,15 +520,20 @@ def imagefolder(path: str, split: str, seed: int = 0) -> Split:
         except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
             raise RotvizError(f"'{f}' is not a readable image ({e.__class__.__name__}); "
                               f"expected {IMAGEFOLDER_FORMAT}") from None
+    y = torch.tensor([label for _, label in files], dtype=torch.long)
+    idx = torch.as_tensor(_tenth_split(len(y), seed)[split], dtype=torch.long)
+    how = {"seed": seed, "processor": processor}
+    if processor is not None:  # the model's own resize, crop and normalisation
+        chosen = [images[i].convert("RGB") for i in idx.tolist()]
+        x = processor.pixels(chosen) if chosen else torch.zeros(0, 3, 1, 1)
+        return Split(f"imagefolder:{path}", split, "image", x, y[idx], len(classes),
+                     processor.fingerprint, how)
     gray = all(im.mode in ("1", "L", "I", "I;16", "F") for im in images)
     mode = "L" if gray else "RGB"
     arrays = [np.asarray(im.convert(mode), dtype=np.float32) / 255.0 for im in images]
     x = torch.tensor(np.stack(arrays))
     x = x.unsqueeze(1) if gray else x.permute(0, 3, 1, 2).contiguous()
-    y = torch.tensor([label for _, label in files], dtype=torch.long)
-    idx = torch.as_tensor(_tenth_split(len(y), seed)[split], dtype=torch.long)
-    return Split(f"imagefolder:{path}", split, "image", x[idx], y[idx], len(classes), "",
-                 {"seed": seed})
+    return Split(f"imagefolder:{path}", split, "image", x[idx], y[idx], len(classes), "", how)
 
 
 # ---- references -------------------------------------------------------------------------------
@@ -523,11 +543,12 @@ KNOWN = ("digits, pystdlib, cifar10:DIR, imagefolder:DIR, text:FILE, csv:FILE, t
 
 
 TEXT_SOURCES = ("pystdlib", "text")
+IMAGE_FILES = ("cifar10", "imagefolder")  # read through the model's image processor, if any
 
 
 def load_split(ref: str, split: str = "test", seed: int = 0, reader: Any = None,
                masked: bool = False, seq_len: int | None = None,
-               labelling: Any = None) -> Split:
+               labelling: Any = None, processor: Any = None) -> Split:
     """Load one split of a data reference. Text is read by `reader` (the model's
     rotviz.tokens.TextEncoding; None: rotviz's character vocabulary), as masked-LM data when
     `masked`, in windows of `seq_len` tokens; labelled text (rotviz.labelled) for the
@@ -550,7 +571,8 @@ def load_split(ref: str, split: str = "test", seed: int = 0, reader: Any = None,
     plain = {"digits": digits, "pystdlib": pystdlib}
     with_path = {"cifar10": cifar10, "imagefolder": imagefolder, "text": text_file}
     reading = ({"reader": reader, "masked": masked, "seq_len": seq_len}
-               if kind in TEXT_SOURCES else {})
+               if kind in TEXT_SOURCES else {"processor": processor} if kind in IMAGE_FILES
+               else {})
     if kind in plain and not arg:
         out = plain[kind](split, seed, **reading)
     elif kind in with_path:

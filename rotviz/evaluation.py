@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from rotviz.arch import max_positions
-from rotviz.data import IGNORE, TEXT_SOURCES, Inputs, Split, load_split, to_device
+from rotviz.data import IGNORE, IMAGE_FILES, TEXT_SOURCES, Inputs, Split, load_split, to_device
 from rotviz.errors import RotvizError
 from rotviz.labelled import LABELLED_KINDS, Columns, Labelling
 from rotviz.limits import BATCH_SIZE
@@ -28,7 +28,13 @@ from rotviz.tasks import (
     scores,
     task_of_config,
 )
-from rotviz.tokens import CHARS, encoding_fingerprint, text_encoding
+from rotviz.tokens import (
+    CHARS,
+    encoding_fingerprint,
+    image_reading,
+    processor_fingerprint,
+    text_encoding,
+)
 
 Tensor = torch.Tensor
 LABELLED = "csv:, tsv:, jsonl:, conll: or hf:"
@@ -87,7 +93,12 @@ def split_for(loaded: Loaded, ref: str, split: str = "test", seed: int = 0,
         lab = labelling(loaded, columns, seq_len)
         reader = text_encoding(loaded.path, loaded.config, loaded.ref)
         return load_split(ref, split, seed, reader, labelling=lab)
-    if loaded.spec.inputs == "pixels" or kind not in TEXT_SOURCES:
+    if loaded.spec.inputs == "pixels":
+        proc = image_reading(loaded.path) if loaded.path else None
+        if proc is not None and kind in IMAGE_FILES:
+            return load_split(ref, split, seed, processor=proc)
+        return load_split(ref, split, seed)
+    if kind not in TEXT_SOURCES:
         return load_split(ref, split, seed)
     task = task_of(loaded)
     if task in CLASSIFIER_TASKS:
@@ -113,6 +124,14 @@ def check_fits(loaded: Loaded, split: Split) -> None:
             raise RotvizError(
                 f"'{split.data}' is {split.task} data but {loaded.ref} is an image model"
             )
+        proc = processor_fingerprint(loaded.path) if loaded.path else ""
+        if split.encoding != proc:
+            how = "through another image processor" if split.encoding else "as they are"
+            raise RotvizError(
+                f"'{split.data}' images were read {how} but {loaded.ref} reads images through "
+                f"{'its own image processor' if proc else 'no processor'}; load the data "
+                "through the model (rotviz.evaluation.split_for), with imagefolder:DIR or "
+                "cifar10:DIR for a model with a processor")
         c, size = image_shape(loaded)
         _, dc, dh, dw = split.inputs.shape
         if dc != c or dh != size or dw != size:

@@ -87,8 +87,20 @@ class Labelling:
 # ---- reading rows ----------------------------------------------------------------------------
 
 
-def _file(path: str, kind: str) -> Path:
+REPO = Path(__file__).resolve().parent.parent  # a source checkout's root (assets/data/...)
+
+
+def data_path(path: str) -> Path:
+    """A data file's path: as given, or, when a relative path does not exist from the
+    working directory, relative to the repository (the zoo's cards name `assets/data/...`)."""
     p = Path(path).expanduser()
+    if not p.exists() and not p.is_absolute() and (REPO / p).exists():
+        return REPO / p
+    return p
+
+
+def _file(path: str, kind: str) -> Path:
+    p = data_path(path)
     if not p.is_file():
         what = "is a directory" if p.is_dir() else "does not exist"
         raise RotvizError(f"'{p}' {what}; {kind}: expects a file")
@@ -164,7 +176,7 @@ def read_conll(path: str) -> list[dict[str, Any]]:
 def read_hf(path: str) -> dict[str, list[dict[str, Any]]]:
     """The splits of a `datasets` folder (save_to_disk) or of a folder of parquet files, by
     rotviz's split names; {"": rows} for one unnamed split."""
-    root = Path(path).expanduser()
+    root = data_path(path)
     if not root.is_dir():
         what = "is a file" if root.exists() else "does not exist"
         raise RotvizError(f"'{root}' {what}; hf: expects a datasets folder (save_to_disk) or "

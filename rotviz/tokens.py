@@ -156,3 +156,48 @@ def _auto_tokenizer(path: Path, **kwargs: Any) -> Any:
         msg = str(e).strip().splitlines()[0][:160] if str(e).strip() else e.__class__.__name__
         raise RotvizError(f"cannot load the tokenizer saved in '{path}' ({msg}); save it "
                           "again with tokenizer.save_pretrained") from None
+
+
+# ---- images -------------------------------------------------------------------------------------
+
+PROCESSOR_FILE = "preprocessor_config.json"
+
+
+@dataclass(frozen=True)
+class ImageReading:
+    """How one image model reads images: its folder's image processor (resize, crop,
+    normalise) and the processor's fingerprint, which splits made with it record."""
+
+    fingerprint: str
+    processor: Any
+
+    def pixels(self, images: list) -> Any:
+        """The processor's pixel values of PIL images (any sizes) as one float tensor."""
+        out = self.processor(images=images, return_tensors="pt")
+        return out["pixel_values"].float()
+
+
+def processor_fingerprint(path: Path) -> str:
+    """"" for a model without an image processor, else a hash of its settings."""
+    f = Path(path) / PROCESSOR_FILE
+    return fingerprint([f]).replace("tok:", "proc:") if f.is_file() else ""
+
+
+def image_reading(path: Path) -> ImageReading | None:
+    """The model folder's image processor (`AutoImageProcessor` from its local file, never
+    remote code), or None when the folder has none (images are then read as they are)."""
+    fp = processor_fingerprint(path)
+    if not fp:
+        return None
+    try:
+        from transformers import AutoImageProcessor
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        proc = AutoImageProcessor.from_pretrained(str(path), local_files_only=True,
+                                                  trust_remote_code=False)
+    except Exception as e:  # noqa: BLE001 - any failure is one line about the folder
+        msg = str(e).strip().splitlines()[0][:160] if str(e).strip() else e.__class__.__name__
+        raise RotvizError(f"cannot load the image processor saved in '{path}' ({msg}); save "
+                          "it again with image_processor.save_pretrained") from None
+    return ImageReading(fp, proc)
