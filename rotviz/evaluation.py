@@ -310,17 +310,27 @@ class Evaluator:
     def logits(self, params: Mapping[str, Tensor], x: Tensor) -> Tensor:
         return call(self.loaded.spec, self.loaded.model, {**self.buffers, **params}, x)
 
-    def per_sample(self, params: Mapping[str, Tensor]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Summed loss, correct predictions and predictions per sample (text: per sequence)."""
-        losses, corrects, counts = [], [], []
+    def per_sample(self, params: Mapping[str, Tensor], scored: list | None = None
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Summed loss, correct predictions and predictions per sample (text: per sequence).
+        With a list `scored`, the task's metrics of the same pass (rotviz.tasks.scores: F1,
+        ...) are appended to it (empty for language models)."""
+        losses, corrects, counts, preds = [], [], [], []
+        task = self.split.task
+        keep = scored is not None and task not in LM_TASKS
         with torch.inference_mode():
             for x, y in self.batches:
                 logits = self.logits(params, x)
-                loss, correct, count = sample_losses(self.split.task, logits, y, to_wide)
+                loss, correct, count = sample_losses(task, logits, y, to_wide)
                 losses.append(loss)
                 corrects.append(correct)
                 counts.append(count)
+                if keep:
+                    preds.append(predictions(task, logits).cpu())
             out = [torch.cat(t).cpu().numpy() for t in (losses, corrects, counts)]
+        if scored is not None:
+            scored.append(scores(task, _cat(preds), _cat([y.cpu() for _, y in self.batches]),
+                                 self.split.label_names, self.split.n_classes) if keep else {})
         return out[0], out[1].astype(np.float64), out[2].astype(np.float64)
 
     def evaluate(self, params: Mapping[str, Tensor]) -> tuple[float, float]:
@@ -331,16 +341,9 @@ class Evaluator:
     def scores(self, params: Mapping[str, Tensor]) -> dict[str, float]:
         """The task's metrics beyond loss and accuracy (rotviz.tasks: macro-F1, entity F1,
         MSE); empty for language models."""
-        task = self.split.task
-        if task in LM_TASKS:
-            return {}
-        preds, labels = [], []
-        with torch.inference_mode():
-            for x, y in self.batches:
-                preds.append(predictions(task, self.logits(params, x)).cpu())
-                labels.append(y.cpu())
-        return scores(task, _cat(preds), _cat(labels), self.split.label_names,
-                      self.split.n_classes)
+        scored: list[dict[str, float]] = []
+        self.per_sample(params, scored)
+        return scored[0]
 
 
 def barrier_of(alphas: Sequence[float], loss: Sequence[float]) -> float:

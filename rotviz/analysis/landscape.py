@@ -127,6 +127,9 @@ class Curve:
     barrier_mean: float = 0.0
     barrier_std: float = 0.0
     mid_acc_std: float = 0.0
+    task: str = ""  # rotviz.tasks: what the model does, and so which metrics it has
+    scores: dict[str, list[float]] = field(default_factory=dict)  # metric -> value per alpha
+    mid_scores: dict[str, float] = field(default_factory=dict)  # at alpha = 0.5
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -144,10 +147,11 @@ def path_curve(ev: Evaluator, anchor_params: Mapping[str, Tensor],
     alphas = [float(a) for a in alphas]
     extra = [] if any(abs(a - 0.5) < 1e-12 for a in alphas) else [0.5]
     todo = alphas + extra
-    per = []
+    per: list = []
+    scored: list[dict[str, float]] = []
     for j, a in enumerate(todo):
         params = {k: torch.lerp(anchor_params[k], source_params[k], a) for k in anchor_params}
-        per.append(ev.per_sample(params))
+        per.append(ev.per_sample(params, scored))
         if progress:
             progress(j + 1, len(todo), f"alpha = {a:.3f}")
     loss = np.array([p[0].sum() / p[2].sum() for p in per])
@@ -156,7 +160,9 @@ def path_curve(ev: Evaluator, anchor_params: Mapping[str, Tensor],
     k = len(alphas)
     out = dict(alphas=alphas, loss=loss[:k].tolist(), acc=acc[:k].tolist(),
                barrier=barrier_of(alphas, loss[:k]), loss_range=loss_range_of(loss[:k]),
-               mid_loss=float(loss[mid]), mid_acc=float(acc[mid]), repeats=repeats)
+               mid_loss=float(loss[mid]), mid_acc=float(acc[mid]), repeats=repeats,
+               task=ev.split.task, scores={m: [sc[m] for sc in scored[:k]] for m in scored[0]},
+               mid_scores={m: v for m, v in scored[mid].items()})
     if repeats > 1:
         parts = _partition(ev.n, repeats, seed)
         pl = np.array([[p[0][ix].sum() / p[2][ix].sum() for p in per] for ix in parts])
