@@ -66,6 +66,8 @@ def at_alpha(curves: list[dict]) -> None:
                    delta=f"loss {c['loss'][i]:.3f} nats", delta_color="off", delta_arrow="off",
                    help="test accuracy (fraction correct) of the model at this α; below it the "
                         "test loss")
+        for k, values in (c.get("scores") or {}).items():
+            col.caption(f"{style.metric_label(k)} {values[i]:.3f}", help=style.metric_help(k))
 
 
 def body() -> None:

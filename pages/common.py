@@ -37,7 +37,6 @@ from streamlit.errors import StreamlitAPIException
 from rotviz import app, appconfig, explore
 from rotviz.app import Progress, RotvizError
 
-DATA_CHOICES = ("auto", "digits", "pystdlib")
 PAIR_NAMES = {"default": "two seeds", "finetuned": "two fine-tunes", "gpt2": "GPT-2 pair"}
 SMALL_PAIR = 5_000_000  # parameters in the pair: below this, pages compute without a click
 PRESENTER_FONT = 22
@@ -77,6 +76,20 @@ def model_choices(roots: tuple[str, ...]) -> list[str]:
 
 
 @st.cache_data(ttl=60, show_spinner=False)
+@st.cache_data(ttl=60, show_spinner=False)
+def data_found(roots: tuple[str, ...]) -> list[str]:
+    """The user's data files and folders under the roots (appconfig.discover_data)."""
+    return appconfig.discover_data(map(Path, roots))
+
+
+def _typed(key: str) -> str:
+    """A sidebar text box's value before it is drawn (its state, or the URL)."""
+    value = st.session_state.get(key)
+    if value is None:
+        value = st.query_params.get(key, "")
+    return str(value).strip()
+
+
 def default_pair(roots: tuple[str, ...]) -> tuple[str, str]:
     return appconfig.default_pair([Path(r) for r in roots])
 
@@ -107,38 +120,58 @@ def sidebar() -> Setup:
         sb.pills("Zoo pairs", list(presets), format_func=lambda k: PAIR_NAMES.get(k, k),
                  key="pair_preset", on_change=use_preset,
                  help="Set both models to one of the zoo's pairs.")
+    typed = {k: _typed(k) for k in ("anchor_path", "source_path", "data_path")}
     anchor = sb.selectbox(
         "Anchor (model 2, stays fixed)", choices,
         index=choices.index(pair[0]) if pair[0] in choices else 0,
         format_func=appconfig.model_label, key="anchor", bind="query-params",
+        disabled=bool(typed["anchor_path"]),
         help="The model the other one is moved towards. Zoo entries and folders under the "
-             f"model roots ({appconfig.ENV_ROOTS}).",
+             f"model roots ({appconfig.ENV_ROOTS}). A folder typed below replaces it.",
     )
     source = sb.selectbox(
         "Source (model 1, gets matched)", choices,
         index=choices.index(pair[1]) if pair[1] in choices else min(1, len(choices) - 1),
         format_func=appconfig.model_label, key="source", bind="query-params",
-        help="The model that is permuted, rotated and rescaled onto the anchor.",
+        disabled=bool(typed["source_path"]),
+        help="The model that is permuted, rotated and rescaled onto the anchor. A folder "
+             "typed below replaces it.",
     )
     error = None
-    with sb.expander("Use a folder instead"):
+    with sb.expander("Use a folder instead", expanded=any(typed.values())):
         st.caption("Folders under: " + ", ".join(str(r) for r in appconfig.model_roots()))
         a_path = st.text_input("anchor folder", key="anchor_path", bind="query-params")
         s_path = st.text_input("source folder", key="source_path", bind="query-params")
+        d_path = st.text_input("data (KIND:PATH, e.g. csv:data/train.csv)", key="data_path",
+                               bind="query-params",
+                               help="csv:, tsv:, jsonl:, conll:, text: files, hf: datasets "
+                                    "folders, imagefolder: folders, under the roots")
     try:
         if a_path.strip():
             anchor = appconfig.resolve_choice(a_path)
+            sb.caption(f":material/folder_open: anchor: `{anchor}`")
         if s_path.strip():
             source = appconfig.resolve_choice(s_path)
+            sb.caption(f":material/folder_open: source: `{source}`")
     except RotvizError as e:
         error = str(e)
     sb.markdown("### Data")
     auto = appconfig.data_of(anchor) if anchor else "digits"
-    data = sb.selectbox("Data source", DATA_CHOICES, key="data", bind="query-params",
+    data_choices = ["auto", *appconfig.BUILTIN_DATA, *data_found(roots)]
+    data = sb.selectbox("Data source", data_choices, key="data", bind="query-params",
                         format_func=lambda d: f"auto ({auto}, from the model card)"
-                        if d == "auto" else d,
-                        help="Evaluated on its fixed, seeded test split.")
+                        if d == "auto" else d, disabled=bool(typed["data_path"]),
+                        help="Evaluated on its fixed, seeded test split: the built-in sets and "
+                             "the data files and folders found under the roots. Text goes "
+                             "through each model's own tokenizer, images through its image "
+                             "processor.")
     data = auto if data == "auto" else data
+    if d_path.strip():
+        try:
+            data = appconfig.resolve_data(d_path)
+            sb.caption(f":material/description: data: `{data}`")
+        except RotvizError as e:
+            error = error or str(e)
     seed = int(sb.number_input("Seed (data split and random draws)", 0, 10_000, 0, key="seed",
                                bind="query-params"))
     n_eval = int(sb.number_input("Test examples to evaluate (0 = all)", 0, 100_000, 0, step=50,

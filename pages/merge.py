@@ -65,13 +65,24 @@ def body() -> None:
     with common.progress("Fusing", 1, stop="merge") as step:
         step(f"{len(methods)} methods x {len(labels)} matching options")
         t = common.compute("fusion", cfg, step.detail)
+    scored = t.get("scores") or {}
     rows = [{"method": METHODS[m], "matching": sp, "acc": t["acc"][m][sp],
-             "loss": t["loss"][m][sp], "distance": t["distance"][sp]}
+             "loss": t["loss"][m][sp], **(scored.get(m, {}).get(sp) or {}),
+             "distance": t["distance"][sp]}
             for m in t["methods"] for sp in t["specs"]]
     refs = {f"anchor ({t['anchor_acc']:.3f})": t["anchor_acc"],
             f"source ({t['source_acc']:.3f})": t["source_acc"]}
     fig = mplots.fusion_chart(rows, "acc", s.font, refs)
     common.chart(fig, "merge_chart")
+    f1 = next((k for k in ("entity_f1", "macro_f1") if k in (t.get("anchor_scores") or {})),
+              None)
+    figs = {"fusion": fig}
+    if f1 is not None:  # the seed paper's Table 1 scores merges by F1
+        a_f1, s_f1 = t["anchor_scores"][f1], t["source_scores"][f1]
+        figs["fusion_f1"] = mplots.fusion_chart(
+            rows, f1, s.font, {f"anchor ({a_f1:.3f})": a_f1, f"source ({s_f1:.3f})": s_f1})
+        common.chart(figs["fusion_f1"], "merge_chart_f1")
+        st.caption(f"{style.metric_label(f1)}: {style.metric_help(f1)}.")
     best = max(rows, key=lambda r: r["acc"])
     st.markdown(f"Best: **{best['method']}** after **{style.nice_label(best['matching'])}**, "
                 f"accuracy {best['acc']:.3f} (anchor {t['anchor_acc']:.3f}, source "
@@ -79,7 +90,7 @@ def body() -> None:
     st.dataframe([{**r, "matching": style.nice_label(r["matching"])} for r in rows],
                  hide_index=True, column_config={
                      k: st.column_config.NumberColumn(format="%.4f")
-                     for k in ("acc", "loss", "distance")})
+                     for k in ("acc", "loss", "distance", *style.METRIC_NAMES)})
     st.caption(f"Evaluated on {t['split']} ({s.data}); statistics from the {t['stats_split']} "
                f"split, {t['batches']} x {t['batch_size']} examples; {t['seconds']:.1f} s on "
                f"{t['device']}.")
@@ -88,7 +99,7 @@ def body() -> None:
     if checks:
         worst = max(c["max_output_diff"] for c in checks)
         common.function_badge(worst, checks[0]["tolerance"], "matched source (every option)")
-    common.export("merge", {"page": "merge", **cfg}, t, {"fusion": rows}, {"fusion": fig})
+    common.export("merge", {"page": "merge", **cfg}, t, {"fusion": rows}, figs)
 
 
 common.guard(body)

@@ -4,6 +4,7 @@ import streamlit as st
 
 from pages import common
 from rotviz import app, appconfig
+from rotviz.plots import style
 
 s = common.setup(__file__)
 st.title("rotviz: the symmetries of transformers")
@@ -32,12 +33,22 @@ def body() -> None:
     for col, (role, card) in zip(cols, cards.items(), strict=True):
         with col, st.container(border=True):
             st.subheader(f"{role.capitalize()}: {appconfig.short_name(card['ref'])}")
-            m = st.columns(3)
-            m[0].metric("test accuracy", f"{card['acc']:.3f}",
+            scores = card.get("scores") or {}
+            m = st.columns(3 + len(scores))
+            acc = card["acc"]
+            m[0].metric("test accuracy", "n/a" if acc != acc else f"{acc:.3f}",
                         help=f"fraction of {card['n_eval']} test examples of {s.data} "
-                             "classified right")
-            m[1].metric("test loss", f"{card['loss']:.3f}", help="cross-entropy, nats")
-            m[2].metric("parameters", f"{card['params']:,}")
+                             "predicted right (per token for language models and token "
+                             "classifiers, per label for multi-label ones)")
+            m[1].metric("test loss", f"{card['loss']:.3f}",
+                        help="the head's own loss (cross-entropy in nats; squared error for "
+                             "regression)")
+            for j, (k, v) in enumerate(scores.items()):
+                m[2 + j].metric(f"test {style.metric_label(k)}", f"{v:.3f}",
+                                help=style.metric_help(k))
+            m[-1].metric("parameters", f"{card['params']:,}")
+            st.caption(f"Task: **{card.get('name', card.get('task', ''))}** (from the "
+                       f"model's head) · metrics: {', '.join(card.get('metrics', []))}")
             st.markdown(
                 f"**{card['family']}** · {card['n_layers']} layers · width {card['d_model']} · "
                 f"{card['n_heads']} heads of size {card['d_head']} · FFN {card['d_ffn']} "

@@ -183,6 +183,71 @@ def discover(roots: Iterable[Path], max_depth: int = 3) -> list[str]:
     return sorted(set(found))
 
 
+# File endings the app offers as data, by data kind (rotviz.data, rotviz.labelled).
+DATA_FILES = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".conll": "conll", ".txt": "text"}
+BUILTIN_DATA = ("digits", "pystdlib")
+IMAGE_ENDINGS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp")
+
+
+def discover_data(roots: Iterable[Path], max_depth: int = 3) -> list[str]:
+    """The user's data under the roots, as data references: text and labelled files
+    (csv:, tsv:, jsonl:, conll:, text:), datasets folders and parquet folders (hf:), and
+    image folders with one subfolder per class (imagefolder:). Model folders are skipped."""
+    found: list[str] = []
+    for root in roots:
+        if not root.is_dir():
+            continue
+        base = len(root.parts)
+        for dirpath, dirnames, filenames in os.walk(root):
+            here = Path(dirpath)
+            depth = len(here.parts) - base
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            if "config.json" in filenames:  # a model folder (its README is not data)
+                dirnames[:] = []
+                continue
+            if {"dataset_dict.json", "state.json"} & set(filenames) or any(
+                    f.endswith(".parquet") for f in filenames):
+                found.append(f"hf:{here}")
+                dirnames[:] = []
+                continue
+            classes = [here / d for d in dirnames]
+            if len(classes) >= 2 and all(any(f.suffix.lower() in IMAGE_ENDINGS
+                                             for f in c.iterdir() if f.is_file())
+                                         for c in classes):
+                found.append(f"imagefolder:{here}")
+                dirnames[:] = []
+                continue
+            for f in sorted(filenames):
+                kind = DATA_FILES.get(Path(f).suffix.lower())
+                if kind and not f.startswith("."):
+                    found.append(f"{kind}:{here / f}")
+            if depth >= max_depth:
+                dirnames[:] = []
+    return sorted(set(found))
+
+
+def resolve_data(ref: str, roots: Sequence[Path] | None = None) -> str:
+    """A data reference the app may read: a built-in one, or a file or folder under the
+    roots (the app reads nothing outside them)."""
+    ref = (ref or "").strip()
+    kind, _, path = ref.partition(":")
+    if ref in BUILTIN_DATA:
+        return ref
+    known = (*DATA_FILES.values(), "hf", "imagefolder", "cifar10")
+    if kind not in known or not path:
+        raise RotvizError(f"unknown data '{ref}': use {', '.join(BUILTIN_DATA)} or KIND:PATH "
+                          f"with KIND one of {', '.join(known)}")
+    roots = list(roots if roots is not None else model_roots())
+    p = Path(path).expanduser()
+    p = (p if p.is_absolute() else REPO / p).resolve()
+    if not _under(p, roots):
+        raise RotvizError(f"'{path}' is outside the roots ({', '.join(map(str, roots))}); "
+                          f"move the data there or add its folder to {ENV_ROOTS}")
+    if not p.exists():
+        raise RotvizError(f"no file or folder at '{path}'")
+    return f"{kind}:{p}"
+
+
 def check_under_roots(path: str | os.PathLike, roots: Sequence[Path]) -> Path:
     """The resolved folder, if it lies inside one of the roots; a clear error otherwise."""
     p = Path(path).expanduser()

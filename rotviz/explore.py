@@ -150,6 +150,7 @@ def view_of_state(loaded: Loaded, state: Mapping[str, torch.Tensor]):
 def model_card(loaded: Loaded, split) -> dict:
     """What the Models page shows for one model: shape, size, quality and its symmetry check."""
     from rotviz.evaluation import evaluate
+    from rotviz.tasks import describe
 
     d = dims_of(loaded)
     ev = evaluate(loaded, split)
@@ -161,6 +162,8 @@ def model_card(loaded: Loaded, split) -> dict:
         "loss": ev["loss"],
         "acc": ev["acc"],
         "n_eval": ev["n"],
+        **describe(split.task),  # task, name, metrics
+        "scores": {k: v for k, v in ev.items() if k not in ("loss", "acc", "n")},
         "check": symmetry_check(loaded),
     }
 
@@ -431,19 +434,21 @@ def fusion_with_states(anchor: Loaded, source: Loaded, split,
                          batch_size, alpha, device, seed).to_dict()
         if out is None:
             out = {**t, "specs": [], "acc": {m: {} for m in t["methods"]},
-                   "loss": {m: {} for m in t["methods"]}, "distance": {}, "timing": {},
-                   "seconds": 0.0}
+                   "loss": {m: {} for m in t["methods"]}, "scores": {m: {} for m in t["methods"]},
+                   "distance": {}, "timing": {}, "seconds": 0.0}
         out["specs"].append(label)
         for m in t["methods"]:
             out["acc"][m][label] = t["acc"][m]["none"]
             out["loss"][m][label] = t["loss"][m]["none"]
+            out["scores"][m][label] = t["scores"][m]["none"]
         out["distance"][label] = t["distance"]["none"]
         for k, v in t["timing"].items():
             if not k.startswith("match:"):
                 out["timing"][k] = out["timing"].get(k, 0.0) + v
         out["seconds"] += t["seconds"]
         if state is None:  # the end models' numbers from the source as it is
-            out.update(source_acc=t["source_acc"], source_loss=t["source_loss"])
+            out.update(source_acc=t["source_acc"], source_loss=t["source_loss"],
+                       source_scores=t["source_scores"])
     if out is None:
         raise ValueError("fusion_with_states needs at least one source state")
     return out

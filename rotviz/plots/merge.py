@@ -34,8 +34,10 @@ def fusion_chart(rows: Sequence[Mapping], metric: str = "acc", font_size: int = 
             hovertemplate=f"{name}: {float(value):.3f}<extra></extra>",
         )
     fig.update_layout(barmode="group")
-    y = style.ACCURACY if metric == "acc" else style.LOSS
-    if metric == "acc":
+    named = {"acc": ("accuracy", style.ACCURACY), "loss": ("loss", style.LOSS)}
+    what = style.metric_label(metric)
+    word, y = named.get(metric, (what, f"test {what} (0-1, higher is better)"))
+    if metric not in ("loss", "mse"):
         fig.update_yaxes(range=[0, 1.02])
-    title = "Merged model " + ("accuracy" if metric == "acc" else "loss") + " per fusion method"
+    title = f"Merged model {word} per fusion method"
     return style.finish(fig, title, "fusion method", y, "matching before fusion", font_size)

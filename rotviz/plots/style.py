@@ -104,3 +104,24 @@ def nice_label(label: str) -> str:
 
 def labels_of(items: Sequence[dict], key: str = "label") -> list[str]:
     return [str(it[key]) for it in items]
+
+
+# The task metrics beyond loss and accuracy (rotviz.tasks), as charts and tables name them.
+METRIC_NAMES = {"macro_f1": "macro-F1", "micro_f1": "micro-F1",
+                "entity_f1": "entity micro-F1", "mse": "mean squared error"}
+METRIC_HELP = {
+    "macro_f1": "F1 of each class (label, tag) averaged with equal weight: rare classes count "
+                "as much as common ones (0-1, higher is better)",
+    "micro_f1": "F1 over every label decision pooled (0-1, higher is better)",
+    "entity_f1": "F1 over whole entities of the BIO tags, as conlleval counts them: an entity "
+                 "counts only when its type and both ends are right (0-1, higher is better)",
+    "mse": "mean squared error of the regression outputs (lower is better)",
+}
+
+
+def metric_label(key: str) -> str:
+    return METRIC_NAMES.get(key, key)
+
+
+def metric_help(key: str) -> str:
+    return METRIC_HELP.get(key, key)
