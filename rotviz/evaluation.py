@@ -38,6 +38,20 @@ from rotviz.tokens import (
 
 Tensor = torch.Tensor
 LABELLED = "csv:, tsv:, jsonl:, conll: or hf:"
+# Logits held at once, in elements: a language model's batches shrink to stay below it, so a
+# large vocabulary never materialises (batch, length, vocabulary) logits beyond 128 MB of
+# float32 (a 32k vocabulary, 64-token windows: 16 windows at a time).
+LOGIT_ELEMENTS = 2**25
+
+
+def fit_batch(loaded: Loaded, split: Split, batch_size: int) -> int:
+    """`batch_size`, or fewer rows for a language model whose logits would pass
+    LOGIT_ELEMENTS (rows x positions x the model's vocabulary)."""
+    if split.task not in LM_TASKS or split.inputs.dim() < 2:
+        return batch_size
+    vocab = int(loaded.config.get("vocab_size") or split.n_classes or 1)
+    per_row = int(split.inputs.shape[1]) * max(1, vocab)
+    return max(1, min(batch_size, LOGIT_ELEMENTS // per_row))
 
 
 def head_of(loaded: Loaded) -> str:
@@ -226,6 +240,7 @@ def evaluate(
     label for multi-label; none for regression) and the task's metrics on a split
     (rotviz.tasks: macro-F1, entity micro-F1, ...)."""
     check_fits(loaded, split)
+    batch_size = fit_batch(loaded, split, batch_size)
     total_loss, correct, count = 0.0, 0, 0
     preds, labels = [], []
     n_batches = (split.n + batch_size - 1) // batch_size
@@ -292,7 +307,8 @@ class Evaluator:
         # floating persistent buffers travel with the parameters (interpolated, merged)
         self.names += [n for n, b in buffers.items() if b.is_floating_point() and n in loaded.state]
         dev = self.device
-        self.batches = [(to_device(x, dev), y.to(dev)) for x, y in split.batches(batch_size)]
+        self.batches = [(to_device(x, dev), y.to(dev))
+                        for x, y in split.batches(fit_batch(loaded, split, batch_size))]
 
     @property
     def n(self) -> int:

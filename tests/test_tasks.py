@@ -317,3 +317,18 @@ def test_bad_labelled_data_is_one_line(models, files, tmp_path, capsys):
         assert pattern in err and len(err.splitlines()) == 1, (argv, err)
     with pytest.raises(RotvizError, match="not a text classifier"):
         split_for(load_model("zoo:gpt2-pystdlib-s0"), f"csv:{files[0] / 'rows.csv'}")
+
+
+def test_language_model_batches_keep_logits_under_the_budget(monkeypatch):
+    import rotviz.evaluation as E
+
+    m = load_model("zoo:gpt2-pystdlib-s0")
+    sp = split_for(m, "pystdlib", "test")
+    whole = evaluate(m, sp)
+    width = sp.inputs.shape[1] * int(m.config["vocab_size"])
+    monkeypatch.setattr(E, "LOGIT_ELEMENTS", 3 * width)  # three windows' logits at a time
+    assert E.fit_batch(m, sp, 512) == 3
+    assert max(len(y) for _, y in E.Evaluator(m, sp).batches) == 3
+    small = evaluate(m, sp)
+    assert small["loss"] == pytest.approx(whole["loss"], abs=1e-6)
+    assert small["acc"] == whole["acc"]
