@@ -131,3 +131,64 @@ def test_a_page_url_as_a_fresh_servers_first_request(tmp_path):
                                 ".filter(t => t.showlegend !== false).map(t => t.y.length)")
         assert lengths == [7, 7], lengths
         browser.close()
+
+
+def test_a_users_classifier_pair_and_csv(tmp_path):
+    """Acceptance (issue 15): a user's sequence-classification pair and a CSV under a model
+    root. The Barrier and Merge pages draw curves and bars, with F1 shown."""
+    import csv
+
+    import torch
+    from test_tasks import _config, _head_class, _rows
+    from test_tokens import _wordpiece
+
+    from rotviz import appconfig
+
+    root = tmp_path / "user"
+    tok = _wordpiece("<s>", "</s>")
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        model = _head_class("roberta", "seq-cls")(_config("roberta", len(tok), "seq-cls"))
+        model.eval().save_pretrained(root / f"cls-{seed}")
+        tok.save_pretrained(root / f"cls-{seed}")
+    with open(root / "reviews.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, ["text", "label"])
+        w.writeheader()
+        w.writerows({"text": r["text"], "label": r["label"]} for r in _rows(120))
+    old = os.environ.get(appconfig.ENV_ROOTS)
+    os.environ[appconfig.ENV_ROOTS] = str(root)
+    try:
+        with serving(tmp_path) as base, playwright.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1280, "height": 1600})
+            q = urlencode({"anchor_path": str(root / "cls-0"), "source_path": str(root / "cls-1"),
+                           "data_path": f"csv:{root / 'reviews.csv'}", "b_points": "5",
+                           "g_specs": ["none", "seed"]}, doseq=True)
+            page.goto(f"{base}/barrier?{q}")
+            drawn(page)
+            page.wait_for_timeout(500)
+            drawn(page)
+            assert page.locator("[data-testid='stException']").count() == 0
+            assert page.locator("[data-testid='stAlert']").filter(has_text="error").count() == 0
+            charts = page.locator(".js-plotly-plot")
+            assert "Loss along the straight path" in (charts.first.locator(".gtitle")
+                                                      .text_content() or "")
+            assert page.get_by_text("macro-F1", exact=False).count() >= 2  # one per curve
+            page.goto(f"{base}/merge?{q}")
+            drawn(page)
+            page.wait_for_timeout(500)
+            drawn(page)
+            assert page.locator("[data-testid='stException']").count() == 0
+            titles = [c.locator(".gtitle").text_content() or ""
+                      for c in page.locator(".js-plotly-plot").all()]
+            assert "Merged model macro-F1 per fusion method" in titles, titles
+            f1 = page.locator(".js-plotly-plot").nth(titles.index(
+                "Merged model macro-F1 per fusion method"))
+            assert f1.locator(".barlayer .trace").count() == 2  # none and seed
+            page.screenshot(path=str(tmp_path / "merge-f1.png"), full_page=True)
+            browser.close()
+    finally:
+        if old is None:
+            os.environ.pop(appconfig.ENV_ROOTS, None)
+        else:
+            os.environ[appconfig.ENV_ROOTS] = old
