@@ -34,7 +34,7 @@ def body() -> None:
         with col, st.container(border=True):
             st.subheader(f"{role.capitalize()}: {appconfig.short_name(card['ref'])}")
             scores = card.get("scores") or {}
-            m = st.columns(3 + len(scores))
+            m = st.columns(2 + max(1, len(scores)))  # the size moves below when F1 is shown
             acc = card["acc"]
             m[0].metric("test accuracy", "n/a" if acc != acc else f"{acc:.3f}",
                         help=f"fraction of {card['n_eval']} test examples of {s.data} "
@@ -46,13 +46,14 @@ def body() -> None:
             for j, (k, v) in enumerate(scores.items()):
                 m[2 + j].metric(f"test {style.metric_label(k)}", f"{v:.3f}",
                                 help=style.metric_help(k))
-            m[-1].metric("parameters", f"{card['params']:,}")
+            if not scores:
+                m[-1].metric("parameters", f"{card['params']:,}")
             st.caption(f"Task: **{card.get('name', card.get('task', ''))}** (from the "
                        f"model's head) · metrics: {', '.join(card.get('metrics', []))}")
             st.markdown(
                 f"**{card['family']}** · {card['n_layers']} layers · width {card['d_model']} · "
                 f"{card['n_heads']} heads of size {card['d_head']} · FFN {card['d_ffn']} "
-                f"({card['activation']})"
+                f"({card['activation']})" + (f" · {card['params']:,} parameters" if scores else "")
             )
             zoo_card = appconfig.card_of(card["ref"])
             if zoo_card:
