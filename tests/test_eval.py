@@ -21,7 +21,9 @@ from rotviz.evaluation import evaluate
 from rotviz.models import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
-KEYS = {"rotviz", "loss", "acc", "n", "data", "split", "model", "device", "seconds"}
+# the documented keys (README, `rotviz eval`); an image classifier's task adds macro-F1
+KEYS = {"rotviz", "loss", "acc", "n", "data", "split", "model", "device", "seconds", "task",
+        "macro_f1"}
 
 
 def _run(args, capsys) -> tuple[int, str, str]:
@@ -45,6 +47,7 @@ def test_eval_json_has_the_documented_keys_and_true_values(tmp_path, capsys, spl
     assert (got["data"], got["split"], got["model"], got["device"]) == (
         "digits", split, "zoo:vit-digits-s3", "cpu")
     assert got["seconds"] > 0
+    assert got["task"] == "image" and got["macro_f1"] == pytest.approx(want["macro_f1"])
     assert got["rotviz"] == {"version": rotviz.__version__, "command": "eval"}
     assert f"loss {got['loss']:.4f}" in out and f"accuracy {got['acc']:.4f}" in out
     assert [p.name for p in f.parent.iterdir()] == ["eval.json"]  # no temporary left behind

@@ -188,7 +188,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     }
     unit = {"text": "windows", "masked": "windows", "image": "images",
             "token-cls": "sentences"}.get(split.task, "examples")
-    what = {"text": "next-token accuracy", "masked": "masked-token accuracy",
+    piece = "character" if split.encoding == "chars" else "token"
+    what = {"text": f"next-{piece} accuracy", "masked": f"masked-{piece} accuracy",
             "multi-label": "label accuracy"}.get(split.task, "accuracy")
     if js is not None:
         with outputs.write() as tmp:
