@@ -22,7 +22,12 @@ from rotviz.arch import ArchSpec, config_value, spec_for
 from rotviz.errors import RotvizError, read_json
 from rotviz.outputs import Outputs
 from rotviz.sources import call, source_of
-from rotviz.tokens import PROCESSOR_FILES, TOKENIZER_FILES, encoding_fingerprint
+from rotviz.tokens import (
+    PROCESSOR_FILES,
+    TOKENIZER_FILES,
+    encoding_fingerprint,
+    processor_fingerprint,
+)
 from rotviz.zoo import registry as zoo
 
 Tensor = torch.Tensor
@@ -158,9 +163,18 @@ def check_finite(state: Mapping[str, Tensor], where) -> None:
 
 
 def check_same_reading(a: Loaded, b: Loaded) -> None:
-    """Two text models are compared on one set of ids: they must read text alike (the same
-    tokenizer files, or both rotviz's characters). A model that reads none is let through
-    here; the first evaluation says why it cannot be fed."""
+    """Two models are compared on one set of inputs: they must read them alike. Text: the
+    same tokenizer files, or both rotviz's characters (a model that reads none is let through
+    here; the first evaluation says why it cannot be fed). Images: the same image processor,
+    or neither has one."""
+    if a.spec.inputs == "pixels":
+        pa, pb = processor_fingerprint(a.path), processor_fingerprint(b.path)
+        if pa != pb:
+            raise RotvizError(
+                f"'{a.ref}' and '{b.ref}' read images differently ({pa or 'no processor'} vs "
+                f"{pb or 'no processor'}): one set of pixels cannot feed both; save the same "
+                "image processor with both")
+        return
     try:
         fa = encoding_fingerprint(a.path, a.config, a.ref)
         fb = encoding_fingerprint(b.path, b.config, b.ref)

@@ -100,3 +100,19 @@ def test_without_a_processor_mixed_sizes_and_parent_folders_are_one_line(setup, 
 
     with pytest.raises(RotvizError, match="read as they are .* its own image processor"):
         check_fits(loaded, load_split("digits"))
+
+
+def test_a_pair_whose_processors_differ_is_refused(setup, tmp_path, capsys):
+    import shutil
+
+    import transformers as T
+
+    _, (a, b) = setup
+    other = tmp_path / "other"
+    shutil.copytree(b, other)
+    T.ViTImageProcessor(size={"height": 32, "width": 32}, image_mean=[0.5] * 3,
+                        image_std=[0.5] * 3).save_pretrained(other)
+    assert main(["match", str(a), str(other), "--out", str(tmp_path / "m")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "read images differently" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "m").exists()
