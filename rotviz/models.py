@@ -209,7 +209,7 @@ def check_compatible(a: Loaded, b: Loaded) -> None:
         if k in b.state and a.state[k].shape != b.state[k].shape
     ]
     only = sorted(set(a.state) ^ set(b.state))
-    if not (fields or shapes or only) and a.spec.inputs != "pixels":
+    if not (fields or shapes or only):
         check_same_reading(a, b)
     if fields or shapes or only:
         parts = fields or shapes[:3] or [f"tensors only in one model: {only[:3]}"]
