@@ -3,18 +3,26 @@ and write it with its card, as one transaction (rotviz.outputs)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
+import shutil
 from datetime import datetime, timezone
 from pathlib import Path
 
+import torch
+
 from rotviz import models
 from rotviz.arch import spec_named
-from rotviz.data import load_split, pystdlib_fingerprint
-from rotviz.evaluation import evaluate
+from rotviz.data import Split, load_split, pystdlib_fingerprint
+from rotviz.evaluation import evaluate, split_for
+from rotviz.labelled import LABELLED_KINDS, data_path, majority_accuracy
 from rotviz.outputs import Outputs
 from rotviz.sources import source_of
+from rotviz.splits import IGNORE
+from rotviz.tasks import CLASSIFIER_TASKS, METRIC_LABELS, scores
+from rotviz.tokens import fingerprint, tokenizer_files
 from rotviz.types import Progress
 from rotviz.zoo import recipes, train
 from rotviz.zoo.registry import entry, is_built, path_of, zoo_dir
@@ -38,10 +46,19 @@ def card_markdown(card: dict) -> str:
         f"- seed: {card['seed']}" + (f"; starts from `{card['init']}`" if card.get("init") else ""),
         f"- data: `{card['data']['ref']}`, train subset `{card['data']['subset']}` "
         f"({card['data']['n_train']} examples), split seed {card['data']['split_seed']}",
-        f"- test: loss {t['loss']:.4f}, accuracy {t['acc']:.4f} on {t['n']} examples",
+        f"- test: loss {t['loss']:.4f}, accuracy {t['acc']:.4f} on {t['n']} examples"
+        + "".join(f", {METRIC_LABELS.get(k, k)} {v:.4f}" for k, v in t.items()
+                  if k not in ("loss", "acc", "n")),
         f"- trained in {card['train_seconds']:.1f} s on {card['threads']} CPU thread(s), "
         f"python {card['python']}, torch {card['versions']['torch']}, "
         f"transformers {card['versions']['transformers']}",
+    ]
+    if card.get("baseline"):
+        b = card["baseline"]
+        lines.append("- majority-class baseline on the test split: " + ", ".join(
+            f"{'accuracy' if k == 'acc' else METRIC_LABELS.get(k, k)} {v:.4f}"
+            for k, v in b.items()))
+    lines += [
         "",
         f"Rebuild: `rotviz zoo build {card['name']}`",
         "",
@@ -86,20 +103,27 @@ def build(
     outputs = build_output(name, out_dir, overwrite)
     folder = outputs.items[0]
     init_state = _base_state(rec.init, progress) if rec.init else None
-    data = train.select(load_split(rec.data, "train"), rec.subset)
+    data = train.select(train.recipe_split(rec, "train"), rec.subset)
     result = train.train(rec, ent.seed, data, init_state, progress)
 
     with outputs.write() as temps:
         tmp = temps[folder]
         spec = spec_named(rec.family)
         source_of(spec).save_module(result.model, rec.hf_config().to_dict(), tmp)
+        if rec.tokenizer is not None:  # byte for byte: the models of a pair read alike
+            for f in tokenizer_files(data_path(rec.tokenizer)):
+                shutil.copyfile(f, tmp / f.name)
         loaded = models.load_model(tmp)
         with train.deterministic_cpu(0, train.TRAIN_THREADS):
-            metrics = {s: evaluate(loaded, load_split(rec.data, s)) for s in ("val", "test")}
+            splits = {s: _eval_split(rec, loaded, s) for s in ("val", "test")}
+            metrics = {s: evaluate(loaded, sp) for s, sp in splits.items()}
         data_info = {"ref": rec.data, "split_seed": 0, "subset": rec.subset, "n_train": data.n,
                      "n_val": metrics["val"]["n"], "n_test": metrics["test"]["n"]}
         if rec.data == "pystdlib":
             data_info["corpus"] = pystdlib_fingerprint()
+        if rec.tokenizer is not None:
+            data_info["tokenizer"] = fingerprint(tokenizer_files(tmp))
+            data_info["sha256"] = _file_sha(rec.data)
         card = {
             "name": name,
             "description": ent.description,
@@ -110,6 +134,8 @@ def build(
             "data": data_info,
             "test": metrics["test"],
             "val": metrics["val"],
+            **({"baseline": baseline(splits["test"])}
+               if splits["test"].task in CLASSIFIER_TASKS else {}),
             "final_train_loss": result.epoch_losses[-1],
             "train_seconds": round(result.seconds, 2),
             "steps": result.steps,
@@ -129,5 +155,32 @@ def _base_state(base: str, progress: Progress | None):
         return models.load_model(path_of(base)).state
     ent = entry(base)
     rec = recipes.recipe(ent.recipe)
-    data = train.select(load_split(rec.data, "train"), rec.subset)
+    data = train.select(train.recipe_split(rec, "train"), rec.subset)
     return train.train(rec, ent.seed, data, None, progress).model.state_dict()
+
+
+def _eval_split(rec: recipes.Recipe, loaded: models.Loaded, split: str) -> Split:
+    """A split the built model is scored on: read through the model itself where it reads
+    text with its own tokenizer (rotviz.evaluation.split_for), else as before."""
+    if rec.tokenizer is None:
+        return load_split(rec.data, split)
+    return split_for(loaded, rec.data, split)
+
+
+def _file_sha(ref: str) -> str | None:
+    """The sha256 of a data file reference's file (text:, jsonl:, ...), None for others."""
+    kind, _, path = ref.partition(":")
+    if kind not in (*LABELLED_KINDS, "text") or not path:
+        return None
+    return hashlib.sha256(data_path(path).read_bytes()).hexdigest()
+
+
+def baseline(split: Split) -> dict[str, float]:
+    """The test scores of always answering the split's most common label (the majority-class
+    baseline every classifier has to beat): accuracy and the task's metrics."""
+    y = split.labels
+    valid = y[y != IGNORE]
+    common = int(torch.bincount(valid).argmax())
+    pred = torch.where(y != IGNORE, torch.full_like(y, common), y)
+    return {"acc": majority_accuracy(y),
+            **scores(split.task, pred, y, split.label_names, split.n_classes)}

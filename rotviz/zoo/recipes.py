@@ -3,6 +3,10 @@
 A recipe is plain data. `rotviz.zoo.train.train` runs it deterministically on the CPU and
 `rotviz.zoo` names the trained results. Fine-tune recipes start from another zoo model
 (`init`) and train on a part of the training split (`subset`), the seed paper's setting.
+
+The NLP recipes (family "roberta") name their head in the model's `architectures` (masked
+LM, sequence or token classification; the task and its loss follow from it, see
+rotviz.tasks) and the `tokenizer` folder their text is read with (rotviz.zoo.nlp's data).
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from rotviz.errors import RotvizError
+from rotviz.zoo import nlp
 
 SUBSETS = ("all", "even", "odd")  # which training examples: all, or alternate halves
 
@@ -17,7 +22,7 @@ SUBSETS = ("all", "even", "odd")  # which training examples: all, or alternate h
 @dataclass(frozen=True)
 class Recipe:
     name: str
-    family: str  # "vit" (image classifier) or "gpt2" (character language model)
+    family: str  # "vit" (image classifier), "gpt2" (character LM) or "roberta" (text encoder)
     data: str  # data reference, see rotviz.data
     model: dict = field(default_factory=dict)  # fields of the transformers config
     epochs: int = 40
@@ -32,9 +37,34 @@ class Recipe:
     subset: str = "all"
     init: str | None = None  # zoo model to start from (fine-tunes)
     description: str = ""
+    tokenizer: str | None = None  # tokenizer folder of a text model (rotviz.zoo.nlp.TOKENIZER)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The recipe as its card records it (without `tokenizer` where it has none, so
+        the cards of the recipes older than the field read the same)."""
+        out = asdict(self)
+        if out["tokenizer"] is None:
+            del out["tokenizer"]
+        return out
+
+    @property
+    def head(self) -> str:
+        """The model class (transformers) the recipe trains."""
+        if self.family in _HEADS:
+            return _HEADS[self.family]
+        archs = self.model.get("architectures") or [""]
+        if self.family == "roberta" and archs[0] in ROBERTA_HEADS:
+            return archs[0]
+        raise RotvizError(f"recipe '{self.name}' names no model class rotviz trains: "
+                          f"use one of {', '.join(ROBERTA_HEADS)} in its architectures")
+
+    @property
+    def task(self) -> str:
+        """The task the recipe trains for (rotviz.tasks): image, text, masked, seq-cls, ..."""
+        from rotviz.tasks import task_of_config
+
+        inputs = "pixels" if self.family == "vit" else "tokens"
+        return task_of_config(inputs, {**self.model, "architectures": [self.head]}) or "text"
 
     def hf_config(self):
         """The transformers config of the recipe's model."""
@@ -44,14 +74,23 @@ class Recipe:
             return T.ViTConfig(**self.model, architectures=["ViTForImageClassification"])
         if self.family == "gpt2":
             return T.GPT2Config(**self.model, architectures=["GPT2LMHeadModel"])
+        if self.family == "roberta":
+            return T.RobertaConfig(**{**self.model, "architectures": [self.head]})
         raise RotvizError(f"recipe '{self.name}' has unknown family '{self.family}'")
 
     def build_model(self):
         """A freshly initialised model (seed it from the caller's RNG state)."""
         import transformers as T
 
+        if self.family == "roberta":
+            return getattr(T, self.head)(self.hf_config())
         cls = {"vit": T.ViTForImageClassification, "gpt2": T.GPT2LMHeadModel}[self.family]
         return cls(self.hf_config())
+
+
+_HEADS = {"vit": "ViTForImageClassification", "gpt2": "GPT2LMHeadModel"}
+ROBERTA_HEADS = ("RobertaForMaskedLM", "RobertaForSequenceClassification",
+                 "RobertaForTokenClassification")
 
 
 _VIT_DIGITS = dict(
@@ -66,6 +105,40 @@ _GPT2_PYSTDLIB = dict(
     bos_token_id=0, eos_token_id=0, tie_word_embeddings=True,
     rotviz_vocab="chars",  # reads rotviz's character vocabulary (rotviz.tokens)
 )
+
+# The seed paper's NLP setting, small: a RoBERTa encoder (d 64, 4 layers, 4 heads, FFN 128,
+# 64 tokens; position ids count from pad_token_id + 1, hence 66 rows) reading the zoo's
+# WordPiece tokenizer (rotviz.zoo.nlp), no dropout.
+_ROBERTA = dict(
+    vocab_size=nlp.VOCAB_SIZE, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+    intermediate_size=128, hidden_act="gelu", max_position_embeddings=nlp.MAX_TOKENS + 2,
+    type_vocab_size=1, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+    hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+)
+
+
+def _labels(names: tuple[str, ...]) -> dict:
+    """id2label / label2id as config.json stores them (string ids: the card compares equal)."""
+    return {"id2label": {str(i): n for i, n in enumerate(names)},
+            "label2id": {n: i for i, n in enumerate(names)}}
+
+
+_MLM = dict(_ROBERTA, architectures=["RobertaForMaskedLM"])
+_TOPICS = dict(_ROBERTA, architectures=["RobertaForSequenceClassification"],
+               **_labels(tuple(nlp.TOPICS)))
+_PYTOKENS = dict(_ROBERTA, architectures=["RobertaForTokenClassification"],
+                 **_labels(nlp.TAGS))
+_NLP = dict(family="roberta", tokenizer=nlp.TOKENIZER)
+
+
+def _fine_tune(name: str, data: str, model: dict, subset: str, init: str, what: str) -> Recipe:
+    """One fine-tune of a pretrained encoder on one half of a task's training split."""
+    return Recipe(
+        name, data=data, model=model, epochs=8, batch_size=32, lr=3e-3, weight_decay=0.01,
+        warmup_epochs=0.5, grad_clip=1.0, subset=subset, init=init,
+        description=f"{init} fine-tuned for {what} on the {subset} half of the training "
+                    "split, 8 epochs AdamW, lr 3e-3, batch 32", **_NLP)
+
 
 RECIPES: dict[str, Recipe] = {
     r.name: r
@@ -99,6 +172,22 @@ RECIPES: dict[str, Recipe] = {
             description="GPT-2 character LM (d 128, 4 layers, 4 heads, FFN 512, context 64) on "
                         "the pystdlib corpus",
         ),
+        Recipe(
+            "roberta-pydocs", data=f"text:{nlp.CORPUS}", model=_MLM, epochs=14, batch_size=16,
+            lr=3e-3, weight_decay=0.01, warmup_epochs=0.5, grad_clip=1.0,
+            description="RoBERTa masked LM (d 64, 4 layers, 4 heads, FFN 128, 64 tokens, "
+                        "WordPiece vocabulary of 2000) on the standard library's docstrings, "
+                        "14 epochs AdamW, lr 3e-3, batch 16, 15% of the tokens masked afresh "
+                        "in every batch (80% <mask>, 10% random, 10% kept)", **_NLP,
+        ),
+        _fine_tune("roberta-topics-even", f"jsonl:{nlp.TOPICS_FILE}", _TOPICS, "even",
+                   "roberta-pydocs-s0", "docstring topics (sequence classification)"),
+        _fine_tune("roberta-topics-odd", f"jsonl:{nlp.TOPICS_FILE}", _TOPICS, "odd",
+                   "roberta-pydocs-s1", "docstring topics (sequence classification)"),
+        _fine_tune("roberta-pytokens-even", f"jsonl:{nlp.TOKENS_FILE}", _PYTOKENS, "even",
+                   "roberta-pydocs-s0", "code token types (token classification)"),
+        _fine_tune("roberta-pytokens-odd", f"jsonl:{nlp.TOKENS_FILE}", _PYTOKENS, "odd",
+                   "roberta-pydocs-s1", "code token types (token classification)"),
     )
 }
 

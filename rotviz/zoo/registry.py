@@ -10,7 +10,13 @@ Pairs:
 - default (`vit-digits-s3`, `vit-digits-s6`): independent seeds, the generalized-LMC setting;
 - finetuned (`vit-digits-ft-a`, `vit-digits-ft-b`): two fine-tunes of `vit-digits-base` on
   different halves of the training split with different hyperparameters, the seed paper's setting;
-- gpt2 (`gpt2-pystdlib-s0`, `gpt2-pystdlib-s1`): independent seeds of a character LM.
+- gpt2 (`gpt2-pystdlib-s0`, `gpt2-pystdlib-s1`): independent seeds of a character LM;
+- nlp-mlm (`roberta-pydocs-s0`, `roberta-pydocs-s1`): RoBERTa masked LMs pretrained on the
+  standard library's docstrings from two seeds (like the seed paper's MultiBERTs);
+- nlp-cls (`roberta-topics-a`, `roberta-topics-b`) and nlp-tok (`roberta-pytokens-a`,
+  `roberta-pytokens-b`): the seed paper's Table 1 setting, one text-classification and one
+  token-classification task, each fine-tuned from the two differently seeded encoders on the
+  two halves of its training split.
 """
 
 from __future__ import annotations
@@ -45,12 +51,27 @@ ENTRIES: tuple[Entry, ...] = (
           "vit-digits-base fine-tuned on the odd half, lr 1e-3, weight decay 0.1"),
     Entry("gpt2-pystdlib-s0", "gpt2-pystdlib", 0, "gpt2", "GPT-2 character LM, seed 0"),
     Entry("gpt2-pystdlib-s1", "gpt2-pystdlib", 1, "gpt2", "GPT-2 character LM, seed 1"),
+    Entry("roberta-pydocs-s0", "roberta-pydocs", 0, "nlp-mlm",
+          "RoBERTa masked LM on stdlib docstrings, seed 0"),
+    Entry("roberta-pydocs-s1", "roberta-pydocs", 1, "nlp-mlm",
+          "RoBERTa masked LM on stdlib docstrings, seed 1"),
+    Entry("roberta-topics-a", "roberta-topics-even", 10, "nlp-cls",
+          "roberta-pydocs-s0 fine-tuned to tell a docstring sentence's package, even half"),
+    Entry("roberta-topics-b", "roberta-topics-odd", 11, "nlp-cls",
+          "roberta-pydocs-s1 fine-tuned to tell a docstring sentence's package, odd half"),
+    Entry("roberta-pytokens-a", "roberta-pytokens-even", 20, "nlp-tok",
+          "roberta-pydocs-s0 fine-tuned to tag code tokens (tokenize's types), even half"),
+    Entry("roberta-pytokens-b", "roberta-pytokens-odd", 21, "nlp-tok",
+          "roberta-pydocs-s1 fine-tuned to tag code tokens (tokenize's types), odd half"),
 )
 _BY_NAME = {e.name: e for e in ENTRIES}
 PAIRS = {
     "default": ("vit-digits-s3", "vit-digits-s6"),
     "finetuned": ("vit-digits-ft-a", "vit-digits-ft-b"),
     "gpt2": ("gpt2-pystdlib-s0", "gpt2-pystdlib-s1"),
+    "nlp-mlm": ("roberta-pydocs-s0", "roberta-pydocs-s1"),
+    "nlp-cls": ("roberta-topics-a", "roberta-topics-b"),
+    "nlp-tok": ("roberta-pytokens-a", "roberta-pytokens-b"),
 }
 
 

@@ -5,6 +5,11 @@ a fixed thread count (float sums are split across threads differently for other 
 deterministic algorithms, and a private RNG state (`fork_rng`) seeded for initialisation,
 while a `torch.Generator` of its own drives shuffling. The caller's RNG, thread count and
 determinism setting are left as they were.
+
+Text recipes (rotviz.zoo.recipes' "roberta" family) train on the task's own loss
+(rotviz.tasks.sample_losses, what transformers computes with `labels=`): batches of padded
+text are cut to their longest example, and a masked LM sees a fresh seeded 15% of its tokens
+masked in every batch.
 """
 
 from __future__ import annotations
@@ -19,9 +24,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rotviz.arch import spec_named
-from rotviz.data import Split
+from rotviz.arch import max_positions, spec_named
+from rotviz.data import MASK_RATE, Inputs, Split, load_split
 from rotviz.errors import RotvizError
+from rotviz.splits import IGNORE
+from rotviz.tasks import label_names, sample_losses
 from rotviz.types import Progress
 from rotviz.zoo.recipes import Recipe
 
@@ -74,6 +81,84 @@ def _loss(model: nn.Module, family: str, x: torch.Tensor, y: torch.Tensor) -> to
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
 
+def recipe_split(recipe: Recipe, split: str = "train") -> Split:
+    """One split of the recipe's data, read the way its model will read it: images and
+    characters as they are; text through the recipe's tokenizer, as masked-LM windows or as
+    labelled rows for its classifier head (rotviz.labelled)."""
+    if recipe.tokenizer is None:
+        return load_split(recipe.data, split)
+    from rotviz.labelled import Labelling, data_path
+    from rotviz.tokens import text_encoding
+
+    folder = data_path(recipe.tokenizer)
+    if not (folder / "tokenizer.json").is_file():
+        raise RotvizError(f"recipe '{recipe.name}' reads text with the tokenizer in "
+                          f"'{folder}', which is missing; write it again with: "
+                          "python -m rotviz.zoo.nlp")
+    reader = text_encoding(folder, {}, f"recipe '{recipe.name}'")
+    task = recipe.task
+    if task == "masked":
+        return load_split(recipe.data, split, 0, reader, masked=True)
+    config = recipe.model
+    lab = Labelling(task, label_names(config), int(config["pad_token_id"]),
+                    max_positions(spec_named(recipe.family), config, 512))
+    return load_split(recipe.data, split, 0, reader, labelling=lab)
+
+
+def _trimmed(x: Inputs, y: torch.Tensor) -> tuple[Inputs, torch.Tensor]:
+    """A padded batch cut to its longest example (per-token labels too): the same losses,
+    less work."""
+    if isinstance(x, torch.Tensor) or "attention_mask" not in x:
+        return x, y
+    width = int(x["attention_mask"].sum(1).max())
+    x = {k: v[:, :width] for k, v in x.items()}
+    return x, (y[:, :width] if y.dim() > 1 else y)
+
+
+class _Masker:
+    """Masked-LM batches drawn afresh from `gen` (BERT's recipe): MASK_RATE of the ordinary
+    tokens, at least one per window, become targets; 80% of them are replaced by the mask
+    token, 10% by a random token and 10% kept. Reads the windows of a masked split (the
+    hidden ids put back) and its tokenizer."""
+
+    def __init__(self, data: Split):
+        reader = data.how.get("reader")
+        if reader is None or reader.tokenizer is None:
+            raise RotvizError(f"'{data.data}' is masked-LM data without a tokenizer; read it "
+                              "with the model's tokenizer")
+        self.ids = torch.where(data.labels != IGNORE, data.labels, data.inputs)
+        self.special = torch.tensor(sorted(set(reader.tokenizer.all_special_ids)),
+                                    dtype=torch.long)
+        self.ordinary = ~torch.isin(self.ids, self.special)
+        self.mask_id, self.vocab = reader.mask_id(), int(reader.vocab_size)
+
+    def batch(self, ix: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        ids, ordinary = self.ids[ix], self.ordinary[ix]
+        draw = torch.rand(ids.shape, generator=gen)
+        draw[~ordinary] = 2.0  # never chosen
+        hide = draw < MASK_RATE
+        hide[torch.arange(len(ix)), draw.argmin(1)] = True
+        hide &= ordinary
+        how = torch.rand(ids.shape, generator=gen)
+        random_ids = torch.randint(self.vocab, ids.shape, generator=gen)
+        x = ids.clone()
+        x[hide & (how < 0.8)] = self.mask_id
+        # a random ordinary token (a special one, <pad> above all, would change the
+        # position ids RoBERTa counts from the padding)
+        swap = hide & (how >= 0.8) & (how < 0.9) & ~torch.isin(random_ids, self.special)
+        x[swap] = random_ids[swap]
+        return x, torch.where(hide, ids, torch.full_like(ids, IGNORE))
+
+
+def _task_loss(model: nn.Module, task: str, x: Inputs, y: torch.Tensor) -> torch.Tensor:
+    """The task's mean loss over what it counts (examples, labelled tokens or masked
+    tokens), as transformers' `labels=` loss."""
+    inputs = {"input_ids": x} if isinstance(x, torch.Tensor) else x
+    logits = model(**inputs).logits
+    loss, _, count = sample_losses(task, logits, y, lambda t: t)
+    return loss.sum() / count.sum().clamp(min=1)
+
+
 def train(
     recipe: Recipe,
     seed: int,
@@ -92,7 +177,12 @@ def train(
         model = recipe.build_model()
         if init_state is not None:
             missing, unexpected = model.load_state_dict(dict(init_state), strict=False)
-            if [k for k in missing if "lm_head" not in k] or unexpected:
+            # a pretrained encoder fine-tuned with a new head: its LM head is dropped and
+            # the new head starts from the seeded initialisation
+            fresh, dropped = ((("classifier.",), ("lm_head.",))
+                              if recipe.task in ("seq-cls", "token-cls") else ((), ()))
+            if ([k for k in missing if "lm_head" not in k and not k.startswith(fresh)]
+                    or [k for k in unexpected if not k.startswith(dropped)]):
                 raise RotvizError(f"the initial weights do not fit recipe '{recipe.name}'")
         model.train()
         opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
@@ -104,13 +194,21 @@ def train(
         else:
             sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _schedule(s, warmup, total))
         gen = torch.Generator().manual_seed(seed)
+        text = recipe.tokenizer is not None  # padded text, the task's own loss
+        masker = _Masker(data) if text and recipe.task == "masked" else None
         start, step, losses = time.perf_counter(), 0, []
         for epoch in range(recipe.epochs):
             order = torch.randperm(data.n, generator=gen)
             run = 0.0
             for i in range(0, data.n, recipe.batch_size):
                 ix = order[i : i + recipe.batch_size]
-                loss = _loss(model, recipe.family, data.inputs[ix], data.labels[ix])
+                if masker is not None:
+                    loss = _task_loss(model, "masked", *masker.batch(ix, gen))
+                elif text:
+                    x, y = _trimmed(data.inputs_at(ix), data.labels[ix])
+                    loss = _task_loss(model, recipe.task, x, y)
+                else:
+                    loss = _loss(model, recipe.family, data.inputs[ix], data.labels[ix])
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 if recipe.grad_clip:
