@@ -37,7 +37,9 @@ from streamlit.errors import StreamlitAPIException
 from rotviz import app, appconfig, explore
 from rotviz.app import Progress, RotvizError
 
-PAIR_NAMES = {"default": "two seeds", "finetuned": "two fine-tunes", "gpt2": "GPT-2 pair"}
+PAIR_NAMES = {"default": "two seeds", "finetuned": "two fine-tunes", "gpt2": "GPT-2 pair",
+              "nlp-mlm": "RoBERTa MLMs", "nlp-cls": "RoBERTa topic classifiers",
+              "nlp-tok": "RoBERTa code taggers"}
 SMALL_PAIR = 5_000_000  # parameters in the pair: below this, pages compute without a click
 PRESENTER_FONT = 22
 FONT = 14

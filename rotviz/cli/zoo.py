@@ -16,6 +16,7 @@ from pathlib import Path
 from rotviz.cli.args import add_overwrite, add_reading, bounded, reading
 from rotviz.errors import RotvizError
 from rotviz.limits import BATCH_SIZE
+from rotviz.zoo.registry import PAIRS
 
 
 def register(sub) -> None:
@@ -23,7 +24,7 @@ def register(sub) -> None:
     zs = z.add_subparsers(dest="zoo_command", required=True)
     b = zs.add_parser("build", help="train zoo models from their recipes and seeds")
     b.add_argument("names", nargs="+", metavar="NAME",
-                   help="zoo model names, or a pair (default, finetuned, gpt2), or all")
+                   help=f"zoo model names, or a pair ({', '.join(PAIRS)}), or all")
     b.add_argument("--out", default=None, metavar="DIR",
                    help="write NAME folders under DIR (default: rebuild in the zoo folder "
                         "itself, replacing the earlier build)")
