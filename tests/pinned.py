@@ -3,6 +3,12 @@
 curves for none, seed and weight, `rotviz merge --method regmean`, and the seeded learned
 barrier. A refactor must leave every number as it was.
 
+Float results depend on the machine (the CPU's vector units decide how float32 sums round) and
+on the numerical libraries, so the file records the environment it was computed in
+(`environment()`, key `_environment`). Where it is the same, every number must be the same bit
+for bit; elsewhere floats must agree to the rounding such a change can cause (see
+tests/test_pinned.py), which is far below what any change of behaviour moves them.
+
     .venv/bin/python tests/pinned.py        # re-record tests/data/pinned.json (only on purpose)
 """
 
@@ -32,6 +38,28 @@ def _run(argv: list[str], out: Path) -> dict:
 
     assert main(argv) == 0, argv
     return _strip(json.loads(out.read_text()))
+
+
+def environment() -> dict:
+    """What float results depend on: the CPU (model and vector extensions) and the versions of
+    the numerical libraries."""
+    import platform
+    from importlib.metadata import version
+
+    cpu, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                cpu = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+                break
+    except OSError:
+        pass
+    simd = sorted(f for f in flags if f.startswith(("avx", "fma", "amx", "sse4")))
+    return {"cpu": cpu, "simd": simd, "python": platform.python_version(),
+            **{p: version(p) for p in ("torch", "transformers", "numpy", "scipy")}}
 
 
 def compute() -> dict:
@@ -66,5 +94,6 @@ def compute() -> dict:
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     FILE.parent.mkdir(exist_ok=True)
-    FILE.write_text(json.dumps(compute(), indent=1, sort_keys=True) + "\n")
+    FILE.write_text(json.dumps({**compute(), "_environment": environment()}, indent=1,
+                               sort_keys=True) + "\n")
     print(f"wrote {FILE}")

@@ -1,6 +1,14 @@
 """The default pair's results are exactly those pinned in tests/data/pinned.json (see
 tests/pinned.py): matching reports (distances, angles, objective history), barrier curves,
-RegMean merge and the seeded learned barrier, bit for bit."""
+RegMean merge and the seeded learned barrier, bit for bit in the environment they were
+recorded in (CPU and numerical libraries, `_environment`).
+
+On another CPU or library version float32 sums round differently: there every float must
+agree to 1e-5 relative (or 1e-6 absolute), except the function check's largest logit
+difference, itself a roundoff-sized number (1e-5 absolute); everything else (counts, lengths,
+options, labels) exactly. Measured between two machines: 2e-6 relative at most (the learned
+barrier, after 300 Adam steps) and 1.7e-6 on the function check; a change of behaviour moves
+these numbers by orders of magnitude more."""
 
 from __future__ import annotations
 
@@ -8,24 +16,32 @@ import json
 import math
 
 import pytest
-from pinned import FILE, compute
+from pinned import FILE, compute, environment
+
+REL, ABS = 1e-5, 1e-6
+ROUNDOFF = {"max_output_diff": 1e-5}  # absolute tolerance of roundoff-sized results
 
 
-def _diffs(want, got, path="") -> list[str]:
-    """Where two JSON values differ (floats compared exactly, NaN equal to NaN)."""
+def _diffs(want, got, path="", exact=True) -> list[str]:
+    """Where two JSON values differ (floats exactly, or within REL/ABS when not `exact`; NaN
+    equal to NaN)."""
     if isinstance(want, dict) and isinstance(got, dict):
         out = [f"{path}.{k}: missing" for k in want.keys() - got.keys()]
         out += [f"{path}.{k}: new" for k in got.keys() - want.keys()]
         for k in want.keys() & got.keys():
-            out += _diffs(want[k], got[k], f"{path}.{k}")
+            out += _diffs(want[k], got[k], f"{path}.{k}", exact)
         return out
     if isinstance(want, list) and isinstance(got, list):
         if len(want) != len(got):
             return [f"{path}: length {len(want)} != {len(got)}"]
         return [d for i, (a, b) in enumerate(zip(want, got, strict=True))
-                for d in _diffs(a, b, f"{path}[{i}]")]
-    if isinstance(want, float) and isinstance(got, float) and math.isnan(want):
-        return [] if math.isnan(got) else [f"{path}: nan != {got!r}"]
+                for d in _diffs(a, b, f"{path}[{i}]", exact)]
+    if isinstance(want, float) and isinstance(got, float):
+        if math.isnan(want):
+            return [] if math.isnan(got) else [f"{path}: nan != {got!r}"]
+        tol = ROUNDOFF.get(path.rsplit(".", 1)[-1], ABS)
+        if not exact and math.isclose(want, got, rel_tol=REL, abs_tol=tol):
+            return []
     return [] if want == got and type(want) is type(got) else [f"{path}: {want!r} != {got!r}"]
 
 
@@ -34,13 +50,33 @@ def results():
     return compute()
 
 
+def _same_environment() -> bool:
+    return json.loads(FILE.read_text()).get("_environment") == environment()
+
+
 @pytest.mark.parametrize("key", ["match seed", "match weight", "match weight,act",
                                  "barrier none", "barrier seed", "barrier weight",
                                  "merge regmean", "barrier learned"])
 def test_default_pair_results_are_pinned(results, key):
     want = json.loads(FILE.read_text())[key]
-    diffs = _diffs(want, results[key])
-    assert not diffs, f"{len(diffs)} differences, first: {diffs[:5]}"
+    exact = _same_environment()
+    diffs = _diffs(want, results[key], exact=exact)
+    assert not diffs, (f"{len(diffs)} differences ({'bit for bit' if exact else 'to rounding'}"
+                       f"), first: {diffs[:5]}")
+
+
+def test_the_comparison_can_fail():
+    """Rounding-level changes pass only off the recorded environment; a change the size of a
+    behaviour change fails both ways."""
+    pins = json.loads(FILE.read_text())["barrier seed"]
+    nudged = json.loads(json.dumps(pins))
+    nudged["loss"][3] *= 1 + 1e-7
+    assert _diffs(pins, nudged) and not _diffs(pins, nudged, exact=False)
+    nudged["loss"][3] *= 1 + 1e-3
+    assert _diffs(pins, nudged, exact=False)
+    nudged = json.loads(json.dumps(pins))
+    nudged["loss"] = nudged["loss"][:-1]
+    assert _diffs(pins, nudged, exact=False)
 
 
 def test_the_pins_hold_real_numbers():
