@@ -332,3 +332,23 @@ def test_language_model_batches_keep_logits_under_the_budget(monkeypatch):
     small = evaluate(m, sp)
     assert small["loss"] == pytest.approx(whole["loss"], abs=1e-6)
     assert small["acc"] == whole["acc"]
+
+
+@pytest.mark.parametrize("head", ["seq-cls", "token-cls"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_head_reads_the_mapped_stream(models, family, head):
+    """A classifier head that reads the residual stream follows a planted stream map (a token
+    classifier reads it at every position; BERT's sequence classifier reads the pooler
+    instead, which reads the stream), so the function is kept; and weight matching, which maps
+    the stream, keeps it too."""
+    from rotviz import MatchOptions, match_models
+    from rotviz.models import max_output_diff
+    from rotviz.symmetry import residual as rs
+    from rotviz.symmetry.view import read_view, write_state
+
+    a, b = (load_model(str(d)) for d in models[family, head])
+    canon, _ = rs.canonicalise(read_view(b.spec, b.config, b.state))
+    image = rs.apply_residual(canon, rs.random_map(canon, seed=7))
+    assert max_output_diff(b, b.state, write_state(image)) <= 1e-4
+    out = match_models(a, b, MatchOptions(heads=True, residual=True, rounds=3))
+    assert out.preserved and out.report.max_output_diff <= 1e-4

@@ -75,6 +75,10 @@ class ArchSpec:
     stream_norms: Names
     readers: Names
     tied: tuple[tuple[str, str], ...] = ()  # (alias, owner) full tensor names
+    # Readers that read the stream only where none of the listed modules is present (full
+    # names): BERT's `classifier` reads the pooler's output in a sequence classifier, and the
+    # stream itself, at every position, in a token classifier, which has no pooler.
+    readers_unless: tuple[tuple[str, Names], ...] = ()
     # Writers above that are linear or convolution layers (output channels first, e.g. a
     # patch projection): their weight's rows live in the stream. Every other writer is a
     # table or token whose last dimension is the stream (embeddings, position, class tokens).

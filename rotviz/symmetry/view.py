@@ -187,7 +187,9 @@ def resolve_layout(spec: ArchSpec, state: Mapping[str, Tensor]) -> Layout:
                 if key in state
             )
             stream_norms = tuple(root + n for n in spec.stream_norms if _present(state, root + n))
-            readers = tuple(r for r in spec.readers if _present(state, r))
+            readers = tuple(r for r in spec.readers if _present(state, r)) + tuple(
+                r for r, behind in spec.readers_unless
+                if _present(state, r) and not any(_present(state, b) for b in behind))
             return Layout(tuple(blocks), roles, norms, final, writers, stream_norms, readers)
     raise RotvizError(
         f"weights do not look like a {spec.family} model: no attention tensors found; "

@@ -42,6 +42,7 @@ SPEC = ArchSpec(
     ),
     stream_norms=("embeddings.LayerNorm",),
     readers=("bert.pooler.dense", "pooler.dense", "cls.predictions.transform.dense"),
+    readers_unless=(("classifier", ("bert.pooler.dense", "pooler.dense")),),
     tied=(
         ("cls.predictions.decoder.weight", "bert.embeddings.word_embeddings.weight"),
         ("cls.predictions.decoder.bias", "cls.predictions.bias"),

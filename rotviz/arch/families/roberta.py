@@ -18,7 +18,10 @@ SPEC = replace(
     description="Hugging Face RoBERTa (post-norm encoder, split QKV)",
     model_types=("roberta",),
     roots=("roberta.", ""),
+    # a sequence classifier's `classifier.dense` reads the first token; a token classifier's
+    # `classifier` reads every position (a model with a pooler feeds it that instead)
     readers=("roberta.pooler.dense", "pooler.dense", "lm_head.dense", "classifier.dense"),
+    readers_unless=(("classifier", ("roberta.pooler.dense", "pooler.dense")),),
     tied=(
         ("lm_head.decoder.weight", "roberta.embeddings.word_embeddings.weight"),
         ("lm_head.decoder.bias", "lm_head.bias"),
