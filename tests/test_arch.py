@@ -61,7 +61,7 @@ def test_a_new_family_file_is_discovered(tmp_path, monkeypatch):
 def test_public_names_keep_working():
     from rotviz.arch import BERT, GPT2, LLAMA, ROBERTA, TIMM_VIT, VIT
 
-    assert [s.family for s in (GPT2, BERT, ROBERTA, VIT, TIMM_VIT, LLAMA)] == list(FAMILIES)
+    assert [s.family for s in (GPT2, BERT, ROBERTA, VIT, TIMM_VIT, LLAMA)] == list(FAMILIES[:6])
     assert all(isinstance(s, ArchSpec) for s in SPECS)
     assert config_value({"model_args": {"depth": 3}}, ("depth",)) == 3
     with pytest.raises(AttributeError):
