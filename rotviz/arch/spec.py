@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 Names = tuple[str, ...]
+STREAM_SITES = ("attn_out", "ffn_out")  # post-norms: on the stream
+BRANCH_SITES = ("attn_post", "ffn_post")  # on a sub-layer's output, before the add
 
 
 @dataclass(frozen=True)
@@ -31,8 +33,10 @@ class NormSpec:
     """A normalisation layer inside a block.
 
     `site` says what it normalises: `attn_in` / `ffn_in` (pre-norm: the input of the
-    sub-layer, the stream itself is untouched) or `attn_out` / `ffn_out` (post-norm: the
-    stream after the residual add, so the norm sits on the stream).
+    sub-layer, the stream itself is untouched), `attn_out` / `ffn_out` (post-norm: the
+    stream after the residual add, so the norm sits on the stream) or `attn_post` /
+    `ffn_post` (the sub-layer's output before the add, as Gemma2's: its gain multiplies what
+    is written to the stream, coordinate by coordinate).
     """
 
     names: Names
@@ -99,6 +103,9 @@ class ArchSpec:
     positions_after: tuple[str, int] | None = None
     type_key: str = "model_type"
     type_prefix: bool = False
+    # Norms whose stored weight w is an offset from the gain: the gain is `norm_offset + w`
+    # (Gemma stores 1 + w, so that zero-initialised weights mean gain 1)
+    norm_offset: float = 0.0
 
     def describes(self, config: Mapping) -> bool:
         """Whether `config` (config.json of a checkpoint) is a model of this family."""
@@ -119,6 +126,12 @@ class ArchSpec:
     @property
     def gated(self) -> bool:
         return self.ffn_gate is not None
+
+    @property
+    def branch_norms(self) -> bool:
+        """Whether a norm scales a sub-layer's output before it is added to the stream; its
+        gain then fixes the stream's coordinates, so only permutations map the stream."""
+        return any(n.site in BRANCH_SITES for n in self.norms)
 
 
 @dataclass(frozen=True)
