@@ -107,8 +107,11 @@ def test_position_offset_is_read_from_the_spec(family):
 def test_random_model_options_belong_to_their_families():
     assert options("llama") == {"kv_heads": None, "head_dim": None, "bias": False,
                                 "tie_embeddings": False, "positions": 32}
-    assert options("vit") == {} and options("gpt2") == {"tie": True, "positions": 32}
-    with pytest.raises(ValueError, match="kv_heads is an option of llama(, [a-z0-9_-]+)*, not gpt2.s"):
+    assert options("vit") == {} and options("gpt2") == {"tie": True, "positions": 32,
+                                                   "scale_by_layer": False,
+                                                   "reorder_upcast": False}
+    with pytest.raises(ValueError,
+                       match="kv_heads is an option of llama(, [a-z0-9_-]+)*, not gpt2.s"):
         random_model("gpt2", kv_heads=2)
     with pytest.raises(ValueError, match="positions is an option of .*, not vit's"):
         random_model("vit", positions=64)
