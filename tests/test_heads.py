@@ -10,7 +10,7 @@ import torch
 from conftest import view_of
 
 from rotviz.errors import RotvizError
-from rotviz.groups import rope_pairs
+from rotviz.groups import rope_free, rope_pairs
 from rotviz.match.distances import distances, norm
 from rotviz.match.engine import match
 from rotviz.match.layers import head_gain, head_permutation
@@ -77,7 +77,9 @@ def _qk_gain(m, rope):
     if rope is None:
         return torch.linalg.svdvals(m).sum()
     i, j = rope_pairs(m.shape[-1], rope)
-    return torch.hypot(m[i, i] + m[j, j], m[j, i] - m[i, j]).sum()
+    k = rope_free(m.shape[-1], rope)  # partial rotary: any rotation of the other dims
+    free = torch.linalg.svdvals(m[k[:, None], k]).sum() if len(k) else 0.0
+    return torch.hypot(m[i, i] + m[j, j], m[j, i] - m[i, j]).sum() + free
 
 
 def _group_gain(src, anc, heads, gs, ga, rope):

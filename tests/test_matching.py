@@ -25,6 +25,7 @@ from rotviz.groups import (
     procrustes,
     random_orthogonal,
     random_rope_maps,
+    rope_free,
     rope_pairs,
     rope_procrustes,
 )
@@ -268,6 +269,9 @@ def _qk_dim_scales(rep, dims) -> torch.Tensor:
     i, j = rope_pairs(dims.d_head, dims.rope)
     out = torch.empty(dims.n_kv_heads, dims.d_head, dtype=F64)
     out[:, i], out[:, j] = pair, pair
+    free = rope_free(dims.d_head, dims.rope)  # partial rotary: one scale for the other dims
+    if len(free):
+        out[:, free] = torch.tensor(rep.qk_free_scale, dtype=F64)[:, None]
     return out
 
 

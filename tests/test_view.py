@@ -82,6 +82,9 @@ def test_head_slices_match_the_projection_rows(family, loaded):
         if spec.fused:
             w = model.state[prefix + lay.roles["qkv"] + ".weight"]
             w = w.t() if spec.qkv.transposed else w
+            if spec.qkv_layout == "heads":  # per head [q; k; v] (GPT-NeoX)
+                per = w.reshape(h, 3, dh, -1)
+                w = torch.cat([per[:, n].reshape(h * dh, -1) for n in range(3)])
             wq, wk = w[: h * dh], w[h * dh : (h + h_kv) * dh]
         else:
             wq = model.state[prefix + lay.roles["q"] + ".weight"]

@@ -106,6 +106,16 @@ class ArchSpec:
     # Norms whose stored weight w is an offset from the gain: the gain is `norm_offset + w`
     # (Gemma stores 1 + w, so that zero-initialised weights mean gain 1)
     norm_offset: float = 0.0
+    # Partial rotary: config keys of the share of each head's dims that rotary embeddings
+    # turn (the first ones; the rest are left alone), looked up in the config and in its
+    # `rope_parameters`. Empty: all of them.
+    rope_fraction_key: Names = ()
+    # Fused QKV layout: "blocks" ([Q; K; V], each heads x d_h rows: GPT-2, Phi-3) or "heads"
+    # (per head [q; k; v], d_h rows each: GPT-NeoX)
+    qkv_layout: str = "blocks"
+    # Fused gated FFN: `ffn_in` names one linear holding [gate; up] rows (Phi-3's
+    # gate_up_proj), split into the gate and up maps on reading and joined on writing
+    ffn_gate_up: bool = False
 
     def describes(self, config: Mapping) -> bool:
         """Whether `config` (config.json of a checkpoint) is a model of this family."""
@@ -125,7 +135,7 @@ class ArchSpec:
 
     @property
     def gated(self) -> bool:
-        return self.ffn_gate is not None
+        return self.ffn_gate is not None or self.ffn_gate_up
 
     @property
     def branch_norms(self) -> bool:

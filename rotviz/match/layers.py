@@ -33,6 +33,7 @@ from rotviz.groups import (
     assign,
     best_scale,
     procrustes,
+    rope_free,
     rope_pairs,
     rope_procrustes,
     rotation_angles,
@@ -330,6 +331,25 @@ def rope_scales_after(src: Attention, r_qk: Tensor, parts_qk, rope: str) -> Tens
     return s.reshape(big_a.shape)
 
 
+def free_scales_after(src: Attention, r_qk: Tensor, parts_qk, rope: str) -> Tensor | None:
+    """Eq. 11-12 for the block of dims rotary embeddings leave alone (partial rotary), one
+    scale per head (per KV group) for the whole block, as the seed paper scales a head;
+    None when rotary embeddings turn every dim."""
+    mq, mk = parts_qk
+    k = rope_free(mq.shape[-1], rope)
+    if not len(k):
+        return None
+    n_kv = src.n_kv_heads
+
+    def block(x: Tensor) -> Tensor:  # (..., d_h, d_h) -> its free block
+        return x[..., k[:, None], k]
+
+    big_a = group_sum(_row_sq(src.wq, src.bq), n_kv).cpu()[..., k].sum(dim=-1)
+    big_c = _row_sq(src.wk, src.bk).cpu()[..., k].sum(dim=-1)
+    r = block(r_qk)
+    return best_scale(big_a, _trace(r, block(mq)), big_c, _trace(r, block(mk)))
+
+
 def rescale_qk(src: Attention, anc: Attention) -> Tensor:
     """The Q-K scale per head (per KV group) for the source as it is (no rotation)."""
     mq, mk = qk_parts(src, anc)
@@ -439,13 +459,18 @@ def _match_attention(
     if options.rescale:
         a_s, b_s = scales_after(src, qk, vo, parts_qk, parts_vo)
         if rope is not None:
-            pair = rope_scales_after(src, qk, parts_qk, rope)  # (H_kv, d_h / 2)
+            pair = rope_scales_after(src, qk, parts_qk, rope)  # (H_kv, r / 2)
+            free = free_scales_after(src, qk, parts_qk, rope)  # (H_kv,) or None
             i, j = rope_pairs(dh, rope)
             per_dim = torch.empty(h, dh, dtype=torch.float64)
             per_dim[:, i], per_dim[:, j] = pair, pair
+            if free is not None:
+                per_dim[:, rope_free(dh, rope)] = free[:, None]
+                rep.qk_free_scale = free.tolist()
             qk = qk * per_dim[:, None, :]  # each pair's block times its scale
             rep.qk_pair_scale = pair.tolist()
-            a_s = pair.abs().log().mean(dim=-1).exp()  # |det A|^(1/d_h)
+            a_s = (pair.abs().log().mean(dim=-1).exp() if free is None  # |det A|^(1/d_h)
+                   else per_dim.abs().log().mean(dim=-1).exp())
         else:
             qk = qk * a_s[:, None, None]
         rep.qk_scale, rep.vo_scale = a_s.tolist(), b_s.tolist()

@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from rotviz.errors import RotvizError
-from rotviz.groups import random_orthogonal, random_rope_maps, rope_pairs
+from rotviz.groups import random_orthogonal, random_rope_maps, rope_free, rope_pairs
 from rotviz.symmetry.registry import SYMMETRIES
 from rotviz.symmetry.view import FFN, Attention, Dims, ModelView
 
@@ -174,13 +174,16 @@ def permute_heads(attn: Attention, heads: Tensor) -> Attention:
 def rope_structured(a: Tensor, rope: str) -> Tensor:
     """Whether each map (..., d_h, d_h) commutes with rotary embeddings: zero outside the
     frequency pairs' 2x2 blocks and each block a rotation times a scale, [[x, -y], [y, x]]
-    (up to rounding). Returns a bool per map."""
+    (up to rounding); on the dims they leave alone (partial rotary) anything goes, but
+    nothing may mix those dims with the turned ones. Returns a bool per map."""
     dh = a.shape[-1]
     i, j = (t.to(a.device) for t in rope_pairs(dh, rope))
+    k = rope_free(dh, rope).to(a.device)
     allowed = torch.zeros(dh, dh, dtype=torch.bool, device=a.device)
     for u in (i, j):
         for v in (i, j):
             allowed[u, v] = True
+    allowed[k[:, None], k] = True
     size = a.abs().amax(dim=(-2, -1))
     tol = 1000 * torch.finfo(a.dtype).eps * size
     outside = a.masked_fill(allowed, 0).abs().amax(dim=(-2, -1))

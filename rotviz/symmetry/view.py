@@ -217,9 +217,27 @@ def model_dims(
             "the number of heads); the config is invalid"
         )
     w_in = _weight(state, layout.blocks[0] + layout.roles["ffn_in"], spec.ffn_in)
+    m = w_in.shape[0] // 2 if spec.ffn_gate_up else w_in.shape[0]
     act = config_value(config, spec.activation_key, spec.default_activation)
-    return Dims(n_layers, d, h, int(dh), int(w_in.shape[0]), str(act), h_kv, spec.rope,
-                spec.gated)
+    return Dims(n_layers, d, h, int(dh), int(m), str(act), h_kv,
+                _rope(spec, config, int(dh)), spec.gated)
+
+
+def _rope(spec: ArchSpec, config: Mapping, dh: int) -> str | None:
+    """The model's rotary layout, with the number of turned dims per head when it is not all
+    of them (partial rotary: `ArchSpec.rope_fraction_key`; see rotviz.groups.rope_rotary)."""
+    if spec.rope is None or not spec.rope_fraction_key:
+        return spec.rope
+    fraction = config_value(config, spec.rope_fraction_key)
+    if fraction is None:
+        fraction = config_value(config.get("rope_parameters") or {}, spec.rope_fraction_key, 1.0)
+    rotary = int(dh * float(fraction))
+    if rotary % 2 or not 0 < rotary <= dh:
+        raise RotvizError(
+            f"rotary embeddings turn {rotary} of each head's {dh} dims ({fraction} of them); "
+            "rotviz needs an even number between 2 and the head size: check the config"
+        )
+    return spec.rope if rotary == dh else f"{spec.rope}:{rotary}"
 
 
 def _live_ties(spec: ArchSpec, config: Mapping, state: Mapping[str, Tensor]):
@@ -240,6 +258,30 @@ def _live_ties(spec: ArchSpec, config: Mapping, state: Mapping[str, Tensor]):
 def _weight(state: Mapping[str, Tensor], name: str, lin: LinearSpec) -> Tensor:
     w = state[f"{name}.weight"]
     return w.t() if lin.transposed else w
+
+
+def _split_qkv(spec: ArchSpec, t: Tensor, rows: tuple[int, int, int], h: int, dh: int
+               ) -> tuple[Tensor, Tensor, Tensor]:
+    """A fused QKV weight (rows, d) or bias (rows,) cut into Q, K and V rows, in its layout:
+    `blocks` [Q; K; V] or `heads` (per head [q; k; v])."""
+    if spec.qkv_layout == "blocks":
+        return torch.split(t, rows)
+    if spec.qkv_layout == "heads":
+        if rows[0] != rows[1]:
+            raise RotvizError(f"{spec.family}'s per-head fused QKV cannot hold grouped-query "
+                              "attention; check the config's key/value heads")
+        per = t.reshape(h, 3, dh, *t.shape[1:])
+        return tuple(per[:, n].reshape(h * dh, *t.shape[1:]) for n in range(3))
+    raise RotvizError(f"unknown fused QKV layout '{spec.qkv_layout}': use blocks or heads")
+
+
+def _join_qkv(spec: ArchSpec, parts: list[Tensor], dh: int) -> Tensor:
+    """`_split_qkv` undone."""
+    if spec.qkv_layout == "blocks":
+        return torch.cat(parts)
+    rest = parts[0].shape[1:]
+    per = [p.reshape(-1, 1, dh, *rest) for p in parts]
+    return torch.cat(per, dim=1).reshape(-1, *rest)
 
 
 def read_view(spec: ArchSpec, config: Mapping, state: Mapping[str, Tensor]) -> ModelView:
@@ -272,8 +314,8 @@ def read_view(spec: ArchSpec, config: Mapping, state: Mapping[str, Tensor]) -> M
         if spec.fused:
             w, b = lin(prefix, "qkv")
             check(prefix + layout.roles["qkv"], w, (sum(rows), d))
-            wq, wk, wv = torch.split(w, rows)
-            bq, bk, bv = (None,) * 3 if b is None else torch.split(b, rows)
+            wq, wk, wv = _split_qkv(spec, w, rows, h, dh)
+            bq, bk, bv = (None,) * 3 if b is None else _split_qkv(spec, b, rows, h, dh)
         else:
             (wq, bq), (wk, bk), (wv, bv) = (lin(prefix, r) for r in ("q", "k", "v"))
             for role, w, n in zip(("q", "k", "v"), (wq, wk, wv), rows, strict=True):
@@ -288,7 +330,11 @@ def read_view(spec: ArchSpec, config: Mapping, state: Mapping[str, Tensor]) -> M
         )
         w_in, b_in = lin(prefix, "ffn_in")
         w_out, b_out = lin(prefix, "ffn_out")
-        w_gate, b_gate = lin(prefix, "ffn_gate") if spec.gated else (None, None)
+        if spec.ffn_gate_up:  # one linear holds [gate; up]
+            w_gate, w_in = w_in.chunk(2)
+            b_gate, b_in = (None, None) if b_in is None else b_in.chunk(2)
+        else:
+            w_gate, b_gate = lin(prefix, "ffn_gate") if spec.gated else (None, None)
         ffn = FFN(w_in, b_in, w_out, b_out, dims.activation, w_gate, b_gate)
         norms = {}
         for site, alt in layout.norms.items():
@@ -322,14 +368,19 @@ def write_state(view: ModelView) -> dict[str, Tensor]:
         ws = [x.reshape(-1, d) for x in (a.wq, a.wk, a.wv)]
         bs = [None if b is None else b.reshape(-1) for b in (a.bq, a.bk, a.bv)]
         if spec.fused:
-            bias = None if bs[0] is None else torch.cat(bs)
-            put(prefix, "qkv", torch.cat(ws), bias)
+            bias = None if bs[0] is None else _join_qkv(spec, bs, dims.d_head)
+            put(prefix, "qkv", _join_qkv(spec, ws, dims.d_head), bias)
         else:
             for role, w, b in zip(("q", "k", "v"), ws, bs, strict=True):
                 put(prefix, role, w, b)
         put(prefix, "o", a.wo.permute(1, 0, 2).reshape(d, -1), a.bo)
-        put(prefix, "ffn_in", blk.ffn.w_in, blk.ffn.b_in)
-        if spec.gated:
+        f = blk.ffn
+        if spec.ffn_gate_up:
+            put(prefix, "ffn_in", torch.cat([f.w_gate, f.w_in]),
+                None if f.b_in is None else torch.cat([f.b_gate, f.b_in]))
+        else:
+            put(prefix, "ffn_in", f.w_in, f.b_in)
+        if spec.ffn_gate is not None:
             put(prefix, "ffn_gate", blk.ffn.w_gate, blk.ffn.b_gate)
         put(prefix, "ffn_out", blk.ffn.w_out, blk.ffn.b_out)
         for site, alt in layout.norms.items():
