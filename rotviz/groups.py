@@ -137,23 +137,33 @@ def rope_maps(x: Tensor, y: Tensor, rope: str, free: Tensor | None = None) -> Te
     return out
 
 
-def rope_procrustes(m: Tensor, rope: str) -> tuple[Tensor, Tensor]:
+def rope_procrustes(m: Tensor, rope: str, fixed: Tensor | None = None
+                    ) -> tuple[Tensor, Tensor]:
     """argmax_R tr(R^T M) over maps that commute with rotary embeddings and are orthogonal:
     per frequency pair (i, j) the rotation by atan2(M_ji - M_ij, M_ii + M_jj), and on the
     dims rotary embeddings leave alone (partial rotary) the orthogonal Procrustes map. For a
     batch of M (..., d_h, d_h); returns R and the gain of each pair (..., r / 2), followed by
-    the free block's (its nuclear norm) when there is one, all pairs and heads at once."""
+    the free block's (its nuclear norm) when there is one, all pairs and heads at once.
+
+    `fixed` (bool, (r / 2,)) marks pairs that may only turn by 0 or pi (Qwen3's q/k norms:
+    see rotviz.symmetry.actions.qk_fixed_pairs): tr(R^T M) is then +-(M_ii + M_jj), and the
+    better sign wins."""
     dh = m.shape[-1]
     i, j = rope_pairs(dh, rope)
     x = m[..., i, i] + m[..., j, j]
     y = m[..., j, i] - m[..., i, j]
     theta = torch.atan2(y, x)
-    gain = torch.hypot(x, y)
+    cos, sin, gain = torch.cos(theta), torch.sin(theta), torch.hypot(x, y)
+    if fixed is not None:  # exactly +-1 and 0: the map must commute with the gains
+        fixed = fixed.to(x.device)
+        cos = torch.where(fixed, torch.where(x < 0, -1.0, 1.0).to(x), cos)
+        sin = torch.where(fixed, torch.zeros_like(sin), sin)
+        gain = torch.where(fixed, x.abs(), gain)
     k = rope_free(dh, rope)
     if not len(k):
-        return rope_maps(torch.cos(theta), torch.sin(theta), rope), gain
+        return rope_maps(cos, sin, rope), gain
     free, sv = procrustes(m[..., k[:, None], k])
-    return (rope_maps(torch.cos(theta), torch.sin(theta), rope, free=free),
+    return (rope_maps(cos, sin, rope, free=free),
             torch.cat([gain, sv.sum(dim=-1, keepdim=True).to(gain)], dim=-1))
 
 

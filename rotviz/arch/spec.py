@@ -116,6 +116,10 @@ class ArchSpec:
     # Fused gated FFN: `ffn_in` names one linear holding [gate; up] rows (Phi-3's
     # gate_up_proj), split into the gate and up maps on reading and joined on writing
     ffn_gate_up: bool = False
+    # Per-head RMSNorms on queries and keys before RoPE (Qwen3): the names of the query's and
+    # the key's norm relative to a block. Their gains (one d_h vector per layer, shared by the
+    # heads) restrict the Q-K maps to rotations that commute with them (rotviz.symmetry.actions)
+    qk_norms: tuple[Names, Names] | None = None
 
     def describes(self, config: Mapping) -> bool:
         """Whether `config` (config.json of a checkpoint) is a model of this family."""

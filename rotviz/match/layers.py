@@ -42,7 +42,13 @@ from rotviz.match.distances import Distances, distances
 from rotviz.match.options import MatchOptions
 from rotviz.match.report import HeadReport, MatchReport, MatchResult
 from rotviz.memo import TensorMemo
-from rotviz.symmetry.actions import LayerTransform, apply_layer, permute_ffn, permute_heads
+from rotviz.symmetry.actions import (
+    LayerTransform,
+    apply_layer,
+    permute_ffn,
+    permute_heads,
+    qk_fixed_pairs,
+)
 from rotviz.symmetry.view import Attention, ModelView
 from rotviz.types import Progress
 
@@ -145,12 +151,13 @@ def cross_vo(src: Attention, anc: Attention) -> Tensor:
     return mv + mo
 
 
-def qk_gain(m: Tensor, rope: str | None = None) -> Tensor:
+def qk_gain(m: Tensor, rope: str | None = None, fixed: Tensor | None = None) -> Tensor:
     """max tr(R^T M) over the Q-K rotations allowed: the nuclear norm of M, or under rotary
-    embeddings the sum of the per-pair gains (see `rope_procrustes`). For a batch (...)."""
+    embeddings the sum of the per-pair gains (see `rope_procrustes`; `fixed`: pairs that
+    may only turn by 0 or pi). For a batch (...)."""
     if rope is None:
         return torch.linalg.svdvals(m).sum(dim=-1)
-    return rope_procrustes(m, rope)[1].sum(dim=-1)
+    return rope_procrustes(m, rope, fixed)[1].sum(dim=-1)
 
 
 def _cross_all(x: Tensor, y: Tensor, bx: Tensor | None = None,
@@ -182,15 +189,18 @@ def pair_parts(src: Attention, anc: Attention) -> tuple[Tensor, Tensor, Tensor, 
 EXACT_INNER = 24
 
 
-def _pair_gain(qk: Tensor, vo: Tensor, rope: str | None, solve) -> Tensor:
+def _pair_gain(qk: Tensor, vo: Tensor, rope: str | None, solve,
+               fixed: Tensor | None = None) -> Tensor:
     """Per pair of heads or groups: max tr(R^T M_QK) + max tr(R^T M_VO), float64."""
     if rope is None:
         sv = torch.linalg.svdvals(torch.stack([qk, vo]).to(solve))
         return sv.double().sum(dim=-1).sum(dim=0)
-    return qk_gain(qk, rope).double() + torch.linalg.svdvals(vo.to(solve)).double().sum(dim=-1)
+    return (qk_gain(qk, rope, fixed).double()
+            + torch.linalg.svdvals(vo.to(solve)).double().sum(dim=-1))
 
 
-def _group_pairs(parts: tuple[Tensor, Tensor, Tensor, Tensor], rope: str | None, solve):
+def _group_pairs(parts: tuple[Tensor, Tensor, Tensor, Tensor], rope: str | None, solve,
+                 fixed: Tensor | None = None):
     """For every (source group g, anchor group g'): the assignment of g's query heads to those
     of g' that maximises the pair's gain, and that gain.
 
@@ -219,19 +229,20 @@ def _group_pairs(parts: tuple[Tensor, Tensor, Tensor, Tensor], rope: str | None,
         pick = torch.zeros(h_kv, h_kv, dtype=torch.long)
         for n, order in enumerate(orders):
             sq, so = summed(order.expand(h_kv, h_kv, r))
-            gain = _pair_gain(sq + mk, so + mv, rope, solve)
+            gain = _pair_gain(sq + mk, so + mv, rope, solve, fixed)
             better = gain > best
             best, pick = torch.where(better, gain, best), torch.where(better, n, pick)
         inner = orders[pick]
         sq, so = summed(inner)
     else:
         # per query-head pair: the Q-K and O gains it brings (an upper bound on what it adds)
-        q_score = qk_gain(mq.to(solve), rope) + torch.linalg.svdvals(mo.to(solve)).sum(-1)
+        q_score = (qk_gain(mq.to(solve), rope, fixed)
+                   + torch.linalg.svdvals(mo.to(solve)).sum(-1))
         blocks = q_score.double().reshape(h_kv, r, h_kv, r).permute(0, 2, 1, 3).numpy()
         inner = torch.stack([torch.stack([assign(blocks[g, g2]) for g2 in range(h_kv)])
                              for g in range(h_kv)])
         sq, so = summed(inner)
-    return _pair_gain(sq + mk, so + mv, rope, solve), inner, (sq, mk, mv, so)
+    return _pair_gain(sq + mk, so + mv, rope, solve, fixed), inner, (sq, mk, mv, so)
 
 
 def head_gain(src: Attention, anc: Attention,
@@ -248,14 +259,15 @@ def head_gain(src: Attention, anc: Attention,
     over KV groups (H_kv, H_kv), each with its query heads assigned inside first."""
     parts = tuple(p.cpu() for p in (parts if parts is not None else pair_parts(src, anc)))
     solve = torch.float64 if src.wq.dtype == torch.float64 else torch.float32
-    return _group_pairs(parts, rope, solve)[0]
+    return _group_pairs(parts, rope, solve, qk_fixed_pairs(src, rope))[0]
 
 
-def _assign_heads(parts, rope: str | None, solve) -> tuple[Tensor, tuple[Tensor, ...]]:
+def _assign_heads(parts, rope: str | None, solve, fixed: Tensor | None = None
+                  ) -> tuple[Tensor, tuple[Tensor, ...]]:
     """The head permutation (new head k = source head perm[k]) maximising the summed gain,
     keeping KV groups whole, and the Q, K, V, O cross terms of each new group vs the anchor's
     group (H_kv, d_h, d_h) each."""
-    gain, inner, (sq, mk, mv, so) = _group_pairs(parts, rope, solve)
+    gain, inner, (sq, mk, mv, so) = _group_pairs(parts, rope, solve, fixed)
     groups = assign(gain.numpy())  # new group g' = source group groups[g']
     h_kv, r = inner.shape[0], inner.shape[-1]
     idx = torch.arange(h_kv)
@@ -268,7 +280,7 @@ def head_permutation(src: Attention, anc: Attention, rope: str | None = None) ->
     under grouped-query attention it moves whole KV groups."""
     solve = torch.float64 if src.wq.dtype == torch.float64 else torch.float32
     parts = tuple(p.cpu() for p in pair_parts(src, anc))
-    return _assign_heads(parts, rope, solve)[0]
+    return _assign_heads(parts, rope, solve, qk_fixed_pairs(src, rope))[0]
 
 
 def _head_sq(w: Tensor, b: Tensor | None = None) -> Tensor:
@@ -431,10 +443,11 @@ def _match_attention(
     # the SVD in float32 unless the weights are float64: the cross matrices of float32
     # weights hold no more digits, and float32 halves the cost of the largest step here.
     solve = torch.float64 if src.wq.dtype == torch.float64 else torch.float32
+    fixed = qk_fixed_pairs(src, rope)  # q/k norms: pairs that may only turn by 0 or pi
     heads = None
     if options.heads:
         parts = tuple(p.cpu() for p in pair_parts(src, anc))
-        heads, (mq, mk, mv, mo) = _assign_heads(parts, rope, solve)
+        heads, (mq, mk, mv, mo) = _assign_heads(parts, rope, solve, fixed)
         rep.head_perm = heads.tolist()
         parts_qk, parts_vo = (mq, mk), (mv, mo)
         src = permute_heads(src, heads)
@@ -450,7 +463,7 @@ def _match_attention(
         both = both.double()
         qk, vo = both[0], both[1]
         if rope is not None:  # only rotations that commute with the position rotations
-            qk = rope_procrustes(m_qk, rope)[0]
+            qk = rope_procrustes(m_qk, rope, fixed)[0]
             both = torch.stack([qk, vo])
         rep.qk_singular, rep.vo_singular = sv[0].tolist(), sv[1].tolist()
         angles, dets = rotation_angles(both)
@@ -458,7 +471,9 @@ def _match_attention(
         rep.qk_det, rep.vo_det = dets[0].tolist(), dets[1].tolist()
     if options.rescale:
         a_s, b_s = scales_after(src, qk, vo, parts_qk, parts_vo)
-        if rope is not None:
+        if src.gq is not None:  # q/k norms divide any Q-K scale out: only V-O is rescaled
+            a_s = torch.ones_like(a_s)
+        elif rope is not None:
             pair = rope_scales_after(src, qk, parts_qk, rope)  # (H_kv, r / 2)
             free = free_scales_after(src, qk, parts_qk, rope)  # (H_kv,) or None
             i, j = rope_pairs(dh, rope)

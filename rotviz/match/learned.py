@@ -58,6 +58,8 @@ def rope_mask(view: ModelView) -> Tensor | None:
         return None
     dh = view.blocks[0].attn.wq.shape[1]
     mask = torch.zeros(dh, dh)
+    if view.dims.qk_norm:  # q/k norms (Qwen3) fix most pairs' angles: no learned Q-K turn
+        return mask
     a, b = rope_pairs(dh, rope)
     mask[a, b] = 1.0
     mask[b, a] = 1.0

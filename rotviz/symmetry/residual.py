@@ -34,7 +34,7 @@ from rotviz.groups import (
     rotation_angles,
 )
 from rotviz.memo import TensorMemo, cached
-from rotviz.symmetry.view import FFN, Attention, Block, ModelView, Norm
+from rotviz.symmetry.view import FFN, Block, ModelView, Norm
 
 Tensor = torch.Tensor
 
@@ -338,8 +338,8 @@ def apply_residual(view: ModelView, q: Tensor, check: bool = True,
     for blk in view.blocks:
         a, f, norms = blk.attn, blk.ffn, blk.norms
         if which != "ffn":
-            a = Attention(r(a.wq), r(a.wk), r(a.wv), qt.to(a.wo) @ a.wo, a.bq, a.bk, a.bv,
-                          r(a.bo))
+            a = replace(a, wq=r(a.wq), wk=r(a.wk), wv=r(a.wv), wo=qt.to(a.wo) @ a.wo,
+                        bo=r(a.bo))
         if which != "rest":
             f = FFN(r(f.w_in), f.b_in, qt.to(f.w_out) @ f.w_out, r(f.b_out), f.activation,
                     r(f.w_gate), f.b_gate)

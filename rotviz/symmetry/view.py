@@ -34,6 +34,7 @@ class Dims:
     n_kv_heads: int | None = None  # key/value heads (grouped-query attention); None: n_heads
     rope: str | None = None  # rotary layout of Q and K ("rotate_half", "interleaved") or None
     gated: bool = False  # gated FFN (SwiGLU): up rows may be rescaled, down columns inversely
+    qk_norm: bool = False  # per-head q/k RMSNorms (Qwen3): Q-K maps restricted, see actions
 
     def __post_init__(self) -> None:
         if self.n_kv_heads is None:
@@ -73,6 +74,9 @@ class Attention:
     bk: Tensor | None  # (H_kv, d_h)
     bv: Tensor | None  # (H_kv, d_h)
     bo: Tensor | None  # (d,)
+    # per-head RMSNorm gains on queries and keys (Qwen3), shared by the heads; stored weights
+    gq: Tensor | None = None  # (d_h,)
+    gk: Tensor | None = None  # (d_h,)
 
     @property
     def n_heads(self) -> int:
@@ -220,7 +224,7 @@ def model_dims(
     m = w_in.shape[0] // 2 if spec.ffn_gate_up else w_in.shape[0]
     act = config_value(config, spec.activation_key, spec.default_activation)
     return Dims(n_layers, d, h, int(dh), int(m), str(act), h_kv,
-                _rope(spec, config, int(dh)), spec.gated)
+                _rope(spec, config, int(dh)), spec.gated, spec.qk_norms is not None)
 
 
 def _rope(spec: ArchSpec, config: Mapping, dh: int) -> str | None:
@@ -325,8 +329,17 @@ def read_view(spec: ArchSpec, config: Mapping, state: Mapping[str, Tensor]) -> M
         heads = [x.reshape(n, dh, d) for x, n in zip((wq, wk, wv), (h, h_kv, h_kv), strict=True)]
         hb = [None if b is None else b.reshape(n, dh)
               for b, n in zip((bq, bk, bv), (h, h_kv, h_kv), strict=True)]
+        gains = []
+        for names in spec.qk_norms or ():
+            alt = next((a for a in names if f"{prefix}{a}.weight" in state), None)
+            if alt is None:
+                raise RotvizError(f"weights do not look like {spec.family}: no tensor "
+                                  f"'{prefix}{names[0]}.weight'; is the weights file complete?")
+            used.add(f"{prefix}{alt}.weight")
+            gains.append(state[f"{prefix}{alt}.weight"])
         attn = Attention(
-            heads[0], heads[1], heads[2], wo.reshape(d, h, dh).permute(1, 0, 2), *hb, bo
+            heads[0], heads[1], heads[2], wo.reshape(d, h, dh).permute(1, 0, 2), *hb, bo,
+            *gains
         )
         w_in, b_in = lin(prefix, "ffn_in")
         w_out, b_out = lin(prefix, "ffn_out")
@@ -374,6 +387,10 @@ def write_state(view: ModelView) -> dict[str, Tensor]:
             for role, w, b in zip(("q", "k", "v"), ws, bs, strict=True):
                 put(prefix, role, w, b)
         put(prefix, "o", a.wo.permute(1, 0, 2).reshape(d, -1), a.bo)
+        for names, g in zip(spec.qk_norms or (), (a.gq, a.gk), strict=False):
+            key = next((f"{prefix}{n}.weight" for n in names
+                        if f"{prefix}{n}.weight" in view.dtypes), f"{prefix}{names[0]}.weight")
+            out[key] = g.contiguous().to(view.dtypes.get(key, g.dtype))
         f = blk.ffn
         if spec.ffn_gate_up:
             put(prefix, "ffn_in", torch.cat([f.w_gate, f.w_in]),
@@ -433,7 +450,8 @@ def groups(view: ModelView) -> Iterator[tuple[int | None, str, Tensor]]:
             ("o", (a.wo, a.bo)),
             ("ffn_in", (f.w_in, f.b_in, f.w_gate, f.b_gate)),  # a gated FFN's gate reads too
             ("ffn_out", (f.w_out, f.b_out)),
-            ("norms", tuple(t for n in blk.norms.values() for t in (n.weight, n.bias))),
+            ("norms", tuple(t for n in blk.norms.values() for t in (n.weight, n.bias))
+             + (a.gq, a.gk)),
         ):
             for t in ts:
                 if t is not None:
