@@ -120,6 +120,19 @@ class ArchSpec:
     # the key's norm relative to a block. Their gains (one d_h vector per layer, shared by the
     # heads) restrict the Q-K maps to rotations that commute with them (rotviz.symmetry.actions)
     qk_norms: tuple[Names, Names] | None = None
+    # Linears that project something other than the stream into a head's query or key space
+    # and must move exactly as W_Q (`q_like`) or W_K (`k_like`) do: DeBERTa's pos_query_proj
+    # and pos_key_proj, which project the relative position embeddings (absent when the
+    # checkpoint shares query_proj / key_proj for them)
+    q_like: LinearSpec | None = None
+    k_like: LinearSpec | None = None
+    # Modules (relative to a root) rotviz cannot map yet, and what they are: a checkpoint
+    # that has one is refused in one line
+    unsupported_modules: tuple[tuple[str, str], ...] = ()
+    # Modules (full names) that decode with a stream writer's table from a space of their own
+    # without a tensor of their own (DeBERTa's masked-LM head reads the word embeddings): the
+    # stream cannot be mapped where one is present
+    hidden_ties: tuple[tuple[str, str], ...] = ()  # (module, the writer it decodes with)
 
     def describes(self, config: Mapping) -> bool:
         """Whether `config` (config.json of a checkpoint) is a model of this family."""

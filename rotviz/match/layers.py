@@ -127,7 +127,12 @@ def qk_parts(src: Attention, anc: Attention) -> tuple[Tensor, Tensor]:
     """The Q and K terms of the Q-K cross matrix, per KV group (H_kv, d_h, d_h), float64: the
     Q term sums the group's query heads."""
     mq = group_sum(_cross(src.wq, anc.wq, src.bq, anc.bq), src.n_kv_heads)
-    return mq, _cross(src.wk, anc.wk, src.bk, anc.bk)
+    mk = _cross(src.wk, anc.wk, src.bk, anc.bk)
+    if src.wpq is not None:  # projections that move as W_Q (DeBERTa's position queries)
+        mq = mq + group_sum(_cross(src.wpq, anc.wpq, src.bpq, anc.bpq), src.n_kv_heads)
+    if src.wpk is not None:
+        mk = mk + _cross(src.wpk, anc.wpk, src.bpk, anc.bpk)
+    return mq, mk
 
 
 def vo_parts(src: Attention, anc: Attention) -> tuple[Tensor, Tensor]:
@@ -179,8 +184,13 @@ def pair_parts(src: Attention, anc: Attention) -> tuple[Tensor, Tensor, Tensor, 
     pair, each (H, H, d_h, d_h) float64 (K and V: (H_kv, H_kv, d_h, d_h), pairs of KV heads);
     `[i, i]` is what qk_parts/vo_parts give for head i without grouped-query attention."""
     wo_s, wo_a = src.wo.transpose(-1, -2), anc.wo.transpose(-1, -2)  # (H, d_h, d)
-    return (_cross_all(src.wq, anc.wq, src.bq, anc.bq), _cross_all(src.wk, anc.wk, src.bk, anc.bk),
-            _cross_all(src.wv, anc.wv, src.bv, anc.bv), _cross_all(wo_s, wo_a))
+    mq = _cross_all(src.wq, anc.wq, src.bq, anc.bq)
+    mk = _cross_all(src.wk, anc.wk, src.bk, anc.bk)
+    if src.wpq is not None:  # projections that move as W_Q / W_K (DeBERTa's positions)
+        mq = mq + _cross_all(src.wpq, anc.wpq, src.bpq, anc.bpq)
+    if src.wpk is not None:
+        mk = mk + _cross_all(src.wpk, anc.wpk, src.bpk, anc.bpk)
+    return mq, mk, _cross_all(src.wv, anc.wv, src.bv, anc.bv), _cross_all(wo_s, wo_a)
 
 
 # Under grouped-query attention, the query heads of each (source group, anchor group) pair
@@ -291,6 +301,18 @@ def _head_sq(w: Tensor, b: Tensor | None = None) -> Tensor:
     return out
 
 
+def _q_sq(a: Attention) -> Tensor:
+    """Per query head, ||W_Q||^2 + ||b_Q||^2 and the same of what moves as W_Q."""
+    out = _head_sq(a.wq, a.bq)
+    return out if a.wpq is None else out + _head_sq(a.wpq, a.bpq)
+
+
+def _k_sq(a: Attention) -> Tensor:
+    """Per key/value head, ||W_K||^2 + ||b_K||^2 and the same of what moves as W_K."""
+    out = _head_sq(a.wk, a.bk)
+    return out if a.wpk is None else out + _head_sq(a.wpk, a.bpk)
+
+
 def _trace(r: Tensor, m: Tensor) -> Tensor:
     """Per head tr(R^T M)."""
     return (r * m).sum(dim=(-2, -1))
@@ -306,8 +328,7 @@ def scales_after(
     comes from the per-kind cross matrices already computed for the Procrustes step."""
     (mq, mk), (mv, mo) = parts_qk, parts_vo
     n_kv = src.n_kv_heads
-    a = best_scale(group_sum(_head_sq(src.wq, src.bq), n_kv), _trace(r_qk, mq),
-                   _head_sq(src.wk, src.bk), _trace(r_qk, mk))
+    a = best_scale(group_sum(_q_sq(src), n_kv), _trace(r_qk, mq), _k_sq(src), _trace(r_qk, mk))
     b = best_scale(_head_sq(src.wv, src.bv), _trace(r_vo, mv),
                    group_sum(_head_sq(src.wo), n_kv), _trace(r_vo, mo))
     return a, b
@@ -366,8 +387,8 @@ def rescale_qk(src: Attention, anc: Attention) -> Tensor:
     """The Q-K scale per head (per KV group) for the source as it is (no rotation)."""
     mq, mk = qk_parts(src, anc)
     eye = torch.eye(mq.shape[-1], dtype=mq.dtype, device=mq.device)
-    return best_scale(group_sum(_head_sq(src.wq, src.bq), src.n_kv_heads), _trace(eye, mq),
-                      _head_sq(src.wk, src.bk), _trace(eye, mk))
+    return best_scale(group_sum(_q_sq(src), src.n_kv_heads), _trace(eye, mq), _k_sq(src),
+                      _trace(eye, mk))
 
 
 def rescale_vo(src: Attention, anc: Attention) -> Tensor:

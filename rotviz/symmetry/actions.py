@@ -176,7 +176,9 @@ def permute_heads(attn: Attention, heads: Tensor) -> Attention:
 
     return replace(attn, wq=pick(attn.wq, heads), wk=pick(attn.wk, groups),
                    wv=pick(attn.wv, groups), wo=pick(attn.wo, heads), bq=pick(attn.bq, heads),
-                   bk=pick(attn.bk, groups), bv=pick(attn.bv, groups))
+                   bk=pick(attn.bk, groups), bv=pick(attn.bv, groups),
+                   wpq=pick(attn.wpq, heads), bpq=pick(attn.bpq, heads),
+                   wpk=pick(attn.wpk, groups), bpk=pick(attn.bpk, groups))
 
 
 def rope_structured(a: Tensor, rope: str) -> Tensor:
@@ -254,12 +256,23 @@ def transform_qk(attn: Attention, a: Tensor, rope: str | None = None) -> Attenti
     a = a.to(attn.wq)
     a_inv = torch.linalg.inv(a)
     a_q = _per_query_head(a, attn.n_heads)
+
+    def like_q(w: Tensor | None) -> Tensor | None:
+        return None if w is None else a_q.transpose(-1, -2) @ w
+
+    def like_k(w: Tensor | None) -> Tensor | None:
+        return None if w is None else a_inv @ w
+
     return replace(
         attn,
-        wq=a_q.transpose(-1, -2) @ attn.wq,
+        wq=like_q(attn.wq),
         bq=_row_times(attn.bq, a_q),
-        wk=a_inv @ attn.wk,
+        wk=like_k(attn.wk),
         bk=_row_times(attn.bk, a_inv.transpose(-1, -2)),
+        wpq=like_q(attn.wpq),  # position projections move as W_Q and W_K (DeBERTa)
+        bpq=_row_times(attn.bpq, a_q),
+        wpk=like_k(attn.wpk),
+        bpk=_row_times(attn.bpk, a_inv.transpose(-1, -2)),
     )
 
 

@@ -97,6 +97,11 @@ def unsupported(view: ModelView) -> str | None:
     """Why residual maps cannot be used on this model, or None when they can."""
     lay, spec = view.layout, view.spec
     readers = {f"{r}.weight" for r in lay.readers}
+    for module, owner in spec.hidden_ties:
+        if f"{module}.weight" in view.other:
+            return (f"{module} decodes with the stream writer {owner} from a space of its own; "
+                    "match a model with another head (e.g. a classifier), or match without "
+                    "residual")
     for alias, owner in tied_pairs(view):
         if owner not in lay.writers:
             continue
@@ -339,7 +344,8 @@ def apply_residual(view: ModelView, q: Tensor, check: bool = True,
         a, f, norms = blk.attn, blk.ffn, blk.norms
         if which != "ffn":
             a = replace(a, wq=r(a.wq), wk=r(a.wk), wv=r(a.wv), wo=qt.to(a.wo) @ a.wo,
-                        bo=r(a.bo))
+                        bo=r(a.bo), wpq=r(a.wpq), wpk=r(a.wpk))  # (they read stream-space
+            # tables: DeBERTa's relative embeddings, which are writers here)
         if which != "rest":
             f = FFN(r(f.w_in), f.b_in, qt.to(f.w_out) @ f.w_out, r(f.b_out), f.activation,
                     r(f.w_gate), f.b_gate)
@@ -429,7 +435,8 @@ def cross(src: ModelView, anc: ModelView, memo: TensorMemo | None = None,
         if which != "ffn":
             parts.append([(a_s.wq, a_a.wq, "last"), (a_s.wk, a_a.wk, "last"),
                           (a_s.wv, a_a.wv, "last"), (a_s.wo, a_a.wo, "heads"),
-                          (a_s.bo, a_a.bo, "last")])
+                          (a_s.bo, a_a.bo, "last"), (a_s.wpq, a_a.wpq, "last"),
+                          (a_s.wpk, a_a.wpk, "last")])
         if which == "rest":
             continue
         ffn = [(f_s.w_in, f_a.w_in, "last"), (f_s.w_gate, f_a.w_gate, "last"),

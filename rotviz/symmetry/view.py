@@ -77,6 +77,12 @@ class Attention:
     # per-head RMSNorm gains on queries and keys (Qwen3), shared by the heads; stored weights
     gq: Tensor | None = None  # (d_h,)
     gk: Tensor | None = None  # (d_h,)
+    # projections that move exactly as W_Q / W_K (ArchSpec.q_like / k_like: DeBERTa's
+    # position projections), per head like them
+    wpq: Tensor | None = None  # (H, d_h, d)
+    bpq: Tensor | None = None  # (H, d_h)
+    wpk: Tensor | None = None  # (H_kv, d_h, d)
+    bpk: Tensor | None = None  # (H_kv, d_h)
 
     @property
     def n_heads(self) -> int:
@@ -166,12 +172,20 @@ def resolve_layout(spec: ArchSpec, state: Mapping[str, Tensor]) -> Layout:
             blocks = []
             while _pick(state, root + tmpl.format(i=len(blocks)), attn_role.names) is not None:
                 blocks.append(root + tmpl.format(i=len(blocks)))
+            for module, what in spec.unsupported_modules:
+                if any(k.startswith(f"{root}{module}.") for k in state):
+                    raise RotvizError(
+                        f"this {spec.family} model has {what} ('{root}{module}'), which "
+                        "rotviz cannot map yet; use a checkpoint without it")
             roles = {}
-            for role in ("qkv", "q", "k", "v", "o", "ffn_in", "ffn_gate", "ffn_out"):
+            for role in ("qkv", "q", "k", "v", "o", "ffn_in", "ffn_gate", "ffn_out",
+                         "q_like", "k_like"):
                 lin: LinearSpec | None = getattr(spec, role)
                 if lin is None:
                     continue
                 alt = _pick(state, first, lin.names)
+                if alt is None and role in ("q_like", "k_like"):  # optional: shared weights
+                    continue
                 if alt is None:
                     raise RotvizError(
                         f"weights do not look like {spec.family}: no tensor "
@@ -337,9 +351,16 @@ def read_view(spec: ArchSpec, config: Mapping, state: Mapping[str, Tensor]) -> M
                                   f"'{prefix}{names[0]}.weight'; is the weights file complete?")
             used.add(f"{prefix}{alt}.weight")
             gains.append(state[f"{prefix}{alt}.weight"])
+        like = {}
+        for role, n, w_key, b_key in (("q_like", h, "wpq", "bpq"), ("k_like", h_kv, "wpk", "bpk")):
+            if role in layout.roles:
+                w, b = lin(prefix, role)
+                check(prefix + layout.roles[role], w, (n * dh, d))
+                like[w_key] = w.reshape(n, dh, d)
+                like[b_key] = None if b is None else b.reshape(n, dh)
         attn = Attention(
             heads[0], heads[1], heads[2], wo.reshape(d, h, dh).permute(1, 0, 2), *hb, bo,
-            *gains
+            *gains, **like
         )
         w_in, b_in = lin(prefix, "ffn_in")
         w_out, b_out = lin(prefix, "ffn_out")
@@ -387,6 +408,9 @@ def write_state(view: ModelView) -> dict[str, Tensor]:
             for role, w, b in zip(("q", "k", "v"), ws, bs, strict=True):
                 put(prefix, role, w, b)
         put(prefix, "o", a.wo.permute(1, 0, 2).reshape(d, -1), a.bo)
+        for role, w, b in (("q_like", a.wpq, a.bpq), ("k_like", a.wpk, a.bpk)):
+            if role in layout.roles:
+                put(prefix, role, w.reshape(-1, d), None if b is None else b.reshape(-1))
         for names, g in zip(spec.qk_norms or (), (a.gq, a.gk), strict=False):
             key = next((f"{prefix}{n}.weight" for n in names
                         if f"{prefix}{n}.weight" in view.dtypes), f"{prefix}{names[0]}.weight")
@@ -444,8 +468,8 @@ def groups(view: ModelView) -> Iterator[tuple[int | None, str, Tensor]]:
     for i, blk in enumerate(view.blocks):
         a, f = blk.attn, blk.ffn
         for kind, ts in (
-            ("q", (a.wq, a.bq)),
-            ("k", (a.wk, a.bk)),
+            ("q", (a.wq, a.bq, a.wpq, a.bpq)),
+            ("k", (a.wk, a.bk, a.wpk, a.bpk)),
             ("v", (a.wv, a.bv)),
             ("o", (a.wo, a.bo)),
             ("ffn_in", (f.w_in, f.b_in, f.w_gate, f.b_gate)),  # a gated FFN's gate reads too
