@@ -15,6 +15,12 @@ memory, on two independently seeded random models (seeds 0 and 1) per size:
   SwiGLU FFN 8192, RMSNorm, RoPE; untied head, vocabulary 1000 to save memory). Its residual
   map is any orthogonal map. `--layers llama-1b=N` keeps N layers of that width, where the
   whole depth does not fit the time or memory at hand; per-layer times are in the table.
+- Issue 16's families at the shapes of released checkpoints, all layers, with an output head
+  of their own (each family's UNTIED options), vocabulary 1000: pythia-160m (GPT-NeoX, 12
+  layers, d 768, 12 heads, FFN 3072, rotary on a quarter of each head; centred stream maps),
+  qwen2-0.5b (24 layers, d 896, 14 heads in 2 KV groups, SwiGLU FFN 4864, Q/K/V biases;
+  orthogonal stream maps) and deberta-v3-large (DeBERTa-v2, 24 layers, d 1024, 16 heads, FFN
+  4096, relative attention; stream permutations). Run them by name with --sizes.
 
 Every weight-matching run reports the rounds it ran and the seconds per round, from the
 progress callback's time stamps. Where the default misses the target (weight matching <= 2x
