@@ -72,7 +72,7 @@ SIZES = {
     "llama-1b": ("llama", dict(layers=16, d=2048, heads=32, kv_heads=8, ffn=8192,
                                vocab=1000)),
     # issue 16's families at the shapes of released checkpoints (vocabulary 1000 to save memory)
-    "pythia-160m": ("gpt_neox", dict(layers=12, d=768, heads=12, ffn=3072, vocab=1000,
+    "pythia-160m": ("gpt-neox", dict(layers=12, d=768, heads=12, ffn=3072, vocab=1000,
                                      rotary_pct=0.25)),
     "qwen2-0.5b": ("qwen2", dict(layers=24, d=896, heads=14, kv_heads=2, ffn=4864,
                                  vocab=1000)),
