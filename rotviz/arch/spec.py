@@ -99,6 +99,14 @@ class ArchSpec:
     positions_after: tuple[str, int] | None = None
     type_key: str = "model_type"
     type_prefix: bool = False
+    # Extra projections, inside each block, whose scores pair with K / with Q (DeBERTa's
+    # relative-position projections: c2p scores Q_c K_r^T, p2c K_c Q_r^T): `q_like` rows move
+    # like W_Q's, `k_like` like W_K's under Q-K maps and head permutations; both read the stream.
+    q_like: LinearSpec | None = None
+    k_like: LinearSpec | None = None
+    # Modules (relative to a root) this description does not cover, with the config setting
+    # that adds them: a model holding one is refused in one line.
+    refused: tuple[tuple[str, str], ...] = ()
 
     def describes(self, config: Mapping) -> bool:
         """Whether `config` (config.json of a checkpoint) is a model of this family."""

@@ -116,11 +116,33 @@ def group_sum(x: Tensor, n_kv: int) -> Tensor:
     return x if x.shape[0] == n_kv else x.reshape(n_kv, -1, *x.shape[1:]).sum(dim=1)
 
 
+def _rows(w: Tensor, b: Tensor | None, w_like: Tensor | None,
+          b_like: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """A head's rows that a Q-K map moves together, as (W, b): W_Q (or W_K) alone, or with
+    projections that move like it (Attention.wq_like) and all biases as extra columns, so that
+    every cross term and norm below counts them."""
+    if w_like is None:
+        return w, b
+    cols = [w, b, w_like, b_like]
+    return torch.cat([c if c.dim() == 3 else c.unsqueeze(-1) for c in cols if c is not None],
+                     dim=-1), None
+
+
+def q_rows(a: Attention) -> tuple[Tensor, Tensor | None]:
+    """Everything that moves like W_Q under a Q-K map (see `_rows`)."""
+    return _rows(a.wq, a.bq, a.wq_like, a.bq_like)
+
+
+def k_rows(a: Attention) -> tuple[Tensor, Tensor | None]:
+    """Everything that moves like W_K under a Q-K map (see `_rows`)."""
+    return _rows(a.wk, a.bk, a.wk_like, a.bk_like)
+
+
 def qk_parts(src: Attention, anc: Attention) -> tuple[Tensor, Tensor]:
     """The Q and K terms of the Q-K cross matrix, per KV group (H_kv, d_h, d_h), float64: the
     Q term sums the group's query heads."""
-    mq = group_sum(_cross(src.wq, anc.wq, src.bq, anc.bq), src.n_kv_heads)
-    return mq, _cross(src.wk, anc.wk, src.bk, anc.bk)
+    mq = group_sum(_cross(*q_rows(src), *q_rows(anc)), src.n_kv_heads)
+    return mq, _cross(*k_rows(src), *k_rows(anc))
 
 
 def vo_parts(src: Attention, anc: Attention) -> tuple[Tensor, Tensor]:
@@ -171,7 +193,9 @@ def pair_parts(src: Attention, anc: Attention) -> tuple[Tensor, Tensor, Tensor, 
     pair, each (H, H, d_h, d_h) float64 (K and V: (H_kv, H_kv, d_h, d_h), pairs of KV heads);
     `[i, i]` is what qk_parts/vo_parts give for head i without grouped-query attention."""
     wo_s, wo_a = src.wo.transpose(-1, -2), anc.wo.transpose(-1, -2)  # (H, d_h, d)
-    return (_cross_all(src.wq, anc.wq, src.bq, anc.bq), _cross_all(src.wk, anc.wk, src.bk, anc.bk),
+    (wq_s, bq_s), (wq_a, bq_a) = q_rows(src), q_rows(anc)
+    (wk_s, bk_s), (wk_a, bk_a) = k_rows(src), k_rows(anc)
+    return (_cross_all(wq_s, wq_a, bq_s, bq_a), _cross_all(wk_s, wk_a, bk_s, bk_a),
             _cross_all(src.wv, anc.wv, src.bv, anc.bv), _cross_all(wo_s, wo_a))
 
 
@@ -293,8 +317,8 @@ def scales_after(
     comes from the per-kind cross matrices already computed for the Procrustes step."""
     (mq, mk), (mv, mo) = parts_qk, parts_vo
     n_kv = src.n_kv_heads
-    a = best_scale(group_sum(_head_sq(src.wq, src.bq), n_kv), _trace(r_qk, mq),
-                   _head_sq(src.wk, src.bk), _trace(r_qk, mk))
+    a = best_scale(group_sum(_head_sq(*q_rows(src)), n_kv), _trace(r_qk, mq),
+                   _head_sq(*k_rows(src)), _trace(r_qk, mk))
     b = best_scale(_head_sq(src.wv, src.bv), _trace(r_vo, mv),
                    group_sum(_head_sq(src.wo), n_kv), _trace(r_vo, mo))
     return a, b
@@ -323,8 +347,8 @@ def rope_scales_after(src: Attention, r_qk: Tensor, parts_qk, rope: str) -> Tens
         p = r_qk * m
         return p[..., i, i] + p[..., i, j] + p[..., j, i] + p[..., j, j]
 
-    big_a = pair_sum(group_sum(_row_sq(src.wq, src.bq), n_kv).cpu())
-    big_c = pair_sum(_row_sq(src.wk, src.bk).cpu())
+    big_a = pair_sum(group_sum(_row_sq(*q_rows(src)), n_kv).cpu())
+    big_c = pair_sum(_row_sq(*k_rows(src)).cpu())
     s = best_scale(big_a.reshape(-1), pair_trace(mq).reshape(-1), big_c.reshape(-1),
                    pair_trace(mk).reshape(-1))
     return s.reshape(big_a.shape)
@@ -334,8 +358,8 @@ def rescale_qk(src: Attention, anc: Attention) -> Tensor:
     """The Q-K scale per head (per KV group) for the source as it is (no rotation)."""
     mq, mk = qk_parts(src, anc)
     eye = torch.eye(mq.shape[-1], dtype=mq.dtype, device=mq.device)
-    return best_scale(group_sum(_head_sq(src.wq, src.bq), src.n_kv_heads), _trace(eye, mq),
-                      _head_sq(src.wk, src.bk), _trace(eye, mk))
+    return best_scale(group_sum(_head_sq(*q_rows(src)), src.n_kv_heads), _trace(eye, mq),
+                      _head_sq(*k_rows(src)), _trace(eye, mk))
 
 
 def rescale_vo(src: Attention, anc: Attention) -> Tensor:

@@ -168,7 +168,9 @@ def permute_heads(attn: Attention, heads: Tensor) -> Attention:
 
     return replace(attn, wq=pick(attn.wq, heads), wk=pick(attn.wk, groups),
                    wv=pick(attn.wv, groups), wo=pick(attn.wo, heads), bq=pick(attn.bq, heads),
-                   bk=pick(attn.bk, groups), bv=pick(attn.bv, groups))
+                   bk=pick(attn.bk, groups), bv=pick(attn.bv, groups),
+                   wq_like=pick(attn.wq_like, heads), bq_like=pick(attn.bq_like, heads),
+                   wk_like=pick(attn.wk_like, groups), bk_like=pick(attn.bk_like, groups))
 
 
 def rope_structured(a: Tensor, rope: str) -> Tensor:
@@ -218,12 +220,20 @@ def transform_qk(attn: Attention, a: Tensor, rope: str | None = None) -> Attenti
     a = a.to(attn.wq)
     a_inv = torch.linalg.inv(a)
     a_q = _per_query_head(a, attn.n_heads)
+
+    def left(m: Tensor, w: Tensor | None) -> Tensor | None:
+        return None if w is None else m @ w
+
     return replace(
         attn,
         wq=a_q.transpose(-1, -2) @ attn.wq,
         bq=_row_times(attn.bq, a_q),
         wk=a_inv @ attn.wk,
         bk=_row_times(attn.bk, a_inv.transpose(-1, -2)),
+        wq_like=left(a_q.transpose(-1, -2), attn.wq_like),
+        bq_like=_row_times(attn.bq_like, a_q),
+        wk_like=left(a_inv, attn.wk_like),
+        bk_like=_row_times(attn.bk_like, a_inv.transpose(-1, -2)),
     )
 
 

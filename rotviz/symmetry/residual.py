@@ -315,7 +315,7 @@ def apply_residual(view: ModelView, q: Tensor, check: bool = True,
         a, f, norms = blk.attn, blk.ffn, blk.norms
         if which != "ffn":
             a = Attention(r(a.wq), r(a.wk), r(a.wv), qt.to(a.wo) @ a.wo, a.bq, a.bk, a.bv,
-                          r(a.bo))
+                          r(a.bo), r(a.wq_like), a.bq_like, r(a.wk_like), a.bk_like)
         if which != "rest":
             f = FFN(r(f.w_in), f.b_in, qt.to(f.w_out) @ f.w_out, r(f.b_out), f.activation,
                     r(f.w_gate), f.b_gate)
@@ -404,7 +404,8 @@ def cross(src: ModelView, anc: ModelView, memo: TensorMemo | None = None,
         if which != "ffn":
             parts.append([(a_s.wq, a_a.wq, "last"), (a_s.wk, a_a.wk, "last"),
                           (a_s.wv, a_a.wv, "last"), (a_s.wo, a_a.wo, "heads"),
-                          (a_s.bo, a_a.bo, "last")])
+                          (a_s.bo, a_a.bo, "last"), (a_s.wq_like, a_a.wq_like, "last"),
+                          (a_s.wk_like, a_a.wk_like, "last")])
         if which == "rest":
             continue
         ffn = [(f_s.w_in, f_a.w_in, "last"), (f_s.w_gate, f_a.w_gate, "last"),

@@ -73,6 +73,12 @@ class Attention:
     bk: Tensor | None  # (H_kv, d_h)
     bv: Tensor | None  # (H_kv, d_h)
     bo: Tensor | None  # (d,)
+    # Projections whose rows move like W_Q's / W_K's (ArchSpec.q_like / k_like; DeBERTa's
+    # relative-position projections): (H, d_h, d) and (H_kv, d_h, d), None when absent
+    wq_like: Tensor | None = None
+    bq_like: Tensor | None = None
+    wk_like: Tensor | None = None
+    bk_like: Tensor | None = None
 
     @property
     def n_heads(self) -> int:
@@ -162,6 +168,11 @@ def resolve_layout(spec: ArchSpec, state: Mapping[str, Tensor]) -> Layout:
             blocks = []
             while _pick(state, root + tmpl.format(i=len(blocks)), attn_role.names) is not None:
                 blocks.append(root + tmpl.format(i=len(blocks)))
+            for module, setting in spec.refused:
+                if _present(state, root + module):
+                    raise RotvizError(
+                        f"{spec.family} models with {setting} are not supported: rotviz does not "
+                        f"describe {root + module}; use a model without it")
             roles = {}
             for role in ("qkv", "q", "k", "v", "o", "ffn_in", "ffn_gate", "ffn_out"):
                 lin: LinearSpec | None = getattr(spec, role)
@@ -174,6 +185,11 @@ def resolve_layout(spec: ArchSpec, state: Mapping[str, Tensor]) -> Layout:
                         f"'{first}{lin.names[0]}.weight'; is the weights file complete?"
                     )
                 roles[role] = alt
+            for role in ("q_like", "k_like"):  # optional: present in some configs only
+                lin = getattr(spec, role)
+                alt = None if lin is None else _pick(state, first, lin.names)
+                if alt is not None:
+                    roles[role] = alt
             norms = {}
             for ns in spec.norms:
                 alt = next((a for a in ns.names if f"{first}{a}.weight" in state), None)
@@ -283,8 +299,15 @@ def read_view(spec: ArchSpec, config: Mapping, state: Mapping[str, Tensor]) -> M
         heads = [x.reshape(n, dh, d) for x, n in zip((wq, wk, wv), (h, h_kv, h_kv), strict=True)]
         hb = [None if b is None else b.reshape(n, dh)
               for b, n in zip((bq, bk, bv), (h, h_kv, h_kv), strict=True)]
+        like = {}
+        for role, n in (("q_like", h), ("k_like", h_kv)):
+            if role in layout.roles:
+                w, b = lin(prefix, role)
+                check(prefix + layout.roles[role], w, (n * dh, d))
+                like[f"w{role[0]}_like"] = w.reshape(n, dh, d)
+                like[f"b{role[0]}_like"] = None if b is None else b.reshape(n, dh)
         attn = Attention(
-            heads[0], heads[1], heads[2], wo.reshape(d, h, dh).permute(1, 0, 2), *hb, bo
+            heads[0], heads[1], heads[2], wo.reshape(d, h, dh).permute(1, 0, 2), *hb, bo, **like
         )
         w_in, b_in = lin(prefix, "ffn_in")
         w_out, b_out = lin(prefix, "ffn_out")
@@ -328,6 +351,9 @@ def write_state(view: ModelView) -> dict[str, Tensor]:
             for role, w, b in zip(("q", "k", "v"), ws, bs, strict=True):
                 put(prefix, role, w, b)
         put(prefix, "o", a.wo.permute(1, 0, 2).reshape(d, -1), a.bo)
+        for role, w, b in (("q_like", a.wq_like, a.bq_like), ("k_like", a.wk_like, a.bk_like)):
+            if w is not None:
+                put(prefix, role, w.reshape(-1, d), None if b is None else b.reshape(-1))
         put(prefix, "ffn_in", blk.ffn.w_in, blk.ffn.b_in)
         if spec.gated:
             put(prefix, "ffn_gate", blk.ffn.w_gate, blk.ffn.b_gate)
@@ -376,8 +402,8 @@ def groups(view: ModelView) -> Iterator[tuple[int | None, str, Tensor]]:
     for i, blk in enumerate(view.blocks):
         a, f = blk.attn, blk.ffn
         for kind, ts in (
-            ("q", (a.wq, a.bq)),
-            ("k", (a.wk, a.bk)),
+            ("q", (a.wq, a.bq, a.wq_like, a.bq_like)),
+            ("k", (a.wk, a.bk, a.wk_like, a.bk_like)),
             ("v", (a.wv, a.bv)),
             ("o", (a.wo, a.bo)),
             ("ffn_in", (f.w_in, f.b_in, f.w_gate, f.b_gate)),  # a gated FFN's gate reads too
