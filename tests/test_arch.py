@@ -36,7 +36,8 @@ def test_every_family_file_is_found_once_in_its_listed_order():
                    if p.stem != "__init__")
     assert sorted(m.__name__.rsplit(".", 1)[1] for m in map(family_module, FAMILIES)) == files
     assert len(set(FAMILIES)) == len(FAMILIES) == len(SPECS) == len(files)
-    assert FAMILIES == ("gpt2", "bert", "roberta", "vit", "timm-vit", "llama")
+    assert FAMILIES == ("gpt2", "bert", "roberta", "vit", "timm-vit", "llama",
+                        "deberta-v2")
     assert [s.family for s in SPECS] == list(FAMILIES)
 
 

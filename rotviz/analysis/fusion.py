@@ -134,9 +134,16 @@ def fisher_diag(
                     for n in trainable:
                         out[n] += to_wide(gi[n]) ** 2
             else:
-                g = per_sample(p, x, y)
-                for n in trainable:
-                    out[n] += (to_wide(g[n]) ** 2).sum(0)
+                try:
+                    gs = [per_sample(p, x, y)]
+                except RuntimeError as e:  # a data-dependent step in the model's forward
+                    if "vmap" not in str(e):  # (DeBERTa checks input_ids for padding)
+                        raise
+                    gs = [{n: t.unsqueeze(0) for n, t in one(p, x[k], y[k]).items()}
+                          for k in range(len(y))]
+                for g in gs:
+                    for n in trainable:
+                        out[n] += (to_wide(g[n]) ** 2).sum(0)
             count += len(y)
             if progress:
                 progress(j + 1, len(todo), "Fisher information")

@@ -141,8 +141,10 @@ def k_rows(a: Attention) -> tuple[Tensor, Tensor | None]:
 def qk_parts(src: Attention, anc: Attention) -> tuple[Tensor, Tensor]:
     """The Q and K terms of the Q-K cross matrix, per KV group (H_kv, d_h, d_h), float64: the
     Q term sums the group's query heads."""
-    mq = group_sum(_cross(*q_rows(src), *q_rows(anc)), src.n_kv_heads)
-    return mq, _cross(*k_rows(src), *k_rows(anc))
+    (wq_s, bq_s), (wq_a, bq_a) = q_rows(src), q_rows(anc)
+    (wk_s, bk_s), (wk_a, bk_a) = k_rows(src), k_rows(anc)
+    mq = group_sum(_cross(wq_s, wq_a, bq_s, bq_a), src.n_kv_heads)
+    return mq, _cross(wk_s, wk_a, bk_s, bk_a)
 
 
 def vo_parts(src: Attention, anc: Attention) -> tuple[Tensor, Tensor]:

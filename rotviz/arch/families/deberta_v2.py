@@ -68,14 +68,16 @@ HEADS = {"seq": "DebertaV2ForSequenceClassification", "mlm": "DebertaV2ForMasked
          "token": "DebertaV2ForTokenClassification", "base": "DebertaV2Model"}
 
 
-def random_config(s: Sizes, *, head: str = "seq", share: bool = True, positions: int = 32,
-                  absolute: bool = False, token_types: int = 0) -> dict:
+def random_config(s: Sizes, *, lm: bool = False, head: str = "seq", share: bool = True,
+                  positions: int = 32, absolute: bool = False, token_types: int = 0) -> dict:
     """A DeBERTa-v3-like model (relative attention, c2p and p2c, normalised relative
-    embeddings) with `head` (seq, mlm, token, base); `share=False` gives every layer its own
+    embeddings) with `head` (seq, mlm, token, base; `lm=True` is mlm: text data is scored by
+    a language-model head); `share=False` gives every layer its own
     pos_query_proj / pos_key_proj (v2); `absolute` adds absolute position embeddings
     (position_biased_input); `token_types` a token-type table of that many rows."""
     import transformers as T
 
+    head = "mlm" if lm else head
     extra = dict(num_labels=s.labels) if head in ("seq", "token") else {}
     return T.DebertaV2Config(
         vocab_size=s.vocab, hidden_size=s.d, num_hidden_layers=s.layers,
