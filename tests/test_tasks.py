@@ -30,7 +30,7 @@ from rotviz.tasks import class_f1, entities, entity_f1
 WORDS = "alpha beta gamma delta def class return import value list dict yield".split()
 NAMES = ("neg", "pos", "mid")
 TAGS = ("O", "B-KW", "I-KW", "B-NUM")
-FAMILIES = ("gpt2", "llama", "bert", "roberta")
+FAMILIES = ("gpt2", "llama", "bert", "roberta", "deberta-v2")
 HEADS = ("seq-cls", "multi-label", "regression", "token-cls")
 
 
@@ -70,6 +70,13 @@ def _config(family: str, vocab: int, head: str):
     if family == "llama":
         return T.LlamaConfig(vocab_size=vocab, max_position_embeddings=64, pad_token_id=0,
                              **small, **labels)
+    if family == "deberta-v2":  # v3's attention: relative, c2p and p2c, shared projections
+        return T.DebertaV2Config(vocab_size=vocab, max_position_embeddings=64, pad_token_id=0,
+                                 hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                                 relative_attention=True, position_buckets=8,
+                                 pos_att_type=["p2c", "c2p"], share_att_key=True,
+                                 norm_rel_ebd="layer_norm", position_biased_input=False,
+                                 pooler_hidden_size=32, pooler_dropout=0.0, **small, **labels)
     cls = T.BertConfig if family == "bert" else T.RobertaConfig
     extra = dict(max_position_embeddings=64) if family == "bert" else dict(
         max_position_embeddings=66, pad_token_id=0)
@@ -80,7 +87,8 @@ def _config(family: str, vocab: int, head: str):
 def _head_class(family: str, head: str):
     import transformers as T
 
-    prefix = {"gpt2": "GPT2", "llama": "Llama", "bert": "Bert", "roberta": "Roberta"}[family]
+    prefix = {"gpt2": "GPT2", "llama": "Llama", "bert": "Bert", "roberta": "Roberta",
+              "deberta-v2": "DebertaV2"}[family]
     kind = "TokenClassification" if head == "token-cls" else "SequenceClassification"
     return getattr(T, f"{prefix}For{kind}")
 
@@ -109,7 +117,7 @@ def models(tmp_path_factory):
     """(family, head) -> two seeds saved with one tokenizer trained here."""
     root = tmp_path_factory.mktemp("heads")
     toks = {"gpt2": _bpe(), "llama": _bpe(), "bert": _wordpiece("[CLS]", "[SEP]"),
-            "roberta": _wordpiece("<s>", "</s>")}
+            "roberta": _wordpiece("<s>", "</s>"), "deberta-v2": _wordpiece("[CLS]", "[SEP]")}
     out = {}
     for family in FAMILIES:
         for head in HEADS:
