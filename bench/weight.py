@@ -15,6 +15,12 @@ memory, on two independently seeded random models (seeds 0 and 1) per size:
   SwiGLU FFN 8192, RMSNorm, RoPE; untied head, vocabulary 1000 to save memory). Its residual
   map is any orthogonal map. `--layers llama-1b=N` keeps N layers of that width, where the
   whole depth does not fit the time or memory at hand; per-layer times are in the table.
+- Issue 16's families at the shapes of released checkpoints, all layers, with an output head
+  of their own (each family's UNTIED options), vocabulary 1000: pythia-160m (GPT-NeoX, 12
+  layers, d 768, 12 heads, FFN 3072, rotary on a quarter of each head; centred stream maps),
+  qwen2-0.5b (24 layers, d 896, 14 heads in 2 KV groups, SwiGLU FFN 4864, Q/K/V biases;
+  orthogonal stream maps) and deberta-v3-large (DeBERTa-v2, 24 layers, d 1024, 16 heads, FFN
+  4096, relative attention; stream permutations). Run them by name with --sizes.
 
 Every weight-matching run reports the rounds it ran and the seconds per round, from the
 progress callback's time stamps. Where the default misses the target (weight matching <= 2x
@@ -54,7 +60,7 @@ import torch  # noqa: E402
 
 from bench.match import PeakMemory, _status, weight_bytes  # noqa: E402
 from bench.results import RESULTS, machine, write_section  # noqa: E402
-from rotviz.arch import spec_for  # noqa: E402
+from rotviz.arch import family_module, spec_for  # noqa: E402
 from rotviz.match.engine import match  # noqa: E402
 from rotviz.match.options import MatchOptions
 from rotviz.models import Loaded  # noqa: E402
@@ -65,7 +71,15 @@ SIZES = {
     "roberta-base": ("roberta", dict(layers=12, d=768, heads=12, ffn=3072, vocab=1000)),
     "llama-1b": ("llama", dict(layers=16, d=2048, heads=32, kv_heads=8, ffn=8192,
                                vocab=1000)),
+    # issue 16's families at the shapes of released checkpoints (vocabulary 1000 to save memory)
+    "pythia-160m": ("gpt_neox", dict(layers=12, d=768, heads=12, ffn=3072, vocab=1000,
+                                     rotary_pct=0.25)),
+    "qwen2-0.5b": ("qwen2", dict(layers=24, d=896, heads=14, kv_heads=2, ffn=4864,
+                                 vocab=1000)),
+    "deberta-v3-large": ("deberta-v2", dict(layers=24, d=1024, heads=16, ffn=4096,
+                                            vocab=1000)),
 }
+DEFAULT_SIZES = ("roberta-base", "llama-1b")
 SEED = MatchOptions()
 WEIGHT = MatchOptions(heads=True, residual=True)
 BACKOFF = replace(WEIGHT, ffn_backoff=True)
@@ -81,7 +95,8 @@ def build(size: str, seed: int, layers: int | None = None) -> Loaded:
     """A random model of `size` (seeded); `layers` overrides the depth."""
     family, dims = SIZES[size]
     dims = dims | ({"layers": layers} if layers is not None else {})
-    model, config = random_model(family, seed, **dims)
+    # an output head of its own where the family can have one (residual maps need it)
+    model, config = random_model(family, seed, **dims, **(family_module(family).UNTIED or {}))
     if family == "roberta":
         # the MLM decoder is tied to the word embeddings but reads the space after the head's
         # LayerNorm: residual maps refuse such a tie, so give it its own weights
@@ -374,7 +389,8 @@ def parse_layers(items: list[str]) -> dict[str, int]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--sizes", default=",".join(SIZES))
+    p.add_argument("--sizes", default=",".join(DEFAULT_SIZES),
+                   help=f"comma-separated, of {', '.join(SIZES)}")
     p.add_argument("--layers", action="append", default=[], metavar="SIZE=N",
                    help="keep N layers of SIZE's width (repeatable)")
     p.add_argument("--caps", default="1,2,3",

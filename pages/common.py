@@ -78,7 +78,6 @@ def model_choices(roots: tuple[str, ...]) -> list[str]:
 
 
 @st.cache_data(ttl=60, show_spinner=False)
-@st.cache_data(ttl=60, show_spinner=False)
 def data_found(roots: tuple[str, ...]) -> list[str]:
     """The user's data files and folders under the roots (appconfig.discover_data)."""
     return appconfig.discover_data(map(Path, roots))

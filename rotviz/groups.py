@@ -82,45 +82,89 @@ def centred_lift(r: Tensor, bz: Tensor) -> Tensor:
 # ---- rotary embeddings: maps per frequency pair -------------------------------------------
 
 
+def rope_rotary(d_head: int, rope: str) -> int:
+    """How many of a head's dims rotary embeddings turn. A layout names it after a colon when
+    it is not all of them (partial rotary, as GPT-NeoX's: "rotate_half:16" turns the first 16
+    dims, in rotate_half layout among themselves, and leaves the rest of the head alone)."""
+    _, _, n = rope.partition(":")
+    rotary = int(n) if n else d_head
+    if rotary % 2 or not 0 < rotary <= d_head:
+        raise RotvizError(f"rotary embeddings need an even number of dims, at most the head "
+                          f"size {d_head}, not {rotary}")
+    return rotary
+
+
 def rope_pairs(d_head: int, rope: str) -> tuple[Tensor, Tensor]:
     """The frequency pairs (i, j) of a head of size d_head that rotary embeddings rotate
-    together: `rotate_half` (Hugging Face) pairs i with i + d_head/2, `interleaved` pairs 2j
-    with 2j + 1. Returns the first and second members, each (d_head/2,) long."""
+    together: `rotate_half` (Hugging Face) pairs i with i + r/2, `interleaved` pairs 2j
+    with 2j + 1, among the r rotated dims (`rope_rotary`: all of them unless the layout
+    says). Returns the first and second members, each (r/2,) long."""
     if d_head % 2:
         raise RotvizError(f"rotary embeddings need an even head size, not {d_head}")
-    half = d_head // 2
-    if rope == "rotate_half":
+    layout = rope.partition(":")[0]
+    rotary = rope_rotary(d_head, rope)
+    half = rotary // 2
+    if layout == "rotate_half":
         first = torch.arange(half)
         return first, first + half
-    if rope == "interleaved":
-        first = torch.arange(0, d_head, 2)
+    if layout == "interleaved":
+        first = torch.arange(0, rotary, 2)
         return first, first + 1
-    raise RotvizError(f"unknown rotary layout '{rope}': use rotate_half or interleaved")
+    raise RotvizError(f"unknown rotary layout '{layout}': use rotate_half or interleaved")
 
 
-def rope_maps(x: Tensor, y: Tensor, rope: str) -> Tensor:
-    """Assemble (..., d_h, d_h) maps from per-pair blocks [[x, -y], [y, x]] (x, y: (..., d_h/2))
-    on the frequency pairs of `rope`."""
+def rope_free(d_head: int, rope: str) -> Tensor:
+    """The dims of a head that rotary embeddings leave alone (partial rotary; else none):
+    any orthogonal map of them commutes with the position rotations."""
+    return torch.arange(rope_rotary(d_head, rope), d_head)
+
+
+def rope_maps(x: Tensor, y: Tensor, rope: str, free: Tensor | None = None) -> Tensor:
+    """Assemble (..., d_h, d_h) maps from per-pair blocks [[x, -y], [y, x]] (x, y: (..., r/2))
+    on the frequency pairs of `rope`, and `free` (..., f, f) on the dims it does not turn
+    (partial rotary: d_h = r + f)."""
     half = x.shape[-1]
-    i, j = rope_pairs(2 * half, rope)
-    out = x.new_zeros(*x.shape[:-1], 2 * half, 2 * half)
+    dh = 2 * half + (0 if free is None else free.shape[-1])
+    i, j = rope_pairs(dh, rope)
+    out = x.new_zeros(*x.shape[:-1], dh, dh)
     out[..., i, i] = x
     out[..., j, j] = x
     out[..., i, j] = -y
     out[..., j, i] = y
+    if free is not None:
+        k = rope_free(dh, rope)
+        out[..., k[:, None], k] = free.to(out)
     return out
 
 
-def rope_procrustes(m: Tensor, rope: str) -> tuple[Tensor, Tensor]:
+def rope_procrustes(m: Tensor, rope: str, fixed: Tensor | None = None
+                    ) -> tuple[Tensor, Tensor]:
     """argmax_R tr(R^T M) over maps that commute with rotary embeddings and are orthogonal:
-    per frequency pair (i, j) the rotation by atan2(M_ji - M_ij, M_ii + M_jj). For a batch of
-    M (..., d_h, d_h); returns R and the gain of each pair (..., d_h / 2), all pairs and heads
-    at once."""
-    i, j = rope_pairs(m.shape[-1], rope)
+    per frequency pair (i, j) the rotation by atan2(M_ji - M_ij, M_ii + M_jj), and on the
+    dims rotary embeddings leave alone (partial rotary) the orthogonal Procrustes map. For a
+    batch of M (..., d_h, d_h); returns R and the gain of each pair (..., r / 2), followed by
+    the free block's (its nuclear norm) when there is one, all pairs and heads at once.
+
+    `fixed` (bool, (r / 2,)) marks pairs that may only turn by 0 or pi (Qwen3's q/k norms:
+    see rotviz.symmetry.actions.qk_fixed_pairs): tr(R^T M) is then +-(M_ii + M_jj), and the
+    better sign wins."""
+    dh = m.shape[-1]
+    i, j = rope_pairs(dh, rope)
     x = m[..., i, i] + m[..., j, j]
     y = m[..., j, i] - m[..., i, j]
     theta = torch.atan2(y, x)
-    return rope_maps(torch.cos(theta), torch.sin(theta), rope), torch.hypot(x, y)
+    cos, sin, gain = torch.cos(theta), torch.sin(theta), torch.hypot(x, y)
+    if fixed is not None:  # exactly +-1 and 0: the map must commute with the gains
+        fixed = fixed.to(x.device)
+        cos = torch.where(fixed, torch.where(x < 0, -1.0, 1.0).to(x), cos)
+        sin = torch.where(fixed, torch.zeros_like(sin), sin)
+        gain = torch.where(fixed, x.abs(), gain)
+    k = rope_free(dh, rope)
+    if not len(k):
+        return rope_maps(cos, sin, rope), gain
+    free, sv = procrustes(m[..., k[:, None], k])
+    return (rope_maps(cos, sin, rope, free=free),
+            torch.cat([gain, sv.sum(dim=-1, keepdim=True).to(gain)], dim=-1))
 
 
 # ---- per-head scales ----------------------------------------------------------------------
@@ -168,13 +212,24 @@ def random_rope_maps(n: int, d_head: int, rope: str, gen: torch.Generator, rotat
                      dtype=torch.float64) -> Tensor:
     """Random maps (n, d_h, d_h) that commute with rotary embeddings: per frequency pair a
     rotation by a uniform angle (if `rotate`) times a scale drawn from `scale_range` (if
-    given), zero elsewhere."""
+    given), zero elsewhere; on the dims rotary embeddings leave alone (partial rotary) a
+    random orthogonal map (if `rotate`) times one scale per map, drawn after the pairs'."""
     i, j = rope_pairs(d_head, rope)
-    half = d_head // 2
+    half = len(i)
     theta = (2 * torch.pi * torch.rand(n, half, generator=gen, dtype=torch.float64) if rotate
              else torch.zeros(n, half, dtype=torch.float64))
     scale = torch.ones(n, half, dtype=torch.float64)
     if scale_range is not None:
         lo, hi = scale_range
         scale = lo + (hi - lo) * torch.rand(n, half, generator=gen, dtype=torch.float64)
-    return rope_maps(torch.cos(theta) * scale, torch.sin(theta) * scale, rope).to(dtype)
+    free = None
+    f = len(rope_free(d_head, rope))
+    if f:
+        free = (random_orthogonal(n, f, gen) if rotate
+                else torch.eye(f, dtype=torch.float64).expand(n, f, f).clone())
+        if scale_range is not None:
+            lo, hi = scale_range
+            free = free * (lo + (hi - lo) * torch.rand(n, 1, 1, generator=gen,
+                                                       dtype=torch.float64))
+    return rope_maps(torch.cos(theta) * scale, torch.sin(theta) * scale, rope,
+                     free=free).to(dtype)

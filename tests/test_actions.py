@@ -38,6 +38,8 @@ def _qk(view: ModelView, seed: int, invertible: bool) -> dict[int, torch.Tensor]
     """Q-K maps of the model's group: under rotary embeddings only maps that commute with the
     position rotations (a rotation, times a scale if `invertible`, per frequency pair)."""
     dims = view.dims
+    if dims.qk_norm:  # q/k norms (Qwen3): a sign per frequency pair, for any gains; no scale
+        return {i: t.qk for i, t in random_element(dims, seed, ffn=False, rescale=False).items()}
     if dims.rope is None:
         return _invertible(view, seed) if invertible else _orth(view, seed)
     gen = torch.Generator().manual_seed(seed)

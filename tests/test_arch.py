@@ -36,8 +36,8 @@ def test_every_family_file_is_found_once_in_its_listed_order():
                    if p.stem != "__init__")
     assert sorted(m.__name__.rsplit(".", 1)[1] for m in map(family_module, FAMILIES)) == files
     assert len(set(FAMILIES)) == len(FAMILIES) == len(SPECS) == len(files)
-    assert FAMILIES == ("gpt2", "bert", "roberta", "vit", "timm-vit", "llama",
-                        "deberta-v2")
+    assert FAMILIES == ("gpt2", "bert", "roberta", "vit", "timm-vit", "llama", "mistral", "qwen2",
+                        "gemma", "gemma2", "gpt-neox", "phi3", "qwen3", "deberta-v2")
     assert [s.family for s in SPECS] == list(FAMILIES)
 
 
@@ -62,7 +62,7 @@ def test_a_new_family_file_is_discovered(tmp_path, monkeypatch):
 def test_public_names_keep_working():
     from rotviz.arch import BERT, GPT2, LLAMA, ROBERTA, TIMM_VIT, VIT
 
-    assert [s.family for s in (GPT2, BERT, ROBERTA, VIT, TIMM_VIT, LLAMA)] == list(FAMILIES)
+    assert [s.family for s in (GPT2, BERT, ROBERTA, VIT, TIMM_VIT, LLAMA)] == list(FAMILIES[:6])
     assert all(isinstance(s, ArchSpec) for s in SPECS)
     assert config_value({"model_args": {"depth": 3}}, ("depth",)) == 3
     with pytest.raises(AttributeError):
@@ -107,8 +107,11 @@ def test_position_offset_is_read_from_the_spec(family):
 def test_random_model_options_belong_to_their_families():
     assert options("llama") == {"kv_heads": None, "head_dim": None, "bias": False,
                                 "tie_embeddings": False, "positions": 32}
-    assert options("vit") == {} and options("gpt2") == {"tie": True, "positions": 32}
-    with pytest.raises(ValueError, match="kv_heads is an option of llama, not gpt2's"):
+    assert options("vit") == {} and options("gpt2") == {"tie": True, "positions": 32,
+                                                   "scale_by_layer": False,
+                                                   "reorder_upcast": False}
+    with pytest.raises(ValueError,
+                       match="kv_heads is an option of llama(, [a-z0-9_-]+)*, not gpt2.s"):
         random_model("gpt2", kv_heads=2)
     with pytest.raises(ValueError, match="positions is an option of .*, not vit's"):
         random_model("vit", positions=64)

@@ -10,7 +10,7 @@ import torch
 from conftest import view_of
 
 from rotviz.errors import RotvizError
-from rotviz.groups import rope_pairs
+from rotviz.groups import rope_free, rope_pairs
 from rotviz.match.distances import distances, norm
 from rotviz.match.engine import match
 from rotviz.match.layers import head_gain, head_permutation
@@ -22,6 +22,7 @@ from rotviz.symmetry.actions import (
     LayerTransform,
     apply,
     apply_layer,
+    qk_fixed_pairs,
     random_element,
     random_transform,
 )
@@ -71,13 +72,19 @@ def _outer(x, y, i, j):
     return 0.0 if x is None else torch.outer(x[i], y[j])
 
 
-def _qk_gain(m, rope):
+def _qk_gain(m, rope, fixed=None):
     """max tr(R^T M) over the Q-K maps allowed: the nuclear norm, or under rotary embeddings
-    the per-pair rotations' gain, sum over pairs (i, j) of |(M_ii + M_jj, M_ji - M_ij)|."""
+    the per-pair rotations' gain, sum over pairs (i, j) of |(M_ii + M_jj, M_ji - M_ij)|, or
+    |M_ii + M_jj| for a pair that may only flip its sign (`fixed`, q/k norms)."""
     if rope is None:
         return torch.linalg.svdvals(m).sum()
     i, j = rope_pairs(m.shape[-1], rope)
-    return torch.hypot(m[i, i] + m[j, j], m[j, i] - m[i, j]).sum()
+    if fixed is not None:
+        x, y = m[i, i] + m[j, j], m[j, i] - m[i, j]
+        return torch.where(fixed, x.abs(), torch.hypot(x, y)).sum()
+    k = rope_free(m.shape[-1], rope)  # partial rotary: any rotation of the other dims
+    free = torch.linalg.svdvals(m[k[:, None], k]).sum() if len(k) else 0.0
+    return torch.hypot(m[i, i] + m[j, j], m[j, i] - m[i, j]).sum() + free
 
 
 def _group_gain(src, anc, heads, gs, ga, rope):
@@ -91,7 +98,7 @@ def _group_gain(src, anc, heads, gs, ga, rope):
         ha = ga * r + k
         mqk = mqk + src.wq[hs] @ anc.wq[ha].T + _outer(src.bq, anc.bq, hs, ha)
         mvo = mvo + src.wo[hs].T @ anc.wo[ha]
-    return _qk_gain(mqk, rope) + torch.linalg.svdvals(mvo).sum()
+    return _qk_gain(mqk, rope, qk_fixed_pairs(src, rope)) + torch.linalg.svdvals(mvo).sum()
 
 
 def test_head_assignment_is_optimal_over_all_permutations(family, loaded):

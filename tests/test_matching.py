@@ -25,6 +25,8 @@ from rotviz.groups import (
     procrustes,
     random_orthogonal,
     random_rope_maps,
+    rope_free,
+    rope_maps,
     rope_pairs,
     rope_procrustes,
 )
@@ -34,7 +36,7 @@ from rotviz.match.layers import cross_qk, cross_vo, ffn_permutation
 from rotviz.match.options import MatchOptions, parse_layers
 from rotviz.match.pipeline import match_models
 from rotviz.models import max_output_diff
-from rotviz.symmetry.actions import apply, random_element
+from rotviz.symmetry.actions import apply, qk_fixed_pairs, random_element
 from rotviz.symmetry.view import FFN, KINDS, write_state
 
 F64 = torch.float64
@@ -126,7 +128,9 @@ def test_procrustes_beats_random_orthogonal_maps(family, loaded, which):
         r, sv = procrustes(m)
         dets = torch.linalg.det(r).abs()
         torch.testing.assert_close(dets, torch.ones_like(dets))
-        r_lib = rope_procrustes(m, dims.rope)[0] if structured else r
+        # q/k norms (Qwen3): pairs whose gains differ may only flip their sign
+        fixed = qk_fixed_pairs(s, dims.rope) if structured else None
+        r_lib = rope_procrustes(m, dims.rope, fixed)[0] if structured else r
         for g in range(dims.n_kv_heads):
             cand = _candidates(r[g], seed=layer * 100 + g)
             best = torch.trace(r[g].T @ m[g])
@@ -137,7 +141,13 @@ def test_procrustes_beats_random_orthogonal_maps(family, loaded, which):
             d_cand = head_distance(cand, s, a, g)
             assert float(d_best) <= float(d_cand.min()) * (1 + 1e-12)
             d_lib = head_distance(r_lib[g][None], s, a, g)[0]
-            if structured:
+            if structured and fixed is not None and bool(fixed.all()):
+                # every map of the group: a sign per pair, all 2^(d_h / 2) of them
+                signs = torch.tensor(list(itertools.product((1.0, -1.0), repeat=len(fixed))),
+                                     dtype=F64)
+                every = rope_maps(signs, torch.zeros_like(signs), dims.rope)
+                assert float(d_lib) <= float(head_distance(every, s, a, g).min()) * (1 + 1e-12)
+            elif structured:
                 gen = torch.Generator().manual_seed(layer * 100 + g)
                 rand = random_rope_maps(1000, dims.d_head, dims.rope, gen)
                 assert float(d_lib) <= float(head_distance(rand, s, a, g).min()) * (1 + 1e-12)
@@ -261,13 +271,17 @@ def _scaled_vo(x, s, a, g):
 
 def _qk_dim_scales(rep, dims) -> torch.Tensor:
     """The Q-K scale of every head dimension of every key/value group (H_kv, d_h): one per
-    map, or under rotary embeddings one per frequency pair (both dims of the pair)."""
-    if dims.rope is None:
+    map, or under rotary embeddings one per frequency pair (both dims of the pair); 1 under
+    q/k norms, which divide any scale out."""
+    if dims.rope is None or dims.qk_norm:
         return torch.tensor(rep.qk_scale, dtype=F64)[:, None].expand(-1, dims.d_head)
     pair = torch.tensor(rep.qk_pair_scale, dtype=F64)
     i, j = rope_pairs(dims.d_head, dims.rope)
     out = torch.empty(dims.n_kv_heads, dims.d_head, dtype=F64)
     out[:, i], out[:, j] = pair, pair
+    free = rope_free(dims.d_head, dims.rope)  # partial rotary: one scale for the other dims
+    if len(free):
+        out[:, free] = torch.tensor(rep.qk_free_scale, dtype=F64)[:, None]
     return out
 
 
@@ -283,7 +297,8 @@ def test_rescale_beats_a_grid_on_the_head_distance(family, loaded):
         m = full.view.blocks[layer].attn
         qk_dims = _qk_dim_scales(rep, dims)
         for g in range(dims.n_kv_heads):
-            for fn, scale in ((_scaled_qk, qk_dims[g]), (_scaled_vo, rep.vo_scale[g])):
+            scaled = ((_scaled_qk, qk_dims[g]),) if not dims.qk_norm else ()  # no Q-K scales
+            for fn, scale in (*scaled, (_scaled_vo, rep.vo_scale[g])):
                 chosen = fn(scale, s, a, g)
                 grid = min(fn(x, s, a, g) for x in GRID[::10])
                 one = fn(1.0, s, a, g)

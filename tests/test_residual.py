@@ -30,8 +30,9 @@ WITH_RESIDUAL = [(f, family_module(f).UNTIED) for f in FAMILIES
 def expected_group(spec) -> str:
     """REFERENCE.md's table: a post-norm stream admits permutations, a pre-norm RMSNorm stream
     any orthogonal map, a pre-norm LayerNorm stream orthogonal maps that keep the all-ones
-    vector (on centred writers)."""
-    if spec.placement == "post":
+    vector (on centred writers). A norm on each sub-layer's output (Gemma 2) scales what is
+    written coordinate by coordinate, which only permutations commute with."""
+    if spec.placement == "post" or any(n.site in ("attn_post", "ffn_post") for n in spec.norms):
         return "permutation"
     return "orthogonal" if spec.norm_kind == "rmsnorm" else "centred"
 
@@ -63,10 +64,10 @@ def test_canonical_form_keeps_the_function_and_restores_exactly(stream_model):
     before = clone_state(model.state)
     canon, gauge = rs.canonicalise(view)
     assert max_output_diff(model, model.state, write_state(canon)) <= 1e-4
-    if view.spec.placement == "pre":
+    if rs.group_of(view) != "permutation":
         assert distances(canon, view).total > 0.1  # gains folded, writers centred: it moved
-        for blk in canon.blocks:
-            assert all(bool((n.weight == 1).all()) for n in blk.norms.values())
+        for blk in canon.blocks:  # gain 1 (stored as 0 where the norm stores gain - 1)
+            assert all(bool((rs.gain(view, n.weight) == 1).all()) for n in blk.norms.values())
     back = rs.restore(canon, gauge)
     assert distances(back, view).total / norm(view) <= 1e-6
     assert all(torch.equal(before[k], model.state[k]) for k in before)  # nothing mutated
@@ -192,10 +193,14 @@ def test_tied_heads_are_refused_with_a_way_out(loaded, family):
     to the embeddings) refuses residual maps: a pre-norm model's tied head would need the final
     gain folded into its embedding, a post-norm decoder reads another space. Both are one-line
     errors naming what to do instead. Models with an output head of their own are offered
-    residual maps."""
+    residual maps, and so are tied heads that read the stream when the stream's maps are
+    permutations (no gain to fold: Gemma 2's)."""
     model = loaded(family)
     view = view_of(model)
-    tied_head = any(owner in view.layout.writers for _, owner in view.tied)
+    readers = {f"{r}.weight" for r in view.layout.readers}
+    permuted = rs.group_of(view) == "permutation"
+    tied_head = any(owner in view.layout.writers and (alias not in readers or not permuted)
+                    for alias, owner in view.tied)
     if not tied_head:
         assert rs.unsupported(view) is None
         return
@@ -204,7 +209,7 @@ def test_tied_heads_are_refused_with_a_way_out(loaded, family):
         match_models(model, loaded(family, 1), MatchOptions(residual=True))
     msg = str(e.value)
     assert "\n" not in msg and "without residual" in msg
-    if view.spec.placement == "pre":
+    if not permuted:
         with pytest.raises(RotvizError, match="tie_word_embeddings"):
             rs.canonicalise(view)
 

@@ -13,24 +13,28 @@ from __future__ import annotations
 import csv
 import json
 import random
+import re
 
 import numpy as np
 import pytest
 import torch
 from test_tokens import _bpe, _wordpiece
 
+from rotviz.arch import FAMILIES as ALL_FAMILIES
+from rotviz.arch import Sizes, family_module, spec_named
 from rotviz.cli import main
 from rotviz.errors import RotvizError
 from rotviz.evaluation import evaluate, split_for, task_of
 from rotviz.labelled import Columns
 from rotviz.models import load_model
 from rotviz.splits import IGNORE
-from rotviz.tasks import class_f1, entities, entity_f1
+from rotviz.tasks import class_f1, entities, entity_f1, task_of_config
 
 WORDS = "alpha beta gamma delta def class return import value list dict yield".split()
 NAMES = ("neg", "pos", "mid")
 TAGS = ("O", "B-KW", "I-KW", "B-NUM")
-FAMILIES = ("gpt2", "llama", "bert", "roberta", "deberta-v2")
+# every discovered text family (a new family file is covered without a line here)
+FAMILIES = tuple(f for f in ALL_FAMILIES if spec_named(f).inputs == "tokens")
 HEADS = ("seq-cls", "multi-label", "regression", "token-cls")
 
 
@@ -53,42 +57,42 @@ def _rows(n: int = 90, seed: int = 0) -> list[dict]:
     return rows
 
 
+def _base(family: str, vocab: int) -> dict:
+    """The family's own random config (rotviz.arch.families) at this vocabulary, 64 tokens."""
+    return family_module(family).random_config(Sizes(vocab=vocab), positions=64)
+
+
+def _decoder(family: str) -> bool:
+    """Causal language models get a byte-level BPE tokenizer, encoders a WordPiece one."""
+    cfg = _base(family, 61)
+    return task_of_config(spec_named(family).inputs, cfg) == "text"
+
+
 def _config(family: str, vocab: int, head: str):
+    """The family's random config with a classification head of `head`'s kind."""
     import transformers as T
 
-    small = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                 intermediate_size=64)
     names = TAGS if head == "token-cls" else NAMES
     labels = dict(num_labels=1) if head == "regression" else dict(
         id2label=dict(enumerate(names)), label2id={n: i for i, n in enumerate(names)})
     if head == "multi-label":
         labels["problem_type"] = "multi_label_classification"
-    if family == "gpt2":
-        return T.GPT2Config(vocab_size=vocab, n_positions=64, n_embd=32, n_layer=2, n_head=4,
-                            n_inner=64, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                            pad_token_id=0, **labels)
-    if family == "llama":
-        return T.LlamaConfig(vocab_size=vocab, max_position_embeddings=64, pad_token_id=0,
-                             **small, **labels)
-    if family == "deberta-v2":  # v3's attention: relative, c2p and p2c, shared projections
-        return T.DebertaV2Config(vocab_size=vocab, max_position_embeddings=64, pad_token_id=0,
-                                 hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-                                 relative_attention=True, position_buckets=8,
-                                 pos_att_type=["p2c", "c2p"], share_att_key=True,
-                                 norm_rel_ebd="layer_norm", position_biased_input=False,
-                                 pooler_hidden_size=32, pooler_dropout=0.0, **small, **labels)
-    cls = T.BertConfig if family == "bert" else T.RobertaConfig
-    extra = dict(max_position_embeddings=64) if family == "bert" else dict(
-        max_position_embeddings=66, pad_token_id=0)
-    return cls(vocab_size=vocab, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-               **extra, **small, **labels)
+    cfg = _base(family, vocab)
+    if spec_named(family).positions_after is not None:  # position ids start after the pad id
+        cfg["max_position_embeddings"] = 66
+    cfg |= dict(pad_token_id=0, architectures=[_head_class(family, head).__name__], **labels)
+    return T.AutoConfig.for_model(**{k: v for k, v in cfg.items()
+                                     if k not in ("id2label", "label2id", "num_labels")
+                                     or k in labels})
 
 
 def _head_class(family: str, head: str):
+    """`<Family>ForSequenceClassification` / `...ForTokenClassification`, named after the
+    family's own model class (GPT2LMHeadModel -> GPT2, LlamaForCausalLM -> Llama)."""
     import transformers as T
 
-    prefix = {"gpt2": "GPT2", "llama": "Llama", "bert": "Bert", "roberta": "Roberta",
-              "deberta-v2": "DebertaV2"}[family]
+    model = _base(family, 61)["architectures"][0]
+    prefix = re.split("For|LMHead", model)[0]
     kind = "TokenClassification" if head == "token-cls" else "SequenceClassification"
     return getattr(T, f"{prefix}For{kind}")
 
@@ -116,8 +120,8 @@ def files(tmp_path_factory):
 def models(tmp_path_factory):
     """(family, head) -> two seeds saved with one tokenizer trained here."""
     root = tmp_path_factory.mktemp("heads")
-    toks = {"gpt2": _bpe(), "llama": _bpe(), "bert": _wordpiece("[CLS]", "[SEP]"),
-            "roberta": _wordpiece("<s>", "</s>"), "deberta-v2": _wordpiece("[CLS]", "[SEP]")}
+    bpe, wordpiece = _bpe(), _wordpiece("[CLS]", "[SEP]")
+    toks = {f: bpe if _decoder(f) else wordpiece for f in FAMILIES}
     out = {}
     for family in FAMILIES:
         for head in HEADS:

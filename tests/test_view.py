@@ -48,7 +48,9 @@ def test_view_shapes_follow_dims(family, loaded):
     model = loaded(family)
     view = view_of(model)
     dims = view.dims
-    assert (dims.n_layers, dims.d_model, dims.n_heads, dims.d_head, dims.d_ffn) == (2, 32, 4, 8, 64)
+    head = model.config.get("head_dim") or 8  # d / H unless the config sets it (Gemma)
+    assert (dims.n_layers, dims.d_model, dims.n_heads, dims.d_head, dims.d_ffn) == \
+        (2, 32, 4, head, 64)
     h, h_kv, dh, d, m = dims.n_heads, dims.n_kv_heads, dims.d_head, dims.d_model, dims.d_ffn
     for prefix, blk in zip(view.layout.blocks, view.blocks, strict=True):
         a, f = blk.attn, blk.ffn
@@ -66,7 +68,7 @@ def test_view_shapes_follow_dims(family, loaded):
         assert f.b_in is None or f.b_in.shape == (m,)
         assert (f.w_gate is not None) == dims.gated
         assert f.w_gate is None or f.w_gate.shape == (m, d)
-        assert len(blk.norms) == 2
+        assert len(blk.norms) == len(view.spec.norms)  # every norm the family describes
 
 
 def test_head_slices_match_the_projection_rows(family, loaded):
@@ -80,6 +82,9 @@ def test_head_slices_match_the_projection_rows(family, loaded):
         if spec.fused:
             w = model.state[prefix + lay.roles["qkv"] + ".weight"]
             w = w.t() if spec.qkv.transposed else w
+            if spec.qkv_layout == "heads":  # per head [q; k; v] (GPT-NeoX)
+                per = w.reshape(h, 3, dh, -1)
+                w = torch.cat([per[:, n].reshape(h * dh, -1) for n in range(3)])
             wq, wk = w[: h * dh], w[h * dh : (h + h_kv) * dh]
         else:
             wq = model.state[prefix + lay.roles["q"] + ".weight"]

@@ -123,6 +123,7 @@ def fisher_diag(
     out = {n: torch.zeros_like(t, dtype=torch.float64, device=wide_device(dev))
            for n, t in params.items()}
     count = 0
+    batched = True  # per-sample gradients by vmap, until a model shows it cannot be batched
     todo = list(stats_batches(split, batches, batch_size, seed))
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*batching rule.*")
@@ -134,16 +135,21 @@ def fisher_diag(
                     for n in trainable:
                         out[n] += to_wide(gi[n]) ** 2
             else:
-                try:
-                    gs = [per_sample(p, x, y)]
-                except RuntimeError as e:  # a data-dependent step in the model's forward
-                    if "vmap" not in str(e):  # (DeBERTa checks input_ids for padding)
-                        raise
-                    gs = [{n: t.unsqueeze(0) for n, t in one(p, x[k], y[k]).items()}
-                          for k in range(len(y))]
-                for g in gs:
+                if batched:
+                    try:
+                        g = per_sample(p, x, y)
+                    except RuntimeError as e:  # a model vmap cannot batch (DeBERTa's
+                        if "vmap" not in str(e):  # relative positions): one at a time
+                            raise
+                        batched = False
+                if batched:
                     for n in trainable:
                         out[n] += (to_wide(g[n]) ** 2).sum(0)
+                else:
+                    for xi, yi in zip(x, y, strict=True):
+                        gi = one(p, xi, yi)
+                        for n in trainable:
+                            out[n] += to_wide(gi[n]) ** 2
             count += len(y)
             if progress:
                 progress(j + 1, len(todo), "Fisher information")

@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 Names = tuple[str, ...]
+STREAM_SITES = ("attn_out", "ffn_out")  # post-norms: on the stream
+BRANCH_SITES = ("attn_post", "ffn_post")  # on a sub-layer's output, before the add
 
 
 @dataclass(frozen=True)
@@ -31,8 +33,10 @@ class NormSpec:
     """A normalisation layer inside a block.
 
     `site` says what it normalises: `attn_in` / `ffn_in` (pre-norm: the input of the
-    sub-layer, the stream itself is untouched) or `attn_out` / `ffn_out` (post-norm: the
-    stream after the residual add, so the norm sits on the stream).
+    sub-layer, the stream itself is untouched), `attn_out` / `ffn_out` (post-norm: the
+    stream after the residual add, so the norm sits on the stream) or `attn_post` /
+    `ffn_post` (the sub-layer's output before the add, as Gemma2's: its gain multiplies what
+    is written to the stream, coordinate by coordinate).
     """
 
     names: Names
@@ -99,14 +103,36 @@ class ArchSpec:
     positions_after: tuple[str, int] | None = None
     type_key: str = "model_type"
     type_prefix: bool = False
-    # Extra projections, inside each block, whose scores pair with K / with Q (DeBERTa's
-    # relative-position projections: c2p scores Q_c K_r^T, p2c K_c Q_r^T): `q_like` rows move
-    # like W_Q's, `k_like` like W_K's under Q-K maps and head permutations; both read the stream.
+    # Norms whose stored weight w is an offset from the gain: the gain is `norm_offset + w`
+    # (Gemma stores 1 + w, so that zero-initialised weights mean gain 1)
+    norm_offset: float = 0.0
+    # Partial rotary: config keys of the share of each head's dims that rotary embeddings
+    # turn (the first ones; the rest are left alone), looked up in the config and in its
+    # `rope_parameters`. Empty: all of them.
+    rope_fraction_key: Names = ()
+    # Fused QKV layout: "blocks" ([Q; K; V], each heads x d_h rows: GPT-2, Phi-3) or "heads"
+    # (per head [q; k; v], d_h rows each: GPT-NeoX)
+    qkv_layout: str = "blocks"
+    # Fused gated FFN: `ffn_in` names one linear holding [gate; up] rows (Phi-3's
+    # gate_up_proj), split into the gate and up maps on reading and joined on writing
+    ffn_gate_up: bool = False
+    # Per-head RMSNorms on queries and keys before RoPE (Qwen3): the names of the query's and
+    # the key's norm relative to a block. Their gains (one d_h vector per layer, shared by the
+    # heads) restrict the Q-K maps to rotations that commute with them (rotviz.symmetry.actions)
+    qk_norms: tuple[Names, Names] | None = None
+    # Linears that project something other than the stream into a head's query or key space
+    # and must move exactly as W_Q (`q_like`) or W_K (`k_like`) do: DeBERTa's pos_query_proj
+    # and pos_key_proj, which project the relative position embeddings (absent when the
+    # checkpoint shares query_proj / key_proj for them)
     q_like: LinearSpec | None = None
     k_like: LinearSpec | None = None
-    # Modules (relative to a root) this description does not cover, with the config setting
-    # that adds them: a model holding one is refused in one line.
-    refused: tuple[tuple[str, str], ...] = ()
+    # Modules (relative to a root) rotviz cannot map yet, and what they are: a checkpoint
+    # that has one is refused in one line
+    unsupported_modules: tuple[tuple[str, str], ...] = ()
+    # Modules (full names) that decode with a stream writer's table from a space of their own
+    # without a tensor of their own (DeBERTa's masked-LM head reads the word embeddings): the
+    # stream cannot be mapped where one is present
+    hidden_ties: tuple[tuple[str, str], ...] = ()  # (module, the writer it decodes with)
 
     def describes(self, config: Mapping) -> bool:
         """Whether `config` (config.json of a checkpoint) is a model of this family."""
@@ -126,7 +152,13 @@ class ArchSpec:
 
     @property
     def gated(self) -> bool:
-        return self.ffn_gate is not None
+        return self.ffn_gate is not None or self.ffn_gate_up
+
+    @property
+    def branch_norms(self) -> bool:
+        """Whether a norm scales a sub-layer's output before it is added to the stream; its
+        gain then fixes the stream's coordinates, so only permutations map the stream."""
+        return any(n.site in BRANCH_SITES for n in self.norms)
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from rotviz.groups import (
     assign,
     best_scale,
     procrustes,
+    rope_free,
     rope_pairs,
     rope_procrustes,
     rotation_angles,
@@ -41,7 +42,13 @@ from rotviz.match.distances import Distances, distances
 from rotviz.match.options import MatchOptions
 from rotviz.match.report import HeadReport, MatchReport, MatchResult
 from rotviz.memo import TensorMemo
-from rotviz.symmetry.actions import LayerTransform, apply_layer, permute_ffn, permute_heads
+from rotviz.symmetry.actions import (
+    LayerTransform,
+    apply_layer,
+    permute_ffn,
+    permute_heads,
+    qk_fixed_pairs,
+)
 from rotviz.symmetry.view import Attention, ModelView
 from rotviz.types import Progress
 
@@ -116,35 +123,16 @@ def group_sum(x: Tensor, n_kv: int) -> Tensor:
     return x if x.shape[0] == n_kv else x.reshape(n_kv, -1, *x.shape[1:]).sum(dim=1)
 
 
-def _rows(w: Tensor, b: Tensor | None, w_like: Tensor | None,
-          b_like: Tensor | None) -> tuple[Tensor, Tensor | None]:
-    """A head's rows that a Q-K map moves together, as (W, b): W_Q (or W_K) alone, or with
-    projections that move like it (Attention.wq_like) and all biases as extra columns, so that
-    every cross term and norm below counts them."""
-    if w_like is None:
-        return w, b
-    cols = [w, b, w_like, b_like]
-    return torch.cat([c if c.dim() == 3 else c.unsqueeze(-1) for c in cols if c is not None],
-                     dim=-1), None
-
-
-def q_rows(a: Attention) -> tuple[Tensor, Tensor | None]:
-    """Everything that moves like W_Q under a Q-K map (see `_rows`)."""
-    return _rows(a.wq, a.bq, a.wq_like, a.bq_like)
-
-
-def k_rows(a: Attention) -> tuple[Tensor, Tensor | None]:
-    """Everything that moves like W_K under a Q-K map (see `_rows`)."""
-    return _rows(a.wk, a.bk, a.wk_like, a.bk_like)
-
-
 def qk_parts(src: Attention, anc: Attention) -> tuple[Tensor, Tensor]:
     """The Q and K terms of the Q-K cross matrix, per KV group (H_kv, d_h, d_h), float64: the
     Q term sums the group's query heads."""
-    (wq_s, bq_s), (wq_a, bq_a) = q_rows(src), q_rows(anc)
-    (wk_s, bk_s), (wk_a, bk_a) = k_rows(src), k_rows(anc)
-    mq = group_sum(_cross(wq_s, wq_a, bq_s, bq_a), src.n_kv_heads)
-    return mq, _cross(wk_s, wk_a, bk_s, bk_a)
+    mq = group_sum(_cross(src.wq, anc.wq, src.bq, anc.bq), src.n_kv_heads)
+    mk = _cross(src.wk, anc.wk, src.bk, anc.bk)
+    if src.wpq is not None:  # projections that move as W_Q (DeBERTa's position queries)
+        mq = mq + group_sum(_cross(src.wpq, anc.wpq, src.bpq, anc.bpq), src.n_kv_heads)
+    if src.wpk is not None:
+        mk = mk + _cross(src.wpk, anc.wpk, src.bpk, anc.bpk)
+    return mq, mk
 
 
 def vo_parts(src: Attention, anc: Attention) -> tuple[Tensor, Tensor]:
@@ -168,12 +156,13 @@ def cross_vo(src: Attention, anc: Attention) -> Tensor:
     return mv + mo
 
 
-def qk_gain(m: Tensor, rope: str | None = None) -> Tensor:
+def qk_gain(m: Tensor, rope: str | None = None, fixed: Tensor | None = None) -> Tensor:
     """max tr(R^T M) over the Q-K rotations allowed: the nuclear norm of M, or under rotary
-    embeddings the sum of the per-pair gains (see `rope_procrustes`). For a batch (...)."""
+    embeddings the sum of the per-pair gains (see `rope_procrustes`; `fixed`: pairs that
+    may only turn by 0 or pi). For a batch (...)."""
     if rope is None:
         return torch.linalg.svdvals(m).sum(dim=-1)
-    return rope_procrustes(m, rope)[1].sum(dim=-1)
+    return rope_procrustes(m, rope, fixed)[1].sum(dim=-1)
 
 
 def _cross_all(x: Tensor, y: Tensor, bx: Tensor | None = None,
@@ -195,10 +184,13 @@ def pair_parts(src: Attention, anc: Attention) -> tuple[Tensor, Tensor, Tensor, 
     pair, each (H, H, d_h, d_h) float64 (K and V: (H_kv, H_kv, d_h, d_h), pairs of KV heads);
     `[i, i]` is what qk_parts/vo_parts give for head i without grouped-query attention."""
     wo_s, wo_a = src.wo.transpose(-1, -2), anc.wo.transpose(-1, -2)  # (H, d_h, d)
-    (wq_s, bq_s), (wq_a, bq_a) = q_rows(src), q_rows(anc)
-    (wk_s, bk_s), (wk_a, bk_a) = k_rows(src), k_rows(anc)
-    return (_cross_all(wq_s, wq_a, bq_s, bq_a), _cross_all(wk_s, wk_a, bk_s, bk_a),
-            _cross_all(src.wv, anc.wv, src.bv, anc.bv), _cross_all(wo_s, wo_a))
+    mq = _cross_all(src.wq, anc.wq, src.bq, anc.bq)
+    mk = _cross_all(src.wk, anc.wk, src.bk, anc.bk)
+    if src.wpq is not None:  # projections that move as W_Q / W_K (DeBERTa's positions)
+        mq = mq + _cross_all(src.wpq, anc.wpq, src.bpq, anc.bpq)
+    if src.wpk is not None:
+        mk = mk + _cross_all(src.wpk, anc.wpk, src.bpk, anc.bpk)
+    return mq, mk, _cross_all(src.wv, anc.wv, src.bv, anc.bv), _cross_all(wo_s, wo_a)
 
 
 # Under grouped-query attention, the query heads of each (source group, anchor group) pair
@@ -207,15 +199,18 @@ def pair_parts(src: Attention, anc: Attention) -> tuple[Tensor, Tensor, Tensor, 
 EXACT_INNER = 24
 
 
-def _pair_gain(qk: Tensor, vo: Tensor, rope: str | None, solve) -> Tensor:
+def _pair_gain(qk: Tensor, vo: Tensor, rope: str | None, solve,
+               fixed: Tensor | None = None) -> Tensor:
     """Per pair of heads or groups: max tr(R^T M_QK) + max tr(R^T M_VO), float64."""
     if rope is None:
         sv = torch.linalg.svdvals(torch.stack([qk, vo]).to(solve))
         return sv.double().sum(dim=-1).sum(dim=0)
-    return qk_gain(qk, rope).double() + torch.linalg.svdvals(vo.to(solve)).double().sum(dim=-1)
+    return (qk_gain(qk, rope, fixed).double()
+            + torch.linalg.svdvals(vo.to(solve)).double().sum(dim=-1))
 
 
-def _group_pairs(parts: tuple[Tensor, Tensor, Tensor, Tensor], rope: str | None, solve):
+def _group_pairs(parts: tuple[Tensor, Tensor, Tensor, Tensor], rope: str | None, solve,
+                 fixed: Tensor | None = None):
     """For every (source group g, anchor group g'): the assignment of g's query heads to those
     of g' that maximises the pair's gain, and that gain.
 
@@ -244,19 +239,20 @@ def _group_pairs(parts: tuple[Tensor, Tensor, Tensor, Tensor], rope: str | None,
         pick = torch.zeros(h_kv, h_kv, dtype=torch.long)
         for n, order in enumerate(orders):
             sq, so = summed(order.expand(h_kv, h_kv, r))
-            gain = _pair_gain(sq + mk, so + mv, rope, solve)
+            gain = _pair_gain(sq + mk, so + mv, rope, solve, fixed)
             better = gain > best
             best, pick = torch.where(better, gain, best), torch.where(better, n, pick)
         inner = orders[pick]
         sq, so = summed(inner)
     else:
         # per query-head pair: the Q-K and O gains it brings (an upper bound on what it adds)
-        q_score = qk_gain(mq.to(solve), rope) + torch.linalg.svdvals(mo.to(solve)).sum(-1)
+        q_score = (qk_gain(mq.to(solve), rope, fixed)
+                   + torch.linalg.svdvals(mo.to(solve)).sum(-1))
         blocks = q_score.double().reshape(h_kv, r, h_kv, r).permute(0, 2, 1, 3).numpy()
         inner = torch.stack([torch.stack([assign(blocks[g, g2]) for g2 in range(h_kv)])
                              for g in range(h_kv)])
         sq, so = summed(inner)
-    return _pair_gain(sq + mk, so + mv, rope, solve), inner, (sq, mk, mv, so)
+    return _pair_gain(sq + mk, so + mv, rope, solve, fixed), inner, (sq, mk, mv, so)
 
 
 def head_gain(src: Attention, anc: Attention,
@@ -273,14 +269,15 @@ def head_gain(src: Attention, anc: Attention,
     over KV groups (H_kv, H_kv), each with its query heads assigned inside first."""
     parts = tuple(p.cpu() for p in (parts if parts is not None else pair_parts(src, anc)))
     solve = torch.float64 if src.wq.dtype == torch.float64 else torch.float32
-    return _group_pairs(parts, rope, solve)[0]
+    return _group_pairs(parts, rope, solve, qk_fixed_pairs(src, rope))[0]
 
 
-def _assign_heads(parts, rope: str | None, solve) -> tuple[Tensor, tuple[Tensor, ...]]:
+def _assign_heads(parts, rope: str | None, solve, fixed: Tensor | None = None
+                  ) -> tuple[Tensor, tuple[Tensor, ...]]:
     """The head permutation (new head k = source head perm[k]) maximising the summed gain,
     keeping KV groups whole, and the Q, K, V, O cross terms of each new group vs the anchor's
     group (H_kv, d_h, d_h) each."""
-    gain, inner, (sq, mk, mv, so) = _group_pairs(parts, rope, solve)
+    gain, inner, (sq, mk, mv, so) = _group_pairs(parts, rope, solve, fixed)
     groups = assign(gain.numpy())  # new group g' = source group groups[g']
     h_kv, r = inner.shape[0], inner.shape[-1]
     idx = torch.arange(h_kv)
@@ -293,7 +290,7 @@ def head_permutation(src: Attention, anc: Attention, rope: str | None = None) ->
     under grouped-query attention it moves whole KV groups."""
     solve = torch.float64 if src.wq.dtype == torch.float64 else torch.float32
     parts = tuple(p.cpu() for p in pair_parts(src, anc))
-    return _assign_heads(parts, rope, solve)[0]
+    return _assign_heads(parts, rope, solve, qk_fixed_pairs(src, rope))[0]
 
 
 def _head_sq(w: Tensor, b: Tensor | None = None) -> Tensor:
@@ -302,6 +299,18 @@ def _head_sq(w: Tensor, b: Tensor | None = None) -> Tensor:
     if b is not None:
         out = out + (b * b).sum(dim=-1, dtype=torch.float64)
     return out
+
+
+def _q_sq(a: Attention) -> Tensor:
+    """Per query head, ||W_Q||^2 + ||b_Q||^2 and the same of what moves as W_Q."""
+    out = _head_sq(a.wq, a.bq)
+    return out if a.wpq is None else out + _head_sq(a.wpq, a.bpq)
+
+
+def _k_sq(a: Attention) -> Tensor:
+    """Per key/value head, ||W_K||^2 + ||b_K||^2 and the same of what moves as W_K."""
+    out = _head_sq(a.wk, a.bk)
+    return out if a.wpk is None else out + _head_sq(a.wpk, a.bpk)
 
 
 def _trace(r: Tensor, m: Tensor) -> Tensor:
@@ -319,8 +328,7 @@ def scales_after(
     comes from the per-kind cross matrices already computed for the Procrustes step."""
     (mq, mk), (mv, mo) = parts_qk, parts_vo
     n_kv = src.n_kv_heads
-    a = best_scale(group_sum(_head_sq(*q_rows(src)), n_kv), _trace(r_qk, mq),
-                   _head_sq(*k_rows(src)), _trace(r_qk, mk))
+    a = best_scale(group_sum(_q_sq(src), n_kv), _trace(r_qk, mq), _k_sq(src), _trace(r_qk, mk))
     b = best_scale(_head_sq(src.wv, src.bv), _trace(r_vo, mv),
                    group_sum(_head_sq(src.wo), n_kv), _trace(r_vo, mo))
     return a, b
@@ -349,19 +357,38 @@ def rope_scales_after(src: Attention, r_qk: Tensor, parts_qk, rope: str) -> Tens
         p = r_qk * m
         return p[..., i, i] + p[..., i, j] + p[..., j, i] + p[..., j, j]
 
-    big_a = pair_sum(group_sum(_row_sq(*q_rows(src)), n_kv).cpu())
-    big_c = pair_sum(_row_sq(*k_rows(src)).cpu())
+    big_a = pair_sum(group_sum(_row_sq(src.wq, src.bq), n_kv).cpu())
+    big_c = pair_sum(_row_sq(src.wk, src.bk).cpu())
     s = best_scale(big_a.reshape(-1), pair_trace(mq).reshape(-1), big_c.reshape(-1),
                    pair_trace(mk).reshape(-1))
     return s.reshape(big_a.shape)
+
+
+def free_scales_after(src: Attention, r_qk: Tensor, parts_qk, rope: str) -> Tensor | None:
+    """Eq. 11-12 for the block of dims rotary embeddings leave alone (partial rotary), one
+    scale per head (per KV group) for the whole block, as the seed paper scales a head;
+    None when rotary embeddings turn every dim."""
+    mq, mk = parts_qk
+    k = rope_free(mq.shape[-1], rope)
+    if not len(k):
+        return None
+    n_kv = src.n_kv_heads
+
+    def block(x: Tensor) -> Tensor:  # (..., d_h, d_h) -> its free block
+        return x[..., k[:, None], k]
+
+    big_a = group_sum(_row_sq(src.wq, src.bq), n_kv).cpu()[..., k].sum(dim=-1)
+    big_c = _row_sq(src.wk, src.bk).cpu()[..., k].sum(dim=-1)
+    r = block(r_qk)
+    return best_scale(big_a, _trace(r, block(mq)), big_c, _trace(r, block(mk)))
 
 
 def rescale_qk(src: Attention, anc: Attention) -> Tensor:
     """The Q-K scale per head (per KV group) for the source as it is (no rotation)."""
     mq, mk = qk_parts(src, anc)
     eye = torch.eye(mq.shape[-1], dtype=mq.dtype, device=mq.device)
-    return best_scale(group_sum(_head_sq(*q_rows(src)), src.n_kv_heads), _trace(eye, mq),
-                      _head_sq(*k_rows(src)), _trace(eye, mk))
+    return best_scale(group_sum(_q_sq(src), src.n_kv_heads), _trace(eye, mq), _k_sq(src),
+                      _trace(eye, mk))
 
 
 def rescale_vo(src: Attention, anc: Attention) -> Tensor:
@@ -437,10 +464,11 @@ def _match_attention(
     # the SVD in float32 unless the weights are float64: the cross matrices of float32
     # weights hold no more digits, and float32 halves the cost of the largest step here.
     solve = torch.float64 if src.wq.dtype == torch.float64 else torch.float32
+    fixed = qk_fixed_pairs(src, rope)  # q/k norms: pairs that may only turn by 0 or pi
     heads = None
     if options.heads:
         parts = tuple(p.cpu() for p in pair_parts(src, anc))
-        heads, (mq, mk, mv, mo) = _assign_heads(parts, rope, solve)
+        heads, (mq, mk, mv, mo) = _assign_heads(parts, rope, solve, fixed)
         rep.head_perm = heads.tolist()
         parts_qk, parts_vo = (mq, mk), (mv, mo)
         src = permute_heads(src, heads)
@@ -456,7 +484,7 @@ def _match_attention(
         both = both.double()
         qk, vo = both[0], both[1]
         if rope is not None:  # only rotations that commute with the position rotations
-            qk = rope_procrustes(m_qk, rope)[0]
+            qk = rope_procrustes(m_qk, rope, fixed)[0]
             both = torch.stack([qk, vo])
         rep.qk_singular, rep.vo_singular = sv[0].tolist(), sv[1].tolist()
         angles, dets = rotation_angles(both)
@@ -464,14 +492,21 @@ def _match_attention(
         rep.qk_det, rep.vo_det = dets[0].tolist(), dets[1].tolist()
     if options.rescale:
         a_s, b_s = scales_after(src, qk, vo, parts_qk, parts_vo)
-        if rope is not None:
-            pair = rope_scales_after(src, qk, parts_qk, rope)  # (H_kv, d_h / 2)
+        if src.gq is not None:  # q/k norms divide any Q-K scale out: only V-O is rescaled
+            a_s = torch.ones_like(a_s)
+        elif rope is not None:
+            pair = rope_scales_after(src, qk, parts_qk, rope)  # (H_kv, r / 2)
+            free = free_scales_after(src, qk, parts_qk, rope)  # (H_kv,) or None
             i, j = rope_pairs(dh, rope)
             per_dim = torch.empty(h, dh, dtype=torch.float64)
             per_dim[:, i], per_dim[:, j] = pair, pair
+            if free is not None:
+                per_dim[:, rope_free(dh, rope)] = free[:, None]
+                rep.qk_free_scale = free.tolist()
             qk = qk * per_dim[:, None, :]  # each pair's block times its scale
             rep.qk_pair_scale = pair.tolist()
-            a_s = pair.abs().log().mean(dim=-1).exp()  # |det A|^(1/d_h)
+            a_s = (pair.abs().log().mean(dim=-1).exp() if free is None  # |det A|^(1/d_h)
+                   else per_dim.abs().log().mean(dim=-1).exp())
         else:
             qk = qk * a_s[:, None, None]
         rep.qk_scale, rep.vo_scale = a_s.tolist(), b_s.tolist()

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from rotviz.data import Inputs, Split, cat_inputs, map_inputs
 from rotviz.evaluation import IGNORE, Evaluator, barrier_of, resolve_device
-from rotviz.groups import centred_lift, ones_complement, rope_pairs
+from rotviz.groups import centred_lift, ones_complement, rope_free, rope_pairs
 from rotviz.match.options import LearnOptions
 from rotviz.models import Loaded, wide_device
 from rotviz.symmetry import residual as rs
@@ -51,15 +51,20 @@ class LearnInfo:
 
 def rope_mask(view: ModelView) -> Tensor | None:
     """Under rotary embeddings only per-frequency-pair rotations keep Q-K: the skew
-    generator may only pair i with its partner."""
-    rope = view.spec.rope
+    generator may only pair i with its partner, and mix freely the dims rotary embeddings
+    leave alone (partial rotary)."""
+    rope = view.dims.rope
     if rope is None:
         return None
     dh = view.blocks[0].attn.wq.shape[1]
     mask = torch.zeros(dh, dh)
+    if view.dims.qk_norm:  # q/k norms (Qwen3) fix most pairs' angles: no learned Q-K turn
+        return mask
     a, b = rope_pairs(dh, rope)
     mask[a, b] = 1.0
     mask[b, a] = 1.0
+    k = rope_free(dh, rope)
+    mask[k[:, None], k] = 1.0
     return mask
 
 

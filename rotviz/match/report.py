@@ -40,6 +40,15 @@ class HeadReport:
     # gated FFN with rescaling: quantiles (0, 25, 50, 75, 100 %) of the per-unit up/down
     # scales (the scales themselves are in MatchResult.transforms[layer].ffn_scale)
     ffn_scale_quantiles: list[float] = field(default_factory=list)
+    # partial rotary with rescaling: the scale of the dims rotary embeddings leave alone,
+    # one per head (H_kv); reported only where a model has such dims
+    qk_free_scale: list[float] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        out = dict(vars(self))
+        if not out["qk_free_scale"]:
+            del out["qk_free_scale"]
+        return out
 
 
 @dataclass
@@ -68,7 +77,7 @@ class MatchReport:
                         "layers": list(o.layers) if o.layers is not None else None},
             "distance_before": self.before.to_dict(),
             "distance_after": self.after.to_dict(),
-            "heads": [vars(h) for h in self.layers],
+            "heads": [h.to_dict() for h in self.layers],
             "residual": self.residual,
             "act": self.act,
             "learned": self.learned,

@@ -18,6 +18,14 @@ Conventions (row vectors, `y = x W^T + b`, REFERENCE.md):
   it must move whole groups: the heads of new group g are the heads of one old group, in any
   order; K and V follow the groups. Applied before the Q-K and V-O maps, which act on new
   heads.
+- Per-head q/k RMSNorms before RoPE (Qwen3), gains g_q, g_k (d_h,) shared by the heads:
+  q -> norm(q A) g_q must equal (norm(q) g_q) A. RMS(q A) = RMS(q) needs A orthogonal (a
+  scale is divided out by the norm, and only up to its eps, so Q-K scales are not in the
+  group); then norm(q) A diag(g) = norm(q) diag(g) A needs A to commute with diag(g_q) and
+  diag(g_k), and with RoPE. A rotation by theta of pair (i, j) commutes with diag(g) iff
+  g_i = g_j or theta is 0 or pi. So per pair: any angle where both gains are equal on the
+  pair (e.g. at their all-ones init), else only a sign flip of the pair (`qk_fixed_pairs`).
+  The group never shrinks to the identity: the sign flips always remain.
 The seed paper's group uses A = a R and B = b R with R orthogonal and a, b non-zero scalars.
 """
 
@@ -29,7 +37,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from rotviz.errors import RotvizError
-from rotviz.groups import random_orthogonal, random_rope_maps, rope_pairs
+from rotviz.groups import random_orthogonal, random_rope_maps, rope_free, rope_maps, rope_pairs
 from rotviz.symmetry.registry import SYMMETRIES
 from rotviz.symmetry.view import FFN, Attention, Dims, ModelView
 
@@ -169,26 +177,54 @@ def permute_heads(attn: Attention, heads: Tensor) -> Attention:
     return replace(attn, wq=pick(attn.wq, heads), wk=pick(attn.wk, groups),
                    wv=pick(attn.wv, groups), wo=pick(attn.wo, heads), bq=pick(attn.bq, heads),
                    bk=pick(attn.bk, groups), bv=pick(attn.bv, groups),
-                   wq_like=pick(attn.wq_like, heads), bq_like=pick(attn.bq_like, heads),
-                   wk_like=pick(attn.wk_like, groups), bk_like=pick(attn.bk_like, groups))
+                   wpq=pick(attn.wpq, heads), bpq=pick(attn.bpq, heads),
+                   wpk=pick(attn.wpk, groups), bpk=pick(attn.bpk, groups))
 
 
 def rope_structured(a: Tensor, rope: str) -> Tensor:
     """Whether each map (..., d_h, d_h) commutes with rotary embeddings: zero outside the
     frequency pairs' 2x2 blocks and each block a rotation times a scale, [[x, -y], [y, x]]
-    (up to rounding). Returns a bool per map."""
+    (up to rounding); on the dims they leave alone (partial rotary) anything goes, but
+    nothing may mix those dims with the turned ones. Returns a bool per map."""
     dh = a.shape[-1]
     i, j = (t.to(a.device) for t in rope_pairs(dh, rope))
+    k = rope_free(dh, rope).to(a.device)
     allowed = torch.zeros(dh, dh, dtype=torch.bool, device=a.device)
     for u in (i, j):
         for v in (i, j):
             allowed[u, v] = True
+    allowed[k[:, None], k] = True
     size = a.abs().amax(dim=(-2, -1))
     tol = 1000 * torch.finfo(a.dtype).eps * size
     outside = a.masked_fill(allowed, 0).abs().amax(dim=(-2, -1))
     diag = (a[..., i, i] - a[..., j, j]).abs().amax(dim=-1)
     anti = (a[..., i, j] + a[..., j, i]).abs().amax(dim=-1)
     return (outside <= tol) & (diag <= tol) & (anti <= tol)
+
+
+def qk_fixed_pairs(attn: Attention, rope: str | None) -> Tensor | None:
+    """Under per-head q/k norms (Qwen3), the frequency pairs that may only turn by 0 or pi:
+    those where the query's or the key's gain differs between the pair's two dims (see the
+    module docstring). None without q/k norms."""
+    if attn.gq is None or rope is None:
+        return None
+    i, j = rope_pairs(attn.wq.shape[1], rope)
+    gq, gk = attn.gq.detach().cpu(), attn.gk.detach().cpu()
+    return (gq[i] != gq[j]) | (gk[i] != gk[j])
+
+
+def qk_norm_admits(attn: Attention, a: Tensor, rope: str | None) -> bool:
+    """Whether every map of `a` (H_kv, d_h, d_h) keeps q/k-normed attention: orthogonal, and
+    commuting with the query's and the key's gains (up to rounding)."""
+    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
+    tol = 1000 * torch.finfo(a.dtype).eps
+    if float((a.transpose(-1, -2) @ a - eye).abs().max()) > tol:
+        return False
+    for g in (attn.gq, attn.gk):
+        gd = g.detach().to(a)
+        if float((a * gd[None, :] - gd[:, None] * a).abs().max()) > tol * float(gd.abs().max()):
+            return False
+    return True
 
 
 def _per_query_head(m: Tensor, n_heads: int) -> Tensor:
@@ -221,19 +257,22 @@ def transform_qk(attn: Attention, a: Tensor, rope: str | None = None) -> Attenti
     a_inv = torch.linalg.inv(a)
     a_q = _per_query_head(a, attn.n_heads)
 
-    def left(m: Tensor, w: Tensor | None) -> Tensor | None:
-        return None if w is None else m @ w
+    def like_q(w: Tensor | None) -> Tensor | None:
+        return None if w is None else a_q.transpose(-1, -2) @ w
+
+    def like_k(w: Tensor | None) -> Tensor | None:
+        return None if w is None else a_inv @ w
 
     return replace(
         attn,
-        wq=a_q.transpose(-1, -2) @ attn.wq,
+        wq=like_q(attn.wq),
         bq=_row_times(attn.bq, a_q),
-        wk=a_inv @ attn.wk,
+        wk=like_k(attn.wk),
         bk=_row_times(attn.bk, a_inv.transpose(-1, -2)),
-        wq_like=left(a_q.transpose(-1, -2), attn.wq_like),
-        bq_like=_row_times(attn.bq_like, a_q),
-        wk_like=left(a_inv, attn.wk_like),
-        bk_like=_row_times(attn.bk_like, a_inv.transpose(-1, -2)),
+        wpq=like_q(attn.wpq),  # position projections move as W_Q and W_K (DeBERTa)
+        bpq=_row_times(attn.bpq, a_q),
+        wpk=like_k(attn.wpk),
+        bpk=_row_times(attn.bpk, a_inv.transpose(-1, -2)),
     )
 
 
@@ -255,6 +294,13 @@ def apply_layer(view: ModelView, i: int, t: LayerTransform) -> ModelView:
     attn, ffn = blk.attn, blk.ffn
     if t.heads is not None:
         attn = permute_heads(attn, t.heads)
+    if t.qk is not None and attn.gq is not None and not qk_norm_admits(attn, t.qk, view.dims.rope):
+        raise RotvizError(
+            f"{view.spec.family} normalises each head's queries and keys (q_norm, k_norm): a "
+            "Q-K map must be orthogonal (no scale) and commute with both gains, i.e. turn a "
+            "frequency pair only where its gains are equal and else flip its sign; use attn "
+            "matching, which keeps to that group"
+        )
     if t.qk is not None:
         attn = transform_qk(attn, t.qk, view.dims.rope)
     if t.vo is not None:
@@ -310,7 +356,12 @@ def random_transform(
     qk = vo = None
     if attn or rescale:
         eye = torch.eye(dh, dtype=torch.float64).expand(h, dh, dh)
-        if dims.rope is None:
+        if dims.qk_norm:  # q/k norms: a random sign per frequency pair, valid for any gains
+            n = len(rope_pairs(dh, dims.rope)[0]) if dims.rope else dh // 2
+            signs = (torch.randint(0, 2, (h, n), generator=gen, dtype=torch.float64) * 2 - 1
+                     if attn else torch.ones(h, n, dtype=torch.float64))
+            qk = rope_maps(signs, torch.zeros_like(signs), dims.rope or "rotate_half")
+        elif dims.rope is None:
             qk = random_orthogonal(h, dh, gen) if attn else eye.clone()
         else:
             qk = random_rope_maps(h, dh, dims.rope, gen, rotate=attn,
@@ -318,7 +369,7 @@ def random_transform(
         vo = random_orthogonal(h, dh, gen) if attn else eye.clone()
         if rescale:
             lo, hi = scale_range
-            if dims.rope is None:  # (rotary maps carry their scales per pair already)
+            if dims.rope is None and not dims.qk_norm:  # (rotary maps carry theirs per pair)
                 qk = qk * (lo + (hi - lo) * torch.rand(h, 1, 1, generator=gen,
                                                        dtype=torch.float64))
             vo = vo * (lo + (hi - lo) * torch.rand(h, 1, 1, generator=gen, dtype=torch.float64))

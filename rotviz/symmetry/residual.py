@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from rotviz.arch.spec import STREAM_SITES
 from rotviz.errors import RotvizError
 from rotviz.groups import (
     assign,
@@ -33,7 +34,7 @@ from rotviz.groups import (
     rotation_angles,
 )
 from rotviz.memo import TensorMemo, cached
-from rotviz.symmetry.view import FFN, Attention, Block, ModelView, Norm
+from rotviz.symmetry.view import FFN, Block, ModelView, Norm
 
 Tensor = torch.Tensor
 
@@ -41,14 +42,33 @@ GROUPS = ("orthogonal", "centred", "permutation")
 GROUP_TEXT = {
     "orthogonal": "orthogonal O(d) (RMSNorm)",
     "centred": "orthogonal with Q 1 = 1 (pre-norm LayerNorm)",
-    "permutation": "coordinate permutation (post-norm LayerNorm on the stream)",
+    "permutation": "coordinate permutation (a norm on the stream, or on what each layer "
+                   "writes to it)",
 }
+
+
+def gain(view: ModelView, weight: Tensor | None) -> Tensor | None:
+    """A norm's gain from its stored weight (`ArchSpec.norm_offset`: Gemma stores gain - 1)."""
+    off = view.spec.norm_offset
+    return weight if weight is None or not off else weight + off
+
+
+def stored(view: ModelView, g: Tensor) -> Tensor:
+    """The stored weight of a norm whose gain is `g`."""
+    off = view.spec.norm_offset
+    return g if not off else g - off
+
+
+def moves_with_stream(site: str, group: str) -> bool:
+    """Whether a block norm's gain is a vector in the stream that a residual map permutes:
+    norms on the stream, and every norm once the group is permutations only."""
+    return site in STREAM_SITES or group == "permutation"
 
 
 def group_of(view: ModelView) -> str:
     """The residual group this architecture has."""
     spec = view.spec
-    if spec.placement == "post":
+    if spec.placement == "post" or spec.branch_norms:
         return "permutation"
     return "orthogonal" if spec.norm_kind == "rmsnorm" else "centred"
 
@@ -65,9 +85,11 @@ def check_group(view: ModelView, wanted: str | None) -> str:
     if wanted == "permutation" or (wanted == "centred" and own == "orthogonal"):
         return wanted
     spec = view.spec
+    where = ("norms on its sub-layers' outputs" if spec.branch_norms
+             else f"{spec.placement}-norm {spec.norm_kind}")
     raise RotvizError(
-        f"residual {wanted} maps do not exist on {spec.family} ({spec.placement}-norm "
-        f"{spec.norm_kind}): its stream allows only {GROUP_TEXT[own]}; use residual auto"
+        f"residual {wanted} maps do not exist on {spec.family} ({where}): its stream allows "
+        f"only {GROUP_TEXT[own]}; use residual auto"
     )
 
 
@@ -75,15 +97,21 @@ def unsupported(view: ModelView) -> str | None:
     """Why residual maps cannot be used on this model, or None when they can."""
     lay, spec = view.layout, view.spec
     readers = {f"{r}.weight" for r in lay.readers}
+    for module, owner in spec.hidden_ties:
+        if f"{module}.weight" in view.other:
+            return (f"{module} decodes with the stream writer {owner} from a space of its own; "
+                    "match a model with another head (e.g. a classifier), or match without "
+                    "residual")
     for alias, owner in tied_pairs(view):
         if owner not in lay.writers:
             continue
         if alias not in readers:
             return (f"{alias} is tied to the stream writer {owner} but reads another space; "
                     "untie them (tie_word_embeddings=false) or match without residual")
-        if spec.placement == "pre":
-            gain = _final_gain(view)
-            if spec.norm_kind != "rmsnorm" or (gain is not None and not bool((gain == 1).all())):
+        if group_of(view) != "permutation":  # gains are folded into readers
+            final = gain(view, _final_gain(view))
+            if spec.norm_kind != "rmsnorm" or (final is not None
+                                               and not bool((final == 1).all())):
                 return (f"the output head {alias} is tied to the embedding {owner}, and the "
                         "final norm's gain cannot be folded into one without the other; use a "
                         "model saved with tie_word_embeddings=false, or match without residual")
@@ -136,7 +164,7 @@ def _fold(view: ModelView, gains: Mapping[str, Tensor], inverse: bool) -> ModelV
     other = dict(view.other)
 
     def g_of(nid: str, norm_w: Tensor) -> Tensor:
-        return gains[nid] if inverse else norm_w
+        return gains[nid] if inverse else gain(view, norm_w)
 
     for nid, i, site in _norm_ids(view):
         if i is None:
@@ -145,7 +173,7 @@ def _fold(view: ModelView, gains: Mapping[str, Tensor], inverse: bool) -> ModelV
             w = other[key_w]
             g = g_of(nid, w).to(w)
             f = 1 / g if inverse else g
-            other[key_w] = g.clone() if inverse else torch.ones_like(w)
+            other[key_w] = stored(view, g.clone() if inverse else torch.ones_like(w))
             if key_b in other:
                 other[key_b] = other[key_b] * g if inverse else other[key_b] / g
             for r in view.layout.readers:
@@ -156,7 +184,8 @@ def _fold(view: ModelView, gains: Mapping[str, Tensor], inverse: bool) -> ModelV
         g = g_of(nid, norm.weight).to(norm.weight)
         f = 1 / g if inverse else g
         bias = None if norm.bias is None else (norm.bias * g if inverse else norm.bias / g)
-        new_norm = Norm(g.clone() if inverse else torch.ones_like(norm.weight), bias, site)
+        new_norm = Norm(stored(view, g.clone() if inverse else torch.ones_like(norm.weight)),
+                        bias, site)
         if site == "attn_in":
             a = blk.attn
             attn = replace(a, wq=a.wq * f, wk=a.wk * f, wv=a.wv * f)
@@ -215,15 +244,15 @@ def canonicalise(view: ModelView) -> tuple[ModelView, Gauge]:
     """The same function with every pre-norm gain folded into its readers (the norms keep
     gain 1 and bias beta / gamma) and, for LayerNorm, every writer centred. Post-norm models
     are returned as they are. Gains must be non-zero."""
-    if view.spec.placement == "post":
+    if group_of(view) == "permutation":
         return view, Gauge({}, {})
     why = unsupported(view)
     if why:
         raise RotvizError(f"cannot canonicalise {view.spec.family}: {why}")
     gains = {}
     for nid, i, site in _norm_ids(view):
-        g = view.other[f"{view.layout.final_norm}.weight"] if i is None else \
-            view.blocks[i].norms[site].weight
+        g = gain(view, view.other[f"{view.layout.final_norm}.weight"] if i is None else
+                 view.blocks[i].norms[site].weight)
         if g is None:
             continue
         if bool((g.abs() <= torch.finfo(g.dtype).tiny).any()):
@@ -274,8 +303,8 @@ def _check_element(view: ModelView, q: Tensor, group: str, tol: float = 1e-6) ->
         )
     if group != "permutation":
         for nid, i, site in _norm_ids(view):
-            g = view.other[f"{view.layout.final_norm}.weight"] if i is None else \
-                view.blocks[i].norms[site].weight
+            g = gain(view, view.other[f"{view.layout.final_norm}.weight"] if i is None else
+                     view.blocks[i].norms[site].weight)
             if g is not None and not bool((g == 1).all()):
                 raise RotvizError(
                     f"norm gain {nid} is not folded: canonicalise the model "
@@ -314,14 +343,15 @@ def apply_residual(view: ModelView, q: Tensor, check: bool = True,
     for blk in view.blocks:
         a, f, norms = blk.attn, blk.ffn, blk.norms
         if which != "ffn":
-            a = Attention(r(a.wq), r(a.wk), r(a.wv), qt.to(a.wo) @ a.wo, a.bq, a.bk, a.bv,
-                          r(a.bo), r(a.wq_like), a.bq_like, r(a.wk_like), a.bk_like)
+            a = replace(a, wq=r(a.wq), wk=r(a.wk), wv=r(a.wv), wo=qt.to(a.wo) @ a.wo,
+                        bo=r(a.bo), wpq=r(a.wpq), wpk=r(a.wpk))  # (they read stream-space
+            # tables: DeBERTa's relative embeddings, which are writers here)
         if which != "rest":
             f = FFN(r(f.w_in), f.b_in, qt.to(f.w_out) @ f.w_out, r(f.b_out), f.activation,
                     r(f.w_gate), f.b_gate)
             norms = {}
             for site, n in blk.norms.items():
-                if site in ("attn_out", "ffn_out"):  # on the stream: permuted with it
+                if moves_with_stream(site, group):  # a vector in the stream: permuted with it
                     norms[site] = Norm(r(n.weight), r(n.bias), site)
                 else:  # gain 1 (checked); the bias is a vector in the stream
                     norms[site] = Norm(n.weight, r(n.bias), site)
@@ -366,7 +396,7 @@ def _rest_pairs(src: ModelView, anc: ModelView) -> list[Pair]:
              for mod in lay.readers if f"{mod}.weight" not in tied]
     for mod in list(lay.stream_norms) + ([lay.final_norm] if lay.final_norm else []):
         rest.append((src.other.get(f"{mod}.bias"), anc.other.get(f"{mod}.bias"), "last"))
-        if src.spec.placement == "post":
+        if group_of(src) == "permutation":  # gains are permuted, not folded
             rest.append((src.other.get(f"{mod}.weight"), anc.other.get(f"{mod}.weight"), "last"))
     return rest
 
@@ -399,13 +429,14 @@ def cross(src: ModelView, anc: ModelView, memo: TensorMemo | None = None,
         return out
 
     parts: list[list[Pair]] = []
+    group = group_of(src)
     for bs, ba in zip(src.blocks, anc.blocks, strict=True):
         a_s, a_a, f_s, f_a = bs.attn, ba.attn, bs.ffn, ba.ffn
         if which != "ffn":
             parts.append([(a_s.wq, a_a.wq, "last"), (a_s.wk, a_a.wk, "last"),
                           (a_s.wv, a_a.wv, "last"), (a_s.wo, a_a.wo, "heads"),
-                          (a_s.bo, a_a.bo, "last"), (a_s.wq_like, a_a.wq_like, "last"),
-                          (a_s.wk_like, a_a.wk_like, "last")])
+                          (a_s.bo, a_a.bo, "last"), (a_s.wpq, a_a.wpq, "last"),
+                          (a_s.wpk, a_a.wpk, "last")])
         if which == "rest":
             continue
         ffn = [(f_s.w_in, f_a.w_in, "last"), (f_s.w_gate, f_a.w_gate, "last"),
@@ -413,7 +444,7 @@ def cross(src: ModelView, anc: ModelView, memo: TensorMemo | None = None,
         for site, n in bs.norms.items():
             na = ba.norms[site]
             ffn.append((n.bias, na.bias, "last"))
-            if site in ("attn_out", "ffn_out"):
+            if moves_with_stream(site, group):
                 ffn.append((n.weight, na.weight, "last"))
         parts.append(ffn)
     if which != "ffn":

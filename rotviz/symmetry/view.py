@@ -34,6 +34,7 @@ class Dims:
     n_kv_heads: int | None = None  # key/value heads (grouped-query attention); None: n_heads
     rope: str | None = None  # rotary layout of Q and K ("rotate_half", "interleaved") or None
     gated: bool = False  # gated FFN (SwiGLU): up rows may be rescaled, down columns inversely
+    qk_norm: bool = False  # per-head q/k RMSNorms (Qwen3): Q-K maps restricted, see actions
 
     def __post_init__(self) -> None:
         if self.n_kv_heads is None:
@@ -73,12 +74,15 @@ class Attention:
     bk: Tensor | None  # (H_kv, d_h)
     bv: Tensor | None  # (H_kv, d_h)
     bo: Tensor | None  # (d,)
-    # Projections whose rows move like W_Q's / W_K's (ArchSpec.q_like / k_like; DeBERTa's
-    # relative-position projections): (H, d_h, d) and (H_kv, d_h, d), None when absent
-    wq_like: Tensor | None = None
-    bq_like: Tensor | None = None
-    wk_like: Tensor | None = None
-    bk_like: Tensor | None = None
+    # per-head RMSNorm gains on queries and keys (Qwen3), shared by the heads; stored weights
+    gq: Tensor | None = None  # (d_h,)
+    gk: Tensor | None = None  # (d_h,)
+    # projections that move exactly as W_Q / W_K (ArchSpec.q_like / k_like: DeBERTa's
+    # position projections), per head like them
+    wpq: Tensor | None = None  # (H, d_h, d)
+    bpq: Tensor | None = None  # (H, d_h)
+    wpk: Tensor | None = None  # (H_kv, d_h, d)
+    bpk: Tensor | None = None  # (H_kv, d_h)
 
     @property
     def n_heads(self) -> int:
@@ -168,28 +172,26 @@ def resolve_layout(spec: ArchSpec, state: Mapping[str, Tensor]) -> Layout:
             blocks = []
             while _pick(state, root + tmpl.format(i=len(blocks)), attn_role.names) is not None:
                 blocks.append(root + tmpl.format(i=len(blocks)))
-            for module, setting in spec.refused:
-                if _present(state, root + module):
+            for module, what in spec.unsupported_modules:
+                if any(k.startswith(f"{root}{module}.") for k in state):
                     raise RotvizError(
-                        f"{spec.family} models with {setting} are not supported: rotviz does not "
-                        f"describe {root + module}; use a model without it")
+                        f"this {spec.family} model has {what} ('{root}{module}'), which "
+                        "rotviz cannot map yet; use a checkpoint without it")
             roles = {}
-            for role in ("qkv", "q", "k", "v", "o", "ffn_in", "ffn_gate", "ffn_out"):
+            for role in ("qkv", "q", "k", "v", "o", "ffn_in", "ffn_gate", "ffn_out",
+                         "q_like", "k_like"):
                 lin: LinearSpec | None = getattr(spec, role)
                 if lin is None:
                     continue
                 alt = _pick(state, first, lin.names)
+                if alt is None and role in ("q_like", "k_like"):  # optional: shared weights
+                    continue
                 if alt is None:
                     raise RotvizError(
                         f"weights do not look like {spec.family}: no tensor "
                         f"'{first}{lin.names[0]}.weight'; is the weights file complete?"
                     )
                 roles[role] = alt
-            for role in ("q_like", "k_like"):  # optional: present in some configs only
-                lin = getattr(spec, role)
-                alt = None if lin is None else _pick(state, first, lin.names)
-                if alt is not None:
-                    roles[role] = alt
             norms = {}
             for ns in spec.norms:
                 alt = next((a for a in ns.names if f"{first}{a}.weight" in state), None)
@@ -233,9 +235,27 @@ def model_dims(
             "the number of heads); the config is invalid"
         )
     w_in = _weight(state, layout.blocks[0] + layout.roles["ffn_in"], spec.ffn_in)
+    m = w_in.shape[0] // 2 if spec.ffn_gate_up else w_in.shape[0]
     act = config_value(config, spec.activation_key, spec.default_activation)
-    return Dims(n_layers, d, h, int(dh), int(w_in.shape[0]), str(act), h_kv, spec.rope,
-                spec.gated)
+    return Dims(n_layers, d, h, int(dh), int(m), str(act), h_kv,
+                _rope(spec, config, int(dh)), spec.gated, spec.qk_norms is not None)
+
+
+def _rope(spec: ArchSpec, config: Mapping, dh: int) -> str | None:
+    """The model's rotary layout, with the number of turned dims per head when it is not all
+    of them (partial rotary: `ArchSpec.rope_fraction_key`; see rotviz.groups.rope_rotary)."""
+    if spec.rope is None or not spec.rope_fraction_key:
+        return spec.rope
+    fraction = config_value(config, spec.rope_fraction_key)
+    if fraction is None:
+        fraction = config_value(config.get("rope_parameters") or {}, spec.rope_fraction_key, 1.0)
+    rotary = int(dh * float(fraction))
+    if rotary % 2 or not 0 < rotary <= dh:
+        raise RotvizError(
+            f"rotary embeddings turn {rotary} of each head's {dh} dims ({fraction} of them); "
+            "rotviz needs an even number between 2 and the head size: check the config"
+        )
+    return spec.rope if rotary == dh else f"{spec.rope}:{rotary}"
 
 
 def _live_ties(spec: ArchSpec, config: Mapping, state: Mapping[str, Tensor]):
@@ -256,6 +276,30 @@ def _live_ties(spec: ArchSpec, config: Mapping, state: Mapping[str, Tensor]):
 def _weight(state: Mapping[str, Tensor], name: str, lin: LinearSpec) -> Tensor:
     w = state[f"{name}.weight"]
     return w.t() if lin.transposed else w
+
+
+def _split_qkv(spec: ArchSpec, t: Tensor, rows: tuple[int, int, int], h: int, dh: int
+               ) -> tuple[Tensor, Tensor, Tensor]:
+    """A fused QKV weight (rows, d) or bias (rows,) cut into Q, K and V rows, in its layout:
+    `blocks` [Q; K; V] or `heads` (per head [q; k; v])."""
+    if spec.qkv_layout == "blocks":
+        return torch.split(t, rows)
+    if spec.qkv_layout == "heads":
+        if rows[0] != rows[1]:
+            raise RotvizError(f"{spec.family}'s per-head fused QKV cannot hold grouped-query "
+                              "attention; check the config's key/value heads")
+        per = t.reshape(h, 3, dh, *t.shape[1:])
+        return tuple(per[:, n].reshape(h * dh, *t.shape[1:]) for n in range(3))
+    raise RotvizError(f"unknown fused QKV layout '{spec.qkv_layout}': use blocks or heads")
+
+
+def _join_qkv(spec: ArchSpec, parts: list[Tensor], dh: int) -> Tensor:
+    """`_split_qkv` undone."""
+    if spec.qkv_layout == "blocks":
+        return torch.cat(parts)
+    rest = parts[0].shape[1:]
+    per = [p.reshape(-1, 1, dh, *rest) for p in parts]
+    return torch.cat(per, dim=1).reshape(-1, *rest)
 
 
 def read_view(spec: ArchSpec, config: Mapping, state: Mapping[str, Tensor]) -> ModelView:
@@ -288,8 +332,8 @@ def read_view(spec: ArchSpec, config: Mapping, state: Mapping[str, Tensor]) -> M
         if spec.fused:
             w, b = lin(prefix, "qkv")
             check(prefix + layout.roles["qkv"], w, (sum(rows), d))
-            wq, wk, wv = torch.split(w, rows)
-            bq, bk, bv = (None,) * 3 if b is None else torch.split(b, rows)
+            wq, wk, wv = _split_qkv(spec, w, rows, h, dh)
+            bq, bk, bv = (None,) * 3 if b is None else _split_qkv(spec, b, rows, h, dh)
         else:
             (wq, bq), (wk, bk), (wv, bv) = (lin(prefix, r) for r in ("q", "k", "v"))
             for role, w, n in zip(("q", "k", "v"), (wq, wk, wv), rows, strict=True):
@@ -299,19 +343,32 @@ def read_view(spec: ArchSpec, config: Mapping, state: Mapping[str, Tensor]) -> M
         heads = [x.reshape(n, dh, d) for x, n in zip((wq, wk, wv), (h, h_kv, h_kv), strict=True)]
         hb = [None if b is None else b.reshape(n, dh)
               for b, n in zip((bq, bk, bv), (h, h_kv, h_kv), strict=True)]
+        gains = []
+        for names in spec.qk_norms or ():
+            alt = next((a for a in names if f"{prefix}{a}.weight" in state), None)
+            if alt is None:
+                raise RotvizError(f"weights do not look like {spec.family}: no tensor "
+                                  f"'{prefix}{names[0]}.weight'; is the weights file complete?")
+            used.add(f"{prefix}{alt}.weight")
+            gains.append(state[f"{prefix}{alt}.weight"])
         like = {}
-        for role, n in (("q_like", h), ("k_like", h_kv)):
+        for role, n, w_key, b_key in (("q_like", h, "wpq", "bpq"), ("k_like", h_kv, "wpk", "bpk")):
             if role in layout.roles:
                 w, b = lin(prefix, role)
                 check(prefix + layout.roles[role], w, (n * dh, d))
-                like[f"w{role[0]}_like"] = w.reshape(n, dh, d)
-                like[f"b{role[0]}_like"] = None if b is None else b.reshape(n, dh)
+                like[w_key] = w.reshape(n, dh, d)
+                like[b_key] = None if b is None else b.reshape(n, dh)
         attn = Attention(
-            heads[0], heads[1], heads[2], wo.reshape(d, h, dh).permute(1, 0, 2), *hb, bo, **like
+            heads[0], heads[1], heads[2], wo.reshape(d, h, dh).permute(1, 0, 2), *hb, bo,
+            *gains, **like
         )
         w_in, b_in = lin(prefix, "ffn_in")
         w_out, b_out = lin(prefix, "ffn_out")
-        w_gate, b_gate = lin(prefix, "ffn_gate") if spec.gated else (None, None)
+        if spec.ffn_gate_up:  # one linear holds [gate; up]
+            w_gate, w_in = w_in.chunk(2)
+            b_gate, b_in = (None, None) if b_in is None else b_in.chunk(2)
+        else:
+            w_gate, b_gate = lin(prefix, "ffn_gate") if spec.gated else (None, None)
         ffn = FFN(w_in, b_in, w_out, b_out, dims.activation, w_gate, b_gate)
         norms = {}
         for site, alt in layout.norms.items():
@@ -345,17 +402,26 @@ def write_state(view: ModelView) -> dict[str, Tensor]:
         ws = [x.reshape(-1, d) for x in (a.wq, a.wk, a.wv)]
         bs = [None if b is None else b.reshape(-1) for b in (a.bq, a.bk, a.bv)]
         if spec.fused:
-            bias = None if bs[0] is None else torch.cat(bs)
-            put(prefix, "qkv", torch.cat(ws), bias)
+            bias = None if bs[0] is None else _join_qkv(spec, bs, dims.d_head)
+            put(prefix, "qkv", _join_qkv(spec, ws, dims.d_head), bias)
         else:
             for role, w, b in zip(("q", "k", "v"), ws, bs, strict=True):
                 put(prefix, role, w, b)
         put(prefix, "o", a.wo.permute(1, 0, 2).reshape(d, -1), a.bo)
-        for role, w, b in (("q_like", a.wq_like, a.bq_like), ("k_like", a.wk_like, a.bk_like)):
-            if w is not None:
+        for role, w, b in (("q_like", a.wpq, a.bpq), ("k_like", a.wpk, a.bpk)):
+            if role in layout.roles:
                 put(prefix, role, w.reshape(-1, d), None if b is None else b.reshape(-1))
-        put(prefix, "ffn_in", blk.ffn.w_in, blk.ffn.b_in)
-        if spec.gated:
+        for names, g in zip(spec.qk_norms or (), (a.gq, a.gk), strict=False):
+            key = next((f"{prefix}{n}.weight" for n in names
+                        if f"{prefix}{n}.weight" in view.dtypes), f"{prefix}{names[0]}.weight")
+            out[key] = g.contiguous().to(view.dtypes.get(key, g.dtype))
+        f = blk.ffn
+        if spec.ffn_gate_up:
+            put(prefix, "ffn_in", torch.cat([f.w_gate, f.w_in]),
+                None if f.b_in is None else torch.cat([f.b_gate, f.b_in]))
+        else:
+            put(prefix, "ffn_in", f.w_in, f.b_in)
+        if spec.ffn_gate is not None:
             put(prefix, "ffn_gate", blk.ffn.w_gate, blk.ffn.b_gate)
         put(prefix, "ffn_out", blk.ffn.w_out, blk.ffn.b_out)
         for site, alt in layout.norms.items():
@@ -402,13 +468,14 @@ def groups(view: ModelView) -> Iterator[tuple[int | None, str, Tensor]]:
     for i, blk in enumerate(view.blocks):
         a, f = blk.attn, blk.ffn
         for kind, ts in (
-            ("q", (a.wq, a.bq, a.wq_like, a.bq_like)),
-            ("k", (a.wk, a.bk, a.wk_like, a.bk_like)),
+            ("q", (a.wq, a.bq, a.wpq, a.bpq)),
+            ("k", (a.wk, a.bk, a.wpk, a.bpk)),
             ("v", (a.wv, a.bv)),
             ("o", (a.wo, a.bo)),
             ("ffn_in", (f.w_in, f.b_in, f.w_gate, f.b_gate)),  # a gated FFN's gate reads too
             ("ffn_out", (f.w_out, f.b_out)),
-            ("norms", tuple(t for n in blk.norms.values() for t in (n.weight, n.bias))),
+            ("norms", tuple(t for n in blk.norms.values() for t in (n.weight, n.bias))
+             + (a.gq, a.gk)),
         ):
             for t in ts:
                 if t is not None:

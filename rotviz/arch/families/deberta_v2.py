@@ -1,23 +1,26 @@
-"""Hugging Face DeBERTa-v2/v3: BERT-like post-norm blocks with disentangled attention.
-
-Relative position embeddings (`encoder.rel_embeddings`, optionally normalised by
-`encoder.LayerNorm`) live in stream coordinates and are projected per layer: by the layer's own
-query/key projections (`share_att_key`, v3) or by `pos_query_proj` / `pos_key_proj`, which move
-with Q / K under Q-K maps and head permutations (c2p scores Q_c K_r^T, p2c K_c Q_r^T).
-"""
+"""Hugging Face DeBERTa-v2 / v3 (the seed paper's large model): a post-LayerNorm encoder with
+split Q/K/V and disentangled attention. Relative position embeddings (`encoder.rel_embeddings`,
+normalised by `encoder.LayerNorm`) are projected into each head's query and key spaces, by
+query_proj / key_proj themselves (`share_att_key`, v3's default) or by pos_query_proj /
+pos_key_proj, which must then move exactly as W_Q and W_K (`q_like`, `k_like`) for the
+content-to-position and position-to-content scores to keep. The stream admits permutations
+only (post-norm), and the relative embeddings, which query_proj and key_proj read, live in
+its coordinates, so they are permuted with it (as writers are)."""
 
 from __future__ import annotations
 
+from rotviz.arch.families import bert
 from rotviz.arch.spec import ArchSpec, LinearSpec, NormSpec, Sizes
 
 ORDER = 13
-# random_config options of a variant whose output head is its own: the default's (a sequence
-# classifier; the legacy masked-LM decoder is tied to the word embeddings)
+# random_config options of a variant whose output head is its own: the default's
+# (a sequence classifier)
 UNTIED: dict | None = {}
 
 SPEC = ArchSpec(
     family="deberta-v2",
-    description="Hugging Face DeBERTa-v2/v3 (post-norm encoder, disentangled attention)",
+    description="Hugging Face DeBERTa-v2 / v3 (post-norm encoder, disentangled relative "
+    "attention)",
     source="hf",
     model_types=("deberta-v2",),
     inputs="tokens",
@@ -45,7 +48,7 @@ SPEC = ArchSpec(
         "embeddings.word_embeddings",
         "embeddings.position_embeddings",
         "embeddings.token_type_embeddings",
-        "encoder.rel_embeddings",  # read (not added) by every layer's Q/K projections
+        "encoder.rel_embeddings",  # read by query_proj / key_proj: stream coordinates
     ),
     stream_norms=("embeddings.LayerNorm", "encoder.LayerNorm"),
     readers=("pooler.dense", "cls.predictions.transform.dense"),
@@ -56,34 +59,26 @@ SPEC = ArchSpec(
     ),
     q_like=LinearSpec(("attention.self.pos_query_proj",)),
     k_like=LinearSpec(("attention.self.pos_key_proj",)),
-    refused=(
-        ("encoder.conv.conv", "conv_kernel_size > 0 (a convolution beside the first layer)"),
-        ("embeddings.embed_proj", "embedding_size != hidden_size (embeddings projected)"),
-        ("lm_predictions.lm_head.dense",
-         "legacy: false (a masked-LM head whose decoder is the word embedding table)"),
+    unsupported_modules=(
+        ("encoder.conv", "a convolution layer in its encoder (conv_kernel_size > 0)"),
+        ("embeddings.embed_proj", "an embedding projection (embedding_size != hidden_size)"),
     ),
+    hidden_ties=(("lm_predictions.lm_head.dense", "deberta.embeddings.word_embeddings"),),
 )
 
-HEADS = {"seq": "DebertaV2ForSequenceClassification", "mlm": "DebertaV2ForMaskedLM",
-         "token": "DebertaV2ForTokenClassification", "base": "DebertaV2Model"}
 
-
-def random_config(s: Sizes, *, lm: bool = False, head: str = "seq", share: bool = True,
-                  positions: int = 32, absolute: bool = False, token_types: int = 0) -> dict:
-    """A DeBERTa-v3-like model (relative attention, c2p and p2c, normalised relative
-    embeddings) with `head` (seq, mlm, token, base; `lm=True` is mlm: text data is scored by
-    a language-model head); `share=False` gives every layer its own
-    pos_query_proj / pos_key_proj (v2); `absolute` adds absolute position embeddings
-    (position_biased_input); `token_types` a token-type table of that many rows."""
+def random_config(s: Sizes, *, share_att_key: bool = True, lm: bool = False,
+                  positions: int = 32) -> dict:
+    """A DebertaV2ForSequenceClassification with v3's relative attention (both c2p and p2c
+    terms, log buckets); `share_att_key=False` gives it pos_query_proj / pos_key_proj, `lm`
+    a masked-LM head instead, `positions` tokens of context."""
     import transformers as T
 
-    head = "mlm" if lm else head
-    extra = dict(num_labels=s.labels) if head in ("seq", "token") else {}
+    cls = "DebertaV2ForMaskedLM" if lm else "DebertaV2ForSequenceClassification"
+    head = {} if lm else dict(num_labels=s.labels)
     return T.DebertaV2Config(
-        vocab_size=s.vocab, hidden_size=s.d, num_hidden_layers=s.layers,
-        num_attention_heads=s.heads, intermediate_size=s.ffn,
-        max_position_embeddings=positions, relative_attention=True, position_buckets=8,
-        max_relative_positions=-1, pos_att_type=["p2c", "c2p"], share_att_key=share,
-        norm_rel_ebd="layer_norm", position_biased_input=absolute, type_vocab_size=token_types,
-        pooler_hidden_size=s.d, pad_token_id=0, architectures=[HEADS[head]], **extra,
+        vocab_size=s.vocab, max_position_embeddings=positions, relative_attention=True,
+        position_buckets=8, max_relative_positions=positions, pos_att_type=["p2c", "c2p"],
+        share_att_key=share_att_key, norm_rel_ebd="layer_norm", position_biased_input=False,
+        type_vocab_size=0, pad_token_id=0, architectures=[cls], **head, **bert.blocks(s),
     ).to_dict()

@@ -38,9 +38,13 @@ SPEC = ArchSpec(
 )
 
 
-def random_config(s: Sizes, *, tie: bool = True, positions: int = 32) -> dict:
+def random_config(s: Sizes, *, tie: bool = True, positions: int = 32,
+                  scale_by_layer: bool = False, reorder_upcast: bool = False) -> dict:
     """A GPT2LMHeadModel; `tie=False` gives it an output head of its own (residual maps need
-    one); `positions` tokens of context."""
+    one); `positions` tokens of context. `scale_by_layer` and `reorder_upcast` set the flags of
+    Stanford CRFM's GPT-2 seeds (`scale_attn_by_inverse_layer_idx`: scores divided by the layer
+    number; `reorder_and_upcast_attn`: scores computed in float32, scaled before the product).
+    Both change a scalar or the rounding, not the symmetry group."""
     import transformers as T
 
     return T.GPT2Config(
@@ -53,5 +57,7 @@ def random_config(s: Sizes, *, tie: bool = True, positions: int = 32) -> dict:
         bos_token_id=0,
         eos_token_id=0,
         tie_word_embeddings=tie,
+        scale_attn_by_inverse_layer_idx=scale_by_layer,
+        reorder_and_upcast_attn=reorder_upcast,
         architectures=["GPT2LMHeadModel"],
     ).to_dict()
