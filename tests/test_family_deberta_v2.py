@@ -3,8 +3,9 @@
 Tiny random models (2 layers, d = 32, 4 heads, FFN 64) in variants: v3 (`share_att_key`: the
 relative embeddings go through each layer's own query/key projections), v2 (separate
 pos_query_proj / pos_key_proj, which must move like Q / K), v2 with absolute positions and
-token types, and the masked-LM / token-classification heads. Function checks in float32 (max
-logit difference <= 1e-4), recovery in float64 (relative distance <= 1e-5).
+token types, v2 with one relative term (c2p or p2c), and the masked-LM / token-classification
+heads. Function checks in float32 (max logit difference <= 1e-4), recovery in float64
+(relative distance <= 1e-5).
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ VARIANTS = {
     "v3": {},
     "v2": dict(share_att_key=False),
     "v2-abs-types": dict(share_att_key=False, absolute=True, token_types=2),
+    "v2-c2p": dict(share_att_key=False, pos_att_type="c2p"),  # pos_key_proj alone
+    "v2-p2c": dict(share_att_key=False, pos_att_type="p2c"),  # pos_query_proj alone
 }
 HEADS = {"seq": {}, "mlm": dict(lm=True), "token": dict(token=True)}
 RESIDUAL_ONLY = MatchOptions(ffn=False, attn=False, rescale=False, residual=True)
