@@ -68,17 +68,24 @@ SPEC = ArchSpec(
 
 
 def random_config(s: Sizes, *, share_att_key: bool = True, lm: bool = False,
-                  positions: int = 32) -> dict:
+                  positions: int = 32, token: bool = False, absolute: bool = False,
+                  token_types: int = 0, pos_att_type: str = "p2c|c2p") -> dict:
     """A DebertaV2ForSequenceClassification with v3's relative attention (both c2p and p2c
     terms, log buckets); `share_att_key=False` gives it pos_query_proj / pos_key_proj, `lm`
-    a masked-LM head instead, `positions` tokens of context."""
+    a masked-LM head instead, `token` a token classifier (it reads the stream at every
+    position), `positions` tokens of context. `absolute` adds v2's absolute position table
+    (position_biased_input) and `token_types` a token-type table of that many rows: more
+    writers on the stream. `pos_att_type` names the relative terms ("c2p" alone: only
+    pos_key_proj without share_att_key; "p2c" alone: only pos_query_proj)."""
     import transformers as T
 
-    cls = "DebertaV2ForMaskedLM" if lm else "DebertaV2ForSequenceClassification"
+    cls = ("DebertaV2ForMaskedLM" if lm else "DebertaV2ForTokenClassification" if token
+           else "DebertaV2ForSequenceClassification")
     head = {} if lm else dict(num_labels=s.labels)
     return T.DebertaV2Config(
         vocab_size=s.vocab, max_position_embeddings=positions, relative_attention=True,
-        position_buckets=8, max_relative_positions=positions, pos_att_type=["p2c", "c2p"],
-        share_att_key=share_att_key, norm_rel_ebd="layer_norm", position_biased_input=False,
-        type_vocab_size=0, pad_token_id=0, architectures=[cls], **head, **bert.blocks(s),
+        position_buckets=8, max_relative_positions=positions, pos_att_type=pos_att_type.split("|"),
+        share_att_key=share_att_key, norm_rel_ebd="layer_norm", position_biased_input=absolute,
+        type_vocab_size=token_types, pad_token_id=0, architectures=[cls], **head,
+        **bert.blocks(s),
     ).to_dict()
