@@ -38,7 +38,8 @@ F64 = torch.float64
 TOL = 1e-4  # float32 logits
 BROKEN = 1e-2  # a map outside the group moves the logits by far more than this
 TEXT = tuple(f for f in FAMILIES if spec_named(f).inputs == "tokens")
-SUFFIXES = ("ForCausalLM", "ForMaskedLM", "ForSequenceClassification", "ForTokenClassification")
+SUFFIXES = ("ForCausalLM", "ForMaskedLM", "ForSequenceClassification", "ForTokenClassification",
+            "ForQuestionAnswering")
 
 
 def _loaded(family: str, seed: int = 0, dtype=torch.float32, **options) -> Loaded:
@@ -74,7 +75,7 @@ def test_every_head_class_round_trips_bit_for_bit(family, cls):
     import transformers as T
 
     config = family_module(family).random_config(Sizes()) | {"architectures": [cls]}
-    if "Classification" in cls:
+    if "Classification" in cls or "QuestionAnswering" in cls:
         config |= {"num_labels": 3, "id2label": {0: "a", 1: "b", 2: "c"},
                    "label2id": {"a": 0, "b": 1, "c": 2}}
     hf = T.AutoConfig.for_model(**config)
@@ -347,3 +348,38 @@ def test_deberta_masked_lm_that_decodes_with_the_embeddings_gets_no_stream_map(t
     rc = main(["match", str(tmp_path / "m0"), str(tmp_path / "m1"), "--out",
                str(tmp_path / "out")])  # the per-layer maps are fine
     assert rc == 0, capsys.readouterr().err
+
+
+QA = ("bert", "llama", "gpt-neox", "deberta-v2")
+
+
+@pytest.mark.parametrize("family", QA)
+def test_question_answering_heads_follow_the_stream(family, tmp_path, capsys):
+    """`qa_outputs` reads the stream at every position: weight matching (stream maps
+    included) keeps the start and end logits, and data commands say in one line that rotviz
+    cannot score the head."""
+    import transformers as T
+
+    base = family_module(family).random_config(Sizes(vocab=98), positions=64)
+    prefix = re.split("For|LMHead", base["architectures"][0])[0]
+    config = base | {"architectures": [f"{prefix}ForQuestionAnswering"], "num_labels": 2,
+                     "id2label": {0: "a", 1: "b"}, "label2id": {"a": 0, "b": 1}}
+    for s in (0, 1):
+        torch.manual_seed(s)
+        model = getattr(T, config["architectures"][0])(T.AutoConfig.for_model(**config))
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * 0.05)
+        model.save_pretrained(tmp_path / f"m{s}")
+    capsys.readouterr()  # (transformers' progress bars)
+    out = tmp_path / "out"
+    rc = main(["match", str(tmp_path / "m0"), str(tmp_path / "m1"), "--out", str(out),
+               "--heads", "--residual", "--report", str(tmp_path / "r.json")])
+    assert rc == 0, capsys.readouterr().err
+    source, matched = load_model(tmp_path / "m1"), load_model(out)
+    assert max_output_diff(source, source.state, matched.state) <= TOL
+    assert forward(source, probe_inputs(source)).shape[-1] == 2  # start and end logits
+    capsys.readouterr()
+    rc = main(["eval", str(out), "--data", "pystdlib"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "\n" not in err, err

@@ -69,7 +69,11 @@ class Source:
             out = module(*args, **kwargs)
         else:
             out = functional_call(module, params, args, kwargs, strict=strict)
-        return out if isinstance(out, Tensor) else out.logits
+        if isinstance(out, Tensor):
+            return out
+        if getattr(out, "logits", None) is None and getattr(out, "start_logits", None) is not None:
+            return torch.stack([out.start_logits, out.end_logits], dim=-1)  # question answering
+        return out.logits
 
     def image_shape(self, module: nn.Module, config: Mapping) -> tuple[int, int]:
         """(channels, size) of the square images an image model takes."""

@@ -41,7 +41,8 @@ SPEC = ArchSpec(
         "embeddings.token_type_embeddings",
     ),
     stream_norms=("embeddings.LayerNorm",),
-    readers=("bert.pooler.dense", "pooler.dense", "cls.predictions.transform.dense"),
+    readers=("bert.pooler.dense", "pooler.dense", "cls.predictions.transform.dense",
+             "qa_outputs"),  # question answering reads every position
     readers_unless=(("classifier", ("bert.pooler.dense", "pooler.dense")),),
     tied=(
         ("cls.predictions.decoder.weight", "bert.embeddings.word_embeddings.weight"),

@@ -51,7 +51,7 @@ SPEC = ArchSpec(
         "encoder.rel_embeddings",  # read by query_proj / key_proj: stream coordinates
     ),
     stream_norms=("embeddings.LayerNorm", "encoder.LayerNorm"),
-    readers=("pooler.dense", "cls.predictions.transform.dense"),
+    readers=("pooler.dense", "cls.predictions.transform.dense", "qa_outputs"),
     readers_unless=(("classifier", ("pooler.dense",)),),
     tied=(
         ("cls.predictions.decoder.weight", "deberta.embeddings.word_embeddings.weight"),

@@ -33,7 +33,7 @@ SPEC = ArchSpec(
     final_norm=("ln_f",),
     writers=("wte", "wpe"),
     stream_norms=(),
-    readers=("lm_head", "score", "classifier"),  # classifier: GPT2ForTokenClassification
+    readers=("lm_head", "score", "classifier", "qa_outputs"),  # per position: token cls, QA
     tied=(("lm_head.weight", "transformer.wte.weight"),),
 )
 

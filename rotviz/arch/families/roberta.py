@@ -20,7 +20,8 @@ SPEC = replace(
     roots=("roberta.", ""),
     # a sequence classifier's `classifier.dense` reads the first token; a token classifier's
     # `classifier` reads every position (a model with a pooler feeds it that instead)
-    readers=("roberta.pooler.dense", "pooler.dense", "lm_head.dense", "classifier.dense"),
+    readers=("roberta.pooler.dense", "pooler.dense", "lm_head.dense", "classifier.dense",
+             "qa_outputs"),
     readers_unless=(("classifier", ("roberta.pooler.dense", "pooler.dense")),),
     tied=(
         ("lm_head.decoder.weight", "roberta.embeddings.word_embeddings.weight"),
