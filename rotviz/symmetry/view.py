@@ -306,9 +306,21 @@ def read_view(spec: ArchSpec, config: Mapping, state: Mapping[str, Tensor]) -> M
     """Read a state dict into the canonical view. The state dict is not modified."""
     layout = resolve_layout(spec, state)
     dims = model_dims(spec, config, state, layout)
+    used: set[str] = set()
+    blocks = [read_block(spec, dims, layout, state, prefix, used) for prefix in layout.blocks]
+    other = {k: v for k, v in state.items() if k not in used}
+    dtypes = {k: v.dtype for k, v in state.items()}
+    return ModelView(spec, dims, layout, tuple(blocks), other, dtypes,
+                     _live_ties(spec, config, state))
+
+
+def read_block(spec: ArchSpec, dims: Dims, layout: Layout, state: Mapping[str, Tensor],
+               prefix: str, used: set[str] | None = None) -> Block:
+    """The block at `prefix` (one of `layout.blocks`); the names it reads are added to `used`.
+    On its own it lets a checkpoint be read one block at a time (rotviz.match.streaming)."""
     h, h_kv, dh, d = dims.n_heads, dims.n_kv_heads, dims.d_head, dims.d_model
     rows = (h * dh, h_kv * dh, h_kv * dh)  # W_Q, W_K, W_V
-    used: set[str] = set()
+    used = set() if used is None else used
 
     def lin(prefix: str, role: str) -> tuple[Tensor, Tensor | None]:
         lspec: LinearSpec = getattr(spec, role)
@@ -327,63 +339,71 @@ def read_view(spec: ArchSpec, config: Mapping, state: Mapping[str, Tensor]) -> M
                 "config.json"
             )
 
-    blocks = []
-    for prefix in layout.blocks:
-        if spec.fused:
-            w, b = lin(prefix, "qkv")
-            check(prefix + layout.roles["qkv"], w, (sum(rows), d))
-            wq, wk, wv = _split_qkv(spec, w, rows, h, dh)
-            bq, bk, bv = (None,) * 3 if b is None else _split_qkv(spec, b, rows, h, dh)
-        else:
-            (wq, bq), (wk, bk), (wv, bv) = (lin(prefix, r) for r in ("q", "k", "v"))
-            for role, w, n in zip(("q", "k", "v"), (wq, wk, wv), rows, strict=True):
-                check(prefix + layout.roles[role], w, (n, d))
-        wo, bo = lin(prefix, "o")
-        check(prefix + layout.roles["o"], wo, (d, h * dh))
-        heads = [x.reshape(n, dh, d) for x, n in zip((wq, wk, wv), (h, h_kv, h_kv), strict=True)]
-        hb = [None if b is None else b.reshape(n, dh)
-              for b, n in zip((bq, bk, bv), (h, h_kv, h_kv), strict=True)]
-        gains = []
-        for names in spec.qk_norms or ():
-            alt = next((a for a in names if f"{prefix}{a}.weight" in state), None)
-            if alt is None:
-                raise RotvizError(f"weights do not look like {spec.family}: no tensor "
-                                  f"'{prefix}{names[0]}.weight'; is the weights file complete?")
-            used.add(f"{prefix}{alt}.weight")
-            gains.append(state[f"{prefix}{alt}.weight"])
-        like = {}
-        for role, n, w_key, b_key in (("q_like", h, "wpq", "bpq"), ("k_like", h_kv, "wpk", "bpk")):
-            if role in layout.roles:
-                w, b = lin(prefix, role)
-                check(prefix + layout.roles[role], w, (n * dh, d))
-                like[w_key] = w.reshape(n, dh, d)
-                like[b_key] = None if b is None else b.reshape(n, dh)
-        attn = Attention(
-            heads[0], heads[1], heads[2], wo.reshape(d, h, dh).permute(1, 0, 2), *hb, bo,
-            *gains, **like
-        )
-        w_in, b_in = lin(prefix, "ffn_in")
-        w_out, b_out = lin(prefix, "ffn_out")
-        if spec.ffn_gate_up:  # one linear holds [gate; up]
-            w_gate, w_in = w_in.chunk(2)
-            b_gate, b_in = (None, None) if b_in is None else b_in.chunk(2)
-        else:
-            w_gate, b_gate = lin(prefix, "ffn_gate") if spec.gated else (None, None)
-        ffn = FFN(w_in, b_in, w_out, b_out, dims.activation, w_gate, b_gate)
-        norms = {}
-        for site, alt in layout.norms.items():
-            nw, nb = state.get(f"{prefix}{alt}.weight"), state.get(f"{prefix}{alt}.bias")
-            used.update(k for k in (f"{prefix}{alt}.weight", f"{prefix}{alt}.bias") if k in state)
-            norms[site] = Norm(nw, nb, site)
-        blocks.append(Block(attn, ffn, norms))
-    other = {k: v for k, v in state.items() if k not in used}
-    dtypes = {k: v.dtype for k, v in state.items()}
-    return ModelView(spec, dims, layout, tuple(blocks), other, dtypes,
-                     _live_ties(spec, config, state))
+    if spec.fused:
+        w, b = lin(prefix, "qkv")
+        check(prefix + layout.roles["qkv"], w, (sum(rows), d))
+        wq, wk, wv = _split_qkv(spec, w, rows, h, dh)
+        bq, bk, bv = (None,) * 3 if b is None else _split_qkv(spec, b, rows, h, dh)
+    else:
+        (wq, bq), (wk, bk), (wv, bv) = (lin(prefix, r) for r in ("q", "k", "v"))
+        for role, w, n in zip(("q", "k", "v"), (wq, wk, wv), rows, strict=True):
+            check(prefix + layout.roles[role], w, (n, d))
+    wo, bo = lin(prefix, "o")
+    check(prefix + layout.roles["o"], wo, (d, h * dh))
+    heads = [x.reshape(n, dh, d) for x, n in zip((wq, wk, wv), (h, h_kv, h_kv), strict=True)]
+    hb = [None if b is None else b.reshape(n, dh)
+          for b, n in zip((bq, bk, bv), (h, h_kv, h_kv), strict=True)]
+    gains = []
+    for names in spec.qk_norms or ():
+        alt = next((a for a in names if f"{prefix}{a}.weight" in state), None)
+        if alt is None:
+            raise RotvizError(f"weights do not look like {spec.family}: no tensor "
+                              f"'{prefix}{names[0]}.weight'; is the weights file complete?")
+        used.add(f"{prefix}{alt}.weight")
+        gains.append(state[f"{prefix}{alt}.weight"])
+    like = {}
+    for role, n, w_key, b_key in (("q_like", h, "wpq", "bpq"), ("k_like", h_kv, "wpk", "bpk")):
+        if role in layout.roles:
+            w, b = lin(prefix, role)
+            check(prefix + layout.roles[role], w, (n * dh, d))
+            like[w_key] = w.reshape(n, dh, d)
+            like[b_key] = None if b is None else b.reshape(n, dh)
+    attn = Attention(
+        heads[0], heads[1], heads[2], wo.reshape(d, h, dh).permute(1, 0, 2), *hb, bo,
+        *gains, **like
+    )
+    w_in, b_in = lin(prefix, "ffn_in")
+    w_out, b_out = lin(prefix, "ffn_out")
+    if spec.ffn_gate_up:  # one linear holds [gate; up]
+        w_gate, w_in = w_in.chunk(2)
+        b_gate, b_in = (None, None) if b_in is None else b_in.chunk(2)
+    else:
+        w_gate, b_gate = lin(prefix, "ffn_gate") if spec.gated else (None, None)
+    ffn = FFN(w_in, b_in, w_out, b_out, dims.activation, w_gate, b_gate)
+    norms = {}
+    for site, alt in layout.norms.items():
+        nw, nb = state.get(f"{prefix}{alt}.weight"), state.get(f"{prefix}{alt}.bias")
+        used.update(k for k in (f"{prefix}{alt}.weight", f"{prefix}{alt}.bias") if k in state)
+        norms[site] = Norm(nw, nb, site)
+    return Block(attn, ffn, norms)
 
 
 def write_state(view: ModelView) -> dict[str, Tensor]:
     """Write a view back to a state dict with the original names, layouts and dtypes."""
+    out: dict[str, Tensor] = {}
+    for prefix, blk in zip(view.layout.blocks, view.blocks, strict=True):
+        out.update(write_block(view, blk, prefix))
+    for k, v in view.other.items():
+        out[k] = v.to(view.dtypes.get(k, v.dtype))
+    # keep the original key order so saved files diff cleanly
+    order = list(view.dtypes)
+    return {k: out[k] for k in order if k in out} | {
+        k: v for k, v in out.items() if k not in view.dtypes
+    }
+
+
+def write_block(view: ModelView, blk: Block, prefix: str) -> dict[str, Tensor]:
+    """One block's tensors under their names in the checkpoint, in `view.dtypes`."""
     spec, layout, dims = view.spec, view.layout, view.dims
     d = dims.d_model
     out: dict[str, Tensor] = {}
@@ -397,46 +417,39 @@ def write_state(view: ModelView) -> dict[str, Tensor]:
         if b is not None:
             out[f"{name}.bias"] = b.contiguous().to(view.dtypes.get(f"{name}.bias", b.dtype))
 
-    for prefix, blk in zip(layout.blocks, view.blocks, strict=True):
-        a = blk.attn
-        ws = [x.reshape(-1, d) for x in (a.wq, a.wk, a.wv)]
-        bs = [None if b is None else b.reshape(-1) for b in (a.bq, a.bk, a.bv)]
-        if spec.fused:
-            bias = None if bs[0] is None else _join_qkv(spec, bs, dims.d_head)
-            put(prefix, "qkv", _join_qkv(spec, ws, dims.d_head), bias)
-        else:
-            for role, w, b in zip(("q", "k", "v"), ws, bs, strict=True):
-                put(prefix, role, w, b)
-        put(prefix, "o", a.wo.permute(1, 0, 2).reshape(d, -1), a.bo)
-        for role, w, b in (("q_like", a.wpq, a.bpq), ("k_like", a.wpk, a.bpk)):
-            if role in layout.roles:
-                put(prefix, role, w.reshape(-1, d), None if b is None else b.reshape(-1))
-        for names, g in zip(spec.qk_norms or (), (a.gq, a.gk), strict=False):
-            key = next((f"{prefix}{n}.weight" for n in names
-                        if f"{prefix}{n}.weight" in view.dtypes), f"{prefix}{names[0]}.weight")
-            out[key] = g.contiguous().to(view.dtypes.get(key, g.dtype))
-        f = blk.ffn
-        if spec.ffn_gate_up:
-            put(prefix, "ffn_in", torch.cat([f.w_gate, f.w_in]),
-                None if f.b_in is None else torch.cat([f.b_gate, f.b_in]))
-        else:
-            put(prefix, "ffn_in", f.w_in, f.b_in)
-        if spec.ffn_gate is not None:
-            put(prefix, "ffn_gate", blk.ffn.w_gate, blk.ffn.b_gate)
-        put(prefix, "ffn_out", blk.ffn.w_out, blk.ffn.b_out)
-        for site, alt in layout.norms.items():
-            norm = blk.norms[site]
-            for part, t in (("weight", norm.weight), ("bias", norm.bias)):
-                if t is not None:
-                    key = f"{prefix}{alt}.{part}"
-                    out[key] = t.contiguous().to(view.dtypes.get(key, t.dtype))
-    for k, v in view.other.items():
-        out[k] = v.to(view.dtypes.get(k, v.dtype))
-    # keep the original key order so saved files diff cleanly
-    order = list(view.dtypes)
-    return {k: out[k] for k in order if k in out} | {
-        k: v for k, v in out.items() if k not in view.dtypes
-    }
+    a = blk.attn
+    ws = [x.reshape(-1, d) for x in (a.wq, a.wk, a.wv)]
+    bs = [None if b is None else b.reshape(-1) for b in (a.bq, a.bk, a.bv)]
+    if spec.fused:
+        bias = None if bs[0] is None else _join_qkv(spec, bs, dims.d_head)
+        put(prefix, "qkv", _join_qkv(spec, ws, dims.d_head), bias)
+    else:
+        for role, w, b in zip(("q", "k", "v"), ws, bs, strict=True):
+            put(prefix, role, w, b)
+    put(prefix, "o", a.wo.permute(1, 0, 2).reshape(d, -1), a.bo)
+    for role, w, b in (("q_like", a.wpq, a.bpq), ("k_like", a.wpk, a.bpk)):
+        if role in layout.roles:
+            put(prefix, role, w.reshape(-1, d), None if b is None else b.reshape(-1))
+    for names, g in zip(spec.qk_norms or (), (a.gq, a.gk), strict=False):
+        key = next((f"{prefix}{n}.weight" for n in names
+                    if f"{prefix}{n}.weight" in view.dtypes), f"{prefix}{names[0]}.weight")
+        out[key] = g.contiguous().to(view.dtypes.get(key, g.dtype))
+    f = blk.ffn
+    if spec.ffn_gate_up:
+        put(prefix, "ffn_in", torch.cat([f.w_gate, f.w_in]),
+            None if f.b_in is None else torch.cat([f.b_gate, f.b_in]))
+    else:
+        put(prefix, "ffn_in", f.w_in, f.b_in)
+    if spec.ffn_gate is not None:
+        put(prefix, "ffn_gate", f.w_gate, f.b_gate)
+    put(prefix, "ffn_out", f.w_out, f.b_out)
+    for site, alt in layout.norms.items():
+        norm = blk.norms[site]
+        for part, t in (("weight", norm.weight), ("bias", norm.bias)):
+            if t is not None:
+                key = f"{prefix}{alt}.{part}"
+                out[key] = t.contiguous().to(view.dtypes.get(key, t.dtype))
+    return out
 
 
 def map_tensors(view: ModelView, fn) -> ModelView:
