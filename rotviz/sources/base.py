@@ -36,6 +36,17 @@ class Source:
         checkpoint. One-line errors for weights that do not fit."""
         raise NotImplementedError
 
+    def build_dtype(self, dtype: torch.dtype):
+        """A context in which `build` makes the module as `load` would for a checkpoint stored
+        in `dtype` (buffers computed at build time then round the same way)."""
+        from contextlib import nullcontext
+
+        return nullcontext()
+
+    def checkpoint_names(self, module: nn.Module, names: list[str]) -> dict[str, str]:
+        """Checkpoint tensor name -> the module's name for it (where `load` renames)."""
+        return {n: n for n in names}
+
     # ---- writing ----------------------------------------------------------------------------
 
     def save_module(self, module: nn.Module, config: dict, folder: Path) -> None:

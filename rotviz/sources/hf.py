@@ -109,6 +109,50 @@ class HFSource(Source):
                   info.get("mismatched_keys", []))
         return model, full_cfg, floating_dtypes(model.state_dict())
 
+    def build_dtype(self, dtype: torch.dtype):
+        """from_pretrained builds a half checkpoint's module under that default dtype, so
+        buffers made at build time (Gemma's embedding scale) are rounded to it."""
+        from contextlib import contextmanager
+
+        @contextmanager
+        def default(dtype: torch.dtype):
+            before = torch.get_default_dtype()
+            torch.set_default_dtype(dtype)
+            try:
+                yield
+            finally:
+                torch.set_default_dtype(before)
+
+        return default(dtype)
+
+    def checkpoint_names(self, module: nn.Module, names: list[str]) -> dict[str, str]:
+        """transformers renames legacy checkpoint names as it loads them (ViT's
+        'encoder.layer.N.attention.attention.query' is 'layers.N.attention.q_proj' in the
+        module); the same renaming, from its own tables. A name it would also convert (split,
+        merge or reshape) cannot be mapped one to one: a one-line error."""
+        try:
+            from transformers.conversion_mapping import get_model_conversion_mapping
+            from transformers.core_model_loading import (
+                WeightConverter,
+                WeightRenaming,
+                rename_source_key,
+            )
+        except ImportError:  # a transformers without renaming tables loads names as they are
+            return {n: n for n in names}
+        rules = get_model_conversion_mapping(module)
+        renamings = [r for r in rules if isinstance(r, WeightRenaming)]
+        converters = [r for r in rules if isinstance(r, WeightConverter)]
+        meta = module.state_dict()
+        out = {}
+        for n in names:
+            new, converted = rename_source_key(n, renamings, converters,
+                                               module.base_model_prefix, meta)
+            if converted is not None:
+                raise RotvizError(f"transformers converts the checkpoint's {n} as it loads it, "
+                                  "which a streamed run cannot; match this pair in memory")
+            out[n] = new
+        return out
+
     def save_module(self, module: nn.Module, config: dict, folder: Path) -> None:
         from transformers.utils import logging as hf_logging
 

@@ -1,0 +1,304 @@
+"""Safetensors checkpoints read lazily and written as a stream, so that a model larger than
+memory can be matched one block at a time.
+
+`Checkpoint` knows every tensor's name, dtype and shape from the files' headers alone, checks
+a sharded folder's index against its shards, and reads a few named tensors at a time (each
+shard is opened and closed per read, so its memory map never keeps the model resident).
+`ShardWriter` writes tensors in a planned order straight to shard files: the header of each
+shard is written first (every name, dtype and shape is known ahead), then each tensor's bytes
+as it arrives, so no shard is ever held whole in memory. The format is safetensors' own
+(an 8-byte little-endian header length, a JSON header, the raw bytes); the files are read
+back with the `safetensors` library.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from rotviz.errors import RotvizError
+
+Tensor = torch.Tensor
+
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+
+# safetensors' dtype names
+_DTYPES: dict[str, torch.dtype] = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
+    "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32, "I16": torch.int16,
+    "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
+}
+_NAMES = {v: k for k, v in _DTYPES.items()}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One tensor of a checkpoint, as its header describes it."""
+
+    file: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * torch.empty((), dtype=self.dtype).element_size()
+
+
+def _bad(path: Path, why: str) -> RotvizError:
+    return RotvizError(f"cannot stream '{path}': {why}")
+
+
+def _header(file: Path) -> dict[str, Entry]:
+    from safetensors import SafetensorError, safe_open
+
+    out = {}
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                sl = f.get_slice(name)
+                dtype = _DTYPES.get(sl.get_dtype())
+                if dtype is None:
+                    raise _bad(file, f"tensor {name} has dtype {sl.get_dtype()}, which rotviz "
+                                     "does not read")
+                out[name] = Entry(file.name, dtype, tuple(sl.get_shape()))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise _bad(file, f"the file is corrupt or truncated ({' '.join(str(e).split())})"
+                   ) from None
+    return out
+
+
+class Checkpoint:
+    """The safetensors weights of one model folder: a single `model.safetensors`, or shards
+    listed by `model.safetensors.index.json`. Headers only are read here."""
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+        index = self.folder / INDEX
+        if index.is_file():
+            self.entries = self._from_index(index)
+        elif (self.folder / SINGLE).is_file():
+            self.entries = _header(self.folder / SINGLE)
+        else:
+            raise _bad(self.folder, f"it holds neither {SINGLE} nor {INDEX}; streaming reads "
+                                    "safetensors only (re-save the model with "
+                                    "save_pretrained)")
+
+    def _from_index(self, index: Path) -> dict[str, Entry]:
+        from rotviz.errors import read_json
+
+        obj = read_json(index, "re-save the model")
+        weight_map = obj.get("weight_map") if isinstance(obj, dict) else None
+        if not isinstance(weight_map, dict) or not weight_map or not all(
+                isinstance(v, str) for v in weight_map.values()):
+            raise _bad(index, "its index has no weight_map of tensor names to shard files; "
+                              "re-save the model")
+        files = sorted(set(weight_map.values()))
+        missing = [f for f in files if not (self.folder / f).is_file()]
+        if missing:
+            raise _bad(self.folder, f"shard {missing[0]} named by {INDEX} is missing "
+                                    f"({len(missing)} of {len(files)} shards); copy the whole "
+                                    "folder")
+        entries: dict[str, Entry] = {}
+        for f in files:
+            for name, e in _header(self.folder / f).items():
+                if name in entries:
+                    raise _bad(self.folder, f"tensor {name} is in two shards ({entries[name].file}"
+                                            f" and {f}); the shards do not match their index")
+                entries[name] = e
+        listed_elsewhere = [n for n, e in entries.items() if weight_map.get(n) != e.file]
+        absent = [n for n, f in weight_map.items() if n not in entries]
+        if absent or listed_elsewhere:
+            name = (absent or listed_elsewhere)[0]
+            where = (f"{INDEX} puts {name} in {weight_map[name]}, which does not hold it"
+                     if absent else
+                     f"{entries[name].file} holds {name}, which {INDEX} "
+                     f"{'puts in ' + weight_map[name] if name in weight_map else 'does not list'}")
+            raise _bad(self.folder, f"the shards do not match their index ({where}); re-save "
+                                    "the model or copy it again")
+        return entries
+
+    # ---- what is there ------------------------------------------------------------------------
+
+    def keys(self) -> list[str]:
+        return list(self.entries)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.entries
+
+    @property
+    def nbytes(self) -> int:
+        return sum(e.nbytes for e in self.entries.values())
+
+    @property
+    def files(self) -> list[str]:
+        return sorted({e.file for e in self.entries.values()})
+
+    def largest_file_bytes(self) -> int:
+        sizes: dict[str, int] = {}
+        for e in self.entries.values():
+            sizes[e.file] = sizes.get(e.file, 0) + e.nbytes
+        return max(sizes.values())
+
+    def meta_state(self) -> dict[str, Tensor]:
+        """Every tensor as a meta tensor of its dtype and shape: enough to resolve a layout
+        and the sizes of a model without reading any weights."""
+        return {n: torch.empty(e.shape, dtype=e.dtype, device="meta")
+                for n, e in self.entries.items()}
+
+    # ---- reading ------------------------------------------------------------------------------
+
+    def read(self, names: Iterable[str], dtype: torch.dtype | None = None) -> dict[str, Tensor]:
+        """The named tensors, floating ones cast to `dtype` (None: as stored). Each shard is
+        opened once per call and closed after, so its pages do not stay mapped."""
+        from safetensors import SafetensorError, safe_open
+
+        by_file: dict[str, list[str]] = {}
+        for n in names:
+            by_file.setdefault(self.entries[n].file, []).append(n)
+        out: dict[str, Tensor] = {}
+        for file, group in by_file.items():
+            try:
+                with safe_open(str(self.folder / file), framework="pt") as f:
+                    for n in group:
+                        t = f.get_tensor(n)
+                        if dtype is not None and t.is_floating_point() and t.dtype != dtype:
+                            t = t.to(dtype)
+                        else:  # a copy, not a view of the mapped file
+                            t = t.clone()
+                        out[n] = t
+            except (SafetensorError, OSError, ValueError) as e:
+                raise _bad(self.folder / file, f"the file is corrupt or truncated "
+                                               f"({' '.join(str(e).split())})") from None
+        return out
+
+
+class LazyState(Mapping):
+    """A checkpoint as a read-only mapping of name -> tensor, each read when asked for (cast
+    to `dtype` where floating). Nothing is kept."""
+
+    def __init__(self, checkpoint: Checkpoint, dtype: torch.dtype | None = torch.float32):
+        self.checkpoint, self.dtype = checkpoint, dtype
+
+    def __getitem__(self, name: str) -> Tensor:
+        if name not in self.checkpoint:
+            raise KeyError(name)
+        return self.checkpoint.read([name], self.dtype)[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.checkpoint
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.checkpoint.keys())
+
+    def __len__(self) -> int:
+        return len(self.checkpoint.entries)
+
+
+# ---- writing ----------------------------------------------------------------------------------
+
+
+def plan_shards(plan: list[tuple[str, torch.dtype, tuple[int, ...]]],
+                max_bytes: int) -> list[list[tuple[str, torch.dtype, tuple[int, ...]]]]:
+    """Tensors cut, in order, into shards of at most `max_bytes` (a larger tensor alone)."""
+    shards: list[list] = [[]]
+    size = 0
+    for item in plan:
+        n = math.prod(item[2]) * torch.empty((), dtype=item[1]).element_size()
+        if shards[-1] and size + n > max_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(item)
+        size += n
+    return shards
+
+
+class ShardWriter:
+    """Writes tensors, in the order of `plan` (name, dtype, shape), into safetensors shards
+    of at most `max_bytes` in `folder`, plus an index when there is more than one shard (the
+    names transformers' save_pretrained uses). `write` takes each tensor as it comes; `close`
+    checks that all came."""
+
+    def __init__(self, folder: Path, plan: list[tuple[str, torch.dtype, tuple[int, ...]]],
+                 max_bytes: int) -> None:
+        self.folder = Path(folder)
+        self.shards = plan_shards(plan, max_bytes)
+        n = len(self.shards)
+        self.names = ([SINGLE] if n == 1 else
+                      [f"model-{k + 1:05d}-of-{n:05d}.safetensors" for k in range(n)])
+        self.order = [(k, item) for k, shard in enumerate(self.shards) for item in shard]
+        self.pos = 0
+        self.file = None
+        self.file_no = -1
+        self.total = 0
+
+    def _open(self, k: int) -> None:
+        if self.file is not None:
+            self.file.close()
+        header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+        offset = 0
+        for name, dtype, shape in self.shards[k]:
+            n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+            header[name] = {"dtype": _NAMES[dtype], "shape": list(shape),
+                            "data_offsets": [offset, offset + n]}
+            offset += n
+        text = json.dumps(header, separators=(",", ":")).encode()
+        text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
+        self.file = open(self.folder / self.names[k], "wb")  # noqa: SIM115 (closed in close)
+        self.file.write(struct.pack("<Q", len(text)))
+        self.file.write(text)
+        self.file_no = k
+        self.total += offset
+
+    def write(self, name: str, t: Tensor) -> None:
+        if self.pos >= len(self.order):
+            raise RuntimeError(f"ShardWriter: {name} is not in the plan")
+        k, (want, dtype, shape) = self.order[self.pos]
+        if name != want or t.dtype != dtype or tuple(t.shape) != tuple(shape):
+            raise RuntimeError(f"ShardWriter: got {name} {t.dtype} {tuple(t.shape)}, the plan "
+                               f"has {want} {dtype} {tuple(shape)} next")
+        if k != self.file_no:
+            self._open(k)
+        data = t.detach().to("cpu").contiguous().reshape(-1)
+        if data.numel():
+            self.file.write(data.view(torch.uint8).numpy().data)
+        self.pos += 1
+
+    def close(self) -> list[str]:
+        """Finish the last shard and write the index; returns the files written."""
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+        if self.pos != len(self.order):
+            raise RuntimeError(f"ShardWriter: {len(self.order) - self.pos} planned tensors "
+                               "were never written")
+        if len(self.names) == 1:
+            return list(self.names)
+        index = {"metadata": {"total_size": self.total},
+                 "weight_map": {name: self.names[k] for k, (name, _, _) in self.order}}
+        (self.folder / INDEX).write_text(json.dumps(index, indent=2) + "\n")
+        return [*self.names, INDEX]
+
+    def abort(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+
+def save_sharded(state: Mapping[str, Tensor], folder: Path, max_bytes: int) -> list[str]:
+    """`state` written as safetensors shards of at most `max_bytes` (tests and benches use
+    it to make sharded checkpoints)."""
+    plan = [(k, v.dtype, tuple(v.shape)) for k, v in state.items()]
+    w = ShardWriter(folder, plan, max_bytes)
+    try:
+        for k, v in state.items():
+            w.write(k, v)
+        return w.close()
+    finally:
+        w.abort()

@@ -1,0 +1,95 @@
+"""Work spread over processes with torch.distributed, launched by `torchrun`.
+
+rotviz runs no job runner of its own: `torchrun --nproc-per-node N -m rotviz ...` (or across
+nodes, with torchrun's own rendezvous options) starts the processes and sets RANK and
+WORLD_SIZE; `init` joins the group, with NCCL where the processes use GPUs and gloo on CPUs.
+Without torchrun everything runs in one process and nothing here is used. Rank 0 writes all
+outputs; the others compute their share and hand it over.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class Group:
+    """This process's place in the run: rank among world processes."""
+
+    rank: int = 0
+    world: int = 1
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def mine(self, items: list[int]) -> list[int]:
+        """This rank's share of `items`, dealt round-robin (layers cost alike)."""
+        return items[self.rank::self.world]
+
+    def gather(self, obj: Any) -> list[Any] | None:
+        """Every rank's `obj` on rank 0 (in rank order); None on the others."""
+        if self.world == 1:
+            return [obj]
+        import torch.distributed as td
+
+        out: list[Any] | None = [None] * self.world if self.main else None
+        td.gather_object(obj, out, dst=0)
+        return out
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's `obj` on every rank."""
+        if self.world == 1:
+            return obj
+        import torch.distributed as td
+
+        box = [obj]
+        td.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            import torch.distributed as td
+
+            td.barrier()
+
+
+SINGLE = Group()
+
+
+def launched() -> bool:
+    """Whether torchrun started this process as one of several."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def init(device: torch.device) -> Group:
+    """Join the process group torchrun set up (once per process); one process: SINGLE."""
+    if not launched():
+        return SINGLE
+    import torch.distributed as td
+
+    if not td.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        td.init_process_group(backend=backend)
+    return Group(td.get_rank(), td.get_world_size())
+
+
+def device_for(device: torch.device) -> torch.device:
+    """Under torchrun with GPUs, each process uses the GPU of its local rank."""
+    if launched() and device.type == "cuda" and device.index is None:
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return device
+
+
+def finish() -> None:
+    if launched():
+        import torch.distributed as td
+
+        if td.is_initialized():
+            td.destroy_process_group()

@@ -1,0 +1,438 @@
+"""Matching checkpoints larger than memory: read both one block at a time, write as you go.
+
+The seed paper's maps (FFN permutation, Q-K and V-O rotations and scales, head permutation)
+are per layer: block i of the matched source depends on block i of the two models only. So
+the streamed match reads block i of each checkpoint (safetensors, lazily, rotviz.checkpoint),
+solves it exactly as the in-memory path does (rotviz.match.layers on a one-block view), and
+writes the matched block straight into the output shards in the checkpoint's own dtypes.
+Everything outside the blocks is copied unchanged. Peak memory is a few blocks plus the
+embeddings, whatever the depth; the result is the in-memory result (tests/test_streaming.py).
+
+Under torchrun each rank solves its share of the blocks; rank 0 gathers the maps, re-applies
+them to the source's blocks (the same arithmetic, so the same bits) and writes. The function
+check then runs the probe inputs through the source and the matched model, each block loaded
+only while it runs (rotviz.skeleton): in float32, and for a half checkpoint in its dtype too.
+
+The residual-stream map and matching from data need every block at once; the streamed path
+refuses them in one line (the in-memory path runs them).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from rotviz.arch import ArchSpec, spec_for
+from rotviz.checkpoint import Checkpoint, ShardWriter
+from rotviz.dist import SINGLE, Group
+from rotviz.errors import RotvizError
+from rotviz.match.distances import Distances, distances, squared_distance
+from rotviz.match.layers import match_layers
+from rotviz.match.options import MatchOptions
+from rotviz.match.pipeline import FUNCTION_TOLERANCES
+from rotviz.match.report import HeadReport, MatchReport
+from rotviz.models import HALF, check_compatible, read_config, resolve_ref, wide_device
+from rotviz.skeleton import BlockStreamed, build_meta
+from rotviz.sources import source_of
+from rotviz.symmetry.actions import LayerTransform, apply_layer
+from rotviz.symmetry.view import (
+    Block,
+    Dims,
+    Layout,
+    ModelView,
+    _kind_of,
+    model_dims,
+    read_block,
+    resolve_layout,
+    write_block,
+)
+from rotviz.types import Progress
+
+Tensor = torch.Tensor
+
+# The in-memory path holds about 3.5-4.4x the pair's float32 bytes at its peak (both models,
+# their views, the matched copy and the checks; bench/RESULTS.md, LLaMA-1B rows).
+IN_MEMORY_FACTOR = 4.5
+
+
+@dataclass(frozen=True)
+class Streamed:
+    """A model folder opened for streaming: its config and spec, the checkpoint's headers,
+    and where every tensor sits in the family's layout. No weights are read."""
+
+    ref: str
+    path: Path
+    config: dict  # the full config, as the in-memory path sees it
+    spec: ArchSpec
+    checkpoint: Checkpoint
+    layout: Layout
+    dims: Dims
+    block_keys: tuple[tuple[str, ...], ...]  # per block, the names its view reads
+    rest: tuple[str, ...]  # every other name, in checkpoint order
+    tied: tuple[tuple[str, str], ...]
+
+    @property
+    def state(self) -> dict[str, Tensor]:
+        """Meta tensors (names, shapes, dtypes) for the checks that compare two models."""
+        return self.checkpoint.meta_state()
+
+    @property
+    def dtypes(self) -> dict[str, torch.dtype]:
+        return {n: e.dtype for n, e in self.checkpoint.entries.items()}
+
+    @property
+    def stored_dtype(self) -> torch.dtype:
+        """The floating dtype holding most parameters (as `Loaded.stored_dtype`)."""
+        count: dict[torch.dtype, int] = {}
+        for e in self.checkpoint.entries.values():
+            if e.dtype.is_floating_point:
+                count[e.dtype] = count.get(e.dtype, 0) + math.prod(e.shape)
+        return max(count, key=count.__getitem__) if count else torch.float32
+
+    def float32_bytes(self) -> int:
+        return 4 * sum(math.prod(e.shape) for e in self.checkpoint.entries.values())
+
+
+def open_streamed(ref: str | os.PathLike) -> Streamed:
+    """Open a model folder for streaming (headers only); one-line errors for folders that
+    cannot be streamed: no safetensors, shards that do not match their index, a tensor group
+    (the linear maps of one block) in mixed dtypes."""
+    path = resolve_ref(ref)
+    config = read_config(path)
+    if config.get("auto_map"):
+        raise RotvizError(
+            f"'{path}' needs remote code (auto_map in config.json); rotviz never runs it")
+    spec = spec_for(config)
+    checkpoint = Checkpoint(path)
+    _, full = build_meta(spec, config)
+    meta = checkpoint.meta_state()
+    layout = resolve_layout(spec, meta)
+    dims = model_dims(spec, full, meta, layout)
+    block_keys = []
+    used_all: set[str] = set()
+    for prefix in layout.blocks:
+        used: set[str] = set()
+        read_block(spec, dims, layout, meta, prefix, used)
+        ordered = tuple(n for n in checkpoint.keys() if n in used)
+        linear = {meta[n].dtype for n in ordered if "norm" not in n.lower()}
+        if len(linear) > 1:
+            kinds = ", ".join(sorted(str(d).removeprefix("torch.") for d in linear))
+            raise RotvizError(
+                f"cannot stream '{path}': the weights of block {prefix.rstrip('.')} mix dtypes "
+                f"({kinds}); a block's maps move its tensors together, so save them in one "
+                "dtype")
+        block_keys.append(ordered)
+        used_all |= used
+    rest = tuple(n for n in checkpoint.keys() if n not in used_all)
+    return Streamed(str(ref), path, full, spec, checkpoint, layout, dims, tuple(block_keys),
+                    rest, _ties(spec, config, set(meta)))
+
+
+def in_memory_bytes(anchor: Streamed, source: Streamed) -> int:
+    """About what matching the pair in memory needs at its peak."""
+    return int(IN_MEMORY_FACTOR * (anchor.float32_bytes() + source.float32_bytes()))
+
+
+def available_memory() -> int | None:
+    """The memory this machine can give now (Linux: MemAvailable), None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def streaming_refusal(options: MatchOptions) -> str | None:
+    """Why `options` cannot be matched block by block, or None."""
+    if options.residual:
+        return ("the residual-stream map (--residual) needs every block at once and cannot "
+                "be streamed yet")
+    if options.needs_data:
+        return f"matching from data ([{options.label}]) cannot be streamed yet"
+    return None
+
+
+# ---- one block --------------------------------------------------------------------------------
+
+
+def _block_view(model: Streamed, block: Block, i: int, dtypes: dict[str, torch.dtype]
+                ) -> ModelView:
+    """A one-block view of block i (the view matching and distances take)."""
+    layout = replace(model.layout, blocks=(model.layout.blocks[i],), final_norm=None,
+                     writers=(), stream_norms=(), readers=())
+    return ModelView(model.spec, replace(model.dims, n_layers=1), layout, (block,), {},
+                     dtypes, ())
+
+
+def _read_block(model: Streamed, i: int, dtype: torch.dtype | None = torch.float32
+                ) -> ModelView:
+    state = model.checkpoint.read(model.block_keys[i], dtype)
+    prefix = model.layout.blocks[i]
+    block = read_block(model.spec, model.dims, model.layout, state, prefix)
+    return _block_view(model, block, i, {n: t.dtype for n, t in state.items()})
+
+
+@dataclass
+class _Solved:
+    """What solving one block gives: its map, report and distance cells."""
+
+    transform: LayerTransform | None
+    report: HeadReport | None
+    before: dict[str, float]  # kind -> squared distance
+    after: dict[str, float]
+
+
+def _cells(d: Distances) -> dict[str, float]:
+    return {kind: v for (_, kind), v in d.cells.items()}
+
+
+def _solve(anchor: Streamed, source: Streamed, i: int, options: MatchOptions,
+           chosen: bool, device: torch.device) -> tuple[_Solved, ModelView]:
+    """Block i matched (when `chosen`), on `device`; returns what it found and the matched
+    one-block view (float32, on the CPU)."""
+    va, vs = _read_block(anchor, i).to(device=device), _read_block(source, i).to(device=device)
+    if not chosen:
+        d = _cells(distances(vs, va))
+        return _Solved(None, None, d, d), vs.to(device="cpu")
+    res = match_layers(va, vs, replace(options, layers=None))
+    rep = res.report.layers[0]
+    rep.layer = i
+    return (_Solved(res.transforms[0], rep, _cells(res.report.before), _cells(res.report.after)),
+            res.view.to(device="cpu"))
+
+
+def _apply(source: Streamed, i: int, t: LayerTransform | None,
+           dtype: torch.dtype | None = torch.float32) -> ModelView:
+    """Source block i with its map applied (float32 arithmetic, as in memory); the view's
+    dtypes are `dtype`'s, or the checkpoint's with None."""
+    v = _read_block(source, i)
+    if dtype is None:
+        v = replace(v, dtypes={n: source.checkpoint.entries[n].dtype for n in v.dtypes})
+    return v if t is None else apply_layer(v, 0, t)
+
+
+def _block_tensors(view: ModelView, i: int, model: Streamed) -> dict[str, Tensor]:
+    return write_block(view, view.blocks[0], model.layout.blocks[i])
+
+
+# ---- the whole model ----------------------------------------------------------------------------
+
+
+def _rest_cells(anchor: Streamed, source: Streamed) -> dict[tuple[int | None, str], float]:
+    """Distances outside the blocks (unchanged by per-layer maps), one tensor at a time,
+    in the kinds `rotviz.symmetry.view.groups` gives them (tie aliases counted once)."""
+    tied = {alias for alias, _ in source.tied}
+    cells: dict[tuple[int | None, str], float] = {}
+    for name in source.rest:
+        if name in tied or not source.checkpoint.entries[name].dtype.is_floating_point:
+            continue
+        a = anchor.checkpoint.read([name], torch.float32)[name]
+        s = source.checkpoint.read([name], torch.float32)[name]
+        key = (None, _kind_of(name, source.layout))
+        cells[key] = cells.get(key, 0.0) + squared_distance(s, a)
+    return cells
+
+
+def _ties(spec: ArchSpec, config: dict, names: set[str]) -> tuple[tuple[str, str], ...]:
+    """The spec's ties that hold: both tensors in the checkpoint and not untied by the config
+    (a file never shares storage, so the config alone decides)."""
+    if config.get("tie_word_embeddings") is False:
+        return ()
+    return tuple((a, o) for a, o in spec.tied if a in names and o in names)
+
+
+def match_streamed(
+    anchor: Streamed,
+    source: Streamed,
+    folder: Path | None,
+    options: MatchOptions | None = None,
+    device: torch.device | str = "cpu",
+    progress: Progress | None = None,
+    group: Group = SINGLE,
+    shard_bytes: int | None = None,
+    cancel: Callable[[], bool] | None = None,
+) -> MatchReport | None:
+    """Match `source` onto `anchor` block by block, writing the matched checkpoint into the
+    empty `folder` (rank 0 only; the caller renames it into place) with the config and the
+    tokenizer and processor files. Returns the checked report on rank 0, None elsewhere.
+    `shard_bytes`: the largest output shard (default: the source's largest)."""
+    options = options or MatchOptions()
+    why = streaming_refusal(options)
+    if why:
+        raise RotvizError(f"{why}; match in memory (raise --max-memory) or drop it")
+    check_compatible(anchor, source)  # type: ignore[arg-type]  # duck-typed: meta state
+    device = wide_device(device)
+    t0 = time.perf_counter()
+    n = source.dims.n_layers
+    chosen = set(range(n) if options.layers is None else options.layers)
+    blocks = list(range(n))
+    mine = group.mine(blocks)
+    writer = None
+    if group.main and group.world == 1:
+        writer = _writer(source, folder, shard_bytes)
+    solved: dict[int, _Solved] = {}
+    total = len(mine) + (n if group.world > 1 and group.main else 0)
+    step = 0
+
+    def tick(message: str) -> None:
+        nonlocal step
+        if cancel is not None and cancel():
+            raise KeyboardInterrupt
+        if progress:
+            progress(step, total, message)
+        step += 1
+
+    try:
+        for i in mine:
+            tick(f"block {i}: solving")
+            solved[i], matched = _solve(anchor, source, i, options, i in chosen, device)
+            if writer is not None:
+                stored = replace(matched, dtypes={k: source.checkpoint.entries[k].dtype
+                                                  for k in matched.dtypes})
+                _write_block(writer, stored, i, source)
+            del matched
+        everything = group.gather(solved)
+        if not group.main:
+            return None
+        assert everything is not None
+        for part in everything:
+            solved.update(part)
+        if writer is None:  # several ranks solved: rank 0 writes every block
+            writer = _writer(source, folder, shard_bytes)
+            for i in blocks:
+                tick(f"block {i}: writing")
+                _write_block(writer, _apply(source, i, solved[i].transform, None), i, source)
+        if folder is not None:
+            writer.close()
+    finally:
+        if writer is not None:
+            writer.abort()
+    if folder is not None:
+        _write_config(source, folder)
+    if progress:
+        progress(total, total, "checking the function")
+    report = _report(anchor, source, options, solved)
+    report.seconds = time.perf_counter() - t0
+    _check(source, solved, report, folder)
+    return report
+
+
+def _writer(source: Streamed, folder: Path | None, shard_bytes: int | None):
+    """The output's writer, the tensors outside the blocks written first (copied as they
+    are stored); a writer that drops everything when there is no folder."""
+    if folder is None:
+        return _Discard()
+    order = [*source.rest, *(n for keys in source.block_keys for n in keys)]
+    entries = source.checkpoint.entries
+    plan = [(n, entries[n].dtype, entries[n].shape) for n in order]
+    w = ShardWriter(folder, plan, shard_bytes or source.checkpoint.largest_file_bytes())
+    _write_rest(w, source)
+    return w
+
+
+def _write_rest(writer, source: Streamed) -> None:
+    for name in source.rest:
+        writer.write(name, source.checkpoint.read([name], None)[name])
+
+
+def _write_block(writer, view: ModelView, i: int, source: Streamed) -> None:
+    tensors = _block_tensors(view, i, source)
+    for name in source.block_keys[i]:
+        writer.write(name, tensors[name])
+
+
+class _Discard:
+    """A writer for a run that writes nothing (benchmarks of the solve alone)."""
+
+    def write(self, name: str, t: Tensor) -> None:
+        pass
+
+    def close(self) -> list[str]:
+        return []
+
+    def abort(self) -> None:
+        pass
+
+
+def _write_config(source: Streamed, folder: Path) -> None:
+    import shutil
+
+    from rotviz.models import copy_reading_files
+
+    shutil.copyfile(source.path / "config.json", folder / "config.json")
+    gen = source.path / "generation_config.json"
+    if gen.is_file() and not (folder / gen.name).exists():
+        shutil.copyfile(gen, folder / gen.name)
+    copy_reading_files(source.path, folder)
+
+
+def _report(anchor: Streamed, source: Streamed, options: MatchOptions,
+            solved: dict[int, _Solved]) -> MatchReport:
+    """The report the in-memory path gives: distance cells in its order (blocks, then the
+    rest), the per-layer reports of the chosen layers."""
+    rest = _rest_cells(anchor, source)
+    before = {(i, k): v for i in sorted(solved) for k, v in solved[i].before.items()}
+    after = {(i, k): v for i in sorted(solved) for k, v in solved[i].after.items()}
+    layers = [solved[i].report for i in sorted(solved) if solved[i].report is not None]
+    return MatchReport(options, Distances({**before, **rest}), Distances({**after, **rest}),
+                       layers)
+
+
+# ---- the function check -------------------------------------------------------------------------
+
+
+def _logits(source: Streamed, provider, dtype: torch.dtype | None, inputs) -> Tensor:
+    """The source's module run on `inputs`, blocks from `provider`, the rest from the source's
+    checkpoint (float32, or as stored with None)."""
+    module, full = build_meta(source.spec, read_config(source.path), source.stored_dtype)
+    names = source_of(source.spec).checkpoint_names(module, source.checkpoint.keys())
+    prefixes = resolve_layout(source.spec, module.state_dict()).blocks
+    rest = source.checkpoint.read(source.rest, dtype)
+    tie = full.get("tie_word_embeddings", True) is not False
+    runner = BlockStreamed(module, source.spec, prefixes, rest, provider, names, tie)
+    return runner.logits(inputs).double()
+
+
+def _check(source: Streamed, solved: dict[int, _Solved], report: MatchReport,
+           folder: Path | None) -> None:
+    """Fill the report's function check, as rotviz.match.pipeline does in memory."""
+    module, full = build_meta(source.spec, read_config(source.path))
+    x = source_of(source.spec).probe_inputs(source.spec, full, module, 4, 0)
+
+    def original(dtype):
+        return lambda i: _block_tensors(_apply(source, i, None, dtype), i, source)
+
+    def matched(dtype):
+        return lambda i: _block_tensors(_apply(source, i, solved[i].transform, dtype), i, source)
+
+    ya = _logits(source, original(torch.float32), torch.float32, x)
+    yb = _logits(source, matched(torch.float32), torch.float32, x)
+    report.max_output_diff = float((ya - yb).abs().max())
+    dtype = source.stored_dtype
+    if dtype not in HALF:
+        return
+    report.stored_dtype = str(dtype).removeprefix("torch.")
+    xs = {k: v.to(dtype) if v.is_floating_point() else v for k, v in x.items()}
+    if folder is not None:  # the written files, as they will be loaded
+        written = Checkpoint(folder)
+
+        def stored(i):
+            return written.read(source.block_keys[i], None)
+    else:
+        stored = matched(None)
+    ya = _logits(source, original(None), None, xs)
+    yb = _logits(source, stored, None, xs)
+    scale = float(ya.abs().max()) if bool(torch.isfinite(ya).all()) else math.inf
+    diff = float((ya - yb).abs().max()) if bool(torch.isfinite(yb).all()) else math.inf
+    if math.isfinite(scale):
+        report.stored_output_diff = diff
+        report.stored_tolerance = FUNCTION_TOLERANCES[dtype] * scale
