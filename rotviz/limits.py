@@ -108,3 +108,21 @@ def check_layer_ranges(ranges: tuple[tuple[int, int], ...], n_layers: int, text:
         raise RotvizError(f"{flag} {_show(text)} is out of range: the model has {n_layers} "
                           f"layers (0-{n_layers - 1})")
     return tuple(sorted({i for lo, hi in ranges for i in range(lo, hi + 1)}))
+
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def memory_size(text: str, flag: str = "--max-memory") -> int:
+    """'16GB', '512MiB', '0' -> bytes (decimal units GB, binary GiB; a bare number is bytes)."""
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
+    unit = m.group(2).lower() if m else ""
+    if m is None or unit not in _UNITS:
+        raise RotvizError(f"{flag} must be a size such as 16GB, 512MiB or 0, got {_show(text)}")
+    value = float(m.group(1)) * _UNITS[unit]
+    if value > 2**60:
+        raise RotvizError(f"{flag} must be a size such as 16GB, 512MiB or 0, got {_show(text)}")
+    return int(value)

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from rotviz.data import Split
+from rotviz.dist import SINGLE, Group
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator, barrier_of, check_split, resolve_device
 from rotviz.limits import GRID, MARGIN, POINTS, REPEATS
@@ -142,18 +143,31 @@ def _partition(n: int, repeats: int, seed: int) -> list[np.ndarray]:
 
 def path_curve(ev: Evaluator, anchor_params: Mapping[str, Tensor],
                source_params: Mapping[str, Tensor], alphas: Sequence[float], repeats: int = 1,
-               seed: int = 0, progress: Progress | None = None) -> dict:
-    """Evaluate the straight path at `alphas` (plus 0.5 if missing). Returns a dict of fields."""
+               seed: int = 0, progress: Progress | None = None,
+               group: Group = SINGLE) -> dict | None:
+    """Evaluate the straight path at `alphas` (plus 0.5 if missing). Returns a dict of fields.
+
+    Under torchrun (`group`) each process evaluates its share of the points and rank 0
+    gathers them and returns the fields (None elsewhere): the same points, evaluated alike."""
     alphas = [float(a) for a in alphas]
     extra = [] if any(abs(a - 0.5) < 1e-12 for a in alphas) else [0.5]
     todo = alphas + extra
-    per: list = []
-    scored: list[dict[str, float]] = []
-    for j, a in enumerate(todo):
+    mine = group.mine(list(range(len(todo))))
+    done: dict[int, tuple] = {}
+    for n, j in enumerate(mine):
+        a = todo[j]
         params = {k: torch.lerp(anchor_params[k], source_params[k], a) for k in anchor_params}
-        per.append(ev.per_sample(params, scored))
+        one: list[dict[str, float]] = []
+        done[j] = (ev.per_sample(params, one), one[0])
         if progress:
-            progress(j + 1, len(todo), f"alpha = {a:.3f}")
+            progress(n + 1, len(mine), f"alpha = {a:.3f}")
+    parts = group.gather(done)
+    if parts is None:
+        return None
+    for part in parts:
+        done.update(part)
+    per = [done[j][0] for j in range(len(todo))]
+    scored = [done[j][1] for j in range(len(todo))]
     loss = np.array([p[0].sum() / p[2].sum() for p in per])
     acc = np.array([p[1].sum() / p[2].sum() for p in per])
     mid = int(np.argmin([abs(a - 0.5) for a in todo]))
@@ -195,7 +209,8 @@ def interpolate(
     source_state: Mapping[str, Tensor] | None = None,
     evaluator: Evaluator | None = None,
     match_info: MatchInfo | None = None,
-) -> Curve:
+    group: Group = SINGLE,
+) -> Curve | None:
     """interpolate(anchor, source, split, options|None, points=21, device=, progress=) -> Curve
 
     Loss and accuracy along the straight path from the anchor (alpha = 0) to the source as
@@ -203,6 +218,8 @@ def interpolate(
     `points` evenly spaced alphas. `repeats` > 1 also reports the spread over that many
     disjoint seeded subsets of the split. `source_state` skips matching (already matched;
     `match_info` then describes it), `evaluator` reuses data already on the device.
+    Under torchrun (`group`) the points are shared among the processes and rank 0 returns
+    the curve (None elsewhere).
     """
     POINTS.check(points)
     REPEATS.check(repeats)
@@ -218,7 +235,9 @@ def interpolate(
         info = match_info or MatchInfo(label_of(options), 0.0, 0.0, None, 0.0)
     alphas = np.linspace(0.0, 1.0, points).tolist()
     fields = path_curve(ev, ev.params(anchor.state), ev.params(source_state), alphas, repeats,
-                        seed, progress)
+                        seed, progress, group)
+    if fields is None:  # another rank than 0: its points are with rank 0
+        return None
     return Curve(
         **fields, match=info.match, data=split.data, split=split.split, device=str(ev.device),
         seconds=time.perf_counter() - t0, n=split.n, layers=layers_of(options), anchor=anchor.ref,
@@ -289,12 +308,15 @@ def loss_plane(
     batch_size: int = 512,
     seed: int = 0,
     source_state: Mapping[str, Tensor] | None = None,
-) -> Plane:
+    group: Group = SINGLE,
+) -> Plane | None:
     """loss_plane(anchor, source, split, options="seed", grid=21, device=, progress=) -> Plane
 
     The seed paper's Figure 2 made real: a grid x grid evaluation of the plane through A, B
     and B' (B matched with `options`), covering the three points with `margin` (a fraction of
     the span) on each side, plus the exact values at A, B, B' and the midpoints AB and AB'.
+    Under torchrun (`group`) the grid points are shared among the processes; rank 0 adds the
+    named points and returns the plane (None elsewhere).
     """
     GRID.check(grid)
     MARGIN.check(margin)
@@ -342,15 +364,24 @@ def loss_plane(
         return ev.evaluate({k: pa[k] + a * d_b[k] + b * d_c[k] for k in pa})
 
     total = grid * grid + len(pts)
+    cells = [(iy, ix) for iy in range(grid) for ix in range(grid)]
+    mine = group.mine(list(range(len(cells))))
+    found: dict[int, tuple[float, float]] = {}
+    for n, c in enumerate(mine):
+        iy, ix = cells[c]
+        found[c] = at(float(xs[ix]), float(ys[iy]))
+        if progress:
+            progress(n + 1, total, f"grid point {n + 1} of {len(mine)}")
+    parts = group.gather(found)
+    if parts is None:  # another rank than 0: its points are with rank 0
+        return None
+    for part in parts:
+        found.update(part)
     loss = np.zeros((grid, grid))
     acc = np.zeros((grid, grid))
-    done = 0
-    for iy, y in enumerate(ys):
-        for ix, x in enumerate(xs):
-            loss[iy, ix], acc[iy, ix] = at(float(x), float(y))
-            done += 1
-            if progress:
-                progress(done, total, f"grid point {done} of {grid * grid}")
+    for c, (iy, ix) in enumerate(cells):
+        loss[iy, ix], acc[iy, ix] = found[c]
+    done = grid * grid
     point_loss, point_acc = {}, {}
     for name, (x, y) in pts.items():
         if name in ("A", "B"):  # exact endpoints, no arithmetic on the weights

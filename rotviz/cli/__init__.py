@@ -14,6 +14,7 @@ from rotviz.cli.args import (
     add_reading,
     bounded,
     layers_text,
+    memory_text,
     needs,
     reading,
 )
@@ -64,6 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--report", default=None,
                    help="also write the full report as JSON to this new file")
     m.add_argument("--device", default="auto", help="auto, cpu, cuda or mps (default auto)")
+    m.add_argument("--max-memory", type=memory_text, default=None, metavar="SIZE",
+                   help="memory the match may use, e.g. 16GB: a pair that needs more in memory "
+                        "(about 4.5x its float32 bytes) is streamed block by block from its "
+                        "safetensors shards instead; 0 always streams (default: the memory "
+                        "available now). Under torchrun the pair is always streamed, its blocks "
+                        "shared among the processes")
     m.set_defaults(func=cmd_match)
     for register in _extra_commands():
         register(sub)
@@ -78,10 +85,9 @@ def _extra_commands():
 
 def cmd_match(args: argparse.Namespace) -> int:
     from rotviz.evaluation import split_for
-    from rotviz.match.alternating import ended_by_cap
     from rotviz.match.options import LearnOptions, MatchOptions, parse_layers
-    from rotviz.match.pipeline import match_models, stored_check_words
-    from rotviz.models import load_model, pick_device, wide_device, write_model
+    from rotviz.match.pipeline import match_models
+    from rotviz.models import load_model, pick_device, write_model
     from rotviz.outputs import Outputs, write_json_file
 
     if (args.act or args.learned) and not args.data:
@@ -111,6 +117,8 @@ def cmd_match(args: argparse.Namespace) -> int:
     report_file = outputs.add(args.report, "--report", folder=False, overwrite=args.overwrite)
     columns, seq_len = reading(args, args.data)
     device = pick_device(args.device)
+    if _streams(args, options):
+        return _match_streamed(args, options, outputs, out_dir, report_file, device)
     anchor = load_model(args.anchor)
     source = load_model(args.source)
     options = replace(options, layers=parse_layers(args.layers, _n_layers(anchor)))
@@ -125,6 +133,15 @@ def cmd_match(args: argparse.Namespace) -> int:
         write_model(source, out.state, tmp[out_dir])
         if report_file is not None:
             write_json_file(tmp[report_file], rep.to_dict(), "match")
+    _say_matched(args, options, rep, device)
+    return 0
+
+
+def _say_matched(args, options, rep, device, how: str = "") -> None:
+    from rotviz.match.alternating import ended_by_cap
+    from rotviz.match.pipeline import stored_check_words
+    from rotviz.models import wide_device
+
     rounds = ""
     if rep.residual and "rounds" in rep.residual:
         held = rep.residual.get("ffn_held", 0)
@@ -135,11 +152,72 @@ def cmd_match(args: argparse.Namespace) -> int:
     ran_on = wide_device(device)  # MPS has no float64: the solvers run on the CPU
     where = f"{ran_on}" + (f" ({device} has no float64)" if ran_on != device else "")
     print(
-        f"matched [{options.label}] on {where}: "
+        f"matched [{options.label}] on {where}{how}: "
         f"distance {rep.before.total:.4f} -> {rep.after.total:.4f} "
         f"in {rep.seconds:.2f} s{rounds}; max output difference {rep.max_output_diff:.2e}"
         f"{stored_check_words(rep)}; wrote {args.out}"
     )
+
+
+def _streams(args, options) -> bool:
+    """Whether this match streams: under torchrun, with --max-memory 0, or when the pair
+    needs more than --max-memory (default: what the machine has available) in memory. A
+    refusal when it must stream and the options cannot."""
+    from rotviz import dist
+    from rotviz.match.streaming import (
+        available_memory,
+        open_streamed,
+        pair_bytes_in_memory,
+        streaming_refusal,
+    )
+
+    launched = dist.launched()
+    limit = args.max_memory if args.max_memory is not None else available_memory()
+    need = None if launched else pair_bytes_in_memory(args.anchor, args.source)
+    if need is None and args.max_memory == 0:
+        open_streamed(args.anchor), open_streamed(args.source)  # says why they cannot stream
+    if not launched and (limit is None or need is None or need <= limit):
+        return False
+    why = streaming_refusal(options)
+    if why:
+        if launched:
+            cause, fix = "torchrun shares a match among processes by streaming it", \
+                "run it in one process"
+        else:
+            given = "--max-memory allows" if args.max_memory is not None else "available"
+            cause = (f"the pair needs about {need / 1e9:.1f} GB in memory, more than the "
+                     f"{limit / 1e9:.1f} GB {given}")
+            fix = "raise --max-memory"
+        raise RotvizError(f"{cause}, and {why}; {fix} or drop that option")
+    return True
+
+
+def _match_streamed(args, options, outputs, out_dir, report_file, device) -> int:
+    from rotviz import dist
+    from rotviz.match.options import parse_layers
+    from rotviz.match.pipeline import Matched
+    from rotviz.match.streaming import match_streamed, open_streamed
+    from rotviz.outputs import write_json_file
+
+    device = dist.device_for(device)
+    group = dist.init(device)
+    try:
+        anchor, source = open_streamed(args.anchor), open_streamed(args.source)
+        options = replace(options, layers=parse_layers(args.layers, source.dims.n_layers))
+        if not group.main:
+            match_streamed(anchor, source, None, options, device, group=group)
+            return 0
+        with outputs.write() as tmp:
+            rep = match_streamed(anchor, source, tmp[out_dir], options, device, group=group)
+            failure = Matched({}, rep).failure
+            if failure:
+                raise RotvizError(f"{failure}; nothing written. Please report this as a bug.")
+            if report_file is not None:
+                write_json_file(tmp[report_file], rep.to_dict(), "match")
+    finally:
+        dist.finish()
+    how = f" (streamed block by block{f', {group.world} processes' if group.world > 1 else ''})"
+    _say_matched(args, options, rep, device, how)
     return 0
 
 

@@ -48,6 +48,16 @@ def layers_text(text: str) -> str:
     return text
 
 
+def memory_text(text: str) -> int:
+    """An argparse type for --max-memory: a size in bytes."""
+    from rotviz.limits import memory_size
+
+    try:
+        return memory_size(text)
+    except RotvizError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def add_overwrite(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true",
                    help="replace outputs that an earlier rotviz run wrote (a folder holding "

@@ -7,6 +7,7 @@ JSON and model outputs are written to a temporary path and renamed, never half-w
 from __future__ import annotations
 
 import argparse
+from contextlib import contextmanager
 
 from rotviz.cli.args import add_overwrite, add_reading, bounded, layers_text, needs, reading
 from rotviz.errors import RotvizError
@@ -114,6 +115,7 @@ def _write(outputs, folder, js, result: dict, command: str, model=None) -> None:
 
 def _load_pair(args):
     """Models, data, device and matching options, every part checked; SPEC errors come first."""
+    from rotviz import dist
     from rotviz.analysis.ablations import n_layers
     from rotviz.evaluation import split_for
     from rotviz.match.options import parse_layers
@@ -122,12 +124,24 @@ def _load_pair(args):
 
     match_options(args.match)
     columns, seq_len = reading(args, args.data)
-    device = pick_device(args.device)
+    device = dist.device_for(pick_device(args.device))  # torchrun: each its local GPU
     anchor, source = load_model(args.anchor), load_model(args.source)
     check_compatible(anchor, source)
     split = split_for(anchor, args.data, args.split, seq_len=seq_len, columns=columns)
     options = match_options(args.match, parse_layers(args.layers, n_layers(anchor)))
     return anchor, source, split, device, options
+
+
+@contextmanager
+def _processes(device):
+    """The torchrun process group (one process without torchrun), left at the end."""
+    from rotviz import dist
+
+    group = dist.init(device)
+    try:
+        yield group
+    finally:
+        dist.finish()
 
 
 def _label(match: str, layers: list[int] | None) -> str:
@@ -141,8 +155,12 @@ def cmd_barrier(args: argparse.Namespace) -> int:
           args.repeats > 1)
     outputs, _, js = _outputs(args, "barrier")
     anchor, source, split, device, options = _load_pair(args)
-    c = interpolate(anchor, source, split, options, args.points, device, repeats=args.repeats,
-                    seed=args.seed or 0, batch_size=args.batch_size)
+    with _processes(device) as group:
+        c = interpolate(anchor, source, split, options, args.points, device,
+                        repeats=args.repeats, seed=args.seed or 0, batch_size=args.batch_size,
+                        group=group)
+    if c is None:  # under torchrun, a rank other than 0: rank 0 writes and reports
+        return 0
     _write(outputs, None, js, c.to_dict(), "barrier")
     spread = f" (mean {c.barrier_mean:.4f} +- {c.barrier_std:.4f} over {c.repeats} subsets)" \
         if c.repeats > 1 else ""
@@ -165,8 +183,12 @@ def cmd_plane(args: argparse.Namespace) -> int:
         if done == total or done % max(1, total // 10) == 0:
             print(f"\r  {done}/{total}", end="\n" if done == total else "", flush=True)
 
-    pl = loss_plane(anchor, source, split, options, args.grid, args.margin, device,
-                    progress=show, batch_size=args.batch_size)
+    with _processes(device) as group:
+        pl = loss_plane(anchor, source, split, options, args.grid, args.margin, device,
+                        progress=show if group.main else None, batch_size=args.batch_size,
+                        group=group)
+    if pl is None:  # under torchrun, a rank other than 0: rank 0 writes and reports
+        return 0
     _write(outputs, None, js, pl.to_dict(), "plane")
     pts = ", ".join(f"{k} {pl.point_loss[k]:.3f}" for k in pl.points)
     print(f"plane [{_label(pl.match, pl.layers)}] {pl.grid}x{pl.grid} on {pl.device}: "

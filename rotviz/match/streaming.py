@@ -139,6 +139,19 @@ def in_memory_bytes(anchor: Streamed, source: Streamed) -> int:
     return int(IN_MEMORY_FACTOR * (anchor.float32_bytes() + source.float32_bytes()))
 
 
+def pair_bytes_in_memory(anchor_ref: str, source_ref: str) -> int | None:
+    """About what matching two model folders in memory needs at its peak, from their
+    safetensors headers (None where a folder has none: it can only be matched in memory)."""
+    total = 0
+    for ref in (anchor_ref, source_ref):
+        try:
+            checkpoint = Checkpoint(resolve_ref(ref))
+        except RotvizError:
+            return None
+        total += 4 * sum(math.prod(e.shape) for e in checkpoint.entries.values())
+    return int(IN_MEMORY_FACTOR * total)
+
+
 def available_memory() -> int | None:
     """The memory this machine can give now (Linux: MemAvailable), None where unknown."""
     try:
