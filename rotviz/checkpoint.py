@@ -302,3 +302,27 @@ def save_sharded(state: Mapping[str, Tensor], folder: Path, max_bytes: int) -> l
         return w.close()
     finally:
         w.abort()
+
+
+def copy_sharded(src: Path, dst: Path, shards: int) -> list[str]:
+    """The model folder `src` copied into the new folder `dst` with its weights cut into
+    `shards` safetensors shards of about equal size (other files copied as they are), one
+    tensor at a time. For tests and benchmarks of sharded checkpoints."""
+    import shutil
+
+    src, dst = Path(src), Path(dst)
+    checkpoint = Checkpoint(src)
+    dst.mkdir(parents=True, exist_ok=False)
+    weights = {INDEX, *checkpoint.files}
+    for f in src.iterdir():
+        if f.is_file() and f.name not in weights:
+            shutil.copyfile(f, dst / f.name)
+    entries = checkpoint.entries
+    plan = [(n, e.dtype, e.shape) for n, e in entries.items()]
+    writer = ShardWriter(dst, plan, -(-checkpoint.nbytes // shards))
+    try:
+        for n in entries:
+            writer.write(n, checkpoint.read([n])[n])
+        return writer.close()
+    finally:
+        writer.abort()

@@ -11,6 +11,7 @@ at zero).
 from __future__ import annotations
 
 import inspect
+import math
 import os
 from pathlib import Path
 
@@ -21,7 +22,8 @@ from rotviz.arch import FAMILIES, Sizes, family_module, spec_named
 from rotviz.sources import source_of
 from rotviz.tokens import CHARS, VOCAB_KEY
 
-__all__ = ["FAMILIES", "options", "random_config", "random_model", "save_random"]
+__all__ = ["FAMILIES", "options", "random_config", "random_model", "save_random",
+           "save_random_sharded"]
 
 
 def options(family: str) -> dict[str, object]:
@@ -102,4 +104,54 @@ def save_random(family: str, out: str | os.PathLike, seed: int = 0, **sizes) -> 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     source_of(spec_named(family)).save_module(model, config, out)
+    return out
+
+
+def save_random_sharded(family: str, out: str | os.PathLike, seed: int = 0,
+                        dtype: torch.dtype = torch.bfloat16, shards: int = 4,
+                        **sizes) -> Path:
+    """A random model of `family` written tensor by tensor into `shards` safetensors shards,
+    never whole in memory: models larger than this machine's memory, for the streamed
+    matching's tests and benchmarks. Weights as `random_model` draws them (seeded per tensor,
+    so not the same numbers), `sizes` as its keywords."""
+    from rotviz.checkpoint import ShardWriter
+    from rotviz.skeleton import build_meta
+
+    keys = ("layers", "d", "heads", "ffn", "vocab", "image", "patch", "channels", "labels")
+    defaults = inspect.signature(random_model).parameters
+    given = {k: sizes.pop(k, defaults[k].default) for k in keys}
+    config = random_config(family, Sizes(**given), **sizes)
+    spec = spec_named(family)
+    module, _ = build_meta(spec, config)
+    state = module.state_dict()
+    tied = config.get("tie_word_embeddings") is not False
+    ties = {alias for alias, _ in spec.tied} | set(
+        getattr(module, "_tied_weights_keys", None) or ()) if tied else set()
+    names = [n for n in state if n not in ties]
+    plan = [(n, dtype if state[n].is_floating_point() else state[n].dtype,
+             tuple(state[n].shape)) for n in names]
+    total = sum(math.prod(s) * torch.empty((), dtype=d).element_size() for _, d, s in plan)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=False)
+    writer = ShardWriter(out, plan, -(-total // shards))
+    try:
+        for k, (n, dt, shape) in enumerate(plan):
+            gen = torch.Generator().manual_seed(seed * 1_000_003 + k)
+            if not dt.is_floating_point:
+                writer.write(n, state[n].to("cpu") if state[n].device.type != "meta"
+                             else torch.zeros(shape, dtype=dt))
+                continue
+            scale = 0.1 if len(shape) == 1 else 1.0 / max(1, shape[-1]) ** 0.5
+            t = torch.randn(shape, generator=gen).mul_(scale)
+            if len(shape) == 1 and n.endswith("weight") and any(
+                    x in n.lower() for x in ("norm", "ln_")):
+                t.add_(1.0)
+            writer.write(n, t.to(dt))
+            del t
+        writer.close()
+    finally:
+        writer.abort()
+    import json
+
+    (out / "config.json").write_text(json.dumps(config, indent=2))
     return out

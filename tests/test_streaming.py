@@ -1,0 +1,358 @@
+"""Streamed matching (rotviz.match.streaming): checkpoints read block by block from safetensors
+shards give what the in-memory path gives, on every family, in float32 and bfloat16; its
+refusals are one line; an interrupted run leaves nothing behind; torchrun's processes give
+what one process gives."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from rotviz.checkpoint import INDEX, Checkpoint, ShardWriter, copy_sharded, save_sharded
+from rotviz.cli import main
+from rotviz.errors import RotvizError
+from rotviz.match.options import MatchOptions
+from rotviz.match.pipeline import match_models
+from rotviz.match.streaming import match_streamed, open_streamed
+from rotviz.models import load_model, stored_state
+from rotviz.random_models import save_random, save_random_sharded
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory):
+    """`sharded(family, seed, dtype)`: a tiny random model saved, then cut into 3+ shards."""
+    root = tmp_path_factory.mktemp("sharded")
+    cache: dict[tuple, Path] = {}
+
+    def get(fam: str, seed: int, dtype: torch.dtype = torch.float32, **sizes) -> Path:
+        key = (fam, seed, dtype, tuple(sorted(sizes.items())))
+        if key not in cache:
+            name = f"{fam}-{seed}-{str(dtype)[6:]}-{len(cache)}"
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()
+            try:
+                whole = save_random(fam, root / f"{name}-whole", seed=seed, layers=3, d=32,
+                                    heads=4, ffn=64, dtype=dtype, **sizes)
+            finally:
+                hf_logging.enable_progress_bar()
+            copy_sharded(whole, root / name, 3)
+            cache[key] = root / name
+        return cache[key]
+
+    return get
+
+
+# ---- the checkpoint reader and writer ----------------------------------------------------------
+
+
+def test_shard_writer_round_trip(tmp_path):
+    """Every dtype and shape (scalars, empty tensors) comes back bit for bit through shards
+    that the safetensors library itself reads."""
+    gen = torch.Generator().manual_seed(0)
+    state = {
+        "a": torch.randn(3, 4, generator=gen), "b": torch.randn(5, generator=gen).bfloat16(),
+        "c": torch.arange(7), "d": torch.randn(100, 10, generator=gen).half(),
+        "e": torch.tensor(1.5, dtype=torch.float64), "f": torch.zeros(0, 3),
+        "g": torch.tensor([True, False]),
+    }
+    files = save_sharded(state, tmp_path, 1000)
+    assert len([f for f in files if f.endswith(".safetensors")]) == 3
+    index = json.loads((tmp_path / INDEX).read_text())
+    assert index["metadata"]["total_size"] == sum(t.numel() * t.element_size()
+                                                  for t in state.values())
+    back = {}
+    for f in sorted(set(index["weight_map"].values())):
+        back.update(load_file(str(tmp_path / f)))
+    ck = Checkpoint(tmp_path)
+    mine = ck.read(ck.keys())
+    for k, t in state.items():
+        assert back[k].dtype == t.dtype and torch.equal(back[k], t), k
+        assert mine[k].dtype == t.dtype and torch.equal(mine[k], t), k
+    assert ck.read(["b"], torch.float32)["b"].dtype == torch.float32
+
+
+def test_shard_writer_refuses_out_of_plan(tmp_path):
+    w = ShardWriter(tmp_path, [("a", torch.float32, (2,)), ("b", torch.float32, (2,))], 100)
+    with pytest.raises(RuntimeError, match="plan has a"):
+        w.write("b", torch.zeros(2))
+    w.write("a", torch.zeros(2))
+    with pytest.raises(RuntimeError, match="never written"):
+        w.close()
+
+
+# ---- streaming equals in memory, on every family --------------------------------------------
+
+
+def _close(x, y, path="", top=None):
+    """Reports equal: the same keys, integers and strings; floats to 1e-5 (relative; most
+    are bit-identical), rotation angles to 1e-3 degrees. Why not bit for bit everywhere:
+    BLAS rounds the last bit of a product by the memory alignment of its inputs, and
+    transformers leaves some loaded tensors 4-byte aligned (ViT's, inside the mapped file)
+    where tensors read by rotviz are 64-byte aligned; a float32 singular value then moves by
+    ~1e-6 of itself. Eigen-angles are left out: near 180 degrees (a -1 eigenvalue pair) a
+    1e-7 change of the rotation moves one by 0.05 degrees; the weights, which the rotations
+    made, are compared to 1e-6 instead. The function checks' logit differences are roundoff
+    themselves: compared to 1e-5 (float32) and a quarter of the tolerance (the stored
+    dtype, whose rounding a last-bit change of a weight can flip)."""
+    if top is None:
+        top = {"tol": x.get("stored_tolerance") or 0.0}
+    if isinstance(x, dict):
+        assert set(x) == set(y), (path, set(x) ^ set(y))
+        for k in x:
+            if not str(k).endswith("_angles"):
+                _close(x[k], y[k], f"{path}/{k}", top)
+    elif isinstance(x, list):
+        assert len(x) == len(y), path
+        for k, (u, v) in enumerate(zip(x, y, strict=True)):
+            _close(u, v, f"{path}[{k}]", top)
+    elif isinstance(x, float) and path.endswith("output_diff"):
+        assert abs(x - y) <= (1e-5 if path == "/max_output_diff" else 0.25 * top["tol"]), \
+            (path, x, y)
+    elif isinstance(x, float):
+        assert math.isclose(x, y, rel_tol=1e-5, abs_tol=1e-9), (path, x, y)
+    else:
+        assert x == y, (path, x, y)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_streaming_equals_in_memory(family, dtype, sharded, tmp_path):
+    a, s = sharded(family, 0, dtype), sharded(family, 1, dtype)
+    assert len(Checkpoint(a).files) >= 3
+    spec_heads = open_streamed(a).spec.inputs == "tokens"
+    options = MatchOptions(heads=spec_heads)
+    ref = match_models(load_model(a), load_model(s), options)
+    out = tmp_path / "out"
+    out.mkdir()
+    rep = match_streamed(open_streamed(a), open_streamed(s), out, options)
+    r1, r2 = ref.report.to_dict(), rep.to_dict()
+    r1.pop("seconds"), r2.pop("seconds")
+    _close(r1, r2)
+    assert rep.max_output_diff < 1e-4
+    if dtype == torch.bfloat16:
+        assert r2["stored_dtype"] == "bfloat16"
+        assert rep.stored_output_diff <= rep.stored_tolerance
+    # the same permutations, exactly; the written weights are the in-memory ones, stored
+    for h1, h2 in zip(ref.report.layers, rep.layers, strict=True):
+        assert h1.head_perm == h2.head_perm and h1.ffn_moved == h2.ffn_moved
+    written, stored = Checkpoint(out), Checkpoint(s)
+    assert len(written.files) >= 3 and (out / "config.json").is_file()
+    assert {k: e.dtype for k, e in written.entries.items()} == {
+        k: e.dtype for k, e in stored.entries.items()}  # each tensor in its stored dtype
+    want = stored_state(load_model(s), ref.state)
+    got = load_model(out).state  # it loads as a model of its own, names as transformers'
+    assert set(got) == set(want)
+    for k, t in want.items():
+        assert float((got[k].double() - t.double()).abs().max()) <= 1e-6 * max(
+            1.0, float(t.double().abs().max())), k
+
+
+def test_streaming_a_layer_subset_leaves_the_rest(sharded, tmp_path):
+    a, s = sharded("llama", 0), sharded("llama", 1)
+    out = tmp_path / "out"
+    out.mkdir()
+    rep = match_streamed(open_streamed(a), open_streamed(s), out, MatchOptions(layers=(1,)))
+    assert [h.layer for h in rep.layers] == [1]
+    src, got = Checkpoint(s), Checkpoint(out)
+    for k in src.keys():
+        same = torch.equal(src.read([k])[k], got.read([k])[k])
+        assert same == (".layers.1." not in k or "norm" in k), k
+
+
+# ---- refusals ------------------------------------------------------------------------------------
+
+
+def _copy(folder: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "copy"
+    shutil.copytree(folder, dst)
+    return dst
+
+
+def test_refuses_missing_shard(sharded, tmp_path):
+    m = _copy(sharded("llama", 0), tmp_path)
+    (m / Checkpoint(m).files[1]).unlink()
+    with pytest.raises(RotvizError, match="shard model-00002-of-0000.* is missing"):
+        Checkpoint(m)
+
+
+def test_refuses_index_that_does_not_match(sharded, tmp_path):
+    m = _copy(sharded("llama", 0), tmp_path)
+    index = json.loads((m / INDEX).read_text())
+    name, first = next(iter(index["weight_map"].items()))
+    other = next(f for f in index["weight_map"].values() if f != first)
+    index["weight_map"][name] = other  # listed in a shard that does not hold it
+    (m / INDEX).write_text(json.dumps(index))
+    with pytest.raises(RotvizError, match="do not match their index"):
+        Checkpoint(m)
+    del index["weight_map"][name]  # held by a shard, listed nowhere
+    (m / INDEX).write_text(json.dumps(index))
+    with pytest.raises(RotvizError, match="does not list"):
+        Checkpoint(m)
+
+
+def test_refuses_mixed_dtypes_in_a_block(sharded, tmp_path):
+    m = _copy(sharded("llama", 0), tmp_path)
+    ck = Checkpoint(m)
+    key = next(k for k in ck.keys() if k.endswith("layers.1.self_attn.k_proj.weight"))
+    file = m / ck.entries[key].file
+    tensors = load_file(str(file))
+    tensors[key] = tensors[key].half()
+    save_file(tensors, str(file))
+    with pytest.raises(RotvizError, match="block model.layers.1 mix dtypes"):
+        open_streamed(m)
+
+
+def test_refuses_what_cannot_stream(sharded, saved, tmp_path, capsys):
+    a, s = sharded("llama", 0), sharded("llama", 1)
+    assert main(["match", str(a), str(s), "--out", str(tmp_path / "o"), "--residual",
+                 "--max-memory", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--residual" in err and "--max-memory" in err
+    bins = tmp_path / "bin"
+    bins.mkdir()
+    loaded = load_model(saved("llama", 0))
+    shutil.copyfile(loaded.path / "config.json", bins / "config.json")
+    torch.save(dict(loaded.state), bins / "pytorch_model.bin")
+    assert main(["match", str(bins), str(bins), "--out", str(tmp_path / "o"),
+                 "--max-memory", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "streaming reads safetensors only" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_cli_chooses_streaming_by_memory(sharded, tmp_path, capsys):
+    a, s = sharded("gpt2", 0), sharded("gpt2", 1)
+    assert main(["match", str(a), str(s), "--out", str(tmp_path / "mem")]) == 0
+    assert "streamed" not in capsys.readouterr().out
+    assert main(["match", str(a), str(s), "--out", str(tmp_path / "st"), "--max-memory",
+                 "1MB"]) == 0
+    assert "streamed block by block" in capsys.readouterr().out
+    x, y = Checkpoint(tmp_path / "mem"), Checkpoint(tmp_path / "st")
+    assert set(x.keys()) == set(y.keys())
+    for k in x.keys():
+        assert torch.allclose(x.read([k])[k], y.read([k])[k], atol=1e-6), k
+
+
+# ---- interruption, processes, memory -------------------------------------------------------------
+
+
+def test_sigint_leaves_nothing(tmp_path):
+    """Ctrl-C in the middle of a streamed match: exit 130, no output folder, no temporary
+    sibling; the next run writes the output."""
+    a = save_random_sharded("llama", tmp_path / "a", seed=0, layers=24, d=256, heads=8,
+                            ffn=1024, vocab=256)
+    s = save_random_sharded("llama", tmp_path / "s", seed=1, layers=24, d=256, heads=8,
+                            ffn=1024, vocab=256)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "rotviz", "match", str(a), str(s), "--out", str(out),
+           "--max-memory", "0"]
+    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # wait until it is writing shards
+        tmp = [p for p in tmp_path.iterdir() if p.name.startswith(".rotviz-tmp-")]
+        if tmp and any(f.suffix == ".safetensors" for d in tmp for f in d.rglob("*")):
+            break
+        time.sleep(0.05)
+    else:
+        proc.kill()
+        pytest.fail("the streamed match never started writing")
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "interrupted; nothing was written" in err
+    assert not out.exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".rotviz")] == []
+    done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert len(Checkpoint(out).files) >= 3
+
+
+def _torchrun(*args: str, n: int = 2) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={n}", "-m", "rotviz", *args]
+    return subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
+
+
+def test_torchrun_match_equals_one_process(sharded, tmp_path):
+    a, s = sharded("llama", 0, kv_heads=2), sharded("llama", 1, kv_heads=2)
+    one = subprocess.run([sys.executable, "-m", "rotviz", "match", str(a), str(s), "--out",
+                          str(tmp_path / "one"), "--heads", "--max-memory", "0", "--report",
+                          str(tmp_path / "one.json")], env=_env(), capture_output=True,
+                         text=True, timeout=600)
+    assert one.returncode == 0, one.stderr
+    two = _torchrun("match", str(a), str(s), "--out", str(tmp_path / "two"), "--heads",
+                    "--report", str(tmp_path / "two.json"))
+    assert two.returncode == 0, two.stderr
+    assert "2 processes" in two.stdout
+    x, y = Checkpoint(tmp_path / "one"), Checkpoint(tmp_path / "two")
+    assert x.keys() == y.keys()
+    for k in x.keys():  # bit-identical
+        assert torch.equal(x.read([k])[k], y.read([k])[k]), k
+    r1, r2 = (json.loads((tmp_path / f).read_text()) for f in ("one.json", "two.json"))
+    for r in (r1, r2):
+        r.pop("seconds"), r.pop("rotviz")
+    assert r1 == r2
+
+
+def test_torchrun_barrier_equals_one_process(tmp_path):
+    args = ["barrier", "zoo:vit-digits-s3", "zoo:vit-digits-s6", "--data", "digits",
+            "--match", "seed", "--points", "5"]
+    one = subprocess.run([sys.executable, "-m", "rotviz", *args, "--json",
+                          str(tmp_path / "one.json")], env=_env(), capture_output=True,
+                         text=True, timeout=600)
+    assert one.returncode == 0, one.stderr
+    two = _torchrun(*args, "--json", str(tmp_path / "two.json"))
+    assert two.returncode == 0, two.stderr
+    c1, c2 = (json.loads((tmp_path / f).read_text()) for f in ("one.json", "two.json"))
+    for key in ("loss", "acc"):
+        assert len(c1[key]) == 5
+        assert max(abs(u - v) for u, v in zip(c1[key], c2[key], strict=True)) <= 1e-6
+    assert abs(c1["barrier"] - c2["barrier"]) <= 1e-6
+
+
+PEAK_SCRIPT = """
+import resource, sys
+from rotviz.cli import main
+rc = main(sys.argv[1:])
+print("PEAK", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, flush=True)
+sys.exit(rc)
+"""
+
+
+def test_streaming_memory_is_bounded(tmp_path):
+    """A LLaMA-layout pair of about 1.9 GB each in bfloat16 shards (d 2048, 16 layers, FFN
+    5632, vocabulary 32000) is matched in a process whose peak resident memory (the
+    kernel's high-water mark) stays below 25% of the pair's bytes plus 1.5 GB; in memory the
+    same match needs about 4.5x the pair's float32 bytes, 34 GB."""
+    sizes = dict(layers=16, d=2048, heads=16, ffn=5632, vocab=32000, kv_heads=4)
+    a = save_random_sharded("llama", tmp_path / "a", seed=0, shards=4, **sizes)
+    s = save_random_sharded("llama", tmp_path / "s", seed=1, shards=4, **sizes)
+    pair = Checkpoint(a).nbytes + Checkpoint(s).nbytes
+    assert pair > 3.5e9
+    bound = 0.25 * pair + 1.5e9
+    res = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, "match", str(a), str(s),
+                          "--out", str(tmp_path / "out"), "--max-memory", "0"],
+                         env=_env(), capture_output=True, text=True, timeout=1200)
+    assert res.returncode == 0, res.stderr
+    peak = int(res.stdout.split("PEAK")[1])
+    assert "streamed block by block" in res.stdout
+    assert peak < bound, f"peak RSS {peak / 1e9:.2f} GB > bound {bound / 1e9:.2f} GB"
+    assert Checkpoint(tmp_path / "out").nbytes == Checkpoint(s).nbytes
