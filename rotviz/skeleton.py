@@ -114,12 +114,13 @@ class BlockStreamed:
                               "re-save the model with save_pretrained")
         self.inside_rest = {n: t for n, t in rest.items() if n in inside}
         self.metas: list[dict[str, Tensor]] = []
+        self.hooks: list = []
         for k, prefix in enumerate(prefixes):
             block = module.get_submodule(prefix.rstrip("."))
             self.metas.append({n: t for n, t in _params(block).items()
                                if t.device.type == "meta"})
-            block.register_forward_pre_hook(self._loader(k, block, prefix))
-            block.register_forward_hook(self._unloader(k, block))
+            self.hooks.append(block.register_forward_pre_hook(self._loader(k, block, prefix)))
+            self.hooks.append(block.register_forward_hook(self._unloader(k, block)))
 
     def _loader(self, k: int, block: nn.Module, prefix: str):
         def hook(_module, _args):
@@ -139,6 +140,14 @@ class BlockStreamed:
             for n, t in self.metas[k].items():
                 _set(block, n, t)
         return hook
+
+    def close(self) -> None:
+        """Drop the hooks (they hold this object: a cycle the collector would free late) and
+        the tensors outside the blocks."""
+        for h in self.hooks:
+            h.remove()
+        self.hooks.clear()
+        self.module = self.inside_rest = None  # type: ignore[assignment]
 
     def logits(self, inputs: Mapping[str, Tensor]) -> Tensor:
         with torch.no_grad():

@@ -37,6 +37,7 @@ from rotviz.match.layers import match_layers
 from rotviz.match.options import MatchOptions
 from rotviz.match.pipeline import FUNCTION_TOLERANCES
 from rotviz.match.report import HeadReport, MatchReport
+from rotviz.memory import release
 from rotviz.models import HALF, check_compatible, read_config, resolve_ref, wide_device
 from rotviz.skeleton import BlockStreamed, build_meta
 from rotviz.sources import source_of
@@ -241,17 +242,24 @@ def _block_tensors(view: ModelView, i: int, model: Streamed) -> dict[str, Tensor
 
 
 def _rest_cells(anchor: Streamed, source: Streamed) -> dict[tuple[int | None, str], float]:
-    """Distances outside the blocks (unchanged by per-layer maps), one tensor at a time,
-    in the kinds `rotviz.symmetry.view.groups` gives them (tie aliases counted once)."""
+    """Distances outside the blocks (unchanged by per-layer maps), one tensor at a time and
+    the largest (embeddings, output heads) in slices of rows, in the kinds
+    `rotviz.symmetry.view.groups` gives them (tie aliases counted once)."""
     tied = {alias for alias, _ in source.tied}
     cells: dict[tuple[int | None, str], float] = {}
     for name in source.rest:
         if name in tied or not source.checkpoint.entries[name].dtype.is_floating_point:
             continue
-        a = anchor.checkpoint.read([name], torch.float32)[name]
-        s = source.checkpoint.read([name], torch.float32)[name]
+        a = anchor.checkpoint.read([name], None)[name]
+        s = source.checkpoint.read([name], None)[name]
+        total = 0.0
+        step = max(1, (1 << 22) // max(1, s[0].numel())) if s.dim() else 1
+        for lo in range(0, max(1, len(s) if s.dim() else 1), step):
+            part = (slice(lo, lo + step),) if s.dim() else ()
+            total += squared_distance(s[part].float(), a[part].float())
         key = (None, _kind_of(name, source.layout))
-        cells[key] = cells.get(key, 0.0) + squared_distance(s, a)
+        cells[key] = cells.get(key, 0.0) + total
+        del a, s
     return cells
 
 
@@ -312,7 +320,9 @@ def match_streamed(
                 stored = replace(matched, dtypes={k: source.checkpoint.entries[k].dtype
                                                   for k in matched.dtypes})
                 _write_block(writer, stored, i, source)
+                del stored
             del matched
+            release()
         everything = group.gather(solved)
         if not group.main:
             return None
@@ -324,6 +334,7 @@ def match_streamed(
             for i in blocks:
                 tick(f"block {i}: writing")
                 _write_block(writer, _apply(source, i, solved[i].transform, None), i, source)
+                release()
         if folder is not None:
             writer.close()
     finally:
@@ -412,7 +423,10 @@ def _logits(source: Streamed, provider, dtype: torch.dtype | None, inputs) -> Te
     rest = source.checkpoint.read(source.rest, dtype)
     tie = full.get("tie_word_embeddings", True) is not False
     runner = BlockStreamed(module, source.spec, prefixes, rest, provider, names, tie)
-    return runner.logits(inputs).double()
+    try:
+        return runner.logits(inputs).double()
+    finally:
+        runner.close()
 
 
 def _check(source: Streamed, solved: dict[int, _Solved], report: MatchReport,
@@ -428,7 +442,9 @@ def _check(source: Streamed, solved: dict[int, _Solved], report: MatchReport,
         return lambda i: _block_tensors(_apply(source, i, solved[i].transform, dtype), i, source)
 
     ya = _logits(source, original(torch.float32), torch.float32, x)
+    release()
     yb = _logits(source, matched(torch.float32), torch.float32, x)
+    release()
     report.max_output_diff = float((ya - yb).abs().max())
     dtype = source.stored_dtype
     if dtype not in HALF:
@@ -443,7 +459,9 @@ def _check(source: Streamed, solved: dict[int, _Solved], report: MatchReport,
     else:
         stored = matched(None)
     ya = _logits(source, original(None), None, xs)
+    release()
     yb = _logits(source, stored, None, xs)
+    release()
     scale = float(ya.abs().max()) if bool(torch.isfinite(ya).all()) else math.inf
     diff = float((ya - yb).abs().max()) if bool(torch.isfinite(yb).all()) else math.inf
     if math.isfinite(scale):

@@ -1,0 +1,44 @@
+"""Giving freed memory back to the system between the blocks of a streamed run.
+
+glibc's allocator serves tensors of a few MB from its heap once large frees have raised its
+mmap threshold, and keeps what they free: a streamed match then grows by a block's worth of
+fragments per block although it holds no more tensors than before. `release()` collects
+reference cycles and asks glibc to return free heap pages (malloc_trim); elsewhere it only
+collects.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import gc
+from functools import cache
+
+
+@cache
+def _trim():
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        return getattr(libc, "malloc_trim", None)
+    except OSError:
+        return None
+
+
+def release() -> None:
+    gc.collect()
+    trim = _trim()
+    if trim is not None:
+        trim(0)
+
+
+def resident_peak() -> int | None:
+    """This process's peak resident memory in bytes (the kernel's high-water mark)."""
+    try:
+        import resource
+    except ImportError:  # not on this platform
+        return None
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
