@@ -2,7 +2,8 @@
 
 The public API, imported on first use (so `import rotviz` and the command line stay light):
 `load_model`, `match_models`, `MatchOptions`, `interpolate`, `loss_plane`, `merge` and
-`evaluate`. Everything else lives in the layers below: `arch` (architectures as data),
+`evaluate`; for checkpoints larger than memory, `open_streamed` and `match_streamed`.
+Everything else lives in the layers below: `arch` (architectures as data),
 `groups` (solvers), `symmetry` (views, actions, the symmetry registry), models and data,
 `match`, `analysis`, then `zoo`, `app` and `cli`.
 """
@@ -21,6 +22,8 @@ _API = {
     "loss_plane": "rotviz.analysis.landscape",
     "merge": "rotviz.analysis.fusion",
     "evaluate": "rotviz.evaluation",
+    "open_streamed": "rotviz.match.streaming",
+    "match_streamed": "rotviz.match.streaming",
 }
 __all__ = ["__version__", *_API]
 

@@ -36,19 +36,26 @@ _DTYPES: dict[str, torch.dtype] = {
     "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
 }
 _NAMES = {v: k for k, v in _DTYPES.items()}
+_CHUNK = 1 << 26  # bytes read at a time when a tensor is cast as it is read
 
 
 @dataclass(frozen=True)
 class Entry:
-    """One tensor of a checkpoint, as its header describes it."""
+    """One tensor of a checkpoint, as its header describes it: the file, dtype, shape and
+    where its bytes start in the file."""
 
     file: str
     dtype: torch.dtype
     shape: tuple[int, ...]
+    start: int = 0  # byte offset in the file
 
     @property
     def nbytes(self) -> int:
-        return math.prod(self.shape) * torch.empty((), dtype=self.dtype).element_size()
+        return math.prod(self.shape) * _size(self.dtype)
+
+
+def _size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
 
 
 def _bad(path: Path, why: str) -> RotvizError:
@@ -56,21 +63,40 @@ def _bad(path: Path, why: str) -> RotvizError:
 
 
 def _header(file: Path) -> dict[str, Entry]:
-    from safetensors import SafetensorError, safe_open
-
-    out = {}
+    """The tensors a safetensors file holds, from its header, each checked to lie inside the
+    file with as many bytes as its dtype and shape need."""
+    corrupt = "the file is corrupt or truncated"
     try:
-        with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():
-                sl = f.get_slice(name)
-                dtype = _DTYPES.get(sl.get_dtype())
-                if dtype is None:
-                    raise _bad(file, f"tensor {name} has dtype {sl.get_dtype()}, which rotviz "
-                                     "does not read")
-                out[name] = Entry(file.name, dtype, tuple(sl.get_shape()))
-    except (SafetensorError, OSError, ValueError) as e:
-        raise _bad(file, f"the file is corrupt or truncated ({' '.join(str(e).split())})"
-                   ) from None
+        size = file.stat().st_size
+        with open(file, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise _bad(file, f"{corrupt} (no header)")
+            (n,) = struct.unpack("<Q", head)
+            if n > min(size - 8, 100_000_000):
+                raise _bad(file, f"{corrupt} (header of {n} bytes)")
+            header = json.loads(f.read(n))
+    except OSError as e:
+        raise _bad(file, f"it cannot be read ({e.strerror or e})") from None
+    except (ValueError, UnicodeDecodeError):
+        raise _bad(file, f"{corrupt} (its header is not JSON)") from None
+    if not isinstance(header, dict):
+        raise _bad(file, f"{corrupt} (its header is not a table of tensors)")
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            code, shape, (begin, end) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
+        except (KeyError, TypeError, ValueError):
+            raise _bad(file, f"{corrupt} (tensor {name} is described wrongly)") from None
+        dtype = _DTYPES.get(code)
+        if dtype is None:
+            raise _bad(file, f"tensor {name} has dtype {code}, which rotviz does not read")
+        e = Entry(file.name, dtype, shape, 8 + n + int(begin))
+        if int(end) - int(begin) != e.nbytes or 8 + n + int(end) > size:
+            raise _bad(file, f"{corrupt} (tensor {name} does not fit its bytes)")
+        out[name] = e
     return out
 
 
@@ -155,27 +181,59 @@ class Checkpoint:
     # ---- reading ------------------------------------------------------------------------------
 
     def read(self, names: Iterable[str], dtype: torch.dtype | None = None) -> dict[str, Tensor]:
-        """The named tensors, floating ones cast to `dtype` (None: as stored). Each shard is
-        opened once per call and closed after, so its pages do not stay mapped."""
-        from safetensors import SafetensorError, safe_open
-
+        """The named tensors, floating ones cast to `dtype` (None: as stored). Read with plain
+        file reads into fresh tensors, not mapped, so a tensor costs its own bytes only."""
         by_file: dict[str, list[str]] = {}
         for n in names:
             by_file.setdefault(self.entries[n].file, []).append(n)
         out: dict[str, Tensor] = {}
         for file, group in by_file.items():
-            try:
-                with safe_open(str(self.folder / file), framework="pt") as f:
-                    for n in group:
-                        t = f.get_tensor(n)
-                        if dtype is not None and t.is_floating_point() and t.dtype != dtype:
-                            t = t.to(dtype)
-                        else:  # a copy, not a view of the mapped file
-                            t = t.clone()
-                        out[n] = t
-            except (SafetensorError, OSError, ValueError) as e:
-                raise _bad(self.folder / file, f"the file is corrupt or truncated "
-                                               f"({' '.join(str(e).split())})") from None
+            with self._open(file) as f:
+                for n in group:
+                    out[n] = self._read(f, n, dtype)
+        return out
+
+    def read_rows(self, name: str, lo: int, hi: int,
+                  dtype: torch.dtype | None = None) -> Tensor:
+        """Rows lo:hi (first dimension) of one tensor: a slice of a large embedding without
+        reading the rest of it."""
+        e = self.entries[name]
+        rows = e.shape[0] if e.shape else 1
+        lo, hi = max(0, lo), min(rows, hi)
+        row = e.nbytes // max(1, rows)
+        with self._open(e.file) as f:
+            return self._read(f, name, dtype, lo * row, (hi - lo) * row, (hi - lo,))
+
+    def _open(self, file: str):
+        try:
+            return open(self.folder / file, "rb")
+        except OSError as err:
+            raise _bad(self.folder / file, f"it cannot be read ({err.strerror or err})"
+                       ) from None
+
+    def _read(self, f, name: str, dtype: torch.dtype | None, skip: int = 0,
+              nbytes: int | None = None, rows: tuple[int, ...] | None = None) -> Tensor:
+        e = self.entries[name]
+        nbytes = e.nbytes if nbytes is None else nbytes
+        shape = e.shape if rows is None else (*rows, *e.shape[1:])
+        f.seek(e.start + skip)
+        cast = dtype is not None and e.dtype.is_floating_point and e.dtype != dtype
+        out = torch.empty(shape, dtype=dtype if cast else e.dtype)
+        flat = out.reshape(-1)
+        size = _size(e.dtype)
+        # a cast reads in slices, so that a tensor never sits in memory in both dtypes
+        step = nbytes if not cast else max(size, (_CHUNK // size) * size)
+        done = 0
+        while done < nbytes:
+            n = min(step, nbytes - done)
+            buf = torch.empty(n, dtype=torch.uint8) if cast else flat.view(torch.uint8)[
+                done:done + n]
+            if f.readinto(buf.numpy()) != n:
+                raise _bad(self.folder / e.file, "the file is corrupt or truncated (it ends "
+                                                 f"inside tensor {name})")
+            if cast:
+                flat[done // size:(done + n) // size] = buf.view(e.dtype)
+            done += n
         return out
 
 

@@ -32,7 +32,9 @@ def assign(cost: np.ndarray) -> Tensor:
         perm = np.empty_like(best)
         perm[best] = np.arange(len(best))
         return torch.as_tensor(perm, dtype=torch.long)
-    rows, cols = linear_sum_assignment(cost, maximize=True)
+    # scipy would negate a copy and convert another to float64: one float64 copy, negated
+    # (the same numbers; 2/3 of the memory at 8192 units, 0.5 GB less)
+    rows, cols = linear_sum_assignment(np.negative(cost, dtype=np.float64))
     perm = np.empty_like(rows)
     perm[cols] = rows
     return torch.as_tensor(perm, dtype=torch.long)

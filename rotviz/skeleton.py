@@ -77,50 +77,77 @@ def _params(module: nn.Module) -> dict[str, Tensor]:
     return dict(module.state_dict(keep_vars=True))
 
 
+# Tensors outside the blocks with at least this many elements (a 32k x 512 embedding and up)
+# are loaded only while their module runs, like blocks: in float32 a LLaMA-1B's embedding and
+# output head are 1 GB each.
+LARGE = 1 << 24
+
+# rest(names) -> those checkpoint tensors, read now
+Reader = Callable[[list[str]], Mapping[str, Tensor]]
+
+
 class BlockStreamed:
-    """A module whose block parameters come from a provider while each block runs.
+    """A module whose block parameters come from a provider while each block runs, and whose
+    large tensors outside the blocks (embeddings, output heads) are read while their module
+    runs (with `stream_rest`).
 
     Tensors are named as in the checkpoint: `names` maps those names to the module's (the
-    source's loader may rename). `rest` gives the tensors outside the blocks; with `tie`, an
+    source's loader may rename). `rest` reads the tensors outside the blocks; with `tie`, an
     output head the checkpoint leaves out takes the embedding it is tied to. `prefixes`
-    are the module's block prefixes. Construct, then `logits(inputs)`."""
+    are the module's block prefixes. Construct, then `logits(inputs)`; `close()` after."""
 
     def __init__(self, module: nn.Module, spec: ArchSpec, prefixes: tuple[str, ...],
-                 rest: Mapping[str, Tensor], provider: Provider, names: Mapping[str, str],
-                 tie: bool = True) -> None:
+                 rest: Reader, rest_names: Mapping[str, int], provider: Provider,
+                 names: Mapping[str, str], tie: bool = True, stream_rest: bool = True) -> None:
         self.module, self.spec = module, spec
-        self.provider, self.names = provider, names
+        self.provider, self.names, self.rest = provider, names, rest
         params = _params(module)
-        rest = {names[n]: t for n, t in rest.items() if n in names}
+        source_of_name = {names[n]: n for n in rest_names if n in names}  # module -> file
         inside = {n for n in params if any(n.startswith(p) for p in prefixes)}
-        missing = []
-        for n, t in params.items():
-            if n in rest and not (n in inside and t.device.type == "meta"):
-                _set(module, n, rest[n].detach())  # block parameters wait for their block
-            elif n not in inside and t.device.type == "meta":
-                missing.append(n)
         ties = dict(spec.tied)
         hf_ties = getattr(module, "_tied_weights_keys", None)
         if isinstance(hf_ties, dict):
             ties.update(hf_ties)
-        params = _params(module)
-        for alias in list(missing):
-            owner = params.get(ties.get(alias, ""))
-            if tie and owner is not None and owner.device.type != "meta":
-                _set(module, alias, owner)
-                missing.remove(alias)
+        eager: dict[str, str] = {}  # module name -> file name, loaded now
+        lazy: dict[str, dict[str, str]] = {}  # module path -> {local name: file name}
+        missing = []
+        for n, t in params.items():
+            if n in inside and t.device.type == "meta":
+                continue  # block parameters wait for their block
+            file = source_of_name.get(n)
+            if file is None and tie and n in ties and n not in inside:
+                file = source_of_name.get(ties[n])  # a tied head reads its embedding
+            if file is None:
+                if t.device.type == "meta":
+                    missing.append(n)
+                continue
+            owner, _, leaf = n.rpartition(".")
+            if stream_rest and isinstance(t, nn.Parameter) and rest_names[file] >= LARGE \
+                    and owner and n not in inside:
+                lazy.setdefault(owner, {})[leaf] = file
+            else:
+                eager[n] = file
         if missing:
             raise RotvizError(f"the checkpoint lacks {missing[:3]}, which the model needs; "
                               "re-save the model with save_pretrained")
-        self.inside_rest = {n: t for n, t in rest.items() if n in inside}
-        self.metas: list[dict[str, Tensor]] = []
+        got = rest(sorted(set(eager.values())))
+        for n, file in eager.items():
+            _set(module, n, got[file].detach())
+        self.inside_rest = {n: got[f] for n, f in eager.items() if n in inside}
+        del got
         self.hooks: list = []
+        self.metas: list[dict[str, Tensor]] = []
         for k, prefix in enumerate(prefixes):
             block = module.get_submodule(prefix.rstrip("."))
             self.metas.append({n: t for n, t in _params(block).items()
                                if t.device.type == "meta"})
             self.hooks.append(block.register_forward_pre_hook(self._loader(k, block, prefix)))
-            self.hooks.append(block.register_forward_hook(self._unloader(k, block)))
+            self.hooks.append(block.register_forward_hook(self._unloader(self.metas[k], block)))
+        for path, files in lazy.items():
+            sub = module.get_submodule(path)
+            metas = {leaf: sub._parameters[leaf] for leaf in files}
+            self.hooks.append(sub.register_forward_pre_hook(self._rest_loader(sub, files)))
+            self.hooks.append(sub.register_forward_hook(self._unloader(metas, sub)))
 
     def _loader(self, k: int, block: nn.Module, prefix: str):
         def hook(_module, _args):
@@ -135,15 +162,23 @@ class BlockStreamed:
                 if n in self.metas[k]:
                     _set(block, n, t.detach())
         return hook
-    def _unloader(self, k: int, block: nn.Module):
+
+    def _rest_loader(self, sub: nn.Module, files: Mapping[str, str]):
+        def hook(_module, _args):
+            got = self.rest(sorted(set(files.values())))
+            for leaf, file in files.items():
+                _set(sub, leaf, got[file].detach())
+        return hook
+
+    def _unloader(self, metas: Mapping[str, Tensor], sub: nn.Module):
         def hook(_module, _args, _output):
-            for n, t in self.metas[k].items():
-                _set(block, n, t)
+            for n, t in metas.items():
+                _set(sub, n, t)
         return hook
 
     def close(self) -> None:
         """Drop the hooks (they hold this object: a cycle the collector would free late) and
-        the tensors outside the blocks."""
+        the tensors held for the run."""
         for h in self.hooks:
             h.remove()
         self.hooks.clear()

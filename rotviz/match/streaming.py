@@ -24,6 +24,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -78,7 +79,7 @@ class Streamed:
     rest: tuple[str, ...]  # every other name, in checkpoint order
     tied: tuple[tuple[str, str], ...]
 
-    @property
+    @cached_property
     def state(self) -> dict[str, Tensor]:
         """Meta tensors (names, shapes, dtypes) for the checks that compare two models."""
         return self.checkpoint.meta_state()
@@ -250,16 +251,20 @@ def _rest_cells(anchor: Streamed, source: Streamed) -> dict[tuple[int | None, st
     for name in source.rest:
         if name in tied or not source.checkpoint.entries[name].dtype.is_floating_point:
             continue
-        a = anchor.checkpoint.read([name], None)[name]
-        s = source.checkpoint.read([name], None)[name]
+        shape = source.checkpoint.entries[name].shape
+        rows = shape[0] if shape else 1
+        step = max(1, (1 << 22) // max(1, math.prod(shape[1:]))) if shape else 1
         total = 0.0
-        step = max(1, (1 << 22) // max(1, s[0].numel())) if s.dim() else 1
-        for lo in range(0, max(1, len(s) if s.dim() else 1), step):
-            part = (slice(lo, lo + step),) if s.dim() else ()
-            total += squared_distance(s[part].float(), a[part].float())
+        for lo in range(0, rows, step):
+            if shape:
+                a = anchor.checkpoint.read_rows(name, lo, lo + step, torch.float32)
+                s = source.checkpoint.read_rows(name, lo, lo + step, torch.float32)
+            else:
+                a = anchor.checkpoint.read([name], torch.float32)[name]
+                s = source.checkpoint.read([name], torch.float32)[name]
+            total += squared_distance(s, a)
         key = (None, _kind_of(name, source.layout))
         cells[key] = cells.get(key, 0.0) + total
-        del a, s
     return cells
 
 
@@ -416,17 +421,34 @@ def _report(anchor: Streamed, source: Streamed, options: MatchOptions,
 
 def _logits(source: Streamed, provider, dtype: torch.dtype | None, inputs) -> Tensor:
     """The source's module run on `inputs`, blocks from `provider`, the rest from the source's
-    checkpoint (float32, or as stored with None)."""
-    module, full = build_meta(source.spec, read_config(source.path), source.stored_dtype)
-    names = source_of(source.spec).checkpoint_names(module, source.checkpoint.keys())
-    prefixes = resolve_layout(source.spec, module.state_dict()).blocks
-    rest = source.checkpoint.read(source.rest, dtype)
-    tie = full.get("tie_word_embeddings", True) is not False
-    runner = BlockStreamed(module, source.spec, prefixes, rest, provider, names, tie)
+    checkpoint (float32, or as stored with None). Embeddings and output heads are read only
+    while their module runs; a model that uses one elsewhere (a head that decodes with the
+    embedding matrix itself) then meets a meta tensor and is run again holding them."""
+    names_shapes = {n: math.prod(source.checkpoint.entries[n].shape) for n in source.rest}
+    full = read_config(source.path)
+    tie = source.config.get("tie_word_embeddings", True) is not False
+
+    def run(stream_rest: bool) -> Tensor:
+        module, _ = build_meta(source.spec, full, source.stored_dtype)
+        names = source_of(source.spec).checkpoint_names(module, source.checkpoint.keys())
+        prefixes = resolve_layout(source.spec, module.state_dict()).blocks
+        runner = BlockStreamed(module, source.spec, prefixes,
+                               lambda ns: source.checkpoint.read(ns, dtype), names_shapes,
+                               provider, names, tie, stream_rest)
+        try:
+            return runner.logits(inputs).double()
+        finally:
+            runner.close()
+
     try:
-        return runner.logits(inputs).double()
-    finally:
-        runner.close()
+        out = run(True)
+        if out.device.type != "meta":
+            return out
+    except (RuntimeError, NotImplementedError) as e:
+        if "meta" not in str(e):
+            raise
+    release()
+    return run(False)
 
 
 def _check(source: Streamed, solved: dict[int, _Solved], report: MatchReport,
