@@ -61,6 +61,22 @@ def run(args: list[str], log: Path) -> dict:
     return out
 
 
+BASELINE = """
+import resource, sys
+import torch, transformers  # noqa: F401
+import rotviz.cli, rotviz.match.streaming  # noqa: F401
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+"""
+
+
+def baseline() -> int:
+    """The peak resident memory of a process that only imports what `rotviz match` runs."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    res = subprocess.run([sys.executable, "-c", BASELINE], env=env, capture_output=True,
+                         text=True, check=True)
+    return int(res.stdout.split()[-1])
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -106,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append((layers, sizes, pair, built, results))
             print(layers, json.dumps(results), flush=True)
     bound = lambda pair: 0.25 * pair + 1.5e9  # noqa: E731
+    fixed = baseline()
     lines = [
         f"Random LLaMA-layout pairs of shape **{args.shape}** "
         f"({', '.join(f'{k} {v}' for k, v in SHAPES[args.shape].items() if k != 'layers')}), "
@@ -113,7 +130,9 @@ def main(argv: list[str] | None = None) -> int:
         "one fresh process per run. `python bench/stream.py "
         f"{' '.join(argv if argv is not None else sys.argv[1:])}`, device {args.device}. "
         f"Machine: {machine(args.device)}; {os.cpu_count()} cores, "
-        f"{(available_memory() or 0) / 1e9:.0f} GB available at the end.",
+        f"{(available_memory() or 0) / 1e9:.0f} GB available at the end. A process that "
+        f"only imports what `rotviz match` runs (Python, torch, transformers) peaks at "
+        f"{fixed / 1e9:.2f} GB: on small pairs that fixed cost is most of the bound.",
         "",
         "| layers | pair (GB, bf16) | path | seconds | peak RSS (GB) | bound 25% + 1.5 GB "
         "| GPU peak (GB) | streamed / in memory | target |",

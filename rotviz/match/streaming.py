@@ -97,9 +97,6 @@ class Streamed:
                 count[e.dtype] = count.get(e.dtype, 0) + math.prod(e.shape)
         return max(count, key=count.__getitem__) if count else torch.float32
 
-    def float32_bytes(self) -> int:
-        return 4 * sum(math.prod(e.shape) for e in self.checkpoint.entries.values())
-
 
 def open_streamed(ref: str | os.PathLike) -> Streamed:
     """Open a model folder for streaming (headers only); one-line errors for folders that
@@ -134,11 +131,6 @@ def open_streamed(ref: str | os.PathLike) -> Streamed:
     rest = tuple(n for n in checkpoint.keys() if n not in used_all)
     return Streamed(str(ref), path, full, spec, checkpoint, layout, dims, tuple(block_keys),
                     rest, _ties(spec, config, set(meta)))
-
-
-def in_memory_bytes(anchor: Streamed, source: Streamed) -> int:
-    """About what matching the pair in memory needs at its peak."""
-    return int(IN_MEMORY_FACTOR * (anchor.float32_bytes() + source.float32_bytes()))
 
 
 def pair_bytes_in_memory(anchor_ref: str, source_ref: str) -> int | None:
