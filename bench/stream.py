@@ -36,14 +36,16 @@ SHAPES = {
     "llama-7b": dict(d=4096, heads=32, kv_heads=32, ffn=11008, vocab=32000, layers=32),
 }
 
+# Peaks are the kernel's high-water mark of each child's own address space (VmHWM), not
+# ru_maxrss, which also counts the parent's resident memory at the fork.
 RUN = """
-import json, resource, sys, time
+import json, sys, time
 import torch
 from rotviz.cli import main
+from rotviz.memory import resident_peak
 t = time.perf_counter()
 rc = main(sys.argv[2:])
-out = {"rc": rc, "seconds": time.perf_counter() - t,
-       "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+out = {"rc": rc, "seconds": time.perf_counter() - t, "peak": resident_peak()}
 if torch.cuda.is_available():
     out["gpu_peak"] = torch.cuda.max_memory_allocated()
 open(sys.argv[1], "w").write(json.dumps(out))
@@ -62,10 +64,10 @@ def run(args: list[str], log: Path) -> dict:
 
 
 BASELINE = """
-import resource, sys
 import torch, transformers  # noqa: F401
 import rotviz.cli, rotviz.match.streaming  # noqa: F401
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+from rotviz.memory import resident_peak
+print(resident_peak())
 """
 
 

@@ -33,12 +33,15 @@ def release() -> None:
 
 
 def resident_peak() -> int | None:
-    """This process's peak resident memory in bytes (the kernel's high-water mark)."""
+    """This process's peak resident memory in bytes: the kernel's high-water mark of its own
+    address space (VmHWM). Not getrusage's ru_maxrss, which after fork and exec also counts
+    the parent's resident memory at the fork: a small child of a large process would report
+    the parent's size. None where /proc is not there."""
     try:
-        import resource
-    except ImportError:  # not on this platform
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
         return None
-    import sys
-
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024
+    return None

@@ -54,12 +54,13 @@ PATHS = {
     "spec": ["nope", "ffn,nope", "-5", "nan"],  # "" is a SPEC: none
     # column names: empty, or given for data without columns (the commands' digits)
     "column": ["", " ", "nope", "text"],
+    "size": ["abc", "-5", "12XB", "nan", "inf", "1e400", "", "5 G B", "99999999999TB"],
 }
 KINDS = {
     ("match", "anchor"): "model", ("match", "source"): "model", ("match", "--out"): "out folder",
     ("match", "--report"): "out file", ("match", "--data"): "data",
     ("match", "--layers"): "layers", ("match", "--residual-group"): "name",
-    ("match", "--device"): "name",
+    ("match", "--device"): "name", ("match", "--max-memory"): "size",
     ("eval", "model"): "model", ("eval", "--json"): "out file", ("eval", "--data"): "data",
     ("eval", "--split"): "name", ("eval", "--device"): "name",
     ("merge", "--out"): "out folder", ("merge", "--method"): "name",
