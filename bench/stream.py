@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from rotviz.checkpoint import Checkpoint
-    from rotviz.match.streaming import IN_MEMORY_FACTOR, available_memory
+    from rotviz.match.streaming import IN_MEMORY_FACTOR
+    from rotviz.memory import available_memory
     from rotviz.random_models import save_random_sharded
 
     limit = (args.in_memory_up_to * 1e9 if args.in_memory_up_to is not None

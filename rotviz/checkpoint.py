@@ -2,13 +2,13 @@
 memory can be matched one block at a time.
 
 `Checkpoint` knows every tensor's name, dtype and shape from the files' headers alone, checks
-a sharded folder's index against its shards, and reads a few named tensors at a time (each
-shard is opened and closed per read, so its memory map never keeps the model resident).
+a sharded folder's index against its shards, and reads a few named tensors at a time with
+plain file reads (nothing is memory-mapped, so a read costs the tensor's own bytes only).
 `ShardWriter` writes tensors in a planned order straight to shard files: the header of each
 shard is written first (every name, dtype and shape is known ahead), then each tensor's bytes
 as it arrives, so no shard is ever held whole in memory. The format is safetensors' own
-(an 8-byte little-endian header length, a JSON header, the raw bytes); the files are read
-back with the `safetensors` library.
+(an 8-byte little-endian header length, a JSON header, the raw bytes); tests read the
+written files back with the `safetensors` library.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import struct
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,11 +51,7 @@ class Entry:
 
     @property
     def nbytes(self) -> int:
-        return math.prod(self.shape) * _size(self.dtype)
-
-
-def _size(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+        return math.prod(self.shape) * self.dtype.itemsize
 
 
 def _bad(path: Path, why: str) -> RotvizError:
@@ -220,7 +216,7 @@ class Checkpoint:
         cast = dtype is not None and e.dtype.is_floating_point and e.dtype != dtype
         out = torch.empty(shape, dtype=dtype if cast else e.dtype)
         flat = out.reshape(-1)
-        size = _size(e.dtype)
+        size = e.dtype.itemsize
         # a cast reads in slices, so that a tensor never sits in memory in both dtypes
         step = nbytes if not cast else max(size, (_CHUNK // size) * size)
         done = 0
@@ -237,28 +233,6 @@ class Checkpoint:
         return out
 
 
-class LazyState(Mapping):
-    """A checkpoint as a read-only mapping of name -> tensor, each read when asked for (cast
-    to `dtype` where floating). Nothing is kept."""
-
-    def __init__(self, checkpoint: Checkpoint, dtype: torch.dtype | None = torch.float32):
-        self.checkpoint, self.dtype = checkpoint, dtype
-
-    def __getitem__(self, name: str) -> Tensor:
-        if name not in self.checkpoint:
-            raise KeyError(name)
-        return self.checkpoint.read([name], self.dtype)[name]
-
-    def __contains__(self, name: object) -> bool:
-        return name in self.checkpoint
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.checkpoint.keys())
-
-    def __len__(self) -> int:
-        return len(self.checkpoint.entries)
-
-
 # ---- writing ----------------------------------------------------------------------------------
 
 
@@ -268,7 +242,7 @@ def plan_shards(plan: list[tuple[str, torch.dtype, tuple[int, ...]]],
     shards: list[list] = [[]]
     size = 0
     for item in plan:
-        n = math.prod(item[2]) * torch.empty((), dtype=item[1]).element_size()
+        n = math.prod(item[2]) * item[1].itemsize
         if shards[-1] and size + n > max_bytes:
             shards.append([])
             size = 0
@@ -302,7 +276,7 @@ class ShardWriter:
         header: dict[str, object] = {"__metadata__": {"format": "pt"}}
         offset = 0
         for name, dtype, shape in self.shards[k]:
-            n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+            n = math.prod(shape) * dtype.itemsize
             header[name] = {"dtype": _NAMES[dtype], "shape": list(shape),
                             "data_offsets": [offset, offset + n]}
             offset += n

@@ -41,22 +41,6 @@ class Group:
         td.gather_object(obj, out, dst=0)
         return out
 
-    def broadcast(self, obj: Any) -> Any:
-        """Rank 0's `obj` on every rank."""
-        if self.world == 1:
-            return obj
-        import torch.distributed as td
-
-        box = [obj]
-        td.broadcast_object_list(box, src=0)
-        return box[0]
-
-    def barrier(self) -> None:
-        if self.world > 1:
-            import torch.distributed as td
-
-            td.barrier()
-
 
 SINGLE = Group()
 

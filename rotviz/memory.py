@@ -32,16 +32,27 @@ def release() -> None:
         trim(0)
 
 
+def _proc_bytes(path: str, key: str) -> int | None:
+    """The kB value of `key` in a /proc file such as /proc/meminfo, in bytes; None where
+    there is no /proc (not Linux) or no such key."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(f"{key}:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
 def resident_peak() -> int | None:
     """This process's peak resident memory in bytes: the kernel's high-water mark of its own
     address space (VmHWM). Not getrusage's ru_maxrss, which after fork and exec also counts
     the parent's resident memory at the fork: a small child of a large process would report
     the parent's size. None where /proc is not there."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
+    return _proc_bytes("/proc/self/status", "VmHWM")
+
+
+def available_memory() -> int | None:
+    """The memory this machine can give now (MemAvailable), None where unknown."""
+    return _proc_bytes("/proc/meminfo", "MemAvailable")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -58,10 +58,17 @@ class Loaded:
     @property
     def stored_dtype(self) -> torch.dtype:
         """The checkpoint's dtype: the floating dtype holding most parameters."""
-        count: dict[torch.dtype, int] = {}
-        for k, dt in self.stored_dtypes.items():
-            count[dt] = count.get(dt, 0) + (self.state[k].numel() if k in self.state else 0)
-        return max(count, key=count.__getitem__) if count else torch.float32
+        return dominant_dtype((dt, self.state[k].numel() if k in self.state else 0)
+                              for k, dt in self.stored_dtypes.items())
+
+
+def dominant_dtype(counts: Iterable[tuple[torch.dtype, int]]) -> torch.dtype:
+    """The dtype holding most elements among (floating dtype, element count) pairs; float32
+    when there are none."""
+    total: dict[torch.dtype, int] = {}
+    for dt, n in counts:
+        total[dt] = total.get(dt, 0) + n
+    return max(total, key=total.__getitem__) if total else torch.float32
 
 
 def mps_available() -> bool:
@@ -292,8 +299,13 @@ def stored_output_diff(
     dtype = loaded.stored_dtype
     x = {k: v.to(dtype) if v.is_floating_point() else v
          for k, v in probe_inputs(loaded, n, seed).items()}
-    ya = forward(view, x).double()
-    yb = forward(view, x, stored_state(loaded, state)).double()
+    return logit_change(forward(view, x), forward(view, x, stored_state(loaded, state)))
+
+
+def logit_change(ya: Tensor, yb: Tensor) -> tuple[float, float]:
+    """The largest |yb - ya| and the largest |ya|, the scale it is judged against; either is
+    inf where its logits are not all finite (a model that overflows in a half dtype)."""
+    ya, yb = ya.double(), yb.double()
     inf = float("inf")
     scale = float(ya.abs().max()) if bool(torch.isfinite(ya).all()) else inf
     diff = float((ya - yb).abs().max()) if bool(torch.isfinite(yb).all()) else inf

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from rotviz.arch import FAMILIES, Sizes, family_module, spec_named
 from rotviz.sources import source_of
@@ -81,20 +81,21 @@ def random_model(
     model, _ = source_of(spec).build(config, spec)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for p in model.parameters():
-            scale = 0.1 if p.dim() == 1 else 1.0 / max(1, p.shape[-1]) ** 0.5
-            noise = torch.randn(p.shape, generator=gen) * scale
-            p.copy_(noise + (1.0 if p.dim() == 1 and _is_gain(model, p) else 0.0))
+        for name, p in model.named_parameters():
+            p.copy_(_draw(name, p.shape, gen))
     if hasattr(model, "tie_weights"):
         model.tie_weights()
     return model.to(dtype).eval(), config
 
 
-def _is_gain(model: nn.Module, p: nn.Parameter) -> bool:
-    for name, q in model.named_parameters():
-        if q is p:
-            return name.endswith("weight") and any(t in name.lower() for t in ("norm", "ln_"))
-    return False
+def _draw(name: str, shape: torch.Size | tuple[int, ...], gen: torch.Generator) -> Tensor:
+    """A random value of the parameter `name`: noise scaled by 1 / sqrt(fan-in) (vectors by
+    0.1), plus 1 for a norm's gain."""
+    scale = 0.1 if len(shape) == 1 else 1.0 / max(1, shape[-1]) ** 0.5
+    noise = torch.randn(shape, generator=gen) * scale
+    gain = len(shape) == 1 and name.endswith("weight") and any(
+        t in name.lower() for t in ("norm", "ln_"))
+    return noise + (1.0 if gain else 0.0)
 
 
 def save_random(family: str, out: str | os.PathLike, seed: int = 0, **sizes) -> Path:
@@ -130,7 +131,7 @@ def save_random_sharded(family: str, out: str | os.PathLike, seed: int = 0,
     names = [n for n in state if n not in ties]
     plan = [(n, dtype if state[n].is_floating_point() else state[n].dtype,
              tuple(state[n].shape)) for n in names]
-    total = sum(math.prod(s) * torch.empty((), dtype=d).element_size() for _, d, s in plan)
+    total = sum(math.prod(s) * d.itemsize for _, d, s in plan)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=False)
     writer = ShardWriter(out, plan, -(-total // shards))
@@ -141,13 +142,7 @@ def save_random_sharded(family: str, out: str | os.PathLike, seed: int = 0,
                 writer.write(n, state[n].to("cpu") if state[n].device.type != "meta"
                              else torch.zeros(shape, dtype=dt))
                 continue
-            scale = 0.1 if len(shape) == 1 else 1.0 / max(1, shape[-1]) ** 0.5
-            t = torch.randn(shape, generator=gen).mul_(scale)
-            if len(shape) == 1 and n.endswith("weight") and any(
-                    x in n.lower() for x in ("norm", "ln_")):
-                t.add_(1.0)
-            writer.write(n, t.to(dt))
-            del t
+            writer.write(n, _draw(n, shape, gen).to(dt))
         writer.close()
     finally:
         writer.abort()

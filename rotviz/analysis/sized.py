@@ -12,7 +12,6 @@ given: match it first (rotviz.match.streaming writes a matched checkpoint).
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -26,9 +25,7 @@ from rotviz.limits import POINTS
 from rotviz.match.streaming import Streamed, open_streamed
 from rotviz.memory import release
 from rotviz.models import Loaded, check_compatible, read_config, wide_device
-from rotviz.skeleton import BlockStreamed, build_meta
-from rotviz.sources import source_of
-from rotviz.symmetry.view import resolve_layout
+from rotviz.skeleton import build_meta
 from rotviz.types import Progress
 
 Tensor = torch.Tensor
@@ -77,10 +74,6 @@ def sized_curve(anchor: str | os.PathLike, source: str | os.PathLike, split: Spl
     loaded = sized_loaded(a)
     module = loaded.model
     ev = Evaluator(loaded, split, device, batch_size)
-    names = source_of(a.spec).checkpoint_names(module, keys)
-    prefixes = resolve_layout(a.spec, module.state_dict()).blocks
-    sizes = {n: math.prod(a.checkpoint.entries[n].shape) for n in a.rest}
-    tie = a.config.get("tie_word_embeddings", True) is not False
     alphas = np.linspace(0.0, 1.0, points).tolist()
 
     def at(alpha: float):
@@ -96,8 +89,7 @@ def sized_curve(anchor: str | os.PathLike, source: str | os.PathLike, split: Spl
     done: dict[int, tuple] = {}
     for j in range(points):
         mix = at(alphas[j])
-        runner = BlockStreamed(module, a.spec, prefixes, mix, sizes,
-                               lambda k, mix=mix: mix(a.block_keys[k]), names, tie)
+        runner = a.runner(module, mix, lambda k, mix=mix: mix(a.block_keys[k]))
         try:
             scored: list[dict[str, float]] = []
             done[j] = (ev.per_sample({}, scored), scored[0])

@@ -164,12 +164,8 @@ def _streams(args, options) -> bool:
     needs more than --max-memory (default: what the machine has available) in memory. A
     refusal when it must stream and the options cannot."""
     from rotviz import dist
-    from rotviz.match.streaming import (
-        available_memory,
-        open_streamed,
-        pair_bytes_in_memory,
-        streaming_refusal,
-    )
+    from rotviz.match.streaming import open_streamed, pair_bytes_in_memory, streaming_refusal
+    from rotviz.memory import available_memory
 
     launched = dist.launched()
     limit = args.max_memory if args.max_memory is not None else available_memory()

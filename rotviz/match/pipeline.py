@@ -91,11 +91,17 @@ def check_in_stored_dtype(source: Loaded, state: dict[str, torch.Tensor],
     """For a half checkpoint, fill the report's check in that dtype: `state` and the source,
     both rounded to it as they would be stored and run in it, on the usual probe inputs."""
     dtype = source.stored_dtype
-    if dtype not in HALF:
-        return
+    if dtype in HALF:
+        record_stored_check(report, dtype, *stored_output_diff(source, state))
+
+
+def record_stored_check(report: MatchReport, dtype: torch.dtype, diff: float,
+                        scale: float) -> None:
+    """Put the check in a half `dtype` into the report: the logit change `diff` and its
+    tolerance, relative to the source's largest |logit| `scale` (none when that is not
+    finite: the checkpoint itself overflows in `dtype`)."""
     report.stored_dtype = str(dtype).removeprefix("torch.")
-    diff, scale = stored_output_diff(source, state)
-    if math.isfinite(scale):  # else the checkpoint itself overflows in `dtype`: no check
+    if math.isfinite(scale):
         report.stored_output_diff = diff
         report.stored_tolerance = FUNCTION_TOLERANCES[dtype] * scale
 

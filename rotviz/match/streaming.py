@@ -36,11 +36,19 @@ from rotviz.errors import RotvizError
 from rotviz.match.distances import Distances, distances, squared_distance
 from rotviz.match.layers import match_layers
 from rotviz.match.options import MatchOptions
-from rotviz.match.pipeline import FUNCTION_TOLERANCES
+from rotviz.match.pipeline import record_stored_check
 from rotviz.match.report import HeadReport, MatchReport
 from rotviz.memory import release
-from rotviz.models import HALF, check_compatible, read_config, resolve_ref, wide_device
-from rotviz.skeleton import BlockStreamed, build_meta
+from rotviz.models import (
+    HALF,
+    check_compatible,
+    dominant_dtype,
+    logit_change,
+    read_config,
+    resolve_ref,
+    wide_device,
+)
+from rotviz.skeleton import BlockStreamed, Provider, Reader, build_meta
 from rotviz.sources import source_of
 from rotviz.symmetry.actions import LayerTransform, apply_layer
 from rotviz.symmetry.view import (
@@ -85,17 +93,23 @@ class Streamed:
         return self.checkpoint.meta_state()
 
     @property
-    def dtypes(self) -> dict[str, torch.dtype]:
-        return {n: e.dtype for n, e in self.checkpoint.entries.items()}
-
-    @property
     def stored_dtype(self) -> torch.dtype:
         """The floating dtype holding most parameters (as `Loaded.stored_dtype`)."""
-        count: dict[torch.dtype, int] = {}
-        for e in self.checkpoint.entries.values():
-            if e.dtype.is_floating_point:
-                count[e.dtype] = count.get(e.dtype, 0) + math.prod(e.shape)
-        return max(count, key=count.__getitem__) if count else torch.float32
+        return dominant_dtype((e.dtype, math.prod(e.shape))
+                              for e in self.checkpoint.entries.values()
+                              if e.dtype.is_floating_point)
+
+    def runner(self, module, rest: Reader, provider: Provider,
+               stream_rest: bool = True) -> BlockStreamed:
+        """`module` (built by rotviz.skeleton.build_meta from this model's config) run block
+        by block: blocks from `provider`, the tensors outside them from `rest`, under the
+        checkpoint's names mapped to the module's as the source's loader maps them."""
+        names = source_of(self.spec).checkpoint_names(module, self.checkpoint.keys())
+        prefixes = resolve_layout(self.spec, module.state_dict()).blocks
+        sizes = {n: math.prod(self.checkpoint.entries[n].shape) for n in self.rest}
+        tie = self.config.get("tie_word_embeddings", True) is not False
+        return BlockStreamed(module, self.spec, prefixes, rest, sizes, provider, names, tie,
+                             stream_rest)
 
 
 def open_streamed(ref: str | os.PathLike) -> Streamed:
@@ -144,18 +158,6 @@ def pair_bytes_in_memory(anchor_ref: str, source_ref: str) -> int | None:
             return None
         total += 4 * sum(math.prod(e.shape) for e in checkpoint.entries.values())
     return int(IN_MEMORY_FACTOR * total)
-
-
-def available_memory() -> int | None:
-    """The memory this machine can give now (Linux: MemAvailable), None where unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
 
 
 def streaming_refusal(options: MatchOptions) -> str | None:
@@ -390,10 +392,7 @@ def _write_config(source: Streamed, folder: Path) -> None:
     from rotviz.models import copy_reading_files
 
     shutil.copyfile(source.path / "config.json", folder / "config.json")
-    gen = source.path / "generation_config.json"
-    if gen.is_file() and not (folder / gen.name).exists():
-        shutil.copyfile(gen, folder / gen.name)
-    copy_reading_files(source.path, folder)
+    copy_reading_files(source.path, folder)  # tokenizer, processor and generation files
 
 
 def _report(anchor: Streamed, source: Streamed, options: MatchOptions,
@@ -416,17 +415,12 @@ def _logits(source: Streamed, provider, dtype: torch.dtype | None, inputs) -> Te
     checkpoint (float32, or as stored with None). Embeddings and output heads are read only
     while their module runs; a model that uses one elsewhere (a head that decodes with the
     embedding matrix itself) then meets a meta tensor and is run again holding them."""
-    names_shapes = {n: math.prod(source.checkpoint.entries[n].shape) for n in source.rest}
     full = read_config(source.path)
-    tie = source.config.get("tie_word_embeddings", True) is not False
 
     def run(stream_rest: bool) -> Tensor:
         module, _ = build_meta(source.spec, full, source.stored_dtype)
-        names = source_of(source.spec).checkpoint_names(module, source.checkpoint.keys())
-        prefixes = resolve_layout(source.spec, module.state_dict()).blocks
-        runner = BlockStreamed(module, source.spec, prefixes,
-                               lambda ns: source.checkpoint.read(ns, dtype), names_shapes,
-                               provider, names, tie, stream_rest)
+        runner = source.runner(module, lambda ns: source.checkpoint.read(ns, dtype), provider,
+                               stream_rest)
         try:
             return runner.logits(inputs).double()
         finally:
@@ -463,7 +457,6 @@ def _check(source: Streamed, solved: dict[int, _Solved], report: MatchReport,
     dtype = source.stored_dtype
     if dtype not in HALF:
         return
-    report.stored_dtype = str(dtype).removeprefix("torch.")
     xs = {k: v.to(dtype) if v.is_floating_point() else v for k, v in x.items()}
     if folder is not None:  # the written files, as they will be loaded
         written = Checkpoint(folder)
@@ -476,8 +469,4 @@ def _check(source: Streamed, solved: dict[int, _Solved], report: MatchReport,
     release()
     yb = _logits(source, stored, None, xs)
     release()
-    scale = float(ya.abs().max()) if bool(torch.isfinite(ya).all()) else math.inf
-    diff = float((ya - yb).abs().max()) if bool(torch.isfinite(yb).all()) else math.inf
-    if math.isfinite(scale):
-        report.stored_output_diff = diff
-        report.stored_tolerance = FUNCTION_TOLERANCES[dtype] * scale
+    record_stored_check(report, dtype, *logit_change(ya, yb))
