@@ -41,6 +41,46 @@ class Group:
         td.gather_object(obj, out, dst=0)
         return out
 
+    def share(self, obj: Any, src: int = 0) -> Any:
+        """Rank `src`'s `obj`, on every rank (small objects: numbers, reports, maps)."""
+        if self.world == 1:
+            return obj
+        import torch.distributed as td
+
+        box = [obj if self.rank == src else None]
+        td.broadcast_object_list(box, src=src)
+        return box[0]
+
+    def all(self, obj: Any) -> list[Any]:
+        """Every rank's `obj`, in rank order, on every rank."""
+        if self.world == 1:
+            return [obj]
+        import torch.distributed as td
+
+        out: list[Any] = [None] * self.world
+        td.all_gather_object(out, obj)
+        return out
+
+    def ordered_sum(self, part, n: int, like: torch.Tensor) -> torch.Tensor:
+        """The sum of per-item tensors over items 0..n-1 dealt as `mine` deals them, added
+        in item order on every rank (the bits one process gets; an all-reduce would add in
+        another order). `part(i)` gives this rank's item i; `like` its shape, dtype and
+        device."""
+        total = torch.zeros_like(like)
+        for j in range(0, n, self.world):
+            own = j + self.rank
+            here = part(own) if own < n else None
+            for r in range(min(self.world, n - j)):
+                if self.world == 1:
+                    total.add_(here)
+                    continue
+                import torch.distributed as td
+
+                t = here if r == self.rank else torch.empty_like(like)
+                td.broadcast(t, src=r)
+                total.add_(t)
+        return total
+
 
 SINGLE = Group()
 

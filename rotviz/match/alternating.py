@@ -14,12 +14,16 @@ the units are in place, often moves none. With `options.ffn_backoff`, rounds the
 FFN maps and re-solve the rest, a fraction of a round, and the FFN solve comes back after 1,
 2, 4, ... rounds and whenever the rest settles; a phase ends only on a round that solved
 everything. It is off by default: it reaches a different local optimum (bench/weight.py).
+
+The rounds (`alternate`) run on a state that holds the two canonical models: in memory here,
+or read block by block from the checkpoints (rotviz.match.stream_residual), one pass per round.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Protocol
 
 import torch
 
@@ -27,7 +31,7 @@ from rotviz.errors import RotvizError
 from rotviz.match.distances import distances
 from rotviz.match.layers import match_layers
 from rotviz.match.options import MatchOptions
-from rotviz.match.report import MatchReport, MatchResult
+from rotviz.match.report import HeadReport, MatchReport, MatchResult
 from rotviz.memo import TensorMemo
 from rotviz.symmetry import residual as rs
 from rotviz.symmetry.actions import LayerTransform
@@ -54,44 +58,77 @@ def check_residual(view: ModelView, options: MatchOptions) -> str:
     return rs.check_group(view, options.residual_group)
 
 
-def match_residual(anchor: ModelView, source: ModelView, options: MatchOptions,
-                   progress: Progress | None = None) -> MatchResult:
-    """Weight matching with per-layer maps and the residual map, alternated (see module)."""
-    t0 = time.perf_counter()
-    group = check_residual(source, options)
-    anc_c, gauge = rs.canonicalise(anchor)
-    src_c, _ = rs.canonicalise(source)
+@dataclass
+class Step:
+    """One round's per-layer maps: the new maps, the chosen layers' reports and the
+    objective after them."""
+
+    transforms: dict[int, LayerTransform]
+    layers: list[HeadReport]
+    objective: float
+
+
+class State(Protocol):
+    """The two canonical models an alternation works on (in memory, or streamed)."""
+
+    def initial(self) -> float:
+        """The objective before the first step (known once a step or turn has run)."""
+
+    def layers(self, options: MatchOptions, full: bool) -> Step:
+        """Solve and apply the per-layer maps of `options` (`full`: a round that solves the
+        FFN maps, which first catch up with the residual map when they lag behind it)."""
+
+    def turn(self, group: str, settle: bool) -> tuple[torch.Tensor, float]:
+        """Solve the residual map, apply it and return it with the objective after it
+        (`settle`: the FFN tensors follow it now rather than lag behind)."""
+
+
+@dataclass
+class Alternated:
+    """What the rounds found: per-layer maps (composed), the residual map, the first
+    round's per-layer reports and the run's residual info for the report."""
+
+    transforms: dict[int, LayerTransform]
+    residual: torch.Tensor | None
+    layers: list[HeadReport]
+    info: dict
+
+
+def alternate(state: State, options: MatchOptions, group: str,
+              progress: Progress | None = None) -> Alternated:
+    """The rounds and phases of the alternation (see module) on `state`."""
     per_layer = options.ffn or options.attn or options.rescale
     # Head assignments made before the stream is aligned lock in poor choices, so with heads
     # on, a first phase alternates without them until it converges, then a second with them.
     phases = [replace(options, residual=False, heads=False)]
     if options.heads:
         phases.append(replace(options, residual=False))
-    # Rounds re-solve subproblems whose tensors often did not change (units that stayed put,
-    # a residual permutation that came out the identity): the memo makes those look-ups.
-    memo = TensorMemo()
-    lazy = _LazyFFN(anc_c, memo)
-    history = [objective(src_c, anc_c, memo)]
+    history: list[float] = []
     q_total: torch.Tensor | None = None
     transforms: dict[int, LayerTransform] = {}
-    first = None
+    first: Step | None = None
     rounds: list[int] = []
     total = options.rounds * len(phases)
     # The FFN solve costs the most (an m x m cost matrix per layer). While it moves units it
     # runs every round; after a solve that moves none it waits 1, then 2, 4, ... rounds
     # (back to every round once it moves units again), and always runs in the round after
-    # the others settle, which only then may end the phase. Meanwhile the FFN tensors lag
-    # behind the residual map (lazy): their part of the cross term and objective follows
-    # from Q alone.
+    # the others settle, which only then may end the phase. Meanwhile the FFN tensors may lag
+    # behind the residual map (the state's business).
     others = options.attn or options.rescale
     held = 0
     converged: list[bool] = []  # per phase: ended by a round gaining < tol (not the cap)
+
+    def record(value: float) -> None:
+        if not history:
+            history.append(state.initial())
+        history.append(value)
+
     for k, inner in enumerate(phases):
         rounds.append(0)
         converged.append(False)
         wait_next, waiting = 1, 0
         for r in range(options.rounds):
-            start = history[-1]
+            start = history[-1] if history else None
             done = k * options.rounds + r
             full = waiting == 0 or not (options.ffn and others and options.ffn_backoff)
             held += not full
@@ -100,28 +137,22 @@ def match_residual(anchor: ModelView, source: ModelView, options: MatchOptions,
             if progress:
                 progress(done, total, f"{tag}: per-layer maps")
             if per_layer:
-                if full:
-                    src_c = lazy.settle(src_c)
-                step = match_layers(anc_c, src_c, step_options, memo=memo)
+                step = state.layers(step_options, full)
                 if full and options.ffn:  # back off while the units stay put
-                    moved = any(rep.ffn_moved for rep in step.report.layers)
+                    moved = any(rep.ffn_moved for rep in step.layers)
                     waiting, wait_next = (0, 1) if moved else (wait_next, 2 * wait_next)
                 elif waiting:
                     waiting -= 1
                 first = first or step
-                src_c = step.view
                 for i, t in step.transforms.items():
                     transforms[i] = transforms[i].then(t) if i in transforms else t
-                history.append(lazy.objective(src_c, step.report.after.total ** 2))
+                record(step.objective)
             if progress:
                 progress(done, total, f"{tag}: residual map")
-            q = rs.solve(lazy.cross(src_c), group)
-            if not torch.equal(q, torch.eye(len(q), dtype=q.dtype, device=q.device)):
-                src_c = lazy.turn(src_c, q)
-                if not options.ffn_backoff:
-                    src_c = lazy.settle(src_c)
+            q, value = state.turn(group, settle=not options.ffn_backoff)
             q_total = q if q_total is None else q_total @ q
-            history.append(lazy.objective(src_c, objective(src_c, anc_c, memo)))
+            record(value)
+            start = history[0] if start is None else start
             rounds[-1] = r + 1
             settled = start - history[-1] <= options.tol * history[0]
             if settled and full:
@@ -129,19 +160,10 @@ def match_residual(anchor: ModelView, source: ModelView, options: MatchOptions,
                 break
             if settled:
                 waiting = 0
-    src_c = lazy.settle(src_c)
     if progress:
         progress(total, total, "done")
-    view = rs.restore(src_c, gauge)
-    before = distances(source, anchor)
-    after = distances(view, anchor)
-    layers = first.report.layers if first is not None else []
-    for rep in layers:  # what the whole element does, not just its first round
-        t = transforms.get(rep.layer)
-        if t is not None and t.perm is not None:
-            rep.ffn_moved = int((t.perm != torch.arange(len(t.perm))).sum())
-        if t is not None and t.heads is not None:
-            rep.head_perm = t.heads.tolist()
+    layers = first.layers if first is not None else []
+    describe(layers, transforms)
     info = {
         "group": group,
         "rounds": sum(rounds),
@@ -154,9 +176,69 @@ def match_residual(anchor: ModelView, source: ModelView, options: MatchOptions,
         "angles": rs.angles(q_total, group) if q_total is not None else [],
         "moved": int((q_total.diagonal() < 0.5).sum()) if group == "permutation" else None,
     }
-    report = MatchReport(options, before, after, layers, residual=info)
+    return Alternated(transforms, q_total, layers, info)
+
+
+def describe(layers: list[HeadReport], transforms: dict[int, LayerTransform]) -> None:
+    """Put into the first round's per-layer reports what the whole element does: units
+    moved and head order (the rest of each report describes that round)."""
+    for rep in layers:
+        t = transforms.get(rep.layer)
+        if t is not None and t.perm is not None:
+            rep.ffn_moved = int((t.perm != torch.arange(len(t.perm))).sum())
+        if t is not None and t.heads is not None:
+            rep.head_perm = t.heads.tolist()
+
+
+def match_residual(anchor: ModelView, source: ModelView, options: MatchOptions,
+                   progress: Progress | None = None) -> MatchResult:
+    """Weight matching with per-layer maps and the residual map, alternated (see module)."""
+    t0 = time.perf_counter()
+    group = check_residual(source, options)
+    state = _InMemory(anchor, source)
+    out = alternate(state, options, group, progress)
+    view = state.finish()
+    before = distances(source, anchor)
+    after = distances(view, anchor)
+    report = MatchReport(options, before, after, out.layers, residual=out.info)
     report.seconds = time.perf_counter() - t0
-    return MatchResult(view, transforms, report, residual=q_total)
+    return MatchResult(view, out.transforms, report, residual=out.residual)
+
+
+class _InMemory:
+    """Both canonical models held whole. Rounds re-solve subproblems whose tensors often did
+    not change (units that stayed put, a residual permutation that came out the identity):
+    a memo makes those look-ups."""
+
+    def __init__(self, anchor: ModelView, source: ModelView):
+        self.anc_c, self.gauge = rs.canonicalise(anchor)
+        self.src_c, _ = rs.canonicalise(source)
+        self.memo = TensorMemo()
+        self.lazy = _LazyFFN(self.anc_c, self.memo)
+        self._initial = objective(self.src_c, self.anc_c, self.memo)
+
+    def initial(self) -> float:
+        return self._initial
+
+    def layers(self, options: MatchOptions, full: bool) -> Step:
+        if full:
+            self.src_c = self.lazy.settle(self.src_c)
+        step = match_layers(self.anc_c, self.src_c, options, memo=self.memo)
+        self.src_c = step.view
+        return Step(step.transforms, step.report.layers,
+                    self.lazy.objective(self.src_c, step.report.after.total ** 2))
+
+    def turn(self, group: str, settle: bool) -> tuple[torch.Tensor, float]:
+        q = rs.solve(self.lazy.cross(self.src_c), group)
+        if not torch.equal(q, torch.eye(len(q), dtype=q.dtype, device=q.device)):
+            self.src_c = self.lazy.turn(self.src_c, q)
+            if settle:
+                self.src_c = self.lazy.settle(self.src_c)
+        return q, self.lazy.objective(self.src_c, objective(self.src_c, self.anc_c, self.memo))
+
+    def finish(self) -> ModelView:
+        """The matched source, its FFN tensors caught up, in the anchor's gauge."""
+        return rs.restore(self.lazy.settle(self.src_c), self.gauge)
 
 
 class _LazyFFN:

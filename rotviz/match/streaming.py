@@ -13,8 +13,9 @@ them to the source's blocks (the same arithmetic, so the same bits) and writes. 
 check then runs the probe inputs through the source and the matched model, each block loaded
 only while it runs (rotviz.skeleton): in float32, and for a half checkpoint in its dtype too.
 
-The residual-stream map and matching from data need every block at once; the streamed path
-refuses them in one line (the in-memory path runs them).
+Weight matching (the residual map, alternated with these) streams too, one pass over the
+blocks per round: rotviz.match.stream_residual. Matching from data (activations, learned
+maps) needs every block at once; the streamed path refuses it in one line.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
@@ -123,7 +124,7 @@ def open_streamed(ref: str | os.PathLike) -> Streamed:
             f"'{path}' needs remote code (auto_map in config.json); rotviz never runs it")
     spec = spec_for(config)
     checkpoint = Checkpoint(path)
-    _, full = build_meta(spec, config)
+    module, full = build_meta(spec, config)
     meta = checkpoint.meta_state()
     layout = resolve_layout(spec, meta)
     dims = model_dims(spec, full, meta, layout)
@@ -144,7 +145,7 @@ def open_streamed(ref: str | os.PathLike) -> Streamed:
         used_all |= used
     rest = tuple(n for n in checkpoint.keys() if n not in used_all)
     return Streamed(str(ref), path, full, spec, checkpoint, layout, dims, tuple(block_keys),
-                    rest, _ties(spec, config, set(meta)))
+                    rest, _ties(spec, config, set(meta), set(module.state_dict())))
 
 
 def pair_bytes_in_memory(anchor_ref: str, source_ref: str) -> int | None:
@@ -162,9 +163,6 @@ def pair_bytes_in_memory(anchor_ref: str, source_ref: str) -> int | None:
 
 def streaming_refusal(options: MatchOptions) -> str | None:
     """Why `options` cannot be matched block by block, or None."""
-    if options.residual:
-        return ("the residual-stream map (--residual) needs every block at once and cannot "
-                "be streamed yet")
     if options.needs_data:
         return f"matching from data ([{options.label}]) cannot be streamed yet"
     return None
@@ -262,12 +260,14 @@ def _rest_cells(anchor: Streamed, source: Streamed) -> dict[tuple[int | None, st
     return cells
 
 
-def _ties(spec: ArchSpec, config: dict, names: set[str]) -> tuple[tuple[str, str], ...]:
-    """The spec's ties that hold: both tensors in the checkpoint and not untied by the config
-    (a file never shares storage, so the config alone decides)."""
+def _ties(spec: ArchSpec, config: dict, names: set[str], module: set[str]
+          ) -> tuple[tuple[str, str], ...]:
+    """The spec's ties the loaded model has: the owner in the checkpoint, the alias in it or
+    in the module (a file often leaves a tied head out), and not untied by the config (a
+    file never shares storage, so the config alone decides)."""
     if config.get("tie_word_embeddings") is False:
         return ()
-    return tuple((a, o) for a, o in spec.tied if a in names and o in names)
+    return tuple((a, o) for a, o in spec.tied if o in names and (a in names or a in module))
 
 
 def match_streamed(
@@ -291,6 +291,11 @@ def match_streamed(
         raise RotvizError(f"{why}; match in memory (raise --max-memory) or drop it")
     check_compatible(anchor, source)  # type: ignore[arg-type]  # duck-typed: meta state
     device = wide_device(device)
+    if options.residual:  # one pass over the blocks per round (rotviz.match.stream_residual)
+        from rotviz.match.stream_residual import match_streamed_residual
+
+        return match_streamed_residual(anchor, source, folder, options, torch.device(device),
+                                       progress, group, shard_bytes, cancel)
     t0 = time.perf_counter()
     n = source.dims.n_layers
     chosen = set(range(n) if options.layers is None else options.layers)
@@ -345,26 +350,32 @@ def match_streamed(
         progress(total, total, "checking the function")
     report = _report(anchor, source, options, solved)
     report.seconds = time.perf_counter() - t0
-    _check(source, solved, report, folder)
+
+    def matched(dtype: Dtype) -> Provider:
+        return lambda i: _block_tensors(_apply(source, i, solved[i].transform, dtype), i, source)
+
+    _check(source, matched, lambda dtype: lambda ns: source.checkpoint.read(ns, dtype), report,
+           folder)
     return report
 
 
-def _writer(source: Streamed, folder: Path | None, shard_bytes: int | None):
-    """The output's writer, the tensors outside the blocks written first (copied as they
-    are stored); a writer that drops everything when there is no folder."""
+def _writer(source: Streamed, folder: Path | None, shard_bytes: int | None,
+            rest: Mapping[str, Tensor] | None = None):
+    """The output's writer, the tensors outside the blocks written first: from `rest` where
+    it has them (cast to the stored dtype), else copied as they are stored; a writer that
+    drops everything when there is no folder."""
     if folder is None:
         return _Discard()
     order = [*source.rest, *(n for keys in source.block_keys for n in keys)]
     entries = source.checkpoint.entries
     plan = [(n, entries[n].dtype, entries[n].shape) for n in order]
     w = ShardWriter(folder, plan, shard_bytes or source.checkpoint.largest_file_bytes())
-    _write_rest(w, source)
-    return w
-
-
-def _write_rest(writer, source: Streamed) -> None:
     for name in source.rest:
-        writer.write(name, source.checkpoint.read([name], None)[name])
+        t = rest.get(name) if rest is not None else None
+        if t is None:
+            t = source.checkpoint.read([name], None)[name]
+        w.write(name, t.to(device="cpu", dtype=entries[name].dtype))
+    return w
 
 
 def _write_block(writer, view: ModelView, i: int, source: Streamed) -> None:
@@ -410,17 +421,16 @@ def _report(anchor: Streamed, source: Streamed, options: MatchOptions,
 # ---- the function check -------------------------------------------------------------------------
 
 
-def _logits(source: Streamed, provider, dtype: torch.dtype | None, inputs) -> Tensor:
-    """The source's module run on `inputs`, blocks from `provider`, the rest from the source's
-    checkpoint (float32, or as stored with None). Embeddings and output heads are read only
-    while their module runs; a model that uses one elsewhere (a head that decodes with the
+def _logits(source: Streamed, provider: Provider, rest: Reader, inputs) -> Tensor:
+    """The source's module run on `inputs`, blocks from `provider`, the tensors outside them
+    from `rest` (in the dtype they come in). Embeddings and output heads are read only while
+    their module runs; a model that uses one elsewhere (a head that decodes with the
     embedding matrix itself) then meets a meta tensor and is run again holding them."""
     full = read_config(source.path)
 
     def run(stream_rest: bool) -> Tensor:
         module, _ = build_meta(source.spec, full, source.stored_dtype)
-        runner = source.runner(module, lambda ns: source.checkpoint.read(ns, dtype), provider,
-                               stream_rest)
+        runner = source.runner(module, rest, provider, stream_rest)
         try:
             return runner.logits(inputs).double()
         finally:
@@ -437,21 +447,28 @@ def _logits(source: Streamed, provider, dtype: torch.dtype | None, inputs) -> Te
     return run(False)
 
 
-def _check(source: Streamed, solved: dict[int, _Solved], report: MatchReport,
+Dtype = torch.dtype | None  # float32, or None: as stored
+
+
+def _check(source: Streamed, matched: Callable[[Dtype], Provider],
+           matched_rest: Callable[[Dtype], Reader], report: MatchReport,
            folder: Path | None) -> None:
-    """Fill the report's function check, as rotviz.match.pipeline does in memory."""
+    """Fill the report's function check, as rotviz.match.pipeline does in memory: the source
+    against the matched model (`matched(dtype)` gives its blocks, `matched_rest(dtype)` the
+    tensors outside them), in float32 and, for a half checkpoint, as stored (read back from
+    the written `folder` where there is one)."""
     module, full = build_meta(source.spec, read_config(source.path))
     x = source_of(source.spec).probe_inputs(source.spec, full, module, 4, 0)
 
-    def original(dtype):
+    def original(dtype: Dtype) -> Provider:
         return lambda i: _block_tensors(_apply(source, i, None, dtype), i, source)
 
-    def matched(dtype):
-        return lambda i: _block_tensors(_apply(source, i, solved[i].transform, dtype), i, source)
+    def stored_rest(dtype: Dtype) -> Reader:
+        return lambda ns: source.checkpoint.read(ns, dtype)
 
-    ya = _logits(source, original(torch.float32), torch.float32, x)
+    ya = _logits(source, original(torch.float32), stored_rest(torch.float32), x)
     release()
-    yb = _logits(source, matched(torch.float32), torch.float32, x)
+    yb = _logits(source, matched(torch.float32), matched_rest(torch.float32), x)
     release()
     report.max_output_diff = float((ya - yb).abs().max())
     dtype = source.stored_dtype
@@ -461,12 +478,15 @@ def _check(source: Streamed, solved: dict[int, _Solved], report: MatchReport,
     if folder is not None:  # the written files, as they will be loaded
         written = Checkpoint(folder)
 
-        def stored(i):
+        def blocks(i: int) -> Mapping[str, Tensor]:
             return written.read(source.block_keys[i], None)
+
+        def rest(ns: list[str]) -> Mapping[str, Tensor]:
+            return written.read(ns, None)
     else:
-        stored = matched(None)
-    ya = _logits(source, original(None), None, xs)
+        blocks, rest = matched(None), matched_rest(None)
+    ya = _logits(source, original(None), stored_rest(None), xs)
     release()
-    yb = _logits(source, stored, None, xs)
+    yb = _logits(source, blocks, rest, xs)
     release()
     record_stored_check(report, dtype, *logit_change(ya, yb))

@@ -1,0 +1,320 @@
+"""Weight matching (the residual map, alternated with the per-layer maps) on checkpoints
+larger than memory: one pass over the blocks per round.
+
+Each round of the alternation (rotviz.match.alternating) needs every block's per-layer maps,
+then the d x d cross term of the whole model for the residual map. One pass gives both:
+block i of each checkpoint is read, put in canonical form (gains folded into readers,
+writers centred: both local to the block), brought to the current state by the maps found so
+far (its composed per-layer map, then the composed residual map), solved, and its cross term
+added to the sum. Only the maps are kept between passes, so a pass holds a few blocks. The
+tensors outside the blocks (embeddings, output head, final norm) are held canonical in
+float32; their cross term and distance at a residual map Q follow from Q alone (X Q against A
+gives Q^T X^T A), so the largest tensors are never turned until the end. A last pass writes
+the matched blocks, put into the anchor's gauge, in the checkpoint's dtypes.
+
+Under torchrun the ranks take the blocks round-robin. The cross terms are summed in block
+order on every rank (rotviz.dist.Group.ordered_sum), and rank 0 solves the residual map and
+shares it with the objective, so N processes compute the bits of one.
+
+The in-memory alternation turns the tensors it holds each round; here each pass applies the
+composed maps to the stored weights, and the objective after a residual step comes from the
+cross term (exact for orthogonal maps) rather than from the turned tensors. The two paths
+differ by float32 roundoff, about 1e-7 of each tensor's scale (tests/test_streaming.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from rotviz.dist import SINGLE, Group
+from rotviz.errors import RotvizError
+from rotviz.match.alternating import Step, alternate, check_residual, describe
+from rotviz.match.distances import Distances, distances
+from rotviz.match.layers import match_layers
+from rotviz.match.options import MatchOptions
+from rotviz.match.report import HeadReport, MatchReport
+from rotviz.match.streaming import (
+    Dtype,
+    Streamed,
+    _block_tensors,
+    _cells,
+    _check,
+    _read_block,
+    _rest_cells,
+    _write_block,
+    _write_config,
+    _writer,
+)
+from rotviz.memory import release
+from rotviz.symmetry import residual as rs
+from rotviz.symmetry.actions import LayerTransform, apply_layer
+from rotviz.symmetry.view import ModelView
+from rotviz.types import Progress
+
+Tensor = torch.Tensor
+
+
+def rest_view(model: Streamed, device: torch.device | str = "cpu") -> ModelView:
+    """The tensors outside the blocks as a view with no blocks, in float32, under the
+    checkpoint's names; a tie the file leaves out (an output head that is the embedding)
+    is the owner's tensor, as in a loaded model's state dict."""
+    floating = [n for n in model.rest if model.checkpoint.entries[n].dtype.is_floating_point]
+    got = model.checkpoint.read(floating, torch.float32)
+    other = {n: got[n].to(device) for n in floating}
+    ties = tuple((a, o) for a, o in model.tied if o in other)
+    for alias, owner in ties:
+        other.setdefault(alias, other[owner])
+    dtypes = {n: model.checkpoint.entries[n].dtype for n in floating}
+    return ModelView(model.spec, replace(model.dims, n_layers=0),
+                     replace(model.layout, blocks=()), (), other, dtypes, ties)
+
+
+def _total(d: Distances) -> float:
+    return sum(d.cells.values())
+
+
+@dataclass
+class _Rest:
+    """The tensors outside the blocks (rank 0 only), both canonical: the source's, the
+    anchor's, the anchor's gauge, and at the identity map their cross term and squared
+    distance."""
+
+    source: ModelView
+    anchor: ModelView
+    gauge: rs.Gauge
+    cross: Tensor
+    sq: float
+
+    def at(self, q: Tensor | None) -> tuple[Tensor, float]:
+        """Cross term and squared distance once the source's stream is turned by `q`:
+        (X Q)^T A = Q^T M and |X Q - A|^2 = |X - A|^2 + 2 tr((I - Q)^T M)."""
+        if q is None:
+            return self.cross, self.sq
+        eye = torch.eye(len(q), dtype=q.dtype, device=q.device)
+        return q.t() @ self.cross, self.sq + 2.0 * float(((eye - q) * self.cross).sum())
+
+
+class StreamedState:
+    """The alternation's state (rotviz.match.alternating.State) over two streamed
+    checkpoints: the maps found so far; every pass recomputes the blocks from the files."""
+
+    def __init__(self, anchor: Streamed, source: Streamed, options: MatchOptions,
+                 device: torch.device, group: Group, rest: _Rest | None,
+                 tick: Callable[[str], None]):
+        self.anchor, self.source, self.device, self.group = anchor, source, device, group
+        self.n = source.dims.n_layers
+        self.chosen = set(range(self.n) if options.layers is None else options.layers)
+        self.rest = rest
+        self.tick = tick
+        self.transforms: dict[int, LayerTransform] = {}  # this rank's blocks, composed
+        self.q: Tensor | None = None  # the composed residual map (float64)
+        self.cross: Tensor | None = None  # of the current state (rank 0)
+        self.fresh = False  # whether the last pass saw the current state (no turn since)
+        self.value = 0.0  # the objective of the current state
+        self._initial: float | None = None
+
+    def block(self, i: int) -> tuple[ModelView, ModelView, ModelView, rs.Gauge]:
+        """Block i: the anchor's as stored, its canonical form and gauge, and the source's
+        canonical form in the current state (all float32, on the device)."""
+        a0 = _read_block(self.anchor, i).to(device=self.device)
+        a, gauge = rs.canonicalise(a0)
+        s, _ = rs.canonicalise(_read_block(self.source, i).to(device=self.device))
+        if i in self.transforms:
+            s = apply_layer(s, 0, self.transforms[i])
+        if self.q is not None:
+            s = rs.apply_residual(s, self.q.to(s.blocks[0].attn.wq), check=False)
+        return a0, a, s, gauge
+
+    def _pass(self, options: MatchOptions | None) -> Step:
+        """One pass: the per-layer maps of `options` (None: none) on every chosen block, the
+        cross term of the new state and its objective."""
+        found: dict[int, tuple[HeadReport | None, float, float]] = {}
+        maps: dict[int, LayerTransform] = {}
+
+        def part(i: int) -> Tensor:
+            self.tick(f"block {i}")
+            _, a, s, _ = self.block(i)
+            if options is not None and i in self.chosen:
+                res = match_layers(a, s, replace(options, layers=None))
+                t = maps[i] = res.transforms[0]
+                self.transforms[i] = self.transforms[i].then(t) if i in self.transforms else t
+                rep = res.report.layers[0]
+                rep.layer = i
+                found[i] = (rep, _total(res.report.before), _total(res.report.after))
+                s = res.view
+            else:
+                v = _total(distances(s, a))
+                found[i] = (None, v, v)
+            m = rs.cross(s, a)
+            del a, s
+            release()
+            return m
+
+        d = self.source.dims.d_model
+        like = torch.zeros(d, d, dtype=torch.float64, device=self.device)
+        blocks = self.group.ordered_sum(part, self.n, like)
+        every: dict[int, tuple[HeadReport | None, float, float]] = {}
+        for piece in self.group.all(found):
+            every.update(piece)
+        before = sum(every[i][1] for i in range(self.n))
+        after = sum(every[i][2] for i in range(self.n))
+        numbers = None
+        if self.rest is not None:
+            rest_cross, rest_sq = self.rest.at(self.q)
+            self.cross = blocks + rest_cross
+            numbers = (before + rest_sq, after + rest_sq)
+        first, self.value = self.group.share(numbers)
+        if self._initial is None:
+            self._initial = first
+        self.fresh = True
+        reports = [every[i][0] for i in sorted(every) if every[i][0] is not None]
+        return Step(maps, reports, self.value)  # type: ignore[arg-type]
+
+    def initial(self) -> float:
+        assert self._initial is not None, "no pass has run"
+        return self._initial
+
+    def layers(self, options: MatchOptions, full: bool) -> Step:
+        return self._pass(options)
+
+    def turn(self, group: str, settle: bool) -> tuple[Tensor, float]:
+        """The residual map from the last pass's cross term (a pass of its own when the
+        round has no per-layer maps). Nothing lags behind it here (`settle` is moot): every
+        pass applies the composed maps to all of a block."""
+        if not self.fresh:
+            self._pass(None)
+        numbers = None
+        if self.rest is not None:
+            assert self.cross is not None
+            q = rs.solve(self.cross, group)
+            eye = torch.eye(len(q), dtype=q.dtype, device=q.device)
+            value = self.value + 2.0 * float(((eye - q) * self.cross).sum())
+            numbers = (q.cpu(), value)
+        q, self.value = self.group.share(numbers)
+        q = q.to(self.device)
+        self.q = q if self.q is None else self.q @ q
+        self.cross, self.fresh = None, False
+        return q, self.value
+
+
+def match_streamed_residual(
+    anchor: Streamed,
+    source: Streamed,
+    folder: Path | None,
+    options: MatchOptions,
+    device: torch.device,
+    progress: Progress | None = None,
+    group: Group = SINGLE,
+    shard_bytes: int | None = None,
+    cancel: Callable[[], bool] | None = None,
+) -> MatchReport | None:
+    """rotviz.match.streaming.match_streamed with `options.residual` (see module)."""
+    t0 = time.perf_counter()
+    rest = None
+    verdict: tuple[str, str] | None = None
+    if group.main:
+        src_rest = rest_view(source, device)
+        try:
+            kind = check_residual(src_rest, options)
+            anc_rest = rest_view(anchor, device)
+            a, gauge = rs.canonicalise(anc_rest)
+            s, _ = rs.canonicalise(src_rest)
+            del anc_rest, src_rest
+            rest = _Rest(s, a, gauge, rs.cross(s, a), _total(distances(s, a)))
+            verdict = ("ok", kind)
+        except RotvizError as e:
+            verdict = ("error", str(e))
+    status, kind = group.share(verdict)
+    if status == "error":
+        raise RotvizError(kind)
+    now: list = [0, 1, "starting"]
+
+    def report_progress(done: int, total: int, message: str) -> None:
+        now[:] = [done, total, message]
+        if progress:
+            progress(done, total, message)
+
+    def tick(message: str) -> None:
+        if cancel is not None and cancel():
+            raise KeyboardInterrupt
+        if progress:
+            progress(now[0], now[1], f"{now[2]}, {message}")
+
+    state = StreamedState(anchor, source, options, device, group, rest, tick)
+    out = alternate(state, options, kind, report_progress)
+    parts = group.gather(state.transforms)
+    if not group.main:
+        return None
+    assert parts is not None and rest is not None
+    for piece in parts:
+        state.transforms.update(piece)
+    describe(out.layers, state.transforms)  # every rank's blocks now
+    q = state.q
+    turned = rest.source if q is None else rs.apply_residual(rest.source, q, check=False)
+    rest_final = rs.restore(turned, rest.gauge)
+    del turned
+
+    def final(i: int) -> tuple[ModelView, ModelView]:
+        a0, _, s, gauge = state.block(i)
+        return a0, rs.restore(s, gauge).to(device="cpu")
+
+    writer = _writer(source, folder, shard_bytes, rest_final.other)
+    before: dict[tuple[int | None, str], float] = {}
+    after: dict[tuple[int | None, str], float] = {}
+    try:
+        for i in range(state.n):
+            tick(f"block {i}: writing")
+            a0, matched = final(i)
+            s0 = _read_block(source, i).to(device=device)
+            before.update({(i, k): v for k, v in _cells(distances(s0, a0)).items()})
+            after.update({(i, k): v for k, v in
+                          _cells(distances(matched.to(device=device), a0)).items()})
+            stored = replace(matched, dtypes={k: source.checkpoint.entries[k].dtype
+                                              for k in matched.dtypes})
+            _write_block(writer, stored, i, source)
+            del a0, s0, matched, stored
+            release()
+        if folder is not None:
+            writer.close()
+    finally:
+        writer.abort()
+    if folder is not None:
+        _write_config(source, folder)
+    if progress:
+        progress(1, 1, "checking the function")
+    rest_after = _cells(distances(rest_final, rest_view(anchor, device)))
+    rest_cells = _rest_cells(anchor, source)
+    report = MatchReport(options, Distances({**before, **rest_cells}),
+                         Distances({**after, **{(None, k): v for k, v in rest_after.items()}}),
+                         out.layers, residual=out.info)
+    report.seconds = time.perf_counter() - t0
+    rest_cpu = {n: t.to("cpu") for n, t in rest_final.other.items()}
+
+    def matched_blocks(dtype: Dtype):
+        def provide(i: int):
+            view = final(i)[1]
+            if dtype is None:
+                view = replace(view, dtypes={k: source.checkpoint.entries[k].dtype
+                                             for k in view.dtypes})
+            return _block_tensors(view, i, source)
+        return provide
+
+    def matched_rest(dtype: Dtype):
+        def read(names: list[str]):
+            out = {}
+            for n in names:
+                t = rest_cpu.get(n)
+                if t is None:  # not floating: as stored
+                    t = source.checkpoint.read([n], None)[n]
+                want = source.checkpoint.entries[n].dtype if dtype is None else dtype
+                out[n] = t.to(want) if t.is_floating_point() else t
+            return out
+        return read
+
+    _check(source, matched_blocks, matched_rest, report, folder)
+    return report
