@@ -7,10 +7,10 @@ block i of each checkpoint is read, put in canonical form (gains folded into rea
 writers centred: both local to the block), brought to the current state by the maps found so
 far (its composed per-layer map, then the composed residual map), solved, and its cross term
 added to the sum. Only the maps are kept between passes, so a pass holds a few blocks. The
-tensors outside the blocks (embeddings, output head, final norm) are held canonical in
-float32; their cross term and distance at a residual map Q follow from Q alone (X Q against A
-gives Q^T X^T A), so the largest tensors are never turned until the end. A last pass writes
-the matched blocks, put into the anchor's gauge, in the checkpoint's dtypes.
+tensors outside the blocks (embeddings, output head, final norm) are read in float32 at the
+start and the end only: their cross term and distance at a residual map Q follow from Q alone
+(X Q against A gives Q^T X^T A), so the largest tensors are never turned until the end. A
+last pass writes the matched blocks, put into the anchor's gauge, in the checkpoint's dtypes.
 
 Under torchrun the ranks take the blocks round-robin. The cross terms are summed in block
 order on every rank (rotviz.dist.Group.ordered_sum), and rank 0 solves the residual map and
@@ -80,15 +80,22 @@ def _total(d: Distances) -> float:
 
 @dataclass
 class _Rest:
-    """The tensors outside the blocks (rank 0 only), both canonical: the source's, the
-    anchor's, the anchor's gauge, and at the identity map their cross term and squared
-    distance."""
+    """What the rounds need of the tensors outside the blocks (rank 0 only): the cross term
+    and squared distance of their canonical forms at the identity map. The tensors are read
+    again for the last pass rather than held through the rounds."""
 
-    source: ModelView
-    anchor: ModelView
-    gauge: rs.Gauge
     cross: Tensor
     sq: float
+
+    @classmethod
+    def read(cls, anchor: Streamed, source: Streamed, options: MatchOptions,
+             device: torch.device) -> tuple[str, _Rest]:
+        """The residual group (a one-line error where the pair has none) and the numbers."""
+        s = rest_view(source, device)
+        kind = check_residual(s, options)
+        s, _ = rs.canonicalise(s)
+        a, _ = rs.canonicalise(rest_view(anchor, device))
+        return kind, cls(rs.cross(s, a), _total(distances(s, a)))
 
     def at(self, q: Tensor | None) -> tuple[Tensor, float]:
         """Cross term and squared distance once the source's stream is turned by `q`:
@@ -218,17 +225,12 @@ def match_streamed_residual(
     rest = None
     verdict: tuple[str, str] | None = None
     if group.main:
-        src_rest = rest_view(source, device)
         try:
-            kind = check_residual(src_rest, options)
-            anc_rest = rest_view(anchor, device)
-            a, gauge = rs.canonicalise(anc_rest)
-            s, _ = rs.canonicalise(src_rest)
-            del anc_rest, src_rest
-            rest = _Rest(s, a, gauge, rs.cross(s, a), _total(distances(s, a)))
+            kind, rest = _Rest.read(anchor, source, options, device)
             verdict = ("ok", kind)
         except RotvizError as e:
             verdict = ("error", str(e))
+        release()
     status, kind = group.share(verdict)
     if status == "error":
         raise RotvizError(kind)
@@ -255,9 +257,14 @@ def match_streamed_residual(
         state.transforms.update(piece)
     describe(out.layers, state.transforms)  # every rank's blocks now
     q = state.q
-    turned = rest.source if q is None else rs.apply_residual(rest.source, q, check=False)
-    rest_final = rs.restore(turned, rest.gauge)
-    del turned
+    anchor_rest = rest_view(anchor, device)
+    _, gauge = rs.canonicalise(anchor_rest)
+    turned, _ = rs.canonicalise(rest_view(source, device))
+    if q is not None:
+        turned = rs.apply_residual(turned, q, check=False)
+    rest_final = rs.restore(turned, gauge)
+    del turned, gauge
+    release()
 
     def final(i: int) -> tuple[ModelView, ModelView]:
         a0, _, s, gauge = state.block(i)
@@ -287,7 +294,8 @@ def match_streamed_residual(
         _write_config(source, folder)
     if progress:
         progress(1, 1, "checking the function")
-    rest_after = _cells(distances(rest_final, rest_view(anchor, device)))
+    rest_after = _cells(distances(rest_final, anchor_rest))
+    del anchor_rest
     rest_cells = _rest_cells(anchor, source)
     report = MatchReport(options, Distances({**before, **rest_cells}),
                          Distances({**after, **{(None, k): v for k, v in rest_after.items()}}),
