@@ -5,10 +5,12 @@ save_random_sharded, tensor by tensor), then runs `rotviz match` on them in a fr
 per run, streamed (`--max-memory 0`) and in memory (where the pair fits this machine), and
 records seconds, the process's peak resident memory (the kernel's high-water mark) and, on
 a GPU, its peak GPU memory. Targets (issue 17): streamed within 1.3x of in-memory time at the
-same size; streamed peak <= 25% of the pair's bytes + 1.5 GB. Writes the section
-`stream-<device>` of bench/RESULTS.md.
+same size; streamed peak <= 25% of the pair's bytes + 1.5 GB. `--match weight` runs weight
+matching (`--heads --residual`, at most `--rounds` rounds per phase: one pass over the blocks
+each, streamed). Writes the section `stream-<device>-<shape>[-weight]` of bench/RESULTS.md.
 
     python bench/stream.py [--device cpu|cuda] [--shape llama-1b] [--layers 16,4]
+                           [--match seed|weight] [--rounds 1]
 """
 
 from __future__ import annotations
@@ -88,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--in-memory-up-to", type=float, default=None,
                    help="run the in-memory path only when its estimated peak (GB) is at most "
                         "this (default: 90%% of the memory available now)")
+    p.add_argument("--match", default="seed", choices=["seed", "weight"])
+    p.add_argument("--rounds", type=int, default=1,
+                   help="with --match weight: alternation rounds per phase")
     p.add_argument("--results", type=Path, default=RESULTS)
     args = p.parse_args(argv)
     import torch
@@ -113,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
             params = pair / 2  # bf16
             need = IN_MEMORY_FACTOR * 4 * params
             common = ["match", str(a), str(s), "--device", args.device]
+            if args.match == "weight":
+                common += ["--heads", "--residual", "--rounds", str(args.rounds)]
             results = {}
             results["streamed"] = run([*common, "--out", str(Path(tmp) / "o1"),
                                        "--max-memory", "0"], Path(tmp) / "l1.json")
@@ -129,8 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         f"Random LLaMA-layout pairs of shape **{args.shape}** "
         f"({', '.join(f'{k} {v}' for k, v in SHAPES[args.shape].items() if k != 'layers')}), "
-        "bfloat16 safetensors in 4+ shards, seed matching (`rotviz match`, default options), "
-        "one fresh process per run. `python bench/stream.py "
+        "bfloat16 safetensors in 4+ shards, "
+        + ("seed matching (`rotviz match`, default options), " if args.match == "seed" else
+           f"weight matching (`rotviz match --heads --residual --rounds {args.rounds}`: at most "
+           f"{args.rounds} round(s) per phase, two phases), ")
+        + "one fresh process per run. `python bench/stream.py "
         f"{' '.join(argv if argv is not None else sys.argv[1:])}`, device {args.device}. "
         f"Machine: {machine(args.device)}; {os.cpu_count()} cores, "
         f"{(available_memory() or 0) / 1e9:.0f} GB available at the end. A process that "
@@ -166,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     lines.append("What each run said: " + "; ".join(
         f"{layers} layers, {name}: `{r.get('said', '')}`" for layers, _, _, _, results in rows
         for name, r in results.items() if r.get("said")))
-    write_section(f"stream-{args.device}-{args.shape}", "\n".join(lines), args.results)
+    name = f"stream-{args.device}-{args.shape}" + ("-weight" if args.match == "weight" else "")
+    write_section(name, "\n".join(lines), args.results)
     return 0
 
 
