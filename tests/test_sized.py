@@ -1,8 +1,10 @@
 """Curves of models held in their stored dtype and interpolated block by block
-(rotviz.analysis.sized) give the in-memory curve (rotviz.analysis.landscape.interpolate)."""
+(rotviz.analysis.sized) give the in-memory curve (rotviz.analysis.landscape.interpolate), in
+the library and through `rotviz barrier --max-memory`."""
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -10,6 +12,7 @@ import pytest
 from rotviz.analysis.landscape import interpolate
 from rotviz.analysis.sized import sized_curve, sized_loaded
 from rotviz.checkpoint import Checkpoint, save_sharded
+from rotviz.cli import main
 from rotviz.evaluation import split_for
 from rotviz.match.streaming import open_streamed
 from rotviz.models import load_model
@@ -46,3 +49,49 @@ def test_sized_curve_equals_in_memory(bf16, tmp_path):
     assert got.held_bytes == held
     floats = sum(t.numel() for t in a.state.values() if t.is_floating_point())
     assert held <= (2 if bf16 else 4) * 2 * floats
+
+
+def _barrier(tmp_path, name: str, *args: str) -> dict:
+    out = tmp_path / f"{name}.json"
+    assert main(["barrier", *args, "--json", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("pair, extra", [
+    (("zoo:vit-digits-s3", "zoo:vit-digits-s6"), ["--data", "digits", "--match", "seed"]),
+    (("zoo:gpt2-pystdlib-s0", "zoo:gpt2-pystdlib-s1"),
+     ["--data", "pystdlib", "--match", "none", "--repeats", "3", "--seed", "2"]),
+], ids=["vit-seed", "gpt2-none-repeats"])
+def test_cli_barrier_at_size_equals_in_memory(pair, extra, tmp_path, capsys):
+    """`rotviz barrier --max-memory 0`: the pair matched streamed and evaluated block by block
+    gives the in-memory curve (losses and accuracies to 1e-6, repeats' spreads and distances),
+    saying how it ran."""
+    args = [*pair, *extra, "--points", "5"]
+    ref = _barrier(tmp_path, "mem", *args)
+    assert "at size" not in capsys.readouterr().out
+    got = _barrier(tmp_path, "size", *args, "--max-memory", "0")
+    assert "at size: streamed, each point built block by block" in capsys.readouterr().out
+    assert got.pop("held_bytes") > 0
+    for r in (ref, got):
+        for k in ("seconds", "match_seconds", "rotviz"):
+            r.pop(k, None)
+    assert set(ref) == set(got)
+    for k, v in ref.items():
+        w = got[k]
+        if isinstance(v, list) and v and isinstance(v[0], float):
+            assert max(abs(x - y) for x, y in zip(v, w, strict=True)) <= 1e-6, k
+        elif isinstance(v, float):
+            assert abs(v - w) <= 1e-6 * max(1.0, abs(v)), k
+        elif k == "scores" or k == "mid_scores":
+            assert v.keys() == w.keys(), k
+        else:
+            assert v == w, k
+    if "--repeats" in extra:
+        assert got["repeats"] == 3 and len(got["loss_std"]) == 5 and got["barrier_std"] > 0
+
+
+def test_cli_barrier_at_size_refuses_data_matching(tmp_path, capsys):
+    assert main(["barrier", "zoo:vit-digits-s3", "zoo:vit-digits-s6", "--data", "digits",
+                 "--match", "seed,act", "--max-memory", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "block by block" in err and "--max-memory" in err

@@ -411,9 +411,12 @@ def test_torchrun_match_equals_one_process(extra, sharded, tmp_path):
     assert r1 == r2
 
 
-def test_torchrun_barrier_equals_one_process(tmp_path):
+@pytest.mark.parametrize("extra", [[], ["--max-memory", "0"]], ids=["in-memory", "at-size"])
+def test_torchrun_barrier_equals_one_process(extra, tmp_path):
+    """The points shared by 2 processes, gathered on rank 0: one process's curve. At size the
+    match is streamed too and the points built block by block."""
     args = ["barrier", "zoo:vit-digits-s3", "zoo:vit-digits-s6", "--data", "digits",
-            "--match", "seed", "--points", "5"]
+            "--match", "seed", "--points", "5", *extra]
     one = subprocess.run([sys.executable, "-m", "rotviz", *args, "--json",
                           str(tmp_path / "one.json")], env=_env(), capture_output=True,
                          text=True, timeout=600)

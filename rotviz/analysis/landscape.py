@@ -149,18 +149,30 @@ def path_curve(ev: Evaluator, anchor_params: Mapping[str, Tensor],
 
     Under torchrun (`group`) each process evaluates its share of the points and rank 0
     gathers them and returns the fields (None elsewhere): the same points, evaluated alike."""
+
+    def evaluate(a: float) -> tuple:
+        params = {k: torch.lerp(anchor_params[k], source_params[k], a) for k in anchor_params}
+        one: list[dict[str, float]] = []
+        return ev.per_sample(params, one), one[0]
+
+    return path_points(evaluate, alphas, ev.n, ev.split.task, repeats, seed, progress, group)
+
+
+def path_points(evaluate: Callable[[float], tuple], alphas: Sequence[float], n: int,
+                task: str, repeats: int = 1, seed: int = 0, progress: Progress | None = None,
+                group: Group = SINGLE) -> dict | None:
+    """`path_curve` for any way of evaluating a point: `evaluate(alpha)` gives the per-sample
+    arrays and the scores of `Evaluator.per_sample` (rotviz.analysis.sized builds each point
+    block by block) on a split of `n` samples."""
     alphas = [float(a) for a in alphas]
     extra = [] if any(abs(a - 0.5) < 1e-12 for a in alphas) else [0.5]
     todo = alphas + extra
     mine = group.mine(list(range(len(todo))))
     done: dict[int, tuple] = {}
-    for n, j in enumerate(mine):
-        a = todo[j]
-        params = {k: torch.lerp(anchor_params[k], source_params[k], a) for k in anchor_params}
-        one: list[dict[str, float]] = []
-        done[j] = (ev.per_sample(params, one), one[0])
+    for count, j in enumerate(mine):
+        done[j] = evaluate(todo[j])
         if progress:
-            progress(n + 1, len(mine), f"alpha = {a:.3f}")
+            progress(count + 1, len(mine), f"alpha = {todo[j]:.3f}")
     parts = group.gather(done)
     if parts is None:
         return None
@@ -175,10 +187,10 @@ def path_curve(ev: Evaluator, anchor_params: Mapping[str, Tensor],
     out = dict(alphas=alphas, loss=loss[:k].tolist(), acc=acc[:k].tolist(),
                barrier=barrier_of(alphas, loss[:k]), loss_range=loss_range_of(loss[:k]),
                mid_loss=float(loss[mid]), mid_acc=float(acc[mid]), repeats=repeats,
-               task=ev.split.task, scores={m: [sc[m] for sc in scored[:k]] for m in scored[0]},
+               task=task, scores={m: [sc[m] for sc in scored[:k]] for m in scored[0]},
                mid_scores={m: v for m, v in scored[mid].items()})
     if repeats > 1:
-        parts = _partition(ev.n, repeats, seed)
+        parts = _partition(n, repeats, seed)
         pl = np.array([[p[0][ix].sum() / p[2][ix].sum() for p in per] for ix in parts])
         pa = np.array([[p[1][ix].sum() / p[2][ix].sum() for p in per] for ix in parts])
         bars = np.array([barrier_of(alphas, row[:k]) for row in pl])

@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from rotviz.analysis.landscape import Curve, MatchInfo, path_points
 from rotviz.data import Split
-from rotviz.evaluation import Evaluator, barrier_of
-from rotviz.limits import POINTS
+from rotviz.dist import SINGLE, Group
+from rotviz.errors import RotvizError
+from rotviz.evaluation import Evaluator, check_split
+from rotviz.limits import POINTS, REPEATS
 from rotviz.match.streaming import Streamed, open_streamed
 from rotviz.memory import release
 from rotviz.models import Loaded, check_compatible, read_config, wide_device
@@ -32,20 +35,11 @@ Tensor = torch.Tensor
 
 
 @dataclass
-class SizedCurve:
-    """Loss and accuracy along (1 - alpha) anchor + alpha source, built block by block."""
+class SizedCurve(Curve):
+    """A `Curve` whose points were built block by block; `held_bytes`: both checkpoints as
+    stored, on the device."""
 
-    alphas: list[float]
-    loss: list[float]
-    acc: list[float]
-    barrier: float
-    anchor: str
-    source: str
-    device: str
-    seconds: float
-    n: int
-    held_bytes: int  # both checkpoints as stored, on the device
-    scores: dict[str, list[float]] = field(default_factory=dict)
+    held_bytes: int = 0
 
 
 def sized_loaded(model: Streamed) -> Loaded:
@@ -59,10 +53,19 @@ def sized_loaded(model: Streamed) -> Loaded:
 
 def sized_curve(anchor: str | os.PathLike, source: str | os.PathLike, split: Split,
                 points: int = 21, device: str | torch.device = "cpu", batch_size: int = 512,
-                progress: Progress | None = None) -> SizedCurve:
+                progress: Progress | None = None, repeats: int = 1, seed: int = 0,
+                group: Group = SINGLE, match_info: MatchInfo | None = None,
+                layers: list[int] | None = None) -> SizedCurve | None:
     """The straight path from `anchor` to `source` (checkpoint folders) at `points` alphas on
-    `split` (read through the anchor: rotviz.evaluation.split_for(sized_loaded(...)))."""
+    `split` (read through the anchor: rotviz.evaluation.split_for(sized_loaded(...))), as
+    `rotviz.analysis.landscape.interpolate` gives it for a source already matched
+    (`match_info` says how; `layers` which layers). Under torchrun (`group`) the points are
+    shared and rank 0 returns the curve (None elsewhere)."""
     POINTS.check(points)
+    REPEATS.check(repeats)
+    check_split(split)
+    if repeats > split.n:
+        raise RotvizError(f"repeats must be between 1 and the split size {split.n}, got {repeats}")
     t0 = time.perf_counter()
     a, s = open_streamed(anchor), open_streamed(source)
     check_compatible(a, s)  # type: ignore[arg-type]  # duck-typed: meta state
@@ -74,9 +77,8 @@ def sized_curve(anchor: str | os.PathLike, source: str | os.PathLike, split: Spl
     loaded = sized_loaded(a)
     module = loaded.model
     ev = Evaluator(loaded, split, device, batch_size)
-    alphas = np.linspace(0.0, 1.0, points).tolist()
 
-    def at(alpha: float):
+    def evaluate(alpha: float) -> tuple:
         def mix(ns) -> dict[str, Tensor]:
             out = {}
             for n in ns:
@@ -84,23 +86,22 @@ def sized_curve(anchor: str | os.PathLike, source: str | os.PathLike, split: Spl
                 out[n] = torch.lerp(x.float(), y.float(), alpha) if x.is_floating_point() \
                     else x
             return out
-        return mix
 
-    done: dict[int, tuple] = {}
-    for j in range(points):
-        mix = at(alphas[j])
-        runner = a.runner(module, mix, lambda k, mix=mix: mix(a.block_keys[k]))
+        runner = a.runner(module, mix, lambda k: mix(a.block_keys[k]))
         try:
             scored: list[dict[str, float]] = []
-            done[j] = (ev.per_sample({}, scored), scored[0])
+            return ev.per_sample({}, scored), scored[0]
         finally:
             runner.close()
             release()
-        if progress:
-            progress(j + 1, points, f"alpha = {alphas[j]:.3f}")
-    per = [done[j][0] for j in range(points)]
-    loss = [float(p[0].sum() / p[2].sum()) for p in per]
-    acc = [float(p[1].sum() / p[2].sum()) for p in per]
-    scores = {m: [done[j][1][m] for j in range(points)] for m in done[0][1]}
-    return SizedCurve(alphas, loss, acc, barrier_of(alphas, loss), a.ref, s.ref, str(device),
-                      time.perf_counter() - t0, split.n, held, scores)
+
+    alphas = np.linspace(0.0, 1.0, points).tolist()
+    fields = path_points(evaluate, alphas, ev.n, split.task, repeats, seed, progress, group)
+    if fields is None:
+        return None
+    info = match_info or MatchInfo("none", 0.0, 0.0, None, 0.0)
+    return SizedCurve(
+        **fields, match=info.match, data=split.data, split=split.split, device=str(device),
+        seconds=time.perf_counter() - t0, n=split.n, layers=layers, anchor=a.ref, source=s.ref,
+        distance_before=info.distance_before, distance_after=info.distance_after,
+        max_output_diff=info.max_output_diff, match_seconds=info.seconds, held_bytes=held)

@@ -9,7 +9,15 @@ from __future__ import annotations
 import argparse
 from contextlib import contextmanager
 
-from rotviz.cli.args import add_overwrite, add_reading, bounded, layers_text, needs, reading
+from rotviz.cli.args import (
+    add_overwrite,
+    add_reading,
+    bounded,
+    layers_text,
+    memory_text,
+    needs,
+    reading,
+)
 from rotviz.errors import RotvizError
 from rotviz.limits import (
     ALPHA,
@@ -56,6 +64,11 @@ def register(sub) -> None:
                    help="with --repeats: seed of the subsets (default 0)")
     b.add_argument("--batch-size", type=bounded(BATCH_SIZE), default=512,
                    help=f"evaluation batch size (default 512, {BATCH_SIZE.text})")
+    b.add_argument("--max-memory", type=memory_text, default=None, metavar="SIZE",
+                   help="memory the run may use, e.g. 16GB: a pair that needs more in memory "
+                        "(about 4.5x its float32 bytes) is matched streamed and evaluated with "
+                        "both checkpoints held as stored, each point built block by block; 0 "
+                        "always does (default: the memory available now)")
     b.set_defaults(func=cmd_barrier)
 
     p = sub.add_parser("plane", help="2D loss grid through anchor, source and matched source")
@@ -148,23 +161,107 @@ def _label(match: str, layers: list[int] | None) -> str:
     return match if layers is None else f"{match}, layers {','.join(map(str, layers))}"
 
 
+def _at_size(args) -> bool:
+    """Whether the pair needs more than --max-memory (default: what is available) in memory,
+    or --max-memory is 0: then it is matched streamed and evaluated block by block."""
+    from rotviz.match.streaming import pair_bytes_in_memory
+    from rotviz.memory import available_memory
+
+    limit = args.max_memory if args.max_memory is not None else available_memory()
+    need = pair_bytes_in_memory(args.anchor, args.source)
+    if need is None:
+        if args.max_memory == 0:
+            from rotviz.match.streaming import open_streamed
+
+            open_streamed(args.anchor), open_streamed(args.source)  # says why they cannot
+        return False
+    return args.max_memory == 0 or (limit is not None and need > limit)
+
+
+def _sized_curve(args):
+    """The barrier of a pair too large for memory: matched streamed into a temporary folder
+    (rotviz.match.streaming), then evaluated with both checkpoints held as stored, each point
+    of the path built block by block (rotviz.analysis.sized). Rank 0 returns the curve."""
+    import tempfile
+    from pathlib import Path
+
+    from rotviz import dist
+    from rotviz.analysis.landscape import MatchInfo, layers_of
+    from rotviz.analysis.sized import sized_curve, sized_loaded
+    from rotviz.evaluation import split_for
+    from rotviz.match.options import parse_layers
+    from rotviz.match.pipeline import Matched
+    from rotviz.match.selection import label_of, match_options
+    from rotviz.match.streaming import (
+        match_streamed,
+        open_streamed,
+        streamed_distance,
+        streaming_refusal,
+    )
+    from rotviz.models import check_compatible, pick_device
+
+    match_options(args.match)
+    columns, seq_len = reading(args, args.data)
+    device = dist.device_for(pick_device(args.device))
+    anchor, source = open_streamed(args.anchor), open_streamed(args.source)
+    check_compatible(anchor, source)  # type: ignore[arg-type]  # duck-typed: meta state
+    options = match_options(args.match, parse_layers(args.layers, source.dims.n_layers))
+    why = None if options is None else streaming_refusal(options)
+    if why:
+        raise RotvizError(f"the pair is evaluated block by block (--max-memory), and {why}; "
+                          "raise --max-memory or drop that option")
+    split = split_for(sized_loaded(anchor), args.data, args.split, seq_len=seq_len,
+                      columns=columns)
+    with _processes(device) as group, tempfile.TemporaryDirectory(
+            prefix="rotviz-matched-") as tmp:
+        matched, info = args.source, None
+        if options is not None:
+            folder = Path(tmp) / "matched"
+            if group.main:
+                folder.mkdir()
+            rep = match_streamed(anchor, source, folder if group.main else None, options,
+                                 device, group=group)
+            matched = group.share(str(folder))  # rank 0's folder, read by every rank
+            if rep is not None:
+                failure = Matched({}, rep).failure
+                if failure:
+                    raise RotvizError(f"{failure}; please report this as a bug")
+                info = MatchInfo(label_of(options), rep.before.total, rep.after.total,
+                                 rep.max_output_diff, rep.seconds, rep.before.to_dict(),
+                                 rep.after.to_dict())
+        elif group.main:
+            d = streamed_distance(anchor, source)
+            info = MatchInfo("none", d.total, d.total, 0.0, 0.0, d.to_dict(), d.to_dict())
+        c = sized_curve(args.anchor, matched, split, args.points, device, args.batch_size,
+                        repeats=args.repeats, seed=args.seed or 0, group=group,
+                        match_info=info, layers=layers_of(options))
+    if c is not None:
+        c.source = source.ref
+    return c
+
+
 def cmd_barrier(args: argparse.Namespace) -> int:
     from rotviz.analysis.landscape import interpolate
 
     needs("--seed", args.seed is not None, "--repeats N with N >= 2 (it seeds the subsets)",
           args.repeats > 1)
     outputs, _, js = _outputs(args, "barrier")
-    anchor, source, split, device, options = _load_pair(args)
-    with _processes(device) as group:
-        c = interpolate(anchor, source, split, options, args.points, device,
-                        repeats=args.repeats, seed=args.seed or 0, batch_size=args.batch_size,
-                        group=group)
+    sized = _at_size(args)
+    if sized:
+        c = _sized_curve(args)
+    else:
+        anchor, source, split, device, options = _load_pair(args)
+        with _processes(device) as group:
+            c = interpolate(anchor, source, split, options, args.points, device,
+                            repeats=args.repeats, seed=args.seed or 0,
+                            batch_size=args.batch_size, group=group)
     if c is None:  # under torchrun, a rank other than 0: rank 0 writes and reports
         return 0
     _write(outputs, None, js, c.to_dict(), "barrier")
+    how = " (at size: streamed, each point built block by block)" if sized else ""
     spread = f" (mean {c.barrier_mean:.4f} +- {c.barrier_std:.4f} over {c.repeats} subsets)" \
         if c.repeats > 1 else ""
-    print(f"barrier [{_label(c.match, c.layers)}] on {c.device}: {c.barrier:.4f}{spread}, "
+    print(f"barrier [{_label(c.match, c.layers)}] on {c.device}{how}: {c.barrier:.4f}{spread}, "
           f"loss range "
           f"{c.loss_range:.4f}, accuracy at alpha 0.5 {c.mid_acc:.4f}; endpoint losses "
           f"{c.loss[0]:.4f} / {c.loss[-1]:.4f}; "

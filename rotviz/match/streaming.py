@@ -260,6 +260,17 @@ def _rest_cells(anchor: Streamed, source: Streamed) -> dict[tuple[int | None, st
     return cells
 
 
+def streamed_distance(anchor: Streamed, source: Streamed) -> Distances:
+    """The parameter distance of two checkpoints, read block by block (as the in-memory
+    `rotviz.match.distances.distances` of the loaded models)."""
+    cells: dict[tuple[int | None, str], float] = {}
+    for i in range(source.dims.n_layers):
+        d = distances(_read_block(source, i), _read_block(anchor, i))
+        cells.update({(i, k): v for k, v in _cells(d).items()})
+        release()
+    return Distances({**cells, **_rest_cells(anchor, source)})
+
+
 def _ties(spec: ArchSpec, config: dict, names: set[str], module: set[str]
           ) -> tuple[tuple[str, str], ...]:
     """The spec's ties the loaded model has: the owner in the checkpoint, the alias in it or
