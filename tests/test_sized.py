@@ -95,3 +95,29 @@ def test_cli_barrier_at_size_refuses_data_matching(tmp_path, capsys):
                  "--match", "seed,act", "--max-memory", "0"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "block by block" in err and "--max-memory" in err
+
+
+def test_cli_merge_at_size_equals_in_memory(tmp_path, capsys):
+    """`rotviz merge --max-memory 0`: the simple merge of the streamed-matched pair, built,
+    evaluated and written block by block, is the in-memory merge: the same accuracies, losses
+    to 1e-6, written weights to 1e-6 in the same names and dtypes. Statistics-based methods
+    need whole models and are refused in one line."""
+    args = ["merge", "zoo:vit-digits-s3", "zoo:vit-digits-s6", "--data", "digits",
+            "--match", "seed"]
+    for name, extra in (("mem", []), ("size", ["--max-memory", "0"])):
+        assert main([*args, "--out", str(tmp_path / name), "--json",
+                     str(tmp_path / f"{name}.json"), *extra]) == 0
+    assert "at size" in capsys.readouterr().out
+    ref, got = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("mem", "size"))
+    for k in ("acc", "anchor_acc", "source_acc", "match", "weight", "n", "method"):
+        assert ref[k] == got[k], k
+    for k in ("loss", "anchor_loss", "source_loss", "distance_before", "distance_after"):
+        assert abs(ref[k] - got[k]) <= 1e-6 * max(1.0, abs(ref[k])), k
+    x, y = Checkpoint(tmp_path / "mem"), Checkpoint(tmp_path / "size")
+    assert x.keys() == y.keys() and (tmp_path / "size" / "config.json").is_file()
+    for k in x.keys():
+        assert x.entries[k].dtype == y.entries[k].dtype
+        assert float((x.read([k])[k].double() - y.read([k])[k].double()).abs().max()) <= 1e-6
+    assert main([*args, "--method", "fisher", "--max-memory", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--method simple" in err

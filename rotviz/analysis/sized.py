@@ -13,13 +13,17 @@ given: match it first (rotviz.match.streaming writes a matched checkpoint).
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from rotviz.analysis.fusion import Merged, check_weight
 from rotviz.analysis.landscape import Curve, MatchInfo, path_points
+from rotviz.checkpoint import ShardWriter
 from rotviz.data import Split
 from rotviz.dist import SINGLE, Group
 from rotviz.errors import RotvizError
@@ -27,7 +31,7 @@ from rotviz.evaluation import Evaluator, check_split
 from rotviz.limits import POINTS, REPEATS
 from rotviz.match.streaming import Streamed, open_streamed
 from rotviz.memory import release
-from rotviz.models import Loaded, check_compatible, read_config, wide_device
+from rotviz.models import Loaded, check_compatible, copy_reading_files, read_config, wide_device
 from rotviz.skeleton import build_meta
 from rotviz.types import Progress
 
@@ -51,6 +55,61 @@ def sized_loaded(model: Streamed) -> Loaded:
                   dict(module.state_dict()), {})
 
 
+class Held:
+    """Checkpoints of one architecture held as stored on the device, each point a weighted
+    sum of them built block by block while the anchor's module (on meta) runs on a split."""
+
+    def __init__(self, refs: list[str | os.PathLike], split: Split,
+                 device: str | torch.device = "cpu", batch_size: int = 512):
+        check_split(split)
+        self.models = [open_streamed(r) for r in refs]
+        for m in self.models[1:]:
+            check_compatible(self.models[0], m)  # type: ignore[arg-type]  # duck-typed
+        self.device = torch.device(wide_device(device))
+        self.keys = self.models[0].checkpoint.keys()
+        self.tensors = [{k: v.to(self.device) for k, v in m.checkpoint.read(self.keys).items()}
+                        for m in self.models]
+        self.held_bytes = sum(t.numel() * t.element_size()
+                              for ts in self.tensors for t in ts.values())
+        loaded = sized_loaded(self.models[0])
+        self.module = loaded.model
+        self.ev = Evaluator(loaded, split, self.device, batch_size)
+
+    def mix(self, coeffs: tuple[float, ...], names) -> dict[str, Tensor]:
+        """The named tensors of sum_k coeffs[k] model_k, in float32. Two models at
+        (1 - alpha, alpha) are lerped, as the in-memory path does."""
+        out = {}
+        for n in names:
+            ts = [t[n] for t in self.tensors]
+            if not ts[0].is_floating_point():
+                out[n] = ts[0]
+            elif len(ts) == 2 and abs(coeffs[0] + coeffs[1] - 1.0) < 1e-15:
+                out[n] = torch.lerp(ts[0].float(), ts[1].float(), coeffs[1])
+            else:
+                acc = coeffs[0] * ts[0].float()
+                for c, t in zip(coeffs[1:], ts[1:], strict=True):
+                    acc.add_(t.float(), alpha=c)
+                out[n] = acc
+        return out
+
+    def evaluate(self, coeffs: tuple[float, ...]) -> tuple:
+        """`Evaluator.per_sample`'s arrays and scores at that point."""
+        first = self.models[0]
+        runner = first.runner(self.module, lambda ns: self.mix(coeffs, ns),
+                              lambda k: self.mix(coeffs, first.block_keys[k]))
+        try:
+            scored: list[dict[str, float]] = []
+            return self.ev.per_sample({}, scored), scored[0]
+        finally:
+            runner.close()
+            release()
+
+    def loss_acc(self, coeffs: tuple[float, ...]) -> tuple[float, float, dict[str, float]]:
+        """Loss, accuracy and the task's scores at that point."""
+        per, scores = self.evaluate(coeffs)
+        return float(per[0].sum() / per[2].sum()), float(per[1].sum() / per[2].sum()), scores
+
+
 def sized_curve(anchor: str | os.PathLike, source: str | os.PathLike, split: Split,
                 points: int = 21, device: str | torch.device = "cpu", batch_size: int = 512,
                 progress: Progress | None = None, repeats: int = 1, seed: int = 0,
@@ -67,41 +126,57 @@ def sized_curve(anchor: str | os.PathLike, source: str | os.PathLike, split: Spl
     if repeats > split.n:
         raise RotvizError(f"repeats must be between 1 and the split size {split.n}, got {repeats}")
     t0 = time.perf_counter()
-    a, s = open_streamed(anchor), open_streamed(source)
-    check_compatible(a, s)  # type: ignore[arg-type]  # duck-typed: meta state
-    device = torch.device(wide_device(device))
-    keys = a.checkpoint.keys()
-    held_a = {k: v.to(device) for k, v in a.checkpoint.read(keys).items()}
-    held_s = {k: v.to(device) for k, v in s.checkpoint.read(keys).items()}
-    held = sum(t.numel() * t.element_size() for t in (*held_a.values(), *held_s.values()))
-    loaded = sized_loaded(a)
-    module = loaded.model
-    ev = Evaluator(loaded, split, device, batch_size)
-
-    def evaluate(alpha: float) -> tuple:
-        def mix(ns) -> dict[str, Tensor]:
-            out = {}
-            for n in ns:
-                x, y = held_a[n], held_s[n]
-                out[n] = torch.lerp(x.float(), y.float(), alpha) if x.is_floating_point() \
-                    else x
-            return out
-
-        runner = a.runner(module, mix, lambda k: mix(a.block_keys[k]))
-        try:
-            scored: list[dict[str, float]] = []
-            return ev.per_sample({}, scored), scored[0]
-        finally:
-            runner.close()
-            release()
-
+    held = Held([anchor, source], split, device, batch_size)
     alphas = np.linspace(0.0, 1.0, points).tolist()
-    fields = path_points(evaluate, alphas, ev.n, split.task, repeats, seed, progress, group)
+    fields = path_points(lambda a: held.evaluate((1.0 - a, a)), alphas, split.n, split.task,
+                         repeats, seed, progress, group)
     if fields is None:
         return None
     info = match_info or MatchInfo("none", 0.0, 0.0, None, 0.0)
+    a, s = held.models
     return SizedCurve(
-        **fields, match=info.match, data=split.data, split=split.split, device=str(device),
+        **fields, match=info.match, data=split.data, split=split.split, device=str(held.device),
         seconds=time.perf_counter() - t0, n=split.n, layers=layers, anchor=a.ref, source=s.ref,
         distance_before=info.distance_before, distance_after=info.distance_after,
-        max_output_diff=info.max_output_diff, match_seconds=info.seconds, held_bytes=held)
+        max_output_diff=info.max_output_diff, match_seconds=info.seconds,
+        held_bytes=held.held_bytes)
+
+
+def sized_merge(anchor: str | os.PathLike, source: str | os.PathLike, split: Split,
+                weight: float = 0.5, device: str | torch.device = "cpu",
+                batch_size: int = 512, folder: Path | None = None,
+                match_info: MatchInfo | None = None, layers: list[int] | None = None) -> Merged:
+    """The simple average (1 - weight) anchor + weight source of two checkpoint folders (the
+    source already matched: `match_info` says how), evaluated on `split` with the two
+    endpoints as `rotviz.analysis.fusion.merge` does, built block by block; written as
+    shards in the anchor's dtypes into the empty `folder` when given, with its config and
+    tokenizer and processor files."""
+    weight = check_weight(weight)
+    t0 = time.perf_counter()
+    held = Held([anchor, source], split, device, batch_size)
+    w = (1.0 - weight, weight)
+    loss, acc, scores = held.loss_acc(w)
+    a_loss, a_acc, a_scores = held.loss_acc((1.0, 0.0))
+    s_loss, s_acc, s_scores = held.loss_acc((0.0, 1.0))
+    first = held.models[0]
+    if folder is not None:
+        entries = first.checkpoint.entries
+        plan = [(n, entries[n].dtype, entries[n].shape) for n in held.keys]
+        writer = ShardWriter(folder, plan, first.checkpoint.largest_file_bytes())
+        try:
+            for n in held.keys:
+                writer.write(n, held.mix(w, [n])[n].to(device="cpu", dtype=entries[n].dtype))
+            writer.close()
+        finally:
+            writer.abort()
+        shutil.copyfile(first.path / "config.json", folder / "config.json")
+        copy_reading_files(first.path, folder)
+    info = match_info or MatchInfo("none", 0.0, 0.0, None, 0.0)
+    return Merged(
+        method="simple", match=info.match, weight=weight, loss=loss, acc=acc,
+        anchor_loss=a_loss, anchor_acc=a_acc, source_loss=s_loss, source_acc=s_acc,
+        data=split.data, split=split.split, stats_split=None, batches=8, batch_size=32,
+        alpha=None, device=str(held.device), n=split.n, seconds=time.perf_counter() - t0,
+        match_seconds=info.seconds, stats_seconds=0.0, distance_before=info.distance_before,
+        distance_after=info.distance_after, anchor=first.ref, source=held.models[1].ref,
+        layers=layers, scores=scores, anchor_scores=a_scores, source_scores=s_scores)

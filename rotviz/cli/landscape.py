@@ -99,6 +99,11 @@ def register(sub) -> None:
                    help="regmean: scale of off-diagonal Gram entries in [0, 1] (default 0.9)")
     m.add_argument("--seed", type=bounded(SEED), default=None,
                    help="fisher and regmean: seed of the statistics batches (default 0)")
+    m.add_argument("--max-memory", type=memory_text, default=None, metavar="SIZE",
+                   help="memory the run may use, e.g. 16GB: a pair that needs more in memory "
+                        "(about 4.5x its float32 bytes) is matched streamed, and the simple "
+                        "merge built, evaluated and written block by block; 0 always does "
+                        "(default: the memory available now)")
     m.set_defaults(func=cmd_merge)
 
 
@@ -178,16 +183,18 @@ def _at_size(args) -> bool:
     return args.max_memory == 0 or (limit is not None and need > limit)
 
 
-def _sized_curve(args):
-    """The barrier of a pair too large for memory: matched streamed into a temporary folder
-    (rotviz.match.streaming), then evaluated with both checkpoints held as stored, each point
-    of the path built block by block (rotviz.analysis.sized). Rank 0 returns the curve."""
+@contextmanager
+def _sized_pair(args):
+    """For a pair too large for memory: the source matched streamed into a temporary folder
+    (rotviz.match.streaming; the source itself with --match none), and what the sized
+    evaluations need. Yields (group, anchor, matched folder, split, device, options, match
+    info on rank 0); the folder is removed at the end."""
     import tempfile
     from pathlib import Path
 
     from rotviz import dist
-    from rotviz.analysis.landscape import MatchInfo, layers_of
-    from rotviz.analysis.sized import sized_curve, sized_loaded
+    from rotviz.analysis.landscape import MatchInfo
+    from rotviz.analysis.sized import sized_loaded
     from rotviz.evaluation import split_for
     from rotviz.match.options import parse_layers
     from rotviz.match.pipeline import Matched
@@ -232,11 +239,22 @@ def _sized_curve(args):
         elif group.main:
             d = streamed_distance(anchor, source)
             info = MatchInfo("none", d.total, d.total, 0.0, 0.0, d.to_dict(), d.to_dict())
+        yield group, anchor, matched, split, device, options, info
+
+
+def _sized_curve(args):
+    """The barrier of a pair too large for memory: matched streamed, then evaluated with both
+    checkpoints held as stored, each point of the path built block by block
+    (rotviz.analysis.sized). Rank 0 returns the curve."""
+    from rotviz.analysis.landscape import layers_of
+    from rotviz.analysis.sized import sized_curve
+
+    with _sized_pair(args) as (group, anchor, matched, split, device, options, info):
         c = sized_curve(args.anchor, matched, split, args.points, device, args.batch_size,
                         repeats=args.repeats, seed=args.seed or 0, group=group,
                         match_info=info, layers=layers_of(options))
     if c is not None:
-        c.source = source.ref
+        c.source = args.source
     return c
 
 
@@ -309,6 +327,8 @@ def cmd_merge(args: argparse.Namespace) -> int:
     if stats_split not in SPLITS:
         raise RotvizError(f"unknown --stats-split '{stats_split}': use one of {', '.join(SPLITS)}")
     outputs, folder, js = _outputs(args, "merge", args.out)
+    if _at_size(args):
+        return _merge_at_size(args, method, outputs, folder, js)
     anchor, source, split, device, options = _load_pair(args)
     stats_data = split.sibling(stats_split) if stats else None
     given = {k: v for k, v in (("batches", args.batches), ("batch_size", args.batch_size),
@@ -316,9 +336,38 @@ def cmd_merge(args: argparse.Namespace) -> int:
     r = merge(anchor, source, method, options, split, stats_data, args.weight, device=device,
               **given)  # what is not given keeps merge's own defaults
     _write(outputs, folder, js, r.to_dict() | {"out": args.out}, "merge", (anchor, r.state))
-    wrote = f"; wrote {args.out}" if args.out else ""
+    _say_merged(r, args.out)
+    return 0
+
+
+def _merge_at_size(args, method: str, outputs, folder, js) -> int:
+    """merge for a pair too large for memory: the simple average, built block by block and
+    written as shards (rotviz.analysis.sized.sized_merge)."""
+    from rotviz.analysis.landscape import layers_of
+    from rotviz.analysis.sized import sized_merge
+    from rotviz.outputs import write_json_file
+
+    if method != "simple":
+        raise RotvizError(f"the pair is evaluated block by block (--max-memory), and --method "
+                          f"{method} needs statistics of whole models; use --method simple or "
+                          "raise --max-memory")
+    with _sized_pair(args) as (group, _, matched, split, device, options, info):
+        if not group.main:
+            return 0
+        with outputs.write() as tmp:
+            r = sized_merge(args.anchor, matched, split, args.weight, device,
+                            folder=tmp[folder] if folder is not None else None,
+                            match_info=info, layers=layers_of(options))
+            r.source = args.source
+            if js is not None:
+                write_json_file(tmp[js], r.to_dict() | {"out": args.out}, "merge")
+    _say_merged(r, args.out, " (at size: streamed, built block by block)")
+    return 0
+
+
+def _say_merged(r, out: str | None, how: str = "") -> None:
+    wrote = f"; wrote {out}" if out else ""
     print(f"merged [{r.method}, match {_label(r.match, r.layers)}, weight {r.weight:g}] on "
-          f"{r.device}: accuracy "
+          f"{r.device}{how}: accuracy "
           f"{r.acc:.4f} (loss {r.loss:.4f}); anchor {r.anchor_acc:.4f}, source {r.source_acc:.4f}; "
           f"{r.seconds:.2f} s{wrote}")
-    return 0
