@@ -308,6 +308,66 @@ def grid_axis(lo: float, hi: float, n: int, unit: float | None = None) -> np.nda
     return start + step * np.arange(n)
 
 
+def plane_points(n1: float, c: float, n2: float) -> dict[str, tuple[float, float]]:
+    """Where A, B, B' and the midpoints AB, AB' sit in the plane's coordinates: x along
+    B - A (|B - A| = n1), y along the part of B' - A orthogonal to it (B' = (c, n2))."""
+    return {"A": (0.0, 0.0), "B": (n1, 0.0), "B'": (c, n2), "AB": (n1 / 2, 0.0),
+            "AB'": (c / 2, n2 / 2)}
+
+
+def plane_coeffs(x: float, y: float, n1: float, c: float, n2: float) -> tuple[float, float]:
+    """theta(x, y) = A + a (B - A) + b (C - A) with x u1 + y u2 = a d_b + b d_c."""
+    b = y / n2
+    return x / n1 - b * c / n1, b
+
+
+def plane_axes(pts: dict[str, tuple[float, float]], n1: float, margin: float, grid: int,
+               degenerate: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The grid's x and y coordinates: the points and `margin` of their span around them,
+    A and B on nodes."""
+    x_all = [p[0] for p in pts.values()]
+    y_all = [p[1] for p in pts.values()] + ([-n1 / 2, n1 / 2] if degenerate else [])
+    span = max(max(x_all) - min(x_all), max(y_all) - min(y_all))
+    xs = grid_axis(min(x_all) - margin * span, max(x_all) + margin * span, grid, unit=n1)
+    ys = grid_axis(min(y_all) - margin * span, max(y_all) + margin * span, grid)
+    return xs, ys
+
+
+def plane_grid(at: Callable[[float, float], tuple[float, float]],
+               named: Callable[[str], tuple[float, float]],
+               pts: dict[str, tuple[float, float]], xs: np.ndarray, ys: np.ndarray,
+               progress: Progress | None = None, group: Group = SINGLE) -> tuple | None:
+    """Loss and accuracy at every grid node (`at(x, y)`, shared among torchrun's processes)
+    and at the named points (`named(name)`, rank 0); None on ranks other than 0."""
+    grid = len(xs)
+    total = grid * grid + len(pts)
+    cells = [(iy, ix) for iy in range(grid) for ix in range(grid)]
+    mine = group.mine(list(range(len(cells))))
+    found: dict[int, tuple[float, float]] = {}
+    for n, c in enumerate(mine):
+        iy, ix = cells[c]
+        found[c] = at(float(xs[ix]), float(ys[iy]))
+        if progress:
+            progress(n + 1, total, f"grid point {n + 1} of {len(mine)}")
+    parts = group.gather(found)
+    if parts is None:
+        return None
+    for part in parts:
+        found.update(part)
+    loss = np.zeros((grid, grid))
+    acc = np.zeros((grid, grid))
+    for c, (iy, ix) in enumerate(cells):
+        loss[iy, ix], acc[iy, ix] = found[c]
+    done = grid * grid
+    point_loss, point_acc = {}, {}
+    for name in pts:
+        point_loss[name], point_acc[name] = named(name)
+        done += 1
+        if progress:
+            progress(done, total, f"point {name}")
+    return loss, acc, point_loss, point_acc
+
+
 def loss_plane(
     anchor: Loaded,
     source: Loaded,
@@ -350,8 +410,7 @@ def loss_plane(
         )
     c = flat_inner(d_b, d_c) / n1  # B' along u1
     n2 = math.sqrt(max(flat_inner(d_c, d_c) - c * c, 0.0))  # B' off the A-B line
-    pts = {"A": (0.0, 0.0), "B": (n1, 0.0), "B'": (c, n2),
-           "AB": (n1 / 2, 0.0), "AB'": (c / 2, n2 / 2)}
+    pts = plane_points(n1, c, n2)
     degenerate = n2 <= 1e-6 * n1
     if degenerate:  # B' on the A-B line (e.g. no matching): y is a seeded random direction
         gen = torch.Generator().manual_seed(seed)
@@ -359,55 +418,25 @@ def loss_plane(
         pts["B'"], pts["AB'"] = (c, 0.0), (c / 2, 0.0)
         c = flat_inner(d_b, d_c) / n1
         n2 = math.sqrt(max(flat_inner(d_c, d_c) - c * c, 0.0))
-
-    def coeffs(x: float, y: float) -> tuple[float, float]:
-        """theta(x, y) = A + a (B - A) + b (C - A) with x u1 + y u2 = a d_b + b d_c."""
-        b = y / n2
-        return x / n1 - b * c / n1, b
-
-    x_all = [p[0] for p in pts.values()]
-    y_all = [p[1] for p in pts.values()] + ([-n1 / 2, n1 / 2] if degenerate else [])
-    span = max(max(x_all) - min(x_all), max(y_all) - min(y_all))
-    xs = grid_axis(min(x_all) - margin * span, max(x_all) + margin * span, grid, unit=n1)
-    ys = grid_axis(min(y_all) - margin * span, max(y_all) + margin * span, grid)
+    xs, ys = plane_axes(pts, n1, margin, grid, degenerate)
 
     def at(x: float, y: float) -> tuple[float, float]:
-        a, b = coeffs(x, y)
+        a, b = plane_coeffs(x, y, n1, c, n2)
         return ev.evaluate({k: pa[k] + a * d_b[k] + b * d_c[k] for k in pa})
 
-    total = grid * grid + len(pts)
-    cells = [(iy, ix) for iy in range(grid) for ix in range(grid)]
-    mine = group.mine(list(range(len(cells))))
-    found: dict[int, tuple[float, float]] = {}
-    for n, c in enumerate(mine):
-        iy, ix = cells[c]
-        found[c] = at(float(xs[ix]), float(ys[iy]))
-        if progress:
-            progress(n + 1, total, f"grid point {n + 1} of {len(mine)}")
-    parts = group.gather(found)
-    if parts is None:  # another rank than 0: its points are with rank 0
-        return None
-    for part in parts:
-        found.update(part)
-    loss = np.zeros((grid, grid))
-    acc = np.zeros((grid, grid))
-    for c, (iy, ix) in enumerate(cells):
-        loss[iy, ix], acc[iy, ix] = found[c]
-    done = grid * grid
-    point_loss, point_acc = {}, {}
-    for name, (x, y) in pts.items():
+    def named(name: str) -> tuple[float, float]:
         if name in ("A", "B"):  # exact endpoints, no arithmetic on the weights
-            point_loss[name], point_acc[name] = ev.evaluate(pa if name == "A" else pb)
-        elif name == "B'":
-            point_loss[name], point_acc[name] = ev.evaluate(pc)
-        elif name == "AB'":
-            mid = {k: torch.lerp(pa[k], pc[k], 0.5) for k in pa}
-            point_loss[name], point_acc[name] = ev.evaluate(mid)
-        else:
-            point_loss[name], point_acc[name] = at(x, y)
-        done += 1
-        if progress:
-            progress(done, total, f"point {name}")
+            return ev.evaluate(pa if name == "A" else pb)
+        if name == "B'":
+            return ev.evaluate(pc)
+        if name == "AB'":
+            return ev.evaluate({k: torch.lerp(pa[k], pc[k], 0.5) for k in pa})
+        return at(*pts[name])
+
+    found = plane_grid(at, named, pts, xs, ys, progress, group)
+    if found is None:  # another rank than 0: its points are with rank 0
+        return None
+    loss, acc, point_loss, point_acc = found
     return Plane(
         xs=xs.tolist(), ys=ys.tolist(), loss=loss.tolist(), acc=acc.tolist(),
         points={k: [float(v[0]), float(v[1])] for k, v in pts.items()},

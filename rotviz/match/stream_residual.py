@@ -38,17 +38,17 @@ from rotviz.match.distances import Distances, distances
 from rotviz.match.layers import match_layers
 from rotviz.match.options import MatchOptions
 from rotviz.match.report import HeadReport, MatchReport
-from rotviz.match.streaming import (
+from rotviz.match.streamed import (
     Dtype,
     Streamed,
-    _block_tensors,
-    _cells,
-    _check,
-    _read_block,
-    _rest_cells,
-    _write_block,
-    _write_config,
-    _writer,
+    block_tensors,
+    check_function,
+    kind_cells,
+    open_writer,
+    read_block_view,
+    rest_cells,
+    write_block_tensors,
+    write_config,
 )
 from rotviz.memory import release
 from rotviz.symmetry import residual as rs
@@ -128,9 +128,9 @@ class StreamedState:
     def block(self, i: int) -> tuple[ModelView, ModelView, ModelView, rs.Gauge]:
         """Block i: the anchor's as stored, its canonical form and gauge, and the source's
         canonical form in the current state (all float32, on the device)."""
-        a0 = _read_block(self.anchor, i).to(device=self.device)
+        a0 = read_block_view(self.anchor, i).to(device=self.device)
         a, gauge = rs.canonicalise(a0)
-        s, _ = rs.canonicalise(_read_block(self.source, i).to(device=self.device))
+        s, _ = rs.canonicalise(read_block_view(self.source, i).to(device=self.device))
         if i in self.transforms:
             s = apply_layer(s, 0, self.transforms[i])
         if self.q is not None:
@@ -270,20 +270,20 @@ def match_streamed_residual(
         a0, _, s, gauge = state.block(i)
         return a0, rs.restore(s, gauge).to(device="cpu")
 
-    writer = _writer(source, folder, shard_bytes, rest_final.other)
+    writer = open_writer(source, folder, shard_bytes, rest_final.other)
     before: dict[tuple[int | None, str], float] = {}
     after: dict[tuple[int | None, str], float] = {}
     try:
         for i in range(state.n):
             tick(f"block {i}: writing")
             a0, matched = final(i)
-            s0 = _read_block(source, i).to(device=device)
-            before.update({(i, k): v for k, v in _cells(distances(s0, a0)).items()})
+            s0 = read_block_view(source, i).to(device=device)
+            before.update({(i, k): v for k, v in kind_cells(distances(s0, a0)).items()})
             after.update({(i, k): v for k, v in
-                          _cells(distances(matched.to(device=device), a0)).items()})
+                          kind_cells(distances(matched.to(device=device), a0)).items()})
             stored = replace(matched, dtypes={k: source.checkpoint.entries[k].dtype
                                               for k in matched.dtypes})
-            _write_block(writer, stored, i, source)
+            write_block_tensors(writer, stored, i, source)
             del a0, s0, matched, stored
             release()
         if folder is not None:
@@ -291,13 +291,13 @@ def match_streamed_residual(
     finally:
         writer.abort()
     if folder is not None:
-        _write_config(source, folder)
+        write_config(source, folder)
     if progress:
         progress(1, 1, "checking the function")
-    rest_after = _cells(distances(rest_final, anchor_rest))
+    rest_after = kind_cells(distances(rest_final, anchor_rest))
     del anchor_rest
-    rest_cells = _rest_cells(anchor, source)
-    report = MatchReport(options, Distances({**before, **rest_cells}),
+    rest_before = rest_cells(anchor, source)
+    report = MatchReport(options, Distances({**before, **rest_before}),
                          Distances({**after, **{(None, k): v for k, v in rest_after.items()}}),
                          out.layers, residual=out.info)
     report.seconds = time.perf_counter() - t0
@@ -309,7 +309,7 @@ def match_streamed_residual(
             if dtype is None:
                 view = replace(view, dtypes={k: source.checkpoint.entries[k].dtype
                                              for k in view.dtypes})
-            return _block_tensors(view, i, source)
+            return block_tensors(view, i, source)
         return provide
 
     def matched_rest(dtype: Dtype):
@@ -324,5 +324,5 @@ def match_streamed_residual(
             return out
         return read
 
-    _check(source, matched_blocks, matched_rest, report, folder)
+    check_function(source, matched_blocks, matched_rest, report, folder)
     return report
