@@ -61,6 +61,8 @@ KINDS = {
     ("match", "--report"): "out file", ("match", "--data"): "data",
     ("match", "--layers"): "layers", ("match", "--residual-group"): "name",
     ("match", "--device"): "name", ("match", "--max-memory"): "size",
+    ("barrier", "--max-memory"): "size", ("plane", "--max-memory"): "size",
+    ("merge", "--max-memory"): "size",
     ("eval", "model"): "model", ("eval", "--json"): "out file", ("eval", "--data"): "data",
     ("eval", "--split"): "name", ("eval", "--device"): "name",
     ("merge", "--out"): "out folder", ("merge", "--method"): "name",

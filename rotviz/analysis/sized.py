@@ -1,4 +1,4 @@
-"""Loss curves of models held in their stored dtype, interpolated one block at a time.
+"""Curves, planes and merges of models held in their stored dtype, built one block at a time.
 
 `rotviz.analysis.landscape.interpolate` holds the anchor, the source and each point of the
 path in float32: 3x a model's float32 bytes, 84 GB for a 7B pair. Here both checkpoints are
@@ -6,12 +6,16 @@ held as they are stored (bf16: 2 x 14 GB for 7B) on the device, and each point o
 is never made whole: every block's weights, (1 - alpha) anchor + alpha source in float32,
 are built just before the block runs and dropped after it (rotviz.skeleton); embeddings and
 output heads likewise, the small tensors outside the blocks when the point starts. Logits
-are bounded per batch as everywhere (rotviz.evaluation.fit_batch). The source is taken as
-given: match it first (rotviz.match.streaming writes a matched checkpoint).
+are bounded per batch as everywhere (rotviz.evaluation.fit_batch). Planes hold three
+checkpoints (anchor, source, matched source) and build each grid point the same way; the
+simple merge is the path's point at its weight, written tensor by tensor. The source is
+taken as given: match it first (rotviz.match.streaming writes a matched checkpoint; the
+CLI's --max-memory does both).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import time
@@ -22,13 +26,22 @@ import numpy as np
 import torch
 
 from rotviz.analysis.fusion import Merged, check_weight
-from rotviz.analysis.landscape import Curve, MatchInfo, path_points
+from rotviz.analysis.landscape import (
+    Curve,
+    MatchInfo,
+    Plane,
+    path_points,
+    plane_axes,
+    plane_coeffs,
+    plane_grid,
+    plane_points,
+)
 from rotviz.checkpoint import ShardWriter
 from rotviz.data import Split
 from rotviz.dist import SINGLE, Group
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator, check_split
-from rotviz.limits import POINTS, REPEATS
+from rotviz.limits import GRID, MARGIN, POINTS, REPEATS
 from rotviz.match.streaming import Streamed, open_streamed
 from rotviz.memory import release
 from rotviz.models import Loaded, check_compatible, copy_reading_files, read_config, wide_device
@@ -180,3 +193,70 @@ def sized_merge(anchor: str | os.PathLike, source: str | os.PathLike, split: Spl
         match_seconds=info.seconds, stats_seconds=0.0, distance_before=info.distance_before,
         distance_after=info.distance_after, anchor=first.ref, source=held.models[1].ref,
         layers=layers, scores=scores, anchor_scores=a_scores, source_scores=s_scores)
+
+
+def sized_plane(anchor: str | os.PathLike, source: str | os.PathLike,
+                matched: str | os.PathLike, split: Split, grid: int = 21,
+                margin: float = 0.25, device: str | torch.device = "cpu",
+                batch_size: int = 512, progress: Progress | None = None,
+                group: Group = SINGLE, match_info: MatchInfo | None = None,
+                layers: list[int] | None = None) -> Plane | None:
+    """`rotviz.analysis.landscape.loss_plane` through A (`anchor`), B (`source`) and B'
+    (`matched`, the source matched already: `match_info` says how), three checkpoint folders
+    held as stored, each grid point (1 - a - b) A + a B + b B' built block by block. B' must
+    lie off the A-B line (a plane without matching has no second direction here). Under
+    torchrun (`group`) the grid is shared and rank 0 returns the plane (None elsewhere)."""
+    GRID.check(grid)
+    MARGIN.check(margin)
+    t0 = time.perf_counter()
+    held = Held([anchor, source, matched], split, device, batch_size)
+    aliases = {alias for alias, _ in held.models[0].tied}
+    bb = bc = cc = 0.0
+    for n in held.keys:
+        a, b, c = (t[n] for t in held.tensors)
+        if not a.is_floating_point() or n in aliases:
+            continue
+        d_b = (b.float() - a.float()).double()
+        d_c = (c.float() - a.float()).double()
+        bb += float((d_b * d_b).sum())
+        bc += float((d_b * d_c).sum())
+        cc += float((d_c * d_c).sum())
+    n1 = math.sqrt(bb)
+    if n1 == 0.0:
+        raise RotvizError(
+            "anchor and source have identical weights: there is no plane to draw; pick two models"
+        )
+    c = bc / n1
+    n2 = math.sqrt(max(cc - c * c, 0.0))
+    if n2 <= 1e-6 * n1:
+        raise RotvizError("the matched source lies on the anchor-source line, so the plane has "
+                          "no second direction; at size rotviz draws no random one: match "
+                          "with --match (e.g. seed) or raise --max-memory")
+    pts = plane_points(n1, c, n2)
+    xs, ys = plane_axes(pts, n1, margin, grid, False)
+
+    def at(x: float, y: float) -> tuple[float, float]:
+        a, b = plane_coeffs(x, y, n1, c, n2)
+        return held.loss_acc((1.0 - a - b, a, b))[:2]
+
+    corners = {"A": (1.0, 0.0, 0.0), "B": (0.0, 1.0, 0.0), "B'": (0.0, 0.0, 1.0),
+               "AB'": (0.5, 0.0, 0.5)}
+
+    def named(name: str) -> tuple[float, float]:
+        if name in corners:
+            return held.loss_acc(corners[name])[:2]
+        return at(*pts[name])
+
+    found = plane_grid(at, named, pts, xs, ys, progress, group)
+    if found is None:
+        return None
+    loss, acc, point_loss, point_acc = found
+    info = match_info or MatchInfo("none", 0.0, 0.0, None, 0.0)
+    return Plane(
+        xs=xs.tolist(), ys=ys.tolist(), loss=loss.tolist(), acc=acc.tolist(),
+        points={k: [float(v[0]), float(v[1])] for k, v in pts.items()},
+        point_loss=point_loss, point_acc=point_acc, match=info.match, data=split.data,
+        split=split.split, device=str(held.device), seconds=time.perf_counter() - t0,
+        grid=grid, n=split.n, layers=layers, anchor=held.models[0].ref,
+        source=held.models[1].ref, distance_ab=n1, distance_ab_matched=math.hypot(*pts["B'"]),
+        degenerate=False)

@@ -80,6 +80,12 @@ def register(sub) -> None:
                         f"{MARGIN.text})")
     p.add_argument("--batch-size", type=bounded(BATCH_SIZE), default=512,
                    help=f"evaluation batch size (default 512, {BATCH_SIZE.text})")
+    p.add_argument("--max-memory", type=memory_text, default=None, metavar="SIZE",
+                   help="memory the run may use, e.g. 16GB: a pair that needs more in memory "
+                        "(about 4.5x its float32 bytes) is matched streamed and the plane "
+                        "evaluated with the three checkpoints held as stored, each grid point "
+                        "built block by block; 0 always does (default: the memory available "
+                        "now)")
     p.set_defaults(func=cmd_plane)
 
     m = sub.add_parser("merge", help="merge the matched source into the anchor and evaluate it")
@@ -292,21 +298,38 @@ def cmd_plane(args: argparse.Namespace) -> int:
     from rotviz.analysis.landscape import loss_plane
 
     outputs, _, js = _outputs(args, "plane")
-    anchor, source, split, device, options = _load_pair(args)
 
     def show(done: int, total: int, _msg: str) -> None:
         if done == total or done % max(1, total // 10) == 0:
             print(f"\r  {done}/{total}", end="\n" if done == total else "", flush=True)
 
-    with _processes(device) as group:
-        pl = loss_plane(anchor, source, split, options, args.grid, args.margin, device,
-                        progress=show if group.main else None, batch_size=args.batch_size,
-                        group=group)
+    sized = _at_size(args)
+    if sized:
+        from rotviz.analysis.landscape import layers_of
+        from rotviz.analysis.sized import sized_plane
+        from rotviz.match.selection import match_options
+
+        if match_options(args.match) is None:
+            raise RotvizError("a plane at size (--max-memory) needs a matched source for its "
+                              "second direction: give --match (e.g. seed) or raise --max-memory")
+        with _sized_pair(args) as (group, _, matched, split, device, options, info):
+            pl = sized_plane(args.anchor, args.source, matched, split, args.grid, args.margin,
+                             device, args.batch_size, show if group.main else None, group,
+                             info, layers_of(options))
+        if pl is not None:
+            pl.source = args.source
+    else:
+        anchor, source, split, device, options = _load_pair(args)
+        with _processes(device) as group:
+            pl = loss_plane(anchor, source, split, options, args.grid, args.margin, device,
+                            progress=show if group.main else None,
+                            batch_size=args.batch_size, group=group)
     if pl is None:  # under torchrun, a rank other than 0: rank 0 writes and reports
         return 0
     _write(outputs, None, js, pl.to_dict(), "plane")
     pts = ", ".join(f"{k} {pl.point_loss[k]:.3f}" for k in pl.points)
-    print(f"plane [{_label(pl.match, pl.layers)}] {pl.grid}x{pl.grid} on {pl.device}: "
+    how = " (at size: streamed, each point built block by block)" if sized else ""
+    print(f"plane [{_label(pl.match, pl.layers)}] {pl.grid}x{pl.grid} on {pl.device}{how}: "
           f"losses {pts}; "
           f"|AB| {pl.distance_ab:.3f}, |AB'| {pl.distance_ab_matched:.3f}; {pl.seconds:.1f} s")
     return 0
