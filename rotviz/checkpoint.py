@@ -288,6 +288,29 @@ class ShardWriter:
         self.file_no = k
         self.total += offset
 
+    def write_parts(self, name: str, parts: Iterable[Tensor]) -> None:
+        """One tensor given as consecutive slices of its rows (a large embedding computed a
+        slice at a time), each in the planned dtype."""
+        if self.pos >= len(self.order):
+            raise RuntimeError(f"ShardWriter: {name} is not in the plan")
+        k, (want, dtype, shape) = self.order[self.pos]
+        if name != want:
+            raise RuntimeError(f"ShardWriter: got {name}, the plan has {want} next")
+        if k != self.file_no:
+            self._open(k)
+        rows = 0
+        for t in parts:
+            if t.dtype != dtype or tuple(t.shape[1:]) != tuple(shape[1:]):
+                raise RuntimeError(f"ShardWriter: a slice of {name} is {t.dtype} "
+                                   f"{tuple(t.shape)}, the plan has {dtype} {tuple(shape)}")
+            data = t.detach().to("cpu").contiguous().reshape(-1)
+            if data.numel():
+                self.file.write(data.view(torch.uint8).numpy().data)
+            rows += t.shape[0]
+        if rows != shape[0]:
+            raise RuntimeError(f"ShardWriter: {name} got {rows} rows of {shape[0]}")
+        self.pos += 1
+
     def write(self, name: str, t: Tensor) -> None:
         if self.pos >= len(self.order):
             raise RuntimeError(f"ShardWriter: {name} is not in the plan")

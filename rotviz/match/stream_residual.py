@@ -24,8 +24,9 @@ differ by float32 roundoff, about 1e-7 of each tensor's scale (tests/test_stream
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -34,7 +35,7 @@ import torch
 from rotviz.dist import SINGLE, Group
 from rotviz.errors import RotvizError
 from rotviz.match.alternating import Step, alternate, check_residual, describe
-from rotviz.match.distances import Distances, distances
+from rotviz.match.distances import Distances, distances, squared_distance
 from rotviz.match.layers import match_layers
 from rotviz.match.options import MatchOptions
 from rotviz.match.report import HeadReport, MatchReport
@@ -53,25 +54,114 @@ from rotviz.match.streamed import (
 from rotviz.memory import release
 from rotviz.symmetry import residual as rs
 from rotviz.symmetry.actions import LayerTransform, apply_layer
-from rotviz.symmetry.view import ModelView
+from rotviz.symmetry.view import Layout, ModelView, _kind_of
 from rotviz.types import Progress
 
 Tensor = torch.Tensor
 
 
-def rest_view(model: Streamed, device: torch.device | str = "cpu") -> ModelView:
-    """The tensors outside the blocks as a view with no blocks, in float32, under the
-    checkpoint's names; a tie the file leaves out (an output head that is the embedding)
-    is the owner's tensor, as in a loaded model's state dict."""
-    floating = [n for n in model.rest if model.checkpoint.entries[n].dtype.is_floating_point]
-    got = model.checkpoint.read(floating, torch.float32)
-    other = {n: got[n].to(device) for n in floating}
+# A tensor outside the blocks this large (embeddings, output heads: rows in the stream) is
+# read, canonicalised, turned and written in slices of rows of about this many elements.
+SLICE = 1 << 22
+
+
+def large_rest(model: Streamed) -> tuple[str, ...]:
+    """The tensors outside the blocks handled in row slices: floating, 2-D with the stream
+    on the last axis, at least SLICE elements, a writer (not a projection) or a reader's
+    weight, and in no tie (a tied pair is read whole, as one tensor)."""
+    lay, spec, d = model.layout, model.spec, model.dims.d_model
+    tied = {n for pair in model.tied for n in pair}
+    out = []
+    for n in model.rest:
+        e = model.checkpoint.entries[n]
+        if (not e.dtype.is_floating_point or len(e.shape) != 2 or e.shape[1] != d
+                or math.prod(e.shape) < SLICE or n in tied):
+            continue
+        projection = any(n.endswith(f"{p}.weight") for p in spec.projections)
+        reader = n.endswith(".weight") and n.rsplit(".", 1)[0] in lay.readers
+        if (n in lay.writers and not projection) or reader:
+            out.append(n)
+    for alias, owner in model.spec.tied:  # untied by the config but equal: tied in memory
+        if alias in out and owner in out and _equal(model, alias, owner):
+            out = [n for n in out if n not in (alias, owner)]
+    return tuple(out)
+
+
+def _equal(model: Streamed, x: str, y: str) -> bool:
+    rows = model.checkpoint.entries[x].shape[0]
+    step = max(1, SLICE // model.dims.d_model)
+    return model.checkpoint.entries[y].shape == model.checkpoint.entries[x].shape and all(
+        torch.equal(model.checkpoint.read_rows(x, lo, lo + step),
+                    model.checkpoint.read_rows(y, lo, lo + step))
+        for lo in range(0, rows, step))
+
+
+def rest_part(model: Streamed, names: list[str], device: torch.device | str = "cpu",
+              rows: tuple[int, int] | None = None, large: tuple[str, ...] = ()) -> ModelView:
+    """A view with no blocks of the named tensors outside the blocks, in float32, those in
+    `large` only their `rows`; a tie the file leaves out (an output head that is the
+    embedding) is the owner's tensor, as in a loaded model's state dict. Its layout names
+    only the writers and readers present, so canonical forms, turns and restores apply to
+    what it holds."""
+    other = {}
+    for n in names:
+        if n in large and rows is not None:
+            t = model.checkpoint.read_rows(n, rows[0], rows[1], torch.float32)
+        else:
+            t = model.checkpoint.read([n], torch.float32)[n]
+        other[n] = t.to(device)
     ties = tuple((a, o) for a, o in model.tied if o in other)
     for alias, owner in ties:
         other.setdefault(alias, other[owner])
-    dtypes = {n: model.checkpoint.entries[n].dtype for n in floating}
-    return ModelView(model.spec, replace(model.dims, n_layers=0),
-                     replace(model.layout, blocks=()), (), other, dtypes, ties)
+    layout = _present(model.layout, other)
+    dtypes = {n: model.checkpoint.entries[n].dtype for n in names}
+    return ModelView(model.spec, replace(model.dims, n_layers=0), layout, (), other, dtypes,
+                     ties)
+
+
+def _present(lay: Layout, other: Mapping[str, Tensor]) -> Layout:
+    """`lay` without blocks, naming only the writers and readers `other` holds."""
+    return replace(lay, blocks=(), writers=tuple(w for w in lay.writers if w in other),
+                   readers=tuple(r for r in lay.readers if f"{r}.weight" in other))
+
+
+class _RestSplit:
+    """The tensors outside the blocks of a pair: the small ones, held whole when needed, and
+    the large ones (`large_rest`), visited a slice of rows at a time with the small tensors
+    their canonical form depends on (the final norm, folded into the output head)."""
+
+    def __init__(self, anchor: Streamed, source: Streamed, device: torch.device):
+        self.anchor, self.source, self.device = anchor, source, device
+        self.large = large_rest(source)
+        self.small = [n for n in source.rest
+                      if source.checkpoint.entries[n].dtype.is_floating_point
+                      and n not in self.large]
+        fn = source.layout.final_norm
+        self.context = [n for n in (f"{fn}.weight", f"{fn}.bias") if fn and n in self.small]
+
+    def check_view(self) -> ModelView:
+        """The source's small tensors and the first row of each large one: what deciding
+        whether residual maps exist reads (ties, gains, heads)."""
+        view = rest_part(self.source, self.small, self.device)
+        other = dict(view.other)
+        for n in self.large:
+            other[n] = self.source.checkpoint.read_rows(n, 0, 1, torch.float32).to(self.device)
+        return replace(view, other=other, layout=_present(self.source.layout, other))
+
+    def small_views(self) -> tuple[ModelView, ModelView]:
+        """The anchor's and the source's small tensors."""
+        return (rest_part(self.anchor, self.small, self.device),
+                rest_part(self.source, self.small, self.device))
+
+    def slices(self, name: str):
+        """(anchor, source) views of consecutive row slices of `name`, with its context."""
+        names = [name, *(self.context if name not in self.source.layout.writers else [])]
+        rows = self.source.checkpoint.entries[name].shape[0]
+        step = max(1, SLICE // self.source.dims.d_model)
+        for lo in range(0, rows, step):
+            span = (lo, min(rows, lo + step))
+            yield (rest_part(self.anchor, names, self.device, span, self.large),
+                   rest_part(self.source, names, self.device, span, self.large))
 
 
 def _total(d: Distances) -> float:
@@ -81,21 +171,27 @@ def _total(d: Distances) -> float:
 @dataclass
 class _Rest:
     """What the rounds need of the tensors outside the blocks (rank 0 only): the cross term
-    and squared distance of their canonical forms at the identity map. The tensors are read
-    again for the last pass rather than held through the rounds."""
+    and squared distance of their canonical forms at the identity map, summed a slice at a
+    time for the large ones. The tensors are read again for the last pass."""
 
     cross: Tensor
     sq: float
 
     @classmethod
-    def read(cls, anchor: Streamed, source: Streamed, options: MatchOptions,
-             device: torch.device) -> tuple[str, _Rest]:
+    def read(cls, split: _RestSplit, options: MatchOptions) -> tuple[str, _Rest]:
         """The residual group (a one-line error where the pair has none) and the numbers."""
-        s = rest_view(source, device)
-        kind = check_residual(s, options)
-        s, _ = rs.canonicalise(s)
-        a, _ = rs.canonicalise(rest_view(anchor, device))
-        return kind, cls(rs.cross(s, a), _total(distances(s, a)))
+        kind = check_residual(split.check_view(), options)
+        a, s = (rs.canonicalise(v)[0] for v in split.small_views())
+        d = split.source.dims.d_model
+        cross = rs.cross(s, a) if s.other else torch.zeros(d, d, dtype=torch.float64)
+        sq = _total(distances(s, a))
+        for name in split.large:
+            for a_part, s_part in split.slices(name):
+                xa = rs.canonicalise(a_part)[0].other[name]
+                xs = rs.canonicalise(s_part)[0].other[name]
+                cross = cross + (xs.t() @ xa).to(torch.float64).to(cross.device)
+                sq += squared_distance(xs, xa)
+        return kind, cls(cross.to(split.device), sq)
 
     def at(self, q: Tensor | None) -> tuple[Tensor, float]:
         """Cross term and squared distance once the source's stream is turned by `q`:
@@ -104,6 +200,35 @@ class _Rest:
             return self.cross, self.sq
         eye = torch.eye(len(q), dtype=q.dtype, device=q.device)
         return q.t() @ self.cross, self.sq + 2.0 * float(((eye - q) * self.cross).sum())
+
+
+def _matched_rest(split: _RestSplit, q: Tensor | None
+                  ) -> tuple[dict[str, Tensor], Callable, dict[str, float]]:
+    """The matched source's tensors outside the blocks, in the anchor's gauge: the small ones
+    (float32), a function giving each large one's row slices (float32; with `count`, their
+    squared distances to the anchor's go into the returned cells), and those cells."""
+    a0, s = split.small_views()
+    _, gauge = rs.canonicalise(a0)
+    s = rs.canonicalise(s)[0]
+    if q is not None:
+        s = rs.apply_residual(s, q, check=False)
+    small = rs.restore(s, gauge)
+    cells = dict(kind_cells(distances(small, a0)))
+    small_out = {n: t for n, t in small.other.items() if n in split.small}
+
+    def slices(name: str, count: bool = False):
+        kind = _kind_of(name, split.source.layout)
+        for a_part, s_part in split.slices(name):
+            _, g = rs.canonicalise(a_part)
+            x = rs.canonicalise(s_part)[0]
+            if q is not None:
+                x = rs.apply_residual(x, q, check=False)
+            out = rs.restore(x, g).other[name]
+            if count:
+                cells[kind] = cells.get(kind, 0.0) + squared_distance(out, a_part.other[name])
+            yield out
+
+    return small_out, slices, cells
 
 
 class StreamedState:
@@ -224,9 +349,10 @@ def match_streamed_residual(
     t0 = time.perf_counter()
     rest = None
     verdict: tuple[str, str] | None = None
+    split = _RestSplit(anchor, source, device)
     if group.main:
         try:
-            kind, rest = _Rest.read(anchor, source, options, device)
+            kind, rest = _Rest.read(split, options)
             verdict = ("ok", kind)
         except RotvizError as e:
             verdict = ("error", str(e))
@@ -257,20 +383,15 @@ def match_streamed_residual(
         state.transforms.update(piece)
     describe(out.layers, state.transforms)  # every rank's blocks now
     q = state.q
-    anchor_rest = rest_view(anchor, device)
-    _, gauge = rs.canonicalise(anchor_rest)
-    turned, _ = rs.canonicalise(rest_view(source, device))
-    if q is not None:
-        turned = rs.apply_residual(turned, q, check=False)
-    rest_final = rs.restore(turned, gauge)
-    del turned, gauge
+    small, slices, rest_after = _matched_rest(split, q)
     release()
 
     def final(i: int) -> tuple[ModelView, ModelView]:
         a0, _, s, gauge = state.block(i)
         return a0, rs.restore(s, gauge).to(device="cpu")
 
-    writer = open_writer(source, folder, shard_bytes, rest_final.other)
+    large = {n: (lambda n=n: slices(n, count=True)) for n in split.large}
+    writer = open_writer(source, folder, shard_bytes, {**small, **large})
     before: dict[tuple[int | None, str], float] = {}
     after: dict[tuple[int | None, str], float] = {}
     try:
@@ -294,14 +415,12 @@ def match_streamed_residual(
         write_config(source, folder)
     if progress:
         progress(1, 1, "checking the function")
-    rest_after = kind_cells(distances(rest_final, anchor_rest))
-    del anchor_rest
     rest_before = rest_cells(anchor, source)
     report = MatchReport(options, Distances({**before, **rest_before}),
                          Distances({**after, **{(None, k): v for k, v in rest_after.items()}}),
                          out.layers, residual=out.info)
     report.seconds = time.perf_counter() - t0
-    rest_cpu = {n: t.to("cpu") for n, t in rest_final.other.items()}
+    small_cpu = {n: t.to("cpu") for n, t in small.items()}
 
     def matched_blocks(dtype: Dtype):
         def provide(i: int):
@@ -316,7 +435,10 @@ def match_streamed_residual(
         def read(names: list[str]):
             out = {}
             for n in names:
-                t = rest_cpu.get(n)
+                if n in split.large:
+                    t = torch.cat([x.to("cpu") for x in slices(n)])
+                else:
+                    t = small_cpu.get(n)
                 if t is None:  # not floating: as stored
                     t = source.checkpoint.read([n], None)[n]
                 want = source.checkpoint.entries[n].dtype if dtype is None else dtype

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
@@ -238,22 +238,30 @@ def _ties(spec: ArchSpec, config: dict, names: set[str], module: set[str]
 
 
 def open_writer(source: Streamed, folder: Path | None, shard_bytes: int | None,
-            rest: Mapping[str, Tensor] | None = None):
+                rest: Mapping[str, Tensor | Callable[[], Iterable[Tensor]]] | None = None):
     """The output's writer, the tensors outside the blocks written first: from `rest` where
-    it has them (cast to the stored dtype), else copied as they are stored; a writer that
-    drops everything when there is no folder."""
-    if folder is None:
-        return _Discard()
-    order = [*source.rest, *(n for keys in source.block_keys for n in keys)]
-    entries = source.checkpoint.entries
-    plan = [(n, entries[n].dtype, entries[n].shape) for n in order]
-    w = ShardWriter(folder, plan, shard_bytes or source.checkpoint.largest_file_bytes())
+    it has them (a tensor, or a function giving its row slices; cast to the stored dtype),
+    else copied as they are stored. With no folder, a writer that drops what it is given
+    (row slices are still computed)."""
+    writer = _Discard() if folder is None else None
+    if writer is None:
+        order = [*source.rest, *(n for keys in source.block_keys for n in keys)]
+        entries = source.checkpoint.entries
+        plan = [(n, entries[n].dtype, entries[n].shape) for n in order]
+        writer = ShardWriter(folder, plan,
+                             shard_bytes or source.checkpoint.largest_file_bytes())
     for name in source.rest:
+        dtype = source.checkpoint.entries[name].dtype
         t = rest.get(name) if rest is not None else None
+        if callable(t):
+            writer.write_parts(name, (p.to(device="cpu", dtype=dtype) for p in t()))
+            continue
+        if folder is None:
+            continue
         if t is None:
             t = source.checkpoint.read([name], None)[name]
-        w.write(name, t.to(device="cpu", dtype=entries[name].dtype))
-    return w
+        writer.write(name, t.to(device="cpu", dtype=dtype))
+    return writer
 
 
 def write_block_tensors(writer, view: ModelView, i: int, source: Streamed) -> None:
@@ -267,6 +275,10 @@ class _Discard:
 
     def write(self, name: str, t: Tensor) -> None:
         pass
+
+    def write_parts(self, name: str, parts: Iterable[Tensor]) -> None:
+        for _ in parts:
+            pass
 
     def close(self) -> list[str]:
         return []
