@@ -2,7 +2,8 @@
 
 The public API, imported on first use (so `import rotviz` and the command line stay light):
 `load_model`, `match_models`, `MatchOptions`, `interpolate`, `loss_plane`, `merge` and
-`evaluate`; for checkpoints larger than memory, `open_streamed` and `match_streamed`.
+`evaluate`; for checkpoints larger than memory, `open_streamed`, `match_streamed` and the
+sized evaluations `sized_curve`, `sized_plane` and `sized_merge`.
 Everything else lives in the layers below: `arch` (architectures as data),
 `groups` (solvers), `symmetry` (views, actions, the symmetry registry), models and data,
 `match`, `analysis`, then `zoo`, `app` and `cli`.
@@ -24,6 +25,9 @@ _API = {
     "evaluate": "rotviz.evaluation",
     "open_streamed": "rotviz.match.streaming",
     "match_streamed": "rotviz.match.streaming",
+    "sized_curve": "rotviz.analysis.sized",
+    "sized_plane": "rotviz.analysis.sized",
+    "sized_merge": "rotviz.analysis.sized",
 }
 __all__ = ["__version__", *_API]
 

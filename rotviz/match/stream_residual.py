@@ -435,8 +435,13 @@ def match_streamed_residual(
         def read(names: list[str]):
             out = {}
             for n in names:
-                if n in split.large:
-                    t = torch.cat([x.to("cpu") for x in slices(n)])
+                if n in split.large:  # filled a slice at a time: one copy of the tensor
+                    e = source.checkpoint.entries[n]
+                    t = torch.empty(tuple(e.shape), dtype=torch.float32)
+                    lo = 0
+                    for x in slices(n):
+                        t[lo:lo + len(x)] = x
+                        lo += len(x)
                 else:
                     t = small_cpu.get(n)
                 if t is None:  # not floating: as stored
