@@ -246,14 +246,21 @@ def test_a_fine_tune_keeps_its_encoder_and_gets_a_new_head():
 
 
 def test_rebuilding_a_fine_tune_reproduces_its_card(tmp_path):
-    """Slow (about 20-30 s): retrain roberta-topics-b from its shipped base and seed."""
+    """Slow (about 20-30 s): retrain roberta-topics-b from its shipped base and seed: the same
+    steps and data, each metric within one example of the card (1/n), losses within 2e-3 of
+    themselves. Why not 1e-4: 280 float32 training steps round differently on another CPU
+    (the card was built on one machine; on an AMD EPYC with AVX2 the rebuilt test loss is
+    7e-4 of itself away, every accuracy equal), while the next seed moves the losses by
+    0.07-0.37 and the accuracies by 0.02-0.07."""
     card = zoo.read_card("roberta-topics-b")
     out = build("roberta-topics-b", tmp_path / "b")
     new = json.loads((out / "card.json").read_text())
     assert new["steps"] == card["steps"] and new["data"] == card["data"]
     for split in ("val", "test"):
+        n = card[split]["n"]
         for key, value in card[split].items():
-            assert new[split][key] == pytest.approx(value, abs=1e-4), (split, key)
+            tol = 2e-3 * abs(value) if key == "loss" else 1.0 / n
+            assert new[split][key] == pytest.approx(value, abs=tol), (split, key)
 
 
 def test_cli_lists_the_nlp_models(capsys):
