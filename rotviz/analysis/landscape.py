@@ -203,6 +203,15 @@ def path_points(evaluate: Callable[[float], tuple], alphas: Sequence[float], n: 
     return out
 
 
+def check_path(points: int, repeats: int, split: Split) -> None:
+    """A curve's point count, repeats and split, each a one-line error when out of range."""
+    POINTS.check(points)
+    REPEATS.check(repeats)
+    check_split(split)
+    if repeats < 1 or repeats > split.n:
+        raise RotvizError(f"repeats must be between 1 and the split size {split.n}, got {repeats}")
+
+
 def layers_of(options: MatchOptions | None) -> list[int] | None:
     return None if options is None or options.layers is None else list(options.layers)
 
@@ -233,11 +242,7 @@ def interpolate(
     Under torchrun (`group`) the points are shared among the processes and rank 0 returns
     the curve (None elsewhere).
     """
-    POINTS.check(points)
-    REPEATS.check(repeats)
-    check_split(split)
-    if repeats < 1 or repeats > split.n:
-        raise RotvizError(f"repeats must be between 1 and the split size {split.n}, got {repeats}")
+    check_path(points, repeats, split)
     t0 = time.perf_counter()
     options = as_options(options)
     ev = evaluator or Evaluator(anchor, split, device, batch_size)
@@ -306,6 +311,18 @@ def grid_axis(lo: float, hi: float, n: int, unit: float | None = None) -> np.nda
         step = width / (n - 2)
     start = math.floor(lo / step + 1e-9) * step
     return start + step * np.arange(n)
+
+
+def plane_frame(bb: float, bc: float, cc: float) -> tuple[float, float, float]:
+    """The plane's frame from the inner products of d_b = B - A and d_c = B' - A (bb =
+    <d_b, d_b>, ...): |B - A|, and B' - A along it and off it."""
+    n1 = math.sqrt(bb)
+    if n1 == 0.0:
+        raise RotvizError(
+            "anchor and source have identical weights: there is no plane to draw; pick two models"
+        )
+    c = bc / n1  # B' along u1
+    return n1, c, math.sqrt(max(cc - c * c, 0.0))  # B' off the A-B line
 
 
 def plane_points(n1: float, c: float, n2: float) -> dict[str, tuple[float, float]]:
@@ -403,21 +420,15 @@ def loss_plane(
     pa, pb, pc = ev.params(anchor.state), ev.params(source.state), ev.params(source_state)
     d_b = {k: pb[k] - pa[k] for k in pa}
     d_c = {k: pc[k] - pa[k] for k in pa}
-    n1 = math.sqrt(flat_inner(d_b, d_b))
-    if n1 == 0.0:
-        raise RotvizError(
-            "anchor and source have identical weights: there is no plane to draw; pick two models"
-        )
-    c = flat_inner(d_b, d_c) / n1  # B' along u1
-    n2 = math.sqrt(max(flat_inner(d_c, d_c) - c * c, 0.0))  # B' off the A-B line
+    bb = flat_inner(d_b, d_b)
+    n1, c, n2 = plane_frame(bb, flat_inner(d_b, d_c), flat_inner(d_c, d_c))
     pts = plane_points(n1, c, n2)
     degenerate = n2 <= 1e-6 * n1
     if degenerate:  # B' on the A-B line (e.g. no matching): y is a seeded random direction
         gen = torch.Generator().manual_seed(seed)
         d_c = {k: torch.randn(v.shape, generator=gen).to(v) for k, v in d_b.items()}
         pts["B'"], pts["AB'"] = (c, 0.0), (c / 2, 0.0)
-        c = flat_inner(d_b, d_c) / n1
-        n2 = math.sqrt(max(flat_inner(d_c, d_c) - c * c, 0.0))
+        n1, c, n2 = plane_frame(bb, flat_inner(d_b, d_c), flat_inner(d_c, d_c))
     xs, ys = plane_axes(pts, n1, margin, grid, degenerate)
 
     def at(x: float, y: float) -> tuple[float, float]:

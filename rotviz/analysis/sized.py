@@ -30,9 +30,11 @@ from rotviz.analysis.landscape import (
     Curve,
     MatchInfo,
     Plane,
+    check_path,
     path_points,
     plane_axes,
     plane_coeffs,
+    plane_frame,
     plane_grid,
     plane_points,
 )
@@ -41,7 +43,7 @@ from rotviz.data import Split
 from rotviz.dist import SINGLE, Group
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator, check_split
-from rotviz.limits import GRID, MARGIN, POINTS, REPEATS
+from rotviz.limits import GRID, MARGIN
 from rotviz.match.streaming import Streamed, open_streamed
 from rotviz.memory import release
 from rotviz.models import Loaded, check_compatible, copy_reading_files, read_config, wide_device
@@ -133,11 +135,7 @@ def sized_curve(anchor: str | os.PathLike, source: str | os.PathLike, split: Spl
     `rotviz.analysis.landscape.interpolate` gives it for a source already matched
     (`match_info` says how; `layers` which layers). Under torchrun (`group`) the points are
     shared and rank 0 returns the curve (None elsewhere)."""
-    POINTS.check(points)
-    REPEATS.check(repeats)
-    check_split(split)
-    if repeats > split.n:
-        raise RotvizError(f"repeats must be between 1 and the split size {split.n}, got {repeats}")
+    check_path(points, repeats, split)
     t0 = time.perf_counter()
     held = Held([anchor, source], split, device, batch_size)
     alphas = np.linspace(0.0, 1.0, points).tolist()
@@ -221,13 +219,7 @@ def sized_plane(anchor: str | os.PathLike, source: str | os.PathLike,
         bb += float((d_b * d_b).sum())
         bc += float((d_b * d_c).sum())
         cc += float((d_c * d_c).sum())
-    n1 = math.sqrt(bb)
-    if n1 == 0.0:
-        raise RotvizError(
-            "anchor and source have identical weights: there is no plane to draw; pick two models"
-        )
-    c = bc / n1
-    n2 = math.sqrt(max(cc - c * c, 0.0))
+    n1, c, n2 = plane_frame(bb, bc, cc)
     if n2 <= 1e-6 * n1:
         raise RotvizError("the matched source lies on the anchor-source line, so the plane has "
                           "no second direction; at size rotviz draws no random one: match "

@@ -10,11 +10,12 @@ from dataclasses import replace
 from rotviz.cli import landscape, serve, zoo
 from rotviz.cli.args import (
     Parser,
+    add_max_memory,
     add_overwrite,
     add_reading,
+    beyond_memory,
     bounded,
     layers_text,
-    memory_text,
     needs,
     reading,
 )
@@ -65,12 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--report", default=None,
                    help="also write the full report as JSON to this new file")
     m.add_argument("--device", default="auto", help="auto, cpu, cuda or mps (default auto)")
-    m.add_argument("--max-memory", type=memory_text, default=None, metavar="SIZE",
-                   help="memory the match may use, e.g. 16GB: a pair that needs more in memory "
-                        "(about 4.5x its float32 bytes) is streamed block by block from its "
-                        "safetensors shards instead; 0 always streams (default: the memory "
-                        "available now). Under torchrun the pair is always streamed, its blocks "
-                        "shared among the processes")
+    add_max_memory(m, "match", "streamed block by block from its safetensors shards instead",
+                   "always streams", ". Under torchrun the pair is always streamed, its blocks "
+                   "shared among the processes")
     m.set_defaults(func=cmd_match)
     for register in _extra_commands():
         register(sub)
@@ -164,15 +162,11 @@ def _streams(args, options) -> bool:
     needs more than --max-memory (default: what the machine has available) in memory. A
     refusal when it must stream and the options cannot."""
     from rotviz import dist
-    from rotviz.match.streaming import open_streamed, pair_bytes_in_memory, streaming_refusal
-    from rotviz.memory import available_memory
+    from rotviz.match.streaming import streaming_refusal
 
     launched = dist.launched()
-    limit = args.max_memory if args.max_memory is not None else available_memory()
-    need = None if launched else pair_bytes_in_memory(args.anchor, args.source)
-    if need is None and args.max_memory == 0:
-        open_streamed(args.anchor), open_streamed(args.source)  # says why they cannot stream
-    if not launched and (limit is None or need is None or need <= limit):
+    over, need, limit = (True, None, None) if launched else beyond_memory(args)
+    if not over:
         return False
     why = streaming_refusal(options)
     if why:

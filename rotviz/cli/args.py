@@ -58,6 +58,32 @@ def memory_text(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def add_max_memory(p: argparse.ArgumentParser, what: str, how: str, zero: str,
+                   more: str = "") -> None:
+    """--max-memory: the memory `what` may use; a pair needing more is `how`; 0 `zero`."""
+    p.add_argument("--max-memory", type=memory_text, default=None, metavar="SIZE",
+                   help=f"memory the {what} may use, e.g. 16GB: a pair that needs more in "
+                        f"memory (about 4.5x its float32 bytes) is {how}; 0 {zero} (default: "
+                        f"the memory available now){more}")
+
+
+def beyond_memory(args) -> tuple[bool, int | None, int | None]:
+    """Whether the pair (args.anchor, args.source) must stream: it needs more than
+    --max-memory in memory (default: what is available now), or --max-memory is 0. Returns
+    that, the estimate and the limit. A pair without safetensors cannot stream: never, and
+    with --max-memory 0 a one-line error says why."""
+    from rotviz.match.streaming import open_streamed, pair_bytes_in_memory
+    from rotviz.memory import available_memory
+
+    limit = args.max_memory if args.max_memory is not None else available_memory()
+    need = pair_bytes_in_memory(args.anchor, args.source)
+    if need is None:
+        if args.max_memory == 0:
+            open_streamed(args.anchor), open_streamed(args.source)  # says why they cannot
+        return False, need, limit
+    return args.max_memory == 0 or (limit is not None and need > limit), need, limit
+
+
 def add_overwrite(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true",
                    help="replace outputs that an earlier rotviz run wrote (a folder holding "

@@ -10,11 +10,12 @@ import argparse
 from contextlib import contextmanager
 
 from rotviz.cli.args import (
+    add_max_memory,
     add_overwrite,
     add_reading,
+    beyond_memory,
     bounded,
     layers_text,
-    memory_text,
     needs,
     reading,
 )
@@ -64,11 +65,8 @@ def register(sub) -> None:
                    help="with --repeats: seed of the subsets (default 0)")
     b.add_argument("--batch-size", type=bounded(BATCH_SIZE), default=512,
                    help=f"evaluation batch size (default 512, {BATCH_SIZE.text})")
-    b.add_argument("--max-memory", type=memory_text, default=None, metavar="SIZE",
-                   help="memory the run may use, e.g. 16GB: a pair that needs more in memory "
-                        "(about 4.5x its float32 bytes) is matched streamed and evaluated with "
-                        "both checkpoints held as stored, each point built block by block; 0 "
-                        "always does (default: the memory available now)")
+    add_max_memory(b, "run", "matched streamed and evaluated with both checkpoints held as "
+                   "stored, each point built block by block", "always does")
     b.set_defaults(func=cmd_barrier)
 
     p = sub.add_parser("plane", help="2D loss grid through anchor, source and matched source")
@@ -80,12 +78,9 @@ def register(sub) -> None:
                         f"{MARGIN.text})")
     p.add_argument("--batch-size", type=bounded(BATCH_SIZE), default=512,
                    help=f"evaluation batch size (default 512, {BATCH_SIZE.text})")
-    p.add_argument("--max-memory", type=memory_text, default=None, metavar="SIZE",
-                   help="memory the run may use, e.g. 16GB: a pair that needs more in memory "
-                        "(about 4.5x its float32 bytes) is matched streamed and the plane "
-                        "evaluated with the three checkpoints held as stored, each grid point "
-                        "built block by block; 0 always does (default: the memory available "
-                        "now)")
+    add_max_memory(p, "run", "matched streamed and the plane evaluated with the three "
+                   "checkpoints held as stored, each grid point built block by block",
+                   "always does")
     p.set_defaults(func=cmd_plane)
 
     m = sub.add_parser("merge", help="merge the matched source into the anchor and evaluate it")
@@ -105,11 +100,8 @@ def register(sub) -> None:
                    help="regmean: scale of off-diagonal Gram entries in [0, 1] (default 0.9)")
     m.add_argument("--seed", type=bounded(SEED), default=None,
                    help="fisher and regmean: seed of the statistics batches (default 0)")
-    m.add_argument("--max-memory", type=memory_text, default=None, metavar="SIZE",
-                   help="memory the run may use, e.g. 16GB: a pair that needs more in memory "
-                        "(about 4.5x its float32 bytes) is matched streamed, and the simple "
-                        "merge built, evaluated and written block by block; 0 always does "
-                        "(default: the memory available now)")
+    add_max_memory(m, "run", "matched streamed, and the simple merge built, evaluated and "
+                   "written block by block", "always does")
     m.set_defaults(func=cmd_merge)
 
 
@@ -173,20 +165,8 @@ def _label(match: str, layers: list[int] | None) -> str:
 
 
 def _at_size(args) -> bool:
-    """Whether the pair needs more than --max-memory (default: what is available) in memory,
-    or --max-memory is 0: then it is matched streamed and evaluated block by block."""
-    from rotviz.match.streaming import pair_bytes_in_memory
-    from rotviz.memory import available_memory
-
-    limit = args.max_memory if args.max_memory is not None else available_memory()
-    need = pair_bytes_in_memory(args.anchor, args.source)
-    if need is None:
-        if args.max_memory == 0:
-            from rotviz.match.streaming import open_streamed
-
-            open_streamed(args.anchor), open_streamed(args.source)  # says why they cannot
-        return False
-    return args.max_memory == 0 or (limit is not None and need > limit)
+    """Whether the pair must be matched streamed and evaluated block by block."""
+    return beyond_memory(args)[0]
 
 
 @contextmanager

@@ -42,6 +42,7 @@ from rotviz.match.report import HeadReport, MatchReport
 from rotviz.match.streamed import (
     Dtype,
     Streamed,
+    as_stored,
     block_tensors,
     check_function,
     kind_cells,
@@ -139,10 +140,9 @@ class _RestSplit:
         fn = source.layout.final_norm
         self.context = [n for n in (f"{fn}.weight", f"{fn}.bias") if fn and n in self.small]
 
-    def check_view(self) -> ModelView:
-        """The source's small tensors and the first row of each large one: what deciding
-        whether residual maps exist reads (ties, gains, heads)."""
-        view = rest_part(self.source, self.small, self.device)
+    def check_view(self, view: ModelView) -> ModelView:
+        """The source's small tensors (`view`) and the first row of each large one: what
+        deciding whether residual maps exist reads (ties, gains, heads)."""
         other = dict(view.other)
         for n in self.large:
             other[n] = self.source.checkpoint.read_rows(n, 0, 1, torch.float32).to(self.device)
@@ -180,8 +180,9 @@ class _Rest:
     @classmethod
     def read(cls, split: _RestSplit, options: MatchOptions) -> tuple[str, _Rest]:
         """The residual group (a one-line error where the pair has none) and the numbers."""
-        kind = check_residual(split.check_view(), options)
-        a, s = (rs.canonicalise(v)[0] for v in split.small_views())
+        a0, s0 = split.small_views()
+        kind = check_residual(split.check_view(s0), options)
+        a, s = rs.canonicalise(a0)[0], rs.canonicalise(s0)[0]
         d = split.source.dims.d_model
         cross = rs.cross(s, a) if s.other else torch.zeros(d, d, dtype=torch.float64)
         sq = _total(distances(s, a))
@@ -250,17 +251,19 @@ class StreamedState:
         self.value = 0.0  # the objective of the current state
         self._initial: float | None = None
 
-    def block(self, i: int) -> tuple[ModelView, ModelView, ModelView, rs.Gauge]:
-        """Block i: the anchor's as stored, its canonical form and gauge, and the source's
-        canonical form in the current state (all float32, on the device)."""
+    def block(self, i: int) -> tuple[ModelView, ModelView, ModelView, ModelView, rs.Gauge]:
+        """Block i: the anchor's and the source's as stored, the anchor's canonical form and
+        gauge, and the source's canonical form in the current state (all float32, on the
+        device)."""
         a0 = read_block_view(self.anchor, i).to(device=self.device)
         a, gauge = rs.canonicalise(a0)
-        s, _ = rs.canonicalise(read_block_view(self.source, i).to(device=self.device))
+        s0 = read_block_view(self.source, i).to(device=self.device)
+        s, _ = rs.canonicalise(s0)
         if i in self.transforms:
             s = apply_layer(s, 0, self.transforms[i])
         if self.q is not None:
             s = rs.apply_residual(s, self.q.to(s.blocks[0].attn.wq), check=False)
-        return a0, a, s, gauge
+        return a0, s0, a, s, gauge
 
     def _pass(self, options: MatchOptions | None) -> Step:
         """One pass: the per-layer maps of `options` (None: none) on every chosen block, the
@@ -270,7 +273,7 @@ class StreamedState:
 
         def part(i: int) -> Tensor:
             self.tick(f"block {i}")
-            _, a, s, _ = self.block(i)
+            _, _, a, s, _ = self.block(i)
             if options is not None and i in self.chosen:
                 res = match_layers(a, s, replace(options, layers=None))
                 t = maps[i] = res.transforms[0]
@@ -386,9 +389,10 @@ def match_streamed_residual(
     small, slices, rest_after = _matched_rest(split, q)
     release()
 
-    def final(i: int) -> tuple[ModelView, ModelView]:
-        a0, _, s, gauge = state.block(i)
-        return a0, rs.restore(s, gauge).to(device="cpu")
+    def final(i: int) -> tuple[ModelView, ModelView, ModelView]:
+        """Block i of the anchor and the source as stored, and matched (on the CPU)."""
+        a0, s0, _, s, gauge = state.block(i)
+        return a0, s0, rs.restore(s, gauge).to(device="cpu")
 
     large = {n: (lambda n=n: slices(n, count=True)) for n in split.large}
     writer = open_writer(source, folder, shard_bytes, {**small, **large})
@@ -397,15 +401,12 @@ def match_streamed_residual(
     try:
         for i in range(state.n):
             tick(f"block {i}: writing")
-            a0, matched = final(i)
-            s0 = read_block_view(source, i).to(device=device)
+            a0, s0, matched = final(i)
             before.update({(i, k): v for k, v in kind_cells(distances(s0, a0)).items()})
             after.update({(i, k): v for k, v in
                           kind_cells(distances(matched.to(device=device), a0)).items()})
-            stored = replace(matched, dtypes={k: source.checkpoint.entries[k].dtype
-                                              for k in matched.dtypes})
-            write_block_tensors(writer, stored, i, source)
-            del a0, s0, matched, stored
+            write_block_tensors(writer, as_stored(matched, source), i, source)
+            del a0, s0, matched
             release()
         if folder is not None:
             writer.close()
@@ -424,11 +425,9 @@ def match_streamed_residual(
 
     def matched_blocks(dtype: Dtype):
         def provide(i: int):
-            view = final(i)[1]
-            if dtype is None:
-                view = replace(view, dtypes={k: source.checkpoint.entries[k].dtype
-                                             for k in view.dtypes})
-            return block_tensors(view, i, source)
+            view = final(i)[2]
+            return block_tensors(view if dtype is not None else as_stored(view, source), i,
+                                 source)
         return provide
 
     def matched_rest(dtype: Dtype):

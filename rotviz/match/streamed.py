@@ -179,8 +179,13 @@ def applied_block(source: Streamed, i: int, t: LayerTransform | None,
     dtypes are `dtype`'s, or the checkpoint's with None."""
     v = read_block_view(source, i)
     if dtype is None:
-        v = replace(v, dtypes={n: source.checkpoint.entries[n].dtype for n in v.dtypes})
+        v = as_stored(v, source)
     return v if t is None else apply_layer(v, 0, t)
+
+
+def as_stored(view: ModelView, model: Streamed) -> ModelView:
+    """`view` whose tensors are written in the checkpoint's own dtypes."""
+    return replace(view, dtypes={n: model.checkpoint.entries[n].dtype for n in view.dtypes})
 
 
 def block_tensors(view: ModelView, i: int, model: Streamed) -> dict[str, Tensor]:

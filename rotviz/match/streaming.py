@@ -40,6 +40,7 @@ from rotviz.match.streamed import (  # noqa: F401  (re-exported: the streamed pa
     Dtype,
     Streamed,
     applied_block,
+    as_stored,
     block_tensors,
     check_function,
     kind_cells,
@@ -139,10 +140,7 @@ def match_streamed(
             tick(f"block {i}: solving")
             solved[i], matched = _solve(anchor, source, i, options, i in chosen, device)
             if writer is not None:
-                stored = replace(matched, dtypes={k: source.checkpoint.entries[k].dtype
-                                                  for k in matched.dtypes})
-                write_block_tensors(writer, stored, i, source)
-                del stored
+                write_block_tensors(writer, as_stored(matched, source), i, source)
             del matched
             release()
         everything = group.gather(solved)
