@@ -5,15 +5,34 @@ nodes, with torchrun's own rendezvous options) starts the processes and sets RAN
 WORLD_SIZE; `init` joins the group, with NCCL where the processes use GPUs and gloo on CPUs.
 Without torchrun everything runs in one process and nothing here is used. Rank 0 writes all
 outputs; the others compute their share and hand it over.
+
+When one process fails (a NaN in its block, a bad file) it prints its one line and exits;
+torchrun then sends SIGTERM to the others (the command line turns it into an exception, so
+rank 0 removes its temporaries), and a process still waiting in a collective for the one that
+left gets a communication error, which `_together` turns into one line too.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from rotviz.errors import RotvizError
+
+
+def _together(op: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """A collective of torch.distributed; when a peer process has gone (it failed and said
+    why in its own line), one line here too instead of the backend's traceback."""
+    try:
+        return op(*args, **kwargs)
+    except RuntimeError as e:  # gloo and NCCL raise DistBackendError, a RuntimeError
+        first = (str(e).strip().splitlines() or [e.__class__.__name__])[0][:120]
+        raise RotvizError(f"another torchrun process stopped ({first}); its own line says "
+                          "why; nothing was written") from None
 
 
 @dataclass(frozen=True)
@@ -38,7 +57,7 @@ class Group:
         import torch.distributed as td
 
         out: list[Any] | None = [None] * self.world if self.main else None
-        td.gather_object(obj, out, dst=0)
+        _together(td.gather_object, obj, out, dst=0)
         return out
 
     def share(self, obj: Any, src: int = 0) -> Any:
@@ -48,7 +67,7 @@ class Group:
         import torch.distributed as td
 
         box = [obj if self.rank == src else None]
-        td.broadcast_object_list(box, src=src)
+        _together(td.broadcast_object_list, box, src=src)
         return box[0]
 
     def all(self, obj: Any) -> list[Any]:
@@ -58,7 +77,7 @@ class Group:
         import torch.distributed as td
 
         out: list[Any] = [None] * self.world
-        td.all_gather_object(out, obj)
+        _together(td.all_gather_object, out, obj)
         return out
 
     def ordered_sum(self, part, n: int, like: torch.Tensor) -> torch.Tensor:
@@ -77,7 +96,7 @@ class Group:
                 import torch.distributed as td
 
                 t = here if r == self.rank else torch.empty_like(like)
-                td.broadcast(t, src=r)
+                _together(td.broadcast, t, src=r)
                 total.add_(t)
         return total
 

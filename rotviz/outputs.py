@@ -7,9 +7,12 @@ rotviz never deletes what it did not write. It recognises its own output by a ma
 
 An existing folder that holds files, or an existing file, is refused unless `overwrite` is
 given, and even then only when it is a rotviz output holding nothing but what rotviz listed.
-The current folder, its parents and `/` are always refused. New files and folders follow the
-umask. An interrupt (Ctrl-C) or an error while writing leaves no temporary sibling behind and
-the previous output, if any, in place.
+The current folder, its parents and `/` are always refused, and so is any output that equals,
+holds or lies inside one of the command's inputs (a model folder, a data file or folder), even
+with `overwrite`: `rotviz match A B --out B --overwrite` would otherwise replace the source in
+place. New files and folders follow the umask. An interrupt (Ctrl-C, or SIGTERM as `timeout`
+and torchrun send: the command line turns it into an exception) or an error while writing
+leaves no temporary sibling behind and the previous output, if any, in place.
 """
 
 from __future__ import annotations
@@ -170,11 +173,24 @@ class Outputs:
 
     command: str
     items: list[Output] = field(default_factory=list)
+    inputs: list[tuple[str, Path]] = field(default_factory=list)  # (what, resolved path)
+
+    def reads(self, path: str | os.PathLike | None, what: str) -> None:
+        """Record a file or folder the command reads (`what` names it in messages): no
+        output may equal, hold or lie inside it, whatever `overwrite` says."""
+        if path is None or not str(path).strip() or "\0" in str(path):
+            return  # the reader says what is wrong with such a path
+        real = _absolute(path, what).resolve()
+        for out in self.items:
+            _apart(out.flag, out.path, what, real)
+        self.inputs.append((what, real))
 
     def add(self, path: str | os.PathLike | None, flag: str, *, folder: bool,
             overwrite: bool = False) -> Output | None:
         if path is None:
             return None
+        for what, real in self.inputs:  # first: no --overwrite can make this right
+            _apart(flag, _absolute(path, flag), what, real)
         out = check_output(path, flag, folder=folder, overwrite=overwrite)
         for other in self.items:
             a, b = out.path.resolve(), other.path.resolve()
@@ -221,6 +237,17 @@ class Outputs:
                     d.rmdir()
                 except OSError:
                     pass
+
+
+def _apart(flag: str, path: Path, what: str, real: Path) -> None:
+    """Refuse the output `path` where it equals, holds or lies inside the input `real`."""
+    mine = path.resolve()
+    how = ("is" if mine == real else "lies inside" if mine.is_relative_to(real)
+           else "holds" if real.is_relative_to(mine) else None)
+    if how:
+        raise RotvizError(f"{flag} '{path}' {how} the input {what} '{real}'; rotviz "
+                          "never writes over its inputs, even with --overwrite: give a path "
+                          "apart from them")
 
 
 def _make_parents(d: Path) -> list[Path]:

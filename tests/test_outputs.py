@@ -324,3 +324,41 @@ def test_sigint_leaves_no_output_and_a_rerun_succeeds(ws, capfd, argv):
     assert main(argv) == 0, capfd.readouterr().err
     assert (ws / "o" / outputs.MARKER).is_file() or (ws / "o" / "vit-digits-ft-b").is_dir()
     assert not [p for p in ws.rglob("*") if p.name.startswith(".rotviz-")]
+
+
+# ---- outputs never touch inputs ---------------------------------------------------------------
+
+
+def test_out_onto_its_own_source_is_refused_even_with_overwrite(ws, capfd, no_work):
+    """`match A B --out B --overwrite` would replace the source (a zoo model lost its card)."""
+    line = refused(["match", A, B, "--out", str(ZOO / B[4:]), "--overwrite"], capfd, ws,
+                   "--out", "is the input model", "even with --overwrite")
+    assert str((ZOO / B[4:]).resolve()) in line
+
+
+@pytest.mark.parametrize(("argv", "fragments"), [
+    (["match", A, B, "--out", "o", "--report", str(ZOO / B[4:] / "r.json")],
+     ("--report", "r.json' lies inside the input model '{zoo}'")),
+    (["match", A, B, "--out", str(ZOO.parent)], ("--out '{assets}' holds the input model",)),
+    (["barrier", A, B, "--data", "imagefolder:sub", "--json", "sub/x.json"],
+     ("--json", "x.json' lies inside the input data '{ws}/sub'")),
+    (["eval", A, "--data", "text:a.txt", "--json", "a.txt", "--overwrite"],
+     ("--json", "a.txt' is the input data '{ws}/a.txt'")),
+    (["merge", A, B, "--data", "digits", "--out", str(ZOO / A[4:] / "m")],
+     ("--out '{zoo_a}/m' lies inside the input model",)),
+], ids=["report-in-source", "out-holds-models", "json-in-data", "json-is-data",
+        "merge-in-anchor"])
+def test_outputs_apart_from_inputs(ws, capfd, no_work, argv, fragments):
+    where = dict(zoo=(ZOO / B[4:]).resolve(), zoo_a=ZOO / A[4:], assets=ZOO.parent,
+                 ws=ws.resolve())
+    refused(argv, capfd, ws, *(f.format(**where) for f in fragments))
+
+
+def test_an_earlier_output_given_as_input_is_not_overwritten(ws, capfd):
+    """An earlier rotviz output may be replaced with --overwrite, but not while it is an input
+    of the command: `match A o --out o --overwrite` is refused, o unchanged."""
+    assert main(["match", A, B, "--out", "o"]) == 0
+    refused(["match", A, "o", "--out", "o", "--overwrite"], capfd, ws, "o' is the input model")
+    refused(["match", A, "o", "--out", str(ws / "o"), "--report", "o/r.json"], capfd, ws,
+            "is the input model")
+    assert main(["match", A, "o", "--out", "o2"]) == 0  # apart, it still works

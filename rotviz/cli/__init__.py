@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 import warnings
+from contextlib import contextmanager
 from dataclasses import replace
 
 from rotviz.cli import landscape, serve, zoo
@@ -15,6 +18,7 @@ from rotviz.cli.args import (
     add_reading,
     beyond_memory,
     bounded,
+    guard_inputs,
     layers_text,
     needs,
     reading,
@@ -111,6 +115,7 @@ def cmd_match(args: argparse.Namespace) -> int:
         tol=DEFAULT_TOL if args.tol is None else args.tol, ffn_backoff=args.ffn_backoff,
         learn=LearnOptions(steps=DEFAULT_STEPS if args.steps is None else args.steps))
     outputs = Outputs("match")
+    guard_inputs(outputs, [args.anchor, args.source], args.data)
     out_dir = outputs.add(args.out, "--out", folder=True, overwrite=args.overwrite)
     report_file = outputs.add(args.report, "--report", folder=False, overwrite=args.overwrite)
     columns, seq_len = reading(args, args.data)
@@ -217,16 +222,40 @@ def _n_layers(loaded) -> int:
     return len(resolve_layout(loaded.spec, loaded.state).blocks)
 
 
+class Terminated(BaseException):
+    """SIGTERM (sent by `timeout`, torchrun and service managers), raised where the command
+    is, so that every `finally` on the way out removes what it made, as for Ctrl-C."""
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated
+
+
+@contextmanager
+def _terminable():
+    """SIGTERM raises Terminated while the command runs (main thread only: signal handlers
+    can be set nowhere else), and the previous handler comes back after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; a user error is one line on stderr and exit code 2, an interrupt
-    leaves no output (rotviz.outputs) and exits with 130."""
+    """Run one command; a user error is one line on stderr and exit code 2. An interrupt
+    (exit 130) or SIGTERM (exit 143, 128 + 15 as a shell reports it) leaves no output and no
+    temporary behind (rotviz.outputs)."""
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse: --help (0) or a one-line error (2)
         return e.code if isinstance(e.code, int) else 2
     try:
-        with warnings.catch_warnings():
+        with _terminable(), warnings.catch_warnings():
             if not sys.warnoptions:  # -W or PYTHONWARNINGS still shows them
                 warnings.simplefilter("ignore")  # library warnings are no user's business
             return args.func(args)
@@ -236,6 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("rotviz: interrupted; nothing was written", file=sys.stderr)
         return 130
+    except Terminated:
+        print("rotviz: terminated; nothing was written", file=sys.stderr)
+        return 143
 
 
 if __name__ == "__main__":

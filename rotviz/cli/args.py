@@ -143,3 +143,28 @@ def reading(args: argparse.Namespace, data: str | None):
         raise RotvizError(f"--seq-len applies to text data {what}")
     cols = Columns(**{k: v for k, v in given.items() if v is not None})
     return cols, args.seq_len
+
+
+def model_input(ref: str) -> str | None:
+    """The folder a model reference reads (`zoo:NAME` or a path)."""
+    from rotviz.zoo.registry import zoo_dir
+
+    name = ref[4:] if ref.startswith("zoo:") else None
+    if name is not None:
+        return str(zoo_dir() / name) if name and "/" not in name and name not in (".", "..") \
+            else None
+    return ref
+
+
+def data_input(ref: str | None) -> str | None:
+    """The file or folder a data reference reads (`KIND:PATH`); None for built-in data."""
+    kind, sep, path = (ref or "").partition(":")
+    return path if sep and path and kind.isalpha() and kind != "zoo" else None
+
+
+def guard_inputs(outputs, models: list[str], data: str | None) -> None:
+    """Record a command's model and data inputs in its `outputs` (rotviz.outputs), so that no
+    output equals, holds or lies inside one of them, even with --overwrite."""
+    for ref in models:
+        outputs.reads(model_input(ref), "model")
+    outputs.reads(data_input(data), "data")

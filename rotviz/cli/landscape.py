@@ -107,9 +107,11 @@ def register(sub) -> None:
 
 def _outputs(args, command: str, out_dir: str | None = None):
     """The command's outputs, checked before any model is loaded (rotviz.outputs)."""
+    from rotviz.cli.args import guard_inputs
     from rotviz.outputs import Outputs
 
     outputs = Outputs(command)
+    guard_inputs(outputs, [args.anchor, args.source], args.data)
     folder = outputs.add(out_dir, "--out", folder=True, overwrite=args.overwrite)
     js = outputs.add(args.json, "--json", folder=False, overwrite=args.overwrite)
     return outputs, folder, js

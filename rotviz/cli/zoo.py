@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from rotviz.cli.args import add_overwrite, add_reading, bounded, reading
+from rotviz.cli.args import add_overwrite, add_reading, bounded, guard_inputs, reading
 from rotviz.errors import RotvizError
 from rotviz.limits import BATCH_SIZE
 from rotviz.zoo.registry import PAIRS
@@ -160,6 +160,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from rotviz.outputs import Outputs, write_json_file
 
     outputs = Outputs("eval")
+    guard_inputs(outputs, [args.model], args.data)
     js = outputs.add(args.json, "--json", folder=False, overwrite=args.overwrite)
     from rotviz.evaluation import evaluate, split_for
     from rotviz.lite import load_for_eval

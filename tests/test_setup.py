@@ -1,0 +1,106 @@
+"""`.ci/setup`, the README's set-up: safe when two run at once (the cached environment is built
+under a lock), and each clone's `.venv` runs that clone's code, not the last one set up.
+
+These tests reuse the cached environment this checkout was set up with (building one takes
+minutes), so they run where `.ci/setup` made `.venv` and are skipped elsewhere.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LAYER = ROOT / ".venv" / ".rotviz-layer"
+NEEDED = (".ci", "rotviz", "requirements.txt", "requirements-dev.txt", "pyproject.toml",
+          "README.md")
+
+
+def _env_dir() -> Path:
+    if not LAYER.is_file():
+        pytest.skip("this checkout was not set up by .ci/setup")
+    env_dir = Path(LAYER.read_text().strip())
+    if not (env_dir / ".complete").is_file():
+        pytest.skip("the cached environment is not complete")
+    return env_dir
+
+
+def _clone(dst: Path) -> Path:
+    """The files set-up reads, copied: a clone as far as .ci/setup can tell."""
+    dst.mkdir()
+    for name in NEEDED:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, dst / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(src, dst / name)
+    return dst
+
+
+def _env(env_dir: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["ROTVIZ_ENV_CACHE"] = str(env_dir.parent)
+    return env
+
+
+def _setup(clone: Path, env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen(["bash", str(clone / ".ci" / "setup")], cwd="/", env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _own_rotviz(clone: Path) -> str:
+    out = subprocess.run([str(clone / ".venv" / "bin" / "python"), "-c",
+                          "import rotviz; print(rotviz.__file__)"], cwd="/",
+                         capture_output=True, text=True, timeout=120,
+                         env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_two_setups_at_once_each_run_their_own_clone(tmp_path):
+    env_dir = _env_dir()
+    env = _env(env_dir)
+    a, b = _clone(tmp_path / "a"), _clone(tmp_path / "b")
+    procs = [_setup(c, env) for c in (a, b)]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+    assert _own_rotviz(a) == str(a / "rotviz" / "__init__.py")
+    assert _own_rotviz(b) == str(b / "rotviz" / "__init__.py")
+    for c in (a, b):  # the command too, and the shared environment behind it
+        out = subprocess.run([str(c / ".venv" / "bin" / "rotviz"), "--help"], cwd="/",
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0 and "match" in out.stdout, out.stderr
+        assert (c / ".venv" / ".rotviz-layer").read_text().strip() == str(env_dir)
+    # the cached environment holds no rotviz of any clone
+    found = subprocess.run([str(env_dir / "bin" / "python"), "-c",
+                            "import importlib.util as u; print(u.find_spec('rotviz'))"],
+                           cwd="/", capture_output=True, text=True, timeout=120,
+                           env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert found.stdout.strip() == "None", found.stdout
+
+
+def test_setup_waits_for_another_holding_the_lock(tmp_path):
+    """A set-up does not touch the cached environment while another holds its lock."""
+    env_dir = _env_dir()
+    clone = _clone(tmp_path / "c")
+    digest = hashlib.sha256((ROOT / "requirements.txt").read_bytes()
+                            + (ROOT / "requirements-dev.txt").read_bytes()).hexdigest()[:16]
+    assert env_dir.name == f"venv-{digest}"
+    with open(env_dir.parent / f".lock-{digest}", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        p = _setup(clone, _env(env_dir))
+        time.sleep(3)
+        waiting = p.poll() is None and not (clone / ".venv").exists()
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    _, err = p.communicate(timeout=300)
+    assert waiting, "set-up went on while another held the lock"
+    assert p.returncode == 0, err
+    assert _own_rotviz(clone) == str(clone / "rotviz" / "__init__.py")
