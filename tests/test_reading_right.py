@@ -1,0 +1,191 @@
+"""Plumbing must not turn right models into wrong numbers (issue 25, Deliver 4 and 5).
+
+- Image class folders are read by name through the model's id2label: a trained ViT whose
+  labels are `zero..nine` (ids in digit order, names not in sorted order) must score on
+  folders named `zero..nine` what an independent loop with the right labels scores, and the
+  split must not depend on the folders' names (folders `0..9` for the unnamed model: the
+  same images, labels and numbers). Folders that are not the model's labels: one line.
+- A folder's tokenizer.json is the truth: the tokenizer rotviz uses must encode as that file
+  does (a Qwen2 folder whose tokenizer.json is a Unigram model is read wrongly by
+  AutoTokenizer in transformers 5), and the loss must equal a loop with the file's ids.
+- Rows whose text or label is null, a number where text is wanted, a list or an object are
+  refused in one line naming the file and the row.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from rotviz.cli import main
+from rotviz.data import _digits_arrays
+from rotviz.errors import RotvizError
+from rotviz.evaluation import evaluate, split_for
+from rotviz.models import load_model
+from rotviz.splits import tenth_split
+from rotviz.tasks import named_labels
+
+ZOO = Path(__file__).resolve().parent.parent / "assets" / "zoo"
+WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+PER_CLASS = 30  # images per digit: 300 in all, 30 in the test split
+
+
+def _one_line(capfd) -> str:
+    err = capfd.readouterr().err.strip()
+    assert err and "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+def _named_copy(src: Path, dst: Path, names: tuple[str, ...] | None) -> Path:
+    """The zoo model's config and weights, with id2label / label2id set to `names`."""
+    dst.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(src / name, dst / name)
+    if names is not None:
+        config = json.loads((dst / "config.json").read_text())
+        config["id2label"] = {str(i): n for i, n in enumerate(names)}
+        config["label2id"] = {n: i for i, n in enumerate(names)}
+        (dst / "config.json").write_text(json.dumps(config))
+    return dst
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory):
+    """Trained vit-digits models (s3 with named labels, as it is, and s6 named) and the
+    same digit images in folders named `zero..nine`, `0..9`, and `cat`, `dog`."""
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("digits")
+    pixels, target = _digits_arrays()
+    images = {d: np.flatnonzero(target == d)[:PER_CLASS] for d in range(10)}
+    for d, rows in images.items():
+        for folder in (root / "named" / WORDS[d], root / "numbered" / str(d)):
+            folder.mkdir(parents=True)
+            for k, i in enumerate(rows):
+                a = np.round(pixels[i].reshape(8, 8) * 255 / 16).astype(np.uint8)
+                # file names that do not sort like the rows: the split orders by file name
+                Image.fromarray(a, "L").save(folder / f"{(k * 7) % PER_CLASS:03d}-{i}.png")
+    for name in ("cat", "dog"):
+        shutil.copytree(root / "numbered" / "0", root / "pets" / name)
+    return {
+        "root": root,
+        "named": _named_copy(ZOO / "vit-digits-s3", root / "s3-named", WORDS),
+        "plain": _named_copy(ZOO / "vit-digits-s3", root / "s3-plain", None),
+        "named6": _named_copy(ZOO / "vit-digits-s6", root / "s6-named", WORDS),
+        "sorted6": _named_copy(ZOO / "vit-digits-s6", root / "s6-sorted", tuple(sorted(WORDS))),
+    }
+
+
+def _reference(model_dir: Path, folder: Path, names: list[str]) -> tuple[float, float, float]:
+    """(accuracy, loss, accuracy had the folders been numbered in sorted order) of the test
+    split, computed here: files by (digit, file name), rotviz's seeded tenth, pixels / 255,
+    the model run by transformers itself."""
+    import transformers as T
+    from PIL import Image
+
+    files = sorted(((f, d) for d, n in enumerate(names) for f in (folder / n).iterdir()),
+                   key=lambda fd: (fd[1], fd[0].name))
+    idx = tenth_split(len(files), 0)["test"]
+    x = torch.tensor(np.stack([np.asarray(Image.open(files[i][0]), dtype=np.float32) / 255.0
+                               for i in idx]))[:, None]
+    y = torch.tensor([files[i][1] for i in idx])
+    model = T.ViTForImageClassification.from_pretrained(str(model_dir)).eval()
+    with torch.no_grad():
+        logits = model(pixel_values=x).logits
+    pred = logits.argmax(-1)
+    by_sort = torch.tensor([sorted(names).index(names[d]) for d in y.tolist()])
+    return (float((pred == y).double().mean()),
+            float(torch.nn.functional.cross_entropy(logits, y)),
+            float((pred == by_sort).double().mean()))
+
+
+def test_named_labels_reads_id2label_and_treats_placeholders_as_unnamed():
+    assert named_labels({"id2label": {"1": "b", "0": "a"}}, "m") == ("a", "b")
+    assert named_labels({"id2label": {0: "LABEL_0", 1: "LABEL_1"}}, "m") is None
+    assert named_labels({}, "m") is None
+    for bad, says in (({"0": "a", "2": "b"}, "has the ids [0, 2], not 0..1"),
+                      ({"0": "a", "1": "a"}, "names 'a' for more than one id"),
+                      ({"x": "a"}, "has the id 'x'"), (["a", "b"], "is a list")):
+        with pytest.raises(RotvizError,
+                           match=f"^m: config id2label {re.escape(says)}.*config.json$"):
+            named_labels({"id2label": bad}, "m")
+
+
+def test_class_folders_are_read_by_name(digits, tmp_path, capfd):
+    root = digits["root"]
+    acc, loss, by_sort = _reference(digits["named"], root / "named", list(WORDS))
+    assert acc > 0.8 and by_sort < 0.3  # the wrong reading would show
+    out = tmp_path / "eval.json"
+    assert main(["eval", str(digits["named"]), "--data", f"imagefolder:{root / 'named'}",
+                 "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert got["n"] == 30
+    assert got["acc"] == pytest.approx(acc, abs=1e-9)
+    assert got["loss"] == pytest.approx(loss, abs=1e-6)
+    # the unnamed model on folders 0..9: the same images, split and labels, so the same numbers
+    plain = load_model(str(digits["plain"]))
+    named = load_model(str(digits["named"]))
+    a = split_for(named, f"imagefolder:{root / 'named'}", "test")
+    b = split_for(plain, f"imagefolder:{root / 'numbered'}", "test")
+    assert torch.equal(a.inputs, b.inputs) and torch.equal(a.labels, b.labels)
+    assert a.label_names == WORDS and b.label_names == tuple(map(str, range(10)))
+    again = evaluate(plain, b)
+    assert again["acc"] == pytest.approx(acc, abs=1e-9)
+    assert again["loss"] == pytest.approx(loss, abs=1e-6)
+    # the train split is read the same way (datamatch and merges take it through `sibling`)
+    assert torch.equal(a.sibling("train").labels, b.sibling("train").labels)
+
+
+def test_folders_that_are_not_the_models_labels_are_refused(digits, tmp_path, capfd):
+    root = digits["root"]
+    out = tmp_path / "eval.json"
+    capfd.readouterr()
+    assert main(["eval", str(digits["named"]), "--data", f"imagefolder:{root / 'pets'}",
+                 "--json", str(out)]) == 2
+    line = _one_line(capfd)
+    assert f"'{root / 'pets'}'" in line
+    assert "folders with no label: cat, dog;" in line
+    assert "labels with no folder: zero, one, two, three, four, five and 4 more" in line
+    assert line.endswith("name one class folder after each label of the model's config.json "
+                         "id2label")
+    assert not out.exists()
+    # numbered folders for a model that names its labels: by place would be a guess
+    assert main(["eval", str(digits["named"]), "--data", f"imagefolder:{root / 'numbered'}"]
+                ) == 2
+    assert "folders with no label: 0, 1, 2, 3, 4, 5 and 4 more;" in _one_line(capfd)
+
+
+def test_a_pairs_barrier_reads_labels_by_name(digits, tmp_path, capfd):
+    root = digits["root"]
+    data = f"imagefolder:{root / 'named'}"
+    out = tmp_path / "barrier.json"
+    assert main(["barrier", str(digits["named"]), str(digits["named6"]), "--data", data,
+                 "--points", "3", "--match", "none", "--json", str(out)]) == 0
+    curve = json.loads(out.read_text())
+    for end, model in ((0, "named"), (-1, "named6")):
+        acc, loss, _ = _reference(digits[model], root / "named", list(WORDS))
+        assert acc > 0.8
+        assert curve["acc"][end] == pytest.approx(acc, abs=1e-9)
+        assert curve["loss"][end] == pytest.approx(loss, abs=1e-6)
+    # a source that names its outputs in another order cannot share the anchor's labels
+    capfd.readouterr()
+    out.unlink()
+    assert main(["barrier", str(digits["named"]), str(digits["sorted6"]), "--data", data,
+                 "--points", "3", "--match", "none", "--json", str(out)]) == 2
+    line = _one_line(capfd)
+    assert line.startswith(f"rotviz: error: '{digits['named']}' and '{digits['sorted6']}' "
+                           "name their outputs differently (zero, one, two, three, four, "
+                           "five, ... vs eight, five, four, nine, one, seven, ...)")
+    assert not out.exists()
+    # a split read through one model's names is refused by a model that orders them otherwise
+    split = split_for(load_model(str(digits["named"])), data, "test")
+    with pytest.raises(RotvizError, match=f"^'{re.escape(data)}' was labelled in the order "
+                       "zero, one, two, three, four, five, ... but .*s6-sorted names its "
+                       "outputs eight, five, four, nine, one, seven, ...; compare models"):
+        evaluate(load_model(str(digits["sorted6"])), split)
