@@ -189,3 +189,160 @@ def test_a_pairs_barrier_reads_labels_by_name(digits, tmp_path, capfd):
                        "zero, one, two, three, four, five, ... but .*s6-sorted names its "
                        "outputs eight, five, four, nine, one, seven, ...; compare models"):
         evaluate(load_model(str(digits["sorted6"])), split)
+
+
+# ---- tokenizers ---------------------------------------------------------------------------
+
+SAMPLES = ("def f(x):\n    return x + 12  # héllo", "Привет, мир 2024!", "   spaces\tand\ttabs",
+           "東京 <eos> naïve café", "")
+
+
+def _unigram(text: str):
+    """A Unigram tokenizer trained here, offline, as a Qwen2 folder might carry one."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.Unigram())
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    tok.train_from_iterator(text.splitlines(), trainers.UnigramTrainer(
+        vocab_size=128, special_tokens=["<pad>", "<unk>", "<eos>"], unk_token="<unk>",
+        show_progress=False))
+    return tok
+
+
+def _trained_qwen2(src: Path, dst: Path, tok, text: str, seed: int, steps: int) -> Path:
+    """The tiny random Qwen2 at `src`, trained a little on `text` read by `tok` (so that its
+    own tokenizer's ids score well and other ids do not), saved with the tokenizer."""
+    import transformers as T
+
+    model = T.Qwen2ForCausalLM.from_pretrained(str(src))
+    ids = torch.tensor(tok.encode(text).ids)
+    n = (len(ids) - 1) // 32
+    x, y = ids[: n * 32].reshape(n, 32), ids[1 : n * 32 + 1].reshape(n, 32)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    gen = torch.Generator().manual_seed(seed)
+    model.train()
+    for _ in range(steps):
+        b = torch.randint(0, n, (8,), generator=gen)
+        logits = model(input_ids=x[b]).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                 y[b].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval().save_pretrained(str(dst))
+    config = json.loads((dst / "config.json").read_text())
+    config.pop("rotviz_vocab", None)  # the tokenizer, not rotviz's characters
+    (dst / "config.json").write_text(json.dumps(config))
+    tok.save(str(dst / "tokenizer.json"))
+    (dst / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "Qwen2Tokenizer", "eos_token": "<eos>", "pad_token": "<pad>",
+        "unk_token": "<unk>", "model_max_length": 64}))
+    return dst
+
+
+@pytest.fixture(scope="module")
+def qwen(saved, tmp_path_factory):
+    from rotviz.data import pystdlib_text
+
+    root = tmp_path_factory.mktemp("qwen")
+    text = pystdlib_text()[:40_000]
+    (root / "text.txt").write_text(text, encoding="utf-8")
+    tok = _unigram(text)
+    src0 = saved("qwen2", 0, vocab=128, positions=64)
+    src1 = saved("qwen2", 1, vocab=128, positions=64)
+    return {"root": root, "data": f"text:{root / 'text.txt'}", "tok": tok,
+            "a": _trained_qwen2(src0, root / "a", tok, text, 0, 80),
+            "b": _trained_qwen2(src1, root / "b", tok, text, 1, 40)}
+
+
+def _lm_reference(folder: Path, data: str, ids: list[int]) -> tuple[float, float]:
+    """(loss, next-token accuracy) of the test windows of `ids`, computed here: 64-token
+    windows, rotviz's seeded tenth, the model run by transformers itself."""
+    import transformers as T
+
+    t = torch.tensor(ids)
+    n = (len(t) - 1) // 64
+    x, y = t[: n * 64].reshape(n, 64), t[1 : n * 64 + 1].reshape(n, 64)
+    idx = torch.as_tensor(tenth_split(n, 0)["test"])
+    model = T.Qwen2ForCausalLM.from_pretrained(str(folder)).eval()
+    with torch.no_grad():
+        logits = model(input_ids=x[idx]).logits
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).double(),
+                                             y[idx].reshape(-1))
+    return float(loss), float((logits.argmax(-1) == y[idx]).double().mean())
+
+
+def test_a_qwen2_folder_is_read_with_its_own_tokenizer_json(qwen, tmp_path):
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    from rotviz.tokens import text_encoding
+
+    a = qwen["a"]
+    own = Tokenizer.from_file(str(a / "tokenizer.json"))
+    auto = AutoTokenizer.from_pretrained(str(a), local_files_only=True)
+    text = (qwen["root"] / "text.txt").read_text(encoding="utf-8")
+    want = own.encode(text, add_special_tokens=False).ids
+    wrong = auto(text, add_special_tokens=False)["input_ids"]
+    assert wrong != want, "transformers now reads this tokenizer.json: the case needs another"
+    reader = text_encoding(a, json.loads((a / "config.json").read_text()), str(a))
+    for sample in (*SAMPLES, text[:2000]):
+        assert reader.encode(sample).tolist() == own.encode(
+            sample, add_special_tokens=False).ids, sample
+    assert reader.tokenizer.pad_token == "<pad>" and reader.tokenizer.eos_token == "<eos>"
+    assert reader.vocab_size == own.get_vocab_size() == 128
+    out = tmp_path / "eval.json"
+    assert main(["eval", str(a), "--data", qwen["data"], "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    loss, acc = _lm_reference(a, qwen["data"], want)
+    bad_loss, bad_acc = _lm_reference(a, qwen["data"], wrong)
+    assert acc > bad_acc + 0.1 and loss < bad_loss - 0.5  # the case shows the difference
+    assert got["loss"] == pytest.approx(loss, abs=1e-6)
+    assert got["acc"] == pytest.approx(acc, abs=1e-9)
+
+
+def test_a_pair_with_the_same_tokenizer_files_reads_alike(qwen, tmp_path):
+    from tokenizers import Tokenizer
+
+    from rotviz.tokens import encoding_fingerprint
+
+    a, b = qwen["a"], qwen["b"]
+    config = json.loads((a / "config.json").read_text())
+    assert encoding_fingerprint(a, config, "a") == encoding_fingerprint(b, config, "b")
+    ids = Tokenizer.from_file(str(a / "tokenizer.json")).encode(
+        (qwen["root"] / "text.txt").read_text(encoding="utf-8"), add_special_tokens=False).ids
+    out = tmp_path / "barrier.json"
+    assert main(["barrier", str(a), str(b), "--data", qwen["data"], "--points", "3",
+                 "--match", "none", "--json", str(out)]) == 0
+    curve = json.loads(out.read_text())
+    for end, folder in ((0, a), (-1, b)):
+        loss, acc = _lm_reference(folder, qwen["data"], ids)
+        assert curve["loss"][end] == pytest.approx(loss, abs=1e-6)
+        assert curve["acc"][end] == pytest.approx(acc, abs=1e-9)
+
+
+def test_a_tokenizer_that_cannot_be_made_to_agree_is_refused(qwen, tmp_path, monkeypatch,
+                                                              capfd):
+    import rotviz.tokens
+
+    # the file's own tokenizer, as if transformers could not wrap it faithfully either
+    monkeypatch.setattr(rotviz.tokens, "_wrapped", lambda own, path, confined: None)
+    out = tmp_path / "eval.json"
+    capfd.readouterr()
+    assert main(["eval", str(qwen["a"]), "--data", qwen["data"], "--json", str(out)]) == 2
+    assert _one_line(capfd) == (
+        f"rotviz: error: the tokenizer saved in '{qwen['a']}' does not encode text as its "
+        "tokenizer.json does, and the file's own tokenizer cannot be used in its place; save "
+        "it again with tokenizer.save_pretrained")
+    assert not out.exists()
+
+
+def test_an_unreadable_tokenizer_json_is_one_line(qwen, tmp_path):
+    from rotviz.tokens import file_tokenizer
+
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text('{"model": {"type": "Nope"}}')
+    with pytest.raises(RotvizError, match=f"^cannot read the tokenizer file '{re.escape(str(bad))}"
+                       r"' \(.*\); save the tokenizer again with tokenizer.save_pretrained$"):
+        file_tokenizer(bad)
