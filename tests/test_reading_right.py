@@ -346,3 +346,130 @@ def test_an_unreadable_tokenizer_json_is_one_line(qwen, tmp_path):
     with pytest.raises(RotvizError, match=f"^cannot read the tokenizer file '{re.escape(str(bad))}"
                        r"' \(.*\); save the tokenizer again with tokenizer.save_pretrained$"):
         file_tokenizer(bad)
+
+
+# ---- rows of labelled files -----------------------------------------------------------------
+
+TOPICS = ZOO / "roberta-topics-a"  # a sequence classifier (asyncio, email, http, ...)
+TAGGER = ZOO / "roberta-pytokens-a"  # a token classifier (B-KW, B-NAME, ...)
+GOOD = [{"text": f"Return the message number {i} of this logger.", "label": "logging"}
+        for i in range(30)]
+GOOD_TAGS = [{"tokens": ["x", "=", str(i)], "ner_tags": ["B-NAME", "B-OP", "B-NUM"]}
+             for i in range(30)]
+
+
+def _jsonl(path: Path, rows: list) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return f"jsonl:{path}"
+
+
+def _refused(argv: list[str], out: Path, capfd) -> str:
+    """The command's one line: exit 2, nothing written."""
+    capfd.readouterr()
+    assert main([*argv, "--json", str(out)]) == 2, argv
+    assert not out.exists()
+    return _one_line(capfd)
+
+
+@pytest.mark.parametrize("bad, column, said", [
+    ({"text": None, "label": "http"}, "text", "null"),
+    ({"text": {"a": 1}, "label": "http"}, "text", "an object"),
+    ({"text": 12, "label": "http"}, "text", "a number (12)"),
+    ({"text": ["a", "b"], "label": "http"}, "text", "a list"),
+    ({"text": True, "label": "http"}, "text", "a boolean (true)"),
+    ({"text": "fine", "label": None}, "label", "null"),
+    ({"text": "fine", "label": {"name": "http"}}, "label", "an object"),
+    ({"text": "fine", "label": 2.0}, "label", "a number (2.0)"),
+    ({"text": "fine", "label": ["http"]}, "label", "a list"),
+])
+def test_jsonl_rows_of_the_wrong_type_are_refused(tmp_path, capfd, bad, column, said):
+    out = tmp_path / "eval.json"
+    ok = _jsonl(tmp_path / "ok.jsonl", GOOD)
+    assert main(["eval", str(TOPICS), "--data", ok, "--split", "train", "--json", str(out)]
+                ) == 0
+    out.unlink()
+    data = _jsonl(tmp_path / "rows.jsonl", [*GOOD[:6], bad, *GOOD[6:]])
+    want = "text (a string)" if column == "text" else "a label name or id"
+    # refused whichever split the row falls in, by its row in the file
+    for split in ("train", "test"):
+        assert _refused(["eval", str(TOPICS), "--data", data, "--split", split], out, capfd) == (
+            f"rotviz: error: '{data}' row 7: column '{column}' is {said}, not {want}; fix the "
+            "row or leave it out")
+
+
+def test_csv_rows_with_missing_or_extra_fields_are_refused(tmp_path, capfd):
+    out = tmp_path / "eval.json"
+    rows = "text,label\n" + "".join(f"{r['text']},{r['label']}\n" for r in GOOD)
+    short = tmp_path / "short.csv"
+    short.write_text(rows + "only a text\n", encoding="utf-8")
+    assert _refused(["eval", str(TOPICS), "--data", f"csv:{short}"], out, capfd) == (
+        f"rotviz: error: 'csv:{short}' row 31: column 'label' is missing (the row has fewer "
+        "fields than its header), not a label name or id; fix the row or leave it out")
+    extra = tmp_path / "extra.csv"
+    extra.write_text("label,text\n" + "".join(f"{r['label']},{r['text']}\n" for r in GOOD[:3])
+                     + "http,Send a request, then wait\n", encoding="utf-8")
+    assert _refused(["eval", str(TOPICS), "--data", f"csv:{extra}"], out, capfd) == (
+        f"rotviz: error: '{extra}' row 4 has 1 more field(s) than its header (from ' then "
+        "wait'); quote a field that holds a comma")
+    # empty trailing fields (as spreadsheets save them) are not text: read as before
+    trailing = tmp_path / "trailing.csv"
+    trailing.write_text("text,label\n" + "".join(f"{r['text']},{r['label']},,\n" for r in GOOD),
+                        encoding="utf-8")
+    assert main(["eval", str(TOPICS), "--data", f"csv:{trailing}", "--json", str(out)]) == 0
+
+
+def test_tagged_rows_of_the_wrong_type_are_refused(tmp_path, capfd):
+    out = tmp_path / "eval.json"
+    for bad, said in (({"tokens": ["x", None], "ner_tags": ["B-NAME", "B-OP"]},
+                       "'tokens' is a list holding null, not a list of words (strings)"),
+                      ({"tokens": "x =", "ner_tags": ["B-NAME", "B-OP"]},
+                       "'tokens' is the string 'x =', not a list of words (strings)"),
+                      ({"tokens": ["x", "="], "ner_tags": ["B-NAME", {"t": 1}]},
+                       "'ner_tags' is a list holding an object, not a list of tags (label "
+                       "names or ids)")):
+        data = _jsonl(tmp_path / "tags.jsonl", [*GOOD_TAGS[:2], bad, *GOOD_TAGS[2:]])
+        assert _refused(["eval", str(TAGGER), "--data", data], out, capfd) == (
+            f"rotviz: error: '{data}' row 3: column {said}; fix the row or leave it out")
+
+
+def test_parquet_rows_are_checked_by_their_split(tmp_path, capfd):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "pq").mkdir()
+    pq.write_table(pa.Table.from_pylist(GOOD), tmp_path / "pq" / "train-00000.parquet")
+    pq.write_table(pa.Table.from_pylist([*GOOD[:4], {"text": None, "label": "xml"}]),
+                   tmp_path / "pq" / "test-00000.parquet")
+    out = tmp_path / "eval.json"
+    data = f"hf:{tmp_path / 'pq'}"
+    assert _refused(["eval", str(TOPICS), "--data", data, "--split", "train"], out, capfd) == (
+        f"rotviz: error: '{data}' (test split) row 5: column 'text' is null, not text (a "
+        "string); fix the row or leave it out")
+
+
+def test_regression_and_multi_label_values_are_checked():
+    from rotviz.labelled import Columns, Labelling, check_rows
+
+    reg = Labelling("regression", ("LABEL_0",), 0, 8, Columns(label="score"))
+    # fine here (two values for a one-output head are refused where the labels are made)
+    check_rows([{"text": "a", "score": 1.5}, {"text": "b", "score": "-2e3"},
+                {"text": "c", "score": [1, 2]}], reg, "'f'", "jsonl")
+    for value, said in (("nan", "the string 'nan'"), (float("inf"), "a number (inf)"),
+                        (True, "a boolean (true)"), ([1, None], "a list holding null"),
+                        ("1.5.2", "the string '1.5.2'"), (None, "null")):
+        with pytest.raises(RotvizError, match=re.escape(
+                f"'f' row 2: column 'score' is {said}, not a finite number (or a list of "
+                "them); fix the row or leave it out")):
+            check_rows([{"text": "a", "score": 1}, {"text": "b", "score": value}], reg, "'f'",
+                       "jsonl")
+    multi = Labelling("multi-label", ("a", "b"), 0, 8, Columns(label="labels"))
+    check_rows([{"text": "a", "labels": ["a", 1]}, {"text": "b", "labels": "a,b"}], multi,
+               "'f'", "jsonl")
+    with pytest.raises(RotvizError, match=re.escape(
+            "'f' row 1: column 'labels' is a list holding a list, not label names or ids (or a "
+            "list of them)")):
+        check_rows([{"text": "a", "labels": [["a"]]}], multi, "'f'", "jsonl")
+    pair = Labelling("seq-cls", ("a", "b"), 0, 8, Columns(pair="second"))
+    with pytest.raises(RotvizError, match=re.escape(
+            "'f' row 1: column 'second' is null, not text (a string)")):
+        check_rows([{"text": "a", "second": None, "label": "a"}], pair, "'f'", "jsonl")
