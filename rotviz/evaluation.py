@@ -110,7 +110,8 @@ def split_for(loaded: Loaded, ref: str, split: str = "test", seed: int = 0,
         return load_split(ref, split, seed, reader, labelling=lab)
     if loaded.spec.inputs == "pixels":
         proc = image_reading(loaded.path) if loaded.path else None
-        names = named_labels(loaded.config, loaded.ref)  # class folders are read by name
+        # class folders are read by name (other image data carries its labels as ids)
+        names = named_labels(loaded.config, loaded.ref) if kind == "imagefolder" else None
         if proc is not None and kind in IMAGE_FILES:
             return load_split(ref, split, seed, processor=proc, names=names)
         return load_split(ref, split, seed, names=names)
@@ -222,8 +223,10 @@ def check_label_order(loaded: Loaded, split: Split) -> None:
     """Classes read by name (an image folder's classes) must be in the model's own order: a
     pair read through one model's names feeds the other wrong labels when it names its
     outputs in another order (the split has the anchor's ids). One line when they differ."""
+    if not split.data.startswith("imagefolder:"):
+        return
     own = named_labels(loaded.config, loaded.ref)
-    if own is None or not split.data.startswith("imagefolder:") or split.label_names == own:
+    if own is None or split.label_names == own:
         return
     shown = ", ".join(split.label_names[:6]) + (", ..." if len(split.label_names) > 6 else "")
     raise RotvizError(

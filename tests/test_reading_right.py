@@ -165,24 +165,28 @@ def test_a_pairs_barrier_reads_labels_by_name(digits, tmp_path, capfd):
     root = digits["root"]
     data = f"imagefolder:{root / 'named'}"
     out = tmp_path / "barrier.json"
-    assert main(["barrier", str(digits["named"]), str(digits["named6"]), "--data", data,
-                 "--points", "3", "--match", "none", "--json", str(out)]) == 0
-    curve = json.loads(out.read_text())
-    for end, model in ((0, "named"), (-1, "named6")):
-        acc, loss, _ = _reference(digits[model], root / "named", list(WORDS))
-        assert acc > 0.8
-        assert curve["acc"][end] == pytest.approx(acc, abs=1e-9)
-        assert curve["loss"][end] == pytest.approx(loss, abs=1e-6)
+    refs = {m: _reference(digits[m], root / "named", list(WORDS)) for m in ("named", "named6")}
+    for streamed in ([], ["--max-memory", "0"]):  # in memory, and block by block
+        assert main(["barrier", str(digits["named"]), str(digits["named6"]), "--data", data,
+                     "--points", "3", "--match", "none", "--json", str(out), "--overwrite",
+                     *streamed]) == 0
+        curve = json.loads(out.read_text())
+        for end, model in ((0, "named"), (-1, "named6")):
+            acc, loss, _ = refs[model]
+            assert acc > 0.8
+            assert curve["acc"][end] == pytest.approx(acc, abs=1e-9)
+            assert curve["loss"][end] == pytest.approx(loss, abs=1e-6)
     # a source that names its outputs in another order cannot share the anchor's labels
-    capfd.readouterr()
     out.unlink()
-    assert main(["barrier", str(digits["named"]), str(digits["sorted6"]), "--data", data,
-                 "--points", "3", "--match", "none", "--json", str(out)]) == 2
-    line = _one_line(capfd)
-    assert line.startswith(f"rotviz: error: '{digits['named']}' and '{digits['sorted6']}' "
-                           "name their outputs differently (zero, one, two, three, four, "
-                           "five, ... vs eight, five, four, nine, one, seven, ...)")
-    assert not out.exists()
+    for streamed in ([], ["--max-memory", "0"]):
+        capfd.readouterr()
+        assert main(["barrier", str(digits["named"]), str(digits["sorted6"]), "--data", data,
+                     "--points", "3", "--match", "none", "--json", str(out), *streamed]) == 2
+        line = _one_line(capfd)
+        assert line.startswith(f"rotviz: error: '{digits['named']}' and '{digits['sorted6']}'"
+                               " name their outputs differently (zero, one, two, three, four, "
+                               "five, ... vs eight, five, four, nine, one, seven, ...)"), line
+        assert not out.exists()
     # a split read through one model's names is refused by a model that orders them otherwise
     split = split_for(load_model(str(digits["named"])), data, "test")
     with pytest.raises(RotvizError, match=f"^'{re.escape(data)}' was labelled in the order "
