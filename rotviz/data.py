@@ -556,8 +556,9 @@ def _class_ids(root: Path, folders: list[str], names: tuple[str, ...] | None
     them by place would score the model against labels it never meant."""
     if names is None:
         return {name: i for i, name in enumerate(sorted(folders))}
-    no_label = sorted(set(folders) - set(names))
-    no_folder = [n for n in names if n not in set(folders)]
+    have = set(folders)
+    no_label = sorted(have - set(names))
+    no_folder = [n for n in names if n not in have]
     if no_label or no_folder:
         def some(items: list[str]) -> str:
             shown = ", ".join(items[:6]) + (f" and {len(items) - 6} more" if len(items) > 6

@@ -173,8 +173,8 @@ def check_same_reading(a: Loaded, b: Loaded) -> None:
     """Two models are compared on one set of inputs: they must read them alike. Text: the
     same tokenizer files, or both rotviz's characters (a model that reads none is let through
     here; the first evaluation says why it cannot be fed). Images: the same image processor,
-    or neither has one. Classifiers that both name their outputs: the same names in the same
-    order, as output i of one is compared with output i of the other."""
+    or neither has one. Classifiers that name the same labels: in the same order, as output
+    i of one is compared with output i of the other."""
     check_same_labels(a, b)
     if a.spec.inputs == "pixels":
         pa, pb = processor_fingerprint(a.path), processor_fingerprint(b.path)
@@ -197,21 +197,24 @@ def check_same_reading(a: Loaded, b: Loaded) -> None:
 
 
 def check_same_labels(a: Loaded, b: Loaded) -> None:
-    """One line when both models name their outputs (config id2label) and the names differ
-    or come in another order: labels read through one would score the other against labels
-    it never meant. A model whose labels are unnamed (LABEL_i) is taken at its ids."""
+    """One line when both models name the same labels (config id2label) in another order:
+    matching, interpolating or merging would pair output i of one with another label's
+    output of the other, and data labelled for one would score the other against labels it
+    never meant. Models with different label sets (say, fine-tunes for two tasks whose
+    bodies are compared) and models with unnamed labels (LABEL_i) are taken at their ids,
+    as before."""
     from rotviz.tasks import named_labels
 
     try:
         na, nb = named_labels(a.config, a.ref), named_labels(b.config, b.ref)
     except RotvizError:
         return  # an odd id2label is refused where labels are read by name
-    if na is not None and nb is not None and na != nb:
+    if na is not None and nb is not None and na != nb and sorted(na) == sorted(nb):
         def some(names: tuple[str, ...]) -> str:
             return ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
 
         raise RotvizError(
-            f"'{a.ref}' and '{b.ref}' name their outputs differently ({some(na)} vs "
+            f"'{a.ref}' and '{b.ref}' order their labels differently ({some(na)} vs "
             f"{some(nb)}): output i of one is not output i of the other; compare models "
             "whose config.json id2label are the same")
 
