@@ -173,10 +173,12 @@ def _transformers_tokenizer(path: Path, **kwargs: Any) -> Any:
 # ---- verification ------------------------------------------------------------------------------
 
 # What a tokenizer must encode as the folder's tokenizer.json does: several scripts, accents,
-# digits, runs of spaces, tabs and newlines, punctuation and code.
+# digits, runs of spaces, tabs and newlines (\r\n too), punctuation and code; no leading space,
+# so that a tokenizer that adds a prefix space the file does not shows at the first word.
 PROBE = ("Hello, World! The year 2024: 3.14 + 42 = 45.14 (ok?) -- naïve café, Grüße; "
          "Привет, мир; Γειά σου; 東京タワー 2024年; 안녕하세요; مرحبا; שלום; हिन्दी 😀\n"
-         "def f(x):\n\treturn x[0] * 2   # done...  'quoted' \"too\" {a: 1} <tag/> ~ @ $ %\n")
+         "def f(x):\n\treturn x[0] * 2   # done...  'quoted' \"too\" {a: 1} <tag/> ~ @ $ %\r\n"
+         "\n  indented, then trailing spaces  ")
 SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
                 "mask_token")
 
