@@ -472,13 +472,20 @@ def _image_size(f: Path) -> tuple[int, int]:
     return w, h
 
 
-def imagefolder(path: str, split: str, seed: int = 0, processor: Any = None) -> Split:
-    """One subfolder per class (sorted names are class ids).
+def imagefolder(path: str, split: str, seed: int = 0, processor: Any = None,
+                names: tuple[str, ...] | None = None) -> Split:
+    """One subfolder per class, named after the class.
 
+    Class ids: with `names` (the model's label names by output id, rotviz.tasks.named_labels)
+    a folder's id is its name's id, and the folders must be exactly those names (one line
+    naming the differences otherwise); without (a model whose labels are unnamed) the sorted
+    folder names are the ids, as the model cannot say otherwise.
     Without a processor: images of one size; grayscale folders give 1 channel, anything else
     RGB; pixels scaled to [0, 1]. With the model's image processor (rotviz.tokens.ImageReading):
     any sizes, as RGB, resized, cropped and normalised by it.
-    Split: a seeded 10% test and 10% val over all images.
+    Split: a seeded 10% test and 10% val over all images, ordered by (class id, file name),
+    so that the split does not depend on what the folders are called: folders renamed from
+    0..9 to a model's own names give the same images, with the same labels.
     """
     from PIL import Image, UnidentifiedImageError
 
@@ -486,8 +493,10 @@ def imagefolder(path: str, split: str, seed: int = 0, processor: Any = None) -> 
     classes = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not classes:
         raise RotvizError(f"'{root}' has no class subfolders; expected {IMAGEFOLDER_FORMAT}")
+    class_id = _class_ids(root, [p.name for p in classes], names)
     files: list[tuple[Path, int]] = []
-    for label, folder in enumerate(classes):
+    for folder in classes:
+        label = class_id[folder.name]
         found = sorted(f for f in folder.iterdir() if f.is_file() and not f.name.startswith("."))
         if not found:
             inner = sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
@@ -498,6 +507,7 @@ def imagefolder(path: str, split: str, seed: int = 0, processor: Any = None) -> 
                     f"classes, e.g. imagefolder:{folder}")
             raise RotvizError(f"class folder '{folder}' is empty; expected {IMAGEFOLDER_FORMAT}")
         files += [(f, label) for f in found]
+    files.sort(key=lambda fl: (fl[1], fl[0].name))  # by class id: the folders' names aside
     sizes = [_image_size(f) for f, _ in files]  # headers only: nothing decoded yet
     first = sizes[0]
     odd = next(((f, size) for (f, _), size in zip(files, sizes, strict=True) if size != first),
@@ -522,18 +532,45 @@ def imagefolder(path: str, split: str, seed: int = 0, processor: Any = None) -> 
                               f"expected {IMAGEFOLDER_FORMAT}") from None
     y = torch.tensor([label for _, label in files], dtype=torch.long)
     idx = torch.as_tensor(_tenth_split(len(y), seed)[split], dtype=torch.long)
-    how = {"seed": seed, "processor": processor}
+    how = {"seed": seed, "processor": processor, "names": names}
+    by_id = tuple(sorted(class_id, key=class_id.__getitem__))  # the class names, by id
     if processor is not None:  # the model's own resize, crop and normalisation
         chosen = [images[i].convert("RGB") for i in idx.tolist()]
         x = processor.pixels(chosen) if chosen else torch.zeros(0, 3, 1, 1)
         return Split(f"imagefolder:{path}", split, "image", x, y[idx], len(classes),
-                     processor.fingerprint, how)
+                     processor.fingerprint, how, label_names=by_id)
     gray = all(im.mode in ("1", "L", "I", "I;16", "F") for im in images)
     mode = "L" if gray else "RGB"
     arrays = [np.asarray(im.convert(mode), dtype=np.float32) / 255.0 for im in images]
     x = torch.tensor(np.stack(arrays))
     x = x.unsqueeze(1) if gray else x.permute(0, 3, 1, 2).contiguous()
-    return Split(f"imagefolder:{path}", split, "image", x[idx], y[idx], len(classes), "", how)
+    return Split(f"imagefolder:{path}", split, "image", x[idx], y[idx], len(classes), "", how,
+                 label_names=by_id)
+
+
+def _class_ids(root: Path, folders: list[str], names: tuple[str, ...] | None
+               ) -> dict[str, int]:
+    """Each class folder's id: its name's id among the model's label `names`, or, for a
+    model without named labels, its place in sorted order. One line when the folders are
+    not the model's labels (a folder no label is called, a label with no folder): reading
+    them by place would score the model against labels it never meant."""
+    if names is None:
+        return {name: i for i, name in enumerate(sorted(folders))}
+    have = set(folders)
+    no_label = sorted(have - set(names))
+    no_folder = [n for n in names if n not in have]
+    if no_label or no_folder:
+        def some(items: list[str]) -> str:
+            shown = ", ".join(items[:6]) + (f" and {len(items) - 6} more" if len(items) > 6
+                                            else "")
+            return shown or "none"
+
+        raise RotvizError(
+            f"the class folders of '{root}' are not the model's labels (folders with no "
+            f"label: {some(no_label)}; labels with no folder: {some(no_folder)}); name one "
+            "class folder after each label of the model's config.json id2label")
+    index = {name: i for i, name in enumerate(names)}
+    return {name: index[name] for name in folders}
 
 
 # ---- references -------------------------------------------------------------------------------
@@ -548,12 +585,14 @@ IMAGE_FILES = ("cifar10", "imagefolder")  # read through the model's image proce
 
 def load_split(ref: str, split: str = "test", seed: int = 0, reader: Any = None,
                masked: bool = False, seq_len: int | None = None,
-               labelling: Any = None, processor: Any = None) -> Split:
+               labelling: Any = None, processor: Any = None,
+               names: tuple[str, ...] | None = None) -> Split:
     """Load one split of a data reference. Text is read by `reader` (the model's
     rotviz.tokens.TextEncoding; None: rotviz's character vocabulary), as masked-LM data when
     `masked`, in windows of `seq_len` tokens; labelled text (rotviz.labelled) for the
-    classifier `labelling` describes; image data ignores these. To read data the way a given
-    model does, use `rotviz.evaluation.split_for`."""
+    classifier `labelling` describes; image data ignores these, and an image folder's
+    classes are the model's label `names` (rotviz.tasks.named_labels; None: sorted folder
+    names). To read data the way a given model does, use `rotviz.evaluation.split_for`."""
     if split not in SPLITS:
         raise RotvizError(f"unknown split '{split}': use one of {', '.join(SPLITS)}")
     kind, _, arg = ref.partition(":")
@@ -573,6 +612,8 @@ def load_split(ref: str, split: str = "test", seed: int = 0, reader: Any = None,
     reading = ({"reader": reader, "masked": masked, "seq_len": seq_len}
                if kind in TEXT_SOURCES else {"processor": processor} if kind in IMAGE_FILES
                else {})
+    if kind == "imagefolder":
+        reading["names"] = names
     if kind in plain and not arg:
         out = plain[kind](split, seed, **reading)
     elif kind in with_path:

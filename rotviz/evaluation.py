@@ -23,6 +23,7 @@ from rotviz.tasks import (
     batch_loss,
     head_class,
     label_names,
+    named_labels,
     predictions,
     sample_losses,
     scores,
@@ -109,9 +110,11 @@ def split_for(loaded: Loaded, ref: str, split: str = "test", seed: int = 0,
         return load_split(ref, split, seed, reader, labelling=lab)
     if loaded.spec.inputs == "pixels":
         proc = image_reading(loaded.path) if loaded.path else None
+        # class folders are read by name (other image data carries its labels as ids)
+        names = named_labels(loaded.config, loaded.ref) if kind == "imagefolder" else None
         if proc is not None and kind in IMAGE_FILES:
-            return load_split(ref, split, seed, processor=proc)
-        return load_split(ref, split, seed)
+            return load_split(ref, split, seed, processor=proc, names=names)
+        return load_split(ref, split, seed, names=names)
     if kind not in TEXT_SOURCES:
         return load_split(ref, split, seed)
     task = task_of(loaded)
@@ -159,6 +162,7 @@ def check_fits(loaded: Loaded, split: Split) -> None:
                 f"'{split.data}' has {split.n_classes} classes"
                 f" but {loaded.ref}'s head has {n_out} outputs"
             )
+        check_label_order(loaded, split)
     else:
         task = task_of(loaded)
         if split.task == "image":
@@ -213,6 +217,22 @@ def check_fits(loaded: Loaded, split: Split) -> None:
                 f"'{split.data}' sequences have {length} tokens"
                 f" but {loaded.ref} takes at most {max_pos}"
             )
+
+
+def check_label_order(loaded: Loaded, split: Split) -> None:
+    """Classes read by name (an image folder's classes) must be in the model's own order: a
+    pair read through one model's names feeds the other wrong labels when it names its
+    outputs in another order (the split has the anchor's ids). One line when they differ."""
+    if not split.data.startswith("imagefolder:"):
+        return
+    own = named_labels(loaded.config, loaded.ref)
+    if own is None or split.label_names == own:
+        return
+    shown = ", ".join(split.label_names[:6]) + (", ..." if len(split.label_names) > 6 else "")
+    raise RotvizError(
+        f"'{split.data}' was labelled in the order {shown} but {loaded.ref} names its outputs "
+        f"{', '.join(own[:6])}{', ...' if len(own) > 6 else ''}; compare models whose "
+        "config.json id2label are the same, or read the data through this model")
 
 
 def batch_inputs(loaded: Loaded, x: Inputs) -> dict[str, torch.Tensor]:

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -140,12 +141,25 @@ def read_rows(kind: str, path: str) -> list[dict[str, Any]]:
             rows = [dict(r) for r in reader]
         except csv.Error as e:
             raise RotvizError(f"'{p}' is not a valid {kind.upper()} file ({e})") from None
+        for n, row in enumerate(rows, 1):
+            _no_extra_fields(row, p, kind, n)
     if len(rows) > MAX_ROWS:
         raise RotvizError(f"'{p}' has {len(rows):,} rows, above rotviz's bound of "
                           f"{MAX_ROWS:,}; use a sample of it")
     if not rows:
         raise RotvizError(f"'{p}' holds no rows; expected a header and one example per row")
     return rows
+
+
+def _no_extra_fields(row: dict, p: Path, kind: str, n: int) -> None:
+    """One line for a CSV / TSV row with more (non-empty) fields than its header: an
+    unquoted delimiter inside a text, which would silently cut the text (csv puts the rest
+    under the key None). Empty trailing fields, as spreadsheets write them, are let through."""
+    extra = [x for x in row.pop(None, None) or [] if x.strip()]
+    if extra:
+        sep = "tab" if kind == "tsv" else "comma"
+        raise RotvizError(f"'{p}' row {n} has {len(extra)} more field(s) than its header "
+                          f"(from '{extra[0][:40]}'); quote a field that holds a {sep}")
 
 
 def read_conll(path: str) -> list[dict[str, Any]]:
@@ -255,6 +269,103 @@ def _column(row: Mapping, name: str, where: str, n: int) -> Any:
         raise RotvizError(f"{where} has no column '{name}' (row {n} has {have}); name the "
                           "column with --text-column, --pair-column or --label-column")
     return row[name]
+
+
+def _what(value: Any, kind: str) -> str:
+    """How a value of the wrong type is named in a message."""
+    if value is None:
+        return ("missing (the row has fewer fields than its header)" if kind in ("csv", "tsv")
+                else "null")
+    if isinstance(value, bool):
+        return f"a boolean ({str(value).lower()})"
+    if isinstance(value, int | float):
+        return f"a number ({value!r})"
+    if isinstance(value, str):
+        return f"the string '{value[:40]}'"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return f"a {type(value).__name__}"
+
+
+# Each check: None for a value of the right type, else how the value is named in the message.
+Check = Callable[[Any, str], str | None]
+
+
+def _text(value: Any, kind: str) -> str | None:
+    return None if isinstance(value, str) else _what(value, kind)
+
+
+def _label(value: Any, kind: str) -> str | None:
+    """A label name (a string) or id (an integer), which `Labelling.label_id` looks up (a
+    boolean is looked up by its name, 'True' or 'False', as before)."""
+    return None if isinstance(value, str | int) else _what(value, kind)
+
+
+def _number(value: Any, kind: str) -> str | None:
+    """A finite regression target: a number, or a string that is one (CSV)."""
+    if not isinstance(value, bool) and isinstance(value, str | int | float):
+        try:
+            if math.isfinite(float(value)):
+                return None
+        except (ValueError, OverflowError):
+            pass
+    return _what(value, kind)
+
+
+def _each(check: Check) -> Check:
+    """A list whose every item passes `check`."""
+    def checked(value: Any, kind: str) -> str | None:
+        if not isinstance(value, list):
+            return _what(value, kind)
+        for item in value:
+            problem = check(item, kind)
+            if problem:
+                return f"a list holding {problem}"
+        return None
+    return checked
+
+
+def _one_or_each(check: Check) -> Check:
+    """One value that passes `check`, or a list of them."""
+    def checked(value: Any, kind: str) -> str | None:
+        return _each(check)(value, kind) if isinstance(value, list) else check(value, kind)
+    return checked
+
+
+def check_rows(source: dict[str, list[dict]] | list[dict], lab: Labelling, where: str,
+               kind: str) -> None:
+    """Every row's values in the columns the classifier reads have the right type: a text
+    is a string (not null, a number, a list or an object, which would be read as the
+    strings 'None' or "{'a': 1}"), a label a name or an id (a list of them for multi-label,
+    finite numbers for regression), words a list of strings and tags a list of labels.
+    Checked over the whole source before any split is drawn, so a bad row is refused
+    whichever split it falls in, by its number in the file (or in its split of an hf:
+    folder). One line naming the file, the row and the column."""
+    cols = lab.columns
+    checks: list[tuple[str, Check, str]]
+    if lab.task == "token-cls":
+        words, tags = ("tokens", "tags") if kind == "conll" else (cols.words, cols.tags)
+        checks = [(words, _each(_text), "a list of words (strings)"),
+                  (tags, _each(_label), "a list of tags (label names or ids)")]
+    else:
+        checks = [(c, _text, "text (a string)") for c in (cols.text, cols.pair) if c]
+        checks.append({
+            "regression": (cols.label, _one_or_each(_number),
+                           "a finite number (or a list of them)"),
+            "multi-label": (cols.label, _one_or_each(_label),
+                            "label names or ids (or a list of them)"),
+        }.get(lab.task, (cols.label, _label, "a label name or id")))
+    parts = source.items() if isinstance(source, dict) else [("", source)]
+    for name, rows in parts:
+        at = f"{where} ({name} split)" if name else where
+        for n, row in enumerate(rows, 1):
+            for col, check, want in checks:
+                problem = check(_column(row, col, at, n), kind)
+                if problem:
+                    raise RotvizError(f"{at} row {n}: column '{col}' is {problem}, not "
+                                      f"{want}; fix the row or leave it out")
 
 
 def _pad(seqs: Sequence[Sequence[int]], value: int) -> torch.Tensor:
@@ -371,6 +482,7 @@ def labelled_split(ref: str, split: str, seed: int, reader: Any, lab: Labelling
     else:
         source = read_rows(kind, path)
         words_col, tags_col = lab.columns.words, lab.columns.tags
+    check_rows(source, lab, where, kind)
     rows = split_rows(source, split, seed, where)
     if not rows:
         raise RotvizError(f"the {split} split of {where} is empty; use more rows or another "

@@ -173,7 +173,9 @@ def check_same_reading(a: Loaded, b: Loaded) -> None:
     """Two models are compared on one set of inputs: they must read them alike. Text: the
     same tokenizer files, or both rotviz's characters (a model that reads none is let through
     here; the first evaluation says why it cannot be fed). Images: the same image processor,
-    or neither has one."""
+    or neither has one. Classifiers that name the same labels: in the same order, as output
+    i of one is compared with output i of the other."""
+    check_same_labels(a, b)
     if a.spec.inputs == "pixels":
         pa, pb = processor_fingerprint(a.path), processor_fingerprint(b.path)
         if pa != pb:
@@ -192,6 +194,29 @@ def check_same_reading(a: Loaded, b: Loaded) -> None:
             f"'{a.ref}' and '{b.ref}' read text differently ({fa} vs {fb}): one set of ids "
             "cannot feed both; compare two models that share a tokenizer"
         )
+
+
+def check_same_labels(a: Loaded, b: Loaded) -> None:
+    """One line when both models name the same labels (config id2label) in another order:
+    matching, interpolating or merging would pair output i of one with another label's
+    output of the other, and data labelled for one would score the other against labels it
+    never meant. Models with different label sets (say, fine-tunes for two tasks whose
+    bodies are compared) and models with unnamed labels (LABEL_i) are taken at their ids,
+    as before."""
+    from rotviz.tasks import named_labels
+
+    try:
+        na, nb = named_labels(a.config, a.ref), named_labels(b.config, b.ref)
+    except RotvizError:
+        return  # an odd id2label is refused where labels are read by name
+    if na is not None and nb is not None and na != nb and sorted(na) == sorted(nb):
+        def some(names: tuple[str, ...]) -> str:
+            return ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
+
+        raise RotvizError(
+            f"'{a.ref}' and '{b.ref}' order their labels differently ({some(na)} vs "
+            f"{some(nb)}): output i of one is not output i of the other; compare models "
+            "whose config.json id2label are the same")
 
 
 def check_compatible(a: Loaded, b: Loaded) -> None:

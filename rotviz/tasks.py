@@ -15,6 +15,7 @@ metrics.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -22,6 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from rotviz.errors import RotvizError
 from rotviz.splits import IGNORE
 
 Tensor = torch.Tensor
@@ -69,6 +71,46 @@ def label_names(config: Mapping) -> tuple[str, ...]:
     labels = config.get("id2label") or {}
     n = num_labels(config)
     return tuple(str(labels.get(str(i), labels.get(i, f"LABEL_{i}"))) for i in range(n))
+
+
+def is_default_names(names: Sequence[str]) -> bool:
+    """Whether `names` are transformers' placeholders LABEL_0..LABEL_n-1 (what a config gets
+    when nobody named its labels), which say nothing about what each output means."""
+    return all(name == f"LABEL_{i}" for i, name in enumerate(names))
+
+
+def named_labels(config: Mapping, ref: str) -> tuple[str, ...] | None:
+    """The model's label names by output id when it names them; None when it does not (no
+    id2label, or only LABEL_i placeholders). Data labelled by name (image class folders) is
+    read through these names, since output i means id2label[i] whatever order the names
+    sort in. id2label is the truth here, not label2id: many saved configs carry a stale
+    LABEL_i label2id beside a named id2label. One line when id2label cannot be one name per
+    output (ids that are not 0..n-1, a name given twice)."""
+    labels = config.get("id2label")
+    if not labels:
+        return None
+    fix = "give id2label one distinct name per output id 0..n-1 in its config.json"
+    if not isinstance(labels, Mapping):
+        raise RotvizError(f"{ref}: config id2label is a {type(labels).__name__}, not a "
+                          f"mapping of ids to names; {fix}")
+    by_id: dict[int, str] = {}
+    for key, name in labels.items():
+        try:
+            i = int(key)
+        except (TypeError, ValueError):
+            i = -1
+        if isinstance(key, bool) or str(i) != str(key).strip() or i in by_id:
+            raise RotvizError(f"{ref}: config id2label has the id {key!r}; {fix}")
+        by_id[i] = str(name)
+    if sorted(by_id) != list(range(len(by_id))):
+        raise RotvizError(f"{ref}: config id2label has the ids {sorted(by_id)[:8]}, not "
+                          f"0..{len(by_id) - 1}; {fix}")
+    names = tuple(by_id[i] for i in range(len(by_id)))
+    twice = sorted(n for n, k in Counter(names).items() if k > 1)
+    if twice:
+        raise RotvizError(f"{ref}: config id2label names '{twice[0]}' for more than one id; "
+                          f"{fix}")
+    return None if is_default_names(names) else names
 
 
 # ---- loss -----------------------------------------------------------------------------------

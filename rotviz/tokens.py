@@ -3,7 +3,8 @@
 Feeding a model ids from the wrong vocabulary gives numbers that look fine and mean nothing
 (a BPE model fed character ids scores a barrier of 0), so the choice is never a guess:
 - a model folder with tokenizer files is read with that tokenizer (`AutoTokenizer` from the
-  local files; never remote code);
+  local files; never remote code), which must encode a probe text as the folder's
+  tokenizer.json does; where it does not, the file's own tokenizer is used, or refused;
 - a model whose config declares `"rotviz_vocab": "chars"` (rotviz's own character models,
   and the random test models) is read with `rotviz.data`'s character vocabulary;
 - any other model given text is refused in one line.
@@ -17,12 +18,14 @@ models whose tokenizers differ is refused before anything is computed.
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from rotviz.confine import ANYWHERE, MAX_JSON_BYTES, Confined
 from rotviz.errors import RotvizError
 
 CHARS = "chars"  # the fingerprint (and config value) of rotviz's character vocabulary
@@ -144,6 +147,15 @@ def text_encoding(path: Path, config: Mapping, ref: str) -> TextEncoding:
 
 
 def _auto_tokenizer(path: Path, **kwargs: Any) -> Any:
+    """The folder's tokenizer: `AutoTokenizer` from its own files (never remote code),
+    verified against its tokenizer.json (`verified_tokenizer`), or one line. With `kwargs`
+    (a variant asked for, such as add_prefix_space for words) it is taken as loaded, since
+    such a variant encodes otherwise by design."""
+    tok = _transformers_tokenizer(path, **kwargs)
+    return tok if kwargs else verified_tokenizer(tok, path)
+
+
+def _transformers_tokenizer(path: Path, **kwargs: Any) -> Any:
     """`AutoTokenizer` from the folder's own files (never remote code), or one line."""
     try:
         from transformers import AutoTokenizer
@@ -156,6 +168,104 @@ def _auto_tokenizer(path: Path, **kwargs: Any) -> Any:
         msg = str(e).strip().splitlines()[0][:160] if str(e).strip() else e.__class__.__name__
         raise RotvizError(f"cannot load the tokenizer saved in '{path}' ({msg}); save it "
                           "again with tokenizer.save_pretrained") from None
+
+
+# ---- verification ------------------------------------------------------------------------------
+
+# What a tokenizer must encode as the folder's tokenizer.json does: several scripts, accents,
+# digits, runs of spaces, tabs and newlines (\r\n too), punctuation and code; no leading space,
+# so that a tokenizer that adds a prefix space the file does not shows at the first word.
+PROBE = ("Hello, World! The year 2024: 3.14 + 42 = 45.14 (ok?) -- naïve café, Grüße; "
+         "Привет, мир; Γειά σου; 東京タワー 2024年; 안녕하세요; مرحبا; שלום; हिन्दी 😀\n"
+         "def f(x):\n\treturn x[0] * 2   # done...  'quoted' \"too\" {a: 1} <tag/> ~ @ $ %\r\n"
+         "\n  indented, then trailing spaces  ")
+SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
+                "mask_token")
+
+
+def verified_tokenizer(tok: Any, path: Path, confined: Confined = ANYWHERE) -> Any:
+    """`tok` when the folder has no tokenizer.json or `tok` encodes PROBE to the same ids as
+    that file does (read by the `tokenizers` library itself); else the file's own tokenizer,
+    wrapped for transformers with the folder's special tokens and verified the same way; else
+    one line. transformers may build a tokenizer class from other settings than the file (5.x
+    reads a Qwen2 folder's Unigram tokenizer.json as Qwen2's byte-level BPE), and a model fed
+    another tokenizer's ids scores as if it knew nothing."""
+    file = Path(path) / "tokenizer.json"
+    if not os.path.lexists(file):
+        return tok
+    own = file_tokenizer(file, confined)
+    want = own.encode(PROBE, add_special_tokens=False).ids
+    if _probe_ids(tok) == want:
+        return tok
+    fast = _wrapped(own, Path(path), confined)
+    if _probe_ids(fast) == want:
+        return fast
+    raise RotvizError(f"the tokenizer saved in '{path}' does not encode text as its "
+                      "tokenizer.json does, and the file's own tokenizer cannot be used in its "
+                      "place; save it again with tokenizer.save_pretrained")
+
+
+def file_tokenizer(file: Path, confined: Confined = ANYWHERE) -> Any:
+    """A tokenizer.json as the `tokenizers` library reads it, without truncation or padding
+    (a transformers tokenizer applies those per call), or one line."""
+    from tokenizers import Tokenizer
+
+    text = confined.read_text(file, "tokenizer file", MAX_JSON_BYTES)
+    try:
+        own = Tokenizer.from_str(text)
+    except Exception as e:  # noqa: BLE001 - the library's parse errors are one line here
+        msg = str(e).strip().splitlines()[0][:160] if str(e).strip() else e.__class__.__name__
+        raise RotvizError(f"cannot read the tokenizer file '{file}' ({msg}); save the "
+                          "tokenizer again with tokenizer.save_pretrained") from None
+    own.no_truncation()
+    own.no_padding()
+    return own
+
+
+def _probe_ids(tok: Any) -> list[int] | None:
+    """The ids `tok` (a transformers tokenizer) gives PROBE; None when it cannot encode it."""
+    try:
+        return list(tok(PROBE, add_special_tokens=False, verbose=False)["input_ids"])
+    except Exception:  # noqa: BLE001 - a tokenizer that fails the probe fails verification
+        return None
+
+
+def _special_tokens(path: Path, own: Any, confined: Confined) -> dict[str, Any]:
+    """The special tokens the folder's tokenizer_config.json and special_tokens_map.json name
+    (the map wins, as transformers reads it), kept only where the file's vocabulary has
+    them: a token added here would shift no ids but would grow the vocabulary past the
+    model's embeddings. Also the config's model_max_length."""
+    out: dict[str, Any] = {}
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        if not os.path.lexists(path / name):
+            continue
+        settings = confined.read_json(path / name, "save the tokenizer again with "
+                                      "tokenizer.save_pretrained", "tokenizer file")
+        if not isinstance(settings, dict):
+            continue
+        for key in SPECIAL_KEYS:
+            value = settings.get(key)
+            token = value.get("content") if isinstance(value, dict) else value
+            if isinstance(token, str) and own.token_to_id(token) is not None:
+                out[key] = token
+        length = settings.get("model_max_length")
+        if isinstance(length, int) and not isinstance(length, bool) and length > 0:
+            out["model_max_length"] = length
+    return out
+
+
+def _wrapped(own: Any, path: Path, confined: Confined) -> Any:
+    """The file's own tokenizer as a transformers PreTrainedTokenizerFast (None when
+    transformers refuses it: verification then fails in one line)."""
+    try:
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast(tokenizer_object=own,
+                                       **_special_tokens(path, own, confined))
+    except RotvizError:
+        raise
+    except Exception:  # noqa: BLE001 - reported as the failed verification
+        return None
 
 
 # ---- images -------------------------------------------------------------------------------------

@@ -3,8 +3,9 @@ only for a model that declares them.
 
 Tiny causal and masked LMs are saved with a tokenizer trained here (`tokenizers`). rotviz's
 loss must equal the model's own `model(input_ids, labels=...).loss` on ids that an
-independent loop made with `AutoTokenizer`; a BPE pair's barrier must equal a reference loop;
-character ids must never reach a model with a tokenizer; output folders carry the tokenizer.
+independent loop made with the folder's tokenizer.json; a BPE pair's barrier must equal a
+reference loop; character ids must never reach a model with a tokenizer; output folders
+carry the tokenizer.
 """
 
 from __future__ import annotations
@@ -104,11 +105,15 @@ def folders(tmp_path_factory):
 
 
 def _own_windows(folder, masked: bool) -> torch.Tensor:
-    """Windows made independently of rotviz: the folder's tokenizer, no special tokens, packed."""
+    """Windows made independently of rotviz: the folder's tokenizer, no special tokens, packed.
+    The ids are its tokenizer.json's, read by the tokenizers library (AutoTokenizer in
+    transformers 5 reads a qwen2 folder's file through Qwen2's own pre-tokenizer, issue 25)."""
+    from tokenizers import Tokenizer
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-    ids = tok(TEXT, add_special_tokens=False)["input_ids"]
+    ids = Tokenizer.from_file(str(folder / "tokenizer.json")).encode(
+        TEXT, add_special_tokens=False).ids
     if not masked:
         n = (len(ids) - 1) // SEQ
         return torch.tensor(ids[: n * SEQ + 1])
