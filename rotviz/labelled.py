@@ -168,7 +168,6 @@ def read_hf(path: str, confined: Confined = ANYWHERE) -> dict[str, list[dict[str
     root = data_folder(path, "hf", confined)
     parquet = hf_parquet(root, confined)
     if parquet:
-        import pyarrow as pa
         import pyarrow.parquet as pq
 
         out: dict[str, list[dict[str, Any]]] = {}
@@ -176,23 +175,21 @@ def read_hf(path: str, confined: Confined = ANYWHERE) -> dict[str, list[dict[str
             rel = f.relative_to(root).parts
             stem = rel[0] if len(rel) > 1 else f.stem
             name = SPLIT_NAMES.get(stem.split("-")[0].split(".")[0].lower(), "")
-            try:
-                with confined.open(f, "parquet file") as fh:
+            with confined.open(f, "parquet file") as fh:
+                try:
                     table = pq.read_table(fh)
-            except (pa.ArrowException, OSError, ValueError) as e:
-                raise RotvizError(f"cannot read parquet file '{f}' ({_first_line(e)}); write "
-                                  "it again (e.g. Dataset.to_parquet)") from None
+                except Exception as e:  # noqa: BLE001 - any failure is one line about the file
+                    raise RotvizError(f"cannot read parquet file '{f}' ({_first_line(e)}); "
+                                      "write it again (e.g. Dataset.to_parquet)") from None
             out.setdefault(name, []).extend(table.to_pylist())
         return out
     try:
         import datasets
     except ImportError:
         raise RotvizError("hf: data needs the datasets package: pip install datasets") from None
-    import pyarrow as pa
-
     try:  # every file in it checked above (hf_parquet)
         ds = datasets.load_from_disk(str(root), keep_in_memory=True)
-    except (FileNotFoundError, ValueError, OSError, pa.ArrowException) as e:
+    except Exception as e:  # noqa: BLE001 - any failure is one line about the folder
         raise RotvizError(f"'{root}' is not a datasets folder ({_first_line(e)}); save one "
                           "with Dataset.save_to_disk, or put parquet files in it") from None
     if isinstance(ds, datasets.DatasetDict):

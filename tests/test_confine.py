@@ -316,6 +316,24 @@ def test_a_corrupt_parquet_file_is_one_line(tmp_path):
     _one_line(e, f"cannot read parquet file '{hf / 'test.parquet'}'", "write it again")
 
 
+@pytest.mark.parametrize("harm", ["arrow", "state", "deep"])
+def test_a_corrupt_datasets_folder_is_one_line(tmp_path, harm):
+    import datasets
+
+    datasets.disable_progress_bars()
+    ds = tmp_path / "ds"
+    datasets.Dataset.from_list(ROWS).save_to_disk(str(ds))
+    assert read_hf(str(ds)) == {"": ROWS}
+    if harm == "arrow":
+        for f in ds.glob("*.arrow"):
+            f.write_bytes(b"not arrow " * 10)
+    else:
+        (ds / "state.json").write_text("[1, 2" if harm == "state" else "[" * 100_000)
+    with pytest.raises(RotvizError) as e:
+        read_hf(str(ds))
+    _one_line(e, f"'{ds}' is not a datasets folder (", "save one with Dataset.save_to_disk")
+
+
 def test_a_fifo_among_a_models_tokenizer_files_is_refused(tmp_path, saved):
     from rotviz.tokens import processor_fingerprint, text_encoding, tokenizer_files
 
