@@ -256,6 +256,14 @@ def test_the_app_lists_refuses_and_never_opens_what_lies_outside(setup, monkeypa
             with pytest.raises(RotvizError) as e:
                 res.split(ref, 0, 0, model)
             _one_line(e, "outside the model roots")
+        # data that activation matching learns from is read through the app's roots too
+        leak = f"text:{root / 'data' / 'leak.txt'}"
+        cfg = {"anchor": vit, "source": str(root / "good-1"), "spec": "weight,act",
+               "layers": "", "device": "cpu", "data": leak, "seed": 0, "n_eval": 20}
+        with pytest.raises(RotvizError) as e:
+            app.run("match", res, cfg)
+        _one_line(e, f"data file '{root / 'data' / 'leak.txt'}' leads to '{out / 'leak.txt'}', "
+                     "outside the model roots")
         # and the good ones work, with the watcher on
         card = app.run("card", res, {"ref": vit, "data": "digits", "seed": 0, "n_eval": 20})
         assert card["n_eval"] == 20 and card["check"]["passed"]

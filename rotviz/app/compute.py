@@ -291,8 +291,15 @@ def matched(res: Resources, anchor: str, source: str, spec: str, layers: str, de
         opts = match_options(label, layers_of(layers, n_layers(a)))
         if learns:
             opts = dataclasses.replace(opts, learn=LearnOptions(steps=steps, seed=seed))
+        train = None
+        if needs:  # read here, through the app's Confined: a data reference would be read
+            # by the engine as the command line reads it (the engine's train.sibling("train")
+            # reads the same split again, so the numbers are those of the reference)
+            from rotviz.evaluation import split_for
+
+            train = split_for(a, data, "train", confined=res.confined())
         with res.using(anchor, source):
-            m = match_models(a, b, opts, device, progress, data if needs else None, cancel)
+            m = match_models(a, b, opts, device, progress, train, cancel)
         learned = m.report.learned or {}
         if learned.get("stopped") == "cancelled":
             raise Cancelled(f"learned matching was cancelled after {learned.get('steps')} of "
