@@ -251,7 +251,7 @@ def discover_data(roots: Iterable[Path], max_depth: int = 3) -> list[str]:
                 continue
             classes = [here / d for d in dirnames]
             # a class folder that links out is not even looked into (refused below)
-            if (len(classes) >= 2 and all(confined.allows(c.resolve()) for c in classes)
+            if (len(classes) >= 2 and all(_inside(confined, c) for c in classes)
                     and all(any(f.suffix.lower() in IMAGE_ENDINGS for f in c.iterdir()
                                 if f.is_file()) for c in classes)):
                 offer(f"imagefolder:{here}")
@@ -264,6 +264,14 @@ def discover_data(roots: Iterable[Path], max_depth: int = 3) -> list[str]:
             if depth >= max_depth:
                 dirnames[:] = []
     return sorted(set(found))
+
+
+def _inside(confined: Confined, p: Path) -> bool:
+    """Whether `p` resolves inside the roots (a loop of links does not)."""
+    try:
+        return confined.allows(p.resolve())
+    except (OSError, RuntimeError):
+        return False
 
 
 def resolve_data(ref: str, roots: Sequence[Path] | None = None) -> str:

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from conftest import refused
 
+from rotviz import appconfig
 from rotviz.confine import ANYWHERE, Confined
 from rotviz.data import load_split
 from rotviz.datafiles import check_data, read_text
@@ -408,6 +409,13 @@ def test_a_loop_of_links_is_checked_once_not_forever(tmp_path):
     with pytest.raises(RotvizError) as e:
         Confined.under([tmp_path]).check_tree(hf)
     _one_line(e, "cannot be resolved")
+    data = tmp_path / "data"  # what the app lists leaves such links out, without a fuss
+    (data / "imgs").mkdir(parents=True)
+    for link in (data / "imgs" / "a", data / "imgs" / "b", data / "text.txt"):
+        link.symlink_to(link)
+    (data / "ok.txt").write_text("ok")
+    assert appconfig.discover_data([data]) == [f"text:{data / 'ok.txt'}"]
+    assert appconfig.discover([data]) == []
 
 
 # ---- the same text as before ------------------------------------------------------------
