@@ -287,8 +287,7 @@ def resolve_data(ref: str, roots: Sequence[Path] | None = None) -> str:
         raise RotvizError(f"unknown data '{ref}': use {', '.join(BUILTIN_DATA)} or KIND:PATH "
                           f"with KIND one of {', '.join(known)}")
     roots = list(roots if roots is not None else model_roots())
-    p = Path(path).expanduser()
-    p = (p if p.is_absolute() else REPO / p).resolve()
+    p = _typed_path(path)
     if not _under(p, roots):
         raise RotvizError(f"'{path}' is outside the roots ({', '.join(map(str, roots))}); "
                           f"move the data there or add its folder to {ENV_ROOTS}")
@@ -298,12 +297,23 @@ def resolve_data(ref: str, roots: Sequence[Path] | None = None) -> str:
     return f"{kind}:{p}"
 
 
+def _typed_path(path: str | os.PathLike) -> Path:
+    """A path typed into the app (or its URL), resolved against the checkout: one line for
+    one that cannot be (a NUL character, a loop of links)."""
+    text = str(path)
+    if "\0" in text:
+        raise RotvizError(f"'{text[:80]}' holds a NUL character; give a plain path")
+    p = Path(text).expanduser()
+    try:
+        return (p if p.is_absolute() else REPO / p).resolve()
+    except (OSError, RuntimeError, ValueError) as e:
+        raise RotvizError(f"'{text}' cannot be resolved ({e}); fix or remove the link"
+                          ) from None
+
+
 def check_under_roots(path: str | os.PathLike, roots: Sequence[Path]) -> Path:
     """The resolved folder, if it lies inside one of the roots; a clear error otherwise."""
-    p = Path(path).expanduser()
-    if not p.is_absolute():
-        p = REPO / p
-    p = p.resolve()
+    p = _typed_path(path)
     if not _under(p, roots):
         raise RotvizError(
             f"'{path}' is outside the model roots ({', '.join(map(str, roots))}); "

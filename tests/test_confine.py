@@ -428,3 +428,14 @@ def test_text_reads_as_python_text_files_do(tmp_path, raw):
     f.write_bytes(raw)
     assert read_text(f, ANYWHERE, "file") == f.read_text(encoding="utf-8")
     assert read_text(f, ANYWHERE, "file", "utf-8-sig") == f.read_text(encoding="utf-8-sig")
+
+
+def test_typed_paths_that_cannot_be_resolved_are_one_line(tmp_path):
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    roots = [tmp_path.resolve()]
+    for typed in (str(tmp_path / "loop"), f"{tmp_path}/a\0b"):
+        for check in (lambda t=typed: appconfig.resolve_choice(t, roots),
+                      lambda t=typed: appconfig.resolve_data(f"csv:{t}", roots)):
+            with pytest.raises(RotvizError) as e:
+                check()
+            _one_line(e, "NUL character" if "\0" in typed else "cannot be resolved")
