@@ -279,3 +279,34 @@ def test_the_app_lists_refuses_and_never_opens_what_lies_outside(setup, monkeypa
     assert watcher.fd < 0 or any(name == "leak.txt" and mask & IN_OPEN
                                  for mask, name in watcher.native_events())
     watcher.close()
+
+
+def test_the_pages_offer_and_show_nothing_from_outside(setup, monkeypatch):
+    """The same root through the pages (streamlit.testing AppTest): the sidebar offers only
+    the good models and data, a typed folder or data that reaches out is the page's one-line
+    error, and a data reference in the URL that the sidebar does not offer is not read."""
+    from test_app import app, texts
+
+    root, out = setup
+    monkeypatch.setenv(appconfig.ENV_ROOTS, str(root))
+    watcher = Watcher([out, out / "b", out / "ds"])
+    watcher.native_events()
+    pair = {"anchor_path": str(root / "good-0"), "source_path": str(root / "good-1")}
+    with watcher:
+        at = app("models", **pair, data=f"text:{root / 'data' / 'leak.txt'}")
+        offered = [str(o) for o in at.selectbox(key="anchor").options]
+        assert not any(bad in o for o in offered for bad in ("trav", "sublink", "proclink"))
+        assert any(o.endswith("good-1") for o in offered)
+        data = [str(o) for o in at.selectbox(key="data").options]
+        assert [d for d in data if str(root) in d] == [
+            f"hf:{root / 'pq-ok'}", f"imagefolder:{root / 'imgs-ok'}",
+            f"text:{root / 'data' / 'ok.txt'}"]
+        assert at.selectbox(key="data").value == "auto" and "leak" not in texts(at)
+        at = app("models", **pair, data_path=f"imagefolder:{root / 'imgs'}")
+        assert f"class folder '{root / 'imgs' / 'b'}' leads to '{out / 'b'}'" in texts(at)
+        at = app("models", anchor_path=str(root / "good-0"),
+                 source_path=str(root / "sublink"))
+        assert (f"model folder entry '{root / 'sublink' / 'sub' / 'x.safetensors'}' leads to "
+                f"'{out / 'x.safetensors'}', outside the model roots") in texts(at)
+    assert watcher.outside_paths(out) == [] and watcher.native_events() == []
+    watcher.close()
