@@ -52,7 +52,8 @@ class TextEncoding:
     tokenizer: Any = None
     vocab_size: int = 0
     path: str = ""  # the folder the tokenizer was loaded from
-    confined: Confined = field(default=ANYWHERE, compare=False, repr=False)  # ... read so
+    # what its files are read through (words_tokenizer reads them again)
+    confined: Confined = field(default=ANYWHERE, compare=False, repr=False)
 
     @property
     def chars(self) -> bool:
@@ -154,7 +155,7 @@ def text_encoding(path: Path, config: Mapping, ref: str,
     return TextEncoding(fingerprint(files, confined), tok, len(tok), str(path), confined)
 
 
-def _auto_tokenizer(path: Path, confined: Confined, **kwargs: Any) -> Any:
+def _auto_tokenizer(path: Path, confined: Confined = ANYWHERE, **kwargs: Any) -> Any:
     """`AutoTokenizer` from the folder's own files (never remote code), or one line. It
     opens what it finds in the folder, so the whole folder is checked by `confined` first."""
     confined.check_tree(path, "model folder")
