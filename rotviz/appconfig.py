@@ -3,7 +3,11 @@
 Nothing here imports streamlit, so the tests and the command line can use it too.
 The app only offers models from the zoo and from folders under the configured model roots
 (`ROTVIZ_MODEL_ROOTS`, a `os.pathsep`-separated list; default `assets/zoo`): a path typed
-into a browser must never reach an arbitrary folder of the server.
+into a browser must never reach an arbitrary folder of the server. Everything the app reads
+goes through `app_confined()` (rotviz.confine): files that resolve inside the roots (and the
+zoo's and the shipped data's own folders), regular files only. What the sidebar offers
+(`discover`, `discover_data`) is checked exactly as what is typed (`resolve_choice`,
+`resolve_data`): a folder or data whose reading would be refused is not listed.
 """
 
 from __future__ import annotations
@@ -24,11 +28,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from rotviz.confine import Confined
+from rotviz.datafiles import check_data
 from rotviz.errors import RotvizError
 
 ENV_ROOTS = "ROTVIZ_MODEL_ROOTS"
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_ROOT = REPO / "assets" / "zoo"
+SHIPPED_DATA = REPO / "assets" / "data"  # the data the zoo's cards name (read as "auto" data)
+INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 
 
 # ---- where models may come from -----------------------------------------------------------
@@ -46,6 +54,18 @@ def model_roots(env: Mapping[str, str] | None = None) -> list[Path]:
             path = REPO / path
         out.append(path.resolve())
     return out
+
+
+def app_confined(roots: Sequence[Path] | None = None) -> Confined:
+    """What the app reads through: the model roots (default `model_roots()`), the zoo's
+    folder (zoo models are offered whatever the roots) and the shipped data (the zoo's
+    cards name it), nothing else; regular files only."""
+    allowed = list(roots if roots is not None else model_roots())
+    zoo = _zoo()
+    if zoo is not None and hasattr(zoo, "zoo_dir"):
+        allowed.append(Path(zoo.zoo_dir()))
+    allowed.append(SHIPPED_DATA)
+    return Confined.under(allowed, "model roots")
 
 
 def _zoo():
@@ -164,7 +184,10 @@ def data_of(ref: str, default: str = "digits") -> str:
 
 
 def discover(roots: Iterable[Path], max_depth: int = 3) -> list[str]:
-    """Model folders (holding config.json) under the roots, as paths; zoo folders excluded."""
+    """Model folders (holding config.json) under the roots, as paths; zoo folders excluded.
+    Only folders `resolve_choice` accepts are listed (`check_model_folder`)."""
+    roots = [Path(r) for r in roots]
+    confined = Confined.under(roots, "model roots")
     found: list[str] = []
     for root in roots:
         if not root.is_dir():
@@ -178,8 +201,12 @@ def discover(roots: Iterable[Path], max_depth: int = 3) -> list[str]:
             if "config.json" in filenames and any(
                 f.endswith(".safetensors") or f.endswith(".bin") for f in filenames
             ):
-                found.append(str(Path(dirpath)))
                 dirnames[:] = []
+                try:
+                    check_model_folder(Path(dirpath), confined)
+                except RotvizError:
+                    continue  # offered only what a load would accept
+                found.append(str(Path(dirpath)))
     return sorted(set(found))
 
 
@@ -192,8 +219,20 @@ IMAGE_ENDINGS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp")
 def discover_data(roots: Iterable[Path], max_depth: int = 3) -> list[str]:
     """The user's data under the roots, as data references: text and labelled files
     (csv:, tsv:, jsonl:, conll:, text:), datasets folders and parquet folders (hf:), and
-    image folders with one subfolder per class (imagefolder:). Model folders are skipped."""
+    image folders with one subfolder per class (imagefolder:). Model folders are skipped,
+    and so is data whose reading would be refused (`resolve_data`: a file or folder that
+    links out of the roots, a FIFO): offered data is checked exactly like typed data."""
+    roots = [Path(r) for r in roots]
+    confined = Confined.under(roots)
     found: list[str] = []
+
+    def offer(ref: str) -> None:
+        try:
+            check_data(ref, confined)
+        except RotvizError:
+            return
+        found.append(ref)
+
     for root in roots:
         if not root.is_dir():
             continue
@@ -207,28 +246,38 @@ def discover_data(roots: Iterable[Path], max_depth: int = 3) -> list[str]:
                 continue
             if {"dataset_dict.json", "state.json"} & set(filenames) or any(
                     f.endswith(".parquet") for f in filenames):
-                found.append(f"hf:{here}")
+                offer(f"hf:{here}")
                 dirnames[:] = []
                 continue
             classes = [here / d for d in dirnames]
-            if len(classes) >= 2 and all(any(f.suffix.lower() in IMAGE_ENDINGS
-                                             for f in c.iterdir() if f.is_file())
-                                         for c in classes):
-                found.append(f"imagefolder:{here}")
+            # a class folder that links out is not even looked into (refused below)
+            if (len(classes) >= 2 and all(_inside(confined, c) for c in classes)
+                    and all(any(f.suffix.lower() in IMAGE_ENDINGS for f in c.iterdir()
+                                if f.is_file()) for c in classes)):
+                offer(f"imagefolder:{here}")
                 dirnames[:] = []
                 continue
             for f in sorted(filenames):
                 kind = DATA_FILES.get(Path(f).suffix.lower())
                 if kind and not f.startswith("."):
-                    found.append(f"{kind}:{here / f}")
+                    offer(f"{kind}:{here / f}")
             if depth >= max_depth:
                 dirnames[:] = []
     return sorted(set(found))
 
 
+def _inside(confined: Confined, p: Path) -> bool:
+    """Whether `p` resolves inside the roots (a loop of links does not)."""
+    try:
+        return confined.allows(p.resolve())
+    except (OSError, RuntimeError):
+        return False
+
+
 def resolve_data(ref: str, roots: Sequence[Path] | None = None) -> str:
     """A data reference the app may read: a built-in one, or a file or folder under the
-    roots (the app reads nothing outside them)."""
+    roots whose every file a read would open lies under them too and is a regular file
+    (rotviz.datafiles.check_data; the app reads nothing outside them)."""
     ref = (ref or "").strip()
     kind, _, path = ref.partition(":")
     if ref in BUILTIN_DATA:
@@ -238,22 +287,33 @@ def resolve_data(ref: str, roots: Sequence[Path] | None = None) -> str:
         raise RotvizError(f"unknown data '{ref}': use {', '.join(BUILTIN_DATA)} or KIND:PATH "
                           f"with KIND one of {', '.join(known)}")
     roots = list(roots if roots is not None else model_roots())
-    p = Path(path).expanduser()
-    p = (p if p.is_absolute() else REPO / p).resolve()
+    p = _typed_path(path)
     if not _under(p, roots):
         raise RotvizError(f"'{path}' is outside the roots ({', '.join(map(str, roots))}); "
                           f"move the data there or add its folder to {ENV_ROOTS}")
     if not p.exists():
         raise RotvizError(f"no file or folder at '{path}'")
+    check_data(f"{kind}:{p}", Confined.under(roots))
     return f"{kind}:{p}"
+
+
+def _typed_path(path: str | os.PathLike) -> Path:
+    """A path typed into the app (or its URL), resolved against the checkout: one line for
+    one that cannot be (a NUL character, a loop of links)."""
+    text = str(path)
+    if "\0" in text:
+        raise RotvizError(f"'{text[:80]}' holds a NUL character; give a plain path")
+    p = Path(text).expanduser()
+    try:
+        return (p if p.is_absolute() else REPO / p).resolve()
+    except (OSError, RuntimeError, ValueError) as e:
+        raise RotvizError(f"'{text}' cannot be resolved ({e}); fix or remove the link"
+                          ) from None
 
 
 def check_under_roots(path: str | os.PathLike, roots: Sequence[Path]) -> Path:
     """The resolved folder, if it lies inside one of the roots; a clear error otherwise."""
-    p = Path(path).expanduser()
-    if not p.is_absolute():
-        p = REPO / p
-    p = p.resolve()
+    p = _typed_path(path)
     if not _under(p, roots):
         raise RotvizError(
             f"'{path}' is outside the model roots ({', '.join(map(str, roots))}); "
@@ -263,14 +323,32 @@ def check_under_roots(path: str | os.PathLike, roots: Sequence[Path]) -> Path:
         raise RotvizError(
             f"no model folder at '{path}': give a save_pretrained folder under the model roots"
         )
-    for entry in sorted(p.iterdir()):  # a file may link out of the roots: check each one
-        real = entry.resolve()
-        if not _under(real, roots):
-            raise RotvizError(
-                f"'{entry}' leads to '{real}', outside the model roots "
-                f"({', '.join(map(str, roots))}); copy the file into the folder instead"
-            )
+    check_model_folder(p, Confined.under(roots, "model roots"))
     return p
+
+
+def check_model_folder(folder: Path, confined: Confined) -> None:
+    """Refuse, in one line, a model folder whose loading could read a file `confined`
+    refuses: any entry under it (a shard in a subfolder too) that links out of the roots or
+    is no regular file, and an index whose entries are not plain names inside the folder
+    (`../../elsewhere`, absolute paths, links out). Transformers opens whatever the index
+    names, so the names are checked before it is handed the folder."""
+    confined.check_tree(folder, "model folder")
+    for name in INDEX_FILES:
+        index_file = folder / name
+        if not os.path.lexists(index_file):
+            continue
+        index = confined.read_json(index_file, "re-save the model", "model index")
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise RotvizError(f"'{index_file}' has no weight_map of tensor names to files; "
+                              "re-save the model")
+        seen: set[str] = set()
+        for shard in weight_map.values():
+            if isinstance(shard, str) and shard in seen:
+                continue
+            confined.inside(folder, shard, "shard")  # a non-name is refused too
+            seen.add(shard)
 
 
 def _under(p: Path, roots: Sequence[Path]) -> bool:

@@ -81,10 +81,11 @@ class Confined:
     inside one of them. Immutable: pass it to whatever reads."""
 
     roots: tuple[Path, ...] = ()
+    label: str = "roots"  # what the roots are called in a refusal ("the model roots")
 
     @classmethod
-    def under(cls, roots: Sequence[str | os.PathLike]) -> Confined:
-        return cls(tuple(Path(r).expanduser().resolve() for r in roots))
+    def under(cls, roots: Sequence[str | os.PathLike], label: str = "roots") -> Confined:
+        return cls(tuple(Path(r).expanduser().resolve() for r in roots), label)
 
     # ---- resolving ----------------------------------------------------------------------
 
@@ -103,8 +104,9 @@ class Confined:
                               "fix or remove the link") from None
         if not self.allows(real):
             roots = ", ".join(map(str, self.roots))
-            raise RotvizError(f"{what} '{given}' leads to '{real}', outside the roots "
-                              f"({roots}); copy it under a root or add its folder to the roots")
+            raise RotvizError(f"{what} '{given}' leads to '{real}', outside the {self.label} "
+                              f"({roots}); copy it under a root or add its folder to the "
+                              f"{self.label}")
         return real
 
     def file(self, path: str | os.PathLike, what: str = "file") -> Path:
@@ -172,19 +174,25 @@ class Confined:
 
     def check_tree(self, folder: str | os.PathLike, what: str = "folder") -> Path:
         """Every entry under `folder` checked (regular files and folders inside the roots),
-        before a library that walks it itself (datasets, transformers) is handed it."""
+        before a library that walks it itself (datasets, transformers) is handed it. Links
+        to folders are followed once each, so a link to a parent cannot loop."""
         base = self.folder(folder, what)
+        self._check_tree(base, what, {base})
+        return base
+
+    def _check_tree(self, base: Path, what: str, seen: set[Path]) -> None:
         for dirpath, dirnames, filenames in os.walk(base, followlinks=False):
             for name in [*dirnames, *filenames]:
                 p = Path(dirpath) / name
                 if p.is_dir() and not p.is_symlink():
-                    continue
-                if p.is_symlink() and p.resolve().is_dir():
-                    self.folder(p, f"{what} entry")
-                    self.check_tree(p, what)
+                    continue  # os.walk goes into it
+                real = self._confine(p, f"{what} entry")
+                if real.is_dir():
+                    if real not in seen:
+                        seen.add(real)
+                        self._check_tree(real, what, seen)
                     continue
                 self.file(p, f"{what} entry")
-        return base
 
     # ---- reading ------------------------------------------------------------------------
 

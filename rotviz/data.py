@@ -12,6 +12,7 @@ for the character models that declare it; `rotviz.evaluation.split_for` picks th
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import pickle
@@ -25,8 +26,19 @@ from typing import Any
 import numpy as np
 import torch
 
+from rotviz.confine import ANYWHERE, Confined
+from rotviz.datafiles import (
+    CIFAR_FORMAT,
+    IMAGEFOLDER_FORMAT,
+    cifar_files,
+    cifar_meta,
+    data_file,
+    data_folder,
+    image_classes,
+    read_text,
+)
 from rotviz.errors import RotvizError
-from rotviz.labelled import LABELLED_KINDS, data_path, labelled_split
+from rotviz.labelled import LABELLED_KINDS, labelled_split
 from rotviz.splits import IGNORE, SPLITS
 from rotviz.splits import split_indices as _split_indices
 from rotviz.splits import tenth_split as _tenth_split
@@ -279,13 +291,12 @@ def pystdlib_text() -> str:
     parts = []
     for name in PYSTDLIB_FILES:
         path = root / name
-        try:
-            parts.append(f"# file: {name}\n" + path.read_text(encoding="utf-8"))
-        except OSError:
+        if not path.is_file():
             raise RotvizError(
                 f"the pystdlib corpus needs the standard library source '{path}', which is "
                 "missing; use a Python install that ships its .py sources"
-            ) from None
+            )
+        parts.append(f"# file: {name}\n" + read_text(path, ANYWHERE, "standard library file"))
     return "\n".join(parts)
 
 
@@ -306,46 +317,25 @@ def pystdlib(split: str, seed: int = 0, **reading) -> Split:
     return _text_split("pystdlib", pystdlib_text(), split, seed, **reading)
 
 
-def text_file(path: str, split: str, seed: int = 0, **reading) -> Split:
+def text_file(path: str, split: str, seed: int = 0, confined: Confined = ANYWHERE,
+              **reading) -> Split:
     """Any UTF-8 text file, in windows of CONTEXT tokens (10% test, 10% val, by seeded
-    windows; `reading`: how the model reads it, see `_text_split`)."""
-    file = _existing(path, "file", "a UTF-8 text file")
-    try:
-        text = file.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise RotvizError(
-            f"'{file}' is not UTF-8 text (byte {e.start}); expected a UTF-8 text file"
-        ) from None
-    except OSError as e:
-        raise RotvizError(
-            f"cannot read '{file}' ({e.strerror}); expected a UTF-8 text file"
-        ) from None
+    windows; `reading`: how the model reads it, see `_text_split`), read through
+    `confined`."""
+    file = data_file(path, "text", confined)
+    text = read_text(file, confined, "text: data")
     need = 3 * CONTEXT + 1
     if len(text) < need:
         raise RotvizError(
             f"'{file}' has {len(text)} characters; a text data file needs at least {need} "
             f"(three {CONTEXT}-character windows for train, val and test)"
         )
-    return _text_split(f"text:{path}", text, split, seed, **reading)
+    out = _text_split(f"text:{path}", text, split, seed, **reading)
+    out.how["confined"] = confined  # its other splits are read the same way (`sibling`)
+    return out
 
 
 # ---- user images ------------------------------------------------------------------------------
-
-
-def _existing(path: str, kind: str, expected: str) -> Path:
-    p = data_path(path)
-    if not path:
-        raise RotvizError(f"no {kind} given; expected {expected}")
-    if kind == "file" and not p.is_file():
-        what = "is a directory" if p.is_dir() else "does not exist"
-        raise RotvizError(f"'{p}' {what}; expected {expected}")
-    if kind == "directory" and not p.is_dir():
-        what = "is a file" if p.exists() else "does not exist"
-        raise RotvizError(f"'{p}' {what}; expected {expected}")
-    return p
-
-
-CIFAR_FORMAT = "a CIFAR-10 python folder (data_batch_1..5 and test_batch pickles of {data, labels})"
 
 
 class _ArrayUnpickler(pickle.Unpickler):
@@ -364,9 +354,10 @@ class _ArrayUnpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-def _read_cifar_batch(file: Path) -> tuple[np.ndarray, np.ndarray]:
+def _read_cifar_batch(file: Path, confined: Confined) -> tuple[np.ndarray, np.ndarray]:
+    data = confined.read_bytes(file, "CIFAR-10 batch")
     try:
-        obj = _ArrayUnpickler(io.BytesIO(file.read_bytes()), encoding="bytes").load()
+        obj = _ArrayUnpickler(io.BytesIO(data), encoding="bytes").load()
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError,
             ImportError, IndexError, KeyError, OverflowError) as e:
         raise RotvizError(
@@ -396,21 +387,16 @@ def _read_cifar_batch(file: Path) -> tuple[np.ndarray, np.ndarray]:
     return data, labels.astype(np.int64)
 
 
-def cifar10(path: str, split: str, seed: int = 0, processor: Any = None) -> Split:
-    """CIFAR-10 python batches: test = test_batch, val = a seeded tenth of the train batches."""
-    root = _existing(path, "directory", CIFAR_FORMAT)
-    if split == "test":
-        files = [root / "test_batch"]
-        if not files[0].is_file():
-            raise RotvizError(f"no test_batch in '{root}'; expected {CIFAR_FORMAT}")
-    else:
-        files = sorted(root.glob("data_batch_*"))
-        if not files:
-            raise RotvizError(f"no data_batch_* files in '{root}'; expected {CIFAR_FORMAT}")
-    parts = [_read_cifar_batch(f) for f in files]
+def cifar10(path: str, split: str, seed: int = 0, processor: Any = None,
+            confined: Confined = ANYWHERE) -> Split:
+    """CIFAR-10 python batches: test = test_batch, val = a seeded tenth of the train batches
+    (read through `confined`)."""
+    root = data_folder(path, "cifar10", confined)
+    files = cifar_files(root, split, confined)
+    parts = [_read_cifar_batch(f, confined) for f in files]
     data = np.concatenate([p[0] for p in parts])
     labels = np.concatenate([p[1] for p in parts])
-    n_classes = _cifar_classes(root, labels)
+    n_classes = _cifar_classes(root, labels, confined)
     if split != "test":
         k = max(1, round(len(data) / 10)) if len(data) >= 2 else 0
         idx = _split_indices(len(data), seed, k, 0)[split]
@@ -424,14 +410,15 @@ def cifar10(path: str, split: str, seed: int = 0, processor: Any = None) -> Spli
         x = torch.tensor(data.reshape(-1, 3, 32, 32), dtype=torch.float32) / 255.0
     return Split(f"cifar10:{path}", split, "image", x, torch.tensor(labels), n_classes,
                  processor.fingerprint if processor is not None else "",
-                 {"seed": seed, "processor": processor})
+                 {"seed": seed, "processor": processor, "confined": confined})
 
 
-def _cifar_classes(root: Path, labels: np.ndarray) -> int:
-    meta = root / "batches.meta"
-    if meta.is_file():
+def _cifar_classes(root: Path, labels: np.ndarray, confined: Confined) -> int:
+    meta = cifar_meta(root, confined)  # a meta file that links out is refused, not skipped
+    if meta is not None:
+        data = confined.read_bytes(meta, "CIFAR-10 batches.meta")
         try:
-            obj = _ArrayUnpickler(io.BytesIO(meta.read_bytes()), encoding="bytes").load()
+            obj = _ArrayUnpickler(io.BytesIO(data), encoding="bytes").load()
             names = None
             if isinstance(obj, dict):
                 names = obj.get(b"label_names", obj.get("label_names"))
@@ -442,23 +429,30 @@ def _cifar_classes(root: Path, labels: np.ndarray) -> int:
     return max(10, int(labels.max()) + 1 if len(labels) else 0)
 
 
-IMAGEFOLDER_FORMAT = "a folder with one subfolder of images (PNG, JPEG, ...) per class"
-
-
 # Images are refused from their header above these sizes, before anything is decoded
 # (a 12000x12000 PNG decodes to 432 MB of float32 pixels per channel).
 MAX_IMAGE_PIXELS = 4096 * 4096
 MAX_FOLDER_PIXELS = 2**29  # all images of a folder together: 2 GiB of float32 per channel
 
 
-def _image_size(f: Path) -> tuple[int, int]:
+@contextlib.contextmanager
+def _open_image(f: Path, confined: Confined) -> Iterator[Any]:
+    """A PIL image of the file `f`, opened through `confined` (never by path); PIL does not
+    close a file object it is given, so both are closed here."""
+    from PIL import Image
+
+    with confined.open(f, "image") as fh, Image.open(fh) as im:
+        yield im
+
+
+def _image_size(f: Path, confined: Confined) -> tuple[int, int]:
     """Width and height from the file's header; huge or unreadable images are refused."""
     from PIL import Image, UnidentifiedImageError
 
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # PIL's DecompressionBombWarning: checked below
-            with Image.open(f) as im:
+            with _open_image(f, confined) as im:
                 w, h = im.size
     except Image.DecompressionBombError:  # PIL's own bound, far above ours
         raise RotvizError(f"'{f}' is above rotviz's bound of {MAX_IMAGE_PIXELS:,} pixels per "
@@ -473,7 +467,8 @@ def _image_size(f: Path) -> tuple[int, int]:
 
 
 def imagefolder(path: str, split: str, seed: int = 0, processor: Any = None,
-                names: tuple[str, ...] | None = None) -> Split:
+                names: tuple[str, ...] | None = None,
+                confined: Confined = ANYWHERE) -> Split:
     """One subfolder per class, named after the class.
 
     Class ids: with `names` (the model's label names by output id, rotviz.tasks.named_labels)
@@ -486,29 +481,18 @@ def imagefolder(path: str, split: str, seed: int = 0, processor: Any = None,
     Split: a seeded 10% test and 10% val over all images, ordered by (class id, file name),
     so that the split does not depend on what the folders are called: folders renamed from
     0..9 to a model's own names give the same images, with the same labels.
+    Every class folder and image is read through `confined` (rotviz.datafiles.image_classes).
     """
-    from PIL import Image, UnidentifiedImageError
+    from PIL import UnidentifiedImageError
 
-    root = _existing(path, "directory", IMAGEFOLDER_FORMAT)
-    classes = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-    if not classes:
-        raise RotvizError(f"'{root}' has no class subfolders; expected {IMAGEFOLDER_FORMAT}")
+    root = data_folder(path, "imagefolder", confined)
+    found = image_classes(root, confined)
+    classes = [folder for folder, _ in found]
     class_id = _class_ids(root, [p.name for p in classes], names)
-    files: list[tuple[Path, int]] = []
-    for folder in classes:
-        label = class_id[folder.name]
-        found = sorted(f for f in folder.iterdir() if f.is_file() and not f.name.startswith("."))
-        if not found:
-            inner = sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
-            if inner:
-                raise RotvizError(
-                    f"'{folder}' holds folders ({', '.join(p.name for p in inner[:3])}), not "
-                    f"images: point imagefolder: at the folder whose subfolders are the "
-                    f"classes, e.g. imagefolder:{folder}")
-            raise RotvizError(f"class folder '{folder}' is empty; expected {IMAGEFOLDER_FORMAT}")
-        files += [(f, label) for f in found]
+    files: list[tuple[Path, int]] = [(f, class_id[folder.name])
+                                     for folder, images_of in found for f in images_of]
     files.sort(key=lambda fl: (fl[1], fl[0].name))  # by class id: the folders' names aside
-    sizes = [_image_size(f) for f, _ in files]  # headers only: nothing decoded yet
+    sizes = [_image_size(f, confined) for f, _ in files]  # headers only: nothing decoded yet
     first = sizes[0]
     odd = next(((f, size) for (f, _), size in zip(files, sizes, strict=True) if size != first),
                None)
@@ -524,7 +508,7 @@ def imagefolder(path: str, split: str, seed: int = 0, processor: Any = None,
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # sizes are bounded above
-                with Image.open(f) as im:
+                with _open_image(f, confined) as im:
                     im.load()
                     images.append(im.copy())
         except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
@@ -532,7 +516,7 @@ def imagefolder(path: str, split: str, seed: int = 0, processor: Any = None,
                               f"expected {IMAGEFOLDER_FORMAT}") from None
     y = torch.tensor([label for _, label in files], dtype=torch.long)
     idx = torch.as_tensor(_tenth_split(len(y), seed)[split], dtype=torch.long)
-    how = {"seed": seed, "processor": processor, "names": names}
+    how = {"seed": seed, "processor": processor, "names": names, "confined": confined}
     by_id = tuple(sorted(class_id, key=class_id.__getitem__))  # the class names, by id
     if processor is not None:  # the model's own resize, crop and normalisation
         chosen = [images[i].convert("RGB") for i in idx.tolist()]
@@ -586,13 +570,16 @@ IMAGE_FILES = ("cifar10", "imagefolder")  # read through the model's image proce
 def load_split(ref: str, split: str = "test", seed: int = 0, reader: Any = None,
                masked: bool = False, seq_len: int | None = None,
                labelling: Any = None, processor: Any = None,
-               names: tuple[str, ...] | None = None) -> Split:
+               names: tuple[str, ...] | None = None,
+               confined: Confined = ANYWHERE) -> Split:
     """Load one split of a data reference. Text is read by `reader` (the model's
     rotviz.tokens.TextEncoding; None: rotviz's character vocabulary), as masked-LM data when
     `masked`, in windows of `seq_len` tokens; labelled text (rotviz.labelled) for the
     classifier `labelling` describes; image data ignores these, and an image folder's
     classes are the model's label `names` (rotviz.tasks.named_labels; None: sorted folder
-    names). To read data the way a given model does, use `rotviz.evaluation.split_for`."""
+    names). To read data the way a given model does, use `rotviz.evaluation.split_for`.
+    Every file is read through `confined` (rotviz.confine: regular files only; in the app,
+    only inside its roots)."""
     if split not in SPLITS:
         raise RotvizError(f"unknown split '{split}': use one of {', '.join(SPLITS)}")
     kind, _, arg = ref.partition(":")
@@ -600,8 +587,8 @@ def load_split(ref: str, split: str = "test", seed: int = 0, reader: Any = None,
         if labelling is None:
             raise RotvizError(f"'{ref}' is labelled data, read for one classifier: load it "
                               "through the model (rotviz.evaluation.split_for)")
-        ids, labels, extra = labelled_split(ref, split, seed, reader, labelling)
-        how = {"seed": seed, "reader": reader, "labelling": labelling}
+        ids, labels, extra = labelled_split(ref, split, seed, reader, labelling, confined)
+        how = {"seed": seed, "reader": reader, "labelling": labelling, "confined": confined}
         out = Split(ref, split, labelling.task, ids, labels, labelling.num_labels,
                     reader.fingerprint, how, extra, labelling.names)
         if out.n == 0:
@@ -619,7 +606,7 @@ def load_split(ref: str, split: str = "test", seed: int = 0, reader: Any = None,
     elif kind in with_path:
         if not arg:
             raise RotvizError(f"'{ref}' names no path: write {kind}:PATH")
-        out = with_path[kind](arg, split, seed, **reading)
+        out = with_path[kind](arg, split, seed, confined=confined, **reading)
     else:
         raise RotvizError(f"unknown data '{ref}': use {KNOWN}")
     if out.n == 0:

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from rotviz.arch import max_positions
+from rotviz.confine import ANYWHERE, Confined
 from rotviz.data import IGNORE, IMAGE_FILES, TEXT_SOURCES, Inputs, Split, load_split, to_device
 from rotviz.errors import RotvizError
 from rotviz.labelled import LABELLED_KINDS, Columns, Labelling
@@ -69,7 +70,7 @@ def task_of(loaded: Loaded) -> str | None:
 
 
 def labelling(loaded: Loaded, columns: Columns | None = None,
-              seq_len: int | None = None) -> Labelling:
+              seq_len: int | None = None, confined: Confined = ANYWHERE) -> Labelling:
     """What labelled data must say for this classifier (its task, labels, padding, length)."""
     task = task_of(loaded)
     if task not in CLASSIFIER_TASKS:
@@ -81,7 +82,7 @@ def labelling(loaded: Loaded, columns: Columns | None = None,
     length = int(seq_len or longest)
     if length > longest:
         raise RotvizError(f"--seq-len {length} is longer than {loaded.ref} takes ({longest})")
-    reader = text_encoding(loaded.path, loaded.config, loaded.ref)
+    reader = text_encoding(loaded.path, loaded.config, loaded.ref, confined)
     pad = getattr(reader.tokenizer, "pad_token_id", None)
     if pad is None:
         pad = loaded.config.get("pad_token_id")
@@ -95,36 +96,38 @@ def labelling(loaded: Loaded, columns: Columns | None = None,
 
 
 def split_for(loaded: Loaded, ref: str, split: str = "test", seed: int = 0,
-              seq_len: int | None = None, columns: Columns | None = None) -> Split:
+              seq_len: int | None = None, columns: Columns | None = None,
+              confined: Confined = ANYWHERE) -> Split:
     """One split of data `ref`, read the way `loaded` reads it: text through the model's own
     tokenizer (or rotviz's characters for a model that declares them), as masked-LM data for
     a masked LM, in windows of `seq_len` tokens; labelled rows (csv:, jsonl:, ...) for the
     model's classifier head, with `columns`; images as they are. One line when the model
-    cannot be fed the data."""
+    cannot be fed the data. Every file (data, tokenizer, image processor) is read through
+    `confined` (rotviz.confine; the app's confines reads to its roots)."""
     kind = ref.partition(":")[0]
     if kind in LABELLED_KINDS:
         if loaded.spec.inputs == "pixels":
             raise RotvizError(f"'{ref}' is labelled text but {loaded.ref} is an image model")
-        lab = labelling(loaded, columns, seq_len)
-        reader = text_encoding(loaded.path, loaded.config, loaded.ref)
-        return load_split(ref, split, seed, reader, labelling=lab)
+        lab = labelling(loaded, columns, seq_len, confined)
+        reader = text_encoding(loaded.path, loaded.config, loaded.ref, confined)
+        return load_split(ref, split, seed, reader, labelling=lab, confined=confined)
     if loaded.spec.inputs == "pixels":
-        proc = image_reading(loaded.path) if loaded.path else None
+        proc = image_reading(loaded.path, confined) if loaded.path else None
         # class folders are read by name (other image data carries its labels as ids)
         names = named_labels(loaded.config, loaded.ref) if kind == "imagefolder" else None
         if proc is not None and kind in IMAGE_FILES:
-            return load_split(ref, split, seed, processor=proc, names=names)
-        return load_split(ref, split, seed, names=names)
+            return load_split(ref, split, seed, processor=proc, names=names, confined=confined)
+        return load_split(ref, split, seed, names=names, confined=confined)
     if kind not in TEXT_SOURCES:
-        return load_split(ref, split, seed)
+        return load_split(ref, split, seed, confined=confined)
     task = task_of(loaded)
     if task in CLASSIFIER_TASKS:
         raise RotvizError(
             f"'{ref}' is plain text (language-model data) but {loaded.ref} is a {task} "
             f"model; give labelled data: {LABELLED}")
-    reader = text_encoding(loaded.path, loaded.config, loaded.ref)
+    reader = text_encoding(loaded.path, loaded.config, loaded.ref, confined)
     return load_split(ref, split, seed, None if reader.chars else reader,
-                      is_masked_lm(loaded), seq_len)
+                      is_masked_lm(loaded), seq_len, confined=confined)
 
 
 def _reading(encoding: str) -> str:

@@ -29,6 +29,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from rotviz.confine import ANYWHERE, Confined
+from rotviz.datafiles import (
+    REPO,  # noqa: F401 (first defined here: the zoo imports it from here)
+    data_file,
+    data_folder,
+    data_path,  # noqa: F401 (as REPO)
+    hf_parquet,
+    read_text,
+)
 from rotviz.errors import RotvizError
 from rotviz.splits import IGNORE, split_indices, tenth_split
 
@@ -88,39 +97,18 @@ class Labelling:
 # ---- reading rows ----------------------------------------------------------------------------
 
 
-REPO = Path(__file__).resolve().parent.parent  # a source checkout's root (assets/data/...)
+def _file(path: str, kind: str, confined: Confined) -> Path:
+    return data_file(path, kind, confined)
 
 
-def data_path(path: str) -> Path:
-    """A data file's path: as given, or, when a relative path does not exist from the
-    working directory, relative to the repository (the zoo's cards name `assets/data/...`)."""
-    p = Path(path).expanduser()
-    if not p.exists() and not p.is_absolute() and (REPO / p).exists():
-        return REPO / p
-    return p
+def _read_text(p: Path, confined: Confined) -> str:
+    return read_text(p, confined, "data file", "utf-8-sig")
 
 
-def _file(path: str, kind: str) -> Path:
-    p = data_path(path)
-    if not p.is_file():
-        what = "is a directory" if p.is_dir() else "does not exist"
-        raise RotvizError(f"'{p}' {what}; {kind}: expects a file")
-    return p
-
-
-def _read_text(p: Path) -> str:
-    try:
-        return p.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise RotvizError(f"'{p}' is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
-    except OSError as e:
-        raise RotvizError(f"cannot read '{p}' ({e.strerror})") from None
-
-
-def read_rows(kind: str, path: str) -> list[dict[str, Any]]:
+def read_rows(kind: str, path: str, confined: Confined = ANYWHERE) -> list[dict[str, Any]]:
     """The rows of a CSV, TSV or JSON-lines file, as dicts of column -> value."""
-    p = _file(path, kind)
-    text = _read_text(p)
+    p = _file(path, kind, confined)
+    text = _read_text(p, confined)
     if kind == "jsonl":
         rows = []
         for n, line in enumerate(text.splitlines(), 1):
@@ -162,13 +150,13 @@ def _no_extra_fields(row: dict, p: Path, kind: str, n: int) -> None:
                           f"(from '{extra[0][:40]}'); quote a field that holds a {sep}")
 
 
-def read_conll(path: str) -> list[dict[str, Any]]:
+def read_conll(path: str, confined: Confined = ANYWHERE) -> list[dict[str, Any]]:
     """Sentences of a CoNLL file as rows {tokens: [...], tags: [...]}."""
-    p = _file(path, "conll")
+    p = _file(path, "conll", confined)
     rows: list[dict[str, Any]] = []
     words: list[str] = []
     tags: list[str] = []
-    for n, line in enumerate(_read_text(p).splitlines(), 1):
+    for n, line in enumerate(_read_text(p, confined).splitlines(), 1):
         parts = line.split()
         if not parts or parts[0] == "-DOCSTART-":
             if words:
@@ -187,15 +175,12 @@ def read_conll(path: str) -> list[dict[str, Any]]:
     return rows
 
 
-def read_hf(path: str) -> dict[str, list[dict[str, Any]]]:
+def read_hf(path: str, confined: Confined = ANYWHERE) -> dict[str, list[dict[str, Any]]]:
     """The splits of a `datasets` folder (save_to_disk) or of a folder of parquet files, by
-    rotviz's split names; {"": rows} for one unnamed split."""
-    root = data_path(path)
-    if not root.is_dir():
-        what = "is a file" if root.exists() else "does not exist"
-        raise RotvizError(f"'{root}' {what}; hf: expects a datasets folder (save_to_disk) or "
-                          "a folder of parquet files")
-    parquet = sorted(root.rglob("*.parquet"))
+    rotviz's split names; {"": rows} for one unnamed split. The whole folder is checked by
+    `confined` first (datasets and pyarrow open what they find in it)."""
+    root = data_folder(path, "hf", confined)
+    parquet = hf_parquet(root, confined)
     if parquet:
         import pyarrow.parquet as pq
 
@@ -204,18 +189,23 @@ def read_hf(path: str) -> dict[str, list[dict[str, Any]]]:
             rel = f.relative_to(root).parts
             stem = rel[0] if len(rel) > 1 else f.stem
             name = SPLIT_NAMES.get(stem.split("-")[0].split(".")[0].lower(), "")
-            out.setdefault(name, []).extend(pq.read_table(f).to_pylist())
+            with confined.open(f, "parquet file") as fh:
+                try:
+                    table = pq.read_table(fh)
+                except Exception as e:  # noqa: BLE001 - any failure is one line about the file
+                    raise RotvizError(f"cannot read parquet file '{f}' ({_first_line(e)}); "
+                                      "write it again (e.g. Dataset.to_parquet)") from None
+            out.setdefault(name, []).extend(table.to_pylist())
         return out
     try:
         import datasets
     except ImportError:
         raise RotvizError("hf: data needs the datasets package: pip install datasets") from None
-    try:
+    try:  # every file in it checked above (hf_parquet)
         ds = datasets.load_from_disk(str(root), keep_in_memory=True)
-    except (FileNotFoundError, ValueError, OSError) as e:
-        msg = str(e).strip().splitlines()[0][:120] if str(e).strip() else type(e).__name__
-        raise RotvizError(f"'{root}' is not a datasets folder ({msg}); save one with "
-                          "Dataset.save_to_disk, or put parquet files in it") from None
+    except Exception as e:  # noqa: BLE001 - any failure is one line about the folder
+        raise RotvizError(f"'{root}' is not a datasets folder ({_first_line(e)}); save one "
+                          "with Dataset.save_to_disk, or put parquet files in it") from None
     if isinstance(ds, datasets.DatasetDict):
         named: dict[str, list[dict[str, Any]]] = {}
         for k, v in ds.items():
@@ -225,6 +215,12 @@ def read_hf(path: str) -> dict[str, list[dict[str, Any]]]:
             named.setdefault(SPLIT_NAMES[k.lower()], []).extend(v.to_list())
         return named
     return {"": ds.to_list()}
+
+
+def _first_line(e: BaseException) -> str:
+    """An exception's message, cut to its first line (or its class name when it has none)."""
+    text = str(e).strip()
+    return text.splitlines()[0][:120] if text else type(e).__name__
 
 
 def split_rows(rows: dict[str, list[dict]] | list[dict], split: str, seed: int,
@@ -457,11 +453,13 @@ def token_split(rows: list[dict], tokenizer: Any, lab: Labelling, where: str,
     return ids, _pad(labels, IGNORE), extra
 
 
-def labelled_split(ref: str, split: str, seed: int, reader: Any, lab: Labelling
+def labelled_split(ref: str, split: str, seed: int, reader: Any, lab: Labelling,
+                   confined: Confined = ANYWHERE
                    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     """One split of labelled data `ref` (see the module), read by `reader` (the model's
     rotviz.tokens.TextEncoding) for the classifier `lab` describes: input ids, labels and
-    the further inputs (rotviz.data.load_split makes it a Split)."""
+    the further inputs (rotviz.data.load_split makes it a Split). Files are read through
+    `confined`."""
     kind, _, path = ref.partition(":")
     if not path:
         raise RotvizError(f"'{ref}' names no path: write {kind}:PATH")
@@ -474,13 +472,13 @@ def labelled_split(ref: str, split: str, seed: int, reader: Any, lab: Labelling
         if not tokens:
             raise RotvizError(f"{where} is token-classification data but the model is a "
                               f"{lab.task} head; give csv:, tsv:, jsonl: or hf: rows")
-        source: Any = read_conll(path)
+        source: Any = read_conll(path, confined)
         words_col, tags_col = "tokens", "tags"
     elif kind == "hf":
-        source = read_hf(path)
+        source = read_hf(path, confined)
         words_col, tags_col = lab.columns.words, lab.columns.tags
     else:
-        source = read_rows(kind, path)
+        source = read_rows(kind, path, confined)
         words_col, tags_col = lab.columns.words, lab.columns.tags
     check_rows(source, lab, where, kind)
     rows = split_rows(source, split, seed, where)

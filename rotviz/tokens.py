@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -53,6 +53,8 @@ class TextEncoding:
     tokenizer: Any = None
     vocab_size: int = 0
     path: str = ""  # the folder the tokenizer was loaded from
+    # what its files are read through (words_tokenizer reads them again)
+    confined: Confined = field(default=ANYWHERE, compare=False, repr=False)
 
     @property
     def chars(self) -> bool:
@@ -81,7 +83,7 @@ class TextEncoding:
             self.tokenizer(["a"], is_split_into_words=True)
             return self.tokenizer
         except (ValueError, TypeError, AssertionError):
-            return _auto_tokenizer(Path(self.path), add_prefix_space=True)
+            return _auto_tokenizer(Path(self.path), self.confined, add_prefix_space=True)
 
     @cached_property
     def ends(self) -> tuple[list[int], list[int]]:
@@ -98,18 +100,23 @@ class TextEncoding:
                           "again with tokenizer.save_pretrained")
 
 
-def tokenizer_files(folder: Path) -> list[Path]:
-    """The tokenizer files saved in `folder` (empty when it has none)."""
+def tokenizer_files(folder: Path, confined: Confined = ANYWHERE) -> list[Path]:
+    """The tokenizer files saved in `folder` (empty when it has none), each checked by
+    `confined`: one that links out of the roots or is no regular file is refused, not
+    skipped (a FIFO would block the tokenizer's reader)."""
     folder = Path(folder)
-    if not any((folder / m).is_file() for m in _MARKS):
+    if not any(os.path.lexists(folder / m) for m in _MARKS):
         return []
-    return [folder / f for f in TOKENIZER_FILES if (folder / f).is_file()]
+    present = [folder / f for f in TOKENIZER_FILES if os.path.lexists(folder / f)]
+    for f in present:
+        confined.file(f, "tokenizer file")
+    return present
 
 
-def fingerprint(files: list[Path]) -> str:
+def fingerprint(files: list[Path], confined: Confined = ANYWHERE) -> str:
     h = hashlib.sha256()
     for f in sorted(files, key=lambda p: p.name):
-        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+        h.update(f.name.encode() + b"\0" + confined.read_bytes(f, "tokenizer file") + b"\0")
     return "tok:" + h.hexdigest()[:16]
 
 
@@ -117,11 +124,12 @@ def declares_chars(config: Mapping) -> bool:
     return config.get(VOCAB_KEY) == CHARS
 
 
-def encoding_fingerprint(path: Path, config: Mapping, ref: str) -> str:
+def encoding_fingerprint(path: Path, config: Mapping, ref: str,
+                         confined: Confined = ANYWHERE) -> str:
     """The fingerprint of how the model at `path` reads text, without loading a tokenizer."""
-    files = tokenizer_files(path)
+    files = tokenizer_files(path, confined)
     if files:
-        return fingerprint(files)
+        return fingerprint(files, confined)
     if declares_chars(config):
         return CHARS
     raise RotvizError(no_encoding(ref))
@@ -133,30 +141,34 @@ def no_encoding(ref: str) -> str:
             "(tokenizer.save_pretrained) so rotviz can feed it text")
 
 
-def text_encoding(path: Path, config: Mapping, ref: str) -> TextEncoding:
-    """How the model at `path` reads text (see the module): one line when it cannot."""
-    files = tokenizer_files(path)
+def text_encoding(path: Path, config: Mapping, ref: str,
+                  confined: Confined = ANYWHERE) -> TextEncoding:
+    """How the model at `path` reads text (see the module): one line when it cannot. Its
+    files are read through `confined`."""
+    files = tokenizer_files(path, confined)
     if not files:
         if declares_chars(config):
             from rotviz.data import VOCAB_SIZE
 
             return TextEncoding(CHARS, None, VOCAB_SIZE)
         raise RotvizError(no_encoding(ref))
-    tok = _auto_tokenizer(path)
-    return TextEncoding(fingerprint(files), tok, len(tok), str(path))
+    tok = _auto_tokenizer(path, confined)
+    return TextEncoding(fingerprint(files, confined), tok, len(tok), str(path), confined)
 
 
-def _auto_tokenizer(path: Path, **kwargs: Any) -> Any:
+def _auto_tokenizer(path: Path, confined: Confined = ANYWHERE, **kwargs: Any) -> Any:
     """The folder's tokenizer: `AutoTokenizer` from its own files (never remote code),
     verified against its tokenizer.json (`verified_tokenizer`), or one line. With `kwargs`
     (a variant asked for, such as add_prefix_space for words) it is taken as loaded, since
-    such a variant encodes otherwise by design."""
-    tok = _transformers_tokenizer(path, **kwargs)
-    return tok if kwargs else verified_tokenizer(tok, path)
+    such a variant encodes otherwise by design. Its files are read through `confined`."""
+    tok = _transformers_tokenizer(path, confined, **kwargs)
+    return tok if kwargs else verified_tokenizer(tok, path, confined)
 
 
-def _transformers_tokenizer(path: Path, **kwargs: Any) -> Any:
-    """`AutoTokenizer` from the folder's own files (never remote code), or one line."""
+def _transformers_tokenizer(path: Path, confined: Confined, **kwargs: Any) -> Any:
+    """`AutoTokenizer` from the folder's own files (never remote code), or one line. It
+    opens what it finds in the folder, so the whole folder is checked by `confined` first."""
+    confined.check_tree(path, "model folder")
     try:
         from transformers import AutoTokenizer
         from transformers.utils import logging as hf_logging
@@ -287,18 +299,24 @@ class ImageReading:
         return out["pixel_values"].float()
 
 
-def processor_fingerprint(path: Path) -> str:
-    """"" for a model without an image processor, else a hash of its settings."""
+def processor_fingerprint(path: Path, confined: Confined = ANYWHERE) -> str:
+    """"" for a model without an image processor, else a hash of its settings (a file that
+    links out of the roots or is no regular file is refused)."""
     f = Path(path) / PROCESSOR_FILE
-    return fingerprint([f]).replace("tok:", "proc:") if f.is_file() else ""
+    if not os.path.lexists(f):
+        return ""
+    confined.file(f, "image processor file")
+    return fingerprint([f], confined).replace("tok:", "proc:")
 
 
-def image_reading(path: Path) -> ImageReading | None:
+def image_reading(path: Path, confined: Confined = ANYWHERE) -> ImageReading | None:
     """The model folder's image processor (`AutoImageProcessor` from its local file, never
-    remote code), or None when the folder has none (images are then read as they are)."""
-    fp = processor_fingerprint(path)
+    remote code), or None when the folder has none (images are then read as they are).
+    The whole folder is checked by `confined` before transformers opens what it finds."""
+    fp = processor_fingerprint(path, confined)
     if not fp:
         return None
+    confined.check_tree(path, "model folder")
     try:
         from transformers import AutoImageProcessor
         from transformers.utils import logging as hf_logging

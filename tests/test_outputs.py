@@ -205,12 +205,13 @@ def test_item7_app_refuses_a_file_that_links_out_of_the_roots(tmp_path):
     (root / "m" / "config.json").write_bytes((outside / "config.json").read_bytes())
     (root / "m" / "model.safetensors").symlink_to(outside / "model.safetensors")
     roots = [root.resolve()]
-    assert str(root / "m") in appconfig.discover(roots)
+    assert appconfig.discover(roots) == []  # not offered either (issue 25)
     with pytest.raises(RotvizError, match="model.safetensors' leads to .*outside the model roots"):
         appconfig.resolve_choice(str(root / "m"), roots)
     (root / "m" / "model.safetensors").unlink()  # a real file: fine
     (root / "m" / "model.safetensors").write_bytes((outside / "model.safetensors").read_bytes())
     assert appconfig.resolve_choice(str(root / "m"), roots) == str((root / "m").resolve())
+    assert appconfig.discover(roots) == [str(root / "m")]
 
 
 # ---- outputs as transactions ------------------------------------------------------------------

@@ -27,6 +27,7 @@ from rotviz.limits import DEFAULT_STEPS
 from rotviz.types import Progress
 
 if TYPE_CHECKING:
+    from rotviz.confine import Confined
     from rotviz.data import Split
     from rotviz.match.pipeline import Matched
     from rotviz.models import Loaded
@@ -50,7 +51,8 @@ class Resources:
     This default loads models and splits on first use and keeps them, and the matched
     sources, on the instance (never shared between instances: no global state); it locks
     nothing. A host (the app) overrides the methods to share, bound and lock them.
-    Models handed out are shared: never modify them.
+    Models handed out are shared: never modify them. Every file is read through
+    `appconfig.app_confined()` (the model roots as they are configured when it reads).
     """
 
     def __init__(self) -> None:
@@ -62,7 +64,7 @@ class Resources:
         """The model `ref` (zoo entry or folder under the model roots), checked on every call."""
         appconfig.resolve_choice(ref)
         if (ref, True) not in self._models:
-            self._models[(ref, True)] = load_full(ref)
+            self._models[(ref, True)] = load_full(ref, self.confined())
         return self._models[(ref, True)]
 
     def load_eval(self, ref: str) -> Loaded:
@@ -72,7 +74,7 @@ class Resources:
         for full in (True, False):
             if (ref, full) in self._models:
                 return self._models[(ref, full)]
-        self._models[(ref, False)] = load_eval(ref)
+        self._models[(ref, False)] = load_eval(ref, self.confined())
         return self._models[(ref, False)]
 
     def split(self, data: str, seed: int, n: int, ref: str) -> Split:
@@ -80,8 +82,13 @@ class Resources:
         way model `ref` reads it (its tokenizer, rotviz.evaluation.split_for)."""
         key = (data, int(seed), int(n), ref)
         if key not in self._splits:
-            self._splits[key] = load_test_split(data, seed, n, self.load_eval(ref))
+            self._splits[key] = load_test_split(data, seed, n, self.load_eval(ref),
+                                                self.confined())
         return self._splits[key]
+
+    def confined(self) -> Confined:
+        """What models and data are read through: the app's roots (appconfig.app_confined)."""
+        return appconfig.app_confined()
 
     @contextlib.contextmanager
     def using(self, *refs: str) -> Iterator[None]:
@@ -98,26 +105,32 @@ class Resources:
 # ---- loading, shared by every Resources --------------------------------------------------------
 
 
-def load_full(ref: str) -> Loaded:
+def load_full(ref: str, confined: Confined | None = None) -> Loaded:
     """A model with its own transformers (or timm) module (`Resources.load`), for a host
-    that needs the model's own class; the computations here take `load_eval`'s."""
+    that needs the model's own class; the computations here take `load_eval`'s. Read
+    through `confined` (default: the app's, appconfig.app_confined)."""
+    from rotviz.lite import confining
     from rotviz.models import load_model
 
-    return load_model(ref)
+    confined = confined or appconfig.app_confined()
+    return load_model(ref, **confining(load_model, confined))
 
 
-def load_eval(ref: str) -> Loaded:
-    """A model for reading its weights and evaluating it (rotviz.lite.load_for_eval)."""
+def load_eval(ref: str, confined: Confined | None = None) -> Loaded:
+    """A model for reading its weights and evaluating it (rotviz.lite.load_for_eval), read
+    through `confined` (default: the app's)."""
     from rotviz.lite import load_for_eval
 
-    return load_for_eval(ref)
+    return load_for_eval(ref, confined=confined or appconfig.app_confined())
 
 
-def load_test_split(data: str, seed: int, n: int, model: Loaded) -> Split:
-    """The test split of `data` as `model` reads it (first `n` examples when 0 < n)."""
+def load_test_split(data: str, seed: int, n: int, model: Loaded,
+                    confined: Confined | None = None) -> Split:
+    """The test split of `data` as `model` reads it (first `n` examples when 0 < n), its
+    files (data, tokenizer, image processor) read through `confined` (default: the app's)."""
     from rotviz.evaluation import split_for
 
-    s = split_for(model, data, "test", seed)
+    s = split_for(model, data, "test", seed, confined=confined or appconfig.app_confined())
     return s.subset(n) if 0 < n < s.n else s
 
 
@@ -278,8 +291,15 @@ def matched(res: Resources, anchor: str, source: str, spec: str, layers: str, de
         opts = match_options(label, layers_of(layers, n_layers(a)))
         if learns:
             opts = dataclasses.replace(opts, learn=LearnOptions(steps=steps, seed=seed))
+        train = None
+        if needs:  # read here, through the app's Confined: a data reference would be read
+            # by the engine as the command line reads it (the engine's train.sibling("train")
+            # reads the same split again, so the numbers are those of the reference)
+            from rotviz.evaluation import split_for
+
+            train = split_for(a, data, "train", confined=res.confined())
         with res.using(anchor, source):
-            m = match_models(a, b, opts, device, progress, data if needs else None, cancel)
+            m = match_models(a, b, opts, device, progress, train, cancel)
         learned = m.report.learned or {}
         if learned.get("stopped") == "cancelled":
             raise Cancelled(f"learned matching was cancelled after {learned.get('steps')} of "
