@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rotviz.confine import ANYWHERE
 from rotviz.errors import RotvizError
 from rotviz.version import __version__
 
@@ -99,10 +100,10 @@ def _is_cwd_or_parent(p: Path) -> bool:
 
 def listed_files(folder: Path) -> set[str] | None:
     """The files a rotviz output folder's marker lists, or None if it is not one."""
-    try:
-        marker = json.loads((folder / MARKER).read_text())
+    try:  # through the one reader: a FIFO named like the marker must not block
+        marker = ANYWHERE.read_json(folder / MARKER, "it is not rotviz's", "output marker")
         files = marker["files"]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (RotvizError, KeyError, TypeError):
         return None
     if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
         return None
@@ -130,8 +131,8 @@ def _check_replace_folder(p: Path, given, flag: str, overwrite: bool) -> None:
 
 def is_rotviz_json(p: Path) -> bool:
     try:
-        obj = json.loads(p.read_text())
-    except (OSError, ValueError):
+        obj = ANYWHERE.read_json(p, "it is not rotviz's", "output")
+    except RotvizError:
         return False
     return isinstance(obj, dict) and isinstance(obj.get(JSON_KEY), dict)
 

@@ -129,10 +129,6 @@ ALLOWED = {
     ("rotviz/sources/hf.py", "HFSource.write_state"): "TODO(wt-a): config.json read by path",
     ("rotviz/errors.py", "read_json"): "TODO(wt-a): config/index JSON by path (models, "
                                        "checkpoint, zoo registry): use Confined.read_json",
-    # TODO(outputs, issue 25 Deliver 6): rotviz's own marker in an output folder; a FIFO
-    # under the marker's name would block. Route through ANYWHERE.read_text.
-    ("rotviz/outputs.py", "listed_files"): "TODO(outputs): output marker read by path",
-    ("rotviz/outputs.py", "is_rotviz_json"): "TODO(outputs): earlier --json read by path",
 }
 
 
