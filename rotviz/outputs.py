@@ -21,7 +21,7 @@ import json
 import os
 import secrets
 import shutil
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -138,14 +138,18 @@ def is_rotviz_json(p: Path) -> bool:
 
 
 def check_output(path: str | os.PathLike, flag: str, *, folder: bool,
-                 overwrite: bool = False) -> Output:
-    """Check one output path before any work; nothing is created or changed."""
+                 overwrite: bool = False, inputs: Sequence[tuple[str, Path]] = ()) -> Output:
+    """Check one output path before any work; nothing is created or changed. An output
+    apart from none of the `inputs` (what, resolved path) is refused whatever `overwrite`
+    says."""
     p = _absolute(path, flag)
     if p.is_symlink():
         raise _err(flag, path, "is a symbolic link; give the real path")
     if folder and _is_cwd_or_parent(p):
         raise _err(flag, path, "is the current folder, one of its parents or /; give a new "
                                "folder for the output")
+    for what, real in inputs:
+        _apart(flag, p, what, real)
     _check_parent(p, path, flag)
     replaces = False
     if os.path.lexists(p):
@@ -190,9 +194,8 @@ class Outputs:
             overwrite: bool = False) -> Output | None:
         if path is None:
             return None
-        for what, real in self.inputs:  # first: no --overwrite can make this right
-            _apart(flag, _absolute(path, flag), what, real)
-        out = check_output(path, flag, folder=folder, overwrite=overwrite)
+        out = check_output(path, flag, folder=folder, overwrite=overwrite,
+                           inputs=self.inputs)
         for other in self.items:
             a, b = out.path.resolve(), other.path.resolve()
             if a == b or a.is_relative_to(b) or b.is_relative_to(a):

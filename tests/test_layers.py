@@ -85,12 +85,13 @@ def test_the_check_finds_a_planted_cycle(tmp_path):
 # Layers, lowest first: a module may import its own layer and those below it.
 LAYERS = [
     ("core", ["rotviz.errors", "rotviz.limits", "rotviz.memo", "rotviz.version", "rotviz.types",
-              "rotviz.outputs", "rotviz.checkpoint", "rotviz.dist", "rotviz.memory"]),
+              "rotviz.outputs", "rotviz.checkpoint", "rotviz.dist", "rotviz.memory",
+              "rotviz.confine"]),
     ("arch", ["rotviz.arch"]),
     ("groups", ["rotviz.groups"]),
     ("symmetry", ["rotviz.symmetry"]),
-    ("models", ["rotviz.splits", "rotviz.labelled", "rotviz.tasks", "rotviz.data",
-                "rotviz.tokens", "rotviz.sources", "rotviz.models", "rotviz.lite",
+    ("models", ["rotviz.splits", "rotviz.datafiles", "rotviz.labelled", "rotviz.tasks",
+                "rotviz.data", "rotviz.tokens", "rotviz.sources", "rotviz.models", "rotviz.lite",
                 "rotviz.evaluation", "rotviz.random_models", "rotviz.skeleton", "rotviz.zoo",
                 "rotviz.zoo.registry"]),
     ("match", ["rotviz.match"]),

@@ -536,3 +536,34 @@ def test_function_check_with_streamed_embeddings(fam, opts, sharded, tmp_path, m
     ref = match_models(load_model(a), load_model(s), MatchOptions())
     assert abs(rep.max_output_diff - ref.report.max_output_diff) <= 1e-5
     assert rep.max_output_diff <= 1e-4
+
+
+def test_torchrun_a_failing_rank_is_one_line_and_leaves_nothing(tmp_path):
+    """Under torchrun, a NaN in a block that rank 1 reads: rank 1 says so in the in-memory
+    line and exits 2; rank 0 stops with one line too (torchrun's SIGTERM, or the collective
+    whose peer has gone), and no output or temporary is left."""
+    sizes = dict(layers=4, d=32, heads=4, ffn=64, kv_heads=2)
+    a = save_random_sharded("llama", tmp_path / "a", seed=0, shards=2, **sizes)
+    s = save_random_sharded("llama", tmp_path / "s", seed=1, shards=2, **sizes)
+    bad = "model.layers.3.mlp.down_proj.weight"  # block 3: rank 1's share (1, 3)
+    for f in sorted(s.glob("*.safetensors")):
+        state = load_file(str(f))
+        if bad in state:
+            state[bad][0, 0] = float("nan")
+            save_file(state, str(f), metadata={"format": "pt"})
+    logs, out = tmp_path / "logs", tmp_path / "out"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           "--log-dir", str(logs), "--redirects", "3", "-m", "rotviz", "match", str(a), str(s),
+           "--out", str(out)]
+    res = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
+    assert res.returncode != 0
+    errs = {int(p.parent.name): p.read_text() for p in logs.rglob("stderr.log")}
+    assert sorted(errs) == [0, 1], errs
+    for rank, err in errs.items():
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("rotviz: "), (rank, err)
+    assert f"has NaN or Inf weights in {bad}" in errs[1]
+    assert errs[1].startswith("rotviz: error: ")
+    assert "nothing was written" in errs[0] or "NaN or Inf" in errs[0]
+    assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "logs", "s"]
