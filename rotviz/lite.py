@@ -255,20 +255,21 @@ def lite_module(config: dict) -> nn.Module | None:
 
 def load_lite(ref: str | os.PathLike, device: torch.device | str = "cpu") -> Loaded | None:
     """The model as a plain-torch module, or None when the lite path does not cover it."""
-    from safetensors.torch import load_file
+    from rotviz.checkpoint import INDEX, SINGLE
+    from rotviz.models import check_weights
 
     path = resolve_ref(ref)
     config = read_config(path)
-    files = sorted(Path(path).glob("*.safetensors"))
-    if config.get("auto_map") or len(files) != 1:
+    if config.get("auto_map") or not os.path.lexists(Path(path) / SINGLE) or \
+            os.path.lexists(Path(path) / INDEX):
         return None
+    # the checks load_model makes, before a module of the config's sizes is built
+    checkpoint = check_weights(path, config, spec_for(config))
+    assert checkpoint is not None
     module = lite_module(config)
     if module is None:
         return None
-    try:
-        weights = load_file(str(files[0]))
-    except Exception:  # the ordinary loader gives the one-line error for a broken file
-        return None
+    weights = checkpoint.read(checkpoint.keys(), None)
     weights = {runtime_name(k): v for k, v in weights.items()}
     tied = getattr(module, "TIED", {})
     for alias, owner in tied.items():

@@ -198,10 +198,14 @@ def check_fits(spec: ArchSpec, config: dict, meta: Mapping[str, Tensor], where) 
     in-memory paths both ask here. A checkpoint whose names the loader converts (split,
     merged) cannot be compared name by name: the loader's own check decides there."""
     import re
+    from pathlib import Path
 
     from rotviz.sources.files import fit_error
 
-    module, _ = build_meta(spec, config)
+    try:
+        module, _ = build_meta(spec, config)
+    except RotvizError as e:
+        raise RotvizError(f"'{Path(where) / 'config.json'}' is refused: {e}") from None
     try:
         names = source_of(spec).checkpoint_names(module, list(meta))
     except RotvizError:
