@@ -84,8 +84,6 @@ def parse_header(head: bytes, data_bytes: int, file: Path) -> dict[str, Entry]:
     if meta is not None and not (isinstance(meta, dict) and all(
             isinstance(v, str) for v in meta.values())):
         raise _bad(file, f"{corrupt} (its __metadata__ is not a table of texts); {_REMEDY}")
-    if "__metadata__" in header and meta is None:
-        raise _bad(file, f"{corrupt} (its __metadata__ is null); {_REMEDY}")
     out: dict[str, Entry] = {}
     spans: list[tuple[int, int, str]] = []
     for name, info in header.items():

@@ -55,8 +55,9 @@ class HFSource(Source):
         cfg_cls = transformers.AutoConfig.for_model
         try:
             hf_cfg = cfg_cls(**{k: v for k, v in config.items() if k != "auto_map"})
-        except (ValueError, KeyError, TypeError) as e:
-            raise RotvizError(f"invalid config for {spec.family}: {e}") from None
+        except Exception as e:  # noqa: BLE001 (transformers and huggingface_hub raise many)
+            first = (str(e).strip().splitlines() or [e.__class__.__name__])[0][:200]
+            raise RotvizError(f"invalid config for {spec.family}: {first}") from None
         names = config.get("architectures") or []
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise RotvizError(f"invalid config for {spec.family}: architectures must be a list "
