@@ -71,7 +71,7 @@ def _is_int(v: object) -> bool:
 
 def parse_header(head: bytes, data_bytes: int, file: Path) -> dict[str, Entry]:
     """The tensors a safetensors header describes, every field checked before any is used:
-    bounded JSON (confine.parse_json), a table whose `__metadata__` is absent or text to
+    bounded JSON (confine.parse_json), a table whose `__metadata__` is absent, null or text to
     text, known dtypes, shapes of non-negative integers whose element count fills the tensor's
     byte span, and integer offsets `0 <= begin <= end` that tile the `data_bytes` after the
     header exactly (no gap, no overlap): what the safetensors library itself demands, so the

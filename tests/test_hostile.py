@@ -207,6 +207,15 @@ def _both(m: Path, index: dict) -> None:
     shutil.copyfile(m / sorted(set(index["weight_map"].values()))[0], m / SINGLE)
 
 
+def fifo_at(name: str) -> Callable[[Path], str]:
+    """The file `name` replaced by a FIFO: a reader that opened it would block forever."""
+    def damage(m: Path) -> str:
+        (m / name).unlink()
+        os.mkfifo(m / name)
+        return str(m / name)
+    return damage
+
+
 def nan_late_block(m: Path) -> str:
     state = load_file(str(m / SINGLE))
     key = next(k for k in state if ".h.1.mlp.c_fc.weight" in k)
@@ -237,6 +246,8 @@ CASES: list[tuple[str, str, Callable[[Path], str], str]] = [
      header_case(lambda h, d: ({**h, "__metadata__": ["pt"]}, d)), "__metadata__"),
     ("header-deep", "gpt2", header_case(_deep), "nested deeper"),
     ("header-list", "gpt2", header_case(lambda h, d: ("[1, 2]", d)), "table of tensors"),
+    ("single-fifo", "gpt2", fifo_at(SINGLE), "not a regular file"),
+    ("config-fifo", "gpt2", fifo_at("config.json"), "not a regular file"),
     # index files
     ("index-list", "gpt2", index_case(lambda m, i: [1, 2]), "not a JSON object"),
     ("weight-map-list", "gpt2", index_case(lambda m, i: {"weight_map": [1]}), "list"),
