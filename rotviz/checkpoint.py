@@ -163,13 +163,13 @@ def read_index(folder: Path, index: Path, confined: Confined = ANYWHERE) -> dict
                 "has an empty weight_map" if isinstance(weight_map, dict) else
                 f"has a weight_map that is a {type(weight_map).__name__}, not a table")
         raise _index_error(index, f"is not a table of tensor names to shard files ({kind})")
-    odd = next((v for v in weight_map.values() if not isinstance(v, str) or not v), None)
-    if odd is not None or any(not isinstance(v, str) for v in weight_map.values()):
-        raise _index_error(index, f"names a shard {str(odd)[:40]!r} that is not a file name")
+    odd = [v for v in weight_map.values() if not isinstance(v, str) or not v]
+    if odd:
+        raise _index_error(index, f"names a shard {str(odd[0])[:40]!r} that is not a file name")
     shards = sorted(set(weight_map.values()))
     missing = [f for f in shards if _plain(f) and not _exists(folder / f)]
     if missing:
-        raise _bad(folder, f"shard {missing[0]} named by {INDEX} is missing "
+        raise _bad(folder, f"shard {missing[0]} named by {index.name} is missing "
                            f"({len(missing)} of {len(shards)} shards); copy the whole folder")
     for f in shards:
         confined.inside(folder, f, "shard")

@@ -317,7 +317,7 @@ def test_refused_alike_by_both_paths(case, saved, tmp_path, capsys, no_hang):
     bad = tmp_path / "in" / "bad"
     shutil.copytree(saved(family, 1), bad)
     named = damage(bad)
-    before = snapshot(tmp_path / "in")
+    before = snapshot(tmp_path / "in", anchor)
     out = tmp_path / "out" / "O"
     out.parent.mkdir()
     lines = []
@@ -328,7 +328,7 @@ def test_refused_alike_by_both_paths(case, saved, tmp_path, capsys, no_hang):
         assert len(got) == 1 and got[0].startswith("rotviz: error: "), err
         assert named in got[0] and words in got[0], got[0]
         assert not out.exists() and not _tmp_left(tmp_path)
-        assert snapshot(tmp_path / "in") == before
+        assert snapshot(tmp_path / "in", anchor) == before
         lines.append(got[0])
     assert lines[0] == lines[1]
     if family == "gpt2":  # `rotviz eval` loads it the same way
@@ -367,6 +367,47 @@ def test_nan_in_a_late_block_is_one_line_in_both_paths(saved, tmp_path, capsys):
                         str(tmp_path / "O"), *extra], capsys)
         assert rc == 2 and err.strip() == want, err
         assert not (tmp_path / "O").exists() and not _tmp_left(tmp_path)
+
+
+def test_a_pickled_checkpoint_that_is_a_fifo_does_not_block(saved, tmp_path, capsys, no_hang):
+    m = tmp_path / "bin"
+    shutil.copytree(saved("gpt2", 1), m)
+    (m / SINGLE).unlink()
+    os.mkfifo(m / "pytorch_model.bin")
+    rc, err = _run(["match", str(saved("gpt2", 0)), str(m), "--out", str(tmp_path / "O")],
+                   capsys)
+    assert rc == 2 and err == (f"rotviz: error: weights file '{m / 'pytorch_model.bin'}' is "
+                               "not a regular file; give a regular file\n")
+    assert not (tmp_path / "O").exists()
+
+
+def test_the_app_reads_no_weights_outside_its_roots(saved, tmp_path):
+    """Under a Confined of the app's roots, a model whose weights file or shard links out of
+    the roots is refused by both loaders, naming the file."""
+    from rotviz.confine import Confined
+
+    root, elsewhere = tmp_path / "root", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    m = root / "m"
+    shutil.copytree(saved("gpt2", 1), m)
+    shutil.move(str(m / SINGLE), elsewhere / SINGLE)
+    (m / SINGLE).symlink_to(elsewhere / SINGLE)
+    app = Confined.under([root])
+    for load in (load_model, open_streamed):
+        with pytest.raises(RotvizError) as e:
+            load(m, confined=app)
+        assert str(e.value).startswith(f"weights file '{m / SINGLE}' leads to "
+                                       f"'{elsewhere / SINGLE}', outside the roots")
+    assert load_model(m).state  # the command line reads where its user points
+    sharded = root / "s"
+    shutil.copytree(saved("gpt2", 1), sharded)
+    index = _sharded(sharded)
+    shard = sorted(set(index["weight_map"].values()))[1]
+    shutil.move(str(sharded / shard), elsewhere / shard)
+    (sharded / shard).symlink_to(elsewhere / shard)
+    for load in (load_model, open_streamed):
+        with pytest.raises(RotvizError, match="outside the roots"):
+            load(sharded, confined=app)
 
 
 def test_a_sharded_checkpoint_in_a_subfolder_still_loads(saved, tmp_path):
