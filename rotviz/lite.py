@@ -263,8 +263,9 @@ def load_lite(ref: str | os.PathLike, device: torch.device | str = "cpu") -> Loa
     if config.get("auto_map") or not os.path.lexists(Path(path) / SINGLE) or \
             os.path.lexists(Path(path) / INDEX):
         return None
-    # the checks load_model makes, before a module of the config's sizes is built
-    checkpoint = check_weights(path, config, spec_for(config))
+    # load_model's checks of the checkpoint and the config's sizes, before a module of those
+    # sizes is built (its tensors are compared with the module's below)
+    checkpoint = check_weights(path, config, spec_for(config), fits=False)
     assert checkpoint is not None
     module = lite_module(config)
     if module is None:

@@ -141,13 +141,14 @@ def read_config(path: Path, confined: Confined = ANYWHERE) -> dict:
 
 
 def check_weights(path: Path, config: dict, spec: ArchSpec, confined: Confined = ANYWHERE,
-                  streamed: bool = False) -> Checkpoint | None:
+                  streamed: bool = False, fits: bool = True) -> Checkpoint | None:
     """The checks both paths make before a module is built: the checkpoint read and
     validated (rotviz.checkpoint: safetensors headers and index; a pickled checkpoint read
     with weights_only=True), then the config compared with its tensor shapes (sizes,
     blocks, tables: rotviz.arch.sanity.check_against; every tensor: rotviz.skeleton
-    .check_fits). Returns the safetensors checkpoint (None for a pickled one). `streamed`
-    folders must be safetensors."""
+    .check_fits; left to the caller with `fits=False`, as the lite loader compares every
+    tensor with its own module and must not import transformers). Returns the safetensors
+    checkpoint (None for a pickled one). `streamed` folders must be safetensors."""
     from rotviz.sources.files import read_weights
 
     if streamed or os.path.lexists(path / SINGLE) or os.path.lexists(path / INDEX):
@@ -157,7 +158,8 @@ def check_weights(path: Path, config: dict, spec: ArchSpec, confined: Confined =
         checkpoint = None
         meta = {k: t.to("meta") for k, t in read_weights(path, confined).items()}
     check_against(spec, config, meta, path / "config.json")
-    check_fits(spec, config, meta, path)
+    if fits:
+        check_fits(spec, config, meta, path)
     return checkpoint
 
 

@@ -270,6 +270,7 @@ CASES: list[tuple[str, str, Callable[[Path], str], str]] = [
     ("config-width-bool", "gpt2", config_case(_put(n_layer=True)), "n_layer True"),
     ("config-width-other", "gpt2", config_case(_put(n_embd=64)), "n_embd is 64"),
     ("config-heads", "gpt2", config_case(_put(n_head=5)), "does not divide"),
+    ("config-ffn-other", "gpt2", config_case(_put(n_inner=1 << 20)), "feed-forward"),
     ("config-vocab-huge", "gpt2", config_case(_put(vocab_size=2**40)), "vocab_size"),
     ("config-vocab-other", "gpt2", config_case(_put(vocab_size=4_000_000)), "vocab_size"),
     ("config-positions", "gpt2", config_case(_put(n_positions=4096)), "positions"),
@@ -336,7 +337,7 @@ def test_refused_alike_by_both_paths(case, saved, tmp_path, capsys, no_hang):
                         str(tmp_path / "out" / "e.json")], capsys)
         assert rc == 2 and err.strip() == lines[0], err
         assert not (tmp_path / "out" / "e.json").exists()
-        assert snapshot(tmp_path / "in") == before
+        assert snapshot(tmp_path / "in", anchor) == before
 
 
 def test_header_length_beyond_the_file(saved, tmp_path, capsys):

@@ -136,6 +136,14 @@ def check_against(spec: ArchSpec, config: Mapping, meta: Mapping[str, Tensor], w
             if have != rows:
                 refuse(f"{heads} heads of {dh} dims make {rows} query rows, the weights "
                        f"have {have}")
+    ffn = next((config[k] for k in ("intermediate_size", "n_inner")
+                if config.get(k) is not None), None)
+    w_in = meta.get(f"{first}{layout.roles['ffn_in']}.weight")
+    if ffn is not None and w_in is not None and w_in.dim() == 2:
+        have = w_in.shape[1] if spec.ffn_in.transposed else w_in.shape[0]
+        have = have // 2 if spec.ffn_gate_up else have
+        if have != ffn:
+            refuse(f"its feed-forward layers are {ffn} wide, the weights' are {have}")
     tables = [meta[k] for k in layout.writers if k.endswith(".weight") and meta[k].dim() == 2
               and (d is None or meta[k].shape[1] == d)]
     vocab = config.get("vocab_size")
