@@ -228,4 +228,8 @@ def check_fits(spec: ArchSpec, config: dict, meta: Mapping[str, Tensor], where) 
                   and not any(p.search(n) for p in ignore_unexpected)]
     mismatched = [n for n, t in given.items()
                   if n in own and tuple(own[n].shape) != tuple(t.shape)]
-    fit_error(where, missing, unexpected, mismatched)
+    fit_error(where, missing, unexpected, [])
+    if mismatched:  # worded as the in-memory loader has always said it
+        raise RotvizError(f"cannot read the weights in '{where}' (a tensor's shape differs from "
+                          f"what config.json describes: {mismatched[:3]}); the file is corrupt "
+                          "or does not fit config.json")

@@ -283,7 +283,7 @@ CASES: list[tuple[str, str, Callable[[Path], str], str]] = [
     ("config-patch-zero", "vit", config_case(_put(patch_size=0)), "patch_size"),
     ("config-image-huge", "vit", config_case(_put(image_size=2**31)), "image_size"),
     ("config-image-other", "vit", in_folder(config_case(_put(image_size=16))),
-     "wrong shape ['vit.embeddings.position_embeddings']"),
+     "differs from what config.json describes: ['vit.embeddings.position_embeddings']"),
     ("config-channels", "vit", config_case(_put(num_channels=3)), "channels"),
 ]
 
