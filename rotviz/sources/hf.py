@@ -65,7 +65,8 @@ class HFSource(Source):
         cls = getattr(transformers, names[0], None) if names else None
         if cls is None or getattr(cls, "config_class", None) is None:
             cls = transformers.AutoModel._model_mapping[type(hf_cfg)]
-        elif not isinstance(cls, type) or not issubclass(type(hf_cfg), cls.config_class):
+        elif not (isinstance(cls, type) and isinstance(cls.config_class, type)
+                  and issubclass(type(hf_cfg), cls.config_class)):
             raise RotvizError(f"invalid config for {spec.family}: architectures names "
                               f"{names[0]}, a model of another kind than model_type "
                               f"'{config.get('model_type')}'; fix config.json")
