@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from rotviz.confine import ANYWHERE, Confined, parse_json
 from rotviz.errors import RotvizError
 
 Tensor = torch.Tensor
@@ -55,81 +57,168 @@ class Entry:
 
 
 def _bad(path: Path, why: str) -> RotvizError:
-    return RotvizError(f"cannot stream '{path}': {why}")
+    return RotvizError(f"cannot read the checkpoint '{path}': {why}")
 
 
-def _header(file: Path) -> dict[str, Entry]:
-    """The tensors a safetensors file holds, from its header, each checked to lie inside the
-    file with as many bytes as its dtype and shape need."""
+MAX_HEADER_BYTES = 100_000_000  # a safetensors header larger than this is refused unread
+_REMEDY = "re-save the model with save_pretrained"
+
+
+def _is_int(v: object) -> bool:
+    """A JSON integer (a bool is no size or offset, and neither is 2.0 or "2")."""
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def parse_header(head: bytes, data_bytes: int, file: Path) -> dict[str, Entry]:
+    """The tensors a safetensors header describes, every field checked before any is used:
+    bounded JSON (confine.parse_json), a table whose `__metadata__` is absent, null or text to
+    text, known dtypes, shapes of non-negative integers whose element count fills the tensor's
+    byte span, and integer offsets `0 <= begin <= end` that tile the `data_bytes` after the
+    header exactly (no gap, no overlap): what the safetensors library itself demands, so the
+    streamed and in-memory readers accept the same files. `start` is relative to the data."""
     corrupt = "the file is corrupt or truncated"
-    try:
-        size = file.stat().st_size
-        with open(file, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise _bad(file, f"{corrupt} (no header)")
-            (n,) = struct.unpack("<Q", head)
-            if n > min(size - 8, 100_000_000):
-                raise _bad(file, f"{corrupt} (header of {n} bytes)")
-            header = json.loads(f.read(n))
-    except OSError as e:
-        raise _bad(file, f"it cannot be read ({e.strerror or e})") from None
-    except (ValueError, UnicodeDecodeError):
-        raise _bad(file, f"{corrupt} (its header is not JSON)") from None
+    header = parse_json(head, file, _REMEDY)
     if not isinstance(header, dict):
-        raise _bad(file, f"{corrupt} (its header is not a table of tensors)")
-    out = {}
+        raise _bad(file, f"{corrupt} (its header is not a table of tensors); {_REMEDY}")
+    meta = header.get("__metadata__")
+    if meta is not None and not (isinstance(meta, dict) and all(
+            isinstance(v, str) for v in meta.values())):
+        raise _bad(file, f"{corrupt} (its __metadata__ is not a table of texts); {_REMEDY}")
+    out: dict[str, Entry] = {}
+    spans: list[tuple[int, int, str]] = []
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        try:
-            code, shape, (begin, end) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
-        except (KeyError, TypeError, ValueError):
-            raise _bad(file, f"{corrupt} (tensor {name} is described wrongly)") from None
-        dtype = _DTYPES.get(code)
-        if dtype is None:
-            raise _bad(file, f"tensor {name} has dtype {code}, which rotviz does not read")
-        e = Entry(file.name, dtype, shape, 8 + n + int(begin))
-        if int(end) - int(begin) != e.nbytes or 8 + n + int(end) > size:
-            raise _bad(file, f"{corrupt} (tensor {name} does not fit its bytes)")
-        out[name] = e
+        wrong = f"{corrupt} (tensor {name[:80]!r} is described wrongly"
+        if not isinstance(info, dict):
+            raise _bad(file, f"{wrong}: not a table); {_REMEDY}")
+        code, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+        if not isinstance(code, str) or code not in _DTYPES:
+            shown = code if isinstance(code, str) else type(code).__name__
+            raise _bad(file, f"tensor {name[:80]!r} has dtype {str(shown)[:40]}, which rotviz "
+                             f"does not read (it reads {', '.join(_DTYPES)}); {_REMEDY}")
+        if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+            raise _bad(file, f"{wrong}: its shape is not a list of sizes); {_REMEDY}")
+        if not (isinstance(offsets, list) and len(offsets) == 2
+                and all(_is_int(o) for o in offsets) and 0 <= offsets[0] <= offsets[1]):
+            raise _bad(file, f"{wrong}: its data_offsets are not two integers "
+                             f"0 <= begin <= end); {_REMEDY}")
+        begin, end = offsets
+        dtype = _DTYPES[code]
+        if math.prod(shape) * dtype.itemsize != end - begin:
+            raise _bad(file, f"{corrupt} (tensor {name[:80]!r} does not fit its bytes: "
+                             f"{code} {shape} is not {end - begin} bytes); {_REMEDY}")
+        out[name] = Entry(file.name, dtype, tuple(shape), begin)
+        spans.append((begin, end, name))
+    at = 0
+    for begin, end, name in sorted(spans):
+        if begin != at:
+            what = "overlaps the tensor before it" if begin < at else "leaves a gap before it"
+            raise _bad(file, f"{corrupt} (tensor {name[:80]!r} {what}); {_REMEDY}")
+        at = end
+    if at != data_bytes:
+        raise _bad(file, f"{corrupt} (its tensors fill {at} of the {data_bytes} bytes after "
+                         f"the header); {_REMEDY}")
     return out
+
+
+def _header(file: Path, confined: Confined = ANYWHERE, name: str | None = None
+            ) -> dict[str, Entry]:
+    """The tensors of the safetensors file `file` (opened through `confined`), from its
+    header (parse_header), with `start` made absolute and `file` set to `name` (its name in
+    the folder's index; default the file's own name)."""
+    corrupt = "the file is corrupt or truncated"
+    with confined.open(file, "weights file") as f:
+        size = os.fstat(f.fileno()).st_size
+        try:
+            head = f.read(8)
+            if len(head) < 8:
+                raise _bad(file, f"{corrupt} (no header); {_REMEDY}")
+            (n,) = struct.unpack("<Q", head)
+            if n > min(size - 8, MAX_HEADER_BYTES):
+                raise _bad(file, f"{corrupt} (header of {n} bytes); {_REMEDY}")
+            text = f.read(n)
+        except OSError as e:
+            raise _bad(file, f"it cannot be read ({e.strerror or e})") from None
+    if len(text) != n:
+        raise _bad(file, f"{corrupt} (it ends inside its header); {_REMEDY}")
+    entries = parse_header(text, size - 8 - n, file)
+    label = name or file.name
+    return {k: Entry(label, e.dtype, e.shape, 8 + n + e.start) for k, e in entries.items()}
+
+
+def _index_error(index: Path, why: str) -> RotvizError:
+    return RotvizError(f"index '{index}' {why}; re-save the model or copy it again")
+
+
+def read_index(folder: Path, index: Path, confined: Confined = ANYWHERE) -> dict[str, str]:
+    """The weight map (tensor name -> shard name) of an index file, checked: a JSON object
+    whose `weight_map` is a non-empty table of tensor names to shard names, each shard a
+    regular file inside `folder` (confine.Confined.inside: relative, no `..`, no link out)."""
+    obj = confined.read_json(index, "re-save the model", "index")
+    weight_map = obj.get("weight_map") if isinstance(obj, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        kind = ("not a JSON object" if not isinstance(obj, dict) else
+                "has no weight_map" if weight_map is None else
+                "has an empty weight_map" if isinstance(weight_map, dict) else
+                f"has a weight_map that is a {type(weight_map).__name__}, not a table")
+        raise _index_error(index, f"is not a table of tensor names to shard files ({kind})")
+    odd = [v for v in weight_map.values() if not isinstance(v, str) or not v]
+    if odd:
+        raise _index_error(index, f"names a shard {str(odd[0])[:40]!r} that is not a file name")
+    shards = sorted(set(weight_map.values()))
+    missing = [f for f in shards if _plain(f) and not _exists(folder / f)]
+    if missing:
+        raise _bad(folder, f"shard {missing[0]} named by {index.name} is missing "
+                           f"({len(missing)} of {len(shards)} shards); copy the whole folder")
+    for f in shards:
+        confined.inside(folder, f, "shard")
+    return weight_map
+
+
+def _plain(name: str) -> bool:
+    p = Path(name)
+    return not p.is_absolute() and ".." not in p.parts and not name.startswith("~")
+
+
+def _exists(path: Path) -> bool:
+    """Whether anything (a file, a FIFO, a dangling link) sits at `path`: it is then read,
+    and refused there if it is no regular file, rather than passed over."""
+    return os.path.lexists(path)
 
 
 class Checkpoint:
     """The safetensors weights of one model folder: a single `model.safetensors`, or shards
-    listed by `model.safetensors.index.json`. Headers only are read here."""
+    listed by `model.safetensors.index.json`. Headers only are read here, and every one is
+    checked (parse_header, read_index) before anything is built from them: the one reader
+    both the streamed and the in-memory paths validate a checkpoint with. Every file is
+    opened through `confined` (the app passes its roots)."""
 
-    def __init__(self, folder: str | Path) -> None:
+    def __init__(self, folder: str | Path, confined: Confined = ANYWHERE) -> None:
         self.folder = Path(folder)
+        self.confined = confined
         index = self.folder / INDEX
-        if index.is_file():
+        single = self.folder / SINGLE
+        has_index, has_single = _exists(index), _exists(single)
+        if has_index and has_single:
+            raise _bad(self.folder, f"it holds both {SINGLE} and {INDEX}, and readers differ "
+                                    "on which one holds the weights (transformers reads "
+                                    f"{SINGLE}); remove the one that is stale")
+        if has_index:
             self.entries = self._from_index(index)
-        elif (self.folder / SINGLE).is_file():
-            self.entries = _header(self.folder / SINGLE)
+        elif has_single:
+            self.entries = _header(single, confined)
         else:
             raise _bad(self.folder, f"it holds neither {SINGLE} nor {INDEX}; streaming reads "
                                     "safetensors only (re-save the model with "
                                     "save_pretrained)")
 
     def _from_index(self, index: Path) -> dict[str, Entry]:
-        from rotviz.errors import read_json
-
-        obj = read_json(index, "re-save the model")
-        weight_map = obj.get("weight_map") if isinstance(obj, dict) else None
-        if not isinstance(weight_map, dict) or not weight_map or not all(
-                isinstance(v, str) for v in weight_map.values()):
-            raise _bad(index, "its index has no weight_map of tensor names to shard files; "
-                              "re-save the model")
+        weight_map = read_index(self.folder, index, self.confined)
         files = sorted(set(weight_map.values()))
-        missing = [f for f in files if not (self.folder / f).is_file()]
-        if missing:
-            raise _bad(self.folder, f"shard {missing[0]} named by {INDEX} is missing "
-                                    f"({len(missing)} of {len(files)} shards); copy the whole "
-                                    "folder")
         entries: dict[str, Entry] = {}
         for f in files:
-            for name, e in _header(self.folder / f).items():
+            for name, e in _header(self.folder / f, self.confined, f).items():
                 if name in entries:
                     raise _bad(self.folder, f"tensor {name} is in two shards ({entries[name].file}"
                                             f" and {f}); the shards do not match their index")
@@ -201,11 +290,7 @@ class Checkpoint:
             return self._read(f, name, dtype, lo * row, (hi - lo) * row, (hi - lo,))
 
     def _open(self, file: str):
-        try:
-            return open(self.folder / file, "rb")
-        except OSError as err:
-            raise _bad(self.folder / file, f"it cannot be read ({err.strerror or err})"
-                       ) from None
+        return self.confined.open(self.folder / file, "weights file")
 
     def _read(self, f, name: str, dtype: torch.dtype | None, skip: int = 0,
               nbytes: int | None = None, rows: tuple[int, ...] | None = None) -> Tensor:
@@ -230,7 +315,21 @@ class Checkpoint:
             if cast:
                 flat[done // size:(done + n) // size] = buf.view(e.dtype)
             done += n
+        if out.is_floating_point():
+            check_finite_tensor(out, name, self.folder)
         return out
+
+
+def check_finite_tensor(t: Tensor, name: str, where: object) -> None:
+    """One line, as the in-memory models.check_finite says it, where `t` holds a NaN or Inf:
+    streamed blocks are checked as they are read, so a bad late block stops the run before
+    a solver meets it. Checked in slices, so the check costs no copy of a large tensor."""
+    flat = t.reshape(-1)
+    step = 1 << 24
+    for lo in range(0, flat.numel(), step):
+        if not bool(torch.isfinite(flat[lo:lo + step]).all()):
+            raise RotvizError(f"'{where}' has NaN or Inf weights in {name}; the checkpoint is "
+                              "corrupt or diverged")
 
 
 # ---- writing ----------------------------------------------------------------------------------

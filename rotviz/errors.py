@@ -6,11 +6,8 @@ class RotvizError(Exception):
 
 
 def read_json(path, remedy: str):
-    """A JSON file's content; a file that does not parse is one line ending in `remedy`."""
-    import json
-    from pathlib import Path
+    """A JSON file's content; a file that does not parse is one line ending in `remedy`.
+    Read through rotviz.confine (regular files only, bounded size and depth, no NaN)."""
+    from rotviz.confine import ANYWHERE
 
-    try:
-        return json.loads(Path(path).read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise RotvizError(f"cannot parse '{path}' ({e.__class__.__name__}); {remedy}") from None
+    return ANYWHERE.read_json(path, remedy)

@@ -254,38 +254,26 @@ def lite_module(config: dict) -> nn.Module | None:
     return None
 
 
-def confining(loader, confined: Confined) -> dict:
-    """`confined=` for a loader that takes it. TODO(wt-a): rotviz.models.load_model and
-    open_streamed take `confined` once the checkpoint reader work of issue 25 is merged;
-    then pass it straight and drop this."""
-    import inspect
-
-    takes = "confined" in inspect.signature(loader).parameters
-    return {"confined": confined} if takes else {}
-
-
 def load_lite(ref: str | os.PathLike, device: torch.device | str = "cpu",
               confined: Confined = ANYWHERE) -> Loaded | None:
     """The model as a plain-torch module, or None when the lite path does not cover it.
-    Its files are checked by `confined` (regular files, inside the roots) before they are
-    read: a refusal is one line, not a fall-back to the ordinary loader."""
-    from safetensors.torch import load_file
+    Every file is read through `confined` (regular files, inside the roots)."""
+    from rotviz.checkpoint import INDEX, SINGLE
+    from rotviz.models import check_weights
 
-    path = resolve_ref(ref)
-    if os.path.lexists(path / "config.json"):  # read_config says it when there is none
-        confined.file(path / "config.json", "model config")
-    config = read_config(path)
-    files = sorted(Path(path).glob("*.safetensors"))
-    if config.get("auto_map") or len(files) != 1:
+    path = resolve_ref(ref, confined)
+    config = read_config(path, confined)
+    if config.get("auto_map") or not os.path.lexists(Path(path) / SINGLE) or \
+            os.path.lexists(Path(path) / INDEX):
         return None
+    # load_model's checks of the checkpoint and the config's sizes, before a module of those
+    # sizes is built (its tensors are compared with the module's below)
+    checkpoint = check_weights(path, config, spec_for(config), confined, fits=False)
+    assert checkpoint is not None
     module = lite_module(config)
     if module is None:
         return None
-    weights_file = confined.file(files[0], "weights file")
-    try:
-        weights = load_file(str(weights_file))
-    except Exception:  # the ordinary loader gives the one-line error for a broken file
-        return None
+    weights = checkpoint.read(checkpoint.keys(), None)
     weights = {runtime_name(k): v for k, v in weights.items()}
     tied = getattr(module, "TIED", {})
     for alias, owner in tied.items():
@@ -317,7 +305,7 @@ def load_for_eval(ref: str | os.PathLike, device: torch.device | str = "cpu",
     lite = load_lite(ref, device, confined)
     if lite is not None:
         return lite
-    loaded = load_model(ref, **confining(load_model, confined))
+    loaded = load_model(ref, confined=confined)
     loaded.model.to(device)
     return replace(loaded, state=dict(loaded.model.state_dict()))
 

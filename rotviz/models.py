@@ -19,8 +19,12 @@ import torch
 from torch import nn
 
 from rotviz.arch import ArchSpec, config_value, spec_for
-from rotviz.errors import RotvizError, read_json
+from rotviz.arch.sanity import check_against, check_sizes
+from rotviz.checkpoint import INDEX, SINGLE, Checkpoint
+from rotviz.confine import ANYWHERE, Confined
+from rotviz.errors import RotvizError
 from rotviz.outputs import Outputs
+from rotviz.skeleton import check_fits
 from rotviz.sources import call, source_of
 from rotviz.tokens import (
     PROCESSOR_FILES,
@@ -110,8 +114,8 @@ def to_wide(t: Tensor) -> Tensor:
     return t.to(device=wide_device(t.device), dtype=torch.float64)
 
 
-def resolve_ref(ref: str | os.PathLike) -> Path:
-    """A directory for a model reference (`zoo:NAME` or a path)."""
+def resolve_ref(ref: str | os.PathLike, confined: Confined = ANYWHERE) -> Path:
+    """A directory for a model reference (`zoo:NAME` or a path), inside `confined`'s roots."""
     ref = str(ref)
     if ref.startswith("zoo:"):
         return zoo.path_of(ref[4:])
@@ -120,33 +124,59 @@ def resolve_ref(ref: str | os.PathLike) -> Path:
         raise RotvizError(
             f"no model directory at '{ref}': give a save_pretrained folder or zoo:NAME"
         )
+    confined.folder(path, "model folder")
     return path
 
 
-def read_config(path: Path) -> dict:
+def read_config(path: Path, confined: Confined = ANYWHERE) -> dict:
+    """config.json of the model folder `path`, read through `confined` and checked
+    (rotviz.arch.sanity.check_sizes: a JSON object whose sizes are bounded integers)."""
     cfg_file = path / "config.json"
-    if not cfg_file.is_file():
+    if not os.path.lexists(cfg_file):
         raise RotvizError(
             f"no model in '{path}': expected config.json and model.safetensors "
             "(Hugging Face save_pretrained format)"
         )
-    return read_json(cfg_file, "re-save the model")
+    return check_sizes(confined.read_json(cfg_file, "re-save the model", "config"), cfg_file)
 
 
-def load_model(ref: str | os.PathLike, dtype: torch.dtype | None = None) -> Loaded:
-    """Load a model on the CPU, checking that it is supported, complete and finite."""
-    path = resolve_ref(ref)
-    config = read_config(path)
+def check_weights(path: Path, config: dict, spec: ArchSpec, confined: Confined = ANYWHERE,
+                  streamed: bool = False, fits: bool = True) -> Checkpoint | None:
+    """The checks both paths make before a module is built: the checkpoint read and
+    validated (rotviz.checkpoint: safetensors headers and index; a pickled checkpoint read
+    with weights_only=True), then the config compared with its tensor shapes (sizes,
+    blocks, tables: rotviz.arch.sanity.check_against; every tensor: rotviz.skeleton
+    .check_fits; left to the caller with `fits=False`, as the lite loader compares every
+    tensor with its own module and must not import transformers). Returns the safetensors
+    checkpoint (None for a pickled one). `streamed` folders must be safetensors."""
+    from rotviz.sources.files import read_weights
+
+    if streamed or os.path.lexists(path / SINGLE) or os.path.lexists(path / INDEX):
+        checkpoint: Checkpoint | None = Checkpoint(path, confined)
+        meta = checkpoint.meta_state()
+    else:
+        checkpoint = None
+        meta = {k: t.to("meta") for k, t in read_weights(path, confined).items()}
+    check_against(spec, config, meta, path / "config.json")
+    if fits:
+        check_fits(spec, config, meta, path)
+    return checkpoint
+
+
+def load_model(ref: str | os.PathLike, dtype: torch.dtype | None = None,
+               confined: Confined = ANYWHERE) -> Loaded:
+    """Load a model on the CPU, checking that it is supported, complete and finite. Every
+    file is read through `confined`, and the checkpoint and config are validated
+    (check_weights) before transformers or timm is handed the folder."""
+    path = resolve_ref(ref, confined)
+    config = read_config(path, confined)
     if config.get("auto_map"):
         raise RotvizError(
             f"'{path}' needs remote code (auto_map in config.json); rotviz never runs it"
         )
     spec = spec_for(config)
-    if not any(path.glob("*.safetensors")) and not any(path.glob("pytorch_model*.bin")):
-        raise RotvizError(
-            f"no weights in '{path}': expected model.safetensors or pytorch_model.bin"
-        )
-    model, full_cfg, stored = source_of(spec).load(path, config, spec)
+    check_weights(path, config, spec, confined)
+    model, full_cfg, stored = source_of(spec).load(path, config, spec, confined)
     if dtype is not None:
         model = model.to(dtype)
         stored = {}
@@ -376,16 +406,16 @@ def write_model(
         (tmp / name).write_text(text)
 
 
-def copy_reading_files(src: Path, folder: Path) -> list[str]:
+def copy_reading_files(src: Path, folder: Path, confined: Confined = ANYWHERE) -> list[str]:
     """Copy the tokenizer, image-processor and generation files of the model folder `src`
     into the output `folder` (those it does not hold yet), so the output loads with
-    AutoTokenizer / AutoImageProcessor as the original does. Returns the names copied."""
-    import shutil
-
+    AutoTokenizer / AutoImageProcessor as the original does. Each is read through
+    `confined` (a link out of the folder's roots, a FIFO: one line). Returns the names
+    copied."""
     copied = []
     for name in (*TOKENIZER_FILES, *PROCESSOR_FILES):
         f = Path(src) / name
-        if f.is_file() and not (folder / name).exists():
-            shutil.copyfile(f, folder / name)
+        if os.path.lexists(f) and not (folder / name).exists():
+            (folder / name).write_bytes(confined.read_bytes(f, "reading file"))
             copied.append(name)
     return copied

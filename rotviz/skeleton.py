@@ -187,3 +187,49 @@ class BlockStreamed:
     def logits(self, inputs: Mapping[str, Tensor]) -> Tensor:
         with torch.no_grad():
             return call(self.spec, self.module, None, inputs)
+
+
+def check_fits(spec: ArchSpec, config: dict, meta: Mapping[str, Tensor], where) -> None:
+    """One line (sources.files.fit_error) where the checkpoint's tensors `meta` (names,
+    shapes, from its headers) do not fit the module `config` builds: tensors the module needs
+    and the checkpoint lacks, tensors it does not have, tensors of the wrong shape. The
+    module is built on meta (nothing allocated), so a config whose `architectures` names a
+    class the weights do not fit is refused before a real module is built; the streamed and
+    in-memory paths both ask here. A checkpoint whose names the loader converts (split,
+    merged) cannot be compared name by name: the loader's own check decides there."""
+    import re
+    from pathlib import Path
+
+    from rotviz.sources.files import fit_error
+
+    try:
+        module, _ = build_meta(spec, config)
+    except RotvizError as e:
+        raise RotvizError(f"'{Path(where) / 'config.json'}' is refused: {e}") from None
+    try:
+        names = source_of(spec).checkpoint_names(module, list(meta))
+    except RotvizError:
+        return
+    given = {names[n]: t for n, t in meta.items()}
+    own = module.state_dict()
+    ignore_unexpected = [re.compile(p) for p in
+                         getattr(module, "_keys_to_ignore_on_load_unexpected", None) or []]
+    ignore_missing = [re.compile(p) for p in
+                      getattr(module, "_keys_to_ignore_on_load_missing", None) or []]
+    ties = dict(spec.tied)
+    hf_ties = getattr(module, "_tied_weights_keys", None)
+    if isinstance(hf_ties, dict):
+        ties.update(hf_ties)
+    tie = config.get("tie_word_embeddings", True) is not False
+    missing = [n for n, _ in module.named_parameters() if n not in given
+               and not any(p.search(n) for p in ignore_missing)
+               and not (tie and ties.get(n) in given)]
+    unexpected = [n for n in given if n not in own
+                  and not any(p.search(n) for p in ignore_unexpected)]
+    mismatched = [n for n, t in given.items()
+                  if n in own and tuple(own[n].shape) != tuple(t.shape)]
+    fit_error(where, missing, unexpected, [])
+    if mismatched:  # worded as the in-memory loader has always said it
+        raise RotvizError(f"cannot read the weights in '{where}' (a tensor's shape differs from "
+                          f"what config.json describes: {mismatched[:3]}); the file is corrupt "
+                          "or does not fit config.json")

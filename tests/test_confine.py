@@ -109,7 +109,6 @@ ALLOWED = {
     ("rotviz/data.py", "_open_image"): "Image.open on a file object from Confined.open",
     ("rotviz/labelled.py", "read_hf"): "pq.read_table on a file object from Confined.open; "
                                        "load_from_disk on a folder Confined.check_tree checked",
-    ("rotviz/lite.py", "load_lite"): "load_file on the path Confined.file just returned",
     ("rotviz/tokens.py", "_auto_tokenizer"): "from_pretrained on a folder Confined.check_tree "
                                              "checked, its tokenizer files by Confined.file",
     ("rotviz/tokens.py", "image_reading"): "from_pretrained on a folder Confined.check_tree "
@@ -120,15 +119,11 @@ ALLOWED = {
                                   "(recipes name assets/data/...), not a user's path",
     ("rotviz/zoo/nlp.py", "*"): "the zoo's corpora: the repository's own assets/data and "
                                 "the standard library's sources",
-    # TODO(wt-a): the weights and config readers (issue 25, Deliver 1): route through
-    # rotviz.confine (Confined.open / read_json / inside) and drop these entries.
-    ("rotviz/checkpoint.py", "_header"): "TODO(wt-a): safetensors header read by path",
-    ("rotviz/checkpoint.py", "Checkpoint._open"): "TODO(wt-a): shard opened by index name",
-    ("rotviz/sources/files.py", "read_weights"): "TODO(wt-a): load_file / torch.load by path",
-    ("rotviz/sources/hf.py", "HFSource.load"): "TODO(wt-a): from_pretrained on a model folder",
-    ("rotviz/sources/hf.py", "HFSource.write_state"): "TODO(wt-a): config.json read by path",
-    ("rotviz/errors.py", "read_json"): "TODO(wt-a): config/index JSON by path (models, "
-                                       "checkpoint, zoo registry): use Confined.read_json",
+    ("rotviz/sources/files.py", "read_weights"): "torch.load(weights_only=True) on a file "
+                                                 "object from Confined.open",
+    ("rotviz/sources/hf.py", "HFSource.load"): "from_pretrained after models.check_weights "
+                                               "read the checkpoint and every shard its index "
+                                               "names through the Confined",
 }
 
 

@@ -109,11 +109,9 @@ def load_full(ref: str, confined: Confined | None = None) -> Loaded:
     """A model with its own transformers (or timm) module (`Resources.load`), for a host
     that needs the model's own class; the computations here take `load_eval`'s. Read
     through `confined` (default: the app's, appconfig.app_confined)."""
-    from rotviz.lite import confining
     from rotviz.models import load_model
 
-    confined = confined or appconfig.app_confined()
-    return load_model(ref, **confining(load_model, confined))
+    return load_model(ref, confined=confined or appconfig.app_confined())
 
 
 def load_eval(ref: str, confined: Confined | None = None) -> Loaded:

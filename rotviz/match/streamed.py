@@ -18,6 +18,7 @@ import torch
 
 from rotviz.arch import ArchSpec, spec_for
 from rotviz.checkpoint import Checkpoint, ShardWriter
+from rotviz.confine import ANYWHERE, Confined
 from rotviz.errors import RotvizError
 from rotviz.match.distances import Distances, distances, squared_distance
 from rotviz.match.options import MatchOptions
@@ -26,6 +27,7 @@ from rotviz.match.report import MatchReport
 from rotviz.memory import release
 from rotviz.models import (
     HALF,
+    check_weights,
     dominant_dtype,
     logit_change,
     read_config,
@@ -68,6 +70,7 @@ class Streamed:
     block_keys: tuple[tuple[str, ...], ...]  # per block, the names its view reads
     rest: tuple[str, ...]  # every other name, in checkpoint order
     tied: tuple[tuple[str, str], ...]
+    confined: Confined = ANYWHERE  # what every later read of the folder goes through
 
     @cached_property
     def state(self) -> dict[str, Tensor]:
@@ -94,17 +97,19 @@ class Streamed:
                              stream_rest)
 
 
-def open_streamed(ref: str | os.PathLike) -> Streamed:
-    """Open a model folder for streaming (headers only); one-line errors for folders that
-    cannot be streamed: no safetensors, shards that do not match their index, a tensor group
-    (the linear maps of one block) in mixed dtypes."""
-    path = resolve_ref(ref)
-    config = read_config(path)
+def open_streamed(ref: str | os.PathLike, confined: Confined = ANYWHERE) -> Streamed:
+    """Open a model folder for streaming (headers only), through `confined`; one-line errors
+    for folders that cannot be streamed: no safetensors, a checkpoint or config that the
+    in-memory path refuses too (models.check_weights, the same checks), a tensor group (the
+    linear maps of one block) in mixed dtypes."""
+    path = resolve_ref(ref, confined)
+    config = read_config(path, confined)
     if config.get("auto_map"):
         raise RotvizError(
             f"'{path}' needs remote code (auto_map in config.json); rotviz never runs it")
     spec = spec_for(config)
-    checkpoint = Checkpoint(path)
+    checkpoint = check_weights(path, config, spec, confined, streamed=True)
+    assert checkpoint is not None
     module, full = build_meta(spec, config)
     meta = checkpoint.meta_state()
     layout = resolve_layout(spec, meta)
@@ -126,7 +131,7 @@ def open_streamed(ref: str | os.PathLike) -> Streamed:
         used_all |= used
     rest = tuple(n for n in checkpoint.keys() if n not in used_all)
     return Streamed(str(ref), path, full, spec, checkpoint, layout, dims, tuple(block_keys),
-                    rest, _ties(spec, config, set(meta), set(module.state_dict())))
+                    rest, _ties(spec, config, set(meta), set(module.state_dict())), confined)
 
 
 def pair_bytes_in_memory(anchor_ref: str, source_ref: str) -> int | None:
@@ -293,12 +298,11 @@ class _Discard:
 
 
 def write_config(source: Streamed, folder: Path) -> None:
-    import shutil
-
     from rotviz.models import copy_reading_files
 
-    shutil.copyfile(source.path / "config.json", folder / "config.json")
-    copy_reading_files(source.path, folder)  # tokenizer, processor and generation files
+    config = source.confined.read_bytes(source.path / "config.json", "config")
+    (folder / "config.json").write_bytes(config)
+    copy_reading_files(source.path, folder, source.confined)  # tokenizer, processor, generation
 
 
 # ---- the function check -------------------------------------------------------------------------
@@ -309,7 +313,7 @@ def _logits(source: Streamed, provider: Provider, rest: Reader, inputs) -> Tenso
     from `rest` (in the dtype they come in). Embeddings and output heads are read only while
     their module runs; a model that uses one elsewhere (a head that decodes with the
     embedding matrix itself) then meets a meta tensor and is run again holding them."""
-    full = read_config(source.path)
+    full = read_config(source.path, source.confined)
 
     def run(stream_rest: bool) -> Tensor:
         module, _ = build_meta(source.spec, full, source.stored_dtype)
@@ -340,7 +344,7 @@ def check_function(source: Streamed, matched: Callable[[Dtype], Provider],
     against the matched model (`matched(dtype)` gives its blocks, `matched_rest(dtype)` the
     tensors outside them), in float32 and, for a half checkpoint, as stored (read back from
     the written `folder` where there is one)."""
-    module, full = build_meta(source.spec, read_config(source.path))
+    module, full = build_meta(source.spec, read_config(source.path, source.confined))
     x = source_of(source.spec).probe_inputs(source.spec, full, module, 4, 0)
 
     def original(dtype: Dtype) -> Provider:
@@ -359,7 +363,7 @@ def check_function(source: Streamed, matched: Callable[[Dtype], Provider],
         return
     xs = {k: v.to(dtype) if v.is_floating_point() else v for k, v in x.items()}
     if folder is not None:  # the written files, as they will be loaded
-        written = Checkpoint(folder)
+        written = Checkpoint(folder, source.confined)
 
         def blocks(i: int) -> Mapping[str, Tensor]:
             return written.read(source.block_keys[i], None)

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from rotviz.arch.spec import ArchSpec, max_positions
+from rotviz.confine import ANYWHERE, Confined
 
 Tensor = torch.Tensor
 
@@ -30,10 +31,11 @@ class Source:
         class, with `instantiate=False` that class) and the full config as a dict."""
         raise NotImplementedError
 
-    def load(self, path: Path, config: dict, spec: ArchSpec
+    def load(self, path: Path, config: dict, spec: ArchSpec, confined: Confined = ANYWHERE
              ) -> tuple[nn.Module, dict, dict[str, torch.dtype]]:
         """The module in `path`, its full config and the dtype of each floating tensor in the
-        checkpoint. One-line errors for weights that do not fit."""
+        checkpoint, every file opened through `confined`. One-line errors for weights that
+        do not fit. Called on a folder models.check_weights has validated."""
         raise NotImplementedError
 
     def build_dtype(self, dtype: torch.dtype):

@@ -5,7 +5,7 @@ run and nothing is downloaded."""
 
 from __future__ import annotations
 
-import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from rotviz.arch.spec import ArchSpec
+from rotviz.confine import ANYWHERE, Confined
 from rotviz.errors import RotvizError
 from rotviz.sources.base import Source
 from rotviz.sources.files import fit_error, floating_dtypes, read_weights
@@ -54,27 +55,40 @@ class HFSource(Source):
         cfg_cls = transformers.AutoConfig.for_model
         try:
             hf_cfg = cfg_cls(**{k: v for k, v in config.items() if k != "auto_map"})
-        except (ValueError, KeyError, TypeError) as e:
-            raise RotvizError(f"invalid config for {spec.family}: {e}") from None
+        except Exception as e:  # noqa: BLE001 (transformers and huggingface_hub raise many)
+            first = (str(e).strip().splitlines() or [e.__class__.__name__])[0][:200]
+            raise RotvizError(f"invalid config for {spec.family}: {first}") from None
         names = config.get("architectures") or []
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise RotvizError(f"invalid config for {spec.family}: architectures must be a list "
+                              f"of class names, got {str(names)[:40]}; fix config.json")
         cls = getattr(transformers, names[0], None) if names else None
         if cls is None or getattr(cls, "config_class", None) is None:
             cls = transformers.AutoModel._model_mapping[type(hf_cfg)]
+        elif not (isinstance(cls, type) and isinstance(cls.config_class, type)
+                  and issubclass(type(hf_cfg), cls.config_class)):
+            raise RotvizError(f"invalid config for {spec.family}: architectures names "
+                              f"{names[0]}, a model of another kind than model_type "
+                              f"'{config.get('model_type')}'; fix config.json")
         if not instantiate:
             return cls, hf_cfg.to_dict()
         return cls(hf_cfg), hf_cfg.to_dict()
 
-    def load(self, path: Path, config: dict, spec: ArchSpec
+    def load(self, path: Path, config: dict, spec: ArchSpec, confined: Confined = ANYWHERE
              ) -> tuple[nn.Module, dict, dict[str, torch.dtype]]:
-        """The module keeps the checkpoint's dtypes."""
+        """The module keeps the checkpoint's dtypes. transformers reads the folder itself:
+        models.check_weights has validated what it will read (the safetensors file, or the
+        index and every shard it names, through `confined`) just before."""
         import logging
 
         import transformers
 
-        if not any(path.glob("*.safetensors")):
+        from rotviz.checkpoint import INDEX, SINGLE
+
+        if not any(os.path.lexists(path / n) for n in (SINGLE, INDEX)):
             # A pickled checkpoint: open it ourselves first (weights_only=True, clean one-line
             # errors for corrupt or non-tensor payloads) rather than rely on transformers'.
-            read_weights(path)
+            read_weights(path, confined)
         cls, full_cfg = self.build(config, spec, instantiate=False)
         level = transformers.logging.get_verbosity()
         transformers.logging.set_verbosity_error()
@@ -168,7 +182,8 @@ class HFSource(Source):
                     state: Mapping[str, Tensor], folder: Path) -> None:
         """Through a fresh module of the checkpoint's own config.json, so that
         `save_pretrained` writes what transformers itself would."""
-        model, _ = self.build(json.loads((path / "config.json").read_text()), spec)
+        own = ANYWHERE.read_json(path / "config.json", "re-save the model", "config")
+        model, _ = self.build(own, spec)
         cast_like(model, state)
         model.load_state_dict(state, strict=False)
         self.save_module(model, config, folder)

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from rotviz.arch.spec import ArchSpec
+from rotviz.confine import ANYWHERE, Confined
 from rotviz.sources.base import Source
 from rotviz.sources.files import fit_error, floating_dtypes, read_weights
 
@@ -40,10 +41,10 @@ class TimmSource(Source):
         }
         return model, full
 
-    def load(self, path: Path, config: dict, spec: ArchSpec
+    def load(self, path: Path, config: dict, spec: ArchSpec, confined: Confined = ANYWHERE
              ) -> tuple[nn.Module, dict, dict[str, torch.dtype]]:
         """The module is float32 (load_state_dict casts into it); the dtypes are the file's."""
-        weights = read_weights(path)
+        weights = read_weights(path, confined)
         model, full_cfg = self.build(config, spec)
         own = model.state_dict()
         missing = [k for k in own if k not in weights]
