@@ -19,11 +19,11 @@ import torch
 from torch import nn
 
 from rotviz.arch import ArchSpec, config_value, spec_for
-from rotviz.arch.sanity import check_against, check_sizes
 from rotviz.checkpoint import INDEX, SINGLE, Checkpoint
 from rotviz.confine import ANYWHERE, Confined
 from rotviz.errors import RotvizError
 from rotviz.outputs import Outputs
+from rotviz.sanity import check_against, check_sizes
 from rotviz.skeleton import check_fits
 from rotviz.sources import call, source_of
 from rotviz.tokens import (
@@ -130,7 +130,7 @@ def resolve_ref(ref: str | os.PathLike, confined: Confined = ANYWHERE) -> Path:
 
 def read_config(path: Path, confined: Confined = ANYWHERE) -> dict:
     """config.json of the model folder `path`, read through `confined` and checked
-    (rotviz.arch.sanity.check_sizes: a JSON object whose sizes are bounded integers)."""
+    (rotviz.sanity.check_sizes: a JSON object whose sizes are bounded integers)."""
     cfg_file = path / "config.json"
     if not os.path.lexists(cfg_file):
         raise RotvizError(
@@ -145,7 +145,7 @@ def check_weights(path: Path, config: dict, spec: ArchSpec, confined: Confined =
     """The checks both paths make before a module is built: the checkpoint read and
     validated (rotviz.checkpoint: safetensors headers and index; a pickled checkpoint read
     with weights_only=True), then the config compared with its tensor shapes (sizes,
-    blocks, tables: rotviz.arch.sanity.check_against; every tensor: rotviz.skeleton
+    blocks, tables: rotviz.sanity.check_against; every tensor: rotviz.skeleton
     .check_fits; left to the caller with `fits=False`, as the lite loader compares every
     tensor with its own module and must not import transformers). Returns the safetensors
     checkpoint (None for a pickled one). `streamed` folders must be safetensors."""

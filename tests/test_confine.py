@@ -109,8 +109,8 @@ ALLOWED = {
     ("rotviz/data.py", "_open_image"): "Image.open on a file object from Confined.open",
     ("rotviz/labelled.py", "read_hf"): "pq.read_table on a file object from Confined.open; "
                                        "load_from_disk on a folder Confined.check_tree checked",
-    ("rotviz/tokens.py", "_auto_tokenizer"): "from_pretrained on a folder Confined.check_tree "
-                                             "checked, its tokenizer files by Confined.file",
+    ("rotviz/tokens.py", "_transformers_tokenizer"): "from_pretrained on a folder "
+                                                     "Confined.check_tree checked",
     ("rotviz/tokens.py", "image_reading"): "from_pretrained on a folder Confined.check_tree "
                                            "checked, its processor file by Confined.file",
     ("rotviz/memory.py", "_proc_bytes"): "/proc/meminfo and cgroup files: fixed system "

@@ -1,5 +1,6 @@
-"""The zoo's registry (a leaf: it imports nothing of rotviz but its errors): the shipped
-models and pairs, where they live, and their cards. Building them is `rotviz.zoo.build`.
+"""The zoo's registry (a leaf: it imports nothing of rotviz but its errors and its file
+reader): the shipped models and pairs, where they live, and their cards. Building them is
+`rotviz.zoo.build`.
 
 The model zoo: small trained models shipped in `assets/zoo/`, each rebuildable from its recipe.
 Every entry is a model directory (config.json + model.safetensors, Hugging Face format) with
@@ -25,7 +26,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from rotviz.errors import RotvizError, read_json
+from rotviz.confine import ANYWHERE
+from rotviz.errors import RotvizError
 
 
 @dataclass(frozen=True)
@@ -127,4 +129,4 @@ def read_card(name_or_dir: str | os.PathLike) -> dict:
     f = d / "card.json"
     if not f.is_file():
         raise RotvizError(f"no card.json in '{d}'; rebuild it with rotviz zoo build")
-    return read_json(f, "rebuild the model")
+    return ANYWHERE.read_json(f, "rebuild the model", "zoo card")
