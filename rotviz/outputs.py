@@ -148,17 +148,19 @@ def check_output(path: str | os.PathLike, flag: str, *, folder: bool,
     if folder and _is_cwd_or_parent(p):
         raise _err(flag, path, "is the current folder, one of its parents or /; give a new "
                                "folder for the output")
-    for what, real in inputs:
-        _apart(flag, p, what, real)
     _check_parent(p, path, flag)
-    replaces = False
-    if os.path.lexists(p):
+    exists = os.path.lexists(p)
+    if exists:
         if folder and not p.is_dir():
             raise _err(flag, path, "is a file; give a folder path")
         if not folder and p.is_dir():
             raise _err(flag, path, "is a folder; give a file name")
         if not folder and not p.is_file():
             raise _err(flag, path, "is not a regular file; give a file name")
+    for what, real in inputs:  # before --overwrite is considered: it cannot make this right
+        _apart(flag, p, what, real)
+    replaces = False
+    if exists:
         if folder and any(os.scandir(p)):
             _check_replace_folder(p, path, flag, overwrite)
         elif not folder:
