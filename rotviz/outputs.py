@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 from collections.abc import Iterator, Mapping, Sequence
@@ -235,6 +236,16 @@ class Outputs:
             where = f" ({e.filename})" if e.filename else ""
             raise RotvizError(f"writing the outputs failed: {e.strerror or e}{where}; nothing "
                               "was written") from None
+        except Exception as e:
+            if not _is_safetensors_error(e):
+                raise
+            # safetensors' writer reports an OS error (a full disk) as its own type, in a
+            # Rust debug string: keep the OS's words
+            text = " ".join(str(e).split())
+            found = re.search(r'message: \\?"([^"\\]+)', text)
+            why = found.group(1) if found else text[:160]
+            raise RotvizError(f"writing the outputs failed: {why}; nothing was written"
+                              ) from None
         finally:
             for tmp in temps.values():
                 _remove_ours(tmp)
@@ -254,6 +265,10 @@ def _apart(flag: str, path: Path, what: str, real: Path) -> None:
         raise RotvizError(f"{flag} '{path}' {how} the input {what} '{real}'; rotviz "
                           "never writes over its inputs, even with --overwrite: give a path "
                           "apart from them")
+
+
+def _is_safetensors_error(e: BaseException) -> bool:
+    return type(e).__name__ == "SafetensorError" or "safetensors" in type(e).__module__
 
 
 def _make_parents(d: Path) -> list[Path]:

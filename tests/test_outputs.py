@@ -363,3 +363,22 @@ def test_an_earlier_output_given_as_input_is_not_overwritten(ws, capfd):
     refused(["match", A, "o", "--out", str(ws / "o"), "--report", "o/r.json"], capfd, ws,
             "is the input model")
     assert main(["match", A, "o", "--out", "o2"]) == 0  # apart, it still works
+
+
+def test_a_full_disk_while_safetensors_writes_is_one_line(ws, capfd, monkeypatch):
+    """safetensors reports a full disk as its own error type with a Rust debug string (20
+    lines of traceback before): one line with the OS's words, nothing left behind. The disk
+    is made full where transformers calls safetensors' writer."""
+    import transformers.modeling_utils as mu
+    from safetensors import SafetensorError
+
+    def full(*a, **k):
+        raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: '
+                              'StorageFull, message: "No space left on device" })')
+
+    monkeypatch.setattr(mu, "safe_save_file", full)
+    line = refused(["match", A, B, "--out", "o"], capfd, ws, "writing the outputs failed")
+    assert line == ("rotviz: error: writing the outputs failed: No space left on device; "
+                    "nothing was written")
+    refused(["merge", A, B, "--data", "digits", "--out", "m", "--json", "m.json"], capfd, ws,
+            "No space left on device")
