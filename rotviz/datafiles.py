@@ -41,15 +41,8 @@ def data_path(path: str) -> Path:
 
 def data_file(path: str, kind: str, confined: Confined) -> Path:
     """The path of data file `path` (`kind` csv, text, ...), checked by `confined`."""
-    expected = f"{kind}: expects {FILE_KINDS.get(kind, 'a file')}"
-    if not path:
-        raise RotvizError(f"no file given; {expected}")
-    p = data_path(path)
-    try:
-        confined.file(p, "data file")
-    except RotvizError as e:
-        raise RotvizError(f"{e}; {expected}") from None
-    return p
+    return _checked(path, kind, f"{kind}: expects {FILE_KINDS.get(kind, 'a file')}",
+                    confined.file, "file")
 
 
 FOLDER_KINDS = {"imagefolder": IMAGEFOLDER_FORMAT, "cifar10": CIFAR_FORMAT, "hf": HF_FORMAT}
@@ -58,12 +51,18 @@ FOLDER_KINDS = {"imagefolder": IMAGEFOLDER_FORMAT, "cifar10": CIFAR_FORMAT, "hf"
 def data_folder(path: str, kind: str, confined: Confined) -> Path:
     """The path of data folder `path` (`kind` imagefolder, cifar10 or hf), checked by
     `confined` (the folder itself; its contents by the functions below)."""
-    expected = f"{kind}: expects {FOLDER_KINDS.get(kind, 'a folder')}"
+    return _checked(path, kind, f"{kind}: expects {FOLDER_KINDS.get(kind, 'a folder')}",
+                    confined.folder, "folder")
+
+
+def _checked(path: str, kind: str, expected: str, check, noun: str) -> Path:
+    """`path` as data of `kind`, passed through `check` (Confined.file or .folder), its
+    refusal ending in what the kind expects."""
     if not path:
-        raise RotvizError(f"no folder given; {expected}")
+        raise RotvizError(f"no {noun} given; {expected}")
     p = data_path(path)
     try:
-        confined.folder(p, "data folder")
+        check(p, f"data {noun}")
     except RotvizError as e:
         raise RotvizError(f"{e}; {expected}") from None
     return p
