@@ -1,5 +1,5 @@
-"""Results on the default pair, pinned bit for bit before the package was rebuilt in layers
-(issue 14): `rotviz match --report` for seed, weight and weight,act, the 21-point barrier
+"""Results on the default pair, pinned bit for bit before the package was rebuilt in layers:
+`rotviz match --report` for seed, weight and weight,act, the 21-point barrier
 curves for none, seed and weight, `rotviz merge --method regmean`, and the seeded learned
 barrier. A refactor must leave every number as it was.
 

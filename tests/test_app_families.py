@@ -1,4 +1,4 @@
-"""The app on a random pair of every discovered family (issue 16): a user's two folders under a
+"""The app on a random pair of every discovered family: a user's two folders under a
 model root pass the app's model checks, and the Match and Spectra pages show what the library
 computes, with the function check passed and the invariant circuits unchanged.
 

@@ -1,4 +1,4 @@
-"""The app stays inside its roots (issue 25, item 1 and its app acceptance test).
+"""The app stays inside its roots (its acceptance test: a root holding every way out).
 
 A model root holds, next to two good models and good data: model folders whose index names a
 shard `../../outside/...` or by an absolute path, one whose `sub/x.safetensors` shard is a

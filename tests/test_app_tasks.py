@@ -1,4 +1,4 @@
-"""The app on a user's own classifier pair and data file (issue 15): the sidebar finds the
+"""The app on a user's own classifier pair and data file: the sidebar finds the
 CSV under the model roots, the pages name the task, and the Models, Barrier and Merge pages
 show F1, with the library's numbers."""
 

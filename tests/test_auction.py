@@ -1,4 +1,4 @@
-"""The auction solver for FFN assignments (issue 17, part 2): it reaches scipy's exact optimum,
+"""The auction solver for FFN assignments: it reaches scipy's exact optimum,
 its dual bound is never below the optimum, and the gap it reports is within its promise."""
 
 from __future__ import annotations

@@ -134,7 +134,7 @@ def test_a_page_url_as_a_fresh_servers_first_request(tmp_path):
 
 
 def test_a_users_classifier_pair_and_csv(tmp_path):
-    """Acceptance (issue 15): a user's sequence-classification pair and a CSV under a model
+    """Acceptance: a user's sequence-classification pair and a CSV under a model
     root. The Barrier and Merge pages draw curves and bars, with F1 shown."""
     import csv
 

@@ -1,4 +1,4 @@
-"""rotviz.confine and the loaders that read through it (issue 25, items 1 and 4).
+"""rotviz.confine and the loaders that read through it.
 
 - A scan of rotviz's sources for raw reads of files: every read goes through a `Confined`
   reader, or is on a short allowlist with its reason, so a new loader cannot forget the check.

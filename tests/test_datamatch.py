@@ -1,4 +1,4 @@
-"""Matching from data (issue 6, items 3-4) and the acceptance on the shipped default pair:
+"""Matching from data and the acceptance on the shipped default pair:
 barrier(weight) <= barrier(seed), barrier(learned) <= 0.1, the function kept to 1e-4."""
 
 from __future__ import annotations

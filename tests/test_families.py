@@ -1,4 +1,4 @@
-"""Issue 16's families and their symmetry groups, beyond the tests every family runs (the
+"""Each family's quirks and their symmetry groups, beyond the tests every family runs (the
 `family` fixture): each head class's bit-exact round trip, planted elements of each family's
 quirk (partial rotary, parallel residual, Q/K/V biases, restricted Q-K maps under q/k norms,
 (1 + w) norms, DeBERTa's position projections, GPT-2's CRFM flags), negative controls just

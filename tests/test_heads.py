@@ -1,4 +1,4 @@
-"""Head permutation (issue 6, item 1): planted recovery, optimal assignment, composition, errors."""
+"""Head permutation: planted recovery, optimal assignment, composition, errors."""
 
 from __future__ import annotations
 

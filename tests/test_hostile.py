@@ -1,4 +1,4 @@
-"""Hostile inputs to the checkpoint and config readers (issue 25): every case is refused in one
+"""Hostile inputs to the checkpoint and config readers: every case is refused in one
 line naming the file, by the in-memory and the streamed `rotviz match` alike, before anything
 is built or written; and fuzzers over safetensors headers, index files and configs.
 

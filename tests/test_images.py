@@ -1,4 +1,4 @@
-"""Images are read the way the model reads them (issue 15): through its folder's image
+"""Images are read the way the model reads them: through its folder's image
 processor when it has one (resize, crop, normalise; mixed sizes are fine), as they are when
 it has none. rotviz's loss must equal a reference loop that uses `AutoImageProcessor`."""
 

@@ -134,7 +134,7 @@ def _check_matching_helps(a: Loaded, b: Loaded) -> None:
 
 
 def test_default_pair_matching_lowers_the_barrier_and_raises_midpoint_accuracy():
-    """The seed paper's Figure 5 claim, on the zoo's default pair (issue 4's acceptance)."""
+    """The seed paper's Figure 5 claim, on the zoo's default pair."""
     _check_matching_helps(*default_pair())
 
 

@@ -1,8 +1,8 @@
-"""Issue 13: rotviz never loses a user's files. Each numbered item of the issue runs its exact
-command and asserts exit code 2, exactly one stderr line with no traceback, and a workspace
-unchanged byte for byte (nothing created, nothing removed). Then outputs as transactions:
---overwrite only on rotviz's own output, interrupts leave nothing behind, the umask is
-followed.
+"""rotviz never loses a user's files. Each numbered case (the reports that led to these
+tests) runs its exact command and asserts exit code 2, exactly one stderr line with no
+traceback, and a workspace unchanged byte for byte (nothing created, nothing removed). Then
+outputs as transactions: --overwrite only on rotviz's own output, interrupts leave nothing
+behind, the umask is followed.
 """
 
 from __future__ import annotations
@@ -205,7 +205,7 @@ def test_item7_app_refuses_a_file_that_links_out_of_the_roots(tmp_path):
     (root / "m" / "config.json").write_bytes((outside / "config.json").read_bytes())
     (root / "m" / "model.safetensors").symlink_to(outside / "model.safetensors")
     roots = [root.resolve()]
-    assert appconfig.discover(roots) == []  # not offered either (issue 25)
+    assert appconfig.discover(roots) == []  # not offered either
     with pytest.raises(RotvizError, match="model.safetensors' leads to .*outside the model roots"):
         appconfig.resolve_choice(str(root / "m"), roots)
     (root / "m" / "model.safetensors").unlink()  # a real file: fine

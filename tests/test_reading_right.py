@@ -1,4 +1,4 @@
-"""Plumbing must not turn right models into wrong numbers (issue 25, Deliver 4 and 5).
+"""Plumbing must not turn right models into wrong numbers.
 
 - Image class folders are read by name through the model's id2label: a trained ViT whose
   labels are `zero..nine` (ids in digit order, names not in sorted order) must score on

@@ -1,4 +1,4 @@
-"""Residual-stream maps (issue 6, item 2): canonical forms, planted recovery per group, the
+"""Residual-stream maps: canonical forms, planted recovery per group, the
 alternating objective, optimality of the solvers, and one-line errors for maps that do not
 exist on an architecture."""
 
@@ -28,10 +28,11 @@ WITH_RESIDUAL = [(f, family_module(f).UNTIED) for f in FAMILIES
 
 
 def expected_group(spec) -> str:
-    """REFERENCE.md's table: a post-norm stream admits permutations, a pre-norm RMSNorm stream
-    any orthogonal map, a pre-norm LayerNorm stream orthogonal maps that keep the all-ones
-    vector (on centred writers). A norm on each sub-layer's output (Gemma 2) scales what is
-    written coordinate by coordinate, which only permutations commute with."""
+    """The residual groups' table (rotviz.symmetry.residual): a post-norm stream admits
+    permutations, a pre-norm RMSNorm stream any orthogonal map, a pre-norm LayerNorm stream
+    orthogonal maps that keep the all-ones vector (on centred writers). A norm on each
+    sub-layer's output (Gemma 2) scales what is written coordinate by coordinate, which only
+    permutations commute with."""
     if spec.placement == "post" or any(n.site in ("attn_post", "ffn_post") for n in spec.norms):
         return "permutation"
     return "orthogonal" if spec.norm_kind == "rmsnorm" else "centred"

@@ -1,4 +1,4 @@
-"""The task comes from the model's head (issue 15): sequence classification (single-label,
+"""The task comes from the model's head: sequence classification (single-label,
 multi-label, regression) and token classification, on the user's labelled files.
 
 For every text family and every head, a random tiny model is saved with a tokenizer trained

@@ -1,4 +1,4 @@
-"""Text is read the way the model reads it (issue 15): its own tokenizer, or rotviz's characters
+"""Text is read the way the model reads it: its own tokenizer, or rotviz's characters
 only for a model that declares them.
 
 Tiny causal and masked LMs are saved with a tokenizer trained here (`tokenizers`). rotviz's
@@ -107,7 +107,7 @@ def folders(tmp_path_factory):
 def _own_windows(folder, masked: bool) -> torch.Tensor:
     """Windows made independently of rotviz: the folder's tokenizer, no special tokens, packed.
     The ids are its tokenizer.json's, read by the tokenizers library (AutoTokenizer in
-    transformers 5 reads a qwen2 folder's file through Qwen2's own pre-tokenizer, issue 25)."""
+    transformers 5 reads a qwen2 folder's file through Qwen2's own pre-tokenizer)."""
     from tokenizers import Tokenizer
     from transformers import AutoTokenizer
 

@@ -5,7 +5,7 @@ Every parameter set is evaluated on the anchor's one module through
 mutation of a loaded (possibly cached and shared) model. Results are plain dataclasses with
 lists and floats and a `to_dict()`, ready for JSON and for the plots in `rotviz.plots`.
 
-Definitions (REFERENCE.md):
+Definitions (docs/conventions.md):
 - path: theta(alpha) = (1 - alpha) theta_anchor + alpha theta_source_matched;
 - barrier (generalized-LMC paper): max over alpha of L(theta(alpha)) minus the straight line
   between the endpoint losses, (1 - alpha) L(0) + alpha L(1); always >= 0;

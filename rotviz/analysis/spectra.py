@@ -1,6 +1,6 @@
 """Per-layer, per-head spectra: what a rotation can align, and what no symmetry can change.
 
-With (out, in) weights and row vectors (REFERENCE.md), head h computes scores
+With (out, in) weights and row vectors (docs/conventions.md), head h computes scores
 x W_Q[h]^T W_K[h] x'^T and writes x W_V[h]^T W_O[:, h]^T. In the view's per-head tensors,
 `wq[h]`, `wk[h]`, `wv[h]` are (d_h, d) and `wo[h]` is (d, d_h), so the two circuits are
 

@@ -14,7 +14,7 @@ def barrier_point(alphas: Sequence[float], values: Sequence[float]) -> tuple[flo
     """Where the curve rises highest above the straight line between its end points.
 
     Returns (alpha, value on the curve, value on the line); the barrier is their difference
-    (the GLMC paper's definition, REFERENCE.md).
+    (the GLMC paper's definition, docs/conventions.md).
     """
     a = np.asarray(alphas, dtype=float)
     v = np.asarray(values, dtype=float)

@@ -1,6 +1,6 @@
 """Symmetry actions on the canonical view. Each returns new tensors; inputs are never touched.
 
-Conventions (row vectors, `y = x W^T + b`, REFERENCE.md):
+Conventions (row vectors, `y = x W^T + b`, docs/conventions.md):
 - FFN permutation `perm`: new unit k is old unit perm[k]. A gated FFN's gate rows move with
   the up rows and the down columns.
 - FFN scale `ffn_scale` (gated FFNs; ReLU with positive scales): after the permutation, unit k's

@@ -1,7 +1,7 @@
 """The residual stream's symmetry: one d x d map Q that every writer and reader shares.
 
 Every tensor that touches the stream holds rows that live in it, and Q acts on those rows as
-X -> X Q (row vectors, REFERENCE.md): readers W (out, d) -> W Q; writers W (d, in) -> Q^T W
+X -> X Q (row vectors, docs/conventions.md): readers W (out, d) -> W Q; writers W (d, in) -> Q^T W
 and their biases b -> b Q; embedding tables and tokens (..., d) -> E Q. Which Q keep the
 function depends on the norm, and is read from the `ArchSpec`:
 

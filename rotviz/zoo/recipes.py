@@ -30,7 +30,7 @@ class Recipe:
     lr: float = 2e-3
     weight_decay: float = 0.05
     warmup_epochs: float = 2.0  # linear warm-up, then cosine decay to zero
-    # "cosine" (warm-up + cosine decay) or "constant" (REFERENCE.md's recipe: the learning
+    # "cosine" (warm-up + cosine decay) or "constant" (docs/conventions.md: the learning
     # rate never changes; its independent seeds land in basins that matching visibly joins)
     schedule: str = "cosine"
     grad_clip: float | None = None
