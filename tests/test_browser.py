@@ -84,6 +84,10 @@ def test_every_page_in_chromium(server, tmp_path):
         assert page.get_by_text("Anchor (model 2, stays fixed)").count() == 1
         for name in PAGES:
             page.goto(f"{server}/{'' if name == 'models' else name}?n=100")
+            # the page's own results, not only an idle script: right after a navigation the
+            # app may still read "not running" before this page's run has begun (busy CPUs)
+            page.wait_for_selector(".js-plotly-plot, [data-testid='stMetric'], "
+                                   "[data-testid='stException']", timeout=180_000)
             page.wait_for_selector(IDLE, timeout=180_000)
             page.wait_for_timeout(300)
             drawn(page)
