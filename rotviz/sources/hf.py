@@ -5,7 +5,6 @@ run and nothing is downloaded."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from rotviz.arch.spec import ArchSpec
 from rotviz.confine import ANYWHERE, Confined
 from rotviz.errors import RotvizError
 from rotviz.sources.base import Source
-from rotviz.sources.files import fit_error, floating_dtypes, read_weights
+from rotviz.sources.files import fit_error, floating_dtypes
 
 Tensor = torch.Tensor
 
@@ -77,18 +76,13 @@ class HFSource(Source):
     def load(self, path: Path, config: dict, spec: ArchSpec, confined: Confined = ANYWHERE
              ) -> tuple[nn.Module, dict, dict[str, torch.dtype]]:
         """The module keeps the checkpoint's dtypes. transformers reads the folder itself:
-        models.check_weights has validated what it will read (the safetensors file, or the
-        index and every shard it names, through `confined`) just before."""
+        models.check_weights has validated what it will read just before, through
+        `confined`: the safetensors file, the index and every shard it names, or the pickled
+        checkpoint (loaded there with weights_only=True, so its one-line errors come first)."""
         import logging
 
         import transformers
 
-        from rotviz.checkpoint import INDEX, SINGLE
-
-        if not any(os.path.lexists(path / n) for n in (SINGLE, INDEX)):
-            # A pickled checkpoint: open it ourselves first (weights_only=True, clean one-line
-            # errors for corrupt or non-tensor payloads) rather than rely on transformers'.
-            read_weights(path, confined)
         cls, full_cfg = self.build(config, spec, instantiate=False)
         level = transformers.logging.get_verbosity()
         transformers.logging.set_verbosity_error()
