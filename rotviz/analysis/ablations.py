@@ -18,9 +18,10 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from rotviz.analysis.landscape import interpolate, matched_state
+from rotviz.analysis.landscape import curve_on
 from rotviz.data import Split
 from rotviz.evaluation import Evaluator
+from rotviz.match.endpoints import match_endpoints
 from rotviz.match.options import MatchOptions
 from rotviz.match.selection import parse_selection, selection_of
 from rotviz.models import Loaded
@@ -85,10 +86,11 @@ def ablation(
     d0 = 0.0
     for k, spec in enumerate(parsed):
         options = None if spec.is_none else spec.options()
-        state, info = matched_state(anchor, source, options, ev.device, data=split)
+        ends = match_endpoints(anchor, source, options, ev.device, data=split)
+        info = ends.info
         d0 = info.distance_before
-        c = interpolate(anchor, source, split, options, points, evaluator=ev, source_state=state,
-                        match_info=info, progress=_spread(progress, k, len(parsed), spec.label))
+        c = curve_on(ends, split, points, ev.device, evaluator=ev,
+                     progress=_spread(progress, k, len(parsed), spec.label))
         rows.append(AblationRow(
             match=spec.label, distance=info.distance_after, per_layer=info.after["per_layer"],
             per_kind=info.after["per_kind"], barrier=c.barrier, loss_range=c.loss_range,
@@ -153,9 +155,9 @@ def layer_sweeps(
         if layers in cache:
             continue
         options = None if (s.is_none or not layers) else s.options(layers)
-        state, info = matched_state(anchor, source, options, ev.device, data=split)
-        c = interpolate(anchor, source, split, options, points, evaluator=ev, source_state=state,
-                        match_info=info)
+        ends = match_endpoints(anchor, source, options, ev.device, data=split)
+        info = ends.info
+        c = curve_on(ends, split, points, ev.device, evaluator=ev)
         cache[layers] = SweepPoint(list(layers), info.distance_after, c.barrier, c.loss_range,
                                    c.mid_loss, c.mid_acc)
         if progress:

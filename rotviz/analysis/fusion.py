@@ -1,281 +1,34 @@
-"""Model fusion with and without matching: simple, Fisher and RegMean averaging.
+"""Merging after matching: one merged model (`merge_on`, `merge`) and the paper's Tables 1-2
+(`fusion_table`: every method with every matching SPEC).
 
-- simple: theta = (1 - w) theta_anchor + w theta_source.
-- fisher (Matena & Raffel, 2022): per parameter, theta = sum_i l_i F_i theta_i / sum_i l_i F_i
-  with F_i the diagonal empirical Fisher (mean over samples of the squared gradient of the
-  log-likelihood of the true label) over N batches, l = (1 - w, w).
-- regmean (Jin et al., 2023): every linear layer's weight solves the regression
-  min_W sum_i l_i ||X_i W^T - X_i W_i^T||^2, i.e. W^T = (sum l_i G_i)^-1 sum l_i G_i W_i^T with
-  G_i = X_i^T X_i the Gram matrix of the layer's inputs in model i; off-diagonal entries of
-  each G_i are scaled by `alpha` (1 = the plain regression, 0 = diagonal only). Every other
-  tensor (biases, norms, embeddings) is averaged simply.
-
-Statistics (Fisher, Gram matrices) are always computed on the models as matched: the source's
-Fisher and Gram matrices live in the basis of its own neurons and heads, so statistics taken
-before matching are in the wrong basis afterwards (a bug in public code).
-
-Both weighted means are written as a correction to the simple average, so merging a model
-with itself returns it exactly, however ill-conditioned its statistics are.
+The methods themselves are registered records (rotviz.merging: simple, Fisher, RegMean, and
+whatever a plug-in registers). Statistics (Fisher, Gram matrices) are always computed on the
+models as matched: the source's live in the basis of its own neurons and heads, so statistics
+taken before matching are in the wrong basis afterwards (a bug in public code).
 """
 
 from __future__ import annotations
 
-import copy
 import time
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
-import numpy as np
 import torch
-import torch.nn.functional as F
-from torch import nn
 
-from rotviz.analysis.landscape import as_options, layers_of, matched_state
-from rotviz.data import Inputs, Split, map_inputs, to_device, token_mask, without_padding
+from rotviz.data import Split
 from rotviz.errors import RotvizError
-from rotviz.evaluation import IGNORE, Evaluator, check_fits, resolve_device
+from rotviz.evaluation import Evaluator
+from rotviz.match.endpoints import HeldEndpoints, as_options, match_endpoints
 from rotviz.match.options import MatchOptions
-from rotviz.match.selection import label_of, parse_selection
-from rotviz.models import Loaded, to_wide, wide_device
-from rotviz.sources import call
-from rotviz.tasks import sample_losses
+from rotviz.merging import MergeMethod, check_weight, names, users
+from rotviz.merging import method as method_record
+from rotviz.merging.combine import merge_states
+from rotviz.models import Loaded
+from rotviz.params import needs, read_params
 from rotviz.types import Progress
 
 Tensor = torch.Tensor
-METHODS = ("simple", "fisher", "regmean")
-FISHER_FLOOR = 1e-6  # added to every Fisher value: parameters no sample moves average simply
-
-
-def check_method(method: str) -> str:
-    m = str(method).strip().lower()
-    if m not in METHODS:
-        raise RotvizError(f"unknown merge method '{method}': use one of {', '.join(METHODS)}")
-    return m
-
-
-def check_weight(weight: float) -> float:
-    if not 0.0 <= float(weight) <= 1.0:
-        raise RotvizError(f"merge weight must be in [0, 1] (0 = anchor, 1 = source), got {weight}")
-    return float(weight)
-
-
-def stats_batches(split: Split, batches: int, batch_size: int, seed: int = 0):
-    """`batches` seeded batches of `batch_size` samples (fewer if the split is small)."""
-    if split.n == 0:
-        raise RotvizError(f"the {split.split} split of '{split.data}' is empty; use another split")
-    if batches < 1 or batch_size < 1:
-        raise RotvizError(
-            f"--batches and --batch-size must be >= 1, got {batches} and {batch_size}"
-        )
-    order = np.random.default_rng(seed).permutation(split.n)[: batches * batch_size]
-    order = torch.as_tensor(order)
-    for i in range(0, len(order), batch_size):
-        ix = order[i : i + batch_size]
-        yield split.inputs_at(ix), split.labels[ix]
-
-
-# ---- statistics -----------------------------------------------------------------------------
-
-
-def fisher_diag(
-    loaded: Loaded,
-    state: Mapping[str, Tensor],
-    split: Split,
-    batches: int = 8,
-    batch_size: int = 32,
-    device: str | torch.device = "cpu",
-    seed: int = 0,
-    progress: Progress | None = None,
-) -> dict[str, Tensor]:
-    """Diagonal empirical Fisher of the parameter set `state` (on `loaded`'s module), per tensor.
-
-    F = mean over samples of (d log p(y | x) / d theta)^2, with per-sample gradients from
-    torch.func (vmap of grad). For text, a sample is a sequence and log p sums over its tokens.
-    """
-    from torch.func import grad, vmap
-
-    check_fits(loaded, split)
-    dev = resolve_device(device)
-    ev = Evaluator(loaded, split.subset(1), dev)  # names and buffers of the module
-    params = ev.params(state)
-    trainable = [n for n, _ in loaded.model.named_parameters()]
-    frozen = ev.buffers | {k: v for k, v in params.items() if k not in trainable}
-    n_params = sum(params[n].numel() for n in trainable)
-    chunk = max(1, int(2.5e8 // max(n_params, 1)))  # ~1 GB of per-sample gradients at a time
-
-    task = split.task
-
-    def log_lik(p: dict[str, Tensor], x: Inputs, y: Tensor) -> Tensor:
-        one = map_inputs(x, lambda t: t.unsqueeze(0))
-        logits = call(loaded.spec, loaded.model, {**frozen, **p}, one, strict=True).float()
-        if task in ("multi-label", "regression"):  # the head's own likelihood
-            return -sample_losses(task, logits, y.unsqueeze(0), lambda t: t)[0].sum()
-        y = y.reshape(-1)
-        return -F.cross_entropy(logits.reshape(y.numel(), -1), y, reduction="sum",
-                                ignore_index=IGNORE)
-
-    per_sample = vmap(grad(log_lik), in_dims=(None, 0, 0), chunk_size=chunk)
-    # transformers builds attention masks with data-dependent steps that vmap cannot batch;
-    # an example cut to its own tokens needs no mask, and gives the same gradient
-    one = grad(log_lik)
-    p = {n: params[n] for n in trainable}
-    out = {n: torch.zeros_like(t, dtype=torch.float64, device=wide_device(dev))
-           for n, t in params.items()}
-    count = 0
-    batched = True  # per-sample gradients by vmap, until a model shows it cannot be batched
-    todo = list(stats_batches(split, batches, batch_size, seed))
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*batching rule.*")
-        for j, (x, y) in enumerate(todo):
-            x, y = to_device(x, dev), y.to(dev)
-            if isinstance(x, dict):  # padded text: one example at a time, cut to its tokens
-                for xi, yi in unpadded(x, y):
-                    gi = one(p, xi, yi)
-                    for n in trainable:
-                        out[n] += to_wide(gi[n]) ** 2
-            else:
-                if batched:
-                    try:
-                        g = per_sample(p, x, y)
-                    except RuntimeError as e:  # a model vmap cannot batch (DeBERTa's
-                        if "vmap" not in str(e):  # relative positions): one at a time
-                            raise
-                        batched = False
-                if batched:
-                    for n in trainable:
-                        out[n] += (to_wide(g[n]) ** 2).sum(0)
-                else:
-                    for xi, yi in zip(x, y, strict=True):
-                        gi = one(p, xi, yi)
-                        for n in trainable:
-                            out[n] += to_wide(gi[n]) ** 2
-            count += len(y)
-            if progress:
-                progress(j + 1, len(todo), "Fisher information")
-    return {n: (t / count).to(params[n].dtype) for n, t in out.items()}
-
-
-def unpadded(x: dict[str, Tensor], y: Tensor):
-    """Each example of a padded text batch, cut to its real tokens (labels too, when they
-    are per token)."""
-    lengths = x["attention_mask"].sum(1).tolist() if "attention_mask" in x else None
-    for i in range(len(y)):
-        n = int(lengths[i]) if lengths is not None else None
-        xi = {k: v[i, :n] for k, v in x.items()}
-        yi = y[i, :n] if y.dim() == 2 and y.dtype == torch.long else y[i]
-        yield xi, yi
-
-
-def linear_layers(module: nn.Module) -> dict[str, tuple[nn.Module, bool]]:
-    """Linear layers whose weight RegMean may solve for: name -> (module, weight is (in, out)).
-
-    A weight shared with another parameter (tied embeddings) is left to the simple average.
-    """
-    owners: dict[int, int] = {}
-    for _, p in module.named_parameters(remove_duplicate=False):
-        owners[id(p)] = owners.get(id(p), 0) + 1
-    out = {}
-    for name, mod in module.named_modules():
-        conv1d = type(mod).__name__ == "Conv1D" and hasattr(mod, "nf")  # GPT-2: y = x W + b
-        if (isinstance(mod, nn.Linear) or conv1d) and owners.get(id(mod.weight), 0) == 1:
-            out[name] = (mod, conv1d)
-    return out
-
-
-def gram_matrices(
-    loaded: Loaded,
-    state: Mapping[str, Tensor],
-    split: Split,
-    batches: int = 8,
-    batch_size: int = 32,
-    device: str | torch.device = "cpu",
-    seed: int = 0,
-    progress: Progress | None = None,
-) -> dict[str, Tensor]:
-    """Per linear layer (by weight name), the mean Gram matrix X^T X / n of its inputs (float64).
-
-    Hooks go on a private copy of the module, never on the loaded (possibly shared) one.
-    """
-    check_fits(loaded, split)
-    dev = resolve_device(device)
-    ev = Evaluator(loaded, split.subset(1), dev)
-    params = ev.params(state)
-    module = copy.deepcopy(loaded.model)
-    layers = linear_layers(module)
-    sums: dict[str, Tensor] = {}
-    counts: dict[str, int] = {}
-    handles = []
-
-    real: list[Tensor | None] = [None]  # the batch's real-token mask (None: no padding)
-
-    def hook(name: str):
-        def fn(_mod, args):
-            x = without_padding(args[0].detach(), real[0])
-            x = to_wide(x.reshape(-1, x.shape[-1]))
-            sums[name] = sums.get(name, 0) + x.T @ x
-            counts[name] = counts.get(name, 0) + x.shape[0]
-
-        return fn
-
-    for name, (mod, _) in layers.items():
-        handles.append(mod.register_forward_pre_hook(hook(f"{name}.weight" if name else "weight")))
-    todo = list(stats_batches(split, batches, batch_size, seed))
-    try:
-        with torch.inference_mode():
-            for j, (x, _) in enumerate(todo):
-                x = to_device(x, dev)
-                real[0] = token_mask(x)
-                call(loaded.spec, module, {**ev.buffers, **params}, x, strict=True)
-                if progress:
-                    progress(j + 1, len(todo), "Gram matrices")
-    finally:
-        for h in handles:
-            h.remove()
-    return {k: s / counts[k] for k, s in sums.items()}
-
-
-# ---- combining -------------------------------------------------------------------------------
-
-
-def simple_average(tensors: Sequence[Tensor], weights: Sequence[float]) -> Tensor:
-    out = sum(float(w) * t.double() for w, t in zip(weights, tensors, strict=True))
-    return out.to(tensors[0].dtype)
-
-
-def fisher_combine(tensors: Sequence[Tensor], fishers: Sequence[Tensor], weights: Sequence[float],
-                   floor: float = FISHER_FLOOR) -> Tensor:
-    """sum l_i (F_i + floor) theta_i / sum l_i (F_i + floor), as a correction to the mean."""
-    mean = sum(float(w) * t.double() for w, t in zip(weights, tensors, strict=True))
-    num = sum(float(w) * (f.double() + floor) * (t.double() - mean)
-              for w, f, t in zip(weights, fishers, tensors, strict=True))
-    den = sum(float(w) * (f.double() + floor) for w, f in zip(weights, fishers, strict=True))
-    return (mean + num / den).to(tensors[0].dtype)
-
-
-def reduce_off_diagonal(gram: Tensor, alpha: float) -> Tensor:
-    """alpha G + (1 - alpha) diag(G): RegMean's shrinkage of the Gram matrix."""
-    diag = torch.diag_embed(torch.diagonal(gram, dim1=-2, dim2=-1))
-    return alpha * gram + (1.0 - alpha) * diag
-
-
-def regmean_combine(weights_t: Sequence[Tensor], grams: Sequence[Tensor], weights: Sequence[float],
-                    alpha: float = 0.9, in_out: bool = False) -> Tensor:
-    """RegMean for one linear layer. `weights_t` are (out, in) weights ((in, out) with `in_out`).
-
-    W^T = (sum l_i G_i)^-1 sum l_i G_i W_i^T, computed as the simple mean plus
-    (sum l_i G_i)^-1 sum l_i G_i (W_i - mean)^T in float64, so equal inputs give back the mean.
-    """
-    ws = [(w if in_out else w.T).double() for w in weights_t]  # (in, out)
-    gs = [reduce_off_diagonal(g.double().to(ws[0].device), alpha) for g in grams]
-    mean = sum(float(lw) * w for lw, w in zip(weights, ws, strict=True))
-    total = sum(float(lw) * g for lw, g in zip(weights, gs, strict=True))
-    rhs = sum(float(lw) * g @ (w - mean) for lw, g, w in zip(weights, gs, ws, strict=True))
-    scale = float(torch.diagonal(total).abs().mean())
-    ridge = 1e-12 * (scale if scale > 0 else 1.0)
-    eye = torch.eye(total.shape[0], dtype=total.dtype, device=total.device)
-    out = mean + torch.linalg.solve(total + ridge * eye, rhs)
-    return (out if in_out else out.T).to(weights_t[0].dtype)
 
 
 # ---- merging -----------------------------------------------------------------------------------
@@ -318,60 +71,91 @@ class Merged:
     anchor_stats: dict[str, Tensor] | None = field(default=None, repr=False)
     source_stats: dict[str, Tensor] | None = field(default=None, repr=False)
 
+    # values of the method's own parameters beyond those above (a registered method's)
+    params: dict[str, Any] = field(default_factory=dict)
+
     def to_dict(self) -> dict:
-        skip = {"state", "anchor_stats", "source_stats"}
+        skip = {"state", "anchor_stats", "source_stats"} | (set() if self.params else {"params"})
         return {k: v for k, v in asdict(self).items() if k not in skip}
 
 
-def statistics(method: str, loaded: Loaded, state: Mapping[str, Tensor], split: Split,
-               batches: int, batch_size: int, device, seed: int = 0,
-               progress: Progress | None = None) -> dict[str, Tensor] | None:
-    """The statistics a method needs, computed on the parameter set `state` (None for simple)."""
-    if method == "fisher":
-        return fisher_diag(loaded, state, split, batches, batch_size, device, seed, progress)
-    if method == "regmean":
-        return gram_matrices(loaded, state, split, batches, batch_size, device, seed, progress)
-    return None
+def method_params(m: MergeMethod, given: Mapping[str, Any]) -> dict[str, Any]:
+    """The method's parameter values: `given` (checked) over its defaults; a parameter the
+    method does not declare is a one-line error naming the methods that do."""
+    declared = {p.name for p in m.params}
+    for name, value in given.items():
+        if value is not None and name not in declared:
+            who = users(name)
+            flag = "--" + name.replace("_", "-")
+            if not who:
+                raise RotvizError(f"no merge method takes {flag}; drop it")
+            needs(flag, True, f"--method {' or '.join(who)}", False)
+    return read_params(m.params, {k: v for k, v in given.items() if k in declared},
+                       f"--method {m.name}")
 
 
-def merge_states(loaded: Loaded, method: str, anchor_state: Mapping[str, Tensor],
-                 source_state: Mapping[str, Tensor], weight: float = 0.5,
-                 anchor_stats: Mapping[str, Tensor] | None = None,
-                 source_stats: Mapping[str, Tensor] | None = None,
-                 alpha: float = 0.9) -> dict[str, Tensor]:
-    """Merge two parameter sets of `loaded`'s architecture; returns a new full state dict."""
-    method = check_method(method)
-    if method != "simple" and (anchor_stats is None or source_stats is None):
-        raise RotvizError(f"{method} merging needs statistics of both models")
-    lw = (1.0 - weight, weight)
-    layers = linear_layers(loaded.model) if method == "regmean" else {}
-    conv1d = {f"{n}.weight" if n else "weight": c for n, (_, c) in layers.items()}
-    out: dict[str, Tensor] = {}
-    for k, a in anchor_state.items():
-        b = source_state[k]
-        if not a.is_floating_point():
-            out[k] = a.clone()
-        elif method == "fisher" and k in anchor_stats:
-            fishers = [anchor_stats[k].to(a.device), source_stats[k].to(a.device)]
-            out[k] = fisher_combine([a, b], fishers, lw)
-        elif method == "regmean" and k in conv1d and k in anchor_stats:
-            out[k] = regmean_combine([a, b], [anchor_stats[k], source_stats[k]], lw, alpha,
-                                     in_out=conv1d[k])
-        else:
-            out[k] = simple_average([a, b], lw)
-    _retie(loaded, out)
-    return out
+def statistics_of(m: MergeMethod, loaded: Loaded, state: Mapping[str, Tensor], split: Split,
+                  device, values: Mapping[str, Any],
+                  progress: Progress | None = None) -> dict[str, Tensor] | None:
+    """The statistics method `m` needs of parameter set `state` (None when it needs none)."""
+    if m.statistics is None:
+        return None
+    return m.statistics(loaded, state, split, device, progress=progress, **values)
 
 
-def _retie(loaded: Loaded, state: dict[str, Tensor]) -> None:
-    """Tied aliases (lm_head = wte) get the owner's merged tensor, so they stay one tensor."""
-    by_id: dict[int, str] = {}
-    for name, p in loaded.model.named_parameters(remove_duplicate=False):
-        if id(p) in by_id:
-            if name in state and by_id[id(p)] in state:
-                state[name] = state[by_id[id(p)]]
-        else:
-            by_id[id(p)] = name
+def merge_on(
+    ends: HeldEndpoints,
+    method_name: str,
+    split: Split,
+    weight: float = 0.5,
+    device: str | torch.device = "cpu",
+    progress: Progress | None = None,
+    stats_split: Split | None = None,
+    **params: Any,
+) -> Merged:
+    """merge_on(endpoints, "regmean", split, weight=0.5, device=, alpha=0.9) -> Merged
+
+    Merge the matched source into the anchor with a registered method and its `params`
+    (rotviz.merging; those not given keep their defaults) and evaluate the merged model on
+    `split`. Statistics come from `stats_split` (default: the split named by the method's
+    `stats_split` parameter, train, of the same data), computed on the matched source.
+    `Merged.state` holds the merged weights."""
+    m = method_record(method_name)
+    weight = check_weight(weight)
+    values = method_params(m, params)
+    t0 = time.perf_counter()
+    anchor, info = ends.anchor, ends.info
+    ev = Evaluator(anchor, split, device)
+    t1 = time.perf_counter()
+    st_split = None
+    sa = sb = None
+    if m.needs_statistics:
+        st_split = stats_split if stats_split is not None else \
+            split.sibling(values.get("stats_split", "train"))
+        sa = statistics_of(m, anchor, anchor.state, st_split, ev.device, values,
+                           _stage(progress, "anchor"))
+        sb = statistics_of(m, anchor, ends.matched, st_split, ev.device, values,
+                           _stage(progress, "source"))
+    stats_s = time.perf_counter() - t1
+    merged = merge_states(anchor, m.name, anchor.state, ends.matched, weight, sa, sb, **values)
+    loss, acc = ev.evaluate(ev.params(merged))
+    a_loss, a_acc = ev.evaluate(ev.params(anchor.state))
+    s_loss, s_acc = ev.evaluate(ev.params(ends.matched))
+    return Merged(
+        method=m.name, match=info.match, weight=weight, loss=loss, acc=acc,
+        anchor_loss=a_loss, anchor_acc=a_acc, source_loss=s_loss, source_acc=s_acc,
+        data=split.data, split=split.split,
+        stats_split=None if st_split is None else st_split.split,
+        batches=values.get("batches", 8), batch_size=values.get("batch_size", 32),
+        alpha=values.get("alpha"), device=str(ev.device), n=split.n,
+        seconds=time.perf_counter() - t0 + info.seconds, match_seconds=info.seconds,
+        stats_seconds=stats_s, distance_before=info.distance_before,
+        distance_after=info.distance_after, anchor=anchor.ref, source=ends.source_ref,
+        layers=ends.layers, state=merged, anchor_stats=sa, source_stats=sb,
+        scores=ev.scores(ev.params(merged)), anchor_scores=ev.scores(ev.params(anchor.state)),
+        source_scores=ev.scores(ev.params(ends.matched)),
+        params={k: v for k, v in values.items() if k in m.extra},
+    )
 
 
 def merge(
@@ -382,60 +166,20 @@ def merge(
     split: Split,
     stats_split: Split | None = None,
     weight: float = 0.5,
-    batches: int = 8,
-    batch_size: int = 32,
-    alpha: float = 0.9,
     device: str | torch.device = "cpu",
-    seed: int = 0,
     progress: Progress | None = None,
-    source_state: Mapping[str, Tensor] | None = None,
+    **params: Any,
 ) -> Merged:
     """merge(anchor, source, method, options, split, stats_split=None, weight=0.5, ...) -> Merged
 
-    Match the source onto the anchor with `options` (MatchOptions, SPEC or None), then merge
-    with `method` (simple, fisher, regmean); statistics come from `stats_split` (default: the
-    train split of the same data), `batches` x `batch_size` samples, computed on the matched
-    source. The merged model is evaluated on `split`; `Merged.state` holds its weights.
-    """
-    method = check_method(method)
+    Match the source onto the anchor with `options` (MatchOptions, SPEC or None), then
+    `merge_on` the endpoints with `method` (simple, fisher, regmean or a registered one) and
+    its parameters (`batches`, `batch_size`, `seed`, `alpha`, ...)."""
+    m = method_record(method)
     weight = check_weight(weight)
-    if not 0.0 <= alpha <= 1.0:
-        raise RotvizError(f"RegMean alpha must be in [0, 1], got {alpha}")
-    t0 = time.perf_counter()
-    options = as_options(options)
-    ev = Evaluator(anchor, split, device)
-    if source_state is None:
-        source_state, info = matched_state(anchor, source, options, ev.device, data=split)
-        match_s, d0, d1 = info.seconds, info.distance_before, info.distance_after
-    else:
-        match_s, d0, d1 = 0.0, 0.0, 0.0
-    t1 = time.perf_counter()
-    st_split = None
-    sa = sb = None
-    if method != "simple":
-        st_split = stats_split if stats_split is not None else default_stats_split(split)
-        sa = statistics(method, anchor, anchor.state, st_split, batches, batch_size, ev.device,
-                        seed, _stage(progress, "anchor"))
-        sb = statistics(method, anchor, source_state, st_split, batches, batch_size, ev.device,
-                        seed, _stage(progress, "source"))
-    stats_s = time.perf_counter() - t1
-    merged = merge_states(anchor, method, anchor.state, source_state, weight, sa, sb, alpha)
-    loss, acc = ev.evaluate(ev.params(merged))
-    a_loss, a_acc = ev.evaluate(ev.params(anchor.state))
-    s_loss, s_acc = ev.evaluate(ev.params(source_state))
-    return Merged(
-        method=method, match=label_of(options), weight=weight, loss=loss, acc=acc,
-        anchor_loss=a_loss, anchor_acc=a_acc, source_loss=s_loss, source_acc=s_acc,
-        data=split.data, split=split.split,
-        stats_split=None if st_split is None else st_split.split,
-        batches=batches, batch_size=batch_size, alpha=alpha if method == "regmean" else None,
-        device=str(ev.device), n=split.n, seconds=time.perf_counter() - t0, match_seconds=match_s,
-        stats_seconds=stats_s, distance_before=d0, distance_after=d1, anchor=anchor.ref,
-        source=source.ref, layers=layers_of(options), state=merged, anchor_stats=sa,
-        source_stats=sb, scores=ev.scores(ev.params(merged)),
-        anchor_scores=ev.scores(ev.params(anchor.state)),
-        source_scores=ev.scores(ev.params(source_state)),
-    )
+    method_params(m, params)  # a bad parameter is refused before matching
+    ends = match_endpoints(anchor, source, options, device, data=split)
+    return merge_on(ends, m.name, split, weight, device, progress, stats_split, **params)
 
 
 def default_stats_split(split: Split) -> Split:
@@ -491,40 +235,40 @@ class FusionTable:
         return "\n".join([head, rule, *rows])
 
 
-def fusion_table(
-    anchor: Loaded,
-    source: Loaded,
+def fusion_on(
+    ends: Mapping[str, HeldEndpoints],
     split: Split,
     stats_split: Split | None = None,
-    methods: Sequence[str] = METHODS,
-    specs: Sequence[str | MatchOptions | None] = ("none", "seed"),
+    methods: Sequence[str] | None = None,
     weight: float = 0.5,
-    batches: int = 8,
-    batch_size: int = 32,
-    alpha: float = 0.9,
     device: str | torch.device = "cpu",
-    seed: int = 0,
     progress: Progress | None = None,
+    **params: Any,
 ) -> FusionTable:
-    """fusion_table(anchor, source, split, stats_split=None, methods=, specs=) -> FusionTable
+    """fusion_on({label: endpoints}, split, methods=None, weight=0.5, alpha=0.9) -> FusionTable
 
-    Every method with every matching SPEC. Each SPEC matches once; each model's statistics are
-    computed once per (method, SPEC), on the matched source.
-    """
+    Every method (default: every registered one) with every matching, one set of endpoints
+    per column. `params` go to each method that declares them (batches, batch_size, seed,
+    alpha, ...); the anchor's statistics are computed once per method, the matched source's
+    once per (method, matching)."""
     t0 = time.perf_counter()
-    methods = [check_method(m) for m in methods]
+    records = [method_record(m) for m in (names() if methods is None else methods)]
     weight = check_weight(weight)
-    labels = [label_of(as_options(s)) if isinstance(s, MatchOptions) or s is None
-              else parse_selection(s).label for s in specs]
+    values = {m.name: method_params(m, {k: v for k, v in params.items()
+                                       if any(p.name == k for p in m.params)})
+              for m in records}
+    first = next(iter(ends.values()))
+    anchor = first.anchor
     ev = Evaluator(anchor, split, device)
+    stats_name = params.get("stats_split") or "train"
     st_split = stats_split if stats_split is not None else (
-        default_stats_split(split) if any(m != "simple" for m in methods) else split)
-    total = len(specs) * (1 + len(methods))
+        split.sibling(stats_name) if any(m.needs_statistics for m in records) else split)
+    total = len(ends) * (1 + len(records))
     step = 0
     timing: dict[str, float] = {}
     scored: dict[str, dict[str, dict[str, float]]] = {}
-    acc: dict[str, dict[str, float]] = {m: {} for m in methods}
-    loss: dict[str, dict[str, float]] = {m: {} for m in methods}
+    acc: dict[str, dict[str, float]] = {m.name: {} for m in records}
+    loss: dict[str, dict[str, float]] = {m.name: {} for m in records}
     distance: dict[str, float] = {}
     anchor_stats: dict[str, dict | None] = {}
 
@@ -534,33 +278,62 @@ def fusion_table(
         if progress:
             progress(step, total, msg)
 
-    for spec, label in zip(specs, labels, strict=True):
-        t = time.perf_counter()
-        state, info = matched_state(anchor, source, as_options(spec), ev.device, data=split)
-        timing[f"match:{label}"] = time.perf_counter() - t
-        distance[label] = info.distance_after
+    for label, e in ends.items():
+        timing[f"match:{label}"] = e.info.seconds
+        distance[label] = e.info.distance_after
         tick(f"matched [{label}]")
-        for m in methods:
+        for m in records:
             t = time.perf_counter()
-            if m not in anchor_stats:
-                anchor_stats[m] = statistics(m, anchor, anchor.state, st_split, batches, batch_size,
-                                             ev.device, seed)
-            sb = statistics(m, anchor, state, st_split, batches, batch_size, ev.device, seed)
-            timing[f"stats:{m}"] = timing.get(f"stats:{m}", 0.0) + time.perf_counter() - t
+            if m.name not in anchor_stats:
+                anchor_stats[m.name] = statistics_of(m, anchor, anchor.state, st_split,
+                                                     ev.device, values[m.name])
+            sb = statistics_of(m, anchor, e.matched, st_split, ev.device, values[m.name])
+            timing[f"stats:{m.name}"] = timing.get(f"stats:{m.name}", 0.0) + \
+                time.perf_counter() - t
             t = time.perf_counter()
-            merged = merge_states(anchor, m, anchor.state, state, weight, anchor_stats[m], sb,
-                                  alpha)
-            timing[f"merge:{m}"] = timing.get(f"merge:{m}", 0.0) + time.perf_counter() - t
-            loss[m][label], acc[m][label] = ev.evaluate(ev.params(merged))
-            scored.setdefault(m, {})[label] = ev.scores(ev.params(merged))
-            tick(f"{m} merge [{label}]")
+            merged = merge_states(anchor, m.name, anchor.state, e.matched, weight,
+                                  anchor_stats[m.name], sb, **values[m.name])
+            timing[f"merge:{m.name}"] = timing.get(f"merge:{m.name}", 0.0) + \
+                time.perf_counter() - t
+            loss[m.name][label], acc[m.name][label] = ev.evaluate(ev.params(merged))
+            scored.setdefault(m.name, {})[label] = ev.scores(ev.params(merged))
+            tick(f"{m.name} merge [{label}]")
     a_loss, a_acc = ev.evaluate(ev.params(anchor.state))
-    s_loss, s_acc = ev.evaluate(ev.params(source.state))
+    s_loss, s_acc = ev.evaluate(ev.params(first.source.state))
     return FusionTable(
-        methods=methods, specs=labels, acc=acc, loss=loss, anchor_acc=a_acc, source_acc=s_acc,
-        anchor_loss=a_loss, source_loss=s_loss, distance=distance, weight=weight, alpha=alpha,
-        batches=batches, batch_size=batch_size, data=split.data, split=split.split,
-        stats_split=st_split.split, device=str(ev.device), seconds=time.perf_counter() - t0,
-        timing=timing, scores=scored, anchor_scores=ev.scores(ev.params(anchor.state)),
-        source_scores=ev.scores(ev.params(source.state)),
+        methods=[m.name for m in records], specs=list(ends), acc=acc, loss=loss,
+        anchor_acc=a_acc, source_acc=s_acc, anchor_loss=a_loss, source_loss=s_loss,
+        distance=distance, weight=weight, alpha=_given(params, "alpha", 0.9),
+        batches=_given(params, "batches", 8), batch_size=_given(params, "batch_size", 32),
+        data=split.data, split=split.split, stats_split=st_split.split, device=str(ev.device),
+        seconds=time.perf_counter() - t0, timing=timing, scores=scored,
+        anchor_scores=ev.scores(ev.params(anchor.state)),
+        source_scores=ev.scores(ev.params(first.source.state)),
     )
+
+
+def _given(params: Mapping[str, Any], name: str, default: Any) -> Any:
+    value = params.get(name)
+    return default if value is None else value
+
+
+def fusion_table(
+    anchor: Loaded,
+    source: Loaded,
+    split: Split,
+    stats_split: Split | None = None,
+    methods: Sequence[str] | None = None,
+    specs: Sequence[str | MatchOptions | None] = ("none", "seed"),
+    weight: float = 0.5,
+    device: str | torch.device = "cpu",
+    progress: Progress | None = None,
+    **params: Any,
+) -> FusionTable:
+    """fusion_table(anchor, source, split, stats_split=None, methods=, specs=) -> FusionTable
+
+    Match once per SPEC, then `fusion_on` the endpoints: the paper's Tables 1-2 shape."""
+    ends: dict[str, HeldEndpoints] = {}
+    for spec in specs:
+        e = match_endpoints(anchor, source, as_options(spec), device, data=split)
+        ends[e.match] = e
+    return fusion_on(ends, split, stats_split, methods, weight, device, progress, **params)

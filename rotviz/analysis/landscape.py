@@ -25,23 +25,14 @@ import torch
 from rotviz.data import Split
 from rotviz.dist import SINGLE, Group
 from rotviz.errors import RotvizError
-from rotviz.evaluation import Evaluator, barrier_of, check_split, resolve_device
+from rotviz.evaluation import Evaluator, barrier_of, check_split
 from rotviz.limits import GRID, MARGIN, POINTS, REPEATS
-from rotviz.match.distances import distances
+from rotviz.match.endpoints import HeldEndpoints, match_endpoints
 from rotviz.match.options import MatchOptions
-from rotviz.match.pipeline import match_models, view_of
-from rotviz.match.selection import label_of, match_options
-from rotviz.models import Loaded, check_compatible, to_wide
+from rotviz.models import Loaded, to_wide
 from rotviz.types import Progress
 
 Tensor = torch.Tensor
-
-
-def as_options(options: MatchOptions | str | None) -> MatchOptions | None:
-    """MatchOptions, a SPEC string, or None (no matching)."""
-    if options is None or isinstance(options, MatchOptions):
-        return options
-    return match_options(options)
 
 
 # ---- evaluation on one module ---------------------------------------------------------------
@@ -50,43 +41,6 @@ def as_options(options: MatchOptions | str | None) -> MatchOptions | None:
 def flat_inner(a: Mapping[str, Tensor], b: Mapping[str, Tensor]) -> float:
     """<a, b> over the flattened parameter sets, in float64."""
     return float(sum(torch.sum(to_wide(a[k]) * to_wide(b[k])) for k in a))
-
-
-# ---- matching --------------------------------------------------------------------------------
-
-
-@dataclass
-class MatchInfo:
-    """What matching did, in brief: for curves and tables."""
-
-    match: str
-    distance_before: float
-    distance_after: float
-    max_output_diff: float | None
-    seconds: float
-    before: dict = field(default_factory=dict)  # Distances.to_dict(): total, per_layer, per_kind
-    after: dict = field(default_factory=dict)
-
-
-def matched_state(anchor: Loaded, source: Loaded, options: MatchOptions | str | None,
-                  device: str | torch.device = "cpu", progress: Progress | None = None,
-                  data: str | Split | None = None, cancel: Callable[[], bool] | None = None,
-                  ) -> tuple[dict[str, Tensor], MatchInfo]:
-    """The source as matched onto the anchor (its own state for no matching), checked.
-    Activation and learned matching train on `data`'s train split (validation: its val)."""
-    check_compatible(anchor, source)
-    options = as_options(options)
-    if options is None:
-        d = distances(view_of(source), view_of(anchor))
-        return dict(source.state), MatchInfo("none", d.total, d.total, 0.0, 0.0, d.to_dict(),
-                                             d.to_dict())
-    out = match_models(anchor, source, options, resolve_device(device), progress, data, cancel)
-    rep = out.report
-    if not out.preserved:
-        raise RotvizError(f"matching [{options.label}]: {out.failure}; please report this as a bug")
-    return out.state, MatchInfo(label_of(options), rep.before.total, rep.after.total,
-                                rep.max_output_diff, rep.seconds, rep.before.to_dict(),
-                                rep.after.to_dict())
 
 
 # ---- interpolation ----------------------------------------------------------------------------
@@ -212,8 +166,42 @@ def check_path(points: int, repeats: int, split: Split) -> None:
         raise RotvizError(f"repeats must be between 1 and the split size {split.n}, got {repeats}")
 
 
-def layers_of(options: MatchOptions | None) -> list[int] | None:
-    return None if options is None or options.layers is None else list(options.layers)
+def curve_on(
+    ends: HeldEndpoints,
+    split: Split,
+    points: int = 21,
+    device: str | torch.device = "cpu",
+    progress: Progress | None = None,
+    repeats: int = 1,
+    seed: int = 0,
+    batch_size: int = 512,
+    evaluator: Evaluator | None = None,
+    group: Group = SINGLE,
+) -> Curve | None:
+    """curve_on(endpoints, split, points=21, device=) -> Curve
+
+    Loss and accuracy along the straight path from the anchor (alpha = 0) to the matched
+    source (alpha = 1) at `points` evenly spaced alphas. `repeats` > 1 also reports the
+    spread over that many disjoint seeded subsets of the split; `evaluator` reuses data
+    already on the device. Under torchrun (`group`) the points are shared among the
+    processes and rank 0 returns the curve (None elsewhere).
+    """
+    check_path(points, repeats, split)
+    t0 = time.perf_counter()
+    ev = evaluator or Evaluator(ends.anchor, split, device, batch_size)
+    info = ends.info
+    alphas = np.linspace(0.0, 1.0, points).tolist()
+    fields = path_curve(ev, ev.params(ends.anchor.state), ev.params(ends.matched), alphas,
+                        repeats, seed, progress, group)
+    if fields is None:  # another rank than 0: its points are with rank 0
+        return None
+    return Curve(
+        **fields, match=info.match, data=split.data, split=split.split, device=str(ev.device),
+        seconds=time.perf_counter() - t0 + info.seconds, n=split.n, layers=ends.layers,
+        anchor=ends.anchor_ref, source=ends.source_ref, distance_before=info.distance_before,
+        distance_after=info.distance_after, max_output_diff=info.max_output_diff,
+        match_seconds=info.seconds,
+    )
 
 
 def interpolate(
@@ -227,40 +215,18 @@ def interpolate(
     repeats: int = 1,
     seed: int = 0,
     batch_size: int = 512,
-    source_state: Mapping[str, Tensor] | None = None,
-    evaluator: Evaluator | None = None,
-    match_info: MatchInfo | None = None,
     group: Group = SINGLE,
 ) -> Curve | None:
     """interpolate(anchor, source, split, options|None, points=21, device=, progress=) -> Curve
 
-    Loss and accuracy along the straight path from the anchor (alpha = 0) to the source as
-    matched with `options` (a MatchOptions, a SPEC string, or None for no matching) at
-    `points` evenly spaced alphas. `repeats` > 1 also reports the spread over that many
-    disjoint seeded subsets of the split. `source_state` skips matching (already matched;
-    `match_info` then describes it), `evaluator` reuses data already on the device.
-    Under torchrun (`group`) the points are shared among the processes and rank 0 returns
-    the curve (None elsewhere).
+    Match the source onto the anchor with `options` (a MatchOptions, a SPEC string, or None
+    for no matching; activation and learned matching train on the split's train sibling),
+    then `curve_on` the endpoints.
     """
     check_path(points, repeats, split)
-    t0 = time.perf_counter()
-    options = as_options(options)
-    ev = evaluator or Evaluator(anchor, split, device, batch_size)
-    if source_state is None:
-        source_state, info = matched_state(anchor, source, options, ev.device, data=split)
-    else:
-        info = match_info or MatchInfo(label_of(options), 0.0, 0.0, None, 0.0)
-    alphas = np.linspace(0.0, 1.0, points).tolist()
-    fields = path_curve(ev, ev.params(anchor.state), ev.params(source_state), alphas, repeats,
-                        seed, progress, group)
-    if fields is None:  # another rank than 0: its points are with rank 0
-        return None
-    return Curve(
-        **fields, match=info.match, data=split.data, split=split.split, device=str(ev.device),
-        seconds=time.perf_counter() - t0, n=split.n, layers=layers_of(options), anchor=anchor.ref,
-        source=source.ref, distance_before=info.distance_before, distance_after=info.distance_after,
-        max_output_diff=info.max_output_diff, match_seconds=info.seconds,
-    )
+    ev = Evaluator(anchor, split, device, batch_size)
+    ends = match_endpoints(anchor, source, options, ev.device, data=split)
+    return curve_on(ends, split, points, device, progress, repeats, seed, batch_size, ev, group)
 
 
 # ---- the 2D loss plane --------------------------------------------------------------------------
@@ -385,39 +351,32 @@ def plane_grid(at: Callable[[float, float], tuple[float, float]],
     return loss, acc, point_loss, point_acc
 
 
-def loss_plane(
-    anchor: Loaded,
-    source: Loaded,
+def plane_on(
+    ends: HeldEndpoints,
     split: Split,
-    options: MatchOptions | str | None = "seed",
     grid: int = 21,
     margin: float = 0.25,
     device: str | torch.device = "cpu",
     progress: Progress | None = None,
     batch_size: int = 512,
     seed: int = 0,
-    source_state: Mapping[str, Tensor] | None = None,
     group: Group = SINGLE,
 ) -> Plane | None:
-    """loss_plane(anchor, source, split, options="seed", grid=21, device=, progress=) -> Plane
+    """plane_on(endpoints, split, grid=21, margin=0.25, device=) -> Plane
 
-    The seed paper's Figure 2 made real: a grid x grid evaluation of the plane through A, B
-    and B' (B matched with `options`), covering the three points with `margin` (a fraction of
-    the span) on each side, plus the exact values at A, B, B' and the midpoints AB and AB'.
-    Under torchrun (`group`) the grid points are shared among the processes; rank 0 adds the
-    named points and returns the plane (None elsewhere).
+    The seed paper's Figure 2 made real: a grid x grid evaluation of the plane through A
+    (anchor), B (source) and B' (matched source), covering the three points with `margin`
+    (a fraction of the span) on each side, plus the exact values at A, B, B' and the
+    midpoints AB and AB'. When B' lies on the A-B line (no matching), the second direction
+    is a random one drawn with `seed`. Under torchrun (`group`) the grid points are shared
+    among the processes; rank 0 adds the named points and returns the plane (None elsewhere).
     """
     GRID.check(grid)
     MARGIN.check(margin)
     t0 = time.perf_counter()
-    options = as_options(options)
+    anchor, source = ends.anchor, ends.source
     ev = Evaluator(anchor, split, device, batch_size)
-    if source_state is None:
-        source_state, info = matched_state(anchor, source, options, ev.device, data=split)
-        label = info.match
-    else:
-        label = label_of(options)
-    pa, pb, pc = ev.params(anchor.state), ev.params(source.state), ev.params(source_state)
+    pa, pb, pc = ev.params(anchor.state), ev.params(source.state), ev.params(ends.matched)
     d_b = {k: pb[k] - pa[k] for k in pa}
     d_c = {k: pc[k] - pa[k] for k in pa}
     bb = flat_inner(d_b, d_b)
@@ -451,8 +410,32 @@ def loss_plane(
     return Plane(
         xs=xs.tolist(), ys=ys.tolist(), loss=loss.tolist(), acc=acc.tolist(),
         points={k: [float(v[0]), float(v[1])] for k, v in pts.items()},
-        point_loss=point_loss, point_acc=point_acc, match=label, data=split.data, split=split.split,
-        device=str(ev.device), seconds=time.perf_counter() - t0, grid=grid, n=split.n,
-        layers=layers_of(options), anchor=anchor.ref, source=source.ref, distance_ab=n1,
+        point_loss=point_loss, point_acc=point_acc, match=ends.match, data=split.data,
+        split=split.split, device=str(ev.device),
+        seconds=time.perf_counter() - t0 + ends.info.seconds, grid=grid, n=split.n,
+        layers=ends.layers, anchor=anchor.ref, source=source.ref, distance_ab=n1,
         distance_ab_matched=math.hypot(*pts["B'"]), degenerate=degenerate,
     )
+
+
+def loss_plane(
+    anchor: Loaded,
+    source: Loaded,
+    split: Split,
+    options: MatchOptions | str | None = "seed",
+    grid: int = 21,
+    margin: float = 0.25,
+    device: str | torch.device = "cpu",
+    progress: Progress | None = None,
+    batch_size: int = 512,
+    seed: int = 0,
+    group: Group = SINGLE,
+) -> Plane | None:
+    """loss_plane(anchor, source, split, options="seed", grid=21, device=, progress=) -> Plane
+
+    Match the source onto the anchor with `options` (MatchOptions, a SPEC string or None),
+    then `plane_on` the endpoints."""
+    GRID.check(grid)
+    MARGIN.check(margin)
+    ends = match_endpoints(anchor, source, options, device, data=split)
+    return plane_on(ends, split, grid, margin, device, progress, batch_size, seed, group)

@@ -10,7 +10,7 @@ import warnings
 from contextlib import contextmanager
 from dataclasses import replace
 
-from rotviz.cli import landscape, serve, zoo
+from rotviz.cli import measure, serve, zoo
 from rotviz.cli.args import (
     Parser,
     add_max_memory,
@@ -20,11 +20,11 @@ from rotviz.cli.args import (
     bounded,
     guard_inputs,
     layers_text,
-    needs,
     reading,
 )
 from rotviz.errors import RotvizError
 from rotviz.limits import DEFAULT_ROUNDS, DEFAULT_STEPS, DEFAULT_TOL, ROUNDS, STEPS, TOL
+from rotviz.params import needs
 from rotviz.symmetry.registry import SYMMETRIES
 
 
@@ -37,14 +37,20 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--out", required=True,
                    help="new folder for the matched source (safetensors); see --overwrite")
     add_overwrite(m)
+    m.add_argument("--match", default=None, metavar="SPEC",
+                   help="what to match, as the other commands say it: a comma list of ffn, "
+                        "attn, rescale, heads, residual, act, learned; seed = ffn,attn,rescale; "
+                        "weight = seed,heads,residual (default seed). The flags below are "
+                        "sugar for it, and override it")
     for s in SYMMETRIES:  # one flag per registered symmetry (rotviz.symmetry.registry)
         needs_text = "".join(f"; needs --{r}" for r in s.requires)
         if s.needs_data:
-            m.add_argument(f"--{s.name}", action="store_true", help=f"{s.help}{needs_text}")
+            m.add_argument(f"--{s.name}", action="store_true", default=None,
+                           help=f"{s.help}{needs_text}")
         else:
             m.add_argument(f"--{s.name}", action=argparse.BooleanOptionalAction,
-                           default=s.default, help=f"{s.help}{needs_text} (default "
-                                                   f"{'on' if s.default else 'off'})")
+                           default=None, help=f"{s.help}{needs_text} (default "
+                                              f"{'on' if s.default else 'off'})")
     m.add_argument("--residual-group", default=None,
                    help="with --residual: auto (the architecture's group, the default), or a "
                         "subgroup: permutation, centred")
@@ -80,9 +86,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _extra_commands():
-    """The other sub-commands: zoo and eval, barrier/plane/merge, serve (each module imports
-    its heavy libraries inside its handlers, so `rotviz --help` stays fast)."""
-    return [zoo.register, landscape.register, serve.register]
+    """The other sub-commands: zoo and eval, one per registered measurement (barrier, plane,
+    merge, ...: rotviz.cli.measure), serve. Each imports its heavy libraries inside its
+    handlers, so `rotviz --help` stays fast."""
+    return [zoo.register, measure.register, serve.register]
+
+
+def _selected(args: argparse.Namespace) -> None:
+    """Resolve --match SPEC and the --x/--no-x flags into one boolean per symmetry on `args`:
+    the SPEC (default: the registry's defaults, the seed paper's matching), then each flag
+    given on top of it."""
+    from rotviz.match.selection import parse_selection
+
+    base = parse_selection(args.match) if args.match is not None else None
+    if base is not None and base.is_none:
+        raise RotvizError("--match none matches nothing: name what to match, e.g. --match seed")
+    for s in SYMMETRIES:
+        if getattr(args, s.name) is None:
+            setattr(args, s.name, getattr(base, s.name) if base is not None else s.default)
 
 
 def cmd_match(args: argparse.Namespace) -> int:
@@ -92,6 +113,7 @@ def cmd_match(args: argparse.Namespace) -> int:
     from rotviz.models import load_model, pick_device, write_model
     from rotviz.outputs import Outputs, write_json_file
 
+    _selected(args)
     if (args.act or args.learned) and not args.data:
         raise RotvizError("--act and --learned learn from data: add --data, e.g. --data digits")
     needs("--data", args.data is not None, "--act or --learned", args.act or args.learned)

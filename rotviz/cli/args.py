@@ -91,12 +91,6 @@ def add_overwrite(p: argparse.ArgumentParser) -> None:
                         "anything else is never replaced")
 
 
-def needs(flag: str, given: bool, requirement: str, ok: bool) -> None:
-    """An option that only means something with another one is an error without it."""
-    if given and not ok:
-        raise RotvizError(f"{flag} needs {requirement}: add it, or drop {flag}")
-
-
 def note(message: str) -> None:
     print(f"rotviz: {message}", file=sys.stderr)
 

@@ -1,0 +1,254 @@
+"""One sub-command per registered measurement (rotviz.measures), generated from its record:
+`barrier`, `plane`, `merge`, `distances`, `spectra`, and whatever a plug-in registers.
+
+Every command takes the pair, `--match SPEC` and `--layers`, the device and `--json`; those
+that evaluate take `--data`, `--split` and the reading options; those that write a model take
+`--out`; each then takes its record's parameters, bounded by rotviz.limits. Every user error
+is checked before any model is loaded where possible, and is one line. Outputs are written to
+a temporary path and renamed, never half-written.
+"""
+
+from __future__ import annotations
+
+import argparse
+from contextlib import contextmanager
+
+from rotviz.cli.args import (
+    add_max_memory,
+    add_overwrite,
+    add_reading,
+    beyond_memory,
+    layers_text,
+    reading,
+)
+from rotviz.errors import RotvizError
+from rotviz.measures import Measurement, measurements
+from rotviz.params import Param
+
+
+def _param_type(p: Param):
+    """An argparse type that parses and checks one parameter (its bound or choices)."""
+
+    def parse(text: str):
+        try:
+            return p.parse(text)
+        except RotvizError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    parse.__name__ = p.flag
+    if p.bound is not None:
+        parse.bound = p.bound  # type: ignore[attr-defined]  # tests read the bound back
+    return parse
+
+
+def add_params(parser: argparse.ArgumentParser, params: tuple[Param, ...]) -> None:
+    """One option per parameter; its default is None, so that the command knows what was
+    given (the record's defaults fill the rest)."""
+    for p in params:
+        metavar = "NAME" if p.choices else None
+        parser.add_argument(p.flag, dest=p.name, type=_param_type(p), default=None,
+                            metavar=metavar, help=p.help)
+
+
+def register(sub) -> None:
+    """A sub-command for every registered measurement."""
+    for m in measurements():
+        p = sub.add_parser(m.name, help=m.help, description=m.help)
+        p.add_argument("anchor", help="anchor model (kept fixed): a model directory or zoo:NAME")
+        p.add_argument("source",
+                       help="source model, same architecture; it is matched onto the anchor")
+        if m.data:
+            p.add_argument("--data", required=True,
+                           help="data reference: digits, pystdlib, text:FILE, csv:FILE, "
+                                "tsv:FILE, jsonl:FILE, conll:FILE, hf:DIR, imagefolder:DIR or "
+                                "cifar10:DIR")
+            p.add_argument("--split", default="test", help="split to evaluate on (default test)")
+            add_reading(p)
+        else:
+            p.add_argument("--data", default=None,
+                           help="with --match act or learned: the data to learn from")
+            add_reading(p)
+        p.add_argument("--match", default=m.match_default, metavar="SPEC",
+                       help="none, or a comma list of ffn, attn, rescale, heads, residual, act, "
+                            "learned; seed = ffn,attn,rescale; weight = seed,heads,residual "
+                            "(data-free); act and learned train on --data "
+                            f"(default {m.match_default})")
+        p.add_argument("--layers", type=layers_text, default=None,
+                       help="match only these layers, e.g. 0,2-5")
+        p.add_argument("--device", default="auto", help="auto, cpu, cuda or mps (default auto)")
+        if m.writes_model:
+            p.add_argument("--out", default=None, metavar="DIR",
+                           help="write the merged model to this new folder")
+        p.add_argument("--json", default=None, metavar="FILE",
+                       help="also write the result as JSON to this new file")
+        add_overwrite(p)
+        add_params(p, m.parameters())
+        if m.at_size is not None:
+            add_max_memory(p, "run", m.extra.get("at_size_help", "matched streamed and "
+                           "measured block by block"), "always does")
+        else:
+            add_max_memory(p, "run", f"refused ({m.why_not_at_size()})", "is refused too")
+        p.set_defaults(func=lambda args, m=m: run_command(m, args))
+
+
+def _outputs(m: Measurement, args):
+    """The command's outputs, checked before any model is loaded (rotviz.outputs)."""
+    from rotviz.cli.args import guard_inputs
+    from rotviz.outputs import Outputs
+
+    outputs = Outputs(m.name)
+    guard_inputs(outputs, [args.anchor, args.source], args.data)
+    folder = outputs.add(getattr(args, "out", None), "--out", folder=True,
+                         overwrite=args.overwrite)
+    js = outputs.add(args.json, "--json", folder=False, overwrite=args.overwrite)
+    return outputs, folder, js
+
+
+@contextmanager
+def _processes(device):
+    """The torchrun process group (one process without torchrun), left at the end."""
+    from rotviz import dist
+
+    group = dist.init(device)
+    try:
+        yield group
+    finally:
+        dist.finish()
+
+
+def _progress(m: Measurement, group):
+    """A progress line on stdout for the records that ask for one (rank 0 only)."""
+    if not m.extra.get("progress") or not group.main:
+        return None
+
+    def show(done: int, total: int, _msg: str) -> None:
+        if done == total or done % max(1, total // 10) == 0:
+            print(f"\r  {done}/{total}", end="\n" if done == total else "", flush=True)
+
+    return show
+
+
+def _split(m: Measurement, args, loaded, columns, seq_len, split_name: str | None = None):
+    from rotviz.evaluation import split_for
+
+    if args.data is None:
+        return None
+    return split_for(loaded, args.data, split_name or getattr(args, "split", "train"),
+                     seq_len=seq_len, columns=columns)
+
+
+def run_command(m: Measurement, args: argparse.Namespace) -> int:
+    """Check everything, match once, measure, write the outputs, say the result in a line."""
+    from rotviz.match.selection import match_options
+
+    given = {p.name: getattr(args, p.name) for p in m.parameters()}
+    values = m.values(given)
+    match_options(args.match)  # SPEC errors come first
+    outputs, folder, js = _outputs(m, args)
+    sized = beyond_memory(args)[0]
+    if sized:
+        result = _at_size(m, args, values, outputs, folder, js)
+        how = m.extra.get("at_size_how",
+                          " (at size: streamed, each point built block by block)")
+    else:
+        result = _in_memory(m, args, values, outputs, folder, js)
+        how = ""
+    if result is None:  # under torchrun, a rank other than 0: rank 0 writes and reports
+        return 0
+    if m.summary is not None:
+        line = m.summary(result, how)
+        out = getattr(args, "out", None)
+        print(f"{line}; wrote {out}" if out else line)
+    return 0
+
+
+def _in_memory(m: Measurement, args, values: dict, outputs, folder, js):
+    from rotviz import dist
+    from rotviz.analysis.ablations import n_layers
+    from rotviz.match.endpoints import match_endpoints
+    from rotviz.match.options import parse_layers
+    from rotviz.match.selection import match_options
+    from rotviz.measures import Context
+    from rotviz.models import check_compatible, load_model, pick_device, write_model
+    from rotviz.outputs import write_json_file
+
+    columns, seq_len = reading(args, args.data)
+    device = dist.device_for(pick_device(args.device))  # torchrun: each its local GPU
+    anchor, source = load_model(args.anchor), load_model(args.source)
+    check_compatible(anchor, source)
+    split = _split(m, args, anchor, columns, seq_len)
+    options = match_options(args.match, parse_layers(args.layers, n_layers(anchor)))
+    if m.data is False and options is not None and options.needs_data and split is None:
+        raise RotvizError("--match act and learned learn from data: add --data, e.g. "
+                          "--data digits")
+    with _processes(device) as group:
+        from rotviz.evaluation import resolve_device
+
+        ends = match_endpoints(anchor, source, options, resolve_device(device), data=split)
+        ctx = Context(split if m.data else None, device, group, _progress(m, group))
+        result = m.run(ends, ctx, values)
+    if result is None or not group.main:
+        return None
+    if outputs.items:
+        with outputs.write() as tmp:
+            if folder is not None:
+                write_model(anchor, result.state, tmp[folder])
+            if js is not None:
+                write_json_file(tmp[js], _json(m, result, args), m.name)
+    return result
+
+
+def _json(m: Measurement, result, args) -> dict:
+    d = result.to_dict()
+    return d | {"out": args.out} if m.writes_model else d
+
+
+def _at_size(m: Measurement, args, values: dict, outputs, folder, js):
+    """A pair too large for memory: matched streamed into a temporary folder
+    (rotviz.stream.endpoints), then measured block by block, or refused in one line."""
+    from rotviz import dist
+    from rotviz.analysis.sized import sized_loaded
+    from rotviz.match.options import parse_layers
+    from rotviz.match.selection import match_options
+    from rotviz.match.streaming import open_streamed
+    from rotviz.measures import Context
+    from rotviz.models import check_compatible, pick_device
+    from rotviz.outputs import write_json_file
+    from rotviz.stream.endpoints import refuse, streamed_endpoints
+
+    why = m.why_not_at_size()
+    if why:
+        raise RotvizError(f"the pair is evaluated block by block (--max-memory), and {why}; "
+                          "raise --max-memory")
+    if m.at_size_check is not None:
+        m.at_size_check(values)
+    if m.needs_match and match_options(args.match) is None:
+        raise RotvizError(f"a {m.name} at size (--max-memory) needs a matched source for its "
+                          "second direction: give --match (e.g. seed) or raise --max-memory")
+    columns, seq_len = reading(args, args.data)
+    device = dist.device_for(pick_device(args.device))
+    anchor, source = open_streamed(args.anchor), open_streamed(args.source)
+    check_compatible(anchor, source)  # type: ignore[arg-type]  # duck-typed: meta state
+    options = match_options(args.match, parse_layers(args.layers, source.dims.n_layers))
+    refuse(options)
+    split = _split(m, args, sized_loaded(anchor), columns, seq_len)
+    with _processes(device) as group, streamed_endpoints(anchor, source, options, device,
+                                                         group) as ends:
+        ctx = Context(split if m.data else None, device, group, _progress(m, group))
+        if m.writes_model:  # written into the output's temporary folder, by rank 0
+            if not group.main:
+                return None
+            with outputs.write() as tmp:
+                ctx = Context(ctx.split, device, group, ctx.progress,
+                              tmp[folder] if folder is not None else None)
+                result = m.at_size(ends, ctx, values)
+                if js is not None:
+                    write_json_file(tmp[js], _json(m, result, args), m.name)
+            return result
+        result = m.at_size(ends, ctx, values)
+    if result is None or not group.main:
+        return None
+    if js is not None:
+        with outputs.write() as tmp:
+            write_json_file(tmp[js], _json(m, result, args), m.name)
+    return result

@@ -1,0 +1,51 @@
+"""Measurements as registered records (rotviz.measures.registry), and `measure`, the library
+call every one of them shares:
+
+    from rotviz import load_model, match_endpoints, measure
+    ends = match_endpoints(load_model("zoo:vit-digits-s3"), load_model("zoo:vit-digits-s6"), "seed")
+    curve = measure("barrier", ends, split, points=11)
+
+The built-ins (barrier, plane, merge, distances, spectra) register when this package is
+imported; a new measurement is one module that calls `register`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rotviz.measures import barrier, distances, merge, plane, spectra  # noqa: F401  (built-ins)
+from rotviz.measures.registry import (
+    Context,
+    Measurement,
+    measurement,
+    measurements,
+    register,
+)
+from rotviz.params import Param
+
+__all__ = ["Context", "Measurement", "Param", "measure", "measurement", "measurements",
+           "register"]
+
+
+def measure(name: str, ends: Any, split: Any = None, device: Any = "cpu",
+            progress: Any = None, **params: Any) -> Any:
+    """measure(name, endpoints, split, device="cpu", **params) -> the record's result
+
+    Run the registered measurement `name` on endpoints (held in memory, or streamed: then
+    its at-size implementation, or a one-line refusal), its parameters checked against
+    their bounds; those not given keep their defaults."""
+    from rotviz.errors import RotvizError
+    from rotviz.evaluation import resolve_device
+
+    m = measurement(name)
+    values = m.values(params)
+    if m.data and split is None:
+        raise RotvizError(f"{name} evaluates the models: give it a split (rotviz.evaluation."
+                          "split_for)")
+    ctx = Context(split if m.data else None, resolve_device(device), progress=progress)
+    if getattr(ends, "at_size", False):
+        why = m.why_not_at_size()
+        if why:
+            raise RotvizError(f"the pair is read block by block, and {why}")
+        return m.at_size(ends, ctx, values)
+    return m.run(ends, ctx, values)

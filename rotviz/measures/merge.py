@@ -1,0 +1,92 @@
+"""A merged model: the matched source merged into the anchor with a registered merge method
+(rotviz.merging), evaluated beside both endpoints. Its parameters are the method's."""
+
+from __future__ import annotations
+
+from rotviz.limits import WEIGHT
+from rotviz.measures.barrier import match_label
+from rotviz.measures.registry import Context, Measurement, register
+from rotviz.params import Param
+
+
+def _params() -> tuple[Param, ...]:
+    """--method and --weight, then every registered method's own parameters (default None:
+    a parameter not given keeps its method's default, and one the method does not take is
+    refused)."""
+    from rotviz.merging import all_params, names, users
+
+    out = [Param("method", "simple", f"{', '.join(names())} (default simple)", choices=names(),
+                 label="Merge method"),
+           Param("weight", 0.5, "weight of the source in [0, 1] (default 0.5)", WEIGHT,
+                 label="Weight of the source")]
+    for p in all_params():
+        who = " and ".join(users(p.name))
+        out.append(Param(p.name, None, f"{who}: {p.help}", p.bound, p.choices, p.title))
+    return tuple(out)
+
+
+def _given(v: dict) -> dict:
+    return {k: x for k, x in v.items() if k not in ("method", "weight") and x is not None}
+
+
+def _check(values: dict, given: set[str]) -> None:
+    from rotviz.analysis.fusion import method_params
+    from rotviz.merging import method
+
+    method_params(method(values["method"]), _given(values))
+
+
+def _run(ends, ctx: Context, v: dict):
+    from rotviz.analysis.fusion import merge_on
+
+    return merge_on(ends, v["method"], ctx.split, v["weight"], ctx.device, ctx.progress,
+                    **_given(v))
+
+
+def _sized_check(v: dict) -> None:
+    """Only a method that combines tensor by tensor without statistics merges at size."""
+    from rotviz.errors import RotvizError
+    from rotviz.merging import method
+
+    m = method(v["method"])
+    if not m.at_size:
+        raise RotvizError(f"the pair is evaluated block by block (--max-memory), and --method "
+                          f"{m.name} needs statistics of whole models; use --method simple or "
+                          "raise --max-memory")
+
+
+def _at_size(ends, ctx: Context, v: dict):
+    from rotviz.analysis.sized import sized_merge
+
+    _sized_check(v)
+    r = sized_merge(ends.anchor_path, ends.matched_path, ctx.split, v["weight"], ctx.device,
+                    folder=ctx.out, match_info=ends.info, layers=ends.layers)
+    r.source = ends.source_ref
+    return r
+
+
+def _summary(r, how: str) -> str:
+    return (f"merged [{r.method}, match {match_label(r.match, r.layers)}, weight {r.weight:g}] "
+            f"on {r.device}{how}: accuracy {r.acc:.4f} (loss {r.loss:.4f}); anchor "
+            f"{r.anchor_acc:.4f}, source {r.source_acc:.4f}; {r.seconds:.2f} s")
+
+
+def _rows(d: dict) -> list[dict]:
+    return [{"model": name, "loss": d[f"{p}loss"], "acc": d[f"{p}acc"]}
+            for name, p in (("anchor", "anchor_"), ("merged", ""), ("source", "source_"))]
+
+
+def _plot(d: dict):
+    from rotviz.plots.merge import fusion_chart
+
+    return fusion_chart([{"method": d["method"], "matching": d["match"], "acc": d["acc"]}],
+                        references={"anchor": d["anchor_acc"], "source": d["source_acc"]})
+
+
+MERGE = register(Measurement(
+    "merge", "Merge", "merge the matched source into the anchor and evaluate it",
+    _run, _params, summary=_summary, plot=_plot, rows=_rows, at_size=_at_size, check=_check,
+    writes_model=True, at_size_check=_sized_check,
+    extra={"at_size_how": " (at size: streamed, built block by block)",
+           "at_size_help": "matched streamed, and the simple merge built, evaluated and "
+                           "written block by block"}))

@@ -1,0 +1,66 @@
+"""The loss plane through the anchor A, the source B and the matched source B' (the seed
+paper's Figure 2; docs/landscape.md)."""
+
+from __future__ import annotations
+
+from rotviz.limits import BATCH_SIZE, GRID, MARGIN, SEED
+from rotviz.measures.barrier import match_label
+from rotviz.measures.registry import Context, Measurement, register
+from rotviz.params import Param
+
+PARAMS = (
+    Param("grid", 21, f"grid points per axis (default 21, {GRID.text})", GRID,
+          label="Grid points per axis"),
+    Param("margin", 0.25, "margin around the points, as a fraction of their span (default "
+          f"0.25, {MARGIN.text})", MARGIN, label="Margin (fraction of the span)"),
+    Param("batch_size", 512, f"evaluation batch size (default 512, {BATCH_SIZE.text})",
+          BATCH_SIZE, label="Evaluation batch size"),
+    Param("seed", 0, "seed of the random second direction when B' lies on the A-B line "
+          "(default 0)", SEED, label="Seed"),
+)
+
+
+def _run(ends, ctx: Context, v: dict):
+    from rotviz.analysis.landscape import plane_on
+    from rotviz.dist import SINGLE
+
+    return plane_on(ends, ctx.split, v["grid"], v["margin"], ctx.device, ctx.progress,
+                    v["batch_size"], v["seed"], group=ctx.group or SINGLE)
+
+
+def _at_size(ends, ctx: Context, v: dict):
+    from rotviz.analysis.sized import sized_plane
+    from rotviz.dist import SINGLE
+
+    pl = sized_plane(ends.anchor_path, ends.source_path, ends.matched_path, ctx.split,
+                     v["grid"], v["margin"], ctx.device, v["batch_size"], ctx.progress,
+                     ctx.group or SINGLE, ends.info, ends.layers)
+    if pl is not None:
+        pl.source = ends.source_ref
+    return pl
+
+
+def _summary(pl, how: str) -> str:
+    pts = ", ".join(f"{k} {pl.point_loss[k]:.3f}" for k in pl.points)
+    return (f"plane [{match_label(pl.match, pl.layers)}] {pl.grid}x{pl.grid} on {pl.device}"
+            f"{how}: losses {pts}; |AB| {pl.distance_ab:.3f}, |AB'| "
+            f"{pl.distance_ab_matched:.3f}; {pl.seconds:.1f} s")
+
+
+def _plot(d: dict):
+    from rotviz.plots.barrier import loss_plane
+
+    return loss_plane(d["xs"], d["ys"], d["loss"], d["points"])
+
+
+def _rows(d: dict) -> list[dict]:
+    return [{"x": x, "y": y, "loss": d["loss"][iy][ix], "acc": d["acc"][iy][ix]}
+            for iy, y in enumerate(d["ys"]) for ix, x in enumerate(d["xs"])]
+
+
+PLANE = register(Measurement(
+    "plane", "Loss plane", "2D loss grid through anchor, source and matched source",
+    _run, PARAMS, summary=_summary, plot=_plot, rows=_rows, at_size=_at_size, needs_match=True,
+    extra={"progress": True,
+           "at_size_help": "matched streamed and the plane evaluated with the three "
+                           "checkpoints held as stored, each grid point built block by block"}))

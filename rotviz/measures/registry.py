@@ -1,0 +1,110 @@
+"""Every measurement rotviz makes of a matched pair, as one record each.
+
+A measurement takes endpoints (rotviz.match.endpoints: the anchor, the source and the matched
+source, held or streamed) and a `Context` (the split, the device, torchrun's group, a
+progress callback), and returns a result with `to_dict()`. Its record declares the rest:
+name, label and help, its parameters with their bounds, how its result is said in one line
+and drawn, its table for exports, and whether and how it runs at size. The CLI sub-command
+and its options, the app's computations and widgets, the exports and `rotviz.measure` are
+all generated from `measurements()`, so a new measurement is one module calling `register`.
+
+Record modules import torch, the engine and plotly inside their functions, so that listing
+the records (for `rotviz --help`, or the app's first paint) stays cheap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rotviz.errors import RotvizError
+from rotviz.params import Param, read_params
+from rotviz.types import Progress
+
+if TYPE_CHECKING:
+    from rotviz.data import Split
+    from rotviz.dist import Group
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a measurement is evaluated on, besides the endpoints."""
+
+    split: Split | None  # None for a measurement of the weights alone
+    device: Any  # a torch.device
+    group: Group | None = None  # torchrun's processes (None: one process)
+    progress: Progress | None = None
+    out: Path | None = None  # at size: the empty folder a measurement that writes a model uses
+
+
+Runner = Callable[[Any, Context, dict], Any]  # (endpoints, context, parameter values) -> result
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One measurement and everything the CLI, the app, the exports and the API need."""
+
+    name: str  # CLI sub-command, app computation, export file stem, API name
+    label: str  # plain words for the app and legends
+    help: str  # one line for `rotviz --help`
+    run: Runner  # on endpoints held in memory
+    params: tuple[Param, ...] | Callable[[], tuple[Param, ...]] = ()
+    summary: Callable[[Any, str], str] | None = None  # (result, how) -> the CLI's one line
+    plot: Callable[[dict], Any] | None = None  # result dict -> a plotly figure
+    rows: Callable[[dict], list[dict]] | None = None  # result dict -> a table (CSV export)
+    at_size: Runner | None = None  # on streamed endpoints; None: cannot run at size
+    refusal: str = ""  # why it cannot run at size, when at_size is None
+    data: bool = True  # evaluates on a split (--data)
+    match_default: str = "seed"
+    writes_model: bool = False  # --out DIR: the result's `state` written as a model
+    check: Callable[[dict, set[str]], None] | None = None  # (values, given names) -> refuse
+    needs_match: bool = False  # at size it needs a matched source (not 'none')
+    at_size_check: Callable[[dict], None] | None = None  # refuse values at size, early
+    extra: dict = field(default_factory=dict)  # anything else a host may read
+
+    def parameters(self) -> tuple[Param, ...]:
+        return self.params() if callable(self.params) else self.params
+
+    def values(self, given: Mapping[str, Any]) -> dict[str, Any]:
+        """Every parameter's value, `given` checked over the defaults; then the record's own
+        cross-parameter check (on the names actually given)."""
+        values = read_params(self.parameters(), given, self.name)
+        if self.check is not None:
+            self.check(values, {k for k, v in given.items() if v is not None})
+        return values
+
+    def why_not_at_size(self) -> str | None:
+        """One line: why this measurement cannot run on a pair read block by block."""
+        if self.at_size is not None:
+            return None
+        return self.refusal or f"{self.name} has no block-by-block implementation"
+
+
+_MEASUREMENTS: dict[str, Measurement] = {}
+BUILT_IN = ("barrier", "plane", "merge", "distances", "spectra")  # listed first, in this order
+
+
+def register(m: Measurement) -> Measurement:
+    """Add a measurement (its name must be new); returns it."""
+    if m.name in _MEASUREMENTS:
+        raise RotvizError(f"measurement '{m.name}' is registered twice")
+    if not m.name.isidentifier():
+        raise RotvizError(f"measurement name '{m.name}' must be a Python identifier")
+    _MEASUREMENTS[m.name] = m
+    return m
+
+
+def measurements() -> tuple[Measurement, ...]:
+    """Every registered measurement, built-ins first."""
+    first = [_MEASUREMENTS[n] for n in BUILT_IN if n in _MEASUREMENTS]
+    return tuple(first + [m for m in _MEASUREMENTS.values() if m.name not in BUILT_IN])
+
+
+def measurement(name: str) -> Measurement:
+    """The measurement called `name`, or a one-line error."""
+    if name not in _MEASUREMENTS:
+        raise RotvizError(f"no measurement '{name}'; use one of "
+                          f"{', '.join(m.name for m in measurements())}")
+    return _MEASUREMENTS[name]

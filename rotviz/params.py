@@ -1,0 +1,87 @@
+"""A declared parameter of a measurement or a merge method: one record from which the CLI's
+option, the app's widget, the library's keyword and the check of a value are all made.
+
+A parameter names its bound in rotviz.limits (numbers) or its choices (words), so a value
+refused in one place is refused, with the same one line, everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rotviz.errors import RotvizError
+from rotviz.limits import Bound
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter: `name` is the Python keyword (`batch_size`), the CLI flag is
+    `--batch-size`. Numbers carry a `bound`; words carry `choices` (or none, free text)."""
+
+    name: str
+    default: Any
+    help: str
+    bound: Bound | None = None
+    choices: tuple[str, ...] = ()
+    label: str = ""  # the app's widget label (default: the name in words)
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def title(self) -> str:
+        return self.label or self.name.replace("_", " ").capitalize()
+
+    @property
+    def text(self) -> str:
+        """What a value may be, in words (for help and errors)."""
+        if self.bound is not None:
+            return self.bound.text
+        if self.choices:
+            return "one of " + ", ".join(self.choices)
+        return "a word"
+
+    def check(self, value: Any) -> Any:
+        """`value` checked (a one-line RotvizError naming the flag otherwise)."""
+        if self.bound is not None:
+            if self.bound.flag != self.flag:  # the bound's own message names its flag
+                return Bound(self.flag, self.bound.lo, self.bound.hi,
+                             self.bound.integer).check(value)
+            return self.bound.check(value)
+        if self.choices and value not in self.choices:
+            raise RotvizError(f"unknown {self.flag} '{value}': use one of "
+                              f"{', '.join(self.choices)}")
+        if not isinstance(value, str):
+            raise RotvizError(f"{self.flag} must be {self.text}, got {value!r}")
+        return value
+
+    def parse(self, text: str) -> Any:
+        """A command-line string, parsed and checked."""
+        if self.bound is not None:
+            b = self.bound if self.bound.flag == self.flag else \
+                Bound(self.flag, self.bound.lo, self.bound.hi, self.bound.integer)
+            return b.parse(text)
+        return self.check(str(text).strip())
+
+
+def read_params(params: tuple[Param, ...], given: Mapping[str, Any],
+                owner: str = "") -> dict[str, Any]:
+    """Every parameter's value: what `given` holds for it (checked), else its default. A
+    name `given` holds that no parameter declares is a one-line error."""
+    known = {p.name: p for p in params}
+    extra = sorted(set(given) - set(known))
+    if extra:
+        what = f" of {owner}" if owner else ""
+        raise RotvizError(f"unknown parameter{'s' if len(extra) > 1 else ''}{what}: "
+                          f"{', '.join(extra)}; use {', '.join(known) or 'none'}")
+    return {p.name: p.check(given[p.name]) if given.get(p.name) is not None else p.default
+            for p in params}
+
+
+def needs(flag: str, given: bool, requirement: str, ok: bool) -> None:
+    """An option that only means something with another one is an error without it."""
+    if given and not ok:
+        raise RotvizError(f"{flag} needs {requirement}: add it, or drop {flag}")
