@@ -10,12 +10,13 @@ import torch
 from conftest import clone_state, view_of
 from test_landscape import default_pair_refs
 
-from rotviz.analysis.landscape import interpolate
+from rotviz.analysis.landscape import curve_on
 from rotviz.cli import main
 from rotviz.data import load_split
 from rotviz.errors import RotvizError
 from rotviz.match.datamatch import match_activations
 from rotviz.match.distances import distances, norm
+from rotviz.match.endpoints import from_matched
 from rotviz.match.engine import match
 from rotviz.match.options import LearnOptions, MatchOptions
 from rotviz.match.pipeline import match_models
@@ -44,7 +45,7 @@ def curves(pair, test_split):
     out = {}
     for spec in ("seed", "weight"):
         m = match_models(a, b, MatchOptions(residual=spec == "weight"))
-        out[spec] = (interpolate(a, b, test_split, None, 21, source_state=m.state), m)
+        out[spec] = (curve_on(from_matched(a, b, m, m.report.options), test_split, 21), m)
     return out
 
 
@@ -59,7 +60,7 @@ def test_default_pair_learned_matching_removes_the_barrier(pair, test_split, cur
     a, b = pair
     before = clone_state(b.state)
     m = match_models(a, b, match_options("learned"), data="digits")  # = weight,learned
-    c = interpolate(a, b, test_split, None, 21, source_state=m.state)
+    c = curve_on(from_matched(a, b, m, m.report.options), test_split, 21)
     assert c.barrier <= 0.1
     assert c.mid_acc >= 0.9
     assert m.report.max_output_diff <= 1e-4

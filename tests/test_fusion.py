@@ -17,23 +17,20 @@ from test_landscape import (
     synthetic_split,
 )
 
-from rotviz.analysis.fusion import (
-    METHODS,
-    fisher_combine,
-    fisher_diag,
-    fusion_table,
-    gram_matrices,
-    merge,
-    regmean_combine,
-    simple_average,
-)
-from rotviz.analysis.landscape import interpolate, matched_state
+from rotviz.analysis.fusion import fusion_table, merge
+from rotviz.analysis.landscape import interpolate
 from rotviz.cli import main
 from rotviz.data import Split
 from rotviz.errors import RotvizError
 from rotviz.evaluation import evaluate
+from rotviz.match.endpoints import match_endpoints
 from rotviz.match.engine import match
 from rotviz.match.options import MatchOptions
+from rotviz.merging import method as method_record
+from rotviz.merging import names
+from rotviz.merging.fisher import fisher_combine, fisher_diag
+from rotviz.merging.regmean import gram_matrices, regmean_combine
+from rotviz.merging.simple import simple_average
 from rotviz.models import load_model
 from rotviz.symmetry.view import write_state
 
@@ -131,7 +128,7 @@ def test_statistics_are_taken_on_the_matched_source(method):
     train = digits("train")
     kw = dict(batches=2, batch_size=16, seed=0)
     stat = fisher_diag if method == "fisher" else gram_matrices
-    state, _ = matched_state(a, b, "seed")
+    state = match_endpoints(a, b, "seed").matched
     merged = merge(a, b, method, "seed", digits(), stats_split=train, **kw)
     on_matched = stat(a, state, train, **kw)
     before_matching = stat(b, b.state, train, **kw)
@@ -168,12 +165,13 @@ def test_ffn_statistics_move_with_the_permutation():
 # ---- merging -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", names())
 def test_merging_a_model_with_itself_returns_it(family, loaded, method):
     m = loaded(family)
     before = clone_state(m.state)
     split = synthetic_split(m, n=8)
-    r = merge(m, m, method, None, split, stats_split=split, batches=2, batch_size=4)
+    kw = dict(batches=2, batch_size=4) if method_record(method).needs_statistics else {}
+    r = merge(m, m, method, None, split, stats_split=split, **kw)
     assert set(r.state) == set(m.state)
     for k, v in m.state.items():
         assert r.state[k].dtype == v.dtype
@@ -196,9 +194,9 @@ def test_fusion_table_shape_and_agreement_with_the_curve():
     calls = []
     t = fusion_table(a, b, digits(), stats_split=digits("train"), batches=2, batch_size=16,
                      progress=lambda d, n, m: calls.append((d, n)))
-    assert t.methods == list(METHODS) and t.specs == ["none", "seed"]
-    assert set(t.acc) == set(METHODS) and all(set(r) == {"none", "seed"} for r in t.acc.values())
-    assert calls[-1][0] == calls[-1][1] == 2 * (1 + len(METHODS))
+    assert t.methods == list(names()) and t.specs == ["none", "seed"]
+    assert set(t.acc) == set(names()) and all(set(r) == {"none", "seed"} for r in t.acc.values())
+    assert calls[-1][0] == calls[-1][1] == 2 * (1 + len(names()))
     none = interpolate(a, b, digits(), None, points=3)
     seed = interpolate(a, b, digits(), "seed", points=3)
     assert t.acc["simple"]["none"] == pytest.approx(none.mid_acc)
@@ -206,7 +204,7 @@ def test_fusion_table_shape_and_agreement_with_the_curve():
     assert t.distance["seed"] < t.distance["none"]
     assert t.anchor_acc > 0.9 and t.source_acc > 0.9
     md = t.to_markdown()
-    assert md.count("\n") == 1 + len(METHODS) and "| regmean |" in md
+    assert md.count("\n") == 1 + len(names()) and "| regmean |" in md
     json.dumps(t.to_dict())
 
 
@@ -245,7 +243,7 @@ def test_bad_merge_input(tmp_path, capsys):
         merge(a, b, "regmean", None, d, stats_split=wrong)
     ra, rb = default_pair_refs()
     out = tmp_path / "m"
-    for extra, pattern in ((["--method", "mean"], "unknown merge method"),
+    for extra, pattern in ((["--method", "mean"], "unknown --method 'mean'"),
                            (["--weight", "-0.1"], "weight"),
                            (["--match", "ffn,bogus"], "unknown matching option")):
         rc = main(["merge", ra, rb, "--data", "digits", "--out", str(out)] + extra)

@@ -19,12 +19,12 @@ from rotviz.analysis.landscape import (
     interpolate,
     loss_plane,
     loss_range_of,
-    matched_state,
 )
 from rotviz.cli import main
 from rotviz.data import Split, load_split
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator, barrier_of, evaluate
+from rotviz.match.endpoints import match_endpoints
 from rotviz.models import Loaded, forward, load_model, probe_inputs
 
 # ---- shared helpers (imported by the other landscape/fusion/spectra tests) ----------
@@ -183,7 +183,7 @@ def test_plane_agrees_with_interpolation_and_distances():
     assert pts["AB'"] == pytest.approx([pts["B'"][0] / 2, pts["B'"][1] / 2])
     # |B - B'| from the plane's coordinates equals the true distance between the two sources
     ev = Evaluator(a, split)
-    pb, pc = ev.params(b.state), ev.params(matched_state(a, b, "seed")[0])
+    pb, pc = ev.params(b.state), ev.params(match_endpoints(a, b, "seed").matched)
     true_bb = math.sqrt(sum(float(((pb[k] - pc[k]).double() ** 2).sum()) for k in pb))
     assert math.dist(pts["B"], pts["B'"]) == pytest.approx(true_bb, rel=1e-5)
     # the named points equal the interpolation values
