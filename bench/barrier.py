@@ -3,7 +3,7 @@
     python bench/barrier.py [--device cpu|cuda|auto] [--threads 2] [--quick]
 
 Writes section `barrier` of bench/RESULTS.md (CPU), or `barrier-gpu` when run on a GPU.
-Targets (issue 4): a 21-point curve on the default pair <= 3 s on 2 CPU cores; RegMean on the
+Targets: a 21-point curve on the default pair <= 3 s on 2 CPU cores; RegMean on the
 default pair <= 10 s on 2 CPU cores; on a GPU, a random gpt2-small-size pair with a
 64 x 128-token batch <= 10 s for 21 points. Every number is the median of `--repeat` runs.
 """

@@ -2,7 +2,7 @@
 
     python bench/eval.py [--repeat 5] [--results bench/RESULTS.md]
 
-Writes section `eval` of bench/RESULTS.md. Target (issue 3): `rotviz eval` of a shipped model
+Writes section `eval` of bench/RESULTS.md. Target: `rotviz eval` of a shipped model
 <= 3 s end to end on 2 CPU cores. Each row is the median (and minimum) wall time of `--repeat`
 subprocess runs; the floor rows show what any such command pays before rotviz does anything
 (interpreter start, `import torch`), and the last row what the same evaluation costs when the

@@ -2,7 +2,7 @@
 
     python bench/learned.py [--threads 2] [--seeds 0,1,2,3] [--results bench/RESULTS.md]
 
-Writes section `learned` of bench/RESULTS.md. Target (issue 6): learned matching on the default
+Writes section `learned` of bench/RESULTS.md. Target: learned matching on the default
 pair finishes in <= 60 s on 2 CPU cores and leaves a barrier <= 0.1 (test split, 21 points).
 Each row times `match_models` (weight matching, then learned matching where named) and then
 evaluates the path; the seed rows show how much the learned result depends on its seed.

@@ -12,7 +12,7 @@ holds the two models plus everything matching allocates; CUDA from
 torch.cuda.max_memory_allocated with the two views on the GPU. Both are compared with the two
 models' weight bytes (target <= 3x).
 
-Targets (issue 2, 2-core CPU, roberta-base size): attention-only <= 0.5 s, full <= 10 s.
+Targets (2-core CPU, roberta-base size): attention-only <= 0.5 s, full <= 10 s.
 
     python bench/match.py [--device auto|cpu|cuda] [--sizes roberta-base,deberta-v3-large]
         [--repeats 3] [--no-e2e] [--lsa-threads N] [--label NAME] [--results PATH]
@@ -59,7 +59,7 @@ MODES = {
     "attention + rescale (--no-ffn)": MatchOptions(ffn=False, attn=True, rescale=True),
     "full (FFN + attention + rescale)": MatchOptions(),
 }
-# (size, mode) -> seconds, on the CPU (issue 2); memory target everywhere
+# (size, mode) -> seconds, on a 2-core CPU; memory target everywhere
 TARGETS = {
     ("roberta-base", "attention (rotation)"): 0.5,
     ("roberta-base", "attention + rescale (--no-ffn)"): 0.5,
@@ -247,7 +247,7 @@ INTRO = (
     "memory for `match`; end-to-end is `rotviz.match.pipeline.match_models` (views, matching, "
     "state dict, finiteness and function check). Peak memory counts the two models plus everything "
     "matching allocates (CPU: process high-water mark above the level before the models were "
-    "built; CUDA: allocator peak with both views on the GPU). Targets from issue 2 apply to a "
+    "built; CUDA: allocator peak with both views on the GPU). The time targets apply to a "
     "2-core CPU."
 )
 

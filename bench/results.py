@@ -11,7 +11,9 @@ from pathlib import Path
 RESULTS = Path(__file__).with_name("RESULTS.md")
 HEADER = (
     "# rotviz benchmarks\n\n"
-    "Each section is rewritten by the script named in it. Timings are wall-clock seconds.\n"
+    "Each section is rewritten by the script named in it; the sections marked _by hand_\n"
+    "at the end hold numbers measured with the commands they name, which no script\n"
+    "rewrites. Timings are wall-clock seconds.\n"
 )
 
 

@@ -4,7 +4,7 @@ Writes two random models of a real shape as bfloat16 safetensors shards (rotviz.
 save_random_sharded, tensor by tensor), then runs `rotviz match` on them in a fresh process
 per run, streamed (`--max-memory 0`) and in memory (where the pair fits this machine), and
 records seconds, the process's peak resident memory (the kernel's high-water mark) and, on
-a GPU, its peak GPU memory. Targets (issue 17): streamed within 1.3x of in-memory time at the
+a GPU, its peak GPU memory. Targets: streamed within 1.3x of in-memory time at the
 same size; streamed peak <= 25% of the pair's bytes + 1.5 GB. `--match weight` runs weight
 matching (`--heads --residual`, at most `--rounds` rounds per phase: one pass over the blocks
 each, streamed). Writes the section `stream-<device>-<shape>[-weight]` of bench/RESULTS.md.

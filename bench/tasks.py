@@ -1,4 +1,4 @@
-"""Benchmark issue 15's data paths: tokenizing labelled text, and the memory of a large
+"""Benchmark the labelled-data paths: tokenizing labelled text, and the memory of a large
 vocabulary's loss.
 
     python bench/tasks.py [--sentences 1000] [--measure 100] [--results bench/RESULTS.md]

@@ -15,7 +15,7 @@ memory, on two independently seeded random models (seeds 0 and 1) per size:
   SwiGLU FFN 8192, RMSNorm, RoPE; untied head, vocabulary 1000 to save memory). Its residual
   map is any orthogonal map. `--layers llama-1b=N` keeps N layers of that width, where the
   whole depth does not fit the time or memory at hand; per-layer times are in the table.
-- Issue 16's families at the shapes of released checkpoints, all layers, with an output head
+- More families at the shapes of released checkpoints, all layers, with an output head
   of their own (each family's UNTIED options), vocabulary 1000: pythia-160m (GPT-NeoX, 12
   layers, d 768, 12 heads, FFN 3072, rotary on a quarter of each head; centred stream maps),
   qwen2-0.5b (24 layers, d 896, 14 heads in 2 KV groups, SwiGLU FFN 4864, Q/K/V biases;
@@ -71,7 +71,7 @@ SIZES = {
     "roberta-base": ("roberta", dict(layers=12, d=768, heads=12, ffn=3072, vocab=1000)),
     "llama-1b": ("llama", dict(layers=16, d=2048, heads=32, kv_heads=8, ffn=8192,
                                vocab=1000)),
-    # issue 16's families at the shapes of released checkpoints (vocabulary 1000 to save memory)
+    # more families at the shapes of released checkpoints (vocabulary 1000 to save memory)
     "pythia-160m": ("gpt-neox", dict(layers=12, d=768, heads=12, ffn=3072, vocab=1000,
                                      rotary_pct=0.25)),
     "qwen2-0.5b": ("qwen2", dict(layers=24, d=896, heads=14, kv_heads=2, ffn=4864,

@@ -2,7 +2,7 @@
 
     python bench/zoo_build.py [--names default] [--parallel] [--results bench/RESULTS.md]
 
-Writes section `zoo build` of bench/RESULTS.md. Target (issue 3): building the default pair
+Writes section `zoo build` of bench/RESULTS.md. Target: building the default pair
 (two vit-digits seeds) <= 3 minutes on 2 CPU cores. Models are built into a temporary folder
 with a fresh `python -m rotviz zoo build` (imports included), one after the other, or with
 `--parallel` one process per model at once (training uses one thread each, so two fit on two

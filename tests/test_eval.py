@@ -21,7 +21,7 @@ from rotviz.evaluation import evaluate
 from rotviz.models import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
-# the documented keys (README, `rotviz eval`); an image classifier's task adds macro-F1
+# the documented keys (docs/cli.md, `rotviz eval`); an image classifier's task adds macro-F1
 KEYS = {"rotviz", "loss", "acc", "n", "data", "split", "model", "device", "seconds", "task",
         "macro_f1"}
 

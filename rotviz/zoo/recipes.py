@@ -147,7 +147,7 @@ RECIPES: dict[str, Recipe] = {
             "vit-digits", "vit", "digits", _VIT_DIGITS, epochs=40, batch_size=64, lr=2e-3,
             weight_decay=0.05, warmup_epochs=0.0, schedule="constant",
             description="HF ViT (patch 2, d 64, 4 layers, 4 heads, FFN 128, GELU) on 8x8 digits, "
-                        "40 epochs AdamW at a constant learning rate (REFERENCE.md's recipe)",
+                        "40 epochs AdamW at a constant learning rate, no warm-up",
         ),
         Recipe(
             "vit-digits-base", "vit", "digits", _VIT_DIGITS, epochs=15, batch_size=64, lr=2e-3,
