@@ -72,8 +72,8 @@ def test_every_page_in_chromium(server, tmp_path):
     with playwright.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1280, "height": 1600})
-        # A fresh server whose first visitor opens a page directly still runs it inside
-        # app.py's navigation (not Streamlit's old pages/-folder mode).
+        # A fresh server whose first visitor opens a page directly runs it inside app.py's
+        # navigation.
         page.goto(f"{server}/spectra?n=100")
         drawn(page)
         page.wait_for_timeout(500)
@@ -111,10 +111,10 @@ def test_every_page_in_chromium(server, tmp_path):
 
 
 def test_a_page_url_as_a_fresh_servers_first_request(tmp_path):
-    """A fresh server (Streamlit still in its pages/-folder layout) whose very first request
-    is /barrier with a query string: the visitor gets the real app (app.py's sidebar and
-    navigation, the six pages by title) on the Barrier page, with the URL and every query
-    parameter kept, and the page computes with them (7 points on the path)."""
+    """A fresh server whose very first request is /barrier with a query string: the visitor
+    gets the real app (app.py's sidebar and navigation, the six pages by title) on the
+    Barrier page, with the URL and every query parameter kept, and the page computes with
+    them (7 points on the path)."""
     with serving(tmp_path) as base, playwright.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1280, "height": 1400})
