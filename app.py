@@ -1,8 +1,9 @@
 """rotviz app: the interactive explorer (`streamlit run app.py`).
 
 This entrypoint draws the shared frame (page config, sidebar, presenter styling) and runs
-the page picked in the navigation. The pages live in pages/; pages/common.py holds the
-helpers they share and is not a page. The computations are rotviz.app's (no Streamlit).
+the page picked in `st.navigation`. The pages live in app_pages/ (not pages/, a name
+Streamlit would list as pages by itself); app_pages/common.py holds the helpers they share
+and is not a page. The computations are rotviz.app's (no Streamlit).
 """
 
 import os
@@ -15,25 +16,21 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import streamlit as st  # noqa: E402
 
-from pages import common  # noqa: E402
+from app_pages import common  # noqa: E402
 
 st.set_page_config(page_title="rotviz", page_icon=":material/360:", layout="wide",
                    initial_sidebar_state="expanded")
 
 PAGES = [
-    st.Page("pages/models.py", title="Models", icon=":material/view_in_ar:", default=True),
-    st.Page("pages/match.py", title="Match", icon=":material/join_inner:"),
-    st.Page("pages/barrier.py", title="Barrier", icon=":material/show_chart:"),
-    st.Page("pages/spectra.py", title="Spectra", icon=":material/equalizer:"),
-    st.Page("pages/merge.py", title="Merge", icon=":material/merge:"),
-    st.Page("pages/learn.py", title="Learn", icon=":material/school:"),
+    st.Page("app_pages/models.py", title="Models", icon=":material/view_in_ar:", default=True),
+    st.Page("app_pages/match.py", title="Match", icon=":material/join_inner:"),
+    st.Page("app_pages/barrier.py", title="Barrier", icon=":material/show_chart:"),
+    st.Page("app_pages/spectra.py", title="Spectra", icon=":material/equalizer:"),
+    st.Page("app_pages/merge.py", title="Merge", icon=":material/merge:"),
+    st.Page("app_pages/learn.py", title="Learn", icon=":material/school:"),
 ]
 
-# Navigation first: a run interrupted before st.navigation would make Streamlit fall back to
-# listing the pages/ folder. Calling it also ends that layout for good (common.through_app).
 page = st.navigation(PAGES, position="top" if common.presenting() else "sidebar")
-common.return_to_page()
 setup = common.sidebar()
 common.presenter_style(setup.presenter)
-with common.frame():
-    page.run()
+page.run()

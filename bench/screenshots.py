@@ -111,7 +111,7 @@ def measure(args, out: Path, shots: bool) -> dict[str, float]:
     the screenshots of every page."""
     from playwright.sync_api import sync_playwright
 
-    from rotviz.explore import DEFAULT_SPECS
+    from rotviz.app.specs import DEFAULT_SPECS
 
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     env = dict(os.environ)

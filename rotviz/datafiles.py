@@ -1,8 +1,9 @@
 """Which files reading a data reference opens, each resolved through a `Confined` reader.
 
 The data loaders (rotviz.data, rotviz.labelled) open only the files these functions hand
-them, and the app lists (appconfig.discover_data) and accepts (appconfig.resolve_data) only
-the data for which `check_data` succeeds, so offered data is checked exactly like typed data.
+them, and the app lists (rotviz.app.roots.discover_data) and accepts
+(rotviz.app.roots.resolve_data) only the data for which `check_data` succeeds, so offered
+data is checked exactly like typed data.
 A `Confined` refuses anything that is not a regular file (a FIFO would block the reader, a
 device such as /dev/zero never ends) and, in the app, anything that resolves outside its
 roots: a linked data file, a class folder or image that links out, a parquet file that links

@@ -19,7 +19,12 @@ import numpy as np
 import pytest
 import torch
 
-from rotviz import appconfig, explore
+from rotviz.app import cache as app_cache
+from rotviz.app import demos, summaries
+from rotviz.app import devices as app_devices
+from rotviz.app import export as app_export
+from rotviz.app import roots as app_roots
+from rotviz.app import specs as app_specs
 from rotviz.errors import RotvizError
 from rotviz.random_models import save_random
 
@@ -39,20 +44,20 @@ def roots(tmp_path_factory):
     for seed in (0, 1):
         save_random("vit", root / f"vit-s{seed}", seed=seed, **VIT)
     save_random("vit", root / "vit-wide", seed=2, **{**VIT, "d": 48})
-    old = os.environ.get(appconfig.ENV_ROOTS)
-    os.environ[appconfig.ENV_ROOTS] = os.pathsep.join([str(appconfig.DEFAULT_ROOT), str(root)])
+    old = os.environ.get(app_roots.ENV_ROOTS)
+    os.environ[app_roots.ENV_ROOTS] = os.pathsep.join([str(app_roots.DEFAULT_ROOT), str(root)])
     yield root
     if old is None:
-        os.environ.pop(appconfig.ENV_ROOTS, None)
+        os.environ.pop(app_roots.ENV_ROOTS, None)
     else:
-        os.environ[appconfig.ENV_ROOTS] = old
+        os.environ[app_roots.ENV_ROOTS] = old
 
 
 @pytest.fixture(scope="module")
 def pair(roots) -> tuple[str, str]:
     """The pair the app opens on."""
     try:
-        return appconfig.default_pair([roots])
+        return app_roots.default_pair([roots])
     except RotvizError:
         pytest.skip("no model pair")
 
@@ -65,7 +70,7 @@ def app(page: str | None = None, **params):
     for k, v in params.items():
         at.query_params[k] = v
     if page:
-        at.switch_page(f"pages/{page}.py")
+        at.switch_page(f"app_pages/{page}.py")
     at.run()
     assert not at.exception, [e.message for e in at.exception]
     return at
@@ -101,33 +106,33 @@ def test_model_roots_and_path_checks(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir()
     b.mkdir()
-    roots = appconfig.model_roots({appconfig.ENV_ROOTS: f"{a}{os.pathsep}{b}"})
+    roots = app_roots.model_roots({app_roots.ENV_ROOTS: f"{a}{os.pathsep}{b}"})
     assert roots == [a.resolve(), b.resolve()]
-    assert appconfig.model_roots({}) == [appconfig.DEFAULT_ROOT.resolve()]
+    assert app_roots.model_roots({}) == [app_roots.DEFAULT_ROOT.resolve()]
     inside = a / "m"
     inside.mkdir()
-    assert appconfig.check_under_roots(inside, roots) == inside.resolve()
+    assert app_roots.check_under_roots(inside, roots) == inside.resolve()
     outside = tmp_path / "elsewhere"
     outside.mkdir()
     for bad in (outside, a / ".." / "elsewhere", "/etc"):
         with pytest.raises(RotvizError, match="outside the model roots"):
-            appconfig.check_under_roots(bad, roots)
+            app_roots.check_under_roots(bad, roots)
     (a / "link").symlink_to(outside)  # a link inside a root that leads out of it
     with pytest.raises(RotvizError, match="outside the model roots"):
-        appconfig.check_under_roots(a / "link", roots)
+        app_roots.check_under_roots(a / "link", roots)
     with pytest.raises(RotvizError, match="no model folder"):
-        appconfig.check_under_roots(a / "missing", roots)
+        app_roots.check_under_roots(a / "missing", roots)
     with pytest.raises(RotvizError, match="not in the zoo"):
-        appconfig.resolve_choice("zoo:no-such-model", roots)
+        app_roots.resolve_choice("zoo:no-such-model", roots)
 
 
 def test_discover_finds_model_folders(roots):
-    found = appconfig.discover([roots])
+    found = app_roots.discover([roots])
     assert [Path(f).name for f in found] == ["vit-s0", "vit-s1", "vit-wide"]
-    labels = [appconfig.model_label(f) for f in found]
+    labels = [app_roots.model_label(f) for f in found]
     assert labels == found  # outside the checkout: full paths, unique
-    assert appconfig.model_label("zoo:x") == "zoo:x"
-    assert appconfig.model_label(str(appconfig.REPO / "assets" / "m")) == "assets/m"
+    assert app_roots.model_label("zoo:x") == "zoo:x"
+    assert app_roots.model_label(str(app_roots.REPO / "assets" / "m")) == "assets/m"
 
 
 def test_default_pair_from_whatever_the_zoo_returns(monkeypatch, tmp_path):
@@ -148,7 +153,7 @@ def test_default_pair_from_whatever_the_zoo_returns(monkeypatch, tmp_path):
         fake.default_pair = lambda returned=returned: returned
         monkeypatch.setitem(sys.modules, "rotviz.zoo", fake)
         monkeypatch.setattr(rotviz, "zoo", fake, raising=False)
-        assert appconfig.default_pair([tmp_path]) == want
+        assert app_roots.default_pair([tmp_path]) == want
 
     def broken():
         raise RotvizError("zoo files missing")
@@ -156,42 +161,42 @@ def test_default_pair_from_whatever_the_zoo_returns(monkeypatch, tmp_path):
     fake.default_pair = broken
     fake.entries = lambda: []
     with pytest.raises(RotvizError, match="no model pair"):
-        appconfig.default_pair([tmp_path / "x"])
+        app_roots.default_pair([tmp_path / "x"])
     # a default pair that is not built yet: another built pair of the zoo, else the roots
     fake.default_pair = lambda: ("a", "b")
     fake.is_built = lambda name: name in ("c", "d")
     fake.entries = lambda: ["c", "d"]
     fake.path_of = lambda name: tmp_path
     fake.PAIRS = {"other": ("c", "d")}
-    assert appconfig.default_pair([tmp_path]) == ("zoo:c", "zoo:d")
+    assert app_roots.default_pair([tmp_path]) == ("zoo:c", "zoo:d")
     fake.PAIRS = {}
-    assert appconfig.default_pair([tmp_path]) == ("zoo:c", "zoo:d")  # first two found
+    assert app_roots.default_pair([tmp_path]) == ("zoo:c", "zoo:d")  # first two found
 
 
 def test_config_hash_is_stable_and_sensitive():
     a = {"anchor": "zoo:x", "points": 21, "specs": ["none", "seed"], "alpha": 0.1}
     b = {"alpha": 0.1, "specs": ("none", "seed"), "points": 21, "anchor": "zoo:x"}
-    assert appconfig.config_hash(a) == appconfig.config_hash(b)
-    assert appconfig.config_hash(a) != appconfig.config_hash({**a, "points": 11})
-    assert len(appconfig.config_hash(a)) == 16
+    assert app_cache.config_hash(a) == app_cache.config_hash(b)
+    assert app_cache.config_hash(a) != app_cache.config_hash({**a, "points": 11})
+    assert len(app_cache.config_hash(a)) == 16
 
 
 def test_exports_csv_json_zip():
     import plotly.graph_objects as go
 
     rows = [{"spec": "none", "barrier": 2.0}, {"spec": "seed", "barrier": 1.5, "extra": True}]
-    assert appconfig.rows_to_csv(rows).splitlines() == [
+    assert app_export.rows_to_csv(rows).splitlines() == [
         "spec,barrier,extra", "none,2.0,", "seed,1.5,True"]
     data = {"x": np.array([1.0, float("nan")]), "t": torch.tensor([2]), "p": Path("/a")}
-    assert json.loads(appconfig.to_json(data)) == {"x": [1.0, None], "t": [2], "p": "/a"}
+    assert json.loads(app_export.to_json(data)) == {"x": [1.0, None], "t": [2], "p": "/a"}
     fig = go.Figure(go.Scatter(x=[0, 1], y=[2, 3], name="curve"))
-    blob = appconfig.run_zip({"points": 3}, {"barrier": 1.5}, {"rows": rows}, {"fig": fig})
+    blob = app_export.run_zip({"points": 3}, {"barrier": 1.5}, {"rows": rows}, {"fig": fig})
     z = zipfile.ZipFile(io.BytesIO(blob))
     names = set(z.namelist())
     assert {"config.json", "versions.json", "results.json", "tables/rows.csv",
             "figures/fig.html"} <= names
     cfg = json.loads(z.read("config.json"))
-    assert cfg["config"] == {"points": 3} and cfg["hash"] == appconfig.config_hash({"points": 3})
+    assert cfg["config"] == {"points": 3} and cfg["hash"] == app_cache.config_hash({"points": 3})
     assert json.loads(z.read("versions.json"))["torch"].split("+")[0] == \
         torch.__version__.split("+")[0]
     assert json.loads(z.read("results.json")) == {"barrier": 1.5}
@@ -199,9 +204,9 @@ def test_exports_csv_json_zip():
 
 
 def test_device_badge_names_the_device():
-    s = appconfig.device_summary("cpu")
+    s = app_devices.device_summary("cpu")
     assert s["kind"] == "cpu" and s["total_gib"] and s["total_gib"] > 0
-    assert appconfig.device_badge(s).startswith("cpu · ")
+    assert app_devices.device_badge(s).startswith("cpu · ")
 
 
 def test_learn_demo_scrambles_weights_not_outputs(roots):
@@ -212,7 +217,7 @@ def test_learn_demo_scrambles_weights_not_outputs(roots):
     split = load_split("digits").subset(64)
     before = {k: v.clone() for k, v in m.state.items()}
     for kind in ("rotate", "permute", "all"):
-        d = explore.learn_demo(m, split, kind, seed=3, layer=1, head=2)
+        d = demos.learn_demo(m, split, kind, seed=3, layer=1, head=2)
         assert d["distance_scrambled"] > 1.0
         assert d["diff_scrambled"] < 1e-4 and d["probe_diff_scrambled"] < 1e-4
         assert d["distance_matched"] < 1e-4 * d["distance_scrambled"]  # planted transform undone
@@ -231,7 +236,7 @@ def test_model_card_symmetry_check(roots):
 
     m = load_model(roots / "vit-s1")
     split = load_split("digits").subset(50)
-    card = explore.model_card(m, split)
+    card = summaries.model_card(m, split)
     assert card["n_layers"] == 2 and card["d_model"] == 32 and card["n_heads"] == 4
     assert card["acc"] == evaluate(m, split)["acc"] and card["n_eval"] == 50
     assert card["check"]["passed"] and card["check"]["max_output_diff"] < 1e-4
@@ -244,14 +249,14 @@ def test_match_tables_for_export(roots):
     from rotviz.models import load_model
 
     a, s = load_model(roots / "vit-s0"), load_model(roots / "vit-s1")
-    summary = explore.match_summary(match_models(a, s, MatchOptions()), "seed")
+    summary = summaries.match_summary(match_models(a, s, MatchOptions()), "seed")
     assert summary["preserved"] and summary["after_total"] < summary["before_total"]
-    rows = explore.distance_rows(summary)
+    rows = summaries.distance_rows(summary)
     layer_rows = [r for r in rows if r["group"] == "layer"]
     assert sorted(r["name"] for r in layer_rows) == ["0", "1", "rest"]
     total_after = sum(r["after"] ** 2 for r in layer_rows) ** 0.5
     assert total_after == pytest.approx(summary["after_total"], rel=1e-9)
-    heads = explore.head_rows(summary)
+    heads = summaries.head_rows(summary)
     assert len(heads) == 2 * 4  # layers x heads
     rep = summary["report"]["heads"][1]
     assert heads[4]["qk_singular_sum"] == pytest.approx(sum(rep["qk_singular"][0]))
@@ -261,7 +266,7 @@ def test_match_tables_for_export(roots):
 def test_model_locks_serialise_shared_modules(roots):
     """Two sessions evaluating different parameter sets on one cached module at once get
     their own answers (functional_call swaps tensors on the shared module)."""
-    from pages import common
+    from app_pages import common
     from rotviz.models import forward, load_model, probe_inputs
 
     m = load_model(roots / "vit-s0")
@@ -318,7 +323,7 @@ def test_models_page_evaluates_light_models_then_computes_the_barrier_page_ahead
     where it is exact) and, once painted, computes the Barrier page's default curves in the
     background, so that page finds them ready. They are the library's numbers with the
     models' own transformers classes, bit for bit."""
-    from pages import common
+    from app_pages import common
     from rotviz import app as rapp
     from rotviz.analysis.landscape import interpolate
     from rotviz.data import load_split
@@ -354,7 +359,7 @@ def test_models_page_evaluates_light_models_then_computes_the_barrier_page_ahead
         pass
     assert not stores["models"]  # ... and never needed the full ones
     (ahead,) = planned
-    assert [c["spec"] for c in ahead] == list(explore.DEFAULT_SPECS)
+    assert [c["spec"] for c in ahead] == list(app_specs.DEFAULT_SPECS)
     assert {(c["anchor"], c["source"], c["points"]) for c in ahead} == {
         (*pair, rapp.BARRIER_POINTS)}
     assert all(common.is_cached("curve", cfg) for cfg in ahead)
@@ -372,7 +377,7 @@ def test_models_page_evaluates_light_models_then_computes_the_barrier_page_ahead
 
 
 def test_barrier_page_chart_holds_library_results(pair):
-    from pages import common
+    from app_pages import common
     from rotviz.analysis.landscape import interpolate
     from rotviz.data import load_split
     from rotviz.models import load_model
@@ -387,7 +392,7 @@ def test_barrier_page_chart_holds_library_results(pair):
     assert "matching options so far" not in "\n".join(c.value for c in at.caption)
     loss = figs["Loss along the straight path from anchor to matched source"]
     lines = [tr for tr in loss["data"] if tr.get("showlegend", True)]
-    assert len(lines) == len(explore.DEFAULT_SPECS)  # none, seed and weight
+    assert len(lines) == len(app_specs.DEFAULT_SPECS)  # none, seed and weight
     assert all(len(numbers(tr["y"])) == 5 for tr in lines)
     by_name = {tr["name"].split(" (barrier")[0]: tr for tr in lines}
     none, seed = by_name["no matching"], by_name["FFN + attention + rescale (seed paper)"]
@@ -401,7 +406,7 @@ def test_barrier_page_chart_holds_library_results(pair):
         assert f"barrier {ref.barrier:.3f}" in tr["name"]
     assert "function preserved" in texts(at)
     acc = figs["Accuracy along the straight path from anchor to matched source"]
-    assert len(acc["data"]) == len(explore.DEFAULT_SPECS)
+    assert len(acc["data"]) == len(app_specs.DEFAULT_SPECS)
     if pair[0].startswith("zoo:"):  # acceptance: the shipped pair shows matching's effect
         assert barrier_of(seed) < barrier_of(none)
         # weight matching (every data-free map) lowers it further on the default pair
@@ -424,7 +429,7 @@ def default_pair_dirs(roots) -> tuple[str, str]:
     from tests.test_landscape import default_pair
 
     a, b = default_pair()
-    os.environ[appconfig.ENV_ROOTS] += os.pathsep + str(Path(a.path).parent)
+    os.environ[app_roots.ENV_ROOTS] += os.pathsep + str(Path(a.path).parent)
     return str(a.path), str(b.path)
 
 
@@ -526,7 +531,7 @@ def test_mismatched_pair_and_outside_path_show_messages(pair, roots):
     assert "is text data but" in texts(at) and not figures(at)
     at = app("match", m_layers="0,7")  # the default pair has 4 layers
     assert "out of range" in texts(at) and not figures(at)
-    at.switch_page("pages/models.py")
+    at.switch_page("app_pages/models.py")
     at.run()
     assert not at.exception
 
@@ -540,7 +545,7 @@ def test_presenter_mode_hides_controls(pair):
 
 
 def test_result_cache_stores_only_what_finished():
-    cache = appconfig.ResultCache(max_entries=2)
+    cache = app_cache.ResultCache(max_entries=2)
     assert cache.get_or_compute("a", lambda: {"x": [1]}) == {"x": [1]}
     got = cache.get_or_compute("a", lambda: pytest.fail("recomputed"))
     got["x"].append(2)  # a copy: the stored value does not change
@@ -561,7 +566,7 @@ def test_result_cache_stores_only_what_finished():
     cache.discard("b")
     cache.discard("never stored")
     assert "b" not in cache and len(cache) == 1
-    shared = appconfig.ResultCache(copy=False)
+    shared = app_cache.ResultCache(copy=False)
     obj = object()
     assert shared.get_or_compute("k", lambda: obj) is obj
     assert shared.get_or_compute("k", lambda: None) is obj
@@ -570,7 +575,7 @@ def test_result_cache_stores_only_what_finished():
 def test_progress_detail_touches_the_page_at_a_bounded_rate():
     """Learned matching reports every step; the page is updated at most every EVERY seconds
     (each update is where Streamlit can interrupt the run) and always at a loop's end."""
-    from pages import common
+    from app_pages import common
 
     class Fake:
         def __init__(self):
@@ -598,22 +603,22 @@ def test_progress_detail_touches_the_page_at_a_bounded_rate():
 
 
 def test_spec_choices_and_residual_fallback():
-    assert explore.spec_label("act") == "weight,act"
-    assert explore.spec_label("ffn,attn,rescale,heads,residual,learned") == "weight,learned"
-    assert explore.spec_label("ffn,attn,rescale,residual,learned") == "seed,residual,learned"
-    assert explore.DEFAULT_SPECS == ("none", "seed", "weight")
-    assert set(explore.DEFAULT_SPECS) <= set(explore.SPEC_CHOICES)
-    assert all(explore.spec_label(sp) == sp for sp in explore.SPEC_CHOICES)
-    assert not any(explore.learns(sp) for sp in explore.DEFAULT_SPECS)  # learned is opt-in
+    assert app_specs.spec_label("act") == "weight,act"
+    assert app_specs.spec_label("ffn,attn,rescale,heads,residual,learned") == "weight,learned"
+    assert app_specs.spec_label("ffn,attn,rescale,residual,learned") == "seed,residual,learned"
+    assert app_specs.DEFAULT_SPECS == ("none", "seed", "weight")
+    assert set(app_specs.DEFAULT_SPECS) <= set(app_specs.SPEC_CHOICES)
+    assert all(app_specs.spec_label(sp) == sp for sp in app_specs.SPEC_CHOICES)
+    assert not any(app_specs.learns(sp) for sp in app_specs.DEFAULT_SPECS)  # learned is opt-in
     why = "tied head"
-    assert explore.offered(explore.SPEC_CHOICES, why) == [
+    assert app_specs.offered(app_specs.SPEC_CHOICES, why) == [
         "none", "ffn", "attn", "ffn,attn", "seed", "seed,heads"]
-    assert explore.offered(explore.SPEC_CHOICES, None) == list(explore.SPEC_CHOICES)
-    assert explore.without_residual("weight") == "seed,heads"  # every data-free map left
-    assert explore.without_residual("weight,learned") == "seed,heads,learned"
-    assert explore.without_residual("learned") == "seed,heads,learned"
-    assert explore.without_residual("residual") == "none"
-    assert {"heads", "residual", "act", "learned"} <= set(explore.WHY_UNCHANGED)
+    assert app_specs.offered(app_specs.SPEC_CHOICES, None) == list(app_specs.SPEC_CHOICES)
+    assert app_specs.without_residual("weight") == "seed,heads"  # every data-free map left
+    assert app_specs.without_residual("weight,learned") == "seed,heads,learned"
+    assert app_specs.without_residual("learned") == "seed,heads,learned"
+    assert app_specs.without_residual("residual") == "none"
+    assert {"heads", "residual", "act", "learned"} <= set(app_specs.WHY_UNCHANGED)
 
 
 def test_cancelled_or_interrupted_learned_matching_is_not_cached(roots):
@@ -621,7 +626,7 @@ def test_cancelled_or_interrupted_learned_matching_is_not_cached(roots):
     progress callback, leaves nothing in the app's caches; the next run computes afresh."""
     from streamlit.runtime.scriptrunner_utils.exceptions import StopException
 
-    from pages import common
+    from app_pages import common
     from rotviz import app as rapp
 
     a, s = str(roots / "vit-s0"), str(roots / "vit-s1")
@@ -651,22 +656,18 @@ def test_cancelled_or_interrupted_learned_matching_is_not_cached(roots):
 
 def test_stopped_page_waits_for_run(pair):
     """After the page's Stop button (its callback sets the flag), the page computes nothing
-    until Run is pressed. (Under AppTest every run starts in Streamlit's pages/ layout and
-    passes through `common.through_app`'s switch to app.py and back, which drops a form
-    button's click, so Run's effect on the flag is set by hand here; a real server makes that
-    trip once, for its first visitor.)"""
+    until Run is pressed."""
     from streamlit.testing.v1 import AppTest
 
     at = AppTest.from_file(APP, default_timeout=120)
     at.query_params["n"] = str(N_EVAL)
     at.query_params["m_barrier"] = "false"
-    at.switch_page("pages/match.py")
+    at.switch_page("app_pages/match.py")
     at.session_state["_stopped_match"] = True
     at.run()
     assert not at.exception
     assert "Stopped. Nothing from the stopped run was kept" in texts(at) and not figures(at)
-    at.session_state["_stopped_match"] = False  # what pressing Run does
-    at.run()
+    next(b for b in at.button if b.label == "Run").click().run()
     assert not at.exception and figures(at)
     assert "Stopped." not in texts(at)
 
@@ -683,7 +684,7 @@ def test_match_page_residual_alternation_never_goes_up(pair):
     assert obj["layout"]["yaxis"]["title"]["text"].startswith("squared distance to anchor")
     ang = numbers(figs["Residual map: eigen-angle spectrum"]["data"][0]["y"])
     metrics = {m.label: m.value for m in at.metric}
-    d_model = explore.dims_of(load_cached(pair[0]))["d_model"]
+    d_model = summaries.dims_of(load_cached(pair[0]))["d_model"]
     if metrics["residual group"] == "centred":  # LayerNorm: the all-ones axis stays fixed
         assert len(ang) == d_model - 1
     assert all(0.0 <= v <= 180.0 for v in ang) and max(ang) > 1.0
@@ -695,7 +696,7 @@ def test_match_page_residual_alternation_never_goes_up(pair):
 
 
 def load_cached(ref: str):
-    from pages import common
+    from app_pages import common
 
     return common.resources().load_eval(ref)
 
@@ -742,7 +743,7 @@ def test_learn_page_residual_step(pair):
 
 
 def gpt2_pair() -> tuple[str, str]:
-    refs = appconfig.zoo_refs()
+    refs = app_roots.zoo_refs()
     a, b = "zoo:gpt2-pystdlib-s0", "zoo:gpt2-pystdlib-s1"
     if a not in refs or b not in refs:
         pytest.skip("the zoo's GPT-2 pair is not installed")

@@ -13,7 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rotviz import app, appconfig, explore
+from rotviz import app
+from rotviz.app import roots as app_roots
+from rotviz.app import summaries
 from rotviz.errors import RotvizError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,7 +25,7 @@ N_EVAL = 100
 @pytest.fixture(scope="module")
 def refs() -> tuple[str, str]:
     try:
-        return appconfig.default_pair()
+        return app_roots.default_pair()
     except RotvizError:
         pytest.skip("the zoo's default pair is not installed")
 
@@ -49,9 +51,11 @@ def engine(refs):
 
 
 def test_importing_rotviz_app_loads_no_engine():
-    """The pages import rotviz.app (and explore) before they paint: no torch, transformers
-    or scipy comes with it."""
-    code = ("import sys, rotviz.app, rotviz.explore, rotviz.appconfig\n"
+    """The pages import rotviz.app and its modules before they paint: no torch, transformers
+    or scipy comes with them."""
+    code = ("import sys, rotviz.app, rotviz.app.roots, rotviz.app.cache, rotviz.app.export, "
+            "rotviz.app.devices, rotviz.app.specs, rotviz.app.summaries, rotviz.app.demos, "
+            "rotviz.app.merge_table\n"
             "print(sorted(m for m in ('torch', 'transformers', 'scipy', 'streamlit') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
@@ -132,7 +136,7 @@ def test_card_equals_model_card_of_the_full_model(res, refs, engine):
     a, b, split = engine
     for ref, full in zip(refs, (a, b), strict=True):
         got = app.run("card", res, {"ref": ref, "data": "digits", "seed": 0, "n_eval": N_EVAL})
-        assert got == explore.model_card(full, split)
+        assert got == summaries.model_card(full, split)
         assert got["check"]["passed"] and got["n_eval"] == N_EVAL
 
 
@@ -142,19 +146,19 @@ def test_card_and_residual_check_on_the_gpt2_pair():
     from rotviz.models import load_model
 
     ref = "zoo:gpt2-pystdlib-s0"
-    if ref not in appconfig.zoo_refs():
+    if ref not in app_roots.zoo_refs():
         pytest.skip("the zoo's GPT-2 pair is not installed")
     res = app.Resources()
     full = load_model(ref)
     got = app.run("card", res, {"ref": ref, "data": "pystdlib", "seed": 0, "n_eval": 16})
-    assert got == explore.model_card(full, res.split("pystdlib", 0, 16, ref))
-    why = app.residual_why(res.load_eval(ref))
-    assert why and "tied" in why and why == explore.residual_unsupported(full)
+    assert got == summaries.model_card(full, res.split("pystdlib", 0, 16, ref))
+    why = summaries.residual_unsupported(res.load_eval(ref))
+    assert why and "tied" in why and why == summaries.residual_unsupported(full)
 
 
 def test_residual_why_and_check_pair(res, refs):
     a, b = (res.load_eval(r) for r in refs)
-    assert app.residual_why(a) is None
+    assert summaries.residual_unsupported(a) is None
     app.check_pair(a, b, res.split("digits", 0, N_EVAL, a.ref))
     with pytest.raises(RotvizError, match="is text data but"):
         app.check_pair(a, b, res.split("pystdlib", 0, 8, a.ref))
@@ -217,20 +221,13 @@ def test_progress_reaches_the_caller_and_unknown_kinds_are_refused(refs):
         app.run("nope", app.Resources(), {})
 
 
-def test_names_the_pages_need(refs):
-    """What the pages read from the engine, offered under rotviz.app's own names."""
-    from rotviz.match.alternating import ended_by_cap
-    from rotviz.match.pipeline import FUNCTION_TOLERANCE
-    from rotviz.symmetry.residual import GROUP_TEXT
+def test_devices_and_spec_configurations(refs):
+    """The device picker's choices, and the part of a configuration a SPEC decides (the step
+    budget only for a SPEC that learns)."""
+    from rotviz.app.devices import device_choices
 
-    assert app.FUNCTION_TOLERANCE == explore.FUNCTION_TOLERANCE == FUNCTION_TOLERANCE
-    assert all(app.group_text(g) == t for g, t in GROUP_TEXT.items())
-    assert app.group_text("nope") is None
-    for info in ({"converged": [True, True]}, {"converged": [True, False]}, {}):
-        assert app.ended_by_cap(info) == ended_by_cap(info)
-    assert app.device_choices()[:2] == ["auto", "cpu"]
-    assert app.pick_device("cpu").type == "cpu"
+    assert device_choices()[:2] == ["auto", "cpu"]
     assert app.spec_cfg("weight,learned", 0) == {"spec": "weight,learned",
                                                  "learn_steps": app.DEFAULT_LEARN_STEPS}
     assert app.spec_cfg("act", 50) == {"spec": "weight,act"}
-    assert app.n_params(app.Resources().load_eval(refs[0])) > 10_000
+    assert summaries.n_params(app.Resources().load_eval(refs[0])) > 10_000

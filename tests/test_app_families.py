@@ -14,7 +14,7 @@ import pytest
 from test_app import app, figures, numbers, texts
 from test_tokens import _wordpiece
 
-from rotviz import appconfig
+from rotviz.app import roots as app_roots
 from rotviz.arch import FAMILIES, Sizes, family_module, spec_named
 from rotviz.random_models import save_random
 
@@ -28,13 +28,13 @@ IMAGE = dict(image=8, patch=2, channels=1, labels=10)
 @pytest.fixture(scope="module")
 def family_root(tmp_path_factory):
     root = tmp_path_factory.mktemp("families")
-    old = os.environ.get(appconfig.ENV_ROOTS)
-    os.environ[appconfig.ENV_ROOTS] = os.pathsep.join([str(appconfig.DEFAULT_ROOT), str(root)])
+    old = os.environ.get(app_roots.ENV_ROOTS)
+    os.environ[app_roots.ENV_ROOTS] = os.pathsep.join([str(app_roots.DEFAULT_ROOT), str(root)])
     yield root
     if old is None:
-        os.environ.pop(appconfig.ENV_ROOTS, None)
+        os.environ.pop(app_roots.ENV_ROOTS, None)
     else:
-        os.environ[appconfig.ENV_ROOTS] = old
+        os.environ[app_roots.ENV_ROOTS] = old
 
 
 def _task(family: str, options: dict) -> str | None:

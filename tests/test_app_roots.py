@@ -5,7 +5,7 @@ shard `../../outside/...` or by an absolute path, one whose `sub/x.safetensors` 
 link out of the root, one whose image processor file links out; data files that link out
 (`leak.txt`, `leak.csv`), an image folder whose class folder links out, a datasets folder
 (save_to_disk) and a parquet folder whose files link out. The app-facing library (what the
-pages call: appconfig.discover / discover_data / resolve_choice / resolve_data, and
+pages call: app_roots.discover / discover_data / resolve_choice / resolve_data, and
 rotviz.app's Resources and computations) leaves every one of them unlisted and refuses it
 in one line, and no file outside the root is opened meanwhile: a watcher records every open
 (Python's `open` audit event, which builtins.open, io.open and os.open raise, and, on Linux,
@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from rotviz import app, appconfig
+from rotviz import app
+from rotviz.app import roots as app_roots
 from rotviz.errors import RotvizError
 from rotviz.random_models import save_random
 
@@ -197,7 +198,7 @@ def _one_line(e: pytest.ExceptionInfo, *fragments: str) -> None:
 
 def test_the_app_lists_refuses_and_never_opens_what_lies_outside(setup, monkeypatch):
     root, out = setup
-    monkeypatch.setenv(appconfig.ENV_ROOTS, str(root))
+    monkeypatch.setenv(app_roots.ENV_ROOTS, str(root))
     roots = [root.resolve()]
     outside_folders = [out, out / "b", out / "ds"]
     watcher = Watcher(outside_folders)
@@ -227,14 +228,14 @@ def test_the_app_lists_refuses_and_never_opens_what_lies_outside(setup, monkeypa
     res = app.Resources()
     with watcher:
         # what the sidebar offers: the good ones only
-        assert appconfig.discover([root]) == [str(root / "good-0"), str(root / "good-1")]
-        assert appconfig.discover_data([root]) == [
+        assert app_roots.discover([root]) == [str(root / "good-0"), str(root / "good-1")]
+        assert app_roots.discover_data([root]) == [
             f"hf:{root / 'pq-ok'}", f"imagefolder:{root / 'imgs-ok'}",
             f"text:{root / 'data' / 'ok.txt'}"]
         # what is typed (or comes in the URL): refused in one line
         for name, expected in bad_models.items():
             with pytest.raises(RotvizError) as e:
-                appconfig.resolve_choice(str(root / name), roots)
+                app_roots.resolve_choice(str(root / name), roots)
             _one_line(e, expected)
             for kind in ("card", "match"):  # the pages' computations, through Resources
                 cfg = {"ref": str(root / name), "anchor": str(root / "good-0"),
@@ -245,7 +246,7 @@ def test_the_app_lists_refuses_and_never_opens_what_lies_outside(setup, monkeypa
                 _one_line(e, expected.replace("the roots", "the model roots"))
         for ref, expected in bad_data.items():
             with pytest.raises(RotvizError) as e:
-                appconfig.resolve_data(ref, roots)
+                app_roots.resolve_data(ref, roots)
             _one_line(e, expected)
         # data picked or named in the URL that skips resolve_data: the split refuses it too
         vit, cls = str(root / "good-0"), "zoo:roberta-topics-a"
@@ -288,7 +289,7 @@ def test_the_pages_offer_and_show_nothing_from_outside(setup, monkeypatch):
     from test_app import app, texts
 
     root, out = setup
-    monkeypatch.setenv(appconfig.ENV_ROOTS, str(root))
+    monkeypatch.setenv(app_roots.ENV_ROOTS, str(root))
     watcher = Watcher([out, out / "b", out / "ds"])
     watcher.native_events()
     pair = {"anchor_path": str(root / "good-0"), "source_path": str(root / "good-1")}

@@ -12,7 +12,7 @@ from test_app import app, figures, numbers, texts
 from test_tasks import _config, _head_class, _rows
 from test_tokens import _wordpiece
 
-from rotviz import appconfig
+from rotviz.app import roots as app_roots
 
 
 @pytest.fixture(scope="module")
@@ -32,22 +32,22 @@ def user_roots(tmp_path_factory):
         w = csv.DictWriter(f, ["text", "label"])
         w.writeheader()
         w.writerows({"text": r["text"], "label": r["label"]} for r in _rows(120))
-    old = os.environ.get(appconfig.ENV_ROOTS)
-    os.environ[appconfig.ENV_ROOTS] = os.pathsep.join([str(appconfig.DEFAULT_ROOT), str(root)])
+    old = os.environ.get(app_roots.ENV_ROOTS)
+    os.environ[app_roots.ENV_ROOTS] = os.pathsep.join([str(app_roots.DEFAULT_ROOT), str(root)])
     yield root
     if old is None:
-        os.environ.pop(appconfig.ENV_ROOTS, None)
+        os.environ.pop(app_roots.ENV_ROOTS, None)
     else:
-        os.environ[appconfig.ENV_ROOTS] = old
+        os.environ[app_roots.ENV_ROOTS] = old
 
 
 def test_data_under_the_roots_is_found_and_data_outside_refused(user_roots, tmp_path):
-    found = appconfig.discover_data([user_roots])
+    found = app_roots.discover_data([user_roots])
     assert found == [f"csv:{user_roots / 'data' / 'reviews.csv'}"]  # model folders skipped
-    assert appconfig.resolve_data(found[0]) == found[0]
+    assert app_roots.resolve_data(found[0]) == found[0]
     (tmp_path / "x.csv").write_text("text,label\n")
     with pytest.raises(Exception, match="outside the roots"):
-        appconfig.resolve_data(f"csv:{tmp_path / 'x.csv'}")
+        app_roots.resolve_data(f"csv:{tmp_path / 'x.csv'}")
 
 
 def _pages(user_roots, page: str, **params):

@@ -1,5 +1,5 @@
-"""The library boundary: no module of rotviz/ imports streamlit (pages are the only UI layer),
-and the pages reach the library only through its app-facing part."""
+"""The library boundary: no module of rotviz/ imports streamlit (app.py and app_pages/ are the
+only UI layer), and what the pages import on their first line costs no engine import."""
 
 import ast
 import pkgutil
@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_importing_every_rotviz_module_leaves_streamlit_unloaded():
     names = [m.name for m in pkgutil.walk_packages(rotviz.__path__, "rotviz.")]
     assert {"rotviz.match.layers", "rotviz.analysis.landscape", "rotviz.plots",
-            "rotviz.appconfig"} <= set(names)
+            "rotviz.app.roots"} <= set(names)
     code = (
         "import importlib, sys\n"
         f"for n in {names!r}:\n"
@@ -38,22 +38,45 @@ def test_no_source_file_of_rotviz_mentions_a_streamlit_import():
     assert offenders == []
 
 
-# What app.py and pages/ may import from rotviz: the app-facing library and the plots.
-APP_FACING = ("rotviz.app", "rotviz.appconfig", "rotviz.explore", "rotviz.plots")
+def _page_files() -> list[Path]:
+    return [ROOT / "app.py", *sorted((ROOT / "app_pages").glob("*.py"))]
 
 
-def test_pages_import_only_the_app_facing_library():
-    offenders = []
-    for path in [ROOT / "app.py", *sorted((ROOT / "pages").glob("*.py"))]:
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module:
-                names = ([f"rotviz.{a.name}" for a in node.names] if node.module == "rotviz"
-                         else [node.module])
-            elif isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            else:
-                continue
-            offenders += [f"{path.relative_to(ROOT)}: {n}" for n in names
-                          if n.split(".")[0] == "rotviz"
-                          and not any(n == m or n.startswith(m + ".") for m in APP_FACING)]
-    assert offenders == []
+def _top_level_rotviz_imports(path: Path) -> list[str]:
+    """The rotviz modules (and `from` targets) a file imports outside any function."""
+    out = []
+    for node in ast.parse(path.read_text()).body:  # the module's own statements only
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out += ([f"rotviz.{a.name}" for a in node.names] if node.module == "rotviz"
+                    else [node.module])
+        elif isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+    return [n for n in out if n.split(".")[0] == "rotviz"]
+
+
+def test_pages_import_the_engine_only_inside_functions():
+    """A page paints before torch loads: what app.py and app_pages/ import at module level
+    from rotviz loads no torch, transformers or scipy. A page that needs an engine name
+    imports it from its home inside the function that uses it."""
+    names = sorted({n for p in _page_files() for n in _top_level_rotviz_imports(p)})
+    assert "rotviz.app" in names and "rotviz.app.specs" in names
+    code = (
+        "import importlib, sys\n"
+        f"for n in {names!r}:\n"
+        "    importlib.import_module(n)\n"
+        "print(sorted(m for m in ('torch', 'transformers', 'scipy') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]", names
+
+
+def test_no_folder_named_pages():
+    """Streamlit lists a folder named pages/ next to the entrypoint as pages of its own; the
+    app's pages live in app_pages/ and app.py's st.navigation is the only page list."""
+    assert not (ROOT / "pages").exists()
+    app_py = (ROOT / "app.py").read_text()
+    for page in sorted((ROOT / "app_pages").glob("*.py")):
+        if page.name != "common.py":
+            assert f'st.Page("app_pages/{page.name}"' in app_py, page.name

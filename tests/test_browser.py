@@ -34,18 +34,18 @@ from bench.screenshots import (  # noqa: E402
 def serving(root):
     """A fresh app server on a free port: the zoo's default pair when the zoo ships, else two
     tiny random ViTs saved under `root`."""
-    from rotviz import appconfig
+    from rotviz.app import roots as app_roots
     from rotviz.random_models import save_random
 
     env = dict(os.environ)
     try:
-        appconfig.default_pair([appconfig.DEFAULT_ROOT])
+        app_roots.default_pair([app_roots.DEFAULT_ROOT])
     except Exception:
         for seed in (0, 1):
             if not (root / f"vit-s{seed}").exists():
                 save_random("vit", root / f"vit-s{seed}", seed=seed, layers=2, d=32, heads=4,
                             ffn=64, image=8, patch=2, channels=1, labels=10)
-        env[appconfig.ENV_ROOTS] = str(root)
+        env[app_roots.ENV_ROOTS] = str(root)
     port = free_port()
     proc = start_server(port, env)
     try:
@@ -72,8 +72,8 @@ def test_every_page_in_chromium(server, tmp_path):
     with playwright.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1280, "height": 1600})
-        # A fresh server whose first visitor opens a page directly still runs it inside
-        # app.py's navigation (not Streamlit's old pages/-folder mode).
+        # A fresh server whose first visitor opens a page directly runs it inside app.py's
+        # navigation.
         page.goto(f"{server}/spectra?n=100")
         drawn(page)
         page.wait_for_timeout(500)
@@ -111,10 +111,10 @@ def test_every_page_in_chromium(server, tmp_path):
 
 
 def test_a_page_url_as_a_fresh_servers_first_request(tmp_path):
-    """A fresh server (Streamlit still in its pages/-folder layout) whose very first request
-    is /barrier with a query string: the visitor gets the real app (app.py's sidebar and
-    navigation, the six pages by title) on the Barrier page, with the URL and every query
-    parameter kept, and the page computes with them (7 points on the path)."""
+    """A fresh server whose very first request is /barrier with a query string: the visitor
+    gets the real app (app.py's sidebar and navigation, the six pages by title) on the
+    Barrier page, with the URL and every query parameter kept, and the page computes with
+    them (7 points on the path)."""
     with serving(tmp_path) as base, playwright.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1280, "height": 1400})
@@ -146,7 +146,7 @@ def test_a_users_classifier_pair_and_csv(tmp_path):
     from test_tasks import _config, _head_class, _rows
     from test_tokens import _wordpiece
 
-    from rotviz import appconfig
+    from rotviz.app import roots as app_roots
 
     root = tmp_path / "user"
     tok = _wordpiece("<s>", "</s>")
@@ -159,8 +159,8 @@ def test_a_users_classifier_pair_and_csv(tmp_path):
         w = csv.DictWriter(f, ["text", "label"])
         w.writeheader()
         w.writerows({"text": r["text"], "label": r["label"]} for r in _rows(120))
-    old = os.environ.get(appconfig.ENV_ROOTS)
-    os.environ[appconfig.ENV_ROOTS] = str(root)
+    old = os.environ.get(app_roots.ENV_ROOTS)
+    os.environ[app_roots.ENV_ROOTS] = str(root)
     try:
         with serving(tmp_path) as base, playwright.sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
@@ -193,6 +193,6 @@ def test_a_users_classifier_pair_and_csv(tmp_path):
             browser.close()
     finally:
         if old is None:
-            os.environ.pop(appconfig.ENV_ROOTS, None)
+            os.environ.pop(app_roots.ENV_ROOTS, None)
         else:
-            os.environ[appconfig.ENV_ROOTS] = old
+            os.environ[app_roots.ENV_ROOTS] = old

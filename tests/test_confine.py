@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from conftest import refused
 
-from rotviz import appconfig
+from rotviz.app import roots as app_roots
 from rotviz.confine import ANYWHERE, Confined
 from rotviz.data import load_split
 from rotviz.datafiles import check_data, read_text
@@ -405,8 +405,8 @@ def test_a_loop_of_links_is_checked_once_not_forever(tmp_path):
     for link in (data / "imgs" / "a", data / "imgs" / "b", data / "text.txt"):
         link.symlink_to(link)
     (data / "ok.txt").write_text("ok")
-    assert appconfig.discover_data([data]) == [f"text:{data / 'ok.txt'}"]
-    assert appconfig.discover([data]) == []
+    assert app_roots.discover_data([data]) == [f"text:{data / 'ok.txt'}"]
+    assert app_roots.discover([data]) == []
 
 
 # ---- the same text as before ------------------------------------------------------------
@@ -425,8 +425,8 @@ def test_typed_paths_that_cannot_be_resolved_are_one_line(tmp_path):
     (tmp_path / "loop").symlink_to(tmp_path / "loop")
     roots = [tmp_path.resolve()]
     for typed in (str(tmp_path / "loop"), f"{tmp_path}/a\0b"):
-        for check in (lambda t=typed: appconfig.resolve_choice(t, roots),
-                      lambda t=typed: appconfig.resolve_data(f"csv:{t}", roots)):
+        for check in (lambda t=typed: app_roots.resolve_choice(t, roots),
+                      lambda t=typed: app_roots.resolve_data(f"csv:{t}", roots)):
             with pytest.raises(RotvizError) as e:
                 check()
             _one_line(e, "NUL character" if "\0" in typed else "cannot be resolved")

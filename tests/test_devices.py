@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rotviz.analysis.landscape import flat_inner
-from rotviz.appconfig import device_note
+from rotviz.app.devices import device_note
 from rotviz.cli import main
 from rotviz.errors import RotvizError
 from rotviz.match.options import LearnOptions, MatchOptions

@@ -98,8 +98,7 @@ LAYERS = [
     ("match", ["rotviz.match"]),
     ("analysis", ["rotviz.analysis"]),
     ("top", ["rotviz.zoo.build", "rotviz.zoo.train", "rotviz.zoo.recipes", "rotviz.app",
-             "rotviz.appconfig", "rotviz.explore", "rotviz.cli",
-             "rotviz.plots", "rotviz"]),
+             "rotviz.cli", "rotviz.plots", "rotviz"]),
 ]
 
 

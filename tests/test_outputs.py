@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 from conftest import ZOO, refused, snapshot
 
-from rotviz import appconfig, outputs
+from rotviz import outputs
+from rotviz.app import roots as app_roots
 from rotviz.cli import main
 from rotviz.errors import RotvizError
 
@@ -205,13 +206,13 @@ def test_item7_app_refuses_a_file_that_links_out_of_the_roots(tmp_path):
     (root / "m" / "config.json").write_bytes((outside / "config.json").read_bytes())
     (root / "m" / "model.safetensors").symlink_to(outside / "model.safetensors")
     roots = [root.resolve()]
-    assert appconfig.discover(roots) == []  # not offered either
+    assert app_roots.discover(roots) == []  # not offered either
     with pytest.raises(RotvizError, match="model.safetensors' leads to .*outside the model roots"):
-        appconfig.resolve_choice(str(root / "m"), roots)
+        app_roots.resolve_choice(str(root / "m"), roots)
     (root / "m" / "model.safetensors").unlink()  # a real file: fine
     (root / "m" / "model.safetensors").write_bytes((outside / "model.safetensors").read_bytes())
-    assert appconfig.resolve_choice(str(root / "m"), roots) == str((root / "m").resolve())
-    assert appconfig.discover(roots) == [str(root / "m")]
+    assert app_roots.resolve_choice(str(root / "m"), roots) == str((root / "m").resolve())
+    assert app_roots.discover(roots) == [str(root / "m")]
 
 
 # ---- outputs as transactions ------------------------------------------------------------------

@@ -172,15 +172,15 @@ def test_learn_figures():
 
 
 def test_matching_figures():
-    from rotviz import explore
+    from rotviz.app import summaries
 
     summary = {"report": {"options": {"ffn": True, "attn": True, "rescale": True},
                           "residual": {"objective": [10.0, 7.0, 6.5, 6.4, 6.4]}}}
-    rows = explore.objective_rows(summary)
+    rows = summaries.objective_rows(summary)
     assert [r["after"] for r in rows[1:]] == ["per-layer maps (FFN, heads)", "residual map"] * 2
     assert [r["round"] for r in rows] == [0, 1, 1, 2, 2]
-    assert explore.never_increases([r["objective"] for r in rows])
-    assert not explore.never_increases([3.0, 2.0, 2.5])
+    assert summaries.never_increases([r["objective"] for r in rows])
+    assert not summaries.never_increases([3.0, 2.0, 2.5])
     fig = matching.objective_history(rows)
     _check_frame(fig, "never goes up")
     assert fig.layout.yaxis.title.text.startswith("squared distance to anchor (canonical")
@@ -202,8 +202,8 @@ def test_matching_figures():
     assert "nats" in lh.layout.yaxis.title.text
     assert list(lh.data[0].y) == [1.6, 0.25, 0.3] and list(lh.data[1].x) == [20, 40]
     assert lh.data[2].name == "kept: step 20" and list(lh.data[2].y) == [0.25]
-    assert "steps" in explore.stop_reason({"stopped": "steps", "steps": 40})
-    assert "8 checks" in explore.stop_reason({"stopped": "patience", "steps": 180})
+    assert "steps" in summaries.stop_reason({"stopped": "steps", "steps": 40})
+    assert "8 checks" in summaries.stop_reason({"stopped": "patience", "steps": 180})
 
     corr = matching.ffn_correlation([0.1, 0.2], [0.6, 0.7])
     _check_frame(corr, "activation matching")

@@ -9,9 +9,9 @@ import inspect
 
 import pytest
 
+from rotviz.app.specs import WHY_UNCHANGED
 from rotviz.cli import build_parser
 from rotviz.errors import RotvizError
-from rotviz.explore import WHY_UNCHANGED
 from rotviz.match.options import MatchOptions
 from rotviz.match.selection import Selection, parse_selection
 from rotviz.plots.style import nice_label

@@ -280,9 +280,9 @@ def test_the_app_offers_the_nlp_pairs_and_scores_them_by_f1():
     named by its card (the whole test split), as the library computes it."""
     from test_app import app
 
-    from rotviz import appconfig
+    from rotviz.app import roots as app_roots
 
-    assert {"nlp-mlm", "nlp-cls", "nlp-tok"} <= set(appconfig.zoo_pairs())
+    assert {"nlp-mlm", "nlp-cls", "nlp-tok"} <= set(app_roots.zoo_pairs())
     a, b = zoo.pair("nlp-tok")
     at = app("models", anchor=a, source=b, n="0")
     assert not at.error, [e.value for e in at.error]
@@ -291,7 +291,7 @@ def test_the_app_offers_the_nlp_pairs_and_scores_them_by_f1():
     assert shown == [f"{v:.3f}" for v in want]
     assert "token classification" in "\n".join(c.value for c in at.caption)
     assert (at.selectbox(key="anchor").value, at.selectbox(key="source").value) == (a, b)
-    from pages import common
+    from app_pages import common
 
     with common._WARMING, common._AHEAD:  # the page's warm-up thread is done
         pass

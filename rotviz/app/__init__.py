@@ -1,21 +1,23 @@
-"""The app-facing library: what the Streamlit pages (pages/) call, and nothing of Streamlit.
+"""The app-facing library: what the Streamlit pages (app_pages/) call, and nothing of
+Streamlit.
 
 Layers, top to bottom:
-- pages/ (app.py, pages/*.py, pages/common.py): widgets, caches, locks, progress boxes,
-  Stop. The only code that imports streamlit.
-- rotviz.app (this package), with rotviz.appconfig, rotviz.explore and rotviz.plots: the
-  app's computations as plain data in, plain data out (`compute`), and the few facts the
-  pages need from the engine, under names of their own.
-- the engine (matching, alternating, residual, landscape, fusion, models, ...).
+- app.py and app_pages/ (app_pages/common.py: the helpers the pages share): widgets,
+  caches, locks, progress boxes, Stop. The only code that imports streamlit.
+- rotviz.app (this package) and rotviz.plots: the app's computations as plain data in,
+  plain data out (`compute`, re-exported here), and its modules named for what they hold:
+  `roots` (where models and data may come from), `cache` (the result cache and the
+  configuration hashes), `export` (JSON, CSV, figures, zips), `devices` (the device picker
+  and badge), `specs` (the matching SPECs offered), `summaries` (model cards, match
+  summaries and their tables), `demos` (the Learn page) and `merge_table` (the Merge page).
+- the engine (matching, alternating, residual, landscape, fusion, models, ...). A page that
+  needs an engine name imports it from its home, inside the function that uses it.
 
 Importing rotviz.app costs no torch, transformers or scipy import: each function imports
-what it needs when called. Names a page needs from the engine are offered here as functions
-(`ended_by_cap`, `group_text`, `pick_device`, ...), or as lazy constants (FUNCTION_TOLERANCE).
+what it needs when called, so a page paints before the engine loads.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from rotviz.app.compute import (
     BARRIER_POINTS,
@@ -31,10 +33,7 @@ from rotviz.app.compute import (
     circuits,
     curve,
     curve_cfg,
-    device_choices,
-    ended_by_cap,
     fusion,
-    group_text,
     layers_of,
     learn,
     load_eval,
@@ -44,34 +43,17 @@ from rotviz.app.compute import (
     matched,
     matched_key,
     n_layers,
-    n_params,
     pair,
-    pick_device,
     plane,
-    residual_why,
     run,
     spec_cfg,
     warm_up,
 )
-from rotviz.errors import RotvizError
-from rotviz.limits import MAX_LAYERS_TEXT
-from rotviz.symmetry.registry import BY_NAME, SYMMETRIES
 
 __all__ = [
-    "BARRIER_POINTS", "BY_NAME", "COMPUTE", "COMPUTE_MODULES", "DEFAULT_LEARN_STEPS",
-    "FUNCTION_TOLERANCE", "MAX_LAYERS_TEXT", "SYMMETRIES", "Cancelled", "Progress", "Resources",
-    "RotvizError", "barrier_defaults", "card", "check_pair", "circuits", "curve", "curve_cfg",
-    "device_choices", "ended_by_cap", "fusion", "group_text", "layers_of", "learn", "load_eval",
-    "load_full", "load_test_split", "match", "matched", "matched_key", "n_layers", "n_params",
-    "pair", "pick_device", "plane", "residual_why", "run", "spec_cfg", "warm_up",
+    "BARRIER_POINTS", "COMPUTE", "COMPUTE_MODULES", "DEFAULT_LEARN_STEPS", "Cancelled",
+    "Progress", "Resources", "barrier_defaults", "card", "check_pair", "circuits", "curve",
+    "curve_cfg", "fusion", "layers_of", "learn", "load_eval", "load_full", "load_test_split",
+    "match", "matched", "matched_key", "n_layers", "pair", "plane", "run", "spec_cfg",
+    "warm_up",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    """FUNCTION_TOLERANCE (the float32 function check's, rotviz.match.pipeline) on first use, so
-    importing this package imports no torch."""
-    if name == "FUNCTION_TOLERANCE":
-        from rotviz.match.pipeline import FUNCTION_TOLERANCE
-
-        return FUNCTION_TOLERANCE
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,7 +6,7 @@ configuration dict (JSON types only) and returns plain data the pages cache, dra
     info = run("match", res, {"anchor": "zoo:vit-digits-s3", "source": "zoo:vit-digits-s6",
                               "spec": "seed", "layers": "", "device": "cpu"})
 
-The pages pass their own `Resources` (pages/common.py): models and splits shared by every
+The pages pass their own `Resources` (app_pages/common.py): models and splits shared by every
 session, a lock per model, a bounded cache of matched sources. Long steps report through a
 `progress(done, total, message)` callback; nothing here keeps state between calls.
 
@@ -21,7 +21,8 @@ import dataclasses
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from rotviz import appconfig, explore
+from rotviz.app import demos, merge_table, roots, specs, summaries
+from rotviz.app.cache import config_hash
 from rotviz.errors import RotvizError
 from rotviz.limits import DEFAULT_STEPS
 from rotviz.types import Progress
@@ -52,7 +53,7 @@ class Resources:
     sources, on the instance (never shared between instances: no global state); it locks
     nothing. A host (the app) overrides the methods to share, bound and lock them.
     Models handed out are shared: never modify them. Every file is read through
-    `appconfig.app_confined()` (the model roots as they are configured when it reads).
+    `roots.app_confined()` (the model roots as they are configured when it reads).
     """
 
     def __init__(self) -> None:
@@ -62,7 +63,7 @@ class Resources:
 
     def load(self, ref: str) -> Loaded:
         """The model `ref` (zoo entry or folder under the model roots), checked on every call."""
-        appconfig.resolve_choice(ref)
+        roots.resolve_choice(ref)
         if (ref, True) not in self._models:
             self._models[(ref, True)] = load_full(ref, self.confined())
         return self._models[(ref, True)]
@@ -70,7 +71,7 @@ class Resources:
     def load_eval(self, ref: str) -> Loaded:
         """The model `ref` for reading and evaluating only (`load_for_eval`: no transformers
         import where plain torch computes the same logits). Never matched or merged."""
-        appconfig.resolve_choice(ref)
+        roots.resolve_choice(ref)
         for full in (True, False):
             if (ref, full) in self._models:
                 return self._models[(ref, full)]
@@ -87,8 +88,8 @@ class Resources:
         return self._splits[key]
 
     def confined(self) -> Confined:
-        """What models and data are read through: the app's roots (appconfig.app_confined)."""
-        return appconfig.app_confined()
+        """What models and data are read through: the app's roots (roots.app_confined)."""
+        return roots.app_confined()
 
     @contextlib.contextmanager
     def using(self, *refs: str) -> Iterator[None]:
@@ -108,10 +109,10 @@ class Resources:
 def load_full(ref: str, confined: Confined | None = None) -> Loaded:
     """A model with its own transformers (or timm) module (`Resources.load`), for a host
     that needs the model's own class; the computations here take `load_eval`'s. Read
-    through `confined` (default: the app's, appconfig.app_confined)."""
+    through `confined` (default: the app's, roots.app_confined)."""
     from rotviz.models import load_model
 
-    return load_model(ref, confined=confined or appconfig.app_confined())
+    return load_model(ref, confined=confined or roots.app_confined())
 
 
 def load_eval(ref: str, confined: Confined | None = None) -> Loaded:
@@ -119,7 +120,7 @@ def load_eval(ref: str, confined: Confined | None = None) -> Loaded:
     through `confined` (default: the app's)."""
     from rotviz.lite import load_for_eval
 
-    return load_for_eval(ref, confined=confined or appconfig.app_confined())
+    return load_for_eval(ref, confined=confined or roots.app_confined())
 
 
 def load_test_split(data: str, seed: int, n: int, model: Loaded,
@@ -128,7 +129,7 @@ def load_test_split(data: str, seed: int, n: int, model: Loaded,
     files (data, tokenizer, image processor) read through `confined` (default: the app's)."""
     from rotviz.evaluation import split_for
 
-    s = split_for(model, data, "test", seed, confined=confined or appconfig.app_confined())
+    s = split_for(model, data, "test", seed, confined=confined or roots.app_confined())
     return s.subset(n) if 0 < n < s.n else s
 
 
@@ -142,34 +143,7 @@ def warm_up() -> None:
         importlib.import_module(name)
 
 
-# ---- devices and small facts for the pages -------------------------------------------------
-
-
-def device_choices() -> list[str]:
-    """What the device picker offers: auto, cpu, and cuda / mps where present."""
-    import torch
-
-    from rotviz.models import mps_available
-
-    out = ["auto", "cpu"]
-    if torch.cuda.is_available():
-        out.append("cuda")
-    if mps_available():
-        out.append("mps")
-    return out
-
-
-def pick_device(choice: str):
-    """The torch.device a device choice means (`auto`: cuda, then mps, then cpu)."""
-    from rotviz.models import pick_device as pick
-
-    return pick(choice)
-
-
-def residual_why(loaded: Loaded) -> str | None:
-    """Why this model's residual stream cannot be matched (e.g. a tied output head), or
-    None. Asked of the anchor: both models of a pair share the architecture."""
-    return explore.residual_unsupported(loaded)
+# ---- checks for the pages ------------------------------------------------------------------
 
 
 def check_pair(anchor: Loaded, source: Loaded, split: Split) -> None:
@@ -181,24 +155,6 @@ def check_pair(anchor: Loaded, source: Loaded, split: Split) -> None:
     check_fits(anchor, split)
 
 
-def n_params(loaded: Loaded) -> int:
-    return explore.n_params(loaded)
-
-
-def ended_by_cap(residual_info: dict) -> bool:
-    """Whether the round cap, not the tolerance, ended some phase of the alternation."""
-    from rotviz.match.alternating import ended_by_cap as ended
-
-    return ended(residual_info)
-
-
-def group_text(group: str) -> str | None:
-    """The residual group's name in words (rotviz.symmetry.residual.GROUP_TEXT), None if unknown."""
-    from rotviz.symmetry.residual import GROUP_TEXT
-
-    return GROUP_TEXT.get(group)
-
-
 # ---- matching, shared by the computations ----------------------------------------------------
 
 
@@ -206,9 +162,9 @@ def spec_cfg(spec: str, learn_steps: int = 0) -> dict:
     """The part of a configuration a matching SPEC decides: its canonical label, and the
     learned-matching step budget only when the SPEC learns (so data-free results are shared
     by every page whatever the budget field says)."""
-    label = explore.spec_label(spec)
+    label = specs.spec_label(spec)
     out: dict[str, Any] = {"spec": label}
-    if explore.learns(label):
+    if specs.learns(label):
         out["learn_steps"] = int(learn_steps or DEFAULT_LEARN_STEPS)
     return out
 
@@ -225,7 +181,7 @@ def barrier_defaults(base: dict, residual_why: str | None) -> list[dict]:
     points), for the pair in `base`: what the app may compute ahead, after the first page
     has painted, so that the Barrier page finds them ready."""
     return [curve_cfg(base, sp, BARRIER_POINTS)
-            for sp in explore.offered(explore.DEFAULT_SPECS, residual_why)]
+            for sp in specs.offered(specs.DEFAULT_SPECS, residual_why)]
 
 
 def pair(res: Resources, cfg: dict) -> tuple[Loaded, Loaded]:
@@ -256,10 +212,10 @@ def matched_key(anchor: str, source: str, spec: str, layers: str, device: str, d
                 learn_steps: int = 0, seed: int = 0) -> str:
     """The hash a matched source is kept under: only what changes it (data, the step budget
     and the seed only for the SPECs that use them)."""
-    label = explore.spec_label(spec)
-    needs, learns = explore.needs_data(label), explore.learns(label)
+    label = specs.spec_label(spec)
+    needs, learns = specs.needs_data(label), specs.learns(label)
     steps = int(learn_steps or DEFAULT_LEARN_STEPS) if learns else 0
-    return appconfig.config_hash({
+    return config_hash({
         "anchor": anchor, "source": source, "spec": label, "layers": layers or "",
         "device": device, "data": data if needs else "", "learn_steps": steps,
         "learn_seed": seed if learns else 0})
@@ -274,10 +230,10 @@ def matched(res: Resources, anchor: str, source: str, spec: str, layers: str, de
     matching early-stops on its val split, runs at most `learn_steps` steps and draws its
     batches with `seed`); `progress(done, total, message)` hears about every step, and
     `cancel()` returning True stops learned matching (then nothing is kept: `Cancelled`)."""
-    label = explore.spec_label(spec)
+    label = specs.spec_label(spec)
     if label == "none":
         return None
-    needs, learns = explore.needs_data(label), explore.learns(label)
+    needs, learns = specs.needs_data(label), specs.learns(label)
     steps = int(learn_steps or DEFAULT_LEARN_STEPS) if learns else 0
 
     def run():
@@ -323,11 +279,11 @@ def _split_of(res: Resources, cfg: dict) -> Split:
 
 def card(res: Resources, cfg: dict, progress: Progress | None = None) -> dict:
     """The Models page's card of model `ref`: shape, size, test loss and accuracy, and the
-    check that a random symmetry leaves its function alone (explore.model_card)."""
+    check that a random symmetry leaves its function alone (summaries.model_card)."""
     m = res.load_eval(cfg["ref"])
     sp = _split_of(res, cfg)
     with res.using(cfg["ref"]):
-        return explore.model_card(m, sp)
+        return summaries.model_card(m, sp)
 
 
 def match(res: Resources, cfg: dict, progress: Progress | None = None) -> dict:
@@ -336,15 +292,15 @@ def match(res: Resources, cfg: dict, progress: Progress | None = None) -> dict:
     m = _matched_of(res, cfg, progress)
     if m is None:
         from rotviz.match.distances import distances
-        from rotviz.match.pipeline import view_of
+        from rotviz.match.pipeline import FUNCTION_TOLERANCE, view_of
 
         a, b = pair(res, cfg)
         d = distances(view_of(b), view_of(a)).to_dict()
         return {"spec": "none", "report": {"distance_before": d, "distance_after": d, "heads": [],
                                            "max_output_diff": 0.0},
                 "before_total": d["total"], "after_total": d["total"], "max_output_diff": 0.0,
-                "preserved": True, "tolerance": explore.FUNCTION_TOLERANCE}
-    return explore.match_summary(m, cfg["spec"])
+                "preserved": True, "tolerance": FUNCTION_TOLERANCE}
+    return summaries.match_summary(m, cfg["spec"])
 
 
 def curve(res: Resources, cfg: dict, progress: Progress | None = None) -> dict:
@@ -404,9 +360,9 @@ def fusion(res: Resources, cfg: dict, progress: Progress | None = None) -> dict:
     for spec in cfg["specs"]:
         m = _matched_of(res, {**cfg, **spec_cfg(spec, cfg.get("learn_steps", 0)), "layers": ""},
                         progress)
-        states[explore.spec_label(spec)] = None if m is None else m.state
+        states[specs.spec_label(spec)] = None if m is None else m.state
     with res.using(cfg["anchor"], cfg["source"]):
-        return explore.fusion_with_states(a, b, sp, states, cfg["methods"], cfg["weight"],
+        return merge_table.fusion_with_states(a, b, sp, states, cfg["methods"], cfg["weight"],
                                           cfg["batches"], 32, cfg["alpha"], cfg["device"],
                                           cfg["seed"])
 
@@ -417,7 +373,7 @@ def learn(res: Resources, cfg: dict, progress: Progress | None = None) -> dict:
     m = res.load_eval(cfg["ref"])
     sp = _split_of(res, cfg)
     with res.using(cfg["ref"]):
-        return explore.learn_demo(m, sp, cfg["kind"], cfg["demo_seed"], cfg["layer"], cfg["head"])
+        return demos.learn_demo(m, sp, cfg["kind"], cfg["demo_seed"], cfg["layer"], cfg["head"])
 
 
 COMPUTE: dict[str, Callable[[Resources, dict, Progress | None], Any]] = {

@@ -35,7 +35,7 @@ def register(sub) -> None:
 
 def serve_command(port: int = 8501, address: str = "localhost") -> list[str]:
     """The streamlit command line that runs the app."""
-    from rotviz.appconfig import REPO
+    from rotviz.app.roots import REPO
 
     app = REPO / "app.py"
     if not app.is_file():
@@ -48,7 +48,7 @@ def serve_command(port: int = 8501, address: str = "localhost") -> list[str]:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from rotviz.appconfig import ENV_ROOTS, REPO
+    from rotviz.app.roots import ENV_ROOTS, REPO
 
     cmd = serve_command(args.port, args.address)
     env = dict(os.environ)

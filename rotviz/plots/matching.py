@@ -20,7 +20,7 @@ CORRELATION = "mean correlation of paired FFN units (Pearson, -1 to 1)"
 def objective_history(rows: Sequence[Mapping], font_size: int = 14,
                       title: str = "Weight matching, step by step: the distance never goes up",
                       ) -> go.Figure:
-    """The alternation's objective after each step (`rotviz.explore.objective_rows`): one
+    """The alternation's objective after each step (`rotviz.app.summaries.objective_rows`): one
     line, with a marker per step showing which maps it solved."""
     fig = go.Figure()
     x = [int(r["step"]) for r in rows]

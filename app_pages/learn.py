@@ -3,11 +3,11 @@
 import numpy as np
 import streamlit as st
 
-from pages import common
-from rotviz import appconfig
+from app_pages import common
+from rotviz.app.roots import short_name
 from rotviz.plots import learn as lplots
 
-s = common.setup(__file__)
+s = common.setup()
 st.title("Learn: same function, different weights")
 st.markdown(
     "A neural network is a long list of numbers (its *weights*). Surprisingly, many different "
@@ -117,7 +117,7 @@ def body() -> None:
     w = d["weights"]
     what = (f"the query weights W_Q of head {d['head']} in layer {d['layer']}" if kind != "permute"
             else f"the input weights of the first 24 FFN neurons in layer {d['layer']}")
-    name = appconfig.short_name(s.anchor)
+    name = short_name(s.anchor)
 
     st.header("1 · The original model")
     st.markdown(f"**{name}** gets {100 * d['acc']['original']:.1f} % of its test predictions "

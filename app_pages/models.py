@@ -2,11 +2,11 @@
 
 import streamlit as st
 
-from pages import common
-from rotviz import app, appconfig
+from app_pages import common
+from rotviz.app.roots import card_of, short_name
 from rotviz.plots import style
 
-s = common.setup(__file__)
+s = common.setup()
 st.title("rotviz: the symmetries of transformers")
 st.markdown(
     "Two transformers trained apart compute nearly the same function with very different "
@@ -19,6 +19,8 @@ st.markdown(
 
 
 def body() -> None:
+    from rotviz.match.pipeline import FUNCTION_TOLERANCE
+
     if not common.require_pair(s):
         return
     cards = {}
@@ -32,7 +34,7 @@ def body() -> None:
     cols = st.columns(2)
     for col, (role, card) in zip(cols, cards.items(), strict=True):
         with col, st.container(border=True):
-            st.subheader(f"{role.capitalize()}: {appconfig.short_name(card['ref'])}")
+            st.subheader(f"{role.capitalize()}: {short_name(card['ref'])}")
             scores = card.get("scores") or {}
             m = st.columns(2 + max(1, len(scores)))  # the size moves below when F1 is shown
             acc = card["acc"]
@@ -55,7 +57,7 @@ def body() -> None:
                 f"{card['n_heads']} heads of size {card['d_head']} · FFN {card['d_ffn']} "
                 f"({card['activation']})" + (f" · {card['params']:,} parameters" if scores else "")
             )
-            zoo_card = appconfig.card_of(card["ref"])
+            zoo_card = card_of(card["ref"])
             if zoo_card:
                 recipe = zoo_card.get("recipe") or {}
                 st.caption(
@@ -68,7 +70,7 @@ def body() -> None:
             st.caption("Functional check: a random symmetry (every FFN permuted, every head "
                        f"rotated and rescaled) moved the weights by {chk['distance']:.1f} "
                        "(Euclidean distance), and the outputs by:")
-            common.function_badge(chk["max_output_diff"], app.FUNCTION_TOLERANCE,
+            common.function_badge(chk["max_output_diff"], FUNCTION_TOLERANCE,
                                   "randomly transformed model")
     rows = [{"role": r, **{k: v for k, v in c.items() if k != "check"},
              "check_max_output_diff": c["check"]["max_output_diff"],

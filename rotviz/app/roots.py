@@ -1,30 +1,21 @@
-"""Library-side helpers for the app: model roots, configuration hashes, devices and exports.
+"""Where the app's models and data may come from: the model roots, what is found under
+them, and the checks on what is typed.
 
-Nothing here imports streamlit, so the tests and the command line can use it too.
-The app only offers models from the zoo and from folders under the configured model roots
-(`ROTVIZ_MODEL_ROOTS`, a `os.pathsep`-separated list; default `assets/zoo`): a path typed
-into a browser must never reach an arbitrary folder of the server. Everything the app reads
-goes through `app_confined()` (rotviz.confine): files that resolve inside the roots (and the
-zoo's and the shipped data's own folders), regular files only. What the sidebar offers
-(`discover`, `discover_data`) is checked exactly as what is typed (`resolve_choice`,
-`resolve_data`): a folder or data whose reading would be refused is not listed.
+Nothing here imports streamlit or torch (the app's first paint reads it), so the tests and
+the command line can use it too. The app only offers models from the zoo and from folders
+under the configured model roots (`ROTVIZ_MODEL_ROOTS`, a `os.pathsep`-separated list;
+default `assets/zoo`): a path typed into a browser must never reach an arbitrary folder of
+the server. Everything the app reads goes through `app_confined()` (rotviz.confine): files
+that resolve inside the roots (and the zoo's and the shipped data's own folders), regular
+files only. What the sidebar offers (`discover`, `discover_data`) is checked exactly as what
+is typed (`resolve_choice`, `resolve_data`): a folder or data whose reading would be refused
+is not listed.
 """
 
 from __future__ import annotations
 
-import csv
-import hashlib
-import io
-import json
-import math
 import os
-import platform
-import shutil
-import threading
-import zipfile
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import datetime, timezone
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +24,7 @@ from rotviz.datafiles import check_data
 from rotviz.errors import RotvizError
 
 ENV_ROOTS = "ROTVIZ_MODEL_ROOTS"
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]  # the checkout: rotviz/app/roots.py is 2 below
 DEFAULT_ROOT = REPO / "assets" / "zoo"
 SHIPPED_DATA = REPO / "assets" / "data"  # the data the zoo's cards name (read as "auto" data)
 INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
@@ -383,250 +374,3 @@ def model_label(ref: str) -> str:
 def short_name(ref: str) -> str:
     """A label for a model reference: the zoo name, or the folder name."""
     return ref[4:] if ref.startswith("zoo:") else Path(ref).name
-
-
-# ---- configuration hashes -----------------------------------------------------------------
-
-
-def canonical(obj: Any) -> Any:
-    """A JSON-ready copy with sorted keys, tuples as lists and floats rounded for hashing."""
-    if isinstance(obj, Mapping):
-        return {str(k): canonical(obj[k]) for k in sorted(obj, key=str)}
-    if isinstance(obj, (list, tuple)):
-        return [canonical(x) for x in obj]
-    if isinstance(obj, float):
-        return float(f"{obj:.12g}")
-    if isinstance(obj, Path):
-        return str(obj)
-    return obj
-
-
-def config_hash(config: Mapping[str, Any]) -> str:
-    """A short stable hash of a run configuration: the cache key and the run's id."""
-    text = json.dumps(canonical(config), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-# ---- the app's result cache ------------------------------------------------------------------
-
-
-class ResultCache:
-    """Results by configuration hash, least recently used dropped beyond `max_entries`.
-
-    The app computes inside `get_or_compute` rather than inside a Streamlit-cached function,
-    so a computation may report progress to the page while it runs (Streamlit replays the
-    elements a cached function draws, which breaks for elements drawn outside it) and may be
-    interrupted: when `compute` raises, anything at all (Streamlit's stop and rerun signals
-    are BaseExceptions), nothing is stored and the next caller computes afresh. One lock per
-    key: two callers asking for the same key compute it once. `copy` gives every caller its
-    own copy (a deep copy, like st.cache_data); without it the one stored object is shared
-    (like st.cache_resource: never modify it).
-    """
-
-    def __init__(self, max_entries: int = 256, copy: bool = True):
-        self.max_entries = max_entries
-        self.copy = copy
-        self._data: OrderedDict[str, Any] = OrderedDict()
-        self._lock = threading.Lock()
-        self._key_locks: dict[str, threading.Lock] = {}
-
-    def __contains__(self, key: str) -> bool:
-        with self._lock:
-            return key in self._data
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._data)
-
-    def _out(self, value: Any) -> Any:
-        import copy
-
-        return copy.deepcopy(value) if self.copy else value
-
-    def get_or_compute(self, key: str, compute: Callable[[], Any]) -> Any:
-        with self._lock:
-            if key in self._data:
-                self._data.move_to_end(key)
-                return self._out(self._data[key])
-            key_lock = self._key_locks.setdefault(key, threading.Lock())
-        with key_lock:
-            with self._lock:  # computed by another caller while we waited
-                if key in self._data:
-                    self._data.move_to_end(key)
-                    return self._out(self._data[key])
-            value = compute()  # an exception leaves nothing behind
-            with self._lock:
-                self._data[key] = value
-                self._data.move_to_end(key)
-                while len(self._data) > self.max_entries:
-                    self._data.popitem(last=False)
-                self._key_locks.pop(key, None)
-        return self._out(value)
-
-    def discard(self, key: str) -> None:
-        """Forget `key` (nothing happens if it is not stored)."""
-        with self._lock:
-            self._data.pop(key, None)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._data.clear()
-
-
-# ---- devices ----------------------------------------------------------------------------
-
-
-def device_summary(device: Any) -> dict[str, Any]:
-    """Kind, name and memory (GiB) of a torch device, for the app's badge."""
-    import torch
-
-    device = torch.device(device)
-    out: dict[str, Any] = {"kind": device.type, "name": device.type, "total_gib": None,
-                           "free_gib": None}
-    if device.type == "cuda":
-        idx = device.index or 0
-        props = torch.cuda.get_device_properties(idx)
-        free, total = torch.cuda.mem_get_info(idx)
-        out.update(name=props.name, total_gib=total / 2**30, free_gib=free / 2**30)
-    elif device.type == "mps":
-        out["name"] = "Apple GPU (MPS)"
-        rec = getattr(getattr(torch, "mps", None), "recommended_max_memory", None)
-        if rec is not None:
-            out["total_gib"] = rec() / 2**30
-    else:
-        out["name"] = platform.processor() or platform.machine() or "CPU"
-        try:
-            pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
-            avail = os.sysconf("SC_AVPHYS_PAGES")
-            out.update(total_gib=pages * size / 2**30, free_gib=avail * size / 2**30)
-        except (ValueError, OSError, AttributeError):
-            pass
-        out["threads"] = torch.get_num_threads()
-    return out
-
-
-def device_note(device: Any) -> str | None:
-    """What a user should know about where the work runs on `device`, if anything."""
-    if getattr(device, "type", device) == "mps":
-        return ("Forward passes run on the Apple GPU; matching runs on the CPU, because its "
-                "solvers work in float64, which MPS does not have.")
-    return None
-
-
-def device_badge(summary: Mapping[str, Any]) -> str:
-    """'cuda · NVIDIA H100 · 79.1 of 80.0 GiB free' style text."""
-    parts = [str(summary["kind"]), str(summary["name"])]
-    if summary.get("total_gib"):
-        if summary.get("free_gib") is not None:
-            parts.append(f"{summary['free_gib']:.1f} of {summary['total_gib']:.1f} GiB free")
-        else:
-            parts.append(f"{summary['total_gib']:.1f} GiB")
-    return " · ".join(parts)
-
-
-# ---- versions and exports ---------------------------------------------------------------
-
-
-def versions() -> dict[str, str]:
-    """Versions of python and the libraries a result depends on."""
-    import importlib.metadata as md
-
-    out = {"python": platform.python_version(), "platform": platform.platform()}
-    libs = ("rotviz", "torch", "transformers", "timm", "numpy", "scipy", "plotly", "streamlit")
-    for name in libs:
-        try:
-            out[name] = md.version(name)
-        except md.PackageNotFoundError:
-            if name == "rotviz":
-                from rotviz.version import __version__
-
-                out[name] = __version__
-    return out
-
-
-def jsonable(obj: Any) -> Any:
-    """Plain JSON types for numpy arrays, tensors, dataclasses and paths; NaN/Inf as null."""
-    import dataclasses
-
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return jsonable(dataclasses.asdict(obj))
-    if isinstance(obj, Mapping):
-        return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [jsonable(x) for x in obj]
-    if hasattr(obj, "tolist"):  # numpy arrays and scalars, torch tensors
-        return jsonable(obj.tolist())
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, Path):
-        return str(obj)
-    return obj
-
-
-def to_json(obj: Any) -> str:
-    return json.dumps(jsonable(obj), indent=2, sort_keys=False)
-
-
-def rows_to_csv(rows: Sequence[Mapping[str, Any]]) -> str:
-    """A table (list of flat dicts) as CSV; columns in first-seen order."""
-    cols: list[str] = []
-    for r in rows:
-        cols.extend(k for k in r if k not in cols)
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
-    w.writeheader()
-    for r in rows:
-        w.writerow({k: jsonable(v) for k, v in r.items()})
-    return buf.getvalue()
-
-
-def figure_html(fig: Any) -> str:
-    """A self-contained HTML page of a plotly figure (plotly.js inlined: works offline)."""
-    return fig.to_html(include_plotlyjs=True, full_html=True)
-
-
-def static_formats() -> tuple[str, ...]:
-    """('png', 'svg') where kaleido and a Chrome or Chromium are installed, else ()."""
-    try:
-        import kaleido  # noqa: F401
-    except ImportError:
-        return ()
-    browsers = ("chromium", "chromium-browser", "google-chrome", "chrome")
-    if not any(shutil.which(b) for b in browsers):
-        return ()
-    return ("png", "svg")
-
-
-def figure_image(fig: Any, fmt: str) -> bytes:
-    """PNG or SVG bytes of a figure through kaleido; only call when `static_formats()` has it."""
-    if fmt not in static_formats():
-        raise RotvizError(f"{fmt} export needs kaleido and a Chrome or Chromium; use HTML export")
-    return fig.to_image(format=fmt)
-
-
-def run_zip(
-    config: Mapping[str, Any],
-    results: Mapping[str, Any],
-    tables: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
-    figures: Mapping[str, Any] | None = None,
-) -> bytes:
-    """A whole run as a zip: config.json, versions.json, results.json, tables as CSV, figures
-    as HTML (and PNG/SVG when available)."""
-    buf = io.BytesIO()
-    stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
-        z.writestr("config.json", to_json({"config": config, "hash": config_hash(config),
-                                           "exported": stamp}))
-        z.writestr("versions.json", to_json(versions()))
-        z.writestr("results.json", to_json(results))
-        for name, rows in (tables or {}).items():
-            z.writestr(f"tables/{name}.csv", rows_to_csv(rows))
-        fmts = static_formats()
-        for name, fig in (figures or {}).items():
-            z.writestr(f"figures/{name}.html", figure_html(fig))
-            for fmt in fmts:
-                try:
-                    z.writestr(f"figures/{name}.{fmt}", figure_image(fig, fmt))
-                except Exception:  # a static image is a bonus; the HTML is always there
-                    pass
-    return buf.getvalue()

@@ -3,12 +3,15 @@ and the 2D loss plane through A, B and B'."""
 
 import streamlit as st
 
-from pages import common
-from rotviz import app, explore
+from app_pages import common
+from rotviz import app
+from rotviz.app.specs import DEFAULT_SPECS, SPEC_CHOICES
+from rotviz.errors import RotvizError
+from rotviz.limits import MAX_LAYERS_TEXT
 from rotviz.plots import barrier as bplots
 from rotviz.plots import style
 
-s = common.setup(__file__)
+s = common.setup()
 st.title("Loss barriers between the two models")
 st.markdown(
     "Walk in a straight line from the anchor (α = 0) to the source (α = 1) and measure the "
@@ -17,12 +20,12 @@ st.markdown(
     "inside its symmetry class, without changing what it computes) lowers the bump."
 )
 
-offered, residual_why = common.offered_specs(s, explore.SPEC_CHOICES)
+offered, residual_why = common.offered_specs(s, SPEC_CHOICES)
 
 with st.form("barrier_form"):
     specs = st.multiselect(
         "Matching options to compare", offered,
-        [sp for sp in explore.DEFAULT_SPECS if sp in offered],
+        [sp for sp in DEFAULT_SPECS if sp in offered],
         format_func=style.nice_label, key="b_specs", bind="query-params",
         help="Drawn by default: no matching, the seed paper's method and weight matching. Add "
              "the seed paper's ablation (FFN only, attention only, both without rescale), "
@@ -36,7 +39,7 @@ with st.form("barrier_form"):
     points = c[0].slider("Points on the path", 3, 41, app.BARRIER_POINTS, 2, key="b_points",
                          bind="query-params")
     layers = c[1].text_input("Layers to match (empty = all)", "", key="b_layers",
-                             max_chars=app.MAX_LAYERS_TEXT, bind="query-params")
+                             max_chars=MAX_LAYERS_TEXT, bind="query-params")
     steps = int(c[1].number_input(
         "Learned matching: at most this many steps", 5, 3000, app.DEFAULT_LEARN_STEPS,
         step=25, key="b_steps", bind="query-params",
@@ -71,6 +74,8 @@ def at_alpha(curves: list[dict]) -> None:
 
 
 def body() -> None:
+    from rotviz.match.pipeline import FUNCTION_TOLERANCE
+
     if not common.require_pair(s):
         return
     if not specs:
@@ -96,7 +101,7 @@ def body() -> None:
                                      f"barrier_loss_{i}")
                     note.caption(f"{len(curves)} of {len(specs)} matching options so far; "
                                  "the others are being computed.")
-        except app.RotvizError:  # the box above says what failed; no chart of part of a run
+        except RotvizError:  # the box above says what failed; no chart of part of a run
             live.empty()
             note.empty()
             raise
@@ -144,7 +149,7 @@ def body() -> None:
                 "fine-tunes of one base) usually shows a clearer drop.",
                 icon=":material/info:")
     worst = max((c["max_output_diff"] or 0.0) for c in curves)
-    common.function_badge(worst, app.FUNCTION_TOLERANCE, "matched source (every option)")
+    common.function_badge(worst, FUNCTION_TOLERANCE, "matched source (every option)")
     common.chart(fig_acc, "barrier_acc")
     at_alpha(curves)
     figures = {"barrier_loss": fig_loss, "barrier_accuracy": fig_acc}

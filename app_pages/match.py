@@ -2,13 +2,24 @@
 
 import streamlit as st
 
-from pages import common
-from rotviz import app, explore
+from app_pages import common
+from rotviz import app
+from rotviz.app import summaries
+from rotviz.app.specs import (
+    ABLATION_CHOICES,
+    WHY_UNCHANGED,
+    offered,
+    spec_label,
+    uses_residual,
+    without_residual,
+)
+from rotviz.limits import MAX_LAYERS_TEXT
 from rotviz.plots import distances as dplots
 from rotviz.plots import matching as mplots
 from rotviz.plots import style
+from rotviz.symmetry.registry import BY_NAME, SYMMETRIES
 
-s = common.setup(__file__)
+s = common.setup()
 LEARNED_NAMES = {"residual": "the residual map", "qk": "every head's Q-K rotation",
                  "vo": "every head's V-O rotation"}
 POINTS = 21  # the Barrier page's default: the two pages share these curves in the cache
@@ -28,10 +39,10 @@ residual_why = common.residual_why(s.anchor) if s.anchor else None
 with st.form("match_form"):
     st.markdown("**Per-layer maps** (the seed paper's three, and head permutation)")
     on: dict[str, bool] = {}  # one toggle per data-free symmetry of the registry
-    layer_maps = [m for m in app.SYMMETRIES if not m.needs_data and m.scope == "layer"]
-    stream_maps = [m for m in app.SYMMETRIES if not m.needs_data and m.scope == "stream"]
+    layer_maps = [m for m in SYMMETRIES if not m.needs_data and m.scope == "layer"]
+    stream_maps = [m for m in SYMMETRIES if not m.needs_data and m.scope == "stream"]
     for col, m in zip(st.columns(len(layer_maps)), layer_maps, strict=True):
-        needs = ", ".join(app.BY_NAME[r].label for r in m.requires)
+        needs = ", ".join(BY_NAME[r].label for r in m.requires)
         on[m.name] = col.toggle(m.label[:1].upper() + m.label[1:], m.default, key=f"m_{m.name}",
                                 bind="query-params", help=f"Needs {needs}." if needs else None)
         col.caption(m.why)
@@ -50,16 +61,16 @@ with st.form("match_form"):
                             help=f"Trains on the training split of {s.data}; learned matching "
                                  "stops early on its validation split. Alone, each starts from "
                                  "weight matching.")
-    c[1].caption(explore.WHY_UNCHANGED["learned"] + " It tunes the rotations switched on here: "
+    c[1].caption(WHY_UNCHANGED["learned"] + " It tunes the rotations switched on here: "
                  "every head's, and the residual map's when that is on."
-                 if "learned" in solver else explore.WHY_UNCHANGED["act"])
+                 if "learned" in solver else WHY_UNCHANGED["act"])
     steps = int(c[2].number_input(
         "Learned matching: at most this many steps", 5, 3000, app.DEFAULT_LEARN_STEPS,
         step=25, key="m_steps", bind="query-params",
         help="Adam steps on the rotations; it keeps the maps with the lowest validation "
              "barrier. A few hundred take tens of seconds on a laptop CPU."))
     layers = st.text_input("Layers to match (empty = all; e.g. 0,2-3)", "", key="m_layers",
-                           max_chars=app.MAX_LAYERS_TEXT, bind="query-params")
+                           max_chars=MAX_LAYERS_TEXT, bind="query-params")
     with_barrier = st.checkbox("Measure the loss barrier of each option in the ablation "
                                f"({POINTS} points on the path each, shared with the Barrier page)",
                                True, key="m_barrier", bind="query-params")
@@ -72,9 +83,9 @@ def chosen_spec() -> str:
     flags = [name for name, chosen in on.items() if chosen]
     if solver != "none":
         flags += solver.split(",")
-    spec = explore.spec_label(",".join(flags) or "none")
-    if residual_why is not None and explore.uses_residual(spec):
-        spec = explore.without_residual(spec)
+    spec = spec_label(",".join(flags) or "none")
+    if residual_why is not None and uses_residual(spec):
+        spec = without_residual(spec)
         st.warning(f"Residual stream matching is not available for this pair: {residual_why}. "
                    f"Matching with {style.nice_label(spec)} instead.", icon=":material/info:")
     return spec
@@ -83,13 +94,16 @@ def chosen_spec() -> str:
 def beyond(res: dict) -> tuple[dict, dict]:
     """What the residual map, activation matching and learned matching did, when they ran.
     Returns the figures and tables drawn, for the export."""
+    from rotviz.match.alternating import ended_by_cap
+    from rotviz.symmetry.residual import GROUP_TEXT
+
     rep = res["report"]
     figures, tables = {}, {}
     res_info, act, learned = rep.get("residual"), rep.get("act"), rep.get("learned")
     if res_info:
         st.subheader("The residual stream")
         m = st.columns(3)
-        m[0].metric("residual group", res_info["group"], help=app.group_text(res_info["group"]))
+        m[0].metric("residual group", res_info["group"], help=GROUP_TEXT.get(res_info["group"]))
         m[1].metric("alternation rounds", res_info["rounds"],
                     help="rounds of (per-layer maps, then the residual map), until a round "
                          "gains less than the tolerance or the round cap is reached (the "
@@ -100,20 +114,20 @@ def beyond(res: dict) -> tuple[dict, dict]:
                     help="Both models with their norm gains folded into the readers (and, for "
                          "LayerNorm, their writers centred): the distance the alternation "
                          "minimises.")
-        group = app.group_text(res_info["group"]) or res_info["group"]
+        group = GROUP_TEXT.get(res_info["group"]) or res_info["group"]
         st.caption(f"Group: {group}. Each step "
                    "solves one kind of map exactly with the others held fixed, and keeping the "
                    "old map is always one of its choices, so the distance can only go down. "
                    + ("The round cap ended it while rounds still gained a little; more rounds "
                       "lower the distance further, but not always the barrier."
-                      if app.ended_by_cap(res_info) else
+                      if ended_by_cap(res_info) else
                       "It stopped when a round gained less than the tolerance."))
-        rows = explore.objective_rows(res)
+        rows = summaries.objective_rows(res)
         fig_obj = mplots.objective_history(rows, s.font)
         fig_ang = mplots.angle_spectrum({"residual map (weight matching)": res_info["angles"]},
                                         s.font)
         common.chart(fig_obj, "match_objective")
-        ok = explore.never_increases([r["objective"] for r in rows])
+        ok = summaries.never_increases([r["objective"] for r in rows])
         st.caption(("✓ never went up" if ok else "✗ went up at some step (please report)")
                    + f": {rows[0]['objective']:.2f} → {rows[-1]['objective']:.2f} in "
                    f"{len(rows) - 1} steps.")
@@ -151,10 +165,10 @@ def beyond(res: dict) -> tuple[dict, dict]:
         m[3].metric("seconds", f"{learned['seconds']:.1f}")
         names = [LEARNED_NAMES.get(n, n) for n in learned["learned"]] or ["nothing"]
         tuned = " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
-        st.markdown(f"It stopped because {explore.stop_reason(learned)}. It tuned {tuned}, "
+        st.markdown(f"It stopped because {summaries.stop_reason(learned)}. It tuned {tuned}, "
                     "starting from data-free matching, and kept the maps with the lowest "
                     "validation barrier.")
-        rows = explore.learned_rows(res)
+        rows = summaries.learned_rows(res)
         fig = mplots.learn_history(rows, learned["best_step"], s.font)
         common.chart(fig, "match_learned")
         figures["learned_history"] = fig
@@ -170,7 +184,7 @@ def body() -> None:
         return
     spec = chosen_spec()
     base = {**s.base(), "layers": layers.strip()}
-    specs = explore.offered(explore.ABLATION_CHOICES, residual_why)
+    specs = offered(ABLATION_CHOICES, residual_why)
     if spec not in specs:
         specs.append(spec)
     with common.progress("Matching", 1 + len(specs) * (2 if with_barrier else 1),
@@ -223,7 +237,7 @@ def body() -> None:
         if not row["preserved"]:
             st.error(f"{style.nice_label(row['match'])}: function check failed "
                      f"({row['max_output_diff']:.2e})")
-    heads = explore.head_rows(res)
+    heads = summaries.head_rows(res)
     with st.expander("Per layer and head: what matching did"):
         if heads:
             st.dataframe(heads, hide_index=True)
@@ -231,7 +245,7 @@ def body() -> None:
             st.write("No attention matching in this option set.")
     common.export("match", {"page": "match", **base, **app.spec_cfg(spec, steps)},
                   {"match": res, "ablation": ablation},
-                  {"distances": explore.distance_rows(res), "heads": heads, "ablation": ablation,
+                  {"distances": summaries.distance_rows(res), "heads": heads, "ablation": ablation,
                    **tables},
                   {"distance_per_layer": fig_layer, "distance_per_kind": fig_kind,
                    "ablation": fig_ab, **figures})

@@ -2,12 +2,13 @@
 
 import streamlit as st
 
-from pages import common
-from rotviz import app, explore
+from app_pages import common
+from rotviz import app
+from rotviz.app.specs import MERGE_SPECS, learns, spec_label
 from rotviz.plots import merge as mplots
 from rotviz.plots import style
 
-s = common.setup(__file__)
+s = common.setup()
 st.title("Merge the two models")
 st.markdown(
     "Fusing two models into one only works when their neurons and heads line up. Each method "
@@ -20,7 +21,7 @@ st.markdown(
 METHODS = {"simple": "simple average", "fisher": "Fisher-weighted average",
            "regmean": "RegMean (regression mean)"}
 
-offered, residual_why = common.offered_specs(s, explore.MERGE_SPECS)
+offered, residual_why = common.offered_specs(s, MERGE_SPECS)
 
 with st.form("merge_form"):
     c = st.columns(2)
@@ -57,10 +58,10 @@ def body() -> None:
     if not common.should_run("merge", submitted, s):
         st.info("Press **Run** to fuse the models.")
         return
-    labels = [explore.spec_label(sp) for sp in specs]
+    labels = [spec_label(sp) for sp in specs]
     cfg = {**s.base(), "methods": methods, "specs": labels, "weight": weight,
            "batches": batches, "alpha": alpha}
-    if any(explore.learns(sp) for sp in labels):
+    if any(learns(sp) for sp in labels):
         cfg["learn_steps"] = steps
     with common.progress("Fusing", 1, stop="merge") as step:
         step(f"{len(methods)} methods x {len(labels)} matching options")

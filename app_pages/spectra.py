@@ -3,12 +3,13 @@
 
 import streamlit as st
 
-from pages import common
-from rotviz import app, explore
+from app_pages import common
+from rotviz.app.summaries import head_rows
+from rotviz.limits import MAX_LAYERS_TEXT
 from rotviz.plots import spectra as splots
 from rotviz.plots import style
 
-s = common.setup(__file__)
+s = common.setup()
 st.title("Attention spectra")
 st.markdown(
     "For each head, matching builds a small *cross matrix* from the two models' query and key "
@@ -23,7 +24,7 @@ with st.form("spectra_form"):
     spec = c[0].selectbox("Matching", ATTN_SPECS, format_func=style.nice_label, key="s_spec",
                           bind="query-params")
     layers = c[1].text_input("Layers to match (empty = all)", "", key="s_layers",
-                             max_chars=app.MAX_LAYERS_TEXT, bind="query-params")
+                             max_chars=MAX_LAYERS_TEXT, bind="query-params")
     submitted = st.form_submit_button("Run", type="primary", icon=":material/play_arrow:")
 
 
@@ -106,7 +107,7 @@ def body() -> None:
         for h, sv in enumerate(lay.get(f"{who}_{kind}") or [])
     ]
     common.export("spectra", {"page": "spectra", **cfg}, {"match": res, "circuits": circuits},
-                  {"heads": explore.head_rows(res), "circuits": circuit_rows}, figs)
+                  {"heads": head_rows(res), "circuits": circuit_rows}, figs)
 
 
 common.guard(body)

@@ -3,10 +3,10 @@
 The computations themselves live in `rotviz.app` (no Streamlit); this file gives them the
 app's caches and locks, shows their progress and lets the user stop them.
 
-- The sidebar (model pair, data, seed, device, presenter mode), bound to the URL, and the
-  frame: every page runs inside app.py's navigation (`through_app`).
+- The sidebar (model pair, data, seed, device, presenter mode), bound to the URL; app.py
+  draws it, then runs the page picked in its `st.navigation`.
 - Caches, one per server process: results (plain data, a copy for each caller), matched
-  sources and loaded models (shared, never modified) live in `rotviz.appconfig.ResultCache`s
+  sources and loaded models (shared, never modified) live in `rotviz.app.cache.ResultCache`s
   keyed by a hash of the configuration; splits are `st.cache_resource`. Results compute
   outside any Streamlit-cached function, so a long computation can show its progress and be
   stopped, and only finished results are stored.
@@ -22,7 +22,6 @@ app's caches and locks, shows their progress and lets the user stop them.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import json
 import threading
 import time
@@ -32,10 +31,12 @@ from pathlib import Path
 from typing import Any
 
 import streamlit as st
-from streamlit.errors import StreamlitAPIException
 
-from rotviz import app, appconfig, explore
-from rotviz.app import Progress, RotvizError
+from rotviz import app
+from rotviz.app import Progress, cache, devices, specs, summaries
+from rotviz.app import export as app_export
+from rotviz.app import roots as app_roots
+from rotviz.errors import RotvizError
 
 PAIR_NAMES = {"default": "two seeds", "finetuned": "two fine-tunes", "gpt2": "GPT-2 pair",
               "nlp-mlm": "RoBERTa MLMs", "nlp-cls": "RoBERTa topic classifiers",
@@ -74,13 +75,13 @@ class Setup:
 @st.cache_data(ttl=60, show_spinner=False)
 def model_choices(roots: tuple[str, ...]) -> list[str]:
     """Zoo entries first, then model folders under the roots."""
-    return appconfig.zoo_refs() + appconfig.discover(map(Path, roots))
+    return app_roots.zoo_refs() + app_roots.discover(map(Path, roots))
 
 
 @st.cache_data(ttl=60, show_spinner=False)
 def data_found(roots: tuple[str, ...]) -> list[str]:
-    """The user's data files and folders under the roots (appconfig.discover_data)."""
-    return appconfig.discover_data(map(Path, roots))
+    """The user's data files and folders under the roots (rotviz.app.roots.discover_data)."""
+    return app_roots.discover_data(map(Path, roots))
 
 
 def _typed(key: str) -> str:
@@ -92,13 +93,15 @@ def _typed(key: str) -> str:
 
 
 def default_pair(roots: tuple[str, ...]) -> tuple[str, str]:
-    return appconfig.default_pair([Path(r) for r in roots])
+    return app_roots.default_pair([Path(r) for r in roots])
 
 
 def sidebar() -> Setup:
     """Draw the sidebar and return the setup. Every widget is mirrored in the URL."""
+    from rotviz.models import pick_device  # torch, which the device picker needs anyway
+
     sb = st.sidebar
-    roots = tuple(str(r) for r in appconfig.model_roots())
+    roots = tuple(str(r) for r in app_roots.model_roots())
     choices = model_choices(roots)
     try:
         pair = default_pair(roots)
@@ -109,7 +112,7 @@ def sidebar() -> Setup:
         if ref and ref not in choices:
             choices = [ref, *choices]
     sb.markdown("### Model pair")
-    presets = {k: v for k, v in appconfig.zoo_pairs().items() if all(r in choices for r in v)}
+    presets = {k: v for k, v in app_roots.zoo_pairs().items() if all(r in choices for r in v)}
     if len(presets) > 1:
 
         def use_preset() -> None:
@@ -125,22 +128,22 @@ def sidebar() -> Setup:
     anchor = sb.selectbox(
         "Anchor (model 2, stays fixed)", choices,
         index=choices.index(pair[0]) if pair[0] in choices else 0,
-        format_func=appconfig.model_label, key="anchor", bind="query-params",
+        format_func=app_roots.model_label, key="anchor", bind="query-params",
         disabled=bool(typed["anchor_path"]),
         help="The model the other one is moved towards. Zoo entries and folders under the "
-             f"model roots ({appconfig.ENV_ROOTS}). A folder typed below replaces it.",
+             f"model roots ({app_roots.ENV_ROOTS}). A folder typed below replaces it.",
     )
     source = sb.selectbox(
         "Source (model 1, gets matched)", choices,
         index=choices.index(pair[1]) if pair[1] in choices else min(1, len(choices) - 1),
-        format_func=appconfig.model_label, key="source", bind="query-params",
+        format_func=app_roots.model_label, key="source", bind="query-params",
         disabled=bool(typed["source_path"]),
         help="The model that is permuted, rotated and rescaled onto the anchor. A folder "
              "typed below replaces it.",
     )
     error = None
     with sb.expander("Use a folder instead", expanded=any(typed.values())):
-        st.caption("Folders under: " + ", ".join(str(r) for r in appconfig.model_roots()))
+        st.caption("Folders under: " + ", ".join(str(r) for r in app_roots.model_roots()))
         a_path = st.text_input("anchor folder", key="anchor_path", bind="query-params")
         s_path = st.text_input("source folder", key="source_path", bind="query-params")
         d_path = st.text_input("data (KIND:PATH, e.g. csv:data/train.csv)", key="data_path",
@@ -149,16 +152,16 @@ def sidebar() -> Setup:
                                     "folders, imagefolder: folders, under the roots")
     try:
         if a_path.strip():
-            anchor = appconfig.resolve_choice(a_path)
+            anchor = app_roots.resolve_choice(a_path)
             sb.caption(f":material/folder_open: anchor: `{anchor}`")
         if s_path.strip():
-            source = appconfig.resolve_choice(s_path)
+            source = app_roots.resolve_choice(s_path)
             sb.caption(f":material/folder_open: source: `{source}`")
     except RotvizError as e:
         error = str(e)
     sb.markdown("### Data")
-    auto = appconfig.data_of(anchor) if anchor else "digits"
-    data_choices = ["auto", *appconfig.BUILTIN_DATA, *data_found(roots)]
+    auto = app_roots.data_of(anchor) if anchor else "digits"
+    data_choices = ["auto", *app_roots.BUILTIN_DATA, *data_found(roots)]
     data = sb.selectbox("Data source", data_choices, key="data", bind="query-params",
                         format_func=lambda d: f"auto ({auto}, from the model card)"
                         if d == "auto" else d, disabled=bool(typed["data_path"]),
@@ -169,7 +172,7 @@ def sidebar() -> Setup:
     data = auto if data == "auto" else data
     if d_path.strip():
         try:
-            data = appconfig.resolve_data(d_path)
+            data = app_roots.resolve_data(d_path)
             sb.caption(f":material/description: data: `{data}`")
         except RotvizError as e:
             error = error or str(e)
@@ -178,11 +181,11 @@ def sidebar() -> Setup:
     n_eval = int(sb.number_input("Test examples to evaluate (0 = all)", 0, 100_000, 0, step=50,
                                  key="n", bind="query-params"))
     sb.markdown("### Device")
-    choice = sb.selectbox("Compute on", app.device_choices(), key="device",
+    choice = sb.selectbox("Compute on", devices.device_choices(), key="device",
                           bind="query-params", help="auto picks cuda, then mps, then cpu.")
-    device = app.pick_device(choice)
-    sb.markdown(f":material/memory: **{appconfig.device_badge(appconfig.device_summary(device))}**")
-    note = appconfig.device_note(device)
+    device = pick_device(choice)
+    sb.markdown(f":material/memory: **{devices.device_badge(devices.device_summary(device))}**")
+    note = devices.device_note(device)
     if note:
         sb.caption(note)
     presenter = sb.toggle("Presenter mode", key="present", bind="query-params",
@@ -201,67 +204,8 @@ def presenting() -> bool:
     return st.query_params.get("present", "").lower() in ("true", "1", "yes")
 
 
-# ---- every page inside app.py's frame ---------------------------------------------------------
-
-ROOT = Path(__file__).resolve().parent.parent  # where app.py lives
-ENTRYPOINT = "app.py"
-_RETURN = "_rotviz_return_to"  # session state: the page (and its query) to go back to
-_IN_FRAME: contextvars.ContextVar[bool] = contextvars.ContextVar("rotviz_in_frame",
-                                                                  default=False)
-
-
-@contextlib.contextmanager
-def frame() -> Iterator[None]:
-    """app.py runs the page it navigated to inside this, after drawing the shared frame."""
-    token = _IN_FRAME.set(True)
-    try:
-        yield
-    finally:
-        _IN_FRAME.reset(token)
-
-
-def through_app(page_file: str | None) -> None:
-    """Make sure the page runs inside app.py's navigation; public Streamlit API only.
-
-    Streamlit treats a folder named pages/ next to the entrypoint as its old multipage
-    layout until a session calls `st.navigation`; from then on it ignores the folder, in
-    every session (documented under st.navigation). On a fresh server whose first visitor
-    opens /barrier directly, Streamlit runs pages/barrier.py alone: no sidebar, every file
-    of pages/ listed as a page. In that layout the entrypoint is a page too, so the page
-    remembers itself and the URL's query parameters and switches to app.py
-    (`st.switch_page`); app.py calls `st.navigation`, which ends the old layout, and
-    `return_to_page` switches to the remembered page with its query parameters. It costs
-    two short reruns, for that first visitor only.
-    """
-    if _IN_FRAME.get():
-        return
-    page = None
-    if page_file:
-        path = Path(page_file).resolve()
-        if path.is_relative_to(ROOT):
-            page = path.relative_to(ROOT).as_posix()
-    query = {k: st.query_params.get_all(k) for k in st.query_params}
-    st.session_state[_RETURN] = (page, query)
-    try:
-        st.switch_page(ENTRYPOINT, query_params=query)
-    except StreamlitAPIException:  # pragma: no cover - no entrypoint page: draw it alone
-        st.session_state.pop(_RETURN, None)
-
-
-def return_to_page() -> None:
-    """In app.py, right after st.navigation: finish `through_app`'s trip, if one is due."""
-    due = st.session_state.pop(_RETURN, None)
-    if due is None:
-        return
-    page, query = due
-    if page is not None:  # else (e.g. /common) the default page, where app.py already is
-        st.switch_page(page, query_params=query)
-
-
-def setup(page_file: str | None = None) -> Setup:
-    """The setup the sidebar drew in this run (app.py draws it before the page). Pages pass
-    their `__file__`, to come back to it if Streamlit ran them outside app.py."""
-    through_app(page_file)
+def setup() -> Setup:
+    """The setup the sidebar drew in this run (app.py draws it before the page)."""
     s = st.session_state.get("_setup")
     return s if s is not None else sidebar()
 
@@ -309,17 +253,17 @@ def using(*refs: str) -> Iterator[None]:
 
 
 @st.cache_resource(show_spinner=False)
-def _stores() -> dict[str, appconfig.ResultCache]:
+def _stores() -> dict[str, cache.ResultCache]:
     """The app's caches, one per server process: results (plain data, a copy for every
     caller, keyed by the configuration's hash), matched sources and loaded models (shared,
     never modified). Computations run outside any Streamlit-cached function, so they can
     report progress to the page and be interrupted (Stop, or a changed widget); an
     interrupted or cancelled computation stores nothing. A store computes each key once:
     a second caller waits for the first (the page for the warm-up thread, say)."""
-    return {"results": appconfig.ResultCache(256, copy=True),
-            "matched": appconfig.ResultCache(24, copy=False),
-            "models": appconfig.ResultCache(8, copy=False),
-            "eval_models": appconfig.ResultCache(8, copy=False)}
+    return {"results": cache.ResultCache(256, copy=True),
+            "matched": cache.ResultCache(24, copy=False),
+            "models": cache.ResultCache(8, copy=False),
+            "eval_models": cache.ResultCache(8, copy=False)}
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)
@@ -334,14 +278,14 @@ class AppResources(app.Resources):
     app's caches (shared by every session), and hold the models' locks while running them."""
 
     def load(self, ref: str):
-        appconfig.resolve_choice(ref)  # checked on every call, cached or not
+        app_roots.resolve_choice(ref)  # checked on every call, cached or not
         stores = _stores()
         loaded = stores["models"].get_or_compute(ref, lambda: app.load_full(ref))
         stores["eval_models"].discard(ref)  # the full model stands in for it from now on
         return loaded
 
     def load_eval(self, ref: str):
-        appconfig.resolve_choice(ref)
+        app_roots.resolve_choice(ref)
         stores = _stores()
         if ref in stores["models"]:  # the full model computes the same numbers
             return stores["models"].get_or_compute(ref, lambda: app.load_full(ref))
@@ -434,7 +378,7 @@ def residual_why(ref: str) -> str | None:
 @st.cache_data(max_entries=64, show_spinner=False)
 def _residual_why(ref: str) -> str | None:
     try:
-        return app.residual_why(AppResources().load_eval(ref))
+        return summaries.residual_unsupported(AppResources().load_eval(ref))
     except RotvizError:
         return None
 
@@ -442,7 +386,7 @@ def _residual_why(ref: str) -> str | None:
 def offered_specs(s: Setup, choices) -> tuple[list[str], str | None]:
     """The SPECs this pair can use, and why residual ones are missing (None when offered)."""
     why = residual_why(s.anchor) if s.anchor else None
-    return explore.offered(choices, why), why
+    return specs.offered(choices, why), why
 
 
 def compute(kind: str, cfg: dict, progress: Progress | None = None) -> Any:
@@ -454,8 +398,8 @@ def compute(kind: str, cfg: dict, progress: Progress | None = None) -> Any:
 
 
 def _compute(res: AppResources, kind: str, cfg: dict, progress: Progress | None = None) -> Any:
-    cfg = appconfig.canonical(cfg)
-    key = appconfig.config_hash({"kind": kind, **cfg})
+    cfg = cache.canonical(cfg)
+    key = cache.config_hash({"kind": kind, **cfg})
 
     def run() -> Any:
         _pin_threads(res, cfg)
@@ -486,8 +430,8 @@ def _pin_threads(res: AppResources, cfg: dict) -> None:
 
 def is_cached(kind: str, cfg: dict) -> bool:
     """Whether `compute(kind, cfg)` would come straight from the cache."""
-    cfg = appconfig.canonical(cfg)
-    return appconfig.config_hash({"kind": kind, **cfg}) in _stores()["results"]
+    cfg = cache.canonical(cfg)
+    return cache.config_hash({"kind": kind, **cfg}) in _stores()["results"]
 
 
 def params_in_pair(s: Setup) -> int:
@@ -497,7 +441,7 @@ def params_in_pair(s: Setup) -> int:
 def _params_in(res: AppResources, refs) -> int:
     """Parameters in the models `refs` together; 0 when one cannot be loaded."""
     try:
-        return sum(app.n_params(res.load_eval(r)) for r in refs)
+        return sum(summaries.n_params(res.load_eval(r)) for r in refs)
     except RotvizError:
         return 0
 
@@ -672,35 +616,32 @@ def export(name: str, cfg: dict, results: Any, tables: dict[str, Sequence[dict]]
     tables = tables or {}
     figures = figures or {}
     with st.expander(f"Export ({name})", icon=":material/download:"):
-        rid = appconfig.config_hash(cfg)
+        rid = cache.config_hash(cfg)
         st.caption(f"Run id `{rid}` (a hash of the configuration). The URL of this page "
                    "reproduces the view.")
         cols = st.columns(4)
-        cols[0].download_button("results.json", lambda: appconfig.to_json(
+        cols[0].download_button("results.json", lambda: app_export.to_json(
             {"config": cfg, "results": results}), f"{name}-{rid}.json", "application/json",
             key=f"dl_{name}_json", on_click="ignore")
         for i, (tname, rows) in enumerate(tables.items()):
             cols[(i + 1) % 4].download_button(
-                f"{tname}.csv", lambda rows=rows: appconfig.rows_to_csv(rows),
+                f"{tname}.csv", lambda rows=rows: app_export.rows_to_csv(rows),
                 f"{name}-{tname}-{rid}.csv", "text/csv", key=f"dl_{name}_{tname}_csv",
                 on_click="ignore")
         fcols = st.columns(4)
-        fmts = appconfig.static_formats()
+        fmts = app_export.static_formats()
         for i, (fname, fig) in enumerate(figures.items()):
             c = fcols[i % 4]
-            c.download_button(f"{fname}.html", lambda fig=fig: appconfig.figure_html(fig),
+            c.download_button(f"{fname}.html", lambda fig=fig: app_export.figure_html(fig),
                               f"{fname}-{rid}.html", "text/html", key=f"dl_{name}_{fname}_html",
                               on_click="ignore")
             for fmt in fmts:
                 c.download_button(f"{fname}.{fmt}", lambda fig=fig, fmt=fmt:
-                                  appconfig.figure_image(fig, fmt), f"{fname}-{rid}.{fmt}",
+                                  app_export.figure_image(fig, fmt), f"{fname}-{rid}.{fmt}",
                                   key=f"dl_{name}_{fname}_{fmt}", on_click="ignore")
         st.download_button(
             "Whole run (zip: configuration, results, tables, figures, library versions)",
-            lambda: appconfig.run_zip(cfg, results, tables, figures), f"rotviz-{name}-{rid}.zip",
+            lambda: app_export.run_zip(cfg, results, tables, figures), f"rotviz-{name}-{rid}.zip",
             "application/zip", key=f"dl_{name}_zip", on_click="ignore",
             icon=":material/folder_zip:")
 
-
-if __name__ == "__main__":  # Streamlit's pages/ layout runs this file as a page: go to the app
-    through_app(None)

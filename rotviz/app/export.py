@@ -1,0 +1,126 @@
+"""What the app's export buttons write: JSON, CSV, standalone figures and a whole run as a
+zip, with the library versions that produced it, so a downloaded result can be read and
+reproduced without the app.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import platform
+import shutil
+import zipfile
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from rotviz.app.cache import config_hash
+from rotviz.errors import RotvizError
+
+
+def versions() -> dict[str, str]:
+    """Versions of python and the libraries a result depends on."""
+    import importlib.metadata as md
+
+    out = {"python": platform.python_version(), "platform": platform.platform()}
+    libs = ("rotviz", "torch", "transformers", "timm", "numpy", "scipy", "plotly", "streamlit")
+    for name in libs:
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            if name == "rotviz":
+                from rotviz.version import __version__
+
+                out[name] = __version__
+    return out
+
+
+def jsonable(obj: Any) -> Any:
+    """Plain JSON types for numpy arrays, tensors, dataclasses and paths; NaN/Inf as null."""
+    import dataclasses
+
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return jsonable(dataclasses.asdict(obj))
+    if isinstance(obj, Mapping):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(x) for x in obj]
+    if hasattr(obj, "tolist"):  # numpy arrays and scalars, torch tensors
+        return jsonable(obj.tolist())
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def to_json(obj: Any) -> str:
+    return json.dumps(jsonable(obj), indent=2, sort_keys=False)
+
+
+def rows_to_csv(rows: Sequence[Mapping[str, Any]]) -> str:
+    """A table (list of flat dicts) as CSV; columns in first-seen order."""
+    cols: list[str] = []
+    for r in rows:
+        cols.extend(k for k in r if k not in cols)
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: jsonable(v) for k, v in r.items()})
+    return buf.getvalue()
+
+
+def figure_html(fig: Any) -> str:
+    """A self-contained HTML page of a plotly figure (plotly.js inlined: works offline)."""
+    return fig.to_html(include_plotlyjs=True, full_html=True)
+
+
+def static_formats() -> tuple[str, ...]:
+    """('png', 'svg') where kaleido and a Chrome or Chromium are installed, else ()."""
+    try:
+        import kaleido  # noqa: F401
+    except ImportError:
+        return ()
+    browsers = ("chromium", "chromium-browser", "google-chrome", "chrome")
+    if not any(shutil.which(b) for b in browsers):
+        return ()
+    return ("png", "svg")
+
+
+def figure_image(fig: Any, fmt: str) -> bytes:
+    """PNG or SVG bytes of a figure through kaleido; only call when `static_formats()` has it."""
+    if fmt not in static_formats():
+        raise RotvizError(f"{fmt} export needs kaleido and a Chrome or Chromium; use HTML export")
+    return fig.to_image(format=fmt)
+
+
+def run_zip(
+    config: Mapping[str, Any],
+    results: Mapping[str, Any],
+    tables: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+    figures: Mapping[str, Any] | None = None,
+) -> bytes:
+    """A whole run as a zip: config.json, versions.json, results.json, tables as CSV, figures
+    as HTML (and PNG/SVG when available)."""
+    buf = io.BytesIO()
+    stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("config.json", to_json({"config": config, "hash": config_hash(config),
+                                           "exported": stamp}))
+        z.writestr("versions.json", to_json(versions()))
+        z.writestr("results.json", to_json(results))
+        for name, rows in (tables or {}).items():
+            z.writestr(f"tables/{name}.csv", rows_to_csv(rows))
+        fmts = static_formats()
+        for name, fig in (figures or {}).items():
+            z.writestr(f"figures/{name}.html", figure_html(fig))
+            for fmt in fmts:
+                try:
+                    z.writestr(f"figures/{name}.{fmt}", figure_image(fig, fmt))
+                except Exception:  # a static image is a bonus; the HTML is always there
+                    pass
+    return buf.getvalue()
