@@ -8,6 +8,8 @@ from rotviz import app
 from rotviz.app.specs import DEFAULT_SPECS, SPEC_CHOICES
 from rotviz.errors import RotvizError
 from rotviz.limits import MAX_LAYERS_TEXT
+from rotviz.measures.barrier import BARRIER
+from rotviz.measures.plane import PLANE
 from rotviz.plots import barrier as bplots
 from rotviz.plots import style
 
@@ -36,8 +38,7 @@ with st.form("barrier_form"):
     if residual_why is not None:
         st.caption(f"Residual stream options are not offered for this pair: {residual_why}.")
     c = st.columns(3)
-    points = c[0].slider("Points on the path", 3, 41, app.BARRIER_POINTS, 2, key="b_points",
-                         bind="query-params")
+    points = common.param_input(c[0], BARRIER.parameters()[0], "b_points", app.BARRIER_POINTS)
     layers = c[1].text_input("Layers to match (empty = all)", "", key="b_layers",
                              max_chars=MAX_LAYERS_TEXT, bind="query-params")
     steps = int(c[1].number_input(
@@ -47,8 +48,7 @@ with st.form("barrier_form"):
              "keeps the maps with the lowest validation barrier."))
     plane = c[2].toggle("Also draw the 2D loss plane (slower)", False, key="b_plane",
                         bind="query-params")
-    grid = c[2].slider("Plane grid (points per side)", 5, 31, 13, key="b_grid",
-                       bind="query-params")
+    grid = common.param_input(c[2], PLANE.parameters()[0], "b_grid", 13)
     plane_choices = offered[1:]
     plane_spec = c[2].selectbox("Plane: matching for B'", plane_choices,
                                 plane_choices.index("seed"), format_func=style.nice_label,
@@ -91,10 +91,10 @@ def body() -> None:
         live, note = st.empty(), st.empty()  # the loss chart, drawn as the curves come in
         try:
             for i, sp in enumerate(specs):
-                cfg = app.curve_cfg(s.base(), sp, points, layers, steps)
-                fresh = not common.is_cached("curve", cfg)
+                cfg = app.measure_cfg(s.base(), sp, layers, steps, points=points)
+                fresh = not common.is_cached("barrier", cfg)
                 step(f"{style.nice_label(sp)}: matching, then {points} points on the path")
-                curves.append(common.compute("curve", cfg, step.detail))
+                curves.append(common.compute("barrier", cfg, step.detail))
                 if fresh and i < len(specs) - 1:  # computed now, and more to come: show it
                     with live:
                         common.chart(bplots.barrier_curves(curves, "loss", s.font),
@@ -108,8 +108,9 @@ def body() -> None:
         pl = None
         if plane:
             step(f"loss plane: {grid} x {grid} grid")
-            pl = common.compute("plane", {**base, **app.spec_cfg(plane_spec, steps),
-                                          "grid": grid}, step.detail)
+            pl = common.compute("plane", app.measure_cfg(s.base(), plane_spec, layers, steps,
+                                                         grid=grid, seed=s.base()["seed"]),
+                                step.detail)
     fig_loss = bplots.barrier_curves(curves, "loss", s.font)
     fig_acc = bplots.barrier_curves(curves, "acc", s.font)
     note.empty()

@@ -331,7 +331,7 @@ def warm_up(s: Setup) -> None:
         return
     refs = list(dict.fromkeys((s.anchor, s.source)))
     ahead = app.barrier_defaults(s.base(), _residual_why(s.anchor))
-    if all(is_cached("curve", cfg) for cfg in ahead):
+    if all(is_cached("barrier", cfg) for cfg in ahead):
         return  # warmed up before: nothing to get ready
     busy = _WARMING
     if not busy.acquire(blocking=False):  # one warm-up at a time
@@ -349,7 +349,7 @@ def warm_up(s: Setup) -> None:
         with _AHEAD:
             try:
                 for cfg in ahead:
-                    _compute(AppResources(), "curve", cfg)
+                    _compute(AppResources(), "barrier", cfg)
             except Exception:  # noqa: BLE001 - the Barrier page computes again and reports it
                 pass
 
@@ -601,6 +601,26 @@ def function_badge(diff: float | None, tol: float, what: str = "matched source")
             st.badge(f"FAIL · function changed · max logit change {diff:.1e} > {tol:g}",
                      color="red", icon=":material/cancel:")
         st.caption(f"{what} vs. the model it came from, on seeded probe inputs")
+
+
+def param_input(where: Any, p: Any, key: str, value: Any = None) -> Any:
+    """The widget of a declared parameter (rotviz.params.Param, from a measurement's or a
+    merge method's record): a slider within its `widget` range, a number input within its
+    bound, a picker of its choices; labelled and explained by the record, kept in the URL."""
+    value = p.default if value is None else value
+    common = {"key": key, "help": p.help, "bind": "query-params"}
+    if p.choices:
+        return where.selectbox(p.title, list(p.choices), list(p.choices).index(value), **common)
+    if p.bound is None:
+        return where.text_input(p.title, str(value), **common)
+    cast = int if p.bound.integer else float
+    lo, hi, step = p.widget or (p.bound.lo, p.bound.hi, 1 if p.bound.integer else None)
+    lo, hi = cast(lo), cast(hi)
+    value = min(max(cast(value), lo), hi)
+    if p.widget:
+        return where.slider(p.title, lo, hi, value, cast(step), **common)
+    return where.number_input(p.title, lo, hi, value, None if step is None else cast(step),
+                              **common)
 
 
 def chart(fig, key: str) -> None:

@@ -200,7 +200,9 @@ def body() -> None:
                    "max_output_diff": r["max_output_diff"], "preserved": r["preserved"]}
             if with_barrier:
                 step(f"barrier: {style.nice_label(sp)}")
-                cur = common.compute("curve", {**cfg, "points": POINTS}, step.detail)
+                cur = common.compute("barrier", app.measure_cfg(base, sp, base.get("layers", ""),
+                                                                steps, points=POINTS),
+                                     step.detail)
                 row.update(barrier=cur["barrier"], mid_acc=cur["mid_acc"])
             ablation.append(row)
     st.subheader(f"Result: {style.nice_label(spec)}")

@@ -5,6 +5,8 @@ import streamlit as st
 from app_pages import common
 from rotviz import app
 from rotviz.app.specs import MERGE_SPECS, learns, spec_label
+from rotviz.merging.registry import all_params
+from rotviz.merging.registry import methods as merge_methods
 from rotviz.plots import merge as mplots
 from rotviz.plots import style
 
@@ -13,20 +15,19 @@ st.title("Merge the two models")
 st.markdown(
     "Fusing two models into one only works when their neurons and heads line up. Each method "
     "below is run on the raw pair and after matching; the dashed lines are the two original "
-    "models. **simple** averages the weights; **fisher** weights each parameter by how much "
-    "it matters to each model (diagonal Fisher information); **regmean** solves, for every "
-    "linear layer, for the weights that best reproduce both models' outputs on their inputs. "
-    "Fisher and RegMean statistics come from the training split, computed on the matched models."
+    "models. Statistics (Fisher information, Gram matrices) come from the training split, "
+    "computed on the matched models."
 )
-METHODS = {"simple": "simple average", "fisher": "Fisher-weighted average",
-           "regmean": "RegMean (regression mean)"}
+METHODS = {m.name: m for m in merge_methods()}
+st.markdown("\n".join(f"- **{m.name}** ({m.label}): {m.help}." for m in METHODS.values()))
 
 offered, residual_why = common.offered_specs(s, MERGE_SPECS)
 
 with st.form("merge_form"):
     c = st.columns(2)
     methods = c[0].multiselect("Fusion methods", list(METHODS), list(METHODS),
-                               format_func=METHODS.get, key="g_methods", bind="query-params")
+                               format_func=lambda m: METHODS[m].label, key="g_methods",
+                               bind="query-params")
     specs = c[1].multiselect("Matching before fusion", offered, ["none", "seed"],
                              format_func=style.nice_label, key="g_specs", bind="query-params",
                              help="The seed paper's options, head permutation, the residual "
@@ -38,10 +39,10 @@ with st.form("merge_form"):
     c = st.columns(4)
     weight = c[0].slider("Weight of the source (0 = anchor only, 1 = source only)", 0.0, 1.0,
                          0.5, 0.05, key="g_weight", bind="query-params")
-    batches = c[1].slider("Statistics: batches of 32 training examples", 1, 32, 8,
-                          key="g_batches", bind="query-params")
-    alpha = c[2].slider("RegMean: off-diagonal scale α", 0.0, 1.0, 0.9, 0.05, key="g_alpha",
-                        bind="query-params")
+    # every merge method's own parameters, from its record (the seed is the sidebar's)
+    shown = [p for p in all_params() if p.name != "seed"]
+    params = {p.name: common.param_input(c[1 + i % 2], p, f"g_{p.name}")
+              for i, p in enumerate(shown)}
     steps = int(c[3].number_input(
         "Learned matching: at most this many steps", 5, 3000, app.DEFAULT_LEARN_STEPS,
         step=25, key="g_steps", bind="query-params",
@@ -60,14 +61,14 @@ def body() -> None:
         return
     labels = [spec_label(sp) for sp in specs]
     cfg = {**s.base(), "methods": methods, "specs": labels, "weight": weight,
-           "batches": batches, "alpha": alpha}
+           "params": {**params, "seed": s.base()["seed"]}}
     if any(learns(sp) for sp in labels):
         cfg["learn_steps"] = steps
     with common.progress("Fusing", 1, stop="merge") as step:
         step(f"{len(methods)} methods x {len(labels)} matching options")
         t = common.compute("fusion", cfg, step.detail)
     scored = t.get("scores") or {}
-    rows = [{"method": METHODS[m], "matching": sp, "acc": t["acc"][m][sp],
+    rows = [{"method": METHODS[m].label, "matching": sp, "acc": t["acc"][m][sp],
              "loss": t["loss"][m][sp], **(scored.get(m, {}).get(sp) or {}),
              "distance": t["distance"][sp]}
             for m in t["methods"] for sp in t["specs"]]

@@ -4,6 +4,7 @@
 import streamlit as st
 
 from app_pages import common
+from rotviz import app
 from rotviz.app.summaries import head_rows
 from rotviz.limits import MAX_LAYERS_TEXT
 from rotviz.plots import spectra as splots
@@ -71,12 +72,12 @@ def body() -> None:
     if not common.should_run("spectra", submitted, s):
         st.info("Press **Run** to match and show the spectra.")
         return
-    cfg = {**s.base(), "layers": layers.strip(), "spec": spec}
+    cfg = app.measure_cfg(s.base(), spec, layers)
     with common.progress("Matching", 2) as step:
         step(f"matching with {style.nice_label(spec)}")
         res = common.compute("match", cfg)
         step("cross matrices and invariant circuits")
-        circuits = common.compute("circuits", cfg)
+        circuits = common.compute("spectra", cfg)
     common.function_badge(res["max_output_diff"], res["tolerance"])
     change = circuits.get("max_circuit_change")
     if change is not None:

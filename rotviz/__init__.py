@@ -1,12 +1,16 @@
 """rotviz: see, teach and use the parameter-space symmetries of transformers.
 
 The public API, imported on first use (so `import rotviz` and the command line stay light):
-`load_model`, `match_models`, `MatchOptions`, `interpolate`, `loss_plane`, `merge` and
-`evaluate`; for checkpoints larger than memory, `open_streamed`, `match_streamed` and the
-sized evaluations `sized_curve`, `sized_plane` and `sized_merge`.
+`load_model` and `evaluate`; `match_endpoints` (match once: the anchor, the source and the
+matched source with what matching did) and `measure` (any registered measurement on those
+endpoints: barrier, plane, merge, distances, spectra, ...); `match_models`, `MatchOptions`,
+and the one-call conveniences `interpolate`, `loss_plane` and `merge`; for checkpoints larger
+than memory, `open_streamed`, `match_streamed`, `streamed_endpoints` and the sized evaluations
+`sized_curve`, `sized_plane` and `sized_merge`.
 Everything else lives in the layers below: `arch` (architectures as data),
 `groups` (solvers), `symmetry` (views, actions, the symmetry registry), models and data,
-`match`, `analysis`, then `zoo`, `app` and `cli`.
+`match`, `merging` (merge-method records), `analysis`, `stream`, `measures` (measurement
+records), then `zoo`, `app` and `cli`.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from rotviz.version import __version__
 _API = {
     "load_model": "rotviz.models",
     "match_models": "rotviz.match.pipeline",
+    "match_endpoints": "rotviz.match.endpoints",
+    "measure": "rotviz.measures",
     "MatchOptions": "rotviz.match.options",
     "interpolate": "rotviz.analysis.landscape",
     "loss_plane": "rotviz.analysis.landscape",
@@ -25,6 +31,7 @@ _API = {
     "evaluate": "rotviz.evaluation",
     "open_streamed": "rotviz.match.streaming",
     "match_streamed": "rotviz.match.streaming",
+    "streamed_endpoints": "rotviz.stream.endpoints",
     "sized_curve": "rotviz.analysis.sized",
     "sized_plane": "rotviz.analysis.sized",
     "sized_merge": "rotviz.analysis.sized",

@@ -26,6 +26,7 @@ class Param:
     bound: Bound | None = None
     choices: tuple[str, ...] = ()
     label: str = ""  # the app's widget label (default: the name in words)
+    widget: tuple[float, float, float] = ()  # the app's slider (lo, hi, step), inside the bound
 
     @property
     def flag(self) -> str:

@@ -327,8 +327,6 @@ def test_models_page_evaluates_light_models_then_computes_the_barrier_page_ahead
     from rotviz import app as rapp
     from rotviz.analysis.landscape import interpolate
     from rotviz.data import load_split
-    from rotviz.match.pipeline import match_models
-    from rotviz.match.selection import match_options
     from rotviz.models import load_model
 
     stores = common._stores()
@@ -360,18 +358,15 @@ def test_models_page_evaluates_light_models_then_computes_the_barrier_page_ahead
     assert not stores["models"]  # ... and never needed the full ones
     (ahead,) = planned
     assert [c["spec"] for c in ahead] == list(app_specs.DEFAULT_SPECS)
-    assert {(c["anchor"], c["source"], c["points"]) for c in ahead} == {
+    assert {(c["anchor"], c["source"], c["params"]["points"]) for c in ahead} == {
         (*pair, rapp.BARRIER_POINTS)}
-    assert all(common.is_cached("curve", cfg) for cfg in ahead)
+    assert all(common.is_cached("barrier", cfg) for cfg in ahead)
     a, b = load_model(pair[0]), load_model(pair[1])
     assert type(a.model).__module__.startswith("transformers")
     split = load_split(ahead[0]["data"], "test", 0).subset(ahead[0]["n_eval"])
     for cfg in (ahead[0], ahead[-1]):  # none, and weight matching (the longest)
-        got = common.compute("curve", cfg)
-        state = b.state
-        if cfg["spec"] != "none":
-            state = match_models(a, b, match_options(cfg["spec"], None), "cpu").state
-        want = interpolate(a, b, split, None, points=cfg["points"], source_state=state)
+        got = common.compute("barrier", cfg)
+        want = interpolate(a, b, split, cfg["spec"], points=cfg["params"]["points"])
         assert got["loss"] == want.loss and got["acc"] == want.acc  # bit for bit
         assert got["barrier"] == want.barrier
 
@@ -630,11 +625,10 @@ def test_cancelled_or_interrupted_learned_matching_is_not_cached(roots):
     from rotviz import app as rapp
 
     a, s = str(roots / "vit-s0"), str(roots / "vit-s1")
-    args = (a, s, "weight,learned", "", "cpu", "digits", 6, 0)
-    with pytest.raises(rapp.Cancelled, match="cancelled after 0 of 6 steps"):
-        rapp.matched(common.resources(), *args, cancel=lambda: True)
     cfg = {"anchor": a, "source": s, "data": "digits", "seed": 0, "n_eval": N_EVAL,
            "device": "cpu", "layers": "", **rapp.spec_cfg("weight,learned", 6)}
+    with pytest.raises(rapp.Cancelled, match="cancelled after 0 of 6 steps"):
+        rapp.matched(common.resources(), cfg, cancel=lambda: True)
     assert cfg["learn_steps"] == 6
 
     def stop_at_step_3(done, total, message):

@@ -55,7 +55,7 @@ def test_importing_rotviz_app_loads_no_engine():
     or scipy comes with them."""
     code = ("import sys, rotviz.app, rotviz.app.roots, rotviz.app.cache, rotviz.app.export, "
             "rotviz.app.devices, rotviz.app.specs, rotviz.app.summaries, rotviz.app.demos, "
-            "rotviz.app.merge_table\n"
+            "rotviz.measures, rotviz.merging, rotviz.params\n"
             "print(sorted(m for m in ('torch', 'transformers', 'scipy', 'streamlit') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
@@ -92,19 +92,18 @@ def test_no_matching_is_the_plain_distance(res, base, engine):
     d = distances(view_of(b), view_of(a)).to_dict()
     assert got["before_total"] == got["after_total"] == d["total"]
     assert got["report"]["distance_after"] == d and got["max_output_diff"] == 0.0
-    assert app.matched(res, base["anchor"], base["source"], "none", "", "cpu") is None
+    assert app.matched(res, {**base, "spec": "none"}) is None
 
 
-def test_curve_equals_interpolate(res, base, engine):
+def test_barrier_equals_interpolate(res, base, engine):
     """The barrier curve is rotviz.analysis.landscape.interpolate's on the matched source, with the
     matching's distances and check attached."""
     from rotviz.analysis.landscape import interpolate
 
-    cfg = {**base, **app.spec_cfg("seed"), "points": 5}
-    got = app.run("curve", res, cfg)
+    cfg = app.measure_cfg(base, "seed", points=5)
+    got = app.run("barrier", res, cfg)
     a, b, split = engine
-    m = app.matched(res, base["anchor"], base["source"], "seed", "", "cpu")
-    want = interpolate(a, b, split, None, points=5, device="cpu", source_state=m.state)
+    want = interpolate(a, b, split, "seed", points=5, device="cpu")
     assert got["loss"] == list(want.loss) and got["acc"] == list(want.acc)
     assert got["barrier"] == want.barrier and got["match"] == "seed"
     info = app.run("match", res, {**base, **app.spec_cfg("seed")})
@@ -123,9 +122,10 @@ def test_matched_sources_are_computed_once_per_resources(base):
             return super().remember(key, compute)
 
     r1, r2 = Counting(), Counting()
-    m1 = app.matched(r1, base["anchor"], base["source"], "ffn", "", "cpu")
-    assert app.matched(r1, base["anchor"], base["source"], "ffn", "", "cpu") is m1
-    m2 = app.matched(r2, base["anchor"], base["source"], "ffn", "", "cpu")
+    cfg = {**base, "spec": "ffn"}
+    m1 = app.matched(r1, cfg)
+    assert app.matched(r1, app.PairConfig.of(cfg)) is m1
+    m2 = app.matched(r2, cfg)
     assert m2 is not m1 and len(calls) == 3 and len(set(calls)) == 1
     assert r1.load(base["anchor"]) is not r2.load(base["anchor"])
 
@@ -164,23 +164,24 @@ def test_residual_why_and_check_pair(res, refs):
         app.check_pair(a, b, res.split("pystdlib", 0, 8, a.ref))
 
 
-def test_circuits_equal_spectra(res, base, engine):
+def test_spectra_equal_spectra(res, base, engine):
     from rotviz.analysis.spectra import spectra
     from rotviz.match.pipeline import view_of
     from rotviz.symmetry.view import read_view
 
-    cfg = {**base, "spec": "seed", "layers": "0,2"}
-    got = app.run("circuits", res, cfg)
+    cfg = app.measure_cfg(base, "seed", "0,2")
+    got = app.run("spectra", res, cfg)
     a, b, _ = engine
-    m = app.matched(res, base["anchor"], base["source"], "seed", "0,2", "cpu")
+    m = app.matched(res, cfg)
     want = spectra(view_of(a), view_of(b), read_view(b.spec, b.config, m.state), (0, 2))
-    assert got == want.to_dict()
+    assert {k: got[k] for k in want.to_dict()} == want.to_dict()
+    assert got["preserved"] and got["match"] == "seed"
     assert [lay["layer"] for lay in got["layers"]] == [0, 2]
     assert got["max_circuit_change"] <= 1e-4
 
 
 def test_plane_marks_the_three_models(res, base):
-    got = app.run("plane", res, {**base, "spec": "seed", "grid": 5})
+    got = app.run("plane", res, app.measure_cfg(base, "seed", grid=5))
     assert set(got["points"]) == {"A", "B", "B'", "AB", "AB'"} and got["match"] == "seed"
     z = np.asarray(got["loss"], dtype=float)
     assert z.shape == (5, 5) and np.isfinite(z).all()
@@ -191,7 +192,7 @@ def test_fusion_equals_fusion_table(res, base, engine):
     from rotviz.analysis.fusion import fusion_table
 
     cfg = {**base, "methods": ["simple"], "specs": ["none", "seed"], "weight": 0.5,
-           "batches": 2, "alpha": 0.9}
+           "params": {"batches": 2, "alpha": 0.9}}
     got = app.run("fusion", res, cfg)
     a, b, split = engine
     want = fusion_table(a, b, split, methods=("simple",), specs=("none", "seed"), batches=2)

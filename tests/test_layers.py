@@ -1,5 +1,7 @@
 """rotviz is built in layers: no import cycle, counting imports inside functions too (an ast
-walk over the package), and no module imports a layer above its own."""
+walk over the package, the app's pages and the benchmarks), and no module imports a layer
+above its own. The pages (app_pages/) sit above the library and the benchmarks (bench/) above
+them: rotviz never imports either."""
 
 from __future__ import annotations
 
@@ -8,15 +10,21 @@ from pathlib import Path
 
 import pytest
 
-PKG = Path(__file__).resolve().parents[1] / "rotviz"
+REPO = Path(__file__).resolve().parents[1]
+PKG = REPO / "rotviz"
+ROOTS = (PKG, REPO / "app_pages", REPO / "bench")
 
 
-def modules(root: Path = PKG) -> dict[str, Path]:
+def modules(*roots: Path) -> dict[str, Path]:
+    """Dotted module name -> file, for every package or folder of scripts in `roots`."""
     out = {}
-    for p in root.rglob("*.py"):
-        parts = p.relative_to(root.parent).with_suffix("").parts
-        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        out[name] = p
+    for root in roots or ROOTS:
+        for p in root.rglob("*.py"):
+            if "__pycache__" in p.parts:
+                continue
+            parts = p.relative_to(root.parent).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            out[name] = p
     return out
 
 
@@ -33,8 +41,8 @@ def imports(path: Path, known: set[str]) -> set[str]:
     return out & known
 
 
-def graph(root: Path = PKG) -> dict[str, set[str]]:
-    mods = modules(root)
+def graph(*roots: Path) -> dict[str, set[str]]:
+    mods = modules(*roots)
     return {m: imports(p, set(mods)) - {m} for m, p in mods.items()}
 
 
@@ -84,8 +92,8 @@ def test_the_check_finds_a_planted_cycle(tmp_path):
 
 # Layers, lowest first: a module may import its own layer and those below it.
 LAYERS = [
-    ("core", ["rotviz.errors", "rotviz.limits", "rotviz.memo", "rotviz.version", "rotviz.types",
-              "rotviz.outputs", "rotviz.checkpoint", "rotviz.dist", "rotviz.memory",
+    ("core", ["rotviz.errors", "rotviz.limits", "rotviz.params", "rotviz.memo",
+              "rotviz.version", "rotviz.types", "rotviz.outputs", "rotviz.checkpoint", "rotviz.dist", "rotviz.memory",
               "rotviz.confine"]),
     ("arch", ["rotviz.arch"]),
     ("groups", ["rotviz.groups"]),
@@ -96,9 +104,15 @@ LAYERS = [
                 "rotviz.evaluation", "rotviz.random_models", "rotviz.skeleton", "rotviz.zoo",
                 "rotviz.zoo.registry"]),
     ("match", ["rotviz.match"]),
+    ("merging", ["rotviz.merging"]),
     ("analysis", ["rotviz.analysis"]),
+    ("stream", ["rotviz.stream"]),
+    ("plots", ["rotviz.plots"]),
+    ("measures", ["rotviz.measures"]),
     ("top", ["rotviz.zoo.build", "rotviz.zoo.train", "rotviz.zoo.recipes", "rotviz.app",
-             "rotviz.cli", "rotviz.plots", "rotviz"]),
+             "rotviz.cli", "rotviz"]),
+    ("pages", ["app_pages"]),
+    ("bench", ["bench"]),
 ]
 
 
@@ -138,4 +152,4 @@ def test_the_public_api_is_importable_from_rotviz_itself():
     for obj in (evaluate, interpolate, load_model, loss_plane, match_models, merge):
         assert callable(obj) and obj.__name__ in rotviz.__all__
     assert MatchOptions().label == "ffn,attn,rescale"
-    assert not set(rotviz.__all__) & {m.split(".")[1] for m in modules() if m.count(".") >= 1}
+    assert not set(rotviz.__all__) & {m.split(".")[1] for m in modules(PKG) if m.count(".") >= 1}

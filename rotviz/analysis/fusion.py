@@ -110,14 +110,14 @@ def merge_on(
     weight: float = 0.5,
     device: str | torch.device = "cpu",
     progress: Progress | None = None,
-    stats_split: Split | None = None,
+    stats_data: Split | None = None,
     **params: Any,
 ) -> Merged:
     """merge_on(endpoints, "regmean", split, weight=0.5, device=, alpha=0.9) -> Merged
 
     Merge the matched source into the anchor with a registered method and its `params`
     (rotviz.merging; those not given keep their defaults) and evaluate the merged model on
-    `split`. Statistics come from `stats_split` (default: the split named by the method's
+    `split`. Statistics come from `stats_data` (default: the split named by the method's
     `stats_split` parameter, train, of the same data), computed on the matched source.
     `Merged.state` holds the merged weights."""
     m = method_record(method_name)
@@ -130,7 +130,7 @@ def merge_on(
     st_split = None
     sa = sb = None
     if m.needs_statistics:
-        st_split = stats_split if stats_split is not None else \
+        st_split = stats_data if stats_data is not None else \
             split.sibling(values.get("stats_split", "train"))
         sa = statistics_of(m, anchor, anchor.state, st_split, ev.device, values,
                            _stage(progress, "anchor"))
@@ -164,7 +164,7 @@ def merge(
     method: str,
     options: MatchOptions | str | None,
     split: Split,
-    stats_split: Split | None = None,
+    stats_split: Split | str | None = None,
     weight: float = 0.5,
     device: str | torch.device = "cpu",
     progress: Progress | None = None,
@@ -179,6 +179,8 @@ def merge(
     weight = check_weight(weight)
     method_params(m, params)  # a bad parameter is refused before matching
     ends = match_endpoints(anchor, source, options, device, data=split)
+    if isinstance(stats_split, str):  # a split's name, as the method's parameter takes it
+        params, stats_split = {**params, "stats_split": stats_split}, None
     return merge_on(ends, m.name, split, weight, device, progress, stats_split, **params)
 
 
@@ -238,7 +240,7 @@ class FusionTable:
 def fusion_on(
     ends: Mapping[str, HeldEndpoints],
     split: Split,
-    stats_split: Split | None = None,
+    stats_data: Split | None = None,
     methods: Sequence[str] | None = None,
     weight: float = 0.5,
     device: str | torch.device = "cpu",
@@ -261,7 +263,7 @@ def fusion_on(
     anchor = first.anchor
     ev = Evaluator(anchor, split, device)
     stats_name = params.get("stats_split") or "train"
-    st_split = stats_split if stats_split is not None else (
+    st_split = stats_data if stats_data is not None else (
         split.sibling(stats_name) if any(m.needs_statistics for m in records) else split)
     total = len(ends) * (1 + len(records))
     step = 0
@@ -321,7 +323,7 @@ def fusion_table(
     anchor: Loaded,
     source: Loaded,
     split: Split,
-    stats_split: Split | None = None,
+    stats_split: Split | str | None = None,
     methods: Sequence[str] | None = None,
     specs: Sequence[str | MatchOptions | None] = ("none", "seed"),
     weight: float = 0.5,
@@ -336,4 +338,6 @@ def fusion_table(
     for spec in specs:
         e = match_endpoints(anchor, source, as_options(spec), device, data=split)
         ends[e.match] = e
+    if isinstance(stats_split, str):  # a split's name, as the methods' parameter takes it
+        params, stats_split = {**params, "stats_split": stats_split}, None
     return fusion_on(ends, split, stats_split, methods, weight, device, progress, **params)

@@ -28,7 +28,6 @@ import torch
 from rotviz.analysis.fusion import Merged, check_weight
 from rotviz.analysis.landscape import (
     Curve,
-    MatchInfo,
     Plane,
     check_path,
     path_points,
@@ -44,6 +43,7 @@ from rotviz.dist import SINGLE, Group
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator, check_split
 from rotviz.limits import GRID, MARGIN
+from rotviz.match.endpoints import MatchInfo
 from rotviz.match.streaming import Streamed, open_streamed
 from rotviz.memory import release
 from rotviz.models import Loaded, check_compatible, copy_reading_files, read_config, wide_device

@@ -9,7 +9,8 @@ Layers, top to bottom:
   `roots` (where models and data may come from), `cache` (the result cache and the
   configuration hashes), `export` (JSON, CSV, figures, zips), `devices` (the device picker
   and badge), `specs` (the matching SPECs offered), `summaries` (model cards, match
-  summaries and their tables), `demos` (the Learn page) and `merge_table` (the Merge page).
+  summaries and their tables) and `demos` (the Learn page). Every registered measurement
+  (rotviz.measures) is a computation of `run`, by its name.
 - the engine (matching, alternating, residual, landscape, fusion, models, ...). A page that
   needs an engine name imports it from its home, inside the function that uses it.
 
@@ -25,15 +26,15 @@ from rotviz.app.compute import (
     COMPUTE_MODULES,
     DEFAULT_LEARN_STEPS,
     Cancelled,
+    PairConfig,
     Progress,
     Resources,
     barrier_defaults,
     card,
     check_pair,
-    circuits,
-    curve,
-    curve_cfg,
+    endpoints,
     fusion,
+    kinds,
     layers_of,
     learn,
     load_eval,
@@ -41,10 +42,10 @@ from rotviz.app.compute import (
     load_test_split,
     match,
     matched,
-    matched_key,
+    measure,
+    measure_cfg,
     n_layers,
     pair,
-    plane,
     run,
     spec_cfg,
     warm_up,
@@ -52,8 +53,8 @@ from rotviz.app.compute import (
 
 __all__ = [
     "BARRIER_POINTS", "COMPUTE", "COMPUTE_MODULES", "DEFAULT_LEARN_STEPS", "Cancelled",
-    "Progress", "Resources", "barrier_defaults", "card", "check_pair", "circuits", "curve",
-    "curve_cfg", "fusion", "layers_of", "learn", "load_eval", "load_full", "load_test_split",
-    "match", "matched", "matched_key", "n_layers", "pair", "plane", "run", "spec_cfg",
+    "PairConfig", "Progress", "Resources", "barrier_defaults", "card", "check_pair", "endpoints",
+    "fusion", "kinds", "layers_of", "learn", "load_eval", "load_full", "load_test_split",
+    "match", "matched", "measure", "measure_cfg", "n_layers", "pair", "run", "spec_cfg",
     "warm_up",
 ]

@@ -21,7 +21,7 @@ import dataclasses
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from rotviz.app import demos, merge_table, roots, specs, summaries
+from rotviz.app import demos, roots, specs, summaries
 from rotviz.app.cache import config_hash
 from rotviz.errors import RotvizError
 from rotviz.limits import DEFAULT_STEPS
@@ -155,7 +155,56 @@ def check_pair(anchor: Loaded, source: Loaded, split: Split) -> None:
     check_fits(anchor, split)
 
 
-# ---- matching, shared by the computations ----------------------------------------------------
+# ---- configurations ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class PairConfig:
+    """A computation's configuration, typed and with its matching SPEC parsed once.
+
+    Pages keep configurations as plain dicts of JSON types (they are hashed for the result
+    cache and written into exports); `PairConfig.of` reads one, checks its SPEC, and every
+    computation here works on the result. `params` are the measurement's own parameters
+    (rotviz.measures: points, grid, ...)."""
+
+    anchor: str
+    source: str
+    label: str  # the canonical matching SPEC
+    needs_data: bool  # the SPEC learns from data (act, learned)
+    learns: bool  # the SPEC trains (learned)
+    layers: str = ""
+    device: str = "cpu"
+    data: str = ""
+    seed: int = 0
+    n_eval: int = 0
+    learn_steps: int = 0
+    params: tuple[tuple[str, Any], ...] = ()
+
+    @classmethod
+    def of(cls, cfg: dict) -> PairConfig:
+        from rotviz.match.selection import parse_selection
+        from rotviz.symmetry.registry import BY_NAME
+
+        sel = parse_selection(cfg.get("spec", "none"))
+        learns = bool(getattr(sel, "learned", False))
+        steps = int(cfg.get("learn_steps") or DEFAULT_LEARN_STEPS) if learns else 0
+        return cls(
+            anchor=cfg["anchor"], source=cfg["source"], label=sel.label,
+            needs_data=any(BY_NAME[f].needs_data for f in sel.flags), learns=learns,
+            layers=(cfg.get("layers") or "").strip(), device=cfg.get("device", "cpu"),
+            data=cfg.get("data", ""), seed=int(cfg.get("seed", 0)),
+            n_eval=int(cfg.get("n_eval", 0)), learn_steps=steps,
+            params=tuple(sorted((cfg.get("params") or {}).items())))
+
+    @property
+    def matched_key(self) -> str:
+        """The hash a matched source is kept under: only what changes it (data, the step
+        budget and the seed only for the SPECs that use them)."""
+        return config_hash({
+            "anchor": self.anchor, "source": self.source, "spec": self.label,
+            "layers": self.layers, "device": self.device,
+            "data": self.data if self.needs_data else "", "learn_steps": self.learn_steps,
+            "learn_seed": self.seed if self.learns else 0})
 
 
 def spec_cfg(spec: str, learn_steps: int = 0) -> dict:
@@ -169,29 +218,35 @@ def spec_cfg(spec: str, learn_steps: int = 0) -> dict:
     return out
 
 
-def curve_cfg(base: dict, spec: str, points: int = 21, layers: str = "",
-              learn_steps: int = 0) -> dict:
-    """The configuration of one Barrier-page curve: `base` (the sidebar's part: anchor,
-    source, data, seed, n_eval, device), the SPEC, the points on the path and the layers."""
-    return {**base, "layers": layers.strip(), **spec_cfg(spec, learn_steps), "points": points}
+def measure_cfg(base: dict, spec: str, layers: str = "", learn_steps: int = 0,
+                **params: Any) -> dict:
+    """The configuration of one measurement: `base` (the sidebar's part: anchor, source,
+    data, seed, n_eval, device), the SPEC, the layers to match and the measurement's own
+    parameters (those not given keep the record's defaults)."""
+    return {**base, "layers": layers.strip(), **spec_cfg(spec, learn_steps), "params": params}
 
 
 def barrier_defaults(base: dict, residual_why: str | None) -> list[dict]:
     """The curves the Barrier page draws on its first visit (its default options and
     points), for the pair in `base`: what the app may compute ahead, after the first page
     has painted, so that the Barrier page finds them ready."""
-    return [curve_cfg(base, sp, BARRIER_POINTS)
+    return [measure_cfg(base, sp, points=BARRIER_POINTS)
             for sp in specs.offered(specs.DEFAULT_SPECS, residual_why)]
 
 
-def pair(res: Resources, cfg: dict) -> tuple[Loaded, Loaded]:
+# ---- matching, shared by the computations ----------------------------------------------------
+
+
+def pair(res: Resources, cfg: dict | PairConfig) -> tuple[Loaded, Loaded]:
     """Both models of a configuration, checked to be matchable. The computations here read
     and evaluate models and never save one, so they take them as `Resources.load_eval` gives
     them: plain torch where that computes the same logits (rotviz.lite: no transformers
     import, the same numbers), the model's own class otherwise."""
     from rotviz.models import check_compatible
 
-    a, b = res.load_eval(cfg["anchor"]), res.load_eval(cfg["source"])
+    anchor, source = (cfg.anchor, cfg.source) if isinstance(cfg, PairConfig) else \
+        (cfg["anchor"], cfg["source"])
+    a, b = res.load_eval(anchor), res.load_eval(source)
     check_compatible(a, b)
     return a, b
 
@@ -208,69 +263,67 @@ def n_layers(loaded: Loaded) -> int:
     return view_of(loaded).dims.n_layers
 
 
-def matched_key(anchor: str, source: str, spec: str, layers: str, device: str, data: str = "",
-                learn_steps: int = 0, seed: int = 0) -> str:
-    """The hash a matched source is kept under: only what changes it (data, the step budget
-    and the seed only for the SPECs that use them)."""
-    label = specs.spec_label(spec)
-    needs, learns = specs.needs_data(label), specs.learns(label)
-    steps = int(learn_steps or DEFAULT_LEARN_STEPS) if learns else 0
-    return config_hash({
-        "anchor": anchor, "source": source, "spec": label, "layers": layers or "",
-        "device": device, "data": data if needs else "", "learn_steps": steps,
-        "learn_seed": seed if learns else 0})
+def options_of(c: PairConfig, a: Loaded):
+    """The MatchOptions a configuration asks for (None for 'none'), on anchor `a`."""
+    from rotviz.match.options import LearnOptions
+    from rotviz.match.selection import match_options
+
+    opts = match_options(c.label, layers_of(c.layers, n_layers(a)))
+    if opts is not None and c.learns:
+        opts = dataclasses.replace(opts, learn=LearnOptions(steps=c.learn_steps, seed=c.seed))
+    return opts
 
 
-def matched(res: Resources, anchor: str, source: str, spec: str, layers: str, device: str,
-            data: str = "", learn_steps: int = 0, seed: int = 0,
-            progress: Progress | None = None,
+def matched(res: Resources, cfg: dict | PairConfig, progress: Progress | None = None,
             cancel: Callable[[], bool] | None = None) -> Matched | None:
     """The source matched onto the anchor (a `Matched`, shared: never modify), or None for
     spec 'none'. Activation and learned matching train on `data`'s train split (learned
     matching early-stops on its val split, runs at most `learn_steps` steps and draws its
     batches with `seed`); `progress(done, total, message)` hears about every step, and
     `cancel()` returning True stops learned matching (then nothing is kept: `Cancelled`)."""
-    label = specs.spec_label(spec)
-    if label == "none":
+    c = cfg if isinstance(cfg, PairConfig) else PairConfig.of(cfg)
+    if c.label == "none":
         return None
-    needs, learns = specs.needs_data(label), specs.learns(label)
-    steps = int(learn_steps or DEFAULT_LEARN_STEPS) if learns else 0
 
     def run():
-        from rotviz.match.options import LearnOptions
         from rotviz.match.pipeline import match_models
-        from rotviz.match.selection import match_options
 
-        a, b = pair(res, {"anchor": anchor, "source": source})
-        opts = match_options(label, layers_of(layers, n_layers(a)))
-        if learns:
-            opts = dataclasses.replace(opts, learn=LearnOptions(steps=steps, seed=seed))
+        a, b = pair(res, c)
+        opts = options_of(c, a)
         train = None
-        if needs:  # read here, through the app's Confined: a data reference would be read
-            # by the engine as the command line reads it (the engine's train.sibling("train")
-            # reads the same split again, so the numbers are those of the reference)
+        if c.needs_data:  # read here, through the app's Confined: a data reference would be
+            # read by the engine as the command line reads it (the engine's
+            # train.sibling("train") reads the same split again, so the numbers are those of
+            # the reference)
             from rotviz.evaluation import split_for
 
-            train = split_for(a, data, "train", confined=res.confined())
-        with res.using(anchor, source):
-            m = match_models(a, b, opts, device, progress, train, cancel)
+            train = split_for(a, c.data, "train", confined=res.confined())
+        with res.using(c.anchor, c.source):
+            m = match_models(a, b, opts, c.device, progress, train, cancel)
         learned = m.report.learned or {}
         if learned.get("stopped") == "cancelled":
             raise Cancelled(f"learned matching was cancelled after {learned.get('steps')} of "
-                            f"{steps} steps; nothing was kept. Press Run to start again.")
+                            f"{c.learn_steps} steps; nothing was kept. Press Run to start "
+                            "again.")
         return m
 
-    key = matched_key(anchor, source, label, layers, device, data, learn_steps, seed)
-    return res.remember(key, run)
+    return res.remember(c.matched_key, run)
 
 
-def _matched_of(res: Resources, cfg: dict, progress: Progress | None = None):
-    return matched(res, cfg["anchor"], cfg["source"], cfg["spec"], cfg.get("layers", ""),
-                   cfg["device"], cfg.get("data", ""), cfg.get("learn_steps", 0),
-                   cfg.get("seed", 0), progress)
+def endpoints(res: Resources, cfg: dict | PairConfig, progress: Progress | None = None):
+    """The configuration's endpoints (rotviz.match.endpoints.HeldEndpoints), matched once
+    through `res` and shared by every measurement of the pair."""
+    from rotviz.match.endpoints import from_matched
+
+    c = cfg if isinstance(cfg, PairConfig) else PairConfig.of(cfg)
+    a, b = pair(res, c)
+    m = matched(res, c, progress)
+    return from_matched(a, b, m, None if m is None else options_of(c, a))
 
 
-def _split_of(res: Resources, cfg: dict) -> Split:
+def _split_of(res: Resources, cfg: dict | PairConfig) -> Split:
+    if isinstance(cfg, PairConfig):
+        return res.split(cfg.data, cfg.seed, cfg.n_eval, cfg.anchor)
     return res.split(cfg["data"], cfg["seed"], cfg["n_eval"], cfg.get("anchor") or cfg["ref"])
 
 
@@ -289,82 +342,61 @@ def card(res: Resources, cfg: dict, progress: Progress | None = None) -> dict:
 def match(res: Resources, cfg: dict, progress: Progress | None = None) -> dict:
     """Matching `source` onto `anchor` with `spec` on `layers`: distances before and after
     (total, per layer, per kind), the per-head report and the function check."""
-    m = _matched_of(res, cfg, progress)
+    c = PairConfig.of(cfg)
+    m = matched(res, c, progress)
     if m is None:
-        from rotviz.match.distances import distances
-        from rotviz.match.pipeline import FUNCTION_TOLERANCE, view_of
+        from rotviz.match.endpoints import unmatched
+        from rotviz.match.pipeline import FUNCTION_TOLERANCE
 
-        a, b = pair(res, cfg)
-        d = distances(view_of(b), view_of(a)).to_dict()
+        d = unmatched(*pair(res, c)).info.before
         return {"spec": "none", "report": {"distance_before": d, "distance_after": d, "heads": [],
                                            "max_output_diff": 0.0},
                 "before_total": d["total"], "after_total": d["total"], "max_output_diff": 0.0,
                 "preserved": True, "tolerance": FUNCTION_TOLERANCE}
-    return summaries.match_summary(m, cfg["spec"])
+    return summaries.match_summary(m, c.label)
 
 
-def curve(res: Resources, cfg: dict, progress: Progress | None = None) -> dict:
-    """Test loss and accuracy at `points` evenly spaced points of the straight path from the
-    anchor to the matched source, its barrier, and the matching's distances and check."""
-    from rotviz.analysis.landscape import interpolate
+def measure(name: str, res: Resources, cfg: dict, progress: Progress | None = None) -> dict:
+    """The registered measurement `name` (rotviz.measures) on the configuration's endpoints,
+    as plain data, with the function check of the matched source (`preserved`,
+    `max_output_diff`, `tolerance`)."""
+    from rotviz.evaluation import resolve_device
+    from rotviz.match.pipeline import FUNCTION_TOLERANCE
+    from rotviz.measures import Context, measurement
 
-    a, b = pair(res, cfg)
-    sp = _split_of(res, cfg)
-    m = _matched_of(res, cfg, progress)
-    state = b.state if m is None else m.state
-    with res.using(cfg["anchor"], cfg["source"]):
-        c = interpolate(a, b, sp, None, points=cfg["points"], device=cfg["device"],
-                        source_state=state).to_dict()
-    info = match(res, cfg, progress)
-    c.update(match=cfg["spec"], distance_before=info["before_total"],
-             distance_after=info["after_total"], max_output_diff=info["max_output_diff"],
-             preserved=info["preserved"])
-    return c
-
-
-def plane(res: Resources, cfg: dict, progress: Progress | None = None) -> dict:
-    """Test loss on a `grid` x `grid` plane through anchor, source and matched source."""
-    from rotviz.analysis.landscape import loss_plane
-
-    a, b = pair(res, cfg)
-    sp = _split_of(res, cfg)
-    m = _matched_of(res, cfg, progress)
-    state = b.state if m is None else m.state
-    with res.using(cfg["anchor"], cfg["source"]):
-        p = loss_plane(a, b, sp, None, grid=cfg["grid"], device=cfg["device"], seed=cfg["seed"],
-                       source_state=state)
-    out = p.to_dict()
-    out["match"] = cfg["spec"]
+    record = measurement(name)
+    c = PairConfig.of(cfg)
+    values = record.values(dict(c.params))
+    ends = endpoints(res, c, progress)
+    split = _split_of(res, c) if record.data else None
+    with res.using(c.anchor, c.source):
+        result = record.run(ends, Context(split, resolve_device(c.device), progress=progress),
+                            values)
+    out = result.to_dict()
+    out.setdefault("match", ends.match)
+    diff = ends.info.max_output_diff
+    out.update(max_output_diff=diff, tolerance=FUNCTION_TOLERANCE,
+               preserved=diff is None or diff <= FUNCTION_TOLERANCE)
     return out
 
 
-def circuits(res: Resources, cfg: dict, progress: Progress | None = None) -> dict:
-    """Cross-matrix and invariant circuit spectra of anchor, source and matched source."""
-    from rotviz.analysis.spectra import spectra
-    from rotviz.match.pipeline import view_of
-    from rotviz.symmetry.view import read_view
-
-    a, b = pair(res, cfg)
-    m = _matched_of(res, cfg, progress)
-    mv = None if m is None else read_view(b.spec, b.config, m.state)
-    lay = layers_of(cfg["layers"], n_layers(a))
-    return spectra(view_of(a), view_of(b), mv, lay).to_dict()
-
-
 def fusion(res: Resources, cfg: dict, progress: Progress | None = None) -> dict:
-    """Merged accuracy for every method and matching option (rotviz.analysis.fusion.fusion_table, on
-    sources matched through `res`, so they are shared with the other computations)."""
-    a, b = pair(res, cfg)
-    sp = _split_of(res, cfg)
-    states = {}
+    """Merged accuracy for every method and matching option (rotviz.analysis.fusion.fusion_on,
+    on endpoints matched through `res`, so they are shared with the other computations).
+    `params` go to each merge method that declares them (batches, alpha, ...)."""
+    from rotviz.analysis.fusion import fusion_on
+
+    ends = {}
     for spec in cfg["specs"]:
-        m = _matched_of(res, {**cfg, **spec_cfg(spec, cfg.get("learn_steps", 0)), "layers": ""},
-                        progress)
-        states[specs.spec_label(spec)] = None if m is None else m.state
+        e = endpoints(res, {**cfg, **spec_cfg(spec, cfg.get("learn_steps", 0)), "layers": ""},
+                      progress)
+        ends[e.match] = e
+    sp = _split_of(res, cfg)
     with res.using(cfg["anchor"], cfg["source"]):
-        return merge_table.fusion_with_states(a, b, sp, states, cfg["methods"], cfg["weight"],
-                                          cfg["batches"], 32, cfg["alpha"], cfg["device"],
-                                          cfg["seed"])
+        t = fusion_on(ends, sp, None, cfg["methods"], cfg["weight"], cfg["device"],
+                      **(cfg.get("params") or {})).to_dict()
+    t["timing"] = {k: v for k, v in t["timing"].items() if not k.startswith("match:")}
+    return t
 
 
 def learn(res: Resources, cfg: dict, progress: Progress | None = None) -> dict:
@@ -376,16 +408,25 @@ def learn(res: Resources, cfg: dict, progress: Progress | None = None) -> dict:
         return demos.learn_demo(m, sp, cfg["kind"], cfg["demo_seed"], cfg["layer"], cfg["head"])
 
 
+# The computations that are not measurements of a matched pair; every registered measurement
+# (rotviz.measures: barrier, plane, merge, distances, spectra, ...) is one more, by its name.
 COMPUTE: dict[str, Callable[[Resources, dict, Progress | None], Any]] = {
-    "card": card, "match": match, "curve": curve, "plane": plane, "learn": learn,
-    "circuits": circuits, "fusion": fusion,
+    "card": card, "match": match, "learn": learn, "fusion": fusion,
 }
 
 
+def kinds() -> list[str]:
+    """Every computation `run` knows: COMPUTE's and every registered measurement's."""
+    from rotviz.measures import measurements
+
+    return sorted(set(COMPUTE) | {m.name for m in measurements()})
+
+
 def run(kind: str, res: Resources, cfg: dict, progress: Progress | None = None) -> Any:
-    """The result of computation `kind` (a key of COMPUTE) for a configuration."""
-    try:
-        fn = COMPUTE[kind]
-    except KeyError:
-        raise RotvizError(f"no computation '{kind}'; one of {sorted(COMPUTE)}") from None
-    return fn(res, cfg, progress)
+    """The result of computation `kind` (a key of COMPUTE, or a registered measurement's
+    name) for a configuration."""
+    if kind in COMPUTE:
+        return COMPUTE[kind](res, cfg, progress)
+    if kind in kinds():
+        return measure(kind, res, cfg, progress)
+    raise RotvizError(f"no computation '{kind}'; one of {', '.join(kinds())}")

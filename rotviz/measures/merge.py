@@ -21,7 +21,8 @@ def _params() -> tuple[Param, ...]:
                  label="Weight of the source")]
     for p in all_params():
         who = " and ".join(users(p.name))
-        out.append(Param(p.name, None, f"{who}: {p.help}", p.bound, p.choices, p.title))
+        out.append(Param(p.name, None, f"{who}: {p.help}", p.bound, p.choices, p.title,
+                         p.widget))
     return tuple(out)
 
 

@@ -10,7 +10,7 @@ from rotviz.params import Param
 
 PARAMS = (
     Param("grid", 21, f"grid points per axis (default 21, {GRID.text})", GRID,
-          label="Grid points per axis"),
+          label="Plane grid (points per side)", widget=(5, 31, 1)),
     Param("margin", 0.25, "margin around the points, as a fraction of their span (default "
           f"0.25, {MARGIN.text})", MARGIN, label="Margin (fraction of the span)"),
     Param("batch_size", 512, f"evaluation batch size (default 512, {BATCH_SIZE.text})",

@@ -27,7 +27,7 @@ STATS_PARAMS = (
     Param("stats_split", "train", "split the statistics come from (default train)",
           choices=SPLITS, label="Statistics split"),
     Param("batches", 8, f"statistics batches (default 8, {BATCHES.text})", BATCHES,
-          label="Statistics batches"),
+          label="Statistics: batches of training examples", widget=(1, 32, 1)),
     Param("batch_size", 32, "statistics batch size (default 32)", BATCH_SIZE,
           label="Statistics batch size"),
     Param("seed", 0, "seed of the statistics batches (default 0)", SEED, label="Seed"),
