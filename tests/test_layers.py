@@ -93,8 +93,8 @@ def test_the_check_finds_a_planted_cycle(tmp_path):
 # Layers, lowest first: a module may import its own layer and those below it.
 LAYERS = [
     ("core", ["rotviz.errors", "rotviz.limits", "rotviz.params", "rotviz.memo",
-              "rotviz.version", "rotviz.types", "rotviz.outputs", "rotviz.checkpoint", "rotviz.dist", "rotviz.memory",
-              "rotviz.confine"]),
+              "rotviz.version", "rotviz.types", "rotviz.outputs", "rotviz.checkpoint",
+              "rotviz.dist", "rotviz.memory", "rotviz.confine"]),
     ("arch", ["rotviz.arch"]),
     ("groups", ["rotviz.groups"]),
     ("symmetry", ["rotviz.symmetry"]),
