@@ -98,6 +98,24 @@ def figure_image(fig: Any, fmt: str) -> bytes:
     return fig.to_image(format=fmt)
 
 
+def measurement_files(name: str, result: Mapping[str, Any]
+                      ) -> tuple[dict[str, list[dict]], dict[str, Any]]:
+    """The tables and figures a registered measurement's record makes of its result (as
+    plain data, `rotviz.app.run(name, ...)`): what its export holds besides the JSON."""
+    from rotviz.measures import measurement
+
+    record = measurement(name)
+    tables = {name: record.rows(result)} if record.rows else {}
+    figures = {name: record.plot(result)} if record.plot else {}
+    return tables, figures
+
+
+def measurement_zip(name: str, config: Mapping[str, Any], result: Mapping[str, Any]) -> bytes:
+    """A measurement's whole run as a zip (`run_zip`), its table and figure from its record."""
+    tables, figures = measurement_files(name, result)
+    return run_zip(config, {name: result}, tables, figures)
+
+
 def run_zip(
     config: Mapping[str, Any],
     results: Mapping[str, Any],

@@ -53,7 +53,7 @@ def add_params(parser: argparse.ArgumentParser, params: tuple[Param, ...]) -> No
 def register(sub) -> None:
     """A sub-command for every registered measurement."""
     for m in measurements():
-        p = sub.add_parser(m.name, help=m.help, description=m.help)
+        p = sub.add_parser(m.name, help=m.describe(), description=m.describe())
         p.add_argument("anchor", help="anchor model (kept fixed): a model directory or zoo:NAME")
         p.add_argument("source",
                        help="source model, same architecture; it is matched onto the anchor")

@@ -26,6 +26,12 @@ def _params() -> tuple[Param, ...]:
     return tuple(out)
 
 
+def _names() -> tuple[str, ...]:
+    from rotviz.merging import names
+
+    return names()
+
+
 def _given(v: dict) -> dict:
     return {k: x for k, x in v.items() if k not in ("method", "weight") and x is not None}
 
@@ -88,6 +94,7 @@ MERGE = register(Measurement(
     "merge", "Merge", "merge the matched source into the anchor and evaluate it",
     _run, _params, summary=_summary, plot=_plot, rows=_rows, at_size=_at_size, check=_check,
     writes_model=True, at_size_check=_sized_check,
-    extra={"at_size_how": " (at size: streamed, built block by block)",
+    extra={"more": lambda: f" (methods: {', '.join(_names())})",
+           "at_size_how": " (at size: streamed, built block by block)",
            "at_size_help": "matched streamed, and the simple merge built, evaluated and "
                            "written block by block"}))

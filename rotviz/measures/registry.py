@@ -75,6 +75,12 @@ class Measurement:
             self.check(values, {k for k, v in given.items() if v is not None})
         return values
 
+    def describe(self) -> str:
+        """The one-line help, with what the record adds at the time it is asked (the merge
+        methods registered by then, for instance)."""
+        more = self.extra.get("more")
+        return self.help + (more() if callable(more) else "")
+
     def why_not_at_size(self) -> str | None:
         """One line: why this measurement cannot run on a pair read block by block."""
         if self.at_size is not None:
