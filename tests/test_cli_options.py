@@ -15,15 +15,16 @@ import pytest
 from conftest import refused
 
 from rotviz.cli import build_parser
+from rotviz.measures import measurements
+from rotviz.merging import all_params, users
 
 A, B = "zoo:vit-digits-s3", "zoo:vit-digits-s6"
+MEASURES = {m.name: m for m in measurements()}  # one command each (rotviz.cli.measure)
 
 # What each command needs besides the option under test, so that only that option is wrong.
 BASE = {
     "match": ["match", A, B, "--out", "o"],
-    "barrier": ["barrier", A, B, "--data", "digits"],
-    "plane": ["plane", A, B, "--data", "digits"],
-    "merge": ["merge", A, B, "--data", "digits"],
+    **{n: [n, A, B, *(["--data", "digits"] if m.data else [])] for n, m in MEASURES.items()},
     "eval": ["eval", A, "--data", "digits"],
     "zoo build": ["zoo", "build", "vit-digits-ft-b"],
     "serve": ["serve", "--print-command"],
@@ -34,8 +35,7 @@ WITH = {
     ("match", "--residual-group"): ["--residual"],
     ("match", "--steps"): ["--learned", "--data", "digits"],
     ("barrier", "--seed"): ["--repeats", "2"],
-    **{("merge", f): ["--method", "regmean"]
-       for f in ("--batches", "--batch-size", "--alpha", "--seed", "--stats-split")},
+    **{("merge", p.flag): ["--method", users(p.name)[0]] for p in all_params()},
 }
 
 NUMBERS = ["abc", "-5", "0", "nan", "inf", "-inf", "1e400", "99999999999999999999", "1.5", ""]
@@ -61,21 +61,21 @@ KINDS = {
     ("match", "--report"): "out file", ("match", "--data"): "data",
     ("match", "--layers"): "layers", ("match", "--residual-group"): "name",
     ("match", "--device"): "name", ("match", "--max-memory"): "size",
-    ("barrier", "--max-memory"): "size", ("plane", "--max-memory"): "size",
-    ("merge", "--max-memory"): "size",
+    ("match", "--match"): "spec",
     ("eval", "model"): "model", ("eval", "--json"): "out file", ("eval", "--data"): "data",
     ("eval", "--split"): "name", ("eval", "--device"): "name",
     ("merge", "--out"): "out folder", ("merge", "--method"): "name",
     ("merge", "--stats-split"): "name",
+    **{("merge", p.flag): "name" for p in all_params() if p.choices},
     ("zoo build", "names"): "name", ("zoo build", "--out"): "zoo out",
     ("serve", "--roots"): "roots",
-    **{(c, f): "column" for c in ("match", "barrier", "plane", "merge", "eval")
+    **{(c, f): "column" for c in ("match", *MEASURES, "eval")
        for f in ("--text-column", "--pair-column", "--label-column", "--words-column",
                  "--tags-column")},
-    **{(c, o): k for c in ("barrier", "plane", "merge")
+    **{(c, o): k for c in MEASURES
        for o, k in (("anchor", "model"), ("source", "model"), ("--data", "data"),
                     ("--json", "out file"), ("--layers", "layers"), ("--match", "spec"),
-                    ("--split", "name"), ("--device", "name"))},
+                    ("--split", "name"), ("--device", "name"), ("--max-memory", "size"))},
 }
 FREE = {("serve", "--address")}  # any text is a host name for streamlit to bind
 
