@@ -59,7 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.parse_args(argv).write:
         print(reference())
         return 0
-    text = DOC.read_text()
+    from rotviz.confine import ANYWHERE
+
+    text = ANYWHERE.read_text(DOC, "docs/cli.md")
     if BEGIN not in text or END not in text:
         print(f"rotviz: error: {DOC} has no generated block; add the two marker lines",
               file=sys.stderr)
