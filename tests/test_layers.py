@@ -97,6 +97,7 @@ LAYERS = [
                 "rotviz.zoo.registry"]),
     ("match", ["rotviz.match"]),
     ("analysis", ["rotviz.analysis"]),
+    ("stream", ["rotviz.stream"]),
     ("top", ["rotviz.zoo.build", "rotviz.zoo.train", "rotviz.zoo.recipes", "rotviz.app",
              "rotviz.appconfig", "rotviz.explore", "rotviz.cli",
              "rotviz.plots", "rotviz"]),

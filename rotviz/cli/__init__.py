@@ -167,7 +167,7 @@ def _streams(args, options) -> bool:
     needs more than --max-memory (default: what the machine has available) in memory. A
     refusal when it must stream and the options cannot."""
     from rotviz import dist
-    from rotviz.match.streaming import streaming_refusal
+    from rotviz.stream.blocks import streaming_refusal
 
     launched = dist.launched()
     over, need, limit = (True, None, None) if launched else beyond_memory(args)
@@ -191,8 +191,9 @@ def _match_streamed(args, options, outputs, out_dir, report_file, device) -> int
     from rotviz import dist
     from rotviz.match.options import parse_layers
     from rotviz.match.pipeline import Matched
-    from rotviz.match.streaming import match_streamed, open_streamed
     from rotviz.outputs import write_json_file
+    from rotviz.stream.blocks import open_streamed
+    from rotviz.stream.match import match_streamed
 
     device = dist.device_for(device)
     group = dist.init(device)

@@ -174,7 +174,7 @@ def _at_size(args) -> bool:
 @contextmanager
 def _sized_pair(args):
     """For a pair too large for memory: the source matched streamed into a temporary folder
-    (rotviz.match.streaming; the source itself with --match none), and what the sized
+    (rotviz.stream.match; the source itself with --match none), and what the sized
     evaluations need. Yields (group, anchor, matched folder, split, device, options, match
     info on rank 0); the folder is removed at the end."""
     import tempfile
@@ -182,18 +182,14 @@ def _sized_pair(args):
 
     from rotviz import dist
     from rotviz.analysis.landscape import MatchInfo
-    from rotviz.analysis.sized import sized_loaded
     from rotviz.evaluation import split_for
     from rotviz.match.options import parse_layers
     from rotviz.match.pipeline import Matched
     from rotviz.match.selection import label_of, match_options
-    from rotviz.match.streaming import (
-        match_streamed,
-        open_streamed,
-        streamed_distance,
-        streaming_refusal,
-    )
     from rotviz.models import check_compatible, pick_device
+    from rotviz.stream.blocks import open_streamed, streamed_distance, streaming_refusal
+    from rotviz.stream.match import match_streamed
+    from rotviz.stream.sized import sized_loaded
 
     match_options(args.match)
     columns, seq_len = reading(args, args.data)
@@ -233,9 +229,9 @@ def _sized_pair(args):
 def _sized_curve(args):
     """The barrier of a pair too large for memory: matched streamed, then evaluated with both
     checkpoints held as stored, each point of the path built block by block
-    (rotviz.analysis.sized). Rank 0 returns the curve."""
+    (rotviz.stream.sized). Rank 0 returns the curve."""
     from rotviz.analysis.landscape import layers_of
-    from rotviz.analysis.sized import sized_curve
+    from rotviz.stream.sized import sized_curve
 
     with _sized_pair(args) as (group, anchor, matched, split, device, options, info):
         c = sized_curve(args.anchor, matched, split, args.points, device, args.batch_size,
@@ -288,8 +284,8 @@ def cmd_plane(args: argparse.Namespace) -> int:
     sized = _at_size(args)
     if sized:
         from rotviz.analysis.landscape import layers_of
-        from rotviz.analysis.sized import sized_plane
         from rotviz.match.selection import match_options
+        from rotviz.stream.sized import sized_plane
 
         if match_options(args.match) is None:
             raise RotvizError("a plane at size (--max-memory) needs a matched source for its "
@@ -347,10 +343,10 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
 def _merge_at_size(args, method: str, outputs, folder, js) -> int:
     """merge for a pair too large for memory: the simple average, built block by block and
-    written as shards (rotviz.analysis.sized.sized_merge)."""
+    written as shards (rotviz.stream.sized.sized_merge)."""
     from rotviz.analysis.landscape import layers_of
-    from rotviz.analysis.sized import sized_merge
     from rotviz.outputs import write_json_file
+    from rotviz.stream.sized import sized_merge
 
     if method != "simple":
         raise RotvizError(f"the pair is evaluated block by block (--max-memory), and --method "
