@@ -77,7 +77,7 @@ def main() -> None:
     transformers.utils.logging.disable_progress_bar()
     from rotviz.analysis.fusion import merge
     from rotviz.analysis.landscape import interpolate, loss_plane, matched_state
-    from rotviz.models import pick_device
+    from rotviz.devices import pick_device
 
     device = pick_device(args.device)
     dev = str(device)

@@ -36,6 +36,7 @@ from streamlit.errors import StreamlitAPIException
 
 from rotviz import app, appconfig, explore
 from rotviz.app import Progress, RotvizError
+from rotviz.devices import device_badge, device_note, device_summary
 
 PAIR_NAMES = {"default": "two seeds", "finetuned": "two fine-tunes", "gpt2": "GPT-2 pair",
               "nlp-mlm": "RoBERTa MLMs", "nlp-cls": "RoBERTa topic classifiers",
@@ -181,8 +182,8 @@ def sidebar() -> Setup:
     choice = sb.selectbox("Compute on", app.device_choices(), key="device",
                           bind="query-params", help="auto picks cuda, then mps, then cpu.")
     device = app.pick_device(choice)
-    sb.markdown(f":material/memory: **{appconfig.device_badge(appconfig.device_summary(device))}**")
-    note = appconfig.device_note(device)
+    sb.markdown(f":material/memory: **{device_badge(device_summary(device))}**")
+    note = device_note(device)
     if note:
         sb.caption(note)
     presenter = sb.toggle("Presenter mode", key="present", bind="query-params",

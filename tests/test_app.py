@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from rotviz import appconfig, explore
+from rotviz.devices import device_badge, device_summary
 from rotviz.errors import RotvizError
 from rotviz.random_models import save_random
 
@@ -199,9 +200,9 @@ def test_exports_csv_json_zip():
 
 
 def test_device_badge_names_the_device():
-    s = appconfig.device_summary("cpu")
+    s = device_summary("cpu")
     assert s["kind"] == "cpu" and s["total_gib"] and s["total_gib"] > 0
-    assert appconfig.device_badge(s).startswith("cpu · ")
+    assert device_badge(s).startswith("cpu · ")
 
 
 def test_learn_demo_scrambles_weights_not_outputs(roots):

@@ -86,7 +86,7 @@ def test_the_check_finds_a_planted_cycle(tmp_path):
 LAYERS = [
     ("core", ["rotviz.errors", "rotviz.limits", "rotviz.memo", "rotviz.version", "rotviz.types",
               "rotviz.outputs", "rotviz.checkpoint", "rotviz.dist", "rotviz.memory",
-              "rotviz.confine"]),
+              "rotviz.confine", "rotviz.devices"]),
     ("arch", ["rotviz.arch"]),
     ("groups", ["rotviz.groups"]),
     ("symmetry", ["rotviz.symmetry"]),

@@ -33,11 +33,12 @@ from torch import nn
 
 from rotviz.analysis.landscape import as_options, layers_of, matched_state
 from rotviz.data import Inputs, Split, map_inputs, to_device, token_mask, without_padding
+from rotviz.devices import resolve_device, wide_device
 from rotviz.errors import RotvizError
-from rotviz.evaluation import IGNORE, Evaluator, check_fits, resolve_device
+from rotviz.evaluation import IGNORE, Evaluator, check_fits
 from rotviz.match.options import MatchOptions
 from rotviz.match.selection import label_of, parse_selection
-from rotviz.models import Loaded, to_wide, wide_device
+from rotviz.models import Loaded, to_wide
 from rotviz.sources import call
 from rotviz.tasks import sample_losses
 from rotviz.types import Progress

@@ -23,9 +23,10 @@ import numpy as np
 import torch
 
 from rotviz.data import Split
+from rotviz.devices import resolve_device
 from rotviz.dist import SINGLE, Group
 from rotviz.errors import RotvizError
-from rotviz.evaluation import Evaluator, barrier_of, check_split, resolve_device
+from rotviz.evaluation import Evaluator, barrier_of, check_split
 from rotviz.limits import GRID, MARGIN, POINTS, REPEATS
 from rotviz.match.distances import distances
 from rotviz.match.options import MatchOptions

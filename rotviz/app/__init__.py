@@ -31,7 +31,6 @@ from rotviz.app.compute import (
     circuits,
     curve,
     curve_cfg,
-    device_choices,
     ended_by_cap,
     fusion,
     group_text,
@@ -46,13 +45,13 @@ from rotviz.app.compute import (
     n_layers,
     n_params,
     pair,
-    pick_device,
     plane,
     residual_why,
     run,
     spec_cfg,
     warm_up,
 )
+from rotviz.devices import device_choices, pick_device
 from rotviz.errors import RotvizError
 from rotviz.limits import MAX_LAYERS_TEXT
 from rotviz.symmetry.registry import BY_NAME, SYMMETRIES

@@ -142,28 +142,7 @@ def warm_up() -> None:
         importlib.import_module(name)
 
 
-# ---- devices and small facts for the pages -------------------------------------------------
-
-
-def device_choices() -> list[str]:
-    """What the device picker offers: auto, cpu, and cuda / mps where present."""
-    import torch
-
-    from rotviz.models import mps_available
-
-    out = ["auto", "cpu"]
-    if torch.cuda.is_available():
-        out.append("cuda")
-    if mps_available():
-        out.append("mps")
-    return out
-
-
-def pick_device(choice: str):
-    """The torch.device a device choice means (`auto`: cuda, then mps, then cpu)."""
-    from rotviz.models import pick_device as pick
-
-    return pick(choice)
+# ---- small facts for the pages -------------------------------------------------
 
 
 def residual_why(loaded: Loaded) -> str | None:

@@ -133,16 +133,16 @@ def _write(outputs, folder, js, result: dict, command: str, model=None) -> None:
 
 def _load_pair(args):
     """Models, data, device and matching options, every part checked; SPEC errors come first."""
-    from rotviz import dist
     from rotviz.analysis.ablations import n_layers
+    from rotviz.devices import device_for, pick_device
     from rotviz.evaluation import split_for
     from rotviz.match.options import parse_layers
     from rotviz.match.selection import match_options
-    from rotviz.models import check_compatible, load_model, pick_device
+    from rotviz.models import check_compatible, load_model
 
     match_options(args.match)
     columns, seq_len = reading(args, args.data)
-    device = dist.device_for(pick_device(args.device))  # torchrun: each its local GPU
+    device = device_for(pick_device(args.device))  # torchrun: each its local GPU
     anchor, source = load_model(args.anchor), load_model(args.source)
     check_compatible(anchor, source)
     split = split_for(anchor, args.data, args.split, seq_len=seq_len, columns=columns)
@@ -180,20 +180,20 @@ def _sized_pair(args):
     import tempfile
     from pathlib import Path
 
-    from rotviz import dist
     from rotviz.analysis.landscape import MatchInfo
+    from rotviz.devices import device_for, pick_device
     from rotviz.evaluation import split_for
     from rotviz.match.options import parse_layers
     from rotviz.match.pipeline import Matched
     from rotviz.match.selection import label_of, match_options
-    from rotviz.models import check_compatible, pick_device
+    from rotviz.models import check_compatible
     from rotviz.stream.blocks import open_streamed, streamed_distance, streaming_refusal
     from rotviz.stream.match import match_streamed
     from rotviz.stream.sized import sized_loaded
 
     match_options(args.match)
     columns, seq_len = reading(args, args.data)
-    device = dist.device_for(pick_device(args.device))
+    device = device_for(pick_device(args.device))
     anchor, source = open_streamed(args.anchor), open_streamed(args.source)
     check_compatible(anchor, source)  # type: ignore[arg-type]  # duck-typed: meta state
     options = match_options(args.match, parse_layers(args.layers, source.dims.n_layers))

@@ -162,9 +162,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     outputs = Outputs("eval")
     guard_inputs(outputs, [args.model], args.data)
     js = outputs.add(args.json, "--json", folder=False, overwrite=args.overwrite)
+    from rotviz.devices import pick_device
     from rotviz.evaluation import evaluate, split_for
     from rotviz.lite import load_for_eval
-    from rotviz.models import pick_device
 
     columns, seq_len = reading(args, args.data)
     device = pick_device(args.device)

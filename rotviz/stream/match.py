@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from rotviz.devices import wide_device
 from rotviz.dist import SINGLE, Group
 from rotviz.errors import RotvizError
 from rotviz.match.distances import Distances, distances
@@ -35,7 +36,7 @@ from rotviz.match.layers import match_layers
 from rotviz.match.options import MatchOptions
 from rotviz.match.report import HeadReport, MatchReport
 from rotviz.memory import release
-from rotviz.models import check_compatible, wide_device
+from rotviz.models import check_compatible
 from rotviz.skeleton import Provider, Reader
 from rotviz.stream.blocks import (
     Dtype,

@@ -40,12 +40,13 @@ from rotviz.analysis.landscape import (
 )
 from rotviz.checkpoint import ShardWriter
 from rotviz.data import Split
+from rotviz.devices import wide_device
 from rotviz.dist import SINGLE, Group
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator, check_split
 from rotviz.limits import GRID, MARGIN
 from rotviz.memory import release
-from rotviz.models import Loaded, check_compatible, copy_reading_files, read_config, wide_device
+from rotviz.models import Loaded, check_compatible, copy_reading_files, read_config
 from rotviz.skeleton import build_meta
 from rotviz.stream.blocks import Streamed, open_streamed
 from rotviz.types import Progress
