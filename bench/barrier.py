@@ -27,7 +27,7 @@ from rotviz.models import load_model  # noqa: E402
 
 
 def default_pair_refs() -> tuple[str, str]:
-    from rotviz.zoo import default_pair
+    from rotviz.zoo_registry import default_pair
 
     a, b = default_pair()
     return a, b

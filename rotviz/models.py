@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from rotviz import zoo_registry as zoo
 from rotviz.arch import ArchSpec, config_value, spec_for
 from rotviz.checkpoint import INDEX, SINGLE, Checkpoint
 from rotviz.confine import ANYWHERE, Confined
@@ -33,7 +34,6 @@ from rotviz.tokens import (
     encoding_fingerprint,
     processor_fingerprint,
 )
-from rotviz.zoo import registry as zoo
 
 Tensor = torch.Tensor
 

@@ -137,7 +137,7 @@ def test_default_pair_from_whatever_the_zoo_returns(monkeypatch, tmp_path):
 
     import rotviz
 
-    fake = types.ModuleType("rotviz.zoo")
+    fake = types.ModuleType("rotviz.zoo_registry")
     loaded = types.SimpleNamespace(ref="zoo:b", state={})
     (tmp_path / "x").mkdir()
     for returned, want in (
@@ -147,8 +147,8 @@ def test_default_pair_from_whatever_the_zoo_returns(monkeypatch, tmp_path):
         ((types.SimpleNamespace(name="a"), "b"), ("zoo:a", "zoo:b")),
     ):
         fake.default_pair = lambda returned=returned: returned
-        monkeypatch.setitem(sys.modules, "rotviz.zoo", fake)
-        monkeypatch.setattr(rotviz, "zoo", fake, raising=False)
+        monkeypatch.setitem(sys.modules, "rotviz.zoo_registry", fake)
+        monkeypatch.setattr(rotviz, "zoo_registry", fake, raising=False)
         assert appconfig.default_pair([tmp_path]) == want
 
     def broken():

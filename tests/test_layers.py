@@ -92,14 +92,12 @@ LAYERS = [
     ("symmetry", ["rotviz.symmetry"]),
     ("models", ["rotviz.splits", "rotviz.datafiles", "rotviz.sanity", "rotviz.labelled",
                 "rotviz.tasks", "rotviz.data", "rotviz.tokens", "rotviz.sources", "rotviz.models",
-                "rotviz.lite",
-                "rotviz.evaluation", "rotviz.random_models", "rotviz.skeleton", "rotviz.zoo",
-                "rotviz.zoo.registry"]),
+                "rotviz.lite", "rotviz.evaluation", "rotviz.random_models", "rotviz.skeleton",
+                "rotviz.zoo_registry"]),
     ("match", ["rotviz.match"]),
     ("analysis", ["rotviz.analysis"]),
     ("stream", ["rotviz.stream"]),
-    ("top", ["rotviz.zoo.build", "rotviz.zoo.train", "rotviz.zoo.recipes", "rotviz.app",
-             "rotviz.appconfig", "rotviz.explore", "rotviz.cli",
+    ("top", ["rotviz.zoo", "rotviz.app", "rotviz.appconfig", "rotviz.explore", "rotviz.cli",
              "rotviz.plots", "rotviz"]),
 ]
 

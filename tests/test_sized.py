@@ -9,6 +9,7 @@ import shutil
 
 import pytest
 
+from rotviz import zoo_registry as zoo
 from rotviz.analysis.landscape import interpolate
 from rotviz.checkpoint import Checkpoint, save_sharded
 from rotviz.cli import main
@@ -16,7 +17,6 @@ from rotviz.evaluation import split_for
 from rotviz.models import load_model
 from rotviz.stream.blocks import open_streamed
 from rotviz.stream.sized import sized_curve, sized_loaded
-from rotviz.zoo import registry as zoo
 
 
 def _bf16_shards(name: str, dst):

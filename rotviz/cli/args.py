@@ -147,7 +147,7 @@ def reading(args: argparse.Namespace, data: str | None):
 
 def model_input(ref: str) -> str | None:
     """The folder a model reference reads (`zoo:NAME` or a path)."""
-    from rotviz.zoo.registry import zoo_dir
+    from rotviz.zoo_registry import zoo_dir
 
     name = ref[4:] if ref.startswith("zoo:") else None
     if name is not None:
