@@ -82,7 +82,7 @@ PAIRS = {
 def zoo_dir() -> Path:
     """`ROTVIZ_ZOO` if set, else the repository's `assets/zoo`."""
     env = os.environ.get("ROTVIZ_ZOO")
-    return Path(env).expanduser() if env else Path(__file__).resolve().parents[2] / "assets" / "zoo"
+    return Path(env).expanduser() if env else Path(__file__).resolve().parents[1] / "assets" / "zoo"
 
 
 def entries() -> list[Entry]:
