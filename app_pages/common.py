@@ -33,9 +33,10 @@ from typing import Any
 import streamlit as st
 
 from rotviz import app
-from rotviz.app import Progress, cache, devices, specs, summaries
+from rotviz.app import Progress, cache, specs, summaries
 from rotviz.app import export as app_export
 from rotviz.app import roots as app_roots
+from rotviz.devices import device_badge, device_choices, device_note, device_summary
 from rotviz.errors import RotvizError
 
 PAIR_NAMES = {"default": "two seeds", "finetuned": "two fine-tunes", "gpt2": "GPT-2 pair",
@@ -98,7 +99,7 @@ def default_pair(roots: tuple[str, ...]) -> tuple[str, str]:
 
 def sidebar() -> Setup:
     """Draw the sidebar and return the setup. Every widget is mirrored in the URL."""
-    from rotviz.models import pick_device  # torch, which the device picker needs anyway
+    from rotviz.devices import pick_device  # torch, which the device picker needs anyway
 
     sb = st.sidebar
     roots = tuple(str(r) for r in app_roots.model_roots())
@@ -181,11 +182,11 @@ def sidebar() -> Setup:
     n_eval = int(sb.number_input("Test examples to evaluate (0 = all)", 0, 100_000, 0, step=50,
                                  key="n", bind="query-params"))
     sb.markdown("### Device")
-    choice = sb.selectbox("Compute on", devices.device_choices(), key="device",
+    choice = sb.selectbox("Compute on", device_choices(), key="device",
                           bind="query-params", help="auto picks cuda, then mps, then cpu.")
     device = pick_device(choice)
-    sb.markdown(f":material/memory: **{devices.device_badge(devices.device_summary(device))}**")
-    note = devices.device_note(device)
+    sb.markdown(f":material/memory: **{device_badge(device_summary(device))}**")
+    note = device_note(device)
     if note:
         sb.caption(note)
     presenter = sb.toggle("Presenter mode", key="present", bind="query-params",

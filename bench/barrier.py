@@ -27,7 +27,7 @@ from rotviz.models import load_model  # noqa: E402
 
 
 def default_pair_refs() -> tuple[str, str]:
-    from rotviz.zoo import default_pair
+    from rotviz.zoo_registry import default_pair
 
     a, b = default_pair()
     return a, b
@@ -77,7 +77,7 @@ def main() -> None:
     transformers.utils.logging.disable_progress_bar()
     from rotviz.analysis.fusion import merge
     from rotviz.analysis.landscape import interpolate, loss_plane, matched_state
-    from rotviz.models import pick_device
+    from rotviz.devices import pick_device
 
     device = pick_device(args.device)
     dev = str(device)

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.results import RESULTS, machine, write_section  # noqa: E402
-from rotviz import zoo  # noqa: E402
+from rotviz import zoo_registry as zoo  # noqa: E402
 
 CASES = [  # the first model of each shipped pair
     (zoo.pair("default")[0], "digits"),

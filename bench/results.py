@@ -34,7 +34,7 @@ def machine(device: str = "cpu") -> str:
 def default_pair_on_test():
     """(anchor, source, test split): the zoo's default pair, loaded, and the digits test split
     the benchmarks on it evaluate; `anchor.ref` and `source.ref` name the models."""
-    from rotviz import zoo
+    from rotviz import zoo_registry as zoo
     from rotviz.data import load_split
     from rotviz.models import load_model
 

@@ -33,7 +33,7 @@ NAMES = {"macro_f1": "macro-F1", "entity_f1": "entity micro-F1"}
 
 
 def table(pair: str, specs: list[str]) -> str:
-    from rotviz import zoo
+    from rotviz import zoo_registry as zoo
     from rotviz.analysis.fusion import METHODS, fusion_table
     from rotviz.evaluation import split_for
     from rotviz.models import load_model

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.results import RESULTS, machine, write_section  # noqa: E402
-from rotviz import zoo  # noqa: E402
+from rotviz import zoo_registry as zoo  # noqa: E402
 
 
 def expand(names: list[str]) -> list[str]:

@@ -29,12 +29,12 @@ _API = {
     "loss_plane": "rotviz.analysis.landscape",
     "merge": "rotviz.analysis.fusion",
     "evaluate": "rotviz.evaluation",
-    "open_streamed": "rotviz.match.streaming",
-    "match_streamed": "rotviz.match.streaming",
+    "open_streamed": "rotviz.stream.blocks",
+    "match_streamed": "rotviz.stream.match",
     "streamed_endpoints": "rotviz.stream.endpoints",
-    "sized_curve": "rotviz.analysis.sized",
-    "sized_plane": "rotviz.analysis.sized",
-    "sized_merge": "rotviz.analysis.sized",
+    "sized_curve": "rotviz.stream.sized",
+    "sized_plane": "rotviz.stream.sized",
+    "sized_merge": "rotviz.stream.sized",
 }
 __all__ = ["__version__", *_API]
 

@@ -123,13 +123,6 @@ def init(device: torch.device) -> Group:
     return Group(td.get_rank(), td.get_world_size())
 
 
-def device_for(device: torch.device) -> torch.device:
-    """Under torchrun with GPUs, each process uses the GPU of its local rank."""
-    if launched() and device.type == "cuda" and device.index is None:
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    return device
-
-
 def finish() -> None:
     if launched():
         import torch.distributed as td

@@ -11,10 +11,11 @@ import torch.nn.functional as F
 from rotviz.arch import max_positions
 from rotviz.confine import ANYWHERE, Confined
 from rotviz.data import IGNORE, IMAGE_FILES, TEXT_SOURCES, Inputs, Split, load_split, to_device
+from rotviz.devices import resolve_device
 from rotviz.errors import RotvizError
 from rotviz.labelled import LABELLED_KINDS, Columns, Labelling
 from rotviz.limits import BATCH_SIZE
-from rotviz.models import Loaded, forward, image_shape, pick_device, to_wide
+from rotviz.models import Loaded, forward, image_shape, to_wide
 from rotviz.sources import call, source_of
 from rotviz.tasks import (
     CLASSIFIER_TASKS,
@@ -294,13 +295,6 @@ def _cat(parts: list[Tensor]) -> Tensor:
 
 # ---- any parameter set on one module, the data on the device once ----------------------------
 
-
-
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    """A torch.device from 'auto', 'cpu', 'cuda', 'mps' or a torch.device."""
-    if isinstance(device, torch.device):
-        return device
-    return pick_device(device or "auto")
 
 
 def check_split(split: Split) -> None:

@@ -18,9 +18,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from rotviz import zoo_registry as zoo
 from rotviz.arch import ArchSpec, config_value, spec_for
 from rotviz.checkpoint import INDEX, SINGLE, Checkpoint
 from rotviz.confine import ANYWHERE, Confined
+from rotviz.devices import wide_device
 from rotviz.errors import RotvizError
 from rotviz.outputs import Outputs
 from rotviz.sanity import check_against, check_sizes
@@ -32,7 +34,6 @@ from rotviz.tokens import (
     encoding_fingerprint,
     processor_fingerprint,
 )
-from rotviz.zoo import registry as zoo
 
 Tensor = torch.Tensor
 
@@ -73,39 +74,6 @@ def dominant_dtype(counts: Iterable[tuple[torch.dtype, int]]) -> torch.dtype:
     for dt, n in counts:
         total[dt] = total.get(dt, 0) + n
     return max(total, key=total.__getitem__) if total else torch.float32
-
-
-def mps_available() -> bool:
-    """Whether an Apple GPU (MPS) is usable (builds without MPS lack torch.backends.mps)."""
-    mps = getattr(torch.backends, "mps", None)
-    return mps is not None and mps.is_available()
-
-
-def pick_device(device: str = "auto") -> torch.device:
-    """`auto` picks cuda, then mps, then cpu."""
-    if device == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if mps_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    if device not in ("cpu", "cuda", "mps") and not device.startswith("cuda:"):
-        raise RotvizError(f"unknown device '{device}': use auto, cpu, cuda or mps")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise RotvizError(
-            "--device cuda asked for, but no CUDA GPU is visible; use --device auto or cpu"
-        )
-    if device == "mps" and not mps_available():
-        raise RotvizError("--device mps asked for, but no Apple GPU (MPS) is available; "
-                          "use --device auto or cpu")
-    return torch.device(device)
-
-
-def wide_device(device: torch.device | str) -> torch.device:
-    """Where float64 work for `device` runs: the device itself, except MPS, which has no
-    float64, so the solvers, learned maps and float64 sums run on the CPU instead."""
-    device = torch.device(device)
-    return torch.device("cpu") if device.type == "mps" else device
 
 
 def to_wide(t: Tensor) -> Tensor:

@@ -21,7 +21,7 @@ import torch
 
 from rotviz.app import cache as app_cache
 from rotviz.app import demos, summaries
-from rotviz.app import devices as app_devices
+from rotviz.devices import device_badge, device_summary
 from rotviz.app import export as app_export
 from rotviz.app import roots as app_roots
 from rotviz.app import specs as app_specs
@@ -141,7 +141,7 @@ def test_default_pair_from_whatever_the_zoo_returns(monkeypatch, tmp_path):
 
     import rotviz
 
-    fake = types.ModuleType("rotviz.zoo")
+    fake = types.ModuleType("rotviz.zoo_registry")
     loaded = types.SimpleNamespace(ref="zoo:b", state={})
     (tmp_path / "x").mkdir()
     for returned, want in (
@@ -151,8 +151,8 @@ def test_default_pair_from_whatever_the_zoo_returns(monkeypatch, tmp_path):
         ((types.SimpleNamespace(name="a"), "b"), ("zoo:a", "zoo:b")),
     ):
         fake.default_pair = lambda returned=returned: returned
-        monkeypatch.setitem(sys.modules, "rotviz.zoo", fake)
-        monkeypatch.setattr(rotviz, "zoo", fake, raising=False)
+        monkeypatch.setitem(sys.modules, "rotviz.zoo_registry", fake)
+        monkeypatch.setattr(rotviz, "zoo_registry", fake, raising=False)
         assert app_roots.default_pair([tmp_path]) == want
 
     def broken():
@@ -204,9 +204,9 @@ def test_exports_csv_json_zip():
 
 
 def test_device_badge_names_the_device():
-    s = app_devices.device_summary("cpu")
+    s = device_summary("cpu")
     assert s["kind"] == "cpu" and s["total_gib"] and s["total_gib"] > 0
-    assert app_devices.device_badge(s).startswith("cpu · ")
+    assert device_badge(s).startswith("cpu · ")
 
 
 def test_learn_demo_scrambles_weights_not_outputs(roots):

@@ -54,7 +54,7 @@ def test_importing_rotviz_app_loads_no_engine():
     """The pages import rotviz.app and its modules before they paint: no torch, transformers
     or scipy comes with them."""
     code = ("import sys, rotviz.app, rotviz.app.roots, rotviz.app.cache, rotviz.app.export, "
-            "rotviz.app.devices, rotviz.app.specs, rotviz.app.summaries, rotviz.app.demos, "
+            "rotviz.devices, rotviz.app.specs, rotviz.app.summaries, rotviz.app.demos, "
             "rotviz.measures, rotviz.merging, rotviz.params\n"
             "print(sorted(m for m in ('torch', 'transformers', 'scipy', 'streamlit') "
             "if m in sys.modules))")
@@ -225,7 +225,7 @@ def test_progress_reaches_the_caller_and_unknown_kinds_are_refused(refs):
 def test_devices_and_spec_configurations(refs):
     """The device picker's choices, and the part of a configuration a SPEC decides (the step
     budget only for a SPEC that learns)."""
-    from rotviz.app.devices import device_choices
+    from rotviz.devices import device_choices
 
     assert device_choices()[:2] == ["auto", "cpu"]
     assert app.spec_cfg("weight,learned", 0) == {"spec": "weight,learned",

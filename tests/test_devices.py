@@ -4,16 +4,21 @@ there is a one-line error. (No test here needs an accelerator: CI has none.)"""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 from rotviz.analysis.landscape import flat_inner
-from rotviz.app.devices import device_note
 from rotviz.cli import main
+from rotviz.devices import device_note, mps_available, pick_device, wide_device
 from rotviz.errors import RotvizError
 from rotviz.match.options import LearnOptions, MatchOptions
 from rotviz.match.pipeline import match_models
-from rotviz.models import load_model, mps_available, pick_device, to_wide, wide_device
+from rotviz.models import load_model, to_wide
 
 HAS_MPS = mps_available()
 
@@ -78,3 +83,14 @@ def test_the_app_says_where_matching_runs_on_mps():
     assert device_note("cuda") is None
     note = device_note(torch.device("mps"))
     assert note is not None and "CPU" in note and "float64" in note
+
+
+def test_importing_the_devices_module_imports_no_torch():
+    """The app's first paint imports rotviz.app, which imports rotviz.devices: torch must
+    load only when a device is asked for."""
+    code = ("import sys, rotviz.devices, rotviz.app; "
+            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "[]"

@@ -19,7 +19,8 @@ def test_the_options_reference_is_current():
     record."""
     got = manual.in_doc((REPO / "docs" / "cli.md").read_text())
     assert got, "docs/cli.md lost its generated block"
-    assert got == manual.reference().strip("\n"), "docs/cli.md is stale: python -m rotviz.cli.manual --write"
+    stale = "docs/cli.md is stale: python -m rotviz.cli.manual --write"
+    assert got == manual.reference().strip("\n"), stale
 
 
 def test_the_reference_names_every_command():

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import rotviz
-from rotviz import zoo
+from rotviz import zoo_registry as zoo
 from rotviz.cli import main
 from rotviz.data import load_split
 from rotviz.evaluation import evaluate

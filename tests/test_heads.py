@@ -163,7 +163,7 @@ def test_composition_with_head_permutations(loaded):
 
 
 def test_default_pair_heads_keep_function_and_do_not_lose_to_seed():
-    from rotviz.zoo import default_pair
+    from rotviz.zoo_registry import default_pair
 
     a_ref, b_ref = default_pair()
     anchor, source = load_model(a_ref), load_model(b_ref)

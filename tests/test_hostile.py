@@ -28,8 +28,8 @@ from safetensors.torch import load_file, save_file
 from rotviz.checkpoint import INDEX, SINGLE, Checkpoint, parse_header, save_sharded
 from rotviz.cli import main
 from rotviz.errors import RotvizError
-from rotviz.match.streamed import open_streamed
 from rotviz.models import load_model
+from rotviz.stream.blocks import open_streamed
 
 FUZZ = settings(max_examples=60, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture,

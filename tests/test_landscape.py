@@ -33,7 +33,7 @@ from rotviz.models import Loaded, forward, load_model, probe_inputs
 @cache
 def default_pair_refs() -> tuple[str, str]:
     """The two `zoo:` references of the default pair (two digits ViTs, seeds 0 and 1)."""
-    from rotviz.zoo import default_pair as zoo_default_pair
+    from rotviz.zoo_registry import default_pair as zoo_default_pair
 
     a, b = zoo_default_pair()
     return a, b

@@ -1,4 +1,4 @@
-"""Streamed matching (rotviz.match.streaming): checkpoints read block by block from safetensors
+"""Streamed matching (rotviz.stream.match): checkpoints read block by block from safetensors
 shards give what the in-memory path gives, on every family, in float32 and bfloat16; its
 refusals are one line; an interrupted run leaves nothing behind; torchrun's processes give
 what one process gives."""
@@ -25,9 +25,10 @@ from rotviz.cli import main
 from rotviz.errors import RotvizError
 from rotviz.match.options import MatchOptions
 from rotviz.match.pipeline import match_models
-from rotviz.match.streaming import match_streamed, open_streamed
 from rotviz.models import load_model, stored_state
 from rotviz.random_models import save_random, save_random_sharded
+from rotviz.stream.blocks import open_streamed
+from rotviz.stream.match import match_streamed
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -258,7 +259,7 @@ def test_streamed_weight_matching_in_row_slices(family, sharded, tmp_path, monke
     never whole) give the in-memory weight matching: orthogonal maps with the final norm
     folded into the head (LLaMA), centred maps with centred embeddings (GPT-2), permutations
     (BERT)."""
-    import rotviz.match.stream_residual as sr
+    import rotviz.stream.residual as sr
 
     monkeypatch.setattr(sr, "SLICE", 100)
     sizes = {"tie": False} if family in UNTIE else {}
@@ -503,7 +504,7 @@ def test_streaming_memory_is_bounded(tmp_path):
     what the same match needs in memory (about 4.5x the pair's float32 bytes, 17.4 GB):
     measured 1.93 GB, of which importing torch and transformers alone takes about 0.7 GB.
     LLaMA-1B and LLaMA-2-7B shapes are measured by bench/stream.py."""
-    from rotviz.match.streamed import pair_bytes_in_memory
+    from rotviz.stream.blocks import pair_bytes_in_memory
 
     sizes = dict(layers=8, d=2048, heads=32, ffn=5632, vocab=32000, kv_heads=4)
     a = save_random_sharded("llama", tmp_path / "a", seed=0, shards=4, **sizes)

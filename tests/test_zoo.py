@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rotviz import zoo
+from rotviz import zoo_registry as zoo
 from rotviz.arch import FAMILIES
 from rotviz.cli import main
 from rotviz.data import load_split, pystdlib_fingerprint

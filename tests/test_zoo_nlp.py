@@ -17,7 +17,7 @@ from functools import cache
 import pytest
 import torch
 
-from rotviz import zoo
+from rotviz import zoo_registry as zoo
 from rotviz.analysis.fusion import merge
 from rotviz.analysis.landscape import interpolate
 from rotviz.cli import main

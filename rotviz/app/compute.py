@@ -360,7 +360,7 @@ def measure(name: str, res: Resources, cfg: dict, progress: Progress | None = No
     """The registered measurement `name` (rotviz.measures) on the configuration's endpoints,
     as plain data, with the function check of the matched source (`preserved`,
     `max_output_diff`, `tolerance`)."""
-    from rotviz.evaluation import resolve_device
+    from rotviz.devices import resolve_device
     from rotviz.match.pipeline import FUNCTION_TOLERANCE
     from rotviz.measures import Context, measurement
 

@@ -61,7 +61,7 @@ def app_confined(roots: Sequence[Path] | None = None) -> Confined:
 
 def _zoo():
     try:
-        from rotviz import zoo
+        from rotviz import zoo_registry as zoo
     except ImportError:
         return None
     return zoo

@@ -107,10 +107,11 @@ def _selected(args: argparse.Namespace) -> None:
 
 
 def cmd_match(args: argparse.Namespace) -> int:
+    from rotviz.devices import pick_device
     from rotviz.evaluation import split_for
     from rotviz.match.options import LearnOptions, MatchOptions, parse_layers
     from rotviz.match.pipeline import match_models
-    from rotviz.models import load_model, pick_device, write_model
+    from rotviz.models import load_model, write_model
     from rotviz.outputs import Outputs, write_json_file
 
     _selected(args)
@@ -163,9 +164,9 @@ def cmd_match(args: argparse.Namespace) -> int:
 
 
 def _say_matched(args, options, rep, device, how: str = "") -> None:
+    from rotviz.devices import wide_device
     from rotviz.match.alternating import ended_by_cap
     from rotviz.match.pipeline import stored_check_words
-    from rotviz.models import wide_device
 
     rounds = ""
     if rep.residual and "rounds" in rep.residual:
@@ -189,7 +190,7 @@ def _streams(args, options) -> bool:
     needs more than --max-memory (default: what the machine has available) in memory. A
     refusal when it must stream and the options cannot."""
     from rotviz import dist
-    from rotviz.match.streaming import streaming_refusal
+    from rotviz.stream.blocks import streaming_refusal
 
     launched = dist.launched()
     over, need, limit = (True, None, None) if launched else beyond_memory(args)
@@ -211,12 +212,14 @@ def _streams(args, options) -> bool:
 
 def _match_streamed(args, options, outputs, out_dir, report_file, device) -> int:
     from rotviz import dist
+    from rotviz.devices import device_for
     from rotviz.match.options import parse_layers
     from rotviz.match.pipeline import Matched
-    from rotviz.match.streaming import match_streamed, open_streamed
     from rotviz.outputs import write_json_file
+    from rotviz.stream.blocks import open_streamed
+    from rotviz.stream.match import match_streamed
 
-    device = dist.device_for(device)
+    device = device_for(device)
     group = dist.init(device)
     try:
         anchor, source = open_streamed(args.anchor), open_streamed(args.source)

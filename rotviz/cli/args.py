@@ -72,8 +72,8 @@ def beyond_memory(args) -> tuple[bool, int | None, int | None]:
     --max-memory in memory (default: what is available now), or --max-memory is 0. Returns
     that, the estimate and the limit. A pair without safetensors cannot stream: never, and
     with --max-memory 0 a one-line error says why."""
-    from rotviz.match.streaming import open_streamed, pair_bytes_in_memory
     from rotviz.memory import available_memory
+    from rotviz.stream.blocks import open_streamed, pair_bytes_in_memory
 
     limit = args.max_memory if args.max_memory is not None else available_memory()
     need = pair_bytes_in_memory(args.anchor, args.source)
@@ -141,7 +141,7 @@ def reading(args: argparse.Namespace, data: str | None):
 
 def model_input(ref: str) -> str | None:
     """The folder a model reference reads (`zoo:NAME` or a path)."""
-    from rotviz.zoo.registry import zoo_dir
+    from rotviz.zoo_registry import zoo_dir
 
     name = ref[4:] if ref.startswith("zoo:") else None
     if name is not None:

@@ -163,17 +163,17 @@ def run_command(m: Measurement, args: argparse.Namespace) -> int:
 
 
 def _in_memory(m: Measurement, args, values: dict, outputs, folder, js):
-    from rotviz import dist
     from rotviz.analysis.ablations import n_layers
+    from rotviz.devices import device_for, pick_device, resolve_device
     from rotviz.match.endpoints import match_endpoints
     from rotviz.match.options import parse_layers
     from rotviz.match.selection import match_options
     from rotviz.measures import Context
-    from rotviz.models import check_compatible, load_model, pick_device, write_model
+    from rotviz.models import check_compatible, load_model, write_model
     from rotviz.outputs import write_json_file
 
     columns, seq_len = reading(args, args.data)
-    device = dist.device_for(pick_device(args.device))  # torchrun: each its local GPU
+    device = device_for(pick_device(args.device))  # torchrun: each its local GPU
     anchor, source = load_model(args.anchor), load_model(args.source)
     check_compatible(anchor, source)
     split = _split(m, args, anchor, columns, seq_len)
@@ -182,8 +182,6 @@ def _in_memory(m: Measurement, args, values: dict, outputs, folder, js):
         raise RotvizError("--match act and learned learn from data: add --data, e.g. "
                           "--data digits")
     with _processes(device) as group:
-        from rotviz.evaluation import resolve_device
-
         ends = match_endpoints(anchor, source, options, resolve_device(device), data=split)
         ctx = Context(split if m.data else None, device, group, _progress(m, group))
         result = m.run(ends, ctx, values)
@@ -206,15 +204,15 @@ def _json(m: Measurement, result, args) -> dict:
 def _at_size(m: Measurement, args, values: dict, outputs, folder, js):
     """A pair too large for memory: matched streamed into a temporary folder
     (rotviz.stream.endpoints), then measured block by block, or refused in one line."""
-    from rotviz import dist
-    from rotviz.analysis.sized import sized_loaded
+    from rotviz.devices import device_for, pick_device
     from rotviz.match.options import parse_layers
     from rotviz.match.selection import match_options
-    from rotviz.match.streaming import open_streamed
     from rotviz.measures import Context
-    from rotviz.models import check_compatible, pick_device
+    from rotviz.models import check_compatible
     from rotviz.outputs import write_json_file
+    from rotviz.stream.blocks import open_streamed
     from rotviz.stream.endpoints import refuse, streamed_endpoints
+    from rotviz.stream.sized import sized_loaded
 
     why = m.why_not_at_size()
     if why:
@@ -226,7 +224,7 @@ def _at_size(m: Measurement, args, values: dict, outputs, folder, js):
         raise RotvizError(f"a {m.name} at size (--max-memory) needs a matched source for its "
                           "second direction: give --match (e.g. seed) or raise --max-memory")
     columns, seq_len = reading(args, args.data)
-    device = dist.device_for(pick_device(args.device))
+    device = device_for(pick_device(args.device))
     anchor, source = open_streamed(args.anchor), open_streamed(args.source)
     check_compatible(anchor, source)  # type: ignore[arg-type]  # duck-typed: meta state
     options = match_options(args.match, parse_layers(args.layers, source.dims.n_layers))

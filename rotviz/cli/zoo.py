@@ -16,7 +16,7 @@ from pathlib import Path
 from rotviz.cli.args import add_overwrite, add_reading, bounded, guard_inputs, reading
 from rotviz.errors import RotvizError
 from rotviz.limits import BATCH_SIZE
-from rotviz.zoo.registry import PAIRS
+from rotviz.zoo_registry import PAIRS
 
 
 def register(sub) -> None:
@@ -56,7 +56,7 @@ def register(sub) -> None:
 
 def _expand(names: list[str]) -> list[str]:
     """Names in build order (a fine-tune's base first), pairs and `all` expanded."""
-    from rotviz import zoo
+    from rotviz import zoo_registry as zoo
 
     wanted: list[str] = []
     for n in names:
@@ -71,7 +71,7 @@ def _expand(names: list[str]) -> list[str]:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from rotviz import zoo
+    from rotviz import zoo_registry as zoo
     from rotviz.zoo.build import build, build_output
 
     names = _expand(args.names)
@@ -122,7 +122,7 @@ def _bar(desc: str) -> _Bar:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from rotviz import zoo
+    from rotviz import zoo_registry as zoo
 
     rows = [("name", "pair", "recipe", "seed", "test loss", "test acc", "n")]
     for e in zoo.entries():
@@ -141,7 +141,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_default(args: argparse.Namespace) -> int:
-    from rotviz import zoo
+    from rotviz import zoo_registry as zoo
 
     for ref in zoo.default_pair():
         print(ref)
@@ -162,9 +162,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     outputs = Outputs("eval")
     guard_inputs(outputs, [args.model], args.data)
     js = outputs.add(args.json, "--json", folder=False, overwrite=args.overwrite)
+    from rotviz.devices import pick_device
     from rotviz.evaluation import evaluate, split_for
     from rotviz.lite import load_for_eval
-    from rotviz.models import pick_device
 
     columns, seq_len = reading(args, args.data)
     device = pick_device(args.device)

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
+from rotviz.devices import wide_device
 from rotviz.memo import TensorMemo, cached
-from rotviz.models import wide_device
 from rotviz.symmetry.view import KINDS, ModelView, groups
 
 

@@ -139,7 +139,7 @@ def match_endpoints(anchor: Loaded, source: Loaded, options: MatchOptions | str 
     Match `source` onto `anchor` with `options` (MatchOptions, a SPEC string, or None for
     no matching), check that its function is kept, and return the endpoints. Activation and
     learned matching train on `data`'s train split (validation: its val split)."""
-    from rotviz.evaluation import resolve_device
+    from rotviz.devices import resolve_device
 
     check_compatible(anchor, source)
     options = as_options(options)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from rotviz.data import Split
+from rotviz.devices import wide_device
 from rotviz.match.datamatch import match_with_data
 from rotviz.match.engine import match
 from rotviz.match.options import MatchOptions
@@ -20,7 +21,6 @@ from rotviz.models import (
     check_finite,
     max_output_diff,
     stored_output_diff,
-    wide_device,
 )
 from rotviz.symmetry.view import read_view, write_state
 from rotviz.types import Progress

@@ -34,8 +34,8 @@ def measure(name: str, ends: Any, split: Any = None, device: Any = "cpu",
     Run the registered measurement `name` on endpoints (held in memory, or streamed: then
     its at-size implementation, or a one-line refusal), its parameters checked against
     their bounds; those not given keep their defaults."""
+    from rotviz.devices import resolve_device
     from rotviz.errors import RotvizError
-    from rotviz.evaluation import resolve_device
 
     m = measurement(name)
     values = m.values(params)

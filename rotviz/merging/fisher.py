@@ -49,8 +49,9 @@ def fisher_diag(
     from torch.func import grad, vmap
 
     from rotviz.data import Inputs, map_inputs, to_device
-    from rotviz.evaluation import IGNORE, Evaluator, check_fits, resolve_device
-    from rotviz.models import to_wide, wide_device
+    from rotviz.devices import resolve_device, wide_device
+    from rotviz.evaluation import IGNORE, Evaluator, check_fits
+    from rotviz.models import to_wide
     from rotviz.sources import call
     from rotviz.tasks import sample_losses
 

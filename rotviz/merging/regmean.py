@@ -48,7 +48,8 @@ def gram_matrices(
     import torch
 
     from rotviz.data import to_device, token_mask, without_padding
-    from rotviz.evaluation import Evaluator, check_fits, resolve_device
+    from rotviz.devices import resolve_device
+    from rotviz.evaluation import Evaluator, check_fits
     from rotviz.models import to_wide
     from rotviz.sources import call
 

@@ -1,23 +1,7 @@
-"""The model zoo: small trained models shipped in `assets/zoo/`, each rebuildable from its recipe.
+"""Building the model zoo: small trained models shipped in `assets/zoo/`, each rebuildable
+from its recipe. `build` trains an entry (with `train`, on `recipes`; the text models' corpora
+and tokenizer come from `nlp`), imported only by what builds.
 
-`rotviz.zoo` is its registry (rotviz.zoo.registry, a leaf that `rotviz.models` resolves
-`zoo:NAME` with): entries, pairs, folders and cards. Building is `rotviz.zoo.build` (training
-with `rotviz.zoo.train` on `rotviz.zoo.recipes`), imported only by what builds.
+Which models the zoo holds, where they live and their cards is rotviz.zoo_registry, a leaf
+below this package: `rotviz.models` resolves `zoo:NAME` with it.
 """
-
-from rotviz.zoo.registry import (
-    ENTRIES,
-    PAIRS,
-    Entry,
-    default_pair,
-    entries,
-    entry,
-    is_built,
-    pair,
-    path_of,
-    read_card,
-    zoo_dir,
-)
-
-__all__ = ["ENTRIES", "PAIRS", "Entry", "default_pair", "entries", "entry", "is_built", "pair",
-           "path_of", "read_card", "zoo_dir"]

@@ -25,7 +25,7 @@ from rotviz.tasks import CLASSIFIER_TASKS, METRIC_LABELS, scores
 from rotviz.tokens import fingerprint, tokenizer_files
 from rotviz.types import Progress
 from rotviz.zoo import recipes, train
-from rotviz.zoo.registry import entry, is_built, path_of, zoo_dir
+from rotviz.zoo_registry import entry, is_built, path_of, zoo_dir
 
 
 def write_card(model_dir: str | os.PathLike, card: dict) -> None:

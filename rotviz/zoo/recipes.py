@@ -1,7 +1,7 @@
 """Recipes: a tiny model configuration plus the hyperparameters of its seeded training run.
 
 A recipe is plain data. `rotviz.zoo.train.train` runs it deterministically on the CPU and
-`rotviz.zoo` names the trained results. Fine-tune recipes start from another zoo model
+`rotviz.zoo_registry` names the trained results. Fine-tune recipes start from another zoo model
 (`init`) and train on a part of the training split (`subset`), the seed paper's setting.
 
 The NLP recipes (family "roberta") name their head in the model's `architectures` (masked

@@ -1,8 +1,8 @@
 """Checkpoint folders opened for streaming, and what the streamed paths share: one block
 read as a one-block view, the tensors outside the blocks measured in slices, the output
 written as shards as it goes, and the function check with each block loaded only while it
-runs (rotviz.skeleton). The matching itself: rotviz.match.streaming (per-layer maps) and
-rotviz.match.stream_residual (weight matching).
+runs (rotviz.skeleton). The matching itself: rotviz.stream.match (per-layer maps) and
+rotviz.stream.residual (weight matching).
 """
 
 from __future__ import annotations

@@ -14,9 +14,9 @@ check then runs the probe inputs through the source and the matched model, each 
 only while it runs (rotviz.skeleton): in float32, and for a half checkpoint in its dtype too.
 
 Weight matching (the residual map, alternated with these) streams too, one pass over the
-blocks per round: rotviz.match.stream_residual. Matching from data (activations, learned
+blocks per round: rotviz.stream.residual. Matching from data (activations, learned
 maps) needs every block at once; the streamed path refuses it in one line. What both share
-(opening a folder, reading and writing a block, the function check): rotviz.match.streamed.
+(opening a folder, reading and writing a block, the function check): rotviz.stream.blocks.
 """
 
 from __future__ import annotations
@@ -28,15 +28,17 @@ from pathlib import Path
 
 import torch
 
+from rotviz.devices import wide_device
 from rotviz.dist import SINGLE, Group
 from rotviz.errors import RotvizError
 from rotviz.match.distances import Distances, distances
 from rotviz.match.layers import match_layers
 from rotviz.match.options import MatchOptions
 from rotviz.match.report import HeadReport, MatchReport
-from rotviz.match.stream_residual import match_streamed_residual
-from rotviz.match.streamed import (  # noqa: F401  (re-exported: the streamed path's API)
-    IN_MEMORY_FACTOR,
+from rotviz.memory import release
+from rotviz.models import check_compatible
+from rotviz.skeleton import Provider, Reader
+from rotviz.stream.blocks import (
     Dtype,
     Streamed,
     applied_block,
@@ -44,19 +46,14 @@ from rotviz.match.streamed import (  # noqa: F401  (re-exported: the streamed pa
     block_tensors,
     check_function,
     kind_cells,
-    open_streamed,
     open_writer,
-    pair_bytes_in_memory,
     read_block_view,
     rest_cells,
-    streamed_distance,
     streaming_refusal,
     write_block_tensors,
     write_config,
 )
-from rotviz.memory import release
-from rotviz.models import check_compatible, wide_device
-from rotviz.skeleton import Provider, Reader
+from rotviz.stream.residual import match_streamed_residual
 from rotviz.symmetry.actions import LayerTransform
 from rotviz.symmetry.view import ModelView
 from rotviz.types import Progress
@@ -112,7 +109,7 @@ def match_streamed(
         raise RotvizError(f"{why}; match in memory (raise --max-memory) or drop it")
     check_compatible(anchor, source)  # type: ignore[arg-type]  # duck-typed: meta state
     device = wide_device(device)
-    if options.residual:  # one pass over the blocks per round (rotviz.match.stream_residual)
+    if options.residual:  # one pass over the blocks per round (rotviz.stream.residual)
         return match_streamed_residual(anchor, source, folder, options, torch.device(device),
                                        progress, group, shard_bytes, cancel)
     t0 = time.perf_counter()

@@ -9,7 +9,7 @@ output heads likewise, the small tensors outside the blocks when the point start
 are bounded per batch as everywhere (rotviz.evaluation.fit_batch). Planes hold three
 checkpoints (anchor, source, matched source) and build each grid point the same way; the
 simple merge is the path's point at its weight, written tensor by tensor. The source is
-taken as given: match it first (rotviz.match.streaming writes a matched checkpoint; the
+taken as given: match it first (rotviz.stream.match writes a matched checkpoint; the
 CLI's --max-memory does both).
 """
 
@@ -39,15 +39,16 @@ from rotviz.analysis.landscape import (
 )
 from rotviz.checkpoint import ShardWriter
 from rotviz.data import Split
+from rotviz.devices import wide_device
 from rotviz.dist import SINGLE, Group
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator, check_split
 from rotviz.limits import GRID, MARGIN
 from rotviz.match.endpoints import MatchInfo
-from rotviz.match.streaming import Streamed, open_streamed
 from rotviz.memory import release
-from rotviz.models import Loaded, check_compatible, copy_reading_files, read_config, wide_device
+from rotviz.models import Loaded, check_compatible, copy_reading_files, read_config
 from rotviz.skeleton import build_meta
+from rotviz.stream.blocks import Streamed, open_streamed
 from rotviz.types import Progress
 
 Tensor = torch.Tensor

@@ -39,7 +39,8 @@ from rotviz.match.distances import Distances, distances, squared_distance
 from rotviz.match.layers import match_layers
 from rotviz.match.options import MatchOptions
 from rotviz.match.report import HeadReport, MatchReport
-from rotviz.match.streamed import (
+from rotviz.memory import release
+from rotviz.stream.blocks import (
     Dtype,
     Streamed,
     as_stored,
@@ -52,7 +53,6 @@ from rotviz.match.streamed import (
     write_block_tensors,
     write_config,
 )
-from rotviz.memory import release
 from rotviz.symmetry import residual as rs
 from rotviz.symmetry.actions import LayerTransform, apply_layer
 from rotviz.symmetry.view import Layout, ModelView, _kind_of
@@ -348,7 +348,7 @@ def match_streamed_residual(
     shard_bytes: int | None = None,
     cancel: Callable[[], bool] | None = None,
 ) -> MatchReport | None:
-    """rotviz.match.streaming.match_streamed with `options.residual` (see module)."""
+    """rotviz.stream.match.match_streamed with `options.residual` (see module)."""
     t0 = time.perf_counter()
     rest = None
     verdict: tuple[str, str] | None = None

@@ -1,5 +1,7 @@
 """The zoo's registry (a leaf: it imports nothing of rotviz but its errors and its file
-reader): the shipped models and pairs, where they live, and their cards. Building them is
+reader): the shipped models and pairs, where they live, and their cards. It sits in the models
+layer, apart from the zoo package, because `rotviz.models` resolves `zoo:NAME` with it and
+the app lists the zoo with it, neither needing what builds the models. Building them is
 `rotviz.zoo.build`.
 
 The model zoo: small trained models shipped in `assets/zoo/`, each rebuildable from its recipe.
@@ -80,7 +82,7 @@ PAIRS = {
 def zoo_dir() -> Path:
     """`ROTVIZ_ZOO` if set, else the repository's `assets/zoo`."""
     env = os.environ.get("ROTVIZ_ZOO")
-    return Path(env).expanduser() if env else Path(__file__).resolve().parents[2] / "assets" / "zoo"
+    return Path(env).expanduser() if env else Path(__file__).resolve().parents[1] / "assets" / "zoo"
 
 
 def entries() -> list[Entry]:

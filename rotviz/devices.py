@@ -1,0 +1,141 @@
+"""Where work runs: the device a choice means, where float64 work runs for it, each torchrun
+process's own GPU, and what the app shows about a device.
+
+One home for these, in the lowest layer, so that loading, evaluation, matching, the command
+line and the app all ask the same functions. Importing this module imports no torch (the app's
+first paint imports it): each function that needs torch imports it when called.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from rotviz.errors import RotvizError
+
+if TYPE_CHECKING:
+    import torch
+
+
+def mps_available() -> bool:
+    """Whether an Apple GPU (MPS) is usable (builds without MPS lack torch.backends.mps)."""
+    import torch
+
+    mps = getattr(torch.backends, "mps", None)
+    return mps is not None and mps.is_available()
+
+
+def pick_device(device: str = "auto") -> torch.device:
+    """`auto` picks cuda, then mps, then cpu."""
+    import torch
+
+    if device == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if mps_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if device not in ("cpu", "cuda", "mps") and not device.startswith("cuda:"):
+        raise RotvizError(f"unknown device '{device}': use auto, cpu, cuda or mps")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise RotvizError(
+            "--device cuda asked for, but no CUDA GPU is visible; use --device auto or cpu"
+        )
+    if device == "mps" and not mps_available():
+        raise RotvizError("--device mps asked for, but no Apple GPU (MPS) is available; "
+                          "use --device auto or cpu")
+    return torch.device(device)
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """A torch.device from 'auto', 'cpu', 'cuda', 'mps' or a torch.device."""
+    import torch
+
+    if isinstance(device, torch.device):
+        return device
+    return pick_device(device or "auto")
+
+
+def wide_device(device: torch.device | str) -> torch.device:
+    """Where float64 work for `device` runs: the device itself, except MPS, which has no
+    float64, so the solvers, learned maps and float64 sums run on the CPU instead."""
+    import torch
+
+    device = torch.device(device)
+    return torch.device("cpu") if device.type == "mps" else device
+
+
+def device_for(device: torch.device) -> torch.device:
+    """Under torchrun with GPUs, each process uses the GPU of its local rank."""
+    import torch
+
+    from rotviz.dist import launched
+
+    if launched() and device.type == "cuda" and device.index is None:
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return device
+
+
+# ---- what the app offers and shows ---------------------------------------------------------
+
+
+def device_choices() -> list[str]:
+    """What the device picker offers: auto, cpu, and cuda / mps where present."""
+    import torch
+
+    out = ["auto", "cpu"]
+    if torch.cuda.is_available():
+        out.append("cuda")
+    if mps_available():
+        out.append("mps")
+    return out
+
+
+def device_summary(device: Any) -> dict[str, Any]:
+    """Kind, name and memory (GiB) of a torch device, for the app's badge."""
+    import torch
+
+    device = torch.device(device)
+    out: dict[str, Any] = {"kind": device.type, "name": device.type, "total_gib": None,
+                           "free_gib": None}
+    if device.type == "cuda":
+        idx = device.index or 0
+        props = torch.cuda.get_device_properties(idx)
+        free, total = torch.cuda.mem_get_info(idx)
+        out.update(name=props.name, total_gib=total / 2**30, free_gib=free / 2**30)
+    elif device.type == "mps":
+        out["name"] = "Apple GPU (MPS)"
+        rec = getattr(getattr(torch, "mps", None), "recommended_max_memory", None)
+        if rec is not None:
+            out["total_gib"] = rec() / 2**30
+    else:
+        out["name"] = platform.processor() or platform.machine() or "CPU"
+        try:
+            pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+            avail = os.sysconf("SC_AVPHYS_PAGES")
+            out.update(total_gib=pages * size / 2**30, free_gib=avail * size / 2**30)
+        except (ValueError, OSError, AttributeError):
+            pass
+        out["threads"] = torch.get_num_threads()
+    return out
+
+
+def device_note(device: Any) -> str | None:
+    """What a user should know about where the work runs on `device`, if anything."""
+    if getattr(device, "type", device) == "mps":
+        return ("Forward passes run on the Apple GPU; matching runs on the CPU, because its "
+                "solvers work in float64, which MPS does not have.")
+    return None
+
+
+def device_badge(summary: Mapping[str, Any]) -> str:
+    """'cuda · NVIDIA H100 · 79.1 of 80.0 GiB free' style text."""
+    parts = [str(summary["kind"]), str(summary["name"])]
+    if summary.get("total_gib"):
+        if summary.get("free_gib") is not None:
+            parts.append(f"{summary['free_gib']:.1f} of {summary['total_gib']:.1f} GiB free")
+        else:
+            parts.append(f"{summary['total_gib']:.1f} GiB")
+    return " · ".join(parts)
