@@ -21,10 +21,10 @@ import torch
 
 from rotviz.app import cache as app_cache
 from rotviz.app import demos, summaries
-from rotviz.devices import device_badge, device_summary
 from rotviz.app import export as app_export
 from rotviz.app import roots as app_roots
 from rotviz.app import specs as app_specs
+from rotviz.devices import device_badge, device_summary
 from rotviz.errors import RotvizError
 from rotviz.random_models import save_random
 
