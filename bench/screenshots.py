@@ -31,7 +31,7 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PAGES = ("models", "match", "barrier", "spectra", "merge", "learn")
+PAGES = ("models", "match", "barrier", "spectra", "merge", "learn", "measure")
 IDLE = "[data-testid='stApp'][data-test-script-state='notRunning']"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-dev-shm-usage"]

@@ -79,7 +79,7 @@ def test_every_page_in_chromium(server, tmp_path):
         page.wait_for_timeout(500)
         drawn(page)
         nav = nav_titles(page)
-        assert nav == ["Models", "Match", "Barrier", "Spectra", "Merge", "Learn"], nav
+        assert nav == ["Models", "Match", "Barrier", "Spectra", "Merge", "Learn", "Measure"], nav
         assert page.locator("h1").first.inner_text().strip() == "Attention spectra"
         assert page.get_by_text("Anchor (model 2, stays fixed)").count() == 1
         for name in PAGES:
@@ -123,7 +123,7 @@ def test_a_page_url_as_a_fresh_servers_first_request(tmp_path):
         drawn(page)
         page.wait_for_timeout(500)
         drawn(page)
-        assert nav_titles(page) == ["Models", "Match", "Barrier", "Spectra", "Merge", "Learn"]
+        assert nav_titles(page) == ["Models", "Match", "Barrier", "Spectra", "Merge", "Learn", "Measure"]
         assert page.locator("h1").first.inner_text().strip() == \
             "Loss barriers between the two models"
         assert page.get_by_text("Anchor (model 2, stays fixed)").count() == 1

@@ -56,11 +56,30 @@ def test_match_options_selection_and_labels_come_from_the_registry():
 
 
 def test_cli_has_one_flag_per_symmetry_with_its_default():
-    sub = next(a for a in build_parser()._actions if a.dest == "command").choices["match"]
+    """One --x flag per symmetry; without --match or the flag, the registry's default."""
+    from rotviz.cli import _selected
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command").choices["match"]
     flags = {a.dest: a for a in sub._actions}
+    args = parser.parse_args(["match", "a", "b", "--out", "o"])
+    _selected(args)
     for s in SYMMETRIES:
         assert f"--{s.name}" in flags[s.name].option_strings
-        assert flags[s.name].default == s.default
+        assert getattr(args, s.name) == s.default
+
+
+def test_match_takes_a_spec_and_the_flags_override_it():
+    from rotviz.cli import _selected
+
+    parser = build_parser()
+    args = parser.parse_args(["match", "a", "b", "--out", "o", "--match", "weight",
+                              "--no-residual", "--act"])
+    _selected(args)
+    on = {s.name for s in SYMMETRIES if getattr(args, s.name)}
+    assert on == {"ffn", "attn", "rescale", "heads", "act"}
+    with pytest.raises(RotvizError, match="--match none matches nothing"):
+        _selected(parser.parse_args(["match", "a", "b", "--out", "o", "--match", "none"]))
 
 
 @pytest.mark.parametrize("sym", [s for s in SYMMETRIES if s.requires], ids=lambda s: s.name)

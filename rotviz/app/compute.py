@@ -366,7 +366,9 @@ def measure(name: str, res: Resources, cfg: dict, progress: Progress | None = No
 
     record = measurement(name)
     c = PairConfig.of(cfg)
-    values = record.values(dict(c.params))
+    defaults = {p.name: p.default for p in record.parameters()}
+    # a widget always holds a value: only those moved off their default count as given
+    values = record.values({k: v for k, v in c.params if k not in defaults or v != defaults[k]})
     ends = endpoints(res, c, progress)
     split = _split_of(res, c) if record.data else None
     with res.using(c.anchor, c.source):

@@ -10,9 +10,8 @@ from rotviz.params import Param
 
 
 def _params() -> tuple[Param, ...]:
-    """--method and --weight, then every registered method's own parameters (default None:
-    a parameter not given keeps its method's default, and one the method does not take is
-    refused)."""
+    """--method and --weight, then every registered method's own parameters (a parameter
+    given for a method that does not take it is refused by `_check`)."""
     from rotviz.merging import all_params, names, users
 
     out = [Param("method", "simple", f"{', '.join(names())} (default simple)", choices=names(),
@@ -21,7 +20,7 @@ def _params() -> tuple[Param, ...]:
                  label="Weight of the source")]
     for p in all_params():
         who = " and ".join(users(p.name))
-        out.append(Param(p.name, None, f"{who}: {p.help}", p.bound, p.choices, p.title,
+        out.append(Param(p.name, p.default, f"{who}: {p.help}", p.bound, p.choices, p.title,
                          p.widget))
     return tuple(out)
 
@@ -33,14 +32,20 @@ def _names() -> tuple[str, ...]:
 
 
 def _given(v: dict) -> dict:
-    return {k: x for k, x in v.items() if k not in ("method", "weight") and x is not None}
+    """The values of the chosen method's own parameters."""
+    from rotviz.merging import method
+
+    declared = {p.name for p in method(v["method"]).params}
+    return {k: x for k, x in v.items() if k in declared}
 
 
 def _check(values: dict, given: set[str]) -> None:
+    """A parameter given for a method that does not take it is refused (one line)."""
     from rotviz.analysis.fusion import method_params
     from rotviz.merging import method
 
-    method_params(method(values["method"]), _given(values))
+    method_params(method(values["method"]),
+                  {k: values[k] for k in given if k not in ("method", "weight")})
 
 
 def _run(ends, ctx: Context, v: dict):
