@@ -63,6 +63,9 @@ def server(tmp_path_factory):
         yield url
 
 
+NAV = ["Models", "Match", "Barrier", "Spectra", "Merge", "Learn", "Measure"]
+
+
 def nav_titles(page) -> list[str]:
     links = page.locator("[data-testid='stSidebarNav'] a").all_inner_texts()
     return [t.split()[-1] for t in links]  # icon name, then the title
@@ -79,7 +82,7 @@ def test_every_page_in_chromium(server, tmp_path):
         page.wait_for_timeout(500)
         drawn(page)
         nav = nav_titles(page)
-        assert nav == ["Models", "Match", "Barrier", "Spectra", "Merge", "Learn", "Measure"], nav
+        assert nav == NAV, nav
         assert page.locator("h1").first.inner_text().strip() == "Attention spectra"
         assert page.get_by_text("Anchor (model 2, stays fixed)").count() == 1
         for name in PAGES:
@@ -123,7 +126,7 @@ def test_a_page_url_as_a_fresh_servers_first_request(tmp_path):
         drawn(page)
         page.wait_for_timeout(500)
         drawn(page)
-        assert nav_titles(page) == ["Models", "Match", "Barrier", "Spectra", "Merge", "Learn", "Measure"]
+        assert nav_titles(page) == NAV
         assert page.locator("h1").first.inner_text().strip() == \
             "Loss barriers between the two models"
         assert page.get_by_text("Anchor (model 2, stays fixed)").count() == 1

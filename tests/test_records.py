@@ -182,3 +182,28 @@ def test_the_toy_merge_method_runs_from_the_cli_and_the_app(toy, matched, tmp_pa
     with zipfile.ZipFile(io.BytesIO(measurement_zip("merge", cfg, r))) as z:
         assert json.loads(z.read("results.json"))["merge"]["params"] == {"toy_weight": 0.3}
         assert "tables/merge.csv" in z.namelist()
+
+
+def test_measurements_take_streamed_endpoints_too(matched):
+    """The same records on endpoints streamed from the checkpoint folders (a pair larger than
+    memory): the barrier and the distances equal the held ones; a measurement without an
+    at-size implementation says so in one line, from its record."""
+    from rotviz import measure
+    from rotviz.errors import RotvizError
+    from rotviz.match.selection import match_options
+    from rotviz.stream.blocks import open_streamed
+    from rotviz.stream.endpoints import streamed_endpoints
+
+    held, split = matched
+    want = measure("barrier", held, split, points=5)
+    with streamed_endpoints(open_streamed(A), open_streamed(B), match_options("seed"),
+                            "cpu") as ends:
+        assert ends.at_size and ends.match == "seed"
+        got = measure("barrier", ends, split, points=5)
+        d = measure("distances", ends).to_dict()
+        with pytest.raises(RotvizError, match="read block by block, and spectra read every"):
+            measure("spectra", ends)
+    assert max(abs(x - y) for x, y in zip(got.loss, want.loss, strict=True)) <= 1e-5
+    assert got.acc == want.acc and got.match == want.match == "seed"
+    assert d["distance_after"] == pytest.approx(held.info.distance_after, rel=1e-9)
+    assert d["distance_before"] == pytest.approx(held.info.distance_before, rel=1e-9)
