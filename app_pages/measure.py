@@ -25,7 +25,8 @@ offered, residual_why = common.offered_specs(s, SPEC_CHOICES)
 name = st.selectbox("Measurement", list(RECORDS), format_func=lambda n: RECORDS[n].label,
                     key="x_name", bind="query-params")  # outside the form: its fields follow it
 record = RECORDS[name]
-st.caption(record.describe())
+st.caption(record.describe() + ("" if record.pair else " (of the anchor alone: the matching "
+                                                       "below does not apply)"))
 
 with st.form("measure_form"):
     c = st.columns(2)

@@ -55,6 +55,20 @@ register(Measurement(
     rows=lambda d: [{"at": d["at"], "loss": d["loss"], "acc": d["acc"]}]))
 
 
+class Norm(dict):
+    def to_dict(self):
+        return dict(self)
+
+
+def norm(ends, ctx, v):
+    return Norm(norm=float(sum(t.double().pow(2).sum() for t in ends.anchor.state.values()
+                               if t.is_floating_point()) ** 0.5), model=ends.anchor_ref)
+
+
+register(Measurement("toy_norm", "Weight norm", "toy: the weight norm of one model", norm,
+                     data=False, pair=False, summary=lambda r, how: f"norm {r['norm']:.6f}"))
+
+
 def combine(job, name, a, b):
     w = job.params["toy_weight"]
     return ((1 - w) * a.double() + w * b.double()).to(a.dtype)
@@ -207,3 +221,23 @@ def test_measurements_take_streamed_endpoints_too(matched):
     assert got.acc == want.acc and got.match == want.match == "seed"
     assert d["distance_after"] == pytest.approx(held.info.distance_after, rel=1e-9)
     assert d["distance_before"] == pytest.approx(held.info.distance_before, rel=1e-9)
+
+
+def test_a_one_model_record_takes_one_model(toy, tmp_path, capsys):
+    """A record that measures one model (pair=False): one positional model on the CLI, no
+    --match, and the app runs it on `ref`."""
+    from rotviz import app
+    from rotviz.models import load_model
+
+    m = load_model(A)
+    want = sum(float(t.double().pow(2).sum()) for t in m.state.values()
+               if t.is_floating_point()) ** 0.5
+    js = tmp_path / "n.json"
+    rc, out, _ = _run(["toy_norm", A, "--json", str(js)], capsys)
+    assert rc == 0 and out.startswith("norm ")
+    got = json.loads(js.read_text())
+    assert got["norm"] == pytest.approx(want, rel=1e-12) and got["model"] == A
+    rc, _, err = _run(["toy_norm", A, B], capsys)
+    assert rc == 2 and err.count("\n") == 1
+    r = app.run("toy_norm", app.Resources(), {"ref": A, "device": "cpu"})
+    assert r["norm"] == got["norm"]

@@ -365,6 +365,9 @@ def measure(name: str, res: Resources, cfg: dict, progress: Progress | None = No
     from rotviz.measures import Context, measurement
 
     record = measurement(name)
+    if not record.pair:  # one model (`ref`, else the anchor): the endpoints are it, twice
+        one = cfg.get("ref") or cfg["anchor"]
+        cfg = {**cfg, "anchor": one, "source": one, "spec": "none", "layers": ""}
     c = PairConfig.of(cfg)
     defaults = {p.name: p.default for p in record.parameters()}
     # a widget always holds a value: only those moved off their default count as given

@@ -54,9 +54,13 @@ def register(sub) -> None:
     """A sub-command for every registered measurement."""
     for m in measurements():
         p = sub.add_parser(m.name, help=m.describe(), description=m.describe())
-        p.add_argument("anchor", help="anchor model (kept fixed): a model directory or zoo:NAME")
-        p.add_argument("source",
-                       help="source model, same architecture; it is matched onto the anchor")
+        if m.pair:
+            p.add_argument("anchor",
+                           help="anchor model (kept fixed): a model directory or zoo:NAME")
+            p.add_argument("source",
+                           help="source model, same architecture; it is matched onto the anchor")
+        else:
+            p.add_argument("model", help="the model: a model directory or zoo:NAME")
         if m.data:
             p.add_argument("--data", required=True,
                            help="data reference: digits, pystdlib, text:FILE, csv:FILE, "
@@ -68,13 +72,16 @@ def register(sub) -> None:
             p.add_argument("--data", default=None,
                            help="with --match act or learned: the data to learn from")
             add_reading(p)
-        p.add_argument("--match", default=m.match_default, metavar="SPEC",
-                       help="none, or a comma list of ffn, attn, rescale, heads, residual, act, "
-                            "learned; seed = ffn,attn,rescale; weight = seed,heads,residual "
-                            "(data-free); act and learned train on --data "
-                            f"(default {m.match_default})")
-        p.add_argument("--layers", type=layers_text, default=None,
-                       help="match only these layers, e.g. 0,2-5")
+        if m.pair:
+            p.add_argument("--match", default=m.match_default, metavar="SPEC",
+                           help="none, or a comma list of ffn, attn, rescale, heads, residual, "
+                                "act, learned; seed = ffn,attn,rescale; weight = "
+                                "seed,heads,residual (data-free); act and learned train on "
+                                f"--data (default {m.match_default})")
+            p.add_argument("--layers", type=layers_text, default=None,
+                           help="match only these layers, e.g. 0,2-5")
+        else:
+            p.set_defaults(match="none", layers=None)
         p.add_argument("--device", default="auto", help="auto, cpu, cuda or mps (default auto)")
         if m.writes_model:
             p.add_argument("--out", default=None, metavar="DIR",
@@ -141,6 +148,8 @@ def run_command(m: Measurement, args: argparse.Namespace) -> int:
     """Check everything, match once, measure, write the outputs, say the result in a line."""
     from rotviz.match.selection import match_options
 
+    if not m.pair:  # one model: the endpoints are it, twice, unmatched
+        args.anchor = args.source = args.model
     given = {p.name: getattr(args, p.name) for p in m.parameters()}
     values = m.values(given)
     match_options(args.match)  # SPEC errors come first
@@ -174,7 +183,8 @@ def _in_memory(m: Measurement, args, values: dict, outputs, folder, js):
 
     columns, seq_len = reading(args, args.data)
     device = device_for(pick_device(args.device))  # torchrun: each its local GPU
-    anchor, source = load_model(args.anchor), load_model(args.source)
+    anchor = load_model(args.anchor)
+    source = load_model(args.source) if m.pair else anchor
     check_compatible(anchor, source)
     split = _split(m, args, anchor, columns, seq_len)
     options = match_options(args.match, parse_layers(args.layers, n_layers(anchor)))

@@ -57,6 +57,7 @@ class Measurement:
     at_size: Runner | None = None  # on streamed endpoints; None: cannot run at size
     refusal: str = ""  # why it cannot run at size, when at_size is None
     data: bool = True  # evaluates on a split (--data)
+    pair: bool = True  # measures a matched pair; False: one model (anchor = source = it)
     match_default: str = "seed"
     writes_model: bool = False  # --out DIR: the result's `state` written as a model
     check: Callable[[dict, set[str]], None] | None = None  # (values, given names) -> refuse
