@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from conftest import clone_state, view_of
 from test_landscape import synthetic_split
+from test_plots import _check_frame
 
 from rotviz.analysis.slices import normalise, random_directions, slice_at
 from rotviz.cli import main
@@ -161,10 +162,12 @@ def test_the_cli_writes_the_slice_json(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "unknown --norm 'rows': use one of filter, layer" in err
     # the figures: a line in 1D; a contour and a 3D surface in 2D on one colour scale
-    assert slice_figure(got).layout.title.text.startswith("Test loss on a random line")
+    _check_frame(slice_figure(got), "Test loss on a random line")
+    _check_frame(slice_figure(got, log=True), "Test loss on a random line")
     flat = {**got, "dims": 2, "ys": got["xs"], "loss": [[1.0, 2.0, 3.0]] * 3,
             "acc": [[0.5] * 3] * 3}
     fig = slice_figure(flat, log=True, zmin=0.1, zmax=10.0)
+    _check_frame(fig, "Test loss on a random plane")
     kinds = [t.type for t in fig.data]
     assert "contour" in kinds and "surface" in kinds
     contour = next(t for t in fig.data if t.type == "contour")
@@ -172,10 +175,12 @@ def test_the_cli_writes_the_slice_json(tmp_path, capsys):
     assert (contour.zmin, contour.zmax) == (-1.0, 1.0) == (surface.cmin, surface.cmax)
     panels = slice_panels([flat, {**flat, "loss": [[4.0] * 3] * 3}], ["A", "B'"])
     assert {(t.zmin, t.zmax) for t in panels.data} == {(1.0, 4.0)}
+    _check_frame(panels, "one colour scale")
     plane = {"xs": [0.0, 1.0], "ys": [0.0, 1.0], "loss": [[1.0, 2.0], [3.0, 4.0]],
              "points": {"A": [0.0, 0.0], "B": [1.0, 0.0], "B'": [0.5, 1.0]},
              "point_loss": {"A": 1.0, "B": 2.0, "B'": 1.5}}
     surf = loss_surface(plane)
+    _check_frame(surf, "surface on the plane through A, B and B'")
     marks = [t for t in surf.data if t.type == "scatter3d"]
     assert [t.text[0] for t in marks] == ["A", "B", "B'"] and marks[2].z[0] == 1.5
     assert surf.layout.title.text and surf.layout.xaxis.title.text
