@@ -58,6 +58,8 @@ def _show(value: object) -> str:
 POINTS = Bound("--points", 2, 1001)  # alphas on an interpolation path, endpoints included
 GRID = Bound("--grid", 3, 201)  # loss-plane points per axis (grid**2 evaluations)
 MARGIN = Bound("--margin", 0.0, 10.0, integer=False)  # plane margin, fraction of the span
+SPAN = Bound("--span", 1e-6, 1000.0, integer=False)  # slice half-width, in direction units
+DIMS = Bound("--dims", 1, 2)  # a slice is a line (1) or a plane (2)
 STEPS = Bound("--steps", 1, 100_000)  # learned matching steps
 ROUNDS = Bound("--rounds", 1, 10_000)  # alternation rounds per phase
 SEQ_LEN = Bound("--seq-len", 2, 1_048_576)  # tokens per text window or labelled example

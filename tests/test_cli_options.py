@@ -24,7 +24,8 @@ MEASURES = {m.name: m for m in measurements()}  # one command each (rotviz.cli.m
 # What each command needs besides the option under test, so that only that option is wrong.
 BASE = {
     "match": ["match", A, B, "--out", "o"],
-    **{n: [n, A, B, *(["--data", "digits"] if m.data else [])] for n, m in MEASURES.items()},
+    **{n: [n, A, *([B] if m.pair else []), *(["--data", "digits"] if m.data else [])]
+       for n, m in MEASURES.items()},
     "eval": ["eval", A, "--data", "digits"],
     "zoo build": ["zoo", "build", "vit-digits-ft-b"],
     "serve": ["serve", "--print-command"],
@@ -75,7 +76,9 @@ KINDS = {
     **{(c, o): k for c in MEASURES
        for o, k in (("anchor", "model"), ("source", "model"), ("--data", "data"),
                     ("--json", "out file"), ("--layers", "layers"), ("--match", "spec"),
-                    ("--split", "name"), ("--device", "name"), ("--max-memory", "size"))},
+                    ("--split", "name"), ("--device", "name"), ("--max-memory", "size"),
+                    ("model", "model"))},  # a measurement of one model (pair=False)
+    **{(c, p.flag): "name" for c, m in MEASURES.items() for p in m.parameters() if p.choices},
 }
 FREE = {("serve", "--address")}  # any text is a host name for streamlit to bind
 

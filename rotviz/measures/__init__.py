@@ -18,6 +18,7 @@ from rotviz.measures import (  # noqa: F401  (the built-ins)
     distances,
     merge,
     plane,
+    slice,
     spectra,
     sweeps,
 )

@@ -91,7 +91,8 @@ class Measurement:
 
 _MEASUREMENTS: dict[str, Measurement] = {}
 # listed first, in this order
-BUILT_IN = ("barrier", "plane", "merge", "distances", "spectra", "sweeps")
+# listed first, in this order
+BUILT_IN = ("barrier", "plane", "merge", "distances", "spectra", "sweeps", "slice")
 
 
 def register(m: Measurement) -> Measurement:

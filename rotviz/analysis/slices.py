@@ -1,0 +1,213 @@
+"""Slices of the loss around one point: a line (1D) or a plane (2D) of loss and accuracy at
+theta + x d1 (+ y d2), x, y in [-span, span], along seeded random Gaussian directions.
+
+Why normalise the directions: a random direction of unit Gaussian entries moves a layer whose
+weights are small far more, relative to its scale, than a layer whose weights are large; and
+networks with scale symmetries (norms after linear maps) can look sharp or flat at will. Li et
+al. (NeurIPS 2018) scale each filter of the direction to the norm of that filter of the
+weights, so that one unit along the axis moves every filter by its own size. rotviz offers:
+
+- `filter`: each output row of a weight (first index: the rows of an nn.Linear's (out, in)
+  matrix, an embedding's vectors) gets the norm of that row of the weights;
+- `layer`: each tensor gets the norm of the tensor;
+- `none`: raw Gaussian entries.
+
+Biases and norm gains (1-D tensors) are zeroed by default, as the reference's `biasbn` off;
+`keep_1d` keeps them, normalised the same way (with `filter`, a 1-D tensor's rows are its
+entries: each entry becomes plus or minus the weight's magnitude). Floating buffers are never
+moved. Everything is evaluated through `rotviz.evaluation.Evaluator` (torch.func's
+functional_call): the loaded model and the caller's tensors are never modified.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+from rotviz.data import Split
+from rotviz.errors import RotvizError
+from rotviz.evaluation import Evaluator
+from rotviz.limits import GRID, SEED, SPAN
+from rotviz.models import Loaded
+from rotviz.types import Progress
+
+Tensor = torch.Tensor
+NORMS = ("filter", "layer", "none")
+DIRECTIONS = ("random",)
+EPS = 1e-12  # a direction row this small (never, for Gaussian draws) is left as it is
+
+
+@dataclass
+class Slice:
+    """Loss and accuracy on a line or a plane through `point` along `dims` directions.
+
+    1D: `loss[ix]` at xs[ix]. 2D: `loss[iy][ix]` at (xs[ix], ys[iy]). Coordinates are in
+    units of the (normalised) directions: x = 1 moves every filter by its own norm under
+    `filter` normalisation. `centre_loss` is the point's own loss, evaluated exactly."""
+
+    dims: int
+    xs: list[float]
+    ys: list[float]  # empty in 1D
+    loss: list  # list[float] (1D) or list[list[float]] (2D)
+    acc: list
+    centre_loss: float
+    centre_acc: float
+    directions: str
+    norm: str
+    keep_1d: bool
+    grid: int
+    span: float
+    seed: int
+    data: str
+    split: str
+    device: str
+    seconds: float
+    n: int
+    model: str = ""
+    direction_norms: list[float] | None = None  # |d1|, |d2| (L2, parameter units)
+    cosine: float | None = None  # cos(d1, d2) in 2D: near 0 for large models
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _check_choices(norm: str, directions: str, dims: int) -> None:
+    if norm not in NORMS:
+        raise RotvizError(f"unknown --norm '{norm}': use one of {', '.join(NORMS)}")
+    if directions not in DIRECTIONS:
+        raise RotvizError(f"unknown --directions '{directions}': use one of "
+                          f"{', '.join(DIRECTIONS)} (Hessian directions come with the "
+                          "hessian measurement)")
+    if dims not in (1, 2):
+        raise RotvizError(f"--dims must be 1 or 2, got {dims}")
+
+
+def normalise(d: Tensor, w: Tensor, norm: str, keep_1d: bool = False) -> Tensor:
+    """The direction `d` of one tensor, normalised against its weights `w` (a new tensor).
+
+    `filter`: every row (first index) of d rescaled to the L2 norm of that row of w; a 1-D
+    tensor's rows are its entries. `layer`: d rescaled to |w|. `none`: d. A 1-D tensor (bias,
+    norm gain) becomes zeros unless `keep_1d`. Computed in float64, returned in d's dtype."""
+    if d.dim() <= 1 and not keep_1d:
+        return torch.zeros_like(d)
+    if norm == "none":
+        return d.clone()
+    dd, ww = d.double(), w.double()
+    if norm == "layer":
+        dn = torch.linalg.vector_norm(dd)
+        out = dd * (torch.linalg.vector_norm(ww) / dn) if dn > EPS else dd
+        return out.to(d.dtype)
+    if norm != "filter":
+        raise RotvizError(f"unknown --norm '{norm}': use one of {', '.join(NORMS)}")
+    rows_d = dd.reshape(dd.shape[0], -1) if dd.dim() >= 1 else dd.reshape(1, 1)
+    rows_w = ww.reshape(rows_d.shape)
+    dn = torch.linalg.vector_norm(rows_d, dim=1, keepdim=True)
+    wn = torch.linalg.vector_norm(rows_w, dim=1, keepdim=True)
+    scale = torch.where(dn > EPS, wn / dn.clamp_min(EPS), torch.ones_like(dn))
+    return (rows_d * scale).reshape(d.shape).to(d.dtype)
+
+
+def random_directions(params: Mapping[str, Tensor], movable: set[str], count: int,
+                      seed: int = 0, norm: str = "filter", keep_1d: bool = False
+                      ) -> list[dict[str, Tensor]]:
+    """`count` seeded Gaussian directions over `params` (drawn on the CPU in float32, in the
+    order of `params`, so a seed gives the same directions on every device), each tensor
+    normalised by `normalise`; tensors not in `movable` (buffers) get zeros."""
+    SEED.check(seed)
+    gen = torch.Generator().manual_seed(seed)
+    out: list[dict[str, Tensor]] = []
+    for _ in range(count):
+        d: dict[str, Tensor] = {}
+        for k, w in params.items():
+            if k not in movable or not w.is_floating_point():
+                d[k] = torch.zeros_like(w)
+                continue
+            raw = torch.randn(tuple(w.shape), generator=gen, dtype=torch.float32)
+            d[k] = normalise(raw.to(w.device, w.dtype), w, norm, keep_1d)
+        out.append(d)
+    return out
+
+
+def _wide_norm(d: Mapping[str, Tensor]) -> float:
+    return float(torch.sqrt(sum(torch.sum(v.double() ** 2) for v in d.values())))
+
+
+def _inner(a: Mapping[str, Tensor], b: Mapping[str, Tensor]) -> float:
+    return float(sum(torch.sum(a[k].double() * b[k].double()) for k in a))
+
+
+def slice_at(
+    loaded: Loaded,
+    split: Split,
+    dims: int = 2,
+    directions: str = "random",
+    norm: str = "filter",
+    keep_1d: bool = False,
+    grid: int = 21,
+    span: float = 1.0,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+    progress: Progress | None = None,
+    batch_size: int = 512,
+    point: Mapping[str, Tensor] | None = None,
+    given: Sequence[Mapping[str, Tensor]] | None = None,
+    evaluator: Evaluator | None = None,
+) -> Slice:
+    """slice_at(model, split, dims=2, norm="filter", grid=21, span=1.0, seed=0) -> Slice
+
+    Loss and accuracy at theta + x d1 (+ y d2) on a `grid` (per axis) of x, y evenly spaced
+    in [-span, span], theta = `point` (a state of `loaded`'s architecture: B', a point on a
+    path, a merged model; default the model's own weights). The directions are drawn with
+    `seed` and normalised by `norm` (module docstring), or `given` as they are (already
+    normalised: a test passes directions moved by a symmetry element). The centre is also
+    evaluated exactly (`centre_loss`), so an even grid still reports it."""
+    _check_choices(norm, directions, dims)
+    GRID.check(grid)
+    SPAN.check(span)
+    t0 = time.perf_counter()
+    ev = evaluator or Evaluator(loaded, split, device, batch_size)
+    theta = ev.params(loaded.state if point is None else point)
+    if given is not None:
+        if len(given) != dims:
+            raise RotvizError(f"a {dims}D slice needs {dims} directions, got {len(given)}")
+        ds = [ev.params(d) for d in given]
+    else:
+        movable = {n for n, _ in loaded.model.named_parameters()}
+        ds = random_directions(theta, movable, dims, seed, norm, keep_1d)
+    xs = np.linspace(-span, span, grid)
+    ys = xs if dims == 2 else np.zeros(0)
+
+    def at(x: float, y: float) -> tuple[float, float]:
+        if x == 0.0 and y == 0.0:  # the point itself, with no arithmetic on its weights
+            return ev.evaluate(theta)
+        if dims == 1:
+            return ev.evaluate({k: theta[k] + x * ds[0][k] for k in theta})
+        return ev.evaluate({k: theta[k] + x * ds[0][k] + y * ds[1][k] for k in theta})
+
+    cells = [(0, ix) for ix in range(grid)] if dims == 1 else \
+        [(iy, ix) for iy in range(grid) for ix in range(grid)]
+    loss = np.zeros((max(1, len(ys)), grid))
+    acc = np.zeros_like(loss)
+    for count, (iy, ix) in enumerate(cells):
+        loss[iy, ix], acc[iy, ix] = at(float(xs[ix]), float(ys[iy]) if dims == 2 else 0.0)
+        if progress:
+            progress(count + 1, len(cells), f"grid point {count + 1} of {len(cells)}")
+    centre_loss, centre_acc = ev.evaluate(theta)
+    norms = [_wide_norm(d) for d in ds]
+    cos = None
+    if dims == 2 and norms[0] > 0 and norms[1] > 0:
+        cos = _inner(ds[0], ds[1]) / (norms[0] * norms[1])
+    return Slice(
+        dims=dims, xs=xs.tolist(), ys=ys.tolist(),
+        loss=loss[0].tolist() if dims == 1 else loss.tolist(),
+        acc=acc[0].tolist() if dims == 1 else acc.tolist(),
+        centre_loss=centre_loss, centre_acc=centre_acc,
+        directions="given" if given is not None else directions, norm=norm, keep_1d=keep_1d,
+        grid=grid, span=float(span), seed=seed, data=split.data, split=split.split,
+        device=str(ev.device), seconds=time.perf_counter() - t0, n=split.n, model=loaded.ref,
+        direction_norms=norms, cosine=cos,
+    )

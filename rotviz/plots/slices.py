@@ -1,0 +1,167 @@
+"""Slices of the loss (rotviz.analysis.slices) and the A/B/B' plane in 3D.
+
+A 2D slice is drawn twice, side by side: a contour (the valley's shape, readable values) and
+a 3D surface (its depth). With `log=True` the colours follow log10 of the loss, so a basin
+stays visible next to a wall orders of magnitude higher; the height of a surface stays the
+loss itself. Several panels share one colour scale: give `zmin`/`zmax` (loss units), or use
+`slice_panels`, which takes them over every panel, so colours compare across models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from rotviz.plots import style
+from rotviz.plots.barrier import PLANE_MARKERS
+
+AXIS_UNITS = {"filter": "direction units: 1 = each filter's own norm",
+              "layer": "direction units: 1 = each tensor's own norm",
+              "none": "parameter units (L2, unnormalised Gaussian)"}
+LOSS_BAR = "test loss (nats)"
+LOG_BAR = "log10 of the test loss (log10 nats)"
+
+
+def _axis(d: Mapping, i: int) -> str:
+    return f"distance along direction {i} ({AXIS_UNITS.get(d.get('norm', ''), 'units')})"
+
+
+def _colours(z: np.ndarray, log: bool) -> np.ndarray:
+    """What the colours show: the loss, or log10 of it (losses of 0 or less are floored)."""
+    return np.log10(np.maximum(z, 1e-12)) if log else z
+
+
+def _range(zmin: float | None, zmax: float | None, z: np.ndarray, log: bool
+           ) -> tuple[float, float]:
+    lo = float(np.nanmin(z)) if zmin is None else zmin
+    hi = float(np.nanmax(z)) if zmax is None else zmax
+    if log:
+        lo, hi = (float(np.log10(max(v, 1e-12))) for v in (lo, hi))
+    return lo, hi
+
+
+def shared_range(ds: Sequence[Mapping]) -> tuple[float, float]:
+    """One loss range over every slice given (their lowest and highest loss)."""
+    zs = [np.asarray(d["loss"], dtype=float) for d in ds]
+    return float(min(np.nanmin(z) for z in zs)), float(max(np.nanmax(z) for z in zs))
+
+
+def _title(d: Mapping) -> str:
+    what = "plane" if d["dims"] == 2 else "line"
+    keep = "kept" if d.get("keep_1d") else "zeroed"
+    return (f"Test loss on a random {what} around {d.get('model') or 'the model'} "
+            f"({d.get('norm')} normalised, biases {keep}, seed {d.get('seed')})")
+
+
+def slice_line(d: Mapping, log: bool = False, font_size: int = 14,
+               zmin: float | None = None, zmax: float | None = None) -> go.Figure:
+    """A 1D slice: loss (and accuracy, dotted, on a second axis) against x."""
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    fig.add_scatter(x=d["xs"], y=d["loss"], mode="lines+markers", name="test loss",
+                    line={"color": style.color(0), "dash": style.dash(0)},
+                    marker={"symbol": style.marker(0)})
+    fig.add_scatter(x=d["xs"], y=d["acc"], mode="lines+markers", name="test accuracy",
+                    line={"color": style.color(1), "dash": style.dash(2)},
+                    marker={"symbol": style.marker(1)}, secondary_y=True)
+    fig.add_scatter(x=[0.0], y=[d["centre_loss"]], mode="markers", name="the model (centre)",
+                    marker={"color": style.OKABE_ITO[-1], "size": 12, "symbol": "star"})
+    fig = style.finish(fig, _title(d), _axis(d, 1), style.LOSS, "curve", font_size)
+    fig.update_yaxes(title_text=style.ACCURACY, secondary_y=True, range=[0, 1])
+    if log:
+        style.log_axis(fig, "y", secondary_y=False)
+    if zmin is not None or zmax is not None:
+        lo = zmin if zmin is not None else float(np.nanmin(d["loss"]))
+        hi = zmax if zmax is not None else float(np.nanmax(d["loss"]))
+        fig.update_yaxes(range=[np.log10(lo), np.log10(hi)] if log else [lo, hi],
+                         secondary_y=False)
+    return fig
+
+
+def slice_figure(d: Mapping, log: bool = False, zmin: float | None = None,
+                 zmax: float | None = None, font_size: int = 14) -> go.Figure:
+    """A slice result (`Slice.to_dict()`): a line in 1D; in 2D a contour beside a 3D surface,
+    one colour scale (`zmin`/`zmax` in loss units, log10 of them with `log`)."""
+    if d["dims"] == 1:
+        return slice_line(d, log, font_size, zmin, zmax)
+    z = np.asarray(d["loss"], dtype=float)
+    c = _colours(z, log)
+    lo, hi = _range(zmin, zmax, z, log)
+    bar = LOG_BAR if log else LOSS_BAR
+    fig = make_subplots(rows=1, cols=2, specs=[[{"type": "xy"}, {"type": "scene"}]],
+                        subplot_titles=("contour", "surface"), horizontal_spacing=0.08)
+    fig.add_trace(go.Contour(
+        x=d["xs"], y=d["ys"], z=c.tolist(), colorscale=style.SEQUENTIAL, zmin=lo, zmax=hi,
+        name="test loss", contours={"coloring": "heatmap", "showlabels": True},
+        colorbar={"title": {"text": bar, "side": "right"}, "x": 0.46},
+        hovertemplate="(%{x:.2f}, %{y:.2f}): %{z:.3f}<extra></extra>"), row=1, col=1)
+    fig.add_scatter(x=[0.0], y=[0.0], mode="markers", name="the model (centre)",
+                    marker={"color": style.OKABE_ITO[-1], "size": 12, "symbol": "star",
+                            "line": {"color": "white", "width": 1.5}}, row=1, col=1)
+    fig.add_trace(go.Surface(
+        x=d["xs"], y=d["ys"], z=z.tolist(), surfacecolor=c.tolist(), cmin=lo, cmax=hi,
+        colorscale=style.SEQUENTIAL, name="test loss surface", showscale=True,
+        colorbar={"title": {"text": bar, "side": "right"}},
+        hovertemplate="(%{x:.2f}, %{y:.2f}): loss %{z:.3f}<extra></extra>"), row=1, col=2)
+    fig.add_trace(go.Scatter3d(
+        x=[0.0], y=[0.0], z=[d["centre_loss"]], mode="markers", name="the model (centre, 3D)",
+        marker={"color": style.OKABE_ITO[-1], "size": 6, "symbol": "diamond"}), row=1, col=2)
+    fig = style.finish(fig, _title(d), _axis(d, 1), _axis(d, 2), "marker", font_size,
+                       height=600)
+    fig.update_layout(scene={"xaxis_title": "direction 1", "yaxis_title": "direction 2",
+                             "zaxis_title": LOSS_BAR},
+                      legend={"orientation": "h", "y": -0.15, "x": 0})
+    return fig
+
+
+def slice_panels(ds: Sequence[Mapping], titles: Sequence[str], log: bool = False,
+                 font_size: int = 14) -> go.Figure:
+    """Several 2D slices as contours side by side with one colour scale over them all (the
+    same loss is the same colour in every panel), e.g. a slice of A beside one of B'."""
+    lo, hi = shared_range(ds)
+    clo, chi = _range(lo, hi, np.asarray([lo, hi]), log)
+    fig = make_subplots(rows=1, cols=len(ds), subplot_titles=list(titles),
+                        shared_yaxes=True, horizontal_spacing=0.04)
+    for j, d in enumerate(ds):
+        c = _colours(np.asarray(d["loss"], dtype=float), log)
+        fig.add_trace(go.Contour(
+            x=d["xs"], y=d["ys"], z=c.tolist(), colorscale=style.SEQUENTIAL, zmin=clo,
+            zmax=chi, showscale=j == 0, name=titles[j],
+            contours={"coloring": "heatmap", "showlabels": True},
+            colorbar={"title": {"text": LOG_BAR if log else LOSS_BAR, "side": "right"}},
+            hovertemplate="(%{x:.2f}, %{y:.2f}): %{z:.3f}<extra></extra>"), row=1, col=j + 1)
+    fig = style.finish(fig, "Test loss around each model, one colour scale",
+                       _axis(ds[0], 1), _axis(ds[0], 2), None, font_size, height=480,
+                       legend=False)
+    return fig
+
+
+def loss_surface(plane: Mapping, log: bool = False, font_size: int = 14,
+                 zmin: float | None = None, zmax: float | None = None) -> go.Figure:
+    """The A/B/B' plane (`Plane.to_dict()`, rotviz.analysis.landscape) as a 3D surface, with
+    A, B, B' and the midpoints as markers at their exact losses."""
+    z = np.asarray(plane["loss"], dtype=float)
+    c = _colours(z, log)
+    lo, hi = _range(zmin, zmax, z, log)
+    fig = go.Figure(go.Surface(
+        x=plane["xs"], y=plane["ys"], z=z.tolist(), surfacecolor=c.tolist(), cmin=lo, cmax=hi,
+        colorscale=style.SEQUENTIAL, name="test loss surface", opacity=0.9,
+        colorbar={"title": {"text": LOG_BAR if log else LOSS_BAR, "side": "right"}},
+        hovertemplate="(%{x:.2f}, %{y:.2f}): loss %{z:.3f}<extra></extra>"))
+    for i, (name, (px, py)) in enumerate(plane["points"].items()):
+        fig.add_trace(go.Scatter3d(
+            x=[float(px)], y=[float(py)], z=[float(plane["point_loss"][name])],
+            mode="markers+text", text=[name], name=PLANE_MARKERS.get(name, name),
+            marker={"color": style.color(i), "size": 7, "symbol": ("circle", "square",
+                    "diamond", "cross", "x")[i % 5], "line": {"color": "white", "width": 1}}))
+    x_label = "distance along A → B (Euclidean, parameter units)"
+    y_label = "distance towards B', orthogonal to A → B (Euclidean, parameter units)"
+    fig = style.finish(fig, "Test loss surface on the plane through A, B and B'", x_label,
+                       y_label, "model", font_size, height=640)
+    fig.update_layout(scene={"xaxis_title": "along A → B (parameter units)",
+                             "yaxis_title": "towards B' (parameter units)",
+                             "zaxis_title": LOSS_BAR},
+                      legend={"orientation": "h", "y": -0.1, "x": 0})
+    return fig
