@@ -91,7 +91,6 @@ class Measurement:
 
 _MEASUREMENTS: dict[str, Measurement] = {}
 # listed first, in this order
-# listed first, in this order
 BUILT_IN = ("barrier", "plane", "merge", "distances", "spectra", "sweeps", "slice")
 
 
