@@ -224,7 +224,7 @@ def group_paths(ev: Evaluator, anchor: Loaded, a: Mapping[str, Tensor],
             loss.append(lo)
             acc.append(ac)
         if tick:
-            tick("+".join(groups) if len(groups) < 3 else _step_name(groups, len(groups) - 1))
+            tick(_step_name(groups, len(groups) - 1))
         return loss, acc
 
     single = [path([g]) for g in gs.groups]
