@@ -118,6 +118,13 @@ def test_a_point_of_one_block_equals_an_independent_evaluation(pairs):
     point = {k: (0.75 * a[k] + 0.25 * m[k]) if k.startswith(prefix) else a[k] for k in a}
     want = ev.evaluate(ev.params(point))[0]
     assert r.loss[1][1] == pytest.approx(want, rel=1e-6)
+    # the set the path evaluates, lerp(A, S_1, alpha): every tensor outside block 1 is A's
+    pa = ev.params(a)
+    pb = ev.params(GroupStates(ends.anchor, a, m, "block").state(["1"]))
+    for al in r.alphas:
+        for k in pa:
+            got = torch.lerp(pa[k], pb[k], al)
+            assert k.startswith(prefix) or torch.equal(got, pa[k]), (al, k)
     # block 1 with every other tensor at the anchor is not the anchor: the point moved
     assert abs(want - r.loss_anchor) > 1e-6
 
