@@ -16,6 +16,7 @@ from typing import Any
 from rotviz.measures import (  # noqa: F401  (the built-ins)
     barrier,
     distances,
+    layerwise,
     merge,
     plane,
     slice,

@@ -91,7 +91,8 @@ class Measurement:
 
 _MEASUREMENTS: dict[str, Measurement] = {}
 # listed first, in this order
-BUILT_IN = ("barrier", "plane", "merge", "distances", "spectra", "sweeps", "slice")
+BUILT_IN = ("barrier", "plane", "merge", "distances", "spectra", "sweeps", "slice",
+            "layerwise")
 
 
 def register(m: Measurement) -> Measurement:

@@ -1,0 +1,284 @@
+"""Layer-wise barriers (Adilova et al., ICLR 2024): which part of a model makes the barrier.
+
+The full path moves every tensor at once, theta(alpha) = (1 - alpha) A + alpha B'. Here one
+group of tensors moves while every other tensor stays at the anchor's value:
+
+    theta_g(alpha) = A + alpha * mask_g * (B' - A)  =  lerp(A, S_g, alpha),
+
+where S_g is the anchor with group g's tensors taken from the matched source. Building S_g
+once per group and interpolating A -> S_g keeps every tensor outside g bit for bit A's
+(lerp(a, a, alpha) = a), and a fused Q/K/V projection is split through the canonical view
+(rotviz.symmetry.view) so that Q, K and V can move one at a time.
+
+Groups are either blocks (each transformer block, then "rest": embeddings, final norm and
+head, so that the groups together cover every tensor) or module kinds (q, k, v, o, ffn,
+norms, embeddings, head, other; empty kinds are left out). The cumulative series moves
+groups 0..i together; its last step moves every group, which is the full path itself.
+
+Each barrier is the GLMC barrier of its own path (rotviz.evaluation.barrier_of,
+docs/conventions.md): max over alpha of the loss above the straight line between the
+path's end losses; >= 0. The unmatched comparison runs the same groups on the source as it
+is (no matching), so a block's barrier can be read with and without matching side by side.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+
+import numpy as np
+import torch
+
+from rotviz.data import Split
+from rotviz.errors import RotvizError
+from rotviz.evaluation import Evaluator, barrier_of
+from rotviz.limits import POINTS
+from rotviz.match.endpoints import HeldEndpoints
+from rotviz.models import Loaded
+from rotviz.symmetry.view import Block, ModelView, _kind_of, read_view, write_state
+from rotviz.types import Progress
+
+Tensor = torch.Tensor
+
+BY = ("block", "kind")
+KIND_GROUPS = ("q", "k", "v", "o", "ffn", "norms", "embeddings", "head", "other")
+REST = "rest"  # the tensors of no block: embeddings, final norm, head
+
+# which fields of the canonical view each block-level kind owns
+_ATTN_FIELDS = {"q": ("wq", "bq", "wpq", "bpq"), "k": ("wk", "bk", "wpk", "bpk"),
+                "v": ("wv", "bv"), "o": ("wo", "bo")}
+_OTHER_KIND = {"embeddings": "embeddings", "norms": "norms", "head": "head", "other": "other"}
+
+
+def _aliases(view: ModelView) -> dict[str, str]:
+    """Tied aliases that hold in this model -> their owners (GPT-2's head is its embedding)."""
+    ties = view.spec.tied if view.tied is None else view.tied
+    return dict(ties)
+
+
+def _kind_of_other(name: str, view: ModelView) -> str:
+    """The kind group of a tensor outside the blocks (KIND_GROUPS); a tied alias goes with
+    its owner, so that it is one tensor, moved once."""
+    name = _aliases(view).get(name, name)
+    return _OTHER_KIND.get(_kind_of(name, view.layout), "other")
+
+
+# ---- the parameter sets --------------------------------------------------------------------
+
+
+def block_groups(anchor: Loaded) -> list[str]:
+    """The block-wise groups: '0', '1', ..., then 'rest' (everything outside the blocks)."""
+    view = read_view(anchor.spec, anchor.config, anchor.state)
+    return [str(i) for i in range(len(view.blocks))] + [REST]
+
+
+def kind_groups(anchor: Loaded) -> list[str]:
+    """The kinds this model has tensors of, in KIND_GROUPS order."""
+    view = read_view(anchor.spec, anchor.config, anchor.state)
+    have = set()
+    for blk in view.blocks:
+        a = blk.attn
+        for kind, names in _ATTN_FIELDS.items():
+            if any(getattr(a, n) is not None for n in names):
+                have.add(kind)
+        have.add("ffn")
+        if blk.norms or a.gq is not None or a.gk is not None:
+            have.add("norms")
+    aliases = _aliases(view)
+    for name, t in view.other.items():
+        if t.is_floating_point() and name not in aliases:
+            have.add(_kind_of_other(name, view))
+    return [k for k in KIND_GROUPS if k in have]
+
+
+def _block_mixed(a: Block, b: Block, kinds: set[str]) -> Block:
+    """Block `a` with the fields of `kinds` taken from `b`."""
+    attn = a.attn
+    for kind, names in _ATTN_FIELDS.items():
+        if kind in kinds:
+            attn = replace(attn, **{n: getattr(b.attn, n) for n in names})
+    if "norms" in kinds:
+        attn = replace(attn, gq=b.attn.gq, gk=b.attn.gk)
+    ffn = b.ffn if "ffn" in kinds else a.ffn
+    norms = b.norms if "norms" in kinds else a.norms
+    return Block(attn, ffn, norms)
+
+
+class GroupStates:
+    """S_g for any set of groups: the anchor with those groups' tensors from the target.
+
+    By block the tensors are picked by name (each block's prefix; 'rest' is every name under
+    no block prefix) and shared with the inputs, never copied or modified. By kind the two
+    canonical views are mixed field by field and written back (rotviz.symmetry.view), which
+    splits a fused Q/K/V projection into its parts."""
+
+    def __init__(self, anchor: Loaded, a: Mapping[str, Tensor], b: Mapping[str, Tensor],
+                 by: str):
+        if by not in BY:
+            raise RotvizError(f"unknown --by '{by}': use one of {', '.join(BY)}")
+        self.by = by
+        self.a, self.b = a, b
+        self.spec, self.config = anchor.spec, anchor.config
+        self.va = read_view(anchor.spec, anchor.config, a)
+        self.prefixes = list(self.va.layout.blocks)
+        if by == "kind":
+            self.vb = read_view(anchor.spec, anchor.config, b)
+            self.groups = kind_groups(anchor)
+        else:
+            self.groups = [str(i) for i in range(len(self.prefixes))] + [REST]
+
+    def block_of(self, name: str) -> str:
+        """The block group a tensor name belongs to ('rest' outside every block)."""
+        for i, p in enumerate(self.prefixes):
+            if name.startswith(p):
+                return str(i)
+        return REST
+
+    def state(self, groups: Sequence[str]) -> dict[str, Tensor]:
+        """The anchor with the tensors of `groups` taken from the target."""
+        unknown = [g for g in groups if g not in self.groups]
+        if unknown:
+            raise RotvizError(f"no group {unknown[0]!r}; use {', '.join(self.groups)}")
+        chosen = set(groups)
+        if self.by == "block":
+            return {k: (self.b[k] if self.block_of(k) in chosen else v)
+                    for k, v in self.a.items()}
+        va, vb = self.va, self.vb
+        blocks = tuple(_block_mixed(x, y, chosen) for x, y in zip(va.blocks, vb.blocks,
+                                                                     strict=True))
+        other = {k: (vb.other[k] if v.is_floating_point()
+                     and _kind_of_other(k, va) in chosen else v)
+                 for k, v in va.other.items()}
+        return write_state(replace(va, blocks=blocks, other=other))
+
+
+# ---- the measurement -----------------------------------------------------------------------
+
+
+@dataclass
+class Layerwise:
+    """Barriers of each group's path, alone and cumulatively, with and without matching."""
+
+    by: str  # block | kind
+    alphas: list[float]
+    groups: list[str]  # '0', '1', ..., 'rest' | q, k, v, o, ffn, norms, embeddings, head
+    barrier: list[float]  # per group, its own path (matched source)
+    rise: list[float]  # per group, above the line between the whole models' losses (rise_of)
+    loss: list[list[float]]  # per group, the loss at each alpha
+    cumulative: list[str]  # step i moves groups 0..i ('0-3', ...); the last is the full path
+    cum_barrier: list[float]
+    cum_loss: list[list[float]]
+    full_barrier: float  # the full path's (= the last cumulative step's)
+    loss_anchor: float
+    loss_source: float  # the matched source's
+    barrier_unmatched: list[float] | None  # the same groups, source unmatched (None: no compare)
+    rise_unmatched: list[float] | None
+    cum_barrier_unmatched: list[float] | None
+    full_barrier_unmatched: float | None
+    match: str
+    data: str
+    split: str
+    device: str
+    seconds: float
+    n: int
+    layers: list[int] | None = None
+    anchor: str = ""
+    source: str = ""
+    loss_unmatched: list[list[float]] | None = None
+    cum_loss_unmatched: list[list[float]] | None = None
+    acc: list[list[float]] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def rise_of(alphas: Sequence[float], loss: Sequence[float], end: float) -> float:
+    """How far a group's path rises above the straight line between the two whole models'
+    losses, max over alpha of L_g(alpha) - ((1 - alpha) L(A) + alpha L(B')); >= 0 (alpha = 0
+    is the anchor on both). Unlike the barrier it counts a group whose far end, the anchor
+    with only that group from the source, is itself a bad model."""
+    a, lo = np.asarray(alphas, dtype=float), np.asarray(loss, dtype=float)
+    return float(np.max(lo - ((1 - a) * lo[0] + a * end)))
+
+
+def _step_name(groups: Sequence[str], i: int) -> str:
+    return groups[0] if i == 0 else f"{groups[0]}-{groups[i]}"
+
+
+def group_paths(ev: Evaluator, anchor: Loaded, a: Mapping[str, Tensor],
+                b: Mapping[str, Tensor], by: str, alphas: Sequence[float],
+                tick: Callable[[str], None] | None = None) -> dict:
+    """Loss, accuracy and barrier of each group's path and of each cumulative step, from
+    parameter set `a` (the anchor) toward `b`. The anchor's point (alpha = 0) is shared by
+    every path and evaluated once."""
+    gs = GroupStates(anchor, a, b, by)
+    pa = ev.params(a)
+    start = ev.evaluate(pa)
+
+    def path(groups: Sequence[str]) -> tuple[list[float], list[float]]:
+        pb = ev.params(gs.state(groups))
+        loss, acc = [start[0]], [start[1]]
+        for al in alphas[1:]:
+            lo, ac = ev.evaluate({k: torch.lerp(pa[k], pb[k], float(al)) for k in pa})
+            loss.append(lo)
+            acc.append(ac)
+        if tick:
+            tick(_step_name(groups, len(groups) - 1))
+        return loss, acc
+
+    single = [path([g]) for g in gs.groups]
+    cum = [single[0]] + [path(gs.groups[:i + 1]) for i in range(1, len(gs.groups))]
+    full_end = cum[-1][0][-1]  # the target's own loss: the last step moves every tensor
+    return dict(groups=gs.groups, loss=[s[0] for s in single], acc=[s[1] for s in single],
+                barrier=[barrier_of(alphas, s[0]) for s in single],
+                rise=[rise_of(alphas, s[0], full_end) for s in single],
+                cumulative=[_step_name(gs.groups, i) for i in range(len(gs.groups))],
+                cum_loss=[c[0] for c in cum], cum_barrier=[barrier_of(alphas, c[0]) for c in cum])
+
+
+def layerwise_on(ends: HeldEndpoints, split: Split, points: int = 11, by: str = "block",
+                 compare: bool = True, device: str | torch.device = "cpu",
+                 progress: Progress | None = None, batch_size: int = 512,
+                 evaluator: Evaluator | None = None) -> Layerwise:
+    """layerwise_on(endpoints, split, points=11, by="block") -> Layerwise
+
+    Each group's barrier when only that group moves from the anchor to the matched source,
+    and cumulatively (groups 0..i); with `compare` (and a matched pair) the same toward the
+    source unmatched."""
+    POINTS.check(points)
+    if by not in BY:
+        raise RotvizError(f"unknown --by '{by}': use one of {', '.join(BY)}")
+    t0 = time.perf_counter()
+    ev = evaluator or Evaluator(ends.anchor, split, device, batch_size)
+    alphas = np.linspace(0.0, 1.0, points).tolist()
+    compare = compare and ends.match != "none"
+    n_groups = len(block_groups(ends.anchor) if by == "block" else kind_groups(ends.anchor))
+    total = (2 * n_groups - 1) * (2 if compare else 1)
+    done = [0]
+
+    def tick(what: str) -> None:
+        done[0] += 1
+        if progress:
+            progress(done[0], total, f"{by} {what}")
+
+    a = ends.anchor.state
+    m = group_paths(ev, ends.anchor, a, ends.matched, by, alphas, tick)
+    u = group_paths(ev, ends.anchor, a, ends.source.state, by, alphas, tick) if compare \
+        else None
+    info = ends.info
+    return Layerwise(
+        by=by, alphas=alphas, groups=m["groups"], barrier=m["barrier"], rise=m["rise"],
+        loss=m["loss"],
+        cumulative=m["cumulative"], cum_barrier=m["cum_barrier"], cum_loss=m["cum_loss"],
+        full_barrier=m["cum_barrier"][-1], loss_anchor=m["loss"][0][0],
+        loss_source=m["cum_loss"][-1][-1],
+        barrier_unmatched=None if u is None else u["barrier"],
+        rise_unmatched=None if u is None else u["rise"],
+        cum_barrier_unmatched=None if u is None else u["cum_barrier"],
+        full_barrier_unmatched=None if u is None else u["cum_barrier"][-1],
+        match=info.match, data=split.data, split=split.split, device=str(ev.device),
+        seconds=time.perf_counter() - t0 + info.seconds, n=split.n, layers=ends.layers,
+        anchor=ends.anchor_ref, source=ends.source_ref,
+        loss_unmatched=None if u is None else u["loss"],
+        cum_loss_unmatched=None if u is None else u["cum_loss"], acc=m["acc"])
