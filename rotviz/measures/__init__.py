@@ -5,7 +5,7 @@ call every one of them shares:
     ends = match_endpoints(load_model("zoo:vit-digits-s3"), load_model("zoo:vit-digits-s6"), "seed")
     curve = measure("barrier", ends, split, points=11)
 
-The built-ins (barrier, plane, merge, distances, spectra) register when this package is
+The built-ins (barrier, plane, merge, distances, spectra, hessian) register when this package is
 imported; a new measurement is one module that calls `register`.
 """
 
@@ -13,7 +13,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from rotviz.measures import barrier, distances, merge, plane, spectra  # noqa: F401  (built-ins)
+from rotviz.measures import (  # noqa: F401  (built-ins)
+    barrier,
+    distances,
+    hessian,
+    merge,
+    plane,
+    spectra,
+)
 from rotviz.measures.registry import (
     Context,
     Measurement,

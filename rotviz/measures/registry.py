@@ -90,7 +90,8 @@ class Measurement:
 
 
 _MEASUREMENTS: dict[str, Measurement] = {}
-BUILT_IN = ("barrier", "plane", "merge", "distances", "spectra")  # listed first, in this order
+# listed first, in this order
+BUILT_IN = ("barrier", "plane", "merge", "distances", "spectra", "hessian")
 
 
 def register(m: Measurement) -> Measurement:
