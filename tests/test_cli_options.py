@@ -24,7 +24,8 @@ MEASURES = {m.name: m for m in measurements()}  # one command each (rotviz.cli.m
 # What each command needs besides the option under test, so that only that option is wrong.
 BASE = {
     "match": ["match", A, B, "--out", "o"],
-    **{n: [n, A, B, *(["--data", "digits"] if m.data else [])] for n, m in MEASURES.items()},
+    **{n: [n, A, *([B] if m.pair else []), *(["--data", "digits"] if m.data else [])]
+       for n, m in MEASURES.items()},  # a one-model record (pair=False) takes one model
     "eval": ["eval", A, "--data", "digits"],
     "zoo build": ["zoo", "build", "vit-digits-ft-b"],
     "serve": ["serve", "--print-command"],
@@ -67,6 +68,7 @@ KINDS = {
     ("merge", "--out"): "out folder", ("merge", "--method"): "name",
     ("merge", "--stats-split"): "name",
     **{("merge", p.flag): "name" for p in all_params() if p.choices},
+    **{(n, p.flag): "name" for n, m in MEASURES.items() for p in m.parameters() if p.choices},
     ("zoo build", "names"): "name", ("zoo build", "--out"): "zoo out",
     ("serve", "--roots"): "roots",
     **{(c, f): "column" for c in ("match", *MEASURES, "eval")
@@ -74,7 +76,8 @@ KINDS = {
                  "--tags-column")},
     **{(c, o): k for c in MEASURES
        for o, k in (("anchor", "model"), ("source", "model"), ("--data", "data"),
-                    ("--json", "out file"), ("--layers", "layers"), ("--match", "spec"),
+                    ("model", "model"), ("--json", "out file"), ("--layers", "layers"),
+                    ("--match", "spec"),
                     ("--split", "name"), ("--device", "name"), ("--max-memory", "size"))},
 }
 FREE = {("serve", "--address")}  # any text is a host name for streamlit to bind
