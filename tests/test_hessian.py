@@ -189,6 +189,16 @@ def test_the_cli_writes_the_json_keys(tmp_path, capsys):
     assert d["trace"] is not None and d["trace_se"] > 0 and d["n"] == 32
     blocks = {g["group"] for g in d["groups"]}
     assert "outside" in blocks and "block 0" in blocks
+    # its plot: title, axes with units, a legend titled, one bar series per rank
+    from rotviz.measures import measurement
+    from rotviz.plots import style
+
+    fig = measurement("hessian").plot(d)
+    assert fig.layout.title.text.startswith("Top Hessian eigenvalues of zoo:vit-digits-s3")
+    assert "eigenvalue" in fig.layout.yaxis.title.text and "(by block)" in \
+        fig.layout.xaxis.title.text and fig.layout.legend.title.text
+    assert [t.marker.color for t in fig.data] == [style.color(0), style.color(1)]
+    assert list(fig.data[0].x) == ["whole model", *[g["group"] for g in d["groups"]]]
     rc = main(["hessian", "zoo:vit-digits-s3", "--data", "digits", "--top", "51"])
     err = capsys.readouterr().err
     assert rc != 0 and "--top must be an integer from 1 to 50" in err and err.count("\n") == 1
