@@ -132,7 +132,10 @@ def test_group_restrictions_are_the_principal_sub_matrices(tiny):
 
 def test_hutchinson_lies_within_three_standard_errors(tiny):
     h, _ = exact(tiny)
-    r = hessian(tiny, None, split_of(tiny), top=1, probes=60, seed=3, dtype=F64)
+    said: list[tuple[int, int, str]] = []
+    r = hessian(tiny, None, split_of(tiny), top=1, probes=60, seed=3, dtype=F64,
+                progress=lambda *a: said.append(a))
+    assert said[-1] == (60, 60, "trace probe 60 of 60") and said[0][2].startswith("Lanczos")
     assert r.trace_se > 0
     assert abs(r.trace - float(h.trace())) <= 3 * r.trace_se
     again = hessian(tiny, None, split_of(tiny), top=1, probes=60, seed=3, dtype=F64)

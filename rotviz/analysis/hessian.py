@@ -233,7 +233,7 @@ def lanczos(hvp: Hvp, v0: Tensor, steps: int, mask: Tensor | None = None,
             w = w * mask
         b = float(w.norm())
         if progress is not None:
-            progress(j + 1, steps)
+            progress(j + 1, steps, f"Lanczos step {j + 1} (of at most {steps})")
         if top is not None and len(alphas) >= top:
             theta, s = _ritz(alphas, betas)
             scale = max(float(np.abs(theta).max()), 1e-30)
@@ -262,7 +262,8 @@ def rademacher(n: int, gen: torch.Generator, dtype, device) -> Tensor:
 
 
 def hutchinson(hvp: Hvp, n: int, probes: int, gen: torch.Generator, dtype, device,
-               mask: Tensor | None = None) -> tuple[float, float]:
+               mask: Tensor | None = None, progress: Progress | None = None
+               ) -> tuple[float, float]:
     """tr(H) ~ mean over Rademacher probes z of z^T H z, with the standard error of that mean
     (sample standard deviation / sqrt(probes); nan with a single probe).
 
@@ -278,11 +279,13 @@ def hutchinson(hvp: Hvp, n: int, probes: int, gen: torch.Generator, dtype, devic
             total += float(hvp(e)[i])
         return total, 0.0
     vals = []
-    for _ in range(probes):
+    for i in range(probes):
         z = rademacher(n, gen, dtype, device)
         if mask is not None:
             z = z * mask
         vals.append(float(z @ hvp(z)))
+        if progress is not None:
+            progress(i + 1, probes, f"trace probe {i + 1} of {probes}")
     arr = np.asarray(vals)
     se = float(arr.std(ddof=1) / math.sqrt(len(arr))) if len(arr) > 1 else float("nan")
     return float(arr.mean()), se
@@ -384,10 +387,13 @@ def hessian(loaded: Loaded, state: Mapping[str, Tensor] | None, split, device="c
     eig = top_eigenvalues(cur.hvp, cur.n, top, gen, dt, dev, steps=steps, progress=progress)
     tr = se = None
     if probes:
-        tr, se = hutchinson(cur.hvp, cur.n, probes, gen, dt, dev)
+        tr, se = hutchinson(cur.hvp, cur.n, probes, gen, dt, dev, progress=progress)
     groups = []
     if by != "none":
-        for g, mask in cur.masks(by, loaded).items():
+        masks = cur.masks(by, loaded)
+        for i, (g, mask) in enumerate(masks.items()):
+            if progress is not None:
+                progress(i, len(masks), f"group {g}")
             h = restricted(cur.hvp, mask)
             ge = top_eigenvalues(h, cur.n, top, gen, dt, dev, mask, steps)
             gt = gse = None
