@@ -218,3 +218,19 @@ def test_bad_grouping_and_density(tiny):
     assert sum(d["weights"]) == pytest.approx(1.0, rel=1e-9)
     _, eig = exact(tiny)
     assert max(d["nodes"]) == pytest.approx(eig[0], rel=1e-3)  # extreme nodes converge first
+
+
+@pytest.mark.parametrize(("family", "fused", "norm"), [
+    ("gpt2", "transformer.h.1.attn.c_attn.weight", "transformer.h.1.ln_1.weight"),
+    ("qwen3", "model.layers.1.self_attn.q_proj.weight", "model.layers.1.self_attn.q_norm.weight"),
+])
+def test_kinds_by_name_across_families(loaded, family, fused, norm):
+    """A fused Q/K/V projection is its own kind (qkv), a separate one is qk; per-head q/k
+    norms are norms; every block tensor belongs to its block."""
+    m = loaded(family)
+    names = [n for n, _ in m.model.named_parameters()]
+    kinds, blocks = group_names(names, m, "kind"), group_names(names, m, "block")
+    assert kinds[fused] == ("qkv" if family == "gpt2" else "qk") and kinds[norm] == "norms"
+    assert blocks[fused] == blocks[norm] == "block 1"
+    assert {"embeddings", "vo", "ffn"} <= set(kinds.values())
+    assert "other" not in kinds.values()

@@ -18,7 +18,8 @@ Groups (docs/landscape.md, "Curvature"): by block, every tensor under a block pr
 model's resolved layout (rotviz.symmetry.view.resolve_layout: `vit.layers.3.`, `h.3.`, ...)
 belongs to that block and everything else to "outside" (embeddings, final norm, head); by
 kind, a block tensor is "qk" (queries and keys), "vo" (values and the output projection),
-"qkv" (a fused projection that holds both), "ffn", "norms" or "other", and a tensor outside
+"qkv" (a fused projection that holds both), "ffn", "norms" (per-head q/k norms too) or
+"other", and a tensor outside
 the blocks "embeddings", "norms" or "head".
 """
 
@@ -199,7 +200,8 @@ def group_names(names: list[str], loaded: Loaded, by: str) -> dict[str, str]:
                     None)
         if role is not None:
             out[name] = _KINDS.get(role, "ffn" if role.startswith("ffn") else "other")
-        elif any(rel == m or rel.startswith(m + ".") for m in lay.norms.values()):
+        elif any(rel == m or rel.startswith(m + ".") for m in lay.norms.values()) \
+                or "norm" in rel.rsplit(".", 1)[-1]:  # also per-head q/k norms (Qwen3)
             out[name] = "norms"
         else:
             out[name] = "other"
