@@ -208,8 +208,16 @@ def test_the_cli_writes_the_json_keys(tmp_path, capsys):
 
 
 def test_bad_grouping_and_density(tiny):
+    from types import SimpleNamespace
+
+    from rotviz.measures import measure
+
     with pytest.raises(RotvizError, match="unknown grouping"):
         group_names(["x"], tiny, "layer")
+    with pytest.raises(RotvizError, match="read block by block, and Hessian-vector products"):
+        measure("hessian", SimpleNamespace(at_size=True), split_of(tiny))
+    with pytest.raises(RotvizError, match="--by must|unknown --by 'layer'"):
+        measure("hessian", SimpleNamespace(at_size=False), split_of(tiny), by="layer")
     r = hessian(tiny, None, split_of(tiny), top=2, density_probes=2, steps=20, dtype=F64)
     d = r.density
     grid, dens = np.asarray(d["grid"]), np.asarray(d["density"])

@@ -19,8 +19,7 @@ model's resolved layout (rotviz.symmetry.view.resolve_layout: `vit.layers.3.`, `
 belongs to that block and everything else to "outside" (embeddings, final norm, head); by
 kind, a block tensor is "qk" (queries and keys), "vo" (values and the output projection),
 "qkv" (a fused projection that holds both), "ffn", "norms" (per-head q/k norms too) or
-"other", and a tensor outside
-the blocks "embeddings", "norms" or "head".
+"other", and a tensor outside the blocks "embeddings", "norms" or "head".
 """
 
 from __future__ import annotations
