@@ -71,6 +71,11 @@ WEIGHT = Bound("--weight", 0.0, 1.0, integer=False)  # weight of the source in a
 ALPHA = Bound("--alpha", 0.0, 1.0, integer=False)  # RegMean off-diagonal scale
 SEED = Bound("--seed", 0, 2**32 - 1)  # numpy's seed range
 PORT = Bound("--port", 1, 65_535)
+HESSIAN_TOP = Bound("--top", 1, 50)  # Hessian eigenvalues reported, largest first
+HESSIAN_PROBES = Bound("--trace", 0, 100_000)  # Hutchinson probes (0: no trace)
+HESSIAN_DENSITY = Bound("--density", 0, 100)  # spectral-density probes (0: no density)
+HESSIAN_ITERATIONS = Bound("--iterations", 2, 1_000)  # Lanczos steps at most
+HESSIAN_EXAMPLES = Bound("--examples", 1, 100_000)  # examples of the split the loss is on
 
 # Defaults of the bounded options that have one place to live (MatchOptions, LearnOptions,
 # the CLI's help and the app's fields all read them here).

@@ -68,6 +68,7 @@ KINDS = {
     ("merge", "--out"): "out folder", ("merge", "--method"): "name",
     ("merge", "--stats-split"): "name",
     **{("merge", p.flag): "name" for p in all_params() if p.choices},
+    **{(n, p.flag): "name" for n, m in MEASURES.items() for p in m.parameters() if p.choices},
     ("zoo build", "names"): "name", ("zoo build", "--out"): "zoo out",
     ("serve", "--roots"): "roots",
     **{(c, f): "column" for c in ("match", *MEASURES, "eval")
@@ -78,7 +79,6 @@ KINDS = {
                     ("--json", "out file"), ("--layers", "layers"), ("--match", "spec"),
                     ("--split", "name"), ("--device", "name"), ("--max-memory", "size"),
                     ("model", "model"))},  # a measurement of one model (pair=False)
-    **{(c, p.flag): "name" for c, m in MEASURES.items() for p in m.parameters() if p.choices},
 }
 FREE = {("serve", "--address")}  # any text is a host name for streamlit to bind
 

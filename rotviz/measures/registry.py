@@ -92,7 +92,7 @@ class Measurement:
 _MEASUREMENTS: dict[str, Measurement] = {}
 # listed first, in this order
 BUILT_IN = ("barrier", "plane", "merge", "distances", "spectra", "sweeps", "slice",
-            "layerwise")
+            "layerwise", "hessian")
 
 
 def register(m: Measurement) -> Measurement:
