@@ -69,6 +69,7 @@ WEIGHT = Bound("--weight", 0.0, 1.0, integer=False)  # weight of the source in a
 ALPHA = Bound("--alpha", 0.0, 1.0, integer=False)  # RegMean off-diagonal scale
 SEED = Bound("--seed", 0, 2**32 - 1)  # numpy's seed range
 PORT = Bound("--port", 1, 65_535)
+LR = Bound("--lr", 1e-6, 1.0, integer=False)  # learning rate of a trained bend (curved paths)
 
 # Defaults of the bounded options that have one place to live (MatchOptions, LearnOptions,
 # the CLI's help and the app's fields all read them here).

@@ -13,7 +13,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from rotviz.measures import barrier, distances, merge, plane, spectra  # noqa: F401  (built-ins)
+from rotviz.measures import (  # noqa: F401  (built-ins)
+    barrier,
+    bend,
+    distances,
+    merge,
+    plane,
+    spectra,
+)
 from rotviz.measures.registry import (
     Context,
     Measurement,
