@@ -140,14 +140,20 @@ def bend_in_plane(a: Mapping[str, Tensor], b: Mapping[str, Tensor], bm: Mapping[
     def dot(u: Mapping[str, Tensor], v: Mapping[str, Tensor]) -> float:
         return float(sum(torch.sum(u[k] * v[k]) for k in keys))
 
-    n1, cx, n2 = plane_frame(dot(db, db), dot(db, dc), dot(dc, dc))
+    n1, cx, _ = plane_frame(dot(db, db), dot(db, dc), dot(dc, dc))
     u1 = {k: db[k] / n1 for k in keys}
+    # B' off the A-B line, as a vector: its norm from the inner products (|B'-A|^2 - c^2)
+    # loses half the digits, and B' = B (no matching) must read as exactly on the line
+    off = {k: dc[k] - cx * u1[k] for k in keys}
+    n2 = math.sqrt(dot(off, off))
     x = dot(e, u1)
     degenerate = n2 <= 1e-9 * n1
     y = 0.0
     rest = {k: e[k] - x * u1[k] for k in keys}
-    if not degenerate:
-        u2 = {k: (dc[k] - cx * u1[k]) / n2 for k in keys}
+    if degenerate:
+        n2 = 0.0
+    else:
+        u2 = {k: off[k] / n2 for k in keys}
         y = dot(e, u2)
         rest = {k: rest[k] - y * u2[k] for k in keys}
     pts = {k: list(v) for k, v in plane_points(n1, cx, n2).items()}
