@@ -138,6 +138,13 @@ def test_the_trained_bezier_curve_has_a_lower_barrier_on_the_default_pair():
     fig = m.plot(d)
     assert fig.layout.title.text and fig.layout.xaxis.title.text and fig.layout.yaxis.title.text
     assert "barrier" in fig.data[0].name and len(fig.data) == 4
+    import plotly.graph_objects as go
+
+    from rotviz.plots.curves import bend_on_plane
+
+    over = bend_on_plane(go.Figure(), d)  # the overlay on the A/B/B' plane's figure
+    assert len(over.data) == 2 and f"{r.off_plane:.3f} off the plane" in over.data[1].name
+    assert list(over.data[0].x)[0] == 0.0 and list(over.data[0].x)[-1] == d["points"]["B'"][0]
 
 
 def test_the_record_refuses_at_size_and_bad_values_in_one_line():
