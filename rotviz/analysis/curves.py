@@ -226,12 +226,12 @@ def check_bend(kind: str, steps: int, lr: float, points: int, seed: int, batch_s
     BATCH_SIZE.check(batch_size)
 
 
-def bend_on(ends: HeldEndpoints, split: Split, kind: str = "bezier", steps: int = 200,
-            lr: float = 1e-3, points: int = 21, seed: int = 0, batch_size: int = 64,
+def bend_on(ends: HeldEndpoints, split: Split, kind: str = "bezier", steps: int = 300,
+            lr: float = 1e-2, points: int = 21, seed: int = 0, batch_size: int = 64,
             device: str | torch.device = "cpu", progress: Progress | None = None,
             cancel: Callable[[], bool] | None = None, train: Split | None = None,
             eval_batch_size: int = 512) -> Bend:
-    """bend_on(endpoints, split, kind="bezier", steps=200, lr=1e-3, points=21) -> Bend
+    """bend_on(endpoints, split, kind="bezier", steps=300, lr=0.01, points=21) -> Bend
 
     Train the bend of a `kind` curve from the anchor to the matched source on `train`
     (default: the split's train sibling), then evaluate the curve and the straight line on
