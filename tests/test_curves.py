@@ -166,3 +166,27 @@ def test_the_record_refuses_at_size_and_bad_values_in_one_line():
     # without matching the plane is the A-B line: y is 0 and the curve goes A -> B
     r = measure("bend", ends, digits("test").subset(40), steps=3, points=3)
     assert r.degenerate and r.bend_y == 0.0 and r.match == "none" and len(r.loss) == 3
+
+
+def test_the_app_runs_the_record_and_exports_its_table():
+    """The generated app dispatch: `app.run('bend', ...)` on the default pair, its CSV and
+    figure in the export; the app's numbers are the library's on the same split."""
+    import io
+    import zipfile
+
+    from rotviz import app
+    from rotviz.app.export import measurement_zip
+
+    base = {"anchor": "zoo:vit-digits-s3", "source": "zoo:vit-digits-s6", "data": "digits",
+            "seed": 0, "n_eval": 0, "device": "cpu"}
+    cfg = app.measure_cfg(base, "seed", steps=5, points=3)
+    r = app.run("bend", app.Resources(), cfg)
+    assert "bend" in app.kinds() and r["steps"] == 5 and r["preserved"]
+    a, b = default_pair()
+    lib = bend_on(match_endpoints(a, b, "seed"), digits("test"), steps=5, points=3)
+    assert r["barrier"] == pytest.approx(lib.barrier, rel=1e-6)
+    assert r["line_barrier"] == pytest.approx(lib.line_barrier, rel=1e-6)
+    with zipfile.ZipFile(io.BytesIO(measurement_zip("bend", cfg, r))) as z:
+        rows = z.read("tables/bend.csv").decode().splitlines()
+        assert "figures/bend.html" in z.namelist()
+    assert rows[0] == "t,loss,acc,line_loss,line_acc,x,y" and len(rows) == 4
