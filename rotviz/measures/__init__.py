@@ -5,7 +5,8 @@ call every one of them shares:
     ends = match_endpoints(load_model("zoo:vit-digits-s3"), load_model("zoo:vit-digits-s6"), "seed")
     curve = measure("barrier", ends, split, points=11)
 
-The built-ins (barrier, plane, merge, distances, spectra, sweeps, slice, layerwise, hessian)
+The built-ins (barrier, plane, merge, distances, spectra, sweeps, slice, layerwise, hessian,
+bend)
 register when this package is
 imported; a new measurement is one module that calls `register`.
 """
@@ -16,6 +17,7 @@ from typing import Any
 
 from rotviz.measures import (  # noqa: F401  (the built-ins)
     barrier,
+    bend,
     distances,
     hessian,
     layerwise,

@@ -37,6 +37,7 @@ class Context:
     group: Group | None = None  # torchrun's processes (None: one process)
     progress: Progress | None = None
     out: Path | None = None  # at size: the empty folder a measurement that writes a model uses
+    cancel: Callable[[], bool] | None = None  # True: a training measurement stops (app's Stop)
 
 
 Runner = Callable[[Any, Context, dict], Any]  # (endpoints, context, parameter values) -> result
@@ -92,7 +93,7 @@ class Measurement:
 _MEASUREMENTS: dict[str, Measurement] = {}
 # listed first, in this order
 BUILT_IN = ("barrier", "plane", "merge", "distances", "spectra", "sweeps", "slice",
-            "layerwise", "hessian")
+            "layerwise", "hessian", "bend")
 
 
 def register(m: Measurement) -> Measurement:
