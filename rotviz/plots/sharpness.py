@@ -1,0 +1,26 @@
+"""Sharpness along the path: the top Hessian eigenvalue against alpha, on the matched path
+A -> B' and (when compared) the unmatched path A -> B."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from rotviz.plots import style
+from rotviz.plots.hessian import EIGENVALUE
+
+
+def sharpness_figure(d: dict, font_size: int = 14) -> go.Figure:
+    """One line per path: the top eigenvalue at each alpha (the trace, when measured, is in
+    the hover text and the table, its scale being far from the eigenvalue's)."""
+    fig = go.Figure()
+    lines = [("matched (A to B')", "matched", 0)]
+    if d.get("unmatched") is not None:
+        lines.append(("unmatched (A to B)", "unmatched", 1))
+    for name, key, i in lines:
+        fig.add_scatter(x=d["alphas"], y=d[key], mode="lines+markers", name=name,
+                        line={"color": style.color(i), "dash": style.dash(i)},
+                        marker={"symbol": style.marker(i)},
+                        hovertemplate="alpha %{x:.3g}: %{y:.4g}<extra>" + name + "</extra>")
+    return style.finish(fig, f"Sharpness along the path, {d['model']} to {d['source']} on "
+                        f"{d['split']}", "alpha (0: anchor A, 1: source B or B'; unitless)",
+                        f"top {EIGENVALUE[0].lower()}{EIGENVALUE[1:]}", "path", font_size)

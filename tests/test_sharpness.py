@@ -1,0 +1,107 @@
+"""Sharpness along the path (rotviz.analysis.sharpness, the `sharpness` record): its ends are
+exactly `hessian` at A and at B', the matched and unmatched paths agree at alpha = 1 when the
+matching is permutations and rotations only (B and B' are one function with conjugate
+Hessians), the CLI's JSON keys, the plot, and the refusal at size."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import clone_state
+from test_landscape import assert_unchanged, synthetic_split
+
+from rotviz.analysis.hessian import hessian
+from rotviz.analysis.sharpness import path_point, sharpness_on
+from rotviz.cli import main
+from rotviz.errors import RotvizError
+from rotviz.match.endpoints import match_endpoints
+from rotviz.models import Loaded
+
+SMALL = dict(layers=1, d=8, heads=2, ffn=16)  # 845 parameters
+F64 = torch.float64
+
+
+@pytest.fixture(scope="module")
+def pair(saved) -> tuple[Loaded, Loaded]:
+    from rotviz.models import load_model
+
+    return load_model(saved("vit", 0, **SMALL)), load_model(saved("vit", 1, **SMALL))
+
+
+def test_ends_are_the_hessian_at_a_and_b_prime_and_the_paths_meet(pair):
+    a, b = pair
+    before_a, before_b = clone_state(a.state), clone_state(b.state)
+    ends = match_endpoints(a, b, "ffn,attn")
+    split = synthetic_split(a, 12)
+    r = sharpness_on(ends, split, points=3, top=2, probes=3, compare=True, seed=5, steps=40,
+                     dtype=F64)
+    assert r.alphas == [0.0, 0.5, 1.0]
+    at_a = hessian(a, a.state, split, top=2, probes=3, seed=5, steps=40, dtype=F64)
+    at_bp = hessian(a, ends.matched, split, top=2, probes=3, seed=5, steps=40, dtype=F64)
+    # the ends: the same numbers as `hessian` with the same seed and steps (1e-6 relative)
+    assert r.matched_top[0] == pytest.approx(at_a.eigenvalues, rel=1e-6)
+    assert r.matched_top[-1] == pytest.approx(at_bp.eigenvalues, rel=1e-6)
+    assert r.matched_trace[0] == pytest.approx(at_a.trace, rel=1e-6)
+    assert r.matched_trace[-1] == pytest.approx(at_bp.trace, rel=1e-6)
+    assert r.matched_loss[0] == pytest.approx(at_a.loss, rel=1e-9)
+    assert r.unmatched_top[0] == pytest.approx(at_a.eigenvalues, rel=1e-6)  # both start at A
+    # B and B' are one function, permuted and rotated: the same top eigenvalue (1e-4)
+    assert r.unmatched[-1] == pytest.approx(r.matched[-1], rel=1e-4)
+    assert r.unmatched_loss[-1] == pytest.approx(r.matched_loss[-1], rel=1e-6)
+    # B really was moved (otherwise the agreement says nothing), and the middle differs
+    assert ends.info.distance_after < ends.info.distance_before
+    assert r.matched[1] != pytest.approx(r.unmatched[1], rel=1e-3)
+    assert r.matched[0] > 0 and r.notes == []
+    assert_unchanged(a, before_a)
+    assert_unchanged(b, before_b)
+
+
+def test_path_point_is_exact_at_the_ends_and_linear_between(pair):
+    a, b = pair
+    sa, sb = a.state, b.state
+    assert all(path_point(sa, sb, 0.0)[k] is sa[k] for k in sa)
+    assert all(torch.equal(path_point(sa, sb, 1.0)[k], sb[k]) for k in sa
+               if sa[k].is_floating_point())
+    mid = path_point(sa, sb, 0.25)
+    k = next(k for k in sa if sa[k].dim() == 2)
+    assert torch.allclose(mid[k], 0.75 * sa[k] + 0.25 * sb[k], atol=1e-6)
+
+
+def test_the_cli_writes_the_json_keys_and_refuses_at_size(tmp_path, capsys):
+    """`rotviz sharpness A B --data digits` on the zoo's default pair with 16 examples."""
+    js = tmp_path / "s.json"
+    rc = main(["sharpness", "zoo:vit-digits-s3", "zoo:vit-digits-s6", "--data", "digits",
+               "--match", "ffn,attn", "--points", "2", "--examples", "16",
+               "--iterations", "12", "--json", str(js), "--device", "cpu"])
+    out = capsys.readouterr().out
+    assert rc == 0 and out.strip().splitlines()[-1].startswith("sharpness on cpu"), out
+    d = json.loads(js.read_text())
+    assert {"alphas", "matched", "unmatched", "matched_top", "unmatched_top", "matched_loss",
+            "unmatched_loss", "matched_trace", "n_params", "match"} <= set(d)
+    assert d["alphas"] == [0.0, 1.0] and len(d["matched"]) == len(d["unmatched"]) == 2
+    assert d["matched_trace"] is None and d["n"] == 16 and d["matched"][0] > 0
+    assert d["unmatched"][0] == pytest.approx(d["matched"][0], rel=1e-9)
+    from rotviz.measures import measurement
+    from rotviz.plots import style
+
+    m = measurement("sharpness")
+    fig = m.plot(d)
+    assert fig.layout.title.text.startswith("Sharpness along the path, zoo:vit-digits-s3")
+    assert "alpha" in fig.layout.xaxis.title.text and "eigenvalue" in \
+        fig.layout.yaxis.title.text and fig.layout.legend.title.text == "path"
+    assert [t.line.color for t in fig.data] == [style.color(0), style.color(1)]
+    assert len(m.rows(d)) == 4
+    rc = main(["sharpness", "zoo:vit-digits-s3", "zoo:vit-digits-s6", "--data", "digits",
+               "--points", "102"])
+    err = capsys.readouterr().err
+    assert rc != 0 and "--points must be an integer from 2 to 101" in err
+    from types import SimpleNamespace
+
+    from rotviz.measures import measure
+
+    with pytest.raises(RotvizError, match="read block by block, and Hessian-vector products"):
+        measure("sharpness", SimpleNamespace(at_size=True), synthetic_split(
+            __import__("rotviz.models", fromlist=["load_model"]).load_model(
+                "zoo:vit-digits-s3"), 4))
