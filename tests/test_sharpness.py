@@ -105,3 +105,63 @@ def test_the_cli_writes_the_json_keys_and_refuses_at_size(tmp_path, capsys):
         measure("sharpness", SimpleNamespace(at_size=True), synthetic_split(
             __import__("rotviz.models", fromlist=["load_model"]).load_model(
                 "zoo:vit-digits-s3"), 4))
+
+
+# ---- Hessian directions for slices ------------------------------------------------------
+
+def test_a_slice_along_the_top_eigenvector_curves_by_its_eigenvalue(pair):
+    """1D slice along the top Hessian eigenvector, unnormalised (a unit vector): the second
+    finite difference of the loss at the centre is lambda_1 |d|^2 (to 1 %; 0.3 % seen), and
+    lambda_1 is `hessian`'s top eigenvalue (float64) when the biases move too."""
+    from rotviz.analysis.slices import slice_at
+
+    a, _ = pair
+    before = clone_state(a.state)
+    split = synthetic_split(a, 12)
+    ref = hessian(a, None, split, top=2, seed=0, steps=60, dtype=F64).eigenvalues
+    for keep in (True, False):
+        h = 0.02
+        s = slice_at(a, split, dims=1, directions="hessian", norm="none", keep_1d=keep,
+                     grid=3, span=h, seed=1)
+        (lam,) = s.eigenvalues
+        assert s.direction_norms[0] == pytest.approx(1.0, rel=1e-5)
+        second = (s.loss[0] - 2 * s.centre_loss + s.loss[2]) / h**2
+        assert second == pytest.approx(lam * s.direction_norms[0] ** 2, rel=1e-2)
+        assert s.loss[1] == s.centre_loss and s.directions == "hessian"
+        if keep:  # the whole Hessian: the same top eigenvalue as `rotviz hessian`
+            assert lam == pytest.approx(ref[0], rel=1e-5)
+        else:  # biases and gains held: the sub-matrix's, at most the whole one (Cauchy)
+            assert 0 < lam <= ref[0] * (1 + 1e-4)
+    # 2D: the two directions are orthonormal eigenvectors, largest first
+    s2 = slice_at(a, split, dims=2, directions="hessian", norm="none", keep_1d=True, grid=3,
+                  span=h, seed=1)
+    assert abs(s2.cosine) < 1e-6 and s2.direction_norms == pytest.approx([1, 1], rel=1e-5)
+    assert s2.eigenvalues == pytest.approx(ref, rel=1e-5)
+    # filter-normalised: every row of a weight matrix has that row's norm (biases zeroed)
+    from rotviz.analysis.slices import hessian_directions
+    from rotviz.evaluation import Evaluator
+
+    ev = Evaluator(a, split)
+    theta = ev.params(a.state)
+    (d,), _ = hessian_directions(ev, theta, 1, seed=1, norm="filter")
+    for k, w in theta.items():
+        if w.dim() == 2 and d[k].abs().sum() > 0:
+            assert torch.allclose(d[k].double().norm(dim=1), w.double().norm(dim=1),
+                                  rtol=1e-6)
+        if w.dim() == 1:
+            assert not d[k].any()
+    assert_unchanged(a, before)
+
+
+def test_the_slice_record_takes_hessian_directions(pair, capsys):
+    from rotviz.measures import measure
+
+    a, _ = pair
+    split = synthetic_split(a, 12)
+    from rotviz.match.endpoints import unmatched
+
+    s = measure("slice", unmatched(a, a), split, dims=1, directions="hessian", norm="none",
+                grid=3, span=0.02, iterations=30)
+    assert s.eigenvalues and s.eigenvalues[0] > 0
+    with pytest.raises(RotvizError, match="--iterations needs --directions hessian"):
+        measure("slice", unmatched(a, a), split, dims=1, iterations=30)

@@ -211,16 +211,19 @@ def group_names(names: list[str], loaded: Loaded, by: str) -> dict[str, str]:
 
 def lanczos(hvp: Hvp, v0: Tensor, steps: int, mask: Tensor | None = None,
             top: int | None = None, tol: float = 1e-7,
-            progress: Progress | None = None) -> tuple[np.ndarray, np.ndarray]:
+            progress: Progress | None = None, keep: list[Tensor] | None = None
+            ) -> tuple[np.ndarray, np.ndarray]:
     """The tridiagonal matrix of `steps` Lanczos steps from v0, with full
     reorthogonalisation (every new vector is made orthogonal to all earlier ones, twice, so
     no spurious copies of converged eigenvalues appear). Returns (alpha, beta).
 
     With `top`, it stops early once the `top` largest Ritz values have residual
     beta_m |s_m| below `tol` times the largest |Ritz value|; it stops too when the Krylov
-    space is exhausted (beta ~ 0)."""
+    space is exhausted (beta ~ 0). With a list `keep`, the Lanczos vectors (one per alpha)
+    are put in it, for Ritz vectors (`top_eigenvectors`)."""
     q = v0 / v0.norm()
-    basis = [q]
+    basis = [] if keep is None else keep
+    basis.append(q)
     alphas: list[float] = []
     betas: list[float] = []
     for j in range(steps):
@@ -368,6 +371,28 @@ def top_eigenvalues(hvp: Hvp, n: int, k: int, gen: torch.Generator, dtype, devic
     a, b = lanczos(hvp, v0, min(steps, m), mask, top=min(k, m), tol=tol, progress=progress)
     theta, _ = _ritz(list(a), list(b))
     return [float(t) for t in theta[::-1][:k]]
+
+
+def top_eigenvectors(hvp: Hvp, n: int, k: int, gen: torch.Generator, dtype, device,
+                     mask: Tensor | None = None, steps: int = 100, tol: float = 1e-7
+                     ) -> tuple[list[float], list[Tensor]]:
+    """The k largest eigenvalues (largest first) and their unit eigenvectors (flat, zero
+    outside `mask`), as Ritz pairs of the same seeded Lanczos run as `top_eigenvalues`: the
+    Ritz vector of Ritz value theta_i is sum_j s_ji q_j over the Lanczos vectors q_j. The
+    vectors are orthonormal (full reorthogonalisation keeps the q_j so)."""
+    m = n if mask is None else int(mask.sum())
+    v0 = torch.randn(n, generator=gen, dtype=torch.float64).to(dtype=dtype, device=device)
+    if mask is not None:
+        v0 = v0 * mask
+    basis: list[Tensor] = []
+    a, b = lanczos(hvp, v0, min(steps, m), mask, top=min(k, m), tol=tol, keep=basis)
+    theta, s = _ritz(list(a), list(b))
+    qs = torch.stack(basis[:len(a)]).to(torch.float64)
+    vecs = []
+    for i in range(len(theta) - 1, max(len(theta) - 1 - k, -1), -1):
+        v = qs.T @ torch.as_tensor(s[:, i], dtype=torch.float64, device=qs.device)
+        vecs.append((v / v.norm()).to(dtype))
+    return [float(t) for t in theta[::-1][:k]], vecs
 
 
 def hessian(loaded: Loaded, state: Mapping[str, Tensor] | None, split, device="cpu",

@@ -1,5 +1,7 @@
 """Slices of the loss around one point: a line (1D) or a plane (2D) of loss and accuracy at
-theta + x d1 (+ y d2), x, y in [-span, span], along seeded random Gaussian directions.
+theta + x d1 (+ y d2), x, y in [-span, span], along seeded random Gaussian directions or the
+top Hessian eigenvectors at the point (`directions="hessian"`: the sharpest directions, so a
+slice shows the curvature that `rotviz hessian` reports).
 
 Why normalise the directions: a random direction of unit Gaussian entries moves a layer whose
 weights are small far more, relative to its scale, than a layer whose weights are large; and
@@ -37,7 +39,7 @@ from rotviz.types import Progress
 
 Tensor = torch.Tensor
 NORMS = ("filter", "layer", "none")
-DIRECTIONS = ("random",)
+DIRECTIONS = ("random", "hessian")
 EPS = 1e-12  # a direction row this small (never, for Gaussian draws) is left as it is
 
 
@@ -70,6 +72,7 @@ class Slice:
     model: str = ""
     direction_norms: list[float] | None = None  # |d1|, |d2| (L2, parameter units)
     cosine: float | None = None  # cos(d1, d2) in 2D: near 0 for large models
+    eigenvalues: list[float] | None = None  # with hessian directions: lambda_1 (, lambda_2)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -80,8 +83,7 @@ def _check_choices(norm: str, directions: str, dims: int) -> None:
         raise RotvizError(f"unknown --norm '{norm}': use one of {', '.join(NORMS)}")
     if directions not in DIRECTIONS:
         raise RotvizError(f"unknown --directions '{directions}': use one of "
-                          f"{', '.join(DIRECTIONS)} (Hessian directions come with the "
-                          "hessian measurement)")
+                          f"{', '.join(DIRECTIONS)}")
     if dims not in (1, 2):
         raise RotvizError(f"--dims must be 1 or 2, got {dims}")
 
@@ -132,6 +134,47 @@ def random_directions(params: Mapping[str, Tensor], movable: set[str], count: in
     return out
 
 
+def hessian_directions(ev: Evaluator, theta: Mapping[str, Tensor], count: int,
+                       seed: int = 0, norm: str = "filter", keep_1d: bool = False,
+                       steps: int = 100) -> tuple[list[dict[str, Tensor]], list[float]]:
+    """The top-`count` eigenvectors of the Hessian of the split's mean loss at `theta`
+    (rotviz.analysis.hessian: seeded Lanczos, Ritz vectors), each tensor then normalised by
+    `normalise` like a random direction; with `none` they stay unit, orthonormal eigenvectors.
+    Returns the directions and their eigenvalues (largest first).
+
+    Which Hessian: the one of the parameters a slice moves. With biases and norm gains zeroed
+    (not `keep_1d`) that is the principal sub-matrix without the 1-D tensors, so that with
+    `none` a direction is exactly an eigenvector of the curvature the slice sees, and the
+    1D slice's second derivative at the centre is its eigenvalue times |d|^2."""
+    from rotviz.analysis.hessian import Curvature, restricted, top_eigenvectors
+
+    SEED.check(seed)
+    cur = Curvature(ev, theta)
+    mask = None
+    hvp = cur.hvp
+    if not keep_1d:
+        mask = torch.cat([torch.full((size,), len(shape) > 1, dtype=torch.bool)
+                          for size, shape in zip(cur.sizes, cur.shapes, strict=True)]
+                         ).to(cur.device)
+        hvp = restricted(cur.hvp, mask)
+    gen = torch.Generator().manual_seed(seed)
+    vals, vecs = top_eigenvectors(hvp, cur.n, count, gen, cur.dtype, cur.device, mask,
+                                  steps)
+    if len(vecs) < count:
+        raise RotvizError(f"found {len(vecs)} Hessian eigenvectors, fewer than --dims {count}")
+    out = []
+    for v in vecs:
+        parts = dict(zip(cur.names, cur.unflat(v), strict=True))
+        d = {}
+        for k, w in theta.items():
+            if k not in parts:
+                d[k] = torch.zeros_like(w)
+                continue
+            d[k] = normalise(parts[k].to(w.device, w.dtype), w, norm, keep_1d)
+        out.append(d)
+    return out, vals
+
+
 def _wide_norm(d: Mapping[str, Tensor]) -> float:
     return float(torch.sqrt(sum(torch.sum(v.double() ** 2) for v in d.values())))
 
@@ -156,13 +199,17 @@ def slice_at(
     point: Mapping[str, Tensor] | None = None,
     given: Sequence[Mapping[str, Tensor]] | None = None,
     evaluator: Evaluator | None = None,
+    steps: int = 100,
 ) -> Slice:
-    """slice_at(model, split, dims=2, norm="filter", grid=21, span=1.0, seed=0) -> Slice
+    """slice_at(model, split, dims=2, directions="random", norm="filter", grid=21, span=1.0,
+    seed=0) -> Slice
 
     Loss and accuracy at theta + x d1 (+ y d2) on a `grid` (per axis) of x, y evenly spaced
     in [-span, span], theta = `point` (a state of `loaded`'s architecture: B', a point on a
     path, a merged model; default the model's own weights). The directions are drawn with
-    `seed` and normalised by `norm` (module docstring), or `given` as they are (already
+    `seed` (random: Gaussian; hessian: the top `dims` Hessian eigenvectors at the point,
+    Lanczos of at most `steps` steps from a seeded start) and normalised by `norm` (module
+    docstring), or `given` as they are (already
     normalised: a test passes directions moved by a symmetry element). The centre is also
     evaluated exactly (`centre_loss`), so an even grid still reports it."""
     _check_choices(norm, directions, dims)
@@ -171,10 +218,13 @@ def slice_at(
     t0 = time.perf_counter()
     ev = evaluator or Evaluator(loaded, split, device, batch_size)
     theta = ev.params(loaded.state if point is None else point)
+    eigenvalues = None
     if given is not None:
         if len(given) != dims:
             raise RotvizError(f"a {dims}D slice needs {dims} directions, got {len(given)}")
         ds = [ev.params(d) for d in given]
+    elif directions == "hessian":
+        ds, eigenvalues = hessian_directions(ev, theta, dims, seed, norm, keep_1d, steps)
     else:
         movable = {n for n, _ in loaded.model.named_parameters()}
         ds = random_directions(theta, movable, dims, seed, norm, keep_1d)
@@ -209,5 +259,5 @@ def slice_at(
         directions="given" if given is not None else directions, norm=norm, keep_1d=keep_1d,
         grid=grid, span=float(span), seed=seed, data=split.data, split=split.split,
         device=str(ev.device), seconds=time.perf_counter() - t0, n=split.n, model=loaded.ref,
-        direction_norms=norms, cosine=cos,
+        direction_norms=norms, cosine=cos, eigenvalues=eigenvalues,
     )
