@@ -13,7 +13,7 @@ from conftest import clone_state
 from test_landscape import assert_unchanged, synthetic_split
 
 from rotviz.analysis.hessian import hessian
-from rotviz.analysis.sharpness import path_point, sharpness_on
+from rotviz.analysis.sharpness import path_point, rescales, sharpness_on
 from rotviz.cli import main
 from rotviz.errors import RotvizError
 from rotviz.match.endpoints import match_endpoints
@@ -64,6 +64,7 @@ def test_path_point_is_exact_at_the_ends_and_linear_between(pair):
     assert all(path_point(sa, sb, 0.0)[k] is sa[k] for k in sa)
     assert all(torch.equal(path_point(sa, sb, 1.0)[k], sb[k]) for k in sa
                if sa[k].is_floating_point())
+    assert rescales("seed") and rescales("ffn,rescale") and not rescales("ffn,attn")
     mid = path_point(sa, sb, 0.25)
     k = next(k for k in sa if sa[k].dim() == 2)
     assert torch.allclose(mid[k], 0.75 * sa[k] + 0.25 * sb[k], atol=1e-6)

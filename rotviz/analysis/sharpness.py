@@ -45,6 +45,17 @@ def path_point(a: Mapping[str, Tensor], b: Mapping[str, Tensor], alpha: float
             else a[k] for k in a}
 
 
+def rescales(match: str) -> bool:
+    """Whether a matching string holds a rescale ('seed' is ffn, attn and rescale): then B'
+    is B's function with another spectrum (Dinh et al., 2017)."""
+    from rotviz.match.selection import parse_selection
+
+    try:
+        return bool(getattr(parse_selection(match), "rescale", False))
+    except Exception:  # a label no selection parses (learned maps): say nothing
+        return False
+
+
 @dataclass
 class PathSharpness:
     """The curvature along one or two paths; `to_dict()` is the JSON.
@@ -121,7 +132,7 @@ def sharpness_on(ends: HeldEndpoints, split: Split, points: int = 5, device="cpu
     if progress is not None:
         progress(total, total, "done")
     notes = []
-    if compare and "rescale" in ends.match:
+    if compare and rescales(ends.match):
         notes.append("the matching rescales: B and B' are one function but their spectra "
                      "differ (Dinh et al., 2017), so the paths need not agree at alpha = 1")
     return PathSharpness(
