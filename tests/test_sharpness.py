@@ -166,3 +166,24 @@ def test_the_slice_record_takes_hessian_directions(pair, capsys):
     assert s.eigenvalues and s.eigenvalues[0] > 0
     with pytest.raises(RotvizError, match="--iterations needs --directions hessian"):
         measure("slice", unmatched(a, a), split, dims=1, iterations=30)
+
+
+def test_the_app_runs_the_record_and_exports_its_table():
+    """The generated app dispatch: `app.run('sharpness', ...)` on the default pair, its CSV
+    and figure in the export."""
+    import io
+    import zipfile
+
+    from rotviz import app
+    from rotviz.app.export import measurement_zip
+
+    base = {"anchor": "zoo:vit-digits-s3", "source": "zoo:vit-digits-s6", "data": "digits",
+            "seed": 0, "n_eval": 0, "device": "cpu"}
+    cfg = app.measure_cfg(base, "ffn,attn", points=2, examples=16, iterations=12)
+    r = app.run("sharpness", app.Resources(), cfg)
+    assert "sharpness" in app.kinds() and r["alphas"] == [0.0, 1.0]
+    assert r["unmatched"][-1] == pytest.approx(r["matched"][-1], rel=1e-4)
+    with zipfile.ZipFile(io.BytesIO(measurement_zip("sharpness", cfg, r))) as z:
+        rows = z.read("tables/sharpness.csv").decode().splitlines()
+        assert "figures/sharpness.html" in z.namelist()
+    assert rows[0] == "path,alpha,top_eigenvalue,loss,trace,trace_se" and len(rows) == 5
