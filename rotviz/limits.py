@@ -76,6 +76,8 @@ HESSIAN_PROBES = Bound("--trace", 0, 100_000)  # Hutchinson probes (0: no trace)
 HESSIAN_DENSITY = Bound("--density", 0, 100)  # spectral-density probes (0: no density)
 HESSIAN_ITERATIONS = Bound("--iterations", 2, 1_000)  # Lanczos steps at most
 HESSIAN_EXAMPLES = Bound("--examples", 1, 100_000)  # examples of the split the loss is on
+FLAT_TANGENTS = Bound("--per-layer", 1, 100_000)  # symmetry tangents checked per block and kind
+FLAT_STEP = Bound("--step", 1e-6, 3.0, integer=False)  # orbit step s of exp(s E) (flat)
 LR = Bound("--lr", 1e-6, 1.0, integer=False)  # learning rate of a trained bend (curved paths)
 
 # Defaults of the bounded options that have one place to live (MatchOptions, LearnOptions,
