@@ -210,3 +210,29 @@ def test_the_record_cli_plot_and_refusal(tmp_path, capsys, tiny):
     rc = main(["flat", "zoo:vit-digits-s3", "--data", "digits", "--per-layer", "0"])
     err = capsys.readouterr().err
     assert rc != 0 and "--per-layer" in err and err.count("\n") == 1
+
+
+def test_a_gauge_fixed_plane(tiny):
+    """Gauge-fixed random directions feed a slice: orthogonal to every tangent (1e-6, in
+    the parameters' float32), the plane's centre is the model's own loss, and the directions
+    differ from the plain random ones only by their part along the tangents."""
+    from rotviz.analysis.slices import random_directions, slice_at
+    from rotviz.analysis.tangents import gauge_fixed_directions, parameter_names
+    from rotviz.evaluation import Evaluator
+
+    split = synthetic_split(tiny, 12)
+    names, t, _ = tangents(tiny)
+    ds = gauge_fixed_directions(tiny, None, 2, seed=3)
+    raw = random_directions({n: tiny.state[n] for n in names}, set(names), 2, 3, "filter")
+    assert parameter_names(tiny) == names
+    for d, r in zip(ds, raw, strict=True):
+        v = torch.cat([d[n].to(F64).reshape(-1) for n in names])
+        w = torch.cat([r[n].to(F64).reshape(-1) for n in names])
+        assert float(((t @ v).abs() / (t.norm(dim=1) * v.norm())).max()) <= 1e-6
+        assert float(((t @ w).abs() / (t.norm(dim=1) * w.norm())).max()) > 1e-3
+        # the removed part lies in span(T): projecting it again removes all of it
+        gone = (w - v).to(F64)
+        assert float(gauge_fixed(gone, t).norm()) <= 1e-5 * float(gone.norm())
+    s = slice_at(tiny, split, dims=2, grid=3, span=0.5, given=ds)
+    loss, _ = Evaluator(tiny, split).evaluate(tiny.state)
+    assert s.loss[1][1] == pytest.approx(loss, abs=1e-12) == s.centre_loss

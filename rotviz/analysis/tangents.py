@@ -376,3 +376,32 @@ def loss_at(cur: Curvature, state: Mapping[str, Tensor]) -> float:
     ps = [cur.cast(params[n]) for n in cur.names]
     with torch.no_grad():
         return float(sum(cur._loss(ps, x, y) for x, y in cur.ev.batches))
+
+
+def gauge_fixed_directions(loaded: Loaded, state: Mapping[str, Tensor] | None = None,
+                           count: int = 2, seed: int = 0, norm: str = "filter"
+                           ) -> list[dict[str, Tensor]]:
+    """`count` random directions as rotviz.analysis.slices draws them (seeded, normalised by
+    `norm`), with the symmetry tangents at `state` projected out: ready for
+    `slice_at(..., given=...)`, so that a plane along them shows only changes of the function.
+    The projection comes after the normalisation (normalising afterwards would bring the
+    tangents back); each tensor keeps its parameter's dtype."""
+    from rotviz.analysis.slices import random_directions
+
+    st = loaded.state if state is None else state
+    names, t, _ = tangents(loaded, st)
+    params = {n: st[n] for n in names}
+    raw = random_directions(params, set(names), count, seed, norm)
+    flat_d = torch.stack([torch.cat([d[n].to(F64).reshape(-1) for n in names]) for d in raw])
+    fixed = gauge_fixed(flat_d, t)
+    out = []
+    for row in fixed:
+        d: dict[str, Tensor] = {k: torch.zeros_like(v) for k, v in st.items()
+                                if v.is_floating_point()}
+        start = 0
+        for n in names:
+            size = st[n].numel()
+            d[n] = row[start:start + size].reshape(st[n].shape).to(st[n].dtype)
+            start += size
+        out.append(d)
+    return out
