@@ -1,8 +1,9 @@
 """Time the symmetry tangents and the `flat` report on a default-pair model.
 
-Prints: building every tangent (all blocks; T is k x P in float64), gauge fixing two
-directions against them (QR of T^T), and the report with up to --per-layer tangents per block
-and kind on --examples test examples (with and without the curvature column).
+Prints: building every tangent piece by piece (`tangent_blocks`), gauge fixing two
+directions against them (one QR per piece: `gauge_fixed_directions`), and the report with
+up to --per-layer tangents per block and kind on --examples test examples (with and
+without the curvature column).
 
     .venv/bin/python bench/flat.py [--device cpu] [--per-layer 4] [--examples 128] [--threads N]
 """
@@ -28,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from rotviz.analysis.tangents import flat, gauge_fixed, tangents
+    from rotviz.analysis.tangents import flat, gauge_fixed_directions, tangent_blocks
     from rotviz.evaluation import split_for
     from rotviz.models import load_model
     from rotviz.zoo_registry import default_pair
@@ -41,14 +42,13 @@ def main(argv: list[str] | None = None) -> int:
     split = split.subset(min(args.examples, split.n))
 
     t0 = time.perf_counter()
-    _, t, gens = tangents(model)
-    print(f"{ref}: {len(gens)} tangents over {t.shape[1]} parameters in "
-          f"{time.perf_counter() - t0:.2f} s")
-    d = torch.randn(2, t.shape[1], generator=torch.Generator().manual_seed(0),
-                    dtype=torch.float64)
+    blocks = tangent_blocks(model)
+    k = sum(b.t.shape[0] for b in blocks)
+    print(f"{ref}: {k} tangents in {len(blocks)} pieces in {time.perf_counter() - t0:.2f} s")
     t0 = time.perf_counter()
-    gauge_fixed(d, t)
-    print(f"gauge fixing 2 directions: {time.perf_counter() - t0:.2f} s")
+    gauge_fixed_directions(model, None, 2)
+    print(f"two gauge-fixed random directions (tangents included): "
+          f"{time.perf_counter() - t0:.2f} s")
     for curv in (False, True):
         r = flat(model, None, split, args.device, args.per_layer, curvature=curv)
         print(f"flat report, {len(r.rows)} tangents, curvature {'on' if curv else 'off'}, "
