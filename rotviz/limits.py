@@ -77,6 +77,8 @@ HESSIAN_DENSITY = Bound("--density", 0, 100)  # spectral-density probes (0: no d
 HESSIAN_ITERATIONS = Bound("--iterations", 2, 1_000)  # Lanczos steps at most
 HESSIAN_EXAMPLES = Bound("--examples", 1, 100_000)  # examples of the split the loss is on
 SHARPNESS_POINTS = Bound("--points", 2, 101)  # alphas on the path where the Hessian is taken
+FLAT_TANGENTS = Bound("--per-layer", 1, 100_000)  # symmetry tangents checked per block and kind
+FLAT_STEP = Bound("--step", 1e-6, 3.0, integer=False)  # orbit step s of exp(s E) (flat)
 LR = Bound("--lr", 1e-6, 1.0, integer=False)  # learning rate of a trained bend (curved paths)
 
 # Defaults of the bounded options that have one place to live (MatchOptions, LearnOptions,

@@ -6,7 +6,7 @@ call every one of them shares:
     curve = measure("barrier", ends, split, points=11)
 
 The built-ins (barrier, plane, merge, distances, spectra, sweeps, slice, layerwise, hessian,
-bend, sharpness)
+bend, flat, sharpness)
 register when this package is
 imported; a new measurement is one module that calls `register`.
 """
@@ -19,6 +19,7 @@ from rotviz.measures import (  # noqa: F401  (the built-ins)
     barrier,
     bend,
     distances,
+    flat,
     hessian,
     layerwise,
     merge,

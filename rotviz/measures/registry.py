@@ -93,7 +93,7 @@ class Measurement:
 _MEASUREMENTS: dict[str, Measurement] = {}
 # listed first, in this order
 BUILT_IN = ("barrier", "plane", "merge", "distances", "spectra", "sweeps", "slice",
-            "layerwise", "hessian", "bend", "sharpness")
+            "layerwise", "hessian", "bend", "sharpness", "flat")
 
 
 def register(m: Measurement) -> Measurement:

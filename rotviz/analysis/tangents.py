@@ -1,0 +1,471 @@
+"""The flat directions that symmetry explains: tangents of the continuous symmetry group at
+any parameter set of a model, gauge fixing, and a report of flatness (docs/landscape.md).
+
+The group (rotviz.symmetry.actions) acts per block and per key/value group g by a Q-K map A
+(W_Q -> A^T W_Q, b_Q -> b_Q A, W_K -> A^-1 W_K, b_K -> b_K A^-T) and a V-O map B (W_V -> B^T
+W_V, b_V -> b_V B, W_O[:, h] -> W_O[:, h] B^-T), and, for gated or ReLU FFNs, by per-unit
+scales of the up row and the inverse of the down column. Along A = I + eps E the parameters
+move, to first order, by the tangent (derivative at eps = 0, d(A^-1)/deps = -E):
+
+    dW_Q = E^T W_Q, db_Q = b_Q E, dW_K = -E W_K, db_K = -b_K E^T      (Q-K, generator E)
+    dW_V = E^T W_V, db_V = b_V E, dW_O[:, h] = -W_O[:, h] E^T          (V-O)
+    dW_in[k] = W_in[k], db_in[k] = b_in[k], dW_out[:, k] = -W_out[:, k]  (FFN unit k)
+
+The generators E span the group's Lie algebra: every elementary matrix E_ij for plain
+attention (H_kv d_h^2 per block and per map); under rotary embeddings only the maps that
+commute with the position rotations, per frequency pair (i, j) a scale E_ii + E_jj and a
+rotation E_ji - E_ij, and any E_uv on the dims the rotation leaves alone (partial rotary);
+under per-head q/k norms (Qwen3) only rotations, of the pairs (and free dims) whose gains are
+equal, since the norm divides out any scale and the sign flips of the other pairs are
+discrete. The view -> state-dict map (`write_block`) only reshapes, transposes and
+concatenates, so it is linear and a tangent of the view is written as one of the state dict.
+
+Since the loss is constant along each orbit, L(g . theta) = L(theta), differentiating at the
+identity gives grad L . t = 0 for every tangent t: the gradient is orthogonal to the orbit.
+Differentiating twice gives t^T H t = -grad L . (Dt) t, which vanishes at a critical point:
+the curvature along the tangents is near zero at a trained model, not at a random one.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+
+import numpy as np
+import torch
+
+from rotviz.analysis.hessian import Curvature
+from rotviz.errors import RotvizError
+from rotviz.evaluation import Evaluator
+from rotviz.groups import rope_free, rope_pairs
+from rotviz.models import Loaded
+from rotviz.symmetry.actions import LayerTransform, apply_layer, qk_fixed_pairs
+from rotviz.symmetry.view import FFN, Attention, ModelView, read_view, write_block, write_state
+from rotviz.types import Progress
+
+Tensor = torch.Tensor
+F64 = torch.float64
+
+
+@dataclass(frozen=True)
+class Generator:
+    """One Lie-algebra generator: its block, kind ('qk', 'vo' or 'ffn'), KV group (or unit)
+    and the d_h x d_h matrix E (None for an FFN unit scale)."""
+
+    layer: int
+    kind: str
+    group: int
+    e: Tensor | None
+    label: str
+
+
+def _elementary(dh: int, i: int, j: int) -> Tensor:
+    e = torch.zeros(dh, dh, dtype=F64)
+    e[i, j] = 1.0
+    return e
+
+
+def qk_generators(attn: Attention, rope: str | None, qk_norm: bool) -> list[tuple[Tensor, str]]:
+    """The Q-K generators E of one KV group (see the module docstring)."""
+    dh = attn.wq.shape[1]
+    if rope is None:
+        if qk_norm:  # norms without rotary: orthogonal maps commuting with the gains
+            return _antisymmetric(attn, list(range(dh)))
+        return [(_elementary(dh, i, j), f"E{i},{j}") for i in range(dh) for j in range(dh)]
+    first, second = rope_pairs(dh, rope)
+    fixed = qk_fixed_pairs(attn, rope) if qk_norm else None
+    out = []
+    for p, (i, j) in enumerate(zip(first.tolist(), second.tolist(), strict=True)):
+        rot = _elementary(dh, j, i) - _elementary(dh, i, j)
+        if qk_norm:
+            if not bool(fixed[p]):
+                out.append((rot, f"rot{i},{j}"))
+            continue
+        out.append((_elementary(dh, i, i) + _elementary(dh, j, j), f"scale{i},{j}"))
+        out.append((rot, f"rot{i},{j}"))
+    free = rope_free(dh, rope).tolist()
+    if qk_norm:
+        out += _antisymmetric(attn, free)
+    else:
+        out += [(_elementary(dh, u, v), f"E{u},{v}") for u in free for v in free]
+    return out
+
+
+def _antisymmetric(attn: Attention, dims: list[int]) -> list[tuple[Tensor, str]]:
+    """Rotations of dim pairs (u, v) whose query and key gains are equal (q/k norms)."""
+    dh = attn.wq.shape[1]
+    gq, gk = attn.gq.detach().cpu(), attn.gk.detach().cpu()
+    return [(_elementary(dh, v, u) - _elementary(dh, u, v), f"rot{u},{v}")
+            for a, u in enumerate(dims) for v in dims[a + 1:]
+            if gq[u] == gq[v] and gk[u] == gk[v]]
+
+
+def ffn_has_scales(ffn: FFN) -> bool:
+    """Per-unit scales are a continuous symmetry of gated FFNs and ReLU FFNs only."""
+    return ffn.w_gate is not None or ffn.activation == "relu"
+
+
+def generators(view: ModelView) -> list[Generator]:
+    """Every generator of the continuous group, block by block: Q-K, V-O, FFN scales."""
+    dims = view.dims
+    out: list[Generator] = []
+    for li, blk in enumerate(view.blocks):
+        a = blk.attn
+        qk = qk_generators(a, dims.rope, dims.qk_norm)
+        dh = a.wq.shape[1]
+        vo = [(_elementary(dh, i, j), f"E{i},{j}") for i in range(dh) for j in range(dh)]
+        for g in range(a.n_kv_heads):
+            out += [Generator(li, "qk", g, e, f"L{li} qk g{g} {s}") for e, s in qk]
+        for g in range(a.n_kv_heads):
+            out += [Generator(li, "vo", g, e, f"L{li} vo g{g} {s}") for e, s in vo]
+        if ffn_has_scales(blk.ffn):
+            out += [Generator(li, "ffn", k, None, f"L{li} ffn unit {k}")
+                    for k in range(blk.ffn.w_in.shape[0])]
+    return out
+
+
+def group_dimension(view: ModelView) -> list[dict]:
+    """The group's dimension per block, derived from the dims (not by counting generators):
+    plain attention 2 H_kv d_h^2; rotary r + f^2 per Q-K map (r rotated dims, f free);
+    per-head q/k norms: the pairs with equal gains; plus d_ffn for gated or ReLU FFNs."""
+    dims = view.dims
+    rows = []
+    for li, blk in enumerate(view.blocks):
+        a = blk.attn
+        h_kv, dh = a.n_kv_heads, a.wq.shape[1]
+        if dims.qk_norm:
+            qk = len(qk_generators(a, dims.rope, True))
+        elif dims.rope is None:
+            qk = dh * dh
+        else:
+            r = 2 * len(rope_pairs(dh, dims.rope)[0])
+            f = dh - r
+            qk = r + f * f
+        ffn = blk.ffn.w_in.shape[0] if ffn_has_scales(blk.ffn) else 0
+        rows.append({"layer": li, "qk": h_kv * qk, "vo": h_kv * dh * dh, "ffn": ffn,
+                     "total": h_kv * qk + h_kv * dh * dh + ffn})
+    return rows
+
+
+def _zero_like(obj):
+    return replace(obj, **{f: torch.zeros_like(getattr(obj, f))
+                           for f in obj.__dataclass_fields__
+                           if isinstance(getattr(obj, f), torch.Tensor)})
+
+
+def _tangent_block(view: ModelView, gen: Generator):
+    """The generator's tangent as a block of the view (zero where nothing moves)."""
+    blk = view.blocks[gen.layer]
+    a, f = blk.attn, blk.ffn
+    za, zf = _zero_like(a), _zero_like(f)
+    zn = {s: _zero_like(n) for s, n in blk.norms.items()}
+    if gen.kind == "ffn":
+        k = gen.group
+        w_in = zf.w_in.clone()
+        w_in[k] = f.w_in[k]
+        w_out = zf.w_out.clone()
+        w_out[:, k] = -f.w_out[:, k]
+        b_in = None
+        if f.b_in is not None:
+            b_in = zf.b_in.clone()
+            b_in[k] = f.b_in[k]
+        return replace(blk, attn=za, ffn=replace(zf, w_in=w_in, w_out=w_out, b_in=b_in),
+                       norms=zn)
+    e = gen.e.to(a.wq)
+    r = a.n_heads // a.n_kv_heads
+    heads = list(range(gen.group * r, (gen.group + 1) * r))
+    g = gen.group
+
+    def put(z: Tensor | None, idx, value: Tensor | None) -> Tensor | None:
+        if z is None:
+            return None
+        z = z.clone()
+        z[idx] = value
+        return z
+
+    if gen.kind == "qk":
+        new = {"wq": put(za.wq, heads, e.T @ a.wq[heads]),
+               "wk": put(za.wk, g, -e @ a.wk[g])}
+        if a.bq is not None:
+            new["bq"] = put(za.bq, heads, a.bq[heads] @ e)
+        if a.bk is not None:
+            new["bk"] = put(za.bk, g, -a.bk[g] @ e.T)
+        if a.wpq is not None:
+            new["wpq"] = put(za.wpq, heads, e.T @ a.wpq[heads])
+            if a.bpq is not None:
+                new["bpq"] = put(za.bpq, heads, a.bpq[heads] @ e)
+        if a.wpk is not None:
+            new["wpk"] = put(za.wpk, g, -e @ a.wpk[g])
+            if a.bpk is not None:
+                new["bpk"] = put(za.bpk, g, -a.bpk[g] @ e.T)
+    else:
+        new = {"wv": put(za.wv, g, e.T @ a.wv[g]), "wo": put(za.wo, heads, -a.wo[heads] @ e.T)}
+        if a.bv is not None:
+            new["bv"] = put(za.bv, g, a.bv[g] @ e)
+    return replace(blk, attn=replace(za, **new), ffn=zf, norms=zn)
+
+
+def f64_view(loaded: Loaded, state: Mapping[str, Tensor] | None) -> ModelView:
+    """The canonical view of `state` (the model's own by default) in float64, written back
+    in float64 (so a transformed state is not rounded to the checkpoint's dtype)."""
+    st = loaded.state if state is None else state
+    view = read_view(loaded.spec, loaded.config, st).to(F64)
+    return replace(view, dtypes={k: F64 for k in view.dtypes})
+
+
+def parameter_names(loaded: Loaded) -> list[str]:
+    """The floating trainable parameters in the module's order (tied weights once): the
+    coordinates of every flat vector here, as rotviz.analysis.hessian.Curvature orders them."""
+    return [n for n, p in loaded.model.named_parameters() if p.is_floating_point()]
+
+
+def tangents(loaded: Loaded, state: Mapping[str, Tensor] | None = None,
+             gens: list[Generator] | None = None) -> tuple[list[str], Tensor, list[Generator]]:
+    """(names, T, generators): one tangent per row of T (k x P, float64) over the floating
+    parameters `names`, for every generator (or the given ones)."""
+    view = f64_view(loaded, state)
+    names = parameter_names(loaded)
+    st = loaded.state if state is None else state
+    offsets, start = {}, 0
+    for n in names:
+        offsets[n] = (start, st[n].numel())
+        start += st[n].numel()
+    gens = generators(view) if gens is None else gens
+    t = torch.zeros(len(gens), start, dtype=F64)
+    for row, gen in enumerate(gens):
+        prefix = view.layout.blocks[gen.layer]
+        part = write_block(view, _tangent_block(view, gen), prefix)
+        for key, val in part.items():
+            if key in offsets:
+                o, size = offsets[key]
+                t[row, o:o + size] = val.reshape(-1)
+    return names, t, gens
+
+
+def gauge_fixed(directions: Tensor, t: Tensor) -> Tensor:
+    """`directions` (P,) or (m, P) with span(T) projected out: d - Q Q^T d, Q an orthonormal
+    basis of the tangents' span by a reduced QR of T^T. Householder QR keeps Q orthonormal
+    even when tangents are dependent (Q then spans a little more than span(T)); either way
+    the result is orthogonal to every tangent, so moving along it changes the function."""
+    if t.shape[0] == 0:
+        return directions.clone()
+    q, _ = torch.linalg.qr(t.to(F64).T, mode="reduced")
+    d = directions.to(F64)
+    return d - (d @ q) @ q.T
+
+
+def element(view: ModelView, gen: Generator, s: float) -> LayerTransform:
+    """The finite group element exp(s E) on `gen`'s group (identity elsewhere)."""
+    blk = view.blocks[gen.layer]
+    if gen.kind == "ffn":
+        sc = torch.ones(blk.ffn.w_in.shape[0], dtype=F64)
+        sc[gen.group] = math.exp(s)
+        return LayerTransform(ffn_scale=sc)
+    h_kv, dh = blk.attn.n_kv_heads, blk.attn.wq.shape[1]
+    m = torch.eye(dh, dtype=F64).repeat(h_kv, 1, 1)
+    m[gen.group] = torch.linalg.matrix_exp(s * gen.e)
+    return LayerTransform(qk=m) if gen.kind == "qk" else LayerTransform(vo=m)
+
+
+def moved_state(view: ModelView, gen: Generator, s: float) -> dict[str, Tensor]:
+    """The state dict (float64) after the finite element exp(s E) of `gen`."""
+    return write_state(apply_layer(view, gen.layer, element(view, gen, s)))
+
+
+@dataclass
+class TangentRow:
+    label: str
+    layer: int
+    kind: str
+    norm: float  # |t|
+    loss_change: float  # max over s of |L(exp(sE) theta) - L(theta)| / |L(theta)|
+    cosine: float  # |grad . t| / (|grad| |t|)
+    curvature: float | None  # t^T H t / |t|^2
+
+
+@dataclass
+class FlatResult:
+    """What `flat` found; `to_dict()` is the JSON."""
+
+    model: str
+    split: str
+    n: int
+    n_params: int
+    loss: float
+    grad_norm: float
+    steps: list[float]
+    dimension: list[dict]  # group dimension per block (derived) and tangents generated
+    rows: list[TangentRow] = field(default_factory=list)
+    control_cosine: float = 0.0  # a seeded random direction's |cos| with the gradient
+    seconds: float = 0.0
+    device: str = "cpu"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def pick(gens: list[Generator], per_layer: int, seed: int) -> list[Generator]:
+    """At most `per_layer` generators per block and kind, drawn without replacement (seeded)."""
+    rng = np.random.default_rng(seed)
+    out: list[Generator] = []
+    keys = sorted({(g.layer, g.kind) for g in gens}, key=lambda k: (k[0], k[1]))
+    for key in keys:
+        some = [g for g in gens if (g.layer, g.kind) == key]
+        if len(some) > per_layer:
+            idx = sorted(rng.choice(len(some), per_layer, replace=False).tolist())
+            some = [some[i] for i in idx]
+        out += some
+    return out
+
+
+def flat(loaded: Loaded, state: Mapping[str, Tensor] | None, split, device="cpu",
+         per_layer: int = 8, seed: int = 0, steps: tuple[float, ...] = (-0.3, 0.3),
+         curvature: bool = True, batch_size: int = 512,
+         progress: Progress | None = None) -> FlatResult:
+    """The report: for up to `per_layer` tangents per block and kind (seeded choice), the
+    relative loss change along the orbit exp(s E) for s in `steps`, the gradient's cosine
+    with the tangent, and (with `curvature`) t^T H t / |t|^2; in float64, on the split's
+    mean loss. Neither `state` nor the loaded model is modified."""
+    t0 = time.perf_counter()
+    if not steps:
+        raise RotvizError("the orbit needs at least one step s; give some")
+    ev = Evaluator(loaded, split, device, batch_size)
+    st = loaded.state if state is None else state
+    cur = Curvature(ev, st, F64)
+    view = f64_view(loaded, st)
+    all_gens = generators(view)
+    gens = pick(all_gens, per_layer, seed)
+    names, t, gens = tangents(loaded, st, gens)
+    if names != cur.names:
+        raise RotvizError("the model's floating parameters differ from the Hessian's; "
+                          "report this model's family")
+    t = t.to(cur.device)
+    base = cur.loss()
+    grad = cur.gradient()
+    gn = float(grad.norm())
+    counts = {}
+    for g in all_gens:
+        counts[(g.layer, g.kind)] = counts.get((g.layer, g.kind), 0) + 1
+    dim = group_dimension(view)
+    for row in dim:
+        row["tangents"] = sum(counts.get((row["layer"], k), 0) for k in ("qk", "vo", "ffn"))
+    rows = []
+    for i, gen in enumerate(gens):
+        if progress is not None:
+            progress(i, len(gens), gen.label)
+        tn = float(t[i].norm())
+        change = 0.0
+        for s in steps:
+            moved = moved_state(view, gen, s)
+            change = max(change, abs(loss_at(cur, moved) - base) / max(abs(base), 1e-300))
+        cos = abs(float(grad @ t[i])) / max(gn * tn, 1e-300)
+        curv = float(t[i] @ cur.hvp(t[i])) / tn ** 2 if curvature and tn > 0 else None
+        rows.append(TangentRow(gen.label, gen.layer, gen.kind, tn, change, cos, curv))
+    gen = torch.Generator().manual_seed(int(seed))
+    r = torch.randn(cur.n, generator=gen, dtype=F64).to(cur.device)
+    control = abs(float(grad @ r)) / max(gn * float(r.norm()), 1e-300)
+    return FlatResult(loaded.ref, split.data, split.n, cur.n, base, gn, list(steps), dim,
+                      rows, control, time.perf_counter() - t0, str(ev.device))
+
+
+def loss_at(cur: Curvature, state: Mapping[str, Tensor]) -> float:
+    """The split's mean loss (float64) at another parameter set of the same model."""
+    params = cur.ev.params(state)
+    ps = [cur.cast(params[n]) for n in cur.names]
+    with torch.no_grad():
+        return float(sum(cur._loss(ps, x, y) for x, y in cur.ev.batches))
+
+
+@dataclass(frozen=True)
+class TangentBlock:
+    """The tangents of one (block, kind, KV group or FFN unit): they touch only `idx` (flat
+    coordinates over `parameter_names`), where their values are the rows of `t`."""
+
+    layer: int
+    kind: str
+    group: int
+    idx: Tensor  # (c,) long
+    t: Tensor  # (k, c) float64
+
+
+def tangent_blocks(loaded: Loaded, state: Mapping[str, Tensor] | None = None
+                   ) -> list[TangentBlock]:
+    """Every tangent, grouped by the coordinates it touches. Tangents of different KV groups,
+    kinds, FFN units and blocks move disjoint entries (other heads' rows, other units' rows
+    and columns, other blocks' tensors), so span(T) is a direct sum of these small pieces
+    and projecting it out needs no k x P matrix (8192 x 136138 in float64, 9 GB, for the
+    default pair's ViT): one QR per piece."""
+    view = f64_view(loaded, state)
+    names = parameter_names(loaded)
+    st = loaded.state if state is None else state
+    offsets, start = {}, 0
+    for n in names:
+        offsets[n] = (start, st[n].numel())
+        start += st[n].numel()
+    clusters: dict[tuple[int, str, int], list[Generator]] = {}
+    for g in generators(view):
+        clusters.setdefault((g.layer, g.kind, g.group), []).append(g)
+    out: list[TangentBlock] = []
+    for (layer, kind, group), gens in clusters.items():
+        prefix = view.layout.blocks[layer]
+        rows = []
+        keys: list[str] = []
+        for gen in gens:
+            part = write_block(view, _tangent_block(view, gen), prefix)
+            keys = [k for k in part if k in offsets]
+            rows.append(torch.cat([part[k].reshape(-1) for k in keys]))
+        local = torch.stack(rows)
+        glob = torch.cat([torch.arange(offsets[k][0], offsets[k][0] + offsets[k][1])
+                          for k in keys])
+        used = local.ne(0).any(dim=0)
+        out.append(TangentBlock(layer, kind, group, glob[used], local[:, used]))
+    seen = torch.zeros(start, dtype=torch.bool)
+    for b in out:
+        if bool(seen[b.idx].any()):
+            raise RotvizError(f"tangents of block {b.layer} ({b.kind}) overlap another "
+                              "group's; use gauge_fixed with the dense tangents")
+        seen[b.idx] = True
+    return out
+
+
+def gauge_fixed_blockwise(directions: Tensor, blocks: list[TangentBlock]) -> Tensor:
+    """`gauge_fixed` piece by piece (see `tangent_blocks`): the same projection."""
+    d = directions.to(F64).clone()
+    two = d.dim() == 2
+    d2 = d if two else d[None]
+    for b in blocks:
+        q, _ = torch.linalg.qr(b.t.T, mode="reduced")
+        part = d2[:, b.idx]
+        d2[:, b.idx] = part - (part @ q) @ q.T
+    return d2 if two else d2[0]
+
+
+def gauge_fixed_directions(loaded: Loaded, state: Mapping[str, Tensor] | None = None,
+                           count: int = 2, seed: int = 0, norm: str = "filter"
+                           ) -> list[dict[str, Tensor]]:
+    """`count` random directions as rotviz.analysis.slices draws them (seeded, normalised by
+    `norm`), with the symmetry tangents at `state` projected out: ready for
+    `slice_at(..., given=...)`, so that a plane along them shows only changes of the function.
+    The projection comes after the normalisation (normalising afterwards would bring the
+    tangents back); each tensor keeps its parameter's dtype."""
+    from rotviz.analysis.slices import random_directions
+
+    st = loaded.state if state is None else state
+    names = parameter_names(loaded)
+    params = {n: st[n] for n in names}
+    raw = random_directions(params, set(names), count, seed, norm)
+    flat_d = torch.stack([torch.cat([d[n].to(F64).reshape(-1) for n in names]) for d in raw])
+    fixed = gauge_fixed_blockwise(flat_d, tangent_blocks(loaded, st))
+    out = []
+    for row in fixed:
+        d: dict[str, Tensor] = {k: torch.zeros_like(v) for k, v in st.items()
+                                if v.is_floating_point()}
+        start = 0
+        for n in names:
+            size = st[n].numel()
+            d[n] = row[start:start + size].reshape(st[n].shape).to(st[n].dtype)
+            start += size
+        out.append(d)
+    return out
