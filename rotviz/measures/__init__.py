@@ -6,9 +6,8 @@ call every one of them shares:
     curve = measure("barrier", ends, split, points=11)
 
 The built-ins (barrier, plane, merge, distances, spectra, sweeps, slice, layerwise, hessian,
-bend, flat, sharpness)
-register when this package is
-imported; a new measurement is one module that calls `register`.
+bend, sharpness, flat) register when this package is imported; a new measurement is one
+module that calls `register`.
 """
 
 from __future__ import annotations
