@@ -140,6 +140,9 @@ def slice_body() -> None:
                f"(accuracy {result['centre_acc']:.3f}). Axes are in direction units: 1 moves "
                "each filter by its own norm.")
     table_of("slice", result)
+    tables, _ = measurement_files("slice", result)
+    common.export("slice", {"page": "landscape", **cfg, "log": log}, result, tables,
+                  {"slice": fig})
 
 
 if READY:
@@ -169,22 +172,27 @@ def bend_body() -> None:
         plane = common.compute("plane", cfg_of({"grid": PLANE_GRID,
                                                          "seed": s.base()["seed"]}),
                                step.detail)
-    cols = st.columns(2)
-    with cols[0]:
-        common.chart(cplots.bend_curves(bend, "loss", s.font), "land_bend_loss")
-    fig_plane = bplots.loss_plane(plane["xs"], plane["ys"], plane["loss"], plane["points"],
-                                  s.font)
-    cplots.bend_on_plane(fig_plane, bend)
-    with cols[1]:
-        common.chart(fig_plane, "land_bend_plane")
+    fig_loss = cplots.bend_curves(bend, "loss", s.font)
+    common.chart(fig_loss, "land_bend_loss")
     better = bend["barrier"] < bend["line_barrier"]
     (st.success if better else st.info)(
         f"Barrier along the {cplots.KIND_NAMES.get(bend['kind'], bend['kind'])}: "
         f"{bend['barrier']:.3f} nats; along the straight line: {bend['line_barrier']:.3f} "
         f"nats. The bend lies {bend['off_plane']:.3f} parameter units off the A/B/B' plane "
-        f"({bend['steps']} training steps, {bend['stopped']}).",
+        f"({bend['steps']} training steps"
+        + ("" if bend["stopped"] == "steps" else f", stopped: {bend['stopped']}") + ").",
         icon=":material/trending_down:" if better else ":material/info:")
+    fig_plane = bplots.loss_plane(plane["xs"], plane["ys"], plane["loss"], plane["points"],
+                                  s.font)
+    cplots.bend_on_plane(fig_plane, bend)
+    common.chart(fig_plane, "land_bend_plane")
+    st.caption("The dashed line is the curve projected onto the plane, the star its bend. "
+               "Far off the plane, the colours under the dashed line are not the loss the "
+               "curve meets: read that from the chart above.")
+    tables, _ = measurement_files("bend", bend)
     table_of("bend", bend)
+    common.export("bend", {"page": "landscape", **cfg_of(bend_values)}, {"bend": bend,
+                  "plane": plane}, tables, {"bend_loss": fig_loss, "bend_on_plane": fig_plane})
 
 
 if READY:
@@ -206,10 +214,13 @@ def layerwise_body() -> None:
     with common.progress("Layer-wise barriers", 1, stop="land_layerwise") as step:
         step(f"{style.nice_label(spec)}: matching, then one group at a time")
         result = common.compute("layerwise", cfg_of(lw_values), step.detail)
-    _, figs = measurement_files("layerwise", result)
+    tables, figs = measurement_files("layerwise", result)
     for key, fig in figs.items():
+        fig.update_yaxes(title_text="loss barrier (nats above the end points' line)")
         common.chart(fig, f"land_layerwise_{key}")
     table_of("layerwise", result)
+    common.export("layerwise", {"page": "landscape", **cfg_of(lw_values)}, result, tables,
+                  figs)
 
 
 if READY:
@@ -234,15 +245,22 @@ def hessian_body() -> None:
              "most")
         result = common.compute("hessian", cfg_of(h_values, pair=False),
                                 step.detail)
-    common.chart(eigenvalue_bars(result, s.font), "land_hessian_top")
+    figs = {"hessian_top": eigenvalue_bars(result, s.font)}
     if result.get("density"):
-        common.chart(density_plot(result, s.font), "land_hessian_density")
+        figs["hessian_density"] = density_plot(result, s.font)
+    # the library's axis label is longer than the chart is tall: the same unit, shorter
+    figs["hessian_top"].update_yaxes(title_text="eigenvalue (nats per parameter unit²)")
+    for key, fig in figs.items():
+        common.chart(fig, f"land_{key}")
     top = ", ".join(f"{v:.4g}" for v in result["eigenvalues"])
     trace = result.get("trace")
     st.caption(f"Top eigenvalues, largest first: {top}."
                + (f" Trace {trace:.4g} ± {result.get('trace_se', 0.0):.2g} (Hutchinson, "
                   "standard error)." if isinstance(trace, float) else ""))
     table_of("hessian", result)
+    tables, _ = measurement_files("hessian", result)
+    common.export("hessian", {"page": "landscape", **cfg_of(h_values, pair=False)}, result,
+                  tables, figs)
 
 
 if READY:
