@@ -11,7 +11,7 @@ from rotviz.limits import MAX_LAYERS_TEXT
 from rotviz.measures.barrier import BARRIER
 from rotviz.measures.plane import PLANE
 from rotviz.plots import barrier as bplots
-from rotviz.plots import style
+from rotviz.plots import slices, style
 
 s = common.setup()
 st.title("Loss barriers between the two models")
@@ -163,10 +163,18 @@ def body() -> None:
             "Euclidean distances."
         )
         fig_plane = bplots.loss_plane(pl["xs"], pl["ys"], pl["loss"], pl["points"], s.font)
-        common.chart(fig_plane, "barrier_plane")
+        fig_surface = slices.loss_surface(pl, font_size=s.font)
+        flat, deep = st.tabs(["Contour (from above)", "3D surface (drag to turn)"])
+        with flat:
+            common.chart(fig_plane, "barrier_plane")
+        with deep:
+            st.caption("The same grid as a surface: height is the test loss. A, B, B' and the "
+                       "midpoints sit at their own exact losses.")
+            common.chart(fig_surface, "barrier_plane_3d")
         st.dataframe([{"point": k, "loss": pl["point_loss"][k], "accuracy": pl["point_acc"][k]}
                       for k in pl["points"]], hide_index=True)
         figures["loss_plane"] = fig_plane
+        figures["loss_plane_3d"] = fig_surface
     tables = {"curves": [{"spec": c["match"], "alpha": a, "loss": lo, "acc": ac}
                          for c in curves
                          for a, lo, ac in zip(c["alphas"], c["loss"], c["acc"], strict=True)],

@@ -390,21 +390,24 @@ def offered_specs(s: Setup, choices) -> tuple[list[str], str | None]:
     return specs.offered(choices, why), why
 
 
-def compute(kind: str, cfg: dict, progress: Progress | None = None) -> Any:
+def compute(kind: str, cfg: dict, progress: Progress | None = None,
+            cancel: Callable[[], bool] | None = None) -> Any:
     """The result of computation `kind` (rotviz.app.COMPUTE) for a configuration, from the
     cache when possible (keyed by a hash of kind and configuration; every caller gets its own
     copy). While it computes, `progress(done, total, message)` hears from the long steps
-    (matching)."""
-    return _compute(resources(), kind, cfg, progress)
+    (matching); `cancel()` returning True stops a training measurement (`stopper`), and
+    nothing of it is cached."""
+    return _compute(resources(), kind, cfg, progress, cancel)
 
 
-def _compute(res: AppResources, kind: str, cfg: dict, progress: Progress | None = None) -> Any:
+def _compute(res: AppResources, kind: str, cfg: dict, progress: Progress | None = None,
+             cancel: Callable[[], bool] | None = None) -> Any:
     cfg = cache.canonical(cfg)
     key = cache.config_hash({"kind": kind, **cfg})
 
     def run() -> Any:
         _pin_threads(res, cfg)
-        return app.run(kind, res, json.loads(json.dumps(cfg)), progress)
+        return app.run(kind, res, json.loads(json.dumps(cfg)), progress, cancel)
 
     return _stores()["results"].get_or_compute(key, run)
 
@@ -460,6 +463,24 @@ def should_run(page: str, submitted: bool, s: Setup) -> bool:
                    icon=":material/stop_circle:")
         return False
     return bool(st.session_state.get(flag)) or params_in_pair(s) <= SMALL_PAIR
+
+
+def stopper() -> Callable[[], bool]:
+    """A `cancel()` for a training measurement (rotviz.measures' `Context.cancel`): True once
+    Streamlit has been asked to stop or rerun this script (the Stop button, Streamlit's own
+    Stop, a changed widget). Streamlit interrupts a script only where it touches the page;
+    this lets a training loop end at its next step even between progress updates. Read in
+    the thread that computes; False when there is no script (a test calling the library)."""
+    from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+    ctx = get_script_run_ctx()
+    requests = getattr(ctx, "script_requests", None)
+
+    def cancel() -> bool:
+        state = getattr(requests, "_state", None)  # Streamlit's own: CONTINUE while running
+        return state is not None and getattr(state, "name", "CONTINUE") != "CONTINUE"
+
+    return cancel
 
 
 def _request_stop(page: str) -> None:

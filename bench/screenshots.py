@@ -31,7 +31,7 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PAGES = ("models", "match", "barrier", "spectra", "merge", "learn", "measure")
+PAGES = ("models", "match", "barrier", "spectra", "merge", "landscape", "learn", "measure")
 IDLE = "[data-testid='stApp'][data-test-script-state='notRunning']"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-dev-shm-usage"]
@@ -171,6 +171,12 @@ def measure(args, out: Path, shots: bool) -> dict[str, float]:
                 t0 = time.perf_counter()
                 page.goto(f"{base}/{name}{q}")
                 settle(page)
+                if name == "landscape":  # computes only on Run: press every section's
+                    runs = page.locator("[data-testid='stFormSubmitButton'] button")
+                    for i in range(runs.count()):
+                        runs.nth(i).click()
+                        page.wait_for_timeout(300)
+                        settle(page)
                 timings[f"{name.capitalize()} page"] = time.perf_counter() - t0
                 if shots:
                     shoot(page, out / f"{name}.png", args.width)

@@ -793,3 +793,141 @@ def test_match_page_has_one_toggle_per_data_free_symmetry_of_the_registry():
     captions = " ".join(str(c.value) for c in at.caption)
     assert all(s.why in captions for s in maps if s.scope == "layer")
     assert toggles["m_ffn"].label == "FFN permutation"  # labels keep the registry's capitals
+
+
+# ---- the Landscape page and the Barrier page's 3D plane ------------------------------------
+
+
+def _framed(fig: dict) -> None:
+    """A figure as the app sends it: a title, axis titles with units in brackets (the 3D
+    scene's too), a legend or a colour bar with units, only the colour-blind palette."""
+    from rotviz.plots import style
+
+    safe = {c.lower() for c in style.OKABE_ITO} | {style.GREY.lower()}
+    lay = fig["layout"]
+    assert lay["title"]["text"]
+    axes = {k: v["title"]["text"] for k, v in lay.items()
+            if k.startswith(("xaxis", "yaxis")) and v.get("title", {}).get("text")}
+    assert "xaxis" in axes and "yaxis" in axes, axes
+    # a unit in brackets on every axis of numbers (an axis of named categories needs none)
+    categorical = {"xaxis"} if any(isinstance((tr.get("x") or [0])[0], str)
+                                   for tr in fig["data"]) else set()
+    assert all("(" in t for k, t in axes.items() if k not in categorical), axes
+    if "scene" in lay:
+        assert "(" in lay["scene"]["zaxis"]["title"]["text"]
+    named = [tr for tr in fig["data"] if tr.get("name")]
+    assert named
+    bars = [tr for tr in fig["data"] if tr.get("colorbar")]
+    assert lay.get("showlegend") is True or bars
+    assert all("(" in tr["colorbar"]["title"]["text"] for tr in bars)
+    colours = set()
+    for tr in fig["data"]:
+        for part in ("line", "marker"):
+            c = (tr.get(part) or {}).get("color")
+            if isinstance(c, str) and c.lower() not in ("white", "black"):
+                colours.add(c.lower())
+    assert colours <= safe, colours - safe
+
+
+def test_landscape_page_computes_each_section_on_run(pair):
+    """First paint computes nothing; each section's Run draws its figures, whose numbers are
+    the library's (the slice's grid, the Hessian's top eigenvalues, the bend's barrier)."""
+    from rotviz.analysis.slices import slice_at
+    from rotviz.data import load_split
+    from rotviz.match.endpoints import match_endpoints
+    from rotviz.measures import measure
+    from rotviz.models import load_model
+
+    at = app("landscape")
+    assert not figures(at)
+    assert texts(at).count("Press **Run** to compute this section.") == 4
+    seen: dict[str, dict] = {}
+    for name in ("slice", "layerwise", "hessian", "bend"):
+        at.button(key=f"l_{name}_run").click().run()
+        assert not at.exception, [e.message for e in at.exception]
+        assert not at.error, [e.value for e in at.error]
+        seen |= figures(at)
+    titles = list(seen)
+    slice_t = next(t for t in titles if t.startswith("Test loss on a random plane around"))
+    bend_t = next(t for t in titles if t.startswith("Loss along a Bezier curve"))
+    plane_t = "Test loss on the plane through A, B and B'"
+    lw_t = next(t for t in titles if t.startswith("Layer-wise barriers"))
+    hess_t = next(t for t in titles if t.startswith("Top Hessian eigenvalues of"))
+    assert plane_t in titles
+    for t in (slice_t, bend_t, plane_t, lw_t, hess_t):
+        _framed(seen[t])
+
+    a = load_model(pair[0])
+    split = load_split("digits").subset(N_EVAL)
+    ref = slice_at(a, split, 2, "random", "filter", False, 11, 1.0, 0, "cpu")
+    contour = next(tr for tr in seen[slice_t]["data"] if tr["type"] == "contour")
+    z = np.asarray([numbers(row) if isinstance(row, dict) else row for row in contour["z"]],
+                   dtype=float)
+    assert z.shape == (11, 11)
+    assert np.allclose(z, np.asarray(ref.loss), rtol=1e-5, atol=1e-6)
+
+    h = measure("hessian", match_endpoints(a, a, None), split, top=3, iterations=20,
+                examples=128)
+    bars = [tr for tr in seen[hess_t]["data"] if tr["type"] == "bar"]
+    got = [numbers(tr["y"])[0] for tr in bars]  # the whole model's bar of each rank
+    assert np.allclose(got, h.eigenvalues, rtol=1e-4)
+    assert got == sorted(got, reverse=True)
+    # the bend overlaid on the A/B/B' plane, its distance from the plane in the legend
+    names = [tr.get("name", "") for tr in seen[plane_t]["data"]]
+    assert any(n.startswith("Bezier curve (projected)") for n in names)
+    assert any("off the plane" in n for n in names)
+    assert "parameter units off the A/B/B' plane" in texts(at)
+
+
+def test_landscape_slice_log_toggle_keeps_the_numbers(pair):
+    """The log scale colours log10 of the loss; the surface's height stays the loss."""
+    at = app("landscape", l_slice_grid="5")
+    at.button(key="l_slice_run").click().run()
+    lin = next(f for t, f in figures(at).items() if t.startswith("Test loss on a random"))
+    at.toggle(key="l_log").set_value(True).run()
+    assert not at.exception
+    log = next(f for t, f in figures(at).items() if t.startswith("Test loss on a random"))
+    z = np.asarray([numbers(r) if isinstance(r, dict) else r for r in
+                    next(tr for tr in lin["data"] if tr["type"] == "contour")["z"]], float)
+    zl = np.asarray([numbers(r) if isinstance(r, dict) else r for r in
+                     next(tr for tr in log["data"] if tr["type"] == "contour")["z"]], float)
+    assert np.allclose(zl, np.log10(z), atol=1e-9)
+    assert "log10" in next(tr for tr in log["data"] if tr["type"] == "contour"
+                           )["colorbar"]["title"]["text"]
+
+
+def test_barrier_page_plane_has_a_3d_view(pair):
+    """With the plane drawn, a tab beside the contour holds the same grid as a 3D surface."""
+    at = app("barrier", b_points="3", b_plane="true", b_grid="5",
+             b_specs=["FFN + attention + rescale (seed paper)"])
+    figs = figures(at)
+    flat = figs["Test loss on the plane through A, B and B'"]
+    surf = figs["Test loss surface on the plane through A, B and B'"]
+    _framed(surf)
+    s = next(tr for tr in surf["data"] if tr["type"] == "surface")
+    c = next(tr for tr in flat["data"] if tr["type"] in ("contour", "heatmap"))
+
+    def grid(v):
+        return np.asarray([numbers(r) if isinstance(r, dict) else r for r in v], float)
+
+    assert np.allclose(grid(s["z"]), grid(c["z"]), rtol=1e-9)
+    assert [t.label for t in at.tabs] == ["Contour (from above)", "3D surface (drag to turn)"]
+
+
+def test_stop_reaches_a_training_measurement_and_nothing_is_cached(roots):
+    """The app's cancel() reaches bend's training (Context.cancel): a stopped bend raises
+    Cancelled, one line, and leaves nothing in the results cache."""
+    from app_pages import common
+    from rotviz import app as rapp
+
+    a, s = str(roots / "vit-s0"), str(roots / "vit-s1")
+    base = {"anchor": a, "source": s, "data": "digits", "seed": 0, "n_eval": N_EVAL,
+            "device": "cpu"}
+    cfg = rapp.measure_cfg(base, "seed", steps=20, points=3)
+    with pytest.raises(rapp.Cancelled, match="stopped before it finished") as e:
+        common.compute("bend", cfg, None, lambda: True)
+    assert "\n" not in str(e.value)
+    assert not common.is_cached("bend", cfg)
+    done = common.compute("bend", cfg, None, lambda: False)
+    assert done["stopped"] == "steps" and done["steps"] == 20
+    assert common.is_cached("bend", cfg)

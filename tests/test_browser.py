@@ -63,7 +63,17 @@ def server(tmp_path_factory):
         yield url
 
 
-NAV = ["Models", "Match", "Barrier", "Spectra", "Merge", "Learn", "Measure"]
+NAV = ["Models", "Match", "Barrier", "Spectra", "Merge", "Landscape", "Learn", "Measure"]
+
+
+def press_every_run(page) -> None:
+    """Press each form's Run on the page in turn, waiting for its results to draw."""
+    drawn(page)
+    buttons = page.locator("[data-testid='stFormSubmitButton'] button")
+    for i in range(buttons.count()):
+        buttons.nth(i).click()
+        page.wait_for_timeout(300)
+        drawn(page)
 
 
 def nav_titles(page) -> list[str]:
@@ -87,6 +97,8 @@ def test_every_page_in_chromium(server, tmp_path):
         assert page.get_by_text("Anchor (model 2, stays fixed)").count() == 1
         for name in PAGES:
             page.goto(f"{server}/{'' if name == 'models' else name}?n=100")
+            if name == "landscape":  # computes only on Run: press every section's
+                press_every_run(page)
             # the page's own results, not only an idle script: right after a navigation the
             # app may still read "not running" before this page's run has begun (busy CPUs)
             page.wait_for_selector(".js-plotly-plot, [data-testid='stMetric'], "

@@ -356,10 +356,13 @@ def match(res: Resources, cfg: dict, progress: Progress | None = None) -> dict:
     return summaries.match_summary(m, c.label)
 
 
-def measure(name: str, res: Resources, cfg: dict, progress: Progress | None = None) -> dict:
+def measure(name: str, res: Resources, cfg: dict, progress: Progress | None = None,
+            cancel: Callable[[], bool] | None = None) -> dict:
     """The registered measurement `name` (rotviz.measures) on the configuration's endpoints,
     as plain data, with the function check of the matched source (`preserved`,
-    `max_output_diff`, `tolerance`)."""
+    `max_output_diff`, `tolerance`). `cancel()` returning True stops a training measurement
+    (the app's Stop, through `Context.cancel`); a stopped one raises `Cancelled`, so that
+    a half-trained result is never returned, and so never cached."""
     from rotviz.devices import resolve_device
     from rotviz.match.pipeline import FUNCTION_TOLERANCE
     from rotviz.measures import Context, measurement
@@ -375,9 +378,12 @@ def measure(name: str, res: Resources, cfg: dict, progress: Progress | None = No
     ends = endpoints(res, c, progress)
     split = _split_of(res, c) if record.data else None
     with res.using(c.anchor, c.source):
-        result = record.run(ends, Context(split, resolve_device(c.device), progress=progress),
-                            values)
+        result = record.run(ends, Context(split, resolve_device(c.device), progress=progress,
+                                          cancel=cancel), values)
     out = result.to_dict()
+    if out.get("stopped") == "cancelled":
+        raise Cancelled(f"{record.label} was stopped before it finished; nothing was kept. "
+                        "Press Run to start again.")
     out.setdefault("match", ends.match)
     diff = ends.info.max_output_diff
     out.update(max_output_diff=diff, tolerance=FUNCTION_TOLERANCE,
@@ -427,11 +433,13 @@ def kinds() -> list[str]:
     return sorted(set(COMPUTE) | {m.name for m in measurements()})
 
 
-def run(kind: str, res: Resources, cfg: dict, progress: Progress | None = None) -> Any:
+def run(kind: str, res: Resources, cfg: dict, progress: Progress | None = None,
+        cancel: Callable[[], bool] | None = None) -> Any:
     """The result of computation `kind` (a key of COMPUTE, or a registered measurement's
-    name) for a configuration."""
+    name) for a configuration. `cancel` reaches a measurement's `Context` (training
+    measurements such as bend stop when it returns True)."""
     if kind in COMPUTE:
         return COMPUTE[kind](res, cfg, progress)
     if kind in kinds():
-        return measure(kind, res, cfg, progress)
+        return measure(kind, res, cfg, progress, cancel)
     raise RotvizError(f"no computation '{kind}'; one of {', '.join(kinds())}")
