@@ -92,7 +92,7 @@ def test_the_check_finds_a_planted_cycle(tmp_path):
 
 # Layers, lowest first: a module may import its own layer and those below it.
 LAYERS = [
-    ("core", ["rotviz.errors", "rotviz.limits", "rotviz.params", "rotviz.memo",
+    ("core", ["rotviz.errors", "rotviz.limits", "rotviz.params", "rotviz.records", "rotviz.memo",
               "rotviz.version", "rotviz.types", "rotviz.outputs", "rotviz.checkpoint",
               "rotviz.dist", "rotviz.memory", "rotviz.confine", "rotviz.devices"]),
     ("arch", ["rotviz.arch"]),

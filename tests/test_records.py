@@ -86,9 +86,8 @@ register_method(MergeMethod(
 def toy(tmp_path, monkeypatch):
     """The plug-in module, imported from a folder of its own; the registries are restored
     afterwards, so no other test sees it."""
-    monkeypatch.setattr(measures_registry, "_MEASUREMENTS",
-                        dict(measures_registry._MEASUREMENTS))
-    monkeypatch.setattr(merging_registry, "_METHODS", dict(merging_registry._METHODS))
+    for records in (measures_registry.MEASUREMENTS, merging_registry.METHODS):
+        monkeypatch.setattr(records, "_by_name", dict(records._by_name))
     (tmp_path / "toy_records.py").write_text(TOY)
     monkeypatch.syspath_prepend(str(tmp_path))
     sys.modules.pop("toy_records", None)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from rotviz.errors import RotvizError
 from rotviz.params import Param, read_params
+from rotviz.records import Records
 from rotviz.types import Progress
 
 if TYPE_CHECKING:
@@ -90,31 +91,25 @@ class Measurement:
         return self.refusal or f"{self.name} has no block-by-block implementation"
 
 
-_MEASUREMENTS: dict[str, Measurement] = {}
-# listed first, in this order
-BUILT_IN = ("barrier", "plane", "merge", "distances", "spectra", "sweeps", "slice",
-            "layerwise", "hessian", "bend", "sharpness", "flat")
+MEASUREMENTS: Records[Measurement] = Records("measurement", (
+    "barrier", "plane", "merge", "distances", "spectra", "sweeps", "slice", "layerwise",
+    "hessian", "bend", "sharpness", "flat"))
 
 
 def register(m: Measurement) -> Measurement:
     """Add a measurement (its name must be new); returns it."""
-    if m.name in _MEASUREMENTS:
-        raise RotvizError(f"measurement '{m.name}' is registered twice")
-    if not m.name.isidentifier():
-        raise RotvizError(f"measurement name '{m.name}' must be a Python identifier")
-    _MEASUREMENTS[m.name] = m
-    return m
+    return MEASUREMENTS.register(m)
 
 
 def measurements() -> tuple[Measurement, ...]:
     """Every registered measurement, built-ins first."""
-    first = [_MEASUREMENTS[n] for n in BUILT_IN if n in _MEASUREMENTS]
-    return tuple(first + [m for m in _MEASUREMENTS.values() if m.name not in BUILT_IN])
+    return MEASUREMENTS.all()
 
 
 def measurement(name: str) -> Measurement:
     """The measurement called `name`, or a one-line error."""
-    if name not in _MEASUREMENTS:
+    found = MEASUREMENTS.get(name)
+    if found is None:
         raise RotvizError(f"no measurement '{name}'; use one of "
                           f"{', '.join(m.name for m in measurements())}")
-    return _MEASUREMENTS[name]
+    return found

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from rotviz.errors import RotvizError
 from rotviz.params import Param
+from rotviz.records import Records
 
 if TYPE_CHECKING:
     import torch
@@ -64,25 +65,18 @@ class MergeMethod:
         return self.statistics is not None
 
 
-_METHODS: dict[str, MergeMethod] = {}
-BUILT_IN = ("simple", "fisher", "regmean")  # offered first, in this order
+METHODS: Records[MergeMethod] = Records("merge method", ("simple", "fisher", "regmean"))
 
 
 def register(method: MergeMethod) -> MergeMethod:
     """Add a method (its name must be new); returns it, so a module can keep it."""
-    if method.name in _METHODS:
-        raise RotvizError(f"merge method '{method.name}' is registered twice")
-    if not method.name.isidentifier():
-        raise RotvizError(f"merge method name '{method.name}' must be a Python identifier")
-    _METHODS[method.name] = method
-    return method
+    return METHODS.register(method)
 
 
 def methods() -> tuple[MergeMethod, ...]:
     """Every registered method, in the order registered (built-ins first: rotviz.merging
     registers them when it is imported)."""
-    first = [_METHODS[n] for n in BUILT_IN if n in _METHODS]
-    return tuple(first + [m for m in _METHODS.values() if m.name not in BUILT_IN])
+    return METHODS.all()
 
 
 def names() -> tuple[str, ...]:
@@ -91,10 +85,9 @@ def names() -> tuple[str, ...]:
 
 def method(name: str) -> MergeMethod:
     """The method called `name` (case and spaces ignored), or a one-line error."""
-    key = str(name).strip().lower()
-    for m in methods():
-        if m.name == key:
-            return m
+    found = METHODS.get(str(name).strip().lower())
+    if found is not None:
+        return found
     raise RotvizError(f"unknown merge method '{name}': use one of {', '.join(names())}")
 
 
