@@ -45,13 +45,17 @@ class Param:
             return "one of " + ", ".join(self.choices)
         return "a word"
 
+    def _bound(self) -> Bound | None:
+        """The bound, naming this parameter's flag (its messages name the option given)."""
+        b = self.bound
+        if b is None or b.flag == self.flag:
+            return b
+        return Bound(self.flag, b.lo, b.hi, b.integer)
+
     def check(self, value: Any) -> Any:
         """`value` checked (a one-line RotvizError naming the flag otherwise)."""
         if self.bound is not None:
-            if self.bound.flag != self.flag:  # the bound's own message names its flag
-                return Bound(self.flag, self.bound.lo, self.bound.hi,
-                             self.bound.integer).check(value)
-            return self.bound.check(value)
+            return self._bound().check(value)
         if self.choices and value not in self.choices:
             raise RotvizError(f"unknown {self.flag} '{value}': use one of "
                               f"{', '.join(self.choices)}")
@@ -62,9 +66,7 @@ class Param:
     def parse(self, text: str) -> Any:
         """A command-line string, parsed and checked."""
         if self.bound is not None:
-            b = self.bound if self.bound.flag == self.flag else \
-                Bound(self.flag, self.bound.lo, self.bound.hi, self.bound.integer)
-            return b.parse(text)
+            return self._bound().parse(text)
         return self.check(str(text).strip())
 
 

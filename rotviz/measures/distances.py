@@ -7,21 +7,18 @@ from rotviz.measures.barrier import match_label
 from rotviz.measures.registry import Context, Measurement, register
 
 
-def _run(ends, ctx: Context, v: dict) -> dict:
-    i = ends.info
-    return {"match": i.match, "layers": ends.layers, "anchor": ends.anchor_ref,
-            "source": ends.source_ref, "distance_before": i.distance_before,
-            "distance_after": i.distance_after, "max_output_diff": i.max_output_diff,
-            "before": i.before, "after": i.after, "match_seconds": i.seconds}
-
-
 class _Result(dict):
     def to_dict(self) -> dict:
         return dict(self)
 
 
-def _wrap(ends, ctx: Context, v: dict) -> _Result:
-    return _Result(_run(ends, ctx, v))
+def _run(ends, ctx: Context, v: dict) -> _Result:
+    """What matching did, from the endpoints (held or streamed alike): nothing to compute."""
+    i = ends.info
+    return _Result(match=i.match, layers=ends.layers, anchor=ends.anchor_ref,
+                   source=ends.source_ref, distance_before=i.distance_before,
+                   distance_after=i.distance_after, max_output_diff=i.max_output_diff,
+                   before=i.before, after=i.after, match_seconds=i.seconds)
 
 
 def _summary(d, how: str) -> str:
@@ -47,5 +44,5 @@ def _plot(d: dict):
 
 DISTANCES = register(Measurement(
     "distances", "Distances", "distance to the anchor before and after matching, per layer "
-    "and per kind of weight", _wrap, summary=_summary, plot=_plot, rows=_rows, at_size=_wrap,
+    "and per kind of weight", _run, summary=_summary, plot=_plot, rows=_rows, at_size=_run,
     data=False))
