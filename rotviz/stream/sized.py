@@ -88,8 +88,8 @@ class Held:
         self.held_bytes = sum(t.numel() * t.element_size()
                               for ts in self.tensors for t in ts.values())
         loaded = sized_loaded(self.models[0])
-        self.module = loaded.model
         self.ev = Evaluator(loaded, split, self.device, batch_size)
+        self.module = self.ev.module  # the module evaluations run (rotviz.evaluation)
 
     def mix(self, coeffs: tuple[float, ...], names) -> dict[str, Tensor]:
         """The named tensors of sum_k coeffs[k] model_k, in float32. Two models at

@@ -1,0 +1,132 @@
+"""Time the landscape explorer's measurements side by side, in one run, and write the
+`landscape` section of bench/RESULTS.md (`landscape-gpu` on a GPU).
+
+    python bench/landscape.py [--device cpu|cuda|auto] [--threads 2] [--roberta yes|no]
+                              [--roberta-steps N]
+
+Targets, on the default pair (zoo:vit-digits-s3 and s6) and its digits test split:
+- a 21 x 21 random-direction plane (filter normalised) around the anchor: at most 20 s;
+- the top Hessian eigenvalue of the anchor: at most 10 s;
+- the Bezier curve's training (300 Adam steps): at most 60 s;
+- layer-wise barriers, by block, with the unmatched comparison: at most 10 s;
+and, timed without a target, the top Hessian eigenvalue of a roberta-base-shaped masked LM
+(12 layers, d 768, 12 heads, FFN 3072, vocabulary 50,265; random weights, built here) on 32
+sequences of 128 random tokens: on a GPU by default, to convergence; on a CPU only with
+`--roberta yes`, its Lanczos run bounded by `--roberta-steps` (each step is one
+Hessian-vector product through the whole model), the table saying how many steps ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.results import default_pair_on_test, machine, write_section  # noqa: E402
+
+
+def _timed(fn):
+    t = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t, out
+
+
+def roberta_base_shape(folder: Path, seqs: int = 32, length: int = 128):
+    """A roberta-base-shaped masked LM with random weights, saved in `folder` and loaded as
+    rotviz loads any model, and a masked split of `seqs` random sequences of `length`
+    tokens (15% masked, seeded) read in its vocabulary."""
+    import torch
+
+    from rotviz.data import IGNORE, Split
+    from rotviz.models import load_model
+    from rotviz.random_models import save_random
+    from rotviz.tokens import encoding_fingerprint
+
+    path = save_random("roberta", folder / "roberta-base-shape", seed=0, layers=12, d=768,
+                       heads=12, ffn=3072, vocab=50265, positions=length)
+    model = load_model(path)
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 50265, (seqs, length), generator=gen)
+    hidden = torch.rand((seqs, length), generator=gen) < 0.15
+    labels = torch.where(hidden, ids, torch.full_like(ids, IGNORE))
+    inputs = torch.where(hidden, torch.full_like(ids, 4), ids)  # a fixed mask id
+    split = Split("random", "test", "masked", inputs, labels, 50265,
+                  encoding_fingerprint(model.path, model.config, model.ref))
+    return model, split
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--roberta", default="auto", choices=("auto", "yes", "no"),
+                    help="time the roberta-base shape (auto: on a GPU only; on this 2-core "
+                         "CPU one evaluation of it takes about a minute)")
+    ap.add_argument("--roberta-steps", type=int, default=0,
+                    help="Lanczos steps for the roberta-base shape (0: 100 on a GPU, 3 on a "
+                         "CPU)")
+    ap.add_argument("--no-write", action="store_true", help="print only")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from rotviz.analysis.curves import bend_on
+    from rotviz.analysis.hessian import hessian
+    from rotviz.analysis.layerwise import layerwise_on
+    from rotviz.analysis.slices import slice_at
+    from rotviz.devices import resolve_device
+    from rotviz.match.endpoints import match_endpoints
+
+    torch.set_num_threads(args.threads)
+    device = resolve_device(args.device)
+    a, b, split = default_pair_on_test()
+    ends = match_endpoints(a, b, "seed", device)
+    rows: list[tuple[str, float, str, str]] = []
+
+    took, s = _timed(lambda: slice_at(a, split, dims=2, grid=21, device=device))
+    rows.append(("21 x 21 random plane (filter normalised) around the anchor", took, "20",
+                 f"centre loss {s.centre_loss:.4f}; {1e3 * took / 441:.1f} ms a point"))
+    took, h = _timed(lambda: hessian(a, None, split, device, top=1))
+    rows.append(("top Hessian eigenvalue of the anchor", took, "10",
+                 f"lambda_1 {h.eigenvalues[0]:.4f}; {h.hvps} Hessian-vector products"))
+    took, r = _timed(lambda: bend_on(ends, split, "bezier", 300, device=device))
+    rows.append(("Bezier curve, 300 Adam steps trained, then evaluated", took, "60",
+                 f"training {r.train_seconds:.1f} s; barrier {r.barrier:.4f} against the "
+                 f"line's {r.line_barrier:.4f}"))
+    took, lw = _timed(lambda: layerwise_on(ends, split, 11, "block", True, device))
+    rows.append(("layer-wise barriers by block, 11 points, with the unmatched comparison",
+                 took, "10", f"{len(lw.groups)} groups; full-path barrier "
+                 f"{lw.full_barrier:.4f} (unmatched {lw.full_barrier_unmatched:.4f})"))
+    if args.roberta == "yes" or (args.roberta == "auto" and device.type == "cuda"):
+        steps = args.roberta_steps or (100 if device.type == "cuda" else 3)
+        with tempfile.TemporaryDirectory() as tmp:
+            model, text = roberta_base_shape(Path(tmp))
+            n = sum(t.numel() for t in model.state.values())
+            took, rh = _timed(lambda: hessian(model, None, text, device, top=1, steps=steps,
+                                              batch_size=32))
+        rows.append((f"roberta-base shape ({n / 1e6:.0f}M parameters), 32 x 128 tokens: top "
+                     "Hessian eigenvalue", took, "",
+                     f"{rh.hvps} Hessian-vector products ({took / max(1, rh.hvps):.1f} s "
+                     f"each), Lanczos bounded to {steps} steps; lambda_1 "
+                     f"{rh.eigenvalues[0]:.4g}"))
+
+    lines = [f"| {w} | {t:.2f} | {target or '-'} | "
+             f"{'-' if not target else ('met' if t <= float(target) else 'not met')} | {note} |"
+             for w, t, target, note in rows]
+    body = (f"Run as `python bench/landscape.py --device {args.device} --threads "
+            f"{args.threads}`.\n\nMachine: {machine(device.type)}.\n\nDefault pair "
+            f"({a.ref}, {b.ref}) on the digits test split ({split.n} images), device "
+            f"{device}.\n\n| what | seconds | target s | | result |\n|---|---|---|---|---|\n"
+            + "\n".join(lines))
+    print(body)
+    if not args.no_write:
+        write_section("landscape-gpu" if device.type == "cuda" else "landscape", body)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
