@@ -146,3 +146,34 @@ def test_real_command_line(tmp_path):
     )
     assert probe.returncode == 0, probe.stderr
     assert probe.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_short_sequences_attend_unfused_on_a_twin_of_the_model():
+    """On the CPU the default pair (17 positions) is evaluated through a twin of its module
+    that attends unfused: it shares every tensor with the cached model, whose config stays
+    'sdpa', and gives the fused model's loss and logits to float32 roundoff. Long windows keep
+    the model's own module."""
+
+
+    from rotviz.data import load_split
+    from rotviz.evaluation import SHORT_ATTENTION, Evaluator, split_for
+    from rotviz.models import load_model
+
+    model = load_model("zoo:vit-digits-s3")
+    split = load_split("digits", "test").subset(64)
+    ev = Evaluator(model, split, "cpu")
+    assert ev.module is not model.model
+    assert model.model.config._attn_implementation == "sdpa"
+    assert ev.module.config._attn_implementation == "eager"
+    ours = dict(ev.module.named_parameters())
+    assert all(p.data_ptr() == ours[n].data_ptr() for n, p in model.model.named_parameters())
+    x, y = next(iter(split.batches(64)))
+    with torch.inference_mode():
+        fused = model.model(pixel_values=x).logits
+        twin = ev.logits(ev.params(model.state), x)
+    assert float((fused - twin).abs().max()) < 1e-5
+    loss = float(torch.nn.functional.cross_entropy(fused.double(), y))
+    assert abs(ev.evaluate(ev.params(model.state))[0] - loss) < 1e-6
+    long_text = load_model("zoo:gpt2-pystdlib-s0")
+    text = split_for(long_text, "pystdlib", "test", seq_len=2 * SHORT_ATTENTION).subset(4)
+    assert Evaluator(long_text, text, "cpu").module is long_text.model
