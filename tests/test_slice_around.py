@@ -1,5 +1,5 @@
 """Slices around any point of a pair, with every direction kind and the symmetry-aware
-`unit` normalisation (rotviz.analysis.slices.slice_around, rotviz.analysis.directions):
+`unit` normalisation (rotviz.analysis.directions: slice_around, slice_with):
 each centre's loss against the point evaluated by an independent float64 forward pass, the
 toward direction reaching B' at x = 1, gauge-fixed directions orthogonal to every tangent
 (the dense tangent matrix), the loss along a tangent even in x (no first-order term) beside
@@ -18,8 +18,15 @@ from test_landscape import synthetic_split
 from test_slices import _moved
 from test_tangents import f64_loss
 
-from rotviz.analysis.directions import drawn, normalise_all, symmetry_directions, unit_normalise
-from rotviz.analysis.slices import random_directions, slice_around, slice_at
+from rotviz.analysis.directions import (
+    drawn,
+    normalise_all,
+    slice_around,
+    slice_with,
+    symmetry_directions,
+    unit_normalise,
+)
+from rotviz.analysis.slices import random_directions, slice_at
 from rotviz.analysis.tangents import gauge_fixed, parameter_names, tangents
 from rotviz.cli import main
 from rotviz.errors import RotvizError
@@ -160,8 +167,8 @@ def test_the_loss_along_a_tangent_has_no_first_order_term(small):
     ev = Evaluator(model, split)
     h = 0.02
     kw = dict(dims=1, grid=5, span=2 * h, seed=4, evaluator=ev)
-    tan = np.asarray(slice_at(model, split, directions="tangent", **kw).loss)
-    rnd = np.asarray(slice_at(model, split, directions="random", **kw).loss)
+    tan = np.asarray(slice_with(model, split, directions="tangent", **kw).loss)
+    rnd = np.asarray(slice_with(model, split, directions="random", **kw).loss)
     assert abs(tan[3] - tan[1]) <= 1e-10 * tan[2] and abs(tan[4] - tan[0]) <= 1e-10 * tan[2]
     assert (tan[4] - tan[2]) == pytest.approx(4 * (tan[3] - tan[2]), rel=0.02)
     assert abs(tan[3] - tan[2]) > 1e-9  # not a degenerate (zero) direction
@@ -262,9 +269,11 @@ def test_unit_normalisation_commutes_with_permutations_and_rotations(small, fam)
     fs = np.asarray(slice_at(model, split, given=filt, **kw).loss)
     ft = np.asarray(slice_at(model, split, point=moved_theta, given=filt_moved, **kw).loss)
     assert np.abs(ft - fs).max() > 1e-4
-    # the unit draw is the same Gaussian draw as the filter one (one seed, one draw)
-    assert unit_normalise(model, raw[0], theta)[parameter_names(model)[5]].shape == \
-        filt[0][parameter_names(model)[5]].shape
+    # one seed, one draw: outside the blocks (embeddings, head) unit is filter, bit for bit
+    u0 = unit_normalise(model, raw[0], theta)
+    outside = [n for n in parameter_names(model) if theta[n].dim() > 1 and
+               not n.startswith(read_view(model.spec, model.config, model.state).layout.blocks)]
+    assert outside and all(torch.equal(u0[n], filt[0][n]) for n in outside)
 
 
 def test_the_cli_slices_around_the_matched_source(tmp_path, capsys):

@@ -37,18 +37,33 @@ first order everywhere and, at a trained model, nearly flat to second order.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 import torch
 
-from rotviz.analysis.slices import normalise, random_directions
+from rotviz.analysis.slices import (
+    Slice,
+    hessian_directions,
+    normalise,
+    random_directions,
+    slice_at,
+)
+from rotviz.data import Split
 from rotviz.errors import RotvizError
+from rotviz.evaluation import Evaluator
+from rotviz.limits import GRID, SEED, SPAN
 from rotviz.models import Loaded
+from rotviz.types import Progress
 
 Tensor = torch.Tensor
 F64 = torch.float64
 EPS = 1e-12
+NORMS = ("filter", "layer", "unit", "none")
+DIRECTIONS = ("random", "hessian", "toward", "tangent", "gauge")
+CENTRES = ("anchor", "source", "matched", "path", "merged")
+TOWARD = ("matched", "source")
 
 
 def _f64_view(loaded: Loaded, state: Mapping[str, Tensor]):
@@ -272,3 +287,135 @@ def max_tangent_cosine(flats: Sequence[Tensor], blocks) -> float:
             cos = (b.t @ d[b.idx]).abs() / (tn.clamp_min(EPS) * dn)
             worst = max(worst, float(cos.max()))
     return worst
+
+
+def _check(norm: str, directions: str, dims: int) -> None:
+    if norm not in NORMS:
+        raise RotvizError(f"unknown --norm '{norm}': use one of {', '.join(NORMS)}")
+    if directions not in DIRECTIONS:
+        raise RotvizError(f"unknown --directions '{directions}': use one of "
+                          f"{', '.join(DIRECTIONS)}")
+    if dims not in (1, 2):
+        raise RotvizError(f"--dims must be 1 or 2, got {dims}")
+
+
+def slice_with(
+    loaded: Loaded,
+    split: Split,
+    dims: int = 2,
+    directions: str = "random",
+    norm: str = "filter",
+    keep_1d: bool = False,
+    grid: int = 21,
+    span: float = 1.0,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+    progress: Progress | None = None,
+    batch_size: int = 512,
+    point: Mapping[str, Tensor] | None = None,
+    evaluator: Evaluator | None = None,
+    steps: int = 100,
+    target: Mapping[str, Tensor] | None = None,
+) -> Slice:
+    """slice_with(model, split, directions="gauge", norm="unit", ...) -> Slice
+
+    `slice_at` (rotviz.analysis.slices) with every direction kind and normalisation:
+    random and hessian as there, also under `unit`; `toward` from the point to `target`
+    (B' or B); `tangent` and `gauge` at the point (module docstring). The directions are
+    built here and evaluated by slice_at as given ones, so the grid, the exact centre and
+    the progress are slice_at's; the result names the kind, the norm and the seed."""
+    _check(norm, directions, dims)
+    if directions in ("random", "hessian") and norm != "unit":
+        return slice_at(loaded, split, dims, directions, norm, keep_1d, grid, span, seed,
+                        device, progress, batch_size, point, None, evaluator, steps)
+    GRID.check(grid)
+    SPAN.check(span)
+    SEED.check(seed)
+    t0 = time.perf_counter()
+    ev = evaluator or Evaluator(loaded, split, device, batch_size)
+    theta = ev.params(loaded.state if point is None else point)
+    movable = {n for n, _ in loaded.model.named_parameters()}
+    extra: dict = {}
+    if directions == "toward":
+        if target is None:
+            raise RotvizError("--directions toward needs a second model to point at: add "
+                              "--source MODEL")
+        goal = ev.params(target)
+        ds = toward_directions(loaded, theta, goal, movable, dims, seed, norm, keep_1d)
+        extra["target_loss"] = ev.evaluate(goal)[0]
+        extra["target_x"] = 1.0 if norm == "none" and keep_1d else None  # exactly on the axis
+    elif directions in ("tangent", "gauge"):
+        ds, extra["tangent_cosine"] = symmetry_directions(loaded, theta, movable, dims, seed,
+                                                          norm, keep_1d, directions)
+    elif directions == "hessian":  # under unit: the eigenvectors, then normalised
+        raw, extra["eigenvalues"] = hessian_directions(ev, theta, dims, seed, "none", keep_1d,
+                                                       steps)
+        ds = [normalise_all(loaded, d, theta, "unit", keep_1d, movable) for d in raw]
+    else:
+        ds = drawn(loaded, theta, movable, dims, seed, norm, keep_1d)
+    s = slice_at(loaded, split, dims, "random", "none", keep_1d, grid, span, seed, device,
+                 progress, batch_size, point, ds, ev, steps)
+    return replace(s, directions=directions, norm=norm, seconds=time.perf_counter() - t0,
+                   **extra)
+
+
+def needs_source(around: str, directions: str) -> str | None:
+    """The option that needs a second model (a phrase for the one-line error), or None."""
+    if around != "anchor":
+        return f"--around {around}"
+    if directions == "toward":
+        return "--directions toward"
+    return None
+
+
+def centre_state(ends, around: str, alpha: float = 0.5, merge: str = "simple",
+                 split: Split | None = None, device: str | torch.device = "cpu"
+                 ) -> Mapping[str, Tensor] | None:
+    """The parameter set a slice is centred on, from held endpoints (rotviz.match.endpoints):
+    `anchor` A (None: the anchor's own state), `source` B, `matched` B', `path` the point
+    (1 - alpha) A + alpha B' of the matched straight path (float64, cast back), `merged`
+    the matched pair merged by the registered method `merge` with the source's weight
+    `alpha` (`simple` at 0.5 is the plain average; methods with statistics take them from
+    the split's train sibling, rotviz.analysis.fusion.merge_on)."""
+    if around not in CENTRES:
+        raise RotvizError(f"unknown --around '{around}': use one of {', '.join(CENTRES)}")
+    if around == "anchor":
+        return None
+    if around == "source":
+        return ends.source.state
+    if around == "matched":
+        return ends.matched
+    if around == "path":
+        a, b = ends.anchor.state, ends.matched
+        return {k: ((1.0 - alpha) * v.double() + alpha * b[k].double()).to(v.dtype)
+                if v.is_floating_point() else v for k, v in a.items()}
+    from rotviz.analysis.fusion import merge_on
+
+    if split is None:
+        raise RotvizError("--around merged needs data for the merge: give --data")
+    return merge_on(ends, merge, split, alpha, device).state
+
+
+def slice_around(ends, split: Split, around: str = "anchor", alpha: float = 0.5,
+                 merge: str = "simple", toward: str = "matched", directions: str = "random",
+                 **kw) -> Slice:
+    """slice_around(endpoints, split, around="matched", directions="toward", ...) -> Slice
+
+    A slice (`slice_with`, whose keywords `kw` takes) centred on a point of held endpoints
+    (`centre_state`), with `toward` directions pointing at the matched source B'
+    (`toward="matched"`) or the source B as it is (`"source"`). Endpoints of one model (its
+    anchor and source the same reference) can only be sliced around the anchor."""
+    if toward not in TOWARD:
+        raise RotvizError(f"unknown --toward '{toward}': use one of {', '.join(TOWARD)}")
+    why = needs_source(around, directions)
+    if why and ends.source_ref == ends.anchor_ref:
+        raise RotvizError(f"{why} needs a second model: add --source MODEL (and --match SPEC)")
+    point = centre_state(ends, around, alpha, merge, split, kw.get("device", "cpu"))
+    target = None
+    if directions == "toward":
+        target = ends.matched if toward == "matched" else ends.source.state
+    s = slice_with(ends.anchor, split, directions=directions, point=point, target=target, **kw)
+    return replace(s, around=around, alpha=float(alpha) if around in ("path", "merged") else None,
+                   merge=merge if around == "merged" else None,
+                   toward=toward if directions == "toward" else None,
+                   source=ends.source_ref if why else "", match=ends.match if why else "none")

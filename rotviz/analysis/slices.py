@@ -38,11 +38,8 @@ from rotviz.models import Loaded
 from rotviz.types import Progress
 
 Tensor = torch.Tensor
-NORMS = ("filter", "layer", "unit", "none")
-TENSOR_NORMS = ("filter", "layer", "none")  # the norms `normalise` applies tensor by tensor
-DIRECTIONS = ("random", "hessian", "toward", "tangent", "gauge")
-CENTRES = ("anchor", "source", "matched", "path", "merged")
-TOWARD = ("matched", "source")
+NORMS = ("filter", "layer", "none")
+DIRECTIONS = ("random", "hessian")
 EPS = 1e-12  # a direction row this small (never, for Gaussian draws) is left as it is
 
 
@@ -76,6 +73,7 @@ class Slice:
     direction_norms: list[float] | None = None  # |d1|, |d2| (L2, parameter units)
     cosine: float | None = None  # cos(d1, d2) in 2D: near 0 for large models
     eigenvalues: list[float] | None = None  # with hessian directions: lambda_1 (, lambda_2)
+    # set by rotviz.analysis.directions.slice_around / slice_with (slices around any point):
     around: str = "anchor"  # the centre: anchor, source, matched, path, merged (or "point")
     alpha: float | None = None  # path: (1 - alpha) A + alpha B'; merged: the source's weight
     merge: str | None = None  # merged: the merge method (rotviz.merging)
@@ -83,7 +81,7 @@ class Slice:
     match: str = "none"  # how the second model was matched (B')
     toward: str | None = None  # toward directions: "matched" (B') or "source" (B)
     target_loss: float | None = None  # toward: the target's own loss, evaluated exactly
-    target_x: float | None = None  # toward with norm none: x = 1 is the target
+    target_x: float | None = None  # toward with norm none and biases kept: x = 1 is the target
     tangent_cosine: float | None = None  # tangent/gauge: max |cos| with any single tangent
 
     def to_dict(self) -> dict:
@@ -115,9 +113,6 @@ def normalise(d: Tensor, w: Tensor, norm: str, keep_1d: bool = False) -> Tensor:
         dn = torch.linalg.vector_norm(dd)
         out = dd * (torch.linalg.vector_norm(ww) / dn) if dn > EPS else dd
         return out.to(d.dtype)
-    if norm == "unit":
-        raise RotvizError("--norm unit scales FFN units and heads across tensors: use "
-                          "rotviz.analysis.directions.normalise_all for a whole direction")
     if norm != "filter":
         raise RotvizError(f"unknown --norm '{norm}': use one of {', '.join(NORMS)}")
     rows_d = dd.reshape(dd.shape[0], -1) if dd.dim() >= 1 else dd.reshape(1, 1)
@@ -215,7 +210,6 @@ def slice_at(
     given: Sequence[Mapping[str, Tensor]] | None = None,
     evaluator: Evaluator | None = None,
     steps: int = 100,
-    target: Mapping[str, Tensor] | None = None,
 ) -> Slice:
     """slice_at(model, split, dims=2, directions="random", norm="filter", grid=21, span=1.0,
     seed=0) -> Slice
@@ -227,52 +221,22 @@ def slice_at(
     Lanczos of at most `steps` steps from a seeded start) and normalised by `norm` (module
     docstring), or `given` as they are (already
     normalised: a test passes directions moved by a symmetry element). The centre is also
-    evaluated exactly (`centre_loss`), so an even grid still reports it.
-
-    `toward` needs `target` (B' or B): d1 runs from the point to it; `tangent` and `gauge`
-    take the symmetry tangents at the point; `unit` normalisation scales FFN units and
-    heads as wholes (rotviz.analysis.directions). `slice_around` picks the point and the
-    target from endpoints."""
+    evaluated exactly (`centre_loss`), so an even grid still reports it."""
     _check_choices(norm, directions, dims)
     GRID.check(grid)
     SPAN.check(span)
     t0 = time.perf_counter()
     ev = evaluator or Evaluator(loaded, split, device, batch_size)
     theta = ev.params(loaded.state if point is None else point)
-    eigenvalues = target_loss = target_x = cosine_t = None
-    movable = {n for n, _ in loaded.model.named_parameters()}
-    if directions == "toward" and given is None and target is None:
-        raise RotvizError("--directions toward needs a second model to point at: add "
-                          "--source MODEL")
+    eigenvalues = None
     if given is not None:
         if len(given) != dims:
             raise RotvizError(f"a {dims}D slice needs {dims} directions, got {len(given)}")
         ds = [ev.params(d) for d in given]
     elif directions == "hessian":
-        ds, eigenvalues = hessian_directions(ev, theta, dims, seed,
-                                             "none" if norm == "unit" else norm, keep_1d,
-                                             steps)
-        if norm == "unit":
-            from rotviz.analysis.directions import normalise_all
-
-            ds = [normalise_all(loaded, d, theta, "unit", keep_1d, movable) for d in ds]
-    elif directions == "toward":
-        from rotviz.analysis.directions import toward_directions
-
-        goal = ev.params(target)
-        ds = toward_directions(loaded, theta, goal, movable, dims, seed, norm, keep_1d)
-        target_loss = ev.evaluate(goal)[0]
-        target_x = 1.0 if norm == "none" and keep_1d else None  # exactly on the axis
-    elif directions in ("tangent", "gauge"):
-        from rotviz.analysis.directions import symmetry_directions
-
-        ds, cosine_t = symmetry_directions(loaded, theta, movable, dims, seed, norm, keep_1d,
-                                           directions)
-    elif norm == "unit":
-        from rotviz.analysis.directions import drawn
-
-        ds = drawn(loaded, theta, movable, dims, seed, norm, keep_1d)
+        ds, eigenvalues = hessian_directions(ev, theta, dims, seed, norm, keep_1d, steps)
     else:
+        movable = {n for n, _ in loaded.model.named_parameters()}
         ds = random_directions(theta, movable, dims, seed, norm, keep_1d)
     xs = np.linspace(-span, span, grid)
     ys = xs if dims == 2 else np.zeros(0)
@@ -306,72 +270,5 @@ def slice_at(
         grid=grid, span=float(span), seed=seed, data=split.data, split=split.split,
         device=str(ev.device), seconds=time.perf_counter() - t0, n=split.n, model=loaded.ref,
         direction_norms=norms, cosine=cos, eigenvalues=eigenvalues,
-        around="anchor" if point is None else "point", target_loss=target_loss,
-        target_x=target_x, tangent_cosine=cosine_t,
+        around="anchor" if point is None else "point",
     )
-
-
-def needs_source(around: str, directions: str) -> str | None:
-    """The option that needs a second model (a phrase for the one-line error), or None."""
-    if around != "anchor":
-        return f"--around {around}"
-    if directions == "toward":
-        return "--directions toward"
-    return None
-
-
-def centre_state(ends, around: str, alpha: float = 0.5, merge: str = "simple",
-                 split: Split | None = None, device: str | torch.device = "cpu"
-                 ) -> Mapping[str, Tensor] | None:
-    """The parameter set a slice is centred on, from held endpoints (rotviz.match.endpoints):
-    `anchor` A (None: the anchor's own state), `source` B, `matched` B', `path` the point
-    (1 - alpha) A + alpha B' of the matched straight path (float64, cast back), `merged`
-    the matched pair merged by the registered method `merge` with the source's weight
-    `alpha` (`simple` at 0.5 is the plain average; methods with statistics take them from
-    the split's train sibling, rotviz.analysis.fusion.merge_on)."""
-    if around not in CENTRES:
-        raise RotvizError(f"unknown --around '{around}': use one of {', '.join(CENTRES)}")
-    if around == "anchor":
-        return None
-    if around == "source":
-        return ends.source.state
-    if around == "matched":
-        return ends.matched
-    if around == "path":
-        a, b = ends.anchor.state, ends.matched
-        return {k: ((1.0 - alpha) * v.double() + alpha * b[k].double()).to(v.dtype)
-                if v.is_floating_point() else v for k, v in a.items()}
-    from rotviz.analysis.fusion import merge_on
-
-    if split is None:
-        raise RotvizError("--around merged needs data for the merge: give --data")
-    return merge_on(ends, merge, split, alpha, device).state
-
-
-def slice_around(ends, split: Split, around: str = "anchor", alpha: float = 0.5,
-                 merge: str = "simple", toward: str = "matched", directions: str = "random",
-                 **kw) -> Slice:
-    """slice_around(endpoints, split, around="matched", directions="toward", ...) -> Slice
-
-    A slice (`slice_at`, whose keywords `kw` takes) centred on a point of held endpoints
-    (`centre_state`), with `toward` directions pointing at the matched source B'
-    (`toward="matched"`) or the source B as it is (`"source"`). Endpoints of one model (its
-    anchor and source the same reference) can only be sliced around the anchor."""
-    if toward not in TOWARD:
-        raise RotvizError(f"unknown --toward '{toward}': use one of {', '.join(TOWARD)}")
-    why = needs_source(around, directions)
-    if why and ends.source_ref == ends.anchor_ref:
-        raise RotvizError(f"{why} needs a second model: add --source MODEL (and --match SPEC)")
-    device = kw.get("device", "cpu")
-    point = centre_state(ends, around, alpha, merge, split, device)
-    target = None
-    if directions == "toward":
-        target = ends.matched if toward == "matched" else ends.source.state
-    s = slice_at(ends.anchor, split, directions=directions, point=point, target=target, **kw)
-    s.around = around
-    s.alpha = float(alpha) if around in ("path", "merged") else None
-    s.merge = merge if around == "merged" else None
-    s.toward = toward if directions == "toward" else None
-    if why:
-        s.source, s.match = ends.source_ref, ends.match
-    return s

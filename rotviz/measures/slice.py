@@ -79,13 +79,13 @@ def _check(values: dict, given: set[str]) -> None:
 
 def _source(values: dict) -> str | None:
     """Which of these values needs the second model (--source), or None."""
-    from rotviz.analysis.slices import needs_source
+    from rotviz.analysis.directions import needs_source
 
     return needs_source(values["around"], values["directions"])
 
 
 def _run(ends, ctx: Context, v: dict):
-    from rotviz.analysis.slices import slice_around
+    from rotviz.analysis.directions import slice_around
 
     return slice_around(ends, ctx.split, v["around"], v["alpha"], v["merge"], v["toward"],
                         v["directions"], dims=v["dims"], norm=v["norm"],
