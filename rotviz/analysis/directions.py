@@ -1,6 +1,11 @@
-"""Slice directions that know the model's symmetries (docs/landscape.md, "Slices around any
-point"): the symmetry-aware `unit` normalisation, the direction toward another point, and
-directions inside (`tangent`) or orthogonal to (`gauge`) the symmetry orbit's tangent space.
+"""Slices around any point of a pair, along directions that know the model's symmetries
+(docs/landscape.md, "Around any point of the pair"): the symmetry-aware `unit` normalisation,
+the direction toward another point, and directions inside (`tangent`) or orthogonal to
+(`gauge`) the symmetry orbit's tangent space. `slice_with` builds the directions and hands
+them to rotviz.analysis.slices.slice_at as given ones (so the grid, the exact centre and the
+progress stay slice_at's); `slice_around` centres it on A, B, B', a point of the matched
+path or a merge. This module sits above slices.py and tangents.py (tangents.py draws its
+random directions from slices.py), so that no import runs in a circle.
 
 Why `unit` normalisation: filter normalisation scales every output row of a weight to that
 row's norm, but a Q-K or V-O rotation mixes the rows of a head, so the filter-normalised
