@@ -901,31 +901,34 @@ def _grid(trace: dict) -> np.ndarray:
 
 
 def test_landscape_slice_around_b_prime_and_its_gauge_fixed_twin(pair):
-    """The record's new widgets reach the library: a 1D slice toward B' around B' (the
-    page's matching) draws slice_around's numbers; the random plane beside the gauge-fixed
-    plane share one colour scale, each panel the library's grid (1e-5), captioned."""
+    """The record's new widgets reach the library: a 1D slice toward B' from the middle of
+    the matched path (the page's matching) draws the library's numbers, B' marked at x = 1;
+    the random plane beside the gauge-fixed plane share one colour scale, each panel the
+    library's grid (1e-5), captioned."""
     from rotviz.analysis.directions import slice_with
     from rotviz.data import load_split
     from rotviz.match.endpoints import match_endpoints
     from rotviz.measures import measure
     from rotviz.models import load_model
 
-    at = app("landscape", l_slice_grid="5", l_slice_around="matched", l_slice_dims="1",
+    at = app("landscape", l_slice_grid="5", l_slice_around="path", l_slice_dims="1",
              l_slice_directions="toward", l_slice_norm="none", l_slice_biases="keep")
     at.button(key="l_slice_run").click().run()
     assert not at.exception and not at.error, [e.value for e in at.error]
     title, fig = next((t, f) for t, f in figures(at).items()
                       if t.startswith("Test loss on a toward line around"))
-    assert "matched onto" in title
+    assert "alpha 0.5 of the path" in title
     _framed(fig)
     a, b = load_model(pair[0]), load_model(pair[1])
     split = load_split("digits").subset(N_EVAL)
     ends = match_endpoints(a, b, "seed")
-    want = measure("slice", ends, split, around="matched", dims=1, grid=5,
+    want = measure("slice", ends, split, around="path", dims=1, grid=5,
                    directions="toward", norm="none", biases="keep")
     line = next(tr for tr in fig["data"] if tr.get("name") == "test loss")
     assert np.allclose(numbers(line["y"]), want.loss, rtol=1e-5, atol=1e-6)
-    assert any(tr.get("name") == "B' (target)" for tr in fig["data"])
+    mark = next(tr for tr in fig["data"] if tr.get("name") == "B' (target)")
+    assert numbers(mark["x"]) == [1.0] and numbers(mark["y"])[0] == pytest.approx(
+        want.loss[-1], rel=1e-6)  # span 1: the line's last point is B' itself
 
     at = app("landscape", l_slice_grid="5")
     at.button(key="l_gauge_run").click().run()
