@@ -299,3 +299,24 @@ def test_the_cli_slices_around_the_matched_source(tmp_path, capsys):
         assert main(["slice", a, "--data", "digits", *argv]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and msg in err, (argv, err)
+
+
+def test_hessian_directions_under_unit_normalisation(small):
+    """--directions hessian --norm unit: the eigenvectors of the same Lanczos run (equal
+    eigenvalues), each then unit normalised: the groups and the filter rows partition the
+    moved entries, so |d| is the norm of the 2-D (and larger) weights (1e-6)."""
+    model = small("vit")
+    split = synthetic_split(model, n=12)
+    ev = Evaluator(model, split)
+    kw = dict(dims=1, grid=3, span=0.5, directions="hessian", steps=20, evaluator=ev)
+    s = slice_with(model, split, norm="unit", **kw)
+    ref = slice_with(model, split, norm="none", **kw)
+    assert (s.directions, s.norm) == ("hessian", "unit")
+    assert s.eigenvalues == pytest.approx(ref.eigenvalues, rel=1e-9)
+    weights = float(sum(w.double().pow(2).sum() for n, w in model.state.items()
+                        if n in _movable(model) and w.dim() > 1)) ** 0.5
+    assert s.direction_norms[0] == pytest.approx(weights, rel=1e-6)
+    assert ref.direction_norms[0] == pytest.approx(1.0, rel=1e-6)  # a unit eigenvector
+    with pytest.raises(RotvizError, match="unknown --norm 'rows': use one of filter, layer, "
+                                          "unit, none"):
+        slice_with(model, split, norm="rows")
