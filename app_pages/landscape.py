@@ -2,8 +2,9 @@
 
 Four sections, each a registered measurement run through the app's cache
 (`common.compute(name, app.measure_cfg(...))`), its widgets drawn from the record's
-parameters: a random-direction slice of the anchor, a trained curved path with its bend on
-the A/B/B' plane, layer-wise barriers and the Hessian's top eigenvalues. Nothing computes
+parameters: a slice around the anchor or any point of the pair (with a random plane beside
+its gauge-fixed twin), a trained curved path with its bend on the A/B/B' plane, layer-wise
+barriers and the Hessian's top eigenvalues. Nothing computes
 before its Run is pressed (first paint stays cheap), and the defaults here are small (an
 11 x 11 grid, few training steps) so that a first Run answers in seconds on a CPU.
 """
@@ -53,7 +54,8 @@ spec = c[0].selectbox(
     pair_choices.index("seed") if "seed" in pair_choices else 0, format_func=style.nice_label,
     key="l_spec", bind="query-params",
     help="How the source is moved inside its symmetry class before the curved path and the "
-         "layer-wise barriers are measured. The slice and the Hessian are of the anchor alone.")
+         "layer-wise barriers are measured, and B' for a slice around B' (or the path, or the "
+         "merge) or toward B'. The Hessian is of the anchor alone.")
 layers = c[1].text_input("Layers to match (empty = all)", "", key="l_layers",
                          max_chars=MAX_LAYERS_TEXT, bind="query-params")
 
@@ -114,31 +116,51 @@ def table_of(name: str, result: dict) -> None:
             st.dataframe(rows, hide_index=True)
 
 
-# ---- 1. a random slice of the anchor ---------------------------------------------------------
+# ---- 1. a slice around a point ----------------------------------------------------------------
 
-st.header("1. A random slice around the anchor", anchor="slice")
+st.header("1. A slice around the anchor, or any point of the pair", anchor="slice")
 st.markdown(
-    "Two seeded random directions through the anchor, each scaled filter by filter to the "
-    "weights' own size (Li et al., 2018, so that the picture does not depend on how large "
-    "the weights happen to be). The star is the anchor itself; a wide, low valley around it "
-    "is a flat minimum. Turn on the log scale when a wall hides the basin."
+    "Two seeded directions through a centre: the anchor **A**, the source **B**, the "
+    "matched source **B'**, a point of the matched path, or the merged model (the last "
+    "three use the matching chosen above). The directions are random, the sharpest Hessian "
+    "eigenvectors, the line toward B' (or B), the symmetry tangents (along which the "
+    "function does not change) or gauge-fixed random directions (the tangents removed). "
+    "Each is scaled to the weights' own size: filter by filter (Li et al., 2018), or unit "
+    "by unit (an FFN neuron's rows and column, a head's Q, K, V rows and O columns), which "
+    "does not depend on which member of the symmetry class is sliced. The star is the "
+    "centre; a wide, low valley around it is a flat minimum. Turn on the log scale when a "
+    "wall hides the basin."
 )
 slice_run, slice_values = section_form("slice")
 log = st.toggle("Log colour scale (log10 of the loss)", False, key="l_log", bind="query-params")
+CENTRE_WORDS = {"anchor": "the anchor", "source": "the source B", "matched": "B'",
+                "path": "the point of the matched path", "merged": "the merged model"}
+
+
+def slice_cfg(values: dict) -> dict:
+    """The slice's configuration: with the page's matching when the values use the source
+    (the record says which: its `source` check), of the anchor alone otherwise."""
+    return cfg_of(values, pair=bool(measurement("slice").source(values)))
 
 
 def slice_body() -> None:
-    cfg = cfg_of(slice_values, pair=False)
+    cfg = slice_cfg(slice_values)
+    where = CENTRE_WORDS.get(slice_values["around"], "the centre")
     with common.progress("Slicing", 1, stop="land_slice") as step:
         g = slice_values["grid"]
-        step(f"{g} x {g} grid around the anchor" if slice_values["dims"] == 2
-             else f"{g} points around the anchor")
+        step(f"{g} x {g} grid around {where}" if slice_values["dims"] == 2
+             else f"{g} points around {where}")
         result = common.compute("slice", cfg, step.detail)
     fig = splots.slice_figure(result, log=log, font_size=s.font)
     common.chart(fig, "land_slice")
-    st.caption(f"Centre: the anchor's own test loss {result['centre_loss']:.4f} nats "
-               f"(accuracy {result['centre_acc']:.3f}). Axes are in direction units: 1 moves "
-               "each filter by its own norm.")
+    st.caption(f"Centre: {where}, test loss {result['centre_loss']:.4f} nats (accuracy "
+               f"{result['centre_acc']:.3f}). Axes are in direction units: 1 moves each "
+               "filter (or unit) by its own norm."
+               + ("" if result.get("target_loss") is None else
+                  f" The target's own loss: {result['target_loss']:.4f} nats.")
+               + ("" if result.get("tangent_cosine") is None else
+                  f" Largest |cosine| of a direction with a symmetry tangent: "
+                  f"{result['tangent_cosine']:.2g}."))
     table_of("slice", result)
     tables, _ = measurement_files("slice", result)
     common.export("slice", {"page": "landscape", **cfg, "log": log}, result, tables,
@@ -147,6 +169,46 @@ def slice_body() -> None:
 
 if READY:
     run_section("slice", slice_run, slice_body)
+
+st.subheader("A random plane beside a gauge-fixed plane", anchor="gauge")
+st.markdown(
+    "The same seeded random plane through the slice's centre (its centre, normalisation, "
+    "grid, span and seed above), drawn twice on one colour scale: as drawn, and gauge-fixed, "
+    "with every direction along which a symmetry moves the weights (the tangents of the "
+    "head rotations and, for gated or ReLU FFNs, the neuron rescalings) projected out.")
+with st.form("l_gauge_form"):
+    gauge_run = st.form_submit_button("Run", type="primary", icon=":material/play_arrow:",
+                                      key="l_gauge_run")
+
+
+def gauge_body() -> None:
+    base = {**slice_values, "dims": 2, "iterations": 100, "toward": "matched"}
+    cfgs = {d: slice_cfg({**base, "directions": d}) for d in ("random", "gauge")}
+    with common.progress("Random and gauge-fixed planes", 2, stop="land_gauge") as step:
+        g = base["grid"]
+        step(f"the random plane, {g} x {g}")
+        plain = common.compute("slice", cfgs["random"], step.detail)
+        step(f"the gauge-fixed plane, {g} x {g} (the symmetry tangents first)")
+        fixed = common.compute("slice", cfgs["gauge"], step.detail)
+    fig = splots.slice_panels(
+        [plain, fixed], ["random plane", "gauge-fixed plane"], log=log, font_size=s.font,
+        title="Test loss on a random plane and on its gauge-fixed twin, one colour scale")
+    common.chart(fig, "land_gauge")
+    st.caption(
+        "Left: the random plane. Right: the same draw with its component along every "
+        "symmetry tangent at the centre removed (then rescaled to the same length), so that "
+        "every step on it changes the function: the flat directions that only move the "
+        "weights inside their symmetry class are gone. Largest |cosine| of a gauge-fixed "
+        f"direction with any tangent: {fixed['tangent_cosine']:.2g}. Same seed, grid and "
+        "colour scale; what differs between the panels is what the symmetry explains.")
+    tables = {f"{k}_plane": measurement_files("slice", r)[0].get("slice", [])
+              for k, r in (("random", plain), ("gauge", fixed))}
+    common.export("slice_gauge", {"page": "landscape", **cfgs["gauge"], "log": log},
+                  {"random": plain, "gauge": fixed}, tables, {"slice_gauge": fig})
+
+
+if READY:
+    run_section("gauge", gauge_run, gauge_body)
 
 # ---- 2. a curved path, its bend on the A/B/B' plane -------------------------------------------
 

@@ -840,7 +840,7 @@ def test_landscape_page_computes_each_section_on_run(pair):
 
     at = app("landscape")
     assert not figures(at)
-    assert texts(at).count("Press **Run** to compute this section.") == 4
+    assert texts(at).count("Press **Run** to compute this section.") == 5
     seen: dict[str, dict] = {}
     for name in ("slice", "layerwise", "hessian", "bend"):
         at.button(key=f"l_{name}_run").click().run()
@@ -894,6 +894,59 @@ def test_landscape_slice_log_toggle_keeps_the_numbers(pair):
     assert np.allclose(zl, np.log10(z), atol=1e-9)
     assert "log10" in next(tr for tr in log["data"] if tr["type"] == "contour"
                            )["colorbar"]["title"]["text"]
+
+
+def _grid(trace: dict) -> np.ndarray:
+    return np.asarray([numbers(r) if isinstance(r, dict) else r for r in trace["z"]], float)
+
+
+def test_landscape_slice_around_b_prime_and_its_gauge_fixed_twin(pair):
+    """The record's new widgets reach the library: a 1D slice toward B' from the middle of
+    the matched path (the page's matching) draws the library's numbers, B' marked at x = 1;
+    the random plane beside the gauge-fixed plane share one colour scale, each panel the
+    library's grid (1e-5), captioned."""
+    from rotviz.analysis.directions import slice_with
+    from rotviz.data import load_split
+    from rotviz.match.endpoints import match_endpoints
+    from rotviz.measures import measure
+    from rotviz.models import load_model
+
+    at = app("landscape", l_slice_grid="5", l_slice_around="path", l_slice_dims="1",
+             l_slice_directions="toward", l_slice_norm="none", l_slice_biases="keep")
+    at.button(key="l_slice_run").click().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    title, fig = next((t, f) for t, f in figures(at).items()
+                      if t.startswith("Test loss on a toward line around"))
+    assert "alpha 0.5 of the path" in title
+    _framed(fig)
+    a, b = load_model(pair[0]), load_model(pair[1])
+    split = load_split("digits").subset(N_EVAL)
+    ends = match_endpoints(a, b, "seed")
+    want = measure("slice", ends, split, around="path", dims=1, grid=5,
+                   directions="toward", norm="none", biases="keep")
+    line = next(tr for tr in fig["data"] if tr.get("name") == "test loss")
+    assert np.allclose(numbers(line["y"]), want.loss, rtol=1e-5, atol=1e-6)
+    mark = next(tr for tr in fig["data"] if tr.get("name") == "B' (target)")
+    assert numbers(mark["x"]) == [1.0] and numbers(mark["y"])[0] == pytest.approx(
+        want.loss[-1], rel=1e-6)  # span 1: the line's last point is B' itself
+
+    at = app("landscape", l_slice_grid="5")
+    at.button(key="l_gauge_run").click().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    fig = figures(at)["Test loss on a random plane and on its gauge-fixed twin, one colour "
+                      "scale"]
+    _framed(fig)
+    left, right = (tr for tr in fig["data"] if tr["type"] == "contour")
+    assert (left["zmin"], left["zmax"]) == (right["zmin"], right["zmax"])
+    ev_kw = dict(dims=2, grid=5, span=1.0, seed=0)
+    plain = slice_with(a, split, directions="random", **ev_kw)
+    fixed = slice_with(a, split, directions="gauge", **ev_kw)
+    assert np.allclose(_grid(left), plain.loss, rtol=1e-5, atol=1e-6)
+    assert np.allclose(_grid(right), fixed.loss, rtol=1e-5, atol=1e-6)
+    assert np.abs(_grid(left) - _grid(right)).max() > 1e-4  # the projection changed the plane
+    assert fixed.tangent_cosine <= 1e-6
+    caption = " ".join(c.value for c in at.caption)
+    assert "symmetry tangent at the centre removed" in caption
 
 
 def test_barrier_page_plane_has_a_3d_view(pair):

@@ -37,6 +37,12 @@ WITH = {
     ("match", "--steps"): ["--learned", "--data", "digits"],
     ("barrier", "--seed"): ["--repeats", "2"],
     **{("merge", p.flag): ["--method", users(p.name)[0]] for p in all_params()},
+    # slice's second model and the options that use it
+    ("slice", "--source"): ["--around", "source"],
+    **{("slice", o): ["--source", B, "--around", "matched"] for o in ("--match", "--layers")},
+    ("slice", "--alpha"): ["--source", B, "--around", "path"],
+    ("slice", "--merge"): ["--source", B, "--around", "merged"],
+    ("slice", "--toward"): ["--source", B, "--directions", "toward"],
 }
 
 NUMBERS = ["abc", "-5", "0", "nan", "inf", "-inf", "1e400", "99999999999999999999", "1.5", ""]
@@ -78,7 +84,7 @@ KINDS = {
        for o, k in (("anchor", "model"), ("source", "model"), ("--data", "data"),
                     ("--json", "out file"), ("--layers", "layers"), ("--match", "spec"),
                     ("--split", "name"), ("--device", "name"), ("--max-memory", "size"),
-                    ("model", "model"))},  # a measurement of one model (pair=False)
+                    ("model", "model"), ("--source", "model"))},  # one model (pair=False)
 }
 FREE = {("serve", "--address")}  # any text is a host name for streamlit to bind
 

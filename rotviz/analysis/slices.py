@@ -73,6 +73,16 @@ class Slice:
     direction_norms: list[float] | None = None  # |d1|, |d2| (L2, parameter units)
     cosine: float | None = None  # cos(d1, d2) in 2D: near 0 for large models
     eigenvalues: list[float] | None = None  # with hessian directions: lambda_1 (, lambda_2)
+    # set by rotviz.analysis.directions.slice_around / slice_with (slices around any point):
+    around: str = "anchor"  # the centre: anchor, source, matched, path, merged (or "point")
+    alpha: float | None = None  # path: (1 - alpha) A + alpha B'; merged: the source's weight
+    merge: str | None = None  # merged: the merge method (rotviz.merging)
+    source: str = ""  # the second model, when the centre or a direction uses it
+    match: str = "none"  # how the second model was matched (B')
+    toward: str | None = None  # toward directions: "matched" (B') or "source" (B)
+    target_loss: float | None = None  # toward: the target's own loss, evaluated exactly
+    target_x: float | None = None  # toward with norm none and biases kept: x = 1 is the target
+    tangent_cosine: float | None = None  # tangent/gauge: max |cos| with any single tangent
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -260,4 +270,5 @@ def slice_at(
         grid=grid, span=float(span), seed=seed, data=split.data, split=split.split,
         device=str(ev.device), seconds=time.perf_counter() - t0, n=split.n, model=loaded.ref,
         direction_norms=norms, cosine=cos, eigenvalues=eigenvalues,
+        around="anchor" if point is None else "point",
     )

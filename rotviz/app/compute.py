@@ -368,13 +368,15 @@ def measure(name: str, res: Resources, cfg: dict, progress: Progress | None = No
     from rotviz.measures import Context, measurement
 
     record = measurement(name)
-    if not record.pair:  # one model (`ref`, else the anchor): the endpoints are it, twice
+    defaults = {p.name: p.default for p in record.parameters()}
+    # a widget always holds a value: only those moved off their default count as given
+    values = record.values({k: v for k, v in (cfg.get("params") or {}).items()
+                            if k not in defaults or v != defaults[k]})
+    second = record.source is not None and bool(record.source(values)) and cfg.get("source")
+    if not record.pair and not second:  # one model (`ref`, else the anchor), twice
         one = cfg.get("ref") or cfg["anchor"]
         cfg = {**cfg, "anchor": one, "source": one, "spec": "none", "layers": ""}
     c = PairConfig.of(cfg)
-    defaults = {p.name: p.default for p in record.parameters()}
-    # a widget always holds a value: only those moved off their default count as given
-    values = record.values({k: v for k, v in c.params if k not in defaults or v != defaults[k]})
     ends = endpoints(res, c, progress)
     split = _split_of(res, c) if record.data else None
     with res.using(c.anchor, c.source):

@@ -72,14 +72,21 @@ def register(sub) -> None:
             p.add_argument("--data", default=None,
                            help="with --match act or learned: the data to learn from")
             add_reading(p)
-        if m.pair:
-            p.add_argument("--match", default=m.match_default, metavar="SPEC",
+        if not m.pair and m.source is not None:
+            p.add_argument("--source", default=None, metavar="MODEL",
+                           help="a second model of the same architecture (a model directory or "
+                                "zoo:NAME), matched onto the model with --match; only for "
+                                f"{m.extra.get('source_use', 'the options that use it')}")
+        if m.pair or m.source is not None:
+            with_source = "" if m.pair else " (with --source)"
+            p.add_argument("--match", default=m.match_default if m.pair else None,
+                           metavar="SPEC",
                            help="none, or a comma list of ffn, attn, rescale, heads, residual, "
                                 "act, learned; seed = ffn,attn,rescale; weight = "
                                 "seed,heads,residual (data-free); act and learned train on "
-                                f"--data (default {m.match_default})")
+                                f"--data (default {m.match_default}){with_source}")
             p.add_argument("--layers", type=layers_text, default=None,
-                           help="match only these layers, e.g. 0,2-5")
+                           help=f"match only these layers, e.g. 0,2-5{with_source}")
         else:
             p.set_defaults(match="none", layers=None)
         p.add_argument("--device", default="auto", help="auto, cpu, cuda or mps (default auto)")
@@ -148,10 +155,10 @@ def run_command(m: Measurement, args: argparse.Namespace) -> int:
     """Check everything, match once, measure, write the outputs, say the result in a line."""
     from rotviz.match.selection import match_options
 
-    if not m.pair:  # one model: the endpoints are it, twice, unmatched
-        args.anchor = args.source = args.model
     given = {p.name: getattr(args, p.name) for p in m.parameters()}
     values = m.values(given)
+    if not m.pair:  # one model: the endpoints are it, twice, unmatched (or with --source)
+        _one_model(m, args, values)
     match_options(args.match)  # SPEC errors come first
     outputs, folder, js = _outputs(m, args)
     sized = beyond_memory(args)[0]
@@ -171,6 +178,33 @@ def run_command(m: Measurement, args: argparse.Namespace) -> int:
     return 0
 
 
+def _one_model(m: Measurement, args, values: dict) -> None:
+    """A one-model record's endpoints: the model twice, unmatched; or, for a record that
+    takes a second model, the model and `--source` matched with `--match` (default the
+    record's), refused in one line where the values need a second model and none is given,
+    or where one is given that nothing uses."""
+    second = getattr(args, "source", None)
+    args.anchor, args.source = args.model, second or args.model
+    args.second = second is not None
+    if m.source is None:
+        return
+    why = m.source(values)
+    if second is None:
+        if why:
+            raise RotvizError(f"{why} needs a second model: add --source MODEL")
+        for flag, v in (("--match", args.match), ("--layers", args.layers)):
+            if v is not None:
+                raise RotvizError(f"{flag} matches a second model: add --source MODEL, or "
+                                  f"drop {flag}")
+        args.match = "none"
+        return
+    if not why:
+        raise RotvizError(f"--source is used only with {m.extra.get('source_use', 'other options')}"
+                          ": add one, or drop --source")
+    if args.match is None:
+        args.match = m.match_default
+
+
 def _in_memory(m: Measurement, args, values: dict, outputs, folder, js):
     from rotviz.analysis.ablations import n_layers
     from rotviz.devices import device_for, pick_device, resolve_device
@@ -184,7 +218,7 @@ def _in_memory(m: Measurement, args, values: dict, outputs, folder, js):
     columns, seq_len = reading(args, args.data)
     device = device_for(pick_device(args.device))  # torchrun: each its local GPU
     anchor = load_model(args.anchor)
-    source = load_model(args.source) if m.pair else anchor
+    source = load_model(args.source) if m.pair or getattr(args, "second", False) else anchor
     check_compatible(anchor, source)
     split = _split(m, args, anchor, columns, seq_len)
     options = match_options(args.match, parse_layers(args.layers, n_layers(anchor)))

@@ -60,6 +60,10 @@ class Measurement:
     refusal: str = ""  # why it cannot run at size, when at_size is None
     data: bool = True  # evaluates on a split (--data)
     pair: bool = True  # measures a matched pair; False: one model (anchor = source = it)
+    # A one-model record (pair=False) that may take a second model (`--source MODEL`, matched
+    # onto the model with `--match SPEC`): (values) -> the option among them that needs it
+    # (a phrase, "--around matched"), or None when the one model suffices. None: never.
+    source: Callable[[dict], str | None] | None = None
     match_default: str = "seed"
     writes_model: bool = False  # --out DIR: the result's `state` written as a model
     check: Callable[[dict, set[str]], None] | None = None  # (values, given names) -> refuse

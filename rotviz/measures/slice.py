@@ -1,22 +1,54 @@
-"""Slices of the loss around one model: a line or a plane along seeded random directions,
-filter-, layer- or not normalised (Li et al. 2018; rotviz.analysis.slices, docs/landscape.md)."""
+"""Slices of the loss around one model, or around any point of a pair (the source, the
+matched source, a point of the matched path, a merge): a line or a plane along seeded random,
+Hessian, toward-the-other-model, symmetry-tangent or gauge-fixed directions, filter-, layer-,
+unit- or not normalised (Li et al. 2018; rotviz.analysis.slices and .directions,
+docs/landscape.md). One model by default; `--source` adds the second one (`source` below)."""
 
 from __future__ import annotations
 
-from rotviz.limits import BATCH_SIZE, DIMS, GRID, HESSIAN_ITERATIONS, SEED, SPAN
+from rotviz.limits import ALPHA, BATCH_SIZE, DIMS, GRID, HESSIAN_ITERATIONS, SEED, SPAN
 from rotviz.measures.registry import Context, Measurement, register
 from rotviz.params import Param, needs
+
+
+def _params() -> tuple[Param, ...]:
+    """The record's parameters; --merge lists the merge methods registered by then."""
+    from rotviz.merging import names
+
+    return PARAMS[:1] + (
+        Param("around", "anchor", "the slice's centre: anchor (the model), source (the "
+              "second model, --source), matched (the source matched onto the model, B'), "
+              "path ((1 - alpha) A + alpha B'), merged (A and B' merged by --merge with the "
+              "source's weight --alpha) (default anchor)",
+              choices=("anchor", "source", "matched", "path", "merged"), label="Centre"),
+        Param("alpha", 0.5, "with --around path or merged: the position on the matched path, "
+              f"or the source's weight in the merge (default 0.5, {ALPHA.text})", ALPHA,
+              label="Alpha (path position / merge weight)", widget=(0.0, 1.0, 0.05)),
+        Param("merge", "simple", f"with --around merged: the merge method, one of "
+              f"{', '.join(names())} with its defaults (default simple: the average)",
+              choices=names(), label="Merge method (merged centre)"),
+    ) + PARAMS[1:2] + (
+        Param("toward", "matched", "with --directions toward: the point d1 runs to from the "
+              "centre, matched (B') or source (B as it is) (default matched)",
+              choices=("matched", "source"), label="Toward (toward directions)"),
+    ) + PARAMS[2:]
+
 
 PARAMS = (
     Param("dims", 2, f"1: a line, 2: a plane (default 2, {DIMS.text})", DIMS,
           label="Dimensions (1 line, 2 plane)", widget=(1, 2, 1)),
     Param("directions", "random", "random: seeded Gaussian directions; hessian: the top "
-          "Hessian eigenvectors at the model (the sharpest directions; unit and orthonormal "
-          "with --norm none) (default random)",
-          choices=("random", "hessian"), label="Directions"),
+          "Hessian eigenvectors at the centre (the sharpest directions; unit and orthonormal "
+          "with --norm none); toward: d1 from the centre to the other model (--toward; with "
+          "--norm none and --biases keep x = 1 is it), d2 random, orthogonal to d1; tangent: "
+          "inside the symmetry orbit's tangent space at the centre (flat to first order); "
+          "gauge: random with the symmetry tangents projected out (default random)",
+          choices=("random", "hessian", "toward", "tangent", "gauge"), label="Directions"),
     Param("norm", "filter", "filter: each output row scaled to that row's weight norm (Li et "
-          "al.), layer: each tensor to its norm, none (default filter)",
-          choices=("filter", "layer", "none"), label="Normalisation"),
+          "al.), layer: each tensor to its norm, unit: each FFN unit (input and gate rows, "
+          "output column) and each head (Q, K, V rows, O columns; a KV group under GQA) "
+          "together to its weights' norm, other tensors as filter; none (default filter)",
+          choices=("filter", "layer", "unit", "none"), label="Normalisation"),
     Param("biases", "zero", "biases and norm gains (1-D tensors): zero (the reference's "
           "biasbn off) or keep them in the directions (default zero)",
           choices=("zero", "keep"), label="Biases and norm gains"),
@@ -38,14 +70,41 @@ PARAMS = (
 def _check(values: dict, given: set[str]) -> None:
     needs("--iterations", "iterations" in given, "--directions hessian (it bounds Lanczos)",
           values["directions"] == "hessian")
+    needs("--alpha", "alpha" in given, "--around path or merged",
+          values["around"] in ("path", "merged"))
+    needs("--merge", "merge" in given, "--around merged", values["around"] == "merged")
+    needs("--toward", "toward" in given, "--directions toward",
+          values["directions"] == "toward")
+
+
+def _source(values: dict) -> str | None:
+    """Which of these values needs the second model (--source), or None."""
+    from rotviz.analysis.directions import needs_source
+
+    return needs_source(values["around"], values["directions"])
 
 
 def _run(ends, ctx: Context, v: dict):
-    from rotviz.analysis.slices import slice_at
+    from rotviz.analysis.directions import slice_around
 
-    return slice_at(ends.anchor, ctx.split, v["dims"], v["directions"], v["norm"],
-                    v["biases"] == "keep", v["grid"], v["span"], v["seed"], ctx.device,
-                    ctx.progress, v["batch_size"], steps=v["iterations"])
+    return slice_around(ends, ctx.split, v["around"], v["alpha"], v["merge"], v["toward"],
+                        v["directions"], dims=v["dims"], norm=v["norm"],
+                        keep_1d=v["biases"] == "keep", grid=v["grid"], span=v["span"],
+                        seed=v["seed"], device=ctx.device, progress=ctx.progress,
+                        batch_size=v["batch_size"], steps=v["iterations"])
+
+
+def _where(s) -> str:
+    """Where the slice is centred, in words (empty: around the model itself)."""
+    if s.around == "source":
+        return f" around {s.source}"
+    if s.around == "matched":
+        return f" around {s.source} matched onto it ({s.match})"
+    if s.around == "path":
+        return f" at alpha {s.alpha:g} of the path to {s.source} matched ({s.match})"
+    if s.around == "merged":
+        return f" merged with {s.source} matched ({s.match}; {s.merge}, weight {s.alpha:g})"
+    return ""
 
 
 def _summary(s, how: str) -> str:
@@ -55,9 +114,14 @@ def _summary(s, how: str) -> str:
     shape = f"{s.grid}x{s.grid} plane" if s.dims == 2 else f"{s.grid}-point line"
     eig = "" if not s.eigenvalues else \
         " (eigenvalues " + ", ".join(f"{e:.4g}" for e in s.eigenvalues) + ")"
-    return (f"slice of {s.model}, {shape} on {s.device}{how}: {s.directions} directions{eig}, "
-            f"{s.norm} normalised, biases {'kept' if s.keep_1d else 'zeroed'}, span "
-            f"{s.span:g}; centre loss {s.centre_loss:.4f} (accuracy {s.centre_acc:.4f}), "
+    if s.toward:
+        goal = "B" if s.toward == "source" else "B'"
+        eig += f" (toward {goal}, its loss {s.target_loss:.4f})"
+    if s.tangent_cosine is not None:
+        eig += f" (largest |cos| with a tangent {s.tangent_cosine:.2g})"
+    return (f"slice of {s.model}{_where(s)}, {shape} on {s.device}{how}: {s.directions} "
+            f"directions{eig}, {s.norm} normalised, biases {'kept' if s.keep_1d else 'zeroed'}, "
+            f"span {s.span:g}; centre loss {s.centre_loss:.4f} (accuracy {s.centre_acc:.4f}), "
             f"loss {lo.min():.4f} to {lo.max():.4f} on {s.n} {s.split} samples in "
             f"{s.seconds:.2f} s")
 
@@ -77,10 +141,14 @@ def _rows(d: dict) -> list[dict]:
 
 
 SLICE = register(Measurement(
-    "slice", "Slice (random or Hessian directions)",
-    "loss and accuracy on a line or plane of seeded random directions, or of the top Hessian "
-    "eigenvectors, around one model",
-    _run, PARAMS, summary=_summary, plot=_plot, rows=_rows, pair=False, check=_check,
+    "slice", "Slice (random, Hessian, toward, tangent or gauge-fixed directions)",
+    "loss and accuracy on a line or plane of seeded random directions, the top Hessian "
+    "eigenvectors, the direction toward a second model, symmetry tangents or gauge-fixed "
+    "random directions, around one model or (with --source) around the source, the matched "
+    "source, a point of the matched path or a merge",
+    _run, _params, summary=_summary, plot=_plot, rows=_rows, pair=False, check=_check,
+    source=_source,
     refusal="slices evaluate the whole model at every grid point, so they need it in memory "
             "(block by block slices are not built yet)",
-    extra={"progress": True}))
+    extra={"progress": True, "source_use": "--around source, matched, path or merged, or "
+                                           "--directions toward"}))

@@ -20,6 +20,7 @@ from rotviz.plots.barrier import PLANE_MARKERS
 
 AXIS_UNITS = {"filter": "direction units: 1 = each filter's own norm",
               "layer": "direction units: 1 = each tensor's own norm",
+              "unit": "direction units: 1 = each neuron's and head's own norm",
               "none": "parameter units (L2, unnormalised Gaussian)"}
 LOSS_BAR = "test loss (nats)"
 LOG_BAR = "log10 of the test loss (log10 nats)"
@@ -49,11 +50,36 @@ def shared_range(ds: Sequence[Mapping]) -> tuple[float, float]:
     return float(min(np.nanmin(z) for z in zs)), float(max(np.nanmax(z) for z in zs))
 
 
+DIRECTION_WORDS = {"random": "random", "hessian": "Hessian-eigenvector", "toward": "toward",
+                   "tangent": "symmetry-tangent", "gauge": "gauge-fixed random",
+                   "given": "given"}
+
+
+def _centre(d: Mapping) -> str:
+    """The slice's centre in words (the model itself unless `around` says otherwise)."""
+    model, source = d.get("model") or "the model", d.get("source") or "the source"
+    around = d.get("around", "anchor")
+    if around == "source":
+        return source
+    if around == "matched":
+        return f"{source} matched onto {model}"
+    if around == "path":
+        return f"alpha {d.get('alpha', 0.5):g} of the path {model} → {source} matched"
+    if around == "merged":
+        return f"{model} merged with {source} matched ({d.get('merge')})"
+    return model
+
+
 def _title(d: Mapping) -> str:
     what = "plane" if d["dims"] == 2 else "line"
     keep = "kept" if d.get("keep_1d") else "zeroed"
-    return (f"Test loss on a random {what} around {d.get('model') or 'the model'} "
+    kind = DIRECTION_WORDS.get(d.get("directions", "random"), d.get("directions", "random"))
+    return (f"Test loss on a {kind} {what} around {_centre(d)} "
             f"({d.get('norm')} normalised, biases {keep}, seed {d.get('seed')})")
+
+
+def _target_name(d: Mapping) -> str:
+    return "B (target)" if d.get("toward") == "source" else "B' (target)"
 
 
 def slice_line(d: Mapping, log: bool = False, font_size: int = 14,
@@ -68,6 +94,10 @@ def slice_line(d: Mapping, log: bool = False, font_size: int = 14,
                     marker={"symbol": style.marker(1)}, secondary_y=True)
     fig.add_scatter(x=[0.0], y=[d["centre_loss"]], mode="markers", name="the model (centre)",
                     marker={"color": style.OKABE_ITO[-1], "size": 12, "symbol": "star"})
+    if d.get("target_x") is not None and d.get("target_loss") is not None:
+        fig.add_scatter(x=[d["target_x"]], y=[d["target_loss"]], mode="markers",
+                        name=_target_name(d), marker={"color": style.color(2), "size": 11,
+                                                      "symbol": "diamond"})
     fig = style.finish(fig, _title(d), _axis(d, 1), style.LOSS, "curve", font_size)
     fig.update_yaxes(title_text=style.ACCURACY, secondary_y=True, range=[0, 1])
     if log:
@@ -100,6 +130,10 @@ def slice_figure(d: Mapping, log: bool = False, zmin: float | None = None,
     fig.add_scatter(x=[0.0], y=[0.0], mode="markers", name="the model (centre)",
                     marker={"color": style.OKABE_ITO[-1], "size": 12, "symbol": "star",
                             "line": {"color": "white", "width": 1.5}}, row=1, col=1)
+    if d.get("target_x") is not None:
+        fig.add_scatter(x=[d["target_x"]], y=[0.0], mode="markers", name=_target_name(d),
+                        marker={"color": style.color(2), "size": 11, "symbol": "diamond",
+                                "line": {"color": "white", "width": 1.5}}, row=1, col=1)
     fig.add_trace(go.Surface(
         x=d["xs"], y=d["ys"], z=z.tolist(), surfacecolor=c.tolist(), cmin=lo, cmax=hi,
         colorscale=style.SEQUENTIAL, name="test loss surface", showscale=True,
@@ -117,9 +151,10 @@ def slice_figure(d: Mapping, log: bool = False, zmin: float | None = None,
 
 
 def slice_panels(ds: Sequence[Mapping], titles: Sequence[str], log: bool = False,
-                 font_size: int = 14) -> go.Figure:
+                 font_size: int = 14, title: str | None = None) -> go.Figure:
     """Several 2D slices as contours side by side with one colour scale over them all (the
-    same loss is the same colour in every panel), e.g. a slice of A beside one of B'."""
+    same loss is the same colour in every panel), e.g. a slice of A beside one of B', or a
+    random plane beside its gauge-fixed twin; `title` replaces the default one."""
     lo, hi = shared_range(ds)
     clo, chi = _range(lo, hi, np.asarray([lo, hi]), log)
     fig = make_subplots(rows=1, cols=len(ds), subplot_titles=list(titles),
@@ -132,7 +167,7 @@ def slice_panels(ds: Sequence[Mapping], titles: Sequence[str], log: bool = False
             contours={"coloring": "heatmap", "showlabels": True},
             colorbar={"title": {"text": LOG_BAR if log else LOSS_BAR, "side": "right"}},
             hovertemplate="(%{x:.2f}, %{y:.2f}): %{z:.3f}<extra></extra>"), row=1, col=j + 1)
-    fig = style.finish(fig, "Test loss around each model, one colour scale",
+    fig = style.finish(fig, title or "Test loss around each model, one colour scale",
                        _axis(ds[0], 1), _axis(ds[0], 2), None, font_size, height=480,
                        legend=False)
     return fig
