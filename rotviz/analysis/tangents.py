@@ -448,8 +448,8 @@ class NullityOptions:
 
     tol: float = 1e-6
     exact_max: int = 2048
-    probes: int = 4
-    steps: int = 40
+    probes: int = 3
+    steps: int = 30
 
 
 def flat(loaded: Loaded, state: Mapping[str, Tensor] | None, split, device="cpu",

@@ -36,9 +36,10 @@ def _params():
               label="Curvature along tangents"),
         Param("nullity", "yes", "yes: per block, the symmetry group's dimension against the "
               "number of near-zero eigenvalues of the Hessian restricted to the block (and "
-              "of the whole Hessian against every block's group and the residual one); no: "
-              "skip it", choices=("yes", "no"), label="Dimension against near-zero "
-              "eigenvalues"),
+              "of the whole Hessian against every block's group and the residual one): "
+              "probes x steps Hessian-vector products per block larger than --nullity-exact, "
+              "a dense Hessian per smaller one; no: skip it", choices=("yes", "no"),
+              label="Dimension against near-zero eigenvalues"),
         Param("nullity_tol", 1e-6, "near zero means |eigenvalue| <= this times the block's "
               f"largest |eigenvalue| (default 1e-6, {NULLITY_TOL.text})", NULLITY_TOL,
               label="Near-zero tolerance (relative)"),
@@ -47,11 +48,11 @@ def _params():
               f"larger ones by stochastic Lanczos quadrature (default 2048, "
               f"{NULLITY_EXACT.text})", NULLITY_EXACT, label="Exact count up to (parameters)",
               widget=(0, 20000, 256)),
-        Param("nullity_probes", 4, "random probes of the quadrature estimate, per larger "
-              f"block; their spread is the count's error (default 4, {NULLITY_PROBES.text})",
+        Param("nullity_probes", 3, "random probes of the quadrature estimate, per larger "
+              f"block; their spread is the count's error (default 3, {NULLITY_PROBES.text})",
               NULLITY_PROBES, label="Quadrature probes"),
-        Param("nullity_steps", 40, "Lanczos steps per probe (more resolve eigenvalues "
-              f"closer to zero; default 40, {NULLITY_STEPS.text})", NULLITY_STEPS,
+        Param("nullity_steps", 30, "Lanczos steps per probe (more resolve eigenvalues "
+              f"closer to zero; default 30, {NULLITY_STEPS.text})", NULLITY_STEPS,
               label="Lanczos steps per probe"),
         Param("examples", 256, "examples of the split the loss is taken on, the first ones "
               f"({HESSIAN_EXAMPLES.text})", HESSIAN_EXAMPLES, label="Examples",
