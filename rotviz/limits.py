@@ -79,6 +79,11 @@ HESSIAN_EXAMPLES = Bound("--examples", 1, 100_000)  # examples of the split the 
 SHARPNESS_POINTS = Bound("--points", 2, 101)  # alphas on the path where the Hessian is taken
 FLAT_TANGENTS = Bound("--per-layer", 1, 100_000)  # symmetry tangents checked per block and kind
 FLAT_STEP = Bound("--step", 1e-6, 3.0, integer=False)  # orbit step s of exp(s E) (flat)
+# near zero: |lambda| <= tol * lambda_max (flat's nullity count); float64 resolves ~1e-15
+NULLITY_TOL = Bound("--nullity-tol", 1e-15, 0.5, integer=False)
+NULLITY_EXACT = Bound("--nullity-exact", 0, 20_000)  # parameters a block is counted exactly to
+NULLITY_PROBES = Bound("--nullity-probes", 1, 100)  # SLQ probes per larger block
+NULLITY_STEPS = Bound("--nullity-steps", 2, 1_000)  # Lanczos steps per SLQ probe
 LR = Bound("--lr", 1e-6, 1.0, integer=False)  # learning rate of a trained bend (curved paths)
 
 # Defaults of the bounded options that have one place to live (MatchOptions, LearnOptions,

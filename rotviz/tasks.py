@@ -124,7 +124,8 @@ def sample_losses(task: str, logits: Tensor, y: Tensor,
     sum(loss) / sum(count) is the loss transformers reports for the head (its `labels=`
     mean)."""
     b = y.shape[0]
-    logits = logits.float()
+    # half precision is widened; float64 stays (the Hessian's exact float64 comparisons)
+    logits = logits if logits.dtype == torch.float64 else logits.float()
     if task == "multi-label":
         y = y.to(logits)
         loss = F.binary_cross_entropy_with_logits(logits, y, reduction="none")

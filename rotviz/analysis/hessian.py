@@ -136,6 +136,29 @@ class Curvature:
         self.hvps += 1
         return total.detach()
 
+    def hvp_rows(self, vs: Tensor) -> Tensor:
+        """H V for the rows of `vs` (k, n) at once: one double backward pass per batch with
+        k batched output gradients (torch.autograd.grad's is_grads_batched, a vmap over the
+        second backward), the same numbers as k calls of `hvp`."""
+        vs = vs.to(dtype=self.dtype, device=self.device)
+        k = vs.shape[0]
+        total = torch.zeros(k, self.n, dtype=self.dtype, device=self.device)
+        parts = torch.split(vs, self.sizes, dim=1)
+        with torch.enable_grad():
+            for x, y in self.ev.batches:
+                ps = [p.clone().requires_grad_(True) for p in self.point]
+                g = torch.autograd.grad(self._loss(ps, x, y), ps, create_graph=True)
+                live = [i for i, gi in enumerate(g) if gi.requires_grad]  # others: H rows 0
+                outs = [parts[i].reshape(k, *self.shapes[i]) for i in live]
+                hv = torch.autograd.grad([g[i] for i in live], ps, outs, allow_unused=True,
+                                         is_grads_batched=True)
+                total += torch.cat([h.reshape(k, -1) if h is not None else
+                                    torch.zeros(k, p.numel(), dtype=self.dtype,
+                                                device=self.device)
+                                    for h, p in zip(hv, ps, strict=True)], dim=1)
+        self.hvps += k
+        return total.detach()
+
     def masks(self, by: str, loaded: Loaded) -> dict[str, Tensor]:
         """Boolean masks over the flat vector, one per group of `by` ('block' or 'kind')."""
         names = group_names(self.names, loaded, by)

@@ -20,6 +20,18 @@ equal, since the norm divides out any scale and the sign flips of the other pair
 discrete. The view -> state-dict map (`write_block`) only reshapes, transposes and
 concatenates, so it is linear and a tangent of the view is written as one of the state dict.
 
+The residual stream adds one model-wide map Q (rotviz.symmetry.residual: every writer and
+reader of the d-dimensional stream, embeddings and head included), where the family allows a
+continuous one: orthogonal O(d) for pre-norm RMSNorm, orthogonal with Q 1 = 1 for pre-norm
+LayerNorm, both once the norm gains are folded into the readers; none on a post-norm stream
+(permutations only, a discrete group), nor when a tied head or zero gains block the folding.
+At the model's own parameters (gains not folded) the group acts conjugated by the folding,
+theta -> restore(R_Q(canonicalise(theta))): writers turn by Q, a reader W by diag(g) Q
+diag(1/g), a LayerNorm bias b by ((b / g) Q) g; the function is kept exactly, and since each
+step is affine in Q, the tangent of a generator E (antisymmetric; for LayerNorm with E 1 = 0)
+is R(E) - R(0) evaluated through that same map. Its dimension, d(d-1)/2 (or (d-1)(d-2)/2),
+is counted once for the model.
+
 Since the loss is constant along each orbit, L(g . theta) = L(theta), differentiating at the
 identity gives grad L . t = 0 for every tangent t: the gradient is orthogonal to the orbit.
 Differentiating twice gives t^T H t = -grad L . (Dt) t, which vanishes at a critical point:
@@ -49,16 +61,22 @@ Tensor = torch.Tensor
 F64 = torch.float64
 
 
+RESIDUAL = -1  # the `layer` of a residual generator: one map for the whole model
+
+
 @dataclass(frozen=True)
 class Generator:
-    """One Lie-algebra generator: its block, kind ('qk', 'vo' or 'ffn'), KV group (or unit)
-    and the d_h x d_h matrix E (None for an FFN unit scale)."""
+    """One Lie-algebra generator: its block (RESIDUAL for the stream's map), kind ('qk',
+    'vo', 'ffn' or 'residual'), KV group (or unit), the d_h x d_h matrix E (None for an FFN
+    unit scale and for a residual generator, whose d x d matrix `residual_matrix` builds from
+    `pair`: d^2 floats each would not fit memory at d = 4096)."""
 
     layer: int
     kind: str
     group: int
     e: Tensor | None
     label: str
+    pair: tuple[int, int] | None = None  # residual: the plane (i, j) it turns
 
 
 def _elementary(dh: int, i: int, j: int) -> Tensor:
@@ -107,8 +125,62 @@ def ffn_has_scales(ffn: FFN) -> bool:
     return ffn.w_gate is not None or ffn.activation == "relu"
 
 
-def generators(view: ModelView) -> list[Generator]:
-    """Every generator of the continuous group, block by block: Q-K, V-O, FFN scales."""
+def residual_group(view: ModelView) -> tuple[str | None, str | None]:
+    """(group, why): the continuous residual group this model allows ('orthogonal' or
+    'centred', as rotviz.symmetry.residual decides for matching) and None, or None and why
+    there is none (a post-norm stream, a tied head, zero gains)."""
+    from rotviz.symmetry.residual import GROUP_TEXT, canonicalise, group_of
+
+    group = group_of(view)
+    if group == "permutation":
+        return None, (f"{view.spec.family}'s stream allows only {GROUP_TEXT[group]}: a "
+                      "discrete group, without tangents")
+    try:
+        canonicalise(view)
+    except RotvizError as e:
+        return None, str(e)
+    return group, None
+
+
+def residual_dimension(d: int, group: str | None) -> int:
+    """d(d-1)/2 for O(d); (d-1)(d-2)/2 for the orthogonal maps that keep all-ones; 0 else."""
+    if group == "orthogonal":
+        return d * (d - 1) // 2
+    if group == "centred":
+        return (d - 1) * (d - 2) // 2
+    return 0
+
+
+def residual_generators(view: ModelView) -> list[Generator]:
+    """The residual generators: one per plane (i, j), i < j, of the stream (of the
+    complement of all-ones for the centred group); none where the model allows no map."""
+    group, _ = residual_group(view)
+    if group is None:
+        return []
+    n = view.dims.d_model - (group == "centred")
+    tag = "residual" if group == "orthogonal" else "residual centred"
+    return [Generator(RESIDUAL, "residual", 0, None, f"{tag} rot{i},{j}", (i, j))
+            for i in range(n) for j in range(i + 1, n)]
+
+
+def residual_matrix(view: ModelView, gen: Generator) -> Tensor:
+    """The d x d antisymmetric E of a residual generator: E_ji - E_ij, or for the centred
+    group B (E_ji - E_ij) B^T with B an orthonormal basis of the complement of all-ones
+    (so E 1 = 0 and exp(s E) keeps all-ones)."""
+    from rotviz.groups import ones_complement
+    from rotviz.symmetry.residual import group_of
+
+    d = view.dims.d_model
+    i, j = gen.pair
+    if group_of(view) == "orthogonal":
+        return _elementary(d, j, i) - _elementary(d, i, j)
+    b = ones_complement(d)
+    return b @ (_elementary(d - 1, j, i) - _elementary(d - 1, i, j)) @ b.T
+
+
+def generators(view: ModelView, residual: bool = True) -> list[Generator]:
+    """Every generator of the continuous group, block by block: Q-K, V-O, FFN scales; then
+    (with `residual`) the stream's map, once for the model."""
     dims = view.dims
     out: list[Generator] = []
     for li, blk in enumerate(view.blocks):
@@ -123,13 +195,17 @@ def generators(view: ModelView) -> list[Generator]:
         if ffn_has_scales(blk.ffn):
             out += [Generator(li, "ffn", k, None, f"L{li} ffn unit {k}")
                     for k in range(blk.ffn.w_in.shape[0])]
+    if residual:
+        out += residual_generators(view)
     return out
 
 
 def group_dimension(view: ModelView) -> list[dict]:
     """The group's dimension per block, derived from the dims (not by counting generators):
     plain attention 2 H_kv d_h^2; rotary r + f^2 per Q-K map (r rotated dims, f free);
-    per-head q/k norms: the pairs with equal gains; plus d_ffn for gated or ReLU FFNs."""
+    per-head q/k norms: the pairs with equal gains; plus d_ffn for gated or ReLU FFNs. Then
+    one row for the residual stream's map (layer 'residual'): its group, its dimension
+    (`residual_dimension`) and, where there is none, why."""
     dims = view.dims
     rows = []
     for li, blk in enumerate(view.blocks):
@@ -146,6 +222,10 @@ def group_dimension(view: ModelView) -> list[dict]:
         ffn = blk.ffn.w_in.shape[0] if ffn_has_scales(blk.ffn) else 0
         rows.append({"layer": li, "qk": h_kv * qk, "vo": h_kv * dh * dh, "ffn": ffn,
                      "total": h_kv * qk + h_kv * dh * dh + ffn})
+    group, why = residual_group(view)
+    n = residual_dimension(dims.d_model, group)
+    rows.append({"layer": "residual", "qk": 0, "vo": 0, "ffn": 0, "residual": n, "total": n,
+                 "group": group, "why": why})
     return rows
 
 
@@ -234,7 +314,14 @@ def tangents(loaded: Loaded, state: Mapping[str, Tensor] | None = None,
         start += st[n].numel()
     gens = generators(view) if gens is None else gens
     t = torch.zeros(len(gens), start, dtype=F64)
+    frame = None
     for row, gen in enumerate(gens):
+        if gen.kind == "residual":
+            frame = frame or ResidualFrame.of(view)
+            part = frame.tangent(residual_matrix(view, gen))
+            for key, (o, size) in offsets.items():
+                t[row, o:o + size] = part[key].reshape(-1)
+            continue
         prefix = view.layout.blocks[gen.layer]
         part = write_block(view, _tangent_block(view, gen), prefix)
         for key, val in part.items():
@@ -242,6 +329,35 @@ def tangents(loaded: Loaded, state: Mapping[str, Tensor] | None = None,
                 o, size = offsets[key]
                 t[row, o:o + size] = val.reshape(-1)
     return names, t, gens
+
+
+@dataclass(frozen=True)
+class ResidualFrame:
+    """The residual action at one model, written in its own gauge: `at(Q)` is the state
+    restore(R_Q(canonicalise(view))) (see the module docstring), affine in Q; `base` is its
+    value at Q = 0, so `tangent(E)` = at(E) - base is the derivative along E, exactly."""
+
+    canon: ModelView
+    gauge: object  # rotviz.symmetry.residual.Gauge
+    base: Mapping[str, Tensor]
+
+    @classmethod
+    def of(cls, view: ModelView) -> ResidualFrame:
+        from rotviz.symmetry.residual import canonicalise
+
+        canon, gauge = canonicalise(view)
+        frame = cls(canon, gauge, {})
+        d = view.dims.d_model
+        return replace(frame, base=frame.at(torch.zeros(d, d, dtype=F64), check=False))
+
+    def at(self, q: Tensor, check: bool = True) -> dict[str, Tensor]:
+        from rotviz.symmetry.residual import apply_residual, restore
+
+        return write_state(restore(apply_residual(self.canon, q, check=check), self.gauge))
+
+    def tangent(self, e: Tensor) -> dict[str, Tensor]:
+        moved = self.at(e, check=False)
+        return {k: v - self.base[k] for k, v in moved.items()}
 
 
 def gauge_fixed(directions: Tensor, t: Tensor) -> Tensor:
@@ -257,7 +373,8 @@ def gauge_fixed(directions: Tensor, t: Tensor) -> Tensor:
 
 
 def element(view: ModelView, gen: Generator, s: float) -> LayerTransform:
-    """The finite group element exp(s E) on `gen`'s group (identity elsewhere)."""
+    """The finite group element exp(s E) on `gen`'s group (identity elsewhere); for a block
+    generator only (a residual one is `ResidualFrame.at(exp(s E))`)."""
     blk = view.blocks[gen.layer]
     if gen.kind == "ffn":
         sc = torch.ones(blk.ffn.w_in.shape[0], dtype=F64)
@@ -271,6 +388,8 @@ def element(view: ModelView, gen: Generator, s: float) -> LayerTransform:
 
 def moved_state(view: ModelView, gen: Generator, s: float) -> dict[str, Tensor]:
     """The state dict (float64) after the finite element exp(s E) of `gen`."""
+    if gen.kind == "residual":
+        return ResidualFrame.of(view).at(torch.linalg.matrix_exp(s * residual_matrix(view, gen)))
     return write_state(apply_layer(view, gen.layer, element(view, gen, s)))
 
 
@@ -299,6 +418,7 @@ class FlatResult:
     dimension: list[dict]  # group dimension per block (derived) and tangents generated
     rows: list[TangentRow] = field(default_factory=list)
     control_cosine: float = 0.0  # a seeded random direction's |cos| with the gradient
+    nullity: list[dict] = field(default_factory=list)  # rotviz.analysis.nullity rows
     seconds: float = 0.0
     device: str = "cpu"
 
@@ -320,14 +440,29 @@ def pick(gens: list[Generator], per_layer: int, seed: int) -> list[Generator]:
     return out
 
 
+@dataclass(frozen=True)
+class NullityOptions:
+    """How `flat` counts near-zero Hessian eigenvalues (rotviz.analysis.nullity): |lambda|
+    <= tol * lambda_max; exactly for blocks of at most `exact_max` parameters, else by SLQ
+    with `probes` probes of `steps` Lanczos steps."""
+
+    tol: float = 1e-6
+    exact_max: int = 2048
+    probes: int = 3
+    steps: int = 30
+
+
 def flat(loaded: Loaded, state: Mapping[str, Tensor] | None, split, device="cpu",
          per_layer: int = 8, seed: int = 0, steps: tuple[float, ...] = (-0.3, 0.3),
          curvature: bool = True, batch_size: int = 512,
-         progress: Progress | None = None) -> FlatResult:
-    """The report: for up to `per_layer` tangents per block and kind (seeded choice), the
-    relative loss change along the orbit exp(s E) for s in `steps`, the gradient's cosine
-    with the tangent, and (with `curvature`) t^T H t / |t|^2; in float64, on the split's
-    mean loss. Neither `state` nor the loaded model is modified."""
+         progress: Progress | None = None,
+         nullity: NullityOptions | None = None) -> FlatResult:
+    """The report: for up to `per_layer` tangents per block and kind (the residual map's
+    counting as one more block; seeded choice), the relative loss change along the orbit
+    exp(s E) for s in `steps`, the gradient's cosine with the tangent, and (with
+    `curvature`) t^T H t / |t|^2; with `nullity`, per block the group dimension against the
+    near-zero eigenvalues of the Hessian restricted to it; in float64, on the split's mean
+    loss. Neither `state` nor the loaded model is modified."""
     t0 = time.perf_counter()
     if not steps:
         raise RotvizError("the orbit needs at least one step s; give some")
@@ -350,7 +485,9 @@ def flat(loaded: Loaded, state: Mapping[str, Tensor] | None, split, device="cpu"
         counts[(g.layer, g.kind)] = counts.get((g.layer, g.kind), 0) + 1
     dim = group_dimension(view)
     for row in dim:
-        row["tangents"] = sum(counts.get((row["layer"], k), 0) for k in ("qk", "vo", "ffn"))
+        row["tangents"] = (counts.get((RESIDUAL, "residual"), 0) if row["layer"] == "residual"
+                           else sum(counts.get((row["layer"], k), 0)
+                                    for k in ("qk", "vo", "ffn")))
     rows = []
     for i, gen in enumerate(gens):
         if progress is not None:
@@ -366,8 +503,14 @@ def flat(loaded: Loaded, state: Mapping[str, Tensor] | None, split, device="cpu"
     gen = torch.Generator().manual_seed(int(seed))
     r = torch.randn(cur.n, generator=gen, dtype=F64).to(cur.device)
     control = abs(float(grad @ r)) / max(gn * float(r.norm()), 1e-300)
+    null: list[dict] = []
+    if nullity is not None:
+        from rotviz.analysis.nullity import nullity as count_nullity
+
+        null = count_nullity(cur, loaded, dim, nullity.tol, nullity.exact_max,
+                             nullity.probes, nullity.steps, seed, progress)
     return FlatResult(loaded.ref, split.data, split.n, cur.n, base, gn, list(steps), dim,
-                      rows, control, time.perf_counter() - t0, str(ev.device))
+                      rows, control, null, time.perf_counter() - t0, str(ev.device))
 
 
 def loss_at(cur: Curvature, state: Mapping[str, Tensor]) -> float:
@@ -392,7 +535,9 @@ class TangentBlock:
 
 def tangent_blocks(loaded: Loaded, state: Mapping[str, Tensor] | None = None
                    ) -> list[TangentBlock]:
-    """Every tangent, grouped by the coordinates it touches. Tangents of different KV groups,
+    """Every block tangent, grouped by the coordinates it touches (the residual map's
+    tangents move every block at once, so they are left out: gauge fixing here removes the
+    blocks' symmetries, not the stream's). Tangents of different KV groups,
     kinds, FFN units and blocks move disjoint entries (other heads' rows, other units' rows
     and columns, other blocks' tensors), so span(T) is a direct sum of these small pieces
     and projecting it out needs no k x P matrix (8192 x 136138 in float64, 9 GB, for the
@@ -405,7 +550,7 @@ def tangent_blocks(loaded: Loaded, state: Mapping[str, Tensor] | None = None
         offsets[n] = (start, st[n].numel())
         start += st[n].numel()
     clusters: dict[tuple[int, str, int], list[Generator]] = {}
-    for g in generators(view):
+    for g in generators(view, residual=False):
         clusters.setdefault((g.layer, g.kind, g.group), []).append(g)
     out: list[TangentBlock] = []
     for (layer, kind, group), gens in clusters.items():
@@ -447,7 +592,9 @@ def gauge_fixed_directions(loaded: Loaded, state: Mapping[str, Tensor] | None = 
                            ) -> list[dict[str, Tensor]]:
     """`count` random directions as rotviz.analysis.slices draws them (seeded, normalised by
     `norm`), with the symmetry tangents at `state` projected out: ready for
-    `slice_at(..., given=...)`, so that a plane along them shows only changes of the function.
+    `slice_at(..., given=...)`, so that a plane along them shows only changes of the function
+    that the blocks' symmetries do not explain (the residual map's tangents stay: see
+    `tangent_blocks`).
     The projection comes after the normalisation (normalising afterwards would bring the
     tangents back); each tensor keeps its parameter's dtype."""
     from rotviz.analysis.slices import random_directions

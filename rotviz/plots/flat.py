@@ -1,6 +1,7 @@
 """Symmetry's flat directions: per block and kind, the largest relative loss change along an
 orbit and the largest |cosine| of the gradient with a tangent, as bars on a log axis, with a
-random direction's cosine as the reference line."""
+random direction's cosine as the reference line; and per block the group's dimension against
+the Hessian's near-zero eigenvalues, as grouped bars."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ def flat_bars(d: Mapping, font_size: int = 14, title: str | None = None) -> go.F
     """`d` is `rotviz.analysis.tangents.FlatResult.to_dict()`."""
     groups: dict[str, list[dict]] = {}
     for row in d["rows"]:
-        groups.setdefault(f"L{row['layer']} {row['kind']}", []).append(row)
+        key = "residual" if row["kind"] == "residual" else f"L{row['layer']} {row['kind']}"
+        groups.setdefault(key, []).append(row)
     x = list(groups)
     series = [("max |relative loss change| along the orbits", "loss_change"),
               ("max |cos(gradient, tangent)|", "cosine")]
@@ -35,6 +37,39 @@ def flat_bars(d: Mapping, font_size: int = 14, title: str | None = None) -> go.F
     style.log_axis(fig, "y")
     return style.finish(fig, title or "Flat directions of the symmetry group: loss change, "
                         "gradient cosine and curvature along each tangent",
-                        "block and kind (qk: Q-K maps, vo: V-O maps, ffn: unit scales)",
+                        "block and kind (qk: Q-K maps, vo: V-O maps, ffn: unit scales; "
+                        "residual: the stream's map)",
                         "magnitude (dimensionless; curvature in nats per unit²)",
                         "quantity", font_size)
+
+
+def nullity_bars(d: Mapping, font_size: int = 14, title: str | None = None) -> go.Figure:
+    """Per block (then the parameters outside the blocks and the whole model), the symmetry
+    group's dimension and the number of near-zero eigenvalues of the Hessian restricted to
+    those parameters, side by side; an SLQ estimate carries its standard error as an error
+    bar. `d` is `FlatResult.to_dict()` with its `nullity` rows."""
+    rows = d["nullity"]
+    x = [r["block"] if r["method"] == "exact" else f"{r['block']} (slq)" for r in rows]
+    fig = go.Figure()
+    fig.add_bar(x=x, y=[r["dimension"] for r in rows], name="symmetry group dimension",
+                marker_color=style.color(0),
+                hovertemplate="%{x}: %{y}<extra>group dimension</extra>")
+    errors = [r["error"] if r["method"] == "slq" and r["error"] == r["error"] else 0.0
+              for r in rows]
+    fig.add_bar(x=x, y=[r["near_zero"] for r in rows],
+                name="near-zero Hessian eigenvalues", marker_color=style.color(1),
+                error_y={"type": "data", "array": errors, "visible": any(errors)},
+                hovertemplate="%{x}: %{y:.4g}<extra>near-zero eigenvalues</extra>")
+    fig.update_layout(barmode="group")
+    tol = rows[0]["tolerance"] if rows else 0.0
+    return style.finish(fig, title or "Symmetry group dimension against near-zero Hessian "
+                        f"eigenvalues (|λ| ≤ {tol:.3g} λ_max), per block",
+                        "parameter group (block; 'model': all parameters, every block's "
+                        "group and the residual map)", "count (dimensions, eigenvalues)",
+                        "quantity", font_size)
+
+
+def flat_figure(d: Mapping) -> go.Figure:
+    """The record's figure: the dimension against the near-zero eigenvalues when they were
+    counted, else the tangents' checks."""
+    return nullity_bars(d) if d.get("nullity") else flat_bars(d)
