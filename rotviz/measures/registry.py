@@ -45,6 +45,20 @@ Runner = Callable[[Any, Context, dict], Any]  # (endpoints, context, parameter v
 
 
 @dataclass(frozen=True)
+class Inputs:
+    """What a measurement takes when it is not one matched pair (a record's `inputs`): two
+    series of checkpoints, a spawn folder. The CLI takes `args` as its positional arguments
+    and `--match SPEC` once per matching; `read(refs, specs, confined)` reads and checks
+    them (every file through `confined`) into the value the record's `run` takes in place of
+    endpoints, which names its `first_pair()` of model folders (the one whose reading of the
+    data gives the split, and whose size says whether it fits in memory)."""
+
+    args: tuple[tuple[str, str], ...]  # (name, help) of each positional argument
+    read: Callable[..., Any]  # (refs, specs, confined) -> the record's input value
+    default_specs: tuple[str, ...] = ("none", "seed")
+
+
+@dataclass(frozen=True)
 class Measurement:
     """One measurement and everything the CLI, the app, the exports and the API need."""
 
@@ -65,6 +79,7 @@ class Measurement:
     check: Callable[[dict, set[str]], None] | None = None  # (values, given names) -> refuse
     needs_match: bool = False  # at size it needs a matched source (not 'none')
     at_size_check: Callable[[dict], None] | None = None  # refuse values at size, early
+    inputs: Inputs | None = None  # None: a matched pair (or one model, pair=False)
     extra: dict = field(default_factory=dict)  # anything else a host may read
 
     def parameters(self) -> tuple[Param, ...]:
@@ -93,7 +108,7 @@ class Measurement:
 
 MEASUREMENTS: Records[Measurement] = Records("measurement", (
     "barrier", "plane", "merge", "distances", "spectra", "sweeps", "slice", "layerwise",
-    "hessian", "bend", "sharpness", "flat"))
+    "hessian", "bend", "sharpness", "flat", "training", "spawn"))
 
 
 def register(m: Measurement) -> Measurement:
