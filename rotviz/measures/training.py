@@ -8,7 +8,7 @@ from rotviz.limits import BATCH_SIZE, POINTS
 from rotviz.measures.registry import Context, Inputs, Measurement, register
 from rotviz.params import Param
 
-SERIES_HELP = ("a series: a folder of checkpoint-<step>/ model folders (Hugging Face "
+SERIES_HELP = ("series: a folder of checkpoint-<step>/ model folders (Hugging Face "
                "Trainer's layout), zoo:NAME, or hf-cache:ORG/NAME (the local Hugging Face "
                "cache's step<N> revisions, never downloaded)")
 
@@ -75,6 +75,6 @@ TRAINING = register(Measurement(
     "training", "Barriers over training",
     "the barrier between two runs at each common checkpoint step, per matching",
     _run, PARAMS, summary=_summary, plot=_plot, rows=rows, refusal=AT_SIZE,
-    inputs=Inputs((("series_a", "first " + SERIES_HELP), ("series_b", "second series, the "
+    inputs=Inputs((("series_a", "the first " + SERIES_HELP), ("series_b", "second series, the "
                    "same architecture, paired with the first by step")), read_inputs),
     extra={"progress": True}))
