@@ -80,10 +80,11 @@ def wanted(name: str, submitted: bool) -> bool:
     return True
 
 
-def section(name: str, refs: list[str], values: dict, draw, what: str) -> None:
+def section(name: str, refs: list[str], values: dict, draw, what: str) -> dict | None:
+    """The section's result, drawn with its table and export (None without a matching)."""
     if not specs:
         st.warning("Pick at least one matching.")
-        return
+        return None
     cfg = app.inputs_cfg({**s.base(), "data": data}, refs, specs, **values)
     with common.progress(what, 1, stop=f"train_{name}") as step:
         step(f"{len(specs)} matching(s) at each step, {values['points']} points per path")
@@ -114,6 +115,8 @@ t_run, t_refs, t_values = form("training", {"a": ("Series A", SERIES[0]),
 def training_body() -> None:
     r = section("training", [t_refs["a"], t_refs["b"]], t_values,
                 tplots.barriers_over_training, "Barriers over training")
+    if r is None:
+        return
     e = r["extra"]
     left = [f"{len(e[k])} step(s) only in {e[s_]}" for k, s_ in (("only_a", "series_a"),
                                                                    ("only_b", "series_b"))
@@ -139,7 +142,8 @@ k_run, k_refs, k_values = form("spawn", {"folder": ("Spawn folder", SPAWN)})
 def spawn_body() -> None:
     r = section("spawn", [k_refs["folder"]], k_values, tplots.instability_by_spawn_step,
                 "Spawn instability")
-    st.caption(f"Spawn steps {', '.join(map(str, r['x']))}, on {r['n']} test samples.")
+    if r is not None:
+        st.caption(f"Spawn steps {', '.join(map(str, r['x']))}, on {r['n']} test samples.")
 
 
 if wanted("spawn", k_run):

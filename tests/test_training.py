@@ -182,6 +182,11 @@ def test_zoo_spawn_series_layout_and_its_identities():
     assert same(state(f"run-a/checkpoint-{last}"), state("spawn-0/a"))
     assert same(state(f"run-b/checkpoint-{last}"), state("spawn-0/b"))
     assert card["test"][f"spawn-{last}/a"]["acc"] > 0.85  # a trained model, not noise
+    from rotviz.evaluation import evaluate
+
+    got = evaluate(load_model(root / "spawn-16/b"), _full())  # the card says what ships
+    assert got["loss"] == pytest.approx(card["test"]["spawn-16/b"]["loss"], rel=1e-6)
+    assert got["acc"] == card["test"]["spawn-16/b"]["acc"]
 
 
 def test_both_charts_run_on_the_zoo_series(small):

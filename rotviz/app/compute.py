@@ -393,12 +393,12 @@ def measure(name: str, res: Resources, cfg: dict, progress: Progress | None = No
     return out
 
 
-def inputs_cfg(base: dict, refs: list[str], specs: list[str], **params: Any) -> dict:
+def inputs_cfg(base: dict, refs: list[str], matchings: list[str], **params: Any) -> dict:
     """The configuration of a measurement of series or a spawn folder (a record with
     `inputs`): the sidebar's data, seed, n_eval and device from `base`, the references, the
     matchings and the record's parameters."""
     keep = {k: base[k] for k in ("data", "seed", "n_eval", "device") if k in base}
-    return {**keep, "refs": list(refs), "specs": [specs.spec_label(sp) for sp in specs],
+    return {**keep, "refs": list(refs), "specs": [specs.spec_label(sp) for sp in matchings],
             "params": params}
 
 

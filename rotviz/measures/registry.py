@@ -8,6 +8,10 @@ and drawn, its table for exports, and whether and how it runs at size. The CLI s
 and its options, the app's computations and widgets, the exports and `rotviz.measure` are
 all generated from `measurements()`, so a new measurement is one module calling `register`.
 
+A measurement of more than one pair (barriers over training, spawn instability) declares
+its `inputs` (`Inputs`: series of checkpoints, a spawn folder): the same generated CLI, app
+computation, exports and `rotviz.measure`, with those inputs in place of the endpoints.
+
 Record modules import torch, the engine and plotly inside their functions, so that listing
 the records (for `rotviz --help`, or the app's first paint) stays cheap.
 """
