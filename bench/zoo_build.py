@@ -113,8 +113,8 @@ def main() -> None:
         "measured (shared VM: higher loads mean pessimistic numbers).",
         "",
         f"Built {', '.join(names)} {mode}: **{total:.1f} s** wall in all ({cpu:.1f} s of CPU "
-        "time in the build processes), fresh processes, imports included. Target: the default pair <= 180 s, the spawn series "
-        "(vit-digits-spawn) <= 300 s, on 2 CPU cores.",
+        "time in the build processes), fresh processes, imports included. Targets: the "
+        "default pair <= 180 s, the spawn series (vit-digits-spawn) <= 300 s, on 2 CPU cores.",
         "",
         "| model | steps | train s | test loss | test acc | reproduces shipped card (1e-4) |",
         "|---|---|---|---|---|---|",
