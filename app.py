@@ -28,6 +28,7 @@ PAGES = [
     st.Page("app_pages/spectra.py", title="Spectra", icon=":material/equalizer:"),
     st.Page("app_pages/merge.py", title="Merge", icon=":material/merge:"),
     st.Page("app_pages/landscape.py", title="Landscape", icon=":material/landscape:"),
+    st.Page("app_pages/training.py", title="Training", icon=":material/timeline:"),
     st.Page("app_pages/learn.py", title="Learn", icon=":material/school:"),
     st.Page("app_pages/measure.py", title="Measure", icon=":material/science:"),
 ]

@@ -31,7 +31,8 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PAGES = ("models", "match", "barrier", "spectra", "merge", "landscape", "learn", "measure")
+PAGES = ("models", "match", "barrier", "spectra", "merge", "landscape", "training", "learn",
+         "measure")
 IDLE = "[data-testid='stApp'][data-test-script-state='notRunning']"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-dev-shm-usage"]
@@ -171,7 +172,7 @@ def measure(args, out: Path, shots: bool) -> dict[str, float]:
                 t0 = time.perf_counter()
                 page.goto(f"{base}/{name}{q}")
                 settle(page)
-                if name == "landscape":  # computes only on Run: press every section's
+                if name in ("landscape", "training"):  # compute only on Run: press each Run
                     runs = page.locator("[data-testid='stFormSubmitButton'] button")
                     for i in range(runs.count()):
                         runs.nth(i).click()

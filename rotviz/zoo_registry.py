@@ -79,6 +79,64 @@ PAIRS = {
 }
 
 
+
+
+# ---- the spawn series (Frankle et al., 2020): a parent run and children spawned from it --------
+
+
+@dataclass(frozen=True)
+class SpawnEntry:
+    """A spawn folder of the zoo (rotviz.zoo.spawn builds it, rotviz.analysis.training reads
+    it): a parent run of `recipe` initialised from `seed` in data order `parent_order`;
+    at each step of `spawn_steps` (the last is the run's end) two children trained to the
+    end in the data orders `orders`; the two children spawned at 0 kept at `series_steps`."""
+
+    name: str
+    recipe: str
+    seed: int
+    parent_order: int
+    orders: tuple[int, int]
+    spawn_steps: tuple[int, ...]
+    series_steps: tuple[int, ...]
+    description: str
+
+
+SPAWNS: tuple[SpawnEntry, ...] = (
+    SpawnEntry("vit-digits-spawn", "vit-digits-spawn", 3, 0, (1, 2), (0, 16, 64, 304),
+               (0, 16, 64, 160, 304),
+               "ViT on digits (vit-digits-s3's architecture), 304 steps; children spawned at "
+               "steps 0, 16, 64 and 304, each trained to the end in two data orders"),
+)
+# Series of checkpoints (Hugging Face Trainer's checkpoint-<step>/ layout) in the zoo: name ->
+# (spawn folder, the folder inside it).
+SERIES: dict[str, tuple[str, str]] = {
+    "vit-digits-run-a": ("vit-digits-spawn", "run-a"),
+    "vit-digits-run-b": ("vit-digits-spawn", "run-b"),
+}
+
+
+def spawn_entry(name: str) -> SpawnEntry:
+    for e in SPAWNS:
+        if e.name == name:
+            return e
+    raise RotvizError(f"unknown zoo spawn folder '{name}': known are "
+                      f"{', '.join(e.name for e in SPAWNS)}")
+
+
+def collection_path(name: str) -> Path:
+    """The folder of a zoo spawn folder or series (`zoo:NAME`), built."""
+    if name in SERIES:
+        top, inner = SERIES[name]
+        path = zoo_dir() / top / inner
+    else:
+        top = spawn_entry(name).name
+        path = zoo_dir() / top
+    if not (zoo_dir() / top / "card.json").is_file():
+        raise RotvizError(f"zoo series '{name}' is not built (no {zoo_dir() / top}); run: "
+                          f"rotviz zoo build {top}")
+    return path
+
+
 def zoo_dir() -> Path:
     """`ROTVIZ_ZOO` if set, else the repository's `assets/zoo`."""
     env = os.environ.get("ROTVIZ_ZOO")

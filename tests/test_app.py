@@ -984,3 +984,41 @@ def test_stop_reaches_a_training_measurement_and_nothing_is_cached(roots):
     done = common.compute("bend", cfg, None, lambda: False)
     assert done["stopped"] == "steps" and done["steps"] == 20
     assert common.is_cached("bend", cfg)
+
+
+def test_training_page_runs_both_charts_on_the_zoo_series(roots):
+    """The Training page opens on the zoo's spawn series and computes nothing before Run;
+    each Run draws its chart (framed: title, axes with units, legend, palette), whose lines
+    are the library's barriers on the same split, one per matching; children spawned at the
+    last step sit at 0, and an export holds the table."""
+    from rotviz.data import load_split
+
+    at = app("training", t_training_points="3", t_spawn_points="3")
+    assert not figures(at)
+    assert texts(at).count("Press **Run** to compute this section.") == 2
+    for name in ("training", "spawn"):
+        at.button(key=f"t_{name}_run").click().run()
+        assert not at.exception, [e.message for e in at.exception]
+        assert not at.error, [e.value for e in at.error]
+    figs = figures(at)
+    over = figs["Barrier between the two runs over training"]
+    spawn = figs["Instability: barrier between two children against the spawn step"]
+    split = load_split("digits", "test", 0).subset(N_EVAL)
+    for fig, name, refs in ((over, "training", ["zoo:vit-digits-run-a",
+                                                "zoo:vit-digits-run-b"]),
+                            (spawn, "spawn", ["zoo:vit-digits-spawn"])):
+        _framed(fig)
+        want = measure_lib(name, refs, split)
+        lines = {tr["name"]: tr for tr in fig["data"]}
+        assert list(lines) == ["no matching", "FFN + attention + rescale (seed paper)"]
+        for tr, m in zip(lines.values(), want.matches, strict=True):
+            assert numbers(tr["x"]) == want.x
+            assert np.allclose(numbers(tr["y"]), want.barrier[m], rtol=1e-9, atol=1e-12)
+    assert numbers(spawn["data"][0]["y"])[-1] == 0.0  # spawned at the end: the parent twice
+    assert "common steps on 100 test samples." in "\n".join(str(c.value) for c in at.caption)
+
+
+def measure_lib(name: str, refs: list[str], split):
+    from rotviz import measure
+
+    return measure(name, refs, split, points=3, match=["none", "seed"])

@@ -63,7 +63,8 @@ def server(tmp_path_factory):
         yield url
 
 
-NAV = ["Models", "Match", "Barrier", "Spectra", "Merge", "Landscape", "Learn", "Measure"]
+NAV = ["Models", "Match", "Barrier", "Spectra", "Merge", "Landscape", "Training", "Learn",
+       "Measure"]
 
 
 def press_every_run(page) -> None:
@@ -97,7 +98,7 @@ def test_every_page_in_chromium(server, tmp_path):
         assert page.get_by_text("Anchor (model 2, stays fixed)").count() == 1
         for name in PAGES:
             page.goto(f"{server}/{'' if name == 'models' else name}?n=100")
-            if name == "landscape":  # computes only on Run: press every section's
+            if name in ("landscape", "training"):  # compute only on Run: press every section's
                 press_every_run(page)
             # the page's own results, not only an idle script: right after a navigation the
             # app may still read "not running" before this page's run has begun (busy CPUs)

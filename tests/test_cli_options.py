@@ -21,10 +21,21 @@ from rotviz.merging import all_params, users
 A, B = "zoo:vit-digits-s3", "zoo:vit-digits-s6"
 MEASURES = {m.name: m for m in measurements()}  # one command each (rotviz.cli.measure)
 
+# The zoo's series and spawn folder, for the records whose inputs they are (training, spawn).
+SERIES = {"series_a": "zoo:vit-digits-run-a", "series_b": "zoo:vit-digits-run-b",
+          "spawn_dir": "zoo:vit-digits-spawn"}
+
+
+def _inputs(m) -> list[str]:
+    if m.inputs is not None:
+        return [SERIES[name] for name, _ in m.inputs.args]
+    return [A, *([B] if m.pair else [])]
+
+
 # What each command needs besides the option under test, so that only that option is wrong.
 BASE = {
     "match": ["match", A, B, "--out", "o"],
-    **{n: [n, A, *([B] if m.pair else []), *(["--data", "digits"] if m.data else [])]
+    **{n: [n, *_inputs(m), *(["--data", "digits"] if m.data else [])]
        for n, m in MEASURES.items()},
     "eval": ["eval", A, "--data", "digits"],
     "zoo build": ["zoo", "build", "vit-digits-ft-b"],
@@ -53,6 +64,8 @@ PATHS = {
     "out file": ["f.txt", "full", "/proc/x/r.json", "f.txt/r.json", "link", ""],
     "zoo out": ["f.txt", "zoofull", "/proc/x", "f.txt/sub", ""],  # NAME folders go under it
     "model": ["f.txt", "full", "/proc/x/m", "f.txt/m", "", "zoo:nope", "nope:x"],
+    "series": ["f.txt", "full", "/proc/x/m", "f.txt/m", "", "zoo:nope", "nope:x",
+               "zoo:vit-digits-s3", "hf-cache:nope", "hf-cache:../x"],
     "data": ["imagefolder:f.txt", "imagefolder:full", "text:/proc/x/t", "text:f.txt/x",
              "cifar10:full", "imagefolder:", "", "nope"],
     "roots": ["f.txt", "/proc/x", "f.txt/x", ""],
@@ -85,6 +98,8 @@ KINDS = {
                     ("--json", "out file"), ("--layers", "layers"), ("--match", "spec"),
                     ("--split", "name"), ("--device", "name"), ("--max-memory", "size"),
                     ("model", "model"), ("--source", "model"))},  # one model (pair=False)
+    **{(c, o): "series" for c, m in MEASURES.items() if m.inputs is not None
+       for o, _ in m.inputs.args},  # series and spawn folders (training, spawn)
 }
 FREE = {("serve", "--address")}  # any text is a host name for streamlit to bind
 
@@ -129,7 +144,8 @@ def _argv(cmd: str, opt: str, value: str) -> list[str]:
     if not opt.startswith("--"):  # a positional: replace the model or the zoo name
         if cmd == "zoo build":
             return ["zoo", "build", value]
-        i = {"anchor": 1, "source": 2, "model": 1}[opt]
+        i = {"anchor": 1, "source": 2, "model": 1, "series_a": 1, "series_b": 2,
+             "spawn_dir": 1}[opt]
         base[i] = value
         return base
     if opt in base:  # --out or --data: replace its value

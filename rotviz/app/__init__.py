@@ -34,6 +34,7 @@ from rotviz.app.compute import (
     check_pair,
     endpoints,
     fusion,
+    inputs_cfg,
     kinds,
     layers_of,
     learn,
@@ -54,7 +55,7 @@ from rotviz.app.compute import (
 __all__ = [
     "BARRIER_POINTS", "COMPUTE", "COMPUTE_MODULES", "DEFAULT_LEARN_STEPS", "Cancelled",
     "PairConfig", "Progress", "Resources", "barrier_defaults", "card", "check_pair", "endpoints",
-    "fusion", "kinds", "layers_of", "learn", "load_eval", "load_full", "load_test_split",
-    "match", "matched", "measure", "measure_cfg", "n_layers", "pair", "run", "spec_cfg",
-    "warm_up",
+    "fusion", "inputs_cfg", "kinds", "layers_of", "learn", "load_eval", "load_full",
+    "load_test_split", "match", "matched", "measure", "measure_cfg", "n_layers", "pair", "run",
+    "spec_cfg", "warm_up",
 ]

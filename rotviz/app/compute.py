@@ -368,6 +368,8 @@ def measure(name: str, res: Resources, cfg: dict, progress: Progress | None = No
     from rotviz.measures import Context, measurement
 
     record = measurement(name)
+    if record.inputs is not None:  # series or a spawn folder: `refs` and `specs`
+        return measure_inputs(record, res, cfg, progress, cancel)
     defaults = {p.name: p.default for p in record.parameters()}
     # a widget always holds a value: only those moved off their default count as given
     values = record.values({k: v for k, v in (cfg.get("params") or {}).items()
@@ -390,6 +392,47 @@ def measure(name: str, res: Resources, cfg: dict, progress: Progress | None = No
     diff = ends.info.max_output_diff
     out.update(max_output_diff=diff, tolerance=FUNCTION_TOLERANCE,
                preserved=diff is None or diff <= FUNCTION_TOLERANCE)
+    return out
+
+
+def inputs_cfg(base: dict, refs: list[str], matchings: list[str], **params: Any) -> dict:
+    """The configuration of a measurement of series or a spawn folder (a record with
+    `inputs`): the sidebar's data, seed, n_eval and device from `base`, the references, the
+    matchings and the record's parameters."""
+    keep = {k: base[k] for k in ("data", "seed", "n_eval", "device") if k in base}
+    return {**keep, "refs": list(refs), "specs": [specs.spec_label(sp) for sp in matchings],
+            "params": params}
+
+
+def measure_inputs(record, res: Resources, cfg: dict, progress: Progress | None = None,
+                   cancel: Callable[[], bool] | None = None) -> dict:
+    """A record that takes series or a spawn folder, on `cfg["refs"]` read through the
+    app's roots, each pair matched with every SPEC of `cfg["specs"]`; the test split as the
+    first pair's first model reads it."""
+    from rotviz.devices import resolve_device
+    from rotviz.measures import Context
+
+    confined = res.confined()
+    for ref in cfg["refs"]:
+        if ref.startswith("hf-cache:"):  # the cache lies outside the roots unless added
+            continue
+        if not ref.startswith("zoo:"):
+            roots.check_under_roots(ref, roots.model_roots())
+    inputs = record.inputs.read(tuple(cfg["refs"]), tuple(cfg.get("specs") or ()) or None,
+                                confined)
+    defaults = {p.name: p.default for p in record.parameters()}
+    given = dict(cfg.get("params") or {})
+    values = record.values({k: v for k, v in given.items() if k not in defaults
+                            or v != defaults[k]})
+    first = load_eval(str(inputs.first_pair()[0]), confined)
+    split = load_test_split(cfg["data"], int(cfg.get("seed", 0)), int(cfg.get("n_eval", 0)),
+                            first, confined)
+    result = record.run(inputs, Context(split, resolve_device(cfg.get("device", "cpu")),
+                                        progress=progress, cancel=cancel), values)
+    out = result.to_dict()
+    if out.get("stopped") == "cancelled":
+        raise Cancelled(f"{record.label} was stopped before it finished; nothing was kept. "
+                        "Press Run to start again.")
     return out
 
 

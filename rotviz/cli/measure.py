@@ -1,5 +1,7 @@
 """One sub-command per registered measurement (rotviz.measures), generated from its record:
 `barrier`, `plane`, `merge`, `distances`, `spectra`, and whatever a plug-in registers.
+A record whose `inputs` are series or a spawn folder (training, spawn) takes those as its
+positional arguments and `--match SPEC` once per matching.
 
 Every command takes the pair, `--match SPEC` and `--layers`, the device and `--json`; those
 that evaluate take `--data`, `--split` and the reading options; those that write a model take
@@ -54,6 +56,9 @@ def register(sub) -> None:
     """A sub-command for every registered measurement."""
     for m in measurements():
         p = sub.add_parser(m.name, help=m.describe(), description=m.describe())
+        if m.inputs is not None:
+            _inputs_parser(p, m)
+            continue
         if m.pair:
             p.add_argument("anchor",
                            help="anchor model (kept fixed): a model directory or zoo:NAME")
@@ -103,6 +108,74 @@ def register(sub) -> None:
         else:
             add_max_memory(p, "run", f"refused ({m.why_not_at_size()})", "is refused too")
         p.set_defaults(func=lambda args, m=m: run_command(m, args))
+
+
+def _inputs_parser(p: argparse.ArgumentParser, m: Measurement) -> None:
+    """A record that takes series or a spawn folder (`Measurement.inputs`): its positional
+    arguments, --data, --match once per matching, and the rest as for a pair."""
+    assert m.inputs is not None
+    for name, text in m.inputs.args:
+        p.add_argument(name, help=text)
+    p.add_argument("--data", required=True,
+                   help="data reference: digits, pystdlib, text:FILE, csv:FILE, tsv:FILE, "
+                        "jsonl:FILE, conll:FILE, hf:DIR, imagefolder:DIR or cifar10:DIR")
+    p.add_argument("--split", default="test", help="split to evaluate on (default test)")
+    add_reading(p)
+    default = " and ".join(m.inputs.default_specs)
+    p.add_argument("--match", action="append", default=None, metavar="SPEC",
+                   help="a matching to measure each pair with, once per matching: none, or a "
+                        "comma list of ffn, attn, rescale, heads, residual, act, learned; "
+                        f"seed = ffn,attn,rescale (default {default})")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or mps (default auto)")
+    p.add_argument("--json", default=None, metavar="FILE",
+                   help="also write the result as JSON to this new file")
+    add_overwrite(p)
+    add_params(p, m.parameters())
+    add_max_memory(p, "run", f"refused ({m.why_not_at_size()})", "is refused too")
+    p.set_defaults(func=lambda args, m=m: run_inputs_command(m, args))
+
+
+def run_inputs_command(m: Measurement, args: argparse.Namespace) -> int:
+    """Check everything, read the inputs, measure, write the JSON, say the result in a
+    line; at size (a pair larger than --max-memory), the record's refusal in one line."""
+    from rotviz.cli.args import guard_inputs
+    from rotviz.confine import ANYWHERE
+    from rotviz.devices import device_for, pick_device
+    from rotviz.evaluation import split_for
+    from rotviz.measures import Context
+    from rotviz.models import load_model
+    from rotviz.outputs import Outputs, write_json_file
+
+    assert m.inputs is not None
+    values = m.values({p.name: getattr(args, p.name) for p in m.parameters()})
+    refs = tuple(getattr(args, name) for name, _ in m.inputs.args)
+    inputs = m.inputs.read(refs, args.match, ANYWHERE)  # SPECs and folders: one line each
+    first = inputs.first_pair()
+    outputs = Outputs(m.name)
+    guard_inputs(outputs, [r for r in refs if ":" not in r] + [str(p) for p in first],
+                 args.data)
+    js = outputs.add(args.json, "--json", folder=False, overwrite=args.overwrite)
+    args.anchor, args.source = map(str, first)
+    if beyond_memory(args)[0]:
+        raise RotvizError(f"a pair is larger than --max-memory, and {m.name} is refused at "
+                          f"size: {m.why_not_at_size()}; raise --max-memory")
+    columns, seq_len = reading(args, args.data)
+    device = device_for(pick_device(args.device))
+    split = split_for(load_model(first[0]), args.data, args.split, seq_len=seq_len,
+                      columns=columns)
+    result = m.run(inputs, Context(split, device, progress=_progress(m, _Main())), values)
+    if js is not None:
+        with outputs.write() as tmp:
+            write_json_file(tmp[js], result.to_dict(), m.name)
+    if m.summary is not None:
+        print(m.summary(result, ""))
+    return 0
+
+
+class _Main:
+    """One process, the main one (the progress line's group outside torchrun)."""
+
+    main = True
 
 
 def _outputs(m: Measurement, args):

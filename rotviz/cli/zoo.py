@@ -24,7 +24,8 @@ def register(sub) -> None:
     zs = z.add_subparsers(dest="zoo_command", required=True)
     b = zs.add_parser("build", help="train zoo models from their recipes and seeds")
     b.add_argument("names", nargs="+", metavar="NAME",
-                   help=f"zoo model names, or a pair ({', '.join(PAIRS)}), or all")
+                   help=f"zoo model names, a spawn series (vit-digits-spawn), or a pair "
+                        f"({', '.join(PAIRS)}), or all")
     b.add_argument("--out", default=None, metavar="DIR",
                    help="write NAME folders under DIR (default: rebuild in the zoo folder "
                         "itself, replacing the earlier build)")
@@ -72,14 +73,18 @@ def _expand(names: list[str]) -> list[str]:
 
 def cmd_build(args: argparse.Namespace) -> int:
     from rotviz import zoo_registry as zoo
+    from rotviz.zoo import spawn
     from rotviz.zoo.build import build, build_output
 
-    names = _expand(args.names)
+    spawns = [n for n in args.names if n in {e.name for e in zoo.SPAWNS}]
+    names = _expand([n for n in args.names if n not in spawns])
     if args.out is not None and not args.out.strip():
         raise RotvizError("--out is empty: give a folder for the NAME folders, or leave it out "
                           "to rebuild in the zoo folder")
     for name in names:  # every output checked before any training
         build_output(name, _out_of(args, name), args.overwrite)
+    for name in spawns:
+        spawn.build_output(name, _out_of(args, name), args.overwrite)
     for name in names:
         bar = _bar(name)
         try:
@@ -91,6 +96,17 @@ def cmd_build(args: argparse.Namespace) -> int:
         t = card["test"]
         print(f"built {name} in {card['train_seconds']:.1f} s: test loss {t['loss']:.4f}, "
               f"acc {t['acc']:.4f} (n={t['n']}); wrote {path}")
+    for name in spawns:
+        bar = _bar(name)
+        try:
+            path = spawn.build(name, _out_of(args, name), progress=bar.update_to,
+                               overwrite=args.overwrite)
+        finally:
+            bar.close()
+        card = zoo.read_card(path)
+        final = card["test"][f"spawn-{card['steps']}/a"]
+        print(f"built {name} ({len(card['test'])} models) in {card['train_seconds']:.1f} s: "
+              f"final test loss {final['loss']:.4f}, acc {final['acc']:.4f}; wrote {path}")
     return 0
 
 

@@ -6,8 +6,10 @@ call every one of them shares:
     curve = measure("barrier", ends, split, points=11)
 
 The built-ins (barrier, plane, merge, distances, spectra, sweeps, slice, layerwise, hessian,
-bend, sharpness, flat) register when this package is imported; a new measurement is one
-module that calls `register`.
+bend, sharpness, flat, training, spawn) register when this package is imported; a new
+measurement is one module that calls `register`. Training and spawn take series of
+checkpoints, not endpoints: `measure("training", TwoSeries.read([A, B], ["none", "seed"]),
+split)` (rotviz.analysis.training).
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ from rotviz.measures import (  # noqa: F401  (the built-ins)
     plane,
     sharpness,
     slice,
+    spawn,
     spectra,
     sweeps,
+    training,
 )
 from rotviz.measures.registry import (
     Context,
@@ -47,11 +51,17 @@ def measure(name: str, ends: Any, split: Any = None, device: Any = "cpu",
 
     Run the registered measurement `name` on endpoints (held in memory, or streamed: then
     its at-size implementation, or a one-line refusal), its parameters checked against
-    their bounds; those not given keep their defaults."""
+    their bounds; those not given keep their defaults. A record that takes other inputs
+    (training, spawn: `Measurement.inputs`) takes their value, or their references as a
+    list with `match=[SPEC, ...]` (default none and seed)."""
     from rotviz.devices import resolve_device
     from rotviz.errors import RotvizError
 
     m = measurement(name)
+    if m.inputs is not None and isinstance(ends, (list, tuple)):  # references, not yet read
+        from rotviz.confine import ANYWHERE
+
+        ends = m.inputs.read(tuple(map(str, ends)), params.pop("match", None), ANYWHERE)
     values = m.values(params)
     if m.data and split is None:
         raise RotvizError(f"{name} evaluates the models: give it a split (rotviz.evaluation."

@@ -8,6 +8,10 @@ and drawn, its table for exports, and whether and how it runs at size. The CLI s
 and its options, the app's computations and widgets, the exports and `rotviz.measure` are
 all generated from `measurements()`, so a new measurement is one module calling `register`.
 
+A measurement of more than one pair (barriers over training, spawn instability) declares
+its `inputs` (`Inputs`: series of checkpoints, a spawn folder): the same generated CLI, app
+computation, exports and `rotviz.measure`, with those inputs in place of the endpoints.
+
 Record modules import torch, the engine and plotly inside their functions, so that listing
 the records (for `rotviz --help`, or the app's first paint) stays cheap.
 """
@@ -45,6 +49,20 @@ Runner = Callable[[Any, Context, dict], Any]  # (endpoints, context, parameter v
 
 
 @dataclass(frozen=True)
+class Inputs:
+    """What a measurement takes when it is not one matched pair (a record's `inputs`): two
+    series of checkpoints, a spawn folder. The CLI takes `args` as its positional arguments
+    and `--match SPEC` once per matching; `read(refs, specs, confined)` reads and checks
+    them (every file through `confined`) into the value the record's `run` takes in place of
+    endpoints, which names its `first_pair()` of model folders (the one whose reading of the
+    data gives the split, and whose size says whether it fits in memory)."""
+
+    args: tuple[tuple[str, str], ...]  # (name, help) of each positional argument
+    read: Callable[..., Any]  # (refs, specs, confined) -> the record's input value
+    default_specs: tuple[str, ...] = ("none", "seed")
+
+
+@dataclass(frozen=True)
 class Measurement:
     """One measurement and everything the CLI, the app, the exports and the API need."""
 
@@ -69,6 +87,7 @@ class Measurement:
     check: Callable[[dict, set[str]], None] | None = None  # (values, given names) -> refuse
     needs_match: bool = False  # at size it needs a matched source (not 'none')
     at_size_check: Callable[[dict], None] | None = None  # refuse values at size, early
+    inputs: Inputs | None = None  # None: a matched pair (or one model, pair=False)
     extra: dict = field(default_factory=dict)  # anything else a host may read
 
     def parameters(self) -> tuple[Param, ...]:
@@ -97,7 +116,7 @@ class Measurement:
 
 MEASUREMENTS: Records[Measurement] = Records("measurement", (
     "barrier", "plane", "merge", "distances", "spectra", "sweeps", "slice", "layerwise",
-    "hessian", "bend", "sharpness", "flat"))
+    "hessian", "bend", "sharpness", "flat", "training", "spawn"))
 
 
 def register(m: Measurement) -> Measurement:

@@ -167,6 +167,12 @@ RECIPES: dict[str, Recipe] = {
                         "split, lr 1e-3, batch 64, weight decay 0.1",
         ),
         Recipe(
+            "vit-digits-spawn", "vit", "digits", _VIT_DIGITS, epochs=16, batch_size=64, lr=2e-3,
+            weight_decay=0.05, warmup_epochs=1.0,
+            description="the spawn series' run: vit-digits for 16 epochs (304 steps), one "
+                        "epoch of warm-up then cosine decay, AdamW, lr 2e-3, batch 64",
+        ),
+        Recipe(
             "gpt2-pystdlib", "gpt2", "pystdlib", _GPT2_PYSTDLIB, epochs=6, batch_size=32, lr=2e-3,
             weight_decay=0.05, warmup_epochs=0.5, grad_clip=1.0,
             description="GPT-2 character LM (d 128, 4 layers, 4 heads, FFN 512, context 64) on "

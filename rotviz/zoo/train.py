@@ -228,3 +228,90 @@ def train(
         model.eval()
         model.requires_grad_(False)
     return TrainResult(model, time.perf_counter() - start, step, losses)
+
+
+# ---- runs between steps: a parent run and the children spawned from it ------------------------
+
+
+@dataclass
+class RunState:
+    """A training run at `step`: its weights and its optimiser's state (Adam's moments and
+    the learning rate the schedule has reached), so that a child spawned there goes on
+    exactly as the parent would have, but for its data order."""
+
+    step: int
+    model: dict[str, torch.Tensor]
+    optimiser: dict
+
+
+def data_order(n: int, order_seed: int, epoch: int) -> torch.Tensor:
+    """The examples' order in `epoch` of a run whose data order is `order_seed`: its own
+    seeded permutation per epoch, so that a run started mid-way (a spawned child) draws the
+    same order as one that ran from the start with that seed."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(order_seed * 100_003 + epoch))
+
+
+def run_steps(recipe: Recipe, seed: int, data: Split, order_seed: int, keep: set[int],
+              start: RunState | None = None, progress: Progress | None = None
+              ) -> dict[int, RunState]:
+    """Train the recipe's model (initialised from `seed`, or from `start`) on `data` in the
+    order `order_seed` draws, from step `start.step` (0 without) to the recipe's last step;
+    returns the states at the steps in `keep` (a copy each). Images only (the ViT recipes):
+    the spawn series of the zoo (rotviz.zoo.spawn). Deterministic like `train`."""
+    if recipe.tokenizer is not None or recipe.family != "vit":
+        raise RotvizError(f"recipe '{recipe.name}' is not an image recipe; spawn runs train "
+                          "the ViT recipes")
+    per_epoch = math.ceil(data.n / recipe.batch_size)
+    total = recipe.epochs * per_epoch
+    warmup = round(recipe.warmup_epochs * per_epoch)
+    first = 0 if start is None else start.step
+    if not 0 <= first <= total:
+        raise RotvizError(f"a run of recipe '{recipe.name}' has {total} steps; it cannot start "
+                          f"at step {first}")
+    kept: dict[int, RunState] = {}
+    with deterministic_cpu(seed):
+        model = recipe.build_model()
+        opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, (lambda s: 1.0) if recipe.schedule == "constant"
+            else (lambda s: _schedule(s, warmup, total)))
+        if start is not None:  # the parent's weights, moments and learning rate at its step
+            model.load_state_dict({k: v.clone() for k, v in start.model.items()})
+            opt.load_state_dict(_copied(start.optimiser))
+            sched.last_epoch = first
+        model.train()
+
+        def keep_now(step: int) -> None:
+            if step in keep:
+                kept[step] = RunState(step, {k: v.detach().clone() for k, v in
+                                             model.state_dict().items()},
+                                      _copied(opt.state_dict()))
+
+        keep_now(first)
+        order = None
+        for step in range(first, total):
+            epoch, b = divmod(step, per_epoch)
+            if order is None or b == 0:
+                order = data_order(data.n, order_seed, epoch)
+            ix = order[b * recipe.batch_size:(b + 1) * recipe.batch_size]
+            loss = _loss(model, recipe.family, data.inputs[ix], data.labels[ix])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if recipe.grad_clip:
+                nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
+            opt.step()
+            sched.step()
+            if not math.isfinite(loss.item()):
+                raise RotvizError(f"training of '{recipe.name}' diverged; lower the learning "
+                                  "rate")
+            keep_now(step + 1)
+            if progress:
+                progress(step + 1, total, f"step {step + 1}/{total} loss {loss.item():.3f}")
+    return kept
+
+
+def _copied(state: dict) -> dict:
+    """A deep copy of an optimiser's state dict (tensors cloned)."""
+    import copy
+
+    return copy.deepcopy(state)
