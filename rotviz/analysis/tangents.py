@@ -235,12 +235,20 @@ def _zero_like(obj):
                            if isinstance(getattr(obj, f), torch.Tensor)})
 
 
-def _tangent_block(view: ModelView, gen: Generator):
-    """The generator's tangent as a block of the view (zero where nothing moves)."""
+def _zero_block(view: ModelView, layer: int) -> tuple:
+    """Zeros shaped like block `layer`'s attention, FFN and norms (never written: every
+    change below clones)."""
+    blk = view.blocks[layer]
+    return (_zero_like(blk.attn), _zero_like(blk.ffn),
+            {s: _zero_like(n) for s, n in blk.norms.items()})
+
+
+def _tangent_block(view: ModelView, gen: Generator, zeros: tuple | None = None):
+    """The generator's tangent as a block of the view (zero where nothing moves); `zeros`:
+    `_zero_block` of its layer, when the caller reuses it across generators."""
     blk = view.blocks[gen.layer]
     a, f = blk.attn, blk.ffn
-    za, zf = _zero_like(a), _zero_like(f)
-    zn = {s: _zero_like(n) for s, n in blk.norms.items()}
+    za, zf, zn = zeros or _zero_block(view, gen.layer)
     if gen.kind == "ffn":
         k = gen.group
         w_in = zf.w_in.clone()
@@ -553,13 +561,18 @@ def tangent_blocks(loaded: Loaded, state: Mapping[str, Tensor] | None = None
     for g in generators(view, residual=False):
         clusters.setdefault((g.layer, g.kind, g.group), []).append(g)
     out: list[TangentBlock] = []
+    zeros: dict[int, tuple] = {}
     for (layer, kind, group), gens in clusters.items():
         prefix = view.layout.blocks[layer]
+        if layer not in zeros:
+            zeros[layer] = _zero_block(view, layer)
+        # each generator's tangent, kept on the tensors it moves only (a Q-K map leaves
+        # the FFN, the V-O maps and the norms at zero), so the cluster's matrix is as wide
+        # as the tensors the cluster touches, not as the block
+        keys = _moved_keys(view, gens, zeros[layer], prefix, offsets)
         rows = []
-        keys: list[str] = []
         for gen in gens:
-            part = write_block(view, _tangent_block(view, gen), prefix)
-            keys = [k for k in part if k in offsets]
+            part = write_block(view, _tangent_block(view, gen, zeros[layer]), prefix)
             rows.append(torch.cat([part[k].reshape(-1) for k in keys]))
         local = torch.stack(rows)
         glob = torch.cat([torch.arange(offsets[k][0], offsets[k][0] + offsets[k][1])
@@ -573,6 +586,19 @@ def tangent_blocks(loaded: Loaded, state: Mapping[str, Tensor] | None = None
                               "group's; use gauge_fixed with the dense tangents")
         seen[b.idx] = True
     return out
+
+
+def _moved_keys(view: ModelView, gens: list[Generator], zeros: tuple, prefix: str,
+                offsets: Mapping[str, tuple[int, int]]) -> list[str]:
+    """The tensors some generator of one cluster moves. A tangent is linear in its
+    generator, so a tensor moves under some E_i exactly when it moves (almost surely) under
+    a seeded random combination sum c_i E_i: one tangent to inspect instead of one each."""
+    g = gens[0]
+    if g.e is not None and len(gens) > 1:
+        c = torch.randn(len(gens), generator=torch.Generator().manual_seed(0), dtype=F64)
+        g = replace(g, e=torch.einsum("k,kij->ij", c, torch.stack([x.e.to(F64) for x in gens])))
+    part = write_block(view, _tangent_block(view, g, zeros), prefix)
+    return [k for k, v in part.items() if k in offsets and bool(v.any())]
 
 
 def gauge_fixed_blockwise(directions: Tensor, blocks: list[TangentBlock]) -> Tensor:
