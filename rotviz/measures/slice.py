@@ -48,6 +48,21 @@ def _run(ends, ctx: Context, v: dict):
                     ctx.progress, v["batch_size"], steps=v["iterations"])
 
 
+def _at_size(ends, ctx: Context, v: dict):
+    from rotviz.dist import SINGLE
+    from rotviz.stream.slices import sized_slice
+
+    return sized_slice(ends.anchor_path, ctx.split, v["dims"], v["norm"], v["biases"] == "keep",
+                       v["grid"], v["span"], v["seed"], ctx.device, ctx.progress,
+                       v["batch_size"], ctx.group or SINGLE, name=ends.anchor_ref)
+
+
+def _at_size_check(v: dict) -> None:
+    from rotviz.stream.slices import refuse_directions
+
+    refuse_directions(v["directions"])
+
+
 def _summary(s, how: str) -> str:
     import numpy as np
 
@@ -81,6 +96,7 @@ SLICE = register(Measurement(
     "loss and accuracy on a line or plane of seeded random directions, or of the top Hessian "
     "eigenvectors, around one model",
     _run, PARAMS, summary=_summary, plot=_plot, rows=_rows, pair=False, check=_check,
-    refusal="slices evaluate the whole model at every grid point, so they need it in memory "
-            "(block by block slices are not built yet)",
-    extra={"progress": True}))
+    at_size=_at_size, at_size_check=_at_size_check,
+    extra={"progress": True,
+           "at_size_help": "random directions drawn tensor by tensor and each grid point "
+                           "built block by block, the model held as stored"}))
