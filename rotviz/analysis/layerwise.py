@@ -37,7 +37,7 @@ from rotviz.evaluation import Evaluator, barrier_of
 from rotviz.limits import POINTS
 from rotviz.match.endpoints import HeldEndpoints
 from rotviz.models import Loaded
-from rotviz.symmetry.view import Block, ModelView, _kind_of, read_view, write_state
+from rotviz.symmetry.view import Block, Layout, ModelView, _kind_of, read_view, write_state
 from rotviz.types import Progress
 
 Tensor = torch.Tensor
@@ -61,8 +61,13 @@ def _aliases(view: ModelView) -> dict[str, str]:
 def _kind_of_other(name: str, view: ModelView) -> str:
     """The kind group of a tensor outside the blocks (KIND_GROUPS); a tied alias goes with
     its owner, so that it is one tensor, moved once."""
-    name = _aliases(view).get(name, name)
-    return _OTHER_KIND.get(_kind_of(name, view.layout), "other")
+    return kind_outside(name, view.layout, _aliases(view))
+
+
+def kind_outside(name: str, layout: Layout, aliases: Mapping[str, str]) -> str:
+    """The kind group of the tensor `name` outside the blocks of `layout`, a tied alias (a
+    key of `aliases`) counted as its owner."""
+    return _OTHER_KIND.get(_kind_of(aliases.get(name, name), layout), "other")
 
 
 # ---- the parameter sets --------------------------------------------------------------------
@@ -77,8 +82,18 @@ def block_groups(anchor: Loaded) -> list[str]:
 def kind_groups(anchor: Loaded) -> list[str]:
     """The kinds this model has tensors of, in KIND_GROUPS order."""
     view = read_view(anchor.spec, anchor.config, anchor.state)
+    aliases = _aliases(view)
+    other = [n for n, t in view.other.items() if t.is_floating_point() and n not in aliases]
+    return kinds_of(view.blocks, other, lambda n: _kind_of_other(n, view))
+
+
+def kinds_of(blocks: Sequence[Block], other: Sequence[str],
+             kind_of_other: Callable[[str], str]) -> list[str]:
+    """The kinds that `blocks` (canonical blocks; meta tensors do) and the floating, untied
+    tensors outside them (`other`, whose kind `kind_of_other` says) hold, in KIND_GROUPS
+    order."""
     have = set()
-    for blk in view.blocks:
+    for blk in blocks:
         a = blk.attn
         for kind, names in _ATTN_FIELDS.items():
             if any(getattr(a, n) is not None for n in names):
@@ -86,14 +101,11 @@ def kind_groups(anchor: Loaded) -> list[str]:
         have.add("ffn")
         if blk.norms or a.gq is not None or a.gk is not None:
             have.add("norms")
-    aliases = _aliases(view)
-    for name, t in view.other.items():
-        if t.is_floating_point() and name not in aliases:
-            have.add(_kind_of_other(name, view))
+    have.update(kind_of_other(n) for n in other)
     return [k for k in KIND_GROUPS if k in have]
 
 
-def _block_mixed(a: Block, b: Block, kinds: set[str]) -> Block:
+def block_mixed(a: Block, b: Block, kinds: set[str]) -> Block:
     """Block `a` with the fields of `kinds` taken from `b`."""
     attn = a.attn
     for kind, names in _ATTN_FIELDS.items():
@@ -146,7 +158,7 @@ class GroupStates:
             return {k: (self.b[k] if self.block_of(k) in chosen else v)
                     for k, v in self.a.items()}
         va, vb = self.va, self.vb
-        blocks = tuple(_block_mixed(x, y, chosen) for x, y in zip(va.blocks, vb.blocks,
+        blocks = tuple(block_mixed(x, y, chosen) for x, y in zip(va.blocks, vb.blocks,
                                                                      strict=True))
         other = {k: (vb.other[k] if v.is_floating_point()
                      and _kind_of_other(k, va) in chosen else v)
