@@ -98,5 +98,5 @@ SLICE = register(Measurement(
     _run, PARAMS, summary=_summary, plot=_plot, rows=_rows, pair=False, check=_check,
     at_size=_at_size, at_size_check=_at_size_check,
     extra={"progress": True,
-           "at_size_help": "random directions drawn tensor by tensor and each grid point "
-                           "built block by block, the model held as stored"}))
+           "at_size_help": "sliced along random directions drawn tensor by tensor, each "
+                           "grid point built block by block with the model held as stored"}))
