@@ -1,8 +1,9 @@
-"""Time layer-wise barriers of the default pair (issue 27: at most 10 s on the 2-core CPU).
+"""Time layer-wise barriers of the default pair (target: at most 10 s on the 2-core CPU).
 
 Each configuration runs on the digits test split: blocks and module kinds, with and without
-the unmatched comparison. Matching (seed) is timed apart; it is shared with every other
-measurement of the pair.
+the unmatched comparison, and says how many points it evaluated (each distinct point once:
+rotviz.analysis.layerwise.series). Matching (seed) is timed apart; it is shared with every
+other measurement of the pair.
 
     .venv/bin/python bench/layerwise.py [--device cpu] [--points 11] [--threads N]
 """
@@ -46,13 +47,22 @@ def main(argv: list[str] | None = None) -> int:
     t = time.perf_counter()
     ev.evaluate(ev.params(a.state))
     print(f"one evaluation of {split.n} samples: {time.perf_counter() - t:.3f} s")
+    calls = [0]
+    evaluate = ev.evaluate
+
+    def counted(params):
+        calls[0] += 1
+        return evaluate(params)
+
+    ev.evaluate = counted  # type: ignore[method-assign]  # counts what layerwise_on asks
     for by in ("block", "kind"):
         for compare in (False, True):
+            calls[0] = 0
             t = time.perf_counter()
             r = layerwise_on(ends, split, args.points, by, compare, args.device, evaluator=ev)
             print(f"by {by:5s} compare {'yes' if compare else 'no '}: "
                   f"{time.perf_counter() - t:6.2f} s  ({len(r.groups)} groups x {args.points} "
-                  f"points; full barrier {r.full_barrier:.4f})")
+                  f"points, {calls[0]} evaluations; full barrier {r.full_barrier:.4f})")
     return 0
 
 

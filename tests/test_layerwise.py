@@ -141,9 +141,9 @@ def test_unmatched_endpoints_compare_nothing_and_bad_values_are_refused(pairs):
     assert "\n" not in str(e.value)
     with pytest.raises(RotvizError, match="--points"):
         measure("layerwise", ends, split, points=1)
-    sized = SimpleNamespace(at_size=True)
-    with pytest.raises(RotvizError, match="layer-wise barriers hold") as e:
-        measure("layerwise", sized, split)
+    sized = SimpleNamespace(at_size=True)  # streamed endpoints: the at-size path checks too
+    with pytest.raises(RotvizError, match="--by") as e:
+        measure("layerwise", sized, split, by="layer")
     assert "\n" not in str(e.value)
 
 

@@ -156,7 +156,7 @@ def test_the_cli_writes_the_slice_json(tmp_path, capsys):
         (1, "layer", True, 4, 3)
     assert got["xs"] == [-0.5, 0.0, 0.5] and got["loss"][1] == got["centre_loss"]
     m = measurement("slice")
-    assert not m.pair and m.at_size is None and "\n" not in m.why_not_at_size()
+    assert not m.pair and m.at_size is not None and m.why_not_at_size() is None  # runs at size
     assert m.rows(got)[1] == {"x": 0.0, "loss": got["loss"][1], "acc": got["acc"][1]}
     assert main(["slice", "zoo:vit-digits-s3", "--data", "digits", "--norm", "rows"]) == 2
     err = capsys.readouterr().err

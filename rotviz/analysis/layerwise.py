@@ -31,12 +31,13 @@ import numpy as np
 import torch
 
 from rotviz.data import Split
+from rotviz.dist import SINGLE, Group
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator, barrier_of
 from rotviz.limits import POINTS
 from rotviz.match.endpoints import HeldEndpoints
 from rotviz.models import Loaded
-from rotviz.symmetry.view import Block, ModelView, _kind_of, read_view, write_state
+from rotviz.symmetry.view import Block, Layout, ModelView, _kind_of, read_view, write_state
 from rotviz.types import Progress
 
 Tensor = torch.Tensor
@@ -60,8 +61,13 @@ def _aliases(view: ModelView) -> dict[str, str]:
 def _kind_of_other(name: str, view: ModelView) -> str:
     """The kind group of a tensor outside the blocks (KIND_GROUPS); a tied alias goes with
     its owner, so that it is one tensor, moved once."""
-    name = _aliases(view).get(name, name)
-    return _OTHER_KIND.get(_kind_of(name, view.layout), "other")
+    return kind_outside(name, view.layout, _aliases(view))
+
+
+def kind_outside(name: str, layout: Layout, aliases: Mapping[str, str]) -> str:
+    """The kind group of the tensor `name` outside the blocks of `layout`, a tied alias (a
+    key of `aliases`) counted as its owner."""
+    return _OTHER_KIND.get(_kind_of(aliases.get(name, name), layout), "other")
 
 
 # ---- the parameter sets --------------------------------------------------------------------
@@ -76,8 +82,18 @@ def block_groups(anchor: Loaded) -> list[str]:
 def kind_groups(anchor: Loaded) -> list[str]:
     """The kinds this model has tensors of, in KIND_GROUPS order."""
     view = read_view(anchor.spec, anchor.config, anchor.state)
+    aliases = _aliases(view)
+    other = [n for n, t in view.other.items() if t.is_floating_point() and n not in aliases]
+    return kinds_of(view.blocks, other, lambda n: _kind_of_other(n, view))
+
+
+def kinds_of(blocks: Sequence[Block], other: Sequence[str],
+             kind_of_other: Callable[[str], str]) -> list[str]:
+    """The kinds that `blocks` (canonical blocks; meta tensors do) and the floating, untied
+    tensors outside them (`other`, whose kind `kind_of_other` says) hold, in KIND_GROUPS
+    order."""
     have = set()
-    for blk in view.blocks:
+    for blk in blocks:
         a = blk.attn
         for kind, names in _ATTN_FIELDS.items():
             if any(getattr(a, n) is not None for n in names):
@@ -85,14 +101,11 @@ def kind_groups(anchor: Loaded) -> list[str]:
         have.add("ffn")
         if blk.norms or a.gq is not None or a.gk is not None:
             have.add("norms")
-    aliases = _aliases(view)
-    for name, t in view.other.items():
-        if t.is_floating_point() and name not in aliases:
-            have.add(_kind_of_other(name, view))
+    have.update(kind_of_other(n) for n in other)
     return [k for k in KIND_GROUPS if k in have]
 
 
-def _block_mixed(a: Block, b: Block, kinds: set[str]) -> Block:
+def block_mixed(a: Block, b: Block, kinds: set[str]) -> Block:
     """Block `a` with the fields of `kinds` taken from `b`."""
     attn = a.attn
     for kind, names in _ATTN_FIELDS.items():
@@ -145,7 +158,7 @@ class GroupStates:
             return {k: (self.b[k] if self.block_of(k) in chosen else v)
                     for k, v in self.a.items()}
         va, vb = self.va, self.vb
-        blocks = tuple(_block_mixed(x, y, chosen) for x, y in zip(va.blocks, vb.blocks,
+        blocks = tuple(block_mixed(x, y, chosen) for x, y in zip(va.blocks, vb.blocks,
                                                                      strict=True))
         other = {k: (vb.other[k] if v.is_floating_point()
                      and _kind_of_other(k, va) in chosen else v)
@@ -206,35 +219,91 @@ def _step_name(groups: Sequence[str], i: int) -> str:
     return groups[0] if i == 0 else f"{groups[0]}-{groups[i]}"
 
 
-def group_paths(ev: Evaluator, anchor: Loaded, a: Mapping[str, Tensor],
-                b: Mapping[str, Tensor], by: str, alphas: Sequence[float],
-                tick: Callable[[str], None] | None = None) -> dict:
-    """Loss, accuracy and barrier of each group's path and of each cumulative step, from
-    parameter set `a` (the anchor) toward `b`. The anchor's point (alpha = 0) is shared by
-    every path and evaluated once."""
-    gs = GroupStates(anchor, a, b, by)
-    pa = ev.params(a)
-    start = ev.evaluate(pa)
+Point = Callable[[float], tuple[float, float]]  # alpha -> (loss, accuracy) on one path
 
-    def path(groups: Sequence[str]) -> tuple[list[float], list[float]]:
-        pb = ev.params(gs.state(groups))
-        loss, acc = [start[0]], [start[1]]
-        for al in alphas[1:]:
-            lo, ac = ev.evaluate({k: torch.lerp(pa[k], pb[k], float(al)) for k in pa})
-            loss.append(lo)
-            acc.append(ac)
+
+def series(groups: Sequence[str], targets: int, alphas: Sequence[float],
+           anchor: Callable[[], tuple[float, float]],
+           path: Callable[[int, tuple[str, ...]], Point],
+           same: Callable[[str], bool] | None = None, group: Group = SINGLE,
+           tick: Callable[[int, int, str], None] | None = None) -> list[dict] | None:
+    """Loss, accuracy and barrier of each group's path and of each cumulative step, toward
+    each of `targets` parameter sets (the matched source, then the source unmatched).
+
+    `anchor()` evaluates the anchor; `path(t, groups)` gives the evaluation of the points of
+    lerp(A, S, alpha), S the anchor with `groups` taken from target t. Every distinct point
+    is evaluated once: the anchor, alpha = 0 of every path toward every target, once; the
+    first cumulative step is the first group's own path; a path toward a later target whose
+    groups are all `same` (the group's tensors bit for bit equal in both targets: a part
+    that matching left alone) is target 0's path. The points are dealt among torchrun's
+    processes (`group`); rank 0 returns one dict per target, the others None."""
+    keys: list[tuple[int, tuple[str, ...]]] = []
+    for t in range(targets):
+        keys += [(t, (g,)) for g in groups]
+        keys += [(t, tuple(groups[:i + 1])) for i in range(1, len(groups))]
+    alike = {g: targets > 1 and same is not None and same(g) for g in groups}
+    canon = {(t, gs): (0, gs) if t > 0 and all(alike[g] for g in gs) else (t, gs)
+             for t, gs in keys}
+    tasks: list = [None]  # the anchor, then every distinct path's points beyond alpha = 0
+    tasks += [(k, j) for k in dict.fromkeys(canon.values()) for j in range(1, len(alphas))]
+    mine = group.mine(list(range(len(tasks))))
+    found: dict[int, tuple[float, float]] = {}
+    current: tuple = (None, None)
+    for count, i in enumerate(mine):
+        if tasks[i] is None:
+            found[i] = anchor()
+            what = "anchor"
+        else:
+            k, j = tasks[i]
+            if current[0] != k:
+                current = (k, path(*k))
+            found[i] = current[1](float(alphas[j]))
+            what = _step_name(k[1], len(k[1]) - 1)
         if tick:
-            tick(_step_name(groups, len(groups) - 1))
-        return loss, acc
+            tick(count + 1, len(mine), what)
+    parts = group.gather(found)
+    if parts is None:
+        return None
+    for part in parts:
+        found.update(part)
+    index = {task: i for i, task in enumerate(tasks)}
 
-    single = [path([g]) for g in gs.groups]
-    cum = [single[0]] + [path(gs.groups[:i + 1]) for i in range(1, len(gs.groups))]
-    full_end = cum[-1][0][-1]  # the target's own loss: the last step moves every tensor
-    return dict(groups=gs.groups, loss=[s[0] for s in single], acc=[s[1] for s in single],
-                barrier=[barrier_of(alphas, s[0]) for s in single],
-                rise=[rise_of(alphas, s[0], full_end) for s in single],
-                cumulative=[_step_name(gs.groups, i) for i in range(len(gs.groups))],
-                cum_loss=[c[0] for c in cum], cum_barrier=[barrier_of(alphas, c[0]) for c in cum])
+    def curve(key: tuple[int, tuple[str, ...]]) -> tuple[list[float], list[float]]:
+        k = canon[key]
+        pts = [found[0]] + [found[index[(k, j)]] for j in range(1, len(alphas))]
+        return [p[0] for p in pts], [p[1] for p in pts]
+
+    out = []
+    for t in range(targets):
+        single = [curve((t, (g,))) for g in groups]
+        cum = [single[0]] + [curve((t, tuple(groups[:i + 1]))) for i in range(1, len(groups))]
+        full_end = cum[-1][0][-1]  # the target's own loss: the last step moves every tensor
+        out.append(dict(
+            groups=list(groups), loss=[s[0] for s in single], acc=[s[1] for s in single],
+            barrier=[barrier_of(alphas, s[0]) for s in single],
+            rise=[rise_of(alphas, s[0], full_end) for s in single],
+            cumulative=[_step_name(groups, i) for i in range(len(groups))],
+            cum_loss=[c[0] for c in cum], cum_barrier=[barrier_of(alphas, c[0]) for c in cum]))
+    return out
+
+
+def assemble(by: str, alphas: list[float], m: dict, u: dict | None, info, split: Split,
+             device: str, seconds: float, layers, anchor: str, source: str) -> Layerwise:
+    """The `Layerwise` of the series toward the matched source `m` and the source `u`."""
+    return Layerwise(
+        by=by, alphas=alphas, groups=m["groups"], barrier=m["barrier"], rise=m["rise"],
+        loss=m["loss"],
+        cumulative=m["cumulative"], cum_barrier=m["cum_barrier"], cum_loss=m["cum_loss"],
+        full_barrier=m["cum_barrier"][-1], loss_anchor=m["loss"][0][0],
+        loss_source=m["cum_loss"][-1][-1],
+        barrier_unmatched=None if u is None else u["barrier"],
+        rise_unmatched=None if u is None else u["rise"],
+        cum_barrier_unmatched=None if u is None else u["cum_barrier"],
+        full_barrier_unmatched=None if u is None else u["cum_barrier"][-1],
+        match=info.match, data=split.data, split=split.split, device=device,
+        seconds=seconds + info.seconds, n=split.n, layers=layers, anchor=anchor,
+        source=source, loss_unmatched=None if u is None else u["loss"],
+        cum_loss_unmatched=None if u is None else u["cum_loss"], acc=m["acc"])
 
 
 def layerwise_on(ends: HeldEndpoints, split: Split, points: int = 11, by: str = "block",
@@ -253,32 +322,27 @@ def layerwise_on(ends: HeldEndpoints, split: Split, points: int = 11, by: str = 
     ev = evaluator or Evaluator(ends.anchor, split, device, batch_size)
     alphas = np.linspace(0.0, 1.0, points).tolist()
     compare = compare and ends.match != "none"
-    n_groups = len(block_groups(ends.anchor) if by == "block" else kind_groups(ends.anchor))
-    total = (2 * n_groups - 1) * (2 if compare else 1)
-    done = [0]
-
-    def tick(what: str) -> None:
-        done[0] += 1
-        if progress:
-            progress(done[0], total, f"{by} {what}")
-
     a = ends.anchor.state
-    m = group_paths(ev, ends.anchor, a, ends.matched, by, alphas, tick)
-    u = group_paths(ev, ends.anchor, a, ends.source.state, by, alphas, tick) if compare \
-        else None
-    info = ends.info
-    return Layerwise(
-        by=by, alphas=alphas, groups=m["groups"], barrier=m["barrier"], rise=m["rise"],
-        loss=m["loss"],
-        cumulative=m["cumulative"], cum_barrier=m["cum_barrier"], cum_loss=m["cum_loss"],
-        full_barrier=m["cum_barrier"][-1], loss_anchor=m["loss"][0][0],
-        loss_source=m["cum_loss"][-1][-1],
-        barrier_unmatched=None if u is None else u["barrier"],
-        rise_unmatched=None if u is None else u["rise"],
-        cum_barrier_unmatched=None if u is None else u["cum_barrier"],
-        full_barrier_unmatched=None if u is None else u["cum_barrier"][-1],
-        match=info.match, data=split.data, split=split.split, device=str(ev.device),
-        seconds=time.perf_counter() - t0 + info.seconds, n=split.n, layers=ends.layers,
-        anchor=ends.anchor_ref, source=ends.source_ref,
-        loss_unmatched=None if u is None else u["loss"],
-        cum_loss_unmatched=None if u is None else u["cum_loss"], acc=m["acc"])
+    states = [GroupStates(ends.anchor, a, ends.matched, by)]
+    if compare:
+        states.append(GroupStates(ends.anchor, a, ends.source.state, by))
+    pa = ev.params(a)
+
+    def path(t: int, groups: tuple[str, ...]) -> Point:
+        pb = ev.params(states[t].state(groups))
+        return lambda al: ev.evaluate({k: torch.lerp(pa[k], pb[k], al) for k in pa})
+
+    def same(g: str) -> bool:
+        x, y = (ev.params(s.state([g])) for s in states)
+        return all(torch.equal(x[k], y[k]) for k in pa)
+
+    def tick(done: int, total: int, what: str) -> None:
+        if progress:
+            progress(done, total, f"{by} {what}")
+
+    found = series(states[0].groups, len(states), alphas, lambda: ev.evaluate(pa), path,
+                   same, tick=tick)
+    assert found is not None  # one process
+    return assemble(by, alphas, found[0], found[1] if compare else None, ends.info, split,
+                    str(ev.device), time.perf_counter() - t0, ends.layers, ends.anchor_ref,
+                    ends.source_ref)

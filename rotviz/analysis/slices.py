@@ -3,6 +3,11 @@ theta + x d1 (+ y d2), x, y in [-span, span], along seeded random Gaussian direc
 top Hessian eigenvectors at the point (`directions="hessian"`: the sharpest directions, so a
 slice shows the curvature that `rotviz hessian` reports).
 
+Each tensor's random directions are drawn from a generator seeded by (seed, the tensor's
+parameter name), not from one generator running through the model: a tensor's draw is then
+the same whatever order the tensors are read in, which lets a model larger than memory be
+sliced block by block (rotviz.stream.slices) with exactly the directions drawn here.
+
 Why normalise the directions: a random direction of unit Gaussian entries moves a layer whose
 weights are small far more, relative to its scale, than a layer whose weights are large; and
 networks with scale symmetries (norms after linear maps) can look sharp or flat at will. Li et
@@ -23,6 +28,7 @@ functional_call): the loaded model and the caller's tensors are never modified.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -123,24 +129,45 @@ def normalise(d: Tensor, w: Tensor, norm: str, keep_1d: bool = False) -> Tensor:
     return (rows_d * scale).reshape(d.shape).to(d.dtype)
 
 
+def tensor_seed(seed: int, name: str) -> int:
+    """The seed of one tensor's draws, from (`seed`, the tensor's name): a tensor's directions
+    then do not depend on which tensors come before it, so a model read block by block (in
+    whatever order; rotviz.stream.slices) draws exactly what the loaded model draws."""
+    digest = hashlib.blake2b(f"{seed}:{name}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+def tensor_directions(name: str, w: Tensor, count: int, seed: int = 0, norm: str = "filter",
+                      keep_1d: bool = False) -> list[Tensor]:
+    """`count` directions of the one tensor `w` called `name` (the module's parameter name):
+    Gaussian entries drawn on the CPU in float32 from a generator seeded by
+    `tensor_seed(seed, name)` (direction 1, then 2), cast to w's device and dtype and
+    normalised against w by `normalise`."""
+    if w.dim() <= 1 and not keep_1d:  # zeroed whatever the draw
+        return [torch.zeros_like(w) for _ in range(count)]
+    gen = torch.Generator().manual_seed(tensor_seed(seed, name))
+    raws = [torch.randn(tuple(w.shape), generator=gen, dtype=torch.float32)
+            for _ in range(count)]
+    return [normalise(r.to(w.device, w.dtype), w, norm, keep_1d) for r in raws]
+
+
 def random_directions(params: Mapping[str, Tensor], movable: set[str], count: int,
                       seed: int = 0, norm: str = "filter", keep_1d: bool = False
                       ) -> list[dict[str, Tensor]]:
-    """`count` seeded Gaussian directions over `params` (drawn on the CPU in float32, in the
-    order of `params`, so a seed gives the same directions on every device), each tensor
-    normalised by `normalise`; tensors not in `movable` (buffers) get zeros."""
+    """`count` seeded Gaussian directions over `params`, each tensor's drawn on its own by
+    `tensor_directions` (seeded from `seed` and the tensor's name, in float32 on the CPU: a
+    seed gives the same directions on every device, in any order of the tensors, and read
+    block by block at size) and normalised by `normalise`; tensors not in `movable`
+    (buffers) get zeros."""
     SEED.check(seed)
-    gen = torch.Generator().manual_seed(seed)
-    out: list[dict[str, Tensor]] = []
-    for _ in range(count):
-        d: dict[str, Tensor] = {}
-        for k, w in params.items():
-            if k not in movable or not w.is_floating_point():
-                d[k] = torch.zeros_like(w)
-                continue
-            raw = torch.randn(tuple(w.shape), generator=gen, dtype=torch.float32)
-            d[k] = normalise(raw.to(w.device, w.dtype), w, norm, keep_1d)
-        out.append(d)
+    out: list[dict[str, Tensor]] = [{} for _ in range(count)]
+    for k, w in params.items():
+        if k not in movable or not w.is_floating_point():
+            ds = [torch.zeros_like(w) for _ in range(count)]
+        else:
+            ds = tensor_directions(k, w, count, seed, norm, keep_1d)
+        for d, t in zip(out, ds, strict=True):
+            d[k] = t
     return out
 
 

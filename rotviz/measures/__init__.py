@@ -71,5 +71,7 @@ def measure(name: str, ends: Any, split: Any = None, device: Any = "cpu",
         why = m.why_not_at_size()
         if why:
             raise RotvizError(f"the pair is read block by block, and {why}")
+        if m.at_size_check is not None:
+            m.at_size_check(values)
         return m.at_size(ends, ctx, values)
     return m.run(ends, ctx, values)

@@ -30,6 +30,14 @@ def _run(ends, ctx: Context, v: dict):
                         ctx.device, ctx.progress, v["batch_size"])
 
 
+def _at_size(ends, ctx: Context, v: dict):
+    from rotviz.dist import SINGLE
+    from rotviz.stream.layerwise import sized_layerwise
+
+    return sized_layerwise(ends, ctx.split, v["points"], v["by"], v["compare"] == "yes",
+                           ctx.device, ctx.progress, v["batch_size"], ctx.group or SINGLE)
+
+
 def _summary(r, how: str) -> str:
     top = max(range(len(r.groups)), key=lambda i: r.barrier[i])
     unm = "" if r.full_barrier_unmatched is None else \
@@ -62,6 +70,7 @@ def _rows(d: dict) -> list[dict]:
 LAYERWISE = register(Measurement(
     "layerwise", "Layer-wise barriers",
     "barrier when one block or module kind moves to the matched source, the rest at the anchor",
-    _run, PARAMS, summary=_summary, plot=_plot, rows=_rows,
-    refusal="layer-wise barriers hold the anchor and both sources in memory; run them on a "
-            "pair that fits"))
+    _run, PARAMS, summary=_summary, plot=_plot, rows=_rows, at_size=_at_size,
+    extra={"at_size_help": "matched streamed and each group's path evaluated with the anchor, "
+                           "the matched source and the source held as stored, each point "
+                           "built block by block"}))

@@ -107,6 +107,29 @@ def _where(s) -> str:
     return ""
 
 
+def _at_size(ends, ctx: Context, v: dict):
+    from rotviz.dist import SINGLE
+    from rotviz.stream.slices import sized_slice
+
+    return sized_slice(ends.anchor_path, ctx.split, v["dims"], v["norm"], v["biases"] == "keep",
+                       v["grid"], v["span"], v["seed"], ctx.device, ctx.progress,
+                       v["batch_size"], ctx.group or SINGLE, name=ends.anchor_ref)
+
+
+def _at_size_check(v: dict) -> None:
+    from rotviz.errors import RotvizError
+    from rotviz.stream.slices import refuse_directions
+
+    refuse_directions(v["directions"])
+    if v["around"] != "anchor":
+        raise RotvizError(f"--around {v['around']} needs the pair in memory; at size a slice "
+                          "is taken around the model itself (--around anchor)")
+    if v["norm"] == "unit":
+        raise RotvizError("--norm unit groups each head's and FFN unit's rows across tensors, "
+                          "which needs the model in memory; at size use --norm filter, layer "
+                          "or none")
+
+
 def _summary(s, how: str) -> str:
     import numpy as np
 
@@ -147,8 +170,9 @@ SLICE = register(Measurement(
     "random directions, around one model or (with --source) around the source, the matched "
     "source, a point of the matched path or a merge",
     _run, _params, summary=_summary, plot=_plot, rows=_rows, pair=False, check=_check,
-    source=_source,
-    refusal="slices evaluate the whole model at every grid point, so they need it in memory "
-            "(block by block slices are not built yet)",
+    source=_source, at_size=_at_size, at_size_check=_at_size_check,
     extra={"progress": True, "source_use": "--around source, matched, path or merged, or "
-                                           "--directions toward"}))
+                                           "--directions toward",
+           "at_size_help": "sliced around the model along random directions drawn tensor by "
+                           "tensor, each grid point built block by block with the model held "
+                           "as stored"}))

@@ -77,6 +77,8 @@ def streamed_endpoints(anchor: Any, source: Any, options: MatchOptions | None, d
                 if failure:
                     raise RotvizError(f"{failure}; please report this as a bug")
                 info = info_of(rep, label_of(options))
+        elif group.main and anchor.path == source.path:  # one model (a slice): nothing to read
+            info = MatchInfo("none", 0.0, 0.0, 0.0, 0.0)
         elif group.main:
             d = streamed_distance(anchor, source)
             info = MatchInfo("none", d.total, d.total, 0.0, 0.0, d.to_dict(), d.to_dict())

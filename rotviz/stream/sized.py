@@ -110,9 +110,14 @@ class Held:
 
     def evaluate(self, coeffs: tuple[float, ...]) -> tuple:
         """`Evaluator.per_sample`'s arrays and scores at that point."""
-        first = self.models[0]
-        runner = first.runner(self.module, lambda ns: self.mix(coeffs, ns),
-                              lambda k: self.mix(coeffs, first.block_keys[k]))
+        return self.run(lambda ns: self.mix(coeffs, ns),
+                        lambda k: self.mix(coeffs, self.models[0].block_keys[k]))
+
+    def run(self, rest, provider) -> tuple:
+        """`Evaluator.per_sample`'s arrays and scores of the point whose tensors outside the
+        blocks `rest(names)` gives and whose block k's tensors `provider(k)` gives, built as
+        each is needed (checkpoint names, float32)."""
+        runner = self.models[0].runner(self.module, rest, provider)
         try:
             scored: list[dict[str, float]] = []
             return self.ev.per_sample({}, scored), scored[0]
