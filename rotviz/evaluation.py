@@ -15,7 +15,14 @@ from rotviz.devices import resolve_device
 from rotviz.errors import RotvizError
 from rotviz.labelled import LABELLED_KINDS, Columns, Labelling
 from rotviz.limits import BATCH_SIZE
-from rotviz.models import Loaded, forward, image_shape, to_wide
+from rotviz.models import (
+    Loaded,
+    attending_module,
+    attention_positions,
+    forward,
+    image_shape,
+    to_wide,
+)
 from rotviz.sources import call, source_of
 from rotviz.tasks import (
     CLASSIFIER_TASKS,
@@ -45,10 +52,6 @@ LABELLED = "csv:, tsv:, jsonl:, conll: or hf:"
 # large vocabulary never materialises (batch, length, vocabulary) logits beyond 128 MB of
 # float32 (a 32k vocabulary, 64-token windows: 16 windows at a time).
 LOGIT_ELEMENTS = 2**25
-# Sequences this short (tokens, or image patches) are attended unfused on the CPU: torch's
-# fused CPU kernel works in blocks sized for long sequences, and at the default pair's 17
-# positions it took half of an evaluation (95 ms against 55 ms unfused, 2 threads).
-SHORT_ATTENTION = 32
 
 
 def fit_batch(loaded: Loaded, split: Split, batch_size: int) -> int:
@@ -59,40 +62,6 @@ def fit_batch(loaded: Loaded, split: Split, batch_size: int) -> int:
     vocab = int(loaded.config.get("vocab_size") or split.n_classes or 1)
     per_row = int(split.inputs.shape[1]) * max(1, vocab)
     return max(1, min(batch_size, LOGIT_ELEMENTS // per_row))
-
-
-def positions(loaded: Loaded, split: Split) -> int | None:
-    """How many positions the model attends over on `split`: its token windows, or an
-    image model's patches plus its class token; None when the config does not say."""
-    if split.inputs.dim() == 2:
-        return int(split.inputs.shape[1])
-    size, patch = loaded.config.get("image_size"), loaded.config.get("patch_size")
-    if isinstance(size, int) and isinstance(patch, int) and patch > 0:
-        return (size // patch) ** 2 + 1
-    return None
-
-
-def evaluation_module(loaded: Loaded, split: Split, device: torch.device) -> torch.nn.Module:
-    """The module `loaded`'s parameter sets are evaluated on: the model's own, or, for short
-    sequences on the CPU, a twin of it that attends unfused (SHORT_ATTENTION). The twin is a
-    copy of the module's structure and config only: it shares every tensor with the model,
-    whose config is left as it is (a cached model is never modified)."""
-    import copy
-
-    module = loaded.model
-    config = getattr(module, "config", None)
-    length = positions(loaded, split)
-    if (device.type != "cpu" or length is None or length > SHORT_ATTENTION
-            or getattr(config, "_attn_implementation", None) != "sdpa"
-            or not hasattr(module, "set_attn_implementation")):
-        return module
-    memo = {id(t): t for t in (*module.parameters(), *module.buffers())}
-    twin = copy.deepcopy(module, memo)
-    try:
-        twin.set_attn_implementation("eager")
-    except (ValueError, AttributeError, NotImplementedError):
-        return module
-    return twin
 
 
 def head_of(loaded: Loaded) -> str:
@@ -356,7 +325,9 @@ class Evaluator:
         self.split = split
         self.device = resolve_device(device)
         module = loaded.model
-        self.module = evaluation_module(loaded, split, self.device)
+        # short sequences on the CPU run on an unfused twin (rotviz.models.attending_module)
+        self.module = attending_module(loaded, attention_positions(loaded, split.inputs),
+                                       self.device)
         self.names = [n for n, _ in module.named_parameters()]  # tied weights: owner only
         buffers = dict(module.named_buffers())
         self.buffers = {n: b.to(self.device) for n, b in buffers.items()}

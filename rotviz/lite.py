@@ -23,6 +23,7 @@ from torch import nn
 
 from rotviz.arch import spec_for
 from rotviz.confine import ANYWHERE, Confined
+from rotviz.devices import SHORT_ATTENTION
 from rotviz.models import (
     HALF,
     Loaded,
@@ -50,8 +51,17 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, causa
     def split(x):
         return x.view(b, t, heads, d // heads).transpose(1, 2)
 
-    out = F.scaled_dot_product_attention(split(q), split(k), split(v), is_causal=causal,
-                                         scale=scale)
+    if q.device.type == "cpu" and t <= SHORT_ATTENTION:  # unfused, as transformers' eager
+        qh, kh, vh = split(q), split(k), split(v)
+        w = torch.matmul(qh, kh.transpose(-1, -2)) * (scale if scale is not None
+                                                      else (d // heads) ** -0.5)
+        if causal:
+            w = w.masked_fill(torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1),
+                              float("-inf"))
+        out = torch.matmul(F.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype), vh)
+    else:
+        out = F.scaled_dot_product_attention(split(q), split(k), split(v), is_causal=causal,
+                                             scale=scale)
     return out.transpose(1, 2).reshape(b, t, d)
 
 

@@ -22,7 +22,7 @@ from rotviz import zoo_registry as zoo
 from rotviz.arch import ArchSpec, config_value, spec_for
 from rotviz.checkpoint import INDEX, SINGLE, Checkpoint
 from rotviz.confine import ANYWHERE, Confined
-from rotviz.devices import wide_device
+from rotviz.devices import SHORT_ATTENTION, wide_device
 from rotviz.errors import RotvizError
 from rotviz.outputs import Outputs
 from rotviz.sanity import check_against, check_sizes
@@ -262,12 +262,45 @@ def image_shape(loaded: Loaded) -> tuple[int, int]:
     return source_of(loaded.spec).image_shape(loaded.model, loaded.config)
 
 
+def attention_positions(loaded: Loaded, inputs: Tensor | Mapping[str, Tensor]) -> int | None:
+    """How many positions the model attends over on `inputs`: the token windows' length, or
+    an image model's patches plus its class token; None when the config does not say."""
+    x = inputs.get("input_ids", inputs.get("pixel_values")) if isinstance(inputs, Mapping) \
+        else inputs
+    if x is not None and x.dim() == 2:
+        return int(x.shape[1])
+    size, patch = loaded.config.get("image_size"), loaded.config.get("patch_size")
+    if isinstance(size, int) and isinstance(patch, int) and patch > 0:
+        return (size // patch) ** 2 + 1
+    return None
+
+
+def attending_module(loaded: Loaded, positions: int | None, device: torch.device) -> nn.Module:
+    """The module `loaded`'s parameter sets run on: the model's own, or, for sequences of at
+    most SHORT_ATTENTION positions on the CPU (rotviz.devices), a twin of it that attends
+    unfused. The twin copies the module's structure and config only: it shares every tensor
+    with the model, whose config is left as it is (a cached model is never modified)."""
+    module = loaded.model
+    config = getattr(module, "config", None)
+    if (device.type != "cpu" or positions is None or positions > SHORT_ATTENTION
+            or getattr(config, "_attn_implementation", None) != "sdpa"
+            or not hasattr(module, "set_attn_implementation")):
+        return module
+    memo = {id(t): t for t in (*module.parameters(), *module.buffers())}
+    twin = copy.deepcopy(module, memo)
+    try:
+        twin.set_attn_implementation("eager")
+    except (ValueError, AttributeError, NotImplementedError):
+        return module
+    return twin
+
+
 def forward(
     loaded: Loaded, inputs: Mapping[str, Tensor], state: Mapping[str, Tensor] | None = None
 ) -> Tensor:
     """Logits of the model, or of `state` evaluated on the model's module (not modified)."""
-    model = loaded.model
-    device = next(model.parameters()).device
+    device = next(loaded.model.parameters()).device
+    model = attending_module(loaded, attention_positions(loaded, inputs), device)
     inputs = {k: v.to(device) for k, v in inputs.items()}
     with torch.no_grad():
         if state is not None:

@@ -156,7 +156,8 @@ def test_short_sequences_attend_unfused_on_a_twin_of_the_model():
 
 
     from rotviz.data import load_split
-    from rotviz.evaluation import SHORT_ATTENTION, Evaluator, split_for
+    from rotviz.devices import SHORT_ATTENTION
+    from rotviz.evaluation import Evaluator, split_for
     from rotviz.models import load_model
 
     model = load_model("zoo:vit-digits-s3")

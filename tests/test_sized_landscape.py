@@ -69,7 +69,7 @@ def test_streamed_slice_equals_in_memory(fam, saved):
             assert want.xs == got.xs and want.ys == got.ys and got.model == path
             spread = np.ptp(np.asarray(got.loss))
             assert spread > 1e-3  # the points really moved
-        with pytest.raises(RotvizError, match="--directions hessian needs the whole") as e:
+        with pytest.raises(RotvizError, match="--directions hessian are built from the whole") as e:
             measure("slice", ends, split, dims=1, directions="hessian")
         assert "\n" not in str(e.value)
 
