@@ -136,7 +136,8 @@ def test_the_record_counts_per_block_and_for_the_model(saved, capsys):
     vit = load_model(saved("vit", 0, layers=1, d=8, heads=2, ffn=16))
     split = synthetic_split(vit, 4)
     ends = SimpleNamespace(anchor=vit, anchor_ref="tiny-vit", at_size=False)
-    r = measure("flat", ends, split, per_layer=1, curvature="no", nullity_tol=1e-10)
+    r = measure("flat", ends, split, per_layer=1, curvature="no", nullity="yes",
+                nullity_tol=1e-10)
     rows = {x["block"]: x for x in r.nullity}
     assert list(rows) == ["outside", "block 0", "model"]
     assert [rows[k]["dimension"] for k in rows] == [0, 64, 85]
@@ -157,7 +158,7 @@ def test_the_record_counts_per_block_and_for_the_model(saved, capsys):
         fig.layout.yaxis.title.text and fig.layout.legend.title.text
     assert [tr.type for tr in fig.data] == ["bar", "bar"]
     assert list(fig.data[0].y) == [0, 64, 85]
-    s = measure("flat", ends, split, per_layer=1, curvature="no", nullity_exact=0,
+    s = measure("flat", ends, split, per_layer=1, curvature="no", nullity="yes", nullity_exact=0,
                 nullity_probes=2, nullity_steps=8)
     assert all(x["method"] == "slq" and x["error"] >= 0 for x in s.nullity)
     assert "(slq)" in rec.summary(s, "")

@@ -34,11 +34,12 @@ def _params():
         Param("curvature", "yes", "yes: also t^T H t / |t|^2 along each tangent (one "
               "Hessian-vector product each); no: skip it", choices=("yes", "no"),
               label="Curvature along tangents"),
-        Param("nullity", "yes", "yes: per block, the symmetry group's dimension against the "
+        Param("nullity", "no", "yes: per block, the symmetry group's dimension against the "
               "number of near-zero eigenvalues of the Hessian restricted to the block (and "
               "of the whole Hessian against every block's group and the residual one): "
               "probes x steps Hessian-vector products per block larger than --nullity-exact, "
-              "a dense Hessian per smaller one; no: skip it", choices=("yes", "no"),
+              "a dense Hessian per smaller one (minutes on a CPU for the default pair's "
+              "33k-parameter blocks); no: skip it (default no)", choices=("yes", "no"),
               label="Dimension against near-zero eigenvalues"),
         Param("nullity_tol", 1e-6, "near zero means |eigenvalue| <= this times the block's "
               f"largest |eigenvalue| (default 1e-6, {NULLITY_TOL.text})", NULLITY_TOL,
