@@ -136,8 +136,8 @@ def slice_figure(d: Mapping, log: bool = False, zmin: float | None = None,
                                 "line": {"color": "white", "width": 1.5}}, row=1, col=1)
     fig.add_trace(go.Surface(
         x=d["xs"], y=d["ys"], z=z.tolist(), surfacecolor=c.tolist(), cmin=lo, cmax=hi,
-        colorscale=style.SEQUENTIAL, name="test loss surface", showscale=True,
-        colorbar={"title": {"text": bar, "side": "right"}},
+        colorscale=style.SEQUENTIAL, name="test loss surface",
+        showscale=False,  # the contour's colour bar is the surface's too: one scale
         hovertemplate="(%{x:.2f}, %{y:.2f}): loss %{z:.3f}<extra></extra>"), row=1, col=2)
     fig.add_trace(go.Scatter3d(
         x=[0.0], y=[0.0], z=[d["centre_loss"]], mode="markers", name="the model (centre, 3D)",
