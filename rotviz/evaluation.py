@@ -326,7 +326,7 @@ class Evaluator:
         self.device = resolve_device(device)
         module = loaded.model
         # short sequences on the CPU run on an unfused twin (rotviz.models.attending_module)
-        self.module = attending_module(loaded, attention_positions(loaded, split.inputs),
+        self.module = attending_module(loaded, attention_positions(loaded.config, split.inputs),
                                        self.device)
         self.names = [n for n, _ in module.named_parameters()]  # tied weights: owner only
         buffers = dict(module.named_buffers())

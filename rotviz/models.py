@@ -265,17 +265,27 @@ def image_shape(loaded: Loaded) -> tuple[int, int]:
     return source_of(loaded.spec).image_shape(loaded.model, loaded.config)
 
 
-def attention_positions(loaded: Loaded, inputs: Tensor | Mapping[str, Tensor]) -> int | None:
-    """How many positions the model attends over on `inputs`: the token windows' length, or
-    an image model's patches plus its class token; None when the config does not say."""
+def attention_positions(config: Mapping, inputs: Tensor | Mapping[str, Tensor]) -> int | None:
+    """How many positions a model of `config` attends over on `inputs`: the token windows'
+    length, or an image model's patches plus its class token; None when the config does
+    not say."""
     x = inputs.get("input_ids", inputs.get("pixel_values")) if isinstance(inputs, Mapping) \
         else inputs
     if x is not None and x.dim() == 2:
         return int(x.shape[1])
-    size, patch = loaded.config.get("image_size"), loaded.config.get("patch_size")
+    size, patch = config.get("image_size"), config.get("patch_size")
     if isinstance(size, int) and isinstance(patch, int) and patch > 0:
         return (size // patch) ** 2 + 1
     return None
+
+
+def attends_unfused(module: nn.Module, positions: int | None, device: torch.device) -> bool:
+    """Whether `module` should attend unfused: a transformers model using torch's fused
+    kernel, on the CPU, over at most SHORT_ATTENTION positions (rotviz.devices)."""
+    config = getattr(module, "config", None)
+    return (device.type == "cpu" and positions is not None and positions <= SHORT_ATTENTION
+            and getattr(config, "_attn_implementation", None) == "sdpa"
+            and hasattr(module, "set_attn_implementation"))
 
 
 def attending_module(loaded: Loaded, positions: int | None, device: torch.device) -> nn.Module:
@@ -285,10 +295,7 @@ def attending_module(loaded: Loaded, positions: int | None, device: torch.device
     with the model, whose config is left as it is (a cached model is never modified). It is
     made once per model and kept in `loaded.derived` (a copy costs 15 to 40 ms)."""
     module = loaded.model
-    config = getattr(module, "config", None)
-    if (device.type != "cpu" or positions is None or positions > SHORT_ATTENTION
-            or getattr(config, "_attn_implementation", None) != "sdpa"
-            or not hasattr(module, "set_attn_implementation")):
+    if not attends_unfused(module, positions, device):
         return module
     made = loaded.derived.get(id(module))
     if made is not None and made[0] is module:
@@ -308,7 +315,7 @@ def forward(
 ) -> Tensor:
     """Logits of the model, or of `state` evaluated on the model's module (not modified)."""
     device = next(loaded.model.parameters()).device
-    model = attending_module(loaded, attention_positions(loaded, inputs), device)
+    model = attending_module(loaded, attention_positions(loaded.config, inputs), device)
     inputs = {k: v.to(device) for k, v in inputs.items()}
     with torch.no_grad():
         if state is not None:

@@ -27,6 +27,8 @@ from rotviz.match.report import MatchReport
 from rotviz.memory import release
 from rotviz.models import (
     HALF,
+    attends_unfused,
+    attention_positions,
     check_weights,
     dominant_dtype,
     logit_change,
@@ -317,6 +319,10 @@ def _logits(source: Streamed, provider: Provider, rest: Reader, inputs) -> Tenso
 
     def run(stream_rest: bool) -> Tensor:
         module, _ = build_meta(source.spec, full, source.stored_dtype)
+        # attention as the in-memory check runs it (rotviz.models.attending_module)
+        first = next(iter(inputs.values())) if isinstance(inputs, Mapping) else inputs
+        if attends_unfused(module, attention_positions(full, inputs), first.device):
+            module.set_attn_implementation("eager")
         runner = source.runner(module, rest, provider, stream_rest)
         try:
             return runner.logits(inputs).double()
