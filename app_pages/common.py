@@ -465,6 +465,24 @@ def should_run(page: str, submitted: bool, s: Setup) -> bool:
     return bool(st.session_state.get(flag)) or params_in_pair(s) <= SMALL_PAIR
 
 
+def section_wanted(page: str, submitted: bool) -> bool:
+    """For a section that computes only on Run (the Landscape and Training pages): once Run
+    was pressed in this session (and again on every rerun, from the cache), never on first
+    paint, and not right after the user stopped it; says which in a note."""
+    flag, stopped = f"_ran_{page}", f"_stopped_{page}"
+    if submitted:
+        st.session_state[flag] = True
+        st.session_state[stopped] = False
+    if st.session_state.get(stopped):
+        st.warning("Stopped. Nothing from the stopped run was kept or cached; press Run to "
+                   "start again.", icon=":material/stop_circle:")
+        return False
+    if not st.session_state.get(flag):
+        st.info("Press **Run** to compute this section.", icon=":material/play_arrow:")
+        return False
+    return True
+
+
 def stopper() -> Callable[[], bool]:
     """A `cancel()` for a training measurement (rotviz.measures' `Context.cancel`): True once
     Streamlit has been asked to stop or rerun this script (the Stop button, Streamlit's own

@@ -79,20 +79,7 @@ def section_form(name: str, skip: tuple[str, ...] = ()) -> tuple[bool, dict[str,
 
 
 def wanted(name: str, submitted: bool) -> bool:
-    """Compute once Run was pressed in this session (and again on every rerun, from the
-    cache), never on first paint, and not right after the user stopped this section."""
-    page = f"land_{name}"
-    if submitted:
-        st.session_state[f"_ran_{page}"] = True
-        st.session_state[f"_stopped_{page}"] = False
-    if st.session_state.get(f"_stopped_{page}"):
-        st.warning("Stopped. Nothing from the stopped run was kept or cached; press Run to "
-                   "start again.", icon=":material/stop_circle:")
-        return False
-    if not st.session_state.get(f"_ran_{page}"):
-        st.info("Press **Run** to compute this section.", icon=":material/play_arrow:")
-        return False
-    return True
+    return common.section_wanted(f"land_{name}", submitted)
 
 
 def run_section(name: str, submitted: bool, body: Callable[[], None]) -> None:

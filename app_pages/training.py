@@ -64,20 +64,7 @@ def form(name: str, fields: dict[str, str]) -> tuple[bool, dict[str, str], dict[
 
 
 def wanted(name: str, submitted: bool) -> bool:
-    """Compute once Run was pressed in this session, never on first paint, and not right
-    after the user stopped this section."""
-    page = f"train_{name}"
-    if submitted:
-        st.session_state[f"_ran_{page}"] = True
-        st.session_state[f"_stopped_{page}"] = False
-    if st.session_state.get(f"_stopped_{page}"):
-        st.warning("Stopped. Nothing from the stopped run was kept or cached; press Run to "
-                   "start again.", icon=":material/stop_circle:")
-        return False
-    if not st.session_state.get(f"_ran_{page}"):
-        st.info("Press **Run** to compute this section.", icon=":material/play_arrow:")
-        return False
-    return True
+    return common.section_wanted(f"train_{name}", submitted)
 
 
 def section(name: str, refs: list[str], values: dict, draw, what: str) -> dict | None:

@@ -50,6 +50,7 @@ import torch
 
 from rotviz.analysis.slices import (
     Slice,
+    check_choices,
     hessian_directions,
     normalise,
     random_directions,
@@ -294,16 +295,6 @@ def max_tangent_cosine(flats: Sequence[Tensor], blocks) -> float:
     return worst
 
 
-def _check(norm: str, directions: str, dims: int) -> None:
-    if norm not in NORMS:
-        raise RotvizError(f"unknown --norm '{norm}': use one of {', '.join(NORMS)}")
-    if directions not in DIRECTIONS:
-        raise RotvizError(f"unknown --directions '{directions}': use one of "
-                          f"{', '.join(DIRECTIONS)}")
-    if dims not in (1, 2):
-        raise RotvizError(f"--dims must be 1 or 2, got {dims}")
-
-
 def slice_with(
     loaded: Loaded,
     split: Split,
@@ -329,7 +320,7 @@ def slice_with(
     (B' or B); `tangent` and `gauge` at the point (module docstring). The directions are
     built here and evaluated by slice_at as given ones, so the grid, the exact centre and
     the progress are slice_at's; the result names the kind, the norm and the seed."""
-    _check(norm, directions, dims)
+    check_choices(norm, directions, dims, NORMS, DIRECTIONS)
     if directions in ("random", "hessian") and norm != "unit":
         return slice_at(loaded, split, dims, directions, norm, keep_1d, grid, span, seed,
                         device, progress, batch_size, point, None, evaluator, steps)

@@ -94,12 +94,15 @@ class Slice:
         return asdict(self)
 
 
-def _check_choices(norm: str, directions: str, dims: int) -> None:
-    if norm not in NORMS:
-        raise RotvizError(f"unknown --norm '{norm}': use one of {', '.join(NORMS)}")
-    if directions not in DIRECTIONS:
+def check_choices(norm: str, directions: str, dims: int, norms: Sequence[str] = NORMS,
+                  kinds: Sequence[str] = DIRECTIONS) -> None:
+    """One line for a normalisation, direction kind or dimension this slicer does not take
+    (rotviz.analysis.directions passes its larger lists)."""
+    if norm not in norms:
+        raise RotvizError(f"unknown --norm '{norm}': use one of {', '.join(norms)}")
+    if directions not in kinds:
         raise RotvizError(f"unknown --directions '{directions}': use one of "
-                          f"{', '.join(DIRECTIONS)}")
+                          f"{', '.join(kinds)}")
     if dims not in (1, 2):
         raise RotvizError(f"--dims must be 1 or 2, got {dims}")
 
@@ -249,7 +252,7 @@ def slice_at(
     docstring), or `given` as they are (already
     normalised: a test passes directions moved by a symmetry element). The centre is also
     evaluated exactly (`centre_loss`), so an even grid still reports it."""
-    _check_choices(norm, directions, dims)
+    check_choices(norm, directions, dims)
     GRID.check(grid)
     SPAN.check(span)
     t0 = time.perf_counter()

@@ -99,9 +99,9 @@ def sized_slice(ref: str | os.PathLike, split: Split, dims: int = 2, norm: str =
     checkpoint folder `ref` (called `name` in the result), each grid point built block by
     block. Under torchrun (`group`) the grid points are shared and rank 0 returns the slice
     (None elsewhere)."""
-    from rotviz.analysis.slices import _check_choices
+    from rotviz.analysis.slices import check_choices
 
-    _check_choices(norm, "random", dims)
+    check_choices(norm, "random", dims)
     GRID.check(grid)
     SPAN.check(span)
     SEED.check(seed)

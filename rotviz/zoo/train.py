@@ -76,6 +76,16 @@ def _schedule(step: int, warmup: int, total: int) -> float:
     return warm * 0.5 * (1.0 + math.cos(math.pi * min(step, total) / max(1, total)))
 
 
+
+def _update(model: nn.Module, opt, sched, loss: torch.Tensor, grad_clip: float) -> None:
+    """One optimiser step on `loss`: gradients, the recipe's clipping, Adam, the schedule."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if grad_clip:
+        nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    opt.step()
+    sched.step()
+
 def _loss(model: nn.Module, family: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     logits = model(**{spec_named(family).input_key: x}).logits
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
@@ -209,12 +219,7 @@ def train(
                     loss = _task_loss(model, recipe.task, x, y)
                 else:
                     loss = _loss(model, recipe.family, data.inputs[ix], data.labels[ix])
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                if recipe.grad_clip:
-                    nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
-                opt.step()
-                sched.step()
+                _update(model, opt, sched, loss, recipe.grad_clip)
                 step += 1
                 value = loss.item()
                 run += value * len(ix)
@@ -295,12 +300,7 @@ def run_steps(recipe: Recipe, seed: int, data: Split, order_seed: int, keep: set
                 order = data_order(data.n, order_seed, epoch)
             ix = order[b * recipe.batch_size:(b + 1) * recipe.batch_size]
             loss = _loss(model, recipe.family, data.inputs[ix], data.labels[ix])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if recipe.grad_clip:
-                nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
-            opt.step()
-            sched.step()
+            _update(model, opt, sched, loss, recipe.grad_clip)
             if not math.isfinite(loss.item()):
                 raise RotvizError(f"training of '{recipe.name}' diverged; lower the learning "
                                   "rate")
