@@ -48,6 +48,11 @@ def _proc_bytes(path: str, key: str) -> int | None:
     return None
 
 
+def resident_now() -> int | None:
+    """This process's resident memory now (VmRSS), in bytes; None where /proc is not there."""
+    return _proc_bytes("/proc/self/status", "VmRSS")
+
+
 def resident_peak() -> int | None:
     """This process's peak resident memory in bytes: the kernel's high-water mark of its own
     address space (VmHWM). Not getrusage's ru_maxrss, which after fork and exec also counts

@@ -6,6 +6,7 @@ them: rotviz never imports either."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,12 @@ def graph(*roots: Path) -> dict[str, set[str]]:
     return {m: imports(p, set(mods)) - {m} for m, p in mods.items()}
 
 
+@functools.cache
+def whole_graph() -> dict[str, set[str]]:
+    """The graph of every root, parsed once per process: the files do not change in a run."""
+    return graph()
+
+
 def find_cycle(g: dict[str, set[str]]) -> list[str] | None:
     """One import cycle as a list of modules (first == last), or None."""
     state: dict[str, int] = {}
@@ -74,7 +81,7 @@ def find_cycle(g: dict[str, set[str]]) -> list[str] | None:
 
 
 def test_no_import_cycle():
-    cycle = find_cycle(graph())
+    cycle = find_cycle(whole_graph())
     assert cycle is None, " -> ".join(cycle)
 
 
@@ -125,7 +132,7 @@ def layer_of(module: str) -> int:
 
 @pytest.mark.parametrize("module", sorted(modules()))
 def test_no_module_imports_a_layer_above_its_own(module):
-    g = graph()
+    g = whole_graph()
     mine = layer_of(module)
     assert mine >= 0, f"{module} is in no layer: add it to LAYERS"
     above = sorted(n for n in g[module] if layer_of(n) > mine)
