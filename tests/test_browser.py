@@ -67,6 +67,15 @@ NAV = ["Models", "Match", "Barrier", "Spectra", "Merge", "Landscape", "Training"
        "Measure"]
 
 
+# The smallest runs of the sections that compute on Run: the browser test checks that each
+# draws, tests/test_app.py checks their numbers.
+SMALL = {
+    "landscape": "&l_slice_grid=5&l_bend_steps=5&l_bend_points=5&l_layerwise_points=3"
+                 "&l_hessian_iterations=5&l_hessian_examples=32&l_hessian_top=1",
+    "training": "&t_training_points=3&t_spawn_points=3",
+}
+
+
 def press_every_run(page) -> None:
     """Press each form's Run on the page in turn, waiting for its results to draw."""
     drawn(page)
@@ -97,7 +106,7 @@ def test_every_page_in_chromium(server, tmp_path):
         assert page.locator("h1").first.inner_text().strip() == "Attention spectra"
         assert page.get_by_text("Anchor (model 2, stays fixed)").count() == 1
         for name in PAGES:
-            page.goto(f"{server}/{'' if name == 'models' else name}?n=100")
+            page.goto(f"{server}/{'' if name == 'models' else name}?n=100{SMALL.get(name, '')}")
             if name in ("landscape", "training"):  # compute only on Run: press every section's
                 press_every_run(page)
             # the page's own results, not only an idle script: right after a navigation the

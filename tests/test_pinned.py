@@ -65,6 +65,14 @@ def test_default_pair_results_are_pinned():
             failed[key] = f"{len(diffs)} differences, first: {diffs[:5]}"
     assert not failed, f"({'bit for bit' if exact else 'to rounding'}) {failed}"
     assert set(KEYS) == set(pins) - {"_environment"}
+    # the acceptance on the default pair, whatever was pinned: learned matching (the seeded
+    # default) removes the barrier and keeps the function; its path ends where weight
+    # matching's does (the same two functions)
+    learned, weight = results["barrier learned"], results["barrier weight"]
+    assert learned["barrier"] <= 0.1 and learned["mid_acc"] >= 0.9
+    assert learned["max_output_diff"] <= 1e-4
+    assert abs(learned["loss"][0] - weight["loss"][0]) <= 1e-5
+    assert abs(learned["loss"][-1] - weight["loss"][-1]) <= 1e-4
 
 
 def test_the_comparison_can_fail():
