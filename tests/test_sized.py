@@ -60,12 +60,19 @@ def _barrier(tmp_path, name: str, *args: str) -> dict:
 @pytest.mark.parametrize("pair, extra", [
     (("zoo:vit-digits-s3", "zoo:vit-digits-s6"), ["--data", "digits", "--match", "seed"]),
     (("zoo:gpt2-pystdlib-s0", "zoo:gpt2-pystdlib-s1"),
-     ["--data", "pystdlib", "--match", "none", "--repeats", "3", "--seed", "2"]),
+     ["--data", "text:CODE", "--match", "none", "--repeats", "3", "--seed", "2"]),
 ], ids=["vit-seed", "gpt2-none-repeats"])
 def test_cli_barrier_at_size_equals_in_memory(pair, extra, tmp_path, capsys):
     """`rotviz barrier --max-memory 0`: the pair matched streamed and evaluated block by block
     gives the in-memory curve (losses and accuracies to 1e-6, repeats' spreads and distances),
-    saying how it ran."""
+    saying how it ran. (The language model reads 30 kB of Python source as a text file.)"""
+    import inspect
+
+    import rotviz.data
+
+    code = tmp_path / "code.txt"
+    code.write_text(inspect.getsource(rotviz.data)[:30000])
+    extra = [e.replace("CODE", str(code)) for e in extra]
     args = [*pair, *extra, "--points", "5"]
     ref = _barrier(tmp_path, "mem", *args)
     assert "at size" not in capsys.readouterr().out
