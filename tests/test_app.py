@@ -838,7 +838,8 @@ def test_landscape_page_computes_each_section_on_run(pair):
     from rotviz.measures import measure
     from rotviz.models import load_model
 
-    at = app("landscape")
+    at = app("landscape", l_slice_grid="5", l_bend_steps="10", l_bend_points="5",
+             l_layerwise_points="3", l_hessian_iterations="16", l_hessian_examples="64")
     assert not figures(at)
     assert texts(at).count("Press **Run** to compute this section.") == 5
     seen: dict[str, dict] = {}
@@ -859,15 +860,15 @@ def test_landscape_page_computes_each_section_on_run(pair):
 
     a = load_model(pair[0])
     split = load_split("digits").subset(N_EVAL)
-    ref = slice_at(a, split, 2, "random", "filter", False, 11, 1.0, 0, "cpu")
+    ref = slice_at(a, split, 2, "random", "filter", False, 5, 1.0, 0, "cpu")
     contour = next(tr for tr in seen[slice_t]["data"] if tr["type"] == "contour")
     z = np.asarray([numbers(row) if isinstance(row, dict) else row for row in contour["z"]],
                    dtype=float)
-    assert z.shape == (11, 11)
+    assert z.shape == (5, 5)
     assert np.allclose(z, np.asarray(ref.loss), rtol=1e-5, atol=1e-6)
 
-    h = measure("hessian", match_endpoints(a, a, None), split, top=3, iterations=20,
-                examples=128)
+    h = measure("hessian", match_endpoints(a, a, None), split, top=3, iterations=16,
+                examples=64)
     bars = [tr for tr in seen[hess_t]["data"] if tr["type"] == "bar"]
     got = [numbers(tr["y"])[0] for tr in bars]  # the whole model's bar of each rank
     assert np.allclose(got, h.eigenvalues, rtol=1e-4)
