@@ -125,27 +125,24 @@ def test_cuda_without_a_gpu(capsys):
 
 
 def test_real_command_line(tmp_path):
+    """`rotviz eval` in a fresh process gives the card's numbers, and takes the fast path: no
+    transformers (nor sklearn, timm, streamlit, plotly, scipy) import to evaluate a zoo
+    model."""
     f = tmp_path / "e.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "rotviz", "eval", "zoo:vit-digits-s6", "--data", "digits",
-         "--json", str(f)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr
-    got = json.loads(f.read_text())
-    card = zoo.read_card("vit-digits-s6")
-    assert got["loss"] == pytest.approx(card["test"]["loss"], abs=1e-4)
-    assert got["acc"] == pytest.approx(card["test"]["acc"], abs=1e-4)
-    # the fast path: no transformers import needed to evaluate a zoo model
     probe = subprocess.run(
         [sys.executable, "-c",
          "import sys; from rotviz.cli import main; main(['eval', 'zoo:vit-digits-s6', "
-         "'--data', 'digits']); print(sorted(m for m in sys.modules if m.split('.')[0] in "
-         "('transformers', 'sklearn', 'timm', 'streamlit', 'plotly', 'scipy')))"],
+         f"'--data', 'digits', '--json', {str(f)!r}]); print(sorted(m for m in sys.modules "
+         "if m.split('.')[0] in ('transformers', 'sklearn', 'timm', 'streamlit', 'plotly', "
+         "'scipy')))"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
     assert probe.returncode == 0, probe.stderr
     assert probe.stdout.strip().splitlines()[-1] == "[]"
+    got = json.loads(f.read_text())
+    card = zoo.read_card("vit-digits-s6")
+    assert got["loss"] == pytest.approx(card["test"]["loss"], abs=1e-4)
+    assert got["acc"] == pytest.approx(card["test"]["acc"], abs=1e-4)
 
 
 def test_short_sequences_attend_unfused_on_a_twin_of_the_model():

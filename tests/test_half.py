@@ -313,7 +313,9 @@ def test_barrier_merge_and_eval_agree_on_half_pairs(family, dtype, half_pair, ha
     assert c["distance_after"] < c["distance_before"]
     lo, hi = min(evals[0]["loss"], evals[1]["loss"]), max(c["loss"])
     assert 0 < lo <= hi < 20  # finite, sensible cross-entropies
-    for method in ("simple", "fisher", "regmean"):
+    # the statistics-based methods read the pair in float32 whatever it is stored in: one
+    # half dtype shows that they write it back in that dtype (the other runs the simple merge)
+    for method in ("simple", "fisher", "regmean") if dtype == torch.float16 else ("simple",):
         out, mf = tmp_path / f"merged-{method}", tmp_path / f"merge-{method}.json"
         stats = [] if method == "simple" else ["--batches", "1", "--batch-size", "8"]
         _run(["merge", str(a_dir), str(b_dir), "--data", data, "--method", method, "--out",

@@ -331,11 +331,16 @@ def test_bad_labelled_data_is_one_line(models, files, tmp_path, capsys):
         split_for(load_model("zoo:gpt2-pystdlib-s0"), f"csv:{files[0] / 'rows.csv'}")
 
 
-def test_language_model_batches_keep_logits_under_the_budget(monkeypatch):
+def test_language_model_batches_keep_logits_under_the_budget(monkeypatch, tmp_path):
+    import inspect
+
     import rotviz.evaluation as E
 
     m = load_model("zoo:gpt2-pystdlib-s0")
-    sp = split_for(m, "pystdlib", "test")
+    code = tmp_path / "code.txt"  # 60 kB of Python source: a test split of several windows
+    code.write_text(inspect.getsource(E) * 4)
+    sp = split_for(m, f"text:{code}", "test")
+    assert sp.n >= 7
     whole = evaluate(m, sp)
     width = sp.inputs.shape[1] * int(m.config["vocab_size"])
     monkeypatch.setattr(E, "LOGIT_ELEMENTS", 3 * width)  # three windows' logits at a time
