@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,6 +21,12 @@ from rotviz.arch import FAMILIES
 from rotviz.models import Loaded, load_model
 from rotviz.random_models import save_random
 from rotviz.symmetry.view import ModelView, read_view
+
+# Keep compiled test modules (pytest's assertion rewriting, which runs after this file is
+# imported) and later imports' bytecode, even where PYTHONDONTWRITEBYTECODE is set, as on the
+# CI machines: otherwise each pytest-xdist worker rewrites every test module again (about
+# 11 s of its collection on a 2-core machine).
+sys.dont_write_bytecode = False
 
 TINY = dict(layers=2, d=32, heads=4, ffn=64)
 
