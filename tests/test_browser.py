@@ -67,6 +67,9 @@ NAV = ["Models", "Match", "Barrier", "Spectra", "Merge", "Landscape", "Training"
        "Measure"]
 
 
+# Test images per evaluation: enough for every chart to draw (the numbers are checked by
+# tests/test_app.py on 100).
+N = 32
 # The smallest runs of the sections that compute on Run: the browser test checks that each
 # draws, tests/test_app.py checks their numbers.
 SMALL = {
@@ -97,7 +100,7 @@ def test_every_page_in_chromium(server, tmp_path):
         page = browser.new_page(viewport={"width": 1280, "height": 1600})
         # A fresh server whose first visitor opens a page directly runs it inside app.py's
         # navigation.
-        page.goto(f"{server}/spectra?n=100")
+        page.goto(f"{server}/spectra?n={N}")
         drawn(page)
         page.wait_for_timeout(500)
         drawn(page)
@@ -106,7 +109,7 @@ def test_every_page_in_chromium(server, tmp_path):
         assert page.locator("h1").first.inner_text().strip() == "Attention spectra"
         assert page.get_by_text("Anchor (model 2, stays fixed)").count() == 1
         for name in PAGES:
-            page.goto(f"{server}/{'' if name == 'models' else name}?n=100{SMALL.get(name, '')}")
+            page.goto(f"{server}/{'' if name == 'models' else name}?n={N}{SMALL.get(name, '')}")
             if name in ("landscape", "training"):  # compute only on Run: press every section's
                 press_every_run(page)
             # the page's own results, not only an idle script: right after a navigation the
@@ -119,7 +122,7 @@ def test_every_page_in_chromium(server, tmp_path):
             assert page.locator("[data-testid='stException']").count() == 0, name
             assert page.locator("h1").first.inner_text().strip()
             assert page.locator(".js-plotly-plot, [data-testid='stMetric']").count() > 0, name
-        page.goto(f"{server}/barrier?n=100&b_points=7")
+        page.goto(f"{server}/barrier?n={N}&b_points=7")
         drawn(page)
         page.locator("[data-testid='stFormSubmitButton'] button").first.click()
         page.wait_for_timeout(300)
@@ -144,7 +147,8 @@ def test_a_page_url_as_a_fresh_servers_first_request(tmp_path):
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1280, "height": 1400})
         specs = ["no matching", "FFN + attention + rescale (seed paper)"]  # as the URL has them
-        page.goto(f"{base}/barrier?n=100&b_points=7&" + urlencode({"b_specs": specs}, doseq=True))
+        page.goto(f"{base}/barrier?n={N}&b_points=7&"
+                  + urlencode({"b_specs": specs}, doseq=True))
         drawn(page)
         page.wait_for_timeout(500)
         drawn(page)
@@ -154,7 +158,8 @@ def test_a_page_url_as_a_fresh_servers_first_request(tmp_path):
         assert page.get_by_text("Anchor (model 2, stays fixed)").count() == 1
         url = urlparse(page.url)
         assert url.path == "/barrier", page.url
-        assert parse_qs(url.query) == {"n": ["100"], "b_points": ["7"], "b_specs": specs}, page.url
+        want = {"n": [str(N)], "b_points": ["7"], "b_specs": specs}
+        assert parse_qs(url.query) == want, page.url
         assert page.locator("[data-testid='stException']").count() == 0
         lengths = page.evaluate("() => document.querySelector('.js-plotly-plot').data"
                                 ".filter(t => t.showlegend !== false).map(t => t.y.length)")
