@@ -13,6 +13,7 @@ a temporary path and renamed, never half-written.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from contextlib import contextmanager
 
 from rotviz.cli.args import (
@@ -52,9 +53,11 @@ def add_params(parser: argparse.ArgumentParser, params: tuple[Param, ...]) -> No
                             metavar=metavar, help=p.help)
 
 
-def register(sub) -> None:
-    """A sub-command for every registered measurement."""
+def register(sub, wanted: Callable[[str], bool] = lambda name: True) -> None:
+    """A sub-command for every registered measurement (that `wanted` names)."""
     for m in measurements():
+        if not wanted(m.name):
+            continue
         p = sub.add_parser(m.name, help=m.describe(), description=m.describe())
         if m.inputs is not None:
             _inputs_parser(p, m)

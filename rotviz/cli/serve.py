@@ -12,6 +12,7 @@ import argparse
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from rotviz.cli.args import bounded
@@ -19,7 +20,9 @@ from rotviz.errors import RotvizError
 from rotviz.limits import PORT
 
 
-def register(sub) -> None:
+def register(sub, wanted: Callable[[str], bool] = lambda name: True) -> None:
+    if not wanted("serve"):
+        return
     s = sub.add_parser("serve", help="launch the interactive app (Streamlit) in the browser")
     s.add_argument("--port", type=bounded(PORT), default=8501,
                    help="port to listen on (default 8501)")

@@ -9,7 +9,7 @@ import argparse
 import math
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -19,7 +19,15 @@ from rotviz.limits import BATCH_SIZE
 from rotviz.zoo_registry import PAIRS
 
 
-def register(sub) -> None:
+def register(sub, wanted: Callable[[str], bool] = lambda name: True) -> None:
+    """`zoo` and `eval`, those of them that `wanted` names (rotviz.cli.build_parser)."""
+    if wanted("zoo"):
+        _add_zoo(sub)
+    if wanted("eval"):
+        _add_eval(sub)
+
+
+def _add_zoo(sub) -> None:
     z = sub.add_parser("zoo", help="the shipped model zoo: list it, name the default pair, rebuild")
     zs = z.add_subparsers(dest="zoo_command", required=True)
     b = zs.add_parser("build", help="train zoo models from their recipes and seeds")
@@ -36,6 +44,8 @@ def register(sub) -> None:
     d = zs.add_parser("default", help="print the two references of the default pair")
     d.set_defaults(func=cmd_default)
 
+
+def _add_eval(sub) -> None:
     e = sub.add_parser("eval", help="test loss and accuracy of a model on a data split")
     e.add_argument("model", help="model: a save_pretrained directory or zoo:NAME")
     e.add_argument("--data", required=True,
