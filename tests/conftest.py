@@ -174,3 +174,38 @@ def refused(argv: list[str], capfd, ws: Path, *fragments: str) -> str:
         assert f in lines[0], lines[0]
     assert snapshot(ws.parent, ZOO) == before
     return lines[0]
+
+
+# ---- order: the long tests first ------------------------------------------------------------
+
+# Tests of 10 s or more on a 2-core machine (most start subprocesses: Streamlit servers with
+# Chromium, torchrun, a fresh `python -m rotviz`), longest first. pytest-xdist hands each
+# worker a contiguous share of the collection and lets an idle worker steal from the other's
+# queue; a long test left near the end kept one worker busy for minutes after the other had
+# finished. Run first, they end while the short tests still balance the two queues.
+LONG_FIRST = (
+    "test_every_page_in_chromium",
+    "test_default_pair_results_are_pinned",
+    "test_streaming_memory_does_not_grow_with_depth",
+    "test_torchrun_match_equals_one_process",
+    "test_a_users_classifier_pair_and_csv",
+    "test_torchrun_barrier_equals_one_process",
+    "test_sigint_leaves_no_output_and_a_rerun_succeeds",
+    "test_rebuilding_a_fine_tune_reproduces_its_card",
+    "test_torchrun_slice_at_size_equals_one_process",
+    "test_torchrun_a_failing_rank_is_one_line_and_leaves_nothing",
+    "test_top_eigenvalues_and_trace_equal_the_dense_hessian",
+    "test_a_page_url_as_a_fresh_servers_first_request",
+    "test_a_signal_leaves_nothing",
+    "test_models_page_evaluates_light_models_then_computes_the_barrier_page_ahead",
+    "test_landscape_slice_around_b_prime_and_its_gauge_fixed_twin",
+    "test_landscape_page_computes_each_section_on_run",
+    "test_models_barrier_and_merge_pages_show_the_task_and_f1",
+    "test_training_page_runs_both_charts_on_the_zoo_series",
+)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(getattr(item, "originalname", item.name), len(rank)))
