@@ -76,7 +76,6 @@ def _schedule(step: int, warmup: int, total: int) -> float:
     return warm * 0.5 * (1.0 + math.cos(math.pi * min(step, total) / max(1, total)))
 
 
-
 def _update(model: nn.Module, opt, sched, loss: torch.Tensor, grad_clip: float) -> None:
     """One optimiser step on `loss`: gradients, the recipe's clipping, Adam, the schedule."""
     opt.zero_grad(set_to_none=True)
@@ -85,6 +84,7 @@ def _update(model: nn.Module, opt, sched, loss: torch.Tensor, grad_clip: float) 
         nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     opt.step()
     sched.step()
+
 
 def _loss(model: nn.Module, family: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     logits = model(**{spec_named(family).input_key: x}).logits
