@@ -175,3 +175,73 @@ def test_short_sequences_attend_unfused_on_a_twin_of_the_model():
     long_text = load_model("zoo:gpt2-pystdlib-s0")
     text = split_for(long_text, "pystdlib", "test", seq_len=2 * SHORT_ATTENTION).subset(4)
     assert Evaluator(long_text, text, "cpu").module is long_text.model
+
+
+def test_points_side_by_side_equal_points_in_turn_and_stop_cleanly():
+    """With two torch threads a small model's points run on two single-threaded workers, each
+    on its own twin of the module (functional_call swaps a module's parameters, so a shared
+    module would mix two points' weights). The values equal those computed one by one to the
+    bit, in order; the cached model is untouched; an exception from `done` (the app's Stop)
+    cancels the rest and leaves the caller's thread count as it was."""
+    from rotviz.evaluation import Evaluator, side_by_side
+
+    model = load_model("zoo:vit-digits-s3")
+    split = load_split("digits", "test").subset(48)
+    ev = Evaluator(model, split, "cpu")
+    theta = ev.params(model.state)
+    before = {k: v.clone() for k, v in model.state.items()}
+    gen = torch.Generator().manual_seed(0)
+    direction = {k: 0.3 * torch.randn(v.shape, generator=gen) for k, v in theta.items()}
+
+    def make(x: float) -> dict[str, torch.Tensor]:
+        return {k: theta[k] + x * direction[k] for k in theta}
+
+    xs = [i / 4 - 1 for i in range(9)]
+    one_by_one = ev.evaluate_each(make, xs)  # the suite runs single-threaded: one worker
+    assert side_by_side(ev) == 1
+    torch.set_num_threads(2)
+    try:
+        assert side_by_side(ev) == 2
+        seen: list[int] = []
+        both = ev.evaluate_each(make, xs, seen.append)
+        assert both == one_by_one and seen == list(range(1, 10))
+        assert len({round(v[0], 6) for v in both}) == 9  # nine different points, not one
+
+        def stop(k: int) -> None:
+            if k == 3:
+                raise KeyboardInterrupt
+        with pytest.raises(KeyboardInterrupt):
+            ev.evaluate_each(make, xs, stop)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(1)
+    assert all(torch.equal(before[k], v) for k, v in model.state.items())
+
+
+def test_two_threads_on_one_cached_model_each_get_their_own_points():
+    """The app's sessions share a cached model; functional_call swaps its parameters while it
+    runs, so without the module's lock (rotviz.sources.base.running_lock) two threads would
+    each compute with a mix of both parameter sets. Each thread's values equal the serial
+    ones to the bit."""
+    import threading
+
+    from rotviz.evaluation import Evaluator
+
+    model = load_model("zoo:vit-digits-s3")
+    split = load_split("digits", "test").subset(48)
+    ev = Evaluator(model, split, "cpu")
+    theta = ev.params(model.state)
+    points = [{k: (1 + s) * v for k, v in theta.items()} for s in (0.0, 0.5)]
+    serial = [ev.evaluate(p) for p in points]
+    got: dict[int, list] = {0: [], 1: []}
+
+    def worker(i: int) -> None:
+        for _ in range(6):
+            got[i].append(ev.evaluate(points[i]))
+    threads = [threading.Thread(target=worker, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert serial[0] != serial[1]
+    assert got[0] == [serial[0]] * 6 and got[1] == [serial[1]] * 6

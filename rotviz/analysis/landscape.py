@@ -316,22 +316,40 @@ def plane_axes(pts: dict[str, tuple[float, float]], n1: float, margin: float, gr
     return xs, ys
 
 
+def plane_nodes_one_by_one(at: Callable[[float, float], tuple[float, float]]) -> Callable:
+    """plane_grid's `each` from `at`: the nodes in turn."""
+    def each(nodes: list[tuple[float, float]], done: Callable[[int], None]) -> list:
+        out = []
+        for n, (x, y) in enumerate(nodes):
+            out.append(at(x, y))
+            done(n + 1)
+        return out
+    return each
+
+
 def plane_grid(at: Callable[[float, float], tuple[float, float]],
                named: Callable[[str], tuple[float, float]],
                pts: dict[str, tuple[float, float]], xs: np.ndarray, ys: np.ndarray,
-               progress: Progress | None = None, group: Group = SINGLE) -> tuple | None:
+               progress: Progress | None = None, group: Group = SINGLE,
+               each: Callable[[list[tuple[float, float]], Callable[[int], None]],
+                              list[tuple[float, float]]] | None = None) -> tuple | None:
     """Loss and accuracy at every grid node (`at(x, y)`, shared among torchrun's processes)
-    and at the named points (`named(name)`, rank 0); None on ranks other than 0."""
+    and at the named points (`named(name)`, rank 0); None on ranks other than 0. `each(nodes,
+    done)`, when given, evaluates this process's nodes at once (side by side: see
+    rotviz.evaluation.Evaluator.evaluate_each)."""
     grid = len(xs)
     total = grid * grid + len(pts)
     cells = [(iy, ix) for iy in range(grid) for ix in range(grid)]
     mine = group.mine(list(range(len(cells))))
-    found: dict[int, tuple[float, float]] = {}
-    for n, c in enumerate(mine):
-        iy, ix = cells[c]
-        found[c] = at(float(xs[ix]), float(ys[iy]))
+    nodes = [(float(xs[cells[c][1]]), float(ys[cells[c][0]])) for c in mine]
+
+    def done(n: int) -> None:
         if progress:
-            progress(n + 1, total, f"grid point {n + 1} of {len(mine)}")
+            progress(n, total, f"grid point {n} of {len(mine)}")
+
+    if each is None:
+        each = plane_nodes_one_by_one(at)
+    found = dict(zip(mine, each(nodes, done), strict=True))
     parts = group.gather(found)
     if parts is None:
         return None
@@ -390,9 +408,12 @@ def plane_on(
         n1, c, n2 = plane_frame(bb, flat_inner(d_b, d_c), flat_inner(d_c, d_c))
     xs, ys = plane_axes(pts, n1, margin, grid, degenerate)
 
+    def node(xy: tuple[float, float]) -> dict[str, Tensor]:
+        a, b = plane_coeffs(*xy, n1, c, n2)
+        return {k: pa[k] + a * d_b[k] + b * d_c[k] for k in pa}
+
     def at(x: float, y: float) -> tuple[float, float]:
-        a, b = plane_coeffs(x, y, n1, c, n2)
-        return ev.evaluate({k: pa[k] + a * d_b[k] + b * d_c[k] for k in pa})
+        return ev.evaluate(node((x, y)))
 
     def named(name: str) -> tuple[float, float]:
         if name in ("A", "B"):  # exact endpoints, no arithmetic on the weights
@@ -403,7 +424,8 @@ def plane_on(
             return ev.evaluate({k: torch.lerp(pa[k], pc[k], 0.5) for k in pa})
         return at(*pts[name])
 
-    found = plane_grid(at, named, pts, xs, ys, progress, group)
+    found = plane_grid(at, named, pts, xs, ys, progress, group,
+                       lambda nodes, done: ev.evaluate_each(node, nodes, done))
     if found is None:  # another rank than 0: its points are with rank 0
         return None
     loss, acc, point_loss, point_acc = found

@@ -271,21 +271,31 @@ def slice_at(
     xs = np.linspace(-span, span, grid)
     ys = xs if dims == 2 else np.zeros(0)
 
-    def at(x: float, y: float) -> tuple[float, float]:
+    keys = list(theta)
+    base, first = [theta[k] for k in keys], [ds[0][k] for k in keys]
+    second = [ds[-1][k] for k in keys]
+
+    def at(cell: tuple[int, int]) -> dict[str, Tensor]:
+        x, y = float(xs[cell[1]]), float(ys[cell[0]]) if dims == 2 else 0.0
         if x == 0.0 and y == 0.0:  # the point itself, with no arithmetic on its weights
-            return ev.evaluate(theta)
-        if dims == 1:
-            return ev.evaluate({k: theta[k] + x * ds[0][k] for k in theta})
-        return ev.evaluate({k: theta[k] + x * ds[0][k] + y * ds[1][k] for k in theta})
+            return theta
+        moved = torch._foreach_add(base, first, alpha=x)  # theta + x d1 + y d2, one pass
+        if dims == 2:
+            torch._foreach_add_(moved, second, alpha=y)
+        return dict(zip(keys, moved, strict=True))
 
     cells = [(0, ix) for ix in range(grid)] if dims == 1 else \
         [(iy, ix) for iy in range(grid) for ix in range(grid)]
+
+    def done(count: int) -> None:
+        if progress:
+            progress(count, len(cells), f"grid point {count} of {len(cells)}")
+
+    found = ev.evaluate_each(at, cells, done)
     loss = np.zeros((max(1, len(ys)), grid))
     acc = np.zeros_like(loss)
-    for count, (iy, ix) in enumerate(cells):
-        loss[iy, ix], acc[iy, ix] = at(float(xs[ix]), float(ys[iy]) if dims == 2 else 0.0)
-        if progress:
-            progress(count + 1, len(cells), f"grid point {count + 1} of {len(cells)}")
+    for (iy, ix), (cell_loss, cell_acc) in zip(cells, found, strict=True):
+        loss[iy, ix], acc[iy, ix] = cell_loss, cell_acc
     centre_loss, centre_acc = ev.evaluate(theta)
     norms = [_wide_norm(d) for d in ds]
     cos = None

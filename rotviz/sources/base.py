@@ -7,6 +7,8 @@ An adapter knows the library a checkpoint comes from (transformers, timm); the f
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -17,6 +19,21 @@ from rotviz.arch.spec import ArchSpec, max_positions
 from rotviz.confine import ANYWHERE, Confined
 
 Tensor = torch.Tensor
+# torch.func's functional_call swaps a module's parameters while it runs, so two threads must
+# never run one module with parameter sets at once (the app's sessions share cached models:
+# interleaved, each would compute with a mix of both sets). One lock per module, dropped with
+# it; a thread that needs points side by side runs on a twin (Evaluator.evaluate_each).
+_RUNNING: weakref.WeakKeyDictionary[nn.Module, threading.RLock] = weakref.WeakKeyDictionary()
+_RUNNING_GUARD = threading.Lock()
+
+
+def running_lock(module: nn.Module) -> threading.RLock:
+    """The lock held while `module` runs with a parameter set of a caller's."""
+    with _RUNNING_GUARD:
+        lock = _RUNNING.get(module)
+        if lock is None:
+            lock = _RUNNING[module] = threading.RLock()
+        return lock
 
 
 class Source:
@@ -78,10 +95,11 @@ class Source:
         if isinstance(inputs, Tensor):
             inputs = {spec.input_key: inputs}
         args, kwargs = self.arguments(spec, inputs)
-        if params is None:
-            out = module(*args, **kwargs)
-        else:
-            out = functional_call(module, params, args, kwargs, strict=strict)
+        with running_lock(module):  # its own weights too: another thread may have swapped them
+            if params is None:
+                out = module(*args, **kwargs)
+            else:
+                out = functional_call(module, params, args, kwargs, strict=strict)
         if isinstance(out, Tensor):
             return out
         if getattr(out, "logits", None) is None and getattr(out, "start_logits", None) is not None:
