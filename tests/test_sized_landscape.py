@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 from test_landscape import default_pair_refs, synthetic_split
-from test_streaming import _torchrun
 
 from rotviz import measure
 from rotviz.analysis.slices import random_directions
@@ -154,15 +153,3 @@ def test_cli_layerwise_at_size_equals_in_memory(tmp_path, capsys):
         _close(ref[k], got[k], k)
     for k in ("groups", "cumulative", "by", "alphas", "match", "n"):
         assert ref[k] == got[k], k
-
-
-def test_torchrun_slice_at_size_equals_one_process(tmp_path):
-    """The grid points dealt to 2 processes, gathered on rank 0: one process's slice."""
-    args = ["slice", default_pair_refs()[0], "--data", "digits", "--dims", "1", "--grid",
-            "3", "--max-memory", "0"]
-    assert main([*args, "--json", str(tmp_path / "one.json")]) == 0
-    two = _torchrun(*args, "--json", str(tmp_path / "two.json"))
-    assert two.returncode == 0, two.stderr
-    s1, s2 = (json.loads((tmp_path / f).read_text()) for f in ("one.json", "two.json"))
-    for k in ("loss", "acc", "centre_loss", "direction_norms"):
-        _close(s1[k], s2[k], k)

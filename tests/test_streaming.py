@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -464,20 +465,36 @@ def test_torchrun_match_equals_one_process(sharded, tmp_path):
     assert r1 == r2
 
 
-@pytest.mark.parametrize("extra", [[], ["--max-memory", "0"]], ids=["in-memory", "at-size"])
-def test_torchrun_barrier_equals_one_process(extra, tmp_path):
-    """The points shared by 2 processes, gathered on rank 0: one process's curve. At size the
-    match is streamed too and the points built block by block."""
-    args = ["barrier", "zoo:vit-digits-s3", "zoo:vit-digits-s6", "--data", "digits",
-            "--match", "seed", "--points", "5", *extra]
-    assert main([*args, "--json", str(tmp_path / "one.json")]) == 0  # here: equal to 1e-6
-    two = _torchrun(*args, "--json", str(tmp_path / "two.json"))
+def test_torchrun_barriers_and_a_slice_equal_one_process(tmp_path):
+    """The points shared by 2 processes, gathered on rank 0, give one process's results: the
+    barrier curve in memory and at size (the match streamed too, the points built block by
+    block), and a slice at size. The three commands share one torchrun launch
+    (tests/torchrun_commands.py); one process's side runs here, in this process."""
+    barrier = ["barrier", "zoo:vit-digits-s3", "zoo:vit-digits-s6", "--data", "digits",
+               "--match", "seed", "--points", "5"]
+    runs = {"barrier": barrier, "barrier-at-size": [*barrier, "--max-memory", "0"],
+            "slice-at-size": ["slice", "zoo:vit-digits-s3", "--data", "digits", "--dims", "1",
+                              "--grid", "3", "--max-memory", "0"]}
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+              "--nproc-per-node=2", str(ROOT / "tests" / "torchrun_commands.py")]
+    for name, args in runs.items():
+        assert main([*args, "--json", str(tmp_path / f"{name}-one.json")]) == 0
+        launch += [*args, "--json", str(tmp_path / f"{name}-two.json"), "--then"]
+    two = subprocess.run(launch, env=_env(), capture_output=True, text=True, timeout=600)
     assert two.returncode == 0, two.stderr
-    c1, c2 = (json.loads((tmp_path / f).read_text()) for f in ("one.json", "two.json"))
-    for key in ("loss", "acc"):
-        assert len(c1[key]) == 5
-        assert max(abs(u - v) for u, v in zip(c1[key], c2[key], strict=True)) <= 1e-6
-    assert abs(c1["barrier"] - c2["barrier"]) <= 1e-6
+    # rank 0 alone reports: two lone processes would each print every summary
+    assert two.stdout.count("barrier [seed] on cpu") == 2, two.stdout
+    assert two.stdout.count("slice of zoo:vit-digits-s3") == 1, two.stdout
+    keys = {"barrier": ("loss", "acc", "barrier"), "barrier-at-size": ("loss", "acc", "barrier"),
+            "slice-at-size": ("loss", "acc", "centre_loss", "direction_norms")}
+    for name, fields in keys.items():
+        one, got = (json.loads((tmp_path / f"{name}-{w}.json").read_text())
+                    for w in ("one", "two"))
+        for k in fields:
+            want, have = np.atleast_1d(one[k]), np.atleast_1d(got[k])
+            assert want.shape == have.shape and want.size >= 1, (name, k)
+            assert float(np.abs(want - have).max()) <= 1e-6, (name, k, one[k], got[k])
+    assert len(json.loads((tmp_path / "barrier-one.json").read_text())["loss"]) == 5
 
 
 # The peak is the kernel's high-water mark of the child's own address space (VmHWM):
