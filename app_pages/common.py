@@ -39,7 +39,8 @@ from rotviz.app import roots as app_roots
 from rotviz.devices import device_badge, device_choices, device_note, device_summary
 from rotviz.errors import RotvizError
 
-PAIR_NAMES = {"default": "two seeds", "finetuned": "two fine-tunes", "gpt2": "GPT-2 pair",
+PAIR_NAMES = {"default": "two seeds", "finetuned": "two fine-tunes",
+              "lineage": "fine-tunes of two seeds", "gpt2": "GPT-2 pair",
               "nlp-mlm": "RoBERTa MLMs", "nlp-cls": "RoBERTa topic classifiers",
               "nlp-tok": "RoBERTa code taggers"}
 SMALL_PAIR = 5_000_000  # parameters in the pair: below this, pages compute without a click

@@ -13,6 +13,9 @@ Pairs:
 - default (`vit-digits-s3`, `vit-digits-s6`): independent seeds, the generalized-LMC setting;
 - finetuned (`vit-digits-ft-a`, `vit-digits-ft-b`): two fine-tunes of `vit-digits-base` on
   different halves of the training split with different hyperparameters, the seed paper's setting;
+- lineage (`vit-digits-s3-ft`, `vit-digits-s6-ft`): the default pair's two seeds as pretrained
+  bases, each fine-tuned briefly on one half of the training split: two lineages that
+  symmetry separates (move one with its base's matching element: `rotviz match --also`);
 - gpt2 (`gpt2-pystdlib-s0`, `gpt2-pystdlib-s1`): independent seeds of a character LM;
 - nlp-mlm (`roberta-pydocs-s0`, `roberta-pydocs-s1`): RoBERTa masked LMs pretrained on the
   standard library's docstrings from two seeds (like the seed paper's MultiBERTs);
@@ -53,6 +56,10 @@ ENTRIES: tuple[Entry, ...] = (
           "vit-digits-base fine-tuned on the even half, lr 5e-4, batch 32"),
     Entry("vit-digits-ft-b", "vit-digits-ft-odd", 4, "finetuned",
           "vit-digits-base fine-tuned on the odd half, lr 1e-3, weight decay 0.1"),
+    Entry("vit-digits-s3-ft", "vit-digits-lineage-even", 7, "lineage",
+          "vit-digits-s3 fine-tuned on the even half, 3 epochs, lr 1e-3"),
+    Entry("vit-digits-s6-ft", "vit-digits-lineage-odd", 8, "lineage",
+          "vit-digits-s6 fine-tuned on the odd half, 3 epochs, lr 1e-3"),
     Entry("gpt2-pystdlib-s0", "gpt2-pystdlib", 0, "gpt2", "GPT-2 character LM, seed 0"),
     Entry("gpt2-pystdlib-s1", "gpt2-pystdlib", 1, "gpt2", "GPT-2 character LM, seed 1"),
     Entry("roberta-pydocs-s0", "roberta-pydocs", 0, "nlp-mlm",
@@ -72,6 +79,7 @@ _BY_NAME = {e.name: e for e in ENTRIES}
 PAIRS = {
     "default": ("vit-digits-s3", "vit-digits-s6"),
     "finetuned": ("vit-digits-ft-a", "vit-digits-ft-b"),
+    "lineage": ("vit-digits-s3-ft", "vit-digits-s6-ft"),
     "gpt2": ("gpt2-pystdlib-s0", "gpt2-pystdlib-s1"),
     "nlp-mlm": ("roberta-pydocs-s0", "roberta-pydocs-s1"),
     "nlp-cls": ("roberta-topics-a", "roberta-topics-b"),

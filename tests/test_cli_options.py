@@ -75,13 +75,18 @@ PATHS = {
     # column names: empty, or given for data without columns (the commands' digits)
     "column": ["", " ", "nope", "text"],
     "size": ["abc", "-5", "12XB", "nan", "inf", "1e400", "", "5 G B", "99999999999TB"],
+    # MODEL=FOLDER: no '=', a bad model, a model of another architecture, a bad folder
+    "also": ["nope", "=m", "zoo:vit-digits-s6-ft=", "f.txt=m", "zoo:nope=m",
+             "zoo:gpt2-pystdlib-s0=m", "zoo:vit-digits-s6-ft=f.txt",
+             "zoo:vit-digits-s6-ft=full", "zoo:vit-digits-s6-ft=o",
+             "zoo:vit-digits-s6-ft=/proc/x/m", "zoo:vit-digits-s6-ft=link"],
 }
 KINDS = {
     ("match", "anchor"): "model", ("match", "source"): "model", ("match", "--out"): "out folder",
     ("match", "--report"): "out file", ("match", "--data"): "data",
     ("match", "--layers"): "layers", ("match", "--residual-group"): "name",
     ("match", "--device"): "name", ("match", "--max-memory"): "size",
-    ("match", "--match"): "spec",
+    ("match", "--match"): "spec", ("match", "--also"): "also",
     ("eval", "model"): "model", ("eval", "--json"): "out file", ("eval", "--data"): "data",
     ("eval", "--split"): "name", ("eval", "--device"): "name",
     ("merge", "--out"): "out folder", ("merge", "--method"): "name",

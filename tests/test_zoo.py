@@ -71,6 +71,8 @@ def test_every_entry_is_shipped_with_a_complete_card():
         metrics = {"loss", "acc", "n"}
         if zoo.read_card(name).get("baseline"):  # a classifier: its task's metrics too
             metrics |= set(card["baseline"]) - {"acc"}
+        if RECIPES[entry.recipe].task == "image" and "macro_f1" in card["test"]:
+            metrics.add("macro_f1")  # image cards built since evaluation scores macro-F1
         assert set(card["test"]) == metrics
         assert {"torch", "transformers", "python"} <= set(card["versions"])
         assert card["data"]["n_train"] > 0 and card["train_seconds"] > 0
@@ -133,6 +135,27 @@ def test_pairs_differ_in_kind():
     assert dist(a, b) < 0.25 * independent
     for name in ("vit-digits-ft-a", "vit-digits-ft-b"):
         assert evaluate(model(name), split("digits"))["acc"] >= 0.9
+
+
+def test_lineages_stay_near_their_bases():
+    """Each lineage fine-tune starts from one default-pair seed and stays in its basin: far
+    closer to its own base than the two bases (or the two fine-tunes) are to each other."""
+
+    def dist(x: Loaded, y: Loaded) -> float:
+        vx, vy = read_view(x.spec, x.config, x.state), read_view(y.spec, y.config, y.state)
+        return distances(vx, vy).total
+
+    assert zoo.pair("lineage") == ("zoo:vit-digits-s3-ft", "zoo:vit-digits-s6-ft")
+    cards = [zoo.read_card(n) for n in ("vit-digits-s3-ft", "vit-digits-s6-ft")]
+    assert [c["init"] for c in cards] == ["vit-digits-s3", "vit-digits-s6"]
+    assert [c["data"]["subset"] for c in cards] == ["even", "odd"]
+    fa, fb = model("vit-digits-s3-ft"), model("vit-digits-s6-ft")
+    a, b = model("vit-digits-s3"), model("vit-digits-s6")
+    independent = dist(a, b)
+    assert dist(fa, a) < 0.1 * independent and dist(fb, b) < 0.1 * independent
+    assert dist(fa, fb) > 0.9 * independent
+    for m in (fa, fb):
+        assert evaluate(m, split("digits"))["acc"] >= 0.93
 
 
 LITE = ("vit", "gpt2")  # the families rotviz.lite runs in plain torch
@@ -237,6 +260,20 @@ def test_rebuilding_a_shipped_model_reproduces_its_card(tmp_path):
     assert calls == list(range(1, card["steps"] + 1))
     got = evaluate(load_model(out), split("digits"))
     assert got["loss"] == pytest.approx(card["test"]["loss"], abs=1e-4)
+
+
+def test_rebuilding_a_lineage_fine_tune_reproduces_its_card(tmp_path):
+    """A few seconds: vit-digits-s6-ft (57 steps from the shipped vit-digits-s6) retrained
+    from its recipe and seed matches its card, and its weights are the shipped ones."""
+    card = zoo.read_card("vit-digits-s6-ft")
+    out = build("vit-digits-s6-ft", tmp_path / "s6-ft")
+    new = json.loads((out / "card.json").read_text())
+    for key in ("loss", "acc"):
+        assert new["test"][key] == pytest.approx(card["test"][key], abs=1e-4)
+        assert new["val"][key] == pytest.approx(card["val"][key], abs=1e-4)
+    assert new["steps"] == card["steps"] == 57
+    shipped, rebuilt = model("vit-digits-s6-ft").state, load_model(out).state
+    assert all(torch.equal(shipped[k], rebuilt[k]) for k in shipped)
 
 
 # ---- CLI -------------------------------------------------------------------------------------

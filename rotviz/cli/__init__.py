@@ -55,6 +55,13 @@ def _add_match(sub) -> None:
     m.add_argument("--out", required=True,
                    help="new folder for the matched source (safetensors); see --overwrite")
     add_overwrite(m)
+    m.add_argument("--also", action="append", default=None, metavar="MODEL=FOLDER",
+                   help="repeatable: move MODEL, another model of the source's lineage (a "
+                        "fine-tune: the source's architecture and shapes), by the very "
+                        "element that matched the source, into the new FOLDER (split at the "
+                        "first '='; the same output rules as --out). Each moved model's "
+                        "function is checked and goes into --report's 'also' list. Not with "
+                        "--learned, nor when the match streams (--max-memory, torchrun)")
     m.add_argument("--match", default=None, metavar="SPEC",
                    help="what to match, as the other commands say it: a comma list of ffn, "
                         "attn, rescale, heads, residual, act, learned; seed = ffn,attn,rescale; "
@@ -124,8 +131,9 @@ def _selected(args: argparse.Namespace) -> None:
 def cmd_match(args: argparse.Namespace) -> int:
     from rotviz.devices import pick_device
     from rotviz.evaluation import split_for
+    from rotviz.match.lineage import check_lineage, move_model
     from rotviz.match.options import LearnOptions, MatchOptions, parse_layers
-    from rotviz.match.pipeline import match_models
+    from rotviz.match.pipeline import match_models, stored_check_words
     from rotviz.models import load_model, write_model
     from rotviz.outputs import Outputs, write_json_file
 
@@ -152,16 +160,30 @@ def cmd_match(args: argparse.Namespace) -> int:
         rounds=DEFAULT_ROUNDS if args.rounds is None else args.rounds,
         tol=DEFAULT_TOL if args.tol is None else args.tol, ffn_backoff=args.ffn_backoff,
         learn=LearnOptions(steps=DEFAULT_STEPS if args.steps is None else args.steps))
+    also = [_also_pair(text) for text in args.also or []]
+    if also and args.learned:
+        raise RotvizError("--also moves other models by the element that matched the source, "
+                          "and learned matching leaves none (it tunes its maps on the pair "
+                          "itself); drop --learned or --also")
     outputs = Outputs("match")
-    guard_inputs(outputs, [args.anchor, args.source], args.data)
+    guard_inputs(outputs, [args.anchor, args.source, *(ref for ref, _ in also)], args.data)
     out_dir = outputs.add(args.out, "--out", folder=True, overwrite=args.overwrite)
+    also_dirs = [outputs.add(out, "--also", folder=True, overwrite=args.overwrite)
+                 for _, out in also]
     report_file = outputs.add(args.report, "--report", folder=False, overwrite=args.overwrite)
     columns, seq_len = reading(args, args.data)
     device = pick_device(args.device)
     if _streams(args, options):
+        if also:
+            raise RotvizError("--also needs the pair in memory, and this match streams "
+                              "(--max-memory or torchrun); raise --max-memory, or move the "
+                              "other models in a run that fits in memory")
         return _match_streamed(args, options, outputs, out_dir, report_file, device)
     anchor = load_model(args.anchor)
     source = load_model(args.source)
+    others = [load_model(ref) for ref, _ in also]
+    for other in others:  # refused before any matching
+        check_lineage(source, other)
     options = replace(options, layers=parse_layers(args.layers, _n_layers(anchor)))
     data = args.data
     if data is not None:  # read the way the anchor reads it, with the reading options
@@ -170,12 +192,34 @@ def cmd_match(args: argparse.Namespace) -> int:
     rep = out.report
     if not out.preserved:
         raise RotvizError(f"{out.failure}; nothing written. Please report this as a bug.")
+    moved = [move_model(out, source, other, device) for other in others]
+    for m in moved:
+        if m.failure:
+            raise RotvizError(f"{m.failure}; nothing written. Please report this as a bug.")
     with outputs.write() as tmp:
         write_model(source, out.state, tmp[out_dir])
+        for other, m, folder in zip(others, moved, also_dirs, strict=True):
+            write_model(other, m.state, tmp[folder])
         if report_file is not None:
-            write_json_file(tmp[report_file], rep.to_dict(), "match")
+            body = rep.to_dict()
+            if also:
+                body["also"] = [{**m.to_dict(), "output": str(folder.path)}
+                                for m, folder in zip(moved, also_dirs, strict=True)]
+            write_json_file(tmp[report_file], body, "match")
     _say_matched(args, options, rep, device)
+    for (_, out_text), m in zip(also, moved, strict=True):
+        print(f"moved {m.ref} by the same element: max output difference "
+              f"{m.max_output_diff:.2e}{stored_check_words(m)}; wrote {out_text}")
     return 0
+
+
+def _also_pair(text: str) -> tuple[str, str]:
+    """--also MODEL=FOLDER, split at the first '='."""
+    ref, eq, out = text.partition("=")
+    if not eq or not ref.strip() or not out.strip():
+        raise RotvizError(f"--also '{text}' is not MODEL=FOLDER; give the fine-tune and its new "
+                          "folder, e.g. --also zoo:vit-digits-s6-ft=moved-ft")
+    return ref, out
 
 
 def _say_matched(args, options, rep, device, how: str = "") -> None:

@@ -22,7 +22,9 @@ from rotviz.models import (
     max_output_diff,
     stored_output_diff,
 )
-from rotviz.symmetry.view import read_view, write_state
+from rotviz.symmetry import residual as rs
+from rotviz.symmetry.element import Element
+from rotviz.symmetry.view import ModelView, read_view, write_state
 from rotviz.types import Progress
 
 # The largest logit change for which a transform counts as function-preserving, per dtype the
@@ -48,8 +50,13 @@ FUNCTION_TOLERANCE = FUNCTION_TOLERANCES[torch.float32]  # the float32 check's, 
 
 @dataclass
 class Matched:
+    """The matched source's state, the report, and the group element that moved the source
+    (rotviz.symmetry.element: to move the source's fine-tunes alike, rotviz.match.lineage);
+    None where no element describes the result (learned matching tunes the maps further)."""
+
     state: dict[str, torch.Tensor]
     report: MatchReport
+    element: Element | None = None
 
     @property
     def preserved(self) -> bool:
@@ -59,17 +66,23 @@ class Matched:
     @property
     def failure(self) -> str | None:
         """What the function check found, in one line; None when the function is preserved."""
-        r = self.report
-        if r.max_output_diff is None:
-            return "the function check did not run"
-        if not r.max_output_diff <= FUNCTION_TOLERANCE:  # NaN fails too
-            return (f"matched model changes the function (max logit difference "
-                    f"{r.max_output_diff:.2e} > {FUNCTION_TOLERANCE:g})")
-        if r.stored_output_diff is not None and not r.stored_output_diff <= r.stored_tolerance:
-            return (f"matched model changes the function in {r.stored_dtype}, the checkpoint's "
-                    f"dtype (max logit difference {r.stored_output_diff:.2e} > "
-                    f"{r.stored_tolerance:.2e})")
-        return None
+        return check_failure(self.report, "matched model")
+
+
+def check_failure(r, what: str) -> str | None:
+    """What a function check found, in one line, or None when it passed. `r` holds the check's
+    numbers as MatchReport names them (max_output_diff, stored_dtype, stored_output_diff,
+    stored_tolerance); `what` names the model checked."""
+    if r.max_output_diff is None:
+        return "the function check did not run"
+    if not r.max_output_diff <= FUNCTION_TOLERANCE:  # NaN fails too
+        return (f"{what} changes the function (max logit difference "
+                f"{r.max_output_diff:.2e} > {FUNCTION_TOLERANCE:g})")
+    if r.stored_output_diff is not None and not r.stored_output_diff <= r.stored_tolerance:
+        return (f"{what} changes the function in {r.stored_dtype}, the checkpoint's "
+                f"dtype (max logit difference {r.stored_output_diff:.2e} > "
+                f"{r.stored_tolerance:.2e})")
+    return None
 
 
 def stored_check_words(report: MatchReport) -> str:
@@ -95,7 +108,7 @@ def check_in_stored_dtype(source: Loaded, state: dict[str, torch.Tensor],
         record_stored_check(report, dtype, *stored_output_diff(source, state))
 
 
-def record_stored_check(report: MatchReport, dtype: torch.dtype, diff: float,
+def record_stored_check(report, dtype: torch.dtype, diff: float,
                         scale: float) -> None:
     """Put the check in a half `dtype` into the report: the logit change `diff` and its
     tolerance, relative to the source's largest |logit| `scale` (none when that is not
@@ -134,4 +147,12 @@ def match_models(
     check_finite(state, "the matched model")
     result.report.max_output_diff = max_output_diff(source, source.state, state)
     check_in_stored_dtype(source, state, result.report)
-    return Matched(state, result.report)
+    element = None if options.learned else element_of(result.transforms, result.residual, va)
+    return Matched(state, result.report, element)
+
+
+def element_of(transforms, residual: torch.Tensor | None, anchor: ModelView) -> Element:
+    """The group element a matching found, on the CPU: its per-block maps, and its residual
+    map with the anchor's gauge (the matched source is written in it) where there is one."""
+    gauge = None if residual is None else rs.canonicalise(anchor)[1]
+    return Element(dict(transforms), residual, gauge).to("cpu")

@@ -166,6 +166,21 @@ RECIPES: dict[str, Recipe] = {
             description="fine-tune of vit-digits-base on the odd-numbered half of the training "
                         "split, lr 1e-3, batch 64, weight decay 0.1",
         ),
+        # The lineages: each default-pair seed as a pretrained base, fine-tuned briefly on one
+        # half of the training split (57 steps: a rebuild takes seconds), so each fine-tune
+        # stays in its base's basin (the lineage experiment, docs/symmetries.md).
+        Recipe(
+            "vit-digits-lineage-even", "vit", "digits", _VIT_DIGITS, epochs=3, batch_size=32,
+            lr=1e-3, weight_decay=0.05, warmup_epochs=0.5, subset="even", init="vit-digits-s3",
+            description="fine-tune of vit-digits-s3 on the even-numbered half of the training "
+                        "split, 3 epochs AdamW, lr 1e-3, batch 32",
+        ),
+        Recipe(
+            "vit-digits-lineage-odd", "vit", "digits", _VIT_DIGITS, epochs=3, batch_size=32,
+            lr=1e-3, weight_decay=0.05, warmup_epochs=0.5, subset="odd", init="vit-digits-s6",
+            description="fine-tune of vit-digits-s6 on the odd-numbered half of the training "
+                        "split, 3 epochs AdamW, lr 1e-3, batch 32",
+        ),
         Recipe(
             "vit-digits-spawn", "vit", "digits", _VIT_DIGITS, epochs=16, batch_size=64, lr=2e-3,
             weight_decay=0.05, warmup_epochs=1.0,
