@@ -19,12 +19,14 @@ import torch
 
 from rotviz.arch import spec_named
 from rotviz.cli import main
+from rotviz.data import load_split
 from rotviz.errors import RotvizError
 from rotviz.groups import inject
 from rotviz.match.endpoints import match_endpoints
 from rotviz.match.pipeline import match_models
 from rotviz.match.selection import match_options
 from rotviz.match.widths import Embedding, check_pair
+from rotviz.measures import measure
 from rotviz.merging.combine import merge_states
 from rotviz.models import forward, load_model, probe_inputs
 from rotviz.random_models import random_model, save_random
@@ -211,12 +213,46 @@ def test_bad_pairs_are_refused_in_one_line(planted, tmp_path, capsys):
          "give --match"),
         (["merge", str(a_dir), str(n_dir), "--data", "digits", "--max-memory", "0"],
          "raise --max-memory"),
+        (["plane", str(a_dir), str(n_dir), "--match", "seed", "--data", "digits"],
+         "plane also reads the source as it is, in its own width; use barrier, merge, "
+         "distances, spectra"),
     ]
     for n, (argv, pattern) in enumerate(cases):
         out = tmp_path / f"out{n}"
-        rc = main([*argv, "--out", str(out), "--device", "cpu"])
+        flag = "--out" if argv[0] in ("match", "merge") else "--json"
+        rc = main([*argv, flag, str(out), "--device", "cpu"])
         err = capsys.readouterr().err
         assert rc == 2 and err.count("\n") == 1 and pattern in err, (argv, err)
         assert not out.exists()
     assert check_pair(anchor, narrow) is True
     assert check_pair(anchor, anchor) is False
+    ends = match_endpoints(anchor, narrow, "seed")
+    with pytest.raises(RotvizError, match="layerwise also reads the source as it is"):
+        measure("layerwise", ends, load_split("digits", "test"))
+    d = measure("distances", ends)  # reads the anchor and the embedded source only
+    assert d["distance_after"] < d["distance_before"] and d["max_output_diff"] < TOL
+
+
+@pytest.mark.parametrize("method", ["fisher", "regmean"])
+def test_methods_with_statistics_keep_the_free_units_in_side(planted, method):
+    """Fisher and RegMean merge a free unit's in-side (equal in both: the anchor's) into
+    itself; Fisher scales its out column by l_a (F_a + floor) / sum_i l_i (F_i + floor)."""
+    from rotviz.analysis.fusion import merge
+    from rotviz.merging.fisher import FISHER_FLOOR
+
+    _, _, anchor, narrow, slots = planted("vit")
+    split = load_split("digits", "test")
+    w = 0.4
+    r = merge(anchor, narrow, method, "seed", split, stats_split="val", weight=w, batches=1,
+              batch_size=8)
+    free = Embedding(tuple(slots), ((NARROW, WIDE),) * 2).free(1)
+    bm, ba = _ffn(r.state, anchor)[1].ffn, _ffn(anchor.state, anchor)[1].ffn
+    torch.testing.assert_close(bm.w_in[free], ba.w_in[free], rtol=0, atol=1e-6)
+    torch.testing.assert_close(bm.b_in[free], ba.b_in[free], rtol=0, atol=1e-6)
+    if method == "fisher":
+        name = next(k for k in anchor.state if k.endswith("layers.1.mlp.fc2.weight"))
+        fa = r.anchor_stats[name].double()[:, free] + FISHER_FLOOR
+        fs = r.source_stats[name].double()[:, free] + FISHER_FLOOR
+        want = (1 - w) * fa * ba.w_out[:, free].double() / ((1 - w) * fa + w * fs)
+        torch.testing.assert_close(bm.w_out[:, free].double(), want, rtol=1e-5, atol=1e-7)
+        assert float(bm.w_out[:, free].abs().max()) > 1e-3

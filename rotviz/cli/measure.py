@@ -287,7 +287,7 @@ def _in_memory(m: Measurement, args, values: dict, outputs, folder, js):
     from rotviz.match.endpoints import match_endpoints
     from rotviz.match.options import parse_layers
     from rotviz.match.selection import match_options
-    from rotviz.match.widths import check_pair
+    from rotviz.match.widths import check_pair, refuse_narrower
     from rotviz.measures import Context
     from rotviz.models import load_model, write_model
     from rotviz.outputs import write_json_file
@@ -296,7 +296,12 @@ def _in_memory(m: Measurement, args, values: dict, outputs, folder, js):
     device = device_for(pick_device(args.device))  # torchrun: each its local GPU
     anchor = load_model(args.anchor)
     source = load_model(args.source) if m.pair or getattr(args, "second", False) else anchor
-    check_pair(anchor, source)  # a narrower source's FFN is embedded by matching
+    if check_pair(anchor, source) and not m.narrower:  # a narrower FFN: embedded by matching
+        from rotviz.measures import measurements
+
+        able = ", ".join(r.name for r in measurements() if r.narrower)
+        refuse_narrower(f"{m.name} also reads the source as it is, in its own width",
+                        f"use {able}")
     split = _split(m, args, anchor, columns, seq_len)
     options = match_options(args.match, parse_layers(args.layers, n_layers(anchor)))
     if m.data is False and options is not None and options.needs_data and split is None:
