@@ -256,3 +256,21 @@ def test_methods_with_statistics_keep_the_free_units_in_side(planted, method):
         want = (1 - w) * fa * ba.w_out[:, free].double() / ((1 - w) * fa + w * fs)
         torch.testing.assert_close(bm.w_out[:, free].double(), want, rtol=1e-5, atol=1e-7)
         assert float(bm.w_out[:, free].abs().max()) > 1e-3
+
+
+def test_a_half_pair_is_checked_in_its_dtype_too(planted, tmp_path):
+    """Both models stored in float16: the embedded source is checked in float32 and, rounded
+    to float16 and run in it, against the narrow source run in float16."""
+    import copy
+
+    _, _, anchor, narrow, slots = planted("llama")
+    half = []
+    for m, name in ((anchor, "wide"), (narrow, "narrow")):
+        source_of(m.spec).save_module(copy.deepcopy(m.model).half(), m.config, tmp_path / name)
+        half.append(load_model(tmp_path / name))
+    out = match_models(*half, match_options("seed"))
+    rep = out.report
+    assert half[1].stored_dtype == torch.float16 and rep.stored_dtype == "float16"
+    assert rep.stored_output_diff <= rep.stored_tolerance and out.preserved
+    assert rep.max_output_diff < TOL
+    assert rep.widths["slots"] == [s.tolist() for s in slots]

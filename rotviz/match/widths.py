@@ -90,9 +90,9 @@ def check_pair(anchor: Loaded, source: Loaded) -> bool:
     if wider:
         i = wider[0]
         raise RotvizError(
-            f"the source's FFN is wider than the anchor's (layer {i}: {ws[i]} units vs "
-            f"{wa[i]}): a narrower model is embedded into a wider one, not the reverse; swap "
-            "ANCHOR and SOURCE")
+            f"the models differ in FFN width only, and the source's is wider than the "
+            f"anchor's (layer {i}: {ws[i]} units vs {wa[i]}): a narrower model is embedded "
+            "into a wider one, not the reverse; swap ANCHOR and SOURCE")
     check_same_reading(anchor, source)
     return True
 
