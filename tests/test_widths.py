@@ -205,8 +205,12 @@ def test_bad_pairs_are_refused_in_one_line(planted, tmp_path, capsys):
     a_dir, n_dir, anchor, narrow, _ = planted("vit")
     other = save_random("vit", tmp_path / "wider-d", seed=2, ffn=NARROW,
                         **{**SIZES, **EXTRA["vit"], "d": 48})
+    heads = save_random("vit", tmp_path / "heads", seed=2, ffn=NARROW,
+                        **{**SIZES, **EXTRA["vit"], "heads": 8})
     cases = [
-        (["match", str(a_dir), str(other)], "models differ in shape"),  # hidden size
+        (["match", str(a_dir), str(other)], "models differ in shape: hidden_size 32 vs 48"),
+        (["merge", str(a_dir), str(heads), "--data", "digits"],
+         "models differ in shape: num_attention_heads 4 vs 8"),
         (["match", str(n_dir), str(a_dir)], "wider than the anchor's (layer 0: 64 units vs 40)"),
         (["match", str(a_dir), str(n_dir), "--act", "--data", "digits"], "narrower"),
         (["merge", str(a_dir), str(n_dir), "--match", "none", "--data", "digits"],
