@@ -40,6 +40,23 @@ def assign(cost: np.ndarray) -> Tensor:
     return torch.as_tensor(perm, dtype=torch.long)
 
 
+def inject(cost: np.ndarray) -> Tensor:
+    """For a rectangular cost (m, n) with m <= n: the slots (m,) long, each row's own column,
+    all distinct, maximising sum_j cost[j, slots[j]] (scipy's exact rectangular solver).
+
+    This is how a narrower FFN's units go into a wider one's (rotviz.match.widths): source
+    unit j takes anchor slot slots[j]; the n - m slots no row takes stay free. With m = n it
+    is `assign`'s problem, the inverse way round (slots[perm[k]] = k)."""
+    m, n = cost.shape
+    if m > n:
+        raise RotvizError(f"cannot put {m} units into {n} slots: the cost must have no more "
+                          "rows than columns")
+    rows, cols = linear_sum_assignment(np.negative(cost, dtype=np.float64))
+    slots = np.empty(m, dtype=np.int64)
+    slots[rows] = cols
+    return torch.as_tensor(slots, dtype=torch.long)
+
+
 @dataclass(frozen=True)
 class Auction:
     """What `auction` found: the permutation (perm[k] = row of column k), its objective

@@ -153,7 +153,7 @@ def _copy(src: Path, dst: Path) -> Path:
         ("bert", {"d": 48}, ["hidden_size"]),
         ("bert", {"layers": 3}, ["num_hidden_layers"]),
         ("bert", {"heads": 8}, ["num_attention_heads"]),
-        ("bert", {"ffn": 96}, ["intermediate"]),
+        ("bert", {"ffn": 96}, ["FFN width only", "wider", "96 units vs 64"]),  # see test_widths
         ("gpt2", {"d": 48, "layers": 3}, ["n_embd", "n_layer"]),
         ("timm-vit", {"d": 48}, ["embed_dim"]),
     ],

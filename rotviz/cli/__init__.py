@@ -51,7 +51,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 def _add_match(sub) -> None:
     m = sub.add_parser("match", help="move SOURCE next to ANCHOR inside its symmetry class")
     m.add_argument("anchor", help="anchor model: a save_pretrained directory or zoo:NAME")
-    m.add_argument("source", help="source model, same architecture")
+    m.add_argument("source", help="source model, same architecture (or a narrower FFN: "
+                                  "then written in the anchor's width)")
     m.add_argument("--out", required=True,
                    help="new folder for the matched source (safetensors); see --overwrite")
     add_overwrite(m)
@@ -192,12 +193,16 @@ def cmd_match(args: argparse.Namespace) -> int:
     rep = out.report
     if not out.preserved:
         raise RotvizError(f"{out.failure}; nothing written. Please report this as a bug.")
+    if rep.widths and others:
+        raise RotvizError("--also cannot move models by a narrower source's element (it embeds "
+                          "the source in the anchor's width); match each fine-tune on its own")
     moved = [move_model(out, source, other, device) for other in others]
     for m in moved:
         if m.failure:
             raise RotvizError(f"{m.failure}; nothing written. Please report this as a bug.")
+    template = anchor if rep.widths else source  # a narrower source, in the anchor's width
     with outputs.write() as tmp:
-        write_model(source, out.state, tmp[out_dir])
+        write_model(template, out.state, tmp[out_dir])
         for other, m, folder in zip(others, moved, also_dirs, strict=True):
             write_model(other, m.state, tmp[folder])
         if report_file is not None:
@@ -274,6 +279,7 @@ def _match_streamed(args, options, outputs, out_dir, report_file, device) -> int
     from rotviz.devices import device_for
     from rotviz.match.options import parse_layers
     from rotviz.match.pipeline import Matched
+    from rotviz.match.widths import differs_only_in_ffn, refuse_narrower
     from rotviz.outputs import write_json_file
     from rotviz.stream.blocks import open_streamed
     from rotviz.stream.match import match_streamed
@@ -282,6 +288,10 @@ def _match_streamed(args, options, outputs, out_dir, report_file, device) -> int
     group = dist.init(device)
     try:
         anchor, source = open_streamed(args.anchor), open_streamed(args.source)
+        if differs_only_in_ffn(anchor, source):
+            refuse_narrower("it is embedded into the anchor's width in memory only, not block "
+                            "by block (--max-memory, torchrun)", "raise --max-memory, in one "
+                            "process")
         options = replace(options, layers=parse_layers(args.layers, source.dims.n_layers))
         if not group.main:
             match_streamed(anchor, source, None, options, device, group=group)

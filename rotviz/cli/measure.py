@@ -287,15 +287,21 @@ def _in_memory(m: Measurement, args, values: dict, outputs, folder, js):
     from rotviz.match.endpoints import match_endpoints
     from rotviz.match.options import parse_layers
     from rotviz.match.selection import match_options
+    from rotviz.match.widths import check_pair, refuse_narrower
     from rotviz.measures import Context
-    from rotviz.models import check_compatible, load_model, write_model
+    from rotviz.models import load_model, write_model
     from rotviz.outputs import write_json_file
 
     columns, seq_len = reading(args, args.data)
     device = device_for(pick_device(args.device))  # torchrun: each its local GPU
     anchor = load_model(args.anchor)
     source = load_model(args.source) if m.pair or getattr(args, "second", False) else anchor
-    check_compatible(anchor, source)
+    if check_pair(anchor, source) and not m.narrower:  # a narrower FFN: embedded by matching
+        from rotviz.measures import measurements
+
+        able = ", ".join(r.name for r in measurements() if r.narrower)
+        refuse_narrower(f"{m.name} also reads the source as it is, in its own width",
+                        f"use {able}")
     split = _split(m, args, anchor, columns, seq_len)
     options = match_options(args.match, parse_layers(args.layers, n_layers(anchor)))
     if m.data is False and options is not None and options.needs_data and split is None:
@@ -327,6 +333,7 @@ def _at_size(m: Measurement, args, values: dict, outputs, folder, js):
     from rotviz.devices import device_for, pick_device
     from rotviz.match.options import parse_layers
     from rotviz.match.selection import match_options
+    from rotviz.match.widths import differs_only_in_ffn, refuse_narrower
     from rotviz.measures import Context
     from rotviz.models import check_compatible
     from rotviz.outputs import write_json_file
@@ -346,6 +353,9 @@ def _at_size(m: Measurement, args, values: dict, outputs, folder, js):
     columns, seq_len = reading(args, args.data)
     device = device_for(pick_device(args.device))
     anchor, source = open_streamed(args.anchor), open_streamed(args.source)
+    if differs_only_in_ffn(anchor, source):
+        refuse_narrower("it is embedded into the anchor's width in memory only, not block "
+                        "by block (--max-memory)", "raise --max-memory")
     check_compatible(anchor, source)  # type: ignore[arg-type]  # duck-typed: meta state
     options = match_options(args.match, parse_layers(args.layers, source.dims.n_layers))
     refuse(options)

@@ -25,7 +25,8 @@ from rotviz.match.distances import distances
 from rotviz.match.options import MatchOptions
 from rotviz.match.pipeline import Matched, match_models, view_of
 from rotviz.match.selection import label_of, match_options
-from rotviz.models import Loaded, check_compatible
+from rotviz.match.widths import check_pair, refuse_narrower
+from rotviz.models import Loaded
 from rotviz.types import Progress
 
 if TYPE_CHECKING:
@@ -108,8 +109,11 @@ def info_of(report: MatchReport, label: str) -> MatchInfo:
 
 
 def unmatched(anchor: Loaded, source: Loaded) -> HeldEndpoints:
-    """The pair as it is (matching 'none'): the source's own state, its distance twice."""
-    check_compatible(anchor, source)
+    """The pair as it is (matching 'none'): the source's own state, its distance twice. A
+    narrower source has no place in the anchor's architecture before matching: refused."""
+    if check_pair(anchor, source):
+        refuse_narrower("only matching embeds it into the anchor's width, which every "
+                        "comparison needs", "give --match (e.g. seed) instead of none")
     d = distances(view_of(source), view_of(anchor))
     info = MatchInfo("none", d.total, d.total, 0.0, 0.0, d.to_dict(), d.to_dict())
     return HeldEndpoints(anchor, source, dict(source.state), info)
@@ -138,10 +142,12 @@ def match_endpoints(anchor: Loaded, source: Loaded, options: MatchOptions | str 
 
     Match `source` onto `anchor` with `options` (MatchOptions, a SPEC string, or None for
     no matching), check that its function is kept, and return the endpoints. Activation and
-    learned matching train on `data`'s train split (validation: its val split)."""
+    learned matching train on `data`'s train split (validation: its val split). A source
+    whose FFN is narrower than the anchor's is matched in the anchor's width
+    (rotviz.match.widths): `matched` then has the anchor's shapes, `source` its own."""
     from rotviz.devices import resolve_device
 
-    check_compatible(anchor, source)
+    check_pair(anchor, source)
     options = as_options(options)
     if options is None:
         return unmatched(anchor, source)

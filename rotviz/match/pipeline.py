@@ -14,10 +14,12 @@ from rotviz.match.datamatch import match_with_data
 from rotviz.match.engine import match
 from rotviz.match.options import MatchOptions
 from rotviz.match.report import MatchReport
+from rotviz.match.widths import check_pair, embed, refuse_narrower
+from rotviz.match.widths import output_diff as embedded_output_diff
+from rotviz.match.widths import stored_output_diff as embedded_stored_diff
 from rotviz.models import (
     HALF,
     Loaded,
-    check_compatible,
     check_finite,
     max_output_diff,
     stored_output_diff,
@@ -131,13 +133,23 @@ def match_models(
     """Match `source` onto `anchor`; check on probe inputs that the function is preserved
     (in float32, and for a half checkpoint in its dtype too).
 
+    A source whose FFN is narrower than the anchor's (all else equal) is first embedded into
+    the anchor's width (rotviz.match.widths); the matched state then has the anchor's shapes,
+    and the check compares it, run on the anchor's module, with the narrow source.
+
     Activation and learned matching (`options.act`, `options.learned`) read `data` (a data
     reference such as "digits", or a split read through the anchor); learned matching stops
     early when `cancel()` is true."""
-    check_compatible(anchor, source)
+    narrower = check_pair(anchor, source)
     options = options or MatchOptions()
+    if narrower and options.needs_data:
+        refuse_narrower(f"[{options.label}] learns from the source's own activations, which "
+                        "have its width", "use weight matching (e.g. --match seed or weight)")
     device = wide_device(device)  # the solvers work in float64, which MPS lacks
     va, vs = view_of(anchor, device), view_of(source, device)
+    embedding = None
+    if narrower:  # into the anchor's width first (rectangular assignment), then as usual
+        vs, embedding = embed(va, vs)
     if options.needs_data:
         result = match_with_data(anchor, va, vs, options, data, torch.device(device), progress,
                                  cancel)
@@ -145,6 +157,13 @@ def match_models(
         result = match(va, vs, options, progress)
     state = {k: v.to("cpu") for k, v in write_state(result.view).items()}
     check_finite(state, "the matched model")
+    if embedding is not None:
+        result.report.widths = embedding.to_dict()
+        result.report.max_output_diff = embedded_output_diff(anchor, source, state)
+        stored = embedded_stored_diff(anchor, source, state)
+        if stored is not None:
+            record_stored_check(result.report, *stored)
+        return Matched(state, result.report)
     result.report.max_output_diff = max_output_diff(source, source.state, state)
     check_in_stored_dtype(source, state, result.report)
     element = None if options.learned else element_of(result.transforms, result.residual, va)

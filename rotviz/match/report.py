@@ -67,6 +67,9 @@ class MatchReport:
     residual: dict | None = None  # the residual map: group, rounds, objective, angles
     act: dict | None = None  # activation matching: data, examples, correlations
     learned: dict | None = None  # learned matching: steps, history, validation barriers
+    # a narrower source embedded into the anchor's FFN width first (rotviz.match.widths):
+    # units per layer of each model and the anchor slot of every source unit
+    widths: dict | None = None
 
     def to_dict(self) -> dict:
         o = self.options
@@ -81,6 +84,7 @@ class MatchReport:
             "residual": self.residual,
             "act": self.act,
             "learned": self.learned,
+            "widths": self.widths,
             "max_output_diff": self.max_output_diff,
             "stored_dtype": self.stored_dtype,
             "stored_output_diff": self.stored_output_diff,

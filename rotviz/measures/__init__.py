@@ -66,6 +66,11 @@ def measure(name: str, ends: Any, split: Any = None, device: Any = "cpu",
     if m.data and split is None:
         raise RotvizError(f"{name} evaluates the models: give it a split (rotviz.evaluation."
                           "split_for)")
+    report = getattr(ends, "report", None)
+    if getattr(report, "widths", None) and not m.narrower:  # a narrower source, embedded
+        able = ", ".join(r.name for r in measurements() if r.narrower)
+        raise RotvizError(f"the source's FFN is narrower than the anchor's, and {name} also "
+                          f"reads the source as it is, in its own width; use {able}")
     ctx = Context(split if m.data else None, resolve_device(device), progress=progress)
     if getattr(ends, "at_size", False):
         why = m.why_not_at_size()

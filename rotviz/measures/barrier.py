@@ -73,5 +73,6 @@ BARRIER = register(Measurement(
     "barrier", "Barrier (loss along the path)",
     "loss and accuracy on the path anchor -> matched source",
     _run, PARAMS, summary=_summary, plot=_plot, rows=_rows, at_size=_at_size, check=_check,
+    narrower=True,
     extra={"at_size_help": "matched streamed and evaluated with both checkpoints held as "
                            "stored, each point built block by block"}))

@@ -45,4 +45,4 @@ def _plot(d: dict):
 DISTANCES = register(Measurement(
     "distances", "Distances", "distance to the anchor before and after matching, per layer "
     "and per kind of weight", _run, summary=_summary, plot=_plot, rows=_rows, at_size=_run,
-    data=False))
+    data=False, narrower=True))

@@ -98,7 +98,7 @@ def _plot(d: dict):
 MERGE = register(Measurement(
     "merge", "Merge", "merge the matched source into the anchor and evaluate it",
     _run, _params, summary=_summary, plot=_plot, rows=_rows, at_size=_at_size, check=_check,
-    writes_model=True, at_size_check=_sized_check,
+    writes_model=True, at_size_check=_sized_check, narrower=True,
     extra={"more": lambda: f" (methods: {', '.join(_names())})",
            "at_size_how": " (at size: streamed, built block by block)",
            "at_size_help": "matched streamed, and the simple merge built, evaluated and "

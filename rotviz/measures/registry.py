@@ -88,6 +88,9 @@ class Measurement:
     needs_match: bool = False  # at size it needs a matched source (not 'none')
     at_size_check: Callable[[dict], None] | None = None  # refuse values at size, early
     inputs: Inputs | None = None  # None: a matched pair (or one model, pair=False)
+    # runs on a source whose FFN is narrower than the anchor's (rotviz.match.widths): it
+    # reads only the anchor and the matched source (anchor's width), never the source as is
+    narrower: bool = False
     extra: dict = field(default_factory=dict)  # anything else a host may read
 
     def parameters(self) -> tuple[Param, ...]:

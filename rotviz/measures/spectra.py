@@ -39,5 +39,5 @@ def _plot(d: dict):
 
 SPECTRA = register(Measurement(
     "spectra", "Spectra", "cross-matrix and invariant circuit spectra per layer and head",
-    _run, summary=_summary, plot=_plot, rows=_rows, data=False,
+    _run, summary=_summary, plot=_plot, rows=_rows, data=False, narrower=True,
     refusal="spectra read every layer's attention of three models in memory"))
