@@ -383,7 +383,7 @@ def measure(name: str, res: Resources, cfg: dict, progress: Progress | None = No
     split = _split_of(res, c) if record.data else None
     with res.using(c.anchor, c.source):
         result = record.run(ends, Context(split, resolve_device(c.device), progress=progress,
-                                          cancel=cancel), values)
+                                          cancel=cancel, load=res.load), values)
     out = result.to_dict()
     if out.get("stopped") == "cancelled":
         raise Cancelled(f"{record.label} was stopped before it finished; nothing was kept. "

@@ -48,7 +48,7 @@ def add_params(parser: argparse.ArgumentParser, params: tuple[Param, ...]) -> No
     """One option per parameter; its default is None, so that the command knows what was
     given (the record's defaults fill the rest)."""
     for p in params:
-        metavar = "NAME" if p.choices else None
+        metavar = "NAME" if p.choices else (p.metavar or None)
         parser.add_argument(p.flag, dest=p.name, type=_param_type(p), default=None,
                             metavar=metavar, help=p.help)
 
@@ -187,7 +187,8 @@ def _outputs(m: Measurement, args):
     from rotviz.outputs import Outputs
 
     outputs = Outputs(m.name)
-    guard_inputs(outputs, [args.anchor, args.source], args.data)
+    further = [getattr(args, n) for n in m.models if getattr(args, n, None)]
+    guard_inputs(outputs, [args.anchor, args.source, *further], args.data)
     folder = outputs.add(getattr(args, "out", None), "--out", folder=True,
                          overwrite=args.overwrite)
     js = outputs.add(args.json, "--json", folder=False, overwrite=args.overwrite)
