@@ -212,15 +212,17 @@ def test_simple_fisher_and_regmean_generalise_to_n_models():
     ws = (0.5, 0.3, 0.2)
     g = torch.Generator().manual_seed(9)
     fishers = [torch.rand(4, 5, generator=g, dtype=torch.float64) for _ in range(3)]
-    want = sum(w * (f.numpy() + FISHER_FLOOR) * t.numpy() for w, f, t in zip(ws, fishers, ts)) / \
-        sum(w * (f.numpy() + FISHER_FLOOR) for w, f in zip(ws, fishers))
-    _close(fisher_combine(ts, fishers, ws), want)
+    num = sum(w * (f.numpy() + FISHER_FLOOR) * t.numpy()
+              for w, f, t in zip(ws, fishers, ts, strict=True))
+    den = sum(w * (f.numpy() + FISHER_FLOOR) for w, f in zip(ws, fishers, strict=True))
+    _close(fisher_combine(ts, fishers, ws), num / den)
     grams = []
     for _ in range(3):
         x = torch.randn(20, 5, generator=g, dtype=torch.float64)
         grams.append(x.T @ x / 20)
-    want = np.linalg.solve(sum(w * gm.numpy() for w, gm in zip(ws, grams)),
-                           sum(w * gm.numpy() @ t.numpy().T for w, gm, t in zip(ws, grams, ts)))
+    lhs = sum(w * gm.numpy() for w, gm in zip(ws, grams, strict=True))
+    rhs = sum(w * gm.numpy() @ t.numpy().T for w, gm, t in zip(ws, grams, ts, strict=True))
+    want = np.linalg.solve(lhs, rhs)
     _close(regmean_combine(ts, grams, ws, alpha=1.0), want.T)
     # Fisher normalised per model (FusionBench): each Fisher divided by its whole-model norm
     normed = model_normalised({"a": fishers[0], "b": 2 * fishers[0]})

@@ -439,7 +439,8 @@ def measure_inputs(record, res: Resources, cfg: dict, progress: Progress | None 
 def fusion(res: Resources, cfg: dict, progress: Progress | None = None) -> dict:
     """Merged accuracy for every method and matching option (rotviz.analysis.fusion.fusion_on,
     on endpoints matched through `res`, so they are shared with the other computations).
-    `params` go to each merge method that declares them (batches, alpha, ...)."""
+    `params` go to each merge method that declares them (batches, alpha, ...); `base`, when
+    given, is the base model of the methods that need one (read through the app's roots)."""
     from rotviz.analysis.fusion import fusion_on
 
     ends = {}
@@ -448,9 +449,10 @@ def fusion(res: Resources, cfg: dict, progress: Progress | None = None) -> dict:
                       progress)
         ends[e.match] = e
     sp = _split_of(res, cfg)
+    base = res.load(cfg["base"]) if cfg.get("base") else None  # through the app's roots
     with res.using(cfg["anchor"], cfg["source"]):
         t = fusion_on(ends, sp, None, cfg["methods"], cfg["weight"], cfg["device"],
-                      **(cfg.get("params") or {})).to_dict()
+                      base=base, **(cfg.get("params") or {})).to_dict()
     t["timing"] = {k: v for k, v in t["timing"].items() if not k.startswith("match:")}
     return t
 
