@@ -297,6 +297,9 @@ def _in_memory(m: Measurement, args, values: dict, outputs, folder, js):
     anchor = load_model(args.anchor)
     source = load_model(args.source) if m.pair or getattr(args, "second", False) else anchor
     check_compatible(anchor, source)
+    # the further models the parameters name (a merge's base), read now: a bad one is refused
+    # before any matching
+    further = {values[n]: load_model(values[n]) for n in m.models if values.get(n)}
     split = _split(m, args, anchor, columns, seq_len)
     options = match_options(args.match, parse_layers(args.layers, n_layers(anchor)))
     if m.data is False and options is not None and options.needs_data and split is None:
@@ -304,7 +307,8 @@ def _in_memory(m: Measurement, args, values: dict, outputs, folder, js):
                           "--data digits")
     with _processes(device) as group:
         ends = match_endpoints(anchor, source, options, resolve_device(device), data=split)
-        ctx = Context(split if m.data else None, device, group, _progress(m, group))
+        ctx = Context(split if m.data else None, device, group, _progress(m, group),
+                      load=further.__getitem__)
         result = m.run(ends, ctx, values)
     if result is None or not group.main:
         return None
