@@ -230,6 +230,25 @@ def test_simple_fisher_and_regmean_generalise_to_n_models():
     torch.testing.assert_close(normed["a"], fishers[0] / norm, rtol=1e-12, atol=0)
 
 
+def test_fisher_norm_model_divides_each_models_fisher_by_its_norm(loaded):
+    from test_landscape import synthetic_split
+
+    from rotviz.analysis.fusion import merge
+    from rotviz.merging.fisher import fisher_diag
+
+    m = loaded("vit")
+    split = synthetic_split(m, n=8)
+    r = merge(m, m, "fisher", None, split, stats_split=split, batches=1, batch_size=4,
+              fisher_norm="model")
+    raw = fisher_diag(m, m.state, split, 1, 4)
+    norm = math.sqrt(sum(float(t.double().pow(2).sum()) for t in raw.values()))
+    assert norm > 0 and r.params == {"fisher_norm": "model"}
+    for k, v in raw.items():
+        torch.testing.assert_close(r.anchor_stats[k], v / norm, rtol=1e-6, atol=0)
+    for k, v in m.state.items():  # a model merged with itself stays itself
+        torch.testing.assert_close(r.state[k], v, rtol=0, atol=1e-6)
+
+
 # ---- edge cases ----------------------------------------------------------------------------
 
 
