@@ -452,3 +452,29 @@ def test_fine_tuned_demo_task_arithmetic_and_ties_against_the_simple_average():
     for got in (ta, ti):  # both merges stay within 2 points of the simple average, above base
         assert abs(got - simple) <= 0.02 and got > base_acc
     assert ta == pytest.approx(0.9496, abs=0.005) and ti == pytest.approx(0.9471, abs=0.005)
+
+
+def test_the_app_merges_about_a_base_read_through_its_roots():
+    """The Merge page's table and the Measure page's merge take the base through the app's
+    Resources (its confined roots), and equal the library's merge."""
+    from rotviz import app
+    from rotviz.analysis.fusion import fusion_table
+    from rotviz.data import load_split
+    from rotviz.models import load_model
+
+    a, b, base = _refs()
+    res = app.Resources()
+    cfg = {"anchor": a, "source": b, "data": "digits", "seed": 0, "n_eval": 64,
+           "device": "cpu", "layers": ""}
+    got = app.run("fusion", res, {**cfg, "methods": ["ties", "simple"], "specs": ["none"],
+                                  "weight": 0.5, "base": base, "params": {"density": 0.2}})
+    la, lb, lbase = (load_model(x) for x in _refs())
+    split = load_split("digits", "test", 0).subset(64)
+    want = fusion_table(la, lb, split, methods=("ties", "simple"), specs=("none",),
+                        base=lbase, density=0.2)
+    assert got["acc"] == want.acc and got["loss"] == want.loss
+    one = app.run("merge", res, {**app.measure_cfg(cfg, "none", method="ties", base=base,
+                                                   density=0.2)})
+    assert one["acc"] == want.acc["ties"]["none"] and one["base"] == base
+    with pytest.raises(RotvizError, match="needs --base"):
+        fusion_table(la, lb, split, methods=("model_stock",), specs=("none",))

@@ -218,11 +218,12 @@ def spec_cfg(spec: str, learn_steps: int = 0) -> dict:
     return out
 
 
-def measure_cfg(base: dict, spec: str, layers: str = "", learn_steps: int = 0,
+def measure_cfg(base: dict, spec: str, /, layers: str = "", learn_steps: int = 0,
                 **params: Any) -> dict:
     """The configuration of one measurement: `base` (the sidebar's part: anchor, source,
     data, seed, n_eval, device), the SPEC, the layers to match and the measurement's own
-    parameters (those not given keep the record's defaults)."""
+    parameters (those not given keep the record's defaults; positional-only `base` and
+    `spec`, so that a parameter may be called `base`: the merge's base model)."""
     return {**base, "layers": layers.strip(), **spec_cfg(spec, learn_steps), "params": params}
 
 
