@@ -312,6 +312,9 @@ def test_merge_many_pairs_equal_merge_states_and_refusals(loaded):
         merge_many(m, "slerp", [m.state, other, third])
     with pytest.raises(RotvizError, match="statistics of every model"):
         merge_many(m, "fisher", [m.state, other])
+    import rotviz
+
+    assert rotviz.merge_many is merge_many  # the public N-model entry point
     job = merge_job(m, method_record("ties"), (0.5, 0.5), None, {})
     assert job.params == {"density": 1.0, "consensus": "sum", "scale": 1.0}
 
