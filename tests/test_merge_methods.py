@@ -378,6 +378,17 @@ def test_merge_cli_with_a_base_writes_the_merge(tmp_path, capsys):
     back = load_model(out).state
     for k, v in want.items():
         torch.testing.assert_close(back[k], v, rtol=0, atol=1e-6)
+    # at size (--max-memory 0): the base streamed beside the pair, the same merge
+    rc = main(["merge", a, b, "--data", "digits", "--match", "none", "--method", "ties",
+               "--density", "0.2", "--base", base, "--device", "cpu", "--out",
+               str(tmp_path / "s"), "--json", str(tmp_path / "s.json"), "--max-memory", "0"])
+    assert rc == 0 and "at size" in capsys.readouterr().out
+    sized = json.loads((tmp_path / "s.json").read_text())
+    assert sized["acc"] == d["acc"] and sized["base"] == base
+    assert sized["loss"] == pytest.approx(d["loss"], rel=1e-6)
+    back = load_model(tmp_path / "s").state
+    for k, v in want.items():
+        torch.testing.assert_close(back[k], v, rtol=0, atol=1e-6)
 
 
 # ---- at size: streamed equals in memory -----------------------------------------------------
