@@ -264,6 +264,19 @@ def test_density_zero_and_all_zero_task_vectors_give_the_base():
         torch.testing.assert_close(got, base, rtol=0, atol=0)
 
 
+def test_copies_of_one_model_about_another_base():
+    model, base = _rand(6, 4, seed=12, n=2)
+    copies = [model.clone(), model.clone(), model.clone()]
+    ws = (0.2, 0.3, 0.5)
+    for got in (task_arithmetic(copies, base, ws), ties(copies, base, ws, 1.0),
+                model_stock(copies, base)):
+        torch.testing.assert_close(got, model, rtol=0, atol=1e-12)
+    # TIES below density 1 keeps the same entries of each copy: the model's task vector trimmed
+    want = base.numpy() + ref_trim((model - base).numpy(), 0.4)
+    _close(ties(copies, base, ws, 0.4), want)
+    assert not torch.allclose(dare(copies, base, ws, "w", 0.5), model)  # masks differ
+
+
 def test_density_one_keeps_everything():
     *ts, base = _rand(5, 5, seed=11, n=3)
     ws = (0.5, 0.5)
