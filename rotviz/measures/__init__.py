@@ -24,6 +24,7 @@ from rotviz.measures import (  # noqa: F401  (the built-ins)
     hessian,
     layerwise,
     merge,
+    merge_sweep,
     plane,
     sharpness,
     slice,

@@ -124,8 +124,8 @@ class Measurement:
 
 
 MEASUREMENTS: Records[Measurement] = Records("measurement", (
-    "barrier", "plane", "merge", "distances", "spectra", "sweeps", "slice", "layerwise",
-    "hessian", "bend", "sharpness", "flat", "training", "spawn"))
+    "barrier", "plane", "merge", "merge_sweep", "distances", "spectra", "sweeps", "slice",
+    "layerwise", "hessian", "bend", "sharpness", "flat", "training", "spawn"))
 
 
 def register(m: Measurement) -> Measurement:
