@@ -4,6 +4,7 @@ import streamlit as st
 
 from app_pages import common
 from rotviz import app
+from rotviz.analysis.fusion import sweepable
 from rotviz.app.specs import MERGE_SPECS, learns, spec_label
 from rotviz.merging.registry import all_params
 from rotviz.merging.registry import methods as merge_methods
@@ -118,4 +119,61 @@ def body() -> None:
     common.export("merge", {"page": "merge", **cfg}, t, {"fusion": rows}, figs)
 
 
+st.header("Sweep one number")
+st.markdown(
+    "How the merged model's accuracy changes as one number of the merge is turned: the "
+    "weight of the source, task arithmetic's λ (scale), the density TIES and DARE keep, or "
+    "RegMean's α. Every other parameter keeps its value above; one line per matching option."
+)
+SWEEPABLE = {n: sweepable(m) for n, m in METHODS.items()}
+with st.form("merge_sweep_form"):
+    c = st.columns(5)
+    sw_method = c[0].selectbox("Method", list(METHODS), 0, format_func=lambda m: METHODS[m].label,
+                               key="w_method", bind="query-params")
+    sw_param = c[1].selectbox("Swept number", list(dict.fromkeys(
+        n for v in SWEEPABLE.values() for n in v)), 0, key="w_param", bind="query-params",
+        help="Each method sweeps the weight and its own real parameters.")
+    sw_start = c[2].number_input("From", -10.0, 10.0, 0.0, 0.05, key="w_start",
+                                 bind="query-params")
+    sw_stop = c[3].number_input("To", -10.0, 10.0, 1.0, 0.05, key="w_stop", bind="query-params")
+    sw_points = int(c[4].number_input("Values", 2, 21, 6, 1, key="w_points",
+                                      bind="query-params"))
+    swept = st.form_submit_button("Run the sweep", type="primary", icon=":material/play_arrow:")
+
+
+def sweep() -> None:
+    if not common.require_pair(s) or not specs:
+        return
+    if sw_param not in SWEEPABLE[sw_method]:
+        st.warning(f"{METHODS[sw_method].label} sweeps {', '.join(SWEEPABLE[sw_method])}; "
+                   f"pick one of those, or another method.")
+        return
+    if METHODS[sw_method].needs_base and not base_ref.strip():
+        st.warning(f"{METHODS[sw_method].label} needs a base model: give one above.")
+        return
+    if not common.section_wanted("merge_sweep", swept):
+        return
+    own = {p.name: params[p.name] for p in METHODS[sw_method].params if p.name in params}
+    values = {**own, "method": sw_method, "param": sw_param, "start": sw_start,
+              "stop": sw_stop, "points": sw_points, "weight": weight,
+              "base": base_ref.strip() if METHODS[sw_method].needs_base else ""}
+    runs = []
+    with common.progress("Sweeping", len(specs), stop="merge_sweep") as step:
+        for sp in specs:
+            step(f"{style.nice_label(sp)}: {sw_points} merges")
+            runs.append(common.compute("merge_sweep", app.measure_cfg(
+                s.base(), sp, "", steps, **values), step.detail))
+    fig = mplots.sweep_chart(runs, "acc", s.font)
+    common.chart(fig, "merge_sweep_chart")
+    rows = [{"matching": style.nice_label(r["match"]), sw_param: x, "acc": a, "loss": lo}
+            for r in runs for x, a, lo in zip(r["values"], r["acc"], r["loss"], strict=True)]
+    st.dataframe(rows, hide_index=True, column_config={
+        k: st.column_config.NumberColumn(format="%.4f") for k in ("acc", "loss")})
+    common.function_badge(max(r["max_output_diff"] or 0.0 for r in runs),
+                          runs[0]["tolerance"], "matched source (every option)")
+    common.export("merge_sweep", {"page": "merge", "sweep": values, "specs": specs}, runs,
+                  {"sweep": rows}, {"sweep": fig})
+
+
 common.guard(body)
+common.guard(sweep)

@@ -505,6 +505,22 @@ def test_merge_page_chart_holds_fusion_table(pair):
     lines = [tr for tr in fig["data"] if tr["type"] == "scatter"]
     assert numbers(lines[0]["y"])[0] == pytest.approx(ref.anchor_acc)
     assert "function preserved" in texts(at)
+    # the sweep computes on its own Run only, one line per matching, the library's numbers
+    assert "Merged model accuracy against weight (simple)" not in figures(at)
+    next(b for b in at.button if b.label == "Run the sweep").click()
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    sweep = figures(at)["Merged model accuracy against weight (simple)"]
+    got = {tr["name"]: numbers(tr["y"]) for tr in sweep["data"]}
+    from rotviz.analysis.fusion import sweep_on
+    from rotviz.match.endpoints import match_endpoints
+
+    split = load_split("digits").subset(N_EVAL)
+    want = sweep_on(match_endpoints(a, s, "seed"), "simple", "weight",
+                    np.linspace(0, 1, 6).tolist(), split)
+    assert got["FFN + attention + rescale (seed paper)"] == pytest.approx(want.acc, abs=1e-12)
+    assert len(got["no matching"]) == 6 and got["no matching"][0] == pytest.approx(
+        ref.anchor_acc)
 
 
 def test_learn_page(pair):
