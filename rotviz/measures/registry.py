@@ -60,6 +60,11 @@ class Inputs:
     args: tuple[tuple[str, str], ...]  # (name, help) of each positional argument
     read: Callable[..., Any]  # (refs, specs, confined) -> the record's input value
     default_specs: tuple[str, ...] = ("none", "seed")
+    # N models at once (rotviz many): the last argument takes one or more references, and
+    # `refs` holds them all, in order; `read` refuses fewer than `least` of them (0: every
+    # argument takes exactly one)
+    least: int = 0
+    one_spec: bool = False  # one --match SPEC for all (not one measurement per matching)
 
 
 @dataclass(frozen=True)
@@ -119,7 +124,7 @@ class Measurement:
 
 MEASUREMENTS: Records[Measurement] = Records("measurement", (
     "barrier", "plane", "merge", "distances", "spectra", "sweeps", "slice", "layerwise",
-    "hessian", "bend", "sharpness", "flat", "training", "spawn"))
+    "hessian", "bend", "sharpness", "flat", "training", "spawn", "many"))
 
 
 def register(m: Measurement) -> Measurement:
