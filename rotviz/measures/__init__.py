@@ -8,8 +8,9 @@ call every one of them shares:
 The built-ins (barrier, plane, merge, distances, spectra, sweeps, slice, layerwise, hessian,
 bend, sharpness, flat, training, spawn, many) register when this package is imported; a new
 measurement is one module that calls `register`. Training and spawn take series of
-checkpoints, and many N models, not endpoints: `measure("training", TwoSeries.read([A, B], ["none", "seed"]),
-split)` (rotviz.analysis.training).
+checkpoints, not endpoints: `measure("training", TwoSeries.read([A, B], ["none", "seed"]),
+split)` (rotviz.analysis.training); many takes N models: `measure("many", [M1, M2, M3],
+split, match=["seed"])` (rotviz.analysis.many).
 """
 
 from __future__ import annotations
