@@ -53,8 +53,9 @@ Runner = Callable[[Any, Context, dict], Any]  # (endpoints, context, parameter v
 class Inputs:
     """What a measurement takes when it is not one matched pair (a record's `inputs`): two
     series of checkpoints, a spawn folder, N models (`least`: the last argument takes one or
-    more references, and `read` refuses fewer than `least`). The CLI takes `args` as its positional arguments
-    and `--match SPEC` once per matching; `read(refs, specs, confined)` reads and checks
+    more references, and `read` refuses fewer than `least`). The CLI takes `args` as its
+    positional arguments and `--match SPEC` once per matching (once in all with `one_spec`);
+    `read(refs, specs, confined)` reads and checks
     them (every file through `confined`) into the value the record's `run` takes in place of
     endpoints, which names its `first_pair()` of model folders (the one whose reading of the
     data gives the split, and whose size says whether it fits in memory)."""
