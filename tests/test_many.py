@@ -161,3 +161,13 @@ def test_cli(capsys, tmp_path):
     assert "architecture" in err
     err = _cli_error(capsys, ["many", *refs, "--data", "digits", "--match", "act"])
     assert "data-free" in err
+
+
+def test_the_library_call_measure_takes_the_references(seeds, test_split):
+    from rotviz import measure
+
+    refs = [f"zoo:{n}" for n in zoo.SEEDS[:3]]
+    r = measure("many", refs, test_split, match=["seed"], to="anchor")
+    a = align_many(seeds[:3], "seed", "anchor")
+    assert r.alignment.spread == pytest.approx(a.spread, rel=1e-12)
+    assert r.k == [2, 3] and r.alignment.refs == refs
