@@ -1,13 +1,19 @@
-"""Merge: fuse the two models with each method, with and without matching first."""
+"""Merge: fuse the two models with each method, with and without matching first; then many
+models at once (the registered measurement `many`: N models aligned onto their barycentre,
+the merged accuracy against N)."""
 
 import streamlit as st
 
 from app_pages import common
-from rotviz import app
+from rotviz import app, zoo_registry
 from rotviz.analysis.fusion import sweepable
+from rotviz.app.export import measurement_files
 from rotviz.app.specs import MERGE_SPECS, learns, spec_label
+from rotviz.match.pipeline import FUNCTION_TOLERANCE
+from rotviz.measures import measurement
 from rotviz.merging.registry import all_params
 from rotviz.merging.registry import methods as merge_methods
+from rotviz.plots import many as manyplots
 from rotviz.plots import merge as mplots
 from rotviz.plots import style
 
@@ -119,6 +125,10 @@ def body() -> None:
     common.export("merge", {"page": "merge", **cfg}, t, {"fusion": rows}, figs)
 
 
+common.guard(body)
+
+# ---- one number swept --------------------------------------------------------------------------
+
 st.header("Sweep one number")
 st.markdown(
     "How the merged model's accuracy changes as one number of the merge is turned: the "
@@ -175,5 +185,55 @@ def sweep() -> None:
                   {"sweep": rows}, {"sweep": fig})
 
 
-common.guard(body)
 common.guard(sweep)
+
+# ---- many models at once -----------------------------------------------------------------------
+
+st.header("Many models at once", anchor="many")
+st.markdown(
+    "Three or more models of one architecture, aligned into one basis, then averaged: onto the "
+    "first model (the anchor), or onto their **barycentre**, the mean refined round by round "
+    "(every model matched onto the current mean, the aligned models averaged into the next). "
+    "Each aligned model is its original moved by a symmetry, so it computes the same function. "
+    "Left: the distance between every two models as given; right: aligned (one colour scale). "
+    "Below: the equal-weight mean of the first *k* models, aligned and not, against *k*."
+)
+MANY = measurement("many")
+with st.form("many_form"):
+    c = st.columns([2, 1])
+    refs_text = c[0].text_area("Models, one per line (the first is the anchor)",
+                               "\n".join(f"zoo:{n}" for n in zoo_registry.SEEDS),
+                               key="n_refs", bind="query-params")
+    many_spec = c[1].selectbox("Matching", ["seed", "weight", "seed,heads"],
+                               format_func=style.nice_label, key="n_spec", bind="query-params",
+                               help="Data-free matching: the barycentre is a mean of weights, "
+                                    "not a model that can be run on data.")
+    c = st.columns(3)
+    many_values = {p.name: common.param_input(c[i % 3], p, f"n_{p.name}")
+                   for i, p in enumerate(MANY.parameters())}
+    many_run = st.form_submit_button("Run", type="primary", icon=":material/play_arrow:",
+                                     key="n_run")
+
+
+def many_body() -> None:
+    refs = [r.strip() for r in refs_text.splitlines() if r.strip()]
+    cfg = app.inputs_cfg(s.base(), refs, [many_spec], **many_values)
+    with common.progress("Aligning many models", 1, stop="merge_many") as step:
+        step(f"{len(refs)} models, matching {style.nice_label(many_spec)}")
+        r = common.compute("many", cfg, step.detail)
+    figs = {"many": manyplots.distance_matrices(r, s.font),
+            "many_merged": manyplots.merged_by_count(r, s.font)}
+    common.chart(figs["many"], "many_matrices")
+    common.chart(figs["many_merged"], "many_merged")
+    ended = "one pass" if r["to"] == "anchor" else f"{r['rounds']} round(s), {r['ended']}"
+    st.caption(f"Mean pairwise distance {r['spread'][0]:.3f} as given, {r['spread'][-1]:.3f} "
+               f"aligned ({ended}); on {r['n']} {r['split']} samples, {r['seconds']:.1f} s.")
+    common.function_badge(r["max_output_diff"], FUNCTION_TOLERANCE,
+                          "every aligned model")
+    tables, _ = measurement_files("many", r)
+    st.dataframe(tables["many"], hide_index=True)
+    common.export("many", {"page": "merge", **cfg}, r, tables, figs)
+
+
+if common.section_wanted("merge_many", many_run):
+    common.guard(many_body)

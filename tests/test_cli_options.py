@@ -27,6 +27,8 @@ SERIES = {"series_a": "zoo:vit-digits-run-a", "series_b": "zoo:vit-digits-run-b"
 
 
 def _inputs(m) -> list[str]:
+    if m.inputs is not None and m.inputs.least:  # N models (many)
+        return [A, B, "zoo:vit-digits-s7"]
     if m.inputs is not None:
         return [SERIES[name] for name, _ in m.inputs.args]
     return [A, *([B] if m.pair else [])]
@@ -109,6 +111,8 @@ KINDS = {
                     ("model", "model"), ("--source", "model"))},  # one model (pair=False)
     **{(c, o): "series" for c, m in MEASURES.items() if m.inputs is not None
        for o, _ in m.inputs.args},  # series and spawn folders (training, spawn)
+    **{(c, m.inputs.args[-1][0]): "model" for c, m in MEASURES.items()
+       if m.inputs is not None and m.inputs.least},  # N models (many): the first replaced
 }
 FREE = {("serve", "--address")}  # any text is a host name for streamlit to bind
 
@@ -173,7 +177,7 @@ def _argv(cmd: str, opt: str, value: str) -> list[str]:
         if cmd == "zoo build":
             return ["zoo", "build", value]
         i = {"anchor": 1, "source": 2, "model": 1, "series_a": 1, "series_b": 2,
-             "spawn_dir": 1}[opt]
+             "spawn_dir": 1, "models": 1}[opt]
         base[i] = value
         return base
     if opt in base:  # --out or --data: replace its value
