@@ -53,6 +53,8 @@ WITH = {
     ("merge", "--base"): ["--method", "task_arithmetic"],
     **{("merge_sweep", p.flag): ["--method", users(p.name)[0]] for p in all_params()},
     ("merge_sweep", "--base"): ["--method", "task_arithmetic"],
+    **{("many", p.flag): ["--method", users(p.name)[0]] for p in all_params()},
+    ("many", "--base"): ["--method", "task_arithmetic"],
     # slice's second model and the options that use it
     ("slice", "--source"): ["--around", "source"],
     **{("slice", o): ["--source", B, "--around", "matched"] for o in ("--match", "--layers")},
@@ -97,6 +99,7 @@ KINDS = {
     ("merge", "--out"): "out folder", ("merge", "--method"): "name",
     ("merge", "--stats-split"): "name", ("merge", "--base"): "model",
     ("merge_sweep", "--stats-split"): "name", ("merge_sweep", "--base"): "model",
+    ("many", "--stats-split"): "name", ("many", "--base"): "model",
     **{("merge", p.flag): "name" for p in all_params() if p.choices},
     **{(n, p.flag): "name" for n, m in MEASURES.items() for p in m.parameters() if p.choices},
     ("zoo build", "names"): "name", ("zoo build", "--out"): "zoo out",

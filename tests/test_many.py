@@ -171,3 +171,38 @@ def test_the_library_call_measure_takes_the_references(seeds, test_split):
     a = align_many(seeds[:3], "seed", "anchor")
     assert r.alignment.spread == pytest.approx(a.spread, rel=1e-12)
     assert r.k == [2, 3] and r.alignment.refs == refs
+
+
+def test_the_curve_merges_with_a_registered_method_about_a_base(capsys):
+    """`many --method M --base B`: the curve's merges are the registered method's
+    (rotviz.merging.merge_many of the aligned states, each weighing 1/k); task arithmetic at
+    lambda 1 about any base is the plain mean, so its curve equals the default's (to float64
+    roundoff: the weights 1/3 sum to 1 within an ulp);
+    a method that needs statistics is refused in one line."""
+    from rotviz.analysis.many import many, registered_merge
+    from rotviz.merging.combine import merge_many
+
+    refs = ["zoo:vit-digits-base", "zoo:vit-digits-ft-a", "zoo:vit-digits-ft-b"]
+    models = [load_model(r) for r in refs]
+    split = split_for(models[0], "digits", "test").subset(64)
+    base = models[0].state
+    plain = many(models, split, "seed", "anchor")
+    ta = many(models, split, "seed", "anchor", final=registered_merge("task_arithmetic", base))
+    for key in ("aligned", "unaligned"):
+        assert ta.acc[key] == plain.acc[key]
+        assert ta.loss[key] == pytest.approx(plain.loss[key], rel=1e-6)
+    ties = many(models, split, "seed", "anchor",
+                final=registered_merge("ties", base, density=0.3))
+    from rotviz.evaluation import Evaluator
+
+    ev = Evaluator(models[0], split)
+    states = align_many(models, "seed", "anchor").states
+    want = ev.evaluate(ev.params(merge_many(models[0], "ties", states, [1 / 3] * 3, base,
+                                            density=0.3)))
+    assert (ties.loss["aligned"][-1], ties.acc["aligned"][-1]) == want
+    assert ties.loss["aligned"] != plain.loss["aligned"]
+    with pytest.raises(RotvizError, match="needs statistics of each model"):
+        registered_merge("regmean")
+    assert main(["many", *refs, "--data", "digits", "--method", "fisher"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--method fisher needs statistics" in err

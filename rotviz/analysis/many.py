@@ -232,6 +232,8 @@ class ManyMerged:
     n: int
     device: str
     seconds: float
+    method: str = "simple"  # the registered merge method of the curve
+    base: str = ""  # its base model, for the task-vector methods
 
     def to_dict(self) -> dict:
         out = {k: v for k, v in asdict(self).items() if k != "alignment"}
@@ -281,9 +283,33 @@ def many(
     device: str | torch.device = "cpu",
     progress: Progress | None = None,
     merge: Merge = mean_states,
+    final: Merge | None = None,
 ) -> ManyMerged:
     """many(models, split, "seed", to="barycentre") -> ManyMerged
 
-    `align_many`, then `merged_curve`: what `rotviz many` measures."""
+    `align_many`, then `merged_curve`: what `rotviz many` measures. The barycentre is the
+    mean that `merge` makes; `final` (default `merge`) merges the first k models for the
+    curve: a registered merge method (`registered_merge`)."""
     a = align_many(models, options, to, rounds, tol, device, progress, split, merge)
-    return merged_curve(models, a, split, device, merge, progress)
+    return merged_curve(models, a, split, device, final or merge, progress)
+
+
+def registered_merge(method: str, base: Mapping[str, Tensor] | None = None,
+                     **params: object) -> Merge:
+    """A `Merge` by a registered merge method (rotviz.merging: TIES, task arithmetic, ... about
+    `base` where the method needs one), for `many`'s curve; one that needs statistics of
+    each model is refused in one line."""
+    from rotviz.merging import method as method_record
+    from rotviz.merging.combine import merge_many
+
+    m = method_record(method)
+    if m.needs_statistics:
+        raise RotvizError(f"--method {m.name} needs statistics of each model; many merges with "
+                          "a method that needs none (simple, task_arithmetic, ties, dare_*, "
+                          "model_stock)")
+
+    def merge(anchor: Loaded, states: Sequence[Mapping[str, Tensor]],
+              weights: Sequence[float]) -> dict[str, Tensor]:
+        return merge_many(anchor, m.name, states, weights, base, **params)
+
+    return merge

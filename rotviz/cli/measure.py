@@ -167,8 +167,9 @@ def run_inputs_command(m: Measurement, args: argparse.Namespace) -> int:
     inputs = m.inputs.read(refs, args.match, ANYWHERE)  # SPECs and folders: one line each
     first = inputs.first_pair()
     outputs = Outputs(m.name)
-    guard_inputs(outputs, [r for r in refs if ":" not in r] + [str(p) for p in first],
-                 args.data)
+    further = [values[n] for n in m.models if values.get(n)]  # a merge's base: an input too
+    guard_inputs(outputs, [r for r in (*refs, *further) if ":" not in r]
+                 + [str(p) for p in first], args.data)
     js = outputs.add(args.json, "--json", folder=False, overwrite=args.overwrite)
     args.anchor, args.source = map(str, first)
     if beyond_memory(args)[0]:

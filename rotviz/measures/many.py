@@ -46,11 +46,44 @@ class ManyModels:
         return self.paths[0], self.paths[1]
 
 
-def _run(inputs: ManyModels, ctx: Context, v: dict):
-    from rotviz.analysis.many import many
+def _params() -> tuple[Param, ...]:
+    """Where to align, then the merge of the curve: a registered method without statistics
+    (every model weighs 1/k) with its own parameters and, for the task-vector methods, the
+    base (rotviz.measures.merge's options, less the pair's weight)."""
+    from rotviz.measures.merge import _params as merge_params
 
-    return many(inputs.models, ctx.split, inputs.spec, v["to"], v["rounds"], v["tol"],
-                ctx.device, ctx.progress)
+    return (*PARAMS, *(p for p in merge_params() if p.name != "weight"))
+
+
+def _check(values: dict, given: set[str]) -> None:
+    """The merge options as `rotviz merge` checks them (a method's own parameters only, a
+    base where the method needs one); a method that needs statistics is refused."""
+    from rotviz.errors import RotvizError
+    from rotviz.measures.merge import _check as merge_check
+    from rotviz.merging import check_base, method
+
+    m = method(values["method"])
+    if m.needs_statistics:
+        raise RotvizError(f"--method {m.name} needs statistics of each model; many merges "
+                          "with a method that needs none, such as simple, task_arithmetic "
+                          "or ties")
+    merge_check({**values, "weight": 0.5}, given - {p.name for p in PARAMS})
+    check_base(m, bool(values["base"]))
+
+
+def _run(inputs: ManyModels, ctx: Context, v: dict):
+    from rotviz.analysis.many import many, registered_merge
+    from rotviz.measures.merge import _given, _load_base
+
+    final = None  # the simple average: the plain mean the barycentre is made of
+    if v["method"] != "simple":
+        base = _load_base(ctx, v)
+        final = registered_merge(v["method"], None if base is None else base.state,
+                                 **_given(v))
+    r = many(inputs.models, ctx.split, inputs.spec, v["to"], v["rounds"], v["tol"],
+             ctx.device, ctx.progress, final=final)
+    r.method, r.base = v["method"], v["base"]
+    return r
 
 
 def _summary(r, how: str) -> str:
@@ -58,8 +91,8 @@ def _summary(r, how: str) -> str:
     ended = (f"{a.rounds} round(s), {a.ended}" if a.to == "barycentre" else "one pass")
     return (f"many [{a.match}, to {a.to}] of {len(a.refs)} models on {r.device}{how}: mean "
             f"pairwise distance {a.spread[0]:.4f} -> {a.spread[-1]:.4f} ({ended}); merged "
-            f"accuracy of all {r.k[-1]}: aligned {r.acc['aligned'][-1]:.4f}, not aligned "
-            f"{r.acc['unaligned'][-1]:.4f}; max output difference {a.max_output_diff:.2e}; "
+            f"accuracy of all {r.k[-1]} ({r.method}): aligned {r.acc['aligned'][-1]:.4f}, not "
+            f"aligned {r.acc['unaligned'][-1]:.4f}; max output difference {a.max_output_diff:.2e}; "
             f"{r.seconds:.2f} s")
 
 
@@ -80,7 +113,7 @@ def _plot(d: dict):
 MANY = register(Measurement(
     "many", "Many models",
     "align N >= 3 models (onto the first or their barycentre), then merge the first k",
-    _run, PARAMS, summary=_summary, plot=_plot, rows=_rows,
+    _run, _params, summary=_summary, plot=_plot, rows=_rows, check=_check, models=("base",),
     refusal="it holds every model in memory; run it on models that fit",
     inputs=Inputs((("models", "three or more models of one architecture (model directories "
                     "or zoo:NAME); the first is the anchor"),), ManyModels, ("seed",),
