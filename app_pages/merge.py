@@ -6,12 +6,10 @@ import streamlit as st
 
 from app_pages import common
 from rotviz import app, zoo_registry
-from rotviz.analysis.fusion import sweepable
 from rotviz.app.export import measurement_files
 from rotviz.app.specs import MERGE_SPECS, learns, spec_label
-from rotviz.match.pipeline import FUNCTION_TOLERANCE
 from rotviz.measures import measurement
-from rotviz.merging.registry import all_params
+from rotviz.merging.registry import all_params, sweepable
 from rotviz.merging.registry import methods as merge_methods
 from rotviz.plots import many as manyplots
 from rotviz.plots import merge as mplots
@@ -216,6 +214,8 @@ with st.form("many_form"):
 
 
 def many_body() -> None:
+    from rotviz.match.pipeline import FUNCTION_TOLERANCE
+
     refs = [r.strip() for r in refs_text.splitlines() if r.strip()]
     cfg = app.inputs_cfg(s.base(), refs, [many_spec], **many_values)
     with common.progress("Aligning many models", 1, stop="merge_many") as step:

@@ -28,6 +28,7 @@ from rotviz.match.options import MatchOptions
 from rotviz.merging import MergeMethod, check_base, check_models, check_weight, users
 from rotviz.merging import method as method_record
 from rotviz.merging.combine import merge_states
+from rotviz.merging.registry import sweepable
 from rotviz.models import Loaded, check_compatible
 from rotviz.params import needs, read_params
 from rotviz.types import Progress
@@ -424,14 +425,6 @@ class MergeSweep:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def sweepable(m: MergeMethod) -> tuple[str, ...]:
-    """The numbers of method `m` a sweep can turn: the weight, then its own real-valued
-    parameters with a bound (integers such as batch counts are not swept)."""
-    own = [p.name for p in m.params
-           if p.bound is not None and not p.bound.integer and p.name != "weight"]
-    return ("weight", *own)
 
 
 def sweep_on(

@@ -396,7 +396,7 @@ def measure(name: str, res: Resources, cfg: dict, progress: Progress | None = No
     return out
 
 
-def inputs_cfg(base: dict, refs: list[str], matchings: list[str], **params: Any) -> dict:
+def inputs_cfg(base: dict, refs: list[str], matchings: list[str], /, **params: Any) -> dict:
     """The configuration of a measurement of series or a spawn folder (a record with
     `inputs`): the sidebar's data, seed, n_eval and device from `base`, the references, the
     matchings and the record's parameters."""

@@ -16,8 +16,8 @@ from rotviz.params import Param
 
 
 def _swept_names() -> tuple[str, ...]:
-    from rotviz.analysis.fusion import sweepable
     from rotviz.merging import methods
+    from rotviz.merging.registry import sweepable
 
     return tuple(dict.fromkeys(n for m in methods() for n in sweepable(m)))
 
@@ -39,9 +39,9 @@ def _params() -> tuple[Param, ...]:
 
 def _check(values: dict, given: set[str]) -> None:
     """The merge's own checks, and a parameter the chosen method can sweep (one line)."""
-    from rotviz.analysis.fusion import sweepable
     from rotviz.errors import RotvizError
     from rotviz.merging import method
+    from rotviz.merging.registry import sweepable
 
     _merge_check(values, given - {"param", "start", "stop", "points"})
     m = method(values["method"])

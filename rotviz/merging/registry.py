@@ -125,6 +125,15 @@ def users(param: str) -> tuple[str, ...]:
     return tuple(m.name for m in methods() if any(p.name == param for p in m.params))
 
 
+def sweepable(m: MergeMethod) -> tuple[str, ...]:
+    """The numbers of method `m` a sweep can turn (rotviz.analysis.fusion.sweep_on): the
+    weight, then its own real-valued parameters with a bound (integers such as batch counts
+    are not swept)."""
+    own = [p.name for p in m.params
+           if p.bound is not None and not p.bound.integer and p.name != "weight"]
+    return ("weight", *own)
+
+
 def check_weight(weight: float) -> float:
     if not 0.0 <= float(weight) <= 1.0:
         raise RotvizError(f"merge weight must be in [0, 1] (0 = anchor, 1 = source), got {weight}")
