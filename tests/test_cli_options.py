@@ -144,12 +144,18 @@ def _options():
 # value of each shared option, which shows that they take it through the same checks, and
 # every bad value of their own record's parameters.
 FULL = {"barrier", "hessian", "training"}
+# The merge options (--method, --base and every merge method's parameters: one generator in
+# rotviz.measures.merge) likewise get every bad value on `merge`, the first elsewhere.
+MERGE_OPTIONS = {p.flag for p in MEASURES["merge"].parameters()}
 
 
 def _own(cmd: str, opt: str) -> bool:
     """Whether `opt` is checked in full on `cmd`: not a measurement's shared option, or a
-    command of FULL, or a parameter of the command's own record."""
+    command of FULL, or a parameter of the command's own record (the merge options: on
+    merge only)."""
     m = MEASURES.get(cmd)
+    if m is not None and cmd != "merge" and opt in MERGE_OPTIONS:
+        return False
     return m is None or cmd in FULL or opt in {p.flag for p in m.parameters()}
 
 
