@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rotviz.limits import WEIGHT
 from rotviz.measures.barrier import match_label
-from rotviz.measures.registry import Context, Measurement, register
+from rotviz.measures.registry import Context, Measurement, OutputFile, register
 from rotviz.params import Param
 
 
@@ -95,10 +95,60 @@ def _plot(d: dict):
                         references={"anchor": d["anchor_acc"], "source": d["source_acc"]})
 
 
+def _mergekit_check(v: dict) -> None:
+    """A method or value mergekit cannot express is refused before any model is loaded."""
+    from rotviz.merging import names
+    from rotviz.merging.mergekit import check
+
+    check(v["method"], _given(v), names(), base=v.get("base") is not None)
+
+
+def _mergekit_folders(path):
+    from rotviz.merging.mergekit import matched_folder
+
+    return (matched_folder(path),)
+
+
+def _mergekit_write(ends, result, v: dict, file, folders, final) -> None:
+    """The matched source as a model folder beside the configuration, and the configuration
+    naming the anchor's folder and that one (absolute paths, as they will be named)."""
+    from rotviz.merging.mergekit import mergekit_config
+    from rotviz.models import write_model
+
+    (matched,) = folders
+    same = all(ends.source.state[k].shape == t.shape for k, t in ends.matched.items()
+               if k in ends.source.state)
+    write_model(ends.source if same else ends.anchor, ends.matched, matched)
+    base = v.get("base")
+    text = mergekit_config(v["method"], _given(v), v["weight"], ends.anchor.path.resolve(),
+                           final[1][0].resolve(), _dtype(ends.anchor),
+                           None if base is None else base.path.resolve(),
+                           note=f" (rotviz merge --method {v['method']} --weight "
+                                f"{v['weight']:g}, match {ends.info.match})")
+    with open(file, "x") as f:
+        f.write(text)
+
+
+def _dtype(loaded) -> str:
+    """The checkpoint's dtype (the floating dtype holding most parameters), as mergekit
+    names it."""
+    return str(loaded.stored_dtype).removeprefix("torch.")
+
+
+MERGEKIT_FILE = OutputFile(
+    "--mergekit-config",
+    "also write a mergekit configuration (YAML, for mergekit-yaml) of this merge to this new "
+    "file, and the matched source it reads to FILE's name less its suffix plus -matched "
+    "(merge.yaml: merge-matched/)",
+    folders=_mergekit_folders, check=_mergekit_check, write=_mergekit_write,
+    at_size="--mergekit-config writes the matched source from memory; at size write it with "
+            "rotviz match ANCHOR SOURCE --out DIR and merge that folder with mergekit")
+
+
 MERGE = register(Measurement(
     "merge", "Merge", "merge the matched source into the anchor and evaluate it",
     _run, _params, summary=_summary, plot=_plot, rows=_rows, at_size=_at_size, check=_check,
-    writes_model=True, at_size_check=_sized_check, narrower=True,
+    writes_model=True, at_size_check=_sized_check, narrower=True, files=(MERGEKIT_FILE,),
     extra={"more": lambda: f" (methods: {', '.join(_names())})",
            "at_size_how": " (at size: streamed, built block by block)",
            "at_size_help": "matched streamed, and the simple merge built, evaluated and "

@@ -63,6 +63,24 @@ class Inputs:
 
 
 @dataclass(frozen=True)
+class OutputFile:
+    """A further file a measurement writes when its option is given (`Measurement.files`),
+    with the folders it needs beside it: `merge --mergekit-config FILE` writes a mergekit
+    configuration and, next to it, the matched source it names. The CLI adds the option,
+    checks the file and its folders as outputs before any model is loaded, and writes them
+    with the command's other outputs (temporary siblings, renamed when all succeed)."""
+
+    flag: str  # the CLI option, e.g. --mergekit-config
+    help: str
+    folders: Callable[[Path], tuple[Path, ...]] = lambda path: ()  # written beside the file
+    check: Callable[[dict], None] | None = None  # (values) -> refuse early, one line
+    # (endpoints, result, values, file, folders, final) -> None: write the file and folders
+    # (temporary paths) where `final` is (the file, its folders) as they will be named
+    write: Callable[..., None] | None = None
+    at_size: str = ""  # why it is refused at size (the option then is one line's error)
+
+
+@dataclass(frozen=True)
 class Measurement:
     """One measurement and everything the CLI, the app, the exports and the API need."""
 
@@ -91,6 +109,7 @@ class Measurement:
     # runs on a source whose FFN is narrower than the anchor's (rotviz.match.widths): it
     # reads only the anchor and the matched source (anchor's width), never the source as is
     narrower: bool = False
+    files: tuple[OutputFile, ...] = ()  # further files written when their option is given
     extra: dict = field(default_factory=dict)  # anything else a host may read
 
     def parameters(self) -> tuple[Param, ...]:
