@@ -90,6 +90,7 @@ KINDS = {
     ("eval", "model"): "model", ("eval", "--json"): "out file", ("eval", "--data"): "data",
     ("eval", "--split"): "name", ("eval", "--device"): "name",
     ("merge", "--out"): "out folder", ("merge", "--method"): "name",
+    ("merge", "--mergekit-config"): "out file",
     ("merge", "--stats-split"): "name",
     **{("merge", p.flag): "name" for p in all_params() if p.choices},
     **{(n, p.flag): "name" for n, m in MEASURES.items() for p in m.parameters() if p.choices},

@@ -1,0 +1,170 @@
+"""mergekit, the field's reference merger, merges rotviz's matched pair from the YAML that
+`rotviz merge --mergekit-config` writes, and its output equals rotviz's own merge of the same
+pair, tensor by tensor (1e-5).
+
+The pair is a tiny seeded LLaMA (an architecture mergekit knows), matched data-free (seed).
+Each row of ROWS is one rotviz method with its parameters and weight. A row whose method is
+registered in rotviz runs through the command line, whose --out is the reference; a row whose
+method rotviz does not have yet (`plain` given) writes the YAML through the library for the
+folder `rotviz match --out` wrote and compares with the method's textbook formula.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rotviz.cli import main
+from rotviz.errors import RotvizError
+from rotviz.merging import names
+from rotviz.merging.mergekit import MERGEKIT, matched_folder, mergekit_config
+from rotviz.random_models import save_random
+
+mergekit = pytest.importorskip("mergekit", reason="mergekit==0.1.5 (requirements-dev.txt)")
+
+TOL = 1e-5
+LLAMA = dict(layers=2, d=32, heads=4, ffn=64, vocab=98, positions=64)  # the text data's 98
+
+
+def _plain_slerp(a: torch.Tensor, b: torch.Tensor, t: float) -> torch.Tensor:
+    """SLERP from a (t = 0) to b of the flattened tensors, linear where nearly colinear."""
+    x, y = a.double().flatten(), b.double().flatten()
+    cos = float((x / x.norm()) @ (y / y.norm()))
+    if abs(cos) > 0.9995:
+        return ((1 - t) * a.double() + t * b.double()).float()
+    th = math.acos(max(-1.0, min(1.0, cos)))
+    out = (math.sin((1 - t) * th) * x + math.sin(t * th) * y) / math.sin(th)
+    return out.reshape(a.shape).float()
+
+
+@dataclass(frozen=True)
+class Row:
+    method: str  # rotviz's method name
+    weight: float
+    options: tuple[str, ...] = ()  # its parameters, as command-line options
+    # while rotviz has no such method: (anchor tensor, matched tensor, weight) -> expected
+    plain: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor] | None = None
+    values: dict = field(default_factory=dict)  # its parameters, for the library's YAML
+
+
+# Rows to add as the methods land (each needs --base, mergekit's base_model):
+#   Row("task_arithmetic", 0.5, ("--scale", "0.8")), Row("ties", 0.5, ("--density", "1")),
+#   Row("dare_linear", 0.5, ("--density", "1", "--rescale", "l1")), Row("model_stock", 0.5)
+ROWS = [
+    Row("simple", 0.3),
+    Row("slerp", 0.3, plain=_plain_slerp),
+]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """The anchor, the source, the text data, and the source as `rotviz match` matches it."""
+    root = tmp_path_factory.mktemp("mergekit")
+    a = save_random("llama", root / "anchor", seed=0, **LLAMA)
+    b = save_random("llama", root / "source", seed=1, **LLAMA)
+    text = root / "t.txt"
+    gen = torch.Generator().manual_seed(0)
+    letters = "abcdefgh "
+    text.write_text("\n".join("".join(letters[int(i)] for i in torch.randint(0, 9, (40,),
+                                                                              generator=gen))
+                              for _ in range(40)))
+    assert main(["match", str(a), str(b), "--out", str(root / "matched"), "--device",
+                 "cpu"]) == 0
+    return a, b, f"text:{text}", root / "matched"
+
+
+def _mergekit(config: Path, out: Path) -> dict[str, torch.Tensor]:
+    import yaml
+    from mergekit.config import MergeConfiguration
+    from mergekit.merge import run_merge
+    from mergekit.options import MergeOptions
+
+    cfg = MergeConfiguration.model_validate(yaml.safe_load(config.read_text()))
+    run_merge(cfg, str(out), MergeOptions(cuda=False, copy_tokenizer=False, lazy_unpickle=False,
+                                          quiet=True, write_model_card=False, random_seed=0))
+    return load_file(out / "model.safetensors")
+
+
+def _state(folder: Path) -> dict[str, torch.Tensor]:
+    return load_file(folder / "model.safetensors")
+
+
+@pytest.mark.parametrize("row", ROWS, ids=lambda r: r.method)
+def test_mergekit_merges_as_rotviz(pair, tmp_path, row: Row):
+    a, b, data, matched = pair
+    config = tmp_path / "merge.yaml"
+    if row.method in names():
+        ours = tmp_path / "ours"
+        assert main(["merge", str(a), str(b), "--data", data, "--device", "cpu", "--method",
+                     row.method, "--weight", str(row.weight), *row.options, "--out", str(ours),
+                     "--mergekit-config", str(config)]) == 0
+        expected = _state(ours)
+        # the matched source written for mergekit is the one `rotviz match` writes
+        beside, alone = _state(matched_folder(config)), _state(matched)
+        assert beside.keys() == alone.keys()
+        assert max((beside[k] - alone[k]).abs().max().item() for k in alone) == 0.0
+    else:
+        assert row.plain is not None, f"{row.method} is not a rotviz method: give `plain`"
+        config.write_text(mergekit_config(row.method, row.values, row.weight, a.resolve(),
+                                          matched.resolve()))
+        anchor, source = _state(a), _state(matched)
+        expected = {k: row.plain(anchor[k], source[k], row.weight) for k in anchor}
+    theirs = _mergekit(config, tmp_path / "theirs")
+    assert theirs.keys() == expected.keys()
+    worst = max((theirs[k].double() - expected[k].double()).abs().max().item() for k in theirs)
+    print(f"{row.method}: mergekit - rotviz max |diff| {worst:.2e}")
+    assert worst < TOL, f"{row.method}: mergekit differs from rotviz by {worst:.2e}"
+    # and the merge is not the anchor or the matched source (the weight took effect)
+    anchor = _state(a)
+    assert max((theirs[k] - anchor[k]).abs().max().item() for k in anchor) > 1e-2
+
+
+def test_the_yaml_says_what_rotviz_does(pair, tmp_path):
+    """The simple average is mergekit's linear with weights 1 - w and w (normalised: they sum
+    to 1); SLERP's t is the source's weight and its base the anchor; the methods about a
+    base name it; DARE's paper rescaling, which mergekit has no switch for, is refused."""
+    import yaml
+
+    a, _, _, matched = pair
+    base = Path("/models/base")
+    lin = yaml.safe_load(mergekit_config("simple", {}, 0.25, a, matched))
+    assert lin["merge_method"] == "linear" and lin["parameters"] == {"normalize": True}
+    assert [m["parameters"]["weight"] for m in lin["models"]] == [0.75, 0.25]
+    assert [m["model"] for m in lin["models"]] == [str(a), str(matched)]
+    sl = yaml.safe_load(mergekit_config("slerp", {}, 0.25, a, matched))
+    assert sl["base_model"] == str(a) and sl["parameters"] == {"t": 0.25}
+    ties = yaml.safe_load(mergekit_config("ties", {"density": 0.4, "scale": 0.8,
+                                                   "consensus": "sum"}, 0.5, a, matched,
+                                          base=base))
+    assert ties["base_model"] == str(base) and ties["parameters"] == {"lambda": 0.8}
+    assert [m["parameters"] for m in ties["models"]] == [{"weight": 0.5, "density": 0.4}] * 2
+    dare = yaml.safe_load(mergekit_config("dare_linear", {"density": 1.0, "rescale": "l1",
+                                                          "seed": 3}, 0.5, a, matched,
+                                          base=base))
+    assert dare["parameters"] == {"rescale": True}  # mergekit's seed is its --random-seed
+    assert [m["parameters"] for m in dare["models"]] == [{"weight": 0.5, "density": 1.0}] * 2
+    with pytest.raises(RotvizError, match="--rescale density has no mergekit equivalent"):
+        mergekit_config("dare_linear", {"rescale": "density"}, 0.5, a, matched, base=base)
+    with pytest.raises(RotvizError, match="--consensus count has no mergekit equivalent"):
+        mergekit_config("ties", {"consensus": "count"}, 0.5, a, matched, base=base)
+    with pytest.raises(RotvizError, match="about a base model: give --base"):
+        mergekit_config("model_stock", {}, 0.5, a, matched)
+    assert set(MERGEKIT) >= {"simple", "slerp"} and "fisher" not in MERGEKIT
+
+
+@pytest.mark.parametrize("method", ["fisher", "regmean"])
+def test_methods_without_mergekit_are_refused_first(pair, tmp_path, capsys, method):
+    """Refused in one line naming the methods that have one, before any model is read."""
+    a, b, data, _ = pair
+    rc = main(["merge", str(a), str(b), "--data", data, "--method", method,
+               "--mergekit-config", str(tmp_path / "m.yaml")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1
+    assert f"--method {method} has no mergekit equivalent" in err and "simple" in err
+    assert not (tmp_path / "m.yaml").exists() and not (tmp_path / "m-matched").exists()
