@@ -261,7 +261,7 @@ def run_command(m: Measurement, args: argparse.Namespace) -> int:
     outputs, folder, js, files = _outputs(m, args)
     sized = beyond_memory(args)[0]
     if sized:
-        result = _at_size(m, args, values, outputs, folder, js)
+        result = _at_size(m, args, values, outputs, folder, js, files)
         how = m.extra.get("at_size_how",
                           " (at size: streamed, each point built block by block)")
     else:
@@ -352,7 +352,7 @@ def _json(m: Measurement, result, args) -> dict:
     return d | {"out": args.out} if m.writes_model else d
 
 
-def _at_size(m: Measurement, args, values: dict, outputs, folder, js):
+def _at_size(m: Measurement, args, values: dict, outputs, folder, js, files=()):
     """A pair too large for memory: matched streamed into a temporary folder
     (rotviz.stream.endpoints), then measured block by block, or refused in one line."""
     from rotviz.devices import device_for, pick_device
@@ -370,10 +370,9 @@ def _at_size(m: Measurement, args, values: dict, outputs, folder, js):
     if why:
         raise RotvizError(f"the pair is evaluated block by block (--max-memory), and {why}; "
                           "raise --max-memory")
-    for f in _files_given(m, args):
-        raise RotvizError(f"the pair is evaluated block by block (--max-memory), and "
-                          f"{f.at_size or f.flag + ' is written from memory only'}; or raise "
-                          "--max-memory")
+    for f in _files_given(m, args) if not m.writes_model else ():
+        raise RotvizError(f"the pair is evaluated block by block (--max-memory), and {f.flag} "
+                          "is written from memory only; raise --max-memory")
     if m.at_size_check is not None:
         m.at_size_check(values)
     if m.needs_match and match_options(args.match) is None:
@@ -401,6 +400,9 @@ def _at_size(m: Measurement, args, values: dict, outputs, folder, js):
                 result = m.at_size(ends, ctx, values)
                 if js is not None:
                     write_json_file(tmp[js], _json(m, result, args), m.name)
+                for f, item, beside in files:  # a record's further files, from the stream
+                    f.write(ends, result, values, tmp[item], tuple(tmp[d] for d in beside),
+                            (item.path, tuple(d.path for d in beside)))
             return result
         result = m.at_size(ends, ctx, values)
     if result is None or not group.main:

@@ -100,7 +100,7 @@ def _mergekit_check(v: dict) -> None:
     from rotviz.merging import names
     from rotviz.merging.mergekit import check
 
-    check(v["method"], _given(v), names(), base=v.get("base") is not None)
+    check(v["method"], _given(v), names(), base=bool(v.get("base")))
 
 
 def _mergekit_folders(path):
@@ -110,29 +110,42 @@ def _mergekit_folders(path):
 
 
 def _mergekit_write(ends, result, v: dict, file, folders, final) -> None:
-    """The matched source as a model folder beside the configuration, and the configuration
-    naming the anchor's folder and that one (absolute paths, as they will be named)."""
+    """The matched source as a model folder beside the configuration (held: written from
+    memory; at size: the streamed match's files copied), and the configuration naming the
+    anchor's folder, that one and the base's (absolute paths, as they will be named)."""
     from rotviz.merging.mergekit import mergekit_config
-    from rotviz.models import write_model
+    from rotviz.models import resolve_ref
 
     (matched,) = folders
-    same = all(ends.source.state[k].shape == t.shape for k, t in ends.matched.items()
-               if k in ends.source.state)
-    write_model(ends.source if same else ends.anchor, ends.matched, matched)
-    base = v.get("base")
+    if hasattr(ends, "matched_path"):  # at size: the matched source is a checkpoint folder
+        _copy_model(resolve_ref(ends.matched_path), matched)
+    else:
+        from rotviz.models import write_model
+
+        same = all(ends.source.state[k].shape == t.shape for k, t in ends.matched.items()
+                   if k in ends.source.state)  # a narrower source is written in A's width
+        write_model(ends.source if same else ends.anchor, ends.matched, matched)
+    base = v.get("base") or None  # a model reference, where the method takes a base
     text = mergekit_config(v["method"], _given(v), v["weight"], ends.anchor.path.resolve(),
-                           final[1][0].resolve(), _dtype(ends.anchor),
-                           None if base is None else base.path.resolve(),
+                           final[1][0].resolve(),
+                           str(ends.anchor.stored_dtype).removeprefix("torch."),
+                           None if base is None else resolve_ref(base).resolve(),
                            note=f" (rotviz merge --method {v['method']} --weight "
-                                f"{v['weight']:g}, match {ends.info.match})")
+                                f"{v['weight']:g}, match {ends.match})")
     with open(file, "x") as f:
         f.write(text)
 
 
-def _dtype(loaded) -> str:
-    """The checkpoint's dtype (the floating dtype holding most parameters), as mergekit
-    names it."""
-    return str(loaded.stored_dtype).removeprefix("torch.")
+def _copy_model(src, folder) -> None:
+    """The files of the model folder `src` (its checkpoint, config and reading files) into
+    the output `folder` (rotviz's own output marker left: the folder gets its own)."""
+    import shutil
+
+    from rotviz.outputs import MARKER
+
+    for e in sorted(src.iterdir()):
+        if e.is_file() and e.name != MARKER:
+            shutil.copyfile(e, folder / e.name)
 
 
 MERGEKIT_FILE = OutputFile(
@@ -140,9 +153,7 @@ MERGEKIT_FILE = OutputFile(
     "also write a mergekit configuration (YAML, for mergekit-yaml) of this merge to this new "
     "file, and the matched source it reads to FILE's name less its suffix plus -matched "
     "(merge.yaml: merge-matched/)",
-    folders=_mergekit_folders, check=_mergekit_check, write=_mergekit_write,
-    at_size="--mergekit-config writes the matched source from memory; at size write it with "
-            "rotviz match ANCHOR SOURCE --out DIR and merge that folder with mergekit")
+    folders=_mergekit_folders, check=_mergekit_check, write=_mergekit_write)
 
 
 MERGE = register(Measurement(

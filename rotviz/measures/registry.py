@@ -75,9 +75,9 @@ class OutputFile:
     folders: Callable[[Path], tuple[Path, ...]] = lambda path: ()  # written beside the file
     check: Callable[[dict], None] | None = None  # (values) -> refuse early, one line
     # (endpoints, result, values, file, folders, final) -> None: write the file and folders
-    # (temporary paths) where `final` is (the file, its folders) as they will be named
+    # (temporary paths) where `final` is (the file, its folders) as they will be named; the
+    # endpoints are held, or streamed at size (a record that writes a model only)
     write: Callable[..., None] | None = None
-    at_size: str = ""  # why it is refused at size (the option then is one line's error)
 
 
 @dataclass(frozen=True)
