@@ -182,3 +182,25 @@ def test_methods_without_mergekit_are_refused_first(pair, tmp_path, capsys, meth
     assert rc == 2 and len(err.splitlines()) == 1
     assert f"--method {method} has no mergekit equivalent" in err and "simple" in err
     assert not (tmp_path / "m.yaml").exists() and not (tmp_path / "m-matched").exists()
+
+
+def test_the_yaml_is_an_output_like_any_other(pair, tmp_path, capsys):
+    """Stamped as rotviz's, so --overwrite replaces it (and its matched folder); without
+    --overwrite, or over a file rotviz did not write, it is refused before any work."""
+    a, b, data, _ = pair
+    config = tmp_path / "merge.yaml"
+    cmd = ["merge", str(a), str(b), "--data", data, "--device", "cpu", "--mergekit-config",
+           str(config)]
+    assert main(cmd) == 0
+    first = config.read_text()
+    assert first.startswith("# written by rotviz ") and "merge_method: linear" in first
+    assert main([*cmd, "--weight", "0.25", "--overwrite"]) == 0
+    assert "weight: 0.75" in config.read_text() and "weight: 0.5" not in config.read_text()
+    capsys.readouterr()
+    assert main(cmd) == 2
+    assert "already exists" in capsys.readouterr().err
+    theirs = tmp_path / "theirs.yaml"
+    theirs.write_text("merge_method: linear\n")
+    assert main([*cmd[:-1], str(theirs), "--overwrite"]) == 2
+    assert "was not written by rotviz" in capsys.readouterr().err
+    assert theirs.read_text() == "merge_method: linear\n"

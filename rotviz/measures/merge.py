@@ -115,6 +115,7 @@ def _mergekit_write(ends, result, v: dict, file, folders, final) -> None:
     anchor's folder, that one and the base's (absolute paths, as they will be named)."""
     from rotviz.merging.mergekit import mergekit_config
     from rotviz.models import resolve_ref
+    from rotviz.outputs import text_stamp
 
     (matched,) = folders
     if hasattr(ends, "matched_path"):  # at size: the matched source is a checkpoint folder
@@ -132,8 +133,8 @@ def _mergekit_write(ends, result, v: dict, file, folders, final) -> None:
                            None if base is None else resolve_ref(base).resolve(),
                            note=f" (rotviz merge --method {v['method']} --weight "
                                 f"{v['weight']:g}, match {ends.match})")
-    with open(file, "x") as f:
-        f.write(text)
+    with open(file, "x") as f:  # stamped, so --overwrite may replace it later
+        f.write(text_stamp("merge") + text)
 
 
 def _copy_model(src, folder) -> None:
