@@ -2,7 +2,8 @@
 `rotviz merge --mergekit-config` writes, and its output equals rotviz's own merge of the same
 pair, tensor by tensor (1e-5).
 
-The pair is a tiny seeded LLaMA (an architecture mergekit knows), matched data-free (seed).
+The pair is a tiny seeded LLaMA (or GPT-2: architectures mergekit knows by their tensor
+names), matched data-free (seed).
 Each row of ROWS is one rotviz method with its parameters and weight. A row whose method is
 registered in rotviz runs through the command line, whose --out is the reference; a row whose
 method rotviz does not have yet (`plain` given) writes the YAML through the library for the
@@ -29,7 +30,7 @@ from rotviz.random_models import save_random
 mergekit = pytest.importorskip("mergekit", reason="mergekit==0.1.5 (requirements-dev.txt)")
 
 TOL = 1e-5
-LLAMA = dict(layers=2, d=32, heads=4, ffn=64, vocab=98, positions=64)  # the text data's 98
+SIZES = dict(layers=2, d=32, heads=4, ffn=64, vocab=98, positions=64)  # the text data's 98
 
 
 def _plain_slerp(a: torch.Tensor, b: torch.Tensor, t: float) -> torch.Tensor:
@@ -53,10 +54,11 @@ class Row:
     values: dict = field(default_factory=dict)  # its parameters, for the library's YAML
     at_size: bool = False  # --max-memory 0: matched streamed, the merge built block by block
     base: bool = False  # --base: a third seeded model of the pair's architecture
+    family: str = "llama"
 
     @property
     def id(self) -> str:
-        return self.method + ("-at-size" if self.at_size else "")
+        return "-".join([self.method, *(["at-size"] if self.at_size else []), self.family])
 
 
 # Rows to add as the methods land (each about a base: mergekit's base_model):
@@ -67,25 +69,39 @@ class Row:
 ROWS = [
     Row("simple", 0.3),
     Row("simple", 0.3, at_size=True),  # the matched source copied from the streamed match
+    Row("simple", 0.3, family="gpt2"),  # the output head tied to the embedding
     Row("slerp", 0.3, plain=_plain_slerp),
 ]
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    """The anchor, the source, the text data, and the source as `rotviz match` matches it."""
+def pairs(tmp_path_factory):
+    """pairs(family): the anchor, the source, the text data, and the source as `rotviz match`
+    matches it (made once per family)."""
     root = tmp_path_factory.mktemp("mergekit")
-    a = save_random("llama", root / "anchor", seed=0, **LLAMA)
-    b = save_random("llama", root / "source", seed=1, **LLAMA)
     text = root / "t.txt"
     gen = torch.Generator().manual_seed(0)
     letters = "abcdefgh "
     text.write_text("\n".join("".join(letters[int(i)] for i in torch.randint(0, 9, (40,),
                                                                               generator=gen))
                               for _ in range(40)))
-    assert main(["match", str(a), str(b), "--out", str(root / "matched"), "--device",
-                 "cpu"]) == 0
-    return a, b, f"text:{text}", root / "matched"
+    made: dict[str, tuple] = {}
+
+    def get(family: str = "llama"):
+        if family not in made:
+            a = save_random(family, root / family / "anchor", seed=0, **SIZES)
+            b = save_random(family, root / family / "source", seed=1, **SIZES)
+            out = root / family / "matched"
+            assert main(["match", str(a), str(b), "--out", str(out), "--device", "cpu"]) == 0
+            made[family] = a, b, f"text:{text}", out
+        return made[family]
+
+    return get
+
+
+@pytest.fixture
+def pair(pairs):
+    return pairs("llama")
 
 
 def _mergekit(config: Path, out: Path) -> dict[str, torch.Tensor]:
@@ -105,8 +121,8 @@ def _state(folder: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: r.id)
-def test_mergekit_merges_as_rotviz(pair, tmp_path, row: Row):
-    a, b, data, matched = pair
+def test_mergekit_merges_as_rotviz(pairs, tmp_path, row: Row):
+    a, b, data, matched = pairs(row.family)
     config = tmp_path / "merge.yaml"
     if row.method in names():
         ours = tmp_path / "ours"
@@ -114,7 +130,7 @@ def test_mergekit_merges_as_rotviz(pair, tmp_path, row: Row):
                      row.method, "--weight", str(row.weight), *row.options, "--out", str(ours),
                      "--mergekit-config", str(config),
                      *(["--max-memory", "0"] if row.at_size else []),
-                     *(["--base", str(save_random("llama", tmp_path / "base", seed=2, **LLAMA))]
+                     *(["--base", str(save_random(row.family, tmp_path / "base", seed=2, **SIZES))]
                        if row.base else [])]) == 0
         expected = _state(ours)
         # the matched source written for mergekit is the one `rotviz match` writes (exactly
