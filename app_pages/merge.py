@@ -19,13 +19,16 @@ st.markdown(
     "computed on the matched models."
 )
 METHODS = {m.name: m for m in merge_methods()}
-st.markdown("\n".join(f"- **{m.name}** ({m.label}): {m.help}." for m in METHODS.values()))
+st.markdown("\n".join(f"- **{m.name}** ({m.label}): {m.help}"
+                       + (" (needs a base model)." if m.needs_base else ".")
+                       for m in METHODS.values()))
 
 offered, residual_why = common.offered_specs(s, MERGE_SPECS)
 
 with st.form("merge_form"):
     c = st.columns(2)
-    methods = c[0].multiselect("Fusion methods", list(METHODS), list(METHODS),
+    methods = c[0].multiselect("Fusion methods", list(METHODS),
+                               [n for n, m in METHODS.items() if not m.needs_base],
                                format_func=lambda m: METHODS[m].label, key="g_methods",
                                bind="query-params")
     specs = c[1].multiselect("Matching before fusion", offered, ["none", "seed"],
@@ -36,6 +39,11 @@ with st.form("merge_form"):
                                   "split).")
     if residual_why is not None:
         c[1].caption(f"Residual stream options are not offered for this pair: {residual_why}.")
+    base_ref = st.text_input(
+        "Base model of the methods that need one (zoo:NAME or a model folder; empty: none)",
+        "", key="g_base", bind="query-params",
+        help="The model both were fine-tuned from: task vectors are taken from it. It is never "
+             "matched (only the source is), so it must share the anchor's basis.")
     c = st.columns(4)
     weight = c[0].slider("Weight of the source (0 = anchor only, 1 = source only)", 0.0, 1.0,
                          0.5, 0.05, key="g_weight", bind="query-params")
@@ -56,12 +64,18 @@ def body() -> None:
     if not specs or not methods:
         st.warning("Pick at least one fusion method and one matching option.")
         return
+    based = [METHODS[m].label for m in methods if METHODS[m].needs_base]
+    if based and not base_ref.strip():
+        st.warning(f"{', '.join(based)} need a base model: give one above, or drop them.")
+        return
     if not common.should_run("merge", submitted, s):
         st.info("Press **Run** to fuse the models.")
         return
     labels = [spec_label(sp) for sp in specs]
     cfg = {**s.base(), "methods": methods, "specs": labels, "weight": weight,
            "params": {**params, "seed": s.base()["seed"]}}
+    if based:
+        cfg["base"] = base_ref.strip()
     if any(learns(sp) for sp in labels):
         cfg["learn_steps"] = steps
     with common.progress("Fusing", 1, stop="merge") as step:

@@ -4,7 +4,8 @@ The public API, imported on first use (so `import rotviz` and the command line s
 `load_model` and `evaluate`; `match_endpoints` (match once: the anchor, the source and the
 matched source with what matching did) and `measure` (any registered measurement on those
 endpoints: barrier, plane, merge, distances, spectra, ...); `match_models`, `MatchOptions`,
-and the one-call conveniences `interpolate`, `loss_plane` and `merge`; for checkpoints larger
+and the one-call conveniences `interpolate`, `loss_plane` and `merge`; `merge_many` (N >= 2
+parameter sets merged by a registered method, about an optional base); for checkpoints larger
 than memory, `open_streamed`, `match_streamed`, `streamed_endpoints` and the sized evaluations
 `sized_curve`, `sized_plane` and `sized_merge`.
 Everything else lives in the layers below: `arch` (architectures as data),
@@ -28,6 +29,7 @@ _API = {
     "interpolate": "rotviz.analysis.landscape",
     "loss_plane": "rotviz.analysis.landscape",
     "merge": "rotviz.analysis.fusion",
+    "merge_many": "rotviz.merging.combine",
     "evaluate": "rotviz.evaluation",
     "open_streamed": "rotviz.stream.blocks",
     "match_streamed": "rotviz.stream.match",

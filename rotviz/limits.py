@@ -69,6 +69,8 @@ BATCH_SIZE = Bound("--batch-size", 1, 65_536)
 BATCHES = Bound("--batches", 1, 100_000)  # merge statistics batches
 WEIGHT = Bound("--weight", 0.0, 1.0, integer=False)  # weight of the source in a merge
 ALPHA = Bound("--alpha", 0.0, 1.0, integer=False)  # RegMean off-diagonal scale
+DENSITY = Bound("--density", 0.0, 1.0, integer=False)  # share of a task vector kept (TIES, DARE)
+SCALE = Bound("--scale", -10.0, 10.0, integer=False)  # lambda: scale of the merged task vector
 SEED = Bound("--seed", 0, 2**32 - 1)  # numpy's seed range
 PORT = Bound("--port", 1, 65_535)
 HESSIAN_TOP = Bound("--top", 1, 50)  # Hessian eigenvalues reported, largest first

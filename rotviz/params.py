@@ -27,6 +27,7 @@ class Param:
     choices: tuple[str, ...] = ()
     label: str = ""  # the app's widget label (default: the name in words)
     widget: tuple[float, float, float] = ()  # the app's slider (lo, hi, step), inside the bound
+    metavar: str = ""  # the CLI's name for a free-text value (MODEL); default BOUND or NAME
 
     @property
     def flag(self) -> str:

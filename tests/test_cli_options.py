@@ -48,6 +48,7 @@ WITH = {
     ("match", "--steps"): ["--learned", "--data", "digits"],
     ("barrier", "--seed"): ["--repeats", "2"],
     **{("merge", p.flag): ["--method", users(p.name)[0]] for p in all_params()},
+    ("merge", "--base"): ["--method", "task_arithmetic"],
     # slice's second model and the options that use it
     ("slice", "--source"): ["--around", "source"],
     **{("slice", o): ["--source", B, "--around", "matched"] for o in ("--match", "--layers")},
@@ -90,8 +91,8 @@ KINDS = {
     ("eval", "model"): "model", ("eval", "--json"): "out file", ("eval", "--data"): "data",
     ("eval", "--split"): "name", ("eval", "--device"): "name",
     ("merge", "--out"): "out folder", ("merge", "--method"): "name",
+    ("merge", "--stats-split"): "name", ("merge", "--base"): "model",
     ("merge", "--mergekit-config"): "out file",
-    ("merge", "--stats-split"): "name",
     **{("merge", p.flag): "name" for p in all_params() if p.choices},
     **{(n, p.flag): "name" for n, m in MEASURES.items() for p in m.parameters() if p.choices},
     ("zoo build", "names"): "name", ("zoo build", "--out"): "zoo out",

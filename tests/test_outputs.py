@@ -316,7 +316,7 @@ def _interrupt(argv: list[str], cwd: Path, delays: tuple[float, ...]) -> subproc
      "--steps", "30"],
     ["merge", A, B, "--data", "digits", "--method", "regmean", "--match", "weight", "--out", "o",
      "--json", "m.json"],
-    ["zoo", "build", "vit-digits-ft-b", "--out", "o"],
+    ["zoo", "build", "vit-digits-s6-ft", "--out", "o"],
 ], ids=["match", "merge", "zoo-build"])
 def test_sigint_leaves_no_output_and_a_rerun_succeeds(ws, capfd, argv):
     before = snapshot(ws.parent, ZOO)
@@ -324,7 +324,7 @@ def test_sigint_leaves_no_output_and_a_rerun_succeeds(ws, capfd, argv):
     assert snapshot(ws.parent, ZOO) == before  # no output, no temporary folder
     capfd.readouterr()
     assert main(argv) == 0, capfd.readouterr().err
-    assert (ws / "o" / outputs.MARKER).is_file() or (ws / "o" / "vit-digits-ft-b").is_dir()
+    assert (ws / "o" / outputs.MARKER).is_file() or (ws / "o" / "vit-digits-s6-ft").is_dir()
     assert not [p for p in ws.rglob("*") if p.name.startswith(".rotviz-")]
 
 

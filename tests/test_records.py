@@ -69,7 +69,8 @@ register(Measurement("toy_norm", "Weight norm", "toy: the weight norm of one mod
                      data=False, pair=False, summary=lambda r, how: f"norm {r['norm']:.6f}"))
 
 
-def combine(job, name, a, b):
+def combine(job, name, tensors, base):
+    a, b = tensors
     w = job.params["toy_weight"]
     return ((1 - w) * a.double() + w * b.double()).to(a.dtype)
 

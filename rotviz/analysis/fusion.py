@@ -1,8 +1,12 @@
 """Merging after matching: one merged model (`merge_on`, `merge`) and the paper's Tables 1-2
 (`fusion_table`: every method with every matching SPEC).
 
-The methods themselves are registered records (rotviz.merging: simple, Fisher, RegMean, and
-whatever a plug-in registers). Statistics (Fisher, Gram matrices) are always computed on the
+The methods themselves are registered records (rotviz.merging: simple, Fisher, RegMean, task
+arithmetic, TIES, DARE, SLERP, Model Stock, and whatever a plug-in registers). A method built
+on task vectors takes a base model (`base`), which is never matched: alignment moves the
+source only, so the base must share the anchor's basis (the anchor's lineage: the model both
+were fine-tuned from); models from different inits are matched first and merged without a
+base. Statistics (Fisher, Gram matrices) are always computed on the
 models as matched: the source's live in the basis of its own neurons and heads, so statistics
 taken before matching are in the wrong basis afterwards (a bug in public code).
 """
@@ -21,10 +25,10 @@ from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator
 from rotviz.match.endpoints import HeldEndpoints, as_options, match_endpoints
 from rotviz.match.options import MatchOptions
-from rotviz.merging import MergeMethod, check_weight, names, users
+from rotviz.merging import MergeMethod, check_base, check_models, check_weight, users
 from rotviz.merging import method as method_record
 from rotviz.merging.combine import merge_states
-from rotviz.models import Loaded
+from rotviz.models import Loaded, check_compatible
 from rotviz.params import needs, read_params
 from rotviz.types import Progress
 
@@ -63,6 +67,7 @@ class Merged:
     anchor: str = ""
     source: str = ""
     layers: list[int] | None = None  # layers matched (None: all)
+    base: str = ""  # the base model the task vectors are taken from ("" without)
     # the task's further metrics (rotviz.tasks: macro-F1, entity F1, ...; none for LMs)
     scores: dict[str, float] = field(default_factory=dict)
     anchor_scores: dict[str, float] = field(default_factory=dict)
@@ -94,6 +99,19 @@ def method_params(m: MergeMethod, given: Mapping[str, Any]) -> dict[str, Any]:
                        f"--method {m.name}")
 
 
+def check_base_model(m: MergeMethod, anchor: Loaded, base: Loaded | None) -> None:
+    """The method takes a base (or none), and a base shares the anchor's architecture and
+    shapes (one line otherwise)."""
+    check_base(m, base is not None)
+    if base is None:
+        return
+    try:
+        check_compatible(anchor, base)
+    except RotvizError as e:
+        raise RotvizError(f"--base '{base.ref}' does not fit the anchor '{anchor.ref}': "
+                          f"{e}") from None
+
+
 def statistics_of(m: MergeMethod, loaded: Loaded, state: Mapping[str, Tensor], split: Split,
                   device, values: Mapping[str, Any],
                   progress: Progress | None = None) -> dict[str, Tensor] | None:
@@ -111,6 +129,7 @@ def merge_on(
     device: str | torch.device = "cpu",
     progress: Progress | None = None,
     stats_data: Split | None = None,
+    base: Loaded | None = None,
     **params: Any,
 ) -> Merged:
     """merge_on(endpoints, "regmean", split, weight=0.5, device=, alpha=0.9) -> Merged
@@ -118,11 +137,13 @@ def merge_on(
     Merge the matched source into the anchor with a registered method and its `params`
     (rotviz.merging; those not given keep their defaults) and evaluate the merged model on
     `split`. Statistics come from `stats_data` (default: the split named by the method's
-    `stats_split` parameter, train, of the same data), computed on the matched source.
-    `Merged.state` holds the merged weights."""
+    `stats_split` parameter, train, of the same data), computed on the matched source. A
+    method built on task vectors takes `base`, the model both were fine-tuned from (never
+    matched). `Merged.state` holds the merged weights."""
     m = method_record(method_name)
     weight = check_weight(weight)
     values = method_params(m, params)
+    check_base_model(m, ends.anchor, base)
     t0 = time.perf_counter()
     anchor, info = ends.anchor, ends.info
     ev = Evaluator(anchor, split, device)
@@ -137,7 +158,8 @@ def merge_on(
         sb = statistics_of(m, anchor, ends.matched, st_split, ev.device, values,
                            _stage(progress, "source"))
     stats_s = time.perf_counter() - t1
-    merged = merge_states(anchor, m.name, anchor.state, ends.matched, weight, sa, sb, **values)
+    merged = merge_states(anchor, m.name, anchor.state, ends.matched, weight, sa, sb,
+                          None if base is None else base.state, **values)
     loss, acc = ev.evaluate(ev.params(merged))
     a_loss, a_acc = ev.evaluate(ev.params(anchor.state))
     s_loss, s_acc = ev.evaluate(ev.params(ends.matched))
@@ -151,7 +173,8 @@ def merge_on(
         seconds=time.perf_counter() - t0 + info.seconds, match_seconds=info.seconds,
         stats_seconds=stats_s, distance_before=info.distance_before,
         distance_after=info.distance_after, anchor=anchor.ref, source=ends.source_ref,
-        layers=ends.layers, state=merged, anchor_stats=sa, source_stats=sb,
+        layers=ends.layers, base="" if base is None else base.ref, state=merged,
+        anchor_stats=sa, source_stats=sb,
         scores=ev.scores(ev.params(merged)), anchor_scores=ev.scores(ev.params(anchor.state)),
         source_scores=ev.scores(ev.params(ends.matched)),
         params={k: v for k, v in values.items() if k in m.extra},
@@ -168,20 +191,23 @@ def merge(
     weight: float = 0.5,
     device: str | torch.device = "cpu",
     progress: Progress | None = None,
+    base: Loaded | None = None,
     **params: Any,
 ) -> Merged:
     """merge(anchor, source, method, options, split, stats_split=None, weight=0.5, ...) -> Merged
 
     Match the source onto the anchor with `options` (MatchOptions, SPEC or None), then
-    `merge_on` the endpoints with `method` (simple, fisher, regmean or a registered one) and
-    its parameters (`batches`, `batch_size`, `seed`, `alpha`, ...)."""
+    `merge_on` the endpoints with `method` (simple, fisher, regmean, ties, ... or a registered
+    one), its parameters (`batches`, `alpha`, `density`, ...) and, for a method built on task
+    vectors, the `base` (not matched: it must share the anchor's basis)."""
     m = method_record(method)
     weight = check_weight(weight)
     method_params(m, params)  # a bad parameter is refused before matching
+    check_base_model(m, anchor, base)
     ends = match_endpoints(anchor, source, options, device, data=split)
     if isinstance(stats_split, str):  # a split's name, as the method's parameter takes it
         params, stats_split = {**params, "stats_split": stats_split}, None
-    return merge_on(ends, m.name, split, weight, device, progress, stats_split, **params)
+    return merge_on(ends, m.name, split, weight, device, progress, stats_split, base, **params)
 
 
 def default_stats_split(split: Split) -> Split:
@@ -245,22 +271,29 @@ def fusion_on(
     weight: float = 0.5,
     device: str | torch.device = "cpu",
     progress: Progress | None = None,
+    base: Loaded | None = None,
     **params: Any,
 ) -> FusionTable:
     """fusion_on({label: endpoints}, split, methods=None, weight=0.5, alpha=0.9) -> FusionTable
 
-    Every method (default: every registered one) with every matching, one set of endpoints
-    per column. `params` go to each method that declares them (batches, batch_size, seed,
-    alpha, ...); the anchor's statistics are computed once per method, the matched source's
-    once per (method, matching)."""
+    Every method (default: every registered one that runs with the base given or not, and
+    combines two models) with every matching, one set of endpoints per column. `params` go
+    to each method that declares them (batches, batch_size, seed, alpha, density, ...); the
+    anchor's statistics are computed once per method, the matched source's once per (method,
+    matching). The methods built on task vectors use `base` (never matched)."""
     t0 = time.perf_counter()
-    records = [method_record(m) for m in (names() if methods is None else methods)]
+    if methods is None:
+        methods = default_methods(base is not None)
+    records = [method_record(m) for m in methods]
     weight = check_weight(weight)
     values = {m.name: method_params(m, {k: v for k, v in params.items()
                                        if any(p.name == k for p in m.params)})
               for m in records}
     first = next(iter(ends.values()))
     anchor = first.anchor
+    for m in records:
+        check_models(m, 2)
+        check_base_model(m, anchor, base if m.needs_base else None)
     ev = Evaluator(anchor, split, device)
     stats_name = params.get("stats_split") or "train"
     st_split = stats_data if stats_data is not None else (
@@ -294,7 +327,9 @@ def fusion_on(
                 time.perf_counter() - t
             t = time.perf_counter()
             merged = merge_states(anchor, m.name, anchor.state, e.matched, weight,
-                                  anchor_stats[m.name], sb, **values[m.name])
+                                  anchor_stats[m.name], sb,
+                                  base.state if m.needs_base and base is not None else None,
+                                  **values[m.name])
             timing[f"merge:{m.name}"] = timing.get(f"merge:{m.name}", 0.0) + \
                 time.perf_counter() - t
             loss[m.name][label], acc[m.name][label] = ev.evaluate(ev.params(merged))
@@ -314,6 +349,14 @@ def fusion_on(
     )
 
 
+def default_methods(has_base: bool) -> list[str]:
+    """The registered methods a table runs by default: every one, less those that need a
+    base when none is given."""
+    from rotviz.merging import methods as all_methods
+
+    return [m.name for m in all_methods() if has_base or not m.needs_base]
+
+
 def _given(params: Mapping[str, Any], name: str, default: Any) -> Any:
     value = params.get(name)
     return default if value is None else value
@@ -329,6 +372,7 @@ def fusion_table(
     weight: float = 0.5,
     device: str | torch.device = "cpu",
     progress: Progress | None = None,
+    base: Loaded | None = None,
     **params: Any,
 ) -> FusionTable:
     """fusion_table(anchor, source, split, stats_split=None, methods=, specs=) -> FusionTable
@@ -340,4 +384,5 @@ def fusion_table(
         ends[e.match] = e
     if isinstance(stats_split, str):  # a split's name, as the methods' parameter takes it
         params, stats_split = {**params, "stats_split": stats_split}, None
-    return fusion_on(ends, split, stats_split, methods, weight, device, progress, **params)
+    return fusion_on(ends, split, stats_split, methods, weight, device, progress, base,
+                     **params)

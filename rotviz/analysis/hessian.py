@@ -40,6 +40,9 @@ from rotviz.types import Progress
 
 Tensor = torch.Tensor
 Hvp = Callable[[Tensor], Tensor]  # flat vector -> flat H v
+# Unit vectors per batched pass of an exact trace (Curvature.hvp_rows): 64 rows of a small
+# model's parameters cost a few MB and one double backward, where 64 passes cost 64.
+EXACT_ROWS = 64
 
 
 # ---- the loss and its Hessian-vector product -------------------------------------------
@@ -289,15 +292,24 @@ def rademacher(n: int, gen: torch.Generator, dtype, device) -> Tensor:
 
 
 def hutchinson(hvp: Hvp, n: int, probes: int, gen: torch.Generator, dtype, device,
-               mask: Tensor | None = None, progress: Progress | None = None
-               ) -> tuple[float, float]:
+               mask: Tensor | None = None, progress: Progress | None = None,
+               rows: Hvp | None = None) -> tuple[float, float]:
     """tr(H) ~ mean over Rademacher probes z of z^T H z, with the standard error of that mean
     (sample standard deviation / sqrt(probes); nan with a single probe).
 
     When `probes` is at least the number of parameters, the n unit vectors are exact and no
-    more work: the trace is then sum_i e_i^T H e_i, with standard error 0."""
+    more work: the trace is then sum_i e_i^T H e_i, with standard error 0. `rows` (H V for
+    the rows of V: Curvature.hvp_rows) takes EXACT_ROWS unit vectors per pass."""
     idx = torch.arange(n, device=device) if mask is None else mask.nonzero().flatten()
     m = int(idx.numel())
+    if probes >= m and rows is not None:
+        total = 0.0
+        for chunk in idx.split(EXACT_ROWS):
+            k = torch.arange(len(chunk), device=device)
+            e = torch.zeros(len(chunk), n, dtype=dtype, device=device)
+            e[k, chunk] = 1.0
+            total += float(rows(e)[k, chunk].sum())
+        return total, 0.0
     if probes >= m:
         total = 0.0
         for i in idx.tolist():
@@ -436,7 +448,8 @@ def hessian(loaded: Loaded, state: Mapping[str, Tensor] | None, split, device="c
     eig = top_eigenvalues(cur.hvp, cur.n, top, gen, dt, dev, steps=steps, progress=progress)
     tr = se = None
     if probes:
-        tr, se = hutchinson(cur.hvp, cur.n, probes, gen, dt, dev, progress=progress)
+        tr, se = hutchinson(cur.hvp, cur.n, probes, gen, dt, dev, progress=progress,
+                            rows=cur.hvp_rows)
     groups = []
     if by != "none":
         masks = cur.masks(by, loaded)

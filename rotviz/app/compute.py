@@ -218,11 +218,12 @@ def spec_cfg(spec: str, learn_steps: int = 0) -> dict:
     return out
 
 
-def measure_cfg(base: dict, spec: str, layers: str = "", learn_steps: int = 0,
+def measure_cfg(base: dict, spec: str, /, layers: str = "", learn_steps: int = 0,
                 **params: Any) -> dict:
     """The configuration of one measurement: `base` (the sidebar's part: anchor, source,
     data, seed, n_eval, device), the SPEC, the layers to match and the measurement's own
-    parameters (those not given keep the record's defaults)."""
+    parameters (those not given keep the record's defaults; positional-only `base` and
+    `spec`, so that a parameter may be called `base`: the merge's base model)."""
     return {**base, "layers": layers.strip(), **spec_cfg(spec, learn_steps), "params": params}
 
 
@@ -383,7 +384,7 @@ def measure(name: str, res: Resources, cfg: dict, progress: Progress | None = No
     split = _split_of(res, c) if record.data else None
     with res.using(c.anchor, c.source):
         result = record.run(ends, Context(split, resolve_device(c.device), progress=progress,
-                                          cancel=cancel), values)
+                                          cancel=cancel, load=res.load), values)
     out = result.to_dict()
     if out.get("stopped") == "cancelled":
         raise Cancelled(f"{record.label} was stopped before it finished; nothing was kept. "
@@ -439,7 +440,8 @@ def measure_inputs(record, res: Resources, cfg: dict, progress: Progress | None 
 def fusion(res: Resources, cfg: dict, progress: Progress | None = None) -> dict:
     """Merged accuracy for every method and matching option (rotviz.analysis.fusion.fusion_on,
     on endpoints matched through `res`, so they are shared with the other computations).
-    `params` go to each merge method that declares them (batches, alpha, ...)."""
+    `params` go to each merge method that declares them (batches, alpha, ...); `base`, when
+    given, is the base model of the methods that need one (read through the app's roots)."""
     from rotviz.analysis.fusion import fusion_on
 
     ends = {}
@@ -448,9 +450,10 @@ def fusion(res: Resources, cfg: dict, progress: Progress | None = None) -> dict:
                       progress)
         ends[e.match] = e
     sp = _split_of(res, cfg)
+    base = res.load(cfg["base"]) if cfg.get("base") else None  # through the app's roots
     with res.using(cfg["anchor"], cfg["source"]):
         t = fusion_on(ends, sp, None, cfg["methods"], cfg["weight"], cfg["device"],
-                      **(cfg.get("params") or {})).to_dict()
+                      base=base, **(cfg.get("params") or {})).to_dict()
     t["timing"] = {k: v for k, v in t["timing"].items() if not k.startswith("match:")}
     return t
 

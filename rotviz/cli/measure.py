@@ -48,7 +48,7 @@ def add_params(parser: argparse.ArgumentParser, params: tuple[Param, ...]) -> No
     """One option per parameter; its default is None, so that the command knows what was
     given (the record's defaults fill the rest)."""
     for p in params:
-        metavar = "NAME" if p.choices else None
+        metavar = "NAME" if p.choices else (p.metavar or None)
         parser.add_argument(p.flag, dest=p.name, type=_param_type(p), default=None,
                             metavar=metavar, help=p.help)
 
@@ -199,7 +199,8 @@ def _outputs(m: Measurement, args):
     from rotviz.outputs import Outputs
 
     outputs = Outputs(m.name)
-    guard_inputs(outputs, [args.anchor, args.source], args.data)
+    further = [getattr(args, n) for n in m.models if getattr(args, n, None)]
+    guard_inputs(outputs, [args.anchor, args.source, *further], args.data)
     folder = outputs.add(getattr(args, "out", None), "--out", folder=True,
                          overwrite=args.overwrite)
     js = outputs.add(args.json, "--json", folder=False, overwrite=args.overwrite)
@@ -324,6 +325,9 @@ def _in_memory(m: Measurement, args, values: dict, outputs, folder, js, files=()
         able = ", ".join(r.name for r in measurements() if r.narrower)
         refuse_narrower(f"{m.name} also reads the source as it is, in its own width",
                         f"use {able}")
+    # the further models the parameters name (a merge's base), read now: a bad one is refused
+    # before any matching
+    further = {values[n]: load_model(values[n]) for n in m.models if values.get(n)}
     split = _split(m, args, anchor, columns, seq_len)
     options = match_options(args.match, parse_layers(args.layers, n_layers(anchor)))
     if m.data is False and options is not None and options.needs_data and split is None:
@@ -331,7 +335,8 @@ def _in_memory(m: Measurement, args, values: dict, outputs, folder, js, files=()
                           "--data digits")
     with _processes(device) as group:
         ends = match_endpoints(anchor, source, options, resolve_device(device), data=split)
-        ctx = Context(split if m.data else None, device, group, _progress(m, group))
+        ctx = Context(split if m.data else None, device, group, _progress(m, group),
+                      load=further.__getitem__)
         result = m.run(ends, ctx, values)
     if result is None or not group.main:
         return None

@@ -1,5 +1,8 @@
 """A merged model: the matched source merged into the anchor with a registered merge method
-(rotviz.merging), evaluated beside both endpoints. Its parameters are the method's."""
+(rotviz.merging), evaluated beside both endpoints. Its parameters are the method's, and
+`--base MODEL` for the methods built on task vectors: the base is read as the pair is
+(through the host's confined loading), never matched (alignment moves the source only), and
+must share the anchor's architecture and shapes."""
 
 from __future__ import annotations
 
@@ -12,16 +15,25 @@ from rotviz.params import Param
 def _params() -> tuple[Param, ...]:
     """--method and --weight, then every registered method's own parameters (a parameter
     given for a method that does not take it is refused by `_check`)."""
-    from rotviz.merging import all_params, names, users
+    from rotviz.merging import all_params, methods, names
 
+    based = [m.name for m in methods() if m.needs_base]
     out = [Param("method", "simple", f"{', '.join(names())} (default simple)", choices=names(),
                  label="Merge method"),
            Param("weight", 0.5, "weight of the source in [0, 1] (default 0.5)", WEIGHT,
-                 label="Weight of the source")]
+                 label="Weight of the source"),
+           Param("base", "", f"{' and '.join(based)} (needed): the model both were fine-tuned "
+                 "from, a model directory or zoo:NAME; never matched, so it must share the "
+                 "anchor's basis (default none)", label="Base model (task vectors)",
+                 metavar="MODEL")]
     for p in all_params():
-        who = " and ".join(users(p.name))
-        out.append(Param(p.name, p.default, f"{who}: {p.help}", p.bound, p.choices, p.title,
-                         p.widget))
+        helps: dict[str, list[str]] = {}  # one help per wording, with the methods that use it
+        for m in methods():
+            for q in m.params:
+                if q.name == p.name:
+                    helps.setdefault(q.help, []).append(m.name)
+        text = "; ".join(f"{' and '.join(who)}: {h}" for h, who in helps.items())
+        out.append(Param(p.name, p.default, text, p.bound, p.choices, p.title, p.widget))
     return tuple(out)
 
 
@@ -40,19 +52,33 @@ def _given(v: dict) -> dict:
 
 
 def _check(values: dict, given: set[str]) -> None:
-    """A parameter given for a method that does not take it is refused (one line)."""
+    """A parameter given for a method that does not take it is refused, and so is a method
+    that needs a base given none or one that takes none given one (one line each)."""
     from rotviz.analysis.fusion import method_params
-    from rotviz.merging import method
+    from rotviz.merging import check_base, check_models, method
 
-    method_params(method(values["method"]),
-                  {k: values[k] for k in given if k not in ("method", "weight")})
+    m = method(values["method"])
+    method_params(m, {k: values[k] for k in given if k not in ("method", "weight", "base")})
+    check_base(m, bool(values["base"]))
+    check_models(m, 2)
+
+
+def _load_base(ctx: Context, v: dict):
+    """The base model, read through the host's loading (the app's confined roots), or None."""
+    if not v["base"]:
+        return None
+    if ctx.load is not None:
+        return ctx.load(v["base"])
+    from rotviz.models import load_model
+
+    return load_model(v["base"])
 
 
 def _run(ends, ctx: Context, v: dict):
     from rotviz.analysis.fusion import merge_on
 
     return merge_on(ends, v["method"], ctx.split, v["weight"], ctx.device, ctx.progress,
-                    **_given(v))
+                    base=_load_base(ctx, v), **_given(v))
 
 
 def _sized_check(v: dict) -> None:
@@ -62,9 +88,12 @@ def _sized_check(v: dict) -> None:
 
     m = method(v["method"])
     if not m.at_size:
+        from rotviz.merging import methods
+
+        sized = ", ".join(x.name for x in methods() if x.at_size)
         raise RotvizError(f"the pair is evaluated block by block (--max-memory), and --method "
-                          f"{m.name} needs statistics of whole models; use --method simple or "
-                          "raise --max-memory")
+                          f"{m.name} needs statistics of whole models; use --method {sized}, "
+                          "or raise --max-memory")
 
 
 def _at_size(ends, ctx: Context, v: dict):
@@ -72,13 +101,16 @@ def _at_size(ends, ctx: Context, v: dict):
 
     _sized_check(v)
     r = sized_merge(ends.anchor_path, ends.matched_path, ctx.split, v["weight"], ctx.device,
-                    folder=ctx.out, match_info=ends.info, layers=ends.layers)
+                    folder=ctx.out, match_info=ends.info, layers=ends.layers,
+                    method=v["method"], base=v["base"] or None, **_given(v))
     r.source = ends.source_ref
     return r
 
 
 def _summary(r, how: str) -> str:
-    return (f"merged [{r.method}, match {match_label(r.match, r.layers)}, weight {r.weight:g}] "
+    base = f", base {r.base}" if getattr(r, "base", "") else ""
+    return (f"merged [{r.method}, match {match_label(r.match, r.layers)}, weight {r.weight:g}"
+            f"{base}] "
             f"on {r.device}{how}: accuracy {r.acc:.4f} (loss {r.loss:.4f}); anchor "
             f"{r.anchor_acc:.4f}, source {r.source_acc:.4f}; {r.seconds:.2f} s")
 
@@ -160,8 +192,9 @@ MERGEKIT_FILE = OutputFile(
 MERGE = register(Measurement(
     "merge", "Merge", "merge the matched source into the anchor and evaluate it",
     _run, _params, summary=_summary, plot=_plot, rows=_rows, at_size=_at_size, check=_check,
-    writes_model=True, at_size_check=_sized_check, narrower=True, files=(MERGEKIT_FILE,),
+    writes_model=True, at_size_check=_sized_check, narrower=True, models=("base",),
+    files=(MERGEKIT_FILE,),
     extra={"more": lambda: f" (methods: {', '.join(_names())})",
            "at_size_how": " (at size: streamed, built block by block)",
-           "at_size_help": "matched streamed, and the simple merge built, evaluated and "
-                           "written block by block"}))
+           "at_size_help": "matched streamed, and the merge (the methods without "
+                           "statistics) built, evaluated and written block by block"}))

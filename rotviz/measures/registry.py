@@ -43,6 +43,9 @@ class Context:
     progress: Progress | None = None
     out: Path | None = None  # at size: the empty folder a measurement that writes a model uses
     cancel: Callable[[], bool] | None = None  # True: a training measurement stops (app's Stop)
+    # how a further model a parameter names (a merge's --base) is loaded, through the host's
+    # confined reading (the app's roots); None: rotviz.models.load_model, as the CLI reads
+    load: Callable[[str], Any] | None = None
 
 
 Runner = Callable[[Any, Context, dict], Any]  # (endpoints, context, parameter values) -> result
@@ -109,6 +112,9 @@ class Measurement:
     # runs on a source whose FFN is narrower than the anchor's (rotviz.match.widths): it
     # reads only the anchor and the matched source (anchor's width), never the source as is
     narrower: bool = False
+    # parameters whose value names a further model (a merge's base): guarded as an input
+    # (no output may overwrite it) and read through `Context.load`
+    models: tuple[str, ...] = ()
     files: tuple[OutputFile, ...] = ()  # further files written when their option is given
     extra: dict = field(default_factory=dict)  # anything else a host may read
 

@@ -13,8 +13,10 @@ from rotviz.params import Param, needs
 
 def _params() -> tuple[Param, ...]:
     """The record's parameters; --merge lists the merge methods registered by then."""
-    from rotviz.merging import names
+    from rotviz.merging import methods
 
+    # a merged centre merges the pair alone: the methods that take no base model
+    names = tuple(m.name for m in methods() if not m.needs_base)
     return PARAMS[:1] + (
         Param("around", "anchor", "the slice's centre: anchor (the model), source (the "
               "second model, --source), matched (the source matched onto the model, B'), "
@@ -25,8 +27,8 @@ def _params() -> tuple[Param, ...]:
               f"or the source's weight in the merge (default 0.5, {ALPHA.text})", ALPHA,
               label="Alpha (path position / merge weight)", widget=(0.0, 1.0, 0.05)),
         Param("merge", "simple", f"with --around merged: the merge method, one of "
-              f"{', '.join(names())} with its defaults (default simple: the average)",
-              choices=names(), label="Merge method (merged centre)"),
+              f"{', '.join(names)} with its defaults (default simple: the average)",
+              choices=names, label="Merge method (merged centre)"),
     ) + PARAMS[1:2] + (
         Param("toward", "matched", "with --directions toward: the point d1 runs to from the "
               "centre, matched (B') or source (B as it is) (default matched)",

@@ -1,7 +1,12 @@
 """Fisher merging (Matena & Raffel, 2022, "Merging Models with Fisher-Weighted Averaging"):
-per parameter, theta = sum_i l_i F_i theta_i / sum_i l_i F_i with F_i the diagonal empirical
-Fisher of model i (the mean over samples of the squared gradient of the log-likelihood of
-the true label) and l = (1 - w, w).
+per parameter, theta = sum_i l_i F_i theta_i / sum_i l_i F_i over N >= 2 models, with F_i the
+diagonal empirical Fisher of model i (the mean over samples of the squared gradient of the
+log-likelihood of the true label) and l the models' weights ((1 - w, w) for a pair).
+
+Two variants (`fisher_norm`): `none` (default) is Matena & Raffel's, each model's Fisher as
+measured; `model` divides each model's Fisher by its L2 norm over all of that model's
+parameters first (FusionBench's `normalize_fisher_weight`), so a model whose gradients are
+larger overall does not outweigh the others everywhere.
 
 It is written as a correction to the simple average, so merging a model with itself gives
 it back exactly; `FISHER_FLOOR` is added to every Fisher value so that parameters no sample
@@ -10,12 +15,14 @@ moves fall back to the simple average.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from rotviz.merging.registry import MergeMethod, register
 from rotviz.merging.statistics import STATS_PARAMS, stats_batches, unpadded
+from rotviz.params import Param
 
 if TYPE_CHECKING:
     import torch
@@ -27,6 +34,7 @@ if TYPE_CHECKING:
 
     Tensor = torch.Tensor
 FISHER_FLOOR = 1e-6  # added to every Fisher value: parameters no sample moves average simply
+FISHER_NORMS = ("none", "model")  # each model's Fisher as measured, or divided by its norm
 
 
 def fisher_diag(
@@ -119,6 +127,8 @@ def fisher_diag(
 def fisher_combine(tensors: Sequence[Tensor], fishers: Sequence[Tensor], weights: Sequence[float],
                    floor: float = FISHER_FLOOR) -> Tensor:
     """sum l_i (F_i + floor) theta_i / sum l_i (F_i + floor), as a correction to the mean."""
+    total = sum(float(w) for w in weights)
+    weights = [float(w) / total for w in weights]  # scale-free; the mean needs sum 1
     mean = sum(float(w) * t.double() for w, t in zip(weights, tensors, strict=True))
     num = sum(float(w) * (f.double() + floor) * (t.double() - mean)
               for w, f, t in zip(weights, fishers, tensors, strict=True))
@@ -128,20 +138,38 @@ def fisher_combine(tensors: Sequence[Tensor], fishers: Sequence[Tensor], weights
 
 
 
+def model_normalised(fisher: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """A model's Fisher divided by its L2 norm over all its parameters (FusionBench's
+    normalisation); an all-zero Fisher is returned as it is."""
+    norm = math.sqrt(sum(float(t.double().pow(2).sum()) for t in fisher.values()))
+    if norm == 0.0:
+        return dict(fisher)
+    return {k: (t.double() / norm).to(t.dtype) for k, t in fisher.items()}
+
+
 def _statistics(loaded: Loaded, state: Mapping[str, Tensor], split: Split, device,
                 seed: int = 0, progress: Progress | None = None, batches: int = 8,
-                batch_size: int = 32, **_) -> dict[str, Tensor]:
-    return fisher_diag(loaded, state, split, batches, batch_size, device, seed, progress)
+                batch_size: int = 32, fisher_norm: str = "none", **_) -> dict[str, Tensor]:
+    fisher = fisher_diag(loaded, state, split, batches, batch_size, device, seed, progress)
+    return model_normalised(fisher) if fisher_norm == "model" else fisher
 
 
-def _combine(job: MergeJob, name: str, a: Tensor, b: Tensor) -> Tensor | None:
-    if name not in job.anchor_stats:
+def _combine(job: MergeJob, name: str, tensors: Sequence[Tensor],
+             base: Tensor | None) -> Tensor | None:
+    if any(name not in st for st in job.stats):
         return None
-    fishers = [job.anchor_stats[name].to(a.device), job.source_stats[name].to(a.device)]
-    return fisher_combine([a, b], fishers, job.weights)
+    fishers = [st[name].to(tensors[0].device) for st in job.stats]
+    return fisher_combine(tensors, fishers, job.weights)
 
 
 FISHER = register(MergeMethod(
     "fisher", "Fisher",
     "each parameter weighted by the diagonal Fisher of each model (Matena & Raffel, 2022)",
-    _combine, params=STATS_PARAMS, statistics=_statistics))
+    _combine,
+    params=(*STATS_PARAMS,
+            Param("fisher_norm", "none",
+                  "none: each model's Fisher as measured (Matena & Raffel: the per-sample "
+                  "mean of squared gradients); model: each divided by its norm over the whole "
+                  "model first (FusionBench) (default none)",
+                  choices=FISHER_NORMS, label="Fisher: per-model normalisation")),
+    statistics=_statistics, extra=("fisher_norm",)))

@@ -1,10 +1,11 @@
 """Every merge method rotviz knows, as one record each (like rotviz.symmetry.registry).
 
 A method is a `MergeMethod`: its name, label and help, its declared parameters (bounded by
-rotviz.limits), the statistics it needs of each model (none for the simple average) and how
-it combines one tensor. The CLI's `merge --method` choices and options, the app's method
-picker and widgets, the exports and `rotviz.merge` all read `METHODS`, so a new method is
-one module that calls `register`.
+rotviz.limits), the statistics it needs of each model (none for the simple average), whether
+it needs a base model (the common ancestor task vectors are taken from), and how it combines
+one tensor of N >= 2 models (the anchor first) with their weights and the base's tensor. The
+CLI's `merge --method` choices and options, the app's method picker and widgets, the exports
+and `rotviz.merge` all read `METHODS`, so a new method is one module that calls `register`.
 
 Statistics are always taken on the models as matched (the source's in its matched basis):
 statistics taken before matching are in the wrong basis afterwards.
@@ -12,7 +13,7 @@ statistics taken before matching are in the wrong basis afterwards.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -30,20 +31,32 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class MergeJob:
-    """What a method's `combine` sees besides the two tensors: the architecture, the weights
-    (1 - w, w) of anchor and source, each model's statistics, its parameter values and what
-    `prepare` made of the architecture."""
+    """What a method's `combine` sees besides the tensors: the architecture, the weights of
+    the N models (anchor first; (1 - w, w) for a pair), each model's statistics (None for a
+    method without), its parameter values and what `prepare` made of the architecture."""
 
     loaded: Loaded
-    weights: tuple[float, float]
-    anchor_stats: Mapping[str, Tensor] | None
-    source_stats: Mapping[str, Tensor] | None
+    weights: tuple[float, ...]
+    stats: tuple[Mapping[str, Tensor], ...] | None
     params: Mapping[str, Any]
     prepared: Any = None
+
+    @property
+    def anchor_stats(self) -> Mapping[str, Tensor] | None:
+        return None if self.stats is None else self.stats[0]
+
+    @property
+    def source_stats(self) -> Mapping[str, Tensor] | None:
+        return None if self.stats is None else self.stats[1]
 
 
 Statistics = Callable[..., "Mapping[str, Tensor]"]
 # statistics(loaded, state, split, device, seed=, progress=, **params) -> name -> tensor
+
+# combine(job, name, tensors, base) -> the merged tensor, or None for the simple average:
+# `tensors` holds one tensor per model (the anchor first), `base` the base model's (None
+# without a base). Every tensor is floating; none may be modified.
+Combine = Callable[["MergeJob", str, "Sequence[Tensor]", "Tensor | None"], "Tensor | None"]
 
 
 @dataclass(frozen=True)
@@ -53,19 +66,26 @@ class MergeMethod:
     name: str  # --method value, app choice and JSON "method"
     label: str  # plain words for legends and pickers
     help: str  # one line: what it does, with its citation
-    combine: Callable[[MergeJob, str, Tensor, Tensor], Tensor | None]  # None: simple average
+    combine: Combine
     params: tuple[Param, ...] = ()
     statistics: Statistics | None = None  # what it needs of each model, on the stats split
     prepare: Callable[[Loaded], Any] | None = None  # once per merge, from the architecture
     at_size: bool = False  # combines tensor by tensor without statistics: can run streamed
     extra: tuple[str, ...] = field(default=())  # parameter names reported under "params"
+    needs_base: bool = False  # True: needs a base model; False: a base given is refused
+    max_models: int | None = None  # the most models it combines (None: any N >= 2)
+    # mergekit's name of the method and rotviz parameter -> mergekit parameter (None where
+    # mergekit has no counterpart: only the default value can be written); None: no method
+    mergekit: tuple[str, Mapping[str, str | None]] | None = None
 
     @property
     def needs_statistics(self) -> bool:
         return self.statistics is not None
 
 
-METHODS: Records[MergeMethod] = Records("merge method", ("simple", "fisher", "regmean"))
+METHODS: Records[MergeMethod] = Records("merge method", (
+    "simple", "fisher", "regmean", "task_arithmetic", "ties", "dare_linear", "dare_ties",
+    "slerp", "model_stock"))
 
 
 def register(method: MergeMethod) -> MergeMethod:
@@ -109,3 +129,24 @@ def check_weight(weight: float) -> float:
     if not 0.0 <= float(weight) <= 1.0:
         raise RotvizError(f"merge weight must be in [0, 1] (0 = anchor, 1 = source), got {weight}")
     return float(weight)
+
+
+def check_base(m: MergeMethod, has_base: bool) -> None:
+    """A method that needs a base is refused without one, and one that takes none is refused
+    with one (one line each)."""
+    if m.needs_base and not has_base:
+        raise RotvizError(f"--method {m.name} needs --base MODEL: the model the merged ones "
+                          "were fine-tuned from (task vectors are taken from it); add --base")
+    if has_base and not m.needs_base:
+        based = " or ".join(x.name for x in methods() if x.needs_base)
+        raise RotvizError(f"--method {m.name} takes no --base (it combines the models "
+                          f"themselves); drop --base, or use --method {based}")
+
+
+def check_models(m: MergeMethod, n: int) -> None:
+    """At least two models, and no more than the method combines (one line otherwise)."""
+    if n < 2:
+        raise RotvizError(f"merging needs at least two models, got {n}")
+    if m.max_models is not None and n > m.max_models:
+        raise RotvizError(f"--method {m.name} combines {m.max_models} models, got {n}: give "
+                          "two, or use another method")

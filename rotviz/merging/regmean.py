@@ -1,7 +1,9 @@
 """RegMean (Jin et al., 2023, "Dataless Knowledge Fusion by Merging Weights of Language
 Models"): every linear layer's weight solves the regression
 min_W sum_i l_i ||X_i W^T - X_i W_i^T||^2, i.e. W^T = (sum l_i G_i)^-1 sum l_i G_i W_i^T with
-G_i = X_i^T X_i the Gram matrix of the layer's inputs in model i. Off-diagonal entries of each
+G_i = X_i^T X_i the Gram matrix of the layer's inputs in model i, for N >= 2 models. Padding
+never enters G_i: the hooks drop padded positions (rotviz.data.without_padding) before the
+product, so only real tokens are regressed on. Off-diagonal entries of each
 G_i are scaled by `alpha` (1 = the plain regression, 0 = diagonal only). Every other tensor
 (biases, norms, embeddings, a weight tied to another) is averaged simply.
 
@@ -108,6 +110,7 @@ def regmean_combine(weights_t: Sequence[Tensor], grams: Sequence[Tensor], weight
     """
     import torch
 
+    weights = _normalised(weights)  # the solution is scale-free; the mean needs sum 1
     ws = [(w if in_out else w.T).double() for w in weights_t]  # (in, out)
     gs = [reduce_off_diagonal(g.double().to(ws[0].device), alpha) for g in grams]
     mean = sum(float(lw) * w for lw, w in zip(weights, ws, strict=True))
@@ -119,6 +122,11 @@ def regmean_combine(weights_t: Sequence[Tensor], grams: Sequence[Tensor], weight
     out = mean + torch.linalg.solve(total + ridge * eye, rhs)
     return (out if in_out else out.T).to(weights_t[0].dtype)
 
+
+
+def _normalised(weights: Sequence[float]) -> list[float]:
+    total = sum(float(w) for w in weights)
+    return [float(w) / total for w in weights]
 
 
 def _statistics(loaded: Loaded, state: Mapping[str, Tensor], split: Split, device,
@@ -133,16 +141,18 @@ def _prepare(loaded: Loaded) -> dict[str, bool]:
     return {f"{n}.weight" if n else "weight": c for n, (_, c) in layers.items()}
 
 
-def _combine(job: MergeJob, name: str, a: Tensor, b: Tensor) -> Tensor | None:
-    if name not in job.prepared or name not in job.anchor_stats:
+def _combine(job: MergeJob, name: str, tensors: Sequence[Tensor],
+             base: Tensor | None) -> Tensor | None:
+    if name not in job.prepared or any(name not in st for st in job.stats):
         return None
-    return regmean_combine([a, b], [job.anchor_stats[name], job.source_stats[name]], job.weights,
+    return regmean_combine(tensors, [st[name] for st in job.stats], job.weights,
                            job.params["alpha"], in_out=job.prepared[name])
 
 
 REGMEAN = register(MergeMethod(
     "regmean", "RegMean",
-    "each linear layer solves a regression on both models' inputs (Jin et al., 2023)",
+    "each linear layer solves a regression on every model's inputs, padding never counted "
+    "(Jin et al., 2023)",
     _combine,
     params=(*STATS_PARAMS,
             Param("alpha", 0.9, "scale of off-diagonal Gram entries in [0, 1] (default 0.9)",

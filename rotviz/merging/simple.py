@@ -1,4 +1,5 @@
-"""The simple average: theta = (1 - w) theta_anchor + w theta_source, tensor by tensor.
+"""The simple average: theta = sum_i w_i theta_i, tensor by tensor ((1 - w) theta_anchor +
+w theta_source for a pair; the weights are normalised to sum to 1).
 
 The weighted mean is taken in float64 and cast back to the tensor's dtype, so a half
 checkpoint merges without float16 rounding in the sum. It needs no statistics, so it is the
@@ -21,17 +22,18 @@ if TYPE_CHECKING:
 
 
 def simple_average(tensors: Sequence[Tensor], weights: Sequence[float]) -> Tensor:
-    out = sum(float(w) * t.double() for w, t in zip(weights, tensors, strict=True))
+    """sum_i w_i t_i / sum_i w_i, in float64, cast back to the first tensor's dtype."""
+    total = sum(float(w) for w in weights)
+    scale = 1.0 if total == 1.0 else 1.0 / total
+    out = sum(float(w) * scale * t.double() for w, t in zip(weights, tensors, strict=True))
     return out.to(tensors[0].dtype)
 
 
-
-
-def _combine(job: MergeJob, name: str, a: Tensor, b: Tensor) -> Tensor:
-    return simple_average([a, b], job.weights)
+def _combine(job: MergeJob, name: str, tensors: Sequence[Tensor], base: Tensor | None) -> Tensor:
+    return simple_average(tensors, job.weights)
 
 
 SIMPLE = register(MergeMethod(
     "simple", "simple average",
     "the weighted average (1 - w) anchor + w source of every tensor",
-    _combine, at_size=True))
+    _combine, at_size=True, mergekit=("linear", {})))

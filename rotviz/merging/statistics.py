@@ -55,6 +55,8 @@ def stats_batches(split: Split, batches: int, batch_size: int, seed: int = 0):
 def unpadded(x: dict[str, Tensor], y: Tensor):
     """Each example of a padded text batch, cut to its real tokens (labels too, when they
     are per token)."""
+    import torch
+
     lengths = x["attention_mask"].sum(1).tolist() if "attention_mask" in x else None
     for i in range(len(y)):
         n = int(lengths[i]) if lengths is not None else None

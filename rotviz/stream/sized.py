@@ -162,27 +162,72 @@ def sized_curve(anchor: str | os.PathLike, source: str | os.PathLike, split: Spl
 def sized_merge(anchor: str | os.PathLike, source: str | os.PathLike, split: Split,
                 weight: float = 0.5, device: str | torch.device = "cpu",
                 batch_size: int = 512, folder: Path | None = None,
-                match_info: MatchInfo | None = None, layers: list[int] | None = None) -> Merged:
-    """The simple average (1 - weight) anchor + weight source of two checkpoint folders (the
-    source already matched: `match_info` says how), evaluated on `split` with the two
-    endpoints as `rotviz.analysis.fusion.merge` does, built block by block; written as
-    shards in the anchor's dtypes into the empty `folder` when given, with its config and
-    tokenizer and processor files."""
+                match_info: MatchInfo | None = None, layers: list[int] | None = None,
+                method: str = "simple", base: str | os.PathLike | None = None,
+                **params) -> Merged:
+    """The merge of two checkpoint folders (the source already matched: `match_info` says
+    how) with a registered method that combines tensor by tensor without statistics (simple,
+    task arithmetic, TIES, DARE, SLERP, Model Stock: `MergeMethod.at_size`) and its `params`,
+    about the checkpoint folder `base` for a method that needs one; evaluated on `split` with
+    the two endpoints as `rotviz.analysis.fusion.merge` does, each merged tensor built just
+    before its block runs (the base held as stored beside the pair); written as shards in the
+    anchor's dtypes into the empty `folder` when given, with its config and tokenizer and
+    processor files. Fisher and RegMean need statistics of whole models and are refused."""
+    from rotviz.analysis.fusion import method_params
+    from rotviz.merging import check_base
+    from rotviz.merging import method as method_record
+    from rotviz.merging.combine import combine_one, merge_job
+
+    m = method_record(method)
     weight = check_weight(weight)
+    values = method_params(m, params)
+    if not m.at_size:
+        raise RotvizError(f"--method {m.name} needs statistics of whole models and cannot merge "
+                          "block by block; use a method without statistics, or raise "
+                          "--max-memory")
+    check_base(m, base is not None)
     t0 = time.perf_counter()
-    held = Held([anchor, source], split, device, batch_size)
+    refs = [anchor, source] if base is None else [anchor, source, base]
+    held = Held(refs, split, device, batch_size)
+    pad = (0.0,) * (len(refs) - 2)
     w = (1.0 - weight, weight)
-    loss, acc, scores = held.loss_acc(w)
-    a_loss, a_acc, a_scores = held.loss_acc((1.0, 0.0))
-    s_loss, s_acc, s_scores = held.loss_acc((0.0, 1.0))
     first = held.models[0]
+    if m.name == "simple":  # the path's point at the weight, as the curves build it
+        def merged(names) -> dict[str, Tensor]:
+            return held.mix(w, names)
+    else:
+        from rotviz.sources import source_of
+
+        job = merge_job(sized_loaded(first), m, w, None, values)
+        owner = dict(first.tied)  # a tied alias merges as its owner, so they stay one tensor
+        # the module's name of each tensor, which the method sees (DARE seeds its drop by it),
+        # so a streamed merge equals the in-memory one
+        module_name = source_of(first.spec).checkpoint_names(held.module, list(held.keys))
+
+        def merged(names) -> dict[str, Tensor]:
+            out = {}
+            for n in names:
+                key = owner.get(n, n) if owner.get(n, n) in held.keys else n
+                ts = [t[key] for t in held.tensors]
+                if not ts[0].is_floating_point():
+                    out[n] = ts[0]
+                    continue
+                b = ts[2].float() if base is not None else None
+                out[n] = combine_one(m, job, module_name.get(key, key),
+                                     [ts[0].float(), ts[1].float()], b).float()
+            return out
+
+    per, scores = held.run(merged, lambda k: merged(first.block_keys[k]))
+    loss, acc = float(per[0].sum() / per[2].sum()), float(per[1].sum() / per[2].sum())
+    a_loss, a_acc, a_scores = held.loss_acc((1.0, 0.0, *pad))
+    s_loss, s_acc, s_scores = held.loss_acc((0.0, 1.0, *pad))
     if folder is not None:
         entries = first.checkpoint.entries
         plan = [(n, entries[n].dtype, entries[n].shape) for n in held.keys]
         writer = ShardWriter(folder, plan, first.checkpoint.largest_file_bytes())
         try:
             for n in held.keys:
-                writer.write(n, held.mix(w, [n])[n].to(device="cpu", dtype=entries[n].dtype))
+                writer.write(n, merged([n])[n].to(device="cpu", dtype=entries[n].dtype))
             writer.close()
         finally:
             writer.abort()
@@ -190,13 +235,15 @@ def sized_merge(anchor: str | os.PathLike, source: str | os.PathLike, split: Spl
         copy_reading_files(first.path, folder)
     info = match_info or MatchInfo("none", 0.0, 0.0, None, 0.0)
     return Merged(
-        method="simple", match=info.match, weight=weight, loss=loss, acc=acc,
+        method=m.name, match=info.match, weight=weight, loss=loss, acc=acc,
         anchor_loss=a_loss, anchor_acc=a_acc, source_loss=s_loss, source_acc=s_acc,
         data=split.data, split=split.split, stats_split=None, batches=8, batch_size=32,
         alpha=None, device=str(held.device), n=split.n, seconds=time.perf_counter() - t0,
         match_seconds=info.seconds, stats_seconds=0.0, distance_before=info.distance_before,
         distance_after=info.distance_after, anchor=first.ref, source=held.models[1].ref,
-        layers=layers, scores=scores, anchor_scores=a_scores, source_scores=s_scores)
+        layers=layers, scores=scores, anchor_scores=a_scores, source_scores=s_scores,
+        base="" if base is None else held.models[2].ref,
+        params={k: v for k, v in values.items() if k in m.extra})
 
 
 def sized_plane(anchor: str | os.PathLike, source: str | os.PathLike,

@@ -1,0 +1,85 @@
+"""DARE (Yu et al., 2024, "Language Models are Super Mario: Absorbing Abilities from
+Homologous Models as a Free Lunch"), as mergekit defines its `dare_linear` and `dare_ties`:
+drop each entry of each task vector d_i = theta_i - base at random with probability
+1 - `density` (a generator seeded by `seed`, the tensor's name and the model's index), rescale
+what is kept (`rescale`: by 1 / density, the paper's, which keeps each entry's expectation; l1,
+to the task vector's L1 norm before dropping, mergekit 0.1.5's; or none), then
+
+- dare_linear: theta = base + λ sum_i w_i d~_i;
+- dare_ties: TIES's sign election on the weighted vectors, and theta = base + λ sum_i w_i d~_i
+  over the vectors whose sign is the elected one, not divided by their weights (mergekit's
+  `normalize` is off for both DARE methods).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from rotviz.limits import SEED
+from rotviz.merging.registry import MergeMethod, register
+from rotviz.merging.task_vectors import (
+    CONSENSUS_PARAM,
+    RESCALES,
+    SCALE_PARAM,
+    combine_deltas,
+    density_param,
+    drop,
+    drop_seed,
+    task_vectors,
+)
+from rotviz.params import Param
+
+if TYPE_CHECKING:
+    import torch
+
+    from rotviz.merging.registry import MergeJob
+
+    Tensor = torch.Tensor
+
+DENSITY = density_param(1.0, "kept by magnitude (TIES) or at random (DARE)")
+RESCALE = Param("rescale", "density", "what DARE's kept entries are rescaled by: density (1 / "
+                "density, the paper's), l1 (to the L1 norm before dropping, mergekit's) or none "
+                "(default density)", choices=RESCALES, label="DARE: rescaling")
+DROP_SEED = Param("seed", 0, "seed of DARE's random drop (default 0)", SEED, label="Seed")
+
+
+def dare(tensors: Sequence[Tensor], base: Tensor, weights: Sequence[float], name: str,
+         density: float = 1.0, seed: int = 0, rescale: str = "density", scale: float = 1.0,
+         consensus: str | None = None) -> Tensor:
+    """DARE of one tensor (named `name`, which seeds its masks): linear without `consensus`,
+    TIES's election with it; in float64, cast to the base's dtype."""
+    deltas = [drop(d, density, drop_seed(seed, name, i), rescale)
+              for i, d in enumerate(task_vectors(tensors, base))]
+    return combine_deltas(base, deltas, weights, scale, consensus, normalize=False)
+
+
+def _linear(job: MergeJob, name: str, tensors: Sequence[Tensor],
+            base: Tensor | None) -> Tensor:
+    p = job.params
+    return dare(tensors, base, job.weights, name, p["density"], p["seed"], p["rescale"],
+                p["scale"])
+
+
+def _ties(job: MergeJob, name: str, tensors: Sequence[Tensor], base: Tensor | None) -> Tensor:
+    p = job.params
+    return dare(tensors, base, job.weights, name, p["density"], p["seed"], p["rescale"],
+                p["scale"], p["consensus"])
+
+
+_MAP = {"density": "density", "seed": None, "rescale": None, "scale": "lambda"}
+
+DARE_LINEAR = register(MergeMethod(
+    "dare_linear", "DARE (linear)",
+    "task vectors dropped at random (rate 1 - density) and rescaled, then summed with their "
+    "weights onto the base (Yu et al., 2024)",
+    _linear, params=(DENSITY, DROP_SEED, RESCALE, SCALE_PARAM), at_size=True, needs_base=True,
+    extra=("density", "seed", "rescale", "scale"), mergekit=("dare_linear", _MAP)))
+
+DARE_TIES = register(MergeMethod(
+    "dare_ties", "DARE (TIES)",
+    "task vectors dropped at random and rescaled, signs elected, the agreeing entries summed "
+    "onto the base (Yu et al., 2024)",
+    _ties, params=(DENSITY, DROP_SEED, RESCALE, CONSENSUS_PARAM, SCALE_PARAM), at_size=True,
+    needs_base=True, extra=("density", "seed", "rescale", "consensus", "scale"),
+    mergekit=("dare_ties", {**_MAP, "consensus": None})))
