@@ -3,18 +3,14 @@
 pair, tensor by tensor (1e-5).
 
 The pair is a tiny seeded LLaMA (or GPT-2: architectures mergekit knows by their tensor
-names), matched data-free (seed).
-Each row of ROWS is one rotviz method with its parameters and weight. A row whose method is
-registered in rotviz runs through the command line, whose --out is the reference; a row whose
-method rotviz does not have yet (`plain` given) writes the YAML through the library for the
-folder `rotviz match --out` wrote and compares with the method's textbook formula.
+names), matched data-free (seed); a base, where the method takes one, is a third seeded
+model. Each row of ROWS is one rotviz method with its parameters and weight, run through the
+command line, whose --out is the reference.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -23,7 +19,7 @@ from safetensors.torch import load_file
 
 from rotviz.cli import main
 from rotviz.errors import RotvizError
-from rotviz.merging import names
+from rotviz.merging import methods
 from rotviz.merging.mergekit import MERGEKIT, matched_folder, mergekit_config
 from rotviz.random_models import save_random
 
@@ -33,25 +29,11 @@ TOL = 1e-5
 SIZES = dict(layers=2, d=32, heads=4, ffn=64, vocab=98, positions=64)  # the text data's 98
 
 
-def _plain_slerp(a: torch.Tensor, b: torch.Tensor, t: float) -> torch.Tensor:
-    """SLERP from a (t = 0) to b of the flattened tensors, linear where nearly colinear."""
-    x, y = a.double().flatten(), b.double().flatten()
-    cos = float((x / x.norm()) @ (y / y.norm()))
-    if abs(cos) > 0.9995:
-        return ((1 - t) * a.double() + t * b.double()).float()
-    th = math.acos(max(-1.0, min(1.0, cos)))
-    out = (math.sin((1 - t) * th) * x + math.sin(t * th) * y) / math.sin(th)
-    return out.reshape(a.shape).float()
-
-
 @dataclass(frozen=True)
 class Row:
     method: str  # rotviz's method name
     weight: float
     options: tuple[str, ...] = ()  # its parameters, as command-line options
-    # while rotviz has no such method: (anchor tensor, matched tensor, weight) -> expected
-    plain: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor] | None = None
-    values: dict = field(default_factory=dict)  # its parameters, for the library's YAML
     at_size: bool = False  # --max-memory 0: matched streamed, the merge built block by block
     base: bool = False  # --base: a third seeded model of the pair's architecture
     family: str = "llama"
@@ -61,16 +43,19 @@ class Row:
         return "-".join([self.method, *(["at-size"] if self.at_size else []), self.family])
 
 
-# Rows to add as the methods land (each about a base: mergekit's base_model):
-#   Row("task_arithmetic", 0.5, ("--scale", "0.8"), base=True),
-#   Row("ties", 0.5, ("--density", "1"), base=True),
-#   Row("dare_linear", 0.5, ("--density", "1", "--rescale", "l1"), base=True),
-#   Row("model_stock", 0.5, base=True)
+# Every method mergekit has, deterministic: TIES trims by magnitude; DARE keeps everything at
+# density 1 (its drops are each tool's own random numbers), rescaled as mergekit does (l1).
 ROWS = [
     Row("simple", 0.3),
     Row("simple", 0.3, at_size=True),  # the matched source copied from the streamed match
     Row("simple", 0.3, family="gpt2"),  # the output head tied to the embedding
-    Row("slerp", 0.3, plain=_plain_slerp),
+    Row("slerp", 0.3),
+    Row("task_arithmetic", 0.3, ("--scale", "0.8"), base=True),
+    Row("ties", 0.3, ("--density", "0.5", "--scale", "1.2"), base=True),
+    Row("dare_linear", 0.3, ("--density", "1", "--rescale", "l1", "--scale", "0.9"),
+        base=True),
+    Row("dare_ties", 0.3, ("--density", "1", "--rescale", "none"), base=True),
+    Row("model_stock", 0.5, base=True),  # mergekit's plain mean: rotviz's at weight 0.5
 ]
 
 
@@ -123,34 +108,26 @@ def _state(folder: Path) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: r.id)
 def test_mergekit_merges_as_rotviz(pairs, tmp_path, row: Row):
     a, b, data, matched = pairs(row.family)
-    config = tmp_path / "merge.yaml"
-    if row.method in names():
-        ours = tmp_path / "ours"
-        assert main(["merge", str(a), str(b), "--data", data, "--device", "cpu", "--method",
-                     row.method, "--weight", str(row.weight), *row.options, "--out", str(ours),
-                     "--mergekit-config", str(config),
-                     *(["--max-memory", "0"] if row.at_size else []),
-                     *(["--base", str(save_random(row.family, tmp_path / "base", seed=2, **SIZES))]
-                       if row.base else [])]) == 0
-        expected = _state(ours)
-        # the matched source written for mergekit is the one `rotviz match` writes (exactly
-        # in memory; streamed, to float32 rounding of the streamed solve)
-        beside, alone = _state(matched_folder(config)), _state(matched)
-        assert beside.keys() == alone.keys()
-        off = max((beside[k] - alone[k]).abs().max().item() for k in alone)
-        assert off <= (TOL if row.at_size else 0.0), off
-    else:
-        assert row.plain is not None, f"{row.method} is not a rotviz method: give `plain`"
-        config.write_text(mergekit_config(row.method, row.values, row.weight, a.resolve(),
-                                          matched.resolve()))
-        anchor, source = _state(a), _state(matched)
-        expected = {k: row.plain(anchor[k], source[k], row.weight) for k in anchor}
+    config, ours = tmp_path / "merge.yaml", tmp_path / "ours"
+    base = ["--base", str(save_random(row.family, tmp_path / "base", seed=2, **SIZES))] \
+        if row.base else []
+    assert main(["merge", str(a), str(b), "--data", data, "--device", "cpu", "--method",
+                 row.method, "--weight", str(row.weight), *row.options, *base, "--out",
+                 str(ours), "--mergekit-config", str(config),
+                 *(["--max-memory", "0"] if row.at_size else [])]) == 0
+    expected = _state(ours)
+    # the matched source written for mergekit is the one `rotviz match` writes (exactly in
+    # memory; streamed, to float32 rounding of the streamed solve)
+    beside, alone = _state(matched_folder(config)), _state(matched)
+    assert beside.keys() == alone.keys()
+    off = max((beside[k] - alone[k]).abs().max().item() for k in alone)
+    assert off <= (TOL if row.at_size else 0.0), off
     theirs = _mergekit(config, tmp_path / "theirs")
     assert theirs.keys() == expected.keys()
     worst = max((theirs[k].double() - expected[k].double()).abs().max().item() for k in theirs)
-    print(f"{row.method}: mergekit - rotviz max |diff| {worst:.2e}")
-    assert worst < TOL, f"{row.method}: mergekit differs from rotviz by {worst:.2e}"
-    # and the merge is not the anchor or the matched source (the weight took effect)
+    print(f"{row.id}: mergekit - rotviz max |diff| {worst:.2e}")
+    assert worst < TOL, f"{row.id}: mergekit differs from rotviz by {worst:.2e}"
+    # and the merge is not the anchor (the weight and the method took effect)
     anchor = _state(a)
     assert max((theirs[k] - anchor[k]).abs().max().item() for k in anchor) > 1e-2
 
@@ -172,12 +149,13 @@ def test_the_yaml_says_what_rotviz_does(pair, tmp_path):
     ties = yaml.safe_load(mergekit_config("ties", {"density": 0.4, "scale": 0.8,
                                                    "consensus": "sum"}, 0.5, a, matched,
                                           base=base))
-    assert ties["base_model"] == str(base) and ties["parameters"] == {"lambda": 0.8}
+    assert ties["base_model"] == str(base)
+    assert ties["parameters"] == {"normalize": True, "lambda": 0.8}
     assert [m["parameters"] for m in ties["models"]] == [{"weight": 0.5, "density": 0.4}] * 2
     dare = yaml.safe_load(mergekit_config("dare_linear", {"density": 1.0, "rescale": "l1",
                                                           "seed": 3}, 0.5, a, matched,
                                           base=base))
-    assert dare["parameters"] == {"rescale": True}  # mergekit's seed is its --random-seed
+    assert dare["parameters"] == {"normalize": False, "rescale": True}  # seed: --random-seed
     assert [m["parameters"] for m in dare["models"]] == [{"weight": 0.5, "density": 1.0}] * 2
     with pytest.raises(RotvizError, match="--rescale density has no mergekit equivalent"):
         mergekit_config("dare_linear", {"rescale": "density"}, 0.5, a, matched, base=base)
@@ -185,7 +163,12 @@ def test_the_yaml_says_what_rotviz_does(pair, tmp_path):
         mergekit_config("ties", {"consensus": "count"}, 0.5, a, matched, base=base)
     with pytest.raises(RotvizError, match="about a base model: give --base"):
         mergekit_config("model_stock", {}, 0.5, a, matched)
-    assert set(MERGEKIT) >= {"simple", "slerp"} and "fisher" not in MERGEKIT
+    with pytest.raises(RotvizError, match="plain mean of the models"):
+        mergekit_config("model_stock", {}, 0.3, a, matched, base=base)
+    # the table agrees with the method records' own mergekit names, and every row is tested
+    records = {m.name: m.mergekit[0] for m in methods() if m.mergekit is not None}
+    assert {n: e.method for n, e in MERGEKIT.items()} == records
+    assert {r.method for r in ROWS} == set(MERGEKIT)
 
 
 @pytest.mark.parametrize("method", ["fisher", "regmean"])

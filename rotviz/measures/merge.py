@@ -132,7 +132,7 @@ def _mergekit_check(v: dict) -> None:
     from rotviz.merging import names
     from rotviz.merging.mergekit import check
 
-    check(v["method"], _given(v), names(), base=bool(v.get("base")))
+    check(v["method"], _given(v), names(), base=bool(v.get("base")), weight=v["weight"])
 
 
 def _mergekit_folders(path):

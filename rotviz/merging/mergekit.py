@@ -13,7 +13,8 @@ model and, by default (`normalize: true`), divides by their sum; the weights wri
 1, so normalising changes nothing, and the file says `normalize: true` explicitly. SLERP's
 `t` is the source's weight, with the anchor as mergekit's base model (t = 0 gives the
 anchor). The methods about a base model (task arithmetic, TIES, DARE, Model Stock) take it
-as mergekit's `base_model`, unmatched, as rotviz does.
+as mergekit's `base_model`, unmatched, as rotviz does. Model Stock takes no weights in
+mergekit (a plain mean), so only rotviz's --weight 0.5 says the same and another is refused.
 
 This module imports nothing from mergekit: the file is plain YAML (PyYAML, which rotviz's
 dependencies transformers and datasets require).
@@ -38,7 +39,8 @@ class Entry:
 
     `base`: which model is mergekit's `base_model` ("anchor", "base": the --base model, or
     None). `weight`: where rotviz's weight w goes ("models": weights 1 - w and w per model;
-    "t": SLERP's t = w; None: not written). `shared`: rotviz parameter -> mergekit parameter
+    "t": SLERP's t = w; None: not written, mergekit taking the plain mean, so only w = 0.5
+    says the same). `shared`: rotviz parameter -> mergekit parameter
     written once under `parameters`; `per_model`: the same, written under each merged model
     (not the base). `values`: rotviz parameter -> {rotviz value: mergekit value}, a value
     missing there being refused; a mergekit value of None writes nothing (mergekit's own
@@ -65,12 +67,17 @@ MERGEKIT: dict[str, Entry] = {
     "task_arithmetic": Entry("task_arithmetic", base="base", shared={"scale": "lambda"},
                              fixed={"normalize": False}),
     # mergekit's TIES elects signs by the weighted sum (its only consensus); "count" has none
+    # TIES divides by the weights of the agreeing vectors (normalize on), DARE does not
     "ties": Entry("ties", base="base", shared={"scale": "lambda"},
-                  per_model={"density": "density"}, values={"consensus": {"sum": None}}),
+                  per_model={"density": "density"}, values={"consensus": {"sum": None}},
+                  fixed={"normalize": True}),
     "dare_linear": Entry("dare_linear", base="base", shared=_DARE["shared"],
-                         per_model=_DARE["per_model"], values=_RESCALE),
+                         per_model=_DARE["per_model"], values=_RESCALE,
+                         fixed={"normalize": False}),
     "dare_ties": Entry("dare_ties", base="base", shared=_DARE["shared"],
-                       per_model=_DARE["per_model"], values=_RESCALE),
+                       per_model=_DARE["per_model"],
+                       values={**_RESCALE, "consensus": {"sum": None}},
+                       fixed={"normalize": False}),
     "model_stock": Entry("model_stock", base="base", weight=None,
                          fixed={"filter_wise": False}),
 }
@@ -102,12 +109,16 @@ def _value(e: Entry, name: str, value: Any) -> Any:
 
 
 def check(method: str, values: Mapping[str, Any], registered: tuple[str, ...] | None = None,
-          base: bool = False) -> Entry:
+          base: bool = False, weight: float = 0.5) -> Entry:
     """Refuse, before any work, a method or parameter value mergekit cannot express, or a
     method about a base model without one; returns the method's entry."""
     e = entry(method, registered)
     if e.base == "base" and not base:
         raise RotvizError(f"mergekit's {e.method} merges about a base model: give --base")
+    if e.weight is None and float(weight) != 0.5:
+        raise RotvizError(f"mergekit's {e.method} takes the plain mean of the models (no "
+                          f"weights), which is rotviz's at --weight 0.5 only; use --weight 0.5 "
+                          "with --mergekit-config")
     for name, v in values.items():
         _value(e, name, v)
     return e
@@ -128,7 +139,7 @@ def mergekit_config(method: str, values: Mapping[str, Any], weight: float, ancho
     it computes in float32). `note` is a comment line on what wrote it."""
     import yaml
 
-    e = check(method, values, base=base is not None)
+    e = check(method, values, base=base is not None, weight=weight)
     w = float(weight)
     shared: dict[str, Any] = dict(e.fixed)
     per_model: dict[str, Any] = {}
