@@ -1,12 +1,19 @@
-"""Merge: fuse the two models with each method, with and without matching first."""
+"""Merge: fuse the two models with each method, with and without matching first; then many
+models at once (the registered measurement `many`: N models aligned onto their barycentre,
+the merged accuracy against N)."""
 
 import streamlit as st
 
 from app_pages import common
-from rotviz import app
+from rotviz import app, zoo_registry
+from rotviz.analysis.fusion import sweepable
+from rotviz.app.export import measurement_files
 from rotviz.app.specs import MERGE_SPECS, learns, spec_label
+from rotviz.match.pipeline import FUNCTION_TOLERANCE
+from rotviz.measures import measurement
 from rotviz.merging.registry import all_params
 from rotviz.merging.registry import methods as merge_methods
+from rotviz.plots import many as manyplots
 from rotviz.plots import merge as mplots
 from rotviz.plots import style
 
@@ -119,3 +126,114 @@ def body() -> None:
 
 
 common.guard(body)
+
+# ---- one number swept --------------------------------------------------------------------------
+
+st.header("Sweep one number")
+st.markdown(
+    "How the merged model's accuracy changes as one number of the merge is turned: the "
+    "weight of the source, task arithmetic's λ (scale), the density TIES and DARE keep, or "
+    "RegMean's α. Every other parameter keeps its value above; one line per matching option."
+)
+SWEEPABLE = {n: sweepable(m) for n, m in METHODS.items()}
+with st.form("merge_sweep_form"):
+    c = st.columns(5)
+    sw_method = c[0].selectbox("Method", list(METHODS), 0, format_func=lambda m: METHODS[m].label,
+                               key="w_method", bind="query-params")
+    sw_param = c[1].selectbox("Swept number", list(dict.fromkeys(
+        n for v in SWEEPABLE.values() for n in v)), 0, key="w_param", bind="query-params",
+        help="Each method sweeps the weight and its own real parameters.")
+    sw_start = c[2].number_input("From", -10.0, 10.0, 0.0, 0.05, key="w_start",
+                                 bind="query-params")
+    sw_stop = c[3].number_input("To", -10.0, 10.0, 1.0, 0.05, key="w_stop", bind="query-params")
+    sw_points = int(c[4].number_input("Values", 2, 21, 6, 1, key="w_points",
+                                      bind="query-params"))
+    swept = st.form_submit_button("Run the sweep", type="primary", icon=":material/play_arrow:")
+
+
+def sweep() -> None:
+    if not common.require_pair(s) or not specs:
+        return
+    if sw_param not in SWEEPABLE[sw_method]:
+        st.warning(f"{METHODS[sw_method].label} sweeps {', '.join(SWEEPABLE[sw_method])}; "
+                   f"pick one of those, or another method.")
+        return
+    if METHODS[sw_method].needs_base and not base_ref.strip():
+        st.warning(f"{METHODS[sw_method].label} needs a base model: give one above.")
+        return
+    if not common.section_wanted("merge_sweep", swept):
+        return
+    own = {p.name: params[p.name] for p in METHODS[sw_method].params if p.name in params}
+    values = {**own, "method": sw_method, "param": sw_param, "start": sw_start,
+              "stop": sw_stop, "points": sw_points, "weight": weight,
+              "base": base_ref.strip() if METHODS[sw_method].needs_base else ""}
+    runs = []
+    with common.progress("Sweeping", len(specs), stop="merge_sweep") as step:
+        for sp in specs:
+            step(f"{style.nice_label(sp)}: {sw_points} merges")
+            runs.append(common.compute("merge_sweep", app.measure_cfg(
+                s.base(), sp, "", steps, **values), step.detail))
+    fig = mplots.sweep_chart(runs, "acc", s.font)
+    common.chart(fig, "merge_sweep_chart")
+    rows = [{"matching": style.nice_label(r["match"]), sw_param: x, "acc": a, "loss": lo}
+            for r in runs for x, a, lo in zip(r["values"], r["acc"], r["loss"], strict=True)]
+    st.dataframe(rows, hide_index=True, column_config={
+        k: st.column_config.NumberColumn(format="%.4f") for k in ("acc", "loss")})
+    common.function_badge(max(r["max_output_diff"] or 0.0 for r in runs),
+                          runs[0]["tolerance"], "matched source (every option)")
+    common.export("merge_sweep", {"page": "merge", "sweep": values, "specs": specs}, runs,
+                  {"sweep": rows}, {"sweep": fig})
+
+
+common.guard(sweep)
+
+# ---- many models at once -----------------------------------------------------------------------
+
+st.header("Many models at once", anchor="many")
+st.markdown(
+    "Three or more models of one architecture, aligned into one basis, then averaged: onto the "
+    "first model (the anchor), or onto their **barycentre**, the mean refined round by round "
+    "(every model matched onto the current mean, the aligned models averaged into the next). "
+    "Each aligned model is its original moved by a symmetry, so it computes the same function. "
+    "Left: the distance between every two models as given; right: aligned (one colour scale). "
+    "Below: the equal-weight mean of the first *k* models, aligned and not, against *k*."
+)
+MANY = measurement("many")
+with st.form("many_form"):
+    c = st.columns([2, 1])
+    refs_text = c[0].text_area("Models, one per line (the first is the anchor)",
+                               "\n".join(f"zoo:{n}" for n in zoo_registry.SEEDS),
+                               key="n_refs", bind="query-params")
+    many_spec = c[1].selectbox("Matching", ["seed", "weight", "seed,heads"],
+                               format_func=style.nice_label, key="n_spec", bind="query-params",
+                               help="Data-free matching: the barycentre is a mean of weights, "
+                                    "not a model that can be run on data.")
+    c = st.columns(3)
+    many_values = {p.name: common.param_input(c[i % 3], p, f"n_{p.name}")
+                   for i, p in enumerate(MANY.parameters())}
+    many_run = st.form_submit_button("Run", type="primary", icon=":material/play_arrow:",
+                                     key="n_run")
+
+
+def many_body() -> None:
+    refs = [r.strip() for r in refs_text.splitlines() if r.strip()]
+    cfg = app.inputs_cfg(s.base(), refs, [many_spec], **many_values)
+    with common.progress("Aligning many models", 1, stop="merge_many") as step:
+        step(f"{len(refs)} models, matching {style.nice_label(many_spec)}")
+        r = common.compute("many", cfg, step.detail)
+    figs = {"many": manyplots.distance_matrices(r, s.font),
+            "many_merged": manyplots.merged_by_count(r, s.font)}
+    common.chart(figs["many"], "many_matrices")
+    common.chart(figs["many_merged"], "many_merged")
+    ended = "one pass" if r["to"] == "anchor" else f"{r['rounds']} round(s), {r['ended']}"
+    st.caption(f"Mean pairwise distance {r['spread'][0]:.3f} as given, {r['spread'][-1]:.3f} "
+               f"aligned ({ended}); on {r['n']} {r['split']} samples, {r['seconds']:.1f} s.")
+    common.function_badge(r["max_output_diff"], FUNCTION_TOLERANCE,
+                          "every aligned model")
+    tables, _ = measurement_files("many", r)
+    st.dataframe(tables["many"], hide_index=True)
+    common.export("many", {"page": "merge", **cfg}, r, tables, figs)
+
+
+if common.section_wanted("merge_many", many_run):
+    common.guard(many_body)

@@ -68,6 +68,10 @@ REPEATS = Bound("--repeats", 1, 100)  # disjoint data subsets of a barrier
 BATCH_SIZE = Bound("--batch-size", 1, 65_536)
 BATCHES = Bound("--batches", 1, 100_000)  # merge statistics batches
 WEIGHT = Bound("--weight", 0.0, 1.0, integer=False)  # weight of the source in a merge
+SWEEP_POINTS = Bound("--points", 2, 41)  # values of a merge parameter swept (one merge each)
+# the range of a swept number (each value is checked again against the parameter's own bound)
+SWEEP_START = Bound("--start", -10.0, 10.0, integer=False)
+SWEEP_STOP = Bound("--stop", -10.0, 10.0, integer=False)
 ALPHA = Bound("--alpha", 0.0, 1.0, integer=False)  # RegMean off-diagonal scale
 DENSITY = Bound("--density", 0.0, 1.0, integer=False)  # share of a task vector kept (TIES, DARE)
 SCALE = Bound("--scale", -10.0, 10.0, integer=False)  # lambda: scale of the merged task vector

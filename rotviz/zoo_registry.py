@@ -11,6 +11,9 @@ library versions. `zoo:NAME` works wherever rotviz takes a model.
 
 Pairs:
 - default (`vit-digits-s3`, `vit-digits-s6`): independent seeds, the generalized-LMC setting;
+- seeds (`vit-digits-s7`, `vit-digits-s8`): two more seeds of the default recipe; with the
+  default pair, four independent seeds (`SEEDS`) for aligning many models at once
+  (rotviz.analysis.many);
 - finetuned (`vit-digits-ft-a`, `vit-digits-ft-b`): two fine-tunes of `vit-digits-base` on
   different halves of the training split with different hyperparameters, the seed paper's setting;
 - lineage (`vit-digits-s3-ft`, `vit-digits-s6-ft`): the default pair's two seeds as pretrained
@@ -51,6 +54,8 @@ class Entry:
 ENTRIES: tuple[Entry, ...] = (
     Entry("vit-digits-s3", "vit-digits", 3, "default", "ViT on digits, seed 3"),
     Entry("vit-digits-s6", "vit-digits", 6, "default", "ViT on digits, seed 6"),
+    Entry("vit-digits-s7", "vit-digits", 7, "seeds", "ViT on digits, seed 7"),
+    Entry("vit-digits-s8", "vit-digits", 8, "seeds", "ViT on digits, seed 8"),
     Entry("vit-digits-base", "vit-digits-base", 2, "base", "shared base of the fine-tuned pair"),
     Entry("vit-digits-ft-a", "vit-digits-ft-even", 3, "finetuned",
           "vit-digits-base fine-tuned on the even half, lr 5e-4, batch 32"),
@@ -78,6 +83,7 @@ ENTRIES: tuple[Entry, ...] = (
 _BY_NAME = {e.name: e for e in ENTRIES}
 PAIRS = {
     "default": ("vit-digits-s3", "vit-digits-s6"),
+    "seeds": ("vit-digits-s7", "vit-digits-s8"),
     "finetuned": ("vit-digits-ft-a", "vit-digits-ft-b"),
     "lineage": ("vit-digits-s3-ft", "vit-digits-s6-ft"),
     "gpt2": ("gpt2-pystdlib-s0", "gpt2-pystdlib-s1"),
@@ -85,6 +91,8 @@ PAIRS = {
     "nlp-cls": ("roberta-topics-a", "roberta-topics-b"),
     "nlp-tok": ("roberta-pytokens-a", "roberta-pytokens-b"),
 }
+# Four independent seeds of one recipe: the default pair and the `seeds` pair.
+SEEDS: tuple[str, ...] = (*PAIRS["default"], *PAIRS["seeds"])
 
 
 

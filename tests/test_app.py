@@ -505,6 +505,22 @@ def test_merge_page_chart_holds_fusion_table(pair):
     lines = [tr for tr in fig["data"] if tr["type"] == "scatter"]
     assert numbers(lines[0]["y"])[0] == pytest.approx(ref.anchor_acc)
     assert "function preserved" in texts(at)
+    # the sweep computes on its own Run only, one line per matching, the library's numbers
+    assert "Merged model accuracy against weight (simple)" not in figures(at)
+    next(b for b in at.button if b.label == "Run the sweep").click()
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    sweep = figures(at)["Merged model accuracy against weight (simple)"]
+    got = {tr["name"]: numbers(tr["y"]) for tr in sweep["data"]}
+    from rotviz.analysis.fusion import sweep_on
+    from rotviz.match.endpoints import match_endpoints
+
+    split = load_split("digits").subset(N_EVAL)
+    want = sweep_on(match_endpoints(a, s, "seed"), "simple", "weight",
+                    np.linspace(0, 1, 6).tolist(), split)
+    assert got["FFN + attention + rescale (seed paper)"] == pytest.approx(want.acc, abs=1e-12)
+    assert len(got["no matching"]) == 6 and got["no matching"][0] == pytest.approx(
+        ref.anchor_acc)
 
 
 def test_learn_page(pair):
@@ -1023,3 +1039,36 @@ def measure_lib(name: str, refs: list[str], split):
     from rotviz import measure
 
     return measure(name, refs, split, points=3, match=["none", "seed"])
+
+
+def test_merge_page_aligns_many_models_on_run(roots):
+    """The Merge page's many-models section computes nothing before Run; its Run draws the
+    distance matrices (two heat maps, one colour scale) and the merged accuracy against the
+    number of models, equal to the library's on the same split."""
+    from rotviz import zoo_registry
+    from rotviz.analysis.many import align_many, merged_curve
+    from rotviz.data import load_split
+    from rotviz.models import load_model
+
+    at = app("merge", g_methods="simple average", n_rounds="1")
+    assert "Many models at once" in [h.value for h in at.header]
+    assert not any(t.startswith("Pairwise") for t in figures(at))
+    at.button(key="n_run").click().run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    figs = figures(at)
+    mats = next(f for t, f in figs.items() if t.startswith("Pairwise parameter distance"))
+    maps = [tr for tr in mats["data"] if tr["type"] == "heatmap"]
+    assert len(maps) == 2 and {tr["coloraxis"] for tr in maps} == {"coloraxis"}
+    curve = figs["Merged model's accuracy against the number of models merged"]
+    _framed(curve)
+    models = [load_model(f"zoo:{n}") for n in zoo_registry.SEEDS]
+    split = load_split("digits", "test", 0).subset(N_EVAL)
+    want = merged_curve(models, align_many(models, "seed", "barycentre", rounds=1), split)
+    lines = {tr["name"]: tr for tr in curve["data"]}
+    assert numbers(lines["aligned (barycentre)"]["y"]) == pytest.approx(want.acc["aligned"])
+    assert numbers(lines["not aligned"]["y"]) == pytest.approx(want.acc["unaligned"])
+    assert numbers(lines["aligned (barycentre)"]["x"]) == [2, 3, 4]
+    z = maps[0]["z"]  # the matrix as given; row 0: the anchor's distances
+    row = numbers(z)[:4] if isinstance(z, dict) else [float(v) for v in z[0]]
+    assert row == pytest.approx(want.alignment.before[0], rel=1e-9)

@@ -27,6 +27,8 @@ SERIES = {"series_a": "zoo:vit-digits-run-a", "series_b": "zoo:vit-digits-run-b"
 
 
 def _inputs(m) -> list[str]:
+    if m.inputs is not None and m.inputs.least:  # N models (many)
+        return [A, B, "zoo:vit-digits-s7"]
     if m.inputs is not None:
         return [SERIES[name] for name, _ in m.inputs.args]
     return [A, *([B] if m.pair else [])]
@@ -49,6 +51,10 @@ WITH = {
     ("barrier", "--seed"): ["--repeats", "2"],
     **{("merge", p.flag): ["--method", users(p.name)[0]] for p in all_params()},
     ("merge", "--base"): ["--method", "task_arithmetic"],
+    **{("merge_sweep", p.flag): ["--method", users(p.name)[0]] for p in all_params()},
+    ("merge_sweep", "--base"): ["--method", "task_arithmetic"],
+    **{("many", p.flag): ["--method", users(p.name)[0]] for p in all_params()},
+    ("many", "--base"): ["--method", "task_arithmetic"],
     # slice's second model and the options that use it
     ("slice", "--source"): ["--around", "source"],
     **{("slice", o): ["--source", B, "--around", "matched"] for o in ("--match", "--layers")},
@@ -93,6 +99,8 @@ KINDS = {
     ("merge", "--out"): "out folder", ("merge", "--method"): "name",
     ("merge", "--stats-split"): "name", ("merge", "--base"): "model",
     ("merge", "--mergekit-config"): "out file",
+    ("merge_sweep", "--stats-split"): "name", ("merge_sweep", "--base"): "model",
+    ("many", "--stats-split"): "name", ("many", "--base"): "model",
     **{("merge", p.flag): "name" for p in all_params() if p.choices},
     **{(n, p.flag): "name" for n, m in MEASURES.items() for p in m.parameters() if p.choices},
     ("zoo build", "names"): "name", ("zoo build", "--out"): "zoo out",
@@ -107,6 +115,8 @@ KINDS = {
                     ("model", "model"), ("--source", "model"))},  # one model (pair=False)
     **{(c, o): "series" for c, m in MEASURES.items() if m.inputs is not None
        for o, _ in m.inputs.args},  # series and spawn folders (training, spawn)
+    **{(c, m.inputs.args[-1][0]): "model" for c, m in MEASURES.items()
+       if m.inputs is not None and m.inputs.least},  # N models (many): the first replaced
 }
 FREE = {("serve", "--address")}  # any text is a host name for streamlit to bind
 
@@ -171,7 +181,7 @@ def _argv(cmd: str, opt: str, value: str) -> list[str]:
         if cmd == "zoo build":
             return ["zoo", "build", value]
         i = {"anchor": 1, "source": 2, "model": 1, "series_a": 1, "series_b": 2,
-             "spawn_dir": 1}[opt]
+             "spawn_dir": 1, "models": 1}[opt]
         base[i] = value
         return base
     if opt in base:  # --out or --data: replace its value

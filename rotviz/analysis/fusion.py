@@ -386,3 +386,114 @@ def fusion_table(
         params, stats_split = {**params, "stats_split": stats_split}, None
     return fusion_on(ends, split, stats_split, methods, weight, device, progress, base,
                      **params)
+
+
+# ---- one parameter swept ---------------------------------------------------------------------
+
+
+@dataclass
+class MergeSweep:
+    """Merged loss and accuracy as one number of a merge is turned (the weight of the source,
+    or a method's own parameter: lambda, density, RegMean's alpha), every other one held."""
+
+    method: str
+    param: str  # "weight" or the method's parameter name
+    values: list[float]
+    loss: list[float]
+    acc: list[float]
+    match: str
+    weight: float  # the source's weight where it is not the swept number
+    anchor_loss: float
+    anchor_acc: float
+    source_loss: float
+    source_acc: float
+    data: str
+    split: str
+    n: int
+    device: str
+    seconds: float
+    anchor: str = ""
+    source: str = ""
+    base: str = ""
+    params: dict[str, Any] = field(default_factory=dict)  # the held values of the others
+
+    @property
+    def best(self) -> int:
+        """Index of the value with the highest merged accuracy (the first of equals)."""
+        return max(range(len(self.acc)), key=lambda i: (self.acc[i], -i))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def sweepable(m: MergeMethod) -> tuple[str, ...]:
+    """The numbers of method `m` a sweep can turn: the weight, then its own real-valued
+    parameters with a bound (integers such as batch counts are not swept)."""
+    own = [p.name for p in m.params
+           if p.bound is not None and not p.bound.integer and p.name != "weight"]
+    return ("weight", *own)
+
+
+def sweep_on(
+    ends: HeldEndpoints,
+    method_name: str,
+    param: str,
+    values: Sequence[float],
+    split: Split,
+    weight: float = 0.5,
+    device: str | torch.device = "cpu",
+    progress: Progress | None = None,
+    stats_data: Split | None = None,
+    base: Loaded | None = None,
+    **params: Any,
+) -> MergeSweep:
+    """sweep_on(endpoints, "ties", "density", [0.1, 0.3, 1.0], split, base=base) -> MergeSweep
+
+    Merge the matched source into the anchor at each value of `param` (the source's
+    `weight`, or one of the method's own real parameters: `sweepable`) and evaluate each
+    merged model on `split`. Statistics, when the method needs them, are taken once. The
+    values are checked against the parameter's bound before anything is computed."""
+    m = method_record(method_name)
+    choices = sweepable(m)
+    if param not in choices:
+        raise RotvizError(f"--param {param} is not a number --method {m.name} can sweep; use "
+                          f"one of {', '.join(choices)}")
+    if not values:
+        raise RotvizError("a sweep needs at least one value")
+    bound = next((p.bound for p in m.params if p.name == param), None)
+    checked = [check_weight(v) if param == "weight" else bound.check(v) for v in values]
+    weight = check_weight(weight)
+    held = method_params(m, {k: v for k, v in params.items() if k != param})
+    check_base_model(m, ends.anchor, base)
+    t0 = time.perf_counter()
+    anchor = ends.anchor
+    ev = Evaluator(anchor, split, device)
+    sa = sb = None
+    if m.needs_statistics:
+        st = stats_data if stats_data is not None else \
+            split.sibling(held.get("stats_split", "train"))
+        sa = statistics_of(m, anchor, anchor.state, st, ev.device, held, _stage(progress, "anchor"))
+        sb = statistics_of(m, anchor, ends.matched, st, ev.device, held, _stage(progress, "source"))
+    base_state = None if base is None else base.state
+
+    def merged_at(v: float) -> dict[str, Tensor]:
+        w, own = (v, held) if param == "weight" else (weight, {**held, param: v})
+        return ev.params(merge_states(anchor, m.name, anchor.state, ends.matched, w, sa, sb,
+                                      base_state, **own))
+
+    def done(k: int) -> None:
+        if progress:
+            progress(k, len(checked), f"{param} = {checked[k - 1]:g}")
+
+    found = ev.evaluate_each(merged_at, checked, done)
+    a_loss, a_acc = ev.evaluate(ev.params(anchor.state))
+    s_loss, s_acc = ev.evaluate(ev.params(ends.matched))
+    return MergeSweep(
+        method=m.name, param=param, values=[float(v) for v in checked],
+        loss=[f[0] for f in found], acc=[f[1] for f in found], match=ends.info.match,
+        weight=weight, anchor_loss=a_loss, anchor_acc=a_acc, source_loss=s_loss,
+        source_acc=s_acc, data=split.data, split=split.split, n=split.n, device=str(ev.device),
+        seconds=time.perf_counter() - t0 + ends.info.seconds, anchor=anchor.ref,
+        source=ends.source_ref, base="" if base is None else base.ref,
+        params={k: v for k, v in held.items() if k in m.extra and k != param},
+    )

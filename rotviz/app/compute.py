@@ -429,7 +429,8 @@ def measure_inputs(record, res: Resources, cfg: dict, progress: Progress | None 
     split = load_test_split(cfg["data"], int(cfg.get("seed", 0)), int(cfg.get("n_eval", 0)),
                             first, confined)
     result = record.run(inputs, Context(split, resolve_device(cfg.get("device", "cpu")),
-                                        progress=progress, cancel=cancel), values)
+                                        progress=progress, cancel=cancel, load=res.load),
+                        values)
     out = result.to_dict()
     if out.get("stopped") == "cancelled":
         raise Cancelled(f"{record.label} was stopped before it finished; nothing was kept. "

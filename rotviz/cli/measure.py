@@ -1,7 +1,8 @@
 """One sub-command per registered measurement (rotviz.measures), generated from its record:
 `barrier`, `plane`, `merge`, `distances`, `spectra`, and whatever a plug-in registers.
 A record whose `inputs` are series or a spawn folder (training, spawn) takes those as its
-positional arguments and `--match SPEC` once per matching.
+positional arguments and `--match SPEC` once per matching; one of N models (many) takes
+them all as its last positional argument and one `--match SPEC`.
 
 Every command takes the pair, `--match SPEC` and `--layers`, the device and `--json`; those
 that evaluate take `--data`, `--split` and the reading options; those that write a model take
@@ -129,18 +130,26 @@ def _inputs_parser(p: argparse.ArgumentParser, m: Measurement) -> None:
     """A record that takes series or a spawn folder (`Measurement.inputs`): its positional
     arguments, --data, --match once per matching, and the rest as for a pair."""
     assert m.inputs is not None
-    for name, text in m.inputs.args:
-        p.add_argument(name, help=text)
+    for i, (name, text) in enumerate(m.inputs.args):
+        last = i == len(m.inputs.args) - 1
+        p.add_argument(name, help=text, nargs="+" if last and m.inputs.least else None)
     p.add_argument("--data", required=True,
                    help="data reference: digits, pystdlib, text:FILE, csv:FILE, tsv:FILE, "
                         "jsonl:FILE, conll:FILE, hf:DIR, imagefolder:DIR or cifar10:DIR")
     p.add_argument("--split", default="test", help="split to evaluate on (default test)")
     add_reading(p)
     default = " and ".join(m.inputs.default_specs)
-    p.add_argument("--match", action="append", default=None, metavar="SPEC",
-                   help="a matching to measure each pair with, once per matching: none, or a "
-                        "comma list of ffn, attn, rescale, heads, residual, act, learned; "
-                        f"seed = ffn,attn,rescale (default {default})")
+    if m.inputs.one_spec:
+        p.add_argument("--match", action="append", default=None, metavar="SPEC",
+                       help="the matching that aligns the models (once): a comma list of ffn, "
+                            "attn, rescale, heads, residual, act, learned; seed = "
+                            "ffn,attn,rescale; weight = seed,heads,residual (data-free) "
+                            f"(default {default})")
+    else:
+        p.add_argument("--match", action="append", default=None, metavar="SPEC",
+                       help="a matching to measure each pair with, once per matching: none, "
+                            "or a comma list of ffn, attn, rescale, heads, residual, act, "
+                            f"learned; seed = ffn,attn,rescale (default {default})")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or mps (default auto)")
     p.add_argument("--json", default=None, metavar="FILE",
                    help="also write the result as JSON to this new file")
@@ -163,12 +172,16 @@ def run_inputs_command(m: Measurement, args: argparse.Namespace) -> int:
 
     assert m.inputs is not None
     values = m.values({p.name: getattr(args, p.name) for p in m.parameters()})
-    refs = tuple(getattr(args, name) for name, _ in m.inputs.args)
+    refs: tuple[str, ...] = ()
+    for name, _ in m.inputs.args:  # the last may hold several references (Inputs.least)
+        got = getattr(args, name)
+        refs += tuple(got) if isinstance(got, list) else (got,)
     inputs = m.inputs.read(refs, args.match, ANYWHERE)  # SPECs and folders: one line each
     first = inputs.first_pair()
     outputs = Outputs(m.name)
-    guard_inputs(outputs, [r for r in refs if ":" not in r] + [str(p) for p in first],
-                 args.data)
+    further = [values[n] for n in m.models if values.get(n)]  # a merge's base: an input too
+    guard_inputs(outputs, [r for r in (*refs, *further) if ":" not in r]
+                 + [str(p) for p in first], args.data)
     js = outputs.add(args.json, "--json", folder=False, overwrite=args.overwrite)
     args.anchor, args.source = map(str, first)
     if beyond_memory(args)[0]:

@@ -6,10 +6,11 @@ call every one of them shares:
     curve = measure("barrier", ends, split, points=11)
 
 The built-ins (barrier, plane, merge, distances, spectra, sweeps, slice, layerwise, hessian,
-bend, sharpness, flat, training, spawn) register when this package is imported; a new
+bend, sharpness, flat, training, spawn, many) register when this package is imported; a new
 measurement is one module that calls `register`. Training and spawn take series of
 checkpoints, not endpoints: `measure("training", TwoSeries.read([A, B], ["none", "seed"]),
-split)` (rotviz.analysis.training).
+split)` (rotviz.analysis.training); many takes N models: `measure("many", [M1, M2, M3],
+split, match=["seed"])` (rotviz.analysis.many).
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from rotviz.measures import (  # noqa: F401  (the built-ins)
     flat,
     hessian,
     layerwise,
+    many,
     merge,
+    merge_sweep,
     plane,
     sharpness,
     slice,

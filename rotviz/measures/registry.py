@@ -8,9 +8,10 @@ and drawn, its table for exports, and whether and how it runs at size. The CLI s
 and its options, the app's computations and widgets, the exports and `rotviz.measure` are
 all generated from `measurements()`, so a new measurement is one module calling `register`.
 
-A measurement of more than one pair (barriers over training, spawn instability) declares
-its `inputs` (`Inputs`: series of checkpoints, a spawn folder): the same generated CLI, app
-computation, exports and `rotviz.measure`, with those inputs in place of the endpoints.
+A measurement of more than one pair (barriers over training, spawn instability, many models
+aligned at once) declares its `inputs` (`Inputs`: series of checkpoints, a spawn folder, N
+models): the same generated CLI, app computation, exports and `rotviz.measure`, with those
+inputs in place of the endpoints.
 
 Record modules import torch, the engine and plotly inside their functions, so that listing
 the records (for `rotviz --help`, or the app's first paint) stays cheap.
@@ -54,8 +55,10 @@ Runner = Callable[[Any, Context, dict], Any]  # (endpoints, context, parameter v
 @dataclass(frozen=True)
 class Inputs:
     """What a measurement takes when it is not one matched pair (a record's `inputs`): two
-    series of checkpoints, a spawn folder. The CLI takes `args` as its positional arguments
-    and `--match SPEC` once per matching; `read(refs, specs, confined)` reads and checks
+    series of checkpoints, a spawn folder, N models (`least`: the last argument takes one or
+    more references, and `read` refuses fewer than `least`). The CLI takes `args` as its
+    positional arguments and `--match SPEC` once per matching (once in all with `one_spec`);
+    `read(refs, specs, confined)` reads and checks
     them (every file through `confined`) into the value the record's `run` takes in place of
     endpoints, which names its `first_pair()` of model folders (the one whose reading of the
     data gives the split, and whose size says whether it fits in memory)."""
@@ -63,6 +66,11 @@ class Inputs:
     args: tuple[tuple[str, str], ...]  # (name, help) of each positional argument
     read: Callable[..., Any]  # (refs, specs, confined) -> the record's input value
     default_specs: tuple[str, ...] = ("none", "seed")
+    # N models at once (rotviz many): the last argument takes one or more references, and
+    # `refs` holds them all, in order; `read` refuses fewer than `least` of them (0: every
+    # argument takes exactly one)
+    least: int = 0
+    one_spec: bool = False  # one --match SPEC for all (not one measurement per matching)
 
 
 @dataclass(frozen=True)
@@ -143,8 +151,8 @@ class Measurement:
 
 
 MEASUREMENTS: Records[Measurement] = Records("measurement", (
-    "barrier", "plane", "merge", "distances", "spectra", "sweeps", "slice", "layerwise",
-    "hessian", "bend", "sharpness", "flat", "training", "spawn"))
+    "barrier", "plane", "merge", "merge_sweep", "distances", "spectra", "sweeps", "slice",
+    "layerwise", "hessian", "bend", "sharpness", "flat", "training", "spawn", "many"))
 
 
 def register(m: Measurement) -> Measurement:

@@ -41,3 +41,38 @@ def fusion_chart(rows: Sequence[Mapping], metric: str = "acc", font_size: int = 
         fig.update_yaxes(range=[0, 1.02])
     title = f"Merged model {word} per fusion method"
     return style.finish(fig, title, "fusion method", y, "matching before fusion", font_size)
+
+
+SWEPT = {"weight": "weight of the source (0 = anchor, 1 = source)",
+         "scale": "λ, the scale of the merged task vector",
+         "density": "density (share of each task vector kept, 0-1)",
+         "alpha": "RegMean's off-diagonal scale α (0-1)"}
+
+
+def sweep_chart(sweeps: Sequence[Mapping], metric: str = "acc", font_size: int = 14) -> go.Figure:
+    """Merged accuracy (or loss) against the swept number, one line per matching setting
+    (each a `MergeSweep.to_dict()` of one method and parameter), the anchor's and the
+    source's own values as dashed lines."""
+    first = sweeps[0]
+    param = str(first["param"])
+    fig = go.Figure()
+    for i, d in enumerate(sweeps):
+        fig.add_scatter(x=d["values"], y=d[metric], mode="lines+markers",
+                        name=style.nice_label(d["match"]),
+                        line={"color": style.color(i), "dash": style.dash(i)},
+                        marker={"symbol": style.marker(i)},
+                        hovertemplate=f"{param} %{{x:.3g}}: %{{y:.4f}}<extra>"
+                                      f"{style.nice_label(d['match'])}</extra>")
+    xs = [min(min(d["values"]) for d in sweeps), max(max(d["values"]) for d in sweeps)]
+    for j, who in enumerate(("anchor", "source")):
+        value = float(first[f"{who}_{metric}"])
+        fig.add_scatter(x=xs, y=[value, value], mode="lines", name=f"{who} ({value:.3f})",
+                        line={"color": "#000000" if j == 0 else style.GREY,
+                              "dash": ("dash", "dot")[j]},
+                        hovertemplate=f"{who}: {value:.4f}<extra></extra>")
+    named = {"acc": ("accuracy", style.ACCURACY), "loss": ("loss", style.LOSS)}
+    word, y = named.get(metric, (metric, metric))
+    title = (f"Merged model {word} against {param} ({first['method']}"
+             f"{', base ' + first['base'] if first.get('base') else ''})")
+    return style.finish(fig, title, SWEPT.get(param, param), y, "matching before merging",
+                        font_size)

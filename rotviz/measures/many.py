@@ -1,0 +1,121 @@
+"""Many models at once: N >= 3 models of one architecture aligned into one basis (onto the
+first, or onto their iteratively refined barycentre) and merged, the merged accuracy against
+the number of models (rotviz.analysis.many, docs/symmetries.md)."""
+
+from __future__ import annotations
+
+from rotviz.limits import ROUNDS, TOL
+from rotviz.measures.registry import Context, Inputs, Measurement, register
+from rotviz.params import Param
+
+PARAMS = (
+    Param("to", "barycentre", "anchor (every model matched onto the first) or barycentre "
+          "(onto the mean, refined round by round; default barycentre)",
+          choices=("anchor", "barycentre"), label="Align to"),
+    Param("rounds", 10, f"barycentre: at most this many rounds (default 10, {ROUNDS.text})",
+          ROUNDS, label="Barycentre rounds", widget=(1, 30, 1)),
+    Param("tol", 1e-4, "barycentre: stop when the mean moves less than this fraction of its "
+          f"norm in a round (default 1e-4, {TOL.text})", TOL, label="Barycentre tolerance"),
+)
+
+
+class ManyModels:
+    """What `rotviz many` takes: N >= 3 models of one architecture, loaded and checked, and
+    one matching SPEC."""
+
+    def __init__(self, refs, specs, confined) -> None:
+        from rotviz.analysis.many import MIN_MODELS, check_models
+        from rotviz.errors import RotvizError
+        from rotviz.match.selection import label_of, match_options
+        from rotviz.models import load_model, resolve_ref
+
+        specs = list(specs or ("seed",))
+        if len(specs) != 1:
+            raise RotvizError(f"many aligns with one matching, got {len(specs)} --match "
+                              "options; give one --match SPEC")
+        self.spec = label_of(match_options(specs[0]))
+        if len(refs) < MIN_MODELS:  # before any model is loaded
+            raise RotvizError(f"aligning many models takes at least {MIN_MODELS} models, got "
+                              f"{len(refs)}; give {MIN_MODELS} or more (for two, use rotviz "
+                              "match)")
+        self.paths = [resolve_ref(r, confined) for r in refs]
+        self.models = [load_model(r, confined=confined) for r in refs]
+        check_models(self.models)
+
+    def first_pair(self):
+        return self.paths[0], self.paths[1]
+
+
+def _params() -> tuple[Param, ...]:
+    """Where to align, then the merge of the curve: a registered method without statistics
+    (every model weighs 1/k) with its own parameters and, for the task-vector methods, the
+    base (rotviz.measures.merge's options, less the pair's weight)."""
+    from rotviz.measures.merge import _params as merge_params
+
+    return (*PARAMS, *(p for p in merge_params() if p.name != "weight"))
+
+
+def _check(values: dict, given: set[str]) -> None:
+    """The merge options as `rotviz merge` checks them (a method's own parameters only, a
+    base where the method needs one); a method that needs statistics is refused."""
+    from rotviz.errors import RotvizError
+    from rotviz.measures.merge import _check as merge_check
+    from rotviz.merging import check_base, method
+
+    m = method(values["method"])
+    if m.needs_statistics:
+        raise RotvizError(f"--method {m.name} needs statistics of each model; many merges "
+                          "with a method that needs none, such as simple, task_arithmetic "
+                          "or ties")
+    merge_check({**values, "weight": 0.5}, given - {p.name for p in PARAMS})
+    check_base(m, bool(values["base"]))
+
+
+def _run(inputs: ManyModels, ctx: Context, v: dict):
+    from rotviz.analysis.many import many, registered_merge
+    from rotviz.measures.merge import _given, _load_base
+
+    final = None  # the simple average: the plain mean the barycentre is made of
+    if v["method"] != "simple":
+        base = _load_base(ctx, v)
+        final = registered_merge(v["method"], None if base is None else base.state,
+                                 **_given(v))
+    r = many(inputs.models, ctx.split, inputs.spec, v["to"], v["rounds"], v["tol"],
+             ctx.device, ctx.progress, final=final)
+    r.method, r.base = v["method"], v["base"]
+    return r
+
+
+def _summary(r, how: str) -> str:
+    a = r.alignment
+    ended = (f"{a.rounds} round(s), {a.ended}" if a.to == "barycentre" else "one pass")
+    return (f"many [{a.match}, to {a.to}] of {len(a.refs)} models on {r.device}{how}: mean "
+            f"pairwise distance {a.spread[0]:.4f} -> {a.spread[-1]:.4f} ({ended}); merged "
+            f"accuracy of all {r.k[-1]} ({r.method}): aligned {r.acc['aligned'][-1]:.4f}, not "
+            f"aligned {r.acc['unaligned'][-1]:.4f}; max output difference {a.max_output_diff:.2e}; "
+            f"{r.seconds:.2f} s")
+
+
+def _rows(d: dict) -> list[dict]:
+    """One row per number of models merged, aligned and not."""
+    return [{"models": k, "aligned_acc": d["acc"]["aligned"][i],
+             "aligned_loss": d["loss"]["aligned"][i],
+             "unaligned_acc": d["acc"]["unaligned"][i],
+             "unaligned_loss": d["loss"]["unaligned"][i]} for i, k in enumerate(d["k"])]
+
+
+def _plot(d: dict):
+    from rotviz.plots.many import distance_matrices
+
+    return distance_matrices(d)
+
+
+MANY = register(Measurement(
+    "many", "Many models",
+    "align N >= 3 models (onto the first or their barycentre), then merge the first k",
+    _run, _params, summary=_summary, plot=_plot, rows=_rows, check=_check, models=("base",),
+    refusal="it holds every model in memory; run it on models that fit",
+    inputs=Inputs((("models", "three or more models of one architecture (model directories "
+                    "or zoo:NAME); the first is the anchor"),), ManyModels, ("seed",),
+                  least=3, one_spec=True),
+    extra={"progress": True}))

@@ -1,0 +1,89 @@
+"""One merge number swept: the merged model's loss and accuracy as the source's weight, or a
+method's own real parameter (task arithmetic's lambda, TIES's and DARE's density, RegMean's
+alpha), runs from `--start` to `--stop`, every other parameter held. The matching is done
+once; statistics, when the method needs them, are taken once; each value is one merge and one
+evaluation (rotviz.analysis.fusion.sweep_on)."""
+
+from __future__ import annotations
+
+from rotviz.limits import SWEEP_POINTS, SWEEP_START, SWEEP_STOP
+from rotviz.measures.barrier import match_label
+from rotviz.measures.merge import _check as _merge_check
+from rotviz.measures.merge import _given, _load_base
+from rotviz.measures.merge import _params as _merge_params
+from rotviz.measures.registry import Context, Measurement, register
+from rotviz.params import Param
+
+
+def _swept_names() -> tuple[str, ...]:
+    from rotviz.analysis.fusion import sweepable
+    from rotviz.merging import methods
+
+    return tuple(dict.fromkeys(n for m in methods() for n in sweepable(m)))
+
+
+def _params() -> tuple[Param, ...]:
+    """The merge's own options, then what to sweep and over which range."""
+    names = _swept_names()
+    return (*_merge_params(),
+            Param("param", "weight", f"the number swept: {', '.join(names)} (default weight; "
+                  "each method sweeps the weight and its own real parameters)", choices=names,
+                  label="Swept parameter"),
+            Param("start", 0.0, f"first value (default 0, {SWEEP_START.text})", SWEEP_START,
+                  label="From"),
+            Param("stop", 1.0, f"last value (default 1, {SWEEP_STOP.text})", SWEEP_STOP,
+                  label="To"),
+            Param("points", 11, f"values from start to stop, evenly spaced (default 11, "
+                  f"{SWEEP_POINTS.text})", SWEEP_POINTS, label="Values", widget=(2, 21, 1)))
+
+
+def _check(values: dict, given: set[str]) -> None:
+    """The merge's own checks, and a parameter the chosen method can sweep (one line)."""
+    from rotviz.analysis.fusion import sweepable
+    from rotviz.errors import RotvizError
+    from rotviz.merging import method
+
+    _merge_check(values, given - {"param", "start", "stop", "points"})
+    m = method(values["method"])
+    if values["param"] not in sweepable(m):
+        raise RotvizError(f"--param {values['param']} is not a number --method {m.name} can "
+                          f"sweep; use one of {', '.join(sweepable(m))}")
+
+
+def _run(ends, ctx: Context, v: dict):
+    import numpy as np
+
+    from rotviz.analysis.fusion import sweep_on
+
+    values = np.linspace(v["start"], v["stop"], v["points"]).tolist()
+    own = {k: x for k, x in _given(v).items() if k != v["param"]}
+    return sweep_on(ends, v["method"], v["param"], values, ctx.split, v["weight"], ctx.device,
+                    ctx.progress, base=_load_base(ctx, v), **own)
+
+
+def _summary(r, how: str) -> str:
+    b = r.best
+    return (f"merge sweep [{r.method}, match {match_label(r.match, None)}] of {r.param} on "
+            f"{r.device}{how}: accuracy {min(r.acc):.4f} to {max(r.acc):.4f}, best at "
+            f"{r.param} {r.values[b]:g} ({r.acc[b]:.4f}, loss {r.loss[b]:.4f}); anchor "
+            f"{r.anchor_acc:.4f}, source {r.source_acc:.4f}; {len(r.values)} merges in "
+            f"{r.seconds:.2f} s")
+
+
+def _rows(d: dict) -> list[dict]:
+    return [{d["param"]: x, "loss": lo, "acc": a}
+            for x, lo, a in zip(d["values"], d["loss"], d["acc"], strict=True)]
+
+
+def _plot(d: dict):
+    from rotviz.plots.merge import sweep_chart
+
+    return sweep_chart([d])
+
+
+MERGE_SWEEP = register(Measurement(
+    "merge_sweep", "Merge sweep (one parameter turned)",
+    "merged accuracy as the source's weight or one merge parameter (lambda, density, alpha) "
+    "runs over a range, every other one held",
+    _run, _params, summary=_summary, plot=_plot, rows=_rows, check=_check, models=("base",),
+    refusal="a merge sweep evaluates whole merged models in memory; use rotviz merge at size"))
