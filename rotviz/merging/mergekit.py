@@ -4,9 +4,9 @@
 rotviz aligns the source onto the anchor (a symmetry of the network: the function is kept),
 then merges. mergekit merges checkpoints as they are, so it is given the matched source
 written as a model folder; the YAML names the anchor's folder and that folder by absolute
-path. `MERGEKIT` below is the table from each rotviz method to mergekit's method and
-parameters; a method that is not in it (fisher, regmean: they need statistics of the models,
-which mergekit has no counterpart for) is refused in one line.
+path. Each method's record says how mergekit says it (`MergeMethod.mergekit`, a
+`Mergekit`: its name and parameters); a method without one (fisher, regmean: they need
+statistics of the models, which mergekit has no counterpart for) is refused in one line.
 
 The weights: rotviz merges (1 - w) anchor + w source. mergekit's `linear` takes a weight per
 model and, by default (`normalize: true`), divides by their sum; the weights written sum to
@@ -23,81 +23,39 @@ dependencies transformers and datasets require).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rotviz.errors import RotvizError
+from rotviz.merging.registry import Mergekit
 
 MERGEKIT_VERSION = "0.1.5"  # the version whose definitions the table follows
-REFUSED = object()  # a rotviz value with no mergekit counterpart (in `Entry.values`)
 
 
-@dataclass(frozen=True)
-class Entry:
-    """How one rotviz method is said to mergekit.
+def table() -> dict[str, Mergekit]:
+    """Each registered method's mergekit equivalent, by rotviz name (its record's
+    `mergekit`; the methods without one are left out)."""
+    from rotviz.merging import methods
 
-    `base`: which model is mergekit's `base_model` ("anchor", "base": the --base model, or
-    None). `weight`: where rotviz's weight w goes ("models": weights 1 - w and w per model;
-    "t": SLERP's t = w; None: not written, mergekit taking the plain mean, so only w = 0.5
-    says the same). `shared`: rotviz parameter -> mergekit parameter
-    written once under `parameters`; `per_model`: the same, written under each merged model
-    (not the base). `values`: rotviz parameter -> {rotviz value: mergekit value}, a value
-    missing there being refused; a mergekit value of None writes nothing (mergekit's own
-    default is the same). `fixed`: mergekit parameters always written, so the file says what
-    it relies on rather than a default."""
-
-    method: str
-    base: str | None = None
-    weight: str | None = "models"
-    shared: Mapping[str, str] = field(default_factory=dict)
-    per_model: Mapping[str, str] = field(default_factory=dict)
-    values: Mapping[str, Mapping[Any, Any]] = field(default_factory=dict)
-    fixed: Mapping[str, Any] = field(default_factory=dict)
-
-
-_DARE = {"shared": {"scale": "lambda"}, "per_model": {"density": "density"}}
-# DARE's rescaling: mergekit rescales the kept entries to the task vector's L1 norm (true) or
-# not at all; the paper's 1 / density has no mergekit switch
-_RESCALE = {"rescale": {"l1": True, "none": False}}
-
-MERGEKIT: dict[str, Entry] = {
-    "simple": Entry("linear", fixed={"normalize": True}),
-    "slerp": Entry("slerp", base="anchor", weight="t"),
-    "task_arithmetic": Entry("task_arithmetic", base="base", shared={"scale": "lambda"},
-                             fixed={"normalize": False}),
-    # mergekit's TIES elects signs by the weighted sum (its only consensus); "count" has none
-    # TIES divides by the weights of the agreeing vectors (normalize on), DARE does not
-    "ties": Entry("ties", base="base", shared={"scale": "lambda"},
-                  per_model={"density": "density"}, values={"consensus": {"sum": None}},
-                  fixed={"normalize": True}),
-    "dare_linear": Entry("dare_linear", base="base", shared=_DARE["shared"],
-                         per_model=_DARE["per_model"], values=_RESCALE,
-                         fixed={"normalize": False}),
-    "dare_ties": Entry("dare_ties", base="base", shared=_DARE["shared"],
-                       per_model=_DARE["per_model"],
-                       values={**_RESCALE, "consensus": {"sum": None}},
-                       fixed={"normalize": False}),
-    "model_stock": Entry("model_stock", base="base", weight=None,
-                         fixed={"filter_wise": False}),
-}
+    return {m.name: m.mergekit for m in methods() if m.mergekit is not None}
 
 
 def with_mergekit(registered: tuple[str, ...] | None = None) -> tuple[str, ...]:
     """The rotviz methods that have a mergekit equivalent (those of `registered`, if given)."""
-    return tuple(n for n in MERGEKIT if registered is None or n in registered)
+    return tuple(n for n in table() if registered is None or n in registered)
 
 
-def entry(method: str, registered: tuple[str, ...] | None = None) -> Entry:
-    """The table's entry of `method`, or a one-line refusal naming those that have one."""
-    found = MERGEKIT.get(method)
+def entry(method: str, registered: tuple[str, ...] | None = None) -> Mergekit:
+    """The record's mergekit entry of `method`, or a one-line refusal naming the methods that
+    have one."""
+    found = table().get(method)
     if found is None:
         raise RotvizError(f"--method {method} has no mergekit equivalent; --mergekit-config "
                           f"takes {', '.join(with_mergekit(registered))}")
     return found
 
 
-def _value(e: Entry, name: str, value: Any) -> Any:
+def _value(e: Mergekit, name: str, value: Any) -> Any:
     table = e.values.get(name)
     if table is None:
         return value
@@ -109,7 +67,7 @@ def _value(e: Entry, name: str, value: Any) -> Any:
 
 
 def check(method: str, values: Mapping[str, Any], registered: tuple[str, ...] | None = None,
-          base: bool = False, weight: float = 0.5) -> Entry:
+          base: bool = False, weight: float = 0.5) -> Mergekit:
     """Refuse, before any work, a method or parameter value mergekit cannot express, or a
     method about a base model without one; returns the method's entry."""
     e = entry(method, registered)
