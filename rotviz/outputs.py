@@ -3,7 +3,8 @@ written into temporary siblings, renamed into place only when all of it has succ
 
 rotviz never deletes what it did not write. It recognises its own output by a marker:
 - a folder it wrote holds `rotviz-output.json`, which lists every file it put there;
-- a JSON file it wrote has a top-level `"rotviz"` entry.
+- a JSON file it wrote has a top-level `"rotviz"` entry;
+- any other text file it wrote (a mergekit YAML) starts with the line `# written by rotviz`.
 
 An existing folder that holds files, or an existing file, is refused unless `overwrite` is
 given, and even then only when it is a rotviz output holding nothing but what rotviz listed.
@@ -34,6 +35,7 @@ from rotviz.version import __version__
 
 MARKER = "rotviz-output.json"
 JSON_KEY = "rotviz"
+TEXT_STAMP = "# written by rotviz "  # the first line of a text file rotviz writes
 _TMP = ".rotviz-tmp-"
 _OLD = ".rotviz-old-"
 
@@ -130,12 +132,28 @@ def _check_replace_folder(p: Path, given, flag: str, overwrite: bool) -> None:
                                 "folder")
 
 
+def text_stamp(command: str) -> str:
+    """The first line that marks a text file (not JSON) as written by rotviz's `command`."""
+    return f"{TEXT_STAMP}{_version()} ({command})\n"
+
+
 def is_rotviz_json(p: Path) -> bool:
     try:
         obj = ANYWHERE.read_json(p, "it is not rotviz's", "output")
     except RotvizError:
         return False
     return isinstance(obj, dict) and isinstance(obj.get(JSON_KEY), dict)
+
+
+def is_rotviz_file(p: Path) -> bool:
+    """A file rotviz wrote: JSON with its entry, or text whose first line is its stamp."""
+    if is_rotviz_json(p):
+        return True
+    try:  # through the one reader (a FIFO must not block); a large file is not ours
+        head = ANYWHERE.read_bytes(p, "output", 1 << 20)
+    except RotvizError:
+        return False
+    return head.startswith(TEXT_STAMP.encode())
 
 
 def check_output(path: str | os.PathLike, flag: str, *, folder: bool,
@@ -168,7 +186,7 @@ def check_output(path: str | os.PathLike, flag: str, *, folder: bool,
             if not overwrite:
                 raise _err(flag, path, "already exists; give a new file name, or add "
                                        "--overwrite to replace an earlier rotviz output")
-            if not is_rotviz_json(p):
+            if not is_rotviz_file(p):
                 raise _err(flag, path, "was not written by rotviz, so --overwrite will not "
                                        "replace it; give a new file name")
         replaces = True
@@ -304,7 +322,7 @@ def _write_marker(folder: Path, command: str) -> None:
 def _commit(out: Output, tmp: Path) -> None:
     p = out.path
     if not out.folder:
-        if os.path.lexists(p) and not (out.overwrite and is_rotviz_json(p)):
+        if os.path.lexists(p) and not (out.overwrite and is_rotviz_file(p)):
             raise _err(out.flag, p, "appeared while rotviz was working; nothing was replaced")
         os.replace(tmp, p)
         return

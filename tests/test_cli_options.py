@@ -98,6 +98,7 @@ KINDS = {
     ("eval", "--split"): "name", ("eval", "--device"): "name",
     ("merge", "--out"): "out folder", ("merge", "--method"): "name",
     ("merge", "--stats-split"): "name", ("merge", "--base"): "model",
+    ("merge", "--mergekit-config"): "out file",
     ("merge_sweep", "--stats-split"): "name", ("merge_sweep", "--base"): "model",
     ("many", "--stats-split"): "name", ("many", "--base"): "model",
     **{("merge", p.flag): "name" for p in all_params() if p.choices},

@@ -340,10 +340,12 @@ def test_records_say_base_size_and_their_mergekit_names():
               "model_stock": (True, True, "model_stock")}
     for name, (needs_base, at_size, mk) in expect.items():
         m = method_record(name)
-        assert (m.needs_base, m.at_size, m.mergekit and m.mergekit[0]) == (needs_base, at_size, mk)
-        if m.mergekit:  # every mapped parameter is one the method declares (or the weight)
-            assert set(m.mergekit[1]) <= {p.name for p in m.params} | {"weight"}
-    assert method_record("ties").mergekit[1]["scale"] == "lambda"
+        assert (m.needs_base, m.at_size, m.mergekit and m.mergekit.method) == \
+            (needs_base, at_size, mk)
+        if m.mergekit:  # every mapped parameter is one the method declares
+            k = m.mergekit
+            assert {*k.shared, *k.per_model, *k.values} <= {p.name for p in m.params}
+    assert method_record("ties").mergekit.shared["scale"] == "lambda"
 
 
 # ---- the command line -----------------------------------------------------------------------

@@ -104,6 +104,8 @@ def register(sub, wanted: Callable[[str], bool] = lambda name: True) -> None:
                            help="write the merged model to this new folder")
         p.add_argument("--json", default=None, metavar="FILE",
                        help="also write the result as JSON to this new file")
+        for f in m.files:
+            p.add_argument(f.flag, dest=_dest(f), default=None, metavar="FILE", help=f.help)
         add_overwrite(p)
         add_params(p, m.parameters())
         if m.at_size is not None:
@@ -112,6 +114,16 @@ def register(sub, wanted: Callable[[str], bool] = lambda name: True) -> None:
         else:
             add_max_memory(p, "run", f"refused ({m.why_not_at_size()})", "is refused too")
         p.set_defaults(func=lambda args, m=m: run_command(m, args))
+
+
+def _dest(f) -> str:
+    """The argparse name of a record's further file (--mergekit-config: mergekit_config)."""
+    return f.flag.lstrip("-").replace("-", "_")
+
+
+def _files_given(m: Measurement, args) -> list:
+    """The record's further files (`Measurement.files`) whose option was given."""
+    return [f for f in m.files if getattr(args, _dest(f), None) is not None]
 
 
 def _inputs_parser(p: argparse.ArgumentParser, m: Measurement) -> None:
@@ -205,7 +217,14 @@ def _outputs(m: Measurement, args):
     folder = outputs.add(getattr(args, "out", None), "--out", folder=True,
                          overwrite=args.overwrite)
     js = outputs.add(args.json, "--json", folder=False, overwrite=args.overwrite)
-    return outputs, folder, js
+    files = []
+    for f in _files_given(m, args):  # the file, then the folders written beside it
+        item = outputs.add(getattr(args, _dest(f)), f.flag, folder=False,
+                           overwrite=args.overwrite)
+        beside = tuple(outputs.add(d, f"{f.flag}'s folder", folder=True,
+                                   overwrite=args.overwrite) for d in f.folders(item.path))
+        files.append((f, item, beside))
+    return outputs, folder, js, files
 
 
 @contextmanager
@@ -247,17 +266,20 @@ def run_command(m: Measurement, args: argparse.Namespace) -> int:
 
     given = {p.name: getattr(args, p.name) for p in m.parameters()}
     values = m.values(given)
+    for f in _files_given(m, args):  # a value the further file cannot express: refused first
+        if f.check is not None:
+            f.check(values)
     if not m.pair:  # one model: the endpoints are it, twice, unmatched (or with --source)
         _one_model(m, args, values)
     match_options(args.match)  # SPEC errors come first
-    outputs, folder, js = _outputs(m, args)
+    outputs, folder, js, files = _outputs(m, args)
     sized = beyond_memory(args)[0]
     if sized:
-        result = _at_size(m, args, values, outputs, folder, js)
+        result = _at_size(m, args, values, outputs, folder, js, files)
         how = m.extra.get("at_size_how",
                           " (at size: streamed, each point built block by block)")
     else:
-        result = _in_memory(m, args, values, outputs, folder, js)
+        result = _in_memory(m, args, values, outputs, folder, js, files)
         how = ""
     if result is None:  # under torchrun, a rank other than 0: rank 0 writes and reports
         return 0
@@ -295,7 +317,7 @@ def _one_model(m: Measurement, args, values: dict) -> None:
         args.match = m.match_default
 
 
-def _in_memory(m: Measurement, args, values: dict, outputs, folder, js):
+def _in_memory(m: Measurement, args, values: dict, outputs, folder, js, files=()):
     from rotviz.analysis.ablations import n_layers
     from rotviz.devices import device_for, pick_device, resolve_device
     from rotviz.match.endpoints import match_endpoints
@@ -337,6 +359,9 @@ def _in_memory(m: Measurement, args, values: dict, outputs, folder, js):
                 write_model(anchor, result.state, tmp[folder])
             if js is not None:
                 write_json_file(tmp[js], _json(m, result, args), m.name)
+            for f, item, beside in files:  # a record's further files (Measurement.files)
+                f.write(ends, result, values, tmp[item], tuple(tmp[d] for d in beside),
+                        (item.path, tuple(d.path for d in beside)))
     return result
 
 
@@ -345,7 +370,7 @@ def _json(m: Measurement, result, args) -> dict:
     return d | {"out": args.out} if m.writes_model else d
 
 
-def _at_size(m: Measurement, args, values: dict, outputs, folder, js):
+def _at_size(m: Measurement, args, values: dict, outputs, folder, js, files=()):
     """A pair too large for memory: matched streamed into a temporary folder
     (rotviz.stream.endpoints), then measured block by block, or refused in one line."""
     from rotviz.devices import device_for, pick_device
@@ -363,6 +388,9 @@ def _at_size(m: Measurement, args, values: dict, outputs, folder, js):
     if why:
         raise RotvizError(f"the pair is evaluated block by block (--max-memory), and {why}; "
                           "raise --max-memory")
+    for f in _files_given(m, args) if not m.writes_model else ():
+        raise RotvizError(f"the pair is evaluated block by block (--max-memory), and {f.flag} "
+                          "is written from memory only; raise --max-memory")
     if m.at_size_check is not None:
         m.at_size_check(values)
     if m.needs_match and match_options(args.match) is None:
@@ -390,6 +418,9 @@ def _at_size(m: Measurement, args, values: dict, outputs, folder, js):
                 result = m.at_size(ends, ctx, values)
                 if js is not None:
                     write_json_file(tmp[js], _json(m, result, args), m.name)
+                for f, item, beside in files:  # a record's further files, from the stream
+                    f.write(ends, result, values, tmp[item], tuple(tmp[d] for d in beside),
+                            (item.path, tuple(d.path for d in beside)))
             return result
         result = m.at_size(ends, ctx, values)
     if result is None or not group.main:

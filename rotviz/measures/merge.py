@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from rotviz.limits import WEIGHT
 from rotviz.measures.barrier import match_label
-from rotviz.measures.registry import Context, Measurement, register
+from rotviz.measures.registry import Context, Measurement, OutputFile, register
 from rotviz.params import Param
 
 
@@ -127,10 +127,73 @@ def _plot(d: dict):
                         references={"anchor": d["anchor_acc"], "source": d["source_acc"]})
 
 
+def _mergekit_check(v: dict) -> None:
+    """A method or value mergekit cannot express is refused before any model is loaded."""
+    from rotviz.merging import names
+    from rotviz.merging.mergekit import check
+
+    check(v["method"], _given(v), names(), base=bool(v.get("base")), weight=v["weight"])
+
+
+def _mergekit_folders(path):
+    from rotviz.merging.mergekit import matched_folder
+
+    return (matched_folder(path),)
+
+
+def _mergekit_write(ends, result, v: dict, file, folders, final) -> None:
+    """The matched source as a model folder beside the configuration (held: written from
+    memory; at size: the streamed match's files copied), and the configuration naming the
+    anchor's folder, that one and the base's (absolute paths, as they will be named)."""
+    from rotviz.merging.mergekit import mergekit_config
+    from rotviz.models import resolve_ref
+    from rotviz.outputs import text_stamp
+
+    (matched,) = folders
+    if hasattr(ends, "matched_path"):  # at size: the matched source is a checkpoint folder
+        _copy_model(resolve_ref(ends.matched_path), matched)
+    else:
+        from rotviz.models import write_model
+
+        same = all(ends.source.state[k].shape == t.shape for k, t in ends.matched.items()
+                   if k in ends.source.state)  # a narrower source is written in A's width
+        write_model(ends.source if same else ends.anchor, ends.matched, matched)
+    base = v.get("base") or None  # a model reference, where the method takes a base
+    text = mergekit_config(v["method"], _given(v), v["weight"], ends.anchor.path.resolve(),
+                           final[1][0].resolve(),
+                           str(ends.anchor.stored_dtype).removeprefix("torch."),
+                           None if base is None else resolve_ref(base).resolve(),
+                           note=f" (rotviz merge --method {v['method']} --weight "
+                                f"{v['weight']:g}, match {ends.match})")
+    with open(file, "x") as f:  # stamped, so --overwrite may replace it later
+        f.write(text_stamp("merge") + text)
+
+
+def _copy_model(src, folder) -> None:
+    """The files of the model folder `src` (its checkpoint, config and reading files) into
+    the output `folder` (rotviz's own output marker left: the folder gets its own)."""
+    import shutil
+
+    from rotviz.outputs import MARKER
+
+    for e in sorted(src.iterdir()):
+        if e.is_file() and e.name != MARKER:
+            shutil.copyfile(e, folder / e.name)
+
+
+MERGEKIT_FILE = OutputFile(
+    "--mergekit-config",
+    "also write a mergekit configuration (YAML, for mergekit-yaml) of this merge to this new "
+    "file, and the matched source it reads to FILE's name less its suffix plus -matched "
+    "(merge.yaml: merge-matched/)",
+    folders=_mergekit_folders, check=_mergekit_check, write=_mergekit_write)
+
+
 MERGE = register(Measurement(
     "merge", "Merge", "merge the matched source into the anchor and evaluate it",
     _run, _params, summary=_summary, plot=_plot, rows=_rows, at_size=_at_size, check=_check,
     writes_model=True, at_size_check=_sized_check, narrower=True, models=("base",),
+    files=(MERGEKIT_FILE,),
     extra={"more": lambda: f" (methods: {', '.join(_names())})",
            "at_size_how": " (at size: streamed, built block by block)",
            "at_size_help": "matched streamed, and the merge (the methods without "

@@ -74,6 +74,24 @@ class Inputs:
 
 
 @dataclass(frozen=True)
+class OutputFile:
+    """A further file a measurement writes when its option is given (`Measurement.files`),
+    with the folders it needs beside it: `merge --mergekit-config FILE` writes a mergekit
+    configuration and, next to it, the matched source it names. The CLI adds the option,
+    checks the file and its folders as outputs before any model is loaded, and writes them
+    with the command's other outputs (temporary siblings, renamed when all succeed)."""
+
+    flag: str  # the CLI option, e.g. --mergekit-config
+    help: str
+    folders: Callable[[Path], tuple[Path, ...]] = lambda path: ()  # written beside the file
+    check: Callable[[dict], None] | None = None  # (values) -> refuse early, one line
+    # (endpoints, result, values, file, folders, final) -> None: write the file and folders
+    # (temporary paths) where `final` is (the file, its folders) as they will be named; the
+    # endpoints are held, or streamed at size (a record that writes a model only)
+    write: Callable[..., None] | None = None
+
+
+@dataclass(frozen=True)
 class Measurement:
     """One measurement and everything the CLI, the app, the exports and the API need."""
 
@@ -105,6 +123,7 @@ class Measurement:
     # parameters whose value names a further model (a merge's base): guarded as an input
     # (no output may overwrite it) and read through `Context.load`
     models: tuple[str, ...] = ()
+    files: tuple[OutputFile, ...] = ()  # further files written when their option is given
     extra: dict = field(default_factory=dict)  # anything else a host may read
 
     def parameters(self) -> tuple[Param, ...]:

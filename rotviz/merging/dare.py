@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from rotviz.limits import SEED
-from rotviz.merging.registry import MergeMethod, register
+from rotviz.merging.registry import Mergekit, MergeMethod, register
 from rotviz.merging.task_vectors import (
     CONSENSUS_PARAM,
     RESCALES,
@@ -67,14 +67,20 @@ def _ties(job: MergeJob, name: str, tensors: Sequence[Tensor], base: Tensor | No
                 p["scale"], p["consensus"])
 
 
-_MAP = {"density": "density", "seed": None, "rescale": None, "scale": "lambda"}
+# mergekit: the drop from its own RNG (--random-seed), the kept entries rescaled to the task
+# vector's L1 norm (rescale true) or not at all; the paper's 1 / density has no switch there
+_SHARED = {"scale": "lambda"}
+_PER_MODEL = {"density": "density"}
+_RESCALE = {"rescale": {"l1": True, "none": False}}
 
 DARE_LINEAR = register(MergeMethod(
     "dare_linear", "DARE (linear)",
     "task vectors dropped at random (rate 1 - density) and rescaled, then summed with their "
     "weights onto the base (Yu et al., 2024)",
     _linear, params=(DENSITY, DROP_SEED, RESCALE, SCALE_PARAM), at_size=True, needs_base=True,
-    extra=("density", "seed", "rescale", "scale"), mergekit=("dare_linear", _MAP)))
+    extra=("density", "seed", "rescale", "scale"),
+    mergekit=Mergekit("dare_linear", base="base", shared=_SHARED, per_model=_PER_MODEL,
+                      values=_RESCALE, fixed={"normalize": False})))
 
 DARE_TIES = register(MergeMethod(
     "dare_ties", "DARE (TIES)",
@@ -82,4 +88,6 @@ DARE_TIES = register(MergeMethod(
     "onto the base (Yu et al., 2024)",
     _ties, params=(DENSITY, DROP_SEED, RESCALE, CONSENSUS_PARAM, SCALE_PARAM), at_size=True,
     needs_base=True, extra=("density", "seed", "rescale", "consensus", "scale"),
-    mergekit=("dare_ties", {**_MAP, "consensus": None})))
+    mergekit=Mergekit("dare_ties", base="base", shared=_SHARED, per_model=_PER_MODEL,
+                      values={**_RESCALE, "consensus": {"sum": None}},
+                      fixed={"normalize": False})))

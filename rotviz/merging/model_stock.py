@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from rotviz.merging.registry import MergeMethod, register
+from rotviz.merging.registry import Mergekit, MergeMethod, register
 
 if TYPE_CHECKING:
     import torch
@@ -63,4 +63,5 @@ MODEL_STOCK = register(MergeMethod(
     "model_stock", "Model Stock",
     "the fine-tunes' mean pulled toward the base by a ratio from the angle between their task "
     "vectors (Jang et al., 2024)",
-    _combine, at_size=True, needs_base=True, mergekit=("model_stock", {})))
+    _combine, at_size=True, needs_base=True,
+    mergekit=Mergekit("model_stock", base="base", weight=None, fixed={"filter_wise": False})))

@@ -60,6 +60,29 @@ Combine = Callable[["MergeJob", str, "Sequence[Tensor]", "Tensor | None"], "Tens
 
 
 @dataclass(frozen=True)
+class Mergekit:
+    """How one rotviz method is said to mergekit (0.1.5; rotviz.merging.mergekit).
+
+    `method`: mergekit's name. `base`: which model is mergekit's `base_model` ("anchor",
+    "base": the --base model, or None). `weight`: where rotviz's weight w goes ("models":
+    weights 1 - w and w per model; "t": SLERP's t = w; None: not written, mergekit taking the
+    plain mean, so only w = 0.5 says the same). `shared`: rotviz parameter -> mergekit
+    parameter written once under `parameters`; `per_model`: the same, written under each
+    merged model (not the base). `values`: rotviz parameter -> {rotviz value: mergekit
+    value}, a value missing there being refused; a mergekit value of None writes nothing
+    (mergekit's own default is the same). `fixed`: mergekit parameters always written, so the
+    file says what it relies on rather than a default."""
+
+    method: str
+    base: str | None = None
+    weight: str | None = "models"
+    shared: Mapping[str, str] = field(default_factory=dict)
+    per_model: Mapping[str, str] = field(default_factory=dict)
+    values: Mapping[str, Mapping[Any, Any]] = field(default_factory=dict)
+    fixed: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class MergeMethod:
     """One merge method and everything the rest of rotviz says about it."""
 
@@ -74,9 +97,9 @@ class MergeMethod:
     extra: tuple[str, ...] = field(default=())  # parameter names reported under "params"
     needs_base: bool = False  # True: needs a base model; False: a base given is refused
     max_models: int | None = None  # the most models it combines (None: any N >= 2)
-    # mergekit's name of the method and rotviz parameter -> mergekit parameter (None where
-    # mergekit has no counterpart: only the default value can be written); None: no method
-    mergekit: tuple[str, Mapping[str, str | None]] | None = None
+    # how mergekit says the same merge (rotviz.merging.mergekit writes its YAML); None: no
+    # mergekit equivalent (fisher, regmean), --mergekit-config refuses the method
+    mergekit: Mergekit | None = None
 
     @property
     def needs_statistics(self) -> bool:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from rotviz.merging.registry import MergeMethod, register
+from rotviz.merging.registry import Mergekit, MergeMethod, register
 
 if TYPE_CHECKING:
     import torch
@@ -36,4 +36,4 @@ def _combine(job: MergeJob, name: str, tensors: Sequence[Tensor], base: Tensor |
 SIMPLE = register(MergeMethod(
     "simple", "simple average",
     "the weighted average (1 - w) anchor + w source of every tensor",
-    _combine, at_size=True, mergekit=("linear", {})))
+    _combine, at_size=True, mergekit=Mergekit("linear", fixed={"normalize": True})))

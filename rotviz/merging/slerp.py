@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from rotviz.merging.registry import MergeMethod, register
+from rotviz.merging.registry import Mergekit, MergeMethod, register
 
 if TYPE_CHECKING:
     import torch
@@ -59,4 +59,4 @@ SLERP = register(MergeMethod(
     "slerp", "SLERP",
     "each tensor interpolated along the great circle from the anchor to the source, t = the "
     "weight (linear where they are colinear)",
-    _combine, at_size=True, max_models=2, mergekit=("slerp", {"weight": "t"})))
+    _combine, at_size=True, max_models=2, mergekit=Mergekit("slerp", base="anchor", weight="t")))

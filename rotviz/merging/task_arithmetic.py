@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from rotviz.merging.registry import MergeMethod, register
+from rotviz.merging.registry import Mergekit, MergeMethod, register
 from rotviz.merging.task_vectors import SCALE_PARAM, combine_deltas, task_vectors
 
 if TYPE_CHECKING:
@@ -37,4 +37,5 @@ TASK_ARITHMETIC = register(MergeMethod(
     "the base plus λ times the weighted sum of the task vectors theta_i - base "
     "(Ilharco et al., 2023)",
     _combine, params=(SCALE_PARAM,), at_size=True, needs_base=True, extra=("scale",),
-    mergekit=("task_arithmetic", {"scale": "lambda"})))
+    mergekit=Mergekit("task_arithmetic", base="base", shared={"scale": "lambda"},
+                      fixed={"normalize": False})))

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from rotviz.merging.registry import MergeMethod, register
+from rotviz.merging.registry import Mergekit, MergeMethod, register
 from rotviz.merging.task_vectors import (
     CONSENSUS_PARAM,
     SCALE_PARAM,
@@ -50,4 +50,8 @@ TIES = register(MergeMethod(
     params=(density_param(1.0, "kept by magnitude (TIES) or at random (DARE)"),
             CONSENSUS_PARAM, SCALE_PARAM),
     at_size=True, needs_base=True, extra=("density", "consensus", "scale"),
-    mergekit=("ties", {"density": "density", "consensus": None, "scale": "lambda"})))
+    # mergekit elects signs by the weighted sum only (no "count"); TIES divides by the
+    # weights of the agreeing vectors (normalize on)
+    mergekit=Mergekit("ties", base="base", shared={"scale": "lambda"},
+                      per_model={"density": "density"}, values={"consensus": {"sum": None}},
+                      fixed={"normalize": True})))
