@@ -660,8 +660,10 @@ def param_input(where: Any, p: Any, key: str, value: Any = None) -> Any:
     value = min(max(cast(value), lo), hi)
     if p.widget:
         return where.slider(p.title, lo, hi, value, cast(step), **common)
+    # a small real default (a tolerance, 1e-4) reads as 0.00 in the default two decimals
+    small = not p.bound.integer and 0 < abs(float(p.default)) < 0.01
     return where.number_input(p.title, lo, hi, value, None if step is None else cast(step),
-                              **common)
+                              format="%g" if small else None, **common)
 
 
 def chart(fig, key: str) -> None:

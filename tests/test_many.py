@@ -178,7 +178,7 @@ def test_the_curve_merges_with_a_registered_method_about_a_base(capsys):
     (rotviz.merging.merge_many of the aligned states, each weighing 1/k); task arithmetic at
     lambda 1 about any base is the plain mean, so its curve equals the default's (to float64
     roundoff: the weights 1/3 sum to 1 within an ulp);
-    a method that needs statistics is refused in one line."""
+    a method that needs statistics is not offered, and refused in one line."""
     from rotviz.analysis.many import many, registered_merge
     from rotviz.merging.combine import merge_many
 
@@ -204,5 +204,5 @@ def test_the_curve_merges_with_a_registered_method_about_a_base(capsys):
     with pytest.raises(RotvizError, match="needs statistics of each model"):
         registered_merge("regmean")
     assert main(["many", *refs, "--data", "digits", "--method", "fisher"]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--method fisher needs statistics" in err
+    err = capsys.readouterr().err  # the record offers only the methods without statistics
+    assert err.count("\n") == 1 and "unknown --method 'fisher': use one of simple," in err

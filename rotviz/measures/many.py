@@ -51,8 +51,15 @@ def _params() -> tuple[Param, ...]:
     (every model weighs 1/k) with its own parameters and, for the task-vector methods, the
     base (rotviz.measures.merge's options, less the pair's weight)."""
     from rotviz.measures.merge import _params as merge_params
+    from rotviz.merging import methods
 
-    return (*PARAMS, *(p for p in merge_params() if p.name != "weight"))
+    able = [m for m in methods() if not m.needs_statistics]
+    names = tuple(m.name for m in able)
+    own = {q.name for m in able for q in m.params} | {"base"}
+    out = [Param("method", "simple", f"the curve's merge: {', '.join(names)} (default simple; "
+                 "every model weighs 1/k)", choices=names, label="Merge method")]
+    out += [p for p in merge_params() if p.name in own]
+    return (*PARAMS, *out)
 
 
 def _check(values: dict, given: set[str]) -> None:
