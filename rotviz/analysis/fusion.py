@@ -122,6 +122,23 @@ def statistics_of(m: MergeMethod, loaded: Loaded, state: Mapping[str, Tensor], s
     return m.statistics(loaded, state, split, device, progress=progress, **values)
 
 
+def pair_statistics(m: MergeMethod, ends: HeldEndpoints, split: Split, device,
+                    values: Mapping[str, Any], stats_data: Split | None = None,
+                    progress: Progress | None = None) -> tuple[Split | None, Any, Any]:
+    """(the statistics split, the anchor's statistics, the matched source's) that method `m`
+    needs, taken on `stats_data` or the split its `stats_split` parameter names (default
+    train) of the evaluation data; (None, None, None) for a method that needs none."""
+    if not m.needs_statistics:
+        return None, None, None
+    st = stats_data if stats_data is not None else \
+        split.sibling(values.get("stats_split", "train"))
+    sa = statistics_of(m, ends.anchor, ends.anchor.state, st, device, values,
+                       _stage(progress, "anchor"))
+    sb = statistics_of(m, ends.anchor, ends.matched, st, device, values,
+                       _stage(progress, "source"))
+    return st, sa, sb
+
+
 def merge_on(
     ends: HeldEndpoints,
     method_name: str,
@@ -149,15 +166,7 @@ def merge_on(
     anchor, info = ends.anchor, ends.info
     ev = Evaluator(anchor, split, device)
     t1 = time.perf_counter()
-    st_split = None
-    sa = sb = None
-    if m.needs_statistics:
-        st_split = stats_data if stats_data is not None else \
-            split.sibling(values.get("stats_split", "train"))
-        sa = statistics_of(m, anchor, anchor.state, st_split, ev.device, values,
-                           _stage(progress, "anchor"))
-        sb = statistics_of(m, anchor, ends.matched, st_split, ev.device, values,
-                           _stage(progress, "source"))
+    st_split, sa, sb = pair_statistics(m, ends, split, ev.device, values, stats_data, progress)
     stats_s = time.perf_counter() - t1
     merged = merge_states(anchor, m.name, anchor.state, ends.matched, weight, sa, sb,
                           None if base is None else base.state, **values)
@@ -461,12 +470,7 @@ def sweep_on(
     t0 = time.perf_counter()
     anchor = ends.anchor
     ev = Evaluator(anchor, split, device)
-    sa = sb = None
-    if m.needs_statistics:
-        st = stats_data if stats_data is not None else \
-            split.sibling(held.get("stats_split", "train"))
-        sa = statistics_of(m, anchor, anchor.state, st, ev.device, held, _stage(progress, "anchor"))
-        sb = statistics_of(m, anchor, ends.matched, st, ev.device, held, _stage(progress, "source"))
+    _, sa, sb = pair_statistics(m, ends, split, ev.device, held, stats_data, progress)
     base_state = None if base is None else base.state
 
     def merged_at(v: float) -> dict[str, Tensor]:

@@ -63,19 +63,12 @@ def _params() -> tuple[Param, ...]:
 
 
 def _check(values: dict, given: set[str]) -> None:
-    """The merge options as `rotviz merge` checks them (a method's own parameters only, a
-    base where the method needs one); a method that needs statistics is refused."""
-    from rotviz.errors import RotvizError
+    """The merge options as `rotviz merge` checks them: a method's own parameters only, a
+    base where the method needs one (the methods that need statistics are not offered, and
+    `registered_merge` refuses them)."""
     from rotviz.measures.merge import _check as merge_check
-    from rotviz.merging import check_base, method
 
-    m = method(values["method"])
-    if m.needs_statistics:
-        raise RotvizError(f"--method {m.name} needs statistics of each model; many merges "
-                          "with a method that needs none, such as simple, task_arithmetic "
-                          "or ties")
-    merge_check({**values, "weight": 0.5}, given - {p.name for p in PARAMS})
-    check_base(m, bool(values["base"]))
+    merge_check(values, given - {p.name for p in PARAMS})
 
 
 def _run(inputs: ManyModels, ctx: Context, v: dict):

@@ -56,9 +56,9 @@ def _run(ends, ctx: Context, v: dict):
     from rotviz.analysis.fusion import sweep_on
 
     values = np.linspace(v["start"], v["stop"], v["points"]).tolist()
-    own = {k: x for k, x in _given(v).items() if k != v["param"]}
     return sweep_on(ends, v["method"], v["param"], values, ctx.split, v["weight"], ctx.device,
-                    ctx.progress, base=_load_base(ctx, v), **own)
+                    ctx.progress, base=_load_base(ctx, v), **_given(v))  # the swept one: held out
+
 
 
 def _summary(r, how: str) -> str:
