@@ -459,6 +459,14 @@ def side_by_side(ev: Evaluator) -> int:
 
 
 def barrier_of(alphas: Sequence[float], loss: Sequence[float]) -> float:
-    """GLMC barrier: max over alpha of L(alpha) - ((1 - alpha) L(0) + alpha L(1))."""
+    """GLMC barrier: max over alpha of L(alpha) - ((1 - alpha) L(0) + alpha L(1)).
+
+    The line is formed as torch.lerp forms it, from the nearer end (L(0) + alpha (L(1) -
+    L(0)) below alpha 0.5, L(1) - (1 - alpha) (L(1) - L(0)) above): exact at both ends, and
+    exactly L(0) everywhere when the two end losses are equal, so a flat path (a model
+    matched onto itself) has a barrier of exactly 0, not the roundoff of (1 - alpha) L +
+    alpha L (up to 1e-16 for about half the losses)."""
     a, lo = np.asarray(alphas, dtype=float), np.asarray(loss, dtype=float)
-    return float(np.max(lo - ((1 - a) * lo[0] + a * lo[-1])))
+    rise = lo[-1] - lo[0]
+    line = np.where(a < 0.5, lo[0] + a * rise, lo[-1] - (1 - a) * rise)
+    return float(np.max(lo - line))
