@@ -152,7 +152,8 @@ class Measurement:
 
 MEASUREMENTS: Records[Measurement] = Records("measurement", (
     "barrier", "plane", "merge", "merge_sweep", "distances", "spectra", "sweeps", "slice",
-    "layerwise", "hessian", "bend", "sharpness", "flat", "training", "spawn", "many"))
+    "layerwise", "hessian", "bend", "sharpness", "flat", "training", "spawn", "many",
+    "ladder"))
 
 
 def register(m: Measurement) -> Measurement:
