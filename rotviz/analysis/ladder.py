@@ -102,30 +102,54 @@ def describe(specs: Sequence[str]) -> list[dict]:
     return out
 
 
-@dataclass
 class LadderPair:
-    """What `rotviz ladder` takes: the anchor and the source, loaded through `confined` and
-    checked to be matchable as they are, and the rungs' SPECs."""
+    """What `rotviz ladder` takes: the anchor and the source, and the rungs' SPECs. `read`
+    checks the SPECs and finds both model folders (one line each); the models are loaded
+    through `confined` when first used, so that a command's other refusals (its data, its
+    outputs) come before that, and checked to be matchable as they are."""
 
-    anchor: Loaded
-    source: Loaded
-    specs: tuple[str, ...]
-    paths: tuple[Path, Path]
+    def __init__(self, refs: Sequence[str], specs: Sequence[str] | None = None,
+                 confined: Confined = ANYWHERE) -> None:
+        from rotviz.models import resolve_ref
+
+        self.specs = rung_specs(specs)  # SPEC errors before any model is read
+        self.refs = (str(refs[0]), str(refs[1]))
+        self.paths = (resolve_ref(refs[0], confined), resolve_ref(refs[1], confined))
+        self.confined = confined
+        self._models: tuple[Loaded, Loaded] | None = None
 
     @classmethod
     def read(cls, refs: Sequence[str], specs: Sequence[str] | None = None,
              confined: Confined = ANYWHERE) -> LadderPair:
-        from rotviz.match.widths import check_pair, refuse_narrower
-        from rotviz.models import load_model, resolve_ref
+        return cls(refs, specs, confined)
 
-        specs = rung_specs(specs)  # SPEC errors before any model is loaded
-        paths = (resolve_ref(refs[0], confined), resolve_ref(refs[1], confined))
-        anchor = load_model(refs[0], confined=confined)
-        source = load_model(refs[1], confined=confined)
-        if check_pair(anchor, source):
+    @classmethod
+    def of(cls, anchor: Loaded, source: Loaded, specs: Sequence[str] | None = None
+           ) -> LadderPair:
+        """A pair already loaded (the library: `ladder(LadderPair.of(a, b), split)`)."""
+        pair = cls.__new__(cls)
+        pair.specs, pair.refs = rung_specs(specs), (anchor.ref, source.ref)
+        pair.paths, pair.confined = (Path(anchor.ref), Path(source.ref)), ANYWHERE
+        pair._models = pair._check(anchor, source)
+        return pair
+
+    @staticmethod
+    def _check(anchor: Loaded, source: Loaded) -> tuple[Loaded, Loaded]:
+        from rotviz.match.widths import check_pair, refuse_narrower
+
+        if check_pair(anchor, source):  # also refuses two architectures, in one line
             refuse_narrower("the ladder's first rung compares the pair as it is",
                             "compare two models of one width")
-        return cls(anchor, source, specs, paths)
+        return anchor, source
+
+    def models(self) -> tuple[Loaded, Loaded]:
+        """Both models, loaded once and checked."""
+        if self._models is None:
+            from rotviz.models import load_model
+
+            self._models = self._check(*(load_model(r, confined=self.confined)
+                                         for r in self.refs))
+        return self._models
 
     def first_pair(self) -> tuple[Path, Path]:
         return self.paths
@@ -234,7 +258,7 @@ def ladder(pair: LadderPair, split: Split, points: int = 11, device: str | torch
     check_path(points, 1, split)
     STEPS.check(steps)
     t0 = time.perf_counter()
-    anchor, source = pair.anchor, pair.source
+    anchor, source = pair.models()
     ev = Evaluator(anchor, split, device, batch_size)
     dev = resolve_device(device)
     pa = ev.params(anchor.state)

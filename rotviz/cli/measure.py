@@ -146,10 +146,13 @@ def _inputs_parser(p: argparse.ArgumentParser, m: Measurement) -> None:
                             "ffn,attn,rescale; weight = seed,heads,residual (data-free) "
                             f"(default {default})")
     else:
+        what = m.inputs.spec_help or "a matching to measure each pair with, once per matching"
+        if m.inputs.spec_help:
+            default = ", ".join(m.inputs.default_specs)
         p.add_argument("--match", action="append", default=None, metavar="SPEC",
-                       help="a matching to measure each pair with, once per matching: none, "
-                            "or a comma list of ffn, attn, rescale, heads, residual, act, "
-                            f"learned; seed = ffn,attn,rescale (default {default})")
+                       help=f"{what}: none, or a comma list of ffn, attn, rescale, heads, "
+                            "residual, act, learned; seed = ffn,attn,rescale, weight = "
+                            f"seed,heads,residual (default {default})")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or mps (default auto)")
     p.add_argument("--json", default=None, metavar="FILE",
                    help="also write the result as JSON to this new file")

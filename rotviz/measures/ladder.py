@@ -80,5 +80,6 @@ RECORD = register(Measurement(
     refusal="it matches the pair once per rung in memory; run it on models that fit",
     inputs=Inputs((("anchor", "anchor model (kept fixed): a model directory or zoo:NAME"),
                    ("source", "source model, same architecture; matched onto the anchor at "
-                              "each rung")), read_inputs, LADDER),
+                              "each rung")), read_inputs, LADDER,
+                  spec_help="a rung of the ladder, once per rung, in order"),
     extra={"progress": True, "markdown": markdown}))
