@@ -1072,3 +1072,29 @@ def test_merge_page_aligns_many_models_on_run(roots):
     z = maps[0]["z"]  # the matrix as given; row 0: the anchor's distances
     row = numbers(z)[:4] if isinstance(z, dict) else [float(v) for v in z[0]]
     assert row == pytest.approx(want.alignment.before[0], rel=1e-9)
+
+
+def test_measure_page_runs_the_ladder_a_record_of_other_inputs(roots):
+    """The Measure page takes a record of other inputs (the symmetry ladder): the sidebar's
+    pair, its rungs in order, nothing before Run; Run draws its figure and its table, whose
+    align-to-self row reads 0.0000 and 0.0000, equal to the library's on the same split."""
+    from rotviz.analysis.ladder import LadderPair, ladder
+    from rotviz.data import load_split
+
+    a, s = str(roots / "vit-s0"), str(roots / "vit-s1")
+    at = app("measure", anchor=a, source=s)
+    at.selectbox(key="x_name").set_value("ladder").run()
+    assert at.multiselect(key="x_ladder_specs").value == [
+        "none", "ffn", "ffn,attn", "seed", "seed,heads", "weight", "act", "learned"]
+    assert "Press **Run** to compute this section." in texts(at) and not figures(at)
+    at.multiselect(key="x_ladder_specs").set_value(["none", "seed"])
+    at.slider(key="x_ladder_points").set_value(3)
+    at.button(key="FormSubmitter:measure_form-Run").click().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    _framed(figures(at)["The symmetry ladder: what each larger group of symmetries buys"])
+    table = next(m.value for m in at.markdown if "align-to-self" in m.value)
+    assert "| **align-to-self** | `seed` | 0.0000 | 0.0000 |" in table
+    want = ladder(LadderPair.read([a, s], ["none", "seed"]),
+                  load_split("digits", "test", 0).subset(N_EVAL), points=3)
+    for r in want.rungs:
+        assert f"| `{r['asked']}` | {r['barrier']:.4f} | {r['distance']:.4f} |" in table

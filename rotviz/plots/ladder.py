@@ -62,8 +62,10 @@ def ladder_figure(d: Mapping, font_size: int = 14, title: str | None = None) -> 
     fig.update_xaxes(range=[0, 1.15], row=1, col=len(PANELS))
     fig.update_yaxes(autorange="reversed", categoryorder="array", categoryarray=labels)
     style.finish(fig, title or "The symmetry ladder: what each larger group of symmetries buys",
-                 PANELS[0][2], "rung (matching, the group growing downwards)", "measure",
-                 font_size, height=170 + 62 * len(rungs))
-    fig.update_layout(legend={"orientation": "h", "y": -0.12 - 1.2 / len(rungs), "x": 0},
-                      bargap=0.3)
+                 PANELS[0][2], "rung (the group grows downwards)", "measure", font_size,
+                 height=230 + 56 * len(rungs))
+    fig.update_yaxes(title_standoff=8, automargin=True, row=1, col=1)
+    fig.update_layout(legend={"orientation": "h", "yanchor": "top", "y": -70 / (56 * len(rungs)
+                                                                             + 80), "x": 0},
+                      bargap=0.3, margin={"t": 90, "b": 120})
     return fig
