@@ -35,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -229,6 +230,15 @@ def _why_not(spec: str, anchor: Loaded) -> str | None:
     return None if why is None else f"no residual map for {anchor.spec.family}: {why}"
 
 
+def _start_of(options) -> str | None:
+    """The data-free matching learned matching starts from (its SPEC label), or None."""
+    from dataclasses import replace
+
+    if not options.learned or options.act:
+        return None
+    return parse_selection(replace(options, learned=False).label).label
+
+
 def ladder(pair: LadderPair, split: Split, points: int = 11, device: str | torch.device = "cpu",
            batch_size: int = 512, steps: int = DEFAULT_STEPS,
            progress: Progress | None = None,
@@ -242,7 +252,16 @@ def ladder(pair: LadderPair, split: Split, points: int = 11, device: str | torch
     Then the align-to-self rung. Each rung dict holds: kind (rung or self), spec, asked,
     words, adds, reason, barrier, loss_range, distance_before, distance, mid_acc (the path's
     point at 0.5), merged_acc, merged_loss, scores of the merge, loss and acc along the path,
-    max_output_diff, match_seconds, seconds."""
+    max_output_diff, match_seconds, seconds (its evaluation's).
+
+    Matching runs in the calling thread, rung after rung; each rung's path and merge are
+    evaluated meanwhile by one worker thread on its own twin of the module, so that the
+    evaluation overlaps the next rungs' matching (weight, activation and learned matching
+    on a small pair leave a core mostly idle: their small operations gain little from a
+    second thread). Both keep torch's thread count as the caller set it (torch's count is
+    one for the whole process: a worker that lowered it would change the matching's
+    arithmetic, and `rotviz barrier`'s maps are found with the caller's count). Evaluation
+    is deterministic, so the overlap changes no number."""
     from dataclasses import replace
 
     from rotviz.analysis.landscape import check_path, path_points
@@ -272,69 +291,77 @@ def ladder(pair: LadderPair, split: Split, points: int = 11, device: str | torch
     free = [parse_selection(r["spec"]) for r in rungs]
     free = [sel for sel in free if not any(f in registry.DATA_SOLVERS for f in sel.flags)]
     self_spec = max(free, key=lambda sel: len(sel.flags)).label if free else "none"
+    starts = {_start_of(o) for r in rungs if (o := match_options(r["spec"])) is not None}
     total = len(rungs) + 1
-    done: dict[str, object] = {}  # canonical SPEC -> Matched, for learned's start
-    out: list[dict] = []
 
-    def measure(ends, kind: str, rung: dict, match_s: float) -> dict:
+    def measure(e, ends, kind: str, rung: dict, match_s: float) -> dict:
+        """A rung's path and merge on evaluator `e` (the worker's twin)."""
         t1 = time.perf_counter()
-        pm = ev.params(ends.matched)
-        merged = ev.params(merge_states(anchor, "simple", anchor.state, ends.matched, 0.5))
-
-        def run(e, a: float | None) -> tuple:  # a point of the path (None: the merge), made
-            # where it is evaluated: one parameter set per worker in memory at a time
-            if a is None:
-                return cache.evaluate(e, merged, scores=True)
-            return cache.evaluate(e, {k: torch.lerp(pa[k], pm[k], a) for k in pa})
-
-        got = ev.each(run, [*alphas, None])
-        at = {a: (g[0], g[1] or {}) for a, g in zip(alphas, got, strict=False)}
-        f = path_points(at.__getitem__, alphas, ev.n, split.task)
+        pm = e.params(ends.matched)
+        merged = e.params(merge_states(anchor, "simple", anchor.state, ends.matched, 0.5))
+        at = {}
+        for a in alphas:  # each point made when evaluated: one parameter set at a time
+            per, _ = cache.evaluate(e, {k: torch.lerp(pa[k], pm[k], a) for k in pa})
+            at[a] = (per, {})
+        (loss, correct, count), scores = cache.evaluate(e, merged, scores=True)
+        f = path_points(at.__getitem__, alphas, e.n, split.task)
         assert f is not None  # one process
-        (loss, correct, count), scores = got[-1]
         i = ends.info
         return {**rung, "kind": kind, "barrier": f["barrier"], "loss_range": f["loss_range"],
                 "distance_before": i.distance_before, "distance": i.distance_after,
                 "mid_acc": f["mid_acc"], "merged_loss": float(loss.sum() / count.sum()),
                 "merged_acc": float(correct.sum() / count.sum()), "merged_scores": scores,
                 "loss": f["loss"], "acc": f["acc"], "max_output_diff": i.max_output_diff,
-                "match_seconds": match_s, "seconds": match_s + time.perf_counter() - t1}
+                "match_seconds": match_s, "seconds": time.perf_counter() - t1}
+
+    worker: dict[str, Evaluator] = {}
+
+    def begin() -> None:  # the worker's own module (functional_call swaps its parameters)
+        worker["ev"] = ev.twin()
+
+    def evaluate_later(ends, kind: str, rung: dict, match_s: float):
+        return pool.submit(lambda: measure(worker["ev"], ends, kind, rung, match_s))
 
     stopped = ""
-    for k, rung in enumerate(rungs):
-        if progress:
-            progress(k, total, f"{rung['words']}: matching")
-        t1 = time.perf_counter()
-        options = match_options(rung["spec"])
-        if options is None:
-            ends = unmatched(anchor, source)
-        else:
-            start = None
-            if options.learned:
-                options = replace(options, learn=LearnOptions(steps=steps))
-                start = None if options.act else done.get(
-                    parse_selection(replace(options, learned=False).label).label)
-            m = match_models(anchor, source, options, dev, None, split, cancel, start)
-            if (m.report.learned or {}).get("stopped") == "cancelled":
-                stopped = "cancelled"
-                break
-            done[rung["spec"]] = m
-            ends = from_matched(anchor, source, m, options)
-        out.append(measure(ends, "rung", rung, time.perf_counter() - t1))
-    if not stopped:
-        if progress:
-            progress(len(rungs), total, "align-to-self: the anchor matched onto itself")
-        t1 = time.perf_counter()
-        options = match_options(self_spec)
-        ends = (unmatched(anchor, anchor) if options is None else
-                from_matched(anchor, anchor, match_models(anchor, anchor, options, dev),
-                             options))
-        words = "align-to-self"
-        out.append(measure(ends, SELF, {"spec": self_spec, "asked": self_spec, "words": words,
-                                        "adds": [], "reason": registry.SELF_REASON},
-                           time.perf_counter() - t1))
-        if progress:
-            progress(total, total, "done")
+    pending = []
+    done: dict[str, object] = {}  # data-free matches a learned rung starts from
+    pool = ThreadPoolExecutor(1, thread_name_prefix="rotviz-ladder", initializer=begin)
+    try:
+        for k, rung in enumerate(rungs):
+            if progress:
+                progress(k, total, f"{rung['words']}: matching")
+            t1 = time.perf_counter()
+            options = match_options(rung["spec"])
+            if options is None:
+                ends = unmatched(anchor, source)
+            else:
+                if options.learned:
+                    options = replace(options, learn=LearnOptions(steps=steps))
+                m = match_models(anchor, source, options, dev, None, split, cancel,
+                                 done.get(_start_of(options) or ""))
+                if (m.report.learned or {}).get("stopped") == "cancelled":
+                    stopped = "cancelled"
+                    break
+                if rung["spec"] in starts:
+                    done[rung["spec"]] = m
+                ends = from_matched(anchor, source, m, options)
+            pending.append(evaluate_later(ends, "rung", rung, time.perf_counter() - t1))
+        if not stopped:
+            if progress:
+                progress(len(rungs), total, "align-to-self: the anchor matched onto itself")
+            t1 = time.perf_counter()
+            options = match_options(self_spec)
+            ends = (unmatched(anchor, anchor) if options is None else
+                    from_matched(anchor, anchor, match_models(anchor, anchor, options, dev),
+                                 options))
+            me = {"spec": self_spec, "asked": self_spec, "words": "align-to-self", "adds": [],
+                  "reason": registry.SELF_REASON}
+            pending.append(evaluate_later(ends, SELF, me, time.perf_counter() - t1))
+        out = [f.result() for f in pending]
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    if progress and not stopped:
+        progress(total, total, "done")
     return Ladder(anchor.ref, source.ref, out, skipped, alphas, points, split.data,
                   split.split, split.n, str(ev.device), time.perf_counter() - t0,
                   float(anchor_per[0].sum() / anchor_per[2].sum()),
