@@ -7,13 +7,13 @@ that `--match`:
 | rung | SPEC | what it adds |
 |---|---|---|
 | none | `none` | nothing: the pair as trained |
-| FFN permutations | `ffn` | FFN neuron permutations |
-| + attention rotations | `ffn,attn` | per-head Q-K and V-O rotations |
-| + rescale (the seed paper) | `seed` | per-head Q-K and V-O scales |
-| + head permutations | `seed,heads` | head order |
-| + residual stream (weight matching) | `weight` | the residual stream's map, alternated |
-| activations | `act` | the same maps, FFN and stream picked from activations |
-| learned | `learned` | weight matching, then rotations tuned on data |
+| FFN permutation | `ffn` | FFN neuron permutations |
+| + attention rotation | `ffn,attn` | per-head Q-K and V-O rotations |
+| + rescale (seed paper) | `seed` | per-head Q-K and V-O scales |
+| + head permutation | `seed,heads` | head order |
+| + residual rotation (weight matching) | `weight` | the residual stream's map, alternated |
+| activation matching | `act` | the same maps, FFN and stream picked from activations |
+| learned matching | `learned` | weight matching, then rotations tuned on data |
 
 and one more, **align-to-self**: the anchor matched onto itself with the ladder's largest
 data-free matching (`weight`), whose barrier and distance are exactly 0 (rotviz.match.engine
@@ -25,9 +25,16 @@ Euclidean distance to the anchor after matching, and the accuracy of the simple 
 sentence of the symmetry registry that says why its maps keep the function
 (rotviz.symmetry.registry: the sentence of the symmetry the rung adds).
 
-Work shared across rungs: one evaluator (the split on the device once), the anchor's end of
-every path evaluated once (alpha = 0 is the anchor itself, bit for bit), and learned
-matching starting from the weight rung's result instead of solving it again.
+Work shared across rungs: one evaluator (the split on the device once), an evaluation cache
+keyed by the parameters' bytes (alpha = 0 is the anchor itself, bit for bit, on every path;
+align-to-self's path is the anchor at every alpha), learned matching starting from the
+weight rung's match instead of solving it again, and each rung's evaluation overlapping the
+next rungs' matching.
+
+    from rotviz import load_model, measure
+    from rotviz.analysis.ladder import LadderPair, ladder
+    r = ladder(LadderPair.of(load_model(A), load_model(B)), split)   # or:
+    r = measure("ladder", [A, B], split, match=["none", "seed", "weight"], points=21)
 """
 
 from __future__ import annotations
