@@ -68,8 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     body = (
         f"Run as `python bench/ladder.py --threads {args.threads} --repeats {args.repeats}`. "
         f"Machine: {machine()}; 1-minute load average {l0} at the start, {l1} at the end "
-        "(a shared machine: loads above the core count mean pessimistic wall times; the CPU "
-        "column is steadier).\n\n"
+        "(a shared machine: loads above the core count mean pessimistic wall times; CPU "
+        "seconds are steadier).\n\n"
         f"Default pair ({anchor.ref} anchor, {source.ref} source) on the digits test split "
         f"({test.n} images), {r.points} points per path, learned matching {r.learn_steps} "
         f"steps at most; the models load in {load_s:.1f} s (not counted). Target: the "
