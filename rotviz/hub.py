@@ -7,9 +7,9 @@ checkpoints are its tags `step1000`, ...) or a full 40-character commit hash. Th
 resolves to its snapshot folder in the cache (`HF_HUB_CACHE`, else `HF_HOME/hub`, else
 `~/.cache/huggingface/hub`), found with huggingface_hub's own cache functions
 (`repo_folder_name`, `snapshot_download(local_files_only=True)`, which also refuses a
-snapshot its cached file listing shows incomplete). Nothing is ever downloaded and no
-network call is made: a name that is not cached is one line saying where rotviz looked and
-how the user fetches it.
+snapshot lacking a file rotviz reads that its cached file listing names). Nothing is ever
+downloaded and no network call is made: a name that is not cached is one line saying where
+rotviz looked and how the user fetches it.
 
 Precedence: a folder that exists at the given path wins (as transformers' `from_pretrained`
 does), so `org/name` typed in a folder holding `org/name/` reads that folder. `hf-cache:`
@@ -218,17 +218,54 @@ def locate(ref: str | CacheName, confined: Confined = ANYWHERE,
     incomplete = getattr(errors, "IncompleteSnapshotError", ())
     try:
         folder = snapshot_download(name.repo_id, revision=commit, cache_dir=cache,
-                                   local_files_only=True)
+                                   local_files_only=True,
+                                   allow_patterns=_wanted(name, commit, cache, repo))
     except incomplete:
         raise RotvizError(f"the cached snapshot of '{name.text}' (commit {commit[:12]}) is "
                           "incomplete: the file listing huggingface_hub cached with it names "
-                          f"files it lacks; fetch it again with {name.fetch_hint()}") from None
+                          "files rotviz reads that it lacks; fetch it again with "
+                          f"{name.fetch_hint()}") from None
     except errors.LocalEntryNotFoundError:
         raise _not_cached(name, repo, f", whose revision {name.revision or MAIN} names "
                           f"snapshot {commit[:12]}, which it does not hold") from None
     snap = Path(folder)
     check_snapshot(snap, name, confined)
     return snap
+
+
+def _wanted(name: CacheName, commit: str, cache: Path, repo: Path) -> list[str] | None:
+    """Which files of the commit's cached file listing the snapshot must hold, as patterns
+    for `snapshot_download`'s completeness check (None: no listing is cached, nothing to
+    check): what rotviz reads, at the snapshot's top: config.json, the tokenizer and
+    processor files, and the weights in the format the snapshot holds (safetensors when it
+    holds any, else the pickled checkpoint). A snapshot fetched with `--include` (only the
+    safetensors and JSON files, say) lacks the rest of the listing and is complete for
+    rotviz."""
+    import glob
+
+    from huggingface_hub import errors
+
+    from rotviz.tokens import PROCESSOR_FILES, TOKENIZER_FILES
+
+    try:
+        from huggingface_hub import get_cached_repo_tree
+
+        listing = [f.path for f in get_cached_repo_tree(name.repo_id, revision=commit,
+                                                        cache_dir=cache)]
+    except (ImportError, getattr(errors, "CachedRepoTreeNotFoundError", ImportError)):
+        return None
+    top = [f for f in listing if "/" not in f]
+    safe = [f for f in top if f.endswith(".safetensors") or f == "model.safetensors.index.json"]
+    pickled = [f for f in top if f.startswith("pytorch_model")
+               and f.endswith((".bin", ".bin.index.json"))]
+    snap = repo / "snapshots" / commit
+
+    def held(files: list[str]) -> bool:
+        return any(os.path.lexists(snap / f) for f in files)
+
+    weights = safe if held(safe) or (safe and not held(pickled)) else pickled
+    reading = {"config.json", *TOKENIZER_FILES, *PROCESSOR_FILES}
+    return [glob.escape(f) for f in top if f in reading] + [glob.escape(f) for f in weights]
 
 
 def check_snapshot(snap: Path, name: CacheName | str, confined: Confined = ANYWHERE) -> None:

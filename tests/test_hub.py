@@ -15,9 +15,9 @@ import torch
 
 from rotviz.checkpoint import copy_sharded
 from rotviz.errors import RotvizError
-from tests.conftest import refused
+from tests.conftest import refused, snapshot
 
-MAIN, STEP, ODD = "a" * 40, "b" * 40, "c" * 40
+MAIN, STEP, ODD, PART = "a" * 40, "b" * 40, "c" * 40, "d" * 40
 
 
 def _blob_folder(src: Path, repo: Path, commit: str) -> Path:
@@ -78,14 +78,28 @@ def test_cache_names_resolve_offline_to_their_snapshots(saved, loaded, tmp_path,
     copy_sharded(b, tmp_path / "b-sharded", 3)
     _blob_folder(tmp_path / "b-sharded", repo, STEP)
     odd = _blob_folder(a, repo, ODD)
+    part = _blob_folder(a, repo, PART)
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(MAIN)
     (repo / "refs" / "step1").write_text(STEP)
+    # the file listings huggingface_hub caches beside a snapshot it downloaded (its own
+    # writer): step1 was fetched with --include (no pickled weights, no flax), which is
+    # complete for rotviz; PART lacks a tokenizer file its listing names
+    from huggingface_hub._tree_cache import TreeCacheEntry, write_tree_cache
+
+    def listing(commit: str, names: list[str]) -> None:
+        write_tree_cache(str(repo), commit, {n: TreeCacheEntry(1, "0" * 40) for n in names})
+
+    listing(STEP, [p.name for p in (repo / "snapshots" / STEP).iterdir()]
+            + ["pytorch_model.bin", "flax_model.msgpack", "onnx/model.onnx"])
+    listing(PART, [p.name for p in part.iterdir()] + ["tokenizer.json"])
     scan = scan_cache_dir(cache)
     assert not scan.warnings
     assert {(r.commit_hash, r.refs) for r in next(iter(scan.repos)).revisions} == {
-        (MAIN, frozenset({"main"})), (STEP, frozenset({"step1"})), (ODD, frozenset())}
+        (MAIN, frozenset({"main"})), (STEP, frozenset({"step1"})), (ODD, frozenset()),
+        (PART, frozenset())}
 
+    before = snapshot(cache)
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     monkeypatch.setenv("HF_HOME", str(cache.parent))  # HF_HOME/hub
     assert hub.cache_dir() == cache
@@ -104,11 +118,18 @@ def test_cache_names_resolve_offline_to_their_snapshots(saved, loaded, tmp_path,
                    "'org/absent' is not in the local Hugging Face cache",
                    str(cache / "models--org--absent"), "`hf download org/absent`")
     assert "never downloads" in line
+    refused(["match", "org/tiny", "org/tiny@step1", "--out", str(repo / "out")], capfd, ws,
+            "lies inside the input model", str(repo.resolve()))
+    assert snapshot(cache) == before  # resolving and loading wrote nothing into the cache
 
     # precedence: a folder at the path wins; hf-cache: always means the cache
     (ws / "org" / "tiny").mkdir(parents=True)
     assert resolve_ref("org/tiny") == Path("org/tiny")
     assert resolve_ref("hf-cache:org/tiny") == repo.resolve() / "snapshots" / MAIN
+
+    with pytest.raises(RotvizError, match=r"snapshot of 'org/tiny@d{40}' \(commit d{12}\) "
+                                          "is incomplete.*`hf download org/tiny --revision d"):
+        resolve_ref(f"org/tiny@{PART}")
 
     # the cache's own links only: a snapshot file leading out of its blobs is refused
     (odd / "config.json").unlink()
