@@ -9,7 +9,8 @@ the server. Everything the app reads goes through `app_confined()` (rotviz.confi
 that resolve inside the roots (and the zoo's and the shipped data's own folders), regular
 files only. What the sidebar offers (`discover`, `discover_data`) is checked exactly as what
 is typed (`resolve_choice`, `resolve_data`): a folder or data whose reading would be refused
-is not listed.
+is not listed. The local Hugging Face cache (rotviz.hub) is read only when it lies under a
+root; its models are then offered by name, `hf-cache:ORG/NAME[@REVISION]`.
 """
 
 from __future__ import annotations
