@@ -132,8 +132,10 @@ def sidebar() -> Setup:
         index=choices.index(pair[0]) if pair[0] in choices else 0,
         format_func=app_roots.model_label, key="anchor", bind="query-params",
         disabled=bool(typed["anchor_path"]),
-        help="The model the other one is moved towards. Zoo entries and folders under the "
-             f"model roots ({app_roots.ENV_ROOTS}). A folder typed below replaces it.",
+        help="The model the other one is moved towards. Zoo entries, folders under the "
+             f"model roots ({app_roots.ENV_ROOTS}) and, when the Hugging Face cache lies "
+             "under a root, its models (hf-cache:ORG/NAME[@REVISION]). A folder typed below "
+             "replaces it.",
     )
     source = sb.selectbox(
         "Source (model 1, gets matched)", choices,
@@ -145,7 +147,9 @@ def sidebar() -> Setup:
     )
     error = None
     with sb.expander("Use a folder instead", expanded=any(typed.values())):
-        st.caption("Folders under: " + ", ".join(str(r) for r in app_roots.model_roots()))
+        st.caption("Folders under: " + ", ".join(str(r) for r in app_roots.model_roots())
+                   + "; or ORG/NAME[@REVISION], a model of the local Hugging Face cache "
+                   "when the cache lies under one of them (a folder of that path wins)")
         a_path = st.text_input("anchor folder", key="anchor_path", bind="query-params")
         s_path = st.text_input("source folder", key="source_path", bind="query-params")
         d_path = st.text_input("data (KIND:PATH, e.g. csv:data/train.csv)", key="data_path",

@@ -45,7 +45,8 @@ with st.form("merge_form"):
     if residual_why is not None:
         c[1].caption(f"Residual stream options are not offered for this pair: {residual_why}.")
     base_ref = st.text_input(
-        "Base model of the methods that need one (zoo:NAME or a model folder; empty: none)",
+        "Base model of the methods that need one (zoo:NAME, a model folder or a cached "
+        "ORG/NAME[@REVISION]; empty: none)",
         "", key="g_base", bind="query-params",
         help="The model both were fine-tuned from: task vectors are taken from it. It is never "
              "matched (only the source is), so it must share the anchor's basis.")

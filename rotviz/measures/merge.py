@@ -6,6 +6,7 @@ must share the anchor's architecture and shapes."""
 
 from __future__ import annotations
 
+from rotviz import hub
 from rotviz.limits import WEIGHT
 from rotviz.measures.barrier import match_label
 from rotviz.measures.registry import Context, Measurement, OutputFile, register
@@ -23,7 +24,7 @@ def _params() -> tuple[Param, ...]:
            Param("weight", 0.5, "weight of the source in [0, 1] (default 0.5)", WEIGHT,
                  label="Weight of the source"),
            Param("base", "", f"{' and '.join(based)} (needed): the model both were fine-tuned "
-                 "from, a model directory or zoo:NAME; never matched, so it must share the "
+                 f"from, {hub.MODEL_HELP}; never matched, so it must share the "
                  "anchor's basis (default none)", label="Base model (task vectors)",
                  metavar="MODEL")]
     for p in all_params():
