@@ -742,6 +742,21 @@ def param_input(where: Any, p: Any, key: str, value: Any = None) -> Any:
                               format="%g" if small else None, **common)
 
 
+def table(rows: Sequence[dict], column_config: dict | None = None) -> None:
+    """A table that fits the page: every real-valued column shown to 4 significant digits,
+    and a text column that holds one value in every row said once above it instead (the
+    exports keep every column and every digit); `column_config` overrides."""
+    same = {k: v for k, v in rows[0].items() if isinstance(v, str)} if len(rows) > 1 else {}
+    same = {k: v for k, v in same.items() if all(r.get(k) == v for r in rows)}
+    if same:
+        st.caption(" · ".join(f"{k}: {v}" for k, v in same.items()))
+    reals = {k for r in rows for k, v in r.items() if isinstance(v, float)}
+    st.dataframe([{k: v for k, v in r.items() if k not in same} for r in rows],
+                 hide_index=True, column_config={
+                     k: st.column_config.NumberColumn(format="%.4g") for k in reals}
+                 | (column_config or {}))
+
+
 def chart(fig, key: str) -> None:
     """A figure exactly as exported (no Streamlit theme on top of rotviz's own style)."""
     st.plotly_chart(fig, key=key, theme=None, config={

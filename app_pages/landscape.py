@@ -100,7 +100,7 @@ def table_of(name: str, result: dict) -> None:
     tables, _ = measurement_files(name, result)
     for rows in tables.values():
         with st.expander("Table", icon=":material/table:"):
-            st.dataframe(rows, hide_index=True)
+            common.table(rows)
 
 
 # ---- 1. a slice around a point ----------------------------------------------------------------
