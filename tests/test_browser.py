@@ -153,8 +153,10 @@ def test_every_page_in_chromium(server, tmp_path):
         page.locator("[data-testid='stFormSubmitButton'] button").first.click()
         page.wait_for_timeout(300)
         drawn(page)
-        # Run shows that it ran: the box says so, with its time and what it computed
-        assert page.get_by_text("Interpolating: Run: done in").count() == 1
+        # Run shows that it ran: the box (and a toast) say so, with its time and what it
+        # computed
+        assert page.locator("[data-testid='stExpander'] summary").filter(
+            has_text="Interpolating: Run: done in").count() == 1
         charts = page.locator(".js-plotly-plot")
         assert charts.count() >= 2
         title = charts.first.locator(".gtitle").text_content() or ""
@@ -179,7 +181,8 @@ def test_every_page_in_chromium(server, tmp_path):
         from rotviz.plots.style import acc_range
 
         acc = page.evaluate("() => { const p = document.querySelectorAll('.js-plotly-plot')[1];"
-                            " return [p.layout.yaxis.range, p.data.flatMap(t => t.y)]; }")
+                            " return [p.layout.yaxis.range,"
+                            " p.data.flatMap(t => Array.from(t.y))]; }")
         assert acc[0] == pytest.approx(acc_range(acc[1]), abs=1e-9)
         tables_fit(page, "barrier")
         shot = tmp_path / "barrier.png"
