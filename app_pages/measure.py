@@ -55,7 +55,7 @@ def body() -> None:
     for key, fig in figures.items():
         common.chart(fig, f"measure_{key}")
     for rows in tables.values():
-        st.dataframe(rows, hide_index=True)
+        common.table(rows)
     common.export(name, {"page": "measure", "measurement": name, **cfg}, result, tables,
                   figures)
 

@@ -81,7 +81,7 @@ def section(name: str, refs: list[str], values: dict, draw, what: str) -> dict |
     tables, _ = measurement_files(name, result)
     with st.expander("Table", icon=":material/table:"):
         for rows in tables.values():
-            st.dataframe(rows, hide_index=True)
+            common.table(rows)
     common.export(name, {"page": "training", **cfg}, result, tables, {name: fig})
     return result
 
