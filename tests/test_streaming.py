@@ -412,7 +412,7 @@ def test_a_signal_leaves_nothing(tmp_path, sig, code, words):
            "--max-memory", "0"]
     proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300
     while time.monotonic() < deadline:  # wait until it is writing shards
         tmp = [p for p in tmp_path.iterdir() if p.name.startswith(".rotviz-tmp-")]
         if tmp and any(f.suffix == ".safetensors" for d in tmp for f in d.rglob("*")):
