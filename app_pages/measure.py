@@ -75,7 +75,7 @@ def show(result: dict, cfg: dict) -> None:
     if markdown is not None:
         st.markdown(markdown(result))
     for rows in tables.values():
-        st.dataframe(rows, hide_index=True)
+        common.table(rows)
     common.export(name, {"page": "measure", "measurement": name, **cfg}, result, tables,
                   figures)
 

@@ -4,6 +4,7 @@ ladder, docs/symmetries.md)."""
 
 from __future__ import annotations
 
+from rotviz import hub
 from rotviz.limits import BATCH_SIZE, DEFAULT_STEPS, POINTS, STEPS
 from rotviz.measures.registry import Context, Inputs, Measurement, register
 from rotviz.params import Param
@@ -78,7 +79,7 @@ RECORD = register(Measurement(
     "matching, and the anchor aligned to itself",
     _run, PARAMS, summary=_summary, plot=_plot, rows=_rows,
     refusal="it matches the pair once per rung in memory; run it on models that fit",
-    inputs=Inputs((("anchor", "anchor model (kept fixed): a model directory or zoo:NAME"),
+    inputs=Inputs((("anchor", f"anchor model (kept fixed): {hub.MODEL_HELP}"),
                    ("source", "source model, same architecture; matched onto the anchor at "
                               "each rung")), read_inputs, LADDER,
                   spec_help="a rung of the ladder, once per rung, in order"),
