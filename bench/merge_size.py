@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.results import RESULTS, machine, write_section  # noqa: E402
-from bench.stream import RUN, SHAPES  # noqa: E402
+from bench.stream import RUN, SHAPES, baseline  # noqa: E402
 
 MERGEKIT = """
 import json, sys, time
@@ -69,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     from rotviz.merging.mergekit import mergekit_config
     from rotviz.random_models import save_random_sharded
 
-    sizes = {**SHAPES[args.shape], "layers": args.layers}
+    # 64 positions: the text is read in sequences of 64 tokens
+    sizes = {**SHAPES[args.shape], "layers": args.layers, "positions": 64}
+    load = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as tmp:
         t = Path(tmp)
         t0 = time.perf_counter()
@@ -87,8 +89,11 @@ def main(argv: list[str] | None = None) -> int:
             "--out", str(t / "merged-rotviz")])
         config = t / "ties.yaml"
         config.write_text(mergekit_config("ties", values, 0.5, a, b, "bfloat16", base=base))
+        load.append(os.getloadavg()[0])
         mk = _child(MERGEKIT, t / "mergekit.json", [str(config), str(t / "merged-mergekit")])
+        load.append(os.getloadavg()[0])
     bound = 0.25 * pair + 1.5e9
+    fixed = baseline()
     lines = [
         f"TIES (density {args.density}) of two random LLaMA-layout models about a third, shape "
         f"**{args.shape}** with {args.layers} layers "
@@ -97,7 +102,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{' '.join(argv if argv is not None else sys.argv[1:])}`. Machine: {machine('cpu')}; "
         f"{os.cpu_count()} cores. rotviz: `rotviz merge --max-memory 0` (streamed; the merged "
         "model also evaluated on a short text, and written); mergekit 0.1.5: `run_merge` on the "
-        "YAML rotviz writes for the same merge (lazy unpickling, CPU).",
+        "YAML rotviz writes for the same merge (lazy unpickling, CPU). One-minute load "
+        f"average at the start, between the runs and at the end: "
+        f"{', '.join(f'{x:.1f}' for x in load)} (other work shared the machine: the seconds "
+        f"are inflated, both tools' alike). A process that only imports what `rotviz match` "
+        f"runs peaks at {fixed / 1e9:.2f} GB.",
         "",
         "| tool | seconds | peak RSS (GB) | bound 25% of the pair + 1.5 GB | target |",
         "|---|---|---|---|---|",
