@@ -328,7 +328,7 @@ def check_finite_tensor(t: Tensor, name: str, where: object) -> None:
     overflow where entries are near float64's largest, so the entry by entry check (several
     times slower) runs only on a slice whose sum is not finite."""
     flat = t.reshape(-1)
-    step = 1 << 24
+    step = 1 << 22  # a float32 slice's sum casts it: 32 MB at a time
     for lo in range(0, flat.numel(), step):
         part = flat[lo:lo + step]
         if math.isfinite(float(part.sum(dtype=torch.float64))):

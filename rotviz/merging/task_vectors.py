@@ -101,13 +101,17 @@ class _Select:
             self.found[self.at:self.at + a.numel()] = a
             self.at += a.numel()
             return
+        if not keys.numel():
+            return
         low = self.shift - self.width
         bins = keys >> low if self.shift == 64 else (keys >> low) & ((1 << self.width) - 1)
-        counts = torch.bincount(bins, minlength=1 << self.width)
+        # counted from the slice's lowest bin: its magnitudes span few of the 2^width bins,
+        # and a histogram of them all per slice would cost more than the slice
+        first = int(bins.min())
+        counts = torch.bincount(bins.sub_(first))
         if self.hist is None:
-            self.hist = counts
-        else:
-            self.hist += counts
+            self.hist = torch.zeros(1 << self.width, dtype=torch.int64, device=a.device)
+        self.hist[first:first + counts.numel()] += counts
 
     def end(self) -> None:
         import torch

@@ -42,7 +42,7 @@ from rotviz.analysis.landscape import (
 )
 from rotviz.checkpoint import Checkpoint, ShardWriter
 from rotviz.data import Split
-from rotviz.devices import wide_device
+from rotviz.devices import one_thread, wide_device
 from rotviz.dist import SINGLE, Group
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator, check_split
@@ -318,8 +318,9 @@ class MergedRows:
         out = [(ShardWriter(d, [(n, dt[n], entries[n].shape) for n in dt], size), dt)
                for d, dt in zip(dirs, kinds, strict=True)]
         try:
-            for n in self.opened.keys:
-                self.write(n, out)
+            with one_thread():  # slices are small: rotviz.devices.one_thread says why
+                for n in self.opened.keys:
+                    self.write(n, out)
             for w, _ in out:
                 w.close()
         finally:
