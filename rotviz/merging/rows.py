@@ -103,7 +103,11 @@ def whole(rows: Callable[[RowSource], Iterator[Tensor]], tensors: Sequence[Tenso
           base: Tensor | None, dtype: torch.dtype | None = None,
           chunk: int = CHUNK) -> Tensor:
     """A merge by rows of whole tensors: `rows` run on them (`held`), the slices gathered
-    into one tensor of `dtype` (default the base's, else the first tensor's)."""
+    into one tensor of `dtype` (default the base's, else the first tensor's), on one torch
+    thread (rotviz.devices.one_thread: slices are small)."""
+    from rotviz.devices import one_thread
+
     src = held(tensors, base, chunk)
     like = base if base is not None else tensors[0]
-    return gather(rows(src), src.shape, dtype or like.dtype, like.device)
+    with one_thread():
+        return gather(rows(src), src.shape, dtype or like.dtype, like.device)
