@@ -768,8 +768,8 @@ def chart(fig, key: str) -> None:
 
 def export(name: str, cfg: dict, results: Any, tables: dict[str, Sequence[dict]] | None = None,
            figures: dict[str, Any] | None = None) -> None:
-    """Download buttons: every result as JSON and CSV, every figure as HTML (PNG/SVG when a
-    Chromium and kaleido are there), and the whole run as a zip."""
+    """Download buttons: every result as JSON and CSV, every figure as HTML (PNG, SVG and PDF
+    when a Chromium and kaleido are there), and the whole run as a zip."""
     tables = tables or {}
     figures = figures or {}
     with st.expander(f"Export ({name})", icon=":material/download:"):

@@ -204,6 +204,8 @@ def test_exports_csv_json_zip():
         torch.__version__.split("+")[0]
     assert json.loads(z.read("results.json")) == {"barrier": 1.5}
     assert "plotly" in z.read("figures/fig.html").decode()[:2000].lower()
+    if app_export.static_formats():  # the set-up's Chromium: the figure drawn as PNG too
+        assert z.read("figures/fig.png")[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_barrier_verdict_says_what_each_matching_did():

@@ -69,6 +69,8 @@ NUMBERS = ["abc", "-5", "0", "nan", "inf", "-inf", "1e400", "9999999999999999999
 PATHS = {
     "out folder": ["f.txt", "full", "/proc/x/o", "f.txt/sub", "link", "", "."],
     "out file": ["f.txt", "full", "/proc/x/r.json", "f.txt/r.json", "link", ""],
+    # --figure: the suffix names the format; a user's file is never replaced
+    "figure": ["x.jpg", "f.txt", "/proc/x/r.png", "f.txt/r.svg", "link", "", "noext"],
     "zoo out": ["f.txt", "zoofull", "/proc/x", "f.txt/sub", ""],  # NAME folders go under it
     "model": ["f.txt", "full", "/proc/x/m", "f.txt/m", "", "zoo:nope", "nope:x"],
     "series": ["f.txt", "full", "/proc/x/m", "f.txt/m", "", "zoo:nope", "nope:x",
@@ -110,7 +112,8 @@ KINDS = {
                  "--tags-column")},
     **{(c, o): k for c in MEASURES
        for o, k in (("anchor", "model"), ("source", "model"), ("--data", "data"),
-                    ("--json", "out file"), ("--layers", "layers"), ("--match", "spec"),
+                    ("--json", "out file"), ("--figure", "figure"),
+                    ("--layers", "layers"), ("--match", "spec"),
                     ("--split", "name"), ("--device", "name"), ("--max-memory", "size"),
                     ("model", "model"), ("--source", "model"))},  # one model (pair=False)
     **{(c, o): "series" for c, m in MEASURES.items() if m.inputs is not None
