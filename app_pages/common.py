@@ -34,7 +34,7 @@ from typing import Any
 import streamlit as st
 
 from rotviz import app
-from rotviz.app import Progress, cache, specs, summaries
+from rotviz.app import Progress, cache, specs
 from rotviz.app import export as app_export
 from rotviz.app import roots as app_roots
 from rotviz.devices import device_badge, device_choices, device_note, device_summary
@@ -65,6 +65,7 @@ class Setup:
     presenter: bool
     error: str | None = None  # a message when the pair cannot be used
     acc_fixed: bool = False  # accuracy axes on the fixed 0-1 scale (else they follow the data)
+    max_memory: int = 0  # bytes the pair may take in memory (0: what the machine has free)
 
     @property
     def font(self) -> int:
@@ -85,8 +86,16 @@ class Setup:
 
     def base(self) -> dict[str, Any]:
         """The part of every run's configuration that the sidebar decides."""
-        return {"anchor": self.anchor, "source": self.source, "data": self.data,
+        base = {"anchor": self.anchor, "source": self.source, "data": self.data,
                 "seed": self.seed, "n_eval": self.n_eval, "device": self.device}
+        if self.max_memory:  # only a budget the user set: results keep their keys otherwise
+            base["max_memory"] = self.max_memory
+        return base
+
+    @property
+    def sized(self) -> tuple[bool, int | None, int | None]:
+        """(read block by block, what the pair needs in memory, the budget), in bytes."""
+        return _sized(self.anchor, self.source, self.max_memory)
 
 
 @st.cache_data(ttl=60, show_spinner=False)
@@ -209,6 +218,12 @@ def sidebar() -> Setup:
     note = device_note(device)
     if note:
         sb.caption(note)
+    budget = float(sb.number_input(
+        "Memory budget (GB, 0 = what is free now)", 0.0, 100_000.0, 0.0, step=1.0,
+        key="mem_gb", bind="query-params",
+        help="A pair that needs more than this in memory is read block by block: the "
+             "barrier, slices and elementwise merges run as `--max-memory` runs them on the "
+             "command line, and the other views say why they are off."))
     sb.markdown("### Display")
     acc_fixed = sb.toggle("Accuracy axes on the fixed 0-1 scale", key="acc01",
                           bind="query-params",
@@ -220,7 +235,7 @@ def sidebar() -> Setup:
               help="Wide layout, large fonts, controls hidden. Turn off with the button on top "
                    "or by removing present from the URL.")
     setup = Setup(anchor or "", source or "", data, seed, n_eval, device.type, bool(presenter),
-                  error, bool(acc_fixed))
+                  error, bool(acc_fixed), int(budget * 1e9))
     st.session_state["_setup"] = setup
     return setup
 
@@ -364,7 +379,7 @@ def warm_up(s: Setup) -> None:
     for the one under way). Once per pair, and only for a small pair (the pages compute at
     once for those). A failure leaves nothing behind: the page that needs the result then
     computes it and says what went wrong."""
-    if not s.anchor or not s.source or params_in_pair(s) > SMALL_PAIR:
+    if not s.anchor or not s.source or params_in_pair(s) > SMALL_PAIR or s.sized[0]:
         return
     refs = list(dict.fromkeys((s.anchor, s.source)))
     ahead = app.barrier_defaults(s.base(), _residual_why(s.anchor))
@@ -405,24 +420,25 @@ def _ready() -> None:
             pass
 
 
-def residual_why(ref: str) -> str | None:
+def residual_why(ref: str, sized: bool = False) -> str | None:
     """Why this model's residual stream cannot be matched (e.g. a tied output head), or
-    None. Asked of the anchor: both models of a pair share the architecture."""
+    None. Asked of the anchor: both models of a pair share the architecture. At size, of
+    its skeleton (no weights loaded)."""
     _ready()
-    return _residual_why(ref)
+    return _residual_why(ref, sized)
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
-def _residual_why(ref: str) -> str | None:
+def _residual_why(ref: str, sized: bool = False) -> str | None:
     try:
-        return summaries.residual_unsupported(AppResources().load_eval(ref))
+        return app.residual_why(AppResources(), ref, sized)
     except RotvizError:
         return None
 
 
 def offered_specs(s: Setup, choices) -> tuple[list[str], str | None]:
     """The SPECs this pair can use, and why residual ones are missing (None when offered)."""
-    why = residual_why(s.anchor) if s.anchor else None
+    why = residual_why(s.anchor, s.sized[0]) if s.anchor else None
     return specs.offered(choices, why), why
 
 
@@ -437,7 +453,11 @@ def compute(kind: str, cfg: dict, progress: Progress | None = None,
     tally = _TALLY.get()
     if tally is not None:
         tally["cached" if is_cached(kind, cfg) else "computed"] += 1
-    return _compute(resources(), kind, cfg, progress, cancel)
+    out = _compute(resources(), kind, cfg, progress, cancel)
+    held = out.get("at_size") if isinstance(out, dict) else None
+    if tally is not None and held:  # read block by block: the box says what it held
+        tally["held"] = max(tally.get("held", 0), held.get("held") or 0)
+    return out
 
 
 def _compute(res: AppResources, kind: str, cfg: dict, progress: Progress | None = None,
@@ -483,11 +503,23 @@ def params_in_pair(s: Setup) -> int:
 
 
 def _params_in(res: AppResources, refs) -> int:
-    """Parameters in the models `refs` together; 0 when one cannot be loaded."""
+    """Parameters in the models `refs` together, from their safetensors headers where they
+    have them (app.params_in: nothing loaded); 0 when one cannot be read."""
     try:
-        return sum(summaries.n_params(res.load_eval(r)) for r in refs)
+        return sum(app.params_in(res, r) for r in refs)
     except RotvizError:
         return 0
+
+
+@st.cache_data(ttl=60, show_spinner=False)
+def _sized(anchor: str, source: str, max_memory: int) -> tuple[bool, int | None, int | None]:
+    if not anchor or not source:
+        return False, None, None
+    try:
+        return app.at_size(resources(), {"anchor": anchor, "source": source,
+                                         "max_memory": max_memory})
+    except RotvizError:  # the page's own check says what is wrong with the pair
+        return False, None, None
 
 
 def should_run(page: str, submitted: bool, s: Setup) -> bool:
@@ -647,6 +679,9 @@ def progress(label: str, steps: int, stop: str | None = None) -> Iterator[Steps]
         slot.empty()
     bar.progress(1.0, text="done")
     text = done_label(time.perf_counter() - t0, tally["computed"], tally["cached"], trigger)
+    if "held" in tally:
+        text += (f"; read block by block, holding at most {app.gb(tally['held'])} above what "
+                 "the app held")
     box.update(label=f"{label}: {text}", state="complete")
     if trigger == "run":
         st.toast(f"{label}: {text}", icon=":material/play_arrow:")
@@ -693,15 +728,26 @@ def require_pair(s: Setup) -> bool:
     if not s.anchor or not s.source:
         st.warning("Pick two models in the sidebar.")
         return False
+    sized, need, limit = s.sized
     try:
         res = resources()
-        app.check_pair(res.load_eval(s.anchor), res.load_eval(s.source),
-                       res.split(s.data, s.seed, s.n_eval, s.anchor))
+        if sized:
+            app.check_pair_at_size(res, s.base())
+        else:
+            app.check_pair(res.load_eval(s.anchor), res.load_eval(s.source),
+                           res.split(s.data, s.seed, s.n_eval, s.anchor))
     except RotvizError as e:
         st.error(str(e), icon=":material/error:")
         st.info("Pick another pair or data source in the sidebar; the rest of the app keeps "
                 "working.")
         return False
+    if sized:
+        st.info(f"**Read block by block.** This pair needs about {app.gb(need)} in memory, "
+                f"over the budget of {app.gb(limit)}. What runs block by block runs as "
+                "`rotviz ... --max-memory` runs it (the barrier, slices, and the elementwise "
+                "merges: task arithmetic, TIES, DARE, SLERP, Model Stock), matching the source "
+                "block by block each time; every other view says why it is off. Each result "
+                "says how much memory its run held.", icon=":material/memory:")
     return True
 
 
