@@ -249,6 +249,7 @@ def presenting() -> bool:
 
 def setup() -> Setup:
     """The setup the sidebar drew in this run (app.py draws it before the page)."""
+    _SIZED_SHOWN.set(False)  # a page calls this first: its run shows the at-size note once
     s = st.session_state.get("_setup")
     return s if s is not None else sidebar()
 
@@ -283,6 +284,9 @@ def presenter_style(presenter: bool) -> None:
 # variables: each session's script runs in its own thread, so no two sessions share them.
 _TALLY: contextvars.ContextVar[dict[str, int] | None] = contextvars.ContextVar(
     "rotviz_tally", default=None)
+# whether this run of a page has shown the note on a pair read block by block (require_pair)
+_SIZED_SHOWN: contextvars.ContextVar[bool] = contextvars.ContextVar("rotviz_sized_shown",
+                                                                    default=False)
 _TRIGGER: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "rotviz_trigger", default=None)
 
@@ -741,7 +745,8 @@ def require_pair(s: Setup) -> bool:
         st.info("Pick another pair or data source in the sidebar; the rest of the app keeps "
                 "working.")
         return False
-    if sized:
+    if sized and not _SIZED_SHOWN.get():
+        _SIZED_SHOWN.set(True)
         st.info(f"**Read block by block.** This pair needs about {app.gb(need)} in memory, "
                 f"over the budget of {app.gb(limit)}. What runs block by block runs as "
                 "`rotviz ... --max-memory` runs it (the barrier, slices, and the elementwise "

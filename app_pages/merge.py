@@ -87,6 +87,8 @@ def body() -> None:
     with common.progress("Fusing", 1, stop="merge") as step:
         step(f"{len(methods)} methods x {len(labels)} matching options")
         t = common.compute("fusion", cfg, step.detail)
+    for m, why in (t.get("off") or {}).items():  # a pair read block by block
+        st.info(f"**{METHODS[m].label}** is off for this pair: {why}.", icon=":material/memory:")
     scored = t.get("scores") or {}
     rows = [{"method": METHODS[m].label, "matching": sp, "acc": t["acc"][m][sp],
              "loss": t["loss"][m][sp], **(scored.get(m, {}).get(sp) or {}),
@@ -120,8 +122,9 @@ def body() -> None:
     st.caption(f"Evaluated on {t['split']} ({s.data}); statistics from the {t['stats_split']} "
                f"split, {t['batches']} x {t['batch_size']} examples; {t['seconds']:.1f} s on "
                f"{t['device']}.")
-    checks = [common.compute("match", {**s.base(), "layers": "", **app.spec_cfg(sp, steps)})
-              for sp in t["specs"] if sp != "none"]
+    checks = t.get("checks") if "checks" in t else [  # at size, each merge's own check
+        common.compute("match", {**s.base(), "layers": "", **app.spec_cfg(sp, steps)})
+        for sp in t["specs"] if sp != "none"]
     if checks:
         worst = max(c["max_output_diff"] for c in checks)
         common.function_badge(worst, checks[0]["tolerance"], "matched source (every option)")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -342,6 +343,7 @@ def check_pair_at_size(res: Resources, cfg: dict) -> None:
     """`check_pair` for a pair read block by block: both folders opened for streaming (their
     headers and configs checked as the command line checks them), matchable, and the data
     read as the anchor reads it, with no weights loaded."""
+    from rotviz.evaluation import check_fits
     from rotviz.models import check_compatible
     from rotviz.stream.blocks import open_streamed
     from rotviz.stream.sized import sized_loaded
@@ -349,8 +351,9 @@ def check_pair_at_size(res: Resources, cfg: dict) -> None:
     a = open_streamed(cfg["anchor"], res.confined())
     b = open_streamed(cfg["source"], res.confined())
     check_compatible(a, b)  # type: ignore[arg-type]  # duck-typed: meta state
-    load_test_split(cfg["data"], int(cfg.get("seed", 0)), int(cfg.get("n_eval", 0)),
-                    sized_loaded(a), res.confined())
+    skeleton = sized_loaded(a)
+    check_fits(skeleton, load_test_split(cfg["data"], int(cfg.get("seed", 0)),
+                                         int(cfg.get("n_eval", 0)), skeleton, res.confined()))
 
 
 def at_size(res: Resources, cfg: dict) -> tuple[bool, int | None, int | None]:
@@ -399,8 +402,11 @@ def residual_why(res: Resources, ref: str, sized: bool = False) -> str | None:
         return summaries.residual_unsupported(res.load_eval(ref))
     from rotviz.stream.blocks import open_streamed
     from rotviz.stream.sized import sized_loaded
+    from rotviz.symmetry.residual import unsupported
+    from rotviz.symmetry.view import read_view
 
-    return summaries.residual_unsupported(sized_loaded(open_streamed(ref, res.confined())))
+    skeleton = sized_loaded(open_streamed(ref, res.confined()))  # weights on meta: no data
+    return unsupported(read_view(skeleton.spec, skeleton.config, skeleton.state))
 
 
 def _measure_at_size(record, res: Resources, c: PairConfig, values: dict,
@@ -580,6 +586,9 @@ def fusion(res: Resources, cfg: dict, progress: Progress | None = None) -> dict:
     given, is the base model of the methods that need one (read through the app's roots)."""
     from rotviz.analysis.fusion import fusion_on
 
+    sized, need, limit = at_size(res, cfg)
+    if sized:
+        return _fusion_at_size(res, cfg, progress, (need, limit))
     ends = {}
     for spec in cfg["specs"]:
         e = endpoints(res, {**cfg, **spec_cfg(spec, cfg.get("learn_steps", 0)), "layers": ""},
@@ -592,6 +601,60 @@ def fusion(res: Resources, cfg: dict, progress: Progress | None = None) -> dict:
                       base=base, **(cfg.get("params") or {})).to_dict()
     t["timing"] = {k: v for k, v in t["timing"].items() if not k.startswith("match:")}
     return t
+
+
+def _fusion_at_size(res: Resources, cfg: dict, progress: Progress | None,
+                    sizes: tuple[int | None, int | None]) -> dict:
+    """The Merge page's table for a pair over the memory budget: each method that merges
+    block by block (its record's `at_size`) with each matching, as `rotviz merge
+    --max-memory` runs it; the others under `off`, each with its record's reason. The
+    table's shape is `fusion`'s, with each matching's function check (`checks`) and the
+    most memory a run held (`at_size`)."""
+    from rotviz.measures import measurement
+    from rotviz.merging import method as method_record
+
+    record = measurement("merge")
+    params = cfg.get("params") or {}
+    t0 = time.perf_counter()
+    runs, off = {}, {}
+    for name in cfg["methods"]:
+        m = method_record(name)
+        if not m.at_size:
+            off[name] = (f"{m.label} needs statistics of whole models (Fisher information, "
+                         "Gram matrices), which a pair read block by block does not hold")
+            continue
+        values = record.values({"method": name, "weight": cfg["weight"],
+                                "base": cfg.get("base") or "",
+                                **{p.name: params[p.name] for p in m.params if p.name in params}})
+        for spec in cfg["specs"]:
+            c = PairConfig.of({**cfg, **spec_cfg(spec, cfg.get("learn_steps", 0)),
+                               "layers": ""})
+            runs[name, c.label] = _measure_at_size(record, res, c, values, sizes, progress,
+                                                   None)
+    if not runs:
+        raise RotvizError("no merge method chosen merges block by block: "
+                          + "; ".join(off.values()) + "; pick task arithmetic, TIES, DARE, "
+                          "SLERP, Model Stock or the simple average, or raise the memory budget")
+    first = next(iter(runs.values()))
+    methods = list(dict.fromkeys(m for m, _ in runs))
+    specs = list(dict.fromkeys(sp for _, sp in runs))
+    return {
+        "methods": methods, "specs": specs,
+        "acc": {m: {sp: runs[m, sp]["acc"] for sp in specs} for m in methods},
+        "loss": {m: {sp: runs[m, sp]["loss"] for sp in specs} for m in methods},
+        "scores": {m: {sp: runs[m, sp]["scores"] for sp in specs} for m in methods},
+        "distance": {sp: runs[methods[0], sp]["distance_after"] for sp in specs},
+        **{k: first[k] for k in ("anchor_acc", "source_acc", "anchor_loss", "source_loss",
+                                 "anchor_scores", "source_scores", "data", "split",
+                                 "batches", "batch_size", "device")},
+        "weight": cfg["weight"], "stats_split": "none (elementwise methods)",
+        "seconds": time.perf_counter() - t0, "timing": {}, "off": off,
+        "checks": [{"spec": sp, "max_output_diff": runs[methods[0], sp]["max_output_diff"],
+                    "tolerance": runs[methods[0], sp]["tolerance"]}
+                   for sp in specs if sp != "none"],
+        "at_size": {"need": sizes[0], "budget": sizes[1],
+                    "held": max((r["at_size"]["held"] or 0) for r in runs.values())},
+    }
 
 
 def learn(res: Resources, cfg: dict, progress: Progress | None = None) -> dict:
@@ -612,7 +675,7 @@ COMPUTE: dict[str, Callable[[Resources, dict, Progress | None], Any]] = {
 
 # What each of COMPUTE's computations is called when it is off at size.
 WHOLE = {"card": "The model card", "match": "Matching in memory (the per-head report)",
-         "learn": "The symmetry demo", "fusion": "The table of every merge method"}
+         "learn": "The symmetry demo"}
 
 
 def kinds() -> list[str]:
@@ -629,7 +692,7 @@ def run(kind: str, res: Resources, cfg: dict, progress: Progress | None = None,
     measurements such as bend stop when it returns True)."""
     if kind in COMPUTE:
         sized, need, limit = at_size(res, cfg)
-        if sized:
+        if sized and kind in WHOLE:
             raise RotvizError(f"{WHOLE[kind]} is off for this pair: it holds whole models, and "
                               f"they need {gb(need)} in memory, over the budget of "
                               f"{gb(limit)}; raise the memory budget in the sidebar")
