@@ -369,8 +369,11 @@ def _in_memory(m: Measurement, args, values: dict, outputs, folder, js, files=()
 
     columns, seq_len = reading(args, args.data)
     device = device_for(pick_device(args.device))  # torchrun: each its local GPU
-    anchor = load_model(args.anchor)
-    source = load_model(args.source) if m.pair or getattr(args, "second", False) else anchor
+    # A command that writes no model evaluates the pair as the app does: in plain torch where
+    # that computes the same logits (rotviz.lite: no transformers import, seconds less)
+    load = load_model if m.writes_model or files else _load_eval
+    anchor = load(args.anchor)
+    source = load(args.source) if m.pair or getattr(args, "second", False) else anchor
     if check_pair(anchor, source) and not m.narrower:  # a narrower FFN: embedded by matching
         from rotviz.measures import measurements
 
@@ -403,6 +406,12 @@ def _in_memory(m: Measurement, args, values: dict, outputs, folder, js, files=()
                 f.write(ends, result, values, tmp[item], tuple(tmp[d] for d in beside),
                         (item.path, tuple(d.path for d in beside)))
     return result
+
+
+def _load_eval(ref: str):
+    from rotviz.lite import load_for_eval
+
+    return load_for_eval(ref)
 
 
 def _json(m: Measurement, result, args) -> dict:
