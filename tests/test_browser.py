@@ -64,7 +64,7 @@ def server(tmp_path_factory):
 
 
 NAV = ["Models", "Match", "Barrier", "Spectra", "Merge", "Landscape", "Training", "Learn",
-       "Measure"]
+       "Measure", "Gallery"]
 
 
 # Test images per evaluation: enough for every chart to draw (the numbers are checked by

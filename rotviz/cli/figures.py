@@ -11,6 +11,10 @@ from collections.abc import Callable
 from rotviz.cli.args import add_overwrite
 from rotviz.errors import RotvizError
 
+# the PNGs' size in CSS pixels: wide enough for a horizontal legend of three matchings with
+# their barriers on one line (the figures' own 700 cut the third off)
+PNG_WIDTH, PNG_HEIGHT = 900, 560
+
 
 def register(sub, wanted: Callable[[str], bool] = lambda name: True) -> None:
     if not wanted("figures"):
@@ -82,7 +86,7 @@ def cmd_figures(args: argparse.Namespace) -> int:
     pngs = None
     if not args.no_png:
         print(f"drawing {len(made)} PNG(s) in one browser", flush=True)
-        pngs = images.render([m.figure for m in made], "png")
+        pngs = images.render([m.figure for m in made], "png", PNG_WIDTH, PNG_HEIGHT)
     with outputs.write() as tmp:
         write(tmp[out], made, pair, pngs, remake_command(args))
     said = ", ".join(f"{m.entry.name} ({m.seconds:.1f} s)" for m in made)

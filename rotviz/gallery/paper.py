@@ -75,8 +75,8 @@ FIG4 = register(Entry(
     "their shared weights) as trained, and after matching with FFN permutations alone (Git "
     "Re-Basin's group), attention rotations alone, both, and both with rescaling (the seed "
     "paper's matching). Each bar is the matched source's distance; the function of the "
-    "source never changes. Rotations close more distance than permutations, and rescaling a "
-    "little more.",
+    "source never changes. In the seed paper, rotations close more distance than "
+    "permutations, and rescaling a little more.",
     f"{SEED}, Figure 4", "distances",
     each(("none", "ffn", "attn", "ffn,attn", "seed")), _distances))
 
@@ -115,7 +115,8 @@ GLMC_LEARNED = register(Entry(
     "Test loss along the straight path from the anchor to the source as trained, after weight "
     "matching (data-free: permutations, rotations and the residual stream's orthogonal map) "
     "and after learned matching (weight matching's maps tuned on the train split so that "
-    "the average of the two models has a low loss). Learned matching brings the barrier "
-    "close to zero where weight matching leaves most of it.",
+    "the average of the two models has a low loss). The GLMC paper finds that learned "
+    "matching brings the barrier to about zero where weight matching leaves part of it; the "
+    "legend gives each curve's barrier.",
     f"{GLMC}, learned-matching barrier", "barrier",
     each(("none", "weight", "learned"), points=21), _curves))
