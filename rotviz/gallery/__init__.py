@@ -9,6 +9,7 @@ Importing this package costs no torch or plotly import.
 
 from __future__ import annotations
 
+from rotviz.gallery import paper  # noqa: F401  (the built-ins)
 from rotviz.gallery.registry import (
     Entry,
     Pair,

@@ -106,7 +106,7 @@ def write(folder: Path, made: Sequence[Made], pair: Pair, pngs: Sequence[bytes] 
     run's), and report.html."""
     import json
 
-    from rotviz.gallery.report import report_html
+    from rotviz.gallery.report import commands_text, report_html
     from rotviz.images import html
     from rotviz.outputs import json_stamp
 
@@ -121,12 +121,3 @@ def write(folder: Path, made: Sequence[Made], pair: Pair, pngs: Sequence[bytes] 
         (folder / f"{name}.command.txt").write_text(commands_text(m.entry, pair, command),
                                                     encoding="utf-8")
     (folder / "report.html").write_text(report_html(made, pair, command), encoding="utf-8")
-
-
-def commands_text(entry: Entry, pair: Pair, command: Callable[[Entry], str]) -> str:
-    """NAME.command.txt: the command that remakes the figure with its data, then one
-    measurement command per run, each of which gives that run's numbers alone."""
-    runs = "\n".join(entry.commands(pair))
-    return (f"# {entry.title} ({entry.paper})\n# the figure, its data and this file:\n"
-            f"{command(entry)}\n# each run's numbers alone, one measurement per line:\n"
-            f"{runs}\n")

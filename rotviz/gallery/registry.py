@@ -112,9 +112,8 @@ def register(entry: Entry) -> Entry:
 
 
 def entries() -> tuple[Entry, ...]:
-    """Every registered entry, the built-ins first (rotviz.gallery.paper)."""
-    from rotviz.gallery import paper  # noqa: F401  (the built-ins register on import)
-
+    """Every registered entry, the built-ins first (rotviz.gallery.paper, registered when
+    the package is imported)."""
     return GALLERY.all()
 
 

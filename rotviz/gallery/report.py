@@ -9,12 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from html import escape
-from typing import TYPE_CHECKING
+from typing import Any
 
 from rotviz.gallery.registry import Entry, Pair
-
-if TYPE_CHECKING:
-    from rotviz.gallery.make import Made
 
 STYLE = """
 body { font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto; padding: 0 1em;
@@ -45,12 +42,11 @@ def table_html(rows: Sequence[dict]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>\n{body}\n</tbody></table>"
 
 
-def report_html(made: Sequence[Made], pair: Pair, command: Callable[[Entry], str]) -> str:
-    """One page: a title, the pair, a list of the figures, then each figure with its caption,
-    its commands and its table."""
+def report_html(made: Sequence[Any], pair: Pair, command: Callable[[Entry], str]) -> str:
+    """One page: a title, the pair, a list of the figures, then each made figure
+    (rotviz.gallery.make.Made) with its caption, its commands and its table."""
     from plotly.offline import get_plotlyjs
 
-    from rotviz.gallery.make import commands_text
     from rotviz.version import __version__
 
     items = "".join(f'<li><a href="#{m.entry.name}">{escape(m.entry.title)}</a></li>'
@@ -75,3 +71,12 @@ def report_html(made: Sequence[Made], pair: Pair, command: Callable[[Entry], str
         "Each figure lies beside its data (CSV, JSON) and the commands that make it; this page "
         "opens offline.</p>"
         f"<ol>{items}</ol>\n" + "\n".join(parts) + "\n</body></html>\n")
+
+
+def commands_text(entry: Entry, pair: Pair, command: Callable[[Entry], str]) -> str:
+    """NAME.command.txt: the command that remakes the figure with its data, then one
+    measurement command per run, each of which gives that run's numbers alone."""
+    runs = "\n".join(entry.commands(pair))
+    return (f"# {entry.title} ({entry.paper})\n# the figure, its data and this file:\n"
+            f"{command(entry)}\n# each run's numbers alone, one measurement per line:\n"
+            f"{runs}\n")
