@@ -67,9 +67,7 @@ def cmd_figures(args: argparse.Namespace) -> int:
     from rotviz.gallery.make import make, write
     from rotviz.outputs import Outputs
 
-    selected = select(args.only)
-    if not selected:
-        raise RotvizError("--only names no figure; give one or more names, comma-separated")
+    selected = select(args.only)  # an unknown or empty --only: one line, first
     outputs = Outputs("figures")
     guard_inputs(outputs, [args.anchor, args.source], args.data)
     out = outputs.add(args.out, "--out", folder=True, overwrite=args.overwrite)
@@ -80,8 +78,6 @@ def cmd_figures(args: argparse.Namespace) -> int:
                               "add --no-png")
     pair = Pair(args.anchor, args.source, args.data)
     device = device_for(pick_device(args.device))
-    print(f"making {len(selected)} figure(s) on {pair.anchor} / {pair.source}, {pair.data} "
-          f"test split, {device}", flush=True)
     made = make(selected, pair, device, say=lambda line: print(line, flush=True))
     pngs = None
     if not args.no_png:

@@ -59,7 +59,8 @@ def drawn(entry: Entry, results: Sequence[dict]) -> tuple[list[dict], str, Any]:
 def make(selected: Sequence[Entry], pair: Pair, device: Any = "cpu",
          say: Callable[[str], None] | None = None) -> list[Made]:
     """Every entry of `selected` made on `pair` (the test split of its data); `say` hears a
-    line per run (the measurement's own summary). A pair matched once per SPEC."""
+    line once the inputs are read, then one per run (the measurement's own summary). The
+    pair is matched once per SPEC, and the endpoints shared by every entry."""
     from rotviz.devices import one_thread, resolve_device
     from rotviz.evaluation import split_for
     from rotviz.match.endpoints import match_endpoints
@@ -68,7 +69,10 @@ def make(selected: Sequence[Entry], pair: Pair, device: Any = "cpu",
 
     device = resolve_device(device)
     anchor, source = load_model(pair.anchor), load_model(pair.source)
-    split = split_for(anchor, pair.data, "test")
+    split = split_for(anchor, pair.data, "test")  # every input read and checked: now say so
+    if say is not None:
+        say(f"making {len(selected)} figure(s) on {pair.anchor} / {pair.source}, {pair.data} "
+            f"{split.split} split ({split.n} examples), {device}")
     n = sum(t.numel() for t in anchor.state.values()) + sum(
         t.numel() for t in source.state.values())
     # a small pair's many small operations lose more than they gain on a second thread

@@ -127,10 +127,14 @@ def entry(name: str) -> Entry:
 
 
 def select(only: str | None) -> tuple[Entry, ...]:
-    """The entries a comma list names, in the gallery's order (None or empty: all)."""
-    if not only or not only.strip():
+    """The entries a comma list names, in the gallery's order (None: all); a list that
+    names none, or an unknown name, is a one-line error."""
+    if only is None:
         return entries()
     names = [n.strip() for n in only.split(",") if n.strip()]
+    if not names:
+        raise RotvizError("--only names no figure; give one or more names, comma-separated, "
+                          f"of {', '.join(e.name for e in entries())}")
     for n in names:
         entry(n)  # one line for an unknown name
     return tuple(e for e in entries() if e.name in names)
