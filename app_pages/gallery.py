@@ -23,7 +23,7 @@ ENTRIES = {e.name: e for e in entries()}
 
 with st.form("gallery_form"):
     chosen = st.multiselect("Figures", list(ENTRIES), list(ENTRIES), key="g_names",
-                            format_func=lambda n: ENTRIES[n].title)
+                            format_func=lambda n: ENTRIES[n].title, bind="query-params")
     submitted = st.form_submit_button("Run", type="primary", icon=":material/play_arrow:")
 
 
