@@ -1177,3 +1177,23 @@ def test_measure_page_runs_the_ladder_a_record_of_other_inputs(roots):
                   load_split("digits", "test", 0).subset(N_EVAL), points=3)
     for r in want.rungs:
         assert f"| `{r['asked']}` | {r['barrier']:.4f} | {r['distance']:.4f} |" in table
+
+
+def test_gallery_page_draws_a_figure_from_its_table_on_run(pair):
+    """The Gallery page waits for Run; then each chosen figure is drawn from its table, as
+    `rotviz figures` draws it, with its caption and the commands that make it."""
+    from rotviz.gallery import entry
+
+    at = app("gallery")
+    assert not at.get("plotly_chart") and "Press **Run**" in texts(at)
+    at.multiselect(key="g_names").set_value(["fig4_distances"])
+    at.button[0].click().run()
+    assert not at.exception, [e.message for e in at.exception]
+    e = entry("fig4_distances")
+    (fig,) = figures(at).values()
+    assert fig["layout"]["title"]["text"] == e.title
+    bars = dict(zip(fig["data"][0]["y"], numbers(fig["data"][0]["x"]), strict=True))
+    assert bars["FFN + attention + rescale (seed paper)"] < bars["no matching"]
+    assert e.caption in texts(at)
+    code = "\n".join(c.value for c in at.code)
+    assert f"rotviz distances {pair[0]} {pair[1]} --match seed" in code

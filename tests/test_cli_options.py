@@ -42,6 +42,7 @@ BASE = {
     "eval": ["eval", A, "--data", "digits"],
     "zoo build": ["zoo", "build", "vit-digits-ft-b"],
     "serve": ["serve", "--print-command"],
+    "figures": ["figures", "--out", "o", "--only", "fig4_distances"],
 }
 # Options that only mean something with another one.
 WITH = {
@@ -107,6 +108,9 @@ KINDS = {
     **{(n, p.flag): "name" for n, m in MEASURES.items() for p in m.parameters() if p.choices},
     ("zoo build", "names"): "name", ("zoo build", "--out"): "zoo out",
     ("serve", "--roots"): "roots",
+    ("figures", "--out"): "out folder", ("figures", "--only"): "name",
+    ("figures", "--anchor"): "model", ("figures", "--source"): "model",
+    ("figures", "--data"): "data", ("figures", "--device"): "name",
     **{(c, f): "column" for c in ("match", *MEASURES, "eval")
        for f in ("--text-column", "--pair-column", "--label-column", "--words-column",
                  "--tags-column")},
@@ -157,6 +161,8 @@ def _own(cmd: str, opt: str) -> bool:
     """Whether `opt` is checked in full on `cmd`: not a measurement's shared option, or a
     command of FULL, or a parameter of the command's own record (the merge options: on
     merge only)."""
+    if cmd == "figures" and opt in ("--anchor", "--source", "--data"):
+        return False  # read by the same loaders as every measurement's (in full on FULL)
     m = MEASURES.get(cmd)
     if m is not None and cmd != "merge" and opt in MERGE_OPTIONS:
         return False
