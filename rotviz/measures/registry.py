@@ -105,6 +105,9 @@ class Measurement:
     params: tuple[Param, ...] | Callable[[], tuple[Param, ...]] = ()
     summary: Callable[[Any, str], str] | None = None  # (result, how) -> the CLI's one line
     plot: Callable[[dict], Any] | None = None  # result dict -> a plotly figure
+    # result dict -> a plotly figure with frames (its play button animates it in the app);
+    # exported as HTML, GIF or MP4 (rotviz.animation, the CLI's --animation FILE)
+    animate: Callable[[dict], Any] | None = None
     rows: Callable[[dict], list[dict]] | None = None  # result dict -> a table (CSV export)
     at_size: Runner | None = None  # on streamed endpoints; None: cannot run at size
     refusal: str = ""  # why it cannot run at size, when at_size is None
@@ -156,7 +159,7 @@ class Measurement:
 MEASUREMENTS: Records[Measurement] = Records("measurement", (
     "barrier", "plane", "merge", "merge_sweep", "distances", "spectra", "sweeps", "slice",
     "layerwise", "hessian", "bend", "sharpness", "flat", "training", "spawn", "many",
-    "ladder"))
+    "ladder", "rounds"))
 
 
 def register(m: Measurement) -> Measurement:
