@@ -220,7 +220,8 @@ def curve_on(
         shown["prob"] = [q for _, q in answers]
         shown["pred_names"] = [[name(i) for i in p] for p, _ in answers]
     return Curve(
-        **fields, examples=shown, match=info.match, data=split.data, split=split.split, device=str(ev.device),
+        **fields, examples=shown, match=info.match, data=split.data, split=split.split,
+        device=str(ev.device),
         seconds=time.perf_counter() - t0 + info.seconds, n=split.n, layers=ends.layers,
         anchor=ends.anchor_ref, source=ends.source_ref, distance_before=info.distance_before,
         distance_after=info.distance_after, max_output_diff=info.max_output_diff,
