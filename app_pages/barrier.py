@@ -141,7 +141,8 @@ def body() -> None:
         live, note = st.empty(), st.empty()  # the loss chart, drawn as the curves come in
         try:
             for i, sp in enumerate(specs):
-                cfg = app.measure_cfg(s.base(), sp, layers, steps, points=points)
+                cfg = app.measure_cfg(s.base(), sp, layers, steps, points=points,
+                                      **BARRIER.animate_params)
                 fresh = not common.is_cached("barrier", cfg)
                 step(f"{style.nice_label(sp)}: matching, then {points} points on the path")
                 curves.append(common.compute("barrier", cfg, step.detail))

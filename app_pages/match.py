@@ -14,6 +14,7 @@ from rotviz.app.specs import (
     without_residual,
 )
 from rotviz.limits import MAX_LAYERS_TEXT
+from rotviz.measures.barrier import BARRIER
 from rotviz.plots import distances as dplots
 from rotviz.plots import matching as mplots
 from rotviz.plots import style
@@ -247,9 +248,9 @@ def body() -> None:
                    "max_output_diff": r["max_output_diff"], "preserved": r["preserved"]}
             if with_barrier:
                 step(f"barrier: {style.nice_label(sp)}")
-                cur = common.compute("barrier", app.measure_cfg(base, sp, base.get("layers", ""),
-                                                                steps, points=POINTS),
-                                     step.detail)
+                cur = common.compute("barrier", app.measure_cfg(
+                    base, sp, base.get("layers", ""), steps, points=POINTS,
+                    **BARRIER.animate_params), step.detail)
                 row.update(barrier=cur["barrier"], mid_acc=cur["mid_acc"])
             ablation.append(row)
     st.subheader(f"Result: {style.nice_label(spec)}")

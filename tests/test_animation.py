@@ -6,6 +6,7 @@ few points, few samples and small frames."""
 
 from __future__ import annotations
 
+import json
 import re
 from functools import cache
 
@@ -119,8 +120,12 @@ def test_the_cli_writes_the_html_animation_and_refuses_in_one_line(capfd, ws, mo
 
     a, b = default_pair_refs()
     pair = ["barrier", a, b, "--data", "digits"]
-    assert main([*pair, "--match", "none", "--points", "3", "--examples", "2",
-                 "--animation", "path.html"]) == 0
+    assert main([*pair, "--match", "none", "--points", "3", "--animation", "path.html",
+                 "--json", "b.json"]) == 0
+    # --animation asks for what the animation needs (the record's animate_params): the
+    # answers on 4 test inputs, which a barrier without --animation does not record
+    ex = json.loads((ws / "b.json").read_text())["examples"]
+    assert len(ex["true"]) == 4 and len(ex["pred"]) == 3
     page = (ws / "path.html").read_text()
     assert "plotly" in page and ".addFrames(" in page
     assert sorted(set(re.findall(r'"name":"(\d)"', page.replace(" ", "")))) == ["0", "1", "2"]

@@ -231,7 +231,9 @@ def barrier_defaults(base: dict, residual_why: str | None) -> list[dict]:
     """The curves the Barrier page draws on its first visit (its default options and
     points), for the pair in `base`: what the app may compute ahead, after the first page
     has painted, so that the Barrier page finds them ready."""
-    return [measure_cfg(base, sp, points=BARRIER_POINTS)
+    from rotviz.measures.barrier import BARRIER
+
+    return [measure_cfg(base, sp, points=BARRIER_POINTS, **BARRIER.animate_params)
             for sp in specs.offered(specs.DEFAULT_SPECS, residual_why)]
 
 

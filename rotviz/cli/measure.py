@@ -339,6 +339,8 @@ def run_command(m: Measurement, args: argparse.Namespace) -> int:
     from rotviz.match.selection import match_options
 
     given = {p.name: getattr(args, p.name) for p in m.parameters()}
+    if getattr(args, "animation", None) is not None:  # what the animation needs, unless given
+        given |= {k: v for k, v in m.animate_params.items() if given.get(k) is None}
     values = m.values(given)
     for f in _files_given(m, args):  # a value the further file cannot express: refused first
         if f.check is not None:

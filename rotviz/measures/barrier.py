@@ -15,9 +15,10 @@ PARAMS = (
     Param("seed", 0, "with --repeats: seed of the subsets (default 0)", SEED, label="Seed"),
     Param("batch_size", 512, f"evaluation batch size (default 512, {BATCH_SIZE.text})",
           BATCH_SIZE, label="Evaluation batch size"),
-    Param("examples", 4, "also record the answers (class or next token, and its probability) "
-          "on this many fixed test inputs at each alpha, for the path's animation (default 4, "
-          f"{EXAMPLES.text}; 0: none)", EXAMPLES, label="Test inputs shown in the animation"),
+    Param("examples", 0, "also record the answers (class or next token, and its probability) "
+          "on this many fixed test inputs at each alpha, for the path's animation (default 0: "
+          f"none, or 4 with --animation; {EXAMPLES.text})", EXAMPLES,
+          label="Test inputs shown in the animation"),
 )
 
 
@@ -83,7 +84,7 @@ BARRIER = register(Measurement(
     "barrier", "Barrier (loss along the path)",
     "loss and accuracy on the path anchor -> matched source",
     _run, PARAMS, summary=_summary, plot=_plot, rows=_rows, at_size=_at_size, check=_check,
-    animate=_animate,
+    animate=_animate, animate_params={"examples": 4},
     narrower=True,
     extra={"at_size_help": "matched streamed and evaluated with both checkpoints held as "
                            "stored, each point built block by block"}))

@@ -108,6 +108,10 @@ class Measurement:
     # result dict -> a plotly figure with frames (its play button animates it in the app);
     # exported as HTML, GIF or MP4 (rotviz.animation, the CLI's --animation FILE)
     animate: Callable[[dict], Any] | None = None
+    # parameter values the animation needs that the result holds only when asked (the
+    # barrier's answers on fixed inputs, `examples`): the CLI uses them with --animation
+    # where they are not given, and the app's pages ask for them
+    animate_params: dict = field(default_factory=dict)
     rows: Callable[[dict], list[dict]] | None = None  # result dict -> a table (CSV export)
     at_size: Runner | None = None  # on streamed endpoints; None: cannot run at size
     refusal: str = ""  # why it cannot run at size, when at_size is None
