@@ -1,8 +1,8 @@
 """Animations (issue 29 item 3): the interpolation path and weight matching's rounds as plotly
-figures with frames, and their HTML, GIF and MP4 files (rotviz.animation). Each frame's data
-is checked against the result and against plain computations written here; the files are
-decoded back (frame count, size, first and last frames differ). All on the default pair with
-few points, few samples and small frames."""
+figures with frames (rotviz.plots.animate), and the CLI's --animation. Each frame's data is
+checked against the result and against plain computations written here. All on the default
+pair with few points and few samples. GIF and MP4 are decoded back in
+tests/test_static_figures.py, whose browser draws their frames too."""
 
 from __future__ import annotations
 
@@ -23,9 +23,6 @@ from rotviz.match.endpoints import match_endpoints, unmatched
 from rotviz.match.options import MatchOptions
 from rotviz.measures import measure, measurement
 from rotviz.models import forward, probe_inputs
-
-needs_browser = pytest.mark.skipif(animation.why_not("mp4") is not None,
-                                   reason=str(animation.why_not("mp4")))
 
 
 @cache
@@ -91,28 +88,6 @@ def test_weight_matching_replayed_round_by_round():
         assert list(frame.data[2].y) == rounds[k]["loss"]
     with pytest.raises(RotvizError, match="--match weight"):
         measure("rounds", match_endpoints(a, b, "seed"), split, points=3)
-
-
-@needs_browser
-def test_gif_and_mp4_have_the_asked_frames_and_size(tmp_path):
-    import imageio.v3 as iio
-    import imageio_ffmpeg
-
-    fig = measurement("barrier").animate(path_result())
-    pngs = animation.frames(fig, 192, 128)  # one browser draws every frame
-    gif = animation.encode(pngs, "gif", fps=5)
-    frames = iio.imread(gif, index=None, extension=".gif")
-    assert frames.shape[:3] == (3, 128, 192)
-    assert np.abs(frames[0].astype(int) - frames[-1].astype(int)).max() > 0
-    mp4 = animation.encode(pngs, "mp4", fps=5)
-    assert mp4[4:8] == b"ftyp"
-    path = tmp_path / "a.mp4"
-    path.write_bytes(mp4)
-    reader = imageio_ffmpeg.read_frames(str(path))
-    meta = next(reader)
-    decoded = [np.frombuffer(fr, np.uint8).reshape(128, 192, 3) for fr in reader]
-    assert tuple(meta["size"]) == (192, 128) and len(decoded) == 3
-    assert np.abs(decoded[0].astype(int) - decoded[-1].astype(int)).max() > 30
 
 
 def test_the_cli_writes_the_html_animation_and_refuses_in_one_line(capfd, ws, monkeypatch):
