@@ -107,6 +107,8 @@ def test_the_cli_writes_the_html_animation_and_refuses_in_one_line(capfd, ws, mo
     refused([*pair, "--animation", "path.avi"], capfd, ws, "--animation path.avi",
             ".html, .gif or .mp4")
     refused([*pair, "--animation", "path.html"], capfd, ws, "path.html")  # exists: not ours
+    refused(["rounds", a, b, "--data", "digits", "--match", "seed"], capfd, ws,
+            "--match weight")  # before any model is loaded
     monkeypatch.setenv("BROWSER_PATH", str(ws / "no-such-browser"))
     refused([*pair, "--animation", "p.gif"], capfd, ws, "--animation", "Chrome or Chromium",
             "name the file .html")

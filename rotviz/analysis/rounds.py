@@ -47,15 +47,24 @@ class Rounds:
         return asdict(self)
 
 
+def why_not_options(options) -> str | None:
+    """Why a matching with `options` (None: no matching) has no rounds to replay (one
+    line), or None."""
+    if options is None or not options.residual:
+        return ("rounds follows weight matching's alternation, which only a matching with "
+                "the residual map runs: use --match weight (or a SPEC with residual)")
+    if options.needs_data:
+        return ("rounds replays data-free weight matching, and this matching learns from data "
+                f"([{options.label}]): use --match weight")
+    return None
+
+
 def why_not(ends: HeldEndpoints) -> str | None:
     """Why the endpoints have no rounds to show (one line), or None."""
     rep = ends.report
-    if rep is None or not rep.options.residual:
-        return ("rounds follows weight matching's alternation, which only a matching with "
-                "the residual map runs: use --match weight (or a SPEC with residual)")
-    if rep.options.needs_data:
-        return ("rounds replays data-free weight matching, and this matching learns from data "
-                f"([{rep.options.label}]): use --match weight")
+    why = why_not_options(None if rep is None else rep.options)
+    if why:
+        return why
     if rep.widths:
         return "rounds replays matching in one width, and the source is narrower: match two " \
                "models of one width"

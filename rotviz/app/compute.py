@@ -382,6 +382,12 @@ def measure(name: str, res: Resources, cfg: dict, progress: Progress | None = No
         one = cfg.get("ref") or cfg["anchor"]
         cfg = {**cfg, "anchor": one, "source": one, "spec": "none", "layers": ""}
     c = PairConfig.of(cfg)
+    if record.match_check is not None:  # before any matching
+        from rotviz.match.selection import match_options
+
+        why = record.match_check(match_options(c.label))
+        if why:
+            raise RotvizError(why)
     ends = endpoints(res, c, progress)
     split = _split_of(res, c) if record.data else None
     with res.using(c.anchor, c.source):

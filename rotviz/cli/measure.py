@@ -347,7 +347,11 @@ def run_command(m: Measurement, args: argparse.Namespace) -> int:
             f.check(values)
     if not m.pair:  # one model: the endpoints are it, twice, unmatched (or with --source)
         _one_model(m, args, values)
-    match_options(args.match)  # SPEC errors come first
+    options = match_options(args.match)  # SPEC errors come first
+    if m.match_check is not None:
+        why = m.match_check(options)
+        if why:
+            raise RotvizError(why)
     outputs, folder, js, files = _outputs(m, args)
     sized = beyond_memory(args)[0]
     if sized:

@@ -124,6 +124,9 @@ class Measurement:
     match_default: str = "seed"
     writes_model: bool = False  # --out DIR: the result's `state` written as a model
     check: Callable[[dict, set[str]], None] | None = None  # (values, given names) -> refuse
+    # (MatchOptions, or None for 'none') -> why this record cannot measure a pair matched so
+    # (one line), or None: checked before any model is loaded (rounds needs the residual map)
+    match_check: Callable[[Any], str | None] | None = None
     needs_match: bool = False  # at size it needs a matched source (not 'none')
     at_size_check: Callable[[dict], None] | None = None  # refuse values at size, early
     inputs: Inputs | None = None  # None: a matched pair (or one model, pair=False)

@@ -22,6 +22,12 @@ def _run(ends, ctx: Context, v: dict):
     return rounds_on(ends, ctx.split, v["points"], ctx.device, v["batch_size"], ctx.progress)
 
 
+def _match_check(options) -> str | None:
+    from rotviz.analysis.rounds import why_not_options
+
+    return why_not_options(options)
+
+
 def _summary(r, how: str) -> str:
     first, last = r.rounds[0], r.rounds[-1]
     return (f"rounds [{r.match}] on {r.device}{how}: {len(r.rounds) - 1} rounds "
@@ -52,5 +58,5 @@ RECORD = register(Measurement(
     "rounds", "Weight matching round by round",
     "distance and barrier after each round of weight matching's alternation (--match weight)",
     _run, PARAMS, summary=_summary, plot=_plot, rows=_rows, animate=_animate,
-    match_default="weight",
+    match_default="weight", match_check=_match_check,
     refusal="it replays the alternation with the pair in memory; run it on models that fit"))
