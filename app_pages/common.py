@@ -817,12 +817,31 @@ def chart(fig, key: str) -> None:
         "displaylogo": False, "toImageButtonOptions": {"format": "png", "scale": 2}})
 
 
+def animation(fig, key: str, name: str) -> None:
+    """An animated figure (it plays with its own button and slider), with its downloads:
+    HTML (plays offline), and GIF and MP4 for slides where a Chromium draws the frames (a
+    second or more per frame: drawn when the button is pressed)."""
+    chart(fig, key)
+    formats = app_export.animation_formats()
+    cols = st.columns(len(formats))
+    for col, fmt in zip(cols, formats, strict=True):
+        col.download_button(f"{name}.{fmt}", lambda fmt=fmt: app_export.animation_file(fig, fmt),
+                            f"{name}.{fmt}", key=f"dl_anim_{key}_{fmt}", on_click="ignore",
+                            icon=":material/movie:")
+    if "gif" not in formats:
+        st.caption("GIF and MP4 need kaleido, a Chromium, imageio and imageio-ffmpeg "
+                   "(requirements.txt); HTML plays anywhere.")
+
+
 def export(name: str, cfg: dict, results: Any, tables: dict[str, Sequence[dict]] | None = None,
-           figures: dict[str, Any] | None = None) -> None:
+           figures: dict[str, Any] | None = None,
+           animations: dict[str, Any] | None = None) -> None:
     """Download buttons: every result as JSON and CSV, every figure as HTML (PNG, SVG and PDF
-    when a Chromium and kaleido are there), and the whole run as a zip."""
+    when a Chromium and kaleido are there), every animation as HTML, and the whole run as a
+    zip."""
     tables = tables or {}
     figures = figures or {}
+    animations = animations or {}
     with st.expander(f"Export ({name})", icon=":material/download:"):
         rid = cache.config_hash(cfg)
         st.caption(f"Run id `{rid}` (a hash of the configuration). The URL of this page "
@@ -847,9 +866,15 @@ def export(name: str, cfg: dict, results: Any, tables: dict[str, Sequence[dict]]
                 c.download_button(f"{fname}.{fmt}", lambda fig=fig, fmt=fmt:
                                   app_export.figure_image(fig, fmt), f"{fname}-{rid}.{fmt}",
                                   key=f"dl_{name}_{fname}_{fmt}", on_click="ignore")
+        for i, (aname, fig) in enumerate(animations.items()):
+            fcols[(len(figures) + i) % 4].download_button(
+                f"{aname} (animated).html", lambda fig=fig: app_export.animation_file(fig, "html"),
+                f"{aname}-{rid}.html", "text/html", key=f"dl_{name}_{aname}_anim",
+                on_click="ignore")
         st.download_button(
             "Whole run (zip: configuration, results, tables, figures, library versions)",
-            lambda: app_export.run_zip(cfg, results, tables, figures), f"rotviz-{name}-{rid}.zip",
+            lambda: app_export.run_zip(cfg, results, tables, figures, animations=animations),
+            f"rotviz-{name}-{rid}.zip",
             "application/zip", key=f"dl_{name}_zip", on_click="ignore",
             icon=":material/folder_zip:")
 

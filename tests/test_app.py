@@ -423,8 +423,9 @@ def test_barrier_page_chart_holds_library_results(pair):
     # loads transformers' modules (that import competed with the first curves for the CPU)
     assert not common._stores()["models"]
     figs = figures(at)
-    # curves computed now are drawn as they come in; the final chart replaces them
-    assert len(at.get("plotly_chart")) == len(figs) == 2
+    # curves computed now are drawn as they come in; the final chart replaces them (the
+    # third chart: the path animated)
+    assert len(at.get("plotly_chart")) == len(figs) == 3
     assert "matching options so far" not in "\n".join(c.value for c in at.caption)
     loss = figs[LOSS_TITLE]
     lines = [tr for tr in loss["data"] if tr.get("showlegend", True)]
@@ -442,6 +443,14 @@ def test_barrier_page_chart_holds_library_results(pair):
         assert np.allclose(numbers(tr["y"]), ref.loss, rtol=1e-6, atol=1e-8)
         assert f"barrier {ref.barrier:.3f}" in tr["name"]
     assert "function preserved" in texts(at)
+    # the animation plays the last matching's path (weight): frame k holds its first k + 1
+    # losses and its answers on the first test inputs at alpha k
+    anim = figs["Loss and answers along the straight path from anchor to matched source"]
+    assert len(anim["frames"]) == 5
+    for k, frame in enumerate(anim["frames"]):
+        assert numbers(frame["data"][0]["y"]) == pytest.approx(refs["weight"].loss[: k + 1],
+                                                               rel=1e-6, abs=1e-8)
+        assert len(frame["data"]) == 2 + 4  # the curve, the point at alpha, 4 answers
     # the banner says what each matching did, from what to what
     for spec in ("seed", "weight"):
         did = "lowered" if refs[spec].barrier < refs["none"].barrier else "raised"

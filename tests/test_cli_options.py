@@ -72,6 +72,8 @@ PATHS = {
     "out file": ["f.txt", "full", "/proc/x/r.json", "f.txt/r.json", "link", ""],
     # --figure: the suffix names the format; a user's file is never replaced
     "figure": ["x.jpg", "f.txt", "/proc/x/r.png", "f.txt/r.svg", "link", "", "noext"],
+    # --animation: the same rules, its own suffixes (.html, .gif, .mp4)
+    "animation": ["x.avi", "f.txt", "/proc/x/r.gif", "f.txt/r.mp4", "link", "", "noext"],
     "zoo out": ["f.txt", "zoofull", "/proc/x", "f.txt/sub", ""],  # NAME folders go under it
     "model": ["f.txt", "full", "/proc/x/m", "f.txt/m", "", "zoo:nope", "nope:x"],
     "series": ["f.txt", "full", "/proc/x/m", "f.txt/m", "", "zoo:nope", "nope:x",
@@ -117,6 +119,7 @@ KINDS = {
     **{(c, o): k for c in MEASURES
        for o, k in (("anchor", "model"), ("source", "model"), ("--data", "data"),
                     ("--json", "out file"), ("--figure", "figure"),
+                    ("--animation", "animation"),
                     ("--layers", "layers"), ("--match", "spec"),
                     ("--split", "name"), ("--device", "name"), ("--max-memory", "size"),
                     ("model", "model"), ("--source", "model"))},  # one model (pair=False)

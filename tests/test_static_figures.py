@@ -29,13 +29,29 @@ def _figure():
     return fig, OKABE_ITO[1]
 
 
+def _animated():
+    """An animated figure of three frames (weight matching's rounds, drawn from numbers made
+    up here: what is tested is the export)."""
+    from rotviz.plots.animate import frame_figure, rounds_animation
+
+    d = {"alphas": [0.0, 0.5, 1.0], "rounds": [
+        {"phase": 0, "round": r, "distance": 10.0 - r, "barrier": 2.0 - 0.5 * r,
+         "loss": [0.2, 2.2 - 0.5 * r, 0.2], "mid_acc": 0.5} for r in range(3)]}
+    fig = rounds_animation(d)
+    return [frame_figure(fig, k) for k in range(len(fig.frames))]
+
+
 @needs_browser
-def test_png_svg_and_pdf_are_drawn_at_the_asked_size_in_one_browser():
+def test_png_svg_and_pdf_are_drawn_at_the_asked_size_in_one_browser(tmp_path):
+    """Also the frames of an animation, in the same browser, then encoded as GIF and MP4
+    (rotviz.animation) and decoded back: frame count, size, first and last frames differ."""
     from PIL import Image
 
     fig, colour = _figure()
-    png, svg, pdf = images.draw([(fig, "png"), (fig, "svg"), (fig, "pdf")], width=400,
-                                height=300, scale=2)
+    stills = _animated()
+    png, svg, pdf, *frames = images.draw([(fig, "png"), (fig, "svg"), (fig, "pdf")]
+                                         + [(f, "png") for f in stills], width=400,
+                                         height=300, scale=2)
     # PNG: the header's size is the asked size times the scale, and the curve's colour is drawn
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     assert struct.unpack(">II", png[16:24]) == (800, 600)
@@ -53,6 +69,28 @@ def test_png_svg_and_pdf_are_drawn_at_the_asked_size_in_one_browser():
     # PDF: one page of 800 x 600 CSS pixels, 600 x 450 points (a point is 4/3 of a pixel)
     assert pdf.startswith(b"%PDF-") and pdf.rstrip().endswith(b"%%EOF")
     assert b"/MediaBox [0 0 600 450]" in pdf
+    _gif_and_mp4(frames, tmp_path)
+
+
+def _gif_and_mp4(frames: list[bytes], tmp_path) -> None:
+    import imageio.v3 as iio
+    import imageio_ffmpeg
+    import numpy as np
+
+    from rotviz import animation
+
+    assert len(frames) == 3
+    gif = iio.imread(animation.encode(frames, "gif", fps=5), index=None, extension=".gif")
+    assert gif.shape[:3] == (3, 600, 800)
+    assert np.abs(gif[0].astype(int) - gif[-1].astype(int)).max() > 0
+    path = tmp_path / "a.mp4"
+    path.write_bytes(animation.encode(frames, "mp4", fps=5))
+    reader = imageio_ffmpeg.read_frames(str(path))
+    meta = next(reader)
+    decoded = [np.frombuffer(f, np.uint8).reshape(600, 800, 3) for f in reader]
+    assert tuple(meta["size"]) == (800, 600) and len(decoded) == 3
+    assert meta["fps"] == 5
+    assert np.abs(decoded[0].astype(int) - decoded[-1].astype(int)).max() > 30
 
 
 def test_a_figure_format_is_checked_before_any_work(capfd, ws, monkeypatch):

@@ -232,7 +232,9 @@ def barrier_defaults(base: dict, residual_why: str | None) -> list[dict]:
     """The curves the Barrier page draws on its first visit (its default options and
     points), for the pair in `base`: what the app may compute ahead, after the first page
     has painted, so that the Barrier page finds them ready."""
-    return [measure_cfg(base, sp, points=BARRIER_POINTS)
+    from rotviz.measures.barrier import BARRIER
+
+    return [measure_cfg(base, sp, points=BARRIER_POINTS, **BARRIER.animate_params)
             for sp in specs.offered(specs.DEFAULT_SPECS, residual_why)]
 
 
@@ -516,6 +518,12 @@ def measure(name: str, res: Resources, cfg: dict, progress: Progress | None = No
         one = cfg.get("ref") or cfg["anchor"]
         cfg = {**cfg, "anchor": one, "source": one, "spec": "none", "layers": ""}
     c = PairConfig.of(cfg)
+    if record.match_check is not None:  # before any matching
+        from rotviz.match.selection import match_options
+
+        why = record.match_check(match_options(c.label))
+        if why:
+            raise RotvizError(why)
     sized, need, limit = at_size(res, cfg)
     if sized:
         return _measure_at_size(record, res, c, values, (need, limit), progress, cancel)

@@ -95,6 +95,31 @@ def figure_image(fig: Any, fmt: str) -> bytes:
     return render([fig], fmt)[0]
 
 
+def animation_formats() -> tuple[str, ...]:
+    """The animation files this machine can write: html always, gif and mp4 where kaleido, a
+    Chromium, imageio and imageio-ffmpeg are installed (rotviz.animation)."""
+    from rotviz.animation import FORMATS, why_not
+
+    return tuple(f for f in FORMATS if why_not(f) is None)
+
+
+def animation_file(fig: Any, fmt: str) -> bytes:
+    """An animated figure as HTML, GIF or MP4 bytes (rotviz.animation), or a one-line error
+    saying what is missing."""
+    from rotviz.animation import render
+
+    return render(fig, fmt)
+
+
+def measurement_animation(name: str, result: Mapping[str, Any]) -> Any:
+    """The animated figure a registered measurement's record makes of its result, or None
+    when the record does not animate (`Measurement.animate`)."""
+    from rotviz.measures import measurement
+
+    record = measurement(name)
+    return record.animate(result) if record.animate else None
+
+
 def measurement_files(name: str, result: Mapping[str, Any]
                       ) -> tuple[dict[str, list[dict]], dict[str, Any]]:
     """The tables and figures a registered measurement's record makes of its result (as
@@ -111,7 +136,9 @@ def measurement_zip(name: str, config: Mapping[str, Any], result: Mapping[str, A
                     images: bool = True) -> bytes:
     """A measurement's whole run as a zip (`run_zip`), its table and figure from its record."""
     tables, figures = measurement_files(name, result)
-    return run_zip(config, {name: result}, tables, figures, images)
+    anim = measurement_animation(name, result)
+    return run_zip(config, {name: result}, tables, figures, images,
+                   {name: anim} if anim is not None else None)
 
 
 def run_zip(
@@ -120,9 +147,12 @@ def run_zip(
     tables: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
     figures: Mapping[str, Any] | None = None,
     images: bool = True,
+    animations: Mapping[str, Any] | None = None,
 ) -> bytes:
     """A whole run as a zip: config.json, versions.json, results.json, tables as CSV, figures
-    as HTML, and as PNG (`images`, where kaleido and a Chromium are installed: rotviz.images)."""
+    as HTML, and as PNG (`images`, where kaleido and a Chromium are installed: rotviz.images),
+    and animated figures as HTML that plays offline (a GIF or MP4 is a download of its own:
+    drawing every frame takes a second or more each)."""
     buf = io.BytesIO()
     stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
@@ -135,6 +165,8 @@ def run_zip(
         figures = dict(figures or {})
         for name, fig in figures.items():
             z.writestr(f"figures/{name}.html", figure_html(fig))
+        for name, fig in (animations or {}).items():
+            z.writestr(f"animations/{name}.html", animation_file(fig, "html"))
         if images and figures and static_formats():  # all drawn in one browser
             from rotviz.images import render
 
