@@ -59,7 +59,8 @@ with st.form("measure_form"):
                                   format_func=style.nice_label)]
         else:
             specs = st.multiselect("Matchings (once each, in this order)", choices, default,
-                                   format_func=style.nice_label, key=f"x_{name}_specs")
+                                   format_func=style.nice_label, key=f"x_{name}_specs",
+                                   bind="query-params")
     cols = st.columns(3)
     # what the record's animation needs (the barrier's answers on 4 inputs) starts on
     params = {p.name: common.param_input(cols[i % 3], p, f"x_{name}_{p.name}",

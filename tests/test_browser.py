@@ -149,6 +149,7 @@ def test_every_page_in_chromium(server, tmp_path):
                 assert page.get_by_text("Interpolating: computed on open: done in").count() == 1
             tables_fit(page, name)
         gallery(page, server)
+        ladder(page, server, tmp_path)
         page.goto(f"{server}/barrier?n={N}&b_points=7")
         drawn(page)
         page.locator("[data-testid='stFormSubmitButton'] button").first.click()
@@ -213,6 +214,49 @@ def gallery(page, server: str) -> None:
     assert fig[0] == e.title and "distance" in fig[1] and fig[2] and fig[3] is True, fig
     assert set(fig[4]) <= set(OKABE_ITO), fig[4]
     assert page.get_by_text("rotviz distances", exact=False).count() >= 1
+
+
+def ladder(page, server: str, tmp_path) -> None:
+    """The symmetry ladder on the Measure page (rungs none and seed asked for in the URL, the
+    whole test split): Run draws it; the align-to-self rung reads 0.0000 for barrier and
+    distance, and every rung's barrier and distance equal `rotviz ladder`'s for the same
+    options (1e-6)."""
+    import json
+
+    from rotviz.app import roots as app_roots
+    from rotviz.cli import main
+    from rotviz.plots.style import OKABE_ITO, nice_label
+
+    try:
+        pair = app_roots.default_pair([app_roots.DEFAULT_ROOT])
+    except Exception:  # the server runs on two random ViTs: their ladder is not the zoo's
+        return
+    specs = ["none", "seed"]
+    page.goto(f"{server}/measure?x_name=ladder&x_ladder_points=5&"
+              + urlencode({"x_ladder_specs": [nice_label(sp) for sp in specs]}, doseq=True))
+    drawn(page)
+    page.locator("[data-testid='stFormSubmitButton'] button").first.click()
+    page.wait_for_selector(".js-plotly-plot", timeout=180_000)
+    drawn(page)
+    assert page.locator("[data-testid='stException']").count() == 0
+    fig = page.evaluate("() => { const p = document.querySelector('.js-plotly-plot');"
+                        " return [p.layout.title.text, p.layout.xaxis.title.text,"
+                        " p.layout.yaxis.title.text, p.layout.showlegend,"
+                        " p.data.filter(t => t.type === 'bar').map(t => [t.name,"
+                        " Array.from(t.x), Array.from(t.text), t.marker.color])]; }")
+    title, x_title, y_title, legend, bars = fig
+    assert title.startswith("The symmetry ladder") and "barrier" in x_title and y_title, fig
+    assert legend is True and {b[3] for b in bars} <= {*OKABE_ITO, "#000000"}, bars
+    barrier, distance = (next(b for b in bars if b[0] == n) for n in
+                         ("loss barrier", "distance to the anchor"))
+    own = [b for b in bars if b[3] == "#000000"]  # align-to-self, one bar per panel
+    assert [b[2][0] for b in own[:2]] == ["0.0000", "0.0000"], own
+    out = tmp_path / "ladder.json"
+    argv = ["ladder", *pair, "--data", "digits", "--points", "5", "--json", str(out)]
+    assert main(argv + [a for sp in specs for a in ("--match", sp)]) == 0
+    cli = [r for r in json.loads(out.read_text())["rungs"] if r["kind"] != "self"]
+    assert barrier[1] == pytest.approx([r["barrier"] for r in cli], abs=1e-6)
+    assert distance[1] == pytest.approx([r["distance"] for r in cli], abs=1e-6)
 
 
 def test_a_page_url_as_a_fresh_servers_first_request(tmp_path):
