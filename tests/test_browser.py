@@ -231,9 +231,12 @@ def ladder(page, server: str, tmp_path) -> None:
         pair = app_roots.default_pair([app_roots.DEFAULT_ROOT])
     except Exception:  # the server runs on two random ViTs: their ladder is not the zoo's
         return
-    specs = ["none", "seed"]
-    page.goto(f"{server}/measure?x_name=ladder&x_ladder_points=5&"
-              + urlencode({"x_ladder_specs": [nice_label(sp) for sp in specs]}, doseq=True))
+    from rotviz.measures import measurement
+
+    specs = ["none", "seed"]  # the URL holds what the widgets show: labels
+    page.goto(f"{server}/measure?x_ladder_points=5&" + urlencode(
+        {"x_name": measurement("ladder").label,
+         "x_ladder_specs": [nice_label(sp) for sp in specs]}, doseq=True))
     drawn(page)
     page.locator("[data-testid='stFormSubmitButton'] button").first.click()
     page.wait_for_selector(".js-plotly-plot", timeout=180_000)
