@@ -5,6 +5,7 @@ import streamlit as st
 
 from app_pages import common
 from rotviz import app
+from rotviz.app import summaries
 from rotviz.app.specs import DEFAULT_SPECS, SPEC_CHOICES
 from rotviz.errors import RotvizError
 from rotviz.limits import MAX_LAYERS_TEXT
@@ -19,7 +20,8 @@ st.markdown(
     "Walk in a straight line from the anchor (α = 0) to the source (α = 1) and measure the "
     "test loss on the way. Two unrelated models have a **barrier**: a bump in the middle, "
     "where the average of their weights is a bad model. Matching the source first (moving it "
-    "inside its symmetry class, without changing what it computes) lowers the bump."
+    "inside its symmetry class, without changing what it computes) often lowers the bump; "
+    "below the table, the page says what each matching did on this pair."
 )
 
 offered, residual_why = common.offered_specs(s, SPEC_CHOICES)
@@ -73,6 +75,39 @@ def at_alpha(curves: list[dict]) -> None:
             col.caption(f"{style.metric_label(k)} {values[i]:.3f}", help=style.metric_help(k))
 
 
+# The summary table's columns: short headers (the table fits the page at 1280 px, sidebar
+# open), each explained on hover; the export keeps the long names and the SPEC.
+COLUMNS = {
+    "matching": st.column_config.TextColumn("matching", help="the matching option"),
+    "barrier": st.column_config.NumberColumn(
+        "barrier", format="%.4f", help="largest rise of the test loss above the straight line "
+                                       "between the end points (nats)"),
+    "loss range": st.column_config.NumberColumn(
+        "loss range", format="%.4f", help="max − min of the test loss on the path (nats): "
+                                          "the seed paper's barrier"),
+    "loss at α=0.5": st.column_config.NumberColumn(
+        "loss α=½", format="%.4f", help="test loss of the average of the two (α = 0.5)"),
+    "accuracy at α=0.5": st.column_config.NumberColumn(
+        "acc. α=½", format="%.4f", help="test accuracy of the average of the two (α = 0.5)"),
+    "distance before": st.column_config.NumberColumn(
+        "dist. before", format="%.2f", help="Euclidean distance source → anchor before matching"),
+    "distance after": st.column_config.NumberColumn(
+        "dist. after", format="%.2f", help="Euclidean distance source → anchor after matching"),
+    "max logit diff": st.column_config.NumberColumn(
+        "logit diff", format="%.1e", help="largest logit difference, source vs matched source "
+                                          "(the function check)"),
+    "function preserved": st.column_config.CheckboxColumn(
+        "preserved", help="function preserved: the logit difference is within the tolerance"),
+}
+
+
+def summary_table(rows: list[dict]) -> None:
+    """The per-matching summary as a table that fits the page (the SPEC column is left to
+    the export)."""
+    st.dataframe([{k: v for k, v in r.items() if k != "spec"} for r in rows], hide_index=True,
+                 column_config=COLUMNS)
+
+
 def body() -> None:
     from rotviz.match.pipeline import FUNCTION_TOLERANCE
 
@@ -112,7 +147,7 @@ def body() -> None:
                                                          grid=grid, seed=s.base()["seed"]),
                                 step.detail)
     fig_loss = bplots.barrier_curves(curves, "loss", s.font)
-    fig_acc = bplots.barrier_curves(curves, "acc", s.font)
+    fig_acc = bplots.barrier_curves(curves, "acc", s.font, acc_range=s.acc_axis())
     note.empty()
     with live:
         common.chart(fig_loss, "barrier_loss")
@@ -127,28 +162,16 @@ def body() -> None:
         "distance after": c["distance_after"], "max logit diff": c["max_output_diff"],
         "function preserved": c["preserved"],
     } for c in curves]
-    st.dataframe(rows, hide_index=True, column_config={
-        k: st.column_config.NumberColumn(format="%.4f") for k in
-        ("barrier", "loss range", "loss at α=0.5", "accuracy at α=0.5", "distance before",
-         "distance after")} | {"max logit diff": st.column_config.NumberColumn(format="%.1e")})
-    by_spec = {c["match"]: c for c in curves}
-    best = min((c for c in curves if c["match"] != "none"), key=lambda c: c["barrier"],
-               default=None)
-    if "none" in by_spec and best is not None:
-        base_c = by_spec["none"]
-        if best["barrier"] < base_c["barrier"]:
-            st.success(f"Matching lowers the barrier: {base_c['barrier']:.3f} without matching, "
-                       f"{best['barrier']:.3f} with {style.nice_label(best['match'])}.",
-                       icon=":material/trending_down:")
-        else:
-            st.info(
-                f"On this pair matching moved the source closer (distance "
-                f"{base_c['distance_after']:.2f} → {best['distance_after']:.2f}) but did not "
-                f"lower the barrier ({base_c['barrier']:.3f} → {best['barrier']:.3f}). "
-                "Data-free matching of independently trained models often closes distance "
-                "more than it closes the barrier; a pair that shares more (for example two "
-                "fine-tunes of one base) usually shows a clearer drop.",
-                icon=":material/info:")
+    summary_table(rows)
+    verdict = summaries.barrier_verdict(curves)
+    if verdict is not None:
+        show, icon = {"lowered": (st.success, ":material/trending_down:"),
+                      "raised": (st.warning, ":material/trending_up:"),
+                      "mixed": (st.info, ":material/info:")}[verdict["kind"]]
+        show(verdict["text"] + ("" if verdict["kind"] == "lowered" else
+             "\n\nData-free matching of independently trained models often closes distance "
+             "more than it closes the barrier; a pair that shares more (for example two "
+             "fine-tunes of one base) usually shows a clearer drop."), icon=icon)
     worst = max((c["max_output_diff"] or 0.0) for c in curves)
     common.function_badge(worst, FUNCTION_TOLERANCE, "matched source (every option)")
     common.chart(fig_acc, "barrier_acc")

@@ -22,6 +22,7 @@ app's caches and locks, shows their progress and lets the user stop them.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import threading
 import time
@@ -63,10 +64,24 @@ class Setup:
     device: str  # resolved: cpu, cuda, mps
     presenter: bool
     error: str | None = None  # a message when the pair cannot be used
+    acc_fixed: bool = False  # accuracy axes on the fixed 0-1 scale (else they follow the data)
 
     @property
     def font(self) -> int:
         return PRESENTER_FONT if self.presenter else FONT
+
+    def acc_range(self, values) -> list[float]:
+        """One accuracy axis range for charts that are compared (rotviz.plots.style)."""
+        from rotviz.plots.style import acc_range
+
+        return acc_range(values, self.acc_fixed)
+
+    def acc_axis(self) -> list[float] | None:
+        """The range a single chart's accuracy axis gets: the fixed 0-1 scale, or None (the
+        chart follows its own data)."""
+        from rotviz.plots.style import ACC_FIXED
+
+        return list(ACC_FIXED) if self.acc_fixed else None
 
     def base(self) -> dict[str, Any]:
         """The part of every run's configuration that the sidebar decides."""
@@ -128,24 +143,28 @@ def sidebar() -> Setup:
                  help="Set both models to one of the zoo's pairs.")
     typed = {k: _typed(k) for k in ("anchor_path", "source_path", "data_path")}
     anchor = sb.selectbox(
-        "Anchor (model 2, stays fixed)", choices,
+        "Anchor (model 1, stays fixed)", choices,
         index=choices.index(pair[0]) if pair[0] in choices else 0,
         format_func=app_roots.model_label, key="anchor", bind="query-params",
         disabled=bool(typed["anchor_path"]),
-        help="The model the other one is moved towards. Zoo entries and folders under the "
-             f"model roots ({app_roots.ENV_ROOTS}). A folder typed below replaces it.",
+        help="The model the other one is moved towards: the first model of `rotviz barrier "
+             "ANCHOR SOURCE`. Zoo entries, folders under the model roots "
+             f"({app_roots.ENV_ROOTS}) and, when the Hugging Face cache lies under a root, its "
+             "models (hf-cache:ORG/NAME[@REVISION]). A folder typed below replaces it.",
     )
     source = sb.selectbox(
-        "Source (model 1, gets matched)", choices,
+        "Source (model 2, gets matched)", choices,
         index=choices.index(pair[1]) if pair[1] in choices else min(1, len(choices) - 1),
         format_func=app_roots.model_label, key="source", bind="query-params",
         disabled=bool(typed["source_path"]),
-        help="The model that is permuted, rotated and rescaled onto the anchor. A folder "
-             "typed below replaces it.",
+        help="The model that is permuted, rotated and rescaled onto the anchor: the second "
+             "model of `rotviz barrier ANCHOR SOURCE`. A folder typed below replaces it.",
     )
     error = None
     with sb.expander("Use a folder instead", expanded=any(typed.values())):
-        st.caption("Folders under: " + ", ".join(str(r) for r in app_roots.model_roots()))
+        st.caption("Folders under: " + ", ".join(str(r) for r in app_roots.model_roots())
+                   + "; or ORG/NAME[@REVISION], a model of the local Hugging Face cache "
+                   "when the cache lies under one of them (a folder of that path wins)")
         a_path = st.text_input("anchor folder", key="anchor_path", bind="query-params")
         s_path = st.text_input("source folder", key="source_path", bind="query-params")
         d_path = st.text_input("data (KIND:PATH, e.g. csv:data/train.csv)", key="data_path",
@@ -190,11 +209,18 @@ def sidebar() -> Setup:
     note = device_note(device)
     if note:
         sb.caption(note)
+    sb.markdown("### Display")
+    acc_fixed = sb.toggle("Accuracy axes on the fixed 0-1 scale", key="acc01",
+                          bind="query-params",
+                          help="Off: each accuracy axis spans its data, so curves near 0.15 "
+                               "are not flat lines. On: every accuracy axis spans 0-1, to "
+                               "compare figures at a glance. Charts shown side by side to be "
+                               "compared always share one scale.")
     presenter = sb.toggle("Presenter mode", key="present", bind="query-params",
               help="Wide layout, large fonts, controls hidden. Turn off with the button on top "
                    "or by removing present from the URL.")
     setup = Setup(anchor or "", source or "", data, seed, n_eval, device.type, bool(presenter),
-                  error)
+                  error, bool(acc_fixed))
     st.session_state["_setup"] = setup
     return setup
 
@@ -235,6 +261,15 @@ def presenter_style(presenter: bool) -> None:
 
 
 # ---- caches ----------------------------------------------------------------------------------
+
+
+# What the current script run's open progress box counts (results computed, results from the
+# cache), and what started the computation the next box shows ("run", "open" or None). Context
+# variables: each session's script runs in its own thread, so no two sessions share them.
+_TALLY: contextvars.ContextVar[dict[str, int] | None] = contextvars.ContextVar(
+    "rotviz_tally", default=None)
+_TRIGGER: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "rotviz_trigger", default=None)
 
 
 @st.cache_resource(show_spinner=False)
@@ -397,7 +432,11 @@ def compute(kind: str, cfg: dict, progress: Progress | None = None,
     cache when possible (keyed by a hash of kind and configuration; every caller gets its own
     copy). While it computes, `progress(done, total, message)` hears from the long steps
     (matching); `cancel()` returning True stops a training measurement (`stopper`), and
-    nothing of it is cached."""
+    nothing of it is cached. Inside a `progress` box, the box counts what came from the
+    cache and what was computed."""
+    tally = _TALLY.get()
+    if tally is not None:
+        tally["cached" if is_cached(kind, cfg) else "computed"] += 1
     return _compute(resources(), kind, cfg, progress, cancel)
 
 
@@ -453,8 +492,9 @@ def _params_in(res: AppResources, refs) -> int:
 
 def should_run(page: str, submitted: bool, s: Setup) -> bool:
     """Compute when Run was pressed, once it has been in this session, or at once for a
-    small pair (the default pair shows results on first paint); never right after the user
-    stopped a run on this page, until Run is pressed again."""
+    small pair (the default pair shows results on first paint, and says so in a note);
+    never right after the user stopped a run on this page, until Run is pressed again.
+    What started the run is what the next progress box reports (`progress`)."""
     flag, stopped = f"_ran_{page}", f"_stopped_{page}"
     if submitted:
         st.session_state[flag] = True
@@ -463,7 +503,17 @@ def should_run(page: str, submitted: bool, s: Setup) -> bool:
         st.warning("Stopped. Nothing from the stopped run was kept or cached.",
                    icon=":material/stop_circle:")
         return False
-    return bool(st.session_state.get(flag)) or params_in_pair(s) <= SMALL_PAIR
+    if submitted or st.session_state.get(flag):
+        _TRIGGER.set("run" if submitted else None)
+        return True
+    n = params_in_pair(s)
+    if n > SMALL_PAIR:
+        return False
+    _TRIGGER.set("open")
+    st.caption(f":material/bolt: **Computed on open**: this pair is small ({n:,} parameters, "
+               f"at most {SMALL_PAIR:,}), so the page computes its settings without a click. "
+               "Change them and press **Run** to compute others; a larger pair waits for Run.")
+    return True
 
 
 def section_wanted(page: str, submitted: bool) -> bool:
@@ -481,6 +531,7 @@ def section_wanted(page: str, submitted: bool) -> bool:
     if not st.session_state.get(flag):
         st.info("Press **Run** to compute this section.", icon=":material/play_arrow:")
         return False
+    _TRIGGER.set("run" if submitted else None)
     return True
 
 
@@ -567,8 +618,17 @@ class Steps:
 @contextlib.contextmanager
 def progress(label: str, steps: int, stop: str | None = None) -> Iterator[Steps]:
     """An `st.status` box with a progress bar; yields `step` (see `Steps`). With `stop` (the
-    page's name) a Stop button appears while something is being computed."""
+    page's name) a Stop button appears while something is being computed.
+
+    When done, the box says what ran and how: "Run" when the user pressed Run (with a
+    toast, so that a Run answered from the cache in 0.1 s visibly did something), "computed
+    on open" for a small pair's first results, the seconds it took, and how many results
+    were computed and how many came from the cache (`done_label`)."""
     t0 = time.perf_counter()
+    trigger = _TRIGGER.get()
+    _TRIGGER.set(None)  # one box reports one decision
+    tally = {"cached": 0, "computed": 0}
+    token = _TALLY.set(tally)
     box = st.status(label, expanded=False)
     bar = box.progress(0.0)
     slot = st.empty() if stop else None
@@ -581,10 +641,29 @@ def progress(label: str, steps: int, stop: str | None = None) -> Iterator[Steps]
         box.update(label=f"{label}: failed", state="error", expanded=True)
         box.error(str(e))
         raise
+    finally:
+        _TALLY.reset(token)
     if slot is not None:
         slot.empty()
     bar.progress(1.0, text="done")
-    box.update(label=f"{label}: done in {time.perf_counter() - t0:.1f} s", state="complete")
+    text = done_label(time.perf_counter() - t0, tally["computed"], tally["cached"], trigger)
+    box.update(label=f"{label}: {text}", state="complete")
+    if trigger == "run":
+        st.toast(f"{label}: {text}", icon=":material/play_arrow:")
+
+
+def done_label(seconds: float, computed: int, cached: int, trigger: str | None) -> str:
+    """What a finished progress box says: what started it, how long it took, and how many
+    results were computed or came from the cache (same settings as an earlier run, or
+    computed ahead while another page was open)."""
+    how = {"run": "Run: ", "open": "computed on open: "}.get(trigger or "", "")
+    if cached and not computed:
+        counts = (f", all {cached} from the cache (computed earlier with these settings)"
+                  if cached > 1 else ", from the cache (computed earlier with these settings)")
+    else:
+        counts = "".join(f", {n} {what}" for n, what in ((computed, "computed"),
+                                                          (cached, "from the cache")) if n)
+    return f"{how}done in {seconds:.1f} s{counts}"
 
 
 def guard(fn: Callable[[], Any]) -> Any:
@@ -664,6 +743,21 @@ def param_input(where: Any, p: Any, key: str, value: Any = None) -> Any:
     small = not p.bound.integer and 0 < abs(float(p.default)) < 0.01
     return where.number_input(p.title, lo, hi, value, None if step is None else cast(step),
                               format="%g" if small else None, **common)
+
+
+def table(rows: Sequence[dict], column_config: dict | None = None) -> None:
+    """A table that fits the page: every real-valued column shown to 4 significant digits,
+    and a text column that holds one value in every row said once above it instead (the
+    exports keep every column and every digit); `column_config` overrides."""
+    same = {k: v for k, v in rows[0].items() if isinstance(v, str)} if len(rows) > 1 else {}
+    same = {k: v for k, v in same.items() if all(r.get(k) == v for r in rows)}
+    if same:
+        st.caption(" · ".join(f"{k}: {v}" for k, v in same.items()))
+    reals = {k for r in rows for k, v in r.items() if isinstance(v, float)}
+    st.dataframe([{k: v for k, v in r.items() if k not in same} for r in rows],
+                 hide_index=True, column_config={
+                     k: st.column_config.NumberColumn(format="%.4g") for k in reals}
+                 | (column_config or {}))
 
 
 def chart(fig, key: str) -> None:

@@ -100,7 +100,7 @@ def table_of(name: str, result: dict) -> None:
     tables, _ = measurement_files(name, result)
     for rows in tables.values():
         with st.expander("Table", icon=":material/table:"):
-            st.dataframe(rows, hide_index=True)
+            common.table(rows)
 
 
 # ---- 1. a slice around a point ----------------------------------------------------------------
@@ -138,7 +138,7 @@ def slice_body() -> None:
         step(f"{g} x {g} grid around {where}" if slice_values["dims"] == 2
              else f"{g} points around {where}")
         result = common.compute("slice", cfg, step.detail)
-    fig = splots.slice_figure(result, log=log, font_size=s.font)
+    fig = splots.slice_figure(result, log=log, font_size=s.font, acc_range=s.acc_axis())
     common.chart(fig, "land_slice")
     st.caption(f"Centre: {where}, test loss {result['centre_loss']:.4f} nats (accuracy "
                f"{result['centre_acc']:.3f}). Axes are in direction units: 1 moves each "

@@ -176,6 +176,32 @@ def beyond(res: dict) -> tuple[dict, dict]:
     return figures, tables
 
 
+def _head_columns() -> dict:
+    """Short headers for the per-head table (it fits the page at 1280 px, sidebar open),
+    each explained on hover."""
+    out = {}
+    for kind, name in (("qk", "QK"), ("vo", "VO")):
+        out |= {
+            f"{kind}_singular_sum": st.column_config.NumberColumn(
+                f"{name} σ sum", format="%.3f",
+                help=f"sum of the singular values of the {name} cross matrix"),
+            f"{kind}_mean_angle_deg": st.column_config.NumberColumn(
+                f"{name} angle°", format="%.1f",
+                help=f"mean rotation angle of the {name} map (degrees)"),
+            f"{kind}_det": st.column_config.NumberColumn(
+                f"{name} det", format="%.2f", help=f"determinant of the {name} map: -1 is a "
+                                                  "reflection"),
+            f"{kind}_scale": st.column_config.NumberColumn(
+                f"{name} scale", format="%.3f", help=f"the {name} rescaling of the head"),
+        }
+    out["ffn_moved"] = st.column_config.NumberColumn(
+        "FFN moved", help="FFN neurons of this layer the permutation moved")
+    return out
+
+
+HEAD_COLUMNS = _head_columns()
+
+
 def body() -> None:
     if not common.require_pair(s):
         return
@@ -241,8 +267,9 @@ def body() -> None:
                      f"({row['max_output_diff']:.2e})")
     heads = summaries.head_rows(res)
     with st.expander("Per layer and head: what matching did"):
-        if heads:
-            st.dataframe(heads, hide_index=True)
+        if heads:  # the SPEC is the subheader's; the export keeps it in every row
+            st.dataframe([{k: v for k, v in h.items() if k != "spec"} for h in heads],
+                         hide_index=True, column_config=HEAD_COLUMNS)
         else:
             st.write("No attention matching in this option set.")
     common.export("match", {"page": "match", **base, **app.spec_cfg(spec, steps)},

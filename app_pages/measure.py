@@ -1,12 +1,16 @@
 """Measure: any registered measurement (rotviz.measures) of the pair, its parameters drawn
-from its record. A measurement a plug-in registers appears here with nothing else to write."""
+from its record. A measurement a plug-in registers appears here with nothing else to write.
+
+A record that takes other inputs than one matched pair (`Measurement.inputs`: the symmetry
+ladder, series of checkpoints, N models) gets its references (the sidebar's pair where it
+names an anchor and a source), its matchings, once each, and computes on Run only."""
 
 import streamlit as st
 
 from app_pages import common
 from rotviz import app
 from rotviz.app.export import measurement_files
-from rotviz.app.specs import SPEC_CHOICES
+from rotviz.app.specs import SPEC_CHOICES, spec_label
 from rotviz.limits import MAX_LAYERS_TEXT
 from rotviz.measures import measurements
 from rotviz.plots import style
@@ -27,17 +31,53 @@ name = st.selectbox("Measurement", list(RECORDS), format_func=lambda n: RECORDS[
 record = RECORDS[name]
 st.caption(record.describe() + ("" if record.pair else " (of the anchor alone: the matching "
                                                        "below does not apply)"))
+inputs = record.inputs
+PAIR = {"anchor": s.anchor, "source": s.source}  # what the sidebar fills in
 
 with st.form("measure_form"):
-    c = st.columns(2)
-    spec = c[0].selectbox("Matching", offered, offered.index("seed"),
-                          format_func=style.nice_label, key="x_spec", bind="query-params")
-    layers = c[1].text_input("Layers to match (empty = all)", "", key="x_layers",
-                             max_chars=MAX_LAYERS_TEXT, bind="query-params")
+    if inputs is None:
+        c = st.columns(2)
+        spec = c[0].selectbox("Matching", offered, offered.index("seed"),
+                              format_func=style.nice_label, key="x_spec", bind="query-params")
+        layers = c[1].text_input("Layers to match (empty = all)", "", key="x_layers",
+                                 max_chars=MAX_LAYERS_TEXT, bind="query-params")
+    else:
+        c = st.columns(len(inputs.args))
+        texts = [c[i].text_input(arg, PAIR.get(arg, ""), key=f"x_{name}_{arg}", help=text
+                                 + (" (comma-separated)" if inputs.least else ""))
+                 for i, (arg, text) in enumerate(inputs.args)]
+        refs = [r.strip() for t in texts for r in (t.split(",") if inputs.least else [t])
+                if r.strip()]
+        # the record's own matchings first (its rungs, in order), then the others offered,
+        # each meaning once ('act' and 'weight,act' are one)
+        mine = {spec_label(sp) for sp in inputs.default_specs}
+        choices = common.offered_specs(s, inputs.default_specs + tuple(
+            sp for sp in SPEC_CHOICES if spec_label(sp) not in mine))[0]
+        default = [sp for sp in inputs.default_specs if sp in choices]
+        if inputs.one_spec:
+            specs = [st.selectbox("Matching", choices, key=f"x_{name}_spec",
+                                  format_func=style.nice_label)]
+        else:
+            specs = st.multiselect("Matchings (once each, in this order)", choices, default,
+                                   format_func=style.nice_label, key=f"x_{name}_specs")
     cols = st.columns(3)
     params = {p.name: common.param_input(cols[i % 3], p, f"x_{name}_{p.name}")
               for i, p in enumerate(record.parameters())}
     submitted = st.form_submit_button("Run", type="primary", icon=":material/play_arrow:")
+
+
+def show(result: dict, cfg: dict) -> None:
+    """The record's figure, its text (`extra["markdown"]`) and table, and the export."""
+    tables, figures = measurement_files(name, result)
+    for key, fig in figures.items():
+        common.chart(fig, f"measure_{key}")
+    markdown = record.extra.get("markdown")
+    if markdown is not None:
+        st.markdown(markdown(result))
+    for rows in tables.values():
+        common.table(rows)
+    common.export(name, {"page": "measure", "measurement": name, **cfg}, result, tables,
+                  figures)
 
 
 def body() -> None:
@@ -51,13 +91,22 @@ def body() -> None:
         step(f"{record.label}: matching with {style.nice_label(spec)}, then measuring")
         result = common.compute(name, cfg, step.detail)
     common.function_badge(result.get("max_output_diff"), result["tolerance"])
-    tables, figures = measurement_files(name, result)
-    for key, fig in figures.items():
-        common.chart(fig, f"measure_{key}")
-    for rows in tables.values():
-        st.dataframe(rows, hide_index=True)
-    common.export(name, {"page": "measure", "measurement": name, **cfg}, result, tables,
-                  figures)
+    show(result, cfg)
 
 
-common.guard(body)
+def inputs_body() -> None:
+    """A record of other inputs: computed on Run only (it matches once per matching)."""
+    if not specs:
+        st.warning("Pick at least one matching.")
+        return
+    cfg = app.inputs_cfg(s.base(), refs, specs, **params)
+    with common.progress("Measuring", 1, stop=f"measure_{name}") as step:
+        step(f"{record.label}: {len(specs)} matching(s)")
+        result = common.compute(name, cfg, step.detail, common.stopper())
+    show(result, cfg)
+
+
+if inputs is None:
+    common.guard(body)
+elif common.section_wanted(f"measure_{name}", submitted):
+    common.guard(inputs_body)

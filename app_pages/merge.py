@@ -45,7 +45,8 @@ with st.form("merge_form"):
     if residual_why is not None:
         c[1].caption(f"Residual stream options are not offered for this pair: {residual_why}.")
     base_ref = st.text_input(
-        "Base model of the methods that need one (zoo:NAME or a model folder; empty: none)",
+        "Base model of the methods that need one (zoo:NAME, a model folder or a cached "
+        "ORG/NAME[@REVISION]; empty: none)",
         "", key="g_base", bind="query-params",
         help="The model both were fine-tuned from: task vectors are taken from it. It is never "
              "matched (only the source is), so it must share the anchor's basis.")
@@ -93,15 +94,19 @@ def body() -> None:
             for m in t["methods"] for sp in t["specs"]]
     refs = {f"anchor ({t['anchor_acc']:.3f})": t["anchor_acc"],
             f"source ({t['source_acc']:.3f})": t["source_acc"]}
-    fig = mplots.fusion_chart(rows, "acc", s.font, refs)
-    common.chart(fig, "merge_chart")
     f1 = next((k for k in ("entity_f1", "macro_f1") if k in (t.get("anchor_scores") or {})),
               None)
+    f1_refs = {} if f1 is None else {
+        f"anchor ({t['anchor_scores'][f1]:.3f})": t["anchor_scores"][f1],
+        f"source ({t['source_scores'][f1]:.3f})": t["source_scores"][f1]}
+    # accuracy and F1 are read side by side: one scale over both
+    shared = mplots.bar_range([r[k] for r in rows for k in ("acc", f1) if k in r]
+                              + [*refs.values(), *f1_refs.values()], s.acc_fixed)
+    fig = mplots.fusion_chart(rows, "acc", s.font, refs, shared)
+    common.chart(fig, "merge_chart")
     figs = {"fusion": fig}
     if f1 is not None:  # the seed paper's Table 1 scores merges by F1
-        a_f1, s_f1 = t["anchor_scores"][f1], t["source_scores"][f1]
-        figs["fusion_f1"] = mplots.fusion_chart(
-            rows, f1, s.font, {f"anchor ({a_f1:.3f})": a_f1, f"source ({s_f1:.3f})": s_f1})
+        figs["fusion_f1"] = mplots.fusion_chart(rows, f1, s.font, f1_refs, shared)
         common.chart(figs["fusion_f1"], "merge_chart_f1")
         st.caption(f"{style.metric_label(f1)}: {style.metric_help(f1)}.")
     best = max(rows, key=lambda r: r["acc"])
@@ -171,7 +176,7 @@ def sweep() -> None:
             step(f"{style.nice_label(sp)}: {sw_points} merges")
             runs.append(common.compute("merge_sweep", app.measure_cfg(
                 s.base(), sp, "", steps, **values), step.detail))
-    fig = mplots.sweep_chart(runs, "acc", s.font)
+    fig = mplots.sweep_chart(runs, "acc", s.font, s.acc_axis())
     common.chart(fig, "merge_sweep_chart")
     rows = [{"matching": style.nice_label(r["match"]), sw_param: x, "acc": a, "loss": lo}
             for r in runs for x, a, lo in zip(r["values"], r["acc"], r["loss"], strict=True)]
@@ -222,7 +227,7 @@ def many_body() -> None:
         step(f"{len(refs)} models, matching {style.nice_label(many_spec)}")
         r = common.compute("many", cfg, step.detail)
     figs = {"many": manyplots.distance_matrices(r, s.font),
-            "many_merged": manyplots.merged_by_count(r, s.font)}
+            "many_merged": manyplots.merged_by_count(r, s.font, s.acc_axis())}
     common.chart(figs["many"], "many_matrices")
     common.chart(figs["many_merged"], "many_merged")
     ended = "one pass" if r["to"] == "anchor" else f"{r['rounds']} round(s), {r['ended']}"

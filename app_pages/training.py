@@ -81,7 +81,7 @@ def section(name: str, refs: list[str], values: dict, draw, what: str) -> dict |
     tables, _ = measurement_files(name, result)
     with st.expander("Table", icon=":material/table:"):
         for rows in tables.values():
-            st.dataframe(rows, hide_index=True)
+            common.table(rows)
     common.export(name, {"page": "training", **cfg}, result, tables, {name: fig})
     return result
 
@@ -91,9 +91,10 @@ def section(name: str, refs: list[str], values: dict, draw, what: str) -> dict |
 st.header("1. The barrier between two runs over training", anchor="training")
 st.markdown(
     "Each series is a folder of `checkpoint-<step>/` model folders (Hugging Face Trainer's "
-    "layout), `zoo:NAME`, or `hf-cache:ORG/NAME` (the `step<N>` revisions in the local "
-    "Hugging Face cache, when the cache lies under the model roots). Steps are paired by "
-    "number. The zoo's two runs share their start, so their barrier is 0 at step 0."
+    "layout), `zoo:NAME`, or `ORG/NAME` from the local Hugging Face cache (its `step<N>` "
+    "revisions, or those named: `ORG/NAME@step1000,step2000`; when the cache lies under the "
+    "model roots). Steps are paired by number. The zoo's two runs share their start, so "
+    "their barrier is 0 at step 0."
 )
 t_run, t_refs, t_values = form("training", {"a": ("Series A", SERIES[0]),
                                             "b": ("Series B", SERIES[1])})

@@ -5,7 +5,8 @@ and two models about it; rotviz.random_models.save_random_sharded), then merges 
 the base with TIES twice, each in a fresh process: `rotviz merge --max-memory 0` (block by
 block, the merged model evaluated on a short text and written) and mergekit 0.1.5's
 `run_merge` on the YAML that rotviz's `--mergekit-config` writer makes for the same merge.
-Records seconds and each process's peak resident memory (the kernel's high-water mark).
+Records seconds, CPU seconds (user and system: what the other work on a shared machine
+inflates less) and each process's peak resident memory (the kernel's high-water mark).
 Targets: rotviz's peak <= 25% of the pair's bytes + 1.5 GB; time within 1.5x of mergekit's.
 Writes the section `merge-size-<shape>` of bench/RESULTS.md.
 
@@ -27,10 +28,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.results import RESULTS, machine, write_section  # noqa: E402
-from bench.stream import RUN, SHAPES  # noqa: E402
+from bench.stream import RUN, SHAPES, baseline  # noqa: E402
 
 MERGEKIT = """
-import json, sys, time
+import json, resource, sys, time
 import yaml
 from mergekit.config import MergeConfiguration
 from mergekit.merge import run_merge
@@ -40,8 +41,10 @@ cfg = MergeConfiguration.model_validate(yaml.safe_load(open(sys.argv[2]).read())
 t = time.perf_counter()
 run_merge(cfg, sys.argv[3], MergeOptions(cuda=False, copy_tokenizer=False, lazy_unpickle=True,
                                          random_seed=0, quiet=True))
+use = resource.getrusage(resource.RUSAGE_SELF)
 open(sys.argv[1], "w").write(json.dumps({"rc": 0, "seconds": time.perf_counter() - t,
-                                         "peak": resident_peak()}))
+                                         "peak": resident_peak(),
+                                         "cpu": use.ru_utime + use.ru_stime}))
 """
 
 
@@ -69,7 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     from rotviz.merging.mergekit import mergekit_config
     from rotviz.random_models import save_random_sharded
 
-    sizes = {**SHAPES[args.shape], "layers": args.layers}
+    # 64 positions: the text is read in sequences of 64 tokens
+    sizes = {**SHAPES[args.shape], "layers": args.layers, "positions": 64}
+    load = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as tmp:
         t = Path(tmp)
         t0 = time.perf_counter()
@@ -87,24 +92,33 @@ def main(argv: list[str] | None = None) -> int:
             "--out", str(t / "merged-rotviz")])
         config = t / "ties.yaml"
         config.write_text(mergekit_config("ties", values, 0.5, a, b, "bfloat16", base=base))
+        load.append(os.getloadavg()[0])
         mk = _child(MERGEKIT, t / "mergekit.json", [str(config), str(t / "merged-mergekit")])
+        load.append(os.getloadavg()[0])
     bound = 0.25 * pair + 1.5e9
+    fixed = baseline()
     lines = [
         f"TIES (density {args.density}) of two random LLaMA-layout models about a third, shape "
         f"**{args.shape}** with {args.layers} layers "
         f"({', '.join(f'{k} {v}' for k, v in sizes.items())}), bfloat16 safetensors in 4 "
-        f"shards, built in {built:.0f} s. `python bench/merge_size.py "
+        f"shards ({pair / 1e9:.2f} GB the pair), built in {built:.0f} s. "
+        "`python bench/merge_size.py "
         f"{' '.join(argv if argv is not None else sys.argv[1:])}`. Machine: {machine('cpu')}; "
         f"{os.cpu_count()} cores. rotviz: `rotviz merge --max-memory 0` (streamed; the merged "
         "model also evaluated on a short text, and written); mergekit 0.1.5: `run_merge` on the "
-        "YAML rotviz writes for the same merge (lazy unpickling, CPU).",
+        "YAML rotviz writes for the same merge (lazy unpickling, CPU). One-minute load "
+        f"average at the start, between the runs and at the end: "
+        f"{', '.join(f'{x:.1f}' for x in load)} (other work shared the machine: the seconds "
+        f"are inflated, each run's by the load of its time). A process that only imports "
+        f"what `rotviz match` runs peaks at {fixed / 1e9:.2f} GB.",
         "",
-        "| tool | seconds | peak RSS (GB) | bound 25% of the pair + 1.5 GB | target |",
-        "|---|---|---|---|---|",
+        "| tool | seconds | CPU seconds | peak RSS (GB) | bound 25% of the pair + 1.5 GB "
+        "| target |",
+        "|---|---|---|---|---|---|",
     ]
     for name, r in (("rotviz", rz), ("mergekit", mk)):
         if "seconds" not in r:
-            lines.append(f"| {name} | failed: {r.get('error', '')} | | | |")
+            lines.append(f"| {name} | failed: {r.get('error', '')} | | | | |")
             continue
         target = ""
         if name == "rotviz":
@@ -112,8 +126,8 @@ def main(argv: list[str] | None = None) -> int:
             if "seconds" in mk:
                 ratio = r["seconds"] / mk["seconds"]
                 target += f"; time {ratio:.2f}x mergekit's ({'met' if ratio <= 1.5 else 'not met'})"
-        lines.append(f"| {name} | {r['seconds']:.1f} | {r['peak'] / 1e9:.2f} | "
-                     f"{bound / 1e9:.2f} | {target} |")
+        lines.append(f"| {name} | {r['seconds']:.1f} | {r.get('cpu', 0.0):.1f} | "
+                     f"{r['peak'] / 1e9:.2f} | {bound / 1e9:.2f} | {target} |")
     if rz.get("said"):
         lines += ["", f"rotviz said: `{rz['said']}`"]
     print("\n".join(lines))

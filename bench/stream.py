@@ -41,13 +41,15 @@ SHAPES = {
 # Peaks are the kernel's high-water mark of each child's own address space (VmHWM), not
 # ru_maxrss, which also counts the parent's resident memory at the fork.
 RUN = """
-import json, sys, time
+import json, resource, sys, time
 import torch
 from rotviz.cli import main
 from rotviz.memory import resident_peak
 t = time.perf_counter()
 rc = main(sys.argv[2:])
-out = {"rc": rc, "seconds": time.perf_counter() - t, "peak": resident_peak()}
+use = resource.getrusage(resource.RUSAGE_SELF)
+out = {"rc": rc, "seconds": time.perf_counter() - t, "peak": resident_peak(),
+       "cpu": use.ru_utime + use.ru_stime}
 if torch.cuda.is_available():
     out["gpu_peak"] = torch.cuda.max_memory_allocated()
 open(sys.argv[1], "w").write(json.dumps(out))

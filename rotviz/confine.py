@@ -75,6 +75,23 @@ def parse_json(text: str | bytes, where: str | os.PathLike, remedy: str) -> Any:
         raise RotvizError(f"cannot parse '{where}' ({e.__class__.__name__}); {remedy}") from None
 
 
+def cache_stores(folder: str | os.PathLike) -> tuple[Path, ...]:
+    """Where the files of a Hugging Face cache snapshot may lead, besides the snapshot itself.
+
+    huggingface_hub lays its cache out as `CACHE/models--ORG--NAME/{refs,blobs,snapshots}`:
+    each file of `snapshots/COMMIT/` is a link into the repository's own `blobs/`, which may
+    link on into the cache-wide store `CACHE/blobs/`. For a folder at or under such a
+    snapshot (resolved), those two folders, named lexically (a `blobs/` that is itself a link
+    elsewhere does not move them); () for any other folder. Any link leading elsewhere is no
+    link of the cache's own."""
+    real = Path(folder).resolve()
+    for p in (real, *real.parents):
+        repo = p.parent.parent
+        if p.parent.name == "snapshots" and repo.name.startswith("models--"):
+            return repo / "blobs", repo.parent / "blobs"
+    return ()
+
+
 @dataclass(frozen=True)
 class Confined:
     """Reads regular files only, and, when `roots` is not empty, only files that resolve
@@ -131,7 +148,9 @@ class Confined:
     def inside(self, folder: str | os.PathLike, name: str, what: str = "file") -> Path:
         """The regular file that `name`, as written in a file of `folder` (an index entry, a
         listed shard), names: relative, no `..`, and resolving inside `folder` itself (and
-        the roots), so an index cannot point a loader anywhere else."""
+        the roots), so an index cannot point a loader anywhere else. In a Hugging Face cache
+        snapshot, a file may also resolve into the cache's blobs (`cache_stores`): the
+        cache's own links, and only those."""
         base = Path(folder).resolve()
         if not isinstance(name, str) or not name or "\0" in name:
             raise RotvizError(f"{what} {name!r} named in '{folder}' is not a file name; "
@@ -141,7 +160,8 @@ class Confined:
             raise RotvizError(f"{what} '{name}' named in '{folder}' is not a plain relative "
                               "name inside the folder; re-save the folder")
         real = self.file(base / rel, what)
-        if not real.is_relative_to(base):
+        if not real.is_relative_to(base) and not any(real.is_relative_to(s)
+                                                     for s in cache_stores(base)):
             raise RotvizError(f"{what} '{name}' in '{folder}' leads to '{real}', outside the "
                               "folder; copy the file into the folder instead")
         return real

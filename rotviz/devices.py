@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import platform
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from rotviz.errors import RotvizError
@@ -25,6 +26,23 @@ def mps_available() -> bool:
 
     mps = getattr(torch.backends, "mps", None)
     return mps is not None and mps.is_available()
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """torch's CPU operations run on this thread alone inside, and on as many threads as
+    before after. For chains of small elementwise operations (a merge's slices of rows):
+    each operation is too short for its threads to gain what their meeting at its end
+    costs, and on a machine shared with other work a thread waits for the scheduler there
+    (a TIES of 8M entries, 2 cores shared: 1.8 s on one thread, 9 to 31 s on two)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def pick_device(device: str = "auto") -> torch.device:

@@ -62,6 +62,7 @@ LOGIT_ELEMENTS = 2**25
 # 2 cores). Larger models keep torch's own threads, and one point's memory at a time.
 SIDE_BY_SIDE_PARAMS = 20_000_000
 Item = TypeVar("Item")
+Out = TypeVar("Out")
 
 
 def fit_batch(loaded: Loaded, split: Split, batch_size: int) -> int:
@@ -395,7 +396,13 @@ class Evaluator:
                       done: Callable[[int], None] | None = None) -> list[tuple[float, float]]:
         """(mean loss, accuracy) at the parameter set `make(item)` for each item, in order;
         `done(k)` after the first k (in the calling thread, so an app's progress bar and Stop
-        work; an exception raised there cancels the points not yet started).
+        work; an exception raised there cancels the points not yet started). Shared among
+        workers as `each` shares them."""
+        return self.each(lambda ev, item: ev.evaluate(make(item)), items, done)
+
+    def each(self, run: Callable[[Evaluator, Item], Out], items: Sequence[Item],
+             done: Callable[[int], None] | None = None) -> list[Out]:
+        """`run(evaluator, item)` for each item, in order, `done(k)` after the first k.
 
         On the CPU, a small model's points are shared among as many workers as the caller has
         torch threads. Each worker runs single-threaded on its own twin of the module (it
@@ -406,7 +413,7 @@ class Evaluator:
         if workers < 2:
             out = []
             for k, item in enumerate(items):
-                out.append(self.evaluate(make(item)))
+                out.append(run(self, item))
                 if done:
                     done(k + 1)
             return out
@@ -417,13 +424,13 @@ class Evaluator:
             torch.set_num_threads(1)  # this thread's own setting (OpenMP's and MKL's)
             local.twin = self.twin()
 
-        def run(item: Item) -> tuple[float, float]:
-            return local.twin.evaluate(make(item))
+        def one(item: Item) -> Out:
+            return run(local.twin, item)
 
         pool = ThreadPoolExecutor(workers, thread_name_prefix="rotviz-point", initializer=start)
         out = []
         try:
-            for k, result in enumerate(pool.map(run, items)):
+            for k, result in enumerate(pool.map(one, items)):
                 out.append(result)
                 if done:
                     done(k + 1)
@@ -459,6 +466,14 @@ def side_by_side(ev: Evaluator) -> int:
 
 
 def barrier_of(alphas: Sequence[float], loss: Sequence[float]) -> float:
-    """GLMC barrier: max over alpha of L(alpha) - ((1 - alpha) L(0) + alpha L(1))."""
+    """GLMC barrier: max over alpha of L(alpha) - ((1 - alpha) L(0) + alpha L(1)).
+
+    The line is formed as torch.lerp forms it, from the nearer end (L(0) + alpha (L(1) -
+    L(0)) below alpha 0.5, L(1) - (1 - alpha) (L(1) - L(0)) above): exact at both ends, and
+    exactly L(0) everywhere when the two end losses are equal, so a flat path (a model
+    matched onto itself) has a barrier of exactly 0, not the roundoff of (1 - alpha) L +
+    alpha L (up to 1e-16 for about half the losses)."""
     a, lo = np.asarray(alphas, dtype=float), np.asarray(loss, dtype=float)
-    return float(np.max(lo - ((1 - a) * lo[0] + a * lo[-1])))
+    rise = lo[-1] - lo[0]
+    line = np.where(a < 0.5, lo[0] + a * rise, lo[-1] - (1 - a) * rise)
+    return float(np.max(lo - line))

@@ -1,7 +1,8 @@
 """Loading, running and saving models, safely and offline.
 
 A model reference is a directory in Hugging Face `save_pretrained` format (config.json plus
-safetensors, or a pickled `pytorch_model.bin` loaded with `weights_only=True`), or `zoo:NAME`.
+safetensors, or a pickled `pytorch_model.bin` loaded with `weights_only=True`), `zoo:NAME`, or
+`ORG/NAME[@REVISION]`, a model already in the local Hugging Face cache (rotviz.hub).
 timm models use the same layout: a config.json with `architecture` (and `model_args`).
 What differs between those sources is in their adapters (rotviz.sources). Remote code is never
 run and nothing is downloaded.
@@ -18,6 +19,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from rotviz import hub
 from rotviz import zoo_registry as zoo
 from rotviz.arch import ArchSpec, config_value, spec_for
 from rotviz.checkpoint import INDEX, SINGLE, Checkpoint
@@ -86,14 +88,20 @@ def to_wide(t: Tensor) -> Tensor:
 
 
 def resolve_ref(ref: str | os.PathLike, confined: Confined = ANYWHERE) -> Path:
-    """A directory for a model reference (`zoo:NAME` or a path), inside `confined`'s roots."""
+    """A directory for a model reference, inside `confined`'s roots: `zoo:NAME`, a folder,
+    or a model of the local Hugging Face cache, `ORG/NAME[@REVISION]` (rotviz.hub: its
+    snapshot folder, never downloaded; an existing folder of that path wins)."""
     ref = str(ref)
     if ref.startswith("zoo:"):
         return zoo.path_of(ref[4:])
+    name = hub.cache_ref(ref)
+    if name is not None:
+        return hub.locate(name, confined)
     path = Path(ref).expanduser()
     if not path.is_dir():
         raise RotvizError(
-            f"no model directory at '{ref}': give a save_pretrained folder or zoo:NAME"
+            f"no model directory at '{ref}': give a save_pretrained folder, zoo:NAME or a "
+            "model of the local Hugging Face cache, ORG/NAME[@REVISION]"
         )
     confined.folder(path, "model folder")
     return path

@@ -29,6 +29,9 @@ from rotviz.errors import RotvizError
 from rotviz.random_models import save_random
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
+# the Barrier page's charts on its default options (no matching among them)
+LOSS_TITLE = "Loss along the straight path from anchor to source, with and without matching"
+ACC_TITLE = "Accuracy along the straight path from anchor to source, with and without matching"
 N_EVAL = 100
 VIT = dict(layers=2, d=32, heads=4, ffn=64, image=8, patch=2, channels=1, labels=10)
 
@@ -203,6 +206,39 @@ def test_exports_csv_json_zip():
     assert "plotly" in z.read("figures/fig.html").decode()[:2000].lower()
 
 
+def test_barrier_verdict_says_what_each_matching_did():
+    """The new user's pair: the seed paper's matching raised the barrier (0.514 -> 0.575)
+    while weight matching lowered it; the banner says both, and never that matching lowers
+    it when one raised it. The page's own text: "done in", computed or from the cache."""
+    from app_pages.common import done_label
+
+    def curve(match, barrier, after):
+        return {"match": match, "barrier": barrier, "distance_before": 26.72,
+                "distance_after": after}
+
+    curves = [curve("none", 0.514, 26.72), curve("seed", 0.575, 25.1),
+              curve("weight", 0.043, 20.3)]
+    v = summaries.barrier_verdict(curves)
+    assert v["kind"] == "mixed"
+    assert [(c["did"], c["before"], c["after"]) for c in v["changes"]] == [
+        ("raised", 0.514, 0.575), ("lowered", 0.514, 0.043)]
+    assert "FFN + attention + rescale (seed paper): **raised** it to 0.575 (+0.061); " \
+           "distance 26.72 → 25.10" in v["text"]
+    assert "**lowered** it to 0.043 (-0.471)" in v["text"]
+    assert "lowers the barrier" not in v["text"]
+    assert summaries.barrier_verdict(curves[:2])["kind"] == "raised"
+    assert summaries.barrier_verdict([curves[0], curves[2]])["kind"] == "lowered"
+    kept = summaries.barrier_verdict([curves[0], curve("seed", 0.5142, 26.0)])
+    assert kept["changes"][0]["did"] == "kept" and "**kept** it at 0.514" in kept["text"]
+    assert summaries.barrier_verdict(curves[1:]) is None  # nothing to compare with
+    assert summaries.barrier_verdict(curves[:1]) is None
+    assert done_label(0.12, 0, 3, "run") == \
+        "Run: done in 0.1 s, all 3 from the cache (computed earlier with these settings)"
+    assert done_label(12.34, 2, 1, "open") == "computed on open: done in 12.3 s, 2 computed, " \
+                                             "1 from the cache"
+    assert done_label(1.0, 1, 0, None) == "done in 1.0 s, 1 computed"
+
+
 def test_device_badge_names_the_device():
     s = device_summary("cpu")
     assert s["kind"] == "cpu" and s["total_gib"] and s["total_gib"] > 0
@@ -311,6 +347,9 @@ def test_models_page_opens_on_the_default_pair(pair):
     at = app()
     assert at.selectbox(key="anchor").value == pair[0]
     assert at.selectbox(key="source").value == pair[1]
+    # in the order shown, as `rotviz barrier ANCHOR SOURCE` takes them
+    assert [b.label for b in at.sidebar.selectbox][:2] == [
+        "Anchor (model 1, stays fixed)", "Source (model 2, gets matched)"]
     metrics = {m.label: m.value for m in at.metric}
     assert "test accuracy" in metrics
     body = texts(at)
@@ -385,7 +424,7 @@ def test_barrier_page_chart_holds_library_results(pair):
     # curves computed now are drawn as they come in; the final chart replaces them
     assert len(at.get("plotly_chart")) == len(figs) == 2
     assert "matching options so far" not in "\n".join(c.value for c in at.caption)
-    loss = figs["Loss along the straight path from anchor to matched source"]
+    loss = figs[LOSS_TITLE]
     lines = [tr for tr in loss["data"] if tr.get("showlegend", True)]
     assert len(lines) == len(app_specs.DEFAULT_SPECS)  # none, seed and weight
     assert all(len(numbers(tr["y"])) == 5 for tr in lines)
@@ -395,13 +434,31 @@ def test_barrier_page_chart_holds_library_results(pair):
 
     a, s = load_model(pair[0]), load_model(pair[1])
     split = load_split("digits").subset(N_EVAL)
+    refs = {}
     for spec, tr in (("none", none), ("seed", seed), ("weight", weight)):
-        ref = interpolate(a, s, split, spec, points=5)
+        ref = refs[spec] = interpolate(a, s, split, spec, points=5)
         assert np.allclose(numbers(tr["y"]), ref.loss, rtol=1e-6, atol=1e-8)
         assert f"barrier {ref.barrier:.3f}" in tr["name"]
     assert "function preserved" in texts(at)
-    acc = figs["Accuracy along the straight path from anchor to matched source"]
+    # the banner says what each matching did, from what to what
+    for spec in ("seed", "weight"):
+        did = "lowered" if refs[spec].barrier < refs["none"].barrier else "raised"
+        assert f"**{did}** it to {refs[spec].barrier:.3f}" in texts(at), spec
+    # the table fits: the SPEC column is left to the export; the barriers are the library's
+    table = at.dataframe[0].value
+    assert "spec" not in table.columns
+    assert table["barrier"].tolist() == pytest.approx([refs[k].barrier for k in refs],
+                                                      rel=1e-6)
+    # a small pair computes on open, and says so
+    assert any("Computed on open" in c.value for c in at.caption)
+    assert at.status[0].label.startswith("Interpolating: computed on open: done in ")
+    acc = figs[ACC_TITLE]
     assert len(acc["data"]) == len(app_specs.DEFAULT_SPECS)
+    # the accuracy axis follows the curves
+    from rotviz.plots.style import acc_range
+
+    assert acc["layout"]["yaxis"]["range"] == pytest.approx(
+        acc_range([v for r in refs.values() for v in r.acc]), abs=1e-9)
     if pair[0].startswith("zoo:"):  # acceptance: the shipped pair shows matching's effect
         assert barrier_of(seed) < barrier_of(none)
         # weight matching (every data-free map) lowers it further on the default pair
@@ -409,7 +466,7 @@ def test_barrier_page_chart_holds_library_results(pair):
         mid = {tr["name"]: numbers(tr["y"])[2] for tr in acc["data"]}
         assert mid["weight matching (every data-free map)"] > \
             mid["FFN + attention + rescale (seed paper)"]
-        assert "Matching lowers the barrier" in texts(at)
+        assert "**raised**" not in texts(at)
 
 
 def barrier_of(trace: dict) -> float:
@@ -434,14 +491,14 @@ def test_barrier_chart_shows_matching_lowering_the_barrier(default_pair_dirs):
     a, s = default_pair_dirs
     at = app("barrier", anchor_path=a, source_path=s, b_points="5",
              b_specs=["no matching", "FFN + attention + rescale (seed paper)"])
-    loss = figures(at)["Loss along the straight path from anchor to matched source"]
+    loss = figures(at)[LOSS_TITLE]
     lines = {tr["name"].split(" (barrier")[0]: tr for tr in loss["data"]
              if tr.get("showlegend", True)}
     none, seed = lines["no matching"], lines["FFN + attention + rescale (seed paper)"]
     assert barrier_of(seed) < barrier_of(none) - 0.3
     assert f"barrier {barrier_of(seed):.3f}" in seed["name"]
     mid = {tr["name"]: numbers(tr["y"])[2] for tr in figures(at)[
-        "Accuracy along the straight path from anchor to matched source"]["data"]}
+        ACC_TITLE]["data"]}
     assert mid["FFN + attention + rescale (seed paper)"] > mid["no matching"]
 
 
@@ -451,18 +508,30 @@ def test_barrier_form_reruns_with_new_options(pair):
     at.slider(key="b_points").set_value(7)
     at.toggle(key="b_plane").set_value(True)
     at.slider(key="b_grid").set_value(5)
+    at.toggle(key="acc01").set_value(True)  # the sidebar's fixed 0-1 accuracy scale
     at.get("form_submit_button")[0].click()
     at.run()
     assert not at.exception
+    # Run says that it ran, how long it took and what it computed (2 curves and the plane)
+    assert at.status[0].label.startswith("Interpolating: Run: done in ")
+    assert at.status[0].label.endswith(" s, 3 computed")
+    assert [x.value for x in at.toast] == [at.status[0].label]
     figs = figures(at)
-    loss = figs["Loss along the straight path from anchor to matched source"]
+    loss = figs[LOSS_TITLE]
     lines = [tr for tr in loss["data"] if tr.get("showlegend", True)]
     assert len(lines) == 2 and all(len(numbers(tr["y"])) == 7 for tr in lines)
+    assert figs[ACC_TITLE]["layout"]["yaxis"]["range"] == [0.0, 1.02]
     plane = figs["Test loss on the plane through A, B and B'"]
     marks = {tr["text"][0] for tr in plane["data"][1:]}
     assert marks == {"A", "B", "B'", "AB", "AB'"}
     z = np.asarray(plane["data"][0]["z"], dtype=float)
     assert z.shape == (5, 5) and np.isfinite(z).all()
+    # Run again with the same settings: answered from the cache, and it says so
+    at.get("form_submit_button")[0].click()
+    at.run()
+    assert at.status[0].label.startswith("Interpolating: Run: done in ")
+    assert at.status[0].label.endswith(
+        " s, all 3 from the cache (computed earlier with these settings)")
 
 
 def test_match_page_distances_drop(pair):
@@ -504,6 +573,14 @@ def test_merge_page_chart_holds_fusion_table(pair):
         ref.acc["simple"]["seed"], abs=1e-12)
     lines = [tr for tr in fig["data"] if tr["type"] == "scatter"]
     assert numbers(lines[0]["y"])[0] == pytest.approx(ref.anchor_acc)
+    # accuracy and F1, read side by side, share one scale that follows the bars and lines
+    shown = [fig, *(f for k, f in figures(at).items() if k.startswith("Merged model macro-F1"))]
+    values = [v for f in shown for tr in f["data"] for v in numbers(tr["y"])]
+    top = max(values)
+    for f in shown:
+        lo, hi = f["layout"]["yaxis"]["range"]
+        assert lo == 0.0 and hi == pytest.approx(min(top + max(0.05 * (top - min(values)),
+                                                                0.01), 1.02))
     assert "function preserved" in texts(at)
     # the sweep computes on its own Run only, one line per matching, the library's numbers
     assert "Merged model accuracy against weight (simple)" not in figures(at)
@@ -1072,3 +1149,29 @@ def test_merge_page_aligns_many_models_on_run(roots):
     z = maps[0]["z"]  # the matrix as given; row 0: the anchor's distances
     row = numbers(z)[:4] if isinstance(z, dict) else [float(v) for v in z[0]]
     assert row == pytest.approx(want.alignment.before[0], rel=1e-9)
+
+
+def test_measure_page_runs_the_ladder_a_record_of_other_inputs(roots):
+    """The Measure page takes a record of other inputs (the symmetry ladder): the sidebar's
+    pair, its rungs in order, nothing before Run; Run draws its figure and its table, whose
+    align-to-self row reads 0.0000 and 0.0000, equal to the library's on the same split."""
+    from rotviz.analysis.ladder import LadderPair, ladder
+    from rotviz.data import load_split
+
+    a, s = str(roots / "vit-s0"), str(roots / "vit-s1")
+    at = app("measure", anchor=a, source=s)
+    at.selectbox(key="x_name").set_value("ladder").run()
+    assert at.multiselect(key="x_ladder_specs").value == [
+        "none", "ffn", "ffn,attn", "seed", "seed,heads", "weight", "act", "learned"]
+    assert "Press **Run** to compute this section." in texts(at) and not figures(at)
+    at.multiselect(key="x_ladder_specs").set_value(["none", "seed"])
+    at.slider(key="x_ladder_points").set_value(3)
+    at.button(key="FormSubmitter:measure_form-Run").click().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    _framed(figures(at)["The symmetry ladder: what each larger group of symmetries buys"])
+    table = next(m.value for m in at.markdown if "align-to-self" in m.value)
+    assert "| **align-to-self** | `seed` | 0.0000 | 0.0000 |" in table
+    want = ladder(LadderPair.read([a, s], ["none", "seed"]),
+                  load_split("digits", "test", 0).subset(N_EVAL), points=3)
+    for r in want.rungs:
+        assert f"| `{r['asked']}` | {r['barrier']:.4f} | {r['distance']:.4f} |" in table

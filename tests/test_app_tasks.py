@@ -73,7 +73,8 @@ def test_models_barrier_and_merge_pages_show_the_task_and_f1(user_roots):
 
     at = _pages(user_roots, "barrier", b_points="5", b_specs=["none", "seed"])
     assert not at.exception and not at.error, [e.value for e in at.error]
-    loss = figures(at)["Loss along the straight path from anchor to matched source"]
+    loss = figures(at)["Loss along the straight path from anchor to source, with and without "
+                       "matching"]
     lines = {tr["name"].split(" (barrier")[0]: tr for tr in loss["data"]
              if tr.get("showlegend", True)}
     ref = interpolate(a, b, split, "seed", points=5)

@@ -89,6 +89,24 @@ def press_every_run(page) -> None:
         drawn(page)
 
 
+def tables_fit(page, name: str) -> None:
+    """Every table on the page fits its width (no column cut off on the right), the ones
+    folded in expanders included: they are opened first (the export's is left shut)."""
+    for summary in page.locator("[data-testid='stExpander'] summary").all():
+        if not any(w in summary.inner_text() for w in ("Export", "folder")):
+            summary.click()
+    n = page.locator("[data-testid='stDataFrame']").count()
+    if not n:
+        return
+    page.wait_for_function(
+        "n => [...document.querySelectorAll('[data-testid=stDataFrame] .dvn-scroller')]"
+        ".filter(s => s.clientWidth > 0).length === n", arg=n, timeout=30_000)
+    widths = page.evaluate(
+        "() => [...document.querySelectorAll('[data-testid=stDataFrame] .dvn-scroller')]"
+        ".map(s => [s.scrollWidth, s.clientWidth])")
+    assert all(sw <= cw + 1 for sw, cw in widths), (name, widths)
+
+
 def nav_titles(page) -> list[str]:
     links = page.locator("[data-testid='stSidebarNav'] a").all_inner_texts()
     return [t.split()[-1] for t in links]  # icon name, then the title
@@ -107,7 +125,11 @@ def test_every_page_in_chromium(server, tmp_path):
         nav = nav_titles(page)
         assert nav == NAV, nav
         assert page.locator("h1").first.inner_text().strip() == "Attention spectra"
-        assert page.get_by_text("Anchor (model 2, stays fixed)").count() == 1
+        # the sidebar's labels, in the order shown, as `rotviz barrier ANCHOR SOURCE` reads
+        anchor = page.get_by_text("Anchor (model 1, stays fixed)")
+        source = page.get_by_text("Source (model 2, gets matched)")
+        assert anchor.count() == source.count() == 1
+        assert anchor.bounding_box()["y"] < source.bounding_box()["y"]
         for name in PAGES:
             page.goto(f"{server}/{'' if name == 'models' else name}?n={N}{SMALL.get(name, '')}")
             if name in ("landscape", "training"):  # compute only on Run: press every section's
@@ -122,16 +144,47 @@ def test_every_page_in_chromium(server, tmp_path):
             assert page.locator("[data-testid='stException']").count() == 0, name
             assert page.locator("h1").first.inner_text().strip()
             assert page.locator(".js-plotly-plot, [data-testid='stMetric']").count() > 0, name
+            if name == "barrier":  # a small pair: computed on open, and the page says so
+                assert page.get_by_text("Computed on open", exact=True).count() == 1
+                assert page.get_by_text("Interpolating: computed on open: done in").count() == 1
+            tables_fit(page, name)
         page.goto(f"{server}/barrier?n={N}&b_points=7")
         drawn(page)
         page.locator("[data-testid='stFormSubmitButton'] button").first.click()
         page.wait_for_timeout(300)
         drawn(page)
+        # Run shows that it ran: the box (and a toast) say so, with its time and what it
+        # computed
+        assert page.locator("[data-testid='stExpander'] summary").filter(
+            has_text="Interpolating: Run: done in").count() == 1
         charts = page.locator(".js-plotly-plot")
         assert charts.count() >= 2
         title = charts.first.locator(".gtitle").text_content() or ""
-        assert "Loss along the straight path" in title
+        # the default options include no matching: the title does not say "matched source"
+        assert title == "Loss along the straight path from anchor to source, with and without " \
+                        "matching"
         assert charts.first.locator(".scatterlayer .trace").count() >= 5
+        # the banner states what each matching did, with the legend's barriers
+        legend = page.evaluate("() => document.querySelector('.js-plotly-plot').data"
+                               ".filter(t => t.showlegend !== false).map(t => t.name)")
+        banner = page.locator("[data-testid='stAlert']").filter(
+            has_text="Barrier without matching").inner_text()
+        for entry in legend:
+            label, barrier = entry.rsplit(" (barrier ", 1)
+            if label == "no matching":
+                assert f"Barrier without matching: {barrier[:-1]}." in banner, banner
+            else:
+                assert f"{label}: " in banner and (f"lowered it to {barrier[:-1]}" in banner
+                                                   or f"raised it to {barrier[:-1]}" in banner
+                                                   or f"kept it at {barrier[:-1]}" in banner)
+        # the accuracy axis follows the curves (0-1 only when asked for)
+        from rotviz.plots.style import acc_range
+
+        acc = page.evaluate("() => { const p = document.querySelectorAll('.js-plotly-plot')[1];"
+                            " return [p.layout.yaxis.range,"
+                            " p.data.flatMap(t => Array.from(t.y))]; }")
+        assert acc[0] == pytest.approx(acc_range(acc[1]), abs=1e-9)
+        tables_fit(page, "barrier")
         shot = tmp_path / "barrier.png"
         page.screenshot(path=str(shot), full_page=True)
         assert shot.stat().st_size > 10_000
@@ -155,7 +208,7 @@ def test_a_page_url_as_a_fresh_servers_first_request(tmp_path):
         assert nav_titles(page) == NAV
         assert page.locator("h1").first.inner_text().strip() == \
             "Loss barriers between the two models"
-        assert page.get_by_text("Anchor (model 2, stays fixed)").count() == 1
+        assert page.get_by_text("Anchor (model 1, stays fixed)").count() == 1
         url = urlparse(page.url)
         assert url.path == "/barrier", page.url
         want = {"n": [str(N)], "b_points": ["7"], "b_specs": specs}

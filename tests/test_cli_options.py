@@ -29,8 +29,8 @@ SERIES = {"series_a": "zoo:vit-digits-run-a", "series_b": "zoo:vit-digits-run-b"
 def _inputs(m) -> list[str]:
     if m.inputs is not None and m.inputs.least:  # N models (many)
         return [A, B, "zoo:vit-digits-s7"]
-    if m.inputs is not None:
-        return [SERIES[name] for name, _ in m.inputs.args]
+    if m.inputs is not None:  # series, a spawn folder, or a pair (ladder)
+        return [SERIES.get(name) or {"anchor": A, "source": B}[name] for name, _ in m.inputs.args]
     return [A, *([B] if m.pair else [])]
 
 
@@ -114,7 +114,7 @@ KINDS = {
                     ("--split", "name"), ("--device", "name"), ("--max-memory", "size"),
                     ("model", "model"), ("--source", "model"))},  # one model (pair=False)
     **{(c, o): "series" for c, m in MEASURES.items() if m.inputs is not None
-       for o, _ in m.inputs.args},  # series and spawn folders (training, spawn)
+       for o, _ in m.inputs.args if o in SERIES},  # series and spawn folders (training, spawn)
     **{(c, m.inputs.args[-1][0]): "model" for c, m in MEASURES.items()
        if m.inputs is not None and m.inputs.least},  # N models (many): the first replaced
 }

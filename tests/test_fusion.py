@@ -4,6 +4,7 @@ matched models, the fusion table, the merge CLI and bad input."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -218,11 +219,24 @@ def test_merge_cli_writes_a_loadable_model(tmp_path, capsys):
                "--out", str(out), "--json", str(js), "--batches", "2", "--batch-size", "16",
                "--device", "cpu"])
     assert rc == 0
-    assert "merged [regmean, match seed" in capsys.readouterr().out
+    line = capsys.readouterr().out
+    assert "merged [regmean, match seed" in line
     d = json.loads(js.read_text())
     for key in ("method", "match", "weight", "acc", "loss", "anchor_acc", "source_acc", "data",
-                "split", "stats_split", "device", "seconds", "alpha", "batches", "out"):
+                "split", "stats_split", "device", "seconds", "alpha", "batches", "out", "scores"):
         assert key in d
+    # the summary line gives the task's F1 (digits: macro-F1) beside the accuracy, for the
+    # merged model and both end models, as --json has them
+    assert set(d["scores"]) == set(d["anchor_scores"]) == {"macro_f1"}
+    assert (f"accuracy {d['acc']:.4f} (loss {d['loss']:.4f}), macro-F1 "
+            f"{d['scores']['macro_f1']:.4f}; anchor {d['anchor_acc']:.4f} (macro-F1 "
+            f"{d['anchor_scores']['macro_f1']:.4f}), source {d['source_acc']:.4f} (macro-F1 "
+            f"{d['source_scores']['macro_f1']:.4f})") in line
+    # docs/cli.md's `rotviz merge --json` table names every key the file holds (but the
+    # stamp every JSON rotviz writes carries, documented once for them all)
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
+    table = doc.split("`rotviz merge --json`:")[1].split("\n\n")[1]
+    assert not [k for k in d if f"`{k}`" not in table and k != "rotviz"]
     assert d["stats_split"] == "train" and d["alpha"] == 0.9
     back = load_model(out)
     assert evaluate(back, digits())["acc"] == pytest.approx(d["acc"], abs=1e-9)

@@ -355,6 +355,21 @@ def test_header_length_beyond_the_file(saved, tmp_path, capsys):
     assert not (tmp_path / "O").exists()
 
 
+def test_the_finiteness_check_by_sums_misses_nothing_and_accuses_nothing():
+    """Slices are checked by their float64 sums, which a NaN or an Inf anywhere makes NaN or
+    Inf; finite entries whose sum overflows are then checked one by one, and pass."""
+    from rotviz.checkpoint import check_finite_tensor
+
+    big = torch.full((3, 5), 1e308, dtype=torch.float64)  # the sum overflows to inf
+    check_finite_tensor(big, "w", "here")
+    check_finite_tensor(torch.tensor([-3e38, 3e38, 3e38], dtype=torch.bfloat16), "w", "here")
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        for t in (big.clone(), torch.ones(4, 3, dtype=torch.bfloat16)):
+            t[2, 1] = bad
+            with pytest.raises(RotvizError, match="'here' has NaN or Inf weights in w;"):
+                check_finite_tensor(t, "w", "here")
+
+
 def test_nan_in_a_late_block_is_one_line_in_both_paths(saved, tmp_path, capsys):
     """The streamed path checks each block as it reads it, with the in-memory message
     (before: a scipy ValueError traceback from the solver)."""

@@ -108,7 +108,7 @@ LAYERS = [
     ("models", ["rotviz.splits", "rotviz.datafiles", "rotviz.sanity", "rotviz.labelled",
                 "rotviz.tasks", "rotviz.data", "rotviz.tokens", "rotviz.sources", "rotviz.models",
                 "rotviz.lite", "rotviz.evaluation", "rotviz.random_models", "rotviz.skeleton",
-                "rotviz.zoo_registry"]),
+                "rotviz.zoo_registry", "rotviz.hub"]),
     ("match", ["rotviz.match"]),
     ("merging", ["rotviz.merging"]),
     ("analysis", ["rotviz.analysis"]),

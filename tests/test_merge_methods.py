@@ -299,6 +299,55 @@ def test_ties_sign_ties_go_to_plus_and_zeros_carry_nothing():
                                torch.tensor([1.0, 2.0, 0.0], dtype=torch.float64))
 
 
+def test_merges_by_slices_of_rows_equal_whole_tensors(monkeypatch):
+    """At size a tensor is merged a slice of rows at a time (rotviz.merging.rows), never
+    whole in float64: each method's result is the same whatever the slices, to the bit
+    where it is entry by entry given tensor-wide choices (TIES's threshold, DARE's seeded
+    mask: its generator runs on across slices), to 1e-12 where tensor-wide sums (DARE's L1
+    norms, SLERP's angle, Model Stock's cosines) are added slice by slice. On values of a
+    coarse grid many magnitudes tie at TIES's threshold: the first ones in the tensor's
+    order are kept (the stable sort of `ref_trim`), found with the threshold by histogram
+    passes over the float64 bit patterns (few candidates are gathered at once here)."""
+    from rotviz.merging import task_vectors
+    from rotviz.merging.dare import dare_rows
+    from rotviz.merging.model_stock import model_stock_rows
+    from rotviz.merging.rows import gather, held
+    from rotviz.merging.simple import simple_rows
+    from rotviz.merging.slerp import slerp_rows
+    from rotviz.merging.task_arithmetic import task_arithmetic_rows
+    from rotviz.merging.ties import ties_rows
+
+    monkeypatch.setattr(task_vectors, "COLLECT", 20)  # histogram passes on small tensors
+    g = torch.Generator().manual_seed(13)
+    grid = [torch.randint(-4, 5, (9, 7), generator=g).double() / 4 for _ in range(3)]
+    ws = (0.6, 0.4)
+    exact = {
+        "ties": lambda s: ties_rows(s, ws, 0.3, "sum", 1.2),
+        "ties count": lambda s: ties_rows(s, ws, 0.77, "count"),
+        "task arithmetic": lambda s: task_arithmetic_rows(s, ws, 0.8),
+        "dare": lambda s: dare_rows(s, ws, "w", 0.4, 3, "density", 1.0, "sum"),
+        "dare none": lambda s: dare_rows(s, ws, "w", 0.4, 3, "none"),
+        "simple": lambda s: simple_rows(s, ws)}
+    summed = {"dare l1": lambda s: dare_rows(s, ws, "w", 0.4, 3, "l1"),
+              "slerp": lambda s: slerp_rows(s, 0.3),
+              "model stock": lambda s: model_stock_rows(s, ws)}
+    for data in (grid, _rand(9, 7, seed=14, n=3)):
+        *ts, base = data
+        for name, rows in {**exact, **summed}.items():
+            models, b = (ts, None) if name in ("slerp", "simple") else (ts, base)
+            one = gather(rows(held(models, b, chunk=10**6)), (9, 7), torch.float64)
+            for chunk in (7, 4 * 7):  # a row, four rows
+                got = gather(rows(held(models, b, chunk=chunk)), (9, 7), torch.float64)
+                if name in exact:
+                    assert torch.equal(got, one), (name, chunk)
+                else:
+                    torch.testing.assert_close(got, one, rtol=0, atol=1e-12)
+        for density in (0.05, 0.5, 0.9):
+            got = gather(ties_rows(held(ts, base, chunk=7), ws, density), (9, 7),
+                         torch.float64)
+            _close(got, ref_ties(ts, base, ws, density, "sum", 1.0))
+
+
 def test_merge_many_pairs_equal_merge_states_and_refusals(loaded):
     m = loaded("vit")
     other = {k: (v + 0.01 * torch.randn_like(v)) if v.is_floating_point() else v

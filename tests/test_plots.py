@@ -69,6 +69,23 @@ def test_barrier_curves_carry_the_data_and_annotate_the_barrier():
     acc = barrier.barrier_curves(CURVES, metric="acc")
     _check_frame(acc, "accuracy")
     assert [list(tr.y) for tr in acc.data] == [c["acc"] for c in CURVES]
+    # titles true of every curve: the path ends at the matched source only when all matched
+    assert fig.layout.title.text == ("Loss along the straight path from anchor to source, "
+                                     "with and without matching")
+    assert barrier.barrier_curves(CURVES[1:]).layout.title.text == \
+        "Loss along the straight path from anchor to matched source"
+    assert acc.layout.title.text.startswith("Accuracy along the straight path from anchor to "
+                                            "source, with")
+    assert "no matching" in barrier.barrier_curves(CURVES[:1], "acc").layout.title.text
+    # the accuracy axis follows the data (0.3..0.95, padded by 5 % of the span), or 0-1
+    assert list(acc.layout.yaxis.range) == pytest.approx([0.3 - 0.0325, 0.95 + 0.0325])
+    low = [{**c, "acc": [0.12, 0.15, 0.18, 0.14, 0.13]} for c in CURVES]
+    assert list(barrier.barrier_curves(low, "acc").layout.yaxis.range) == pytest.approx(
+        [0.11, 0.19])  # a 0.06 span: the 0.01 floor of the padding
+    fixed = barrier.barrier_curves(low, "acc", acc_range=style.ACC_FIXED)
+    assert list(fixed.layout.yaxis.range) == [0.0, 1.02]
+    assert style.acc_range([0.99, 1.0]) == pytest.approx([0.98, 1.01])
+    assert style.acc_range([float("nan")]) == [0.0, 1.02]
 
 
 def test_loss_plane_marks_every_model():
@@ -154,6 +171,12 @@ def test_fusion_chart_groups_methods():
     assert list(fig.data[0].x) == ["average", "fisher"]
     assert list(fig.data[0].y) == [0.3, 0.35] and list(fig.data[1].y) == [0.5, 0.6]
     assert list(fig.data[2].y) == [0.95, 0.95]
+    # bars start at 0 and the axis ends just above the highest bar or line: 0.95 + 5 % of
+    # 0.95 - 0.3; the 0-1 scale on request; a shared range as given
+    assert list(fig.layout.yaxis.range) == pytest.approx([0.0, 0.95 + 0.0325])
+    assert merge.bar_range([0.3, 0.6], fixed=True) == [0.0, 1.02]
+    shared = merge.fusion_chart(rows, "acc", y_range=[0.0, 0.8])
+    assert list(shared.layout.yaxis.range) == [0.0, 0.8]
 
 
 def test_learn_figures():

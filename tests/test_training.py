@@ -121,9 +121,12 @@ def test_series_refusals_are_one_line(tiny, tmp_path, capfd, ws):
 
 
 def test_hf_cache_revisions_read_offline(tiny, small, tmp_path, monkeypatch):
-    """hf-cache:ORG/NAME: refs/step<N> name commits whose snapshots are model folders (the
-    local cache as huggingface_hub lays it out); other refs are not steps."""
+    """ORG/NAME (or hf-cache:ORG/NAME): refs/step<N> name commits whose snapshots are model
+    folders (the local cache as huggingface_hub lays it out); other refs are not steps.
+    ORG/NAME@step10,step0 takes those revisions only, each the snapshot the model reference
+    ORG/NAME@step<N> resolves to."""
     from rotviz.analysis.training import read_series
+    from rotviz.models import resolve_ref
 
     cache = tmp_path / "hub"
     repo = cache / "models--org--run"
@@ -136,17 +139,24 @@ def test_hf_cache_revisions_read_offline(tiny, small, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     s = read_series("hf-cache:org/run")
     assert sorted(s.steps) == [0, 10]
-    assert s.steps[10] == repo / "snapshots" / f"{10:040x}"
-    r = measure("training", ["hf-cache:org/run", "hf-cache:org/run"], small, points=3,
-                match=["none"])
+    assert s.steps[10] == repo / "snapshots" / f"{10:040x}" == resolve_ref("org/run@step10")
+    assert read_series("org/run").steps == read_series("org/run@step10,step0").steps == s.steps
+    assert list(read_series("org/run@step10").steps) == [10]
+    r = measure("training", ["org/run", "hf-cache:org/run"], small, points=3, match=["none"])
     assert r.x == [0, 10] and r.barrier["none"] == [0.0, 0.0]  # a run against itself
     with pytest.raises(RotvizError, match="never downloads"):
         read_series("hf-cache:org/absent")
     with pytest.raises(RotvizError, match="is not hf-cache:ORG/NAME"):
         read_series("hf-cache:../x")
+    with pytest.raises(RotvizError, match="revision 'main', which is no step"):
+        read_series("org/run@step0,main")
+    with pytest.raises(RotvizError, match=r"holds the revisions main, step0, step10 but not "
+                                          "step5"):
+        read_series("org/run@step5")
     (repo / "refs" / "step20").write_text("e" * 40)
-    with pytest.raises(RotvizError, match="not in the cache"):
-        read_series("hf-cache:org/run")
+    with pytest.raises(RotvizError, match="names snapshot eeeeeeeeeeee, which it does not "
+                                          "hold"):
+        read_series("org/run")
 
 
 # ---- the zoo's spawn series ---------------------------------------------------------------------

@@ -14,15 +14,16 @@ between the end losses. Every file is read through a `Confined` reader by `load_
 
 Inputs:
 - a series: a folder of `checkpoint-<step>/` model folders (Hugging Face Trainer's output
-  layout), `zoo:NAME` (a series of the zoo), or `hf-cache:ORG/NAME`: a repository in the
-  local Hugging Face cache whose refs are named `step<N>` (Pythia's revisions), each ref's
-  snapshot a model folder; the cache is read as it is, nothing is downloaded;
+  layout), `zoo:NAME` (a series of the zoo), or a model of the local Hugging Face cache,
+  `ORG/NAME` (every revision named `step<N>` it holds: Pythia's checkpoints) or
+  `ORG/NAME@step1000,step2000` (those revisions), each step the model reference
+  `ORG/NAME@step<N>` resolves to (rotviz.hub: an existing folder of that path wins,
+  `hf-cache:` forces the cache; the cache is read as it is, nothing is downloaded);
 - a spawn folder: `spawn-<k>/a/` and `spawn-<k>/b/` model folders, or `zoo:NAME`.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -31,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from rotviz import hub
 from rotviz import zoo_registry as zoo
 from rotviz.confine import ANYWHERE, Confined
 from rotviz.data import Split
@@ -40,7 +42,6 @@ from rotviz.types import Progress
 CHECKPOINT = re.compile(r"checkpoint-(\d+)")
 HF_STEP = re.compile(r"step(\d+)")
 SPAWN = re.compile(r"spawn-(\d+)")
-COMMIT = re.compile(r"[0-9a-f]{40}")
 DEFAULT_MATCHES = ("none", "seed")
 
 
@@ -65,52 +66,36 @@ def _steps_of(where: str, found: list[tuple[int, Path]]) -> dict[int, Path]:
     return dict(sorted(out.items()))
 
 
-def hf_cache_dir() -> Path:
-    """The local Hugging Face hub cache: HF_HUB_CACHE if set, else huggingface_hub's own
-    (HF_HOME/hub, ~/.cache/huggingface/hub)."""
-    env = os.environ.get("HF_HUB_CACHE")
-    if env:
-        return Path(env).expanduser()
-    from huggingface_hub import constants
-
-    return Path(constants.HF_HUB_CACHE)
-
-
-def _hf_cache_series(name: str, confined: Confined) -> dict[int, Path]:
-    """The revisions `step<N>` of model repository `name` (ORG/NAME) in the local cache:
-    models--ORG--NAME/refs/step<N> names a commit, snapshots/<commit>/ is its model folder."""
-    parts = name.split("/")
-    if len(parts) != 2 or not all(parts) or any(p in (".", "..") or p.startswith("-")
-                                                 for p in parts):
-        raise RotvizError(f"hf-cache:{name} is not hf-cache:ORG/NAME; give a repository id")
-    repo = hf_cache_dir() / f"models--{parts[0]}--{parts[1]}"
-    if not (repo / "refs").is_dir():
-        raise RotvizError(f"'{name}' has no revisions in the local Hugging Face cache "
-                          f"({repo}); rotviz reads the cache and never downloads: fetch the "
-                          "step<N> revisions first")
+def _cache_series(name: hub.CacheName, confined: Confined) -> dict[int, Path]:
+    """The checkpoints of a model in the local Hugging Face cache, by step: the revisions
+    `step<N>` that `name` lists (`ORG/NAME@step1000,step2000`), or, without a revision, every
+    ref named `step<N>` the cache holds (Pythia's checkpoints); each resolved to its snapshot
+    folder by rotviz.hub, as any `ORG/NAME@step<N>` model reference is (never downloaded)."""
+    if name.revision is None:
+        refs = hub.revisions(hub.repository(name, confined), confined)
+        revs = [r for r in refs if HF_STEP.fullmatch(r)]
+    else:
+        revs = name.revision.split(",")
+        bad = [r for r in revs if not HF_STEP.fullmatch(r)]
+        if bad:
+            raise RotvizError(f"series '{name}' names revision '{bad[0]}', which is no step: "
+                              "a series pairs checkpoints by step, so name revisions step<N> "
+                              "(ORG/NAME@step1000,step2000), or ORG/NAME for all it holds")
     found = []
-    for ref in confined.entries(repo / "refs", "Hugging Face cache refs"):
-        m = HF_STEP.fullmatch(ref.name)
-        if m is None or not ref.is_file():
-            continue
-        commit = confined.read_text(ref, "cache ref", 200).strip()
-        if not COMMIT.fullmatch(commit):
-            raise RotvizError(f"cache ref '{ref}' holds no commit hash; fetch the revision "
-                              "again")
-        snap = repo / "snapshots" / commit
-        if not snap.is_dir():
-            raise RotvizError(f"revision {ref.name} of '{name}' names snapshot {commit[:12]}, "
-                              "which is not in the cache; fetch the revision again")
-        found.append((int(m.group(1)), snap))
-    return _steps_of(f"hf-cache:{name}", found)
+    for rev in revs:
+        step = hub.CacheName(name.repo_id, rev, name.explicit)
+        found.append((int(HF_STEP.fullmatch(rev).group(1)), hub.locate(step, confined)))
+    return _steps_of(str(name), found)
 
 
 def read_series(ref: str, confined: Confined = ANYWHERE) -> Series:
     """The checkpoints of series `ref` by step (a folder of checkpoint-<step>/, zoo:NAME or
-    hf-cache:ORG/NAME), listed through `confined`; one line when it holds none."""
+    ORG/NAME[@step<N>,...] in the Hugging Face cache), listed through `confined`; one line
+    when it holds none."""
     ref = str(ref)
-    if ref.startswith("hf-cache:"):
-        steps = _hf_cache_series(ref[len("hf-cache:"):], confined)
+    cached = hub.cache_ref(ref)
+    if cached is not None:
+        steps = _cache_series(cached, confined)
     else:
         if ref.startswith("zoo:"):
             name = ref[4:]
@@ -123,7 +108,7 @@ def read_series(ref: str, confined: Confined = ANYWHERE) -> Series:
             if not folder.is_dir():
                 raise RotvizError(f"no series folder at '{ref}': give a folder of "
                                   "checkpoint-<step>/ model folders, zoo:NAME or "
-                                  "hf-cache:ORG/NAME")
+                                  "a cached ORG/NAME")
         found = [(int(m.group(1)), p) for p in confined.entries(folder, "series folder")
                  if (m := CHECKPOINT.fullmatch(p.name)) and p.is_dir()]
         steps = _steps_of(ref, found)

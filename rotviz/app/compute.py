@@ -414,13 +414,15 @@ def measure_inputs(record, res: Resources, cfg: dict, progress: Progress | None 
     from rotviz.measures import Context
 
     confined = res.confined()
+    refs = []
     for ref in cfg["refs"]:
-        if ref.startswith("hf-cache:"):  # the cache lies outside the roots unless added
-            continue
-        if not ref.startswith("zoo:"):
+        name = roots.cache_name(ref)  # the cache is read through `confined` (its roots)
+        if name is not None:
+            ref = name.forced().text
+        elif not ref.startswith("zoo:"):
             roots.check_under_roots(ref, roots.model_roots())
-    inputs = record.inputs.read(tuple(cfg["refs"]), tuple(cfg.get("specs") or ()) or None,
-                                confined)
+        refs.append(ref)
+    inputs = record.inputs.read(tuple(refs), tuple(cfg.get("specs") or ()) or None, confined)
     defaults = {p.name: p.default for p in record.parameters()}
     given = dict(cfg.get("params") or {})
     values = record.values({k: v for k, v in given.items() if k not in defaults

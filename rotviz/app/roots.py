@@ -9,7 +9,8 @@ the server. Everything the app reads goes through `app_confined()` (rotviz.confi
 that resolve inside the roots (and the zoo's and the shipped data's own folders), regular
 files only. What the sidebar offers (`discover`, `discover_data`) is checked exactly as what
 is typed (`resolve_choice`, `resolve_data`): a folder or data whose reading would be refused
-is not listed.
+is not listed. The local Hugging Face cache (rotviz.hub) is read only when it lies under a
+root; its models are then offered by name, `hf-cache:ORG/NAME[@REVISION]`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from rotviz import hub
 from rotviz.confine import Confined
 from rotviz.datafiles import check_data
 from rotviz.errors import RotvizError
@@ -175,16 +177,21 @@ def data_of(ref: str, default: str = "digits") -> str:
 
 
 def discover(roots: Iterable[Path], max_depth: int = 3) -> list[str]:
-    """Model folders (holding config.json) under the roots, as paths; zoo folders excluded.
-    Only folders `resolve_choice` accepts are listed (`check_model_folder`)."""
+    """Model folders (holding config.json) under the roots, as paths, then the models of the
+    local Hugging Face cache when it lies under a root (`cached_models`); zoo folders
+    excluded. Only what `resolve_choice` accepts is listed (`check_model_folder`)."""
     roots = [Path(r) for r in roots]
     confined = Confined.under(roots, "model roots")
+    cache = _resolved(hub.cache_dir())
     found: list[str] = []
     for root in roots:
         if not root.is_dir():
             continue
         base = len(root.parts)
         for dirpath, dirnames, filenames in os.walk(root):
+            if _resolved(Path(dirpath)) == cache:  # listed by name below, not as folders
+                dirnames[:] = []
+                continue
             depth = len(Path(dirpath).parts) - base
             dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
             if depth >= max_depth:
@@ -198,7 +205,27 @@ def discover(roots: Iterable[Path], max_depth: int = 3) -> list[str]:
                 except RotvizError:
                     continue  # offered only what a load would accept
                 found.append(str(Path(dirpath)))
-    return sorted(set(found))
+    return sorted(set(found)) + cached_models(roots)
+
+
+def _resolved(p: Path) -> Path | None:
+    try:
+        return p.expanduser().resolve()
+    except (OSError, RuntimeError):
+        return None
+
+
+def cached_models(roots: Sequence[Path]) -> list[str]:
+    """The models of the local Hugging Face cache (rotviz.hub: HF_HUB_CACHE, else
+    HF_HOME/hub), as `hf-cache:ORG/NAME[@REVISION]`, when the cache lies under one of the
+    roots; none otherwise (the app reads nothing outside them). Each is checked as a typed
+    name is (`resolve_choice`)."""
+    cache = _resolved(hub.cache_dir())
+    if cache is None or not cache.is_dir() or not _under(cache, roots):
+        return []
+    confined = Confined.under(roots, "model roots")
+    names = hub.cached_names(confined, cache, lambda snap: check_model_folder(snap, confined))
+    return [n.forced().text for n in map(hub.parse, names) if n is not None]
 
 
 # File endings the app offers as data, by data kind (rotviz.data, rotviz.labelled).
@@ -346,8 +373,24 @@ def _under(p: Path, roots: Sequence[Path]) -> bool:
     return any(p == r or p.is_relative_to(r) for r in roots)
 
 
+def cache_name(choice: str) -> hub.CacheName | None:
+    """The Hugging Face cache name a typed choice means, or None: a folder at the typed path
+    (resolved against the checkout, as the app resolves paths) wins over a bare
+    `ORG/NAME`; `hf-cache:ORG/NAME` always means the cache."""
+    name = hub.parse(choice)
+    if name is None or name.explicit:
+        return name
+    try:
+        return None if _typed_path(choice).is_dir() else name
+    except RotvizError:
+        return name
+
+
 def resolve_choice(choice: str, roots: Sequence[Path] | None = None) -> str:
-    """A model reference the app may load: `zoo:NAME` from the zoo, or a folder under the roots."""
+    """A model reference the app may load: `zoo:NAME` from the zoo, a folder under the
+    roots, or a model of the local Hugging Face cache (`ORG/NAME[@REVISION]`, when the
+    cache lies under the roots), returned as `hf-cache:ORG/NAME[@REVISION]` so that every
+    later read means the cache."""
     choice = (choice or "").strip()
     if not choice:
         raise RotvizError("no model chosen: pick a zoo entry or a folder under the model roots")
@@ -356,13 +399,19 @@ def resolve_choice(choice: str, roots: Sequence[Path] | None = None) -> str:
             known = ", ".join(zoo_refs()) or "none"
             raise RotvizError(f"'{choice}' is not in the zoo; pick one of {known}")
         return choice
-    return str(check_under_roots(choice, roots if roots is not None else model_roots()))
+    roots = roots if roots is not None else model_roots()
+    name = cache_name(choice)
+    if name is not None:
+        confined = Confined.under(roots, "model roots")
+        check_model_folder(hub.locate(name, confined), confined)
+        return name.forced().text
+    return str(check_under_roots(choice, roots))
 
 
 def model_label(ref: str) -> str:
     """A unique, readable label for a model choice (also its value in the app's URL):
     `zoo:NAME`, or the folder relative to the checkout when inside it, else its full path."""
-    if ref.startswith("zoo:"):
+    if ref.startswith(("zoo:", hub.PREFIX)):
         return ref
     p = Path(ref)
     try:

@@ -1,6 +1,6 @@
-"""What the Models and Match pages show, as plain data: a model's card and symmetry check,
-a match's summary, and the flat tables (distances, heads, the alternation, learned matching)
-the pages draw and export.
+"""What the Models, Match and Barrier pages show, as plain data: a model's card and symmetry
+check, a match's summary, the flat tables (distances, heads, the alternation, learned
+matching) the pages draw and export, and what each matching did to the barrier.
 
 Each function returns something the app can cache by value, export as JSON or CSV and hand
 to `rotviz.plots`; loaded models are only read. Importing this module costs no torch import:
@@ -10,7 +10,7 @@ each function imports the engine when it runs.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -177,3 +177,36 @@ def learned_rows(summary: Mapping) -> list[dict]:
     learned = summary["report"].get("learned") or {}
     return [{"step": h["step"], "train_loss": h.get("train_loss"),
              "val_barrier": h["val_barrier"]} for h in learned.get("history") or []]
+
+
+def barrier_verdict(curves: Sequence[Mapping]) -> dict | None:
+    """What each matching did to the barrier, against the curve without matching: for each
+    matched curve (in the order given) whether it lowered, raised or kept the barrier, from
+    what to what, and the distance it closed; then all of it as Markdown, one line each. `kind` is
+    "lowered" when every matching lowered it, "raised" when none did, "mixed" otherwise, so
+    that a page never claims lowering where a matching raised it. None without a curve of
+    no matching or without a matched one. Barriers that agree to the 3 decimals shown are
+    "kept"."""
+    from rotviz.plots.style import nice_label
+
+    base = next((c for c in curves if c["match"] in ("none", "")), None)
+    matched = [c for c in curves if c["match"] not in ("none", "")]
+    if base is None or not matched:
+        return None
+    b0 = float(base["barrier"])
+    changes = []
+    for c in matched:
+        b = float(c["barrier"])
+        did = "kept" if f"{b:.3f}" == f"{b0:.3f}" else "lowered" if b < b0 else "raised"
+        changes.append({"match": c["match"], "label": nice_label(str(c["match"])), "did": did,
+                        "before": b0, "after": b, "distance_before": c["distance_before"],
+                        "distance_after": c["distance_after"]})
+    lowered = sum(ch["did"] == "lowered" for ch in changes)
+    kind = ("lowered" if lowered == len(changes) else "raised" if lowered == 0 else "mixed")
+    lines = [f"Barrier without matching: **{b0:.3f}**."]
+    for ch in changes:
+        move = (f"**kept** it at {ch['after']:.3f}" if ch["did"] == "kept" else
+                f"**{ch['did']}** it to {ch['after']:.3f} ({ch['after'] - b0:+.3f})")
+        lines.append(f"- {ch['label']}: {move}; distance {ch['distance_before']:.2f} → "
+                     f"{ch['distance_after']:.2f}")
+    return {"kind": kind, "text": "\n".join(lines), "changes": changes}

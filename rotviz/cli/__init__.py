@@ -10,6 +10,7 @@ import warnings
 from contextlib import contextmanager
 from dataclasses import replace
 
+from rotviz import hub
 from rotviz.cli import measure, serve, zoo
 from rotviz.cli.args import (
     Parser,
@@ -50,7 +51,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def _add_match(sub) -> None:
     m = sub.add_parser("match", help="move SOURCE next to ANCHOR inside its symmetry class")
-    m.add_argument("anchor", help="anchor model: a save_pretrained directory or zoo:NAME")
+    m.add_argument("anchor", help=f"anchor model: {hub.MODEL_HELP}")
     m.add_argument("source", help="source model, same architecture (or a narrower FFN: "
                                   "then written in the anchor's width)")
     m.add_argument("--out", required=True,

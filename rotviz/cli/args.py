@@ -140,9 +140,17 @@ def reading(args: argparse.Namespace, data: str | None):
 
 
 def model_input(ref: str) -> str | None:
-    """The folder a model reference reads (`zoo:NAME` or a path)."""
+    """The folder a model reference reads (`zoo:NAME`, a path, or, for a name in the local
+    Hugging Face cache, its whole repository folder there, blobs included)."""
+    from rotviz import hub
     from rotviz.zoo_registry import zoo_dir
 
+    cached = hub.cache_ref(ref)
+    if cached is not None:
+        try:
+            return str(hub.repo_folder(cached.repo_id))
+        except RotvizError:
+            return None  # the loader says what is wrong with the name
     name = ref[4:] if ref.startswith("zoo:") else None
     if name is not None:
         return str(zoo_dir() / name) if name and "/" not in name and name not in (".", "..") \

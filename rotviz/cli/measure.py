@@ -17,6 +17,7 @@ import argparse
 from collections.abc import Callable
 from contextlib import contextmanager
 
+from rotviz import hub
 from rotviz.cli.args import (
     add_max_memory,
     add_overwrite,
@@ -65,11 +66,11 @@ def register(sub, wanted: Callable[[str], bool] = lambda name: True) -> None:
             continue
         if m.pair:
             p.add_argument("anchor",
-                           help="anchor model (kept fixed): a model directory or zoo:NAME")
+                           help=f"anchor model (kept fixed): {hub.MODEL_HELP}")
             p.add_argument("source",
                            help="source model, same architecture; it is matched onto the anchor")
         else:
-            p.add_argument("model", help="the model: a model directory or zoo:NAME")
+            p.add_argument("model", help=f"the model: {hub.MODEL_HELP}")
         if m.data:
             p.add_argument("--data", required=True,
                            help="data reference: digits, pystdlib, text:FILE, csv:FILE, "
@@ -83,8 +84,8 @@ def register(sub, wanted: Callable[[str], bool] = lambda name: True) -> None:
             add_reading(p)
         if not m.pair and m.source is not None:
             p.add_argument("--source", default=None, metavar="MODEL",
-                           help="a second model of the same architecture (a model directory or "
-                                "zoo:NAME), matched onto the model with --match; only for "
+                           help=f"a second model of the same architecture ({hub.MODEL_HELP}), "
+                                "matched onto the model with --match; only for "
                                 f"{m.extra.get('source_use', 'the options that use it')}")
         if m.pair or m.source is not None:
             with_source = "" if m.pair else " (with --source)"
@@ -146,10 +147,13 @@ def _inputs_parser(p: argparse.ArgumentParser, m: Measurement) -> None:
                             "ffn,attn,rescale; weight = seed,heads,residual (data-free) "
                             f"(default {default})")
     else:
+        what = m.inputs.spec_help or "a matching to measure each pair with, once per matching"
+        if m.inputs.spec_help:
+            default = ", ".join(m.inputs.default_specs)
         p.add_argument("--match", action="append", default=None, metavar="SPEC",
-                       help="a matching to measure each pair with, once per matching: none, "
-                            "or a comma list of ffn, attn, rescale, heads, residual, act, "
-                            f"learned; seed = ffn,attn,rescale (default {default})")
+                       help=f"{what}: none, or a comma list of ffn, attn, rescale, heads, "
+                            "residual, act, learned; seed = ffn,attn,rescale, weight = "
+                            f"seed,heads,residual (default {default})")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or mps (default auto)")
     p.add_argument("--json", default=None, metavar="FILE",
                    help="also write the result as JSON to this new file")

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from rotviz import hub
 from rotviz.cli.args import add_overwrite, add_reading, bounded, guard_inputs, reading
 from rotviz.errors import RotvizError
 from rotviz.limits import BATCH_SIZE
@@ -47,7 +48,7 @@ def _add_zoo(sub) -> None:
 
 def _add_eval(sub) -> None:
     e = sub.add_parser("eval", help="test loss and accuracy of a model on a data split")
-    e.add_argument("model", help="model: a save_pretrained directory or zoo:NAME")
+    e.add_argument("model", help=f"model: {hub.MODEL_HELP}")
     e.add_argument("--data", required=True,
                    help="digits, pystdlib, text:FILE, csv:FILE, tsv:FILE, jsonl:FILE, "
                         "conll:FILE, hf:DIR, imagefolder:DIR or cifar10:DIR")

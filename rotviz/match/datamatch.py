@@ -133,11 +133,17 @@ def match_activations(anchor: Loaded, anc_c: ModelView, src_c: ModelView, option
 def match_with_data(anchor: Loaded, anchor_view: ModelView, source_view: ModelView,
                     options: MatchOptions, data: str | Split | None, device: torch.device,
                     progress: Progress | None = None,
-                    cancel: Callable[[], bool] | None = None) -> MatchResult:
+                    cancel: Callable[[], bool] | None = None,
+                    start: MatchResult | None = None) -> MatchResult:
     """Activation and/or learned matching (`options.act`, `options.learned`) on `data`'s
     training split (learned matching stops early on its validation split). `data` is a data
     reference, read the way the anchor reads it, or a split read that way (its reading, e.g.
-    the columns of a CSV, carries over to the training split)."""
+    the columns of a CSV, carries over to the training split).
+
+    `start`: without `act`, the data-free matching learned matching starts from, when the
+    caller has already made it (`match` of these views with `options` less `act` and
+    `learned`: the symmetry ladder matches `weight` just before `learned`); it is then not
+    solved again. The result is the same."""
     if not data:
         raise RotvizError(
             f"matching [{options.label}] learns from data: give a data reference (--data)"
@@ -163,7 +169,10 @@ def match_with_data(anchor: Loaded, anchor_view: ModelView, source_view: ModelVi
             anchor, anc_c, src_c, options, group, train, device)
         start = MatchResult(rs.restore(src_c, gauge), transforms, None, residual=q)
     else:
-        start = match(anchor_view, source_view, plain, progress)
+        if start is not None and replace(start.report.options, learn=plain.learn) != plain:
+            raise ValueError(f"learned matching [{options.label}] starts from "
+                             f"[{plain.label}], not [{start.report.options.label}]")
+        start = start or match(anchor_view, source_view, plain, progress)
         report_extra["residual"] = start.report.residual if start.report else None
         src_c, _ = canonical(start.view)
     layers_rep = start.report.layers if start.report else []

@@ -4,6 +4,8 @@ alternated with the residual stream's map. Matching from data needs the loaded m
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from rotviz.errors import RotvizError
 from rotviz.match.alternating import match_residual
 from rotviz.match.layers import match_layers
@@ -26,11 +28,32 @@ def match(
     With `options.residual` the residual map is alternated with the per-layer maps
     (rotviz.match.alternating); activation and learned matching need data
     (rotviz.match.pipeline.match_models). `memo` serves repeated calls on partly unchanged
-    views."""
+    views. A matching that lowers nothing returns the source as it is (`kept_if_lower`)."""
     options = options or MatchOptions()
     if options.needs_data:
         raise RotvizError(f"matching [{options.label}] needs data: use "
                           "rotviz.match.pipeline.match_models(..., data=)")
     if options.residual:
-        return match_residual(anchor, source, options, progress)
-    return match_layers(anchor, source, options, progress, memo)
+        return kept_if_lower(source, match_residual(anchor, source, options, progress))
+    return kept_if_lower(source, match_layers(anchor, source, options, progress, memo))
+
+
+def kept_if_lower(source: ModelView, result: MatchResult) -> MatchResult:
+    """`result`, or the source as it is (the identity element) when the solvers did not
+    lower their objective: the squared distance to the anchor, taken on the canonical forms
+    where the residual map was solved (rotviz.match.alternating), on the views otherwise.
+
+    The identity is in every group, so this never loses anything. It matters where the
+    optimum is the identity itself, as for a model matched onto itself: the solvers then
+    return it only up to the roundoff of their float32 cross matrices (a Q-K rotation
+    I + 1e-7, a scale 1 + 1e-7) and of the canonical forms' fold and unfold, which moves
+    weights by an ulp or so (a distance of 1e-5 and a barrier of 4e-8 on the default
+    pair's anchor). Returning the source itself makes a self-match exact: distance 0 and
+    barrier 0."""
+    report = result.report
+    objective = (report.residual or {}).get("objective")
+    before, after = ((objective[0], objective[-1]) if objective
+                     else (report.before.total, report.after.total))
+    if after < before:
+        return result
+    return MatchResult(source, {}, replace(report, after=report.before), residual=None)

@@ -13,7 +13,7 @@ from rotviz.devices import wide_device
 from rotviz.match.datamatch import match_with_data
 from rotviz.match.engine import match
 from rotviz.match.options import MatchOptions
-from rotviz.match.report import MatchReport
+from rotviz.match.report import MatchReport, MatchResult
 from rotviz.match.widths import check_pair, embed, refuse_narrower
 from rotviz.match.widths import output_diff as embedded_output_diff
 from rotviz.match.widths import stored_output_diff as embedded_stored_diff
@@ -129,6 +129,7 @@ def match_models(
     progress: Progress | None = None,
     data: str | Split | None = None,
     cancel: Callable[[], bool] | None = None,
+    start: Matched | None = None,
 ) -> Matched:
     """Match `source` onto `anchor`; check on probe inputs that the function is preserved
     (in float32, and for a half checkpoint in its dtype too).
@@ -139,7 +140,9 @@ def match_models(
 
     Activation and learned matching (`options.act`, `options.learned`) read `data` (a data
     reference such as "digits", or a split read through the anchor); learned matching stops
-    early when `cancel()` is true."""
+    early when `cancel()` is true. `start` (learned matching without `act`): this pair's
+    match with `options` less `learned`, already made; learned matching starts from it
+    instead of solving it again (the symmetry ladder, rotviz.analysis.ladder)."""
     narrower = check_pair(anchor, source)
     options = options or MatchOptions()
     if narrower and options.needs_data:
@@ -151,8 +154,9 @@ def match_models(
     if narrower:  # into the anchor's width first (rectangular assignment), then as usual
         vs, embedding = embed(va, vs)
     if options.needs_data:
+        begun = None if start is None else _result_of(source, start, device)
         result = match_with_data(anchor, va, vs, options, data, torch.device(device), progress,
-                                 cancel)
+                                 cancel, begun)
     else:
         result = match(va, vs, options, progress)
     state = {k: v.to("cpu") for k, v in write_state(result.view).items()}
@@ -168,6 +172,17 @@ def match_models(
     check_in_stored_dtype(source, state, result.report)
     element = None if options.learned else element_of(result.transforms, result.residual, va)
     return Matched(state, result.report, element)
+
+
+def _result_of(source: Loaded, matched: Matched, device: torch.device | str) -> MatchResult:
+    """A data-free match already made, as the engine returned it: the matched view (read
+    back from its state: the view's round trip is exact), its element and its report."""
+    if matched.element is None:
+        raise ValueError("learned matching starts from a data-free match, which has an element")
+    view = read_view(source.spec, source.config, matched.state).to(device=device)
+    e = matched.element
+    return MatchResult(view, dict(e.transforms), matched.report,
+                       residual=None if e.residual is None else e.residual.to(device))
 
 
 def element_of(transforms, residual: torch.Tensor | None, anchor: ModelView) -> Element:

@@ -4,6 +4,7 @@ the number of models (rotviz.analysis.many, docs/symmetries.md)."""
 
 from __future__ import annotations
 
+from rotviz import hub
 from rotviz.limits import ROUNDS, TOL
 from rotviz.measures.registry import Context, Inputs, Measurement, register
 from rotviz.params import Param
@@ -115,7 +116,7 @@ MANY = register(Measurement(
     "align N >= 3 models (onto the first or their barycentre), then merge the first k",
     _run, _params, summary=_summary, plot=_plot, rows=_rows, check=_check, models=("base",),
     refusal="it holds every model in memory; run it on models that fit",
-    inputs=Inputs((("models", "three or more models of one architecture (model directories "
-                    "or zoo:NAME); the first is the anchor"),), ManyModels, ("seed",),
+    inputs=Inputs((("models", "three or more models of one architecture (each "
+                    f"{hub.MODEL_HELP}); the first is the anchor"),), ManyModels, ("seed",),
                   least=3, one_spec=True),
     extra={"progress": True}))

@@ -6,6 +6,7 @@ must share the anchor's architecture and shapes."""
 
 from __future__ import annotations
 
+from rotviz import hub
 from rotviz.limits import WEIGHT
 from rotviz.measures.barrier import match_label
 from rotviz.measures.registry import Context, Measurement, OutputFile, register
@@ -23,7 +24,7 @@ def _params() -> tuple[Param, ...]:
            Param("weight", 0.5, "weight of the source in [0, 1] (default 0.5)", WEIGHT,
                  label="Weight of the source"),
            Param("base", "", f"{' and '.join(based)} (needed): the model both were fine-tuned "
-                 "from, a model directory or zoo:NAME; never matched, so it must share the "
+                 f"from, {hub.MODEL_HELP}; never matched, so it must share the "
                  "anchor's basis (default none)", label="Base model (task vectors)",
                  metavar="MODEL")]
     for p in all_params():
@@ -108,11 +109,26 @@ def _at_size(ends, ctx: Context, v: dict):
 
 
 def _summary(r, how: str) -> str:
+    """One line: the merged model's accuracy, loss and the task's own scores (F1 where the
+    task has it, as the seed paper's Table 1 reports merges), beside both end models'."""
     base = f", base {r.base}" if getattr(r, "base", "") else ""
     return (f"merged [{r.method}, match {match_label(r.match, r.layers)}, weight {r.weight:g}"
             f"{base}] "
-            f"on {r.device}{how}: accuracy {r.acc:.4f} (loss {r.loss:.4f}); anchor "
-            f"{r.anchor_acc:.4f}, source {r.source_acc:.4f}; {r.seconds:.2f} s")
+            f"on {r.device}{how}: accuracy {r.acc:.4f} (loss {r.loss:.4f})"
+            f"{_scores(r.scores, ', ')}; anchor {r.anchor_acc:.4f}"
+            f"{_scores(r.anchor_scores, ' ', True)}, source {r.source_acc:.4f}"
+            f"{_scores(r.source_scores, ' ', True)}; {r.seconds:.2f} s")
+
+
+def _scores(scores: dict[str, float] | None, lead: str, paren: bool = False) -> str:
+    """The task's metrics beyond accuracy (macro-F1, entity F1, ...), named as
+    rotviz.tasks names them; empty for a task without any (a language model)."""
+    from rotviz.tasks import METRIC_LABELS
+
+    text = ", ".join(f"{METRIC_LABELS.get(k, k)} {v:.4f}" for k, v in (scores or {}).items())
+    if not text:
+        return ""
+    return f"{lead}({text})" if paren else f"{lead}{text}"
 
 
 def _rows(d: dict) -> list[dict]:

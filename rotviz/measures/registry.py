@@ -71,6 +71,9 @@ class Inputs:
     # argument takes exactly one)
     least: int = 0
     one_spec: bool = False  # one --match SPEC for all (not one measurement per matching)
+    # what one --match is, in the CLI's help (the ladder: "a rung of the ladder, once per
+    # rung"); empty: a matching each pair is measured with, once per matching
+    spec_help: str = ""
 
 
 @dataclass(frozen=True)
@@ -152,7 +155,8 @@ class Measurement:
 
 MEASUREMENTS: Records[Measurement] = Records("measurement", (
     "barrier", "plane", "merge", "merge_sweep", "distances", "spectra", "sweeps", "slice",
-    "layerwise", "hessian", "bend", "sharpness", "flat", "training", "spawn", "many"))
+    "layerwise", "hessian", "bend", "sharpness", "flat", "training", "spawn", "many",
+    "ladder"))
 
 
 def register(m: Measurement) -> Measurement:

@@ -9,8 +9,9 @@ from rotviz.measures.registry import Context, Inputs, Measurement, register
 from rotviz.params import Param
 
 SERIES_HELP = ("series: a folder of checkpoint-<step>/ model folders (Hugging Face "
-               "Trainer's layout), zoo:NAME, or hf-cache:ORG/NAME (the local Hugging Face "
-               "cache's step<N> revisions, never downloaded)")
+               "Trainer's layout), zoo:NAME, or ORG/NAME from the local Hugging Face cache "
+               "(its step<N> revisions, or those named: ORG/NAME@step1000,step2000; never "
+               "downloaded)")
 
 PARAMS = (
     Param("points", 11, f"number of alphas in [0, 1] on each step's path (default 11, "

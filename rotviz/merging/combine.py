@@ -2,8 +2,9 @@
 (rotviz.merging.registry), optionally about a base model.
 
 Integer tensors are copied from the anchor (the first model); every floating tensor goes to
-the method's `combine`, and where that declines (None) to the simple weighted average. Tied
-aliases (lm_head = wte) get their owner's merged tensor, so they stay one tensor.
+the method (its `rows` or its `combine`), and where that declines (None) to the simple
+weighted average. Tied aliases (lm_head = wte) get their owner's merged tensor, so they stay
+one tensor.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def combine_one(m: MergeMethod, job: MergeJob, name: str, tensors: Sequence[Tens
     """One merged tensor: integer tensors are the anchor's, a declined one the simple average."""
     if not tensors[0].is_floating_point():
         return tensors[0].clone()
-    merged = m.combine(job, name, tensors, base)
+    merged = m.merge(job, name, tensors, base)
     return simple_average(tensors, job.weights) if merged is None else merged
 
 

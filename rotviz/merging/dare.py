@@ -13,20 +13,20 @@ to the task vector's L1 norm before dropping, mergekit 0.1.5's; or none), then
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from rotviz.limits import SEED
 from rotviz.merging.registry import Mergekit, MergeMethod, register
+from rotviz.merging.rows import whole
 from rotviz.merging.task_vectors import (
     CONSENSUS_PARAM,
     RESCALES,
     SCALE_PARAM,
+    Drop,
     combine_deltas,
     density_param,
-    drop,
     drop_seed,
-    task_vectors,
 )
 from rotviz.params import Param
 
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     import torch
 
     from rotviz.merging.registry import MergeJob
+    from rotviz.merging.rows import RowSource
 
     Tensor = torch.Tensor
 
@@ -44,27 +45,36 @@ RESCALE = Param("rescale", "density", "what DARE's kept entries are rescaled by:
 DROP_SEED = Param("seed", 0, "seed of DARE's random drop (default 0)", SEED, label="Seed")
 
 
+def dare_rows(src: RowSource, weights: Sequence[float], name: str, density: float = 1.0,
+              seed: int = 0, rescale: str = "density", scale: float = 1.0,
+              consensus: str | None = None) -> Iterator[Tensor]:
+    """DARE of one tensor (named `name`, which seeds its masks), slice by slice in float64:
+    linear without `consensus`, TIES's election with it."""
+    drop = Drop(src, density, [drop_seed(seed, name, i) for i in range(src.n)], rescale)
+    for models, base in src.slices():
+        deltas = [drop(i, m - base) for i, m in enumerate(models)]
+        yield combine_deltas(base, deltas, weights, scale, consensus, normalize=False)
+
+
 def dare(tensors: Sequence[Tensor], base: Tensor, weights: Sequence[float], name: str,
          density: float = 1.0, seed: int = 0, rescale: str = "density", scale: float = 1.0,
          consensus: str | None = None) -> Tensor:
     """DARE of one tensor (named `name`, which seeds its masks): linear without `consensus`,
     TIES's election with it; in float64, cast to the base's dtype."""
-    deltas = [drop(d, density, drop_seed(seed, name, i), rescale)
-              for i, d in enumerate(task_vectors(tensors, base))]
-    return combine_deltas(base, deltas, weights, scale, consensus, normalize=False)
+    return whole(lambda src: dare_rows(src, weights, name, density, seed, rescale, scale,
+                                       consensus), tensors, base)
 
 
-def _linear(job: MergeJob, name: str, tensors: Sequence[Tensor],
-            base: Tensor | None) -> Tensor:
+def _linear(job: MergeJob, name: str, src: RowSource) -> Iterator[Tensor]:
     p = job.params
-    return dare(tensors, base, job.weights, name, p["density"], p["seed"], p["rescale"],
-                p["scale"])
+    return dare_rows(src, job.weights, name, p["density"], p["seed"], p["rescale"],
+                     p["scale"])
 
 
-def _ties(job: MergeJob, name: str, tensors: Sequence[Tensor], base: Tensor | None) -> Tensor:
+def _ties(job: MergeJob, name: str, src: RowSource) -> Iterator[Tensor]:
     p = job.params
-    return dare(tensors, base, job.weights, name, p["density"], p["seed"], p["rescale"],
-                p["scale"], p["consensus"])
+    return dare_rows(src, job.weights, name, p["density"], p["seed"], p["rescale"],
+                     p["scale"], p["consensus"])
 
 
 # mergekit: the drop from its own RNG (--random-seed), the kept entries rescaled to the task
@@ -77,7 +87,7 @@ DARE_LINEAR = register(MergeMethod(
     "dare_linear", "DARE (linear)",
     "task vectors dropped at random (rate 1 - density) and rescaled, then summed with their "
     "weights onto the base (Yu et al., 2024)",
-    _linear, params=(DENSITY, DROP_SEED, RESCALE, SCALE_PARAM), at_size=True, needs_base=True,
+    rows=_linear, params=(DENSITY, DROP_SEED, RESCALE, SCALE_PARAM), needs_base=True,
     extra=("density", "seed", "rescale", "scale"),
     mergekit=Mergekit("dare_linear", base="base", shared=_SHARED, per_model=_PER_MODEL,
                       values=_RESCALE, fixed={"normalize": False})))
@@ -86,7 +96,7 @@ DARE_TIES = register(MergeMethod(
     "dare_ties", "DARE (TIES)",
     "task vectors dropped at random and rescaled, signs elected, the agreeing entries summed "
     "onto the base (Yu et al., 2024)",
-    _ties, params=(DENSITY, DROP_SEED, RESCALE, CONSENSUS_PARAM, SCALE_PARAM), at_size=True,
+    rows=_ties, params=(DENSITY, DROP_SEED, RESCALE, CONSENSUS_PARAM, SCALE_PARAM),
     needs_base=True, extra=("density", "seed", "rescale", "consensus", "scale"),
     mergekit=Mergekit("dare_ties", base="base", shared=_SHARED, per_model=_PER_MODEL,
                       values={**_RESCALE, "consensus": {"sum": None}},

@@ -3,7 +3,9 @@
 A method is a `MergeMethod`: its name, label and help, its declared parameters (bounded by
 rotviz.limits), the statistics it needs of each model (none for the simple average), whether
 it needs a base model (the common ancestor task vectors are taken from), and how it combines
-one tensor of N >= 2 models (the anchor first) with their weights and the base's tensor. The
+one tensor of N >= 2 models (the anchor first) with their weights and the base's tensor:
+whole (`combine`), or a slice of rows at a time (`rows`, rotviz.merging.rows: the methods
+that run at size, which never hold a float64 copy of a whole tensor). The
 CLI's `merge --method` choices and options, the app's method picker and widgets, the exports
 and `rotviz.merge` all read `METHODS`, so a new method is one module that calls `register`.
 
@@ -13,7 +15,7 @@ statistics taken before matching are in the wrong basis afterwards.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +26,7 @@ from rotviz.records import Records
 if TYPE_CHECKING:
     import torch
 
+    from rotviz.merging.rows import RowSource
     from rotviz.models import Loaded
 
     Tensor = torch.Tensor
@@ -58,6 +61,13 @@ Statistics = Callable[..., "Mapping[str, Tensor]"]
 # without a base). Every tensor is floating; none may be modified.
 Combine = Callable[["MergeJob", str, "Sequence[Tensor]", "Tensor | None"], "Tensor | None"]
 
+# rows(job, name, source) -> the merged tensor's slices of rows, in order, in float64:
+# `source` (rotviz.merging.rows.RowSource) reads a slice of rows of every model's tensor and
+# the base's; what the method needs of the whole tensor (a threshold, norms) it gathers in
+# passes over the slices before it yields the first. Elementwise methods declare this, and
+# then run at size (rotviz.stream.sized) and merge whole tensors through it too.
+RowCombine = Callable[["MergeJob", str, "RowSource"], "Iterator[Tensor]"]
+
 
 @dataclass(frozen=True)
 class Mergekit:
@@ -89,11 +99,11 @@ class MergeMethod:
     name: str  # --method value, app choice and JSON "method"
     label: str  # plain words for legends and pickers
     help: str  # one line: what it does, with its citation
-    combine: Combine
+    combine: Combine | None = None  # one whole tensor (a method without `rows`)
     params: tuple[Param, ...] = ()
     statistics: Statistics | None = None  # what it needs of each model, on the stats split
     prepare: Callable[[Loaded], Any] | None = None  # once per merge, from the architecture
-    at_size: bool = False  # combines tensor by tensor without statistics: can run streamed
+    rows: RowCombine | None = None  # a slice of rows at a time: it then runs at size
     extra: tuple[str, ...] = field(default=())  # parameter names reported under "params"
     needs_base: bool = False  # True: needs a base model; False: a base given is refused
     max_models: int | None = None  # the most models it combines (None: any N >= 2)
@@ -105,6 +115,24 @@ class MergeMethod:
     def needs_statistics(self) -> bool:
         return self.statistics is not None
 
+    @property
+    def at_size(self) -> bool:
+        """Merges a slice of rows at a time without statistics: it can run streamed."""
+        return self.rows is not None and self.statistics is None
+
+    def merge(self, job: MergeJob, name: str, tensors: Sequence[Tensor],
+              base: Tensor | None) -> Tensor | None:
+        """One merged tensor in the base's dtype (else the first tensor's), or None where
+        `combine` declines (the simple average is then taken): by `rows` where the method
+        has them, read from the tensors a slice at a time."""
+        if self.rows is not None:
+            from rotviz.merging.rows import whole
+
+            rows = self.rows
+            return whole(lambda src: rows(job, name, src), tensors, base)
+        assert self.combine is not None
+        return self.combine(job, name, tensors, base)
+
 
 METHODS: Records[MergeMethod] = Records("merge method", (
     "simple", "fisher", "regmean", "task_arithmetic", "ties", "dare_linear", "dare_ties",
@@ -112,7 +140,10 @@ METHODS: Records[MergeMethod] = Records("merge method", (
 
 
 def register(method: MergeMethod) -> MergeMethod:
-    """Add a method (its name must be new); returns it, so a module can keep it."""
+    """Add a method (its name must be new, and it must say how it combines: `combine` or
+    `rows`); returns it, so a module can keep it."""
+    if method.combine is None and method.rows is None:
+        raise ValueError(f"merge method {method.name} gives neither combine nor rows")
     return METHODS.register(method)
 
 

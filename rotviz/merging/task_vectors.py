@@ -1,11 +1,13 @@
 """What the methods built on task vectors share (task arithmetic, TIES, DARE): a task vector
 is a model minus the base it was fine-tuned from, d_i = theta_i - theta_base, tensor by
 tensor. The operations follow mergekit's definitions (its generalized task arithmetic and
-sparsification), written here in float64:
+sparsification), written here in float64, a slice of rows at a time (rotviz.merging.rows):
 
-- `trim`: keep the `density` share of entries largest in magnitude (at least one entry when
-  density > 0; density >= 1 keeps all, density <= 0 none);
-- `drop`: keep each entry with probability `density` from a seeded generator (DARE), then
+- `Trim`: keep the `density` share of entries largest in magnitude, of the whole tensor (at
+  least one entry when density > 0; density >= 1 keeps all, density <= 0 none); entries of
+  equal magnitude at the threshold are kept first to last in the tensor's order (the order
+  a stable sort gives), so the kept set is the same whichever slices the tensor is read in;
+- `Drop`: keep each entry with probability `density` from a seeded generator (DARE), then
   rescale: by 1 / density (the DARE paper's, which keeps the expectation), to the L1 norm of
   the task vector before dropping (mergekit 0.1.5's `rescale`), or not at all;
 - `elect`: the sign of each entry that the weighted task vectors agree on (TIES: `sum`, the
@@ -15,8 +17,9 @@ sparsification), written here in float64:
   weight of the vectors that carry each entry (the disjoint mean) when `normalize`.
 
 Each entry the mask of a random drop keeps is drawn from a generator seeded by the seed, the
-tensor's name and the model's index, so a merge is reproducible from its seed and a tensor's
-mask does not depend on the order tensors are merged in (block by block at size, or whole).
+tensor's name and the model's index, in the tensor's row order, so a merge is reproducible
+from its seed and a tensor's mask depends neither on the order tensors are merged in nor on
+the slices it is read in (block by block at size, or whole).
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from rotviz.params import Param
 
 if TYPE_CHECKING:
     import torch
+
+    from rotviz.merging.rows import RowSource
 
     Tensor = torch.Tensor
 
@@ -53,27 +58,137 @@ CONSENSUS_PARAM = Param("consensus", "sum", "sign election: sum (the sign of the
                         choices=CONSENSUS, label="Sign election")
 
 
-def task_vectors(tensors: Sequence[Tensor], base: Tensor) -> list[Tensor]:
-    """d_i = theta_i - base, in float64."""
-    b = base.double()
-    return [t.double() - b for t in tensors]
+# ---- trim: the tensor-wide magnitude threshold ---------------------------------------------
+
+RADIX = 20  # bits of the float64 pattern of |d| ranked per histogram pass, at most
+COLLECT = 1 << 22  # candidates at most this many are gathered and ranked directly
 
 
-def trim(delta: Tensor, density: float) -> Tensor:
-    """The `density` share of entries largest in magnitude (at least one when density > 0),
-    the rest zero (TIES's trim; mergekit's magnitude sparsification)."""
-    import torch
+class _Select:
+    """The k-th largest of one model's |d| over the whole tensor, found in passes over its
+    slices without holding it: a nonnegative float64 orders as its bit pattern does, so each
+    histogram pass fixes the next `RADIX` bits of the answer (the candidates are the entries
+    whose high bits match those fixed so far), and once few candidates are left they are
+    gathered and ranked. `greater` counts the entries larger than the answer."""
 
-    if density >= 1.0:
-        return delta
-    if density <= 0.0 or delta.numel() == 0:
-        return torch.zeros_like(delta)
-    k = max(1, int(density * delta.numel()))
-    flat = delta.reshape(-1)
-    keep = torch.topk(flat.abs(), k, sorted=False).indices
-    out = torch.zeros_like(flat)
-    out[keep] = flat[keep]
-    return out.reshape(delta.shape)
+    def __init__(self, k: int, numel: int) -> None:
+        self.need = k  # the answer's rank among the candidates (1: the largest)
+        self.greater = 0  # entries larger than every candidate
+        self.prefix, self.shift = 0, 64  # candidates: bits >> shift == prefix
+        self.count = numel  # candidates
+        self.value: float | None = None
+        self.width = 0  # bits this pass ranks (0: it gathers the candidates)
+        self.hist: Tensor | None = None
+        self.found: Tensor | None = None  # the candidates gathered, `at` of them so far
+        self.at = 0
+
+    def begin(self) -> None:
+        self.hist, self.found, self.at = None, None, 0
+        # no more bins than candidates: a pass costs its histogram's size per slice
+        self.width = min(RADIX, self.shift, max(8, self.count.bit_length() - 4)) \
+            if self.count > COLLECT else 0
+
+    def see(self, a: Tensor) -> None:
+        """One slice's |d|, flat."""
+        import torch
+
+        if self.shift < 64:
+            a = a[(a.view(torch.int64) >> self.shift) == self.prefix]
+        keys = a.view(torch.int64)
+        if not self.width:  # into one buffer: small tensors left between large ones
+            if self.found is None:  # would keep the allocator from giving memory back
+                self.found = torch.empty(self.count, dtype=a.dtype, device=a.device)
+            self.found[self.at:self.at + a.numel()] = a
+            self.at += a.numel()
+            return
+        if not keys.numel():
+            return
+        low = self.shift - self.width
+        bins = keys >> low if self.shift == 64 else (keys >> low) & ((1 << self.width) - 1)
+        # counted from the slice's lowest bin: its magnitudes span few of the 2^width bins,
+        # and a histogram of them all per slice would cost more than the slice
+        first = int(bins.min())
+        counts = torch.bincount(bins.sub_(first))
+        if self.hist is None:
+            self.hist = torch.zeros(1 << self.width, dtype=torch.int64, device=a.device)
+        self.hist[first:first + counts.numel()] += counts
+
+    def end(self) -> None:
+        import torch
+
+        if not self.width:
+            vals, self.found = self.found, None
+            v = torch.kthvalue(vals, vals.numel() - self.need + 1).values
+            self.greater += int((vals > v).sum())
+            self.value = float(v)
+            return
+        h, self.hist = self.hist, None
+        above = h.flip(0).cumsum(0)  # entries in the top j + 1 buckets
+        j = int(torch.searchsorted(above, torch.tensor([self.need], device=above.device)))
+        b = h.numel() - 1 - j
+        over = int(above[j]) - int(h[b])
+        self.need -= over
+        self.greater += over
+        self.prefix = (self.prefix << self.width) | b
+        self.shift -= self.width
+        self.count = int(h[b])
+        if self.shift == 0:  # every bit fixed: the answer, and all candidates equal it
+            self.value = float(torch.tensor([self.prefix], dtype=torch.int64).view(
+                torch.float64))
+
+
+class Trim:
+    """TIES's trim of each model's task vector in `src`: the `density` share of the whole
+    tensor's entries largest in magnitude kept, the rest zero. Built with passes over the
+    slices (the threshold of each model, found together); then called once per slice in
+    order, `trim(i, d)` for model i's task vector d of that slice (it counts how many
+    entries equal to the threshold are still to keep)."""
+
+    def __init__(self, src: RowSource, density: float) -> None:
+        self.density = density
+        self.value: list[float] = []
+        self.left: list[int] = []
+        if density >= 1.0 or density <= 0.0 or src.numel == 0:
+            return
+        k = max(1, int(density * src.numel))
+        found = [_Select(k, src.numel) for _ in range(src.n)]
+        while True:
+            live = [i for i, s in enumerate(found) if s.value is None]
+            if not live:
+                break
+            for i in live:
+                found[i].begin()
+            for models, base in src.slices():
+                for i in live:
+                    found[i].see((models[i] - base).abs().reshape(-1))
+            for i in live:
+                found[i].end()
+        self.value = [float(s.value) for s in found]  # type: ignore[arg-type]
+        self.left = [k - s.greater for s in found]
+
+    def __call__(self, i: int, d: Tensor) -> Tensor:
+        import torch
+
+        if self.density >= 1.0:
+            return d
+        if not self.value:
+            return torch.zeros_like(d)
+        a = d.abs()
+        v = self.value[i]
+        keep = a > v
+        if self.left[i]:  # entries equal to the threshold still to keep
+            equal = a == v
+            n = int(equal.sum())
+            if n > self.left[i]:  # the first ones, in the tensor's order
+                flat = equal.reshape(-1)
+                flat &= flat.cumsum(0) <= self.left[i]
+                n = self.left[i]
+            self.left[i] -= n
+            keep |= equal
+        return torch.where(keep, d, torch.zeros((), dtype=d.dtype, device=d.device))
+
+
+# ---- drop: DARE's seeded random masks ------------------------------------------------------
 
 
 def drop_seed(seed: int, name: str, index: int) -> int:
@@ -81,64 +196,93 @@ def drop_seed(seed: int, name: str, index: int) -> int:
     return (int(seed) * 1_000_003 + zlib.crc32(name.encode()) * 101 + index) % (2**63 - 1)
 
 
-def keep_mask(shape, density: float, seed: int) -> Tensor:
-    """Bernoulli(density) entries (1 kept, 0 dropped), float64, from a CPU generator."""
-    import torch
+class Drop:
+    """DARE's random drop of each model's task vector in `src`: each entry kept with
+    probability `density`, drawn from a CPU generator seeded by `seeds[i]` slice after slice
+    (so a slice's mask is the rows of the whole tensor's mask), then rescaled by 1 / density
+    (`density`), to the L1 norm before dropping (`l1`: the norms of the whole tensor, a first
+    pass) or not (`none`). Called once per slice in order, `drop(i, d)`."""
 
-    g = torch.Generator(device="cpu")
-    g.manual_seed(seed)
-    return (torch.rand(shape, generator=g, dtype=torch.float64) < density).double()
+    def __init__(self, src: RowSource, density: float, seeds: Sequence[int],
+                 rescale: str = "density") -> None:
+        self.density, self.seeds, self.rescale = density, list(seeds), rescale
+        self.factor: list[float | None] = [None] * src.n
+        if rescale == "l1" and 0.0 < density < 1.0 and src.numel:
+            before, after = [0.0] * src.n, [0.0] * src.n
+            self.gens = self._generators()
+            for models, base in src.slices():
+                for i, m in enumerate(models):
+                    d = m - base
+                    before[i] += float(d.abs().sum())
+                    after[i] += float((d * self._mask(i, d)).abs().sum())
+            self.factor = [None if b < L1_EPS or a < L1_EPS else b / a
+                           for b, a in zip(before, after, strict=True)]
+        self.gens = self._generators()
+
+    def _generators(self) -> list:
+        import torch
+
+        return [torch.Generator(device="cpu").manual_seed(s) for s in self.seeds]
+
+    def _mask(self, i: int, d: Tensor) -> Tensor:
+        """Bernoulli(density) entries (1 kept, 0 dropped) of the slice, float64."""
+        import torch
+
+        draw = torch.rand(d.shape, generator=self.gens[i], dtype=torch.float64)
+        return (draw < self.density).double().to(d.device)
+
+    def __call__(self, i: int, d: Tensor) -> Tensor:
+        import torch
+
+        if self.density >= 1.0:
+            return d
+        if self.density <= 0.0 or d.numel() == 0:
+            return torch.zeros_like(d)
+        kept = d * self._mask(i, d)
+        if self.rescale == "density":
+            return kept / self.density
+        if self.rescale == "l1":
+            factor = self.factor[i]
+            return kept if factor is None else kept * factor
+        return kept
 
 
-def drop(delta: Tensor, density: float, seed: int, rescale: str = "density") -> Tensor:
-    """DARE's random drop: each entry kept with probability `density` (seeded), then rescaled
-    by 1 / density (`density`), to the L1 norm before dropping (`l1`) or not (`none`)."""
-    import torch
-
-    if density >= 1.0:
-        return delta
-    if density <= 0.0 or delta.numel() == 0:
-        return torch.zeros_like(delta)
-    kept = delta * keep_mask(delta.shape, density, seed).to(delta.device)
-    if rescale == "density":
-        return kept / density
-    if rescale == "l1":
-        before, after = float(delta.abs().sum()), float(kept.abs().sum())
-        if before < L1_EPS or after < L1_EPS:
-            return kept
-        return kept * (before / after)
-    return kept
+# ---- elect and combine: entry by entry -------------------------------------------------------
 
 
 def elect(weighted: Sequence[Tensor], consensus: str = "sum") -> list[Tensor]:
-    """Per vector, the entries whose sign is the elected one (1.0) or not (0.0)."""
+    """Per vector, the entries that carry the elected sign (True) or not: a vector carries
+    an entry whose sign is the one elected, so a zero entry never does."""
     import torch
 
-    stacked = torch.stack(list(weighted))
-    signs = stacked.sign()
-    votes = stacked.sum(0) if consensus == "sum" else signs.sum(0)
-    majority = torch.where(votes >= 0, 1.0, -1.0).to(stacked.dtype)
-    return list((signs == majority).to(stacked.dtype).unbind(0))
+    signs = [wd.sign() for wd in weighted]
+    votes = sum(weighted) if consensus == "sum" else sum(signs)
+    majority = torch.where(votes >= 0, 1.0, -1.0).to(weighted[0].dtype)
+    return [s == majority for s in signs]
 
 
 def combine_deltas(base: Tensor, deltas: Sequence[Tensor], weights: Sequence[float],
                    scale: float = 1.0, consensus: str | None = None,
                    normalize: bool = False) -> Tensor:
-    """base + scale * (sum_i w_i d_i [elected entries only]) [/ sum_i w_i (elected)], cast to
-    the base's dtype. A divisor of 0 (no vector carries an entry) counts as 1, and so does a
-    weight sum below 1e-8 without election, as mergekit does."""
+    """base + scale * (sum_i w_i d_i [elected entries only]) [/ sum_i w_i (elected)], in
+    float64. A divisor of 0 (no vector carries an entry) counts as 1, and so does a weight
+    sum below 1e-8 without election, as mergekit does. Sums run in the models' order."""
     import torch
 
     weighted = [float(w) * d for w, d in zip(weights, deltas, strict=True)]
     if consensus is not None:
-        masks = elect(weighted, consensus)
-        mixed = sum(wd * m for wd, m in zip(weighted, masks, strict=True))
-        divisor = sum(float(w) * m for w, m in zip(weights, masks, strict=True))
-        divisor = torch.where(divisor == 0, torch.ones_like(divisor), divisor)
+        carries = elect(weighted, consensus)
+        zero = torch.zeros((), dtype=weighted[0].dtype, device=weighted[0].device)
+        mixed = divisor = None
+        for w, wd, c in zip(weights, weighted, carries, strict=True):
+            part, weight = torch.where(c, wd, zero), torch.where(c, float(w), zero)
+            mixed = part if mixed is None else mixed.add_(part)
+            divisor = weight if divisor is None else divisor.add_(weight)
+        divisor.masked_fill_(divisor == 0, 1.0)
     else:
         mixed = sum(weighted)
         total = sum(float(w) for w in weights)
         divisor = total if abs(total) >= 1e-8 else 1.0
     if normalize:
         mixed = mixed / divisor
-    return (base.double() + scale * mixed).to(base.dtype)
+    return base.double() + (mixed if scale == 1.0 else scale * mixed)

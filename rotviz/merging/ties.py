@@ -8,48 +8,57 @@ on for TIES); then theta = base + λ times that. An entry no vector carries keep
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from rotviz.merging.registry import Mergekit, MergeMethod, register
+from rotviz.merging.rows import whole
 from rotviz.merging.task_vectors import (
     CONSENSUS_PARAM,
     SCALE_PARAM,
+    Trim,
     combine_deltas,
     density_param,
-    task_vectors,
-    trim,
 )
 
 if TYPE_CHECKING:
     import torch
 
     from rotviz.merging.registry import MergeJob
+    from rotviz.merging.rows import RowSource
 
     Tensor = torch.Tensor
+
+
+def ties_rows(src: RowSource, weights: Sequence[float], density: float = 1.0,
+              consensus: str = "sum", scale: float = 1.0) -> Iterator[Tensor]:
+    """TIES of one tensor, slice by slice in float64: the trim's thresholds first (passes
+    over the slices), then each slice trimmed, elected and averaged."""
+    trim = Trim(src, density)
+    for models, base in src.slices():
+        deltas = [trim(i, m - base) for i, m in enumerate(models)]
+        yield combine_deltas(base, deltas, weights, scale, consensus, normalize=True)
 
 
 def ties(tensors: Sequence[Tensor], base: Tensor, weights: Sequence[float],
          density: float = 1.0, consensus: str = "sum", scale: float = 1.0) -> Tensor:
     """TIES of one tensor, in float64, cast to the base's dtype."""
-    deltas = [trim(d, density) for d in task_vectors(tensors, base)]
-    return combine_deltas(base, deltas, weights, scale, consensus, normalize=True)
+    return whole(lambda src: ties_rows(src, weights, density, consensus, scale), tensors, base)
 
 
-def _combine(job: MergeJob, name: str, tensors: Sequence[Tensor],
-             base: Tensor | None) -> Tensor:
+def _rows(job: MergeJob, name: str, src: RowSource) -> Iterator[Tensor]:
     p = job.params
-    return ties(tensors, base, job.weights, p["density"], p["consensus"], p["scale"])
+    return ties_rows(src, job.weights, p["density"], p["consensus"], p["scale"])
 
 
 TIES = register(MergeMethod(
     "ties", "TIES",
     "task vectors trimmed to their largest entries, signs elected, the agreeing entries "
     "averaged (Yadav et al., 2023)",
-    _combine,
+    rows=_rows,
     params=(density_param(1.0, "kept by magnitude (TIES) or at random (DARE)"),
             CONSENSUS_PARAM, SCALE_PARAM),
-    at_size=True, needs_base=True, extra=("density", "consensus", "scale"),
+    needs_base=True, extra=("density", "consensus", "scale"),
     # mergekit elects signs by the weighted sum only (no "count"); TIES divides by the
     # weights of the agreeing vectors (normalize on)
     mergekit=Mergekit("ties", base="base", shared={"scale": "lambda"},

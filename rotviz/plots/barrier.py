@@ -28,13 +28,16 @@ def barrier_curves(
     metric: str = "loss",
     font_size: int = 14,
     title: str | None = None,
+    acc_range: Sequence[float] | None = None,
 ) -> go.Figure:
     """One line per matching option along θ(α) = (1-α)·anchor + α·matched source.
 
     Each curve is a mapping like `rotviz.analysis.landscape.Curve.to_dict()`: `match` (the matching
     SPEC), `alphas`, `loss` and `acc`. For the loss the barrier is drawn as a vertical
     segment from the straight line between the end points up to the curve, and its height
-    is given in the legend.
+    is given in the legend. The accuracy axis follows the curves (`style.acc_range`) unless
+    `acc_range` is given: `style.ACC_FIXED` for the 0-1 scale, or one range shared with
+    the panels it is compared with.
     """
     fig = go.Figure()
     key = "loss" if metric == "loss" else "acc"
@@ -57,13 +60,25 @@ def barrier_curves(
                 hovertemplate=f"barrier {top - base:.3f} at α={am:.2f}<extra></extra>",
             )
     y = style.LOSS if metric == "loss" else style.ACCURACY
-    default = ("Loss along the straight path from anchor to matched source" if metric == "loss"
-               else "Accuracy along the straight path from anchor to matched source")
-    fig = style.finish(fig, title or default, style.ALPHA, y, "matching option", font_size)
+    what = "Loss" if metric == "loss" else "Accuracy"
+    fig = style.finish(fig, title or path_title(what, [str(c["match"]) for c in curves]),
+                       style.ALPHA, y, "matching option", font_size)
     fig.update_layout(legend={"orientation": "h", "y": -0.22, "x": 0})
     if metric == "acc":
-        fig.update_yaxes(range=[0, 1.02])
+        fig.update_yaxes(range=list(acc_range) if acc_range is not None else
+                         style.acc_range(v for c in curves for v in c["acc"]))
     return fig
+
+
+def path_title(what: str, matches: Sequence[str]) -> str:
+    """A title that is true of every curve drawn: the path ends at the matched source only
+    when every curve matched, at the source as trained when none did."""
+    done = [m not in ("none", "") for m in matches]
+    if all(done):
+        return f"{what} along the straight path from anchor to matched source"
+    if not any(done):
+        return f"{what} along the straight path from anchor to source (no matching)"
+    return f"{what} along the straight path from anchor to source, with and without matching"
 
 
 PLANE_MARKERS = {

@@ -3,7 +3,7 @@ A/B/B' loss plane."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import plotly.graph_objects as go
 
@@ -15,10 +15,12 @@ T_AXIS = "curve parameter t (0 = anchor, 1 = matched source; straight line: α =
 
 
 def bend_curves(d: Mapping, metric: str = "loss", font_size: int = 14,
-                title: str | None = None) -> go.Figure:
+                title: str | None = None, acc_range: Sequence[float] | None = None
+                ) -> go.Figure:
     """The loss (or accuracy) along the trained curve and along the straight line at the
     same t, each barrier marked as a dotted segment above the line between the end losses
-    and given in the legend. `d` is `rotviz.analysis.curves.Bend.to_dict()`."""
+    and given in the legend. `d` is `rotviz.analysis.curves.Bend.to_dict()`. The accuracy
+    axis follows both curves unless `acc_range` is given (`style.ACC_FIXED`: 0-1)."""
     fig = go.Figure()
     curve = KIND_NAMES.get(str(d["kind"]), str(d["kind"]))
     key = "loss" if metric == "loss" else "acc"
@@ -47,7 +49,8 @@ def bend_curves(d: Mapping, metric: str = "loss", font_size: int = 14,
                        style.LOSS if metric == "loss" else style.ACCURACY, "path", font_size)
     fig.update_layout(legend={"orientation": "h", "y": -0.22, "x": 0})
     if metric == "acc":
-        fig.update_yaxes(range=[0, 1.02])
+        fig.update_yaxes(range=list(acc_range) if acc_range is not None else
+                         style.acc_range([*d["acc"], *d["line_acc"]]))
     return fig
 
 

@@ -41,9 +41,11 @@ def distance_matrices(d: Mapping, font_size: int = 14) -> go.Figure:
     return fig
 
 
-def merged_by_count(d: Mapping, font_size: int = 14) -> go.Figure:
+def merged_by_count(d: Mapping, font_size: int = 14,
+                    acc_range: Sequence[float] | None = None) -> go.Figure:
     """The merged model's test accuracy against the number of models merged (the first k),
-    aligned and as given, beside the best single model."""
+    aligned and as given, beside the best single model. The accuracy axis follows the data
+    unless `acc_range` is given (`style.ACC_FIXED`: 0-1)."""
     fig = go.Figure()
     for i, key in enumerate(("aligned", "unaligned")):
         label = f"aligned ({d['to']})" if key == "aligned" else "not aligned"
@@ -55,6 +57,8 @@ def merged_by_count(d: Mapping, font_size: int = 14) -> go.Figure:
     fig.add_scatter(x=[d["k"][0], d["k"][-1]], y=[best, best], mode="lines",
                     name="best single model", line={"color": style.GREY, "dash": "dot"})
     fig.update_xaxes(dtick=1)
+    fig.update_yaxes(range=list(acc_range) if acc_range is not None else style.acc_range(
+        [*d["acc"]["aligned"], *d["acc"]["unaligned"], best]))
     return style.finish(fig, "Merged model's accuracy against the number of models merged",
                         "models merged (the first k, equal weights)", style.ACCURACY,
                         "models", font_size)

@@ -83,8 +83,10 @@ def _target_name(d: Mapping) -> str:
 
 
 def slice_line(d: Mapping, log: bool = False, font_size: int = 14,
-               zmin: float | None = None, zmax: float | None = None) -> go.Figure:
-    """A 1D slice: loss (and accuracy, dotted, on a second axis) against x."""
+               zmin: float | None = None, zmax: float | None = None,
+               acc_range: Sequence[float] | None = None) -> go.Figure:
+    """A 1D slice: loss (and accuracy, dotted, on a second axis) against x. The accuracy
+    axis follows the data unless `acc_range` is given (`style.ACC_FIXED`: 0-1)."""
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     fig.add_scatter(x=d["xs"], y=d["loss"], mode="lines+markers", name="test loss",
                     line={"color": style.color(0), "dash": style.dash(0)},
@@ -99,7 +101,9 @@ def slice_line(d: Mapping, log: bool = False, font_size: int = 14,
                         name=_target_name(d), marker={"color": style.color(2), "size": 11,
                                                       "symbol": "diamond"})
     fig = style.finish(fig, _title(d), _axis(d, 1), style.LOSS, "curve", font_size)
-    fig.update_yaxes(title_text=style.ACCURACY, secondary_y=True, range=[0, 1])
+    fig.update_yaxes(title_text=style.ACCURACY, secondary_y=True,
+                     range=list(acc_range) if acc_range is not None else
+                     style.acc_range(d["acc"]))
     if log:
         style.log_axis(fig, "y", secondary_y=False)
     if zmin is not None or zmax is not None:
@@ -111,11 +115,13 @@ def slice_line(d: Mapping, log: bool = False, font_size: int = 14,
 
 
 def slice_figure(d: Mapping, log: bool = False, zmin: float | None = None,
-                 zmax: float | None = None, font_size: int = 14) -> go.Figure:
-    """A slice result (`Slice.to_dict()`): a line in 1D; in 2D a contour beside a 3D surface,
-    one colour scale (`zmin`/`zmax` in loss units, log10 of them with `log`)."""
+                 zmax: float | None = None, font_size: int = 14,
+                 acc_range: Sequence[float] | None = None) -> go.Figure:
+    """A slice result (`Slice.to_dict()`): a line in 1D (its accuracy axis: `slice_line`);
+    in 2D a contour beside a 3D surface, one colour scale (`zmin`/`zmax` in loss units,
+    log10 of them with `log`)."""
     if d["dims"] == 1:
-        return slice_line(d, log, font_size, zmin, zmax)
+        return slice_line(d, log, font_size, zmin, zmax, acc_range)
     z = np.asarray(d["loss"], dtype=float)
     c = _colours(z, log)
     lo, hi = _range(zmin, zmax, z, log)

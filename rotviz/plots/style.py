@@ -6,7 +6,8 @@ lines also differ in dash and marker so a figure printed in grey still reads.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Iterable, Sequence
 
 import plotly.graph_objects as go
 
@@ -34,7 +35,7 @@ DIVERGING = "RdBu_r"
 
 # Axis labels, with units, shared by every page so the same quantity reads the same way.
 DISTANCE = "Euclidean distance (L2 norm of parameter difference)"
-ALPHA = "interpolation coefficient α (0 = anchor, 1 = matched source)"
+ALPHA = "interpolation coefficient α (0 = anchor, 1 = source, matched as the legend says)"
 LOSS = "test loss (cross-entropy, nats)"
 ACCURACY = "test accuracy (fraction correct, 0-1)"
 BARRIER = "loss barrier (nats above the straight line)"
@@ -42,6 +43,26 @@ SINGULAR = "singular value of the cross matrix (unitless)"
 ANGLE = "rotation angle (degrees)"
 HEAD = "attention head (index)"
 LAYER = "layer (block index; 'rest' = embeddings, final norm, head)"
+
+
+# The fixed accuracy scale: the whole 0-1 range (a little headroom so that markers at 1 show).
+ACC_FIXED = (0.0, 1.02)
+
+
+def acc_range(values: Iterable[float], fixed: bool = False) -> list[float]:
+    """The y range of an accuracy axis drawn over `values`.
+
+    By default it follows the data: their span, padded by 5 % of it (at least 0.01) on each
+    side and kept within -0.02..1.02, so that curves near 0.15 or 0.95 are not drawn as flat
+    lines on a 0-1 axis. `fixed` gives the whole 0-1 scale, to compare figures at a glance.
+    Panels that are compared take one range over all their values (pass them all here).
+    """
+    finite = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    if fixed or not finite:
+        return list(ACC_FIXED)
+    lo, hi = min(finite), max(finite)
+    pad = max(0.05 * (hi - lo), 0.01)
+    return [max(lo - pad, -0.02), min(hi + pad, ACC_FIXED[1])]
 
 
 def color(i: int) -> str:

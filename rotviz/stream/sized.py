@@ -7,10 +7,12 @@ is never made whole: every block's weights, (1 - alpha) anchor + alpha source in
 are built just before the block runs and dropped after it (rotviz.skeleton); embeddings and
 output heads likewise, the small tensors outside the blocks when the point starts. Logits
 are bounded per batch as everywhere (rotviz.evaluation.fit_batch). Planes hold three
-checkpoints (anchor, source, matched source) and build each grid point the same way; the
-simple merge is the path's point at its weight, written tensor by tensor. The source is
-taken as given: match it first (rotviz.stream.match writes a matched checkpoint; the
-CLI's --max-memory does both).
+checkpoints (anchor, source, matched source) and build each grid point the same way. A
+merge holds none of its checkpoints: each merged tensor is built once, from slices of rows
+read from them (rotviz.merging.rows), and written slice by slice to the output and to a
+float32 cache that its evaluation reads block by block. The source is taken as given:
+match it first (rotviz.stream.match writes a matched checkpoint; the CLI's --max-memory
+does both).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,15 +40,16 @@ from rotviz.analysis.landscape import (
     plane_grid,
     plane_points,
 )
-from rotviz.checkpoint import ShardWriter
+from rotviz.checkpoint import Checkpoint, ShardWriter
 from rotviz.data import Split
-from rotviz.devices import wide_device
+from rotviz.devices import one_thread, wide_device
 from rotviz.dist import SINGLE, Group
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator, check_split
 from rotviz.limits import GRID, MARGIN
 from rotviz.match.endpoints import MatchInfo
 from rotviz.memory import release
+from rotviz.merging.registry import MergeJob, MergeMethod
 from rotviz.models import Loaded, check_compatible, copy_reading_files, read_config
 from rotviz.skeleton import build_meta
 from rotviz.stream.blocks import Streamed, open_streamed
@@ -71,9 +75,10 @@ def sized_loaded(model: Streamed) -> Loaded:
                   dict(module.state_dict()), {})
 
 
-class Held:
-    """Checkpoints of one architecture held as stored on the device, each point a weighted
-    sum of them built block by block while the anchor's module (on meta) runs on a split."""
+class Opened:
+    """Checkpoints of one architecture opened for streaming (headers only), and the anchor's
+    module (on meta) with its evaluator on a split: a point runs block by block, its tensors
+    given as each block needs them, and nothing is held between points."""
 
     def __init__(self, refs: list[str | os.PathLike], split: Split,
                  device: str | torch.device = "cpu", batch_size: int = 512):
@@ -83,13 +88,45 @@ class Held:
             check_compatible(self.models[0], m)  # type: ignore[arg-type]  # duck-typed
         self.device = torch.device(wide_device(device))
         self.keys = self.models[0].checkpoint.keys()
+        loaded = sized_loaded(self.models[0])
+        self.ev = Evaluator(loaded, split, self.device, batch_size)
+        self.module = self.ev.module  # the module evaluations run (rotviz.evaluation)
+
+    def read(self, k: int, names) -> dict[str, Tensor]:
+        """Model k's named tensors, floating ones in float32 (cast as they are read, so a
+        tensor is never whole in two dtypes), on the device."""
+        return float32(self.models[k].checkpoint.read(names, torch.float32), self.device)
+
+    def run(self, rest, provider) -> tuple:
+        """`Evaluator.per_sample`'s arrays and scores of the point whose tensors outside the
+        blocks `rest(names)` gives and whose block k's tensors `provider(k)` gives, built as
+        each is needed (checkpoint names, float32)."""
+        runner = self.models[0].runner(self.module, rest, provider)
+        try:
+            scored: list[dict[str, float]] = []
+            return self.ev.per_sample({}, scored), scored[0]
+        finally:
+            runner.close()
+            release()
+
+    def scores(self, tensors) -> tuple[float, float, dict[str, float]]:
+        """Loss, accuracy and the task's scores of the point whose named tensors
+        `tensors(names)` gives."""
+        per, scores = self.run(tensors, lambda k: tensors(self.models[0].block_keys[k]))
+        return float(per[0].sum() / per[2].sum()), float(per[1].sum() / per[2].sum()), scores
+
+
+class Held(Opened):
+    """Checkpoints of one architecture held as stored on the device, each point a weighted
+    sum of them built block by block while the anchor's module (on meta) runs on a split."""
+
+    def __init__(self, refs: list[str | os.PathLike], split: Split,
+                 device: str | torch.device = "cpu", batch_size: int = 512):
+        super().__init__(refs, split, device, batch_size)
         self.tensors = [{k: v.to(self.device) for k, v in m.checkpoint.read(self.keys).items()}
                         for m in self.models]
         self.held_bytes = sum(t.numel() * t.element_size()
                               for ts in self.tensors for t in ts.values())
-        loaded = sized_loaded(self.models[0])
-        self.ev = Evaluator(loaded, split, self.device, batch_size)
-        self.module = self.ev.module  # the module evaluations run (rotviz.evaluation)
 
     def mix(self, coeffs: tuple[float, ...], names) -> dict[str, Tensor]:
         """The named tensors of sum_k coeffs[k] model_k, in float32. Two models at
@@ -112,18 +149,6 @@ class Held:
         """`Evaluator.per_sample`'s arrays and scores at that point."""
         return self.run(lambda ns: self.mix(coeffs, ns),
                         lambda k: self.mix(coeffs, self.models[0].block_keys[k]))
-
-    def run(self, rest, provider) -> tuple:
-        """`Evaluator.per_sample`'s arrays and scores of the point whose tensors outside the
-        blocks `rest(names)` gives and whose block k's tensors `provider(k)` gives, built as
-        each is needed (checkpoint names, float32)."""
-        runner = self.models[0].runner(self.module, rest, provider)
-        try:
-            scored: list[dict[str, float]] = []
-            return self.ev.per_sample({}, scored), scored[0]
-        finally:
-            runner.close()
-            release()
 
     def loss_acc(self, coeffs: tuple[float, ...]) -> tuple[float, float, dict[str, float]]:
         """Loss, accuracy and the task's scores at that point."""
@@ -166,17 +191,24 @@ def sized_merge(anchor: str | os.PathLike, source: str | os.PathLike, split: Spl
                 method: str = "simple", base: str | os.PathLike | None = None,
                 **params) -> Merged:
     """The merge of two checkpoint folders (the source already matched: `match_info` says
-    how) with a registered method that combines tensor by tensor without statistics (simple,
-    task arithmetic, TIES, DARE, SLERP, Model Stock: `MergeMethod.at_size`) and its `params`,
-    about the checkpoint folder `base` for a method that needs one; evaluated on `split` with
-    the two endpoints as `rotviz.analysis.fusion.merge` does, each merged tensor built just
-    before its block runs (the base held as stored beside the pair); written as shards in the
-    anchor's dtypes into the empty `folder` when given, with its config and tokenizer and
-    processor files. Fisher and RegMean need statistics of whole models and are refused."""
+    how) with a registered method that merges a slice of rows at a time without statistics
+    (simple, task arithmetic, TIES, DARE, SLERP, Model Stock: `MergeMethod.at_size`) and its
+    `params`, about the checkpoint folder `base` for a method that needs one; written as
+    shards in the anchor's dtypes into the empty `folder` when given, with its config and
+    tokenizer and processor files, and evaluated on `split` with the two endpoints as
+    `rotviz.analysis.fusion.merge` does.
+
+    No checkpoint is held: each tensor is merged once, from slices of rows read from the
+    checkpoints (`MergedRows`), and each merged slice is written as it comes, to `folder`
+    and, in float32 (the merge the in-memory path evaluates), to a temporary cache in
+    TMPDIR that the evaluation then reads block by block (an evaluation runs every block
+    once per batch). The peak is about the largest tensor in float32 (an embedding, while
+    its module runs) and a slice's float64 working copies. Fisher and RegMean need
+    statistics of whole models and are refused."""
     from rotviz.analysis.fusion import method_params
     from rotviz.merging import check_base
     from rotviz.merging import method as method_record
-    from rotviz.merging.combine import combine_one, merge_job
+    from rotviz.merging.combine import merge_job
 
     m = method_record(method)
     weight = check_weight(weight)
@@ -188,49 +220,20 @@ def sized_merge(anchor: str | os.PathLike, source: str | os.PathLike, split: Spl
     check_base(m, base is not None)
     t0 = time.perf_counter()
     refs = [anchor, source] if base is None else [anchor, source, base]
-    held = Held(refs, split, device, batch_size)
-    pad = (0.0,) * (len(refs) - 2)
-    w = (1.0 - weight, weight)
-    first = held.models[0]
-    if m.name == "simple":  # the path's point at the weight, as the curves build it
-        def merged(names) -> dict[str, Tensor]:
-            return held.mix(w, names)
-    else:
-        from rotviz.sources import source_of
-
-        job = merge_job(sized_loaded(first), m, w, None, values)
-        owner = dict(first.tied)  # a tied alias merges as its owner, so they stay one tensor
-        # the module's name of each tensor, which the method sees (DARE seeds its drop by it),
-        # so a streamed merge equals the in-memory one
-        module_name = source_of(first.spec).checkpoint_names(held.module, list(held.keys))
-
-        def merged(names) -> dict[str, Tensor]:
-            out = {}
-            for n in names:
-                key = owner.get(n, n) if owner.get(n, n) in held.keys else n
-                ts = [t[key] for t in held.tensors]
-                if not ts[0].is_floating_point():
-                    out[n] = ts[0]
-                    continue
-                b = ts[2].float() if base is not None else None
-                out[n] = combine_one(m, job, module_name.get(key, key),
-                                     [ts[0].float(), ts[1].float()], b).float()
-            return out
-
-    per, scores = held.run(merged, lambda k: merged(first.block_keys[k]))
-    loss, acc = float(per[0].sum() / per[2].sum()), float(per[1].sum() / per[2].sum())
-    a_loss, a_acc, a_scores = held.loss_acc((1.0, 0.0, *pad))
-    s_loss, s_acc, s_scores = held.loss_acc((0.0, 1.0, *pad))
+    opened = Opened(refs, split, device, batch_size)
+    first = opened.models[0]
+    job = merge_job(sized_loaded(first), m, (1.0 - weight, weight), None, values)
+    rows = MergedRows(opened, m, job)
+    with tempfile.TemporaryDirectory(prefix="rotviz-merged-") as tmp:
+        cache = Path(tmp)
+        check_cache_space(first, cache)
+        rows.write_all(cache, folder)
+        merged = Checkpoint(cache)
+        loss, acc, scores = opened.scores(
+            lambda ns: float32(merged.read(ns, torch.float32), opened.device))
+    a_loss, a_acc, a_scores = opened.scores(lambda ns: opened.read(0, ns))
+    s_loss, s_acc, s_scores = opened.scores(lambda ns: opened.read(1, ns))
     if folder is not None:
-        entries = first.checkpoint.entries
-        plan = [(n, entries[n].dtype, entries[n].shape) for n in held.keys]
-        writer = ShardWriter(folder, plan, first.checkpoint.largest_file_bytes())
-        try:
-            for n in held.keys:
-                writer.write(n, merged([n])[n].to(device="cpu", dtype=entries[n].dtype))
-            writer.close()
-        finally:
-            writer.abort()
         shutil.copyfile(first.path / "config.json", folder / "config.json")
         copy_reading_files(first.path, folder)
     info = match_info or MatchInfo("none", 0.0, 0.0, None, 0.0)
@@ -238,12 +241,115 @@ def sized_merge(anchor: str | os.PathLike, source: str | os.PathLike, split: Spl
         method=m.name, match=info.match, weight=weight, loss=loss, acc=acc,
         anchor_loss=a_loss, anchor_acc=a_acc, source_loss=s_loss, source_acc=s_acc,
         data=split.data, split=split.split, stats_split=None, batches=8, batch_size=32,
-        alpha=None, device=str(held.device), n=split.n, seconds=time.perf_counter() - t0,
+        alpha=None, device=str(opened.device), n=split.n, seconds=time.perf_counter() - t0,
         match_seconds=info.seconds, stats_seconds=0.0, distance_before=info.distance_before,
-        distance_after=info.distance_after, anchor=first.ref, source=held.models[1].ref,
+        distance_after=info.distance_after, anchor=first.ref, source=opened.models[1].ref,
         layers=layers, scores=scores, anchor_scores=a_scores, source_scores=s_scores,
-        base="" if base is None else held.models[2].ref,
+        base="" if base is None else opened.models[2].ref,
         params={k: v for k, v in values.items() if k in m.extra})
+
+
+def float32(tensors: dict[str, Tensor], device: torch.device) -> dict[str, Tensor]:
+    """Floating tensors in float32, all on `device`."""
+    return {n: (t.float() if t.is_floating_point() else t).to(device)
+            for n, t in tensors.items()}
+
+
+def check_cache_space(model: Streamed, cache: Path) -> None:
+    """One line, before any work, where the cache's disk cannot hold the merged model in
+    float32."""
+    need = sum(math.prod(e.shape) * (4 if e.dtype.is_floating_point else e.dtype.itemsize)
+               for e in model.checkpoint.entries.values())
+    free = shutil.disk_usage(cache).free
+    if free < need:
+        raise RotvizError(f"merging at size caches the merged model in float32 ({need / 1e9:.1f}"
+                          f" GB) in {cache.parent}, which has {free / 1e9:.1f} GB free; set "
+                          "TMPDIR to a folder on a larger disk")
+
+
+class MergedRows:
+    """The merged tensors of opened checkpoints (anchor, source[, base]) with a method that
+    merges by rows: each tensor's slices of rows read from the checkpoints in float64 as the
+    method asks for them (rotviz.merging.rows), on the device. A tied alias merges as its
+    owner, so they stay one tensor; integer tensors are the anchor's."""
+
+    def __init__(self, opened: Opened, m: MergeMethod, job: MergeJob) -> None:
+        from rotviz.sources import source_of
+
+        self.opened, self.m, self.job = opened, m, job
+        first = opened.models[0]
+        self.owner = dict(first.tied)
+        # the module's name of each tensor, which the method sees (DARE seeds its drop by
+        # it), so a streamed merge equals the in-memory one
+        self.module_name = source_of(first.spec).checkpoint_names(opened.module,
+                                                                  list(opened.keys))
+
+    def key(self, n: str) -> str:
+        o = self.owner.get(n, n)
+        return o if o in self.opened.keys else n
+
+    def parts(self, key: str):
+        """The merged slices of the checkpoint tensor `key` (float64, in row order)."""
+        from rotviz.merging.rows import RowSource
+
+        checkpoints = [x.checkpoint for x in self.opened.models]
+        device = self.opened.device
+
+        def read(lo: int, hi: int):
+            ts = [c.read_rows(key, lo, hi, torch.float64).to(device) for c in checkpoints]
+            return ts[:2], (ts[2] if len(ts) > 2 else None)
+
+        src = RowSource(tuple(checkpoints[0].entries[key].shape), 2, read)
+        return self.m.rows(self.job, self.module_name.get(key, key), src)
+
+    def write_all(self, cache: Path, folder: Path | None) -> None:
+        """Every tensor merged once, its slices rounded to float32 and written to `cache`
+        and, rounded again to the stored dtype (as the in-memory merge is written), to
+        `folder` when given."""
+        first = self.opened.models[0]
+        entries = first.checkpoint.entries
+        stored = {n: entries[n].dtype for n in self.opened.keys}
+        kinds = [{n: torch.float32 if d.is_floating_point else d for n, d in stored.items()}]
+        dirs = [cache]
+        if folder is not None:
+            kinds.append(stored)
+            dirs.append(folder)
+        size = first.checkpoint.largest_file_bytes()
+        out = [(ShardWriter(d, [(n, dt[n], entries[n].shape) for n in dt], size), dt)
+               for d, dt in zip(dirs, kinds, strict=True)]
+        try:
+            with one_thread():  # slices are small: rotviz.devices.one_thread says why
+                for n in self.opened.keys:
+                    self.write(n, out)
+            for w, _ in out:
+                w.close()
+        finally:
+            for w, _ in out:
+                w.abort()
+
+    def write(self, n: str, out: list[tuple[ShardWriter, dict[str, torch.dtype]]]) -> None:
+        """Tensor `n` merged, a slice at a time, to each writer in its dtype for `n`."""
+        key = self.key(n)
+        e = self.opened.models[0].checkpoint.entries[n]
+        if not e.dtype.is_floating_point or not e.shape:  # no rows to write one by one
+            if e.dtype.is_floating_point:
+                from rotviz.merging.rows import gather
+
+                t = gather(self.parts(key), e.shape, torch.float32)
+            else:
+                t = self.opened.models[0].checkpoint.read([key])[key]
+            for w, dtypes in out:
+                w.write(n, t.to(device="cpu", dtype=dtypes[n]))
+            return
+        for w, _ in out:
+            w.begin(n)
+        for p in self.parts(key):
+            p = p.float().cpu()
+            for w, dtypes in out:
+                w.add(p.to(dtypes[n]))
+        for w, _ in out:
+            w.end()
+        release()
 
 
 def sized_plane(anchor: str | os.PathLike, source: str | os.PathLike,

@@ -29,6 +29,13 @@ class Symmetry:
     action: str = ""  # what applies an element: a function of rotviz.symmetry
     solver: str = ""  # what finds the element: a function of rotviz.match
     draw: str = ""  # the keyword of rotviz.symmetry.actions.random_transform that draws one
+    # `why` in one sentence, where `why` takes more (the symmetry ladder's rung captions,
+    # rotviz.analysis.ladder); empty: `why` is one sentence already
+    reason: str = ""
+
+    def one_sentence(self) -> str:
+        """Why the function does not change, in one sentence."""
+        return self.reason or self.why
 
 
 SYMMETRIES: tuple[Symmetry, ...] = (
@@ -67,22 +74,42 @@ SYMMETRIES: tuple[Symmetry, ...] = (
         "folded into the readers and Q keeps the all-ones direction (Q 1 = 1).",
         "also map the residual stream (rotation, centred rotation or permutation, as the "
         "architecture allows), alternated with the others", False, "stream",
-        action="residual.apply_residual", solver="residual.solve", draw="residual.random_map"),
+        action="residual.apply_residual", solver="residual.solve", draw="residual.random_map",
+        reason="Turning the residual stream by an orthogonal Q and every reader by the same Q "
+               "cancels, x Q (W Q)ᵀ = x Wᵀ, because layers talk only through the stream (under "
+               "LayerNorm once its gains are folded into the readers and Q 1 = 1)."),
     Symmetry(
         "act", "activation matching",
         "Activation matching picks the FFN permutations and the residual map from the two "
         "models' activations on training data instead of their weights. The maps are still "
         "symmetries, so the function cannot change.",
         "FFN and residual maps from activations on --data (training split)", False, "stream",
-        needs_data=True, solver="datamatch.match_activations"),
+        needs_data=True, solver="datamatch.match_activations",
+        reason="Activation matching only picks the FFN permutations and the residual map from "
+               "the two models' activations instead of their weights, so the maps are the same "
+               "symmetries and the function cannot change."),
     Symmetry(
         "learned", "learned matching",
         "Learned matching tunes the rotations by gradient descent so that the models "
         "half-way between the two have a low training loss, stopping when the barrier on "
         "the validation split stops improving. Still symmetries: the function is kept.",
         "then tune the rotations on --data so the path has no barrier", False, "stream",
-        needs_data=True, solver="learned.learn"),
+        needs_data=True, solver="learned.learn",
+        reason="Learned matching only tunes rotations that are symmetries (the residual map "
+               "and per-head Q-K and V-O maps) to lower the loss half-way, so the function is "
+               "kept whatever it learns."),
 )
+
+# The symmetry ladder (rotviz.analysis.ladder): matching SPECs as the group grows, then the
+# data solvers; and its two rungs that add no symmetry, each with its one sentence: the pair
+# as it is, and a model matched onto itself.
+LADDER: tuple[str, ...] = ("none", "ffn", "ffn,attn", "seed", "seed,heads", "weight", "act",
+                           "learned")
+NONE_REASON = ("No map is applied: the source is compared with the anchor as it was trained, "
+               "so its function is its own.")
+SELF_REASON = ("Matched onto itself, a model is already at distance 0, which no map can beat, "
+               "so matching keeps the identity and the path between the two ends is one "
+               "model.")
 
 BY_NAME: dict[str, Symmetry] = {s.name: s for s in SYMMETRIES}
 NAMES: tuple[str, ...] = tuple(BY_NAME)

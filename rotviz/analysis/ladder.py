@@ -1,0 +1,376 @@
+"""The symmetry ladder: one pair measured as the group it is matched in grows.
+
+Each rung is an existing matching SPEC (rotviz.match.selection), so each rung's numbers are
+exactly what `rotviz barrier`, `rotviz distances` and `rotviz merge --method simple` say for
+that `--match`:
+
+| rung | SPEC | what it adds |
+|---|---|---|
+| none | `none` | nothing: the pair as trained |
+| FFN permutation | `ffn` | FFN neuron permutations |
+| + attention rotation | `ffn,attn` | per-head Q-K and V-O rotations |
+| + rescale (seed paper) | `seed` | per-head Q-K and V-O scales |
+| + head permutation | `seed,heads` | head order |
+| + residual rotation (weight matching) | `weight` | the residual stream's map, alternated |
+| activation matching | `act` | the same maps, FFN and stream picked from activations |
+| learned matching | `learned` | weight matching, then rotations tuned on data |
+
+and one more, **align-to-self**: the anchor matched onto itself with the ladder's largest
+data-free matching (`weight`), whose barrier and distance are exactly 0 (rotviz.match.engine
+returns the identity when matching lowers nothing).
+
+Per rung: the barrier (the GLMC definition, on `points` alphas of the test split), the
+Euclidean distance to the anchor after matching, and the accuracy of the simple merge at 0.5
+(`(anchor + matched source) / 2`, rotviz.merging's `simple`). Each rung carries the one
+sentence of the symmetry registry that says why its maps keep the function
+(rotviz.symmetry.registry: the sentence of the symmetry the rung adds).
+
+Work shared across rungs: one evaluator (the split on the device once), an evaluation cache
+keyed by the parameters' bytes (alpha = 0 is the anchor itself, bit for bit, on every path;
+align-to-self's path is the anchor at every alpha), learned matching starting from the
+weight rung's match instead of solving it again, and each rung's evaluation overlapping the
+next rungs' matching.
+
+    from rotviz import load_model, measure
+    from rotviz.analysis.ladder import LadderPair, ladder
+    r = ladder(LadderPair.of(load_model(A), load_model(B)), split)   # or:
+    r = measure("ladder", [A, B], split, match=["none", "seed", "weight"], points=21)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rotviz.confine import ANYWHERE, Confined
+from rotviz.data import Split
+from rotviz.limits import DEFAULT_STEPS
+from rotviz.match.selection import parse_selection
+from rotviz.models import Loaded
+from rotviz.symmetry import registry
+from rotviz.types import Progress
+
+RUNGS = registry.LADDER
+SELF = "self"  # the align-to-self rung's kind
+
+
+def rung_specs(specs: Sequence[str] | None) -> tuple[str, ...]:
+    """The rungs asked for, each a matching SPEC as given (checked; default `RUNGS`), each
+    meaning once and in the order given."""
+    out: list[str] = []
+    seen: set[str] = set()
+    for s in specs or RUNGS:
+        label = parse_selection(s).label  # one line for an unknown SPEC
+        if label not in seen:
+            seen.add(label)
+            out.append(str(s).strip())
+    return tuple(out)
+
+
+# The rungs that are the shorthands of the matching string, named as the literature does
+SHORTHAND_WORDS = {"seed": "seed paper", "weight": "weight matching"}
+
+
+def describe(specs: Sequence[str]) -> list[dict]:
+    """Each rung's SPEC (canonical and as asked), its words, the symmetries it adds and its
+    one sentence from rotviz.symmetry.registry. A rung of maps adds the maps the rung of
+    maps before it lacked ("+ attention rotation"), and its sentence is the first of those
+    symmetries'; a data solver's rung (activations, learned) solves for maps the rungs
+    before had, and its sentence is the solver's."""
+    out = []
+    before: set[str] = set()
+    for spec in specs:
+        sel = parse_selection(spec)
+        flags = list(sel.flags)
+        solvers = [f for f in flags if f in registry.DATA_SOLVERS]
+        if not flags:
+            adds, words, reason = [], "none", registry.NONE_REASON
+        elif solvers:
+            adds = solvers
+            words = " + ".join(registry.BY_NAME[f].label for f in solvers)
+            reason = registry.BY_NAME[solvers[0]].one_sentence()
+        else:
+            adds = [f for f in flags if f not in before] or flags
+            words = ("+ " if before and set(flags) > before else "") + " + ".join(
+                registry.BY_NAME[f].label for f in adds)
+            short = sel.label.split(",")
+            if len(short) == 1 and short[0] in SHORTHAND_WORDS:
+                words += f" ({SHORTHAND_WORDS[short[0]]})"
+            reason = registry.BY_NAME[adds[0]].one_sentence()
+            before = set(flags)
+        out.append({"spec": sel.label, "asked": str(spec).strip(), "words": words,
+                    "adds": adds, "reason": reason})
+    return out
+
+
+class LadderPair:
+    """What `rotviz ladder` takes: the anchor and the source, and the rungs' SPECs. `read`
+    checks the SPECs and finds both model folders (one line each); the models are loaded
+    through `confined` when first used, so that a command's other refusals (its data, its
+    outputs) come before that, and checked to be matchable as they are."""
+
+    def __init__(self, refs: Sequence[str], specs: Sequence[str] | None = None,
+                 confined: Confined = ANYWHERE) -> None:
+        from rotviz.models import resolve_ref
+
+        self.specs = rung_specs(specs)  # SPEC errors before any model is read
+        self.refs = (str(refs[0]), str(refs[1]))
+        self.paths = (resolve_ref(refs[0], confined), resolve_ref(refs[1], confined))
+        self.confined = confined
+        self._models: tuple[Loaded, Loaded] | None = None
+
+    @classmethod
+    def read(cls, refs: Sequence[str], specs: Sequence[str] | None = None,
+             confined: Confined = ANYWHERE) -> LadderPair:
+        return cls(refs, specs, confined)
+
+    @classmethod
+    def of(cls, anchor: Loaded, source: Loaded, specs: Sequence[str] | None = None
+           ) -> LadderPair:
+        """A pair already loaded (the library: `ladder(LadderPair.of(a, b), split)`)."""
+        pair = cls.__new__(cls)
+        pair.specs, pair.refs = rung_specs(specs), (anchor.ref, source.ref)
+        pair.paths, pair.confined = (Path(anchor.ref), Path(source.ref)), ANYWHERE
+        pair._models = pair._check(anchor, source)
+        return pair
+
+    @staticmethod
+    def _check(anchor: Loaded, source: Loaded) -> tuple[Loaded, Loaded]:
+        from rotviz.match.widths import check_pair, refuse_narrower
+
+        if check_pair(anchor, source):  # also refuses two architectures, in one line
+            refuse_narrower("the ladder's first rung compares the pair as it is",
+                            "compare two models of one width")
+        return anchor, source
+
+    def models(self) -> tuple[Loaded, Loaded]:
+        """Both models, loaded once and checked."""
+        if self._models is None:
+            from rotviz.models import load_model
+
+            self._models = self._check(*(load_model(r, confined=self.confined)
+                                         for r in self.refs))
+        return self._models
+
+    def first_pair(self) -> tuple[Path, Path]:
+        return self.paths
+
+
+@dataclass
+class Ladder:
+    """Every rung's barrier, distance and merged accuracy (`rungs`, in order, then the
+    align-to-self rung), with what they were measured on."""
+
+    anchor: str
+    source: str
+    rungs: list[dict]  # one per rung: see `ladder`
+    skipped: dict[str, str]  # SPEC -> why the pair cannot use it
+    alphas: list[float]
+    points: int
+    data: str
+    split: str
+    n: int
+    device: str
+    seconds: float
+    anchor_loss: float = 0.0
+    anchor_acc: float = 0.0
+    learn_steps: int = DEFAULT_STEPS
+    stopped: str = ""  # "cancelled" when the caller's cancel() stopped learned matching
+    task: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class Points:
+    """Evaluations by parameter values: each distinct parameter set is evaluated once (keyed
+    by a hash of its bytes), whichever rung asks. Every path starts at the anchor itself
+    (torch.lerp at alpha 0 is the anchor, bit for bit), and a path whose two ends are one
+    model (align-to-self) is that model at every alpha, so those are look-ups. Evaluation is
+    deterministic, so a look-up is what evaluating again would give."""
+
+    def __init__(self) -> None:
+        self.seen: dict[bytes, tuple] = {}
+        self.hits = 0
+
+    @staticmethod
+    def key(params: dict[str, torch.Tensor]) -> bytes:
+        h = hashlib.blake2b(digest_size=32)
+        for name in sorted(params):
+            t = params[name].detach().cpu().contiguous()
+            h.update(name.encode())
+            h.update(str(t.dtype).encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy())
+        return h.digest()
+
+    def evaluate(self, ev, params: dict[str, torch.Tensor], scores: bool = False) -> tuple:
+        """(per-sample loss, correct and count arrays; with `scores`, the task's scores of the
+        same pass, else None) of `params`. The path's points need no scores: only the merge
+        reports them."""
+        key = self.key(params)
+        found = self.seen.get(key)
+        if found is not None and (found[1] is not None or not scores):
+            self.hits += 1
+            return found
+        scored: list[dict[str, float]] | None = [] if scores else None
+        out = (ev.per_sample(params, scored), scored[0] if scored is not None else None)
+        self.seen[key] = out
+        return out
+
+
+def _why_not(spec: str, anchor: Loaded) -> str | None:
+    """Why the pair cannot use `spec` (a residual map its architecture lacks), or None."""
+    if not parse_selection(spec).residual:
+        return None
+    from rotviz.match.pipeline import view_of
+    from rotviz.symmetry import residual as rs
+
+    why = rs.unsupported(view_of(anchor))
+    return None if why is None else f"no residual map for {anchor.spec.family}: {why}"
+
+
+def _start_of(options) -> str | None:
+    """The data-free matching learned matching starts from (its SPEC label), or None."""
+    from dataclasses import replace
+
+    if not options.learned or options.act:
+        return None
+    return parse_selection(replace(options, learned=False).label).label
+
+
+def ladder(pair: LadderPair, split: Split, points: int = 11, device: str | torch.device = "cpu",
+           batch_size: int = 512, steps: int = DEFAULT_STEPS,
+           progress: Progress | None = None,
+           cancel: Callable[[], bool] | None = None) -> Ladder:
+    """ladder(LadderPair.read([anchor, source]), split) -> Ladder
+
+    Match the source onto the anchor with each rung's SPEC (activation and learned matching
+    train on `split`'s train sibling, learned matching for at most `steps` steps), and for
+    each: the barrier on `points` alphas as `rotviz barrier` measures it, the distance after
+    matching, and the simple merge at 0.5 evaluated as `rotviz merge --method simple` does.
+    Then the align-to-self rung. Each rung dict holds: kind (rung or self), spec, asked,
+    words, adds, reason, barrier, loss_range, distance_before, distance, mid_acc (the path's
+    point at 0.5), merged_acc, merged_loss, scores of the merge, loss and acc along the path,
+    max_output_diff, match_seconds, seconds (its evaluation's).
+
+    Matching runs in the calling thread, rung after rung; each rung's path and merge are
+    evaluated meanwhile by one worker thread on its own twin of the module, so that the
+    evaluation overlaps the next rungs' matching (weight, activation and learned matching
+    on a small pair leave a core mostly idle: their small operations gain little from a
+    second thread). Both keep torch's thread count as the caller set it (torch's count is
+    one for the whole process: a worker that lowered it would change the matching's
+    arithmetic, and `rotviz barrier`'s maps are found with the caller's count). Evaluation
+    is deterministic, so the overlap changes no number."""
+    from dataclasses import replace
+
+    from rotviz.analysis.landscape import check_path, path_points
+    from rotviz.devices import resolve_device
+    from rotviz.evaluation import Evaluator
+    from rotviz.limits import STEPS
+    from rotviz.match.endpoints import from_matched, unmatched
+    from rotviz.match.options import LearnOptions
+    from rotviz.match.pipeline import match_models
+    from rotviz.match.selection import match_options
+    from rotviz.merging.combine import merge_states
+
+    check_path(points, 1, split)
+    STEPS.check(steps)
+    t0 = time.perf_counter()
+    anchor, source = pair.models()
+    ev = Evaluator(anchor, split, device, batch_size)
+    dev = resolve_device(device)
+    pa = ev.params(anchor.state)
+    cache = Points()
+    anchor_per = cache.evaluate(ev, pa)[0]
+    alphas = np.linspace(0.0, 1.0, points).tolist()
+    rungs = describe(pair.specs)
+    skipped = {r["asked"]: why for r in rungs if (why := _why_not(r["asked"], anchor))}
+    rungs = [r for r in rungs if r["asked"] not in skipped]
+    # align-to-self: the largest data-free matching asked for (weight, by default)
+    free = [parse_selection(r["spec"]) for r in rungs]
+    free = [sel for sel in free if not any(f in registry.DATA_SOLVERS for f in sel.flags)]
+    self_spec = max(free, key=lambda sel: len(sel.flags)).label if free else "none"
+    starts = {_start_of(o) for r in rungs if (o := match_options(r["spec"])) is not None}
+    total = len(rungs) + 1
+
+    def measure(e, ends, kind: str, rung: dict, match_s: float) -> dict:
+        """A rung's path and merge on evaluator `e` (the worker's twin)."""
+        t1 = time.perf_counter()
+        pm = e.params(ends.matched)
+        merged = e.params(merge_states(anchor, "simple", anchor.state, ends.matched, 0.5))
+        at = {}
+        for a in alphas:  # each point made when evaluated: one parameter set at a time
+            per, _ = cache.evaluate(e, {k: torch.lerp(pa[k], pm[k], a) for k in pa})
+            at[a] = (per, {})
+        (loss, correct, count), scores = cache.evaluate(e, merged, scores=True)
+        f = path_points(at.__getitem__, alphas, e.n, split.task)
+        assert f is not None  # one process
+        i = ends.info
+        return {**rung, "kind": kind, "barrier": f["barrier"], "loss_range": f["loss_range"],
+                "distance_before": i.distance_before, "distance": i.distance_after,
+                "mid_acc": f["mid_acc"], "merged_loss": float(loss.sum() / count.sum()),
+                "merged_acc": float(correct.sum() / count.sum()), "merged_scores": scores,
+                "loss": f["loss"], "acc": f["acc"], "max_output_diff": i.max_output_diff,
+                "match_seconds": match_s, "seconds": time.perf_counter() - t1}
+
+    worker: dict[str, Evaluator] = {}
+
+    def begin() -> None:  # the worker's own module (functional_call swaps its parameters)
+        worker["ev"] = ev.twin()
+
+    def evaluate_later(ends, kind: str, rung: dict, match_s: float):
+        return pool.submit(lambda: measure(worker["ev"], ends, kind, rung, match_s))
+
+    stopped = ""
+    pending = []
+    done: dict[str, object] = {}  # data-free matches a learned rung starts from
+    pool = ThreadPoolExecutor(1, thread_name_prefix="rotviz-ladder", initializer=begin)
+    try:
+        for k, rung in enumerate(rungs):
+            if progress:
+                progress(k, total, f"{rung['words']}: matching")
+            t1 = time.perf_counter()
+            options = match_options(rung["spec"])
+            if options is None:
+                ends = unmatched(anchor, source)
+            else:
+                if options.learned:
+                    options = replace(options, learn=LearnOptions(steps=steps))
+                m = match_models(anchor, source, options, dev, None, split, cancel,
+                                 done.get(_start_of(options) or ""))
+                if (m.report.learned or {}).get("stopped") == "cancelled":
+                    stopped = "cancelled"
+                    break
+                if rung["spec"] in starts:
+                    done[rung["spec"]] = m
+                ends = from_matched(anchor, source, m, options)
+            pending.append(evaluate_later(ends, "rung", rung, time.perf_counter() - t1))
+        if not stopped:
+            if progress:
+                progress(len(rungs), total, "align-to-self: the anchor matched onto itself")
+            t1 = time.perf_counter()
+            options = match_options(self_spec)
+            ends = (unmatched(anchor, anchor) if options is None else
+                    from_matched(anchor, anchor, match_models(anchor, anchor, options, dev),
+                                 options))
+            me = {"spec": self_spec, "asked": self_spec, "words": "align-to-self", "adds": [],
+                  "reason": registry.SELF_REASON}
+            pending.append(evaluate_later(ends, SELF, me, time.perf_counter() - t1))
+        out = [f.result() for f in pending]
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    if progress and not stopped:
+        progress(total, total, "done")
+    return Ladder(anchor.ref, source.ref, out, skipped, alphas, points, split.data,
+                  split.split, split.n, str(ev.device), time.perf_counter() - t0,
+                  float(anchor_per[0].sum() / anchor_per[2].sum()),
+                  float(anchor_per[1].sum() / anchor_per[2].sum()), steps, stopped,
+                  split.task)
