@@ -209,4 +209,9 @@ def test_learned_maps_are_group_elements(family, loaded):
         moved = rs.restore(maps.transform(canon), gauge)
     state = write_state(moved.to(torch.float32))
     assert distances(moved, view.to(torch.float64)).total > 0.5  # it moved far
+    if maps.residual is not None:  # the Cayley map: a rotation to rounding, determinant 1
+        r = maps._rot(maps.residual.detach())
+        eye = torch.eye(r.shape[0], dtype=r.dtype)
+        assert float((r.T @ r - eye).abs().max()) <= 1e-12
+        assert float(torch.linalg.det(r)) == pytest.approx(1.0, abs=1e-12)
     assert max_output_diff(model, model.state, state) <= 1e-4
