@@ -39,8 +39,8 @@ VARIANTS: dict[str, tuple[str, dict]] = {
              {"keep": "best", "eval_every": 20}),
     "wide": ("lambda ~ U(0.2, 0.8)", {"lam": (0.2, 0.8)}),
     "short": ("300 steps", {"steps": 300}),
-    "before": ("the defaults before this benchmark's change: 300 steps, U(0.2, 0.8), "
-               "rotations, the best of checks every 20 steps (patience 8)",
+    "before": ("the defaults before issue 30: 300 steps, U(0.2, 0.8), rotations, the best "
+               "of checks every 20 steps (patience 8); the residual map is now the Cayley map",
                {"steps": 300, "lam": (0.2, 0.8), "invertible": False, "keep": "best",
                 "eval_every": 20}),
 }
@@ -89,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown variants {unknown}: use {', '.join(VARIANTS)}")
     anchor, source, test = default_pair_on_test()
+    load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     rows = [row(spec, "", run(anchor, source, test, spec)) for spec in ("seed", "weight")]
     groups: dict[str, list[dict]] = {}
     for name, fields in [("learned", {})] + [(v, VARIANTS[v][1]) for v in variants]:
@@ -101,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     flags = f" --seeds {args.seeds}" + (f" --variants {args.variants}" if variants else "")
     body = "\n".join([
         f"Run as `python bench/learned.py --threads {args.threads}{flags}`. Machine: "
-        f"{machine()}; load average {load:.2f} at the end.",
+        f"{machine()}; load average {load0:.2f} at the start, {load:.2f} at the end (other "
+        "jobs share the CPU: CPU seconds are the steadier measure).",
         "",
         f"Default pair ({anchor.ref}, {source.ref}), test split (397 images), 21-point path; "
         "seconds and CPU seconds (process, all threads) = `match_models` (weight matching, "

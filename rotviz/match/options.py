@@ -32,7 +32,9 @@ class LearnOptions:
     # lambda ~ U(lam): the GLMC paper trains at U(0.4, 0.6), which never trains the flanks;
     # U(0.2, 0.8) spends steps on flanks that end up below their chord anyway
     lam: tuple[float, float] = (0.3, 0.7)
-    eval_every: int = 50  # steps between validation barriers
+    # steps between validation barriers: with keep="last" they only fill the report's history
+    # (the last maps are checked against the start whatever this is)
+    eval_every: int = 150
     val_points: int = 5  # alphas on the validation path, endpoints included
     keep: str = "last"  # "last" (the final maps unless worse than the start) or "best"
     patience: int = 8  # with keep="best": checks without improvement before stopping
