@@ -38,11 +38,13 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "best": ("keep the maps of the best validation barrier (every 20 steps, patience 8)",
              {"keep": "best", "eval_every": 20}),
     "wide": ("lambda ~ U(0.2, 0.8)", {"lam": (0.2, 0.8)}),
-    "short": ("300 steps", {"steps": 300}),
-    "before": ("the defaults before issue 30: 300 steps, U(0.2, 0.8), rotations, the best "
-               "of checks every 20 steps (patience 8); the residual map is now the Cayley map",
-               {"steps": 300, "lam": (0.2, 0.8), "invertible": False, "keep": "best",
-                "eval_every": 20}),
+    "slow": ("learning rate 0.01 (300 steps)", {"lr": 0.01}),
+    "long": ("learning rate 0.01, 450 steps", {"lr": 0.01, "steps": 450}),
+    "before": ("the defaults before issue 30: 300 steps at learning rate 0.01, U(0.2, 0.8), "
+               "rotations, the best of checks every 20 steps (patience 8); the residual map "
+               "is now the Cayley map",
+               {"steps": 300, "lr": 0.01, "lam": (0.2, 0.8), "invertible": False,
+                "keep": "best", "eval_every": 20}),
 }
 
 

@@ -77,7 +77,7 @@ def test_every_rung_equals_the_barrier_cli_and_self_is_exactly_zero(cli_ladder, 
     assert [r["kind"] for r in rungs] == ["rung"] * len(RUNGS) + ["self"]
     assert "ladder on cpu: none [none]: barrier" in said
     assert "align-to-self [weight]: barrier 0.0000, distance 0.0000" in said
-    for r in rungs[:-2]:  # learned: the CLI's learns 450 steps (the zoo test below)
+    for r in rungs[:-2]:  # learned: the CLI's learns 300 steps (the zoo test below)
         c = _barrier_cli(refs, r["asked"], tmp_path)
         assert c["match"] == r["spec"]
         assert r["loss"] == pytest.approx(c["loss"], abs=1e-6), r["spec"]
