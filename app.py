@@ -31,6 +31,7 @@ PAGES = [
     st.Page("app_pages/training.py", title="Training", icon=":material/timeline:"),
     st.Page("app_pages/learn.py", title="Learn", icon=":material/school:"),
     st.Page("app_pages/measure.py", title="Measure", icon=":material/science:"),
+    st.Page("app_pages/gallery.py", title="Gallery", icon=":material/photo_library:"),
 ]
 
 page = st.navigation(PAGES, position="top" if common.presenting() else "sidebar")

@@ -76,6 +76,21 @@ def at_alpha(curves: list[dict]) -> None:
             col.caption(f"{style.metric_label(k)} {values[i]:.3f}", help=style.metric_help(k))
 
 
+def animated(curves: list[dict]):
+    """The path as an animation (the barrier record's `animate`): the loss curve growing as
+    α moves, beside the answers on a few fixed test inputs. One matching at a time."""
+    st.subheader("The path, animated")
+    names = [c["match"] for c in curves]
+    pick = st.selectbox("Animate the path of", names, len(names) - 1,
+                        format_func=style.nice_label, key="b_anim",
+                        help="Press ▶ play under the chart; the slider steps through α.")
+    fig = BARRIER.animate(curves[names.index(pick)])
+    st.caption("The loss at each α so far, and what the model at that α answers on the first "
+               "test inputs (green: right; vermillion: wrong; p: its probability).")
+    common.animation(fig, "barrier_anim", f"barrier-path-{pick.replace(',', '-')}")
+    return fig
+
+
 # The summary table's columns: short headers (the table fits the page at 1280 px, sidebar
 # open), each explained on hover; the export keeps the long names and the SPEC.
 COLUMNS = {
@@ -127,7 +142,8 @@ def body() -> None:
         live, note = st.empty(), st.empty()  # the loss chart, drawn as the curves come in
         try:
             for i, sp in enumerate(specs):
-                cfg = app.measure_cfg(s.base(), sp, layers, steps, points=points)
+                cfg = app.measure_cfg(s.base(), sp, layers, steps, points=points,
+                                      **BARRIER.animate_params)
                 fresh = not common.is_cached("barrier", cfg)
                 step(f"{style.nice_label(sp)}: matching, then {points} points on the path")
                 curves.append(common.compute("barrier", cfg, step.detail))
@@ -177,6 +193,7 @@ def body() -> None:
     common.function_badge(worst, FUNCTION_TOLERANCE, "matched source (every option)")
     common.chart(fig_acc, "barrier_acc")
     at_alpha(curves)
+    anim = animated(curves)
     figures = {"barrier_loss": fig_loss, "barrier_accuracy": fig_acc}
     if pl is not None:
         st.subheader("The loss plane")
@@ -206,7 +223,7 @@ def body() -> None:
     common.export("barrier", {"page": "barrier", **base, "specs": specs, "points": points,
                               "plane": plane, "grid": grid, "plane_spec": plane_spec,
                               "learn_steps": steps},
-                  {"curves": curves, "plane": pl}, tables, figures)
+                  {"curves": curves, "plane": pl}, tables, figures, {"barrier_path": anim})
 
 
 common.guard(body)

@@ -34,7 +34,7 @@ from typing import Any
 import streamlit as st
 
 from rotviz import app
-from rotviz.app import Progress, cache, specs, summaries
+from rotviz.app import Progress, cache, specs
 from rotviz.app import export as app_export
 from rotviz.app import roots as app_roots
 from rotviz.devices import device_badge, device_choices, device_note, device_summary
@@ -65,6 +65,7 @@ class Setup:
     presenter: bool
     error: str | None = None  # a message when the pair cannot be used
     acc_fixed: bool = False  # accuracy axes on the fixed 0-1 scale (else they follow the data)
+    max_memory: int = 0  # bytes the pair may take in memory (0: what the machine has free)
 
     @property
     def font(self) -> int:
@@ -85,8 +86,16 @@ class Setup:
 
     def base(self) -> dict[str, Any]:
         """The part of every run's configuration that the sidebar decides."""
-        return {"anchor": self.anchor, "source": self.source, "data": self.data,
+        base = {"anchor": self.anchor, "source": self.source, "data": self.data,
                 "seed": self.seed, "n_eval": self.n_eval, "device": self.device}
+        if self.max_memory:  # only a budget the user set: results keep their keys otherwise
+            base["max_memory"] = self.max_memory
+        return base
+
+    @property
+    def sized(self) -> tuple[bool, int | None, int | None]:
+        """(read block by block, what the pair needs in memory, the budget), in bytes."""
+        return _sized(self.anchor, self.source, self.max_memory)
 
 
 @st.cache_data(ttl=60, show_spinner=False)
@@ -209,6 +218,12 @@ def sidebar() -> Setup:
     note = device_note(device)
     if note:
         sb.caption(note)
+    budget = float(sb.number_input(
+        "Memory budget (GB, 0 = what is free now)", 0.0, 100_000.0, 0.0, step=1.0,
+        key="mem_gb", bind="query-params",
+        help="A pair that needs more than this in memory is read block by block: the "
+             "barrier, slices and elementwise merges run as `--max-memory` runs them on the "
+             "command line, and the other views say why they are off."))
     sb.markdown("### Display")
     acc_fixed = sb.toggle("Accuracy axes on the fixed 0-1 scale", key="acc01",
                           bind="query-params",
@@ -220,7 +235,7 @@ def sidebar() -> Setup:
               help="Wide layout, large fonts, controls hidden. Turn off with the button on top "
                    "or by removing present from the URL.")
     setup = Setup(anchor or "", source or "", data, seed, n_eval, device.type, bool(presenter),
-                  error, bool(acc_fixed))
+                  error, bool(acc_fixed), int(budget * 1e9))
     st.session_state["_setup"] = setup
     return setup
 
@@ -234,6 +249,7 @@ def presenting() -> bool:
 
 def setup() -> Setup:
     """The setup the sidebar drew in this run (app.py draws it before the page)."""
+    _SIZED_SHOWN.set(False)  # a page calls this first: its run shows the at-size note once
     s = st.session_state.get("_setup")
     return s if s is not None else sidebar()
 
@@ -268,6 +284,9 @@ def presenter_style(presenter: bool) -> None:
 # variables: each session's script runs in its own thread, so no two sessions share them.
 _TALLY: contextvars.ContextVar[dict[str, int] | None] = contextvars.ContextVar(
     "rotviz_tally", default=None)
+# whether this run of a page has shown the note on a pair read block by block (require_pair)
+_SIZED_SHOWN: contextvars.ContextVar[bool] = contextvars.ContextVar("rotviz_sized_shown",
+                                                                    default=False)
 _TRIGGER: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "rotviz_trigger", default=None)
 
@@ -364,7 +383,7 @@ def warm_up(s: Setup) -> None:
     for the one under way). Once per pair, and only for a small pair (the pages compute at
     once for those). A failure leaves nothing behind: the page that needs the result then
     computes it and says what went wrong."""
-    if not s.anchor or not s.source or params_in_pair(s) > SMALL_PAIR:
+    if not s.anchor or not s.source or params_in_pair(s) > SMALL_PAIR or s.sized[0]:
         return
     refs = list(dict.fromkeys((s.anchor, s.source)))
     ahead = app.barrier_defaults(s.base(), _residual_why(s.anchor))
@@ -405,24 +424,25 @@ def _ready() -> None:
             pass
 
 
-def residual_why(ref: str) -> str | None:
+def residual_why(ref: str, sized: bool = False) -> str | None:
     """Why this model's residual stream cannot be matched (e.g. a tied output head), or
-    None. Asked of the anchor: both models of a pair share the architecture."""
+    None. Asked of the anchor: both models of a pair share the architecture. At size, of
+    its skeleton (no weights loaded)."""
     _ready()
-    return _residual_why(ref)
+    return _residual_why(ref, sized)
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
-def _residual_why(ref: str) -> str | None:
+def _residual_why(ref: str, sized: bool = False) -> str | None:
     try:
-        return summaries.residual_unsupported(AppResources().load_eval(ref))
+        return app.residual_why(AppResources(), ref, sized)
     except RotvizError:
         return None
 
 
 def offered_specs(s: Setup, choices) -> tuple[list[str], str | None]:
     """The SPECs this pair can use, and why residual ones are missing (None when offered)."""
-    why = residual_why(s.anchor) if s.anchor else None
+    why = residual_why(s.anchor, s.sized[0]) if s.anchor else None
     return specs.offered(choices, why), why
 
 
@@ -437,7 +457,11 @@ def compute(kind: str, cfg: dict, progress: Progress | None = None,
     tally = _TALLY.get()
     if tally is not None:
         tally["cached" if is_cached(kind, cfg) else "computed"] += 1
-    return _compute(resources(), kind, cfg, progress, cancel)
+    out = _compute(resources(), kind, cfg, progress, cancel)
+    held = out.get("at_size") if isinstance(out, dict) else None
+    if tally is not None and held:  # read block by block: the box says what it held
+        tally["held"] = max(tally.get("held", 0), held.get("held") or 0)
+    return out
 
 
 def _compute(res: AppResources, kind: str, cfg: dict, progress: Progress | None = None,
@@ -483,11 +507,23 @@ def params_in_pair(s: Setup) -> int:
 
 
 def _params_in(res: AppResources, refs) -> int:
-    """Parameters in the models `refs` together; 0 when one cannot be loaded."""
+    """Parameters in the models `refs` together, from their safetensors headers where they
+    have them (app.params_in: nothing loaded); 0 when one cannot be read."""
     try:
-        return sum(summaries.n_params(res.load_eval(r)) for r in refs)
+        return sum(app.params_in(res, r) for r in refs)
     except RotvizError:
         return 0
+
+
+@st.cache_data(ttl=60, show_spinner=False)
+def _sized(anchor: str, source: str, max_memory: int) -> tuple[bool, int | None, int | None]:
+    if not anchor or not source:
+        return False, None, None
+    try:
+        return app.at_size(resources(), {"anchor": anchor, "source": source,
+                                         "max_memory": max_memory})
+    except RotvizError:  # the page's own check says what is wrong with the pair
+        return False, None, None
 
 
 def should_run(page: str, submitted: bool, s: Setup) -> bool:
@@ -647,6 +683,9 @@ def progress(label: str, steps: int, stop: str | None = None) -> Iterator[Steps]
         slot.empty()
     bar.progress(1.0, text="done")
     text = done_label(time.perf_counter() - t0, tally["computed"], tally["cached"], trigger)
+    if "held" in tally:
+        text += (f"; read block by block, holding at most {app.gb(tally['held'])} above what "
+                 "the app held")
     box.update(label=f"{label}: {text}", state="complete")
     if trigger == "run":
         st.toast(f"{label}: {text}", icon=":material/play_arrow:")
@@ -693,15 +732,27 @@ def require_pair(s: Setup) -> bool:
     if not s.anchor or not s.source:
         st.warning("Pick two models in the sidebar.")
         return False
+    sized, need, limit = s.sized
     try:
         res = resources()
-        app.check_pair(res.load_eval(s.anchor), res.load_eval(s.source),
-                       res.split(s.data, s.seed, s.n_eval, s.anchor))
+        if sized:
+            app.check_pair_at_size(res, s.base())
+        else:
+            app.check_pair(res.load_eval(s.anchor), res.load_eval(s.source),
+                           res.split(s.data, s.seed, s.n_eval, s.anchor))
     except RotvizError as e:
         st.error(str(e), icon=":material/error:")
         st.info("Pick another pair or data source in the sidebar; the rest of the app keeps "
                 "working.")
         return False
+    if sized and not _SIZED_SHOWN.get():
+        _SIZED_SHOWN.set(True)
+        st.info(f"**Read block by block.** This pair needs about {app.gb(need)} in memory, "
+                f"over the budget of {app.gb(limit)}. What runs block by block runs as "
+                "`rotviz ... --max-memory` runs it (the barrier, slices, and the elementwise "
+                "merges: task arithmetic, TIES, DARE, SLERP, Model Stock), matching the source "
+                "block by block each time; every other view says why it is off. Each result "
+                "says how much memory its run held.", icon=":material/memory:")
     return True
 
 
@@ -766,12 +817,31 @@ def chart(fig, key: str) -> None:
         "displaylogo": False, "toImageButtonOptions": {"format": "png", "scale": 2}})
 
 
+def animation(fig, key: str, name: str) -> None:
+    """An animated figure (it plays with its own button and slider), with its downloads:
+    HTML (plays offline), and GIF and MP4 for slides where a Chromium draws the frames (a
+    second or more per frame: drawn when the button is pressed)."""
+    chart(fig, key)
+    formats = app_export.animation_formats()
+    cols = st.columns(len(formats))
+    for col, fmt in zip(cols, formats, strict=True):
+        col.download_button(f"{name}.{fmt}", lambda fmt=fmt: app_export.animation_file(fig, fmt),
+                            f"{name}.{fmt}", key=f"dl_anim_{key}_{fmt}", on_click="ignore",
+                            icon=":material/movie:")
+    if "gif" not in formats:
+        st.caption("GIF and MP4 need kaleido, a Chromium, imageio and imageio-ffmpeg "
+                   "(requirements.txt); HTML plays anywhere.")
+
+
 def export(name: str, cfg: dict, results: Any, tables: dict[str, Sequence[dict]] | None = None,
-           figures: dict[str, Any] | None = None) -> None:
-    """Download buttons: every result as JSON and CSV, every figure as HTML (PNG/SVG when a
-    Chromium and kaleido are there), and the whole run as a zip."""
+           figures: dict[str, Any] | None = None,
+           animations: dict[str, Any] | None = None) -> None:
+    """Download buttons: every result as JSON and CSV, every figure as HTML (PNG, SVG and PDF
+    when a Chromium and kaleido are there), every animation as HTML, and the whole run as a
+    zip."""
     tables = tables or {}
     figures = figures or {}
+    animations = animations or {}
     with st.expander(f"Export ({name})", icon=":material/download:"):
         rid = cache.config_hash(cfg)
         st.caption(f"Run id `{rid}` (a hash of the configuration). The URL of this page "
@@ -796,9 +866,15 @@ def export(name: str, cfg: dict, results: Any, tables: dict[str, Sequence[dict]]
                 c.download_button(f"{fname}.{fmt}", lambda fig=fig, fmt=fmt:
                                   app_export.figure_image(fig, fmt), f"{fname}-{rid}.{fmt}",
                                   key=f"dl_{name}_{fname}_{fmt}", on_click="ignore")
+        for i, (aname, fig) in enumerate(animations.items()):
+            fcols[(len(figures) + i) % 4].download_button(
+                f"{aname} (animated).html", lambda fig=fig: app_export.animation_file(fig, "html"),
+                f"{aname}-{rid}.html", "text/html", key=f"dl_{name}_{aname}_anim",
+                on_click="ignore")
         st.download_button(
             "Whole run (zip: configuration, results, tables, figures, library versions)",
-            lambda: app_export.run_zip(cfg, results, tables, figures), f"rotviz-{name}-{rid}.zip",
+            lambda: app_export.run_zip(cfg, results, tables, figures, animations=animations),
+            f"rotviz-{name}-{rid}.zip",
             "application/zip", key=f"dl_{name}_zip", on_click="ignore",
             icon=":material/folder_zip:")
 

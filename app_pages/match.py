@@ -14,6 +14,7 @@ from rotviz.app.specs import (
     without_residual,
 )
 from rotviz.limits import MAX_LAYERS_TEXT
+from rotviz.measures.barrier import BARRIER
 from rotviz.plots import distances as dplots
 from rotviz.plots import matching as mplots
 from rotviz.plots import style
@@ -71,6 +72,10 @@ with st.form("match_form"):
              "barrier. A few hundred take tens of seconds on a laptop CPU."))
     layers = st.text_input("Layers to match (empty = all; e.g. 0,2-3)", "", key="m_layers",
                            max_chars=MAX_LAYERS_TEXT, bind="query-params")
+    replay = st.checkbox(
+        "Replay weight matching round by round (an animation: distance and barrier after "
+        "each round; it matches once more)", False, key="m_rounds", bind="query-params",
+        help="Only for a matching with the residual stream, whose alternation has rounds.")
     with_barrier = st.checkbox("Measure the loss barrier of each option in the ablation "
                                f"({POINTS} points on the path each, shared with the Barrier page)",
                                True, key="m_barrier", bind="query-params")
@@ -176,6 +181,23 @@ def beyond(res: dict) -> tuple[dict, dict]:
     return figures, tables
 
 
+def rounds(base: dict, spec: str):
+    """Weight matching replayed round by round (the rounds record), animated."""
+    from rotviz.measures.rounds import RECORD
+
+    st.subheader("Weight matching, round by round")
+    with common.progress("Replaying the rounds", 1) as step:
+        step("matching again, measuring each round")
+        r = common.compute("rounds", app.measure_cfg(base, spec, base.get("layers", ""),
+                                                     steps, points=5), step.detail)
+    fig = RECORD.animate(r)
+    st.caption(f"After each round: the distance to the anchor and the barrier on "
+               f"{len(r['alphas'])} points of the path. The last round is the matched source "
+               f"above (largest parameter difference {r['last_round_diff']:.1e}).")
+    common.animation(fig, "match_rounds_anim", f"rounds-{spec.replace(',', '-')}")
+    return fig
+
+
 def _head_columns() -> dict:
     """Short headers for the per-head table (it fits the page at 1280 px, sidebar open),
     each explained on hover."""
@@ -226,9 +248,9 @@ def body() -> None:
                    "max_output_diff": r["max_output_diff"], "preserved": r["preserved"]}
             if with_barrier:
                 step(f"barrier: {style.nice_label(sp)}")
-                cur = common.compute("barrier", app.measure_cfg(base, sp, base.get("layers", ""),
-                                                                steps, points=POINTS),
-                                     step.detail)
+                cur = common.compute("barrier", app.measure_cfg(
+                    base, sp, base.get("layers", ""), steps, points=POINTS,
+                    **BARRIER.animate_params), step.detail)
                 row.update(barrier=cur["barrier"], mid_acc=cur["mid_acc"])
             ablation.append(row)
     st.subheader(f"Result: {style.nice_label(spec)}")
@@ -255,6 +277,10 @@ def body() -> None:
     with t2:
         common.chart(fig_kind, "match_kind")
     figures, tables = beyond(res)
+    anims = {}
+    data_free = not any(f in spec.split(",") for f in ("act", "learned"))
+    if replay and data_free and (rep.get("residual") or {}).get("rounds"):
+        anims["rounds"] = rounds(base, spec)
     st.subheader("Ablation: what each option buys")
     st.caption("Each bar matches the source with one option set (all layers chosen above). "
                "Lower is better. The barrier is the loss bump on the straight path between the "
@@ -277,7 +303,7 @@ def body() -> None:
                   {"distances": summaries.distance_rows(res), "heads": heads, "ablation": ablation,
                    **tables},
                   {"distance_per_layer": fig_layer, "distance_per_kind": fig_kind,
-                   "ablation": fig_ab, **figures})
+                   "ablation": fig_ab, **figures}, anims)
 
 
 common.guard(body)

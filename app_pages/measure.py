@@ -9,7 +9,7 @@ import streamlit as st
 
 from app_pages import common
 from rotviz import app
-from rotviz.app.export import measurement_files
+from rotviz.app.export import measurement_animation, measurement_files
 from rotviz.app.specs import SPEC_CHOICES, spec_label
 from rotviz.limits import MAX_LAYERS_TEXT
 from rotviz.measures import measurements
@@ -61,23 +61,29 @@ with st.form("measure_form"):
             specs = st.multiselect("Matchings (once each, in this order)", choices, default,
                                    format_func=style.nice_label, key=f"x_{name}_specs")
     cols = st.columns(3)
-    params = {p.name: common.param_input(cols[i % 3], p, f"x_{name}_{p.name}")
+    # what the record's animation needs (the barrier's answers on 4 inputs) starts on
+    params = {p.name: common.param_input(cols[i % 3], p, f"x_{name}_{p.name}",
+                                         record.animate_params.get(p.name))
               for i, p in enumerate(record.parameters())}
     submitted = st.form_submit_button("Run", type="primary", icon=":material/play_arrow:")
 
 
 def show(result: dict, cfg: dict) -> None:
-    """The record's figure, its text (`extra["markdown"]`) and table, and the export."""
+    """The record's figure, its animation (`animate`), its text (`extra["markdown"]`) and
+    table, and the export."""
     tables, figures = measurement_files(name, result)
     for key, fig in figures.items():
         common.chart(fig, f"measure_{key}")
+    anim = measurement_animation(name, result)
+    if anim is not None:
+        common.animation(anim, f"measure_{name}_anim", f"{name}-animation")
     markdown = record.extra.get("markdown")
     if markdown is not None:
         st.markdown(markdown(result))
     for rows in tables.values():
         common.table(rows)
     common.export(name, {"page": "measure", "measurement": name, **cfg}, result, tables,
-                  figures)
+                  figures, {name: anim} if anim is not None else None)
 
 
 def body() -> None:

@@ -6,6 +6,7 @@ import streamlit as st
 
 from app_pages import common
 from rotviz import app, zoo_registry
+from rotviz.app import roots as app_roots
 from rotviz.app.export import measurement_files
 from rotviz.app.specs import MERGE_SPECS, learns, spec_label
 from rotviz.measures import measurement
@@ -82,12 +83,14 @@ def body() -> None:
     cfg = {**s.base(), "methods": methods, "specs": labels, "weight": weight,
            "params": {**params, "seed": s.base()["seed"]}}
     if based:
-        cfg["base"] = base_ref.strip()
+        cfg["base"] = app_roots.resolve_choice(base_ref)  # as every later read means it
     if any(learns(sp) for sp in labels):
         cfg["learn_steps"] = steps
     with common.progress("Fusing", 1, stop="merge") as step:
         step(f"{len(methods)} methods x {len(labels)} matching options")
         t = common.compute("fusion", cfg, step.detail)
+    for m, why in (t.get("off") or {}).items():  # a pair read block by block
+        st.info(f"**{METHODS[m].label}** is off for this pair: {why}.", icon=":material/memory:")
     scored = t.get("scores") or {}
     rows = [{"method": METHODS[m].label, "matching": sp, "acc": t["acc"][m][sp],
              "loss": t["loss"][m][sp], **(scored.get(m, {}).get(sp) or {}),
@@ -114,15 +117,24 @@ def body() -> None:
     st.markdown(f"Best: **{best['method']}** after **{style.nice_label(best['matching'])}**, "
                 f"accuracy {best['acc']:.3f} (anchor {t['anchor_acc']:.3f}, source "
                 f"{t['source_acc']:.3f}).")
+    # the export keeps the keys; on screen each column says what it holds and in what unit
+    heads = {"acc": ("accuracy", "test accuracy of the merged model (fraction correct)"),
+             "loss": ("loss (nats)", "test loss of the merged model"),
+             "distance": ("distance", "Euclidean distance of the (matched) source to the "
+                                      "anchor, parameter units")}
     st.dataframe([{**r, "matching": style.nice_label(r["matching"])} for r in rows],
                  hide_index=True, column_config={
-                     k: st.column_config.NumberColumn(format="%.4f")
-                     for k in ("acc", "loss", "distance", *style.METRIC_NAMES)})
+                     **{k: st.column_config.NumberColumn(label, format="%.4f", help=why)
+                        for k, (label, why) in heads.items()},
+                     **{k: st.column_config.NumberColumn(style.metric_label(k), format="%.4f",
+                                                         help=style.metric_help(k))
+                        for k in style.METRIC_NAMES}})
     st.caption(f"Evaluated on {t['split']} ({s.data}); statistics from the {t['stats_split']} "
                f"split, {t['batches']} x {t['batch_size']} examples; {t['seconds']:.1f} s on "
                f"{t['device']}.")
-    checks = [common.compute("match", {**s.base(), "layers": "", **app.spec_cfg(sp, steps)})
-              for sp in t["specs"] if sp != "none"]
+    checks = t.get("checks") if "checks" in t else [  # at size, each merge's own check
+        common.compute("match", {**s.base(), "layers": "", **app.spec_cfg(sp, steps)})
+        for sp in t["specs"] if sp != "none"]
     if checks:
         worst = max(c["max_output_diff"] for c in checks)
         common.function_badge(worst, checks[0]["tolerance"], "matched source (every option)")
@@ -170,7 +182,8 @@ def sweep() -> None:
     own = {p.name: params[p.name] for p in METHODS[sw_method].params if p.name in params}
     values = {**own, "method": sw_method, "param": sw_param, "start": sw_start,
               "stop": sw_stop, "points": sw_points, "weight": weight,
-              "base": base_ref.strip() if METHODS[sw_method].needs_base else ""}
+              "base": app_roots.resolve_choice(base_ref) if METHODS[sw_method].needs_base
+              else ""}
     runs = []
     with common.progress("Sweeping", len(specs), stop="merge_sweep") as step:
         for sp in specs:

@@ -23,6 +23,11 @@ def body() -> None:
 
     if not common.require_pair(s):
         return
+    if s.sized[0]:  # a card evaluates each model whole
+        st.info("The model cards evaluate each model whole, so they are off for a pair read "
+                "block by block. The Barrier page, the Landscape page's slices and the Merge "
+                "page's elementwise methods run on it.", icon=":material/memory:")
+        return
     cards = {}
     with common.progress("Checking both models", 2) as step:
         for role, ref in (("anchor", s.anchor), ("source", s.source)):

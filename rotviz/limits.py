@@ -77,6 +77,9 @@ DENSITY = Bound("--density", 0.0, 1.0, integer=False)  # share of a task vector 
 SCALE = Bound("--scale", -10.0, 10.0, integer=False)  # lambda: scale of the merged task vector
 SEED = Bound("--seed", 0, 2**32 - 1)  # numpy's seed range
 PORT = Bound("--port", 1, 65_535)
+EXAMPLES = Bound("--examples", 0, 16)  # fixed test inputs whose answers a path records
+FRAME_PIXELS = Bound("frame size", 64, 4096)  # an animation frame's width or height (pixels)
+FPS = Bound("frames per second", 1, 60)  # an animation's GIF or MP4 frame rate
 HESSIAN_TOP = Bound("--top", 1, 50)  # Hessian eigenvalues reported, largest first
 HESSIAN_PROBES = Bound("--trace", 0, 100_000)  # Hutchinson probes (0: no trace)
 HESSIAN_DENSITY = Bound("--density", 0, 100)  # spectral-density probes (0: no density)

@@ -64,3 +64,46 @@ def resident_peak() -> int | None:
 def available_memory() -> int | None:
     """The memory this machine can give now (MemAvailable), None where unknown."""
     return _proc_bytes("/proc/meminfo", "MemAvailable")
+
+
+class Watch:
+    """The resident memory of this process while a block of work runs, sampled every
+    `every` seconds by a thread (`with Watch() as w: ...`, then `w.start`, `w.peak` in bytes;
+    None where /proc is not there). The kernel's own high-water mark (`resident_peak`) cannot
+    be read per run: in a long-lived process (the app) it holds the largest run so far."""
+
+    def __init__(self, every: float = 0.05) -> None:
+        import threading
+
+        self.every = every
+        self.start: int | None = None
+        self.peak: int | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rotviz-memory", daemon=True)
+
+    def _sample(self) -> None:
+        now = resident_now()
+        if now is not None:
+            self.peak = now if self.peak is None else max(self.peak, now)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            self._sample()
+
+    def __enter__(self) -> Watch:
+        self.start = resident_now()
+        self.peak = self.start
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+    @property
+    def held(self) -> int | None:
+        """The most this block held above what the process held when it began."""
+        if self.start is None or self.peak is None:
+            return None
+        return max(0, self.peak - self.start)

@@ -204,6 +204,8 @@ def test_exports_csv_json_zip():
         torch.__version__.split("+")[0]
     assert json.loads(z.read("results.json")) == {"barrier": 1.5}
     assert "plotly" in z.read("figures/fig.html").decode()[:2000].lower()
+    if app_export.static_formats():  # the set-up's Chromium: the figure drawn as PNG too
+        assert z.read("figures/fig.png")[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_barrier_verdict_says_what_each_matching_did():
@@ -421,8 +423,9 @@ def test_barrier_page_chart_holds_library_results(pair):
     # loads transformers' modules (that import competed with the first curves for the CPU)
     assert not common._stores()["models"]
     figs = figures(at)
-    # curves computed now are drawn as they come in; the final chart replaces them
-    assert len(at.get("plotly_chart")) == len(figs) == 2
+    # curves computed now are drawn as they come in; the final chart replaces them (the
+    # third chart: the path animated)
+    assert len(at.get("plotly_chart")) == len(figs) == 3
     assert "matching options so far" not in "\n".join(c.value for c in at.caption)
     loss = figs[LOSS_TITLE]
     lines = [tr for tr in loss["data"] if tr.get("showlegend", True)]
@@ -440,6 +443,14 @@ def test_barrier_page_chart_holds_library_results(pair):
         assert np.allclose(numbers(tr["y"]), ref.loss, rtol=1e-6, atol=1e-8)
         assert f"barrier {ref.barrier:.3f}" in tr["name"]
     assert "function preserved" in texts(at)
+    # the animation plays the last matching's path (weight): frame k holds its first k + 1
+    # losses and its answers on the first test inputs at alpha k
+    anim = figs["Loss and answers along the straight path from anchor to matched source"]
+    assert len(anim["frames"]) == 5
+    for k, frame in enumerate(anim["frames"]):
+        assert numbers(frame["data"][0]["y"]) == pytest.approx(refs["weight"].loss[: k + 1],
+                                                               rel=1e-6, abs=1e-8)
+        assert len(frame["data"]) == 2 + 4  # the curve, the point at alpha, 4 answers
     # the banner says what each matching did, from what to what
     for spec in ("seed", "weight"):
         did = "lowered" if refs[spec].barrier < refs["none"].barrier else "raised"
@@ -1175,3 +1186,23 @@ def test_measure_page_runs_the_ladder_a_record_of_other_inputs(roots):
                   load_split("digits", "test", 0).subset(N_EVAL), points=3)
     for r in want.rungs:
         assert f"| `{r['asked']}` | {r['barrier']:.4f} | {r['distance']:.4f} |" in table
+
+
+def test_gallery_page_draws_a_figure_from_its_table_on_run(pair):
+    """The Gallery page waits for Run; then each chosen figure is drawn from its table, as
+    `rotviz figures` draws it, with its caption and the commands that make it."""
+    from rotviz.gallery import entry
+
+    at = app("gallery")
+    assert not at.get("plotly_chart") and "Press **Run**" in texts(at)
+    at.multiselect(key="g_names").set_value(["fig4_distances"])
+    at.button[0].click().run()
+    assert not at.exception, [e.message for e in at.exception]
+    e = entry("fig4_distances")
+    (fig,) = figures(at).values()
+    assert fig["layout"]["title"]["text"] == e.title
+    bars = dict(zip(fig["data"][0]["y"], numbers(fig["data"][0]["x"]), strict=True))
+    assert bars["FFN + attention + rescale (seed paper)"] < bars["no matching"]
+    assert e.caption in texts(at)
+    code = "\n".join(c.value for c in at.code)
+    assert f"rotviz distances {pair[0]} {pair[1]} --match seed" in code

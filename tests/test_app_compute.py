@@ -162,6 +162,14 @@ def test_residual_why_and_check_pair(res, refs):
     app.check_pair(a, b, res.split("digits", 0, N_EVAL, a.ref))
     with pytest.raises(RotvizError, match="is text data but"):
         app.check_pair(a, b, res.split("pystdlib", 0, 8, a.ref))
+    # at size, the same checks on the skeletons: nothing loaded
+    pair = {"anchor": refs[0], "source": refs[1], "seed": 0, "n_eval": N_EVAL}
+    app.check_pair_at_size(res, {**pair, "data": "digits"})
+    with pytest.raises(RotvizError, match="is text data but"):
+        app.check_pair_at_size(res, {**pair, "data": "pystdlib"})
+    for ref in (refs[0], "zoo:gpt2-pystdlib-s0"):  # None, and the tied head's sentence
+        assert app.residual_why(res, ref, True) == app.residual_why(res, ref, False)
+    assert app.residual_why(res, "zoo:gpt2-pystdlib-s0", True) is not None
 
 
 def test_spectra_equal_spectra(res, base, engine):
@@ -232,3 +240,41 @@ def test_devices_and_spec_configurations(refs):
                                                  "learn_steps": app.DEFAULT_LEARN_STEPS}
     assert app.spec_cfg("act", 50) == {"spec": "weight,act"}
     assert summaries.n_params(app.Resources().load_eval(refs[0])) > 10_000
+
+
+def test_a_pair_over_the_memory_budget_runs_block_by_block(res, base):
+    """Over the memory budget (`max_memory`, bytes), what streams runs as `--max-memory` runs
+    it and equals the in-memory result; what needs whole models says so in one line."""
+    tiny = {**base, "max_memory": 1}
+    sized, need, budget = app.at_size(res, tiny)
+    assert sized and budget == 1 and need > 1e6
+    assert not app.at_size(res, base)[0]  # what the machine has free holds this pair
+    got = {}
+    for spec, name, params in (("seed", "barrier", {"points": 3}),
+                               ("none", "slice", {"dims": 1, "grid": 3}),
+                               ("none", "merge", {"method": "slerp"})):
+        cfg = app.measure_cfg(base, spec, **params)
+        held, streamed = app.run(name, res, cfg), app.run(name, res, {**cfg, "max_memory": 1})
+        key = {"barrier": "loss", "slice": "loss", "merge": "acc"}[name]
+        assert np.allclose(streamed[key], held[key], rtol=0, atol=1e-6), name
+        assert streamed["at_size"]["need"] == need and streamed["at_size"]["held"] >= 0
+        assert "at_size" not in held and held["match"] == streamed["match"] == spec
+        got[name] = streamed
+    # the Merge page's table: what merges block by block, the rest off with its reason
+    cfg = {**base, "methods": ["simple", "fisher"], "specs": ["none"], "weight": 0.5,
+           "params": {"seed": 0}}
+    table = app.run("fusion", res, {**cfg, "max_memory": 1})
+    assert table["methods"] == ["simple"] and list(table["off"]) == ["fisher"]
+    assert "statistics of whole models" in table["off"]["fisher"]
+    assert table["acc"]["simple"]["none"] == app.run("fusion", res, cfg)["acc"]["simple"]["none"]
+    seed = got["barrier"]  # matched block by block: its function check, as in memory
+    assert seed["preserved"] and 0 < seed["max_output_diff"] <= seed["tolerance"]
+    for kind, cfg, words in (
+            ("hessian", app.measure_cfg(tiny, "none"), "whole model"),
+            ("match", {**tiny, **app.spec_cfg("seed")}, "holds whole models"),
+            ("card", {**tiny, "ref": base["anchor"]}, "holds whole models")):
+        with pytest.raises(RotvizError) as e:
+            app.run(kind, res, cfg)
+        msg = str(e.value)
+        assert "off for this pair" in msg and words in msg and "\n" not in msg, msg
+        assert "memory budget" in msg, msg

@@ -64,7 +64,7 @@ def server(tmp_path_factory):
 
 
 NAV = ["Models", "Match", "Barrier", "Spectra", "Merge", "Landscape", "Training", "Learn",
-       "Measure"]
+       "Measure", "Gallery"]
 
 
 # Test images per evaluation: enough for every chart to draw (the numbers are checked by
@@ -148,6 +148,7 @@ def test_every_page_in_chromium(server, tmp_path):
                 assert page.get_by_text("Computed on open", exact=True).count() == 1
                 assert page.get_by_text("Interpolating: computed on open: done in").count() == 1
             tables_fit(page, name)
+        gallery(page, server)
         page.goto(f"{server}/barrier?n={N}&b_points=7")
         drawn(page)
         page.locator("[data-testid='stFormSubmitButton'] button").first.click()
@@ -189,6 +190,29 @@ def test_every_page_in_chromium(server, tmp_path):
         page.screenshot(path=str(shot), full_page=True)
         assert shot.stat().st_size > 10_000
         browser.close()
+
+
+def gallery(page, server: str) -> None:
+    """The Gallery computes on Run; with one cheap figure asked for in the URL (data-free
+    distances), Run draws it with its title, axis titles, a legend and the Okabe-Ito colours,
+    and the commands that make it again."""
+    from rotviz.gallery import entry
+    from rotviz.plots.style import OKABE_ITO
+
+    e = entry("fig4_distances")
+    page.goto(f"{server}/gallery?n={N}&" + urlencode({"g_names": e.title}))
+    drawn(page)
+    assert page.locator(".js-plotly-plot").count() == 0  # nothing before Run
+    page.locator("[data-testid='stFormSubmitButton'] button").first.click()
+    page.wait_for_selector(".js-plotly-plot", timeout=180_000)
+    drawn(page)
+    fig = page.evaluate("() => { const p = document.querySelector('.js-plotly-plot');"
+                        " return [p.layout.title.text, p.layout.xaxis.title.text,"
+                        " p.layout.yaxis.title.text, p.layout.showlegend,"
+                        " p.data.map(t => t.marker.color)]; }")
+    assert fig[0] == e.title and "distance" in fig[1] and fig[2] and fig[3] is True, fig
+    assert set(fig[4]) <= set(OKABE_ITO), fig[4]
+    assert page.get_by_text("rotviz distances", exact=False).count() >= 1
 
 
 def test_a_page_url_as_a_fresh_servers_first_request(tmp_path):

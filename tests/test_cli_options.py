@@ -42,6 +42,7 @@ BASE = {
     "eval": ["eval", A, "--data", "digits"],
     "zoo build": ["zoo", "build", "vit-digits-ft-b"],
     "serve": ["serve", "--print-command"],
+    "figures": ["figures", "--out", "o", "--only", "fig4_distances"],
 }
 # Options that only mean something with another one.
 WITH = {
@@ -69,6 +70,10 @@ NUMBERS = ["abc", "-5", "0", "nan", "inf", "-inf", "1e400", "9999999999999999999
 PATHS = {
     "out folder": ["f.txt", "full", "/proc/x/o", "f.txt/sub", "link", "", "."],
     "out file": ["f.txt", "full", "/proc/x/r.json", "f.txt/r.json", "link", ""],
+    # --figure: the suffix names the format; a user's file is never replaced
+    "figure": ["x.jpg", "f.txt", "/proc/x/r.png", "f.txt/r.svg", "link", "", "noext"],
+    # --animation: the same rules, its own suffixes (.html, .gif, .mp4)
+    "animation": ["x.avi", "f.txt", "/proc/x/r.gif", "f.txt/r.mp4", "link", "", "noext"],
     "zoo out": ["f.txt", "zoofull", "/proc/x", "f.txt/sub", ""],  # NAME folders go under it
     "model": ["f.txt", "full", "/proc/x/m", "f.txt/m", "", "zoo:nope", "nope:x"],
     "series": ["f.txt", "full", "/proc/x/m", "f.txt/m", "", "zoo:nope", "nope:x",
@@ -105,12 +110,17 @@ KINDS = {
     **{(n, p.flag): "name" for n, m in MEASURES.items() for p in m.parameters() if p.choices},
     ("zoo build", "names"): "name", ("zoo build", "--out"): "zoo out",
     ("serve", "--roots"): "roots",
+    ("figures", "--out"): "out folder", ("figures", "--only"): "name",
+    ("figures", "--anchor"): "model", ("figures", "--source"): "model",
+    ("figures", "--data"): "data", ("figures", "--device"): "name",
     **{(c, f): "column" for c in ("match", *MEASURES, "eval")
        for f in ("--text-column", "--pair-column", "--label-column", "--words-column",
                  "--tags-column")},
     **{(c, o): k for c in MEASURES
        for o, k in (("anchor", "model"), ("source", "model"), ("--data", "data"),
-                    ("--json", "out file"), ("--layers", "layers"), ("--match", "spec"),
+                    ("--json", "out file"), ("--figure", "figure"),
+                    ("--animation", "animation"),
+                    ("--layers", "layers"), ("--match", "spec"),
                     ("--split", "name"), ("--device", "name"), ("--max-memory", "size"),
                     ("model", "model"), ("--source", "model"))},  # one model (pair=False)
     **{(c, o): "series" for c, m in MEASURES.items() if m.inputs is not None
@@ -154,6 +164,8 @@ def _own(cmd: str, opt: str) -> bool:
     """Whether `opt` is checked in full on `cmd`: not a measurement's shared option, or a
     command of FULL, or a parameter of the command's own record (the merge options: on
     merge only)."""
+    if cmd == "figures" and opt in ("--anchor", "--source", "--data"):
+        return False  # read by the same loaders as every measurement's (in full on FULL)
     m = MEASURES.get(cmd)
     if m is not None and cmd != "merge" and opt in MERGE_OPTIONS:
         return False

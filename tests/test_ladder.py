@@ -44,12 +44,16 @@ def cli_ladder(refs, tmp_path_factory) -> tuple[dict, str]:
     import io
 
     from rotviz.cli import main
+    from rotviz.images import why_not
 
     out = tmp_path_factory.mktemp("ladder") / "ladder.json"
+    svg = out.with_suffix(".svg") if why_not() is None else out.with_suffix(".html")
     said = io.StringIO()
     with contextlib.redirect_stdout(said):
         assert main(["ladder", *refs, "--data", "digits", "--points", str(POINTS), "--steps",
-                     str(STEPS), "--json", str(out)]) == 0
+                     str(STEPS), "--json", str(out), "--figure", str(svg)]) == 0
+    # --figure draws the record's figure of the same result (SVG where a Chromium is there)
+    assert "The symmetry ladder: what each larger group of symmetries buys" in svg.read_text()
     return json.loads(out.read_text()), said.getvalue()
 
 

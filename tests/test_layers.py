@@ -115,7 +115,7 @@ LAYERS = [
     ("stream", ["rotviz.stream"]),
     ("plots", ["rotviz.plots"]),
     ("measures", ["rotviz.measures"]),
-    ("top", ["rotviz.zoo", "rotviz.app", "rotviz.cli", "rotviz"]),
+    ("top", ["rotviz.zoo", "rotviz.app", "rotviz.gallery", "rotviz.cli", "rotviz"]),
     ("pages", ["app_pages"]),
     ("bench", ["bench"]),
 ]

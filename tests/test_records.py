@@ -159,7 +159,7 @@ def test_the_toy_measurement_runs_from_the_cli_and_the_app(toy, matched, tmp_pat
     assert r["loss"] == got["loss"] and r["acc"] == got["acc"]
     assert r["preserved"] and r["max_output_diff"] <= r["tolerance"]
 
-    with zipfile.ZipFile(io.BytesIO(measurement_zip("toy_point", cfg, r))) as z:
+    with zipfile.ZipFile(io.BytesIO(measurement_zip("toy_point", cfg, r, images=False))) as z:
         assert json.loads(z.read("results.json"))["toy_point"]["loss"] == r["loss"]
         rows = z.read("tables/toy_point.csv").decode().splitlines()
     assert rows[0] == "at,loss,acc" and float(rows[1].split(",")[1]) == r["loss"]
@@ -193,7 +193,7 @@ def test_the_toy_merge_method_runs_from_the_cli_and_the_app(toy, matched, tmp_pa
                                                 "specs": ["seed"], "weight": 0.3,
                                                 "params": {"toy_weight": 0.3}})
     assert table["acc"]["toy_avg"]["seed"] == got["acc"]
-    with zipfile.ZipFile(io.BytesIO(measurement_zip("merge", cfg, r))) as z:
+    with zipfile.ZipFile(io.BytesIO(measurement_zip("merge", cfg, r, images=False))) as z:
         assert json.loads(z.read("results.json"))["merge"]["params"] == {"toy_weight": 0.3}
         assert "tables/merge.csv" in z.namelist()
 

@@ -85,9 +85,15 @@ class Curve:
     task: str = ""  # rotviz.tasks: what the model does, and so which metrics it has
     scores: dict[str, list[float]] = field(default_factory=dict)  # metric -> value per alpha
     mid_scores: dict[str, float] = field(default_factory=dict)  # at alpha = 0.5
+    # the model's answers on a few fixed test inputs at each alpha (rotviz.analysis.examples:
+    # `pred`, `prob` and `pred_names` hold one list per alpha); empty: none were asked for
+    examples: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        if not out["examples"]:  # a curve without examples reads as it always did
+            del out["examples"]
+        return out
 
 
 def _partition(n: int, repeats: int, seed: int) -> list[np.ndarray]:
@@ -98,16 +104,19 @@ def _partition(n: int, repeats: int, seed: int) -> list[np.ndarray]:
 def path_curve(ev: Evaluator, anchor_params: Mapping[str, Tensor],
                source_params: Mapping[str, Tensor], alphas: Sequence[float], repeats: int = 1,
                seed: int = 0, progress: Progress | None = None,
-               group: Group = SINGLE) -> dict | None:
+               group: Group = SINGLE, probe: Callable | None = None) -> dict | None:
     """Evaluate the straight path at `alphas` (plus 0.5 if missing). Returns a dict of fields.
 
     Under torchrun (`group`) each process evaluates its share of the points and rank 0
-    gathers them and returns the fields (None elsewhere): the same points, evaluated alike."""
+    gathers them and returns the fields (None elsewhere): the same points, evaluated alike.
+    `probe(params)` (rotviz.analysis.examples.probe): the answers on a few fixed inputs at
+    each point too, in the field `answers` (one per alpha)."""
 
     def evaluate(a: float) -> tuple:
         params = {k: torch.lerp(anchor_params[k], source_params[k], a) for k in anchor_params}
         one: list[dict[str, float]] = []
-        return ev.per_sample(params, one), one[0]
+        per = ev.per_sample(params, one)
+        return (per, one[0]) if probe is None else (per, one[0], probe(params))
 
     return path_points(evaluate, alphas, ev.n, ev.split.task, repeats, seed, progress, group)
 
@@ -143,6 +152,8 @@ def path_points(evaluate: Callable[[float], tuple], alphas: Sequence[float], n: 
                mid_loss=float(loss[mid]), mid_acc=float(acc[mid]), repeats=repeats,
                task=task, scores={m: [sc[m] for sc in scored[:k]] for m in scored[0]},
                mid_scores={m: v for m, v in scored[mid].items()})
+    if len(done[0]) > 2:  # the answers on fixed inputs (`path_curve`'s probe)
+        out["answers"] = [done[j][2] for j in range(k)]
     if repeats > 1:
         parts = _partition(n, repeats, seed)
         pl = np.array([[p[0][ix].sum() / p[2][ix].sum() for p in per] for ix in parts])
@@ -177,6 +188,7 @@ def curve_on(
     batch_size: int = 512,
     evaluator: Evaluator | None = None,
     group: Group = SINGLE,
+    examples: int = 0,
 ) -> Curve | None:
     """curve_on(endpoints, split, points=21, device=) -> Curve
 
@@ -184,19 +196,32 @@ def curve_on(
     source (alpha = 1) at `points` evenly spaced alphas. `repeats` > 1 also reports the
     spread over that many disjoint seeded subsets of the split; `evaluator` reuses data
     already on the device. Under torchrun (`group`) the points are shared among the
-    processes and rank 0 returns the curve (None elsewhere).
+    processes and rank 0 returns the curve (None elsewhere). `examples` > 0: the model's
+    answers on that many fixed test inputs at each alpha too (`Curve.examples`, for the
+    path's animation: rotviz.analysis.examples).
     """
+    from rotviz.analysis import examples as ex
+
     check_path(points, repeats, split)
     t0 = time.perf_counter()
     ev = evaluator or Evaluator(ends.anchor, split, device, batch_size)
     info = ends.info
     alphas = np.linspace(0.0, 1.0, points).tolist()
+    probe = ex.probe(ev, split, examples) if examples else None
     fields = path_curve(ev, ev.params(ends.anchor.state), ev.params(ends.matched), alphas,
-                        repeats, seed, progress, group)
+                        repeats, seed, progress, group, probe)
     if fields is None:  # another rank than 0: its points are with rank 0
         return None
+    shown = {}
+    if probe is not None:
+        shown, name = ex.describe(split, examples), ex.namer(split)
+        answers = fields.pop("answers")
+        shown["pred"] = [p for p, _ in answers]
+        shown["prob"] = [q for _, q in answers]
+        shown["pred_names"] = [[name(i) for i in p] for p, _ in answers]
     return Curve(
-        **fields, match=info.match, data=split.data, split=split.split, device=str(ev.device),
+        **fields, examples=shown, match=info.match, data=split.data, split=split.split,
+        device=str(ev.device),
         seconds=time.perf_counter() - t0 + info.seconds, n=split.n, layers=ends.layers,
         anchor=ends.anchor_ref, source=ends.source_ref, distance_before=info.distance_before,
         distance_after=info.distance_after, max_output_diff=info.max_output_diff,

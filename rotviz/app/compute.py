@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -231,7 +232,9 @@ def barrier_defaults(base: dict, residual_why: str | None) -> list[dict]:
     """The curves the Barrier page draws on its first visit (its default options and
     points), for the pair in `base`: what the app may compute ahead, after the first page
     has painted, so that the Barrier page finds them ready."""
-    return [measure_cfg(base, sp, points=BARRIER_POINTS)
+    from rotviz.measures.barrier import BARRIER
+
+    return [measure_cfg(base, sp, points=BARRIER_POINTS, **BARRIER.animate_params)
             for sp in specs.offered(specs.DEFAULT_SPECS, residual_why)]
 
 
@@ -328,6 +331,141 @@ def _split_of(res: Resources, cfg: dict | PairConfig) -> Split:
     return res.split(cfg["data"], cfg["seed"], cfg["n_eval"], cfg.get("anchor") or cfg["ref"])
 
 
+# ---- at size: a pair larger than the memory budget ----------------------------------------------
+
+
+def gb(n: int | None) -> str:
+    """Bytes in words: GB from 0.1 GB up, MB below."""
+    if n is None:
+        return "an unknown amount"
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
+def check_pair_at_size(res: Resources, cfg: dict) -> None:
+    """`check_pair` for a pair read block by block: both folders opened for streaming (their
+    headers and configs checked as the command line checks them), matchable, and the data
+    read as the anchor reads it, with no weights loaded."""
+    from rotviz.evaluation import check_fits
+    from rotviz.models import check_compatible
+    from rotviz.stream.blocks import open_streamed
+    from rotviz.stream.sized import sized_loaded
+
+    a = open_streamed(cfg["anchor"], res.confined())
+    b = open_streamed(cfg["source"], res.confined())
+    check_compatible(a, b)  # type: ignore[arg-type]  # duck-typed: meta state
+    skeleton = sized_loaded(a)
+    check_fits(skeleton, load_test_split(cfg["data"], int(cfg.get("seed", 0)),
+                                         int(cfg.get("n_eval", 0)), skeleton, res.confined()))
+
+
+def at_size(res: Resources, cfg: dict) -> tuple[bool, int | None, int | None]:
+    """Whether the configuration's models must be read block by block: (at size, what
+    holding them needs, the budget), in bytes. The budget is `max_memory` (bytes; absent or
+    0: what the machine has free now), and the need is the command line's estimate from the
+    safetensors headers (rotviz.stream.blocks.pair_bytes_in_memory); one model (`ref`)
+    needs half its pair. A folder without safetensors cannot stream and is never at size."""
+    from rotviz.memory import available_memory
+    from rotviz.stream.blocks import pair_bytes_in_memory
+
+    one = cfg.get("ref")
+    anchor, source = (one, one) if one else (cfg.get("anchor"), cfg.get("source"))
+    if not anchor or not source:
+        return False, None, None
+    limit = int(cfg.get("max_memory") or 0) or available_memory()
+    need = pair_bytes_in_memory(anchor, source, res.confined())
+    if need is not None and one:
+        need //= 2
+    return need is not None and limit is not None and need > limit, need, limit
+
+
+def params_in(res: Resources, ref: str) -> int:
+    """The parameters of model `ref`, from its safetensors headers when it has them (nothing
+    loaded: a model larger than memory is counted too), else from the loaded model."""
+    from rotviz.checkpoint import Checkpoint
+    from rotviz.models import resolve_ref
+
+    try:
+        checkpoint = Checkpoint(resolve_ref(ref, res.confined()), res.confined())
+    except RotvizError:
+        return summaries.n_params(res.load_eval(ref))
+    total = 0
+    for e in checkpoint.entries.values():
+        n = 1
+        for d in e.shape:
+            n *= d
+        total += n
+    return total
+
+
+def residual_why(res: Resources, ref: str, sized: bool = False) -> str | None:
+    """Why this model's residual stream cannot be matched (a tied output head, ...), or None;
+    at size, asked of the model's skeleton (no weights read)."""
+    if not sized:
+        return summaries.residual_unsupported(res.load_eval(ref))
+    from rotviz.stream.blocks import open_streamed
+    from rotviz.stream.sized import sized_loaded
+    from rotviz.symmetry.residual import unsupported
+    from rotviz.symmetry.view import read_view
+
+    skeleton = sized_loaded(open_streamed(ref, res.confined()))  # weights on meta: no data
+    return unsupported(read_view(skeleton.spec, skeleton.config, skeleton.state))
+
+
+def _measure_at_size(record, res: Resources, c: PairConfig, values: dict,
+                     sizes: tuple[int | None, int | None], progress: Progress | None,
+                     cancel: Callable[[], bool] | None) -> dict:
+    """A measurement of a pair over the memory budget, as `rotviz COMMAND --max-memory`
+    runs it: the pair opened for streaming (headers only, through the app's roots), the
+    source matched block by block into a temporary folder, then the record's at-size
+    implementation, or a one-line refusal from the record. The result holds `at_size`: what
+    the pair needs in memory, the budget, and the memory the run held above what the app
+    held before it (sampled while it ran)."""
+    from rotviz.devices import resolve_device
+    from rotviz.match.pipeline import FUNCTION_TOLERANCE
+    from rotviz.match.selection import match_options
+    from rotviz.measures import Context
+    from rotviz.memory import Watch
+    from rotviz.models import check_compatible
+    from rotviz.stream.blocks import open_streamed
+    from rotviz.stream.endpoints import streamed_endpoints
+    from rotviz.stream.sized import sized_loaded
+
+    need, limit = sizes
+    over = (f"the pair needs {gb(need)} in memory, over the budget of {gb(limit)}, so it is "
+            "read block by block")
+    why = record.why_not_at_size()
+    if why:
+        raise RotvizError(f"{record.label} is off for this pair: {over}, and {why}; raise the "
+                          "memory budget in the sidebar")
+    if record.at_size_check is not None:
+        record.at_size_check(values)
+    if values.get("base"):  # a merge's base, read block by block too: only under the roots
+        values = {**values, "base": str(roots.resolve_choice(values["base"]))}
+    a, b = open_streamed(c.anchor, res.confined()), open_streamed(c.source, res.confined())
+    check_compatible(a, b)  # type: ignore[arg-type]  # duck-typed: meta state
+    options = match_options(c.label, layers_of(c.layers, a.dims.n_layers))
+    if record.needs_match and options is None:
+        raise RotvizError(f"{record.label} at size needs a matched source for its second "
+                          "direction: pick a matching, or raise the memory budget")
+    split = None
+    if record.data:
+        split = load_test_split(c.data, c.seed, c.n_eval, sized_loaded(a), res.confined())
+    device = resolve_device(c.device)
+    with Watch() as held, streamed_endpoints(a, b, options, device) as ends:
+        result = record.at_size(ends, Context(split, device, progress=progress,
+                                              cancel=cancel), values)
+    out = result.to_dict()
+    if out.get("stopped") == "cancelled":
+        raise Cancelled(f"{record.label} was stopped before it finished; nothing was kept. "
+                        "Press Run to start again.")
+    out.setdefault("match", ends.match)
+    diff = ends.info.max_output_diff if ends.info is not None else None
+    out.update(max_output_diff=diff, tolerance=FUNCTION_TOLERANCE,
+               preserved=diff is None or diff <= FUNCTION_TOLERANCE,
+               at_size={"need": need, "budget": limit, "held": held.held, "peak": held.peak})
+    return out
+
+
 # ---- the computations behind `run(kind, res, cfg)`; each returns plain data --------------------
 
 
@@ -380,6 +518,15 @@ def measure(name: str, res: Resources, cfg: dict, progress: Progress | None = No
         one = cfg.get("ref") or cfg["anchor"]
         cfg = {**cfg, "anchor": one, "source": one, "spec": "none", "layers": ""}
     c = PairConfig.of(cfg)
+    if record.match_check is not None:  # before any matching
+        from rotviz.match.selection import match_options
+
+        why = record.match_check(match_options(c.label))
+        if why:
+            raise RotvizError(why)
+    sized, need, limit = at_size(res, cfg)
+    if sized:
+        return _measure_at_size(record, res, c, values, (need, limit), progress, cancel)
     ends = endpoints(res, c, progress)
     split = _split_of(res, c) if record.data else None
     with res.using(c.anchor, c.source):
@@ -447,6 +594,9 @@ def fusion(res: Resources, cfg: dict, progress: Progress | None = None) -> dict:
     given, is the base model of the methods that need one (read through the app's roots)."""
     from rotviz.analysis.fusion import fusion_on
 
+    sized, need, limit = at_size(res, cfg)
+    if sized:
+        return _fusion_at_size(res, cfg, progress, (need, limit))
     ends = {}
     for spec in cfg["specs"]:
         e = endpoints(res, {**cfg, **spec_cfg(spec, cfg.get("learn_steps", 0)), "layers": ""},
@@ -459,6 +609,60 @@ def fusion(res: Resources, cfg: dict, progress: Progress | None = None) -> dict:
                       base=base, **(cfg.get("params") or {})).to_dict()
     t["timing"] = {k: v for k, v in t["timing"].items() if not k.startswith("match:")}
     return t
+
+
+def _fusion_at_size(res: Resources, cfg: dict, progress: Progress | None,
+                    sizes: tuple[int | None, int | None]) -> dict:
+    """The Merge page's table for a pair over the memory budget: each method that merges
+    block by block (its record's `at_size`) with each matching, as `rotviz merge
+    --max-memory` runs it; the others under `off`, each with its record's reason. The
+    table's shape is `fusion`'s, with each matching's function check (`checks`) and the
+    most memory a run held (`at_size`)."""
+    from rotviz.measures import measurement
+    from rotviz.merging import method as method_record
+
+    record = measurement("merge")
+    params = cfg.get("params") or {}
+    t0 = time.perf_counter()
+    runs, off = {}, {}
+    for name in cfg["methods"]:
+        m = method_record(name)
+        if not m.at_size:
+            off[name] = (f"{m.label} needs statistics of whole models (Fisher information, "
+                         "Gram matrices), which a pair read block by block does not hold")
+            continue
+        values = record.values({"method": name, "weight": cfg["weight"],
+                                "base": cfg.get("base") or "",
+                                **{p.name: params[p.name] for p in m.params if p.name in params}})
+        for spec in cfg["specs"]:
+            c = PairConfig.of({**cfg, **spec_cfg(spec, cfg.get("learn_steps", 0)),
+                               "layers": ""})
+            runs[name, c.label] = _measure_at_size(record, res, c, values, sizes, progress,
+                                                   None)
+    if not runs:
+        raise RotvizError("no merge method chosen merges block by block: "
+                          + "; ".join(off.values()) + "; pick task arithmetic, TIES, DARE, "
+                          "SLERP, Model Stock or the simple average, or raise the memory budget")
+    first = next(iter(runs.values()))
+    methods = list(dict.fromkeys(m for m, _ in runs))
+    specs = list(dict.fromkeys(sp for _, sp in runs))
+    return {
+        "methods": methods, "specs": specs,
+        "acc": {m: {sp: runs[m, sp]["acc"] for sp in specs} for m in methods},
+        "loss": {m: {sp: runs[m, sp]["loss"] for sp in specs} for m in methods},
+        "scores": {m: {sp: runs[m, sp]["scores"] for sp in specs} for m in methods},
+        "distance": {sp: runs[methods[0], sp]["distance_after"] for sp in specs},
+        **{k: first[k] for k in ("anchor_acc", "source_acc", "anchor_loss", "source_loss",
+                                 "anchor_scores", "source_scores", "data", "split",
+                                 "batches", "batch_size", "device")},
+        "weight": cfg["weight"], "stats_split": "none (elementwise methods)",
+        "seconds": time.perf_counter() - t0, "timing": {}, "off": off,
+        "checks": [{"spec": sp, "max_output_diff": runs[methods[0], sp]["max_output_diff"],
+                    "tolerance": runs[methods[0], sp]["tolerance"]}
+                   for sp in specs if sp != "none"],
+        "at_size": {"need": sizes[0], "budget": sizes[1],
+                    "held": max((r["at_size"]["held"] or 0) for r in runs.values())},
+    }
 
 
 def learn(res: Resources, cfg: dict, progress: Progress | None = None) -> dict:
@@ -477,6 +681,11 @@ COMPUTE: dict[str, Callable[[Resources, dict, Progress | None], Any]] = {
 }
 
 
+# What each of COMPUTE's computations is called when it is off at size.
+WHOLE = {"card": "The model card", "match": "Matching in memory (the per-head report)",
+         "learn": "The symmetry demo"}
+
+
 def kinds() -> list[str]:
     """Every computation `run` knows: COMPUTE's and every registered measurement's."""
     from rotviz.measures import measurements
@@ -490,6 +699,11 @@ def run(kind: str, res: Resources, cfg: dict, progress: Progress | None = None,
     name) for a configuration. `cancel` reaches a measurement's `Context` (training
     measurements such as bend stop when it returns True)."""
     if kind in COMPUTE:
+        sized, need, limit = at_size(res, cfg)
+        if sized and kind in WHOLE:
+            raise RotvizError(f"{WHOLE[kind]} is off for this pair: it holds whole models, and "
+                              f"they need {gb(need)} in memory, over the budget of "
+                              f"{gb(limit)}; raise the memory budget in the sidebar")
         return COMPUTE[kind](res, cfg, progress)
     if kind in kinds():
         return measure(kind, res, cfg, progress, cancel)

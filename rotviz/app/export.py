@@ -10,7 +10,6 @@ import io
 import json
 import math
 import platform
-import shutil
 import zipfile
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
@@ -18,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from rotviz.app.cache import config_hash
-from rotviz.errors import RotvizError
 
 
 def versions() -> dict[str, str]:
@@ -76,26 +74,50 @@ def rows_to_csv(rows: Sequence[Mapping[str, Any]]) -> str:
 
 def figure_html(fig: Any) -> str:
     """A self-contained HTML page of a plotly figure (plotly.js inlined: works offline)."""
-    return fig.to_html(include_plotlyjs=True, full_html=True)
+    from rotviz.images import html
+
+    return html(fig)
 
 
 def static_formats() -> tuple[str, ...]:
-    """('png', 'svg') where kaleido and a Chrome or Chromium are installed, else ()."""
-    try:
-        import kaleido  # noqa: F401
-    except ImportError:
-        return ()
-    browsers = ("chromium", "chromium-browser", "google-chrome", "chrome")
-    if not any(shutil.which(b) for b in browsers):
-        return ()
-    return ("png", "svg")
+    """('png', 'svg', 'pdf') where kaleido and a Chrome or Chromium are installed, else ()
+    (rotviz.images)."""
+    from rotviz.images import available
+
+    return available()
 
 
 def figure_image(fig: Any, fmt: str) -> bytes:
-    """PNG or SVG bytes of a figure through kaleido; only call when `static_formats()` has it."""
-    if fmt not in static_formats():
-        raise RotvizError(f"{fmt} export needs kaleido and a Chrome or Chromium; use HTML export")
-    return fig.to_image(format=fmt)
+    """PNG, SVG or PDF bytes of a figure (rotviz.images), or a one-line error saying what is
+    missing."""
+    from rotviz.images import render
+
+    return render([fig], fmt)[0]
+
+
+def animation_formats() -> tuple[str, ...]:
+    """The animation files this machine can write: html always, gif and mp4 where kaleido, a
+    Chromium, imageio and imageio-ffmpeg are installed (rotviz.animation)."""
+    from rotviz.animation import FORMATS, why_not
+
+    return tuple(f for f in FORMATS if why_not(f) is None)
+
+
+def animation_file(fig: Any, fmt: str) -> bytes:
+    """An animated figure as HTML, GIF or MP4 bytes (rotviz.animation), or a one-line error
+    saying what is missing."""
+    from rotviz.animation import render
+
+    return render(fig, fmt)
+
+
+def measurement_animation(name: str, result: Mapping[str, Any]) -> Any:
+    """The animated figure a registered measurement's record makes of its result, or None
+    when the record does not animate (`Measurement.animate`)."""
+    from rotviz.measures import measurement
+
+    record = measurement(name)
+    return record.animate(result) if record.animate else None
 
 
 def measurement_files(name: str, result: Mapping[str, Any]
@@ -110,10 +132,13 @@ def measurement_files(name: str, result: Mapping[str, Any]
     return tables, figures
 
 
-def measurement_zip(name: str, config: Mapping[str, Any], result: Mapping[str, Any]) -> bytes:
+def measurement_zip(name: str, config: Mapping[str, Any], result: Mapping[str, Any],
+                    images: bool = True) -> bytes:
     """A measurement's whole run as a zip (`run_zip`), its table and figure from its record."""
     tables, figures = measurement_files(name, result)
-    return run_zip(config, {name: result}, tables, figures)
+    anim = measurement_animation(name, result)
+    return run_zip(config, {name: result}, tables, figures, images,
+                   {name: anim} if anim is not None else None)
 
 
 def run_zip(
@@ -121,9 +146,13 @@ def run_zip(
     results: Mapping[str, Any],
     tables: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
     figures: Mapping[str, Any] | None = None,
+    images: bool = True,
+    animations: Mapping[str, Any] | None = None,
 ) -> bytes:
     """A whole run as a zip: config.json, versions.json, results.json, tables as CSV, figures
-    as HTML (and PNG/SVG when available)."""
+    as HTML, and as PNG (`images`, where kaleido and a Chromium are installed: rotviz.images),
+    and animated figures as HTML that plays offline (a GIF or MP4 is a download of its own:
+    drawing every frame takes a second or more each)."""
     buf = io.BytesIO()
     stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
@@ -133,12 +162,14 @@ def run_zip(
         z.writestr("results.json", to_json(results))
         for name, rows in (tables or {}).items():
             z.writestr(f"tables/{name}.csv", rows_to_csv(rows))
-        fmts = static_formats()
-        for name, fig in (figures or {}).items():
+        figures = dict(figures or {})
+        for name, fig in figures.items():
             z.writestr(f"figures/{name}.html", figure_html(fig))
-            for fmt in fmts:
-                try:
-                    z.writestr(f"figures/{name}.{fmt}", figure_image(fig, fmt))
-                except Exception:  # a static image is a bonus; the HTML is always there
-                    pass
+        for name, fig in (animations or {}).items():
+            z.writestr(f"animations/{name}.html", animation_file(fig, "html"))
+        if images and figures and static_formats():  # all drawn in one browser
+            from rotviz.images import render
+
+            for name, png in zip(figures, render(list(figures.values()), "png"), strict=True):
+                z.writestr(f"figures/{name}.png", png)
     return buf.getvalue()

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 
 from rotviz import hub
-from rotviz.cli import measure, serve, zoo
+from rotviz.cli import figures, measure, serve, zoo
 from rotviz.cli.args import (
     Parser,
     add_max_memory,
@@ -111,9 +111,9 @@ def _add_match(sub) -> None:
 
 def _extra_commands():
     """The other sub-commands: zoo and eval, one per registered measurement (barrier, plane,
-    merge, ...: rotviz.cli.measure), serve. Each imports its heavy libraries inside its
-    handlers, so `rotviz --help` stays fast."""
-    return [zoo.register, measure.register, serve.register]
+    merge, ...: rotviz.cli.measure), figures (rotviz.cli.figures), serve. Each imports its
+    heavy libraries inside its handlers, so `rotviz --help` stays fast."""
+    return [zoo.register, measure.register, figures.register, serve.register]
 
 
 def _selected(args: argparse.Namespace) -> None:

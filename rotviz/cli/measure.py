@@ -105,6 +105,8 @@ def register(sub, wanted: Callable[[str], bool] = lambda name: True) -> None:
                            help="write the merged model to this new folder")
         p.add_argument("--json", default=None, metavar="FILE",
                        help="also write the result as JSON to this new file")
+        _figure_option(p, m)
+        _animation_option(p, m)
         for f in m.files:
             p.add_argument(f.flag, dest=_dest(f), default=None, metavar="FILE", help=f.help)
         add_overwrite(p)
@@ -115,6 +117,65 @@ def register(sub, wanted: Callable[[str], bool] = lambda name: True) -> None:
         else:
             add_max_memory(p, "run", f"refused ({m.why_not_at_size()})", "is refused too")
         p.set_defaults(func=lambda args, m=m: run_command(m, args))
+
+
+def _figure_option(p: argparse.ArgumentParser, m: Measurement) -> None:
+    """--figure FILE, for a record that draws its result (`Measurement.plot`)."""
+    if m.plot is not None:
+        p.add_argument("--figure", default=None, metavar="FILE",
+                       help="also draw the result into this new file: .html (interactive, "
+                            "opens offline), .png, .svg or .pdf (kaleido and Chromium)")
+    else:
+        p.set_defaults(figure=None)
+
+
+def _animation_option(p: argparse.ArgumentParser, m: Measurement) -> None:
+    """--animation FILE, for a record that animates its result (`Measurement.animate`)."""
+    if m.animate is not None:
+        p.add_argument("--animation", default=None, metavar="FILE",
+                       help="also write the result's animation into this new file: .html "
+                            "(plays offline), .gif or .mp4 (for slides; kaleido and Chromium "
+                            "draw the frames)")
+    else:
+        p.set_defaults(animation=None)
+
+
+def _animation_output(outputs, args):
+    """(the --animation output, its format), checked before any work, or None."""
+    from rotviz.animation import check, format_of
+
+    if getattr(args, "animation", None) is None:
+        return None
+    fmt = format_of(args.animation)
+    check(fmt)
+    return outputs.add(args.animation, "--animation", folder=False, overwrite=args.overwrite), fmt
+
+
+def _write_animation(m: Measurement, tmp, anim, result) -> None:
+    """The record's animation of `result` into --animation's temporary sibling."""
+    from rotviz.animation import write
+
+    if anim is not None:
+        write(tmp[anim[0]], m.animate(result.to_dict()), anim[1])
+
+
+def _figure_output(outputs, args):
+    """(the --figure output, its format), checked before any work, or None."""
+    from rotviz.images import check_format, format_of
+
+    if getattr(args, "figure", None) is None:
+        return None
+    fmt = format_of(args.figure)
+    check_format(fmt)
+    return outputs.add(args.figure, "--figure", folder=False, overwrite=args.overwrite), fmt
+
+
+def _write_figure(m: Measurement, tmp, fig, result) -> None:
+    """The record's figure of `result` into --figure's temporary sibling."""
+    from rotviz.images import write
+
+    if fig is not None:
+        write(tmp[fig[0]], m.plot(result.to_dict()), fig[1])
 
 
 def _dest(f) -> str:
@@ -157,6 +218,8 @@ def _inputs_parser(p: argparse.ArgumentParser, m: Measurement) -> None:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or mps (default auto)")
     p.add_argument("--json", default=None, metavar="FILE",
                    help="also write the result as JSON to this new file")
+    _figure_option(p, m)
+    _animation_option(p, m)
     add_overwrite(p)
     add_params(p, m.parameters())
     add_max_memory(p, "run", f"refused ({m.why_not_at_size()})", "is refused too")
@@ -187,6 +250,8 @@ def run_inputs_command(m: Measurement, args: argparse.Namespace) -> int:
     guard_inputs(outputs, [r for r in (*refs, *further) if ":" not in r]
                  + [str(p) for p in first], args.data)
     js = outputs.add(args.json, "--json", folder=False, overwrite=args.overwrite)
+    fig = _figure_output(outputs, args)
+    anim = _animation_output(outputs, args)
     args.anchor, args.source = map(str, first)
     if beyond_memory(args)[0]:
         raise RotvizError(f"a pair is larger than --max-memory, and {m.name} is refused at "
@@ -196,9 +261,12 @@ def run_inputs_command(m: Measurement, args: argparse.Namespace) -> int:
     split = split_for(load_model(first[0]), args.data, args.split, seq_len=seq_len,
                       columns=columns)
     result = m.run(inputs, Context(split, device, progress=_progress(m, _Main())), values)
-    if js is not None:
+    if outputs.items:
         with outputs.write() as tmp:
-            write_json_file(tmp[js], result.to_dict(), m.name)
+            if js is not None:
+                write_json_file(tmp[js], result.to_dict(), m.name)
+            _write_figure(m, tmp, fig, result)
+            _write_animation(m, tmp, anim, result)
     if m.summary is not None:
         print(m.summary(result, ""))
     return 0
@@ -221,6 +289,8 @@ def _outputs(m: Measurement, args):
     folder = outputs.add(getattr(args, "out", None), "--out", folder=True,
                          overwrite=args.overwrite)
     js = outputs.add(args.json, "--json", folder=False, overwrite=args.overwrite)
+    args.figure_output = _figure_output(outputs, args)
+    args.animation_output = _animation_output(outputs, args)
     files = []
     for f in _files_given(m, args):  # the file, then the folders written beside it
         item = outputs.add(getattr(args, _dest(f)), f.flag, folder=False,
@@ -269,13 +339,19 @@ def run_command(m: Measurement, args: argparse.Namespace) -> int:
     from rotviz.match.selection import match_options
 
     given = {p.name: getattr(args, p.name) for p in m.parameters()}
+    if getattr(args, "animation", None) is not None:  # what the animation needs, unless given
+        given |= {k: v for k, v in m.animate_params.items() if given.get(k) is None}
     values = m.values(given)
     for f in _files_given(m, args):  # a value the further file cannot express: refused first
         if f.check is not None:
             f.check(values)
     if not m.pair:  # one model: the endpoints are it, twice, unmatched (or with --source)
         _one_model(m, args, values)
-    match_options(args.match)  # SPEC errors come first
+    options = match_options(args.match)  # SPEC errors come first
+    if m.match_check is not None:
+        why = m.match_check(options)
+        if why:
+            raise RotvizError(why)
     outputs, folder, js, files = _outputs(m, args)
     sized = beyond_memory(args)[0]
     if sized:
@@ -334,8 +410,11 @@ def _in_memory(m: Measurement, args, values: dict, outputs, folder, js, files=()
 
     columns, seq_len = reading(args, args.data)
     device = device_for(pick_device(args.device))  # torchrun: each its local GPU
-    anchor = load_model(args.anchor)
-    source = load_model(args.source) if m.pair or getattr(args, "second", False) else anchor
+    # A command that writes no model evaluates the pair as the app does: in plain torch where
+    # that computes the same logits (rotviz.lite: no transformers import, seconds less)
+    load = load_model if m.writes_model or files else _load_eval
+    anchor = load(args.anchor)
+    source = load(args.source) if m.pair or getattr(args, "second", False) else anchor
     if check_pair(anchor, source) and not m.narrower:  # a narrower FFN: embedded by matching
         from rotviz.measures import measurements
 
@@ -363,10 +442,18 @@ def _in_memory(m: Measurement, args, values: dict, outputs, folder, js, files=()
                 write_model(anchor, result.state, tmp[folder])
             if js is not None:
                 write_json_file(tmp[js], _json(m, result, args), m.name)
+            _write_figure(m, tmp, args.figure_output, result)
+            _write_animation(m, tmp, args.animation_output, result)
             for f, item, beside in files:  # a record's further files (Measurement.files)
                 f.write(ends, result, values, tmp[item], tuple(tmp[d] for d in beside),
                         (item.path, tuple(d.path for d in beside)))
     return result
+
+
+def _load_eval(ref: str):
+    from rotviz.lite import load_for_eval
+
+    return load_for_eval(ref)
 
 
 def _json(m: Measurement, result, args) -> dict:
@@ -422,6 +509,8 @@ def _at_size(m: Measurement, args, values: dict, outputs, folder, js, files=()):
                 result = m.at_size(ends, ctx, values)
                 if js is not None:
                     write_json_file(tmp[js], _json(m, result, args), m.name)
+                _write_figure(m, tmp, args.figure_output, result)
+                _write_animation(m, tmp, args.animation_output, result)
                 for f, item, beside in files:  # a record's further files, from the stream
                     f.write(ends, result, values, tmp[item], tuple(tmp[d] for d in beside),
                             (item.path, tuple(d.path for d in beside)))
@@ -429,7 +518,10 @@ def _at_size(m: Measurement, args, values: dict, outputs, folder, js, files=()):
         result = m.at_size(ends, ctx, values)
     if result is None or not group.main:
         return None
-    if js is not None:
+    if outputs.items:
         with outputs.write() as tmp:
-            write_json_file(tmp[js], _json(m, result, args), m.name)
+            if js is not None:
+                write_json_file(tmp[js], _json(m, result, args), m.name)
+            _write_figure(m, tmp, args.figure_output, result)
+            _write_animation(m, tmp, args.animation_output, result)
     return result

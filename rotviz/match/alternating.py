@@ -22,6 +22,7 @@ or read block by block from the checkpoints (rotviz.stream.residual), one pass p
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -95,8 +96,11 @@ class Alternated:
 
 
 def alternate(state: State, options: MatchOptions, group: str,
-              progress: Progress | None = None) -> Alternated:
-    """The rounds and phases of the alternation (see module) on `state`."""
+              progress: Progress | None = None,
+              on_round: Callable[[int, int], None] | None = None) -> Alternated:
+    """The rounds and phases of the alternation (see module) on `state`. `on_round(phase,
+    round)` is called after each round (phase 0 without head permutation, 1 with it; rounds
+    from 1), while the state holds that round's result."""
     per_layer = options.ffn or options.attn or options.rescale
     # Head assignments made before the stream is aligned lock in poor choices, so with heads
     # on, a first phase alternates without them until it converges, then a second with them.
@@ -154,6 +158,8 @@ def alternate(state: State, options: MatchOptions, group: str,
             record(value)
             start = history[0] if start is None else start
             rounds[-1] = r + 1
+            if on_round is not None:
+                on_round(k, r + 1)
             settled = start - history[-1] <= options.tol * history[0]
             if settled and full:
                 converged[-1] = True
@@ -190,13 +196,21 @@ def describe(layers: list[HeadReport], transforms: dict[int, LayerTransform]) ->
             rep.head_perm = t.heads.tolist()
 
 
+# (phase, round, the matched source after it): rotviz.analysis.rounds measures each round
+RoundHook = Callable[[int, int, Callable[[], ModelView]], None]
+
+
 def match_residual(anchor: ModelView, source: ModelView, options: MatchOptions,
-                   progress: Progress | None = None) -> MatchResult:
-    """Weight matching with per-layer maps and the residual map, alternated (see module)."""
+                   progress: Progress | None = None,
+                   on_round: RoundHook | None = None) -> MatchResult:
+    """Weight matching with per-layer maps and the residual map, alternated (see module).
+    `on_round(phase, round, matched)` after each round: `matched()` builds the source as
+    matched so far (in the anchor's gauge, a new view: nothing of it is kept here)."""
     t0 = time.perf_counter()
     group = check_residual(source, options)
     state = _InMemory(anchor, source)
-    out = alternate(state, options, group, progress)
+    hook = None if on_round is None else (lambda k, r: on_round(k, r, state.snapshot))
+    out = alternate(state, options, group, progress, hook)
     view = state.finish()
     before = distances(source, anchor)
     after = distances(view, anchor)
@@ -235,6 +249,14 @@ class _InMemory:
             if settle:
                 self.src_c = self.lazy.settle(self.src_c)
         return q, self.lazy.objective(self.src_c, objective(self.src_c, self.anc_c, self.memo))
+
+    def snapshot(self) -> ModelView:
+        """The source as matched so far, in the anchor's gauge, leaving the state as it is
+        (the pending FFN map applied to a new view)."""
+        src, q = self.src_c, self.lazy.pending
+        if q is not None:
+            src = rs.apply_residual(src, q.to(src.blocks[0].attn.wq), check=False, which="ffn")
+        return rs.restore(src, self.gauge)
 
     def finish(self) -> ModelView:
         """The matched source, its FFN tensors caught up, in the anchor's gauge."""

@@ -6,8 +6,8 @@ call every one of them shares:
     curve = measure("barrier", ends, split, points=11)
 
 The built-ins (barrier, plane, merge, distances, spectra, sweeps, slice, layerwise, hessian,
-bend, sharpness, flat, training, spawn, many, ladder) register when this package is imported;
-a new measurement is one module that calls `register`. Training and spawn take series of
+bend, sharpness, flat, training, spawn, many, ladder, rounds) register when this package is
+imported; a new measurement is one module that calls `register`. Training and spawn take series of
 checkpoints, not endpoints: `measure("training", TwoSeries.read([A, B], ["none", "seed"]),
 split)` (rotviz.analysis.training); many takes N models: `measure("many", [M1, M2, M3],
 split, match=["seed"])` (rotviz.analysis.many); the symmetry ladder takes the pair, one
@@ -30,6 +30,7 @@ from rotviz.measures import (  # noqa: F401  (the built-ins)
     merge,
     merge_sweep,
     plane,
+    rounds,
     sharpness,
     slice,
     spawn,

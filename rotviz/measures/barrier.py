@@ -3,7 +3,7 @@ source, theta(alpha) = (1 - alpha) anchor + alpha matched source (docs/landscape
 
 from __future__ import annotations
 
-from rotviz.limits import BATCH_SIZE, POINTS, REPEATS, SEED
+from rotviz.limits import BATCH_SIZE, EXAMPLES, POINTS, REPEATS, SEED
 from rotviz.measures.registry import Context, Measurement, register
 from rotviz.params import Param, needs
 
@@ -15,6 +15,10 @@ PARAMS = (
     Param("seed", 0, "with --repeats: seed of the subsets (default 0)", SEED, label="Seed"),
     Param("batch_size", 512, f"evaluation batch size (default 512, {BATCH_SIZE.text})",
           BATCH_SIZE, label="Evaluation batch size"),
+    Param("examples", 0, "also record the answers (class or next token, and its probability) "
+          "on this many fixed test inputs at each alpha, for the path's animation (default 0: "
+          f"none, or 4 with --animation; {EXAMPLES.text})", EXAMPLES,
+          label="Test inputs shown in the animation"),
 )
 
 
@@ -28,7 +32,8 @@ def _run(ends, ctx: Context, v: dict):
     from rotviz.dist import SINGLE
 
     return curve_on(ends, ctx.split, v["points"], ctx.device, ctx.progress, v["repeats"],
-                    v["seed"], v["batch_size"], group=ctx.group or SINGLE)
+                    v["seed"], v["batch_size"], group=ctx.group or SINGLE,
+                    examples=v["examples"])
 
 
 def _at_size(ends, ctx: Context, v: dict):
@@ -64,6 +69,12 @@ def _plot(d: dict):
     return barrier_curves([d])
 
 
+def _animate(d: dict):
+    from rotviz.plots.animate import path_animation
+
+    return path_animation(d)
+
+
 def _rows(d: dict) -> list[dict]:
     return [{"alpha": a, "loss": lo, "acc": ac}
             for a, lo, ac in zip(d["alphas"], d["loss"], d["acc"], strict=True)]
@@ -73,6 +84,7 @@ BARRIER = register(Measurement(
     "barrier", "Barrier (loss along the path)",
     "loss and accuracy on the path anchor -> matched source",
     _run, PARAMS, summary=_summary, plot=_plot, rows=_rows, at_size=_at_size, check=_check,
+    animate=_animate, animate_params={"examples": 4},
     narrower=True,
     extra={"at_size_help": "matched streamed and evaluated with both checkpoints held as "
                            "stored, each point built block by block"}))

@@ -28,7 +28,9 @@ def _summary(d, how: str) -> str:
 
 
 def _rows(d: dict) -> list[dict]:
-    out = []
+    """The total first (by `total`, part `all`), then per layer and per kind."""
+    out = [{"by": "total", "part": "all", "before": d["before"]["total"],
+            "after": d["after"]["total"]}]
     for by in ("per_layer", "per_kind"):
         for k, before in d["before"].get(by, {}).items():
             out.append({"by": by.removeprefix("per_"), "part": k, "before": before,

@@ -132,7 +132,9 @@ def _scores(scores: dict[str, float] | None, lead: str, paren: bool = False) -> 
 
 
 def _rows(d: dict) -> list[dict]:
-    return [{"model": name, "loss": d[f"{p}loss"], "acc": d[f"{p}acc"]}
+    """Each model's loss and accuracy, and the task's own scores (F1) where it has them."""
+    return [{"model": name, "loss": d[f"{p}loss"], "acc": d[f"{p}acc"],
+             **(d.get(f"{p}scores") or {})}
             for name, p in (("anchor", "anchor_"), ("merged", ""), ("source", "source_"))]
 
 

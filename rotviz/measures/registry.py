@@ -105,6 +105,13 @@ class Measurement:
     params: tuple[Param, ...] | Callable[[], tuple[Param, ...]] = ()
     summary: Callable[[Any, str], str] | None = None  # (result, how) -> the CLI's one line
     plot: Callable[[dict], Any] | None = None  # result dict -> a plotly figure
+    # result dict -> a plotly figure with frames (its play button animates it in the app);
+    # exported as HTML, GIF or MP4 (rotviz.animation, the CLI's --animation FILE)
+    animate: Callable[[dict], Any] | None = None
+    # parameter values the animation needs that the result holds only when asked (the
+    # barrier's answers on fixed inputs, `examples`): the CLI uses them with --animation
+    # where they are not given, and the app's pages ask for them
+    animate_params: dict = field(default_factory=dict)
     rows: Callable[[dict], list[dict]] | None = None  # result dict -> a table (CSV export)
     at_size: Runner | None = None  # on streamed endpoints; None: cannot run at size
     refusal: str = ""  # why it cannot run at size, when at_size is None
@@ -117,6 +124,9 @@ class Measurement:
     match_default: str = "seed"
     writes_model: bool = False  # --out DIR: the result's `state` written as a model
     check: Callable[[dict, set[str]], None] | None = None  # (values, given names) -> refuse
+    # (MatchOptions, or None for 'none') -> why this record cannot measure a pair matched so
+    # (one line), or None: checked before any model is loaded (rounds needs the residual map)
+    match_check: Callable[[Any], str | None] | None = None
     needs_match: bool = False  # at size it needs a matched source (not 'none')
     at_size_check: Callable[[dict], None] | None = None  # refuse values at size, early
     inputs: Inputs | None = None  # None: a matched pair (or one model, pair=False)
@@ -156,7 +166,7 @@ class Measurement:
 MEASUREMENTS: Records[Measurement] = Records("measurement", (
     "barrier", "plane", "merge", "merge_sweep", "distances", "spectra", "sweeps", "slice",
     "layerwise", "hessian", "bend", "sharpness", "flat", "training", "spawn", "many",
-    "ladder"))
+    "ladder", "rounds"))
 
 
 def register(m: Measurement) -> Measurement:

@@ -136,13 +136,15 @@ def open_streamed(ref: str | os.PathLike, confined: Confined = ANYWHERE) -> Stre
                     rest, _ties(spec, config, set(meta), set(module.state_dict())), confined)
 
 
-def pair_bytes_in_memory(anchor_ref: str, source_ref: str) -> int | None:
+def pair_bytes_in_memory(anchor_ref: str, source_ref: str, confined: Confined = ANYWHERE
+                         ) -> int | None:
     """About what matching two model folders in memory needs at its peak, from their
-    safetensors headers (None where a folder has none: it can only be matched in memory)."""
+    safetensors headers read through `confined` (None where a folder has none: it can only
+    be matched in memory)."""
     total = 0
     for ref in (anchor_ref, source_ref):
         try:
-            checkpoint = Checkpoint(resolve_ref(ref))
+            checkpoint = Checkpoint(resolve_ref(ref, confined), confined)
         except RotvizError:
             return None
         total += 4 * sum(math.prod(e.shape) for e in checkpoint.entries.values())
