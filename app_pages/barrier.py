@@ -47,7 +47,8 @@ with st.form("barrier_form"):
         "Learned matching: at most this many steps", 5, 3000, app.DEFAULT_LEARN_STEPS,
         step=25, key="b_steps", bind="query-params",
         help=f"Only for learned matching, which trains on the training split of {s.data} and "
-             "keeps the maps with the lowest validation barrier."))
+             "keeps the last maps unless their validation barrier is higher than weight "
+             "matching's."))
     plane = c[2].toggle("Also draw the 2D loss plane (slower)", False, key="b_plane",
                         bind="query-params")
     grid = common.param_input(c[2], PLANE.parameters()[0], "b_grid", 13)

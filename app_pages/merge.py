@@ -61,7 +61,8 @@ with st.form("merge_form"):
     steps = int(c[3].number_input(
         "Learned matching: at most this many steps", 5, 3000, app.DEFAULT_LEARN_STEPS,
         step=25, key="g_steps", bind="query-params",
-        help="Only for learned matching; it keeps the maps with the lowest validation barrier."))
+        help="Only for learned matching; it keeps the last maps unless their validation "
+             "barrier is higher than weight matching's."))
     submitted = st.form_submit_button("Run", type="primary", icon=":material/play_arrow:")
 
 

@@ -65,11 +65,11 @@ def test_default_pair_results_are_pinned():
             failed[key] = f"{len(diffs)} differences, first: {diffs[:5]}"
     assert not failed, f"({'bit for bit' if exact else 'to rounding'}) {failed}"
     assert set(KEYS) == set(pins) - {"_environment"}
-    # the acceptance on the default pair, whatever was pinned: learned matching (the seeded
-    # default) removes the barrier and keeps the function; its path ends where weight
-    # matching's does (the same two functions)
+    # the acceptance on the default pair, whatever was pinned (issue 30): learned matching (the
+    # seeded default) leaves a test barrier of at most 0.02 and keeps the function; its path
+    # ends where weight matching's does (the same two functions)
     learned, weight = results["barrier learned"], results["barrier weight"]
-    assert learned["barrier"] <= 0.1 and learned["mid_acc"] >= 0.9
+    assert learned["barrier"] <= 0.02 and learned["mid_acc"] >= 0.9
     assert learned["max_output_diff"] <= 1e-4
     assert abs(learned["loss"][0] - weight["loss"][0]) <= 1e-5
     assert abs(learned["loss"][-1] - weight["loss"][-1]) <= 1e-4
@@ -91,7 +91,7 @@ def test_the_comparison_can_fail():
 
 def test_the_pins_hold_real_numbers():
     pins = json.loads(FILE.read_text())
-    assert pins["barrier learned"]["barrier"] < 0.1 < pins["barrier weight"]["barrier"]
+    assert pins["barrier learned"]["barrier"] <= 0.02 < 1.0 < pins["barrier weight"]["barrier"]
     assert pins["barrier weight"]["barrier"] < pins["barrier seed"]["barrier"]
     assert pins["barrier seed"]["barrier"] < pins["barrier none"]["barrier"]
     assert len(pins["match weight"]["residual"]["objective"]) > 50

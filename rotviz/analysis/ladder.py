@@ -13,7 +13,7 @@ that `--match`:
 | + head permutation | `seed,heads` | head order |
 | + residual rotation (weight matching) | `weight` | the residual stream's map, alternated |
 | activation matching | `act` | the same maps, FFN and stream picked from activations |
-| learned matching | `learned` | weight matching, then rotations tuned on data |
+| learned matching | `learned` | weight matching, then its maps tuned on data |
 
 and one more, **align-to-self**: the anchor matched onto itself with the ladder's largest
 data-free matching (`weight`), whose barrier and distance are exactly 0 (rotviz.match.engine

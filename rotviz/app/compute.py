@@ -282,7 +282,7 @@ def matched(res: Resources, cfg: dict | PairConfig, progress: Progress | None = 
             cancel: Callable[[], bool] | None = None) -> Matched | None:
     """The source matched onto the anchor (a `Matched`, shared: never modify), or None for
     spec 'none'. Activation and learned matching train on `data`'s train split (learned
-    matching early-stops on its val split, runs at most `learn_steps` steps and draws its
+    matching checks its last maps on its val split, runs at most `learn_steps` steps and draws its
     batches with `seed`); `progress(done, total, message)` hears about every step, and
     `cancel()` returning True stops learned matching (then nothing is kept: `Cancelled`)."""
     c = cfg if isinstance(cfg, PairConfig) else PairConfig.of(cfg)

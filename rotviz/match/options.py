@@ -21,25 +21,39 @@ from rotviz.symmetry.registry import BY_NAME, SYMMETRIES
 
 @dataclass(frozen=True)
 class LearnOptions:
-    """Learned matching (GLMC paper): orthogonal maps tuned on training data so that the
-    interpolated model at lambda ~ U(lam) has a low loss, early-stopped on a validation
-    barrier. Every choice is seeded."""
+    """Learned matching (GLMC paper): maps tuned on training data so that the interpolated
+    model at lambda ~ U(lam) has a low loss; the last maps kept (or, with keep="best", those
+    of the best validation barrier, early-stopped). Every choice is seeded. Why these
+    defaults: docs/solvers.md and section `learned` of bench/RESULTS.md."""
 
     steps: int = DEFAULT_STEPS
-    lr: float = 0.01
+    lr: float = 0.02  # with 300 steps (0.01 needed 450: docs/solvers.md)
     batch_size: int = 128
-    # lambda ~ U(lam): the GLMC paper trains at U(0.4, 0.6), which never trains the flanks of
-    # the path and left higher barriers near alpha ~ 0.7 than U(0.2, 0.8) (bench/learned.py)
-    lam: tuple[float, float] = (0.2, 0.8)
-    eval_every: int = 20  # steps between validation barriers
+    # lambda ~ U(lam): the GLMC paper trains at U(0.4, 0.6), which never trains the flanks;
+    # U(0.2, 0.8) spends steps on flanks that end up below their chord anyway
+    lam: tuple[float, float] = (0.3, 0.7)
+    # steps between validation barriers: with keep="last" they only fill the report's history
+    # (the last maps are checked against the start whatever this is)
+    eval_every: int = 150
     val_points: int = 5  # alphas on the validation path, endpoints included
-    patience: int = 8  # validation checks without improvement before stopping
+    keep: str = "last"  # "last" (the final maps unless worse than the start) or "best"
+    patience: int = 8  # with keep="best": checks without improvement before stopping
     seed: int = 0
     residual: bool = True  # learn the residual map (where the architecture has a rotation)
-    heads: bool = True  # learn per-head Q-K and V-O rotations
+    heads: bool = True  # learn per-head Q-K and V-O maps
+    invertible: bool = True  # Q-K and V-O maps invertible (their whole group), not rotations
 
     def __post_init__(self) -> None:
         STEPS.check(self.steps)
+        if self.keep not in KEEP:
+            raise RotvizError(f"keep={self.keep!r}: use one of {', '.join(KEEP)}")
+        lo, hi = self.lam
+        if not 0.0 <= lo <= hi <= 1.0:
+            raise RotvizError(f"lam={self.lam}: give 0 <= low <= high <= 1")
+
+
+KEEP = ("last", "best")  # which learned maps LearnOptions.keep keeps
+
 
 class _Options:
     """The behaviour of MatchOptions; its fields are made below from the symmetry registry."""
