@@ -121,6 +121,34 @@ class _Embedding(nn.Module):
 _ln = _LayerNorm
 
 
+class _ViTBlock(_Node):
+    """One pre-LN encoder block, called as a module: hooks on a block (activation matching
+    reads the stream entering each one) see what they see on transformers' own."""
+
+    def __init__(self, heads: int, act, **children: nn.Module):
+        super().__init__(**children)
+        self.heads, self.act = heads, act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, h = self.attention, self.layernorm_before(x)
+        mixed = _attend(a.q_proj(h), a.k_proj(h), a.v_proj(h), self.heads, False, None)
+        x = x + a.o_proj(mixed)
+        return x + self.mlp.fc2(self.act(self.mlp.fc1(self.layernorm_after(x))))
+
+
+class _GPT2Block(_Node):
+    """One causal pre-LN decoder block, called as a module (see _ViTBlock)."""
+
+    def __init__(self, heads: int, act, scale: float | None, **children: nn.Module):
+        super().__init__(**children)
+        self.heads, self.act, self.scale = heads, act, scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.attn.c_attn(self.ln_1(x)).split(x.shape[-1], dim=2)
+        x = x + self.attn.c_proj(_attend(q, k, v, self.heads, True, self.scale))
+        return x + self.mlp.c_proj(self.act(self.mlp.c_fc(self.ln_2(x))))
+
+
 class LiteViT(nn.Module):
     """ViTForImageClassification's forward (pre-LN encoder, CLS token head) in plain torch."""
 
@@ -132,7 +160,8 @@ class LiteViT(nn.Module):
         n_tokens = (size // patch) ** 2 + 1
         qkv_bias = cfg["qkv_bias"]
         layers = nn.ModuleList(
-            _Node(
+            _ViTBlock(
+                self.heads, self.act,
                 attention=_Node(q_proj=_Linear(d, d, bias=qkv_bias),
                                 k_proj=_Linear(d, d, bias=qkv_bias),
                                 v_proj=_Linear(d, d, bias=qkv_bias), o_proj=_Linear(d, d)),
@@ -153,10 +182,7 @@ class LiteViT(nn.Module):
         x = torch.cat([emb.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
         x = x + emb.position_embeddings
         for blk in self.vit.layers:
-            a, h = blk.attention, blk.layernorm_before(x)
-            mixed = _attend(a.q_proj(h), a.k_proj(h), a.v_proj(h), self.heads, False, None)
-            x = x + a.o_proj(mixed)
-            x = x + blk.mlp.fc2(self.act(blk.mlp.fc1(blk.layernorm_after(x))))
+            x = blk(x)
         return self.classifier(self.vit.layernorm(x)[:, 0])
 
 
@@ -184,8 +210,9 @@ class LiteGPT2(nn.Module):
         self.heads, self.act = cfg["n_head"], _ACTS[cfg["activation_function"]]
         self.scale = None if cfg["scale_attn_weights"] else 1.0
         h = nn.ModuleList(
-            _Node(ln_1=_ln(d, eps), attn=_Node(c_attn=_Conv1D(d, 3 * d), c_proj=_Conv1D(d, d)),
-                  ln_2=_ln(d, eps), mlp=_Node(c_fc=_Conv1D(d, m), c_proj=_Conv1D(m, d)))
+            _GPT2Block(self.heads, self.act, self.scale, ln_1=_ln(d, eps),
+                       attn=_Node(c_attn=_Conv1D(d, 3 * d), c_proj=_Conv1D(d, d)),
+                       ln_2=_ln(d, eps), mlp=_Node(c_fc=_Conv1D(d, m), c_proj=_Conv1D(m, d)))
             for _ in range(cfg["n_layer"])
         )
         self.transformer = _Node(wte=_Embedding(cfg["vocab_size"], d),
@@ -200,9 +227,7 @@ class LiteGPT2(nn.Module):
         pos = torch.arange(input_ids.shape[1], device=input_ids.device)
         x = tr.wte(input_ids) + tr.wpe(pos)
         for blk in tr.h:
-            q, k, v = blk.attn.c_attn(blk.ln_1(x)).split(x.shape[-1], dim=2)
-            x = x + blk.attn.c_proj(_attend(q, k, v, self.heads, True, self.scale))
-            x = x + blk.mlp.c_proj(self.act(blk.mlp.c_fc(blk.ln_2(x))))
+            x = blk(x)
         return self.lm_head(tr.ln_f(x))
 
 

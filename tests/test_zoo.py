@@ -182,6 +182,26 @@ def test_lite_path_on_random_models(saved, family):
     assert lite is not None
     x = probe_inputs(full, 3)
     assert (forward(lite, x) - forward(full, x)).abs().max() < 1e-5
+    # what hooks see: activation matching and RegMean read what enters each block, each FFN's
+    # output layer and the final norm, by module name; the lite modules are called as
+    # transformers' are (a block inlined into the model's loop was once invisible to them)
+    from rotviz.match.pipeline import view_of
+
+    lay = view_of(full).layout
+    names = [p.rstrip(".") for p in lay.blocks] + [p + lay.roles["ffn_out"] for p in lay.blocks]
+    names.append(lay.final_norm)
+    seen: dict[str, dict[str, torch.Tensor]] = {"lite": {}, "full": {}}
+    for which, m in (("lite", lite), ("full", full)):
+        for name in names:
+            m.model.get_submodule(name).register_forward_pre_hook(
+                lambda mod, args, kw, which=which, name=name: seen[which].__setitem__(
+                    name, (args[0] if args else next(iter(kw.values()))).detach()),
+                with_kwargs=True)
+        with torch.no_grad():
+            m.model(**x)  # the module itself (an evaluator may run a copy of it)
+    assert set(seen["lite"]) == set(seen["full"]) == set(names)
+    for name in names:
+        assert (seen["lite"][name] - seen["full"][name]).abs().max() < 1e-5, name
 
 
 @pytest.mark.parametrize("family", [f for f in FAMILIES if f not in LITE])
