@@ -115,8 +115,9 @@ def encode(pngs: Sequence[bytes], fmt: str, fps: int = RATE) -> bytes:
         for a in arrays:
             writer.send(a.tobytes())
         writer.close()
-        with open(path, "rb") as f:
-            return f.read()
+        from rotviz.confine import ANYWHERE
+
+        return ANYWHERE.read_bytes(path)  # ffmpeg's own output, read through the one door
 
 
 def html(figure: Any) -> str:

@@ -188,6 +188,7 @@ def refused(argv: list[str], capfd, ws: Path, *fragments: str) -> str:
 LONG_FIRST = (
     "test_every_page_in_chromium",
     "test_default_pair_results_are_pinned",
+    "test_the_tutorial_runs_and_agrees_with_the_cli",
     "test_streaming_memory_does_not_grow_with_depth",
     "test_torchrun_commands_equal_one_process",
     "test_a_users_classifier_pair_and_csv",
