@@ -41,9 +41,10 @@ def browser() -> str | None:
 
 def why_not() -> str | None:
     """Why static images cannot be made here (one line), or None when they can."""
-    try:
-        import kaleido  # noqa: F401
-    except ImportError:
+    import importlib.util
+
+    # found, not imported: pages ask this on every paint, and importing kaleido costs time
+    if importlib.util.find_spec("kaleido") is None:
         return "static images need kaleido (pip install -r requirements.txt)"
     if browser() is None:
         return ("static images need a Chrome or Chromium (on Debian: apt-get install chromium;"
