@@ -178,6 +178,19 @@ def _write_figure(m: Measurement, tmp, fig, result) -> None:
         write(tmp[fig[0]], m.plot(result.to_dict()), fig[1])
 
 
+def _check_drawings(outputs, args) -> None:
+    """--figure's and --animation's outputs, checked before any work, kept on `args` for
+    `_write_drawings`."""
+    args.figure_output = _figure_output(outputs, args)
+    args.animation_output = _animation_output(outputs, args)
+
+
+def _write_drawings(m: Measurement, tmp, args, result) -> None:
+    """--figure's and --animation's files (either may be absent) of `result`."""
+    _write_figure(m, tmp, args.figure_output, result)
+    _write_animation(m, tmp, args.animation_output, result)
+
+
 def _dest(f) -> str:
     """The argparse name of a record's further file (--mergekit-config: mergekit_config)."""
     return f.flag.lstrip("-").replace("-", "_")
@@ -250,8 +263,7 @@ def run_inputs_command(m: Measurement, args: argparse.Namespace) -> int:
     guard_inputs(outputs, [r for r in (*refs, *further) if ":" not in r]
                  + [str(p) for p in first], args.data)
     js = outputs.add(args.json, "--json", folder=False, overwrite=args.overwrite)
-    fig = _figure_output(outputs, args)
-    anim = _animation_output(outputs, args)
+    _check_drawings(outputs, args)
     args.anchor, args.source = map(str, first)
     if beyond_memory(args)[0]:
         raise RotvizError(f"a pair is larger than --max-memory, and {m.name} is refused at "
@@ -265,8 +277,7 @@ def run_inputs_command(m: Measurement, args: argparse.Namespace) -> int:
         with outputs.write() as tmp:
             if js is not None:
                 write_json_file(tmp[js], result.to_dict(), m.name)
-            _write_figure(m, tmp, fig, result)
-            _write_animation(m, tmp, anim, result)
+            _write_drawings(m, tmp, args, result)
     if m.summary is not None:
         print(m.summary(result, ""))
     return 0
@@ -289,8 +300,7 @@ def _outputs(m: Measurement, args):
     folder = outputs.add(getattr(args, "out", None), "--out", folder=True,
                          overwrite=args.overwrite)
     js = outputs.add(args.json, "--json", folder=False, overwrite=args.overwrite)
-    args.figure_output = _figure_output(outputs, args)
-    args.animation_output = _animation_output(outputs, args)
+    _check_drawings(outputs, args)
     files = []
     for f in _files_given(m, args):  # the file, then the folders written beside it
         item = outputs.add(getattr(args, _dest(f)), f.flag, folder=False,
@@ -442,8 +452,7 @@ def _in_memory(m: Measurement, args, values: dict, outputs, folder, js, files=()
                 write_model(anchor, result.state, tmp[folder])
             if js is not None:
                 write_json_file(tmp[js], _json(m, result, args), m.name)
-            _write_figure(m, tmp, args.figure_output, result)
-            _write_animation(m, tmp, args.animation_output, result)
+            _write_drawings(m, tmp, args, result)
             for f, item, beside in files:  # a record's further files (Measurement.files)
                 f.write(ends, result, values, tmp[item], tuple(tmp[d] for d in beside),
                         (item.path, tuple(d.path for d in beside)))
@@ -509,8 +518,7 @@ def _at_size(m: Measurement, args, values: dict, outputs, folder, js, files=()):
                 result = m.at_size(ends, ctx, values)
                 if js is not None:
                     write_json_file(tmp[js], _json(m, result, args), m.name)
-                _write_figure(m, tmp, args.figure_output, result)
-                _write_animation(m, tmp, args.animation_output, result)
+                _write_drawings(m, tmp, args, result)
                 for f, item, beside in files:  # a record's further files, from the stream
                     f.write(ends, result, values, tmp[item], tuple(tmp[d] for d in beside),
                             (item.path, tuple(d.path for d in beside)))
@@ -522,6 +530,5 @@ def _at_size(m: Measurement, args, values: dict, outputs, folder, js, files=()):
         with outputs.write() as tmp:
             if js is not None:
                 write_json_file(tmp[js], _json(m, result, args), m.name)
-            _write_figure(m, tmp, args.figure_output, result)
-            _write_animation(m, tmp, args.animation_output, result)
+            _write_drawings(m, tmp, args, result)
     return result

@@ -241,15 +241,11 @@ SMALL_MODEL = 5_000_000  # parameters; below this one CPU thread is fastest
 def _threads_for(loaded, device) -> Iterator[None]:
     """One CPU thread for small models (scoped): their ops are too small to split, and on a
     busy machine OpenMP threads waiting for each other make evaluation several times slower."""
-    import torch
+    from rotviz.devices import one_thread
 
     n = sum(p.numel() for p in loaded.model.parameters())
     if device.type != "cpu" or n >= SMALL_MODEL:
         yield
         return
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         yield
-    finally:
-        torch.set_num_threads(old)
