@@ -433,17 +433,22 @@ def test_a_signal_leaves_nothing(tmp_path, sig, code, words):
     assert len(Checkpoint(out).files) >= 3
 
 
-def test_torchrun_commands_equal_one_process(sharded, tmp_path):
-    """Work dealt to 2 processes (gloo, CPU) gives one process's results. The four commands
-    share one torchrun launch (tests/torchrun_commands.py: each launch costs about 20 s of
-    imports here); one process's side runs in this process.
+def test_torchrun_commands_equal_one_process_and_a_failing_rank_leaves_nothing(sharded,
+                                                                             tmp_path):
+    """Work dealt to 2 processes (gloo, CPU) gives one process's results, and a rank that
+    fails stops the launch in one line per rank. The five commands share one torchrun launch
+    (tests/torchrun_commands.py: each launch costs about 20 s of imports here); one process's
+    side runs in this process.
 
     - A streamed match with weight matching: its blocks dealt by rank (each round's FFN and
       head solves; the residual map's cross terms are summed in block order on every rank and
       rank 0 solves the map): the shards and the report are bit for bit one process's.
     - The barrier curve in memory and at size (the match streamed too, the points built block
       by block), and a slice at size: the points shared by the ranks, gathered on rank 0,
-      equal one process's to 1e-6."""
+      equal one process's to 1e-6.
+    - Last, a match with a NaN in a block that rank 1 reads: rank 1 says so in the in-memory
+      line and exits 2; rank 0 stops with one line too (torchrun's SIGTERM, or the collective
+      whose peer has gone), and no output or temporary is left."""
     a, s = sharded("llama", 0, kv_heads=2), sharded("llama", 1, kv_heads=2)
     match = ["match", str(a), str(s), "--heads", "--residual", "--rounds", "3"]
     barrier = ["barrier", "zoo:vit-digits-s3", "zoo:vit-digits-s6", "--data", "digits",
@@ -451,8 +456,19 @@ def test_torchrun_commands_equal_one_process(sharded, tmp_path):
     runs = {"barrier": barrier, "barrier-at-size": [*barrier, "--max-memory", "0"],
             "slice-at-size": ["slice", "zoo:vit-digits-s3", "--data", "digits", "--dims", "1",
                               "--grid", "3", "--max-memory", "0"]}
+    sizes = dict(layers=4, d=32, heads=4, ffn=64, kv_heads=2)
+    bad_a = save_random_sharded("llama", tmp_path / "bad-a", seed=0, shards=2, **sizes)
+    bad_s = save_random_sharded("llama", tmp_path / "bad-s", seed=1, shards=2, **sizes)
+    bad = "model.layers.3.mlp.down_proj.weight"  # block 3: rank 1's share (1, 3)
+    for f in sorted(bad_s.glob("*.safetensors")):
+        state = load_file(str(f))
+        if bad in state:
+            state[bad][0, 0] = float("nan")
+            save_file(state, str(f), metadata={"format": "pt"})
+    logs = tmp_path / "logs"
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-              "--nproc-per-node=2", str(ROOT / "tests" / "torchrun_commands.py"),
+              "--nproc-per-node=2", "--log-dir", str(logs), "--redirects", "3",
+              str(ROOT / "tests" / "torchrun_commands.py"),
               *match, "--out", str(tmp_path / "two"), "--report", str(tmp_path / "two.json"),
               "--then"]
     assert main([*match, "--out", str(tmp_path / "one"), "--report", str(tmp_path / "one.json"),
@@ -460,9 +476,23 @@ def test_torchrun_commands_equal_one_process(sharded, tmp_path):
     for name, args in runs.items():
         assert main([*args, "--json", str(tmp_path / f"{name}-one.json")]) == 0
         launch += [*args, "--json", str(tmp_path / f"{name}-two.json"), "--then"]
+    launch += ["match", str(bad_a), str(bad_s), "--out", str(tmp_path / "failed")]
     two = subprocess.run(launch, env=_env(), capture_output=True, text=True, timeout=600)
-    assert two.returncode == 0, two.stderr
-    assert "2 processes" in two.stdout
+    assert two.returncode != 0
+    out = {int(p.parent.name): p.read_text() for p in logs.rglob("stdout.log")}
+    errs = {int(p.parent.name): p.read_text() for p in logs.rglob("stderr.log")}
+    assert sorted(errs) == sorted(out) == [0, 1], errs
+    # the failing command: one line on each rank, nothing written
+    for rank, err in errs.items():
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("rotviz: "), (rank, err)
+    assert f"has NaN or Inf weights in {bad}" in errs[1]
+    assert errs[1].startswith("rotviz: error: ")
+    assert "nothing was written" in errs[0] or "NaN or Inf" in errs[0]
+    assert not (tmp_path / "failed").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".rotviz-")]
+    # the commands before it: one process's results
+    assert "2 processes" in out[0]
     x, y = Checkpoint(tmp_path / "one"), Checkpoint(tmp_path / "two")
     assert x.keys() == y.keys()
     for k in x.keys():  # bit-identical
@@ -472,8 +502,8 @@ def test_torchrun_commands_equal_one_process(sharded, tmp_path):
         r.pop("seconds"), r.pop("rotviz")
     assert r1 == r2
     # rank 0 alone reports: two lone processes would each print every summary
-    assert two.stdout.count("barrier [seed] on cpu") == 2, two.stdout
-    assert two.stdout.count("slice of zoo:vit-digits-s3") == 1, two.stdout
+    assert out[0].count("barrier [seed] on cpu") == 2 and out[1] == "", out
+    assert out[0].count("slice of zoo:vit-digits-s3") == 1, out[0]
     keys = {"barrier": ("loss", "acc", "barrier"), "barrier-at-size": ("loss", "acc", "barrier"),
             "slice-at-size": ("loss", "acc", "centre_loss", "direction_norms")}
     for name, fields in keys.items():
@@ -568,34 +598,3 @@ def test_function_check_with_streamed_embeddings(fam, opts, sharded, tmp_path, m
     ref = match_models(load_model(a), load_model(s), MatchOptions())
     assert abs(rep.max_output_diff - ref.report.max_output_diff) <= 1e-5
     assert rep.max_output_diff <= 1e-4
-
-
-def test_torchrun_a_failing_rank_is_one_line_and_leaves_nothing(tmp_path):
-    """Under torchrun, a NaN in a block that rank 1 reads: rank 1 says so in the in-memory
-    line and exits 2; rank 0 stops with one line too (torchrun's SIGTERM, or the collective
-    whose peer has gone), and no output or temporary is left."""
-    sizes = dict(layers=4, d=32, heads=4, ffn=64, kv_heads=2)
-    a = save_random_sharded("llama", tmp_path / "a", seed=0, shards=2, **sizes)
-    s = save_random_sharded("llama", tmp_path / "s", seed=1, shards=2, **sizes)
-    bad = "model.layers.3.mlp.down_proj.weight"  # block 3: rank 1's share (1, 3)
-    for f in sorted(s.glob("*.safetensors")):
-        state = load_file(str(f))
-        if bad in state:
-            state[bad][0, 0] = float("nan")
-            save_file(state, str(f), metadata={"format": "pt"})
-    logs, out = tmp_path / "logs", tmp_path / "out"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           "--log-dir", str(logs), "--redirects", "3", "-m", "rotviz", "match", str(a), str(s),
-           "--out", str(out)]
-    res = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
-    assert res.returncode != 0
-    errs = {int(p.parent.name): p.read_text() for p in logs.rglob("stderr.log")}
-    assert sorted(errs) == [0, 1], errs
-    for rank, err in errs.items():
-        lines = err.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("rotviz: "), (rank, err)
-    assert f"has NaN or Inf weights in {bad}" in errs[1]
-    assert errs[1].startswith("rotviz: error: ")
-    assert "nothing was written" in errs[0] or "NaN or Inf" in errs[0]
-    assert not out.exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "logs", "s"]
