@@ -262,38 +262,35 @@ def ladder(page, server: str) -> None:
     assert distance[1] == pytest.approx([c["distance_after"] for c in cli], abs=1e-6)
 
 
-def test_a_page_url_as_a_fresh_servers_first_request(tmp_path):
+def first_request_is_a_page_url(base: str, page) -> None:
     """A fresh server whose very first request is /barrier with a query string: the visitor
-    gets the real app (app.py's sidebar and navigation, the six pages by title) on the
-    Barrier page, with the URL and every query parameter kept, and the page computes with
-    them (7 points on the path)."""
-    with serving(tmp_path) as base, playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1280, "height": 1400})
-        specs = ["no matching", "FFN + attention + rescale (seed paper)"]  # as the URL has them
-        page.goto(f"{base}/barrier?n={N}&b_points=7&"
-                  + urlencode({"b_specs": specs}, doseq=True))
-        drawn(page)
-        page.wait_for_timeout(500)
-        drawn(page)
-        assert nav_titles(page) == NAV
-        assert page.locator("h1").first.inner_text().strip() == \
-            "Loss barriers between the two models"
-        assert page.get_by_text("Anchor (model 1, stays fixed)").count() == 1
-        url = urlparse(page.url)
-        assert url.path == "/barrier", page.url
-        want = {"n": [str(N)], "b_points": ["7"], "b_specs": specs}
-        assert parse_qs(url.query) == want, page.url
-        assert page.locator("[data-testid='stException']").count() == 0
-        lengths = page.evaluate("() => document.querySelector('.js-plotly-plot').data"
-                                ".filter(t => t.showlegend !== false).map(t => t.y.length)")
-        assert lengths == [7, 7], lengths
-        browser.close()
+    gets the real app (app.py's sidebar and navigation, the pages by title) on the Barrier
+    page, with the URL and every query parameter kept, and the page computes with them (7
+    points on the path)."""
+    specs = ["no matching", "FFN + attention + rescale (seed paper)"]  # as the URL has them
+    page.goto(f"{base}/barrier?n={N}&b_points=7&" + urlencode({"b_specs": specs}, doseq=True))
+    drawn(page)
+    page.wait_for_timeout(500)
+    drawn(page)
+    assert nav_titles(page) == NAV
+    assert page.locator("h1").first.inner_text().strip() == \
+        "Loss barriers between the two models"
+    assert page.get_by_text("Anchor (model 1, stays fixed)").count() == 1
+    url = urlparse(page.url)
+    assert url.path == "/barrier", page.url
+    want = {"n": [str(N)], "b_points": ["7"], "b_specs": specs}
+    assert parse_qs(url.query) == want, page.url
+    assert page.locator("[data-testid='stException']").count() == 0
+    lengths = page.evaluate("() => document.querySelector('.js-plotly-plot').data"
+                            ".filter(t => t.showlegend !== false).map(t => t.y.length)")
+    assert lengths == [7, 7], lengths
 
 
-def test_a_users_classifier_pair_and_csv(tmp_path):
-    """Acceptance: a user's sequence-classification pair and a CSV under a model
-    root. The Barrier and Merge pages draw curves and bars, with F1 shown."""
+def test_a_fresh_server_then_a_users_classifier_pair_and_csv(tmp_path):
+    """A fresh server's first request is a page URL (first_request_is_a_page_url: the
+    default pair, which the zoo offers whatever the roots); then, acceptance: a user's
+    sequence-classification pair and a CSV under a model root. The Barrier and Merge pages
+    draw curves and bars, with F1 shown. One server for both (each costs seconds of CPU)."""
     import csv
 
     import torch
@@ -319,6 +316,7 @@ def test_a_users_classifier_pair_and_csv(tmp_path):
         with serving(tmp_path) as base, playwright.sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             page = browser.new_page(viewport={"width": 1280, "height": 1600})
+            first_request_is_a_page_url(base, page)
             q = urlencode({"anchor_path": str(root / "cls-0"), "source_path": str(root / "cls-1"),
                            "data_path": f"csv:{root / 'reviews.csv'}", "b_points": "5",
                            "g_specs": ["none", "seed"]}, doseq=True)
