@@ -61,3 +61,19 @@ def test_a_non_square_cost_is_refused_in_one_line():
     with pytest.raises(RotvizError, match="square") as e:
         auction(np.zeros((3, 4)))
     assert "\n" not in str(e.value)
+
+
+def test_the_solver_loaded_on_its_own_is_scipys():
+    """rotviz.groups loads scipy's assignment extension without scipy.optimize (start-up):
+    the same answers as scipy.optimize.linear_sum_assignment, square with ties and
+    rectangular."""
+    from scipy.optimize import linear_sum_assignment as reference
+
+    from rotviz.groups import _lsap, linear_sum_assignment
+
+    assert _lsap().__module__ == reference.__module__ == "scipy.optimize._lsap"
+    rng = np.random.default_rng(0)
+    for cost in (rng.integers(0, 3, (40, 40)).astype(np.float64),  # many ties
+                 rng.standard_normal((30, 55)), rng.standard_normal((55, 30))):
+        got, want = linear_sum_assignment(cost), reference(cost)
+        assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True))

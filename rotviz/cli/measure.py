@@ -142,10 +142,10 @@ def _animation_option(p: argparse.ArgumentParser, m: Measurement) -> None:
 
 def _animation_output(outputs, args):
     """(the --animation output, its format), checked before any work, or None."""
-    from rotviz.animation import check, format_of
-
     if getattr(args, "animation", None) is None:
         return None
+    from rotviz.animation import check, format_of
+
     fmt = format_of(args.animation)
     check(fmt)
     return outputs.add(args.animation, "--animation", folder=False, overwrite=args.overwrite), fmt
@@ -161,10 +161,10 @@ def _write_animation(m: Measurement, tmp, anim, result) -> None:
 
 def _figure_output(outputs, args):
     """(the --figure output, its format), checked before any work, or None."""
-    from rotviz.images import check_format, format_of
-
     if getattr(args, "figure", None) is None:
         return None
+    from rotviz.images import check_format, format_of
+
     fmt = format_of(args.figure)
     check_format(fmt)
     return outputs.add(args.figure, "--figure", folder=False, overwrite=args.overwrite), fmt
