@@ -420,9 +420,12 @@ def _in_memory(m: Measurement, args, values: dict, outputs, folder, js, files=()
 
     columns, seq_len = reading(args, args.data)
     device = device_for(pick_device(args.device))  # torchrun: each its local GPU
-    # A command that writes no model evaluates the pair as the app does: in plain torch where
-    # that computes the same logits (rotviz.lite: no transformers import, seconds less)
-    load = load_model if m.writes_model or files else _load_eval
+    # The pair is evaluated as the app does: in plain torch where that computes the same
+    # logits (rotviz.lite: no transformers import, seconds less). A model written from it
+    # (--out) is what transformers writes (write_model: rotviz.sources.plain where those
+    # files are known, else through transformers); a record's further files take the
+    # transformers modules.
+    load = load_model if files else _load_eval
     anchor = load(args.anchor)
     source = load(args.source) if m.pair or getattr(args, "second", False) else anchor
     if check_pair(anchor, source) and not m.narrower:  # a narrower FFN: embedded by matching
