@@ -47,6 +47,9 @@ COMMANDS = {
     "ladder": ([A, B, "--data", "digits", "--points", "5", "--steps", "20"], "seconds",
                "--json"),
 }
+# what barrier imports before its work: torch, then rotviz's own modules
+ENGINE = ("import torch, rotviz.cli, rotviz.lite, rotviz.data, rotviz.evaluation, "
+          "rotviz.match.endpoints, rotviz.measures.barrier, rotviz.analysis.landscape")
 HEAVY = ("transformers", "scipy.optimize", "pandas", "plotly", "huggingface_hub", "safetensors")
 RUN = (
     "import sys\n"
@@ -105,6 +108,7 @@ def main() -> None:
     loads = [os.getloadavg()[0]]
     py_wall, py_cpu = floor("pass", args.repeat)
     torch_wall, torch_cpu = floor("import torch", args.repeat)
+    engine_wall, engine_cpu = floor(ENGINE, args.repeat)
     rows = []
     for name in names:
         rows.append(command(name, args.repeat))
@@ -116,7 +120,9 @@ def main() -> None:
         "",
         "Target: every command on the default pair within 2 s of its own work (over <= 2).",
         f"Floor: python start-up {py_wall:.2f} s (CPU {py_cpu:.2f}); `import torch` "
-        f"{torch_wall:.2f} s (CPU {torch_cpu:.2f}), which every command pays.",
+        f"{torch_wall:.2f} s (CPU {torch_cpu:.2f}), which every command pays; torch and the "
+        f"rotviz modules barrier imports before its work {engine_wall:.2f} s (CPU "
+        f"{engine_cpu:.2f}).",
         "",
         "| command (fresh process, median of "
         f"{args.repeat}) | end to end s | min s | CPU s | work s | over s | imported |",
@@ -127,12 +133,14 @@ def main() -> None:
     lines += [
         "",
         "Work: the JSON's `seconds` (matching and measuring; distances: `match_seconds`; match: "
-        "its report's `seconds`); loading the models and the data is start-up here. slice runs a "
+        "its report's `seconds`; eval: from the command's start, its imports of torch and the "
+        "model included); loading the models and the data is start-up here. slice runs a "
         "5x5 plane and ladder 5 points and 20 learned steps: smaller than their defaults, the "
-        "same start-up. Commands that write a model (`match`, `merge --out`) load the pair "
-        "through transformers (`load_model`) to write what `save_pretrained` writes; the others "
-        "through rotviz.lite (no transformers import). scipy's assignment solver is loaded on "
-        "its own (rotviz.groups._lsap), without scipy.optimize.",
+        "same start-up. Every command here loads the pair through rotviz.lite (plain torch, "
+        "no transformers import); `match` and `merge --out` write the model as "
+        "`save_pretrained` does, byte for byte, through rotviz.sources.plain (safetensors "
+        "only). scipy's assignment solver is loaded on its own (rotviz.groups._lsap), without "
+        "scipy.optimize.",
     ]
     write_section("startup", "\n".join(lines), args.results)
     print("\n".join(lines))

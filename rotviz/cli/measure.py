@@ -247,7 +247,6 @@ def run_inputs_command(m: Measurement, args: argparse.Namespace) -> int:
     from rotviz.devices import device_for, pick_device
     from rotviz.evaluation import split_for
     from rotviz.measures import Context
-    from rotviz.models import load_model
     from rotviz.outputs import Outputs, write_json_file
 
     assert m.inputs is not None
@@ -270,7 +269,7 @@ def run_inputs_command(m: Measurement, args: argparse.Namespace) -> int:
                           f"size: {m.why_not_at_size()}; raise --max-memory")
     columns, seq_len = reading(args, args.data)
     device = device_for(pick_device(args.device))
-    split = split_for(load_model(first[0]), args.data, args.split, seq_len=seq_len,
+    split = split_for(_load_eval(str(first[0])), args.data, args.split, seq_len=seq_len,
                       columns=columns)
     result = m.run(inputs, Context(split, device, progress=_progress(m, _Main())), values)
     if outputs.items:
