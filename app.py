@@ -8,11 +8,12 @@ and is not a page. The computations are rotviz.app's (no Streamlit).
 
 import os
 
-# OpenMP threads (torch's CPU pool) sleep instead of spinning while they wait: on a machine
-# whose cores are shared, spinning threads take the CPU from the one doing the work (5x
-# slower runs measured on 2 cores). The same threads split the same work, so every number
-# is unchanged. Read when torch loads, which no script run has done yet at this point.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+from rotviz.devices import CALM
+
+# OpenMP threads (torch's CPU pool) sleep instead of spinning while they wait
+# (rotviz.devices.CALM says why). Read when torch loads, which no script run has done yet here.
+for key, value in CALM.items():
+    os.environ.setdefault(key, value)
 
 import streamlit as st  # noqa: E402
 

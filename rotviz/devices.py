@@ -28,6 +28,18 @@ def mps_available() -> bool:
     return mps is not None and mps.is_available()
 
 
+# OpenMP's settings for a process that shares its cores (read once, when torch loads, so the
+# command line and the app set them before that; a library caller decides for itself). torch's
+# CPU threads (GNU libgomp) spin for about a millisecond at the end of every parallel region,
+# waiting for each other; when another process holds a core, the spinning threads take the
+# CPU from the one still working, and small operations run many times slower (bench/threads.py:
+# on 2 shared cores, a 256-wide linear layer 19.5 ms a call instead of 0.5, the default pair's
+# 11-point curve 24.8 s instead of 3.4). Sleeping at once costs a wake-up of a few
+# microseconds per region on an idle machine. The same threads split the same work: no
+# number changes.
+CALM = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
 @contextmanager
 def one_thread() -> Iterator[None]:
     """torch's CPU operations run on this thread alone inside, and on as many threads as

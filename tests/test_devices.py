@@ -94,3 +94,24 @@ def test_importing_the_devices_module_imports_no_torch():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("torch_loaded, given, want", [
+    (False, None, "PASSIVE"),  # a fresh command: OpenMP's threads will sleep while they wait
+    (False, "ACTIVE", "ACTIVE"),  # the user's own setting wins
+    (True, None, None),  # torch already loaded (a library caller): too late, left alone
+])
+def test_the_command_line_sets_openmps_wait_before_torch_loads(monkeypatch, capsys,
+                                                               torch_loaded, given, want):
+    """rotviz.devices.CALM goes into the environment when torch has not loaded yet (OpenMP
+    reads it once, then): a refused argument is enough, nothing else is imported."""
+    if given is None:
+        monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    else:
+        monkeypatch.setenv("OMP_WAIT_POLICY", given)
+    if not torch_loaded:
+        monkeypatch.delitem(sys.modules, "torch")
+    assert main(["--no-such-option"]) == 2
+    assert ("torch" in sys.modules) == torch_loaded  # nothing loaded it again
+    assert os.environ.get("OMP_WAIT_POLICY") == want
+    capsys.readouterr()

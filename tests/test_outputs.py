@@ -311,13 +311,16 @@ def _interrupt(argv: list[str], cwd: Path, delays: tuple[float, ...]) -> subproc
     raise AssertionError("the command always finished before the interrupt")
 
 
+# The two writers a command can use: rotviz.outputs (match, merge and every measurement write a
+# folder and files through it; match's learned training is long enough to interrupt) and the
+# zoo's builder. Each case is a fresh interpreter importing torch and transformers (about 10 s
+# of CPU) and a full rerun; merge, the same writer as match, was dropped to keep the suite
+# within its time.
 @pytest.mark.parametrize("argv", [
     ["match", A, B, "--out", "o", "--report", "r.json", "--learned", "--data", "digits",
      "--steps", "30"],
-    ["merge", A, B, "--data", "digits", "--method", "regmean", "--match", "weight", "--out", "o",
-     "--json", "m.json"],
     ["zoo", "build", "vit-digits-s6-ft", "--out", "o"],
-], ids=["match", "merge", "zoo-build"])
+], ids=["match", "zoo-build"])
 def test_sigint_leaves_no_output_and_a_rerun_succeeds(ws, capfd, argv):
     before = snapshot(ws.parent, ZOO)
     _interrupt(argv, ws, (2.0, 0.8, 0.3, 0.05))

@@ -433,17 +433,22 @@ def test_a_signal_leaves_nothing(tmp_path, sig, code, words):
     assert len(Checkpoint(out).files) >= 3
 
 
-def test_torchrun_commands_equal_one_process(sharded, tmp_path):
-    """Work dealt to 2 processes (gloo, CPU) gives one process's results. The four commands
-    share one torchrun launch (tests/torchrun_commands.py: each launch costs about 20 s of
-    imports here); one process's side runs in this process.
+def test_torchrun_commands_equal_one_process_and_a_failing_rank_leaves_nothing(sharded,
+                                                                             tmp_path):
+    """Work dealt to 2 processes (gloo, CPU) gives one process's results, and a rank that
+    fails stops the launch in one line per rank. The five commands share one torchrun launch
+    (tests/torchrun_commands.py: each launch costs about 20 s of imports here); one process's
+    side runs in this process.
 
     - A streamed match with weight matching: its blocks dealt by rank (each round's FFN and
       head solves; the residual map's cross terms are summed in block order on every rank and
       rank 0 solves the map): the shards and the report are bit for bit one process's.
     - The barrier curve in memory and at size (the match streamed too, the points built block
       by block), and a slice at size: the points shared by the ranks, gathered on rank 0,
-      equal one process's to 1e-6."""
+      equal one process's to 1e-6.
+    - Last, a match with a NaN in a block that rank 1 reads: rank 1 says so in the in-memory
+      line and exits 2; rank 0 stops with one line too (torchrun's SIGTERM, or the collective
+      whose peer has gone), and no output or temporary is left."""
     a, s = sharded("llama", 0, kv_heads=2), sharded("llama", 1, kv_heads=2)
     match = ["match", str(a), str(s), "--heads", "--residual", "--rounds", "3"]
     barrier = ["barrier", "zoo:vit-digits-s3", "zoo:vit-digits-s6", "--data", "digits",
@@ -451,8 +456,19 @@ def test_torchrun_commands_equal_one_process(sharded, tmp_path):
     runs = {"barrier": barrier, "barrier-at-size": [*barrier, "--max-memory", "0"],
             "slice-at-size": ["slice", "zoo:vit-digits-s3", "--data", "digits", "--dims", "1",
                               "--grid", "3", "--max-memory", "0"]}
+    sizes = dict(layers=4, d=32, heads=4, ffn=64, kv_heads=2)
+    bad_a = save_random_sharded("llama", tmp_path / "bad-a", seed=0, shards=2, **sizes)
+    bad_s = save_random_sharded("llama", tmp_path / "bad-s", seed=1, shards=2, **sizes)
+    bad = "model.layers.3.mlp.down_proj.weight"  # block 3: rank 1's share (1, 3)
+    for f in sorted(bad_s.glob("*.safetensors")):
+        state = load_file(str(f))
+        if bad in state:
+            state[bad][0, 0] = float("nan")
+            save_file(state, str(f), metadata={"format": "pt"})
+    logs = tmp_path / "logs"
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-              "--nproc-per-node=2", str(ROOT / "tests" / "torchrun_commands.py"),
+              "--nproc-per-node=2", "--log-dir", str(logs), "--redirects", "3",
+              str(ROOT / "tests" / "torchrun_commands.py"),
               *match, "--out", str(tmp_path / "two"), "--report", str(tmp_path / "two.json"),
               "--then"]
     assert main([*match, "--out", str(tmp_path / "one"), "--report", str(tmp_path / "one.json"),
@@ -460,9 +476,23 @@ def test_torchrun_commands_equal_one_process(sharded, tmp_path):
     for name, args in runs.items():
         assert main([*args, "--json", str(tmp_path / f"{name}-one.json")]) == 0
         launch += [*args, "--json", str(tmp_path / f"{name}-two.json"), "--then"]
+    launch += ["match", str(bad_a), str(bad_s), "--out", str(tmp_path / "failed")]
     two = subprocess.run(launch, env=_env(), capture_output=True, text=True, timeout=600)
-    assert two.returncode == 0, two.stderr
-    assert "2 processes" in two.stdout
+    assert two.returncode != 0
+    out = {int(p.parent.name): p.read_text() for p in logs.rglob("stdout.log")}
+    errs = {int(p.parent.name): p.read_text() for p in logs.rglob("stderr.log")}
+    assert sorted(errs) == sorted(out) == [0, 1], errs
+    # the failing command: one line on each rank, nothing written
+    for rank, err in errs.items():
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("rotviz: "), (rank, err)
+    assert f"has NaN or Inf weights in {bad}" in errs[1]
+    assert errs[1].startswith("rotviz: error: ")
+    assert "nothing was written" in errs[0] or "NaN or Inf" in errs[0]
+    assert not (tmp_path / "failed").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".rotviz-")]
+    # the commands before it: one process's results
+    assert "2 processes" in out[0]
     x, y = Checkpoint(tmp_path / "one"), Checkpoint(tmp_path / "two")
     assert x.keys() == y.keys()
     for k in x.keys():  # bit-identical
@@ -472,8 +502,8 @@ def test_torchrun_commands_equal_one_process(sharded, tmp_path):
         r.pop("seconds"), r.pop("rotviz")
     assert r1 == r2
     # rank 0 alone reports: two lone processes would each print every summary
-    assert two.stdout.count("barrier [seed] on cpu") == 2, two.stdout
-    assert two.stdout.count("slice of zoo:vit-digits-s3") == 1, two.stdout
+    assert out[0].count("barrier [seed] on cpu") == 2 and out[1] == "", out
+    assert out[0].count("slice of zoo:vit-digits-s3") == 1, out[0]
     keys = {"barrier": ("loss", "acc", "barrier"), "barrier-at-size": ("loss", "acc", "barrier"),
             "slice-at-size": ("loss", "acc", "centre_loss", "direction_norms")}
     for name, fields in keys.items():
@@ -489,37 +519,32 @@ def test_torchrun_commands_equal_one_process(sharded, tmp_path):
 # The peak is the kernel's high-water mark of the child's own address space (VmHWM):
 # getrusage's ru_maxrss would also count this pytest process's resident memory, which the
 # child inherits at the fork (3.4 GB reported for a 0.01 GB child of a 2.8 GB parent). BASE is
-# the resident size once torch, transformers and rotviz are imported, before the match.
+# the resident size before each match, once torch, transformers and rotviz are imported. One
+# child runs the matches (one import instead of one per match): between them, glibc's
+# malloc_trim hands the memory the last match freed back to the kernel (so that a match cannot
+# hide its growth in memory the one before left resident), and writing 5 to
+# /proc/self/clear_refs resets the high-water mark to the resident size.
 PEAK_SCRIPT = """
-import sys
+import ctypes, sys
 import torch, transformers  # noqa: F401
 from rotviz.cli import main
 from rotviz.memory import resident_now, resident_peak
-base = resident_now()
-rc = main(sys.argv[1:])
-print("PEAK", resident_peak(), "BASE", base, flush=True)
-sys.exit(rc)
+libc = ctypes.CDLL("libc.so.6")
+for argv in " ".join(sys.argv[1:]).split(" --next "):
+    libc.malloc_trim(0)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    base = resident_now()
+    assert main(argv.split()) == 0
+    print("PEAK", resident_peak(), "BASE", base, flush=True)
 """
 
 
-def _working_set(tmp_path, layers: int) -> tuple[int, int]:
-    """(memory the streamed match of a random LLaMA-layout pair of `layers` layers used above
-    its imports, what matching the pair in memory needs)."""
-    from rotviz.stream.blocks import pair_bytes_in_memory
-
+def _pair(tmp_path, layers: int):
+    """A random LLaMA-layout pair of `layers` layers in bfloat16 shards."""
     sizes = dict(layers=layers, d=1024, heads=16, ffn=2816, vocab=8000, kv_heads=4)
-    a = save_random_sharded("llama", tmp_path / f"a{layers}", seed=0, shards=4, **sizes)
-    s = save_random_sharded("llama", tmp_path / f"s{layers}", seed=1, shards=4, **sizes)
-    out = tmp_path / f"out{layers}"
-    res = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, "match", str(a), str(s),
-                          "--out", str(out), "--max-memory", "0"],
-                         env=_env(), capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr
-    assert "streamed block by block" in res.stdout
-    assert Checkpoint(out).nbytes == Checkpoint(s).nbytes
-    words = res.stdout.split()
-    peak, base = (int(words[words.index(k) + 1]) for k in ("PEAK", "BASE"))
-    return peak - base, pair_bytes_in_memory(str(a), str(s))
+    return (save_random_sharded("llama", tmp_path / f"a{layers}", seed=0, shards=4, **sizes),
+            save_random_sharded("llama", tmp_path / f"s{layers}", seed=1, shards=4, **sizes))
 
 
 def test_streaming_memory_does_not_grow_with_depth(tmp_path):
@@ -527,10 +552,29 @@ def test_streaming_memory_does_not_grow_with_depth(tmp_path):
     KV groups, FFN 2816, bfloat16 shards) of 8 layers needs 2.4 GB more than one of 2 layers
     when matched in memory, and its streamed match uses at most 5% of that more memory above
     the imports (the kernel's high-water mark; measured 0.57 GB for 2 layers, 0.55 GB for 8).
+    One process matches a tiny pair first (a warm-up: what the first match of a process pays
+    once, lazy imports and thread pools, is not depth), then the 8-layer pair, then the 2-layer
+    one.
     The peak against the in-memory need at TinyLlama-1.1B, LLaMA-1B and LLaMA-2-7B shapes is
     measured by bench/stream.py."""
-    small, small_need = _working_set(tmp_path, 2)
-    large, large_need = _working_set(tmp_path, 8)
+    from rotviz.stream.blocks import pair_bytes_in_memory
+
+    tiny = dict(layers=1, d=64, heads=4, ffn=128, vocab=100, kv_heads=2)
+    warm = [save_random_sharded("llama", tmp_path / f"w{i}", seed=i, shards=2, **tiny)
+            for i in range(2)]
+    pairs = {n: _pair(tmp_path, n) for n in (8, 2)}
+    runs = [" ".join(["match", str(a), str(s), "--out", str(tmp_path / f"out{n}"),
+                      "--max-memory", "0"]) for n, (a, s) in [(0, warm), *pairs.items()]]
+    res = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, " --next ".join(runs)],
+                         env=_env(), capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("streamed block by block") == 3, res.stdout
+    words = res.stdout.split()
+    used = [int(words[i + 1]) - int(words[i + 3]) for i, w in enumerate(words) if w == "PEAK"]
+    large, small = used[1:]
+    large_need, small_need = (pair_bytes_in_memory(str(a), str(s)) for a, s in pairs.values())
+    for n, (_, s) in pairs.items():
+        assert Checkpoint(tmp_path / f"out{n}").nbytes == Checkpoint(s).nbytes
     assert large_need - small_need > 2.0e9
     assert large - small < 0.05 * (large_need - small_need), (small, large)
     assert large < 0.25 * large_need, (large, large_need)
@@ -554,34 +598,3 @@ def test_function_check_with_streamed_embeddings(fam, opts, sharded, tmp_path, m
     ref = match_models(load_model(a), load_model(s), MatchOptions())
     assert abs(rep.max_output_diff - ref.report.max_output_diff) <= 1e-5
     assert rep.max_output_diff <= 1e-4
-
-
-def test_torchrun_a_failing_rank_is_one_line_and_leaves_nothing(tmp_path):
-    """Under torchrun, a NaN in a block that rank 1 reads: rank 1 says so in the in-memory
-    line and exits 2; rank 0 stops with one line too (torchrun's SIGTERM, or the collective
-    whose peer has gone), and no output or temporary is left."""
-    sizes = dict(layers=4, d=32, heads=4, ffn=64, kv_heads=2)
-    a = save_random_sharded("llama", tmp_path / "a", seed=0, shards=2, **sizes)
-    s = save_random_sharded("llama", tmp_path / "s", seed=1, shards=2, **sizes)
-    bad = "model.layers.3.mlp.down_proj.weight"  # block 3: rank 1's share (1, 3)
-    for f in sorted(s.glob("*.safetensors")):
-        state = load_file(str(f))
-        if bad in state:
-            state[bad][0, 0] = float("nan")
-            save_file(state, str(f), metadata={"format": "pt"})
-    logs, out = tmp_path / "logs", tmp_path / "out"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           "--log-dir", str(logs), "--redirects", "3", "-m", "rotviz", "match", str(a), str(s),
-           "--out", str(out)]
-    res = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
-    assert res.returncode != 0
-    errs = {int(p.parent.name): p.read_text() for p in logs.rglob("stderr.log")}
-    assert sorted(errs) == [0, 1], errs
-    for rank, err in errs.items():
-        lines = err.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("rotviz: "), (rank, err)
-    assert f"has NaN or Inf weights in {bad}" in errs[1]
-    assert errs[1].startswith("rotviz: error: ")
-    assert "nothing was written" in errs[0] or "NaN or Inf" in errs[0]
-    assert not out.exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "logs", "s"]

@@ -4,6 +4,8 @@ the number of models (rotviz.analysis.many, docs/symmetries.md)."""
 
 from __future__ import annotations
 
+from functools import cached_property
+
 from rotviz import hub
 from rotviz.limits import ROUNDS, TOL
 from rotviz.measures.registry import Context, Inputs, Measurement, register
@@ -25,10 +27,10 @@ class ManyModels:
     one matching SPEC."""
 
     def __init__(self, refs, specs, confined) -> None:
-        from rotviz.analysis.many import MIN_MODELS, check_models
+        from rotviz.analysis.many import MIN_MODELS
         from rotviz.errors import RotvizError
         from rotviz.match.selection import label_of, match_options
-        from rotviz.models import load_model, resolve_ref
+        from rotviz.models import resolve_ref
 
         specs = list(specs or ("seed",))
         if len(specs) != 1:
@@ -40,8 +42,19 @@ class ManyModels:
                               f"{len(refs)}; give {MIN_MODELS} or more (for two, use rotviz "
                               "match)")
         self.paths = [resolve_ref(r, confined) for r in refs]
-        self.models = [load_model(r, confined=confined) for r in refs]
-        check_models(self.models)
+        self._refs, self._confined = tuple(refs), confined
+
+    @cached_property
+    def models(self):
+        """The models, loaded and checked for one architecture at first use: after the
+        command has checked its outputs, so that a bad --json is refused before three
+        models are read."""
+        from rotviz.analysis.many import check_models
+        from rotviz.models import load_model
+
+        models = [load_model(r, confined=self._confined) for r in self._refs]
+        check_models(models)
+        return models
 
     def first_pair(self):
         return self.paths[0], self.paths[1]
