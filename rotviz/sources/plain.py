@@ -16,7 +16,7 @@ module of the checkpoint's own config writes:
 is not met, so that the caller goes through transformers: another family or class, a
 half-precision state, a config or generation config that does not read back as transformers
 wrote it, another major version of transformers, tensors the source checkpoint does not
-hold under the same names, a head no longer tied. tests/test_lite.py compares the folders
+hold under the same names, a head no longer tied. tests/test_zoo.py compares the folders
 byte for byte with transformers' own.
 """
 
