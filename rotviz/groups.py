@@ -6,15 +6,55 @@ and returns tensors, batched over a leading dimension where it can.
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
+import os
 from dataclasses import dataclass
+from functools import cache
 
 import numpy as np
 import torch
-from scipy.optimize import linear_sum_assignment
 
 from rotviz.errors import RotvizError
 
 Tensor = torch.Tensor
+
+
+@cache
+def _lsap():
+    """scipy's exact linear-assignment solver, `scipy.optimize.linear_sum_assignment`.
+
+    That function is the built-in of one small extension module, scipy.optimize._lsap; the
+    package scipy.optimize around it imports linprog, scipy.special, scipy.linalg and the
+    array-API layer first (about 0.5-0.8 s, a quarter of a command's start-up). The extension
+    is loaded on its own from scipy's folder when it is there as expected; otherwise (another
+    layout, a frozen install) through scipy.optimize, the same function either way
+    (tests/test_auction.py compares them)."""
+    import scipy
+
+    folder = os.path.join(os.path.dirname(scipy.__file__), "optimize")
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = os.path.join(folder, "_lsap" + suffix)
+        if os.path.isfile(path):
+            loader = importlib.machinery.ExtensionFileLoader("scipy.optimize._lsap", path)
+            spec = importlib.util.spec_from_file_location("scipy.optimize._lsap", path,
+                                                          loader=loader)
+            if spec is None:
+                break
+            module = importlib.util.module_from_spec(spec)
+            loader.exec_module(module)
+            solve = getattr(module, "linear_sum_assignment", None)
+            if callable(solve):
+                return solve
+            break
+    from scipy.optimize import linear_sum_assignment
+
+    return linear_sum_assignment
+
+
+def linear_sum_assignment(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """scipy.optimize.linear_sum_assignment (minimising), loaded on first use (`_lsap`)."""
+    return _lsap()(cost)
 
 
 # ---- permutations -------------------------------------------------------------------------

@@ -79,9 +79,14 @@ def _param(*shape: int) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape), requires_grad=False)
 
 
-class _Linear(nn.Module):
+class _Linear(nn.Linear):
+    """An nn.Linear (what RegMean's and Fisher's statistics look for: rotviz.merging.
+    statistics.linear_layers) with uninitialised storage: nn.Linear's own initialisation is
+    skipped, since the checkpoint's tensors replace it."""
+
     def __init__(self, d_in: int, d_out: int, bias: bool = True):
-        super().__init__()
+        nn.Module.__init__(self)
+        self.in_features, self.out_features = d_in, d_out
         self.weight = _param(d_out, d_in)
         self.bias = _param(d_out) if bias else None
 
@@ -186,11 +191,13 @@ class LiteViT(nn.Module):
         return self.classifier(self.vit.layernorm(x)[:, 0])
 
 
-class _Conv1D(nn.Module):
-    """GPT-2's linear layer, weight stored (in, out)."""
+class Conv1D(nn.Module):
+    """GPT-2's linear layer, weight stored (in, out). Named and shaped (`nf`) as
+    transformers' Conv1D, which RegMean's statistics recognise by that name."""
 
     def __init__(self, d_in: int, d_out: int):
         super().__init__()
+        self.nf = d_out
         self.weight, self.bias = _param(d_in, d_out), _param(d_out)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -211,8 +218,8 @@ class LiteGPT2(nn.Module):
         self.scale = None if cfg["scale_attn_weights"] else 1.0
         h = nn.ModuleList(
             _GPT2Block(self.heads, self.act, self.scale, ln_1=_ln(d, eps),
-                       attn=_Node(c_attn=_Conv1D(d, 3 * d), c_proj=_Conv1D(d, d)),
-                       ln_2=_ln(d, eps), mlp=_Node(c_fc=_Conv1D(d, m), c_proj=_Conv1D(m, d)))
+                       attn=_Node(c_attn=Conv1D(d, 3 * d), c_proj=Conv1D(d, d)),
+                       ln_2=_ln(d, eps), mlp=_Node(c_fc=Conv1D(d, m), c_proj=Conv1D(m, d)))
             for _ in range(cfg["n_layer"])
         )
         self.transformer = _Node(wte=_Embedding(cfg["vocab_size"], d),

@@ -61,3 +61,27 @@ def test_a_non_square_cost_is_refused_in_one_line():
     with pytest.raises(RotvizError, match="square") as e:
         auction(np.zeros((3, 4)))
     assert "\n" not in str(e.value)
+
+
+def test_the_solver_loaded_on_its_own_is_scipys():
+    """rotviz.groups loads scipy's assignment extension without scipy.optimize (start-up):
+    it is scipy.optimize.linear_sum_assignment itself (the built-in of scipy.optimize._lsap),
+    and it reaches the optimum of every assignment, square with ties and rectangular (checked
+    against all of them: no scipy.optimize import in the test either)."""
+    from itertools import permutations
+
+    from rotviz.groups import _lsap, linear_sum_assignment
+
+    solve = _lsap()
+    assert (solve.__module__, solve.__name__) == ("scipy.optimize._lsap",
+                                                  "linear_sum_assignment")
+    rng = np.random.default_rng(0)
+    for cost in (rng.integers(0, 3, (6, 6)).astype(np.float64),  # many ties
+                 rng.standard_normal((4, 6)), rng.standard_normal((6, 4))):
+        rows, cols = linear_sum_assignment(cost)
+        n = min(cost.shape)
+        assert len(set(rows)) == len(set(cols)) == n
+        flip = cost.shape[0] > cost.shape[1]
+        c = cost.T if flip else cost
+        best = min(sum(c[i, p[i]] for i in range(n)) for p in permutations(range(c.shape[1]), n))
+        assert cost[rows, cols].sum() == pytest.approx(best, abs=1e-12)

@@ -176,7 +176,7 @@ def test_lite_path_computes_the_same_logits(name):
 
 
 @pytest.mark.parametrize("family", LITE)
-def test_lite_path_on_random_models(saved, family):
+def test_lite_path_on_random_models(saved, family, tmp_path):
     d = saved(family, 3)
     lite, full = load_lite(d), load_model(d)
     assert lite is not None
@@ -202,6 +202,35 @@ def test_lite_path_on_random_models(saved, family):
     assert set(seen["lite"]) == set(seen["full"]) == set(names)
     for name in names:
         assert (seen["lite"][name] - seen["full"][name]).abs().max() < 1e-5, name
+    # RegMean's layers are found on both (on the lite modules they once were none, and RegMean
+    # silently fell back to the simple average), with the same (in, out) storage flags
+    from rotviz.merging.statistics import linear_layers
+
+    found = [{n: c for n, (_, c) in linear_layers(m.model).items()} for m in (lite, full)]
+    assert found[0] == found[1] and len(found[0]) >= 4 * 2
+    # a state written without transformers (rotviz.sources.plain: what `rotviz match` writes
+    # for a lite pair) is byte for byte what save_pretrained writes through transformers
+    from rotviz.sources.hf import HF
+    from rotviz.sources.plain import write_plain
+
+    moved = {k: v + 0.25 for k, v in lite.state.items()}  # a tied head stays tied
+    plain, through = tmp_path / "plain", tmp_path / "transformers"
+    plain.mkdir(), through.mkdir()
+    assert write_plain(d, moved, plain)
+    HF.save_fresh(full.spec, d, moved, through)
+    names = sorted(p.name for p in through.iterdir())
+    assert sorted(p.name for p in plain.iterdir()) == names
+    assert len(names) == (3 if family == "gpt2" else 2)
+    for name in names:
+        assert (plain / name).read_bytes() == (through / name).read_bytes(), name
+    # and nothing where it is not known: a half state, an untied head
+    half, other = tmp_path / "half", tmp_path / "other"
+    half.mkdir(), other.mkdir()
+    assert not write_plain(d, {k: v.half() for k, v in moved.items()}, half)
+    if family == "gpt2":
+        untied = {**moved, "lm_head.weight": moved["lm_head.weight"] + 1}
+        assert not write_plain(d, untied, other)
+    assert not any(half.iterdir()) and not any(other.iterdir())
 
 
 @pytest.mark.parametrize("family", [f for f in FAMILIES if f not in LITE])

@@ -151,11 +151,12 @@ class LadderPair:
         return anchor, source
 
     def models(self) -> tuple[Loaded, Loaded]:
-        """Both models, loaded once and checked."""
+        """Both models, loaded once and checked: in plain torch where that computes the same
+        logits (rotviz.lite: no transformers import), as the barrier command loads them."""
         if self._models is None:
-            from rotviz.models import load_model
+            from rotviz.lite import load_for_eval
 
-            self._models = self._check(*(load_model(r, confined=self.confined)
+            self._models = self._check(*(load_for_eval(r, confined=self.confined)
                                          for r in self.refs))
         return self._models
 

@@ -362,10 +362,10 @@ def at_size(res: Resources, cfg: dict) -> tuple[bool, int | None, int | None]:
     """Whether the configuration's models must be read block by block: (at size, what
     holding them needs, the budget), in bytes. The budget is `max_memory` (bytes; absent or
     0: what the machine has free now), and the need is the command line's estimate from the
-    safetensors headers (rotviz.stream.blocks.pair_bytes_in_memory); one model (`ref`)
+    safetensors headers (rotviz.stream.need.pair_bytes_in_memory); one model (`ref`)
     needs half its pair. A folder without safetensors cannot stream and is never at size."""
     from rotviz.memory import available_memory
-    from rotviz.stream.blocks import pair_bytes_in_memory
+    from rotviz.stream.need import pair_bytes_in_memory
 
     one = cfg.get("ref")
     anchor, source = (one, one) if one else (cfg.get("anchor"), cfg.get("source"))

@@ -135,6 +135,7 @@ def _selected(args: argparse.Namespace) -> None:
 def cmd_match(args: argparse.Namespace) -> int:
     from rotviz.devices import pick_device
     from rotviz.evaluation import split_for
+    from rotviz.lite import load_for_eval
     from rotviz.match.lineage import check_lineage, move_model
     from rotviz.match.options import LearnOptions, MatchOptions, parse_layers
     from rotviz.match.pipeline import match_models, stored_check_words
@@ -183,8 +184,12 @@ def cmd_match(args: argparse.Namespace) -> int:
                               "(--max-memory or torchrun); raise --max-memory, or move the "
                               "other models in a run that fits in memory")
         return _match_streamed(args, options, outputs, out_dir, report_file, device)
-    anchor = load_model(args.anchor)
-    source = load_model(args.source)
+    # in plain torch where that computes the same logits (rotviz.lite: no transformers
+    # import), as the measurement commands load their pair; written as transformers writes it
+    # (write_model). Models moved along (--also) and their pair take transformers' modules.
+    load = load_model if also else load_for_eval
+    anchor = load(args.anchor)
+    source = load(args.source)
     others = [load_model(ref) for ref, _ in also]
     for other in others:  # refused before any matching
         check_lineage(source, other)

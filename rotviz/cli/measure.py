@@ -142,10 +142,10 @@ def _animation_option(p: argparse.ArgumentParser, m: Measurement) -> None:
 
 def _animation_output(outputs, args):
     """(the --animation output, its format), checked before any work, or None."""
-    from rotviz.animation import check, format_of
-
     if getattr(args, "animation", None) is None:
         return None
+    from rotviz.animation import check, format_of
+
     fmt = format_of(args.animation)
     check(fmt)
     return outputs.add(args.animation, "--animation", folder=False, overwrite=args.overwrite), fmt
@@ -161,10 +161,10 @@ def _write_animation(m: Measurement, tmp, anim, result) -> None:
 
 def _figure_output(outputs, args):
     """(the --figure output, its format), checked before any work, or None."""
-    from rotviz.images import check_format, format_of
-
     if getattr(args, "figure", None) is None:
         return None
+    from rotviz.images import check_format, format_of
+
     fmt = format_of(args.figure)
     check_format(fmt)
     return outputs.add(args.figure, "--figure", folder=False, overwrite=args.overwrite), fmt
@@ -247,7 +247,6 @@ def run_inputs_command(m: Measurement, args: argparse.Namespace) -> int:
     from rotviz.devices import device_for, pick_device
     from rotviz.evaluation import split_for
     from rotviz.measures import Context
-    from rotviz.models import load_model
     from rotviz.outputs import Outputs, write_json_file
 
     assert m.inputs is not None
@@ -270,7 +269,7 @@ def run_inputs_command(m: Measurement, args: argparse.Namespace) -> int:
                           f"size: {m.why_not_at_size()}; raise --max-memory")
     columns, seq_len = reading(args, args.data)
     device = device_for(pick_device(args.device))
-    split = split_for(load_model(first[0]), args.data, args.split, seq_len=seq_len,
+    split = split_for(_load_eval(str(first[0])), args.data, args.split, seq_len=seq_len,
                       columns=columns)
     result = m.run(inputs, Context(split, device, progress=_progress(m, _Main())), values)
     if outputs.items:
@@ -420,9 +419,12 @@ def _in_memory(m: Measurement, args, values: dict, outputs, folder, js, files=()
 
     columns, seq_len = reading(args, args.data)
     device = device_for(pick_device(args.device))  # torchrun: each its local GPU
-    # A command that writes no model evaluates the pair as the app does: in plain torch where
-    # that computes the same logits (rotviz.lite: no transformers import, seconds less)
-    load = load_model if m.writes_model or files else _load_eval
+    # The pair is evaluated as the app does: in plain torch where that computes the same
+    # logits (rotviz.lite: no transformers import, seconds less). A model written from it
+    # (--out) is what transformers writes (write_model: rotviz.sources.plain where those
+    # files are known, else through transformers); a record's further files take the
+    # transformers modules.
+    load = load_model if files else _load_eval
     anchor = load(args.anchor)
     source = load(args.source) if m.pair or getattr(args, "second", False) else anchor
     if check_pair(anchor, source) and not m.narrower:  # a narrower FFN: embedded by matching

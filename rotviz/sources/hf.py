@@ -175,12 +175,22 @@ class HFSource(Source):
     def write_state(self, spec: ArchSpec, path: Path, config: dict,
                     state: Mapping[str, Tensor], folder: Path) -> None:
         """Through a fresh module of the checkpoint's own config.json, so that
-        `save_pretrained` writes what transformers itself would."""
+        `save_pretrained` writes what transformers itself would; without transformers where
+        those files are known (rotviz.sources.plain: the zoo's ViT and GPT-2)."""
+        from rotviz.sources.plain import write_plain
+
+        if not write_plain(path, state, folder):
+            self.save_fresh(spec, path, state, folder)
+
+    def save_fresh(self, spec: ArchSpec, path: Path, state: Mapping[str, Tensor],
+                   folder: Path) -> None:
+        """`write_state` through transformers: a fresh module of the checkpoint's own
+        config.json, given `state`, saved with `save_pretrained`."""
         own = ANYWHERE.read_json(path / "config.json", "re-save the model", "config")
         model, _ = self.build(own, spec)
         cast_like(model, state)
         model.load_state_dict(state, strict=False)
-        self.save_module(model, config, folder)
+        self.save_module(model, own, folder)
 
     def arguments(self, spec: ArchSpec, inputs: Mapping[str, Tensor]) -> tuple[tuple, dict]:
         return (), dict(inputs)

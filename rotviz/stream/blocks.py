@@ -37,6 +37,7 @@ from rotviz.models import (
 )
 from rotviz.skeleton import BlockStreamed, Provider, Reader, build_meta
 from rotviz.sources import source_of
+from rotviz.stream.need import IN_MEMORY_FACTOR, pair_bytes_in_memory  # noqa: F401 (their home)
 from rotviz.symmetry.actions import LayerTransform, apply_layer
 from rotviz.symmetry.view import (
     Block,
@@ -51,10 +52,6 @@ from rotviz.symmetry.view import (
 )
 
 Tensor = torch.Tensor
-
-# The in-memory path holds about 3.5-4.4x the pair's float32 bytes at its peak (both models,
-# their views, the matched copy and the checks; bench/RESULTS.md, LLaMA-1B rows).
-IN_MEMORY_FACTOR = 4.5
 
 
 @dataclass(frozen=True)
@@ -134,21 +131,6 @@ def open_streamed(ref: str | os.PathLike, confined: Confined = ANYWHERE) -> Stre
     rest = tuple(n for n in checkpoint.keys() if n not in used_all)
     return Streamed(str(ref), path, full, spec, checkpoint, layout, dims, tuple(block_keys),
                     rest, _ties(spec, config, set(meta), set(module.state_dict())), confined)
-
-
-def pair_bytes_in_memory(anchor_ref: str, source_ref: str, confined: Confined = ANYWHERE
-                         ) -> int | None:
-    """About what matching two model folders in memory needs at its peak, from their
-    safetensors headers read through `confined` (None where a folder has none: it can only
-    be matched in memory)."""
-    total = 0
-    for ref in (anchor_ref, source_ref):
-        try:
-            checkpoint = Checkpoint(resolve_ref(ref, confined), confined)
-        except RotvizError:
-            return None
-        total += 4 * sum(math.prod(e.shape) for e in checkpoint.entries.values())
-    return int(IN_MEMORY_FACTOR * total)
 
 
 def streaming_refusal(options: MatchOptions) -> str | None:
