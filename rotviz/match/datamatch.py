@@ -35,7 +35,7 @@ from rotviz.models import Loaded, to_wide
 from rotviz.sources import call
 from rotviz.symmetry import residual as rs
 from rotviz.symmetry.actions import LayerTransform, apply
-from rotviz.symmetry.view import ModelView, write_state
+from rotviz.symmetry.view import ModelView, read_view, write_state
 from rotviz.types import Progress
 
 Tensor = torch.Tensor
@@ -130,6 +130,14 @@ def match_activations(anchor: Loaded, anc_c: ModelView, src_c: ModelView, option
     return src_c, transforms, q, info
 
 
+def as_written(loaded: Loaded, view: ModelView, device: torch.device) -> ModelView:
+    """`view` as its state dict reads back (the same numbers in read_view's layout): how a
+    start made earlier reaches learned matching (rotviz.match.pipeline writes the matched
+    state and reads it back), so that a start made here is canonicalised bit for bit the
+    same (the layout alone moves the canonical forms by float32 roundoff)."""
+    return read_view(loaded.spec, loaded.config, write_state(view)).to(device=device)
+
+
 def match_with_data(anchor: Loaded, anchor_view: ModelView, source_view: ModelView,
                     options: MatchOptions, data: str | Split | None, device: torch.device,
                     progress: Progress | None = None,
@@ -174,7 +182,8 @@ def match_with_data(anchor: Loaded, anchor_view: ModelView, source_view: ModelVi
             progress(0, 1, "activations")
         src_c, transforms, q, report_extra["act"] = match_activations(
             anchor, anc_c, src_c, options, group, train, device)
-        start = MatchResult(rs.restore(src_c, gauge), transforms, None, residual=q)
+        start = MatchResult(as_written(anchor, rs.restore(src_c, gauge), device), transforms,
+                            None, residual=q)
     else:
         start = match(anchor_view, source_view, before_learning, progress)
     if not options.act:
