@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
            f" (fastest of {', '.join(f'{w:.1f}' for w, *_ in runs)} s)") + ".\n\n"
         "Shared across rungs: one evaluator (the split on the device once), an evaluation "
         "cache keyed by the parameters' bytes (every path's anchor end, and align-to-self's "
-        "whole path and merge, are look-ups), learned matching starting from the weight "
+        "whole path and merge, are look-ups), learned matching starting from the activation "
         "rung's match, and each rung's evaluation (one worker thread) overlapping the next "
         "rungs' matching. Matching s: the calling thread's, rung by rung; evaluation s: the "
         "worker's, for the rung's path and merge.\n\n"

@@ -99,7 +99,7 @@ LR = Bound("--lr", 1e-6, 1.0, integer=False)  # learning rate of a trained bend 
 # the CLI's help and the app's fields all read them here).
 DEFAULT_ROUNDS = 50
 DEFAULT_TOL = 1e-6
-DEFAULT_STEPS = 300
+DEFAULT_STEPS = 80  # learned matching from activation matching (docs/solvers.md)
 
 MAX_LAYERS_TEXT = 200  # characters of a --layers value
 _PART = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")

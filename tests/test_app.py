@@ -715,7 +715,7 @@ def test_spec_choices_and_residual_fallback():
     assert app_specs.offered(app_specs.SPEC_CHOICES, None) == list(app_specs.SPEC_CHOICES)
     assert app_specs.without_residual("weight") == "seed,heads"  # every data-free map left
     assert app_specs.without_residual("weight,learned") == "seed,heads,learned"
-    assert app_specs.without_residual("learned") == "seed,heads,learned"
+    assert app_specs.without_residual("learned") == "seed,heads,act,learned"
     assert app_specs.without_residual("residual") == "none"
     assert {"heads", "residual", "act", "learned"} <= set(app_specs.WHY_UNCHANGED)
 

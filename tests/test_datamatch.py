@@ -215,3 +215,24 @@ def test_learned_maps_are_group_elements(family, loaded):
         assert float((r.T @ r - eye).abs().max()) <= 1e-12
         assert float(torch.linalg.det(r)) == pytest.approx(1.0, abs=1e-12)
     assert max_output_diff(model, model.state, state) <= 1e-4
+
+
+def test_learning_rate_warms_up_then_decays_to_zero():
+    """Linear warm-up over `warmup` steps (a quarter of a shorter run), then a cosine to zero
+    at the last step, against the plain formula."""
+    import math
+
+    from rotviz.match.learned import lr_factor
+    from rotviz.match.options import LearnOptions
+
+    opts = LearnOptions()
+    assert (opts.steps, opts.warmup, opts.lr) == (80, 10, 0.03)
+    got = [lr_factor(k, opts) for k in range(opts.steps)]
+    want = [(k + 1) / 11 for k in range(10)] + [
+        0.5 * (1 + math.cos(math.pi * (k - 10) / 70)) for k in range(10, 80)]
+    assert got == pytest.approx(want, abs=1e-15)
+    assert max(got) == 1.0 and got[-1] < 1e-3
+    short = LearnOptions(steps=8)  # warm-up of 2 steps, not 10
+    assert [lr_factor(k, short) for k in range(3)] == pytest.approx([1 / 3, 2 / 3, 1.0])
+    with pytest.raises(RotvizError, match="warmup"):
+        LearnOptions(warmup=-1)

@@ -3,10 +3,10 @@
 simple`'s, the align-to-self rung is exactly 0, and every reason is the symmetry registry's.
 
 The CLI comparisons run on two tiny random ViTs (tests/conftest.py) on the digits test split,
-5 points per path, in-process; a learned rung and align-to-self on the default pair (learned
-matching from seed matching, 20 steps, 100 test images: the reuse of a rung's match is the
-same for weight's, without its cost). The default pair's full ladder runs in
-bench/ladder.py."""
+5 points per path, in-process; the act and learned rungs and align-to-self on the default pair
+(learned matching from the act rung's match, 20 steps, 100 test images: the reuse of a rung's
+match is the same for weight's, `weight,learned`, without its cost). The default pair's full
+ladder runs in bench/ladder.py."""
 
 from __future__ import annotations
 
@@ -59,8 +59,8 @@ def cli_ladder(refs, tmp_path_factory) -> tuple[dict, str]:
 
 @pytest.fixture(scope="module")
 def zoo_ladder(split) -> dict:
-    """The default pair's seed and seed,learned rungs and align-to-self, 100 test images."""
-    pair = LadderPair.read(["zoo:vit-digits-s3", "zoo:vit-digits-s6"], ["seed", "seed,learned"])
+    """The default pair's act and learned rungs and align-to-self, 100 test images."""
+    pair = LadderPair.read(["zoo:vit-digits-s3", "zoo:vit-digits-s6"], ["act", "learned"])
     return ladder(pair, split.subset(100), points=POINTS, steps=ZOO_STEPS).to_dict()
 
 
@@ -81,7 +81,7 @@ def test_every_rung_equals_the_barrier_cli_and_self_is_exactly_zero(cli_ladder, 
     assert [r["kind"] for r in rungs] == ["rung"] * len(RUNGS) + ["self"]
     assert "ladder on cpu: none [none]: barrier" in said
     assert "align-to-self [weight]: barrier 0.0000, distance 0.0000" in said
-    for r in rungs[:-2]:  # learned: the CLI's learns 300 steps (the zoo test below)
+    for r in rungs[:-2]:  # learned: the CLI's learns 80 steps (the zoo test below)
         c = _barrier_cli(refs, r["asked"], tmp_path)
         assert c["match"] == r["spec"]
         assert r["loss"] == pytest.approx(c["loss"], abs=1e-6), r["spec"]
@@ -111,9 +111,10 @@ def test_merged_accuracy_is_the_simple_merge_cli(cli_ladder, refs, tmp_path):
 
 def test_learned_rung_starts_from_the_rung_before_and_equals_learned_matching(zoo_ladder,
                                                                            split):
-    """On the default pair: the learned rung reuses the seed rung's match, and its path is
-    learned matching's own, made from scratch with the same steps; align-to-self is exactly
-    0 where the other rungs have barriers."""
+    """On the default pair: the learned rung reuses the act rung's match (activation
+    matching), and its path is learned matching's own, made from scratch (activation matching
+    again) with the same steps; align-to-self is exactly 0 where the other rungs have
+    barriers."""
     from dataclasses import replace
 
     from rotviz.analysis.landscape import curve_on
@@ -123,17 +124,19 @@ def test_learned_rung_starts_from_the_rung_before_and_equals_learned_matching(zo
     from rotviz.models import load_model
 
     a, b = load_model("zoo:vit-digits-s3"), load_model("zoo:vit-digits-s6")
-    options = replace(match_options("seed,learned"), learn=LearnOptions(steps=ZOO_STEPS))
+    options = replace(match_options("learned"), learn=LearnOptions(steps=ZOO_STEPS))
     test = split.subset(100)
     c = curve_on(match_endpoints(a, b, options, data=test), test, POINTS)
-    seed, learned, me = zoo_ladder["rungs"]
-    assert learned["spec"] == "seed,learned" and learned["distance"] != seed["distance"]
+    act, learned, me = zoo_ladder["rungs"]
+    assert (act["spec"], learned["spec"]) == ("weight,act", "weight,act,learned")
+    assert learned["words"] == "learned matching (from activation matching)"
+    assert learned["distance"] != act["distance"]
     assert learned["loss"] == pytest.approx(c.loss, abs=1e-6)
     assert learned["barrier"] == pytest.approx(c.barrier, abs=1e-6)
     assert learned["distance"] == pytest.approx(c.distance_after, abs=1e-6)
     assert learned["max_output_diff"] <= 1e-4
-    assert seed["barrier"] > 1.0 and learned["barrier"] > 0.0
-    assert me["kind"] == "self" and me["spec"] == "seed"
+    assert act["barrier"] > learned["barrier"] > 0.0
+    assert me["kind"] == "self" and me["spec"] == "none"  # no data-free rung: unmatched
     assert me["barrier"] == 0.0 and me["distance"] == 0.0
 
 

@@ -7,8 +7,8 @@ On another CPU or library version float32 sums round differently: there every fl
 agree to 1e-5 relative (or 1e-6 absolute), except the function check's largest logit
 difference, itself a roundoff-sized number (1e-5 absolute); everything else (counts, lengths,
 options, labels) exactly. Measured between two machines: 2e-6 relative at most (the learned
-barrier, after 300 Adam steps) and 1.7e-6 on the function check; a change of behaviour moves
-these numbers by orders of magnitude more."""
+barrier, then after 300 Adam steps; the default is now 80) and 1.7e-6 on the function check;
+a change of behaviour moves these numbers by orders of magnitude more."""
 
 from __future__ import annotations
 

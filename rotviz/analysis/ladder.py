@@ -13,7 +13,7 @@ that `--match`:
 | + head permutation | `seed,heads` | head order |
 | + residual rotation (weight matching) | `weight` | the residual stream's map, alternated |
 | activation matching | `act` | the same maps, FFN and stream picked from activations |
-| learned matching | `learned` | weight matching, then its maps tuned on data |
+| learned matching | `learned` | activation matching, then its maps tuned on data |
 
 and one more, **align-to-self**: the anchor matched onto itself with the ladder's largest
 data-free matching (`weight`), whose barrier and distance are exactly 0 (rotviz.match.engine
@@ -28,8 +28,8 @@ sentence of the symmetry registry that says why its maps keep the function
 Work shared across rungs: one evaluator (the split on the device once), an evaluation cache
 keyed by the parameters' bytes (alpha = 0 is the anchor itself, bit for bit, on every path;
 align-to-self's path is the anchor at every alpha), learned matching starting from the
-weight rung's match instead of solving it again, and each rung's evaluation overlapping the
-next rungs' matching.
+activation rung's match instead of solving it again, and each rung's evaluation overlapping
+the next rungs' matching.
 
     from rotviz import load_model, measure
     from rotviz.analysis.ladder import LadderPair, ladder
@@ -92,10 +92,13 @@ def describe(specs: Sequence[str]) -> list[dict]:
         solvers = [f for f in flags if f in registry.DATA_SOLVERS]
         if not flags:
             adds, words, reason = [], "none", registry.NONE_REASON
-        elif solvers:
+        elif solvers:  # learned matching from activation matching: its own sentence
             adds = solvers
-            words = " + ".join(registry.BY_NAME[f].label for f in solvers)
-            reason = registry.BY_NAME[solvers[0]].one_sentence()
+            words = registry.BY_NAME[solvers[-1]].label
+            if len(solvers) > 1:
+                words += " (from " + ", ".join(registry.BY_NAME[f].label
+                                               for f in solvers[:-1]) + ")"
+            reason = registry.BY_NAME[solvers[-1]].one_sentence()
         else:
             adds = [f for f in flags if f not in before] or flags
             words = ("+ " if before and set(flags) > before else "") + " + ".join(
@@ -239,10 +242,11 @@ def _why_not(spec: str, anchor: Loaded) -> str | None:
 
 
 def _start_of(options) -> str | None:
-    """The data-free matching learned matching starts from (its SPEC label), or None."""
+    """The matching learned matching starts from (its SPEC label: activation matching for
+    `learned`, a data-free matching for `weight,learned` and the like), or None."""
     from dataclasses import replace
 
-    if not options.learned or options.act:
+    if not options.learned:
         return None
     return parse_selection(replace(options, learned=False).label).label
 

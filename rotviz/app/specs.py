@@ -16,10 +16,11 @@ from rotviz.symmetry.registry import DATA_SOLVERS, MAPS, SYMMETRIES
 # Matching SPEC strings (rotviz.match.selection) the app offers. The seed paper's five first (the
 # Barrier page's original comparison), then what goes beyond it: head permutation, the
 # residual stream alone, weight matching (seed + heads + residual, alternated), activation matching
-# and learned matching (both start from weight matching and need data).
+# (from weight matching's maps) and learned matching (`learned`: from activation matching, whose
+# lower barrier lets it train a quarter as long: docs/solvers.md); both need data.
 BARRIER_SPECS = ("none", "ffn", "attn", "ffn,attn", "seed")
 SPEC_CHOICES = BARRIER_SPECS + ("seed,heads", "residual", "weight", "weight,act",
-                                "weight,learned")
+                                "weight,act,learned")
 # What the Barrier page draws by default: the story in three curves (no matching, the seed
 # paper's full method, every data-free map). The seed paper's per-group ablation (ffn, attn,
 # ffn,attn) is one click away in the page's picker and on the Match page; drawing it by default

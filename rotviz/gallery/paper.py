@@ -114,8 +114,8 @@ GLMC_LEARNED = register(Entry(
     "glmc_learned", "Learned matching: loss along the path",
     "Test loss along the straight path from the anchor to the source as trained, after weight "
     "matching (data-free: permutations, rotations and the residual stream's orthogonal map) "
-    "and after learned matching (weight matching's maps tuned on the train split so that "
-    "the average of the two models has a low loss). The GLMC paper finds that learned "
+    "and after learned matching (activation matching's maps tuned on the train split so "
+    "that the models between the two have a low loss). The GLMC paper finds that learned "
     "matching brings the barrier to about zero where weight matching leaves part of it; the "
     "legend gives each curve's barrier.",
     f"{GLMC}, learned-matching barrier", "barrier",

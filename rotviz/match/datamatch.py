@@ -5,7 +5,7 @@ training examples; the residual map is the Procrustes solution of the summed cro
 of their streams (at every block's input and before the final norm), and each FFN permutation
 is the linear assignment that maximises the correlation of hidden units. Attention maps then
 come from the weights, given those. Learned matching (rotviz.match.learned) starts from weight
-matching, or from activation matching when `act` is also on.
+matching, or from activation matching when `act` is also on (as `learned` alone has it).
 
 Activations are read from a private copy of the anchor's module (hooks would otherwise touch
 a module that other callers share).
@@ -35,7 +35,7 @@ from rotviz.models import Loaded, to_wide
 from rotviz.sources import call
 from rotviz.symmetry import residual as rs
 from rotviz.symmetry.actions import LayerTransform, apply
-from rotviz.symmetry.view import ModelView, write_state
+from rotviz.symmetry.view import ModelView, read_view, write_state
 from rotviz.types import Progress
 
 Tensor = torch.Tensor
@@ -130,6 +130,14 @@ def match_activations(anchor: Loaded, anc_c: ModelView, src_c: ModelView, option
     return src_c, transforms, q, info
 
 
+def as_written(loaded: Loaded, view: ModelView, device: torch.device) -> ModelView:
+    """`view` as its state dict reads back (the same numbers in read_view's layout): how a
+    start made earlier reaches learned matching (rotviz.match.pipeline writes the matched
+    state and reads it back), so that a start made here is canonicalised bit for bit the
+    same (the layout alone moves the canonical forms by float32 roundoff)."""
+    return read_view(loaded.spec, loaded.config, write_state(view)).to(device=device)
+
+
 def match_with_data(anchor: Loaded, anchor_view: ModelView, source_view: ModelView,
                     options: MatchOptions, data: str | Split | None, device: torch.device,
                     progress: Progress | None = None,
@@ -140,10 +148,11 @@ def match_with_data(anchor: Loaded, anchor_view: ModelView, source_view: ModelVi
     reference, read the way the anchor reads it, or a split read that way (its reading, e.g.
     the columns of a CSV, carries over to the training split).
 
-    `start`: without `act`, the data-free matching learned matching starts from, when the
-    caller has already made it (`match` of these views with `options` less `act` and
-    `learned`: the symmetry ladder matches `weight` just before `learned`); it is then not
-    solved again. The result is the same."""
+    `start`: the matching learned matching starts from (these views matched with `options`
+    less `learned`: activation matching with `act`, else the data-free matching), when the
+    caller has already made it (the symmetry ladder matches `act` just before `learned`); it
+    is then not solved again. The result is the same: learned matching starts from the
+    canonical form of the start's matched view either way."""
     if not data:
         raise RotvizError(
             f"matching [{options.label}] learns from data: give a data reference (--data)"
@@ -159,25 +168,30 @@ def match_with_data(anchor: Loaded, anchor_view: ModelView, source_view: ModelVi
         return rs.canonicalise(view) if group is not None else (view, rs.Gauge({}, {}))
 
     anc_c, gauge = canonical(anchor_view)
-    plain = replace(options, act=False, learned=False)
+    before_learning = replace(options, learned=False)  # what learned matching starts from
     report_extra: dict = {}
-    if options.act:
+    if start is not None:
+        if replace(start.report.options, learn=before_learning.learn) != before_learning:
+            raise ValueError(f"learned matching [{options.label}] starts from "
+                             f"[{before_learning.label}], not [{start.report.options.label}]")
+        if options.act:
+            report_extra["act"] = start.report.act
+    elif options.act:
         src_c, _ = canonical(source_view)
         if progress:
             progress(0, 1, "activations")
         src_c, transforms, q, report_extra["act"] = match_activations(
             anchor, anc_c, src_c, options, group, train, device)
-        start = MatchResult(rs.restore(src_c, gauge), transforms, None, residual=q)
+        start = MatchResult(as_written(anchor, rs.restore(src_c, gauge), device), transforms,
+                            None, residual=q)
     else:
-        if start is not None and replace(start.report.options, learn=plain.learn) != plain:
-            raise ValueError(f"learned matching [{options.label}] starts from "
-                             f"[{plain.label}], not [{start.report.options.label}]")
-        start = start or match(anchor_view, source_view, plain, progress)
+        start = match(anchor_view, source_view, before_learning, progress)
+    if not options.act:
         report_extra["residual"] = start.report.residual if start.report else None
-        src_c, _ = canonical(start.view)
-    layers_rep = start.report.layers if start.report else []
+    layers_rep = start.report.layers if start.report and not options.act else []
     view = start.view
     if options.learned:
+        src_c, _ = canonical(start.view)
         val = train.sibling("val")
         tuned, info = learn(anchor, anc_c, src_c, group, train, val, options.learn, device,
                             progress, cancel)

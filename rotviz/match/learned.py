@@ -1,10 +1,11 @@
 """Learned matching (GLMC paper): tune the maps on data so the path has no barrier.
 
-Start from weight matching, on canonical forms (rotviz.symmetry.residual). Parametrise the
-residual map as a rotation (the Cayley map of S - S^T), and every per-head Q-K and V-O map
-as an invertible exp(S) (a rotation where the architecture allows no more), applied on top
-of that start, and minimise the task loss of the interpolated model (1 - lam) anchor +
-lam source' at lam ~ U(lam_lo, lam_hi) on training batches (Adam, cosine decay to zero).
+Start from activation matching (`learned` alone) or weight matching (`weight,learned`), on
+canonical forms (rotviz.symmetry.residual). Parametrise the residual map as a rotation (the
+Cayley map of S - S^T), and every per-head Q-K and V-O map as an invertible exp(S) (a rotation
+where the architecture allows no more), applied on top of that start, and minimise the task
+loss of the interpolated model (1 - lam) anchor + lam source' at lam ~ U(lam_lo, lam_hi) on
+training batches (Adam, a short linear warm-up, then cosine decay to zero).
 Permutations stay as weight matching left them. The maps are float64 group elements
 (write_state hands the model the moved weights in the checkpoint's dtype).
 Every `eval_every` steps the barrier is measured on the validation split. By default the maps
@@ -162,6 +163,15 @@ class Maps(torch.nn.Module):
         return view
 
 
+def lr_factor(k: int, opts: LearnOptions) -> float:
+    """The learning rate of step k + 1 over `opts.lr`: a linear warm-up over `opts.warmup`
+    steps (a quarter of a shorter run), then cosine decay to zero at `opts.steps`."""
+    w = min(opts.warmup, opts.steps // 4)
+    if k < w:
+        return (k + 1) / (w + 1)
+    return 0.5 * (1 + np.cos(np.pi * min(k - w, opts.steps - w) / (opts.steps - w)))
+
+
 def _train_loss(ev: Evaluator, params: dict[str, Tensor], x: Inputs, y: Tensor) -> Tensor:
     logits = ev.logits(params, x).float()
     if ev.split.task in ("multi-label", "regression"):  # the head's own mean loss
@@ -230,8 +240,7 @@ def learn(
         return start_c, info
     optim = torch.optim.Adam(maps.parameters(), lr=opts.lr)
     # cosine decay to zero: late steps refine instead of hopping between nearby maps
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        optim, lambda k: 0.5 * (1 + np.cos(np.pi * min(k, opts.steps) / opts.steps)))
+    sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda k: lr_factor(k, opts))
     batches = ev_train.batches
     xs = cat_inputs([x for x, _ in batches])
     ys = torch.cat([y for _, y in batches])

@@ -27,8 +27,11 @@ class LearnOptions:
     defaults: docs/solvers.md and section `learned` of bench/RESULTS.md."""
 
     steps: int = DEFAULT_STEPS
-    lr: float = 0.02  # with 300 steps (0.01 needed 450: docs/solvers.md)
+    lr: float = 0.03  # the peak, after `warmup`; higher broke seeds and the function check
     batch_size: int = 128
+    # steps of linear warm-up before the cosine decay: Adam's first steps move every entry by
+    # about lr whatever its gradient; ramping up keeps the invertible maps well conditioned
+    warmup: int = 10
     # lambda ~ U(lam): the GLMC paper trains at U(0.4, 0.6), which never trains the flanks;
     # U(0.2, 0.8) spends steps on flanks that end up below their chord anyway
     lam: tuple[float, float] = (0.3, 0.7)
@@ -45,6 +48,8 @@ class LearnOptions:
 
     def __post_init__(self) -> None:
         STEPS.check(self.steps)
+        if self.warmup < 0:
+            raise RotvizError(f"warmup={self.warmup}: give 0 or more steps")
         if self.keep not in KEEP:
             raise RotvizError(f"keep={self.keep!r}: use one of {', '.join(KEEP)}")
         lo, hi = self.lam

@@ -90,9 +90,10 @@ SYMMETRIES: tuple[Symmetry, ...] = (
                "symmetries and the function cannot change."),
     Symmetry(
         "learned", "learned matching",
-        "Learned matching tunes the rotations by gradient descent so that the models "
-        "half-way between the two have a low training loss, stopping when the barrier on "
-        "the validation split stops improving. Still symmetries: the function is kept.",
+        "Learned matching starts from activation matching (or from the maps named with it) "
+        "and tunes the residual rotation and the per-head Q-K and V-O maps by gradient descent "
+        "so that the models between the two have a low training loss. Still symmetries: the "
+        "function is kept.",
         "then tune the rotations on --data so the path has no barrier", False, "stream",
         needs_data=True, solver="learned.learn",
         reason="Learned matching only tunes rotations that are symmetries (the residual map "
