@@ -23,6 +23,9 @@ from rotviz.symmetry.registry import BY_NAME, SYMMETRIES
 s = common.setup()
 LEARNED_NAMES = {"residual": "the residual map", "qk": "every head's Q-K rotation",
                  "vo": "every head's V-O rotation"}
+# learned matching's steps from the maps of this form (weight matching's, say): the library's
+# default (rotviz.limits.DEFAULT_STEPS) is for a start from activation matching, much closer
+LEARN_FROM_MAPS = 300
 POINTS = 21  # the Barrier page's default: the two pages share these curves in the cache
 st.title("Match the source onto the anchor")
 st.markdown(
@@ -59,17 +62,19 @@ with st.form("match_form"):
                      f"Not available for this pair: {residual_why}.")
     solver = c[1].selectbox("Use data", list(SOLVERS), format_func=SOLVERS.get, key="m_solver",
                             bind="query-params",
-                            help=f"Trains on the training split of {s.data}; learned matching "
-                                 "stops early on its validation split. Alone, each starts from "
-                                 "weight matching.")
+                            help=f"Trains on the training split of {s.data}. Here learned "
+                                 "matching starts from the maps switched on above (the command "
+                                 "line's `learned` alone starts from activation matching, which "
+                                 "needs far fewer steps).")
     c[1].caption(WHY_UNCHANGED["learned"] + " It tunes the rotations switched on here: "
                  "every head's, and the residual map's when that is on."
                  if "learned" in solver else WHY_UNCHANGED["act"])
     steps = int(c[2].number_input(
-        "Learned matching: at most this many steps", 5, 3000, app.DEFAULT_LEARN_STEPS,
+        "Learned matching: at most this many steps", 5, 3000, LEARN_FROM_MAPS,
         step=25, key="m_steps", bind="query-params",
-        help="Adam steps on the rotations; it keeps the maps with the lowest validation "
-             "barrier. A few hundred take tens of seconds on a laptop CPU."))
+        help=f"Adam steps on the maps. From weight matching's maps the default pair needs a "
+             f"few hundred (tens of seconds on a laptop CPU); from activation matching "
+             f"{app.DEFAULT_LEARN_STEPS} are enough."))
     layers = st.text_input("Layers to match (empty = all; e.g. 0,2-3)", "", key="m_layers",
                            max_chars=MAX_LAYERS_TEXT, bind="query-params")
     replay = st.checkbox(
