@@ -239,7 +239,8 @@ def test_streamed_weight_matching_equals_in_memory(family, dtype, sharded, tmp_p
     assert len(h1) == len(h2)
     assert max(abs(u - v) / u for u, v in zip(h1, h2, strict=True)) <= 1e-6
     for r in (r1, r2):  # the function checks' logit changes are roundoff of their own
-        r.pop("seconds"), r["residual"].pop("angles")
+        # (the last gain is a difference of nearly equal objectives: roundoff, amplified)
+        r.pop("seconds"), r["residual"].pop("angles"), r["residual"].pop("last_gain")
         assert r.pop("max_output_diff") < 1e-4
         if dtype == torch.bfloat16:
             assert r.pop("stored_output_diff") <= r["stored_tolerance"]

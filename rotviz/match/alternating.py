@@ -158,7 +158,6 @@ def alternate(state: State, options: MatchOptions, group: str,
     """The rounds and phases of the alternation (see module) on `state`. `on_round(phase,
     round)` is called after each round (phase 0 without head permutation, 1 with it; rounds
     from 1), while the state holds that round's result."""
-    t0 = time.perf_counter()
     # Head assignments made before the stream is aligned lock in poor choices, so with heads
     # on, a first phase alternates without them until it converges, then a second with them.
     phases = [replace(options, residual=False, heads=False)]
@@ -212,7 +211,6 @@ def alternate(state: State, options: MatchOptions, group: str,
         "distance_canonical_after": history[-1] ** 0.5,
         "angles": rs.angles(q_total, group) if q_total is not None else [],
         "moved": int((q_total.diagonal() < 0.5).sum()) if group == "permutation" else None,
-        "seconds": time.perf_counter() - t0,
     }
     return Alternated(run.transforms, q_total, layers, info)
 
