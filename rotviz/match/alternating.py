@@ -114,7 +114,7 @@ BLOCK_TOL, BLOCK_STEPS = 0.1, 30
 RADIUS = 1.0  # the first quasi-Newton step's largest generator (Frobenius norm)
 # A round that moves more than this share of the FFN units takes one plain step: the units
 # follow the stream (measured: docs/solvers.md, "Joint steps on a rotation stream").
-FOLLOW = 0.01
+FOLLOW = 0.05
 
 
 def joint_steps(options: MatchOptions, group: str) -> bool:
