@@ -279,7 +279,9 @@ def _joint_phase(run: _Run, inner: MatchOptions, options: MatchOptions, group: s
             run.take(step)
         steps = 1 if moved > FOLLOW else BLOCK_STEPS
         counts = _block(run, inner, options, group, steps, lambda i, tag=tag, r=r: progress(
-            k * options.rounds + r, total, f"{tag}: joint step {i + 1}") if progress else None)
+            k * options.rounds + r, total,
+            f"{tag}: {'residual map' if i == 0 else f'joint step {i + 1}'}")
+            if progress else None)
         yield r, start, (0, *counts)
 
 
