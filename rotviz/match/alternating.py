@@ -36,7 +36,7 @@ from rotviz.match.options import MatchOptions
 from rotviz.match.report import HeadReport, MatchReport, MatchResult
 from rotviz.memo import TensorMemo
 from rotviz.symmetry import residual as rs
-from rotviz.symmetry.actions import LayerTransform
+from rotviz.symmetry.actions import LayerTransform, apply_layer
 from rotviz.symmetry.view import ModelView
 from rotviz.types import Progress
 
@@ -404,10 +404,22 @@ class _InMemory:
 
     def __init__(self, anchor: ModelView, source: ModelView):
         self.anc_c, self.gauge = rs.canonicalise(anchor)
+        self.source = source
         self.src_c, _ = rs.canonicalise(source)
         self.memo = TensorMemo()
         self.lazy = _LazyFFN(self.anc_c, self.memo)
         self._initial = objective(self.src_c, self.anc_c, self.memo)
+        # the composed maps, from which the result is rebuilt: the tensors held are turned
+        # at every step, and a hundred joint steps leave float32 roundoff of 1e-5 in them
+        self.maps: dict[int, LayerTransform] = {}
+        self.q: torch.Tensor | None = None
+
+    def _compose(self, transforms: dict[int, LayerTransform]) -> None:
+        for i, t in transforms.items():
+            self.maps[i] = self.maps[i].then(t) if i in self.maps else t
+
+    def _turned(self, q: torch.Tensor) -> None:
+        self.q = q if self.q is None else self.q @ q
 
     def initial(self) -> float:
         return self._initial
@@ -417,11 +429,13 @@ class _InMemory:
             self.src_c = self.lazy.settle(self.src_c)
         step = match_layers(self.anc_c, self.src_c, options, memo=self.memo)
         self.src_c = step.view
+        self._compose(step.transforms)
         return Step(step.transforms, step.report.layers,
                     self.lazy.objective(self.src_c, step.report.after.total ** 2))
 
     def turn(self, group: str, settle: bool) -> tuple[torch.Tensor, float]:
         q = rs.solve(self.lazy.cross(self.src_c), group)
+        self._turned(q)
         if not torch.equal(q, torch.eye(len(q), dtype=q.dtype, device=q.device)):
             self.src_c = self.lazy.turn(self.src_c, q)
             if settle:
@@ -432,26 +446,35 @@ class _InMemory:
         return self.lazy.cross(self.src_c)
 
     def move(self, q: torch.Tensor) -> None:
+        self._turned(q)
         if not torch.equal(q, torch.eye(len(q), dtype=q.dtype, device=q.device)):
             self.src_c = self.lazy.turn(self.src_c, q)
 
     def save(self) -> object:
-        return self.src_c, self.lazy.pending  # views are never changed in place
+        # views are never changed in place
+        return self.src_c, self.lazy.pending, dict(self.maps), self.q
 
     def load(self, saved: object) -> None:
-        self.src_c, self.lazy.pending = saved  # type: ignore[misc]
+        self.src_c, self.lazy.pending, maps, self.q = saved  # type: ignore[misc]
+        self.maps = dict(maps)
 
-    def snapshot(self) -> ModelView:
-        """The source as matched so far, in the anchor's gauge, leaving the state as it is
-        (the pending FFN map applied to a new view)."""
-        src, q = self.src_c, self.lazy.pending
-        if q is not None:
-            src = rs.apply_residual(src, q.to(src.blocks[0].attn.wq), check=False, which="ffn")
+    def _rebuilt(self) -> ModelView:
+        """The source as matched so far, in the anchor's gauge: the composed maps applied
+        once to its canonical form (as the streamed path does), the state left as it is."""
+        src, _ = rs.canonicalise(self.source)
+        for i, t in sorted(self.maps.items()):
+            src = apply_layer(src, i, t)
+        if self.q is not None:
+            src = rs.apply_residual(src, self.q.to(src.blocks[0].attn.wq), check=False)
         return rs.restore(src, self.gauge)
 
+    def snapshot(self) -> ModelView:
+        """The source as matched so far, in the anchor's gauge, leaving the state as it is."""
+        return self._rebuilt()
+
     def finish(self) -> ModelView:
-        """The matched source, its FFN tensors caught up, in the anchor's gauge."""
-        return rs.restore(self.lazy.settle(self.src_c), self.gauge)
+        """The matched source, in the anchor's gauge."""
+        return self._rebuilt()
 
 
 class _LazyFFN:
