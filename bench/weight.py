@@ -25,7 +25,9 @@ memory, on two independently seeded random models (seeds 0 and 1) per size:
 Every weight-matching run reports the rounds it ran and the seconds per round, from the
 progress callback's time stamps. Where the default misses the target (weight matching <= 2x
 the seed matching's time), the round caps in --caps are measured as well (e.g. 1, 2, 3), each
-with the distance it reaches; --backoff adds the default with `ffn_backoff=True` (rounds
+with the distance it reaches; --plain adds the rounds as they were before joint steps
+(`plain_rounds=True`, the same --budget), for the final distance side by side; --backoff adds
+the default with `ffn_backoff=True` (rounds
 hold the FFN maps once its solve stops moving units; rotviz.match.alternating). Peak memory is the
 process high-water mark (as bench/match.py measures it) above the level before the models
 were built: the two models plus everything matching allocates, compared with the two models'
@@ -33,8 +35,8 @@ weight bytes. On CUDA it is the allocator's peak with the two views on the GPU.
 
     python bench/weight.py [--device cpu|cuda] [--sizes roberta-base,llama-1b]
         [--layers llama-1b=4] [--caps 1,2,3] [--always-caps] [--skip-default]
-        [--backoff] [--budget SECONDS] [--repeats N] [--threads N] [--label NAME] [--note TEXT]
-        [--results PATH]
+        [--backoff] [--plain] [--budget SECONDS] [--repeats N] [--threads N] [--label NAME]
+        [--note TEXT] [--results PATH]
 
 Each run replaces its own blocks (label/size, and the depth where --layers cuts it) of the
 `weight` section of bench/RESULTS.md and keeps the others, so sizes measured in separate
@@ -83,6 +85,7 @@ DEFAULT_SIZES = ("roberta-base", "llama-1b")
 SEED = MatchOptions()
 WEIGHT = MatchOptions(heads=True, residual=True)
 BACKOFF = replace(WEIGHT, ffn_backoff=True)
+PLAIN = replace(WEIGHT, plain_rounds=True)  # the rounds before joint steps (docs/solvers.md)
 TARGET = 2.0  # weight matching's time <= TARGET x the seed matching's, same size
 MEMORY_TARGET = 3.0  # as in bench/match.py
 GB = 1024**3
@@ -237,7 +240,8 @@ def run_once(va, vs, options: MatchOptions, what: str, device: str, baseline: in
 
 def bench_size(size: str, layers: int | None, device: str, caps: list[int], always_caps: bool,
                skip_default: bool, budget: float | None, repeats: int,
-               baseline: int, backoff: bool = False) -> tuple[list[Row], int, int]:
+               baseline: int, backoff: bool = False,
+               plain: bool = False) -> tuple[list[Row], int, int]:
     anchor, source = build(size, 0, layers), build(size, 1, layers)
     weights = weight_bytes(anchor, source)
     va = read_view(anchor.spec, anchor.config, anchor.state).to(device=device)
@@ -254,6 +258,9 @@ def bench_size(size: str, layers: int | None, device: str, caps: list[int], alwa
     if backoff:  # after the default, which decides the caps below
         configs.append(("weight, FFN back-off (`ffn_backoff=True`, default rounds and tol)",
                         BACKOFF, budget))
+    if plain:
+        configs.append(("weight, plain rounds (`plain_rounds=True`, default rounds and tol)",
+                        PLAIN, budget))
     runs: dict[str, list[Row]] = {}
     for rep in range(repeats):
         for what, options, limit in configs:
@@ -401,6 +408,8 @@ def main(argv: list[str] | None = None) -> int:
                         "of its own, e.g. with another --label)")
     p.add_argument("--backoff", action="store_true",
                    help="also time the default with ffn_backoff=True")
+    p.add_argument("--plain", action="store_true",
+                   help="also time the plain rounds (plain_rounds=True), under --budget too")
     p.add_argument("--budget", type=float, default=None,
                    help="cut the default weight matching off after this many seconds (at a "
                         "step boundary; the table says so)")
@@ -439,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
         rows, weights, n_layers = bench_size(size, layers.get(size), args.device, caps,
                                              args.always_caps, args.skip_default,
                                              args.budget, args.repeats, baseline,
-                                             args.backoff)
+                                             args.backoff, args.plain)
         load1 = os.getloadavg()
         family, dims = SIZES[size]
         shape = dict(dims, layers=n_layers)

@@ -213,13 +213,15 @@ def test_streamed_weight_matching_equals_in_memory(family, dtype, sharded, tmp_p
     """--residual streamed (one pass over the blocks per round) against the in-memory
     alternation, three rounds per phase, heads on where the model reads tokens: the same
     rounds, FFN and head permutations, objective history to 1e-6, report to 1e-5, function
-    preserved, weights within 1e-5 of each tensor's scale (bfloat16: within one step).
+    preserved, weights within 3e-5 of each tensor's scale (bfloat16: within one step).
 
     Why not 1e-6 as for the seed maps: the in-memory path turns its float32 tensors each
     round, the streamed one applies the composed maps (float64) to the stored weights; after
     a few rounds the per-head rotations solved on the two differ by roundoff amplified by
-    nearly equal singular values. Measured: at most 2.5e-6 (LLaMA, 17 rounds); the in-memory
-    result itself is 9e-7 from its own maps applied in float64."""
+    nearly equal singular values. Measured: at most 2.5e-6 with the plain rounds (LLaMA, 17
+    rounds); with joint steps on rotation streams, whose quasi-Newton updates carry such
+    differences from step to step, 1.8e-5 (Qwen2, 3 rounds). Both paths now build their
+    result from the composed maps (rotviz.match.alternating._InMemory)."""
     sizes = {"tie": False} if family in UNTIE else {}
     a, s = sharded(family, 0, dtype, **sizes), sharded(family, 1, dtype, **sizes)
     options = MatchOptions(heads=open_streamed(a).spec.inputs == "tokens", residual=True,
@@ -239,7 +241,8 @@ def test_streamed_weight_matching_equals_in_memory(family, dtype, sharded, tmp_p
     assert len(h1) == len(h2)
     assert max(abs(u - v) / u for u, v in zip(h1, h2, strict=True)) <= 1e-6
     for r in (r1, r2):  # the function checks' logit changes are roundoff of their own
-        r.pop("seconds"), r["residual"].pop("angles")
+        # (the last gain is a difference of nearly equal objectives: roundoff, amplified)
+        r.pop("seconds"), r["residual"].pop("angles"), r["residual"].pop("last_gain")
         assert r.pop("max_output_diff") < 1e-4
         if dtype == torch.bfloat16:
             assert r.pop("stored_output_diff") <= r["stored_tolerance"]
@@ -250,7 +253,7 @@ def test_streamed_weight_matching_equals_in_memory(family, dtype, sharded, tmp_p
     want = stored_state(load_model(s), ref.state)
     got = load_model(out).state
     assert set(got) == set(want)
-    assert _weights_close(want, got, dtype) <= 1e-5
+    assert _weights_close(want, got, dtype) <= 3e-5
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2", "bert"])

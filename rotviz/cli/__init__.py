@@ -95,6 +95,10 @@ def _add_match(sub) -> None:
                    help="with --residual: after an FFN solve that moves no unit, hold the FFN "
                         "maps for 1, 2, 4, ... rounds while the others re-solve (cheaper rounds "
                         "on large models, another local optimum: bench/RESULTS.md)")
+    m.add_argument("--plain-rounds", action="store_true",
+                   help="with --residual: the alternation as it was before joint steps on "
+                        "rotation streams (per-layer maps, then one Procrustes step a round; "
+                        "creeps on LLaMA-like streams: docs/solvers.md)")
     m.add_argument("--steps", type=bounded(STEPS), default=None,
                    help=f"with --learned: learned matching steps (default {DEFAULT_STEPS}, "
                         f"at most {STEPS.hi:g})")
@@ -149,7 +153,8 @@ def cmd_match(args: argparse.Namespace) -> int:
     needs("--steps", args.steps is not None, "--learned", args.learned)
     for flag, given in (("--rounds", args.rounds is not None), ("--tol", args.tol is not None),
                         ("--residual-group", args.residual_group is not None),
-                        ("--ffn-backoff", args.ffn_backoff)):
+                        ("--ffn-backoff", args.ffn_backoff),
+                        ("--plain-rounds", args.plain_rounds)):
         needs(flag, given, "--residual (it tunes the residual alternation)", args.residual)
     from rotviz.symmetry.residual import GROUPS
 
@@ -164,6 +169,7 @@ def cmd_match(args: argparse.Namespace) -> int:
         residual_group=args.residual_group or "auto",
         rounds=DEFAULT_ROUNDS if args.rounds is None else args.rounds,
         tol=DEFAULT_TOL if args.tol is None else args.tol, ffn_backoff=args.ffn_backoff,
+        plain_rounds=args.plain_rounds,
         learn=LearnOptions(steps=DEFAULT_STEPS if args.steps is None else args.steps))
     also = [_also_pair(text) for text in args.also or []]
     if also and args.learned:
@@ -244,8 +250,10 @@ def _say_matched(args, options, rep, device, how: str = "") -> None:
     if rep.residual and "rounds" in rep.residual:
         held = rep.residual.get("ffn_held", 0)
         capped = ended_by_cap(rep.residual)
+        joint = rep.residual.get("joint_steps", 0)
         rounds = (f" ({rep.residual['rounds']} alternation rounds"
                   f"{f', {held} holding the FFN maps' if options.ffn_backoff else ''}"
+                  f"{f', {joint} joint steps' if joint else ''}"
                   f"{'; ended by --rounds, still gaining more than --tol' if capped else ''})")
     ran_on = wide_device(device)  # MPS has no float64: the solvers run on the CPU
     where = f"{ran_on}" + (f" ({device} has no float64)" if ran_on != device else "")

@@ -29,13 +29,14 @@ from typing import Protocol
 import torch
 
 from rotviz.errors import RotvizError
+from rotviz.match import joint as jn
 from rotviz.match.distances import distances
 from rotviz.match.layers import match_layers
 from rotviz.match.options import MatchOptions
 from rotviz.match.report import HeadReport, MatchReport, MatchResult
 from rotviz.memo import TensorMemo
 from rotviz.symmetry import residual as rs
-from rotviz.symmetry.actions import LayerTransform
+from rotviz.symmetry.actions import LayerTransform, apply_layer
 from rotviz.symmetry.view import ModelView
 from rotviz.types import Progress
 
@@ -83,6 +84,18 @@ class State(Protocol):
         """Solve the residual map, apply it and return it with the objective after it
         (`settle`: the FFN tensors follow it now rather than lag behind)."""
 
+    def cross(self) -> torch.Tensor:
+        """The residual cross matrix M of the current state (d x d, float64)."""
+
+    def move(self, q: torch.Tensor) -> None:
+        """Turn the stream by `q` (the FFN tensors may lag behind it)."""
+
+    def save(self) -> object:
+        """What `load` needs to come back to the current state."""
+
+    def load(self, saved: object) -> None:
+        """Come back to a state `save` returned."""
+
 
 @dataclass
 class Alternated:
@@ -95,94 +108,259 @@ class Alternated:
     info: dict
 
 
+# A rotation stream's continuous block (rotviz.match.joint) ends when a step gains less than
+# this share of `tol`, or after this many steps.
+BLOCK_TOL, BLOCK_STEPS = 0.1, 30
+RADIUS = 1.0  # the first quasi-Newton step's largest generator (Frobenius norm)
+# A round that moves more than this share of the FFN units takes one plain step: the units
+# follow the stream (measured: docs/solvers.md, "Joint steps on a rotation stream").
+FOLLOW = 0.05
+
+
+def joint_steps(options: MatchOptions, group: str) -> bool:
+    """Whether the alternation takes joint quasi-Newton steps (rotviz.match.joint) on the
+    continuous maps between full rounds: on rotation streams, unless the plain rounds (or the
+    FFN back-off, which belongs to them) are asked for. A permutation stream's map is
+    discrete and its plain rounds converge."""
+    return group != "permutation" and not options.plain_rounds and not options.ffn_backoff
+
+
+class _Run:
+    """The bookkeeping of one alternation: the objective's history, the composed maps and
+    the first round's per-layer reports."""
+
+    def __init__(self, state: State):
+        self.state = state
+        self.history: list[float] = []
+        self.transforms: dict[int, LayerTransform] = {}
+        self.q_total: torch.Tensor | None = None
+        self.first: Step | None = None
+
+    def record(self, value: float) -> None:
+        if not self.history:
+            self.history.append(self.state.initial())
+        self.history.append(value)
+
+    def take(self, step: Step) -> None:
+        """Compose a per-layer step's maps and record its objective."""
+        self.first = self.first or step
+        for i, t in step.transforms.items():
+            self.transforms[i] = self.transforms[i].then(t) if i in self.transforms else t
+        self.record(step.objective)
+
+    def turned(self, q: torch.Tensor) -> None:
+        self.q_total = q if self.q_total is None else self.q_total @ q
+
+
 def alternate(state: State, options: MatchOptions, group: str,
               progress: Progress | None = None,
               on_round: Callable[[int, int], None] | None = None) -> Alternated:
     """The rounds and phases of the alternation (see module) on `state`. `on_round(phase,
     round)` is called after each round (phase 0 without head permutation, 1 with it; rounds
     from 1), while the state holds that round's result."""
-    per_layer = options.ffn or options.attn or options.rescale
     # Head assignments made before the stream is aligned lock in poor choices, so with heads
     # on, a first phase alternates without them until it converges, then a second with them.
     phases = [replace(options, residual=False, heads=False)]
     if options.heads:
         phases.append(replace(options, residual=False))
-    history: list[float] = []
-    q_total: torch.Tensor | None = None
-    transforms: dict[int, LayerTransform] = {}
-    first: Step | None = None
-    rounds: list[int] = []
+    run = _Run(state)
     total = options.rounds * len(phases)
-    # The FFN solve costs the most (an m x m cost matrix per layer). While it moves units it
-    # runs every round; after a solve that moves none it waits 1, then 2, 4, ... rounds
-    # (back to every round once it moves units again), and always runs in the round after
-    # the others settle, which only then may end the phase. Meanwhile the FFN tensors may lag
-    # behind the residual map (the state's business).
-    others = options.attn or options.rescale
-    held = 0
+    rounds: list[int] = []
     converged: list[bool] = []  # per phase: ended by a round gaining < tol (not the cap)
-
-    def record(value: float) -> None:
-        if not history:
-            history.append(state.initial())
-        history.append(value)
-
+    gains: list[float | None] = []  # per phase: its last round's gain / the start
+    held = steps = plain = 0
+    joint = joint_steps(options, group)
     for k, inner in enumerate(phases):
         rounds.append(0)
         converged.append(False)
-        wait_next, waiting = 1, 0
-        for r in range(options.rounds):
-            start = history[-1] if history else None
-            done = k * options.rounds + r
-            full = waiting == 0 or not (options.ffn and others and options.ffn_backoff)
-            held += not full
-            step_options = inner if full else replace(inner, ffn=False)
-            tag = f"round {r + 1}{' (heads)' if k else ''}{'' if full else ' (FFN held)'}"
-            if progress:
-                progress(done, total, f"{tag}: per-layer maps")
-            if per_layer:
-                step = state.layers(step_options, full)
-                if full and options.ffn:  # back off while the units stay put
-                    moved = any(rep.ffn_moved for rep in step.layers)
-                    waiting, wait_next = (0, 1) if moved else (wait_next, 2 * wait_next)
-                elif waiting:
-                    waiting -= 1
-                first = first or step
-                for i, t in step.transforms.items():
-                    transforms[i] = transforms[i].then(t) if i in transforms else t
-                record(step.objective)
-            if progress:
-                progress(done, total, f"{tag}: residual map")
-            q, value = state.turn(group, settle=not options.ffn_backoff)
-            q_total = q if q_total is None else q_total @ q
-            record(value)
-            start = history[0] if start is None else start
+        gains.append(None)
+        phase = _joint_phase if joint else _plain_phase
+        for r, start, counts in phase(run, inner, options, group, k, total, progress):
+            held += counts[0]
+            steps += counts[1]
+            plain += counts[2]
+            start = run.history[0] if start is None else start
             rounds[-1] = r + 1
             if on_round is not None:
                 on_round(k, r + 1)
-            settled = start - history[-1] <= options.tol * history[0]
-            if settled and full:
+            gains[-1] = (start - run.history[-1]) / run.history[0] if run.history[0] else 0.0
+            if gains[-1] <= options.tol and counts[0] == 0:
                 converged[-1] = True
                 break
-            if settled:
-                waiting = 0
     if progress:
         progress(total, total, "done")
-    layers = first.layers if first is not None else []
-    describe(layers, transforms)
+    layers = run.first.layers if run.first is not None else []
+    describe(layers, run.transforms)
+    q_total, history = run.q_total, run.history
     info = {
         "group": group,
         "rounds": sum(rounds),
         "phase_rounds": rounds,  # without head permutation, then with it (when on)
         "converged": converged,  # per phase: False where the round cap ended it
+        # per phase: how it ended ("converged" or "rounds") and its last round's gain, as a
+        # fraction of the starting squared distance
+        "ended": ["converged" if c else "rounds" for c in converged],
+        "last_gain": gains,
         "ffn_held": held,  # rounds that held the FFN maps (options.ffn_backoff)
+        # rotation streams: the continuous block's steps taken (joint quasi-Newton steps and
+        # plain Procrustes steps), rotviz.match.joint
+        "joint_steps": steps,
+        "plain_steps": plain,
         "objective": history,  # squared canonical distance after each step
         "distance_canonical_before": history[0] ** 0.5,
         "distance_canonical_after": history[-1] ** 0.5,
         "angles": rs.angles(q_total, group) if q_total is not None else [],
         "moved": int((q_total.diagonal() < 0.5).sum()) if group == "permutation" else None,
     }
-    return Alternated(transforms, q_total, layers, info)
+    return Alternated(run.transforms, q_total, layers, info)
+
+
+def _plain_phase(run: _Run, inner: MatchOptions, options: MatchOptions, group: str, k: int,
+                 total: int, progress: Progress | None):
+    """The plain rounds of one phase: per-layer maps, then the residual map's Procrustes step.
+    Yields (round, objective before it, (1 if it held the FFN, 0, 0)) after each round; the
+    round counts for the stopping rule only when it solved everything."""
+    state = run.state
+    per_layer = options.ffn or options.attn or options.rescale
+    # The FFN solve costs the most (an m x m cost matrix per layer). While it moves units it
+    # runs every round; after a solve that moves none it waits 1, then 2, 4, ... rounds
+    # (back to every round once it moves units again), and always runs in the round after
+    # the others settle, which only then may end the phase. Meanwhile the FFN tensors may lag
+    # behind the residual map (the state's business).
+    others = options.attn or options.rescale
+    wait_next, waiting = 1, 0
+    for r in range(options.rounds):
+        start = run.history[-1] if run.history else None
+        done = k * options.rounds + r
+        full = waiting == 0 or not (options.ffn and others and options.ffn_backoff)
+        step_options = inner if full else replace(inner, ffn=False)
+        tag = f"round {r + 1}{' (heads)' if k else ''}{'' if full else ' (FFN held)'}"
+        if progress:
+            progress(done, total, f"{tag}: per-layer maps")
+        if per_layer:
+            step = state.layers(step_options, full)
+            if full and options.ffn:  # back off while the units stay put
+                moved = any(rep.ffn_moved for rep in step.layers)
+                waiting, wait_next = (0, 1) if moved else (wait_next, 2 * wait_next)
+            elif waiting:
+                waiting -= 1
+            run.take(step)
+        if progress:
+            progress(done, total, f"{tag}: residual map")
+        q, value = state.turn(group, settle=not options.ffn_backoff)
+        run.turned(q)
+        run.record(value)
+        before = run.history[0] if start is None else start
+        settled = before - run.history[-1] <= options.tol * run.history[0]
+        if settled and not full:
+            waiting = 0
+        yield r, start, (0 if full else 1, 0, 0)
+
+
+def _joint_phase(run: _Run, inner: MatchOptions, options: MatchOptions, group: str, k: int,
+                 total: int, progress: Progress | None):
+    """The rounds of one phase on a rotation stream: every per-layer map (FFN units and heads
+    too), then the continuous block with those held (`_block`). While a round still moves
+    more than FOLLOW of the FFN units, its block is one plain Procrustes step: the units
+    follow the stream, as in the plain rounds. Yields (round, objective before it, (0, joint
+    steps, plain steps)) after each."""
+    state = run.state
+    per_layer = options.ffn or options.attn or options.rescale
+    for r in range(options.rounds):
+        start = run.history[-1] if run.history else None
+        tag = f"round {r + 1}{' (heads)' if k else ''}"
+        if progress:
+            progress(k * options.rounds + r, total, f"{tag}: per-layer maps")
+        moved = 0.0
+        if per_layer:
+            step = state.layers(inner, True)
+            units = sum(len(t.perm) for t in step.transforms.values() if t.perm is not None)
+            moved = sum(rep.ffn_moved for rep in step.layers) / max(units, 1)
+            run.take(step)
+        steps = 1 if moved > FOLLOW else BLOCK_STEPS
+        counts = _block(run, inner, options, group, steps, lambda i, tag=tag, r=r: progress(
+            k * options.rounds + r, total,
+            f"{tag}: {'residual map' if i == 0 else f'joint step {i + 1}'}")
+            if progress else None)
+        yield r, start, (0, *counts)
+
+
+def _block(run: _Run, inner: MatchOptions, options: MatchOptions, group: str, steps: int,
+           tick: Callable[[int], None]) -> tuple[int, int]:
+    """The continuous block with FFN units and heads held (rotviz.match.joint): at most
+    `steps` steps on the residual map, each followed by the per-head maps solved again. A
+    quasi-Newton step (no longer than a trust radius) is kept only when the objective does
+    not go up; otherwise the state goes back and takes the plain Procrustes step, which never
+    raises it, the radius halves and the quasi-Newton memory restarts. The block ends at a
+    step gaining less than BLOCK_TOL of `tol`. Returns the quasi-Newton and plain steps
+    taken."""
+    state = run.state
+    held = replace(inner, ffn=False, heads=False)
+    follow = options.attn or options.rescale  # per-head maps to solve after each step
+    m = state.cross()
+    value = run.history[-1] if run.history else state.initial()
+    frame = jn.Frame.of(group, len(m), m.device)
+    grad = jn.skew(frame.reduce(m))
+    memory = jn.LBFGS()
+    radius = RADIUS
+    counts = [0, 0]
+    for i in range(steps):
+        tick(i)
+        tried = None
+        if memory.pairs:
+            a = memory.direction(grad, jn.Preconditioner.of(frame.reduce(m)))
+            size = float(a.norm())
+            if size > radius:
+                a, size = a * (radius / size), radius
+            saved = state.save()
+            tried = _try(state, frame.lift(jn.cayley(a)), m, value, held, follow)
+            if tried[0] > value:  # it would go up: back, and the plain step
+                state.load(saved)
+                tried = None
+                memory.pairs.clear()
+                radius = 0.5 * size
+            else:
+                radius = max(radius, 2.0 * size)
+        counts[tried is None] += 1
+        if tried is None:
+            q = rs.solve(m, group)
+            a = _generator(frame.reduce(q))
+            tried = _try(state, q, m, value, held, follow)
+        new_value, step, q = tried
+        run.turned(q)
+        if step is not None:
+            run.take(step)
+        else:
+            run.record(new_value)
+        m_new = state.cross()
+        grad_new = jn.skew(frame.reduce(m_new))
+        if a is not None:
+            memory.push(a, grad, grad_new)
+        gain = value - new_value
+        value, m, grad = new_value, m_new, grad_new
+        if gain <= BLOCK_TOL * options.tol * run.history[0]:
+            break
+    return counts[0], counts[1]
+
+
+def _generator(qr: torch.Tensor) -> torch.Tensor | None:
+    """The skew generator A whose Cayley map (rotviz.match.joint.cayley) is the rotation
+    `qr` (reduced coordinates), or None where it has none (a turn by pi)."""
+    eye = torch.eye(len(qr), dtype=qr.dtype, device=qr.device)
+    a = 2.0 * torch.linalg.solve((qr + eye).t(), (qr - eye).t()).t()
+    return a if bool(torch.isfinite(a).all()) and float(a.abs().max()) < 1e6 else None
+
+
+def _try(state: State, q: torch.Tensor, m: torch.Tensor, value: float, held: MatchOptions,
+         follow: bool) -> tuple[float, Step | None, torch.Tensor]:
+    """Turn the stream by `q` and solve the per-head maps again (`follow`): the objective
+    after, their step, and `q`. The turn's own effect follows from `m` exactly."""
+    state.move(q)
+    if follow:
+        step = state.layers(held, False)
+        return step.objective, step, q
+    eye = torch.eye(len(q), dtype=q.dtype, device=q.device)
+    return value + 2.0 * float(((eye - q) * m).sum()), None, q
 
 
 def describe(layers: list[HeadReport], transforms: dict[int, LayerTransform]) -> None:
@@ -226,10 +404,22 @@ class _InMemory:
 
     def __init__(self, anchor: ModelView, source: ModelView):
         self.anc_c, self.gauge = rs.canonicalise(anchor)
+        self.source = source
         self.src_c, _ = rs.canonicalise(source)
         self.memo = TensorMemo()
         self.lazy = _LazyFFN(self.anc_c, self.memo)
         self._initial = objective(self.src_c, self.anc_c, self.memo)
+        # the composed maps, from which the result is rebuilt: the tensors held are turned
+        # at every step, and a hundred joint steps leave float32 roundoff of 1e-5 in them
+        self.maps: dict[int, LayerTransform] = {}
+        self.q: torch.Tensor | None = None
+
+    def _compose(self, transforms: dict[int, LayerTransform]) -> None:
+        for i, t in transforms.items():
+            self.maps[i] = self.maps[i].then(t) if i in self.maps else t
+
+    def _turned(self, q: torch.Tensor) -> None:
+        self.q = q if self.q is None else self.q @ q
 
     def initial(self) -> float:
         return self._initial
@@ -239,28 +429,52 @@ class _InMemory:
             self.src_c = self.lazy.settle(self.src_c)
         step = match_layers(self.anc_c, self.src_c, options, memo=self.memo)
         self.src_c = step.view
+        self._compose(step.transforms)
         return Step(step.transforms, step.report.layers,
                     self.lazy.objective(self.src_c, step.report.after.total ** 2))
 
     def turn(self, group: str, settle: bool) -> tuple[torch.Tensor, float]:
         q = rs.solve(self.lazy.cross(self.src_c), group)
+        self._turned(q)
         if not torch.equal(q, torch.eye(len(q), dtype=q.dtype, device=q.device)):
             self.src_c = self.lazy.turn(self.src_c, q)
             if settle:
                 self.src_c = self.lazy.settle(self.src_c)
         return q, self.lazy.objective(self.src_c, objective(self.src_c, self.anc_c, self.memo))
 
-    def snapshot(self) -> ModelView:
-        """The source as matched so far, in the anchor's gauge, leaving the state as it is
-        (the pending FFN map applied to a new view)."""
-        src, q = self.src_c, self.lazy.pending
-        if q is not None:
-            src = rs.apply_residual(src, q.to(src.blocks[0].attn.wq), check=False, which="ffn")
+    def cross(self) -> torch.Tensor:
+        return self.lazy.cross(self.src_c)
+
+    def move(self, q: torch.Tensor) -> None:
+        self._turned(q)
+        if not torch.equal(q, torch.eye(len(q), dtype=q.dtype, device=q.device)):
+            self.src_c = self.lazy.turn(self.src_c, q)
+
+    def save(self) -> object:
+        # views are never changed in place
+        return self.src_c, self.lazy.pending, dict(self.maps), self.q
+
+    def load(self, saved: object) -> None:
+        self.src_c, self.lazy.pending, maps, self.q = saved  # type: ignore[misc]
+        self.maps = dict(maps)
+
+    def _rebuilt(self) -> ModelView:
+        """The source as matched so far, in the anchor's gauge: the composed maps applied
+        once to its canonical form (as the streamed path does), the state left as it is."""
+        src, _ = rs.canonicalise(self.source)
+        for i, t in sorted(self.maps.items()):
+            src = apply_layer(src, i, t)
+        if self.q is not None:
+            src = rs.apply_residual(src, self.q.to(src.blocks[0].attn.wq), check=False)
         return rs.restore(src, self.gauge)
 
+    def snapshot(self) -> ModelView:
+        """The source as matched so far, in the anchor's gauge, leaving the state as it is."""
+        return self._rebuilt()
+
     def finish(self) -> ModelView:
-        """The matched source, its FFN tensors caught up, in the anchor's gauge."""
-        return rs.restore(self.lazy.settle(self.src_c), self.gauge)
+        """The matched source, in the anchor's gauge."""
+        return self._rebuilt()
 
 
 class _LazyFFN:

@@ -88,11 +88,14 @@ MatchOptions = make_dataclass(
         # with residual: the group (auto = the architecture's, or a subgroup), at most this
         # many alternation rounds per phase, stop when a round gains less than `tol` of the
         # start, and hold the FFN maps for 1, 2, 4, ... rounds after an FFN solve moves no
-        # unit (faster on large models, another local optimum; rotviz.match.alternating)
+        # unit (faster on large models, another local optimum; rotviz.match.alternating);
+        # plain_rounds: the alternation as it was before joint steps on rotation streams
+        # (plain rounds only: per-layer maps, then a Procrustes step; rotviz.match.joint)
         ("residual_group", str, field(default="auto")),
         ("rounds", int, field(default=DEFAULT_ROUNDS)),
         ("tol", float, field(default=DEFAULT_TOL)),
         ("ffn_backoff", bool, field(default=False)),
+        ("plain_rounds", bool, field(default=False)),
         ("learn", LearnOptions, field(default_factory=LearnOptions)),  # with learned
     ],
     bases=(_Options,), frozen=True, kw_only=True,

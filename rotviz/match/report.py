@@ -76,7 +76,7 @@ class MatchReport:
         return {
             "options": {**{s.name: getattr(o, s.name) for s in SYMMETRIES},
                         "residual_group": o.residual_group, "rounds": o.rounds, "tol": o.tol,
-                        "ffn_backoff": o.ffn_backoff,
+                        "ffn_backoff": o.ffn_backoff, "plain_rounds": o.plain_rounds,
                         "layers": list(o.layers) if o.layers is not None else None},
             "distance_before": self.before.to_dict(),
             "distance_after": self.after.to_dict(),

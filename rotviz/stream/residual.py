@@ -246,7 +246,7 @@ class StreamedState:
         self.tick = tick
         self.transforms: dict[int, LayerTransform] = {}  # this rank's blocks, composed
         self.q: Tensor | None = None  # the composed residual map (float64)
-        self.cross: Tensor | None = None  # of the current state (rank 0)
+        self.cross_m: Tensor | None = None  # of the current state (rank 0)
         self.fresh = False  # whether the last pass saw the current state (no turn since)
         self.value = 0.0  # the objective of the current state
         self._initial: float | None = None
@@ -301,7 +301,7 @@ class StreamedState:
         numbers = None
         if self.rest is not None:
             rest_cross, rest_sq = self.rest.at(self.q)
-            self.cross = blocks + rest_cross
+            self.cross_m = blocks + rest_cross
             numbers = (before + rest_sq, after + rest_sq)
         first, self.value = self.group.share(numbers)
         if self._initial is None:
@@ -325,16 +325,35 @@ class StreamedState:
             self._pass(None)
         numbers = None
         if self.rest is not None:
-            assert self.cross is not None
-            q = rs.solve(self.cross, group)
+            assert self.cross_m is not None
+            q = rs.solve(self.cross_m, group)
             eye = torch.eye(len(q), dtype=q.dtype, device=q.device)
-            value = self.value + 2.0 * float(((eye - q) * self.cross).sum())
+            value = self.value + 2.0 * float(((eye - q) * self.cross_m).sum())
             numbers = (q.cpu(), value)
         q, self.value = self.group.share(numbers)
         q = q.to(self.device)
         self.q = q if self.q is None else self.q @ q
-        self.cross, self.fresh = None, False
+        self.cross_m, self.fresh = None, False
         return q, self.value
+
+    def cross(self) -> Tensor:
+        """The cross term of the current state (a pass of its own when it is not fresh), on
+        every rank."""
+        if not self.fresh:
+            self._pass(None)
+        m = self.group.share(None if self.cross_m is None else self.cross_m.cpu())
+        return m.to(self.device)
+
+    def move(self, q: Tensor) -> None:
+        self.q = q if self.q is None else self.q @ q
+        self.cross_m, self.fresh = None, False
+
+    def save(self) -> object:
+        return dict(self.transforms), self.q, self.cross_m, self.fresh, self.value
+
+    def load(self, saved: object) -> None:
+        transforms, self.q, self.cross_m, self.fresh, self.value = saved  # type: ignore[misc]
+        self.transforms = dict(transforms)
 
 
 def match_streamed_residual(
