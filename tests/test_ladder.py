@@ -133,7 +133,9 @@ def test_learned_rung_starts_from_the_rung_before_and_equals_learned_matching(zo
     assert learned["distance"] != act["distance"]
     assert learned["loss"] == pytest.approx(c.loss, abs=1e-6)
     assert learned["barrier"] == pytest.approx(c.barrier, abs=1e-6)
-    assert learned["distance"] == pytest.approx(c.distance_after, abs=1e-6)
+    # float32 roundoff of a distance over every weight: 31.032012 against 31.031994 since the
+    # joint steps build the matched model from the composed maps (loss and barrier stay 1e-6)
+    assert learned["distance"] == pytest.approx(c.distance_after, rel=1e-6)
     assert learned["max_output_diff"] <= 1e-4
     assert act["barrier"] > learned["barrier"] > 0.0
     assert me["kind"] == "self" and me["spec"] == "none"  # no data-free rung: unmatched
