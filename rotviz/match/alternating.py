@@ -34,6 +34,7 @@ from rotviz.match.layers import match_layers
 from rotviz.match.options import MatchOptions
 from rotviz.match.report import HeadReport, MatchReport, MatchResult
 from rotviz.memo import TensorMemo
+from rotviz.memory import release
 from rotviz.symmetry import residual as rs
 from rotviz.symmetry.actions import LayerTransform
 from rotviz.symmetry.view import ModelView
@@ -222,7 +223,13 @@ def match_residual(anchor: ModelView, source: ModelView, options: MatchOptions,
 class _InMemory:
     """Both canonical models held whole. Rounds re-solve subproblems whose tensors often did
     not change (units that stayed put, a residual permutation that came out the identity):
-    a memo makes those look-ups."""
+    a memo makes those look-ups.
+
+    Memory: the source's canonical form is rotviz's own, so a step that replaces its tensors
+    lets the old ones go as it goes (`_settle`, block by block) rather than holding a second
+    copy of every FFN, and each step ends by handing freed heap pages back to the system
+    (rotviz.memory.release): without that, glibc keeps the fragments of every round's
+    copies and the process grew by about a model's size a round (bench/RESULTS.md, `weight`)."""
 
     def __init__(self, anchor: ModelView, source: ModelView):
         self.anc_c, self.gauge = rs.canonicalise(anchor)
@@ -236,19 +243,41 @@ class _InMemory:
 
     def layers(self, options: MatchOptions, full: bool) -> Step:
         if full:
-            self.src_c = self.lazy.settle(self.src_c)
+            self._settle()
         step = match_layers(self.anc_c, self.src_c, options, memo=self.memo)
         self.src_c = step.view
-        return Step(step.transforms, step.report.layers,
-                    self.lazy.objective(self.src_c, step.report.after.total ** 2))
+        out = Step(step.transforms, step.report.layers,
+                   self.lazy.objective(self.src_c, step.report.after.total ** 2))
+        del step
+        release()
+        return out
 
     def turn(self, group: str, settle: bool) -> tuple[torch.Tensor, float]:
         q = rs.solve(self.lazy.cross(self.src_c), group)
         if not torch.equal(q, torch.eye(len(q), dtype=q.dtype, device=q.device)):
             self.src_c = self.lazy.turn(self.src_c, q)
             if settle:
-                self.src_c = self.lazy.settle(self.src_c)
-        return q, self.lazy.objective(self.src_c, objective(self.src_c, self.anc_c, self.memo))
+                self._settle()
+        value = self.lazy.objective(self.src_c, objective(self.src_c, self.anc_c, self.memo))
+        release()
+        return q, value
+
+    def _settle(self) -> None:
+        """The pending map applied to the FFN and norm tensors (`_LazyFFN.settle`), one block
+        at a time: each block's old tensors are freed as its new ones are made, unless
+        something else still holds the old view (it is never changed)."""
+        q = self.lazy.pending
+        if q is None:
+            return
+        blocks = list(self.src_c.blocks)
+        self.src_c = replace(self.src_c, blocks=())
+        q = q.to(blocks[0].attn.wq)
+        for i, blk in enumerate(blocks):
+            one = rs.apply_residual(replace(self.src_c, blocks=(blk,)), q, check=False,
+                                    which="ffn")
+            blocks[i] = one.blocks[0]
+        self.src_c = replace(self.src_c, blocks=tuple(blocks))
+        self.lazy.pending = None
 
     def snapshot(self) -> ModelView:
         """The source as matched so far, in the anchor's gauge, leaving the state as it is
@@ -259,8 +288,14 @@ class _InMemory:
         return rs.restore(src, self.gauge)
 
     def finish(self) -> ModelView:
-        """The matched source, its FFN tensors caught up, in the anchor's gauge."""
-        return rs.restore(self.lazy.settle(self.src_c), self.gauge)
+        """The matched source, its FFN tensors caught up, in the anchor's gauge. The state is
+        spent: the anchor's canonical form and the memo are let go before the source is put
+        back into the anchor's gauge (a copy of the tensors that gauge touches)."""
+        self._settle()
+        src = self.src_c
+        self.src_c = self.anc_c = self.lazy = self.memo = None
+        release()
+        return rs.restore(src, self.gauge)
 
 
 class _LazyFFN:
