@@ -220,6 +220,10 @@ def match_residual(anchor: ModelView, source: ModelView, options: MatchOptions,
     return MatchResult(view, out.transforms, report, residual=out.residual)
 
 
+# layers per match_layers call in a round's per-layer step (_InMemory.layers)
+CHUNK = 4
+
+
 class _InMemory:
     """Both canonical models held whole. Rounds re-solve subproblems whose tensors often did
     not change (units that stayed put, a residual permutation that came out the identity):
@@ -242,15 +246,28 @@ class _InMemory:
         return self._initial
 
     def layers(self, options: MatchOptions, full: bool) -> Step:
+        """The per-layer maps, solved and applied CHUNK layers at a time: each call's new
+        blocks replace the old ones before the next call, so the step holds a few layers'
+        copies rather than a second source. The maps of a layer depend on that layer alone,
+        and the memo serves the distances of the layers done, so the result is the same as
+        one call's."""
         if full:
             self._settle()
-        step = match_layers(self.anc_c, self.src_c, options, memo=self.memo)
-        self.src_c = step.view
-        out = Step(step.transforms, step.report.layers,
-                   self.lazy.objective(self.src_c, step.report.after.total ** 2))
-        del step
+        todo = (options.layers if options.layers is not None
+                else tuple(range(self.src_c.dims.n_layers)))
+        transforms: dict[int, LayerTransform] = {}
+        reports: list[HeadReport] = []
+        after = None
+        for k in range(0, max(len(todo), 1), CHUNK):
+            part = replace(options, layers=tuple(todo[k:k + CHUNK]))
+            step = match_layers(self.anc_c, self.src_c, part, memo=self.memo)
+            self.src_c = step.view
+            transforms.update(step.transforms)
+            reports += step.report.layers
+            after = step.report.after.total
+            del step
         release()
-        return out
+        return Step(transforms, reports, self.lazy.objective(self.src_c, after ** 2))
 
     def turn(self, group: str, settle: bool) -> tuple[torch.Tensor, float]:
         q = rs.solve(self.lazy.cross(self.src_c), group)
