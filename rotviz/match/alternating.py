@@ -35,6 +35,7 @@ from rotviz.match.layers import match_layers
 from rotviz.match.options import MatchOptions
 from rotviz.match.report import HeadReport, MatchReport, MatchResult
 from rotviz.memo import TensorMemo
+from rotviz.memory import release
 from rotviz.symmetry import residual as rs
 from rotviz.symmetry.actions import LayerTransform, apply_layer
 from rotviz.symmetry.view import ModelView
@@ -397,10 +398,20 @@ def match_residual(anchor: ModelView, source: ModelView, options: MatchOptions,
     return MatchResult(view, out.transforms, report, residual=out.residual)
 
 
+# layers per match_layers call in a round's per-layer step (_InMemory.layers)
+CHUNK = 4
+
+
 class _InMemory:
     """Both canonical models held whole. Rounds re-solve subproblems whose tensors often did
     not change (units that stayed put, a residual permutation that came out the identity):
-    a memo makes those look-ups."""
+    a memo makes those look-ups.
+
+    Memory: the source's canonical form is rotviz's own, so a step that replaces its tensors
+    lets the old ones go as it goes (`_settle`, block by block) rather than holding a second
+    copy of every FFN, and each step ends by handing freed heap pages back to the system
+    (rotviz.memory.release): without that, glibc keeps the fragments of every round's
+    copies and the process grew by about a model's size a round (bench/RESULTS.md, `weight`)."""
 
     def __init__(self, anchor: ModelView, source: ModelView):
         self.anc_c, self.gauge = rs.canonicalise(anchor)
@@ -425,13 +436,29 @@ class _InMemory:
         return self._initial
 
     def layers(self, options: MatchOptions, full: bool) -> Step:
+        """The per-layer maps, solved and applied CHUNK layers at a time: each call's new
+        blocks replace the old ones before the next call, so the step holds a few layers'
+        copies rather than a second source. The maps of a layer depend on that layer alone,
+        and the memo serves the distances of the layers done, so the result is the same as
+        one call's."""
         if full:
-            self.src_c = self.lazy.settle(self.src_c)
-        step = match_layers(self.anc_c, self.src_c, options, memo=self.memo)
-        self.src_c = step.view
-        self._compose(step.transforms)
-        return Step(step.transforms, step.report.layers,
-                    self.lazy.objective(self.src_c, step.report.after.total ** 2))
+            self._settle()
+        todo = (options.layers if options.layers is not None
+                else tuple(range(self.src_c.dims.n_layers)))
+        transforms: dict[int, LayerTransform] = {}
+        reports: list[HeadReport] = []
+        after = None
+        for k in range(0, max(len(todo), 1), CHUNK):
+            part = replace(options, layers=tuple(todo[k:k + CHUNK]))
+            step = match_layers(self.anc_c, self.src_c, part, memo=self.memo)
+            self.src_c = step.view
+            transforms.update(step.transforms)
+            reports += step.report.layers
+            after = step.report.after.total
+            del step
+        self._compose(transforms)
+        release()
+        return Step(transforms, reports, self.lazy.objective(self.src_c, after ** 2))
 
     def turn(self, group: str, settle: bool) -> tuple[torch.Tensor, float]:
         q = rs.solve(self.lazy.cross(self.src_c), group)
@@ -439,8 +466,27 @@ class _InMemory:
         if not torch.equal(q, torch.eye(len(q), dtype=q.dtype, device=q.device)):
             self.src_c = self.lazy.turn(self.src_c, q)
             if settle:
-                self.src_c = self.lazy.settle(self.src_c)
-        return q, self.lazy.objective(self.src_c, objective(self.src_c, self.anc_c, self.memo))
+                self._settle()
+        value = self.lazy.objective(self.src_c, objective(self.src_c, self.anc_c, self.memo))
+        release()
+        return q, value
+
+    def _settle(self) -> None:
+        """The pending map applied to the FFN and norm tensors (`_LazyFFN.settle`), one block
+        at a time: each block's old tensors are freed as its new ones are made, unless
+        something else still holds the old view (it is never changed)."""
+        q = self.lazy.pending
+        if q is None:
+            return
+        blocks = list(self.src_c.blocks)
+        self.src_c = replace(self.src_c, blocks=())
+        q = q.to(blocks[0].attn.wq)
+        for i, blk in enumerate(blocks):
+            one = rs.apply_residual(replace(self.src_c, blocks=(blk,)), q, check=False,
+                                    which="ffn")
+            blocks[i] = one.blocks[0]
+        self.src_c = replace(self.src_c, blocks=tuple(blocks))
+        self.lazy.pending = None
 
     def cross(self) -> torch.Tensor:
         return self.lazy.cross(self.src_c)
@@ -473,7 +519,11 @@ class _InMemory:
         return self._rebuilt()
 
     def finish(self) -> ModelView:
-        """The matched source, in the anchor's gauge."""
+        """The matched source, in the anchor's gauge (`_rebuilt`: the composed maps applied
+        once). The state is spent: the canonical forms, the lazy FFN state and the memo are let
+        go first, so that the rebuilt copy does not sit beside them."""
+        self.src_c = self.anc_c = self.lazy = self.memo = None
+        release()
         return self._rebuilt()
 
 
