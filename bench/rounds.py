@@ -25,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from bench.results import RESULTS, default_pair_on_test, machine, write_section  # noqa: E402
-from rotviz.analysis.landscape import interpolate  # noqa: E402
+from rotviz.analysis.landscape import curve_on, interpolate  # noqa: E402
+from rotviz.match.endpoints import match_endpoints  # noqa: E402
 from rotviz.match.options import MatchOptions  # noqa: E402
-from rotviz.match.pipeline import match_models  # noqa: E402
 
 DEFAULT = MatchOptions(heads=True, residual=True)
 
@@ -38,14 +38,15 @@ def row(anchor, source, test, what: str, options: MatchOptions | None) -> str:
         return (f"| {what} | - | - | {c.distance_before:.3f} | {c.barrier:.3f} | "
                 f"{c.mid_acc:.3f} | - | - |")
     t0 = time.perf_counter()
-    m = match_models(anchor, source, options)
+    ends = match_endpoints(anchor, source, options)
     seconds = time.perf_counter() - t0
-    c = interpolate(anchor, source, test, None, 21, source_state=m.state)
-    res = m.report.residual
+    c = curve_on(ends, test, 21)
+    report = ends.report
+    res = report.residual
     phases = " + ".join(str(r) for r in res["phase_rounds"]) if res else "-"
     canonical = f"{res['distance_canonical_after']:.3f}" if res else "-"
-    return (f"| {what} | {phases} | {canonical} | {m.report.after.total:.3f} | {c.barrier:.3f} | "
-            f"{c.mid_acc:.3f} | {m.report.max_output_diff:.1e} | {seconds:.1f} |")
+    return (f"| {what} | {phases} | {canonical} | {report.after.total:.3f} | {c.barrier:.3f} | "
+            f"{c.mid_acc:.3f} | {report.max_output_diff:.1e} | {seconds:.1f} |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     anchor, source, test = default_pair_on_test()
     a_ref, b_ref = anchor.ref, source.ref
-    match_models(anchor, source, DEFAULT)  # warm-up: solvers loaded outside the timings
+    match_endpoints(anchor, source, DEFAULT)  # warm-up: solvers loaded outside the timings
     rows = [row(anchor, source, test, "none", None),
             row(anchor, source, test, "seed paper (`seed`)", MatchOptions())]
     for cap in (int(x) for x in args.caps.split(",") if x):
