@@ -115,12 +115,14 @@ def test_mergekit_merges_as_rotviz(pairs, tmp_path, row: Row):
                  str(ours), "--mergekit-config", str(config),
                  *(["--max-memory", "0"] if row.at_size else [])]) == 0
     expected = _state(ours)
-    # the matched source written for mergekit is the one `rotviz match` writes (exactly in
-    # memory; streamed, to float32 rounding of the streamed solve)
+    # the matched source written for mergekit is the one `rotviz match` writes, to float32
+    # rounding: streamed, of the streamed solve; in memory, of the loader (`rotviz match` reads
+    # the pair through rotviz.lite, a merge that writes a record's extra files through
+    # transformers: GPT-2's matched weights differ by 3.7e-7, the others' by nothing)
     beside, alone = _state(matched_folder(config)), _state(matched)
     assert beside.keys() == alone.keys()
     off = max((beside[k] - alone[k]).abs().max().item() for k in alone)
-    assert off <= (TOL if row.at_size else 0.0), off
+    assert off <= (TOL if row.at_size else 1e-6), off
     theirs = _mergekit(config, tmp_path / "theirs")
     assert theirs.keys() == expected.keys()
     worst = max((theirs[k].double() - expected[k].double()).abs().max().item() for k in theirs)

@@ -372,7 +372,9 @@ def test_an_earlier_output_given_as_input_is_not_overwritten(ws, capfd):
 def test_a_full_disk_while_safetensors_writes_is_one_line(ws, capfd, monkeypatch):
     """safetensors reports a full disk as its own error type with a Rust debug string (20
     lines of traceback before): one line with the OS's words, nothing left behind. The disk
-    is made full where transformers calls safetensors' writer."""
+    is made full where transformers calls safetensors' writer and where rotviz's own writer
+    of the folders transformers would write (rotviz.sources.plain) calls it."""
+    import safetensors.torch
     import transformers.modeling_utils as mu
     from safetensors import SafetensorError
 
@@ -381,6 +383,7 @@ def test_a_full_disk_while_safetensors_writes_is_one_line(ws, capfd, monkeypatch
                               'StorageFull, message: "No space left on device" })')
 
     monkeypatch.setattr(mu, "safe_save_file", full)
+    monkeypatch.setattr(safetensors.torch, "save_file", full)
     line = refused(["match", A, B, "--out", "o"], capfd, ws, "writing the outputs failed")
     assert line == ("rotviz: error: writing the outputs failed: No space left on device; "
                     "nothing was written")

@@ -29,6 +29,10 @@ def commands(argv: list[str]) -> list[list[str]]:
 
 
 def run(argv: list[str]) -> int:
+    """The commands in turn. A failing one ends the process with its code and the process
+    group left up, as that command alone would end: leaving the group (destroying it) would
+    wait for the peer still inside the failed command's collective, and torchrun, seeing this
+    rank exit, stops that peer."""
     finish = dist.finish
     dist.finish = lambda: None
     try:
@@ -36,10 +40,10 @@ def run(argv: list[str]) -> int:
             code = main(args)
             if code:
                 return code
-        return 0
     finally:
         dist.finish = finish
-        finish()
+    finish()
+    return 0
 
 
 if __name__ == "__main__":

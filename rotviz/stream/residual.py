@@ -395,6 +395,11 @@ def match_streamed_residual(
         if progress:
             progress(now[0], now[1], f"{now[2]}, {message}")
 
+    if group.world > 1 and not options.plain_rounds:
+        # the joint steps' line searches are not yet dealt among torchrun's processes (their
+        # collectives fall out of step and the run hangs): several processes take the plain
+        # rounds, which the report's options then say (docs/solvers.md)
+        options = replace(options, plain_rounds=True)
     state = StreamedState(anchor, source, options, device, group, rest, tick)
     out = alternate(state, options, kind, report_progress)
     parts = group.gather(state.transforms)
