@@ -23,7 +23,6 @@ byte for byte with transformers' own.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
@@ -33,38 +32,17 @@ import torch
 from rotviz.checkpoint import INDEX, SINGLE, Checkpoint
 from rotviz.confine import ANYWHERE, Confined
 from rotviz.errors import RotvizError
+from rotviz.lite import stored_name
 
 Tensor = torch.Tensor
 
 CONFIG, GENERATION = "config.json", "generation_config.json"
 
-# the module's names of ViT's encoder tensors -> the names transformers writes (4.x's)
-_VIT_NAMES = [
-    (re.compile(rf"^vit\.layers\.(\d+)\.{new}\."), rf"vit.encoder.layer.\1.{old}.")
-    for new, old in (
-        (r"attention\.q_proj", "attention.attention.query"),
-        (r"attention\.k_proj", "attention.attention.key"),
-        (r"attention\.v_proj", "attention.attention.value"),
-        (r"attention\.o_proj", "attention.output.dense"),
-        (r"mlp\.fc1", "intermediate.dense"),
-        (r"mlp\.fc2", "output.dense"),
-        (r"(layernorm_before|layernorm_after)", r"\2"),
-    )
-]
 # (architecture, model_type) -> (the tied alias and its owner, or None; whether it generates)
 _COVERED = {
     ("ViTForImageClassification", "vit"): (None, False),
     ("GPT2LMHeadModel", "gpt2"): (("lm_head.weight", "transformer.wte.weight"), True),
 }
-
-
-def stored_name(name: str) -> str:
-    """The name transformers writes for a module tensor name (ViT's encoder: 4.x names)."""
-    for pattern, repl in _VIT_NAMES:
-        new, n = pattern.subn(repl, name)
-        if n:
-            return new
-    return name
 
 
 def _dumps(d: dict) -> str:
