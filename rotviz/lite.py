@@ -13,7 +13,6 @@ ordinary way with `rotviz.models.load_model`: `load_for_eval` never guesses.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rotviz.arch import spec_for
+from rotviz.arch.vit_names import runtime_name
 from rotviz.confine import ANYWHERE, Confined
 from rotviz.devices import SHORT_ATTENTION
 from rotviz.models import (
@@ -259,46 +259,8 @@ def _gpt2_ok(cfg: dict) -> bool:
 
 
 # Checkpoints keep transformers 4.x tensor names on disk (5.x writes them back that way);
-# the modules above use the names of the loaded 5.x module, so states are interchangeable.
-# One table of ViT encoder names, (stored, loaded), read both ways: `runtime_name` on loading,
-# `stored_name` when rotviz.sources.plain writes a folder as transformers would.
-_VIT_NAMES = (
-    ("attention.attention.query", "attention.q_proj"),
-    ("attention.attention.key", "attention.k_proj"),
-    ("attention.attention.value", "attention.v_proj"),
-    ("attention.output.dense", "attention.o_proj"),
-    ("intermediate.dense", "mlp.fc1"),
-    ("output.dense", "mlp.fc2"),
-)
-_NORMS = r"(layernorm_before|layernorm_after)"  # the same name on both sides
-
-
-def _renames(src: str, dst: str, pairs) -> list[tuple[re.Pattern, str]]:
-    """Patterns from `src`-prefixed names of block i to `dst`-prefixed ones."""
-    return [(re.compile(rf"^{re.escape(src)}\.(\d+)\.{a}\."), rf"{dst}.\1.{b}.")
-            for a, b in [*((re.escape(x), y) for x, y in pairs), (_NORMS, r"\2")]]
-
-
-_RENAMES = _renames("vit.encoder.layer", "vit.layers", _VIT_NAMES)
-_STORED = _renames("vit.layers", "vit.encoder.layer", [(b, a) for a, b in _VIT_NAMES])
-
-
-def _renamed(name: str, renames: list[tuple[re.Pattern, str]]) -> str:
-    for pattern, repl in renames:
-        new, n = pattern.subn(repl, name)
-        if n:
-            return new
-    return name
-
-
-def runtime_name(name: str) -> str:
-    """The loaded module's name for a checkpoint tensor name."""
-    return _renamed(name, _RENAMES)
-
-
-def stored_name(name: str) -> str:
-    """The name transformers writes for a module tensor name (ViT's encoder: 4.x names)."""
-    return _renamed(name, _STORED)
+# the modules above use the names of the loaded 5.x module (rotviz.arch.vit_names), so states are
+# interchangeable.
 
 
 def lite_module(config: dict) -> nn.Module | None:

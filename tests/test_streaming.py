@@ -524,32 +524,37 @@ def test_torchrun_commands_equal_one_process_and_a_failing_rank_leaves_nothing(s
 # The peak is the kernel's high-water mark of the child's own address space (VmHWM):
 # getrusage's ru_maxrss would also count this pytest process's resident memory, which the
 # child inherits at the fork (3.4 GB reported for a 0.01 GB child of a 2.8 GB parent). BASE is
-# the resident size before each match, once torch, transformers and rotviz are imported. One
-# child runs the matches (one import instead of one per match): between them, glibc's
-# malloc_trim hands the memory the last match freed back to the kernel (so that a match cannot
-# hide its growth in memory the one before left resident), and writing 5 to
-# /proc/self/clear_refs resets the high-water mark to the resident size.
+# the resident size once torch, transformers and rotviz are imported, before the match.
 PEAK_SCRIPT = """
-import ctypes, sys
+import sys
 import torch, transformers  # noqa: F401
 from rotviz.cli import main
 from rotviz.memory import resident_now, resident_peak
-libc = ctypes.CDLL("libc.so.6")
-for argv in " ".join(sys.argv[1:]).split(" --next "):
-    libc.malloc_trim(0)
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    base = resident_now()
-    assert main(argv.split()) == 0
-    print("PEAK", resident_peak(), "BASE", base, flush=True)
+base = resident_now()
+rc = main(sys.argv[1:])
+print("PEAK", resident_peak(), "BASE", base, flush=True)
+sys.exit(rc)
 """
 
 
-def _pair(tmp_path, layers: int):
-    """A random LLaMA-layout pair of `layers` layers in bfloat16 shards."""
+def _working_set(tmp_path, layers: int) -> tuple[int, int]:
+    """(memory the streamed match of a random LLaMA-layout pair of `layers` layers used above
+    its imports, what matching the pair in memory needs)."""
+    from rotviz.stream.blocks import pair_bytes_in_memory
+
     sizes = dict(layers=layers, d=1024, heads=16, ffn=2816, vocab=8000, kv_heads=4)
-    return (save_random_sharded("llama", tmp_path / f"a{layers}", seed=0, shards=4, **sizes),
-            save_random_sharded("llama", tmp_path / f"s{layers}", seed=1, shards=4, **sizes))
+    a = save_random_sharded("llama", tmp_path / f"a{layers}", seed=0, shards=4, **sizes)
+    s = save_random_sharded("llama", tmp_path / f"s{layers}", seed=1, shards=4, **sizes)
+    out = tmp_path / f"out{layers}"
+    res = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, "match", str(a), str(s),
+                          "--out", str(out), "--max-memory", "0"],
+                         env=_env(), capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    assert "streamed block by block" in res.stdout
+    assert Checkpoint(out).nbytes == Checkpoint(s).nbytes
+    words = res.stdout.split()
+    peak, base = (int(words[words.index(k) + 1]) for k in ("PEAK", "BASE"))
+    return peak - base, pair_bytes_in_memory(str(a), str(s))
 
 
 def test_streaming_memory_does_not_grow_with_depth(tmp_path):
@@ -557,29 +562,10 @@ def test_streaming_memory_does_not_grow_with_depth(tmp_path):
     KV groups, FFN 2816, bfloat16 shards) of 8 layers needs 2.4 GB more than one of 2 layers
     when matched in memory, and its streamed match uses at most 5% of that more memory above
     the imports (the kernel's high-water mark; measured 0.57 GB for 2 layers, 0.55 GB for 8).
-    One process matches a tiny pair first (a warm-up: what the first match of a process pays
-    once, lazy imports and thread pools, is not depth), then the 8-layer pair, then the 2-layer
-    one.
     The peak against the in-memory need at TinyLlama-1.1B, LLaMA-1B and LLaMA-2-7B shapes is
     measured by bench/stream.py."""
-    from rotviz.stream.blocks import pair_bytes_in_memory
-
-    tiny = dict(layers=1, d=64, heads=4, ffn=128, vocab=100, kv_heads=2)
-    warm = [save_random_sharded("llama", tmp_path / f"w{i}", seed=i, shards=2, **tiny)
-            for i in range(2)]
-    pairs = {n: _pair(tmp_path, n) for n in (8, 2)}
-    runs = [" ".join(["match", str(a), str(s), "--out", str(tmp_path / f"out{n}"),
-                      "--max-memory", "0"]) for n, (a, s) in [(0, warm), *pairs.items()]]
-    res = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, " --next ".join(runs)],
-                         env=_env(), capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr
-    assert res.stdout.count("streamed block by block") == 3, res.stdout
-    words = res.stdout.split()
-    used = [int(words[i + 1]) - int(words[i + 3]) for i, w in enumerate(words) if w == "PEAK"]
-    large, small = used[1:]
-    large_need, small_need = (pair_bytes_in_memory(str(a), str(s)) for a, s in pairs.values())
-    for n, (_, s) in pairs.items():
-        assert Checkpoint(tmp_path / f"out{n}").nbytes == Checkpoint(s).nbytes
+    small, small_need = _working_set(tmp_path, 2)
+    large, large_need = _working_set(tmp_path, 8)
     assert large_need - small_need > 2.0e9
     assert large - small < 0.05 * (large_need - small_need), (small, large)
     assert large < 0.25 * large_need, (large, large_need)

@@ -29,10 +29,10 @@ from pathlib import Path
 
 import torch
 
+from rotviz.arch.vit_names import stored_name
 from rotviz.checkpoint import INDEX, SINGLE, Checkpoint
 from rotviz.confine import ANYWHERE, Confined
 from rotviz.errors import RotvizError
-from rotviz.lite import stored_name
 
 Tensor = torch.Tensor
 
