@@ -57,6 +57,33 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
+# Parameters in a pair (both models) below which its matching runs on one CPU thread. A small
+# pair's solvers make many small operations, each too short for two threads to gain what their
+# meeting at its end costs: weight matching on the default pair takes 4.9 CPU s on one thread
+# and 7.6 on two (bench/RESULTS.md `ladder`). One count for every caller (the command line, the
+# app, the gallery, the tests) also means one answer: the alternation's choices follow the
+# last bits of its sums, which the thread count can change (the default pair's weight barrier:
+# 1.6891 on one thread, 1.6793 on two).
+SMALL_PAIR = 5_000_000
+
+
+def pair_params(*states: Mapping[str, Any]) -> int:
+    """The number of entries in the given state dicts' tensors (the models of a pair)."""
+    return sum(int(t.numel()) for state in states for t in state.values()
+               if hasattr(t, "numel"))
+
+
+@contextmanager
+def threads_for(params: int, device: Any = "cpu") -> Iterator[None]:
+    """One torch thread inside (`one_thread`) for a pair of at most SMALL_PAIR parameters
+    on the CPU; torch's own count otherwise."""
+    if params <= SMALL_PAIR and str(getattr(device, "type", device)).startswith("cpu"):
+        with one_thread():
+            yield
+    else:
+        yield
+
+
 def pick_device(device: str = "auto") -> torch.device:
     """`auto` picks cuda, then mps, then cpu."""
     import torch

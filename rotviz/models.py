@@ -296,6 +296,16 @@ def attends_unfused(module: nn.Module, positions: int | None, device: torch.devi
             and hasattr(module, "set_attn_implementation"))
 
 
+def twin(loaded: Loaded) -> Loaded:
+    """`loaded` on a module of its own: the structure and config copied, every tensor shared
+    (so `state` still shares storage with it), and nothing derived yet. For a thread of its
+    own: functional calls and hooks change a module's attributes while they run, so two
+    threads must never run one module at once."""
+    module = loaded.model
+    memo = {id(t): t for t in (*module.parameters(), *module.buffers())}
+    return replace(loaded, model=copy.deepcopy(module, memo), derived={})
+
+
 def attending_module(loaded: Loaded, positions: int | None, device: torch.device) -> nn.Module:
     """The module `loaded`'s parameter sets run on: the model's own, or, for sequences of at
     most SHORT_ATTENTION positions on the CPU (rotviz.devices), a twin of it that attends

@@ -28,8 +28,9 @@ sentence of the symmetry registry that says why its maps keep the function
 Work shared across rungs: one evaluator (the split on the device once), an evaluation cache
 keyed by the parameters' bytes (alpha = 0 is the anchor itself, bit for bit, on every path;
 align-to-self's path is the anchor at every alpha), learned matching starting from the
-activation rung's match instead of solving it again, and each rung's evaluation overlapping
-the next rungs' matching.
+activation rung's match instead of solving it again, learned matching training on a thread
+of its own (on twins of the two modules) while the main thread solves the data-free rungs,
+and each rung's evaluation overlapping the next rungs' matching.
 
     from rotviz import load_model, measure
     from rotviz.analysis.ladder import LadderPair, ladder
@@ -42,7 +43,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -266,18 +267,21 @@ def ladder(pair: LadderPair, split: Split, points: int = 11, device: str | torch
     point at 0.5), merged_acc, merged_loss, scores of the merge, loss and acc along the path,
     max_output_diff, match_seconds, seconds (its evaluation's).
 
-    Matching runs in the calling thread, rung after rung; each rung's path and merge are
+    Matching runs in the calling thread, rung after rung (the rungs a learned rung starts
+    from first), except learned matching, which trains on a thread of its own, on twins of
+    the pair's modules (rotviz.models.twin), as soon as its start is matched: on the
+    default pair it is half of the ladder's matching. Each rung's path and merge are
     evaluated meanwhile by one worker thread on its own twin of the module, so that the
     evaluation overlaps the next rungs' matching (weight, activation and learned matching
     on a small pair leave a core mostly idle: their small operations gain little from a
-    second thread). Both keep torch's thread count as the caller set it (torch's count is
-    one for the whole process: a worker that lowered it would change the matching's
-    arithmetic, and `rotviz barrier`'s maps are found with the caller's count). Evaluation
+    second thread). On the CPU a small pair's matching runs on one torch thread
+    (rotviz.match.pipeline.match_models, as for `rotviz barrier`), and so does the worker's
+    evaluation (each thread keeps its own count), which gives each its own core. Evaluation
     is deterministic, so the overlap changes no number."""
     from dataclasses import replace
 
     from rotviz.analysis.landscape import check_path, path_points
-    from rotviz.devices import resolve_device
+    from rotviz.devices import pair_params, resolve_device, threads_for
     from rotviz.evaluation import Evaluator
     from rotviz.limits import STEPS
     from rotviz.match.endpoints import from_matched, unmatched
@@ -285,6 +289,7 @@ def ladder(pair: LadderPair, split: Split, points: int = 11, device: str | torch
     from rotviz.match.pipeline import match_models
     from rotviz.match.selection import match_options
     from rotviz.merging.combine import merge_states
+    from rotviz.models import twin
 
     check_path(points, 1, split)
     STEPS.check(steps)
@@ -331,33 +336,65 @@ def ladder(pair: LadderPair, split: Split, points: int = 11, device: str | torch
     def begin() -> None:  # the worker's own module (functional_call swaps its parameters)
         worker["ev"] = ev.twin()
 
+    size = pair_params(anchor.state, source.state)
+
+    def measured(ends, kind: str, rung: dict, match_s: float) -> dict:
+        with threads_for(size, dev):  # the worker's own count, as match_models sets its own
+            return measure(worker["ev"], ends, kind, rung, match_s)
+
     def evaluate_later(ends, kind: str, rung: dict, match_s: float):
-        return pool.submit(lambda: measure(worker["ev"], ends, kind, rung, match_s))
+        return pool.submit(measured, ends, kind, rung, match_s)
+
+    def learn_later(k: int, rung: dict, options, begun):
+        """Learned matching on twins of the pair (own modules, shared tensors: no module is
+        run by two threads at once), its evaluation queued when it ends."""
+        def run():
+            t1 = time.perf_counter()
+            m = match_models(twin(anchor), twin(source), options, dev, None, split, cancel,
+                             begun)
+            if (m.report.learned or {}).get("stopped") == "cancelled":
+                return None
+            ends = from_matched(anchor, source, m, options)
+            return evaluate_later(ends, "rung", rung, time.perf_counter() - t1)
+
+        return learner.submit(run)
 
     stopped = ""
-    pending = []
+    pending: dict[int, Future] = {}
+    learning: dict[int, Future] = {}
     done: dict[str, object] = {}  # data-free matches a learned rung starts from
+    # the matches learned rungs start from first, then the learned rungs (on their own
+    # thread: each trains while the main thread solves the rungs left), then the others
+    kinds = {k: (0 if r["spec"] in starts else 1 if (o := match_options(r["spec"])) is not None
+                 and o.learned else 2) for k, r in enumerate(rungs)}
+    order = sorted(kinds, key=lambda k: (kinds[k], k))
     pool = ThreadPoolExecutor(1, thread_name_prefix="rotviz-ladder", initializer=begin)
+    learner = ThreadPoolExecutor(1, thread_name_prefix="rotviz-ladder-learn")
     try:
-        for k, rung in enumerate(rungs):
+        for n, k in enumerate(order):
+            rung = rungs[k]
             if progress:
-                progress(k, total, f"{rung['words']}: matching")
+                progress(n, total, f"{rung['words']}: matching")
             t1 = time.perf_counter()
             options = match_options(rung["spec"])
             if options is None:
                 ends = unmatched(anchor, source)
+            elif options.learned:
+                options = replace(options, learn=LearnOptions(steps=steps))
+                learning[k] = learn_later(k, rung, options, done.get(_start_of(options) or ""))
+                continue
             else:
-                if options.learned:
-                    options = replace(options, learn=LearnOptions(steps=steps))
-                m = match_models(anchor, source, options, dev, None, split, cancel,
-                                 done.get(_start_of(options) or ""))
-                if (m.report.learned or {}).get("stopped") == "cancelled":
-                    stopped = "cancelled"
-                    break
+                m = match_models(anchor, source, options, dev, None, split, cancel)
                 if rung["spec"] in starts:
                     done[rung["spec"]] = m
                 ends = from_matched(anchor, source, m, options)
-            pending.append(evaluate_later(ends, "rung", rung, time.perf_counter() - t1))
+            pending[k] = evaluate_later(ends, "rung", rung, time.perf_counter() - t1)
+        for k, f in learning.items():
+            later = f.result()
+            if later is None:
+                stopped = "cancelled"
+            else:
+                pending[k] = later
         if not stopped:
             if progress:
                 progress(len(rungs), total, "align-to-self: the anchor matched onto itself")
@@ -368,9 +405,10 @@ def ladder(pair: LadderPair, split: Split, points: int = 11, device: str | torch
                                  options))
             me = {"spec": self_spec, "asked": self_spec, "words": "align-to-self", "adds": [],
                   "reason": registry.SELF_REASON}
-            pending.append(evaluate_later(ends, SELF, me, time.perf_counter() - t1))
-        out = [f.result() for f in pending]
+            pending[len(rungs)] = evaluate_later(ends, SELF, me, time.perf_counter() - t1)
+        out = [pending[k].result() for k in sorted(pending)]
     finally:
+        learner.shutdown(wait=True, cancel_futures=True)
         pool.shutdown(wait=True, cancel_futures=True)
     if progress and not stopped:
         progress(total, total, "done")

@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rotviz.gallery.registry import Entry, Pair, read_table
-
-SMALL_PAIR = 5_000_000  # parameters in the pair: below this, one CPU thread is fastest
 
 
 @dataclass
@@ -61,7 +58,7 @@ def make(selected: Sequence[Entry], pair: Pair, device: Any = "cpu",
     """Every entry of `selected` made on `pair` (the test split of its data); `say` hears a
     line once the inputs are read, then one per run (the measurement's own summary). The
     pair is matched once per SPEC, and the endpoints shared by every entry."""
-    from rotviz.devices import one_thread, resolve_device
+    from rotviz.devices import pair_params, resolve_device, threads_for
     from rotviz.evaluation import split_for
     from rotviz.match.endpoints import match_endpoints
     from rotviz.measures import measure
@@ -73,11 +70,9 @@ def make(selected: Sequence[Entry], pair: Pair, device: Any = "cpu",
     if say is not None:
         say(f"making {len(selected)} figure(s) on {pair.anchor} / {pair.source}, {pair.data} "
             f"{split.split} split ({split.n} examples), {device}")
-    n = sum(t.numel() for t in anchor.state.values()) + sum(
-        t.numel() for t in source.state.values())
     # a small pair's many small operations lose more than they gain on a second thread
     # (a Fisher merge of the default pair on a busy 2-core machine: 1.7 s on one, 65 s on two)
-    threads = one_thread() if device.type == "cpu" and n <= SMALL_PAIR else nullcontext()
+    threads = threads_for(pair_params(anchor.state, source.state), device)
     ends: dict[str, Any] = {}
     out = []
     with threads:

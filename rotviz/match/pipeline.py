@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from rotviz.data import Split
-from rotviz.devices import wide_device
+from rotviz.devices import pair_params, threads_for, wide_device
 from rotviz.match.datamatch import match_with_data
 from rotviz.match.engine import match
 from rotviz.match.options import MatchOptions
@@ -149,6 +149,17 @@ def match_models(
         refuse_narrower(f"[{options.label}] learns from the source's own activations, which "
                         "have its width", "use weight matching (e.g. --match seed or weight)")
     device = wide_device(device)  # the solvers work in float64, which MPS lacks
+    # a small pair matches on one CPU thread, whoever asks (rotviz.devices.SMALL_PAIR: faster,
+    # and the same answer from the command line, the app and the library)
+    with threads_for(pair_params(anchor.state, source.state), device):
+        return _match_models(anchor, source, options, device, progress, data, cancel, start,
+                             narrower)
+
+
+def _match_models(anchor: Loaded, source: Loaded, options: MatchOptions, device: torch.device,
+                  progress: Progress | None, data: str | Split | None,
+                  cancel: Callable[[], bool] | None, start: Matched | None,
+                  narrower: bool) -> Matched:
     va, vs = view_of(anchor, device), view_of(source, device)
     embedding = None
     if narrower:  # into the anchor's width first (rectangular assignment), then as usual
