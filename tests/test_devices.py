@@ -68,10 +68,21 @@ def test_missing_mps_is_a_one_line_error(tmp_path, capsys):
 ], ids=["weight", "learned"])
 def test_matching_asked_for_mps_runs_in_float64_on_the_cpu(options):
     """On a machine without MPS this also shows the request never reaches MPS (moving a
-    model there would fail); on a Mac the results equal the CPU's all the same."""
+    model there would fail); on a Mac the results equal the CPU's all the same. A small pair
+    matches on one CPU thread whatever the caller's count (rotviz.devices.SMALL_PAIR), and
+    the caller's count comes back: the second call is made with two threads, and its answer
+    is the first's, bit for bit."""
     a, b = load_model("zoo:vit-digits-s3"), load_model("zoo:vit-digits-s6")
     on_cpu = match_models(a, b, options, "cpu", data="digits")
-    asked_mps = match_models(a, b, options, "mps", data="digits")
+    seen: list[int] = []
+    torch.set_num_threads(2)
+    try:
+        asked_mps = match_models(a, b, options, "mps",
+                                 lambda *_: seen.append(torch.get_num_threads()), "digits")
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(1)  # the suite's count (tests/conftest.py)
+    assert seen and set(seen) == {1}
     assert set(on_cpu.state) == set(asked_mps.state)
     assert all(torch.equal(on_cpu.state[k], asked_mps.state[k]) for k in on_cpu.state)
     assert asked_mps.report.max_output_diff <= 1e-4
