@@ -412,6 +412,23 @@ def warm_up(s: Setup) -> None:
     threading.Thread(target=work, name="rotviz-warm-up", daemon=True).start()
 
 
+def opening_cards(seed: int = 0, n_eval: int = 0) -> list[dict]:
+    """The Models page's two cards for the pair the app opens on (the sidebar's defaults: the
+    default pair, its card's data, seed 0, the whole test split), computed into the results
+    cache as the page computes them. The launcher's start-up thread calls it before the
+    browser has connected (app_pages/boot.py); a visitor whose URL chose otherwise computes
+    their own. Only for a small pair read whole (as `warm_up`): nothing otherwise."""
+    roots = tuple(str(r) for r in app_roots.model_roots())
+    anchor, source = default_pair(roots)
+    res = AppResources()
+    if not anchor or not source or not 0 < _params_in(res, (anchor, source)) <= SMALL_PAIR \
+            or _sized(anchor, source, 0)[0]:
+        return []
+    data = app_roots.data_of(anchor)
+    return [_compute(res, "card", {"ref": ref, "data": data, "seed": seed, "n_eval": n_eval})
+            for ref in (anchor, source)]
+
+
 def _ready() -> None:
     """Wait for a running warm-up (with a spinner), so this script thread does not import
     the modules the warm-up is importing."""

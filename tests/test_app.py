@@ -28,7 +28,7 @@ from rotviz.devices import device_badge, device_summary
 from rotviz.errors import RotvizError
 from rotviz.random_models import save_random
 
-APP = str(Path(__file__).resolve().parent.parent / "app.py")
+APP = str(Path(__file__).resolve().parent.parent / "app_main.py")  # app.py serves it
 # the Barrier page's charts on its default options (no matching among them)
 LOSS_TITLE = "Loss along the straight path from anchor to source, with and without matching"
 ACC_TITLE = "Accuracy along the straight path from anchor to source, with and without matching"
