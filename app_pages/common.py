@@ -3,13 +3,15 @@
 The computations themselves live in `rotviz.app` (no Streamlit); this file gives them the
 app's caches and locks, shows their progress and lets the user stop them.
 
-- The sidebar (model pair, data, seed, device, presenter mode), bound to the URL; app.py
+- The sidebar (model pair, data, seed, device, presenter mode), bound to the URL; app_main.py
   draws it, then runs the page picked in its `st.navigation`.
 - Caches, one per server process: results (plain data, a copy for each caller), matched
   sources and loaded models (shared, never modified) live in `rotviz.app.cache.ResultCache`s
   keyed by a hash of the configuration; splits are `st.cache_resource`. Results compute
   outside any Streamlit-cached function, so a long computation can show its progress and be
   stopped, and only finished results are stored.
+- Starting up: before the first visitor's run, the launcher's thread (app_pages/boot.py)
+  computes the Models page's cards for the pair the app opens on (`opening_cards`).
 - Warming up: once a page has painted, a background thread imports the engine, loads the
   pair and computes the Barrier page's default curves, for the next page (`warm_up`).
 - Per-model locks: evaluating parameter sets through `torch.func.functional_call` swaps
@@ -248,7 +250,7 @@ def presenting() -> bool:
 
 
 def setup() -> Setup:
-    """The setup the sidebar drew in this run (app.py draws it before the page)."""
+    """The setup the sidebar drew in this run (app_main.py draws it before the page)."""
     _SIZED_SHOWN.set(False)  # a page calls this first: its run shows the at-size note once
     s = st.session_state.get("_setup")
     return s if s is not None else sidebar()
