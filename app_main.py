@@ -20,9 +20,10 @@ import streamlit as st  # noqa: E402
 
 from app_pages import boot  # noqa: E402
 
-# The launcher's start-up thread may be importing the modules below: wait for it, so that two
-# threads never import the same module at once (app_pages/boot.py).
-boot.ready()
+# The launcher's start-up thread may be importing the module below: wait for it, so that two
+# threads never import the same module at once (app_pages/boot.py). The sidebar waits for the
+# rest of its imports (torch) before its device picker.
+boot.ready_frame()
 
 from app_pages import common  # noqa: E402
 

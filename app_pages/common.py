@@ -35,6 +35,7 @@ from typing import Any
 
 import streamlit as st
 
+from app_pages import boot
 from rotviz import app
 from rotviz.app import Progress, cache, specs
 from rotviz.app import export as app_export
@@ -126,8 +127,6 @@ def default_pair(roots: tuple[str, ...]) -> tuple[str, str]:
 
 def sidebar() -> Setup:
     """Draw the sidebar and return the setup. Every widget is mirrored in the URL."""
-    from rotviz.devices import pick_device  # torch, which the device picker needs anyway
-
     sb = st.sidebar
     roots = tuple(str(r) for r in app_roots.model_roots())
     choices = model_choices(roots)
@@ -213,6 +212,9 @@ def sidebar() -> Setup:
     n_eval = int(sb.number_input("Test examples to evaluate (0 = all)", 0, 100_000, 0, step=50,
                                  key="n", bind="query-params"))
     sb.markdown("### Device")
+    boot.ready()  # the launcher's thread is done importing torch (app_pages/boot.py)
+    from rotviz.devices import pick_device  # torch, which the device picker needs anyway
+
     choice = sb.selectbox("Compute on", device_choices(), key="device",
                           bind="query-params", help="auto picks cuda, then mps, then cpu.")
     device = pick_device(choice)
@@ -434,6 +436,7 @@ def opening_cards(seed: int = 0, n_eval: int = 0) -> list[dict]:
 def _ready() -> None:
     """Wait for a running warm-up (with a spinner), so this script thread does not import
     the modules the warm-up is importing."""
+    boot.ready()  # the launcher's start-up thread, likewise
     busy = _WARMING
     if not busy.locked():
         return
