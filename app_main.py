@@ -22,7 +22,7 @@ from app_pages import boot  # noqa: E402
 
 # The launcher's start-up thread may be importing the module below: wait for it, so that two
 # threads never import the same module at once (app_pages/boot.py). The sidebar waits for the
-# rest of its imports (torch) before its device picker.
+# rest of its imports (torch) before its device picker (`before_torch`).
 boot.ready_frame()
 
 from app_pages import common  # noqa: E402
@@ -44,6 +44,6 @@ PAGES = [
 ]
 
 page = st.navigation(PAGES, position="top" if common.presenting() else "sidebar")
-setup = common.sidebar()
+setup = common.sidebar(before_torch=boot.ready)
 common.presenter_style(setup.presenter)
 page.run()

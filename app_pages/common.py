@@ -35,7 +35,6 @@ from typing import Any
 
 import streamlit as st
 
-from app_pages import boot
 from rotviz import app
 from rotviz.app import Progress, cache, specs
 from rotviz.app import export as app_export
@@ -125,8 +124,11 @@ def default_pair(roots: tuple[str, ...]) -> tuple[str, str]:
     return app_roots.default_pair([Path(r) for r in roots])
 
 
-def sidebar() -> Setup:
-    """Draw the sidebar and return the setup. Every widget is mirrored in the URL."""
+def sidebar(before_torch: Callable[[], None] | None = None) -> Setup:
+    """Draw the sidebar and return the setup. Every widget is mirrored in the URL.
+    `before_torch()` runs before the device picker, the first widget that needs torch
+    (app_main.py passes the wait for the launcher's start-up thread, app_pages/boot.py): the
+    widgets above it are drawn, and shown, while torch loads."""
     sb = st.sidebar
     roots = tuple(str(r) for r in app_roots.model_roots())
     choices = model_choices(roots)
@@ -212,7 +214,8 @@ def sidebar() -> Setup:
     n_eval = int(sb.number_input("Test examples to evaluate (0 = all)", 0, 100_000, 0, step=50,
                                  key="n", bind="query-params"))
     sb.markdown("### Device")
-    boot.ready()  # the launcher's thread is done importing torch (app_pages/boot.py)
+    if before_torch is not None:
+        before_torch()
     from rotviz.devices import pick_device  # torch, which the device picker needs anyway
 
     choice = sb.selectbox("Compute on", device_choices(), key="device",
@@ -436,7 +439,6 @@ def opening_cards(seed: int = 0, n_eval: int = 0) -> list[dict]:
 def _ready() -> None:
     """Wait for a running warm-up (with a spinner), so this script thread does not import
     the modules the warm-up is importing."""
-    boot.ready()  # the launcher's start-up thread, likewise
     busy = _WARMING
     if not busy.locked():
         return
