@@ -1,41 +1,38 @@
-"""rotviz app: the interactive explorer (`streamlit run app.py`).
+"""rotviz app: the interactive explorer (`streamlit run app.py`, or `rotviz serve`).
 
-This entrypoint draws the shared frame (page config, sidebar, presenter styling) and runs
-the page picked in `st.navigation`. The pages live in app_pages/ (not pages/, a name
-Streamlit would list as pages by itself); app_pages/common.py holds the helpers they share
-and is not a page. The computations are rotviz.app's (no Streamlit).
+This file is the launcher. `streamlit run app.py` finds the `app = st.App(...)` below and
+serves it with uvicorn; the script each visitor runs is app_main.py (the page config, the
+sidebar, the navigation over app_pages/).
+
+Why a launcher: the first script run used to import torch (about 2.4 s of pure Python on a
+CPU machine) and evaluate the pair only once the browser had connected. The lifespan below
+runs as the server starts, before its first request: it starts a background thread
+(app_pages/boot.py) that imports what the first run imports and computes the Models page's
+two cards for the pair the app opens on, while the server finishes starting and the browser
+loads the page. The first run waits for those imports (never importing the same modules
+at once) and finds the cards in the app's result cache, or waits for the one under way.
 """
 
+import contextlib
 import os
+from collections.abc import AsyncIterator
 
+import streamlit as st
+
+from app_pages import boot
 from rotviz.devices import CALM
 
 # OpenMP threads (torch's CPU pool) sleep instead of spinning while they wait
-# (rotviz.devices.CALM says why). Read when torch loads, which no script run has done yet here.
+# (rotviz.devices.CALM says why). Read when torch loads, which nothing has done yet here.
 for key, value in CALM.items():
     os.environ.setdefault(key, value)
 
-import streamlit as st  # noqa: E402
 
-from app_pages import common  # noqa: E402
+@contextlib.asynccontextmanager
+async def lifespan(_app: st.App) -> AsyncIterator[None]:
+    """Start getting the first page ready, and let the server go on starting at once."""
+    boot.start()
+    yield
 
-st.set_page_config(page_title="rotviz", page_icon=":material/360:", layout="wide",
-                   initial_sidebar_state="expanded")
 
-PAGES = [
-    st.Page("app_pages/models.py", title="Models", icon=":material/view_in_ar:", default=True),
-    st.Page("app_pages/match.py", title="Match", icon=":material/join_inner:"),
-    st.Page("app_pages/barrier.py", title="Barrier", icon=":material/show_chart:"),
-    st.Page("app_pages/spectra.py", title="Spectra", icon=":material/equalizer:"),
-    st.Page("app_pages/merge.py", title="Merge", icon=":material/merge:"),
-    st.Page("app_pages/landscape.py", title="Landscape", icon=":material/landscape:"),
-    st.Page("app_pages/training.py", title="Training", icon=":material/timeline:"),
-    st.Page("app_pages/learn.py", title="Learn", icon=":material/school:"),
-    st.Page("app_pages/measure.py", title="Measure", icon=":material/science:"),
-    st.Page("app_pages/gallery.py", title="Gallery", icon=":material/photo_library:"),
-]
-
-page = st.navigation(PAGES, position="top" if common.presenting() else "sidebar")
-setup = common.sidebar()
-common.presenter_style(setup.presenter)
-page.run()
+app = st.App("app_main.py", lifespan=lifespan)

@@ -3,13 +3,15 @@
 The computations themselves live in `rotviz.app` (no Streamlit); this file gives them the
 app's caches and locks, shows their progress and lets the user stop them.
 
-- The sidebar (model pair, data, seed, device, presenter mode), bound to the URL; app.py
+- The sidebar (model pair, data, seed, device, presenter mode), bound to the URL; app_main.py
   draws it, then runs the page picked in its `st.navigation`.
 - Caches, one per server process: results (plain data, a copy for each caller), matched
   sources and loaded models (shared, never modified) live in `rotviz.app.cache.ResultCache`s
   keyed by a hash of the configuration; splits are `st.cache_resource`. Results compute
   outside any Streamlit-cached function, so a long computation can show its progress and be
   stopped, and only finished results are stored.
+- Starting up: before the first visitor's run, the launcher's thread (app_pages/boot.py)
+  computes the Models page's cards for the pair the app opens on (`opening_cards`).
 - Warming up: once a page has painted, a background thread imports the engine, loads the
   pair and computes the Barrier page's default curves, for the next page (`warm_up`).
 - Per-model locks: evaluating parameter sets through `torch.func.functional_call` swaps
@@ -122,10 +124,11 @@ def default_pair(roots: tuple[str, ...]) -> tuple[str, str]:
     return app_roots.default_pair([Path(r) for r in roots])
 
 
-def sidebar() -> Setup:
-    """Draw the sidebar and return the setup. Every widget is mirrored in the URL."""
-    from rotviz.devices import pick_device  # torch, which the device picker needs anyway
-
+def sidebar(before_torch: Callable[[], None] | None = None) -> Setup:
+    """Draw the sidebar and return the setup. Every widget is mirrored in the URL.
+    `before_torch()` runs before the device picker, the first widget that needs torch
+    (app_main.py passes the wait for the launcher's start-up thread, app_pages/boot.py): the
+    widgets above it are drawn, and shown, while torch loads."""
     sb = st.sidebar
     roots = tuple(str(r) for r in app_roots.model_roots())
     choices = model_choices(roots)
@@ -211,6 +214,10 @@ def sidebar() -> Setup:
     n_eval = int(sb.number_input("Test examples to evaluate (0 = all)", 0, 100_000, 0, step=50,
                                  key="n", bind="query-params"))
     sb.markdown("### Device")
+    if before_torch is not None:
+        before_torch()
+    from rotviz.devices import pick_device  # torch, which the device picker needs anyway
+
     choice = sb.selectbox("Compute on", device_choices(), key="device",
                           bind="query-params", help="auto picks cuda, then mps, then cpu.")
     device = pick_device(choice)
@@ -248,7 +255,7 @@ def presenting() -> bool:
 
 
 def setup() -> Setup:
-    """The setup the sidebar drew in this run (app.py draws it before the page)."""
+    """The setup the sidebar drew in this run (app_main.py draws it before the page)."""
     _SIZED_SHOWN.set(False)  # a page calls this first: its run shows the at-size note once
     s = st.session_state.get("_setup")
     return s if s is not None else sidebar()
@@ -410,6 +417,23 @@ def warm_up(s: Setup) -> None:
                 pass
 
     threading.Thread(target=work, name="rotviz-warm-up", daemon=True).start()
+
+
+def opening_cards(seed: int = 0, n_eval: int = 0) -> list[dict]:
+    """The Models page's two cards for the pair the app opens on (the sidebar's defaults: the
+    default pair, its card's data, seed 0, the whole test split), computed into the results
+    cache as the page computes them. The launcher's start-up thread calls it before the
+    browser has connected (app_pages/boot.py); a visitor whose URL chose otherwise computes
+    their own. Only for a small pair read whole (as `warm_up`): nothing otherwise."""
+    roots = tuple(str(r) for r in app_roots.model_roots())
+    anchor, source = default_pair(roots)
+    res = AppResources()
+    if not anchor or not source or not 0 < _params_in(res, (anchor, source)) <= SMALL_PAIR \
+            or _sized(anchor, source, 0)[0]:
+        return []
+    data = app_roots.data_of(anchor)
+    return [_compute(res, "card", {"ref": ref, "data": data, "seed": seed, "n_eval": n_eval})
+            for ref in (anchor, source)]
 
 
 def _ready() -> None:

@@ -50,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-results", action="store_true", help="do not write bench/RESULTS.md")
     args = ap.parse_args(argv)
     t0 = time.time()
-    out = subprocess.run([sys.executable, "-c", CHILD, str(t0), str(REPO / "app.py"), args.device],
+    out = subprocess.run([sys.executable, "-c", CHILD, str(t0), str(REPO / "app_main.py"),
+                          args.device],
                          cwd=REPO, capture_output=True, text=True, check=False)
     if out.returncode != 0:
         print(out.stderr[-3000:], file=sys.stderr)

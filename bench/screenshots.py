@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
                 "until the script is idle and every chart is drawn, so it includes the browser's "
                 "rendering (the server-side share is in app-server-cpu); the Barrier page draws "
                 "its curves as they come in, so the first ones show before the rest are "
-                "computed. Targets: Models page first paint <= 8 s, Barrier first "
+                "computed. Targets: Models page first paint <= 5 s (issue 29), Barrier first "
                 "visit <= 10 s, cached rerun <= 1 s."
                 f"\n\n| step | {heads} |\n|---|" + "---|" * len(runs) + "\n"
                 + load_row + "\n" + rows)

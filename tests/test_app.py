@@ -28,7 +28,7 @@ from rotviz.devices import device_badge, device_summary
 from rotviz.errors import RotvizError
 from rotviz.random_models import save_random
 
-APP = str(Path(__file__).resolve().parent.parent / "app.py")
+APP = str(Path(__file__).resolve().parent.parent / "app_main.py")  # app.py serves it
 # the Barrier page's charts on its default options (no matching among them)
 LOSS_TITLE = "Loss along the straight path from anchor to source, with and without matching"
 ACC_TITLE = "Accuracy along the straight path from anchor to source, with and without matching"
@@ -332,7 +332,8 @@ def test_serve_command(capsys, tmp_path):
     from rotviz.cli.serve import serve_command
 
     cmd = serve_command(8600, "127.0.0.1")
-    assert cmd[1:4] == ["-m", "streamlit", "run"] and Path(cmd[4]) == Path(APP)
+    assert cmd[1:4] == ["-m", "streamlit", "run"]
+    assert Path(cmd[4]) == Path(APP).with_name("app.py")  # the launcher
     assert "--server.port" in cmd and "8600" in cmd and "none" in cmd
     assert main(["serve", "--print-command", "--port", "8600", "--roots", str(tmp_path)]) == 0
     assert "streamlit run" in capsys.readouterr().out
@@ -410,6 +411,40 @@ def test_models_page_evaluates_light_models_then_computes_the_barrier_page_ahead
         want = interpolate(a, b, split, cfg["spec"], points=cfg["params"]["points"])
         assert got["loss"] == want.loss and got["acc"] == want.acc  # bit for bit
         assert got["barrier"] == want.barrier
+
+
+def test_launcher_computes_the_opening_cards_before_the_first_run(pair, monkeypatch):
+    """`streamlit run app.py` serves app.py's st.App (found the way streamlit finds it), whose
+    lifespan starts app_pages/boot.py's thread: it computes the Models page's two cards for
+    the pair the app opens on into the results cache, so the page, opened with the sidebar's
+    defaults, takes both from there; the cards are the library's own (rotviz.app.run on its
+    plain Resources, nothing shared). The page's own warm-up (the next page's curves, on the
+    whole split) is another test's."""
+    from streamlit.web.server.app_discovery import discover_asgi_app
+
+    from app_pages import boot, common
+    from rotviz import app as rapp
+
+    found = discover_asgi_app(Path(APP).with_name("app.py"))
+    assert found.is_asgi_app and found.import_string == "app:app"
+    with common._WARMING, common._AHEAD:  # an earlier page's warm-up is over
+        pass
+    common._stores()["results"].clear()
+    thread = boot.start()
+    assert thread is not None and boot.start() is None  # once per process
+    boot.ready()  # the thread's imports are over
+    thread.join(timeout=120)
+    cfgs = [{"ref": ref, "data": app_roots.data_of(pair[0]), "seed": 0, "n_eval": 0}
+            for ref in pair]
+    assert all(common.is_cached("card", cfg) for cfg in cfgs)
+    monkeypatch.setattr(common, "warm_up", lambda s: None)
+    at = app(n="0")
+    assert at.status[0].label.endswith(", all 2 from the cache (computed earlier with these "
+                                       "settings)"), at.status[0].label
+    cards = [common.compute("card", cfg) for cfg in cfgs]
+    acc = [m.value for m in at.metric if m.label == "test accuracy"]
+    assert acc == [f"{c['acc']:.3f}" for c in cards]
+    assert cards[0] == rapp.run("card", rapp.Resources(), cfgs[0])
 
 
 def test_barrier_page_chart_holds_library_results(pair):

@@ -116,7 +116,7 @@ def test_every_page_in_chromium(server, tmp_path):
     with playwright.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1280, "height": 1600})
-        # A fresh server whose first visitor opens a page directly runs it inside app.py's
+        # A fresh server whose first visitor opens a page directly runs it inside app_main.py's
         # navigation.
         page.goto(f"{server}/spectra?n={N}")
         drawn(page)
@@ -264,7 +264,7 @@ def ladder(page, server: str) -> None:
 
 def first_request_is_a_page_url(base: str, page) -> None:
     """A fresh server whose very first request is /barrier with a query string: the visitor
-    gets the real app (app.py's sidebar and navigation, the pages by title) on the Barrier
+    gets the real app (app_main.py's sidebar and navigation, the pages by title) on the Barrier
     page, with the URL and every query parameter kept, and the page computes with them (7
     points on the path)."""
     specs = ["no matching", "FFN + attention + rescale (seed paper)"]  # as the URL has them

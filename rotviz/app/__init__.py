@@ -2,8 +2,9 @@
 Streamlit.
 
 Layers, top to bottom:
-- app.py and app_pages/ (app_pages/common.py: the helpers the pages share): widgets,
-  caches, locks, progress boxes, Stop. The only code that imports streamlit.
+- app.py (the launcher), app_main.py and app_pages/ (app_pages/common.py: the helpers the
+  pages share): widgets, caches, locks, progress boxes, Stop. The only code that imports
+  streamlit.
 - rotviz.app (this package) and rotviz.plots: the app's computations as plain data in,
   plain data out (`compute`, re-exported here), and its modules named for what they hold:
   `roots` (where models and data may come from), `cache` (the result cache and the

@@ -1,0 +1,49 @@
+"""rotviz app: the script each visitor runs (app.py, the launcher, serves it).
+
+This script draws the shared frame (page config, sidebar, presenter styling) and runs
+the page picked in `st.navigation`. The pages live in app_pages/ (not pages/, a name
+Streamlit would list as pages by itself); app_pages/common.py holds the helpers they share
+and is not a page. The computations are rotviz.app's (no Streamlit).
+"""
+
+import os
+
+from rotviz.devices import CALM
+
+# OpenMP threads (torch's CPU pool) sleep instead of spinning while they wait
+# (rotviz.devices.CALM says why). Read when torch loads. The launcher (app.py) sets it before
+# anything loads torch; here for a run of this script alone (streamlit's AppTest).
+for key, value in CALM.items():
+    os.environ.setdefault(key, value)
+
+import streamlit as st  # noqa: E402
+
+from app_pages import boot  # noqa: E402
+
+# The launcher's start-up thread may be importing the module below: wait for it, so that two
+# threads never import the same module at once (app_pages/boot.py). The sidebar waits for the
+# rest of its imports (torch) before its device picker (`before_torch`).
+boot.ready_frame()
+
+from app_pages import common  # noqa: E402
+
+st.set_page_config(page_title="rotviz", page_icon=":material/360:", layout="wide",
+                   initial_sidebar_state="expanded")
+
+PAGES = [
+    st.Page("app_pages/models.py", title="Models", icon=":material/view_in_ar:", default=True),
+    st.Page("app_pages/match.py", title="Match", icon=":material/join_inner:"),
+    st.Page("app_pages/barrier.py", title="Barrier", icon=":material/show_chart:"),
+    st.Page("app_pages/spectra.py", title="Spectra", icon=":material/equalizer:"),
+    st.Page("app_pages/merge.py", title="Merge", icon=":material/merge:"),
+    st.Page("app_pages/landscape.py", title="Landscape", icon=":material/landscape:"),
+    st.Page("app_pages/training.py", title="Training", icon=":material/timeline:"),
+    st.Page("app_pages/learn.py", title="Learn", icon=":material/school:"),
+    st.Page("app_pages/measure.py", title="Measure", icon=":material/science:"),
+    st.Page("app_pages/gallery.py", title="Gallery", icon=":material/photo_library:"),
+]
+
+page = st.navigation(PAGES, position="top" if common.presenting() else "sidebar")
+setup = common.sidebar(before_torch=boot.ready)
+common.presenter_style(setup.presenter)
+page.run()

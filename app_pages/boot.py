@@ -1,0 +1,85 @@
+"""Getting the first page ready while the server starts (this file is not a page).
+
+The launcher (app.py) calls `start` from its lifespan, before the server answers its first
+request. A daemon thread then imports what the first script run imports (the app's helpers,
+then torch, the Models page's modules and plotly) and computes the Models page's two cards
+for the pair the app opens on into the app's result cache (`common.opening_cards`). The
+browser loads the page meanwhile. Its first run waits for the helpers' imports
+(`ready_frame`, in app_main.py: they load no torch) and draws the navigation and the
+sidebar's pair and data while torch loads, so the browser renders them meanwhile; it waits
+for the rest (`ready`) before the sidebar's device picker, the first thing that needs torch.
+So two threads never import the same modules at once. The page then finds the cards cached,
+or waits for the one under way (a result cache computes each key once).
+
+A failure leaves nothing behind: an import that fails is not kept in sys.modules, a card that
+fails is not cached, and the page then computes as it would have and says what went wrong.
+Process state (one thread per server process) lives here, in app_pages: rotviz/ keeps none.
+This module imports nothing heavy itself: the launcher imports it before the server starts.
+"""
+
+from __future__ import annotations
+
+import threading
+
+# Held from `start` until the thread has imported app_pages.common (`ready_frame` waits), and
+# until all its imports are over, done or failed (`ready` waits).
+_FRAME = threading.Lock()
+_IMPORTING = threading.Lock()
+_STARTED = threading.Event()  # one start-up per process
+
+
+def start() -> threading.Thread | None:
+    """Start the start-up thread (once per process); None when it ran already."""
+    if _STARTED.is_set():
+        return None
+    _STARTED.set()
+    _FRAME.acquire()
+    _IMPORTING.acquire()
+    thread = threading.Thread(target=_work, name="rotviz-start-up", daemon=True)
+    try:
+        thread.start()
+    except BaseException:
+        _FRAME.release()
+        _IMPORTING.release()
+        raise
+    return thread
+
+
+def _work() -> None:
+    try:
+        try:
+            from app_pages import common  # the first run's own imports, in its order
+        finally:
+            _FRAME.release()
+        _import_first_run()
+    except Exception:  # noqa: BLE001 - the first run imports again and reports what fails
+        return
+    finally:
+        _IMPORTING.release()
+    try:
+        common.opening_cards()
+    except Exception:  # noqa: BLE001 - the Models page computes them again and reports it
+        pass
+
+
+def _import_first_run() -> None:
+    """What app_main.py, the sidebar and the Models page import beyond app_pages.common:
+    torch (through the device picker), the page's engine names and plotly's figures."""
+    import plotly.graph_objects  # noqa: F401
+
+    from rotviz.app import summaries  # noqa: F401
+    from rotviz.devices import pick_device  # noqa: F401
+    from rotviz.match.pipeline import FUNCTION_TOLERANCE  # noqa: F401
+    from rotviz.plots import style  # noqa: F401
+
+
+def ready_frame() -> None:
+    """Wait until the start-up thread has imported app_pages.common (at once when none runs)."""
+    with _FRAME:
+        pass
+
+
+def ready() -> None:
+    """Wait until the start-up thread's imports are over (at once when none runs)."""
+    with _IMPORTING:
+        pass
