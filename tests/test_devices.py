@@ -63,7 +63,7 @@ def test_missing_mps_is_a_one_line_error(tmp_path, capsys):
 
 @pytest.mark.parametrize("options", [
     MatchOptions(heads=True, residual=True, rounds=3),
-    MatchOptions(residual=True, learned=True,
+    MatchOptions(residual=True, learned=True, rounds=3,
                  learn=LearnOptions(steps=4, eval_every=2, batch_size=16, val_points=3)),
 ], ids=["weight", "learned"])
 def test_matching_asked_for_mps_runs_in_float64_on_the_cpu(options):
