@@ -14,18 +14,16 @@ at once) and finds the cards in the app's result cache, or waits for the one und
 """
 
 import contextlib
-import os
 from collections.abc import AsyncIterator
 
 import streamlit as st
 
 from app_pages import boot
-from rotviz.devices import CALM
+from rotviz.devices import calm_before_torch
 
 # OpenMP threads (torch's CPU pool) sleep instead of spinning while they wait
 # (rotviz.devices.CALM says why). Read when torch loads, which nothing has done yet here.
-for key, value in CALM.items():
-    os.environ.setdefault(key, value)
+calm_before_torch()
 
 
 @contextlib.asynccontextmanager

@@ -6,15 +6,12 @@ Streamlit would list as pages by itself); app_pages/common.py holds the helpers 
 and is not a page. The computations are rotviz.app's (no Streamlit).
 """
 
-import os
-
-from rotviz.devices import CALM
+from rotviz.devices import calm_before_torch
 
 # OpenMP threads (torch's CPU pool) sleep instead of spinning while they wait
 # (rotviz.devices.CALM says why). Read when torch loads. The launcher (app.py) sets it before
 # anything loads torch; here for a run of this script alone (streamlit's AppTest).
-for key, value in CALM.items():
-    os.environ.setdefault(key, value)
+calm_before_torch()
 
 import streamlit as st  # noqa: E402
 

@@ -20,7 +20,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the app sets it (app.py)
+from rotviz.devices import calm_before_torch  # noqa: E402
+
+calm_before_torch()  # as the command line and the app do
 
 import torch  # noqa: E402
 

@@ -24,8 +24,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the app sets it (app.py): under load,
-# spinning OpenMP threads made 80 steps at 2 threads cost 138 CPU s instead of 9
+from rotviz.devices import calm_before_torch  # noqa: E402
+
+calm_before_torch()  # as the command line and the app do: under load, spinning OpenMP
+# threads made 80 steps at 2 threads cost 138 CPU s instead of 9
 
 import torch  # noqa: E402
 

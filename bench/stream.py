@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     from rotviz.checkpoint import Checkpoint
     from rotviz.memory import available_memory
     from rotviz.random_models import save_random_sharded
-    from rotviz.stream.blocks import IN_MEMORY_FACTOR
+    from rotviz.stream.need import IN_MEMORY_FACTOR
 
     limit = (args.in_memory_up_to * 1e9 if args.in_memory_up_to is not None
              else 0.9 * (available_memory() or 0))

@@ -40,6 +40,19 @@ def mps_available() -> bool:
 CALM = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
+def calm_before_torch() -> None:
+    """Put CALM's settings into this process's environment, each unless already set, while
+    torch has not loaded yet (OpenMP reads them once, when it loads; after that they would
+    change nothing). For the command line, the app and the benchmarks, which own their
+    process."""
+    import sys
+
+    if "torch" in sys.modules:
+        return
+    for key, value in CALM.items():
+        os.environ.setdefault(key, value)
+
+
 @contextmanager
 def one_thread() -> Iterator[None]:
     """torch's CPU operations run on this thread alone inside, and on as many threads as

@@ -25,6 +25,7 @@ from rotviz.models import (
     attention_positions,
     forward,
     image_shape,
+    module_copy,
     to_wide,
 )
 from rotviz.sources import call, source_of
@@ -443,8 +444,7 @@ class Evaluator:
         """This evaluator on its own copy of the module's structure (tensors shared), for a
         thread of its own."""
         other = copy.copy(self)
-        memo = {id(t): t for t in (*self.module.parameters(), *self.module.buffers())}
-        other.module = copy.deepcopy(self.module, memo)
+        other.module = module_copy(self.module)
         return other
 
     def scores(self, params: Mapping[str, Tensor]) -> dict[str, float]:

@@ -296,14 +296,19 @@ def attends_unfused(module: nn.Module, positions: int | None, device: torch.devi
             and hasattr(module, "set_attn_implementation"))
 
 
-def twin(loaded: Loaded) -> Loaded:
-    """`loaded` on a module of its own: the structure and config copied, every tensor shared
-    (so `state` still shares storage with it), and nothing derived yet. For a thread of its
-    own: functional calls and hooks change a module's attributes while they run, so two
-    threads must never run one module at once."""
-    module = loaded.model
+def module_copy(module: nn.Module) -> nn.Module:
+    """A copy of `module`'s structure and config that shares every parameter and buffer
+    with it: functional calls and hooks change a module's attributes while they run, so a
+    thread, or another attention implementation, gets a copy of its own."""
     memo = {id(t): t for t in (*module.parameters(), *module.buffers())}
-    return replace(loaded, model=copy.deepcopy(module, memo), derived={})
+    return copy.deepcopy(module, memo)
+
+
+def twin(loaded: Loaded) -> Loaded:
+    """`loaded` on a module of its own (`module_copy`: `state` still shares storage with
+    it), with nothing derived yet. For a thread of its own: two threads must never run one
+    module at once."""
+    return replace(loaded, model=module_copy(loaded.model), derived={})
 
 
 def attending_module(loaded: Loaded, positions: int | None, device: torch.device) -> nn.Module:
@@ -318,8 +323,7 @@ def attending_module(loaded: Loaded, positions: int | None, device: torch.device
     made = loaded.derived.get(id(module))
     if made is not None and made[0] is module:
         return made[1]
-    memo = {id(t): t for t in (*module.parameters(), *module.buffers())}
-    twin = copy.deepcopy(module, memo)
+    twin = module_copy(module)
     try:
         twin.set_attn_implementation("eager")
     except (ValueError, AttributeError, NotImplementedError):

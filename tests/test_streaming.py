@@ -540,7 +540,7 @@ sys.exit(rc)
 def _working_set(tmp_path, layers: int) -> tuple[int, int]:
     """(memory the streamed match of a random LLaMA-layout pair of `layers` layers used above
     its imports, what matching the pair in memory needs)."""
-    from rotviz.stream.blocks import pair_bytes_in_memory
+    from rotviz.stream.need import pair_bytes_in_memory
 
     sizes = dict(layers=layers, d=1024, heads=16, ffn=2816, vocab=8000, kv_heads=4)
     a = save_random_sharded("llama", tmp_path / f"a{layers}", seed=0, shards=4, **sizes)

@@ -345,7 +345,7 @@ def ladder(pair: LadderPair, split: Split, points: int = 11, device: str | torch
     def evaluate_later(ends, kind: str, rung: dict, match_s: float):
         return pool.submit(measured, ends, kind, rung, match_s)
 
-    def learn_later(k: int, rung: dict, options, begun):
+    def learn_later(rung: dict, options, begun):
         """Learned matching on twins of the pair (own modules, shared tensors: no module is
         run by two threads at once), its evaluation queued when it ends."""
         def run():
@@ -381,7 +381,7 @@ def ladder(pair: LadderPair, split: Split, points: int = 11, device: str | torch
                 ends = unmatched(anchor, source)
             elif options.learned:
                 options = replace(options, learn=LearnOptions(steps=steps))
-                learning[k] = learn_later(k, rung, options, done.get(_start_of(options) or ""))
+                learning[k] = learn_later(rung, options, done.get(_start_of(options) or ""))
                 continue
             else:
                 m = match_models(anchor, source, options, dev, None, split, cancel)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 import threading
@@ -24,7 +23,7 @@ from rotviz.cli.args import (
     layers_text,
     reading,
 )
-from rotviz.devices import CALM
+from rotviz.devices import calm_before_torch
 from rotviz.errors import RotvizError
 from rotviz.limits import DEFAULT_ROUNDS, DEFAULT_STEPS, DEFAULT_TOL, ROUNDS, STEPS, TOL
 from rotviz.params import needs
@@ -360,9 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     (exit 130) or SIGTERM (exit 143, 128 + 15 as a shell reports it) leaves no output and no
     temporary behind (rotviz.outputs)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    if "torch" not in sys.modules:  # read once, when torch loads (rotviz.devices.CALM)
-        for key, value in CALM.items():
-            os.environ.setdefault(key, value)
+    calm_before_torch()
     parser = build_parser(argv[0] if argv and not argv[0].startswith("-") else None)
     try:
         args = parser.parse_args(argv)

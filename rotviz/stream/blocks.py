@@ -37,7 +37,6 @@ from rotviz.models import (
 )
 from rotviz.skeleton import BlockStreamed, Provider, Reader, build_meta
 from rotviz.sources import source_of
-from rotviz.stream.need import IN_MEMORY_FACTOR, pair_bytes_in_memory  # noqa: F401 (their home)
 from rotviz.symmetry.actions import LayerTransform, apply_layer
 from rotviz.symmetry.view import (
     Block,
