@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+from pathlib import Path
 from urllib.parse import parse_qs, urlencode, urlparse
 
 import pytest
@@ -54,13 +55,6 @@ def serving(root):
     finally:
         os.killpg(proc.pid, 15)
         proc.wait(timeout=30)
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """The app, on the zoo's default pair when the zoo ships, else on two tiny random ViTs."""
-    with serving(tmp_path_factory.mktemp("browser-roots")) as url:
-        yield url
 
 
 NAV = ["Models", "Match", "Barrier", "Spectra", "Merge", "Landscape", "Training", "Learn",
@@ -114,19 +108,20 @@ def nav_titles(page) -> list[str]:
     return [t.split()[-1] for t in links]  # icon name, then the title
 
 
-def test_every_page_in_chromium(server, tmp_path):
-    with playwright.sync_playwright() as p:
+def test_every_page_then_a_users_classifier_pair_and_csv(tmp_path, monkeypatch):
+    """One fresh server (each costs seconds of CPU) for: its first request, a page URL with a
+    query string (first_request_is_a_page_url); every page on the default pair, which the
+    zoo offers whatever the roots; the ladder and the gallery; the Barrier page's Run; then,
+    acceptance, a user's sequence-classification pair and a CSV under the model root
+    (users_classifier_pair)."""
+    from rotviz.app import roots as app_roots
+
+    root = users_classifier_folder(tmp_path / "user")
+    monkeypatch.setenv(app_roots.ENV_ROOTS, str(root))
+    with serving(tmp_path) as server, playwright.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1280, "height": 1600})
-        # A fresh server whose first visitor opens a page directly runs it inside app_main.py's
-        # navigation.
-        page.goto(f"{server}/spectra?n={N}")
-        drawn(page)
-        page.wait_for_timeout(500)
-        drawn(page)
-        nav = nav_titles(page)
-        assert nav == NAV, nav
-        assert page.locator("h1").first.inner_text().strip() == "Attention spectra"
+        first_request_is_a_page_url(server, page)
         # the sidebar's labels, in the order shown, as `rotviz barrier ANCHOR SOURCE` reads
         anchor = page.get_by_text("Anchor (model 1, stays fixed)")
         source = page.get_by_text("Source (model 2, gets matched)")
@@ -192,6 +187,7 @@ def test_every_page_in_chromium(server, tmp_path):
         shot = tmp_path / "barrier.png"
         page.screenshot(path=str(shot), full_page=True)
         assert shot.stat().st_size > 10_000
+        users_classifier_pair(page, server, root)
         browser.close()
 
 
@@ -288,20 +284,15 @@ def first_request_is_a_page_url(base: str, page) -> None:
     assert lengths == [7, 7], lengths
 
 
-def test_a_fresh_server_then_a_users_classifier_pair_and_csv(tmp_path):
-    """A fresh server's first request is a page URL (first_request_is_a_page_url: the
-    default pair, which the zoo offers whatever the roots); then, acceptance: a user's
-    sequence-classification pair and a CSV under a model root. The Barrier and Merge pages
-    draw curves and bars, with F1 shown. One server for both (each costs seconds of CPU)."""
+def users_classifier_folder(root: Path) -> Path:
+    """A user's model root: two RoBERTa sequence classifiers (seeds 0 and 1) with their
+    WordPiece tokenizer, and a CSV of labelled reviews."""
     import csv
 
     import torch
     from test_tasks import _config, _head_class, _rows
     from test_tokens import _wordpiece
 
-    from rotviz.app import roots as app_roots
-
-    root = tmp_path / "user"
     tok = _wordpiece("<s>", "</s>")
     for seed in (0, 1):
         torch.manual_seed(seed)
@@ -312,41 +303,33 @@ def test_a_fresh_server_then_a_users_classifier_pair_and_csv(tmp_path):
         w = csv.DictWriter(f, ["text", "label"])
         w.writeheader()
         w.writerows({"text": r["text"], "label": r["label"]} for r in _rows(120))
-    old = os.environ.get(app_roots.ENV_ROOTS)
-    os.environ[app_roots.ENV_ROOTS] = str(root)
-    try:
-        with serving(tmp_path) as base, playwright.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            page = browser.new_page(viewport={"width": 1280, "height": 1600})
-            first_request_is_a_page_url(base, page)
-            q = urlencode({"anchor_path": str(root / "cls-0"), "source_path": str(root / "cls-1"),
-                           "data_path": f"csv:{root / 'reviews.csv'}", "b_points": "5",
-                           "g_specs": ["none", "seed"]}, doseq=True)
-            page.goto(f"{base}/barrier?{q}")
-            drawn(page)
-            page.wait_for_timeout(500)
-            drawn(page)
-            assert page.locator("[data-testid='stException']").count() == 0
-            assert page.locator("[data-testid='stAlert']").filter(has_text="error").count() == 0
-            charts = page.locator(".js-plotly-plot")
-            assert "Loss along the straight path" in (charts.first.locator(".gtitle")
-                                                      .text_content() or "")
-            assert page.get_by_text("macro-F1", exact=False).count() >= 2  # one per curve
-            page.goto(f"{base}/merge?{q}")
-            drawn(page)
-            page.wait_for_timeout(500)
-            drawn(page)
-            assert page.locator("[data-testid='stException']").count() == 0
-            titles = [c.locator(".gtitle").text_content() or ""
-                      for c in page.locator(".js-plotly-plot").all()]
-            assert "Merged model macro-F1 per fusion method" in titles, titles
-            f1 = page.locator(".js-plotly-plot").nth(titles.index(
-                "Merged model macro-F1 per fusion method"))
-            assert f1.locator(".barlayer .trace").count() == 2  # none and seed
-            page.screenshot(path=str(tmp_path / "merge-f1.png"), full_page=True)
-            browser.close()
-    finally:
-        if old is None:
-            os.environ.pop(app_roots.ENV_ROOTS, None)
-        else:
-            os.environ[app_roots.ENV_ROOTS] = old
+    return root
+
+
+def users_classifier_pair(page, base: str, root: Path) -> None:
+    """Acceptance: a user's sequence-classification pair and a CSV under a model root. The
+    Barrier and Merge pages draw curves and bars, with F1 shown."""
+    q = urlencode({"anchor_path": str(root / "cls-0"), "source_path": str(root / "cls-1"),
+                   "data_path": f"csv:{root / 'reviews.csv'}", "b_points": "5",
+                   "g_specs": ["none", "seed"]}, doseq=True)
+    page.goto(f"{base}/barrier?{q}")
+    drawn(page)
+    page.wait_for_timeout(500)
+    drawn(page)
+    assert page.locator("[data-testid='stException']").count() == 0
+    assert page.locator("[data-testid='stAlert']").filter(has_text="error").count() == 0
+    charts = page.locator(".js-plotly-plot")
+    assert "Loss along the straight path" in (charts.first.locator(".gtitle")
+                                              .text_content() or "")
+    assert page.get_by_text("macro-F1", exact=False).count() >= 2  # one per curve
+    page.goto(f"{base}/merge?{q}")
+    drawn(page)
+    page.wait_for_timeout(500)
+    drawn(page)
+    assert page.locator("[data-testid='stException']").count() == 0
+    titles = [c.locator(".gtitle").text_content() or ""
+              for c in page.locator(".js-plotly-plot").all()]
+    assert "Merged model macro-F1 per fusion method" in titles, titles
+    f1 = page.locator(".js-plotly-plot").nth(titles.index(
+        "Merged model macro-F1 per fusion method"))
+    assert f1.locator(".barlayer .trace").count() == 2  # none and seed

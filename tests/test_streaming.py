@@ -398,18 +398,24 @@ def test_cli_chooses_streaming_by_memory(sharded, tmp_path, capsys):
 # ---- interruption, processes, memory -------------------------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def signal_pair(tmp_path_factory) -> tuple[Path, Path]:
+    """A LLaMA-layout pair large enough for a signal to land while shards are written (read
+    only: each signal's output goes to its own folder)."""
+    root = tmp_path_factory.mktemp("signal-pair")
+    return tuple(save_random_sharded("llama", root / n, seed=seed, layers=12, d=256, heads=8,
+                                     ffn=1024, vocab=256) for n, seed in (("a", 0), ("s", 1)))
+
+
 @pytest.mark.parametrize(("sig", "code", "words"), [
     (signal.SIGINT, 130, "interrupted; nothing was written"),
     (signal.SIGTERM, 143, "terminated; nothing was written"),
 ], ids=["sigint", "sigterm"])
-def test_a_signal_leaves_nothing(tmp_path, sig, code, words):
+def test_a_signal_leaves_nothing(signal_pair, tmp_path, sig, code, words):
     """Ctrl-C, or SIGTERM (what `timeout` and torchrun send), in the middle of a streamed
     match while it writes shards: exit 130 or 143, no output folder, no temporary sibling;
     the next run writes the output."""
-    a = save_random_sharded("llama", tmp_path / "a", seed=0, layers=12, d=256, heads=8,
-                            ffn=1024, vocab=256)
-    s = save_random_sharded("llama", tmp_path / "s", seed=1, layers=12, d=256, heads=8,
-                            ffn=1024, vocab=256)
+    a, s = signal_pair
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "rotviz", "match", str(a), str(s), "--out", str(out),
            "--max-memory", "0"]
@@ -559,14 +565,14 @@ def _working_set(tmp_path, layers: int) -> tuple[int, int]:
 
 def test_streaming_memory_does_not_grow_with_depth(tmp_path):
     """Streamed matching holds a block at a time: a LLaMA-layout pair (d 1024, 16 heads in 4
-    KV groups, FFN 2816, bfloat16 shards) of 8 layers needs 2.4 GB more than one of 2 layers
+    KV groups, FFN 2816, bfloat16 shards) of 6 layers needs 1.6 GB more than one of 2 layers
     when matched in memory, and its streamed match uses at most 5% of that more memory above
     the imports (the kernel's high-water mark; measured 0.57 GB for 2 layers, 0.55 GB for 8).
     The peak against the in-memory need at TinyLlama-1.1B, LLaMA-1B and LLaMA-2-7B shapes is
     measured by bench/stream.py."""
     small, small_need = _working_set(tmp_path, 2)
-    large, large_need = _working_set(tmp_path, 8)
-    assert large_need - small_need > 2.0e9
+    large, large_need = _working_set(tmp_path, 6)
+    assert large_need - small_need > 1.5e9
     assert large - small < 0.05 * (large_need - small_need), (small, large)
     assert large < 0.25 * large_need, (large, large_need)
 
