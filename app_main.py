@@ -43,4 +43,6 @@ PAGES = [
 page = st.navigation(PAGES, position="top" if common.presenting() else "sidebar")
 setup = common.sidebar(before_torch=boot.ready)
 common.presenter_style(setup.presenter)
+if page.title != "Models":  # the Models page draws the zoo cards' numbers first (models.py)
+    boot.ready()
 page.run()

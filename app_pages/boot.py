@@ -3,13 +3,18 @@
 The launcher (app.py) calls `start` from its lifespan, before the server answers its first
 request. A daemon thread then imports what the first script run imports (the app's helpers,
 then torch, the Models page's modules and plotly) and computes the Models page's two cards
-for the pair the app opens on into the app's result cache (`common.opening_cards`). The
-browser loads the page meanwhile. Its first run waits for the helpers' imports
-(`ready_frame`, in app_main.py: they load no torch) and draws the navigation and the
-sidebar's pair and data while torch loads, so the browser renders them meanwhile; it waits
-for the rest (`ready`) before the sidebar's device picker, the first thing that needs torch.
-So two threads never import the same modules at once. The page then finds the cards cached,
-or waits for the one under way (a result cache computes each key once).
+for the pair the app opens on into the app's result cache (`common.opening_cards`).
+
+The first paint needs no torch on a machine without a GPU: the first run waits for the
+helpers' imports (`ready_frame`, in app_main.py: they load no torch), draws the navigation
+and the sidebar (its device picker asks torch only where a GPU may be present:
+rotviz.devices.surely_cpu_only), and the Models page shows the zoo cards' recorded numbers.
+Meanwhile the thread holds back its torch import (HOLD_S at most), which would otherwise take
+half of the one Python interpreter while the server sends the browser the app and runs that
+first script. The page then says it has painted (`painted`) or, needing torch, waits for
+the thread's imports (`ready`, which also lets the thread go). So two threads never import
+the same modules at once. The page then finds the cards cached, or waits for the one under
+way (a result cache computes each key once).
 
 A failure leaves nothing behind: an import that fails is not kept in sys.modules, a card that
 fails is not cached, and the page then computes as it would have and says what went wrong.
@@ -26,6 +31,12 @@ import threading
 _FRAME = threading.Lock()
 _IMPORTING = threading.Lock()
 _STARTED = threading.Event()  # one start-up per process
+# Set when the first run needs torch (`ready`), or the page is drawn without it (`painted`).
+# Until then, for at most HOLD_S, the thread waits before importing torch: `import torch` is
+# 2-3 s of pure Python, and beside it the server serves the browser the app's files and runs
+# the first script at half speed (the GIL), which put the first paint about 1 s later.
+_GO = threading.Event()
+HOLD_S = 3.0
 
 
 def start() -> threading.Thread | None:
@@ -51,6 +62,7 @@ def _work() -> None:
             from app_pages import common  # the first run's own imports, in its order
         finally:
             _FRAME.release()
+        _GO.wait(HOLD_S)
         _import_first_run()
     except Exception:  # noqa: BLE001 - the first run imports again and reports what fails
         return
@@ -79,7 +91,14 @@ def ready_frame() -> None:
         pass
 
 
+def painted() -> None:
+    """The first run has drawn what it can without torch: the thread may import it now."""
+    _GO.set()
+
+
 def ready() -> None:
-    """Wait until the start-up thread's imports are over (at once when none runs)."""
+    """Wait until the start-up thread's imports are over (at once when none runs), letting
+    it start them now if it is holding back (`painted`)."""
+    _GO.set()
     with _IMPORTING:
         pass

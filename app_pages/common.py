@@ -39,7 +39,14 @@ from rotviz import app
 from rotviz.app import Progress, cache, specs
 from rotviz.app import export as app_export
 from rotviz.app import roots as app_roots
-from rotviz.devices import device_badge, device_choices, device_note, device_summary
+from rotviz.devices import (
+    device_badge,
+    device_choices,
+    device_kind,
+    device_note,
+    device_summary,
+    surely_cpu_only,
+)
 from rotviz.errors import RotvizError
 
 PAIR_NAMES = {"default": "two seeds", "finetuned": "two fine-tunes",
@@ -214,13 +221,11 @@ def sidebar(before_torch: Callable[[], None] | None = None) -> Setup:
     n_eval = int(sb.number_input("Test examples to evaluate (0 = all)", 0, 100_000, 0, step=50,
                                  key="n", bind="query-params"))
     sb.markdown("### Device")
-    if before_torch is not None:
-        before_torch()
-    from rotviz.devices import pick_device  # torch, which the device picker needs anyway
-
+    if before_torch is not None and not surely_cpu_only():
+        before_torch()  # the picker asks torch what this machine has
     choice = sb.selectbox("Compute on", device_choices(), key="device",
                           bind="query-params", help="auto picks cuda, then mps, then cpu.")
-    device = pick_device(choice)
+    device = device_kind(choice)
     sb.markdown(f":material/memory: **{device_badge(device_summary(device))}**")
     note = device_note(device)
     if note:
@@ -241,7 +246,7 @@ def sidebar(before_torch: Callable[[], None] | None = None) -> Setup:
     presenter = sb.toggle("Presenter mode", key="present", bind="query-params",
               help="Wide layout, large fonts, controls hidden. Turn off with the button on top "
                    "or by removing present from the URL.")
-    setup = Setup(anchor or "", source or "", data, seed, n_eval, device.type, bool(presenter),
+    setup = Setup(anchor or "", source or "", data, seed, n_eval, device, bool(presenter),
                   error, bool(acc_fixed), int(budget * 1e9))
     st.session_state["_setup"] = setup
     return setup

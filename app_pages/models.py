@@ -2,9 +2,8 @@
 
 import streamlit as st
 
-from app_pages import common
-from rotviz.app.roots import card_of, short_name
-from rotviz.plots import style
+from app_pages import boot, common
+from rotviz.app.roots import card_of, recorded_card, short_name
 
 s = common.setup()
 st.title("rotviz: the symmetries of transformers")
@@ -19,21 +18,72 @@ st.markdown(
 
 
 def body() -> None:
-    from rotviz.match.pipeline import FUNCTION_TOLERANCE
-
+    # the zoo cards' recorded numbers first, where they apply: checking the pair and the
+    # functional check need torch, which may still be loading (app_pages/boot.py)
+    early = recorded(s) if s.anchor and s.source and not s.error else None
+    top, slot = st.container(), st.empty()  # the progress box, then the cards
+    if early:
+        with slot.container():
+            draw_recorded(early)
+    boot.ready()  # torch: the start-up thread's imports (app_pages/boot.py)
     if not common.require_pair(s):
+        slot.empty()
         return
     if s.sized[0]:  # a card evaluates each model whole
+        slot.empty()
         st.info("The model cards evaluate each model whole, so they are off for a pair read "
                 "block by block. The Barrier page, the Landscape page's slices and the Merge "
                 "page's elementwise methods run on it.", icon=":material/memory:")
         return
+    from rotviz.match.pipeline import FUNCTION_TOLERANCE
+
     cards = {}
-    with common.progress("Checking both models", 2) as step:
+    with top, common.progress("Checking both models", 2) as step:
         for role, ref in (("anchor", s.anchor), ("source", s.source)):
             step(f"evaluating the {role}")
             cards[role] = common.compute("card", {"ref": ref, "data": s.data, "seed": s.seed,
                                                   "n_eval": s.n_eval})
+    with slot.container():
+        draw_cards(cards, FUNCTION_TOLERANCE)
+    rows = [{"role": r, **{k: v for k, v in c.items() if k != "check"},
+             "check_max_output_diff": c["check"]["max_output_diff"],
+             "check_passed": c["check"]["passed"]} for r, c in cards.items()]
+    common.export("models", {"page": "models", **s.base()}, cards, {"models": rows})
+    common.warm_up(s)  # the pair's full models, for the page the user opens next
+
+
+def recorded(s) -> dict[str, dict] | None:
+    """Both zoo cards' recorded test numbers, when the cards are not computed yet and the
+    recorded ones are for these settings (rotviz.app.roots.recorded_card); else None."""
+    cfgs = {role: {"ref": ref, "data": s.data, "seed": s.seed, "n_eval": s.n_eval}
+            for role, ref in (("anchor", s.anchor), ("source", s.source))}
+    if all(common.is_cached("card", c) for c in cfgs.values()):
+        return None
+    out = {role: recorded_card(c["ref"], s.data, s.seed, s.n_eval) for role, c in cfgs.items()}
+    return out if all(out.values()) else None
+
+
+def draw_recorded(early: dict[str, dict]) -> None:
+    """What the zoo cards recorded, shown until the models are evaluated here."""
+    st.info("While the models load: the test accuracy and loss **recorded on each model's zoo "
+            "card** when it was built, on this same test split. The models are evaluated here "
+            "now, with their functional check; these numbers are then replaced by this "
+            "machine's.", icon=":material/history:")
+    for col, (role, card) in zip(st.columns(2), early.items(), strict=True):
+        with col, st.container(border=True):
+            st.subheader(f"{role.capitalize()}: {short_name(card['ref'])}")
+            m = st.columns(2)
+            m[0].metric("test accuracy (recorded)", f"{card['acc']:.3f}",
+                        help=f"fraction of {card['n']} test examples of {s.data} predicted "
+                             f"right, from the zoo card (built {card['built']})")
+            m[1].metric("test loss (recorded)", f"{card['loss']:.3f}",
+                        help="cross-entropy in nats, from the zoo card")
+
+
+def draw_cards(cards: dict[str, dict], tolerance: float) -> None:
+    """Both models' cards, as evaluated here, with their functional checks."""
+    from rotviz.plots import style  # plotly: after the start-up thread's imports (boot.py)
+
     st.success("The two models share one architecture: they can be matched, interpolated "
                "and merged.", icon=":material/check:")
     cols = st.columns(2)
@@ -75,13 +125,8 @@ def body() -> None:
             st.caption("Functional check: a random symmetry (every FFN permuted, every head "
                        f"rotated and rescaled) moved the weights by {chk['distance']:.1f} "
                        "(Euclidean distance), and the outputs by:")
-            common.function_badge(chk["max_output_diff"], FUNCTION_TOLERANCE,
+            common.function_badge(chk["max_output_diff"], tolerance,
                                   "randomly transformed model")
-    rows = [{"role": r, **{k: v for k, v in c.items() if k != "check"},
-             "check_max_output_diff": c["check"]["max_output_diff"],
-             "check_passed": c["check"]["passed"]} for r, c in cards.items()]
-    common.export("models", {"page": "models", **s.base()}, cards, {"models": rows})
-    common.warm_up(s)  # the pair's full models, for the page the user opens next
 
 
 common.guard(body)

@@ -151,8 +151,39 @@ def device_for(device: torch.device) -> torch.device:
 # ---- what the app offers and shows ---------------------------------------------------------
 
 
+# What a GPU that torch could use exposes on Linux and Windows: NVIDIA's driver device nodes
+# (CUDA; a container is given them with the GPU), AMD's compute node (ROCm, which torch calls
+# "cuda") and WSL 2's GPU node. Apple GPUs (MPS) exist only on macOS.
+GPU_NODES = ("/dev/nvidia*", "/proc/driver/nvidia", "/dev/kfd", "/dev/dxg")
+
+
+def surely_cpu_only() -> bool:
+    """True when no GPU torch could use can be on this machine (not macOS, and none of
+    GPU_NODES exists), known without importing torch. `import torch` takes 2-3 s of pure
+    Python on a CPU machine, and the app's device picker comes before its first page: on such
+    a machine it is drawn at once, with the choices torch would give (auto and cpu, auto
+    meaning cpu). False means only that torch must be asked."""
+    import glob
+
+    if platform.system() == "Darwin":
+        return False
+    return not any(glob.glob(pattern) for pattern in GPU_NODES)
+
+
+def device_kind(device: str = "auto") -> str:
+    """The kind of device (cpu, cuda or mps) that `pick_device(device)` gives, with its
+    refusals, without importing torch where `surely_cpu_only` says so."""
+    if not surely_cpu_only():
+        return pick_device(device).type
+    if device in ("auto", "cpu"):
+        return "cpu"
+    return pick_device(device).type  # the same one-line refusal (torch finds no GPU either)
+
+
 def device_choices() -> list[str]:
     """What the device picker offers: auto, cpu, and cuda / mps where present."""
+    if surely_cpu_only():
+        return ["auto", "cpu"]
     import torch
 
     out = ["auto", "cpu"]
@@ -164,12 +195,22 @@ def device_choices() -> list[str]:
 
 
 def device_summary(device: Any) -> dict[str, Any]:
-    """Kind, name and memory (GiB) of a torch device, for the app's badge."""
+    """Kind, name and memory (GiB) of a device (a torch.device, or a string such as "cpu" or
+    "cuda:1"), for the app's badge. The CPU's needs no torch."""
+    if device == "cpu" or getattr(device, "type", None) == "cpu":
+        out: dict[str, Any] = {"kind": "cpu", "name": platform.processor() or platform.machine()
+                               or "CPU", "total_gib": None, "free_gib": None}
+        try:
+            pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+            avail = os.sysconf("SC_AVPHYS_PAGES")
+            out.update(total_gib=pages * size / 2**30, free_gib=avail * size / 2**30)
+        except (ValueError, OSError, AttributeError):
+            pass
+        return out
     import torch
 
     device = torch.device(device)
-    out: dict[str, Any] = {"kind": device.type, "name": device.type, "total_gib": None,
-                           "free_gib": None}
+    out = {"kind": device.type, "name": device.type, "total_gib": None, "free_gib": None}
     if device.type == "cuda":
         idx = device.index or 0
         props = torch.cuda.get_device_properties(idx)
@@ -180,15 +221,6 @@ def device_summary(device: Any) -> dict[str, Any]:
         rec = getattr(getattr(torch, "mps", None), "recommended_max_memory", None)
         if rec is not None:
             out["total_gib"] = rec() / 2**30
-    else:
-        out["name"] = platform.processor() or platform.machine() or "CPU"
-        try:
-            pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
-            avail = os.sysconf("SC_AVPHYS_PAGES")
-            out.update(total_gib=pages * size / 2**30, free_gib=avail * size / 2**30)
-        except (ValueError, OSError, AttributeError):
-            pass
-        out["threads"] = torch.get_num_threads()
     return out
 
 

@@ -445,6 +445,22 @@ def test_launcher_computes_the_opening_cards_before_the_first_run(pair, monkeypa
     acc = [m.value for m in at.metric if m.label == "test accuracy"]
     assert acc == [f"{c['acc']:.3f}" for c in cards]
     assert cards[0] == rapp.run("card", rapp.Resources(), cfgs[0])
+    # before its own cards, a page with nothing cached shows what the zoo cards recorded
+    # for these settings (the same split): the numbers it then computes (tests/test_zoo.py)
+    for cfg, card in zip(cfgs, cards, strict=True):
+        rec = app_roots.recorded_card(cfg["ref"], cfg["data"], 0, 0)
+        assert rec == app_roots.recorded_card(cfg["ref"], cfg["data"], 0, card["n_eval"])
+        assert abs(rec["acc"] - card["acc"]) <= 1e-4 and abs(rec["loss"] - card["loss"]) <= 1e-4
+        assert rec["n"] == card["n_eval"]
+        for other in ({"seed": 1}, {"n_eval": 100}, {"data": "pystdlib"}):
+            asked = {"data": cfg["data"], "seed": 0, "n_eval": 0, **other}
+            assert app_roots.recorded_card(cfg["ref"], **asked) is None, other
+    assert app_roots.recorded_card("zoo:gpt2-pystdlib-s0", "pystdlib", 0, 0) is None  # corpus
+    common._stores()["results"].clear()
+    at = app(n="0")  # computed now: this machine's numbers replace the recorded ones
+    assert [m.value for m in at.metric if m.label == "test accuracy"] == acc
+    assert not [m for m in at.metric if "recorded" in m.label]
+    assert "zoo card** when it was built" not in " ".join(i.value for i in at.info)
 
 
 def test_barrier_page_chart_holds_library_results(pair):

@@ -51,11 +51,18 @@ def engine(refs):
 
 
 def test_importing_rotviz_app_loads_no_engine():
-    """The pages import rotviz.app and its modules before they paint: no torch, transformers
-    or scipy comes with them."""
+    """The pages import rotviz.app and its modules (rotviz.devices among them) before they
+    paint, and a GPU-less machine's device picker asks no torch: no torch, transformers or
+    scipy comes with them."""
     code = ("import sys, rotviz.app, rotviz.app.roots, rotviz.app.cache, rotviz.app.export, "
             "rotviz.devices, rotviz.app.specs, rotviz.app.summaries, rotviz.app.demos, "
             "rotviz.measures, rotviz.merging, rotviz.params\n"
+            "from rotviz import devices\n"  # the sidebar's device picker on a GPU-less machine
+            "if devices.surely_cpu_only():\n"
+            "    assert devices.device_choices() == ['auto', 'cpu']\n"
+            "    assert devices.device_kind('auto') == 'cpu' == devices.device_kind('cpu')\n"
+            "    assert devices.device_summary('cpu')['total_gib'] > 0\n"
+            "rotviz.app.roots.recorded_card('zoo:vit-digits-s3', 'digits', 0, 0)\n"
             "print(sorted(m for m in ('torch', 'transformers', 'scipy', 'streamlit') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,

@@ -5,9 +5,7 @@ there is a one-line error. (No test here needs an accelerator: CI has none.)"""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -96,15 +94,30 @@ def test_the_app_says_where_matching_runs_on_mps():
     assert note is not None and "CPU" in note and "float64" in note
 
 
-def test_importing_the_devices_module_imports_no_torch():
-    """The app's first paint imports rotviz.app, which imports rotviz.devices: torch must
-    load only when a device is asked for."""
-    code = ("import sys, rotviz.devices, rotviz.app; "
-            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         check=True)
-    assert out.stdout.strip() == "[]"
+def test_a_machine_without_gpu_nodes_is_known_without_torch(monkeypatch):
+    """surely_cpu_only (no GPU device node, not macOS) gives the device picker's choices
+    without importing torch (tests/test_app_compute.py checks that it imports none), and they
+    are torch's own; with a GPU node present, torch is asked."""
+    import glob
+
+    from rotviz import devices
+
+    asked = devices.device_choices(), devices.device_kind("auto"), devices.device_kind("cpu")
+    if devices.surely_cpu_only():
+        assert not torch.cuda.is_available() and not devices.mps_available()
+        assert asked == (["auto", "cpu"], "cpu", "cpu")
+    monkeypatch.setattr(glob, "glob", lambda p: ["/dev/nvidia0"] if "nvidia" in p else [])
+    assert not devices.surely_cpu_only()
+    assert (devices.device_choices(), devices.device_kind("auto"),
+            devices.device_kind("cpu")) == asked  # torch's answer
+    monkeypatch.undo()
+    for device in ("cuda", "mps", "tpu"):  # the same one-line refusals either way
+        if device not in asked[0]:
+            with pytest.raises(RotvizError) as e:
+                devices.device_kind(device)
+            with pytest.raises(RotvizError) as f:
+                devices.pick_device(device)
+            assert str(e.value) == str(f.value)
 
 
 @pytest.mark.parametrize("torch_loaded, given, want", [

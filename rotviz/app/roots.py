@@ -164,6 +164,29 @@ def card_of(ref: str) -> dict | None:
         return None
 
 
+def recorded_card(ref: str, data: str, seed: int, n_eval: int) -> dict | None:
+    """The test loss and accuracy the zoo card of `ref` recorded when the model was built,
+    when they are what the Models page computes for (data, seed, n_eval): the card's data,
+    its whole test split drawn with the same seed (n_eval 0, or the split's size), data that
+    is the same on every machine (not a corpus read from this machine's Python, whose card
+    records its fingerprint). None otherwise. The page shows them while torch loads and the
+    model is evaluated again; tests/test_zoo.py checks that every shipped model still gives
+    its card's numbers."""
+    card = card_of(ref) or {}
+    d, test = card.get("data"), card.get("test")
+    if not isinstance(d, Mapping) or not isinstance(test, Mapping):
+        return None
+    n = test.get("n")
+    if (d.get("ref") != data or d.get("split_seed") != seed or d.get("subset", "all") != "all"
+            or d.get("corpus") is not None or not isinstance(n, int) or n_eval not in (0, n)):
+        return None
+    try:
+        return {"ref": ref, "loss": float(test["loss"]), "acc": float(test["acc"]), "n": n,
+                "built": str(card.get("built", ""))}
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def data_of(ref: str, default: str = "digits") -> str:
     """The data a model was trained on, from its card; `default` without one."""
     card = card_of(ref) or {}
