@@ -11,9 +11,9 @@ and the sidebar (its device picker asks torch only where a GPU may be present:
 rotviz.devices.surely_cpu_only), and the Models page shows the zoo cards' recorded numbers.
 Meanwhile the thread holds back its torch import (HOLD_S at most), which would otherwise take
 half of the one Python interpreter while the server sends the browser the app and runs that
-first script. The page then says it has painted (`painted`) or, needing torch, waits for
-the thread's imports (`ready`, which also lets the thread go). So two threads never import
-the same modules at once. The page then finds the cards cached, or waits for the one under
+first script. Once the page has drawn what needs no torch, it waits for the thread's imports
+(`ready`, which also lets the thread go). So two threads never import the same modules at
+once. The page then finds the cards cached, or waits for the one under
 way (a result cache computes each key once).
 
 A failure leaves nothing behind: an import that fails is not kept in sys.modules, a card that
@@ -31,10 +31,10 @@ import threading
 _FRAME = threading.Lock()
 _IMPORTING = threading.Lock()
 _STARTED = threading.Event()  # one start-up per process
-# Set when the first run needs torch (`ready`), or the page is drawn without it (`painted`).
-# Until then, for at most HOLD_S, the thread waits before importing torch: `import torch` is
-# 2-3 s of pure Python, and beside it the server serves the browser the app's files and runs
-# the first script at half speed (the GIL), which put the first paint about 1 s later.
+# Set when the first run needs torch (`ready`), having drawn what needs none. Until then, for
+# at most HOLD_S, the thread waits before importing torch: `import torch` is 2-3 s of pure
+# Python, and beside it the server serves the browser the app's files and runs the first
+# script at half speed (the GIL), which put the first paint about 1 s later.
 _GO = threading.Event()
 HOLD_S = 3.0
 
@@ -91,14 +91,9 @@ def ready_frame() -> None:
         pass
 
 
-def painted() -> None:
-    """The first run has drawn what it can without torch: the thread may import it now."""
-    _GO.set()
-
-
 def ready() -> None:
     """Wait until the start-up thread's imports are over (at once when none runs), letting
-    it start them now if it is holding back (`painted`)."""
+    it start them now if it is holding them back."""
     _GO.set()
     with _IMPORTING:
         pass
