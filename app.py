@@ -17,6 +17,7 @@ import contextlib
 from collections.abc import AsyncIterator
 
 import streamlit as st
+from starlette.middleware import Middleware
 
 from app_pages import boot
 from rotviz.devices import calm_before_torch
@@ -33,4 +34,6 @@ async def lifespan(_app: st.App) -> AsyncIterator[None]:
     yield
 
 
-app = st.App("app_main.py", lifespan=lifespan)
+# The middleware counts the server's HTTP requests: the start-up thread imports torch once the
+# browser has what the first paint needs (app_pages/boot.py).
+app = st.App("app_main.py", lifespan=lifespan, middleware=[Middleware(boot.Requests)])

@@ -25,6 +25,7 @@ This module imports nothing heavy itself: the launcher imports it before the ser
 from __future__ import annotations
 
 import threading
+import time
 
 # Held from `start` until the thread has imported app_pages.common (`ready_frame` waits), and
 # until all its imports are over, done or failed (`ready` waits).
@@ -37,6 +38,49 @@ _STARTED = threading.Event()  # one start-up per process
 # script at half speed (the GIL), which put the first paint about 1 s later.
 _GO = threading.Event()
 HOLD_S = 3.0
+# Then it waits, for at most QUIET_CAP_S more, until the server has answered every HTTP
+# request and heard none for QUIET_S: the browser is still fetching and running the code of
+# the elements it has just been sent (Streamlit's frontend loads each kind's code on first use,
+# in waves: the sidebar's widgets, then the metrics), and the import beside it put the
+# Models page's metrics about 1 s later (measured: first metric 4.0-5.1 s after `streamlit
+# run` with a 0.25 s window, 3.3-4.3 s with 0.6 s). The launcher's middleware (`Requests`)
+# counts the requests.
+QUIET_S, QUIET_CAP_S = 0.6, 2.5
+_REQUESTS = {"open": 0, "last": 0.0}
+_REQUESTS_LOCK = threading.Lock()
+
+
+class Requests:
+    """ASGI middleware (app.py) that counts the server's HTTP requests under way and when the
+    last one ended, for `_quiet` (the websocket is not counted: it stays open)."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope.get("type") != "http":
+            await self.app(scope, receive, send)
+            return
+        with _REQUESTS_LOCK:
+            _REQUESTS["open"] += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            with _REQUESTS_LOCK:
+                _REQUESTS["open"] -= 1
+                _REQUESTS["last"] = time.monotonic()
+
+
+def _quiet() -> None:
+    """Wait until no HTTP request is under way and none ended in the last QUIET_S (at most
+    QUIET_CAP_S)."""
+    end = time.monotonic() + QUIET_CAP_S
+    while time.monotonic() < end:
+        with _REQUESTS_LOCK:
+            idle = _REQUESTS["open"] == 0 and time.monotonic() - _REQUESTS["last"] >= QUIET_S
+        if idle:
+            return
+        time.sleep(0.02)
 
 
 def start() -> threading.Thread | None:
@@ -63,6 +107,7 @@ def _work() -> None:
         finally:
             _FRAME.release()
         _GO.wait(HOLD_S)
+        _quiet()
         _import_first_run()
     except Exception:  # noqa: BLE001 - the first run imports again and reports what fails
         return

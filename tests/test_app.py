@@ -463,6 +463,38 @@ def test_launcher_computes_the_opening_cards_before_the_first_run(pair, monkeypa
     assert "zoo card** when it was built" not in " ".join(i.value for i in at.info)
 
 
+def test_the_start_up_thread_waits_for_the_browsers_requests(monkeypatch):
+    """The launcher's middleware counts the HTTP requests under way (the websocket, open for
+    the whole visit, is not one): the start-up thread's wait for a quiet server (boot._quiet,
+    before it imports torch) ends only once none is under way and none ended for QUIET_S."""
+    import asyncio
+    import threading
+    import time
+
+    from app_pages import boot
+
+    monkeypatch.setattr(boot, "QUIET_S", 0.3)
+    monkeypatch.setattr(boot, "QUIET_CAP_S", 5.0)
+    seen = []
+
+    async def serve(scope, receive, send):
+        seen.append(dict(boot._REQUESTS))
+        await asyncio.sleep(0.3)
+
+    mw = boot.Requests(serve)
+    asyncio.run(mw({"type": "websocket"}, None, None))
+    assert seen[-1]["open"] == 0
+    waited = []
+    asyncio.run(mw({"type": "http"}, None, None))  # a request that has just ended
+    thread = threading.Thread(target=lambda: (boot._quiet(), waited.append(time.monotonic())))
+    thread.start()
+    asyncio.run(mw({"type": "http"}, None, None))  # and one more under way
+    thread.join(timeout=10)
+    assert seen[-1]["open"] == 1 and boot._REQUESTS["open"] == 0
+    # the second request's end, then the quiet window
+    assert waited and waited[0] >= boot._REQUESTS["last"] + 0.3 - 1e-3
+
+
 def test_barrier_page_chart_holds_library_results(pair):
     from app_pages import common
     from rotviz.analysis.landscape import interpolate
