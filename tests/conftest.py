@@ -30,6 +30,25 @@ sys.dont_write_bytecode = False
 
 TINY = dict(layers=2, d=32, heads=4, ffn=64)
 
+
+def _scan_streamlit_components_once() -> None:
+    """Each new streamlit AppTest scans the metadata of every installed package for custom
+    components (0.8 s here, finding none) before its first run; the suite makes a new AppTest
+    for each page it opens. The installed packages do not change during a test session, so
+    the scan runs once per process and its result is reused."""
+    import functools
+
+    try:
+        from streamlit.components.v2 import manifest_scanner
+    except ImportError:  # another streamlit: each AppTest scans as it does
+        return
+    scan = manifest_scanner.scan_component_manifests
+    if not hasattr(scan, "cache_info"):
+        manifest_scanner.scan_component_manifests = functools.cache(scan)
+
+
+_scan_streamlit_components_once()
+
 # Tiny models gain nothing from intra-op threads, and on a shared 2-core machine OpenMP
 # spin-waiting makes each tiny op up to 100x slower when another process holds a core.
 torch.set_num_threads(1)
