@@ -87,6 +87,19 @@ def test_two_setups_at_once_each_run_their_own_clone(tmp_path):
     assert found.stdout.strip() == "None", found.stdout
 
 
+def _child_named(pid: int, name: str) -> bool:
+    """Whether process `pid` has a child process called `name` (from /proc)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # it ended meanwhile
+            continue
+        comm, rest = text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:]
+        if comm == name and int(rest.split()[1]) == pid:
+            return True
+    return False
+
+
 def test_setup_waits_for_another_holding_the_lock(tmp_path):
     """A set-up does not touch the cached environment while another holds its lock."""
     env_dir = _env_dir()
@@ -97,7 +110,11 @@ def test_setup_waits_for_another_holding_the_lock(tmp_path):
     with open(env_dir.parent / f".lock-{digest}", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         p = _setup(clone, _env(env_dir))
-        time.sleep(3)
+        deadline = time.monotonic() + 60  # until the set-up waits in `flock` for the lock
+        while time.monotonic() < deadline and p.poll() is None and not _child_named(p.pid,
+                                                                                  "flock"):
+            time.sleep(0.05)
+        time.sleep(0.3)
         waiting = p.poll() is None and not (clone / ".venv").exists()
         fcntl.flock(lock, fcntl.LOCK_UN)
     _, err = p.communicate(timeout=300)
