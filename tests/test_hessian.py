@@ -182,7 +182,7 @@ def test_the_cli_writes_the_json_keys(tmp_path, capsys):
     """`rotviz hessian MODEL --data D ...` on the zoo's digits ViT with 32 examples."""
     js = tmp_path / "h.json"
     rc = main(["hessian", "zoo:vit-digits-s3", "--data", "digits", "--top", "2",
-               "--trace", "4", "--by", "block", "--examples", "32", "--iterations", "12",
+               "--trace", "2", "--by", "block", "--examples", "32", "--iterations", "8",
                "--json", str(js), "--device", "cpu"])
     out = capsys.readouterr().out
     assert rc == 0 and out.startswith("hessian on cpu")
