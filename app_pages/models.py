@@ -38,11 +38,15 @@ def body() -> None:
     from rotviz.match.pipeline import FUNCTION_TOLERANCE
 
     cards = {}
-    with top, common.progress("Checking both models", 2) as step:
-        for role, ref in (("anchor", s.anchor), ("source", s.source)):
-            step(f"evaluating the {role}")
-            cards[role] = common.compute("card", {"ref": ref, "data": s.data, "seed": s.seed,
-                                                  "n_eval": s.n_eval})
+    try:
+        with top, common.progress("Checking both models", 2) as step:
+            for role, ref in (("anchor", s.anchor), ("source", s.source)):
+                step(f"evaluating the {role}")
+                cards[role] = common.compute("card", {"ref": ref, "data": s.data,
+                                                      "seed": s.seed, "n_eval": s.n_eval})
+    except BaseException:  # an error, or a stop: the recorded numbers go with the cards
+        slot.empty()
+        raise
     with slot.container():
         draw_cards(cards, FUNCTION_TOLERANCE)
     rows = [{"role": r, **{k: v for k, v in c.items() if k != "check"},
