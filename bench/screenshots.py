@@ -19,6 +19,7 @@ Not part of CI: it needs Debian's `chromium` (apt) and the `playwright` Python p
   2), each on a fresh server, with the screenshots taken in the last.
 
     .venv/bin/python bench/screenshots.py --out /tmp/rotviz-shots
+    .venv/bin/python bench/screenshots.py --first-paint --runs 5   # the Models page only
 """
 
 from __future__ import annotations
@@ -150,6 +151,8 @@ def measure(args, out: Path, shots: bool) -> dict[str, float]:
             settle(page)
             if shots:
                 shoot(page, out / "models.png", args.width)
+            if args.first_paint:
+                return timings
 
             t0 = time.perf_counter()
             page.goto(f"{base}/barrier{q}")
@@ -219,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=2,
                     help="runs, each on a fresh server (screenshots in the last); default 2")
     ap.add_argument("--width", type=int, default=1440)
+    ap.add_argument("--first-paint", action="store_true",
+                    help="time the Models page's first paint only (section app-first-paint)")
     args = ap.parse_args(argv)
 
     if (shutil.which("chromium") or shutil.which("chromium-browser")) is None:
@@ -249,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{a:.2f} → {b:.2f}" for a, b in loads) + " |"
         body = (f"Machine: {machine('cpu')}\n\nReal browser (Debian chromium via playwright), "
                 f"default pair{', ' + args.query if args.query else ''}; "
-                f"`bench/screenshots.py --runs {len(runs)}`, each run on a fresh server. The "
+                f"`bench/screenshots.py --runs {len(runs)}"
+                f"{' --first-paint' if args.first_paint else ''}`, each run on a fresh server. The "
                 "machine is shared: the load average says how busy it was. Each time runs "
                 "until the script is idle and every chart is drawn, so it includes the browser's "
                 "rendering (the server-side share is in app-server-cpu); the Barrier page draws "
@@ -260,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
                 "visit <= 10 s, cached rerun <= 1 s."
                 f"\n\n| step | {heads} |\n|---|" + "---|" * len(runs) + "\n"
                 + load_row + "\n" + rows)
-        write_section("app", body)
+        write_section("app-first-paint" if args.first_paint else "app", body)
     return 0
 
 
