@@ -404,6 +404,8 @@ def ladder(pair: LadderPair, split: Split, points: int = 11, device: str | torch
     pa = ev.params(anchor.state)
     cache = Points()
     alphas = np.linspace(0.0, 1.0, points).tolist()
+    # and the point at 0.5 where `points` is even: path_points reads it (mid_acc)
+    todo = alphas + ([] if any(abs(a - 0.5) < 1e-12 for a in alphas) else [0.5])
     rungs = describe(pair.specs)
     skipped = {r["asked"]: why for r in rungs if (why := _why_not(r["asked"], anchor))}
     rungs = [r for r in rungs if r["asked"] not in skipped]
@@ -433,10 +435,10 @@ def ladder(pair: LadderPair, split: Split, points: int = 11, device: str | torch
         pm = ev.params(ends.matched)
         merged = ev.params(merge_states(anchor, "simple", anchor.state, ends.matched, 0.5))
         jobs = [evaluate(lambda a=a: {k: torch.lerp(pa[k], pm[k], a) for k in pa})
-                for a in alphas] + [evaluate(lambda: merged, scores=True)]
+                for a in todo] + [evaluate(lambda: merged, scores=True)]
 
         def finish(results: list, seconds: float) -> dict:
-            at = {a: (r[0], {}) for a, r in zip(alphas, results[:-1], strict=True)}
+            at = {a: (r[0], {}) for a, r in zip(todo, results[:-1], strict=True)}
             (loss, correct, count), scores = results[-1]
             f = path_points(at.__getitem__, alphas, ev.n, split.task)
             assert f is not None  # one process
@@ -496,8 +498,9 @@ def ladder(pair: LadderPair, split: Split, points: int = 11, device: str | torch
     kinds = {k: (-1 if (o := match_options(r["spec"])) is None else 0 if r["spec"] in starts
                  else 1 if o.learned else 2) for k, r in enumerate(rungs)}
     order = sorted(kinds, key=lambda k: (kinds[k], k))
-    anchor_at = _Rung([evaluate(lambda: pa)], lambda results, _: results[0])
-    work.put(anchor_at.tasks())  # the anchor: every path's first point
+    # the anchor: every path's first point, and with its scores align-to-self's merge
+    anchor_at = _Rung([evaluate(lambda: pa, scores=True)], lambda results, _: results[0])
+    work.put(anchor_at.tasks())
     pool = ThreadPoolExecutor(1, thread_name_prefix="rotviz-ladder")
     learner = ThreadPoolExecutor(1, thread_name_prefix="rotviz-ladder-learn")
 
