@@ -27,10 +27,12 @@ sentence of the symmetry registry that says why its maps keep the function
 
 Work shared across rungs: one evaluator (the split on the device once), an evaluation cache
 keyed by the parameters' bytes (alpha = 0 is the anchor itself, bit for bit, on every path;
-align-to-self's path is the anchor at every alpha), learned matching starting from the
+align-to-self's path and merge are the anchor), learned matching starting from the
 activation rung's match instead of solving it again, learned matching training on a thread
 of its own (on twins of the two modules) while the main thread solves the data-free rungs,
-and each rung's evaluation overlapping the next rungs' matching.
+and the evaluations (one task per parameter set) run by whichever thread is free, at most
+one per core, so that no core idles while points wait and the last rung's points are
+split (on the default pair, 2 cores: the cores busy about 90% of the ladder's wall time).
 
     from rotviz import load_model, measure
     from rotviz.analysis.ladder import LadderPair, ladder
