@@ -31,8 +31,8 @@ align-to-self's path and merge are the anchor), learned matching starting from t
 activation rung's match instead of solving it again, learned matching training on a thread
 of its own (on twins of the two modules) while the main thread solves the data-free rungs,
 and the evaluations (one task per parameter set) run by whichever thread is free, at most
-one per core, so that no core idles while points wait and the last rung's points are
-split (on the default pair, 2 cores: the cores busy about 90% of the ladder's wall time).
+one per core, so that no core idles while points wait and the last rung's points are split
+among the threads (bench/ladder.py).
 
     from rotviz import load_model, measure
     from rotviz.analysis.ladder import LadderPair, ladder
