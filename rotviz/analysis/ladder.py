@@ -291,10 +291,6 @@ class _Work:
             self.queue.extend(tasks)
             self.cv.notify_all()
 
-    def wake(self) -> None:
-        with self.cv:
-            self.cv.notify_all()
-
     def close(self) -> None:
         """Stop every thread's `run` (what is queued is dropped)."""
         with self.cv:
@@ -304,7 +300,7 @@ class _Work:
 
     def run(self, until: Callable[[], bool]) -> None:
         """Evaluate queued points on this thread, each when a slot is free, until nothing is
-        queued and `until()` holds (checked under the lock: wake() when it may turn)."""
+        queued and `until()` holds (checked under `cv`: notify it when `until` may turn)."""
         while True:
             with self.cv:
                 while not self.closed and not (self.queue and self.busy < self.slots) and (
@@ -322,7 +318,8 @@ class _Work:
 
 class _Rung:
     """One rung's evaluations: its path's points and its merge, each a task of `_Work`; the
-    task that ends last assembles the rung's dict (`measure`) into `future`."""
+    task that ends last makes the rung's dict (`finish`) into `future`, and the first error
+    of any goes there instead."""
 
     def __init__(self, jobs: list[Callable[[], tuple]], finish: Callable[[list, float], dict]):
         self.jobs, self.finish = jobs, finish
@@ -342,7 +339,7 @@ class _Rung:
         try:
             out = self.jobs[j]()
         except BaseException as e:  # noqa: BLE001 - the caller's result() raises it
-            self.future.set_exception(e)
+            self.fail(e)
             return
         with self.lock:
             self.results[j] = out
@@ -353,6 +350,11 @@ class _Rung:
             try:
                 self.future.set_result(self.finish(self.results, self.seconds))
             except BaseException as e:  # noqa: BLE001
+                self.fail(e)
+
+    def fail(self, e: BaseException) -> None:
+        with self.lock:  # two points may fail at once: the first error is kept
+            if not self.future.done():
                 self.future.set_exception(e)
 
 
