@@ -196,6 +196,7 @@ def test_rungs_are_checked_and_skipped_with_a_reason(refs, split):
         LadderPair.read(refs, ["seed", "spin"])
     pair = LadderPair.read(refs, ["seed", "ffn,attn,rescale", "none"])
     assert pair.specs == ("seed", "none")  # one rung per meaning, in the order given
-    r = ladder(pair, split.subset(64), points=3)
+    r = ladder(pair, split.subset(64), points=4)  # even: path_points adds the point at 0.5
     assert [x["spec"] for x in r.rungs] == ["seed", "none", "seed"]  # self: the last map rung
     assert r.rungs[-1]["barrier"] == 0.0
+    assert len(r.rungs[0]["loss"]) == 4 and r.rungs[-1]["mid_acc"] == r.anchor_acc

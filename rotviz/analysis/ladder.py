@@ -27,10 +27,12 @@ sentence of the symmetry registry that says why its maps keep the function
 
 Work shared across rungs: one evaluator (the split on the device once), an evaluation cache
 keyed by the parameters' bytes (alpha = 0 is the anchor itself, bit for bit, on every path;
-align-to-self's path is the anchor at every alpha), learned matching starting from the
+align-to-self's path and merge are the anchor), learned matching starting from the
 activation rung's match instead of solving it again, learned matching training on a thread
 of its own (on twins of the two modules) while the main thread solves the data-free rungs,
-and each rung's evaluation overlapping the next rungs' matching.
+and the evaluations (one task per parameter set) run by whichever thread is free, at most
+one per core, so that no core idles while points wait and the last rung's points are split
+among the threads (bench/ladder.py).
 
     from rotviz import load_model, measure
     from rotviz.analysis.ladder import LadderPair, ladder
@@ -41,9 +43,12 @@ and each rung's evaluation overlapping the next rungs' matching.
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -252,6 +257,107 @@ def _start_of(options) -> str | None:
     return parse_selection(replace(options, learned=False).label).label
 
 
+class _Work:
+    """The ladder's evaluations, one parameter set each, shared among its threads: at most
+    `slots` threads compute at once (one per torch thread of the caller: more would only
+    wait for each other and for the GIL), matching and learning go before evaluation
+    (learned matching is the ladder's longest chain), and a thread with nothing else to do
+    evaluates what is queued, so that the last rung's points are split among them."""
+
+    def __init__(self, slots: int) -> None:
+        self.cv = threading.Condition()
+        self.queue: deque[Callable[[], None]] = deque()
+        self.slots = slots
+        self.busy = 0
+        self.closed = False
+
+    @contextmanager
+    def computing(self) -> Iterator[None]:
+        """Matching or learning inside: a slot taken whatever the count."""
+        with self.cv:
+            self.busy += 1
+        try:
+            yield
+        finally:
+            self.done()
+
+    def done(self) -> None:
+        with self.cv:
+            self.busy -= 1
+            self.cv.notify_all()
+
+    def put(self, tasks: Sequence[Callable[[], None]]) -> None:
+        with self.cv:
+            self.queue.extend(tasks)
+            self.cv.notify_all()
+
+    def close(self) -> None:
+        """Stop every thread's `run` (what is queued is dropped)."""
+        with self.cv:
+            self.closed = True
+            self.queue.clear()
+            self.cv.notify_all()
+
+    def run(self, until: Callable[[], bool]) -> None:
+        """Evaluate queued points on this thread, each when a slot is free, until nothing is
+        queued and `until()` holds (checked under `cv`: notify it when `until` may turn)."""
+        while True:
+            with self.cv:
+                while not self.closed and not (self.queue and self.busy < self.slots) and (
+                        self.queue or not until()):
+                    self.cv.wait()
+                if self.closed or not self.queue:
+                    return
+                task = self.queue.popleft()
+                self.busy += 1
+            try:
+                task()  # never raises: a rung keeps its points' errors (_Rung.task)
+            finally:
+                self.done()
+
+
+class _Rung:
+    """One rung's evaluations: its path's points and its merge, each a task of `_Work`; the
+    task that ends last makes the rung's dict (`finish`) into `future`, and the first error
+    of any goes there instead."""
+
+    def __init__(self, jobs: list[Callable[[], tuple]], finish: Callable[[list, float], dict]):
+        self.jobs, self.finish = jobs, finish
+        self.results: list = [None] * len(jobs)
+        self.left = len(jobs)
+        self.seconds = 0.0
+        self.lock = threading.Lock()
+        self.future: Future = Future()
+
+    def tasks(self) -> list[Callable[[], None]]:
+        return [lambda j=j: self.task(j) for j in range(len(self.jobs))]
+
+    def task(self, j: int) -> None:
+        if self.future.done():  # an earlier point failed
+            return
+        t1 = time.perf_counter()
+        try:
+            out = self.jobs[j]()
+        except BaseException as e:  # noqa: BLE001 - the caller's result() raises it
+            self.fail(e)
+            return
+        with self.lock:
+            self.results[j] = out
+            self.seconds += time.perf_counter() - t1
+            self.left -= 1
+            last = self.left == 0
+        if last:
+            try:
+                self.future.set_result(self.finish(self.results, self.seconds))
+            except BaseException as e:  # noqa: BLE001
+                self.fail(e)
+
+    def fail(self, e: BaseException) -> None:
+        with self.lock:  # two points may fail at once: the first error is kept
+            if not self.future.done():
+                self.future.set_exception(e)
+
+
 def ladder(pair: LadderPair, split: Split, points: int = 11, device: str | torch.device = "cpu",
            batch_size: int = 512, steps: int = DEFAULT_STEPS,
            progress: Progress | None = None,
@@ -265,19 +371,21 @@ def ladder(pair: LadderPair, split: Split, points: int = 11, device: str | torch
     Then the align-to-self rung. Each rung dict holds: kind (rung or self), spec, asked,
     words, adds, reason, barrier, loss_range, distance_before, distance, mid_acc (the path's
     point at 0.5), merged_acc, merged_loss, scores of the merge, loss and acc along the path,
-    max_output_diff, match_seconds, seconds (its evaluation's).
+    max_output_diff, match_seconds, seconds (its evaluations', summed).
 
     Matching runs in the calling thread, rung after rung (the rungs a learned rung starts
-    from first), except learned matching, which trains on a thread of its own, on twins of
-    the pair's modules (rotviz.models.twin), as soon as its start is matched: on the
-    default pair it is half of the ladder's matching. Each rung's path and merge are
-    evaluated meanwhile by one worker thread on its own twin of the module, so that the
-    evaluation overlaps the next rungs' matching (weight, activation and learned matching
-    on a small pair leave a core mostly idle: their small operations gain little from a
-    second thread). On the CPU a small pair's matching runs on one torch thread
-    (rotviz.match.pipeline.match_models, as for `rotviz barrier`), and so does the worker's
-    evaluation (each thread keeps its own count), which gives each its own core. Evaluation
-    is deterministic, so the overlap changes no number."""
+    from first, after the unmatched rung, whose points need no matching), except learned
+    matching, which trains on a thread of its own, on twins of the pair's modules
+    (rotviz.models.twin), as soon as its start is matched: on the default pair it is half
+    of the ladder's computing and its longest chain. Each rung's points and merge are
+    evaluated meanwhile, one parameter set per task (`_Work`), by a worker thread on its own
+    twin of the module, by the calling thread once its matching is done, and by the learned
+    thread once it has learned: at most as many threads compute at once as the caller has
+    torch threads, matching and learning first, so that the learned rung keeps a core and
+    its own points, last, are split among the threads. On the CPU a small pair's matching
+    runs on one torch thread (rotviz.match.pipeline.match_models, as for `rotviz barrier`),
+    and so does each thread's evaluation (each thread keeps its own count). Evaluation is
+    deterministic, so which thread evaluates a point changes no number."""
     from dataclasses import replace
 
     from rotviz.analysis.landscape import check_path, path_points
@@ -299,8 +407,9 @@ def ladder(pair: LadderPair, split: Split, points: int = 11, device: str | torch
     dev = resolve_device(device)
     pa = ev.params(anchor.state)
     cache = Points()
-    anchor_per = cache.evaluate(ev, pa)[0]
     alphas = np.linspace(0.0, 1.0, points).tolist()
+    # and the point at 0.5 where `points` is even: path_points reads it (mid_acc)
+    todo = alphas + ([] if any(abs(a - 0.5) < 1e-12 for a in alphas) else [0.5])
     rungs = describe(pair.specs)
     skipped = {r["asked"]: why for r in rungs if (why := _why_not(r["asked"], anchor))}
     rungs = [r for r in rungs if r["asked"] not in skipped]
@@ -310,104 +419,146 @@ def ladder(pair: LadderPair, split: Split, points: int = 11, device: str | torch
     self_spec = max(free, key=lambda sel: len(sel.flags)).label if free else "none"
     starts = {_start_of(o) for r in rungs if (o := match_options(r["spec"])) is not None}
     total = len(rungs) + 1
-
-    def measure(e, ends, kind: str, rung: dict, match_s: float) -> dict:
-        """A rung's path and merge on evaluator `e` (the worker's twin)."""
-        t1 = time.perf_counter()
-        pm = e.params(ends.matched)
-        merged = e.params(merge_states(anchor, "simple", anchor.state, ends.matched, 0.5))
-        at = {}
-        for a in alphas:  # each point made when evaluated: one parameter set at a time
-            per, _ = cache.evaluate(e, {k: torch.lerp(pa[k], pm[k], a) for k in pa})
-            at[a] = (per, {})
-        (loss, correct, count), scores = cache.evaluate(e, merged, scores=True)
-        f = path_points(at.__getitem__, alphas, e.n, split.task)
-        assert f is not None  # one process
-        i = ends.info
-        return {**rung, "kind": kind, "barrier": f["barrier"], "loss_range": f["loss_range"],
-                "distance_before": i.distance_before, "distance": i.distance_after,
-                "mid_acc": f["mid_acc"], "merged_loss": float(loss.sum() / count.sum()),
-                "merged_acc": float(correct.sum() / count.sum()), "merged_scores": scores,
-                "loss": f["loss"], "acc": f["acc"], "max_output_diff": i.max_output_diff,
-                "match_seconds": match_s, "seconds": time.perf_counter() - t1}
-
-    worker: dict[str, Evaluator] = {}
-
-    def begin() -> None:  # the worker's own module (functional_call swaps its parameters)
-        worker["ev"] = ev.twin()
-
     size = pair_params(anchor.state, source.state)
+    work = _Work(max(1, torch.get_num_threads()))
+    mine = threading.get_ident()
+    evaluators: dict[int, Evaluator] = {mine: ev}  # per thread: its own module
 
-    def measured(ends, kind: str, rung: dict, match_s: float) -> dict:
-        with threads_for(size, dev):  # the worker's own count, as match_models sets its own
-            return measure(worker["ev"], ends, kind, rung, match_s)
+    def evaluator() -> Evaluator:
+        e = evaluators.get(threading.get_ident())
+        if e is None:  # functional_call swaps a module's parameters: one module per thread
+            e = evaluators[threading.get_ident()] = ev.twin()
+        return e
 
-    def evaluate_later(ends, kind: str, rung: dict, match_s: float):
-        return pool.submit(measured, ends, kind, rung, match_s)
+    def evaluate(params: Callable[[], dict[str, torch.Tensor]], scores: bool = False):
+        return lambda: cache.evaluate(evaluator(), params(), scores)
 
-    def learn_later(rung: dict, options, begun):
+    def queue(ends, kind: str, rung: dict, match_s: float) -> Future:
+        """The rung's points (each made when evaluated: one parameter set at a time) and its
+        merge, queued; the rung's dict comes in the returned future."""
+        pm = ev.params(ends.matched)
+        merged = ev.params(merge_states(anchor, "simple", anchor.state, ends.matched, 0.5))
+        jobs = [evaluate(lambda a=a: {k: torch.lerp(pa[k], pm[k], a) for k in pa})
+                for a in todo] + [evaluate(lambda: merged, scores=True)]
+
+        def finish(results: list, seconds: float) -> dict:
+            at = {a: (r[0], {}) for a, r in zip(todo, results[:-1], strict=True)}
+            (loss, correct, count), scores = results[-1]
+            f = path_points(at.__getitem__, alphas, ev.n, split.task)
+            assert f is not None  # one process
+            i = ends.info
+            return {**rung, "kind": kind, "barrier": f["barrier"],
+                    "loss_range": f["loss_range"], "distance_before": i.distance_before,
+                    "distance": i.distance_after, "mid_acc": f["mid_acc"],
+                    "merged_loss": float(loss.sum() / count.sum()),
+                    "merged_acc": float(correct.sum() / count.sum()), "merged_scores": scores,
+                    "loss": f["loss"], "acc": f["acc"], "max_output_diff": i.max_output_diff,
+                    "match_seconds": match_s, "seconds": seconds}
+
+        r = _Rung(jobs, finish)
+        work.put(r.tasks())
+        return r.future
+
+    learners = [0]  # learned rungs still learning
+
+    def learn_later(rung: dict, options, begun) -> Future:
         """Learned matching on twins of the pair (own modules, shared tensors: no module is
-        run by two threads at once), its evaluation queued when it ends."""
+        run by two threads at once); then its points queued, and this thread evaluates what
+        is queued. The future holds the rung's future (None when cancelled)."""
         def run():
-            t1 = time.perf_counter()
-            m = match_models(twin(anchor), twin(source), options, dev, None, split, cancel,
-                             begun)
-            if (m.report.learned or {}).get("stopped") == "cancelled":
-                return None
-            ends = from_matched(anchor, source, m, options)
-            return evaluate_later(ends, "rung", rung, time.perf_counter() - t1)
+            try:
+                with work.computing():
+                    t1 = time.perf_counter()
+                    m = match_models(twin(anchor), twin(source), options, dev, None, split,
+                                     cancel, begun)
+                    if (m.report.learned or {}).get("stopped") == "cancelled":
+                        return None
+                    ends = from_matched(anchor, source, m, options)
+                    later = queue(ends, "rung", rung, time.perf_counter() - t1)
+            finally:
+                with work.cv:
+                    learners[0] -= 1
+                    work.cv.notify_all()
+            with threads_for(size, dev):
+                work.run(lambda: True)
+            return later
 
+        with work.cv:
+            learners[0] += 1
         return learner.submit(run)
+
+    def matching(n: int, said: str):
+        if progress:
+            progress(n, total, said)
+        return work.computing()
 
     stopped = ""
     pending: dict[int, Future] = {}
     learning: dict[int, Future] = {}
     done: dict[str, object] = {}  # data-free matches a learned rung starts from
-    # the matches learned rungs start from first, then the learned rungs (on their own
-    # thread: each trains while the main thread solves the rungs left), then the others
-    kinds = {k: (0 if r["spec"] in starts else 1 if (o := match_options(r["spec"])) is not None
-                 and o.learned else 2) for k, r in enumerate(rungs)}
+    # the unmatched rung (its points are queued at once), the matches learned rungs start
+    # from, then the learned rungs (on their own thread: each trains while the calling
+    # thread solves the rungs left), then the others
+    kinds = {k: (-1 if (o := match_options(r["spec"])) is None else 0 if r["spec"] in starts
+                 else 1 if o.learned else 2) for k, r in enumerate(rungs)}
     order = sorted(kinds, key=lambda k: (kinds[k], k))
-    pool = ThreadPoolExecutor(1, thread_name_prefix="rotviz-ladder", initializer=begin)
+    # the anchor: every path's first point, and with its scores align-to-self's merge
+    anchor_at = _Rung([evaluate(lambda: pa, scores=True)], lambda results, _: results[0])
+    work.put(anchor_at.tasks())
+    pool = ThreadPoolExecutor(1, thread_name_prefix="rotviz-ladder")
     learner = ThreadPoolExecutor(1, thread_name_prefix="rotviz-ladder-learn")
+
+    def serve() -> None:
+        with threads_for(size, dev):  # the worker's own count, as match_models sets its own
+            work.run(lambda: work.closed)
+
     try:
+        pool.submit(serve)
         for n, k in enumerate(order):
             rung = rungs[k]
-            if progress:
-                progress(n, total, f"{rung['words']}: matching")
             t1 = time.perf_counter()
             options = match_options(rung["spec"])
-            if options is None:
-                ends = unmatched(anchor, source)
-            elif options.learned:
+            if options is not None and options.learned:
+                if progress:
+                    progress(n, total, f"{rung['words']}: matching")
                 options = replace(options, learn=LearnOptions(steps=steps))
                 learning[k] = learn_later(rung, options, done.get(_start_of(options) or ""))
                 continue
-            else:
-                m = match_models(anchor, source, options, dev, None, split, cancel)
-                if rung["spec"] in starts:
-                    done[rung["spec"]] = m
-                ends = from_matched(anchor, source, m, options)
-            pending[k] = evaluate_later(ends, "rung", rung, time.perf_counter() - t1)
+            with matching(n, f"{rung['words']}: matching"):
+                if options is None:
+                    ends = unmatched(anchor, source)
+                else:
+                    m = match_models(anchor, source, options, dev, None, split, cancel)
+                    if rung["spec"] in starts:
+                        done[rung["spec"]] = m
+                    ends = from_matched(anchor, source, m, options)
+                pending[k] = queue(ends, "rung", rung, time.perf_counter() - t1)
+        if cancel is not None and cancel():
+            stopped = "cancelled"
+        else:  # before learning ends: its points join the queue meanwhile
+            t1 = time.perf_counter()
+            with matching(len(rungs), "align-to-self: the anchor matched onto itself"):
+                options = match_options(self_spec)
+                ends = (unmatched(anchor, anchor) if options is None else
+                        from_matched(anchor, anchor, match_models(anchor, anchor, options, dev),
+                                     options))
+            me = {"spec": self_spec, "asked": self_spec, "words": "align-to-self",
+                  "adds": [], "reason": registry.SELF_REASON}
+            pending[len(rungs)] = queue(ends, SELF, me, time.perf_counter() - t1)
+        with threads_for(size, dev):  # this thread evaluates too, until learning ends
+            work.run(lambda: learners[0] == 0)
         for k, f in learning.items():
             later = f.result()
             if later is None:
                 stopped = "cancelled"
             else:
                 pending[k] = later
-        if not stopped:
-            if progress:
-                progress(len(rungs), total, "align-to-self: the anchor matched onto itself")
-            t1 = time.perf_counter()
-            options = match_options(self_spec)
-            ends = (unmatched(anchor, anchor) if options is None else
-                    from_matched(anchor, anchor, match_models(anchor, anchor, options, dev),
-                                 options))
-            me = {"spec": self_spec, "asked": self_spec, "words": "align-to-self", "adds": [],
-                  "reason": registry.SELF_REASON}
-            pending[len(rungs)] = evaluate_later(ends, SELF, me, time.perf_counter() - t1)
+        if stopped:
+            pending.pop(len(rungs), None)
         out = [pending[k].result() for k in sorted(pending)]
+        anchor_per = anchor_at.future.result()[0]
     finally:
+        work.close()
         learner.shutdown(wait=True, cancel_futures=True)
         pool.shutdown(wait=True, cancel_futures=True)
     if progress and not stopped:
