@@ -566,14 +566,16 @@ def _working_set(tmp_path, layers: int) -> tuple[int, int]:
 def test_streaming_memory_does_not_grow_with_depth(tmp_path):
     """Streamed matching holds a block at a time: a LLaMA-layout pair (d 1024, 16 heads in 4
     KV groups, FFN 2816, bfloat16 shards) of 6 layers needs 1.6 GB more than one of 2 layers
-    when matched in memory, and its streamed match uses at most 5% of that more memory above
-    the imports (the kernel's high-water mark; measured 0.57 GB for 2 layers, 0.55 GB for 8).
-    The peak against the in-memory need at TinyLlama-1.1B, LLaMA-1B and LLaMA-2-7B shapes is
-    measured by bench/stream.py."""
+    when matched in memory, and its streamed match uses at most an eighth of that more memory
+    above the imports (the kernel's high-water mark: 0.58-0.61 GB for 2 layers; for 6, 0.02 GB
+    more, and once, on a busy machine, 0.15 GB more: about one block of the pair in float32,
+    the allocator's slack, while holding all 6 layers would add 1.6 GB). The peak against the
+    in-memory need at TinyLlama-1.1B, LLaMA-1B and LLaMA-2-7B shapes is measured by
+    bench/stream.py."""
     small, small_need = _working_set(tmp_path, 2)
     large, large_need = _working_set(tmp_path, 6)
     assert large_need - small_need > 1.5e9
-    assert large - small < 0.05 * (large_need - small_need), (small, large)
+    assert large - small < 0.125 * (large_need - small_need), (small, large)
     assert large < 0.25 * large_need, (large, large_need)
 
 
