@@ -38,7 +38,8 @@ def serving(root):
     from rotviz.app import roots as app_roots
     from rotviz.random_models import save_random
 
-    env = dict(os.environ)
+    # one torch thread, as the suite's workers run: the server shares the 2 cores with them
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     try:
         app_roots.default_pair([app_roots.DEFAULT_ROOT])
     except Exception:

@@ -6,6 +6,7 @@ Most runs call `rotviz.cli.main` in-process; one runs `python -m rotviz eval` fo
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -136,6 +137,7 @@ def test_real_command_line(tmp_path):
          "if m.split('.')[0] in ('transformers', 'sklearn', 'timm', 'streamlit', 'plotly', "
          "'scipy')))"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},  # as the suite's workers run
     )
     assert probe.returncode == 0, probe.stderr
     assert probe.stdout.strip().splitlines()[-1] == "[]"
