@@ -484,9 +484,10 @@ def compute(kind: str, cfg: dict, progress: Progress | None = None,
     nothing of it is cached. Inside a `progress` box, the box counts what came from the
     cache and what was computed."""
     tally = _TALLY.get()
-    if tally is not None:
-        tally["cached" if is_cached(kind, cfg) else "computed"] += 1
-    out = _compute(resources(), kind, cfg, progress, cancel)
+    ran: list[bool] = []  # whether this call computed it (not the cache, nor another caller)
+    out = _compute(resources(), kind, cfg, progress, cancel, ran)
+    if tally is not None:  # waited for another caller (the start-up thread): from the cache
+        tally["computed" if ran else "cached"] += 1
     held = out.get("at_size") if isinstance(out, dict) else None
     if tally is not None and held:  # read block by block: the box says what it held
         tally["held"] = max(tally.get("held", 0), held.get("held") or 0)
@@ -494,11 +495,13 @@ def compute(kind: str, cfg: dict, progress: Progress | None = None,
 
 
 def _compute(res: AppResources, kind: str, cfg: dict, progress: Progress | None = None,
-             cancel: Callable[[], bool] | None = None) -> Any:
+             cancel: Callable[[], bool] | None = None, ran: list[bool] | None = None) -> Any:
     cfg = cache.canonical(cfg)
     key = cache.config_hash({"kind": kind, **cfg})
 
     def run() -> Any:
+        if ran is not None:
+            ran.append(True)
         _pin_threads(res, cfg)
         return app.run(kind, res, json.loads(json.dumps(cfg)), progress, cancel)
 

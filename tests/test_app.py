@@ -465,6 +465,40 @@ def test_launcher_computes_the_opening_cards_before_the_first_run(pair, monkeypa
     assert "zoo card** when it was built" not in " ".join(i.value for i in at.info)
 
 
+def test_a_result_another_caller_computed_counts_as_from_the_cache():
+    """A page that waits for a result another caller is computing (the start-up thread's
+    cards) gets that result, and its progress box counts it as from the cache, not as
+    computed (it used to say "2 computed")."""
+    import threading
+    import time
+
+    from app_pages import common
+    from rotviz.app import cache
+
+    cfg = {"ref": "zoo:nowhere", "data": "digits", "seed": 12345, "n_eval": 7}
+    key = cache.config_hash({"kind": "card", **cache.canonical(cfg)})
+    started = threading.Event()
+
+    def slow():
+        started.set()
+        time.sleep(0.3)
+        return {"acc": 0.5}
+
+    other = threading.Thread(target=common._stores()["results"].get_or_compute,
+                             args=(key, slow))
+    other.start()
+    started.wait(10)
+    tally = {"cached": 0, "computed": 0}
+    token = common._TALLY.set(tally)
+    try:
+        assert not common.is_cached("card", cfg)
+        assert common.compute("card", cfg) == {"acc": 0.5}  # the other caller's, not run here
+    finally:
+        common._TALLY.reset(token)
+        other.join()
+    assert tally == {"cached": 1, "computed": 0}
+
+
 def test_the_start_up_thread_waits_for_the_browsers_requests(monkeypatch):
     """The launcher's middleware counts the HTTP requests under way (the websocket, open for
     the whole visit, is not one): the start-up thread's wait for a quiet server (boot._quiet,
