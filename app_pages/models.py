@@ -20,7 +20,9 @@ st.markdown(
 def body() -> None:
     # the zoo cards' recorded numbers first, where they apply: checking the pair and the
     # functional check need torch, which may still be loading (app_pages/boot.py)
-    early = recorded(s) if s.anchor and s.source and not s.error else None
+    cfgs = {role: {"ref": ref, "data": s.data, "seed": s.seed, "n_eval": s.n_eval}
+            for role, ref in (("anchor", s.anchor), ("source", s.source))}
+    early = recorded(cfgs) if s.anchor and s.source and not s.error else None
     top, slot = st.container(), st.empty()  # the progress box, then the cards
     if early:
         with slot.container():
@@ -40,10 +42,9 @@ def body() -> None:
     cards = {}
     try:
         with top, common.progress("Checking both models", 2) as step:
-            for role, ref in (("anchor", s.anchor), ("source", s.source)):
+            for role, cfg in cfgs.items():
                 step(f"evaluating the {role}")
-                cards[role] = common.compute("card", {"ref": ref, "data": s.data,
-                                                      "seed": s.seed, "n_eval": s.n_eval})
+                cards[role] = common.compute("card", cfg)
     except BaseException:  # an error, or a stop: the recorded numbers go with the cards
         slot.empty()
         raise
@@ -56,14 +57,13 @@ def body() -> None:
     common.warm_up(s)  # the pair's full models, for the page the user opens next
 
 
-def recorded(s) -> dict[str, dict] | None:
-    """Both zoo cards' recorded test numbers, when the cards are not computed yet and the
-    recorded ones are for these settings (rotviz.app.roots.recorded_card); else None."""
-    cfgs = {role: {"ref": ref, "data": s.data, "seed": s.seed, "n_eval": s.n_eval}
-            for role, ref in (("anchor", s.anchor), ("source", s.source))}
+def recorded(cfgs: dict[str, dict]) -> dict[str, dict] | None:
+    """Both zoo cards' recorded test numbers, when the cards (`cfgs`: each role's card
+    configuration) are not computed yet and the recorded ones are for these settings
+    (rotviz.app.roots.recorded_card); else None."""
     if all(common.is_cached("card", c) for c in cfgs.values()):
         return None
-    out = {role: recorded_card(c["ref"], s.data, s.seed, s.n_eval) for role, c in cfgs.items()}
+    out = {role: recorded_card(**c) for role, c in cfgs.items()}
     return out if all(out.values()) else None
 
 

@@ -172,12 +172,10 @@ def surely_cpu_only() -> bool:
 
 def device_kind(device: str = "auto") -> str:
     """The kind of device (cpu, cuda or mps) that `pick_device(device)` gives, with its
-    refusals, without importing torch where `surely_cpu_only` says so."""
-    if not surely_cpu_only():
-        return pick_device(device).type
-    if device in ("auto", "cpu"):
+    refusals, without importing torch for cpu, nor for auto where `surely_cpu_only` says so."""
+    if device == "cpu" or (device == "auto" and surely_cpu_only()):
         return "cpu"
-    return pick_device(device).type  # the same one-line refusal (torch finds no GPU either)
+    return pick_device(device).type
 
 
 def device_choices() -> list[str]:
