@@ -17,6 +17,7 @@ from rotviz.confine import ANYWHERE, Confined
 from rotviz.data import IGNORE, IMAGE_FILES, TEXT_SOURCES, Inputs, Split, load_split, to_device
 from rotviz.devices import resolve_device
 from rotviz.errors import RotvizError
+from rotviz.heads import SCORED_HEADS, WEIGHTS_ONLY, head_of_config
 from rotviz.labelled import LABELLED_KINDS, Columns, Labelling
 from rotviz.limits import BATCH_SIZE
 from rotviz.models import (
@@ -159,6 +160,12 @@ def _reading(encoding: str) -> str:
 def check_fits(loaded: Loaded, split: Split) -> None:
     """Data must fit the model's task: one clear line when it does not."""
     spec = loaded.spec
+    own = head_of_config(loaded.config)
+    if not own.scored:
+        raise RotvizError(
+            f"{loaded.ref} ({own.class_name or 'no head class'}) has {own.words}, which no "
+            f"loss scores: a measurement of the loss needs {SCORED_HEADS}; {WEIGHTS_ONLY} "
+            "need no data")
     if spec.inputs == "pixels":
         if split.task != "image":
             raise RotvizError(
@@ -213,8 +220,8 @@ def check_fits(loaded: Loaded, split: Split) -> None:
         elif split.labels.dim() > 1 and not head.endswith(LM_HEADS):
             raise RotvizError(
                 f"'{split.data}' labels every token but {loaded.ref} ({head or 'no head'}) "
-                "has no language-model head: give a ...LMHeadModel, ...ForCausalLM or "
-                "...ForMaskedLM"
+                "has no language-model head: give a ...LMHeadModel, ...ForCausalLM, "
+                "...ForMaskedLM or BertForPreTraining"
             )
         if head.endswith(LM_HEADS) and (split.task == "masked") != is_masked_lm(loaded):
             want_task = "masked-LM" if is_masked_lm(loaded) else "next-token"

@@ -178,13 +178,15 @@ def check_finite(state: Mapping[str, Tensor], where) -> None:
             )
 
 
-def check_same_reading(a: Loaded, b: Loaded) -> None:
+def check_same_reading(a: Loaded, b: Loaded, labels: bool = True) -> None:
     """Two models are compared on one set of inputs: they must read them alike. Text: the
     same tokenizer files, or both rotviz's characters (a model that reads none is let through
     here; the first evaluation says why it cannot be fed). Images: the same image processor,
-    or neither has one. Classifiers that name the same labels: in the same order, as output
-    i of one is compared with output i of the other."""
-    check_same_labels(a, b)
+    or neither has one. Classifiers that name the same labels (unless `labels` is False: two
+    heads whose outputs are never paired): in the same order, as output i of one is compared
+    with output i of the other."""
+    if labels:
+        check_same_labels(a, b)
     if a.spec.inputs == "pixels":
         pa, pb = processor_fingerprint(a.path), processor_fingerprint(b.path)
         if pa != pb:
@@ -228,8 +230,82 @@ def check_same_labels(a: Loaded, b: Loaded) -> None:
             "whose config.json id2label are the same")
 
 
-def check_compatible(a: Loaded, b: Loaded) -> None:
-    """Two models must share family, config shape fields and tensor shapes to be matched."""
+@dataclass(frozen=True)
+class HeadsDiffer:
+    """Two models of one body under different heads (a pre-training checkpoint and a
+    fine-tuned classifier, two classifiers with different labels): the tensors both hold
+    alike (the body, and any head part they share), each one's own head tensors (in one
+    model only, or shaped differently), and both head classes. Matching aligns the shared
+    tensors; the source's own head moves with its body (its function is kept) but is matched
+    against nothing; the anchor's own head is left alone."""
+
+    anchor_head: str
+    source_head: str
+    shared: tuple[str, ...]
+    anchor_only: tuple[str, ...]
+    source_only: tuple[str, ...]
+
+    blocks: tuple[str, ...] = ()  # the shared tensors that are a block's
+
+    def to_dict(self) -> dict:
+        return {"anchor_head": self.anchor_head, "source_head": self.source_head,
+                "matched": len(self.shared), "matched_outside_blocks": self.outside(),
+                "source_only": list(self.source_only), "anchor_only": list(self.anchor_only),
+                "summary": self.words()}
+
+    def outside(self) -> list[str]:
+        """The shared tensors that are no block's (embeddings, norms, shared head parts)."""
+        inside = set(self.blocks)
+        return [k for k in self.shared if k not in inside]
+
+    def words(self) -> str:
+        """The pair's heads and what matching did with them, in one sentence."""
+        def some(names: tuple[str, ...]) -> str:
+            return (", ".join(names[:3]) + (", ..." if len(names) > 3 else "")) or "none"
+
+        return (f"heads differ ({self.anchor_head or 'no head'} vs "
+                f"{self.source_head or 'no head'}): matched the {len(self.shared)} tensors "
+                f"both hold; the source's own {len(self.source_only)} ({some(self.source_only)})"
+                f" moved with its body, unmatched; the anchor's own {len(self.anchor_only)} "
+                f"({some(self.anchor_only)}) left alone")
+
+
+def _body_patterns(spec: ArchSpec):
+    """Regular expressions of a family's block tensors and of its whole body (the blocks,
+    the stream's writers, the norms on the stream and the final norm), under its roots."""
+    import re
+
+    roots = "|".join(re.escape(r) for r in spec.roots)
+    blocks = [re.escape(t).replace(r"\{i\}", r"\d+") for t in spec.block]
+    rest = [re.escape(n) + r"(\.|$)" for n in (*spec.writers, *spec.stream_norms,
+                                                 *spec.final_norm)]
+    return (re.compile(f"^(?:{roots})(?:{'|'.join(blocks)})"),
+            re.compile(f"^(?:{roots})(?:{'|'.join(blocks + rest)})"))
+
+
+def heads_differ(a: Loaded, b: Loaded) -> HeadsDiffer | None:
+    """How `a` and `b` differ where they hold the same body under different heads; None when
+    they hold the same tensors (the same head), or when their bodies differ (then
+    check_compatible says how)."""
+    from rotviz.heads import head_of_config
+
+    sa, sb = a.state, b.state
+    shared = tuple(k for k in sa if k in sb and sa[k].shape == sb[k].shape)
+    if len(shared) == len(sa) == len(sb) or a.spec.family != b.spec.family:
+        return None
+    blocks, body = _body_patterns(a.spec)
+    own_a = tuple(k for k in sa if k not in sb or sa[k].shape != sb[k].shape)
+    own_b = tuple(k for k in sb if k not in sa or sa[k].shape != sb[k].shape)
+    if any(body.match(k) for k in (*own_a, *own_b)) or not any(body.match(k) for k in shared):
+        return None
+    return HeadsDiffer(head_of_config(a.config).class_name, head_of_config(b.config).class_name,
+                       shared, own_a, own_b, tuple(k for k in shared if blocks.match(k)))
+
+
+def check_compatible(a: Loaded, b: Loaded, heads: bool = False) -> None:
+    """Two models must share family, config shape fields and tensor shapes to be matched.
+    With `heads`, a pair of one body under different heads (`heads_differ`) is let through
+    too (matching aligns the body; a measurement of the loss needs one head on both)."""
     if a.spec.family != b.spec.family:
         raise RotvizError(
             f"different architectures: '{a.ref}' is {a.spec.family}, '{b.ref}' is {b.spec.family}"
@@ -250,6 +326,17 @@ def check_compatible(a: Loaded, b: Loaded) -> None:
         if k in b.state and a.state[k].shape != b.state[k].shape
     ]
     only = sorted(set(a.state) ^ set(b.state))
+    if not fields and (shapes or only) and heads_differ(a, b) is not None:
+        if heads:
+            check_same_reading(a, b, labels=False)
+            return
+        from rotviz.heads import head_of_config
+
+        ha, hb = (head_of_config(m.config).class_name or "no head" for m in (a, b))
+        raise RotvizError(
+            f"'{a.ref}' ({ha}) and '{b.ref}' ({hb}) share a body under different heads: this "
+            "measurement runs one head on both; match them, or compare their distances and "
+            "spectra")
     if not (fields or shapes or only):
         check_same_reading(a, b)
     if fields or shapes or only:
@@ -333,9 +420,13 @@ def attending_module(loaded: Loaded, positions: int | None, device: torch.device
 
 
 def forward(
-    loaded: Loaded, inputs: Mapping[str, Tensor], state: Mapping[str, Tensor] | None = None
+    loaded: Loaded, inputs: Mapping[str, Tensor], state: Mapping[str, Tensor] | None = None,
+    every: bool = False,
 ) -> Tensor:
-    """Logits of the model, or of `state` evaluated on the model's module (not modified)."""
+    """Logits of the model, or of `state` evaluated on the model's module (not modified);
+    with `every`, all the model's outputs side by side (rotviz.heads.side_by_side: every
+    head of a pre-training model, a headless model's hidden states and pooler), as the
+    function check compares them."""
     device = next(loaded.model.parameters()).device
     model = attending_module(loaded, attention_positions(loaded.config, inputs), device)
     inputs = {k: v.to(device) for k, v in inputs.items()}
@@ -343,7 +434,7 @@ def forward(
         if state is not None:
             keep = set(dict(model.named_parameters())) | set(dict(model.named_buffers()))
             state = {k: v.to(device) for k, v in state.items() if k in keep}  # tied: owner only
-        return call(loaded.spec, model, state, inputs)
+        return call(loaded.spec, model, state, inputs, every=every)
 
 
 def max_output_diff(
@@ -353,9 +444,10 @@ def max_output_diff(
     n: int = 4,
     seed: int = 0,
 ) -> float:
-    """The largest absolute logit difference between two parameter sets on probe inputs."""
+    """The largest absolute difference between two parameter sets' outputs (every output:
+    each head's logits, or a headless model's hidden states) on probe inputs."""
     x = probe_inputs(loaded, n, seed)
-    ya, yb = forward(loaded, x, state_a), forward(loaded, x, state_b)
+    ya, yb = forward(loaded, x, state_a, every=True), forward(loaded, x, state_b, every=True)
     return float((ya.double() - yb.double()).abs().max())
 
 
@@ -392,7 +484,8 @@ def stored_output_diff(
     dtype = loaded.stored_dtype
     x = {k: v.to(dtype) if v.is_floating_point() else v
          for k, v in probe_inputs(loaded, n, seed).items()}
-    return logit_change(forward(view, x), forward(view, x, stored_state(loaded, state)))
+    return logit_change(forward(view, x, every=True),
+                        forward(view, x, stored_state(loaded, state), every=True))
 
 
 def logit_change(ya: Tensor, yb: Tensor) -> tuple[float, float]:

@@ -185,8 +185,10 @@ class BlockStreamed:
         self.module = self.inside_rest = None  # type: ignore[assignment]
 
     def logits(self, inputs: Mapping[str, Tensor]) -> Tensor:
+        """Every output of the module side by side (rotviz.heads.side_by_side): this runner
+        serves the function check."""
         with torch.no_grad():
-            return call(self.spec, self.module, None, inputs)
+            return call(self.spec, self.module, None, inputs, every=True)
 
 
 def check_fits(spec: ArchSpec, config: dict, meta: Mapping[str, Tensor], where) -> None:

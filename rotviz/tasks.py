@@ -28,8 +28,9 @@ from rotviz.splits import IGNORE
 
 Tensor = torch.Tensor
 
-LM_HEADS = ("LMHeadModel", "ForCausalLM", "ForMaskedLM")
-MASKED_HEADS = ("ForMaskedLM",)
+# BertForPreTraining's first head is a masked LM (rotviz.heads: its loss is that head's)
+LM_HEADS = ("LMHeadModel", "ForCausalLM", "ForMaskedLM", "ForPreTraining")
+MASKED_HEADS = ("ForMaskedLM", "ForPreTraining")
 LM_TASKS = ("text", "masked")
 CLASSIFIER_TASKS = ("seq-cls", "multi-label", "regression", "token-cls")
 F1_TASKS = ("seq-cls", "multi-label", "token-cls", "image")
@@ -40,25 +41,21 @@ def head_class(config: Mapping) -> str:
 
 
 def task_of_config(inputs: str, config: Mapping) -> str | None:
-    """The task of a model with these inputs ("pixels" or "tokens") and config; None for a
-    text model without a head rotviz can score."""
-    if inputs == "pixels":
-        return "image"
-    head = head_class(config)
-    if head.endswith(MASKED_HEADS):
-        return "masked"
-    if head.endswith(LM_HEADS):
-        return "text"
-    if head.endswith("ForTokenClassification"):
-        return "token-cls"
-    if head.endswith("ForSequenceClassification"):
+    """The task of a model with these inputs ("pixels" or "tokens") and config, from its head
+    (rotviz.heads); None for a model without a head rotviz can score (headless, question
+    answering, multiple choice, next sentence, masked image modeling)."""
+    from rotviz.heads import head_of_config
+
+    task = head_of_config(config).task
+    if (task == "image") != (inputs == "pixels"):
+        return None
+    if task == "seq-cls":
         problem = config.get("problem_type")
         if problem == "multi_label_classification":
             return "multi-label"
         if problem == "regression" or (problem is None and num_labels(config) == 1):
             return "regression"
-        return "seq-cls"
-    return None
+    return task
 
 
 def num_labels(config: Mapping) -> int:

@@ -262,6 +262,8 @@ def _say_matched(args, options, rep, device, how: str = "") -> None:
         f"in {rep.seconds:.2f} s{rounds}; max output difference {rep.max_output_diff:.2e}"
         f"{stored_check_words(rep)}; wrote {args.out}"
     )
+    if rep.different_heads:  # two heads of one body: what was matched, what left alone
+        print(rep.different_heads["summary"])
 
 
 def _streams(args, options) -> bool:

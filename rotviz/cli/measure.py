@@ -427,7 +427,8 @@ def _in_memory(m: Measurement, args, values: dict, outputs, folder, js, files=()
     load = load_model if files else _load_eval
     anchor = load(args.anchor)
     source = load(args.source) if m.pair or getattr(args, "second", False) else anchor
-    if check_pair(anchor, source) and not m.narrower:  # a narrower FFN: embedded by matching
+    # one body under two heads: only the views of the weights (data=False) compare it
+    if check_pair(anchor, source, heads=not m.data) and not m.narrower:  # narrower: embedded
         from rotviz.measures import measurements
 
         able = ", ".join(r.name for r in measurements() if r.narrower)

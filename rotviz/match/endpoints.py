@@ -23,10 +23,10 @@ import torch
 from rotviz.errors import RotvizError
 from rotviz.match.distances import distances
 from rotviz.match.options import MatchOptions
-from rotviz.match.pipeline import Matched, match_models, view_of
+from rotviz.match.pipeline import Matched, body_views, match_models, view_of
 from rotviz.match.selection import label_of, match_options
 from rotviz.match.widths import check_pair, refuse_narrower
-from rotviz.models import Loaded
+from rotviz.models import Loaded, heads_differ
 from rotviz.types import Progress
 
 if TYPE_CHECKING:
@@ -47,6 +47,9 @@ class MatchInfo:
     seconds: float
     before: dict = field(default_factory=dict)  # Distances.to_dict(): total, per_layer, per_kind
     after: dict = field(default_factory=dict)
+    # one body under two heads (rotviz.models.HeadsDiffer.to_dict): distances are over the
+    # tensors both hold, and a measurement of the loss is refused
+    different_heads: dict | None = None
 
 
 class Endpoints(Protocol):
@@ -105,17 +108,24 @@ class HeldEndpoints:
 def info_of(report: MatchReport, label: str) -> MatchInfo:
     """The brief of a matching report."""
     return MatchInfo(label, report.before.total, report.after.total, report.max_output_diff,
-                     report.seconds, report.before.to_dict(), report.after.to_dict())
+                     report.seconds, report.before.to_dict(), report.after.to_dict(),
+                     report.different_heads)
 
 
 def unmatched(anchor: Loaded, source: Loaded) -> HeldEndpoints:
     """The pair as it is (matching 'none'): the source's own state, its distance twice. A
     narrower source has no place in the anchor's architecture before matching: refused."""
-    if check_pair(anchor, source):
+    if check_pair(anchor, source, heads=True):
         refuse_narrower("only matching embeds it into the anchor's width, which every "
                         "comparison needs", "give --match (e.g. seed) instead of none")
-    d = distances(view_of(source), view_of(anchor))
-    info = MatchInfo("none", d.total, d.total, 0.0, 0.0, d.to_dict(), d.to_dict())
+    differ = heads_differ(anchor, source)
+    if differ is None:
+        d = distances(view_of(source), view_of(anchor))
+    else:  # one body under two heads: the tensors both hold
+        va, vs = body_views(anchor, source, differ)
+        d = distances(vs, va)
+    info = MatchInfo("none", d.total, d.total, 0.0, 0.0, d.to_dict(), d.to_dict(),
+                     None if differ is None else differ.to_dict())
     return HeldEndpoints(anchor, source, dict(source.state), info)
 
 
@@ -147,7 +157,7 @@ def match_endpoints(anchor: Loaded, source: Loaded, options: MatchOptions | str 
     (rotviz.match.widths): `matched` then has the anchor's shapes, `source` its own."""
     from rotviz.devices import resolve_device
 
-    check_pair(anchor, source)
+    check_pair(anchor, source, heads=True)  # the measurement says what it needs
     options = as_options(options)
     if options is None:
         return unmatched(anchor, source)

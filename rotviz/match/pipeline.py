@@ -17,15 +17,18 @@ from rotviz.match.report import MatchReport, MatchResult
 from rotviz.match.widths import check_pair, embed, refuse_narrower
 from rotviz.match.widths import output_diff as embedded_output_diff
 from rotviz.match.widths import stored_output_diff as embedded_stored_diff
+from rotviz.errors import RotvizError
 from rotviz.models import (
     HALF,
+    HeadsDiffer,
     Loaded,
     check_finite,
+    heads_differ,
     max_output_diff,
     stored_output_diff,
 )
 from rotviz.symmetry import residual as rs
-from rotviz.symmetry.element import Element
+from rotviz.symmetry.element import Element, apply_element
 from rotviz.symmetry.view import ModelView, read_view, write_state
 from rotviz.types import Progress
 
@@ -143,7 +146,7 @@ def match_models(
     early when `cancel()` is true. `start` (learned matching without `act`): this pair's
     match with `options` less `learned`, already made; learned matching starts from it
     instead of solving it again (the symmetry ladder, rotviz.analysis.ladder)."""
-    narrower = check_pair(anchor, source)
+    narrower = check_pair(anchor, source, heads=True)
     options = options or MatchOptions()
     if narrower and options.needs_data:
         refuse_narrower(f"[{options.label}] learns from the source's own activations, which "
@@ -160,6 +163,9 @@ def _match_models(anchor: Loaded, source: Loaded, options: MatchOptions, device:
                   progress: Progress | None, data: str | Split | None,
                   cancel: Callable[[], bool] | None, start: Matched | None,
                   narrower: bool) -> Matched:
+    differ = heads_differ(anchor, source)
+    if differ is not None:
+        return _match_bodies(anchor, source, options, device, progress, differ)
     va, vs = view_of(anchor, device), view_of(source, device)
     embedding = None
     if narrower:  # into the anchor's width first (rectangular assignment), then as usual
@@ -182,6 +188,47 @@ def _match_models(anchor: Loaded, source: Loaded, options: MatchOptions, device:
     result.report.max_output_diff = max_output_diff(source, source.state, state)
     check_in_stored_dtype(source, state, result.report)
     element = None if options.learned else element_of(result.transforms, result.residual, va)
+    return Matched(state, result.report, element)
+
+
+def body_views(anchor: Loaded, source: Loaded, differ: HeadsDiffer,
+               device: torch.device | str = "cpu") -> tuple[ModelView, ModelView]:
+    """The views of the tensors both models hold (`differ.shared`: their body, and any head
+    part they share), each read as a model of its own: what matching two models of one body
+    under different heads compares."""
+    def body(m: Loaded) -> ModelView:
+        return read_view(m.spec, m.config, {k: m.state[k] for k in differ.shared}).to(
+            device=device)
+
+    return body(anchor), body(source)
+
+
+def _match_bodies(anchor: Loaded, source: Loaded, options: MatchOptions, device: torch.device,
+                  progress: Progress | None, differ: HeadsDiffer) -> Matched:
+    """Match two models of one body under different heads: the element is found on the
+    tensors both hold (`body_views`), then applied to the whole source, so that its own head
+    moves with its body and its function is kept; the anchor's own head is left alone. The
+    report says which tensors were matched (`report.different_heads`)."""
+    if options.needs_data:
+        raise RotvizError(
+            f"the models have different heads ({differ.anchor_head or 'no head'} vs "
+            f"{differ.source_head or 'no head'}), and [{options.label}] learns from both "
+            "models' outputs; use weight matching (e.g. --match seed or weight)")
+    whole = view_of(source, device)
+    if options.residual:
+        for m, v in ((anchor, view_of(anchor, device)), (source, whole)):
+            why = rs.unsupported(v)
+            if why:
+                raise RotvizError(f"residual matching is unavailable for {m.ref}: {why}")
+    va, vs = body_views(anchor, source, differ, device)
+    result = match(va, vs, options, progress)
+    element = element_of(result.transforms, result.residual, va)
+    state = {k: v.to("cpu") for k, v in write_state(apply_element(whole, element.to(device)))
+             .items()}
+    check_finite(state, "the matched model")
+    result.report.different_heads = differ.to_dict()
+    result.report.max_output_diff = max_output_diff(source, source.state, state)
+    check_in_stored_dtype(source, state, result.report)
     return Matched(state, result.report, element)
 
 

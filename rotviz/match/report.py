@@ -70,6 +70,10 @@ class MatchReport:
     # a narrower source embedded into the anchor's FFN width first (rotviz.match.widths):
     # units per layer of each model and the anchor slot of every source unit
     widths: dict | None = None
+    # two models of one body under different heads (rotviz.models.HeadsDiffer.to_dict): both
+    # head classes, the tensors matched, the source's own (moved, unmatched) and the anchor's
+    # own (left alone)
+    different_heads: dict | None = None
 
     def to_dict(self) -> dict:
         o = self.options
@@ -85,6 +89,7 @@ class MatchReport:
             "act": self.act,
             "learned": self.learned,
             "widths": self.widths,
+            "different_heads": self.different_heads,
             "max_output_diff": self.max_output_diff,
             "stored_dtype": self.stored_dtype,
             "stored_output_diff": self.stored_output_diff,

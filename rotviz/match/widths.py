@@ -77,12 +77,13 @@ def ffn_widths(view: ModelView) -> list[int]:
     return [blk.ffn.w_in.shape[0] for blk in view.blocks]
 
 
-def check_pair(anchor: Loaded, source: Loaded) -> bool:
+def check_pair(anchor: Loaded, source: Loaded, heads: bool = False) -> bool:
     """`check_compatible`, except for a source whose FFN is narrower than the anchor's in some
     layers (and nowhere wider), all else equal: True for such a pair (it is embedded before
-    matching), False for a pair of one architecture. A wider source is refused in one line."""
+    matching), False for a pair of one architecture. A wider source is refused in one line.
+    `heads`: a pair of one body under different heads is let through (matching only)."""
     if not differs_only_in_ffn(anchor, source):
-        check_compatible(anchor, source)
+        check_compatible(anchor, source, heads)
         return False
     wa = ffn_widths(read_view(anchor.spec, anchor.config, anchor.state))
     ws = ffn_widths(read_view(source.spec, source.config, source.state))
@@ -161,7 +162,7 @@ def output_diff(anchor: Loaded, source: Loaded, state: Mapping[str, Tensor]) -> 
     """The largest logit difference between the narrow source and `state` (anchor's shapes)
     run on the anchor's module, on the source's probe inputs (float32)."""
     x = probe_inputs(source)
-    ys, ye = forward(source, x), forward(anchor, x, state)
+    ys, ye = forward(source, x, every=True), forward(anchor, x, state, every=True)
     return float((ys.double() - ye.double()).abs().max())
 
 
@@ -175,6 +176,7 @@ def stored_output_diff(anchor: Loaded, source: Loaded, state: Mapping[str, Tenso
         return None
     x = {k: v.to(dtype) if v.is_floating_point() else v
          for k, v in probe_inputs(source).items()}
-    ys = forward(replace(source, model=stored_module(source)), x)
-    ye = forward(replace(anchor, model=stored_module(anchor)), x, stored_state(anchor, state))
+    ys = forward(replace(source, model=stored_module(source)), x, every=True)
+    ye = forward(replace(anchor, model=stored_module(anchor)), x, stored_state(anchor, state),
+                 every=True)
     return dtype, *logit_change(ys, ye)

@@ -43,12 +43,13 @@ from rotviz.measures.registry import (
     Measurement,
     measurement,
     measurements,
+    refuse_heads,
     register,
 )
 from rotviz.params import Param
 
 __all__ = ["Context", "Measurement", "Param", "measure", "measurement", "measurements",
-           "register"]
+           "refuse_heads", "register"]
 
 
 def measure(name: str, ends: Any, split: Any = None, device: Any = "cpu",
@@ -77,6 +78,7 @@ def measure(name: str, ends: Any, split: Any = None, device: Any = "cpu",
         able = ", ".join(r.name for r in measurements() if r.narrower)
         raise RotvizError(f"the source's FFN is narrower than the anchor's, and {name} also "
                           f"reads the source as it is, in its own width; use {able}")
+    refuse_heads(m, ends)
     ctx = Context(split if m.data else None, resolve_device(device), progress=progress)
     if getattr(ends, "at_size", False):
         why = m.why_not_at_size()

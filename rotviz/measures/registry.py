@@ -179,6 +179,20 @@ def measurements() -> tuple[Measurement, ...]:
     return MEASUREMENTS.all()
 
 
+def refuse_heads(m: Measurement, ends: Any) -> None:
+    """One line when `ends` pair one body under two heads (a pre-training checkpoint and a
+    classifier) and `m` evaluates a loss, which runs one head on both: only the views of the
+    weights (distances, spectra) compare such a pair."""
+    info = getattr(ends, "info", None)
+    heads = getattr(info, "different_heads", None)
+    if heads and m.data:
+        able = ", ".join(r.name for r in measurements() if not r.data and r.pair)
+        raise RotvizError(
+            f"the models have different heads ({heads['anchor_head'] or 'no head'} vs "
+            f"{heads['source_head'] or 'no head'}), and {m.name} evaluates a loss through one "
+            f"head on both; use {able}, or match them with rotviz match")
+
+
 def measurement(name: str) -> Measurement:
     """The measurement called `name`, or a one-line error."""
     found = MEASUREMENTS.get(name)

@@ -35,8 +35,8 @@ def source_of(spec: ArchSpec) -> Source:
 
 
 def call(spec: ArchSpec, module: nn.Module, params: Mapping[str, torch.Tensor] | None,
-         inputs: torch.Tensor | Mapping[str, torch.Tensor], strict: bool = False
-         ) -> torch.Tensor:
-    """Logits of `module` (a model of `spec`) run with `params` on `inputs`: see
-    `Source.call`."""
-    return source_of(spec).call(spec, module, params, inputs, strict)
+         inputs: torch.Tensor | Mapping[str, torch.Tensor], strict: bool = False,
+         every: bool = False) -> torch.Tensor:
+    """Logits of `module` (a model of `spec`) run with `params` on `inputs` (with `every`,
+    all its outputs side by side): see `Source.call`."""
+    return source_of(spec).call(spec, module, params, inputs, strict, every)

@@ -85,12 +85,17 @@ class Source:
         raise NotImplementedError
 
     def call(self, spec: ArchSpec, module: nn.Module, params: Mapping[str, Tensor] | None,
-             inputs: Tensor | Mapping[str, Tensor], strict: bool = False) -> Tensor:
+             inputs: Tensor | Mapping[str, Tensor], strict: bool = False,
+             every: bool = False) -> Tensor:
         """The logits of `module` run with the parameter set `params` (torch.func's
         functional_call; None: the module's own) on `inputs` (a mapping of named inputs, or
-        one tensor: the spec's `input_key`). The module is not modified; gradients flow as
-        the caller's context allows."""
+        one tensor: the spec's `input_key`): the output a loss is computed on
+        (rotviz.heads.primary), or with `every` all its outputs side by side, one row per
+        example (rotviz.heads.side_by_side: what the function check compares). The module is
+        not modified; gradients flow as the caller's context allows."""
         from torch.func import functional_call
+
+        from rotviz.heads import outputs_of, primary, side_by_side
 
         if isinstance(inputs, Tensor):
             inputs = {spec.input_key: inputs}
@@ -102,9 +107,8 @@ class Source:
                 out = functional_call(module, params, args, kwargs, strict=strict)
         if isinstance(out, Tensor):
             return out
-        if getattr(out, "logits", None) is None and getattr(out, "start_logits", None) is not None:
-            return torch.stack([out.start_logits, out.end_logits], dim=-1)  # question answering
-        return out.logits
+        outputs = outputs_of(out)
+        return side_by_side(outputs) if every else primary(outputs)
 
     def image_shape(self, module: nn.Module, config: Mapping) -> tuple[int, int]:
         """(channels, size) of the square images an image model takes."""
@@ -118,10 +122,13 @@ class Source:
                      seed: int = 0) -> dict[str, Tensor]:
         """Random but seeded inputs of the model's kind, for function checks: up to 16 tokens
         (as many as the positions allow), or images of the model's shape."""
+        from rotviz.heads import choices
+
         gen = torch.Generator().manual_seed(seed)
         if spec.inputs == "tokens":
             vocab = int(config.get("vocab_size", 100))
             length = max(2, min(16, max_positions(spec, config, 32)))
-            return {"input_ids": torch.randint(0, vocab, (n, length), generator=gen)}
+            shape = (n, choices(config), length) if choices(config) else (n, length)
+            return {"input_ids": torch.randint(0, vocab, shape, generator=gen)}
         c, size = self.image_shape(module, config)
         return {"pixel_values": torch.randn(n, c, size, size, generator=gen)}
