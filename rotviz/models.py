@@ -246,6 +246,9 @@ class HeadsDiffer:
     source_only: tuple[str, ...]
 
     blocks: tuple[str, ...] = ()  # the shared tensors that are a block's
+    # the anchor's names of `shared` (which holds the source's), in the same order: a
+    # headless model's body is not under the root a headed one's is
+    anchor_names: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
         return {"anchor_head": self.anchor_head, "source_head": self.source_head,
@@ -283,23 +286,50 @@ def _body_patterns(spec: ArchSpec):
             re.compile(f"^(?:{roots})(?:{'|'.join(blocks + rest)})"))
 
 
+def _root(loaded: Loaded) -> str:
+    """The prefix `loaded`'s blocks sit under (one of its family's roots: "bert." inside a
+    BertForPreTraining, "" in a headless BertModel)."""
+    import re
+
+    for r in loaded.spec.roots:
+        first = [re.compile(re.escape(r + t).replace(r"\{i\}", r"\d+"))
+                 for t in loaded.spec.block]
+        if any(p.match(k) for p in first for k in loaded.state):
+            return r
+    return ""
+
+
 def heads_differ(a: Loaded, b: Loaded) -> HeadsDiffer | None:
     """How `a` and `b` differ where they hold the same body under different heads; None when
     they hold the same tensors (the same head), or when their bodies differ (then
-    check_compatible says how)."""
+    check_compatible says how). A headless model's body sits at the top (BertModel's
+    `encoder...`), a headed one's under its root (`bert.encoder...`): tensors are paired by
+    their names under the root."""
     from rotviz.heads import head_of_config
 
-    sa, sb = a.state, b.state
-    shared = tuple(k for k in sa if k in sb and sa[k].shape == sb[k].shape)
-    if len(shared) == len(sa) == len(sb) or a.spec.family != b.spec.family:
+    if a.spec.family != b.spec.family:
         return None
     blocks, body = _body_patterns(a.spec)
-    own_a = tuple(k for k in sa if k not in sb or sa[k].shape != sb[k].shape)
-    own_b = tuple(k for k in sb if k not in sa or sa[k].shape != sb[k].shape)
-    if any(body.match(k) for k in (*own_a, *own_b)) or not any(body.match(k) for k in shared):
+    ra, rb = _root(a), _root(b)
+
+    def under(k: str, root: str) -> str:
+        return k[len(root):] if k.startswith(root) else k
+
+    names_a = {under(k, ra): k for k in a.state}
+    names_b = {under(k, rb): k for k in b.state}
+    pairs = [(names_a[r], k) for r, k in names_b.items()
+             if r in names_a and a.state[names_a[r]].shape == b.state[k].shape]
+    if ra == rb and len(pairs) == len(a.state) == len(b.state):
         return None
+    paired_a, paired_b = {x for x, _ in pairs}, {y for _, y in pairs}
+    own_a = tuple(k for k in a.state if k not in paired_a)
+    own_b = tuple(k for k in b.state if k not in paired_b)
+    if any(body.match(k) for k in (*own_a, *own_b)) or not any(body.match(y) for _, y in pairs):
+        return None
+    shared = tuple(y for _, y in pairs)
     return HeadsDiffer(head_of_config(a.config).class_name, head_of_config(b.config).class_name,
-                       shared, own_a, own_b, tuple(k for k in shared if blocks.match(k)))
+                       shared, own_a, own_b, tuple(k for k in shared if blocks.match(k)),
+                       tuple(x for x, _ in pairs))
 
 
 def check_compatible(a: Loaded, b: Loaded, heads: bool = False) -> None:
@@ -334,9 +364,9 @@ def check_compatible(a: Loaded, b: Loaded, heads: bool = False) -> None:
 
         ha, hb = (head_of_config(m.config).class_name or "no head" for m in (a, b))
         raise RotvizError(
-            f"'{a.ref}' ({ha}) and '{b.ref}' ({hb}) share a body under different heads: this "
-            "measurement runs one head on both; match them, or compare their distances and "
-            "spectra")
+            f"'{a.ref}' ({ha}) and '{b.ref}' ({hb}) share a body under different heads, which "
+            "only matching in memory and the views of the weights (distances, spectra) "
+            "compare: a loss runs one head on both, a streamed run pairs tensors by name")
     if not (fields or shapes or only):
         check_same_reading(a, b)
     if fields or shapes or only:

@@ -10,6 +10,7 @@ import torch
 
 from rotviz.data import Split
 from rotviz.devices import pair_params, threads_for, wide_device
+from rotviz.errors import RotvizError
 from rotviz.match.datamatch import match_with_data
 from rotviz.match.engine import match
 from rotviz.match.options import MatchOptions
@@ -17,7 +18,6 @@ from rotviz.match.report import MatchReport, MatchResult
 from rotviz.match.widths import check_pair, embed, refuse_narrower
 from rotviz.match.widths import output_diff as embedded_output_diff
 from rotviz.match.widths import stored_output_diff as embedded_stored_diff
-from rotviz.errors import RotvizError
 from rotviz.models import (
     HALF,
     HeadsDiffer,
@@ -194,13 +194,14 @@ def _match_models(anchor: Loaded, source: Loaded, options: MatchOptions, device:
 def body_views(anchor: Loaded, source: Loaded, differ: HeadsDiffer,
                device: torch.device | str = "cpu") -> tuple[ModelView, ModelView]:
     """The views of the tensors both models hold (`differ.shared`: their body, and any head
-    part they share), each read as a model of its own: what matching two models of one body
-    under different heads compares."""
-    def body(m: Loaded) -> ModelView:
-        return read_view(m.spec, m.config, {k: m.state[k] for k in differ.shared}).to(
-            device=device)
+    part they share), each read as a model of its own under the source's tensor names (a
+    headless anchor's body is not under the root a headed source's is): what matching two
+    models of one body under different heads compares."""
+    def body(m: Loaded, names: tuple[str, ...]) -> ModelView:  # under the source's names
+        state = {k: m.state[n] for k, n in zip(differ.shared, names, strict=True)}
+        return read_view(m.spec, m.config, state).to(device=device)
 
-    return body(anchor), body(source)
+    return body(anchor, differ.anchor_names or differ.shared), body(source, differ.shared)
 
 
 def _match_bodies(anchor: Loaded, source: Loaded, options: MatchOptions, device: torch.device,
