@@ -14,7 +14,15 @@ import torch.nn.functional as F
 
 from rotviz.arch import max_positions
 from rotviz.confine import ANYWHERE, Confined
-from rotviz.data import IGNORE, IMAGE_FILES, TEXT_SOURCES, Inputs, Split, load_split, to_device
+from rotviz.data import (
+    IGNORE,
+    IMAGE_FILES,
+    TEXT_SOURCES,
+    Inputs,
+    Split,
+    load_split,
+    map_inputs,
+)
 from rotviz.devices import resolve_device
 from rotviz.errors import RotvizError
 from rotviz.heads import SCORED_HEADS, WEIGHTS_ONLY, head_of_config
@@ -353,7 +361,14 @@ class Evaluator:
         # floating persistent buffers travel with the parameters (interpolated, merged)
         self.names += [n for n, b in buffers.items() if b.is_floating_point() and n in loaded.state]
         dev = self.device
-        self.batches = [(to_device(x, dev), y.to(dev))
+        # images in the module's dtype (a model held in float64: timm casts nothing itself)
+        dtype = next(module.parameters()).dtype
+
+        def move(x):
+            return map_inputs(x, lambda t: t.to(dev, dtype) if t.is_floating_point()
+                              else t.to(dev))
+
+        self.batches = [(move(x), y.to(dev))
                         for x, y in split.batches(fit_batch(loaded, split, batch_size))]
 
     @property

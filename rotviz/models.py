@@ -273,7 +273,7 @@ class HeadsDiffer:
                 f"({some(self.anchor_only)}) left alone")
 
 
-def _body_patterns(spec: ArchSpec):
+def body_patterns(spec: ArchSpec):
     """Regular expressions of a family's block tensors and of its whole body (the blocks,
     the stream's writers, the norms on the stream and the final norm), under its roots."""
     import re
@@ -309,7 +309,7 @@ def heads_differ(a: Loaded, b: Loaded) -> HeadsDiffer | None:
 
     if a.spec.family != b.spec.family:
         return None
-    blocks, body = _body_patterns(a.spec)
+    blocks, body = body_patterns(a.spec)
     ra, rb = _root(a), _root(b)
 
     def under(k: str, root: str) -> str:
@@ -457,9 +457,12 @@ def forward(
     with `every`, all the model's outputs side by side (rotviz.heads.side_by_side: every
     head of a pre-training model, a headless model's hidden states and pooler), as the
     function check compares them."""
-    device = next(loaded.model.parameters()).device
+    first = next(loaded.model.parameters())
+    device = first.device
     model = attending_module(loaded, attention_positions(loaded.config, inputs), device)
-    inputs = {k: v.to(device) for k, v in inputs.items()}
+    # images in the module's dtype (a model held in float64: timm casts nothing itself)
+    inputs = {k: v.to(device, first.dtype) if v.is_floating_point() else v.to(device)
+              for k, v in inputs.items()}
     with torch.no_grad():
         if state is not None:
             keep = set(dict(model.named_parameters())) | set(dict(model.named_buffers()))

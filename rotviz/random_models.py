@@ -32,10 +32,12 @@ def options(family: str) -> dict[str, object]:
     return {p.name: p.default for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
 
 
-def random_config(family: str, sizes: Sizes, **given) -> dict:
+def random_config(family: str, sizes: Sizes, head: str | None = None, **given) -> dict:
     """The config (as config.json holds it) of `family`'s random model with the options
-    `given`. An option of other families only (llama's `kv_heads`, gpt2's `tie`, ...) is an
-    error unless it has their default value."""
+    `given`; `head` names another model class of the family (`BertForPreTraining`,
+    `GPT2Model`, `LlamaForQuestionAnswering`, ...: rotviz.heads) in place of its default.
+    An option of other families only (llama's `kv_heads`, gpt2's `tie`, ...) is an error
+    unless it has their default value."""
     own = options(family)
     for name, value in given.items():
         if name in own:
@@ -49,6 +51,8 @@ def random_config(family: str, sizes: Sizes, **given) -> dict:
         sizes, **{k: v for k, v in given.items() if k in own})
     if spec_named(family).inputs != "pixels":  # rotviz's own text models read characters
         config[VOCAB_KEY] = CHARS                # (a tokenizer saved beside one takes over)
+    if head is not None:
+        config["architectures"] = [head]
     return config
 
 
@@ -65,6 +69,7 @@ def random_model(
     channels: int = 1,
     labels: int = 5,
     dtype: torch.dtype = torch.float32,
+    head: str | None = None,
     **options,
 ) -> tuple[nn.Module, dict]:
     """A model of `family` with random weights (seeded) and its config as a dict.
@@ -73,9 +78,10 @@ def random_model(
     `channels` to image models); `options` are the family's own, see its `random_config`:
     llama `kv_heads`, `head_dim`, `bias`, `tie_embeddings`; gpt2 `tie` (False: an output head
     of its own, which residual maps need); bert `lm` (a causal LM head instead of a sequence
-    classifier); text families `positions` (default 32; the pystdlib data needs 64)."""
+    classifier); text families `positions` (default 32; the pystdlib data needs 64).
+    `head`: another model class of the family (see `random_config`)."""
     sizes = Sizes(layers, d, heads, ffn, vocab, image, patch, channels, labels)
-    config = random_config(family, sizes, **options)
+    config = random_config(family, sizes, head, **options)
     spec = spec_named(family)
     torch.manual_seed(seed)
     model, _ = source_of(spec).build(config, spec)

@@ -105,6 +105,15 @@ class Curvature:
                                    lambda t: t)
         return loss.sum() / self.count
 
+    @staticmethod
+    def _grads(loss: Tensor, ps: list[Tensor], create_graph: bool = True) -> list[Tensor]:
+        """d loss / d p for each p, zeros for the parameters the loss does not reach (a
+        pre-training model's next-sentence head and pooler, under its masked-LM loss: their
+        gradient and their rows of the Hessian are exactly 0)."""
+        g = torch.autograd.grad(loss, ps, create_graph=create_graph, allow_unused=True)
+        return [gi if gi is not None else torch.zeros_like(p) for gi, p in zip(g, ps,
+                                                                                strict=True)]
+
     def flat(self, tensors: list[Tensor]) -> Tensor:
         return torch.cat([t.reshape(-1) for t in tensors])
 
@@ -120,7 +129,7 @@ class Curvature:
         total = torch.zeros(self.n, dtype=self.dtype, device=self.device)
         for x, y in self.ev.batches:
             ps = [p.clone().requires_grad_(True) for p in self.point]
-            g = torch.autograd.grad(self._loss(ps, x, y), ps)
+            g = self._grads(self._loss(ps, x, y), ps, create_graph=False)
             total += self.flat(list(g))
         return total
 
@@ -131,7 +140,7 @@ class Curvature:
         with torch.enable_grad():
             for x, y in self.ev.batches:
                 ps = [p.clone().requires_grad_(True) for p in self.point]
-                g = torch.autograd.grad(self._loss(ps, x, y), ps, create_graph=True)
+                g = self._grads(self._loss(ps, x, y), ps)
                 dot = sum((gi * vi).sum() for gi, vi in zip(g, vs, strict=True))
                 hv = torch.autograd.grad(dot, ps, allow_unused=True)
                 total += self.flat([h if h is not None else torch.zeros_like(p)
@@ -150,7 +159,7 @@ class Curvature:
         with torch.enable_grad():
             for x, y in self.ev.batches:
                 ps = [p.clone().requires_grad_(True) for p in self.point]
-                g = torch.autograd.grad(self._loss(ps, x, y), ps, create_graph=True)
+                g = self._grads(self._loss(ps, x, y), ps)
                 live = [i for i, gi in enumerate(g) if gi.requires_grad]  # others: H rows 0
                 outs = [parts[i].reshape(k, *self.shapes[i]) for i in live]
                 hv = torch.autograd.grad([g[i] for i in live], ps, outs, allow_unused=True,

@@ -36,6 +36,19 @@ def running_lock(module: nn.Module) -> threading.RLock:
         return lock
 
 
+def one_by_one(module: nn.Module, inputs: Mapping[str, Tensor]) -> bool:
+    """Whether `module` must be run one example at a time on `inputs`: a decoder's sequence
+    classifier (GPT-2's, LLaMA's, ...) finds each text's last token by its padding token, and
+    transformers refuses a batch of more than one where the config names none. Unpadded
+    inputs (the function check's probes) have no padding, so each row run alone gives what it
+    would in a batch."""
+    config = getattr(module, "config", None)
+    x = next(iter(inputs.values()), None)
+    return (x is not None and x.dim() >= 2 and x.shape[0] > 1 and config is not None
+            and getattr(config, "pad_token_id", 0) is None
+            and type(module).__name__.endswith("ForSequenceClassification"))
+
+
 class Source:
     """The adapter of one weight source. Stateless: one shared instance per source."""
 
@@ -99,6 +112,10 @@ class Source:
 
         if isinstance(inputs, Tensor):
             inputs = {spec.input_key: inputs}
+        if one_by_one(module, inputs):  # a decoder's classifier with no padding token
+            rows = [self.call(spec, module, params, {k: v[i:i + 1] for k, v in inputs.items()},
+                              strict, every) for i in range(len(next(iter(inputs.values()))))]
+            return torch.cat(rows)
         args, kwargs = self.arguments(spec, inputs)
         with running_lock(module):  # its own weights too: another thread may have swapped them
             if params is None:

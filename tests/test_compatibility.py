@@ -1,0 +1,267 @@
+"""The compatibility matrix: every family x {today's format, the older format with the buffers
+older transformers versions saved, a pickled .bin read with weights_only, every model class
+transformers offers for it (headless, each head)}.
+
+Each cell is a tiny random model saved by transformers (the buffers added where older
+versions saved them). It must load; a planted symmetry element must be recovered to 1e-5
+(float64) with every output of the model kept to 1e-4; the function check must see every
+head (a head-only change moves it); and each measurement gives a number or a one-line
+refusal, never a traceback: the loss measurements through the library on every cell, and
+every registered measurement through the command line on one model of each kind of head.
+docs/inputs.md shows the matrix.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from rotviz.arch import FAMILIES, spec_named
+from rotviz.cli import main
+from rotviz.data import VOCAB_SIZE
+from rotviz.errors import RotvizError
+from rotviz.heads import head_of_config
+from rotviz.match.distances import distances, norm
+from rotviz.match.endpoints import from_matched
+from rotviz.match.options import MatchOptions
+from rotviz.match.pipeline import match_models
+from rotviz.measures import measure, measurements
+from rotviz.models import body_patterns, load_model, max_output_diff
+from rotviz.random_models import random_config, save_random
+from rotviz.symmetry.actions import random_element
+from rotviz.symmetry.view import read_view, write_state
+
+F64 = torch.float64
+SIZES = dict(layers=1, d=16, heads=2, ffn=32, vocab=VOCAB_SIZE, labels=10)
+
+
+def head_classes(family: str) -> list[str]:
+    """Every model class transformers offers for `family` (its auto mappings: headless,
+    language models, pre-training, classifiers, question answering, multiple choice, ...),
+    named after the family's own classes; none for timm."""
+    if spec_named(family).source != "hf":
+        return []
+    from transformers.models.auto import modeling_auto as auto
+
+    own = random_config(family, _sizes())["architectures"][0]  # the family's default class
+    prefix = re.split("For|LMHead|Model$", own)[0]
+    model_type = spec_named(family).model_types[0]
+    found: list[str] = []
+    for name in dir(auto):
+        table = getattr(auto, name)
+        if name.startswith("MODEL_") and name.endswith("_MAPPING_NAMES") and \
+                isinstance(table, dict) and isinstance(table.get(model_type), str):
+            found.append(table[model_type])
+    return sorted({c for c in found if c.startswith(prefix)})
+
+
+def _sizes():
+    from rotviz.arch import Sizes
+
+    return Sizes(**{k: v for k, v in SIZES.items() if k != "labels"}, labels=10)
+
+
+# Tensors older transformers versions saved beside the weights, by family (read past now)
+def _legacy(family: str, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    layers = sorted({int(m.group(1)) for k in state for m in [re.search(r"\.(\d+)\.", k)] if m})
+    blocks = {re.sub(r"\.\d+\..*", "", k) for k in state if re.search(r"\.\d+\.", k)}
+    out: dict[str, torch.Tensor] = {}
+    mask = torch.tril(torch.ones(16, 16, dtype=torch.bool)).view(1, 1, 16, 16)
+    if family in ("bert", "roberta", "deberta-v2"):
+        emb = next(k for k in state if k.endswith("embeddings.word_embeddings.weight"))
+        out[emb.replace("word_embeddings.weight", "position_ids")] = torch.arange(32)[None]
+    for base in blocks:
+        for i in layers:
+            p = f"{base}.{i}."
+            if family == "gpt2":
+                out[p + "attn.bias"] = mask
+                out[p + "attn.masked_bias"] = torch.tensor(-1e4)
+            elif family == "gpt-neox":
+                out[p + "attention.rotary_emb.inv_freq"] = torch.ones(2)
+                out[p + "attention.bias"] = mask
+                out[p + "attention.masked_bias"] = torch.tensor(-1e9)
+            elif family in ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3"):
+                out[p + "self_attn.rotary_emb.inv_freq"] = torch.ones(4)
+    return out
+
+
+def _cells() -> list[tuple[str, str, str]]:
+    cells = []
+    for family in FAMILIES:
+        cells += [(family, "today", ""), (family, "bin", "")]
+        if family not in ("vit", "timm-vit"):
+            cells.append((family, "old", ""))
+        own = random_config(family, _sizes()).get("architectures", [""])[0]
+        cells += [(family, "head", c) for c in head_classes(family) if c != own]
+    if "timm-vit" in FAMILIES:
+        cells.append(("timm-vit", "headless", ""))
+    return cells
+
+
+CELLS = _cells()
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory) -> str:
+    """Plain text for the language-model heads (rotviz's characters)."""
+    path = tmp_path_factory.mktemp("text") / "corpus.txt"
+    path.write_text("def f(x):\n    return x + 1\n" * 200)
+    return f"text:{path}"
+
+
+def _save(family: str, fmt: str, head: str, folder: Path) -> Path:
+    """The cell's checkpoint folder, as transformers (or timm) saves it."""
+    options = _options(family, head)
+    sizes = {k: v for k, v in SIZES.items() if k != "labels"}
+    if family == "timm-vit" and fmt == "headless":
+        save_random(family, folder, **sizes)
+        cfg = json.loads((folder / "config.json").read_text())
+        cfg["num_classes"] = 0
+        state = {k: v for k, v in load_file(folder / "model.safetensors").items()
+                 if not k.startswith("head.")}
+        save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
+        (folder / "config.json").write_text(json.dumps(cfg))
+        return folder
+    save_random(family, folder, **sizes, **options)
+    if fmt in ("old", "bin"):
+        state = load_file(folder / "model.safetensors")
+        if fmt == "old":
+            state |= _legacy(family, state)
+        (folder / "model.safetensors").unlink()
+        if fmt == "bin":
+            torch.save(state, folder / "pytorch_model.bin")
+        else:
+            save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
+    return folder
+
+
+def _options(family: str, head: str) -> dict:
+    """random_model's options of a cell: its head class, ten labels for images (digits), 64
+    positions for text (rotviz's text windows)."""
+    options: dict = {"head": head} if head else {}
+    if head.endswith("ForQuestionAnswering"):  # an answer's start and end
+        options |= dict(labels=2)
+    if spec_named(family).inputs == "pixels":
+        return options | dict(labels=10)
+    return options | dict(positions=64)
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e)
+    assert "\n" not in text and text, text
+    return text
+
+
+@pytest.mark.parametrize(("family", "fmt", "head"), CELLS,
+                         ids=[f"{f}-{fmt}-{h or 'default'}" for f, fmt, h in CELLS])
+def test_cell_loads_recovers_a_planted_element_and_keeps_every_output(
+        family, fmt, head, tmp_path, text_file):
+    folder = _save(family, fmt, head, tmp_path / "model")
+    model = load_model(folder, dtype=F64)
+    kind = head_of_config(model.config).kind
+    if fmt == "old":  # the old buffers are read past; the function is the clean one's
+        assert not any(k.endswith(("position_ids", "inv_freq", "masked_bias")) for k in
+                       model.state if k not in dict(model.model.state_dict()))
+    view = read_view(model.spec, model.config, model.state)
+    element = random_element(view.dims, seed=7, heads=True)
+    planted = replace(model, ref="planted", state=write_state(
+        __import__("rotviz.symmetry.actions", fromlist=["apply"]).apply(view, element)))
+    assert max_output_diff(model, model.state, planted.state) <= 1e-4  # every output kept
+    assert distances(read_view(model.spec, model.config, planted.state), view).total > 0.1
+    out = match_models(model, planted, MatchOptions(heads=True))
+    assert out.preserved and out.report.max_output_diff <= 1e-4
+    back = read_view(model.spec, model.config, out.state)
+    assert distances(back, view).total / norm(view) <= 1e-5
+
+    # the check sees each head: a change to any parameter outside the body moves it (the
+    # next-sentence head of a pre-training model, a headless model's pooler, ...)
+    _, body = body_patterns(model.spec)
+    for k, _ in model.model.named_parameters():  # owners only: a tied alias is not run
+        if not body.match(k) and not k.endswith("mask_token"):  # used on masked inputs only
+            nudged = {**model.state, k: model.state[k] + 0.5}
+            assert max_output_diff(model, model.state, nudged) > 1e-3, k
+
+    # a measurement of the loss on the matched pair: a number on a head rotviz scores (a flat
+    # path: one function), else one line
+    data = "digits" if model.spec.inputs == "pixels" else text_file
+    ends = from_matched(model, planted, out, MatchOptions(heads=True))
+    try:
+        from rotviz.evaluation import split_for
+
+        split = split_for(model, data, "test")
+        curve = measure("barrier", ends, split, points=3)
+    except RotvizError as e:
+        line = _one_line(e)
+        assert kind not in ("causal-lm", "masked-lm", "pretraining", "image-cls"), line
+    else:
+        assert kind in ("causal-lm", "masked-lm", "pretraining", "image-cls")
+        assert all(math.isfinite(x) for x in curve.loss)
+        assert curve.barrier == pytest.approx(0.0, abs=1e-6)  # a planted copy: one function
+    spectra = measure("spectra", ends)
+    assert math.isfinite(spectra.max_circuit_change)
+
+
+# ---- every measurement from the command line, on one model of each kind of head --------------
+
+
+def _kinds() -> list[tuple[str, str]]:
+    """One (family, class) per kind of head that the measurements' own tests do not feed
+    (language models, classifiers of text and images are: test_tasks, test_landscape, ...):
+    pre-training heads, and the heads no loss scores. The first family that offers it."""
+    seen: dict[str, tuple[str, str]] = {}
+    for family, fmt, head in CELLS:
+        if fmt not in ("today", "head"):
+            continue
+        found = head_of_config({"architectures": [head]} if head else
+                               random_config(family, _sizes()))
+        if found.kind == "pretraining" or not found.scored:
+            seen.setdefault(found.kind, (family, head))
+    return sorted(seen.values())
+
+
+KINDS = _kinds()
+
+
+@pytest.mark.parametrize(("family", "head"), KINDS, ids=[f"{f}-{h or 'default'}" for f, h in KINDS])
+def test_every_command_gives_a_number_or_one_line(family, head, tmp_path, text_file, capfd,
+                                                  monkeypatch):
+    a = _save(family, "today", head, tmp_path / "a")
+    b = tmp_path / "b"
+    save_random(family, b, seed=1, **{k: v for k, v in SIZES.items() if k != "labels"},
+                **_options(family, head))
+    monkeypatch.chdir(tmp_path)
+    data = "digits" if spec_named(family).inputs == "pixels" else text_file
+    small = {"barrier": ["--points", "3"], "plane": ["--grid", "3"],
+             "merge_sweep": ["--points", "3"], "layerwise": ["--points", "3"],
+             "slice": ["--grid", "3", "--dims", "1"], "sweeps": ["--points", "3"],
+             "hessian": ["--top", "1", "--iterations", "3", "--examples", "16"],
+             "bend": ["--steps", "2", "--points", "3"],
+             "sharpness": ["--points", "3", "--iterations", "3", "--examples", "16"],
+             "flat": ["--per-layer", "1", "--examples", "16", "--curvature", "no"],
+             "rounds": ["--points", "3"]}
+    ran = 0
+    for m in measurements():
+        if m.inputs is not None:  # series of checkpoints, spawn folders, N models: own tests
+            continue
+        argv = [m.name, str(a)] + ([str(b)] if m.pair else []) + ["--data", data]
+        argv += small.get(m.name, [])
+        capfd.readouterr()
+        rc = main(argv)
+        out, err = capfd.readouterr()
+        assert "Traceback" not in err, (m.name, err)
+        assert rc in (0, 2), (m.name, rc, err)
+        if rc == 2:
+            lines = [x for x in err.splitlines() if x.strip()]
+            assert len(lines) == 1 and lines[0].startswith("rotviz: error:"), (m.name, err)
+        else:
+            assert re.search(r"\d\.\d", out), (m.name, out)
+            ran += 1
+    scored = head_of_config(load_model(a).config).scored
+    assert (ran > 2) == scored  # a scored head measures; an unscored one gets the weights' views
