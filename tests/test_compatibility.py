@@ -29,7 +29,7 @@ from rotviz.data import VOCAB_SIZE
 from rotviz.errors import RotvizError
 from rotviz.heads import head_of_config
 from rotviz.match.distances import distances, norm
-from rotviz.match.endpoints import from_matched
+from rotviz.match.endpoints import from_matched, match_endpoints
 from rotviz.match.options import MatchOptions
 from rotviz.match.pipeline import match_models
 from rotviz.measures import measure, measurements
@@ -265,3 +265,99 @@ def test_every_command_gives_a_number_or_one_line(family, head, tmp_path, text_f
             ran += 1
     scored = head_of_config(load_model(a).config).scored
     assert (ran > 2) == scored  # a scored head measures; an unscored one gets the weights' views
+
+
+# ---- a MultiBERTs-shaped pair: two pre-training checkpoints of different seeds -----------------
+
+
+@pytest.fixture(scope="module")
+def multiberts(tmp_path_factory) -> tuple[Path, Path]:
+    """Two BertForPreTraining models (masked-LM and next-sentence heads) of two seeds, reading
+    the shipped pystdlib text as characters."""
+    root = tmp_path_factory.mktemp("multiberts")
+    sizes = dict(layers=2, d=32, heads=4, ffn=64, vocab=VOCAB_SIZE, positions=64,
+                 head="BertForPreTraining")
+    return (save_random("bert", root / "seed0", seed=0, **sizes),
+            save_random("bert", root / "seed1", seed=1, **sizes))
+
+
+def test_multiberts_pair_gives_a_masked_lm_barrier_from_the_command_line(
+        multiberts, tmp_path, capsys):
+    """The masked-LM loss of a pre-training checkpoint is its MLM head's, as transformers'
+    BertForMaskedLM computes it from the same weights; the CLI's barriers, with and without
+    matching, are the library's numbers."""
+    import transformers as T
+
+    from rotviz.evaluation import evaluate, split_for
+
+    a, b = (load_model(p) for p in multiberts)
+    split = split_for(a, "pystdlib", "test")
+    assert split.task == "masked" and head_of_config(a.config).kind == "pretraining"
+    part = split.subset(128)
+    ours = evaluate(a, part)
+    reference = T.BertForMaskedLM.from_pretrained(multiberts[0]).eval()
+    with torch.no_grad():
+        total = count = 0.0
+        for x, y in part.batches(64):
+            n = int((y != -100).sum())
+            total += float(reference(input_ids=x, labels=y).loss) * n
+            count += n
+    assert ours["loss"] == pytest.approx(total / count, rel=1e-5)
+
+    mids = []  # the masked-LM loss halfway, unmatched and matched
+    for spec in ("none", "seed"):
+        js = tmp_path / f"{spec}.json"
+        assert main(["barrier", str(multiberts[0]), str(multiberts[1]), "--data", "pystdlib",
+                     "--points", "3", "--match", spec, "--json", str(js)]) == 0
+        got = json.loads(js.read_text())
+        ends = (from_matched(a, b, None, None) if spec == "none"
+                else match_endpoints(a, b, spec))
+        want = measure("barrier", ends, split, points=3)
+        assert got["loss"] == pytest.approx(want.loss, abs=1e-9)
+        assert got["barrier"] == pytest.approx(want.barrier, abs=1e-9)
+        mids.append(got["loss"][1])
+        assert got["loss"][0] == pytest.approx(evaluate(a, split)["loss"], rel=1e-6)
+    assert abs(mids[0] - mids[1]) > 1e-4  # matching moved the path
+    assert "barrier [seed]" in capsys.readouterr().out
+
+
+def test_two_heads_of_one_body_match_on_what_they_share(multiberts, tmp_path, capsys):
+    """A pre-training checkpoint against a classifier of another seed (and a headless
+    model): matching aligns the shared body, moves the source's own head with it (its
+    function kept), leaves the anchor's alone, and says so; a loss measurement refuses."""
+    cls = save_random("bert", tmp_path / "cls", seed=2, layers=2, d=32, heads=4, ffn=64,
+                      vocab=VOCAB_SIZE, positions=64)
+    bare = save_random("bert", tmp_path / "bare", seed=3, layers=2, d=32, heads=4, ffn=64,
+                       vocab=VOCAB_SIZE, positions=64, head="BertModel")
+    pre = multiberts[0]
+    report = tmp_path / "r.json"
+    assert main(["match", str(pre), str(cls), "--match", "seed,heads", "--out",
+                 str(tmp_path / "m"), "--report", str(report)]) == 0
+    said = capsys.readouterr().out
+    assert "heads differ (BertForPreTraining vs BertForSequenceClassification)" in said
+    heads = json.loads(report.read_text())["different_heads"]
+    assert heads["source_only"] == ["classifier.weight", "classifier.bias"]
+    assert "cls.seq_relationship.weight" in heads["anchor_only"]
+    assert heads["matched"] == 39 and "bert.pooler.dense.weight" in \
+        heads["matched_outside_blocks"]
+    written = load_model(tmp_path / "m")
+    source = load_model(cls)
+    assert max_output_diff(source, source.state, written.state) <= 1e-4
+    anchor = load_model(pre)
+    before = json.loads(report.read_text())["distance_before"]["total"]
+    after = json.loads(report.read_text())["distance_after"]["total"]
+    assert after < before
+    # the reported distance is over the tensors both hold, recomputed here by name
+    shared = [k for k in source.state if k in anchor.state]
+    assert len(shared) == 39
+    direct = sum(float(((written.state[k].double() - anchor.state[k].double()) ** 2).sum())
+                 for k in shared) ** 0.5
+    assert direct == pytest.approx(after, rel=1e-6)
+
+    # a headless anchor: its body sits at the top, the source's under bert.
+    assert main(["match", str(bare), str(pre), "--out", str(tmp_path / "m2")]) == 0
+    assert "heads differ (BertModel vs BertForPreTraining)" in capsys.readouterr().out
+    assert main(["distances", str(pre), str(cls)]) == 0
+    assert main(["barrier", str(pre), str(cls), "--data", "pystdlib"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "different heads" in err[0]
