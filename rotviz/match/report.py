@@ -89,7 +89,8 @@ class MatchReport:
             "act": self.act,
             "learned": self.learned,
             "widths": self.widths,
-            "different_heads": self.different_heads,
+            # only for one body under two heads: a pair of one head reports as it always has
+            **({"different_heads": self.different_heads} if self.different_heads else {}),
             "max_output_diff": self.max_output_diff,
             "stored_dtype": self.stored_dtype,
             "stored_output_diff": self.stored_output_diff,
