@@ -131,8 +131,10 @@ def split_for(loaded: Loaded, ref: str, split: str = "test", seed: int = 0,
     tokenizer (or rotviz's characters for a model that declares them), as masked-LM data for
     a masked LM, in windows of `seq_len` tokens; labelled rows (csv:, jsonl:, ...) for the
     model's classifier head, with `columns`; images as they are. One line when the model
-    cannot be fed the data. Every file (data, tokenizer, image processor) is read through
-    `confined` (rotviz.confine; the app's confines reads to its roots)."""
+    cannot be fed the data (first of all, a model whose head no loss scores). Every file
+    (data, tokenizer, image processor) is read through `confined` (rotviz.confine; the app's
+    confines reads to its roots)."""
+    check_scored(loaded)
     kind = ref.partition(":")[0]
     if kind in LABELLED_KINDS:
         if loaded.spec.inputs == "pixels":
@@ -165,15 +167,21 @@ def _reading(encoding: str) -> str:
     return f"another tokenizer ({encoding})" if encoding else "no vocabulary"
 
 
-def check_fits(loaded: Loaded, split: Split) -> None:
-    """Data must fit the model's task: one clear line when it does not."""
-    spec = loaded.spec
+def check_scored(loaded: Loaded) -> None:
+    """One line when no loss scores `loaded`'s head (headless, question answering, multiple
+    choice, ...: rotviz.heads), before any data is read for it."""
     own = head_of_config(loaded.config)
     if not own.scored:
         raise RotvizError(
             f"{loaded.ref} ({own.class_name or 'no head class'}) has {own.words}, which no "
             f"loss scores: a measurement of the loss needs {SCORED_HEADS}; {WEIGHTS_ONLY} "
             "need no data")
+
+
+def check_fits(loaded: Loaded, split: Split) -> None:
+    """Data must fit the model's task: one clear line when it does not."""
+    spec = loaded.spec
+    check_scored(loaded)
     if spec.inputs == "pixels":
         if split.task != "image":
             raise RotvizError(
