@@ -247,24 +247,25 @@ def test_every_command_gives_a_number_or_one_line(family, head, tmp_path, text_f
              "flat": ["--per-layer", "1", "--examples", "16", "--curvature", "no"],
              "rounds": ["--points", "3"]}
     ran = 0
-    for m in measurements():
-        if m.inputs is not None:  # series of checkpoints, spawn folders, N models: own tests
-            continue
-        argv = [m.name, str(a)] + ([str(b)] if m.pair else []) + (["--data", data] if m.data
-                                                                   else [])
-        argv += small.get(m.name, [])
+    commands = [(m.name, [m.name, str(a)] + ([str(b)] if m.pair else []) +
+                 (["--data", data] if m.data else []) + small.get(m.name, []))
+                for m in measurements() if m.inputs is None]  # series, N models: own tests
+    commands += [("match", ["match", str(a), str(b), "--out", "matched"]),
+                 ("eval", ["eval", str(a), "--data", data])]
+    for name, argv in commands:
         capfd.readouterr()
         rc = main(argv)
         out, err = capfd.readouterr()
-        assert "Traceback" not in err, (m.name, err)
-        assert rc in (0, 2), (m.name, rc, err)
+        assert "Traceback" not in err, (name, err)
+        assert rc in (0, 2), (name, rc, err)
         if rc == 2:
             lines = [x for x in err.splitlines() if x.strip()]
-            assert len(lines) == 1 and lines[0].startswith("rotviz: error:"), (m.name, err)
+            assert len(lines) == 1 and lines[0].startswith("rotviz: error:"), (name, err)
         else:
-            assert re.search(r"\d\.\d", out), (m.name, out)
+            assert re.search(r"\d\.\d", out), (name, out)
             ran += 1
-    views = sum(1 for m in measurements() if m.inputs is None and not m.data)
+    assert (tmp_path / "matched" / "config.json").exists()  # matching runs on every head
+    views = 1 + sum(1 for m in measurements() if m.inputs is None and not m.data)
     if head_of_config(load_model(a).config).scored:
         assert ran > views  # a scored head's losses are measured too
     else:
