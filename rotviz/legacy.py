@@ -47,6 +47,8 @@ def read_past(module: nn.Module, spec: ArchSpec, config: Mapping,
     whose tensors were judged with their shapes before (rotviz.sources.hf filters what
     transformers reports after rotviz.skeleton.check_fits has checked the headers)."""
     shapes = dict(tensors) if isinstance(tensors, Mapping) else dict.fromkeys(tensors)
+    if not shapes:  # a load transformers found nothing unexpected in: the common case
+        return set()
     own = set(module.state_dict())
     extra = [n for n in shapes if n not in own]
     if not extra:
