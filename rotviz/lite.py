@@ -24,6 +24,7 @@ from rotviz.arch import spec_for
 from rotviz.arch.vit_names import runtime_name
 from rotviz.confine import ANYWHERE, Confined
 from rotviz.devices import SHORT_ATTENTION
+from rotviz.legacy import read_past
 from rotviz.models import (
     HALF,
     Loaded,
@@ -209,6 +210,10 @@ class LiteGPT2(nn.Module):
     """GPT2LMHeadModel's forward (causal pre-LN decoder, head tied to wte) in plain torch."""
 
     TIED = {"lm_head.weight": "transformer.wte.weight"}
+    # GPT2PreTrainedModel's own list (old checkpoints' causal masks), mirrored without
+    # importing transformers so that rotviz.legacy reads past what transformers does;
+    # tests/test_legacy_buffers.py compares the two
+    _keys_to_ignore_on_load_unexpected = ("attn.bias", "crossattention.bias")
 
     def __init__(self, cfg: dict):
         super().__init__()
@@ -295,8 +300,13 @@ def load_lite(ref: str | os.PathLike, device: torch.device | str = "cpu",
     module = lite_module(config)
     if module is None:
         return None
-    weights = checkpoint.read(checkpoint.keys(), None)
-    weights = {runtime_name(k): v for k, v in weights.items()}
+    spec = spec_for(config)
+    runtime = {k: runtime_name(k) for k in checkpoint.keys()}
+    # old-format buffers (GPT-2's masks and fill values) are read past, as load_model does
+    past = read_past(module, spec, config,
+                     {runtime[k]: e.shape for k, e in checkpoint.entries.items()})
+    weights = checkpoint.read([k for k in checkpoint.keys() if runtime[k] not in past], None)
+    weights = {runtime[k]: v for k, v in weights.items()}
     tied = getattr(module, "TIED", {})
     for alias, owner in tied.items():
         if alias in weights:
@@ -317,7 +327,7 @@ def load_lite(ref: str | os.PathLike, device: torch.device | str = "cpu",
     module.requires_grad_(False)
     state = dict(module.state_dict())
     check_finite(state, path)
-    return Loaded(str(ref), Path(path), config, spec_for(config), module, state, stored)
+    return Loaded(str(ref), Path(path), config, spec, module, state, stored)
 
 
 def load_for_eval(ref: str | os.PathLike, device: torch.device | str = "cpu",

@@ -19,6 +19,7 @@ from torch import nn
 
 from rotviz.arch import ArchSpec
 from rotviz.errors import RotvizError
+from rotviz.legacy import read_past
 from rotviz.sources import call, source_of
 
 Tensor = torch.Tensor
@@ -197,7 +198,8 @@ def check_fits(spec: ArchSpec, config: dict, meta: Mapping[str, Tensor], where) 
     and the checkpoint lacks, tensors it does not have, tensors of the wrong shape. The
     module is built on meta (nothing allocated), so a config whose `architectures` names a
     class the weights do not fit is refused before a real module is built; the streamed and
-    in-memory paths both ask here. A checkpoint whose names the loader converts (split,
+    in-memory paths both ask here. Old-format buffers the module's class reads past
+    (rotviz.legacy) are not unexpected. A checkpoint whose names the loader converts (split,
     merged) cannot be compared name by name: the loader's own check decides there."""
     import re
     from pathlib import Path
@@ -214,8 +216,7 @@ def check_fits(spec: ArchSpec, config: dict, meta: Mapping[str, Tensor], where) 
         return
     given = {names[n]: t for n, t in meta.items()}
     own = module.state_dict()
-    ignore_unexpected = [re.compile(p) for p in
-                         getattr(module, "_keys_to_ignore_on_load_unexpected", None) or []]
+    past = read_past(module, spec, config, {n: tuple(t.shape) for n, t in given.items()})
     ignore_missing = [re.compile(p) for p in
                       getattr(module, "_keys_to_ignore_on_load_missing", None) or []]
     ties = dict(spec.tied)
@@ -226,8 +227,7 @@ def check_fits(spec: ArchSpec, config: dict, meta: Mapping[str, Tensor], where) 
     missing = [n for n, _ in module.named_parameters() if n not in given
                and not any(p.search(n) for p in ignore_missing)
                and not (tie and ties.get(n) in given)]
-    unexpected = [n for n in given if n not in own
-                  and not any(p.search(n) for p in ignore_unexpected)]
+    unexpected = [n for n in given if n not in own and n not in past]
     mismatched = [n for n, t in given.items()
                   if n in own and tuple(own[n].shape) != tuple(t.shape)]
     fit_error(where, missing, unexpected, [])
@@ -235,3 +235,14 @@ def check_fits(spec: ArchSpec, config: dict, meta: Mapping[str, Tensor], where) 
         raise RotvizError(f"cannot read the weights in '{where}' (a tensor's shape differs from "
                           f"what config.json describes: {mismatched[:3]}); the file is corrupt "
                           "or does not fit config.json")
+
+
+def legacy_tensors(spec: ArchSpec, config: dict, module: nn.Module,
+                   meta: Mapping[str, Tensor]) -> frozenset[str]:
+    """The checkpoint's tensors (`meta`: names and shapes from its headers) that `module`, built
+    from `config`, reads past (rotviz.legacy.read_past), under the checkpoint's own names: what a
+    streamed run neither reads nor writes. The source's one line (RotvizError) where its
+    loader converts the checkpoint's names, which cannot be compared name by name."""
+    names = source_of(spec).checkpoint_names(module, list(meta))
+    past = read_past(module, spec, config, {names[n]: tuple(t.shape) for n, t in meta.items()})
+    return frozenset(n for n in meta if names[n] in past)

@@ -133,6 +133,14 @@ class ArchSpec:
     # without a tensor of their own (DeBERTa's masked-LM head reads the word embeddings): the
     # stream cannot be mapped where one is present
     hidden_ties: tuple[tuple[str, str], ...] = ()  # (module, the writer it decodes with)
+    # Tensors that checkpoints saved by older transformers versions hold and the installed
+    # classes neither have nor list among the names they ignore on load (GPT-2's per-layer
+    # `attn.masked_bias`, a fill value that attention now computes): regular expressions
+    # searched in the module's full tensor names, as transformers' own
+    # `_keys_to_ignore_on_load_unexpected` are. Only what transformers leaves unsaid goes
+    # here; rotviz.legacy reads the rest from the classes and reads past small buffer-like
+    # tensors only
+    legacy_buffers: Names = ()
 
     def describes(self, config: Mapping) -> bool:
         """Whether `config` (config.json of a checkpoint) is a model of this family."""

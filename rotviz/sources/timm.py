@@ -13,6 +13,7 @@ from torch import nn
 
 from rotviz.arch.spec import ArchSpec
 from rotviz.confine import ANYWHERE, Confined
+from rotviz.legacy import read_past
 from rotviz.sources.base import Source
 from rotviz.sources.files import fit_error, floating_dtypes, read_weights
 
@@ -46,6 +47,9 @@ class TimmSource(Source):
         """The module is float32 (load_state_dict casts into it); the dtypes are the file's."""
         weights = read_weights(path, confined)
         model, full_cfg = self.build(config, spec)
+        # buffers the module no longer saves are read past, as skeleton.check_fits allowed
+        past = read_past(model, spec, config, {k: tuple(v.shape) for k, v in weights.items()})
+        weights = {k: v for k, v in weights.items() if k not in past}
         own = model.state_dict()
         missing = [k for k in own if k not in weights]
         unexpected = [k for k in weights if k not in own]

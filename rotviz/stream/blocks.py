@@ -35,7 +35,7 @@ from rotviz.models import (
     read_config,
     resolve_ref,
 )
-from rotviz.skeleton import BlockStreamed, Provider, Reader, build_meta
+from rotviz.skeleton import BlockStreamed, Provider, Reader, build_meta, legacy_tensors
 from rotviz.sources import source_of
 from rotviz.symmetry.actions import LayerTransform, apply_layer
 from rotviz.symmetry.view import (
@@ -66,21 +66,29 @@ class Streamed:
     layout: Layout
     dims: Dims
     block_keys: tuple[tuple[str, ...], ...]  # per block, the names its view reads
-    rest: tuple[str, ...]  # every other name, in checkpoint order
+    rest: tuple[str, ...]  # every other name the model reads, in checkpoint order
     tied: tuple[tuple[str, str], ...]
     confined: Confined = ANYWHERE  # what every later read of the folder goes through
+    # old-format buffers the model's class reads past (rotviz.legacy): never read, compared
+    # or written, as a loaded model does not hold them
+    dropped: frozenset[str] = frozenset()
+
+    @property
+    def keys(self) -> list[str]:
+        """The checkpoint's names the model reads (all but `dropped`), in checkpoint order."""
+        return [n for n in self.checkpoint.keys() if n not in self.dropped]
 
     @cached_property
     def state(self) -> dict[str, Tensor]:
         """Meta tensors (names, shapes, dtypes) for the checks that compare two models."""
-        return self.checkpoint.meta_state()
+        return {n: t for n, t in self.checkpoint.meta_state().items() if n not in self.dropped}
 
     @property
     def stored_dtype(self) -> torch.dtype:
         """The floating dtype holding most parameters (as `Loaded.stored_dtype`)."""
         return dominant_dtype((e.dtype, math.prod(e.shape))
-                              for e in self.checkpoint.entries.values()
-                              if e.dtype.is_floating_point)
+                              for n, e in self.checkpoint.entries.items()
+                              if e.dtype.is_floating_point and n not in self.dropped)
 
     def runner(self, module, rest: Reader, provider: Provider,
                stream_rest: bool = True) -> BlockStreamed:
@@ -110,6 +118,11 @@ def open_streamed(ref: str | os.PathLike, confined: Confined = ANYWHERE) -> Stre
     assert checkpoint is not None
     module, full = build_meta(spec, config)
     meta = checkpoint.meta_state()
+    try:
+        dropped = legacy_tensors(spec, config, module, meta)
+    except RotvizError:  # names the loader converts: the runner says so, as before
+        dropped = frozenset()
+    meta = {n: t for n, t in meta.items() if n not in dropped}
     layout = resolve_layout(spec, meta)
     dims = model_dims(spec, full, meta, layout)
     block_keys = []
@@ -117,7 +130,7 @@ def open_streamed(ref: str | os.PathLike, confined: Confined = ANYWHERE) -> Stre
     for prefix in layout.blocks:
         used: set[str] = set()
         read_block(spec, dims, layout, meta, prefix, used)
-        ordered = tuple(n for n in checkpoint.keys() if n in used)
+        ordered = tuple(n for n in meta if n in used)
         linear = {meta[n].dtype for n in ordered if "norm" not in n.lower()}
         if len(linear) > 1:
             kinds = ", ".join(sorted(str(d).removeprefix("torch.") for d in linear))
@@ -127,9 +140,10 @@ def open_streamed(ref: str | os.PathLike, confined: Confined = ANYWHERE) -> Stre
                 "dtype")
         block_keys.append(ordered)
         used_all |= used
-    rest = tuple(n for n in checkpoint.keys() if n not in used_all)
+    rest = tuple(n for n in meta if n not in used_all)
     return Streamed(str(ref), path, full, spec, checkpoint, layout, dims, tuple(block_keys),
-                    rest, _ties(spec, config, set(meta), set(module.state_dict())), confined)
+                    rest, _ties(spec, config, set(meta), set(module.state_dict())), confined,
+                    dropped)
 
 
 def streaming_refusal(options: MatchOptions) -> str | None:

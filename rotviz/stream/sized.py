@@ -87,7 +87,7 @@ class Opened:
         for m in self.models[1:]:
             check_compatible(self.models[0], m)  # type: ignore[arg-type]  # duck-typed
         self.device = torch.device(wide_device(device))
-        self.keys = self.models[0].checkpoint.keys()
+        self.keys = self.models[0].keys  # old-format buffers left out (rotviz.legacy)
         loaded = sized_loaded(self.models[0])
         self.ev = Evaluator(loaded, split, self.device, batch_size)
         self.module = self.ev.module  # the module evaluations run (rotviz.evaluation)
@@ -258,8 +258,9 @@ def float32(tensors: dict[str, Tensor], device: torch.device) -> dict[str, Tenso
 def check_cache_space(model: Streamed, cache: Path) -> None:
     """One line, before any work, where the cache's disk cannot hold the merged model in
     float32."""
+    entries = model.checkpoint.entries
     need = sum(math.prod(e.shape) * (4 if e.dtype.is_floating_point else e.dtype.itemsize)
-               for e in model.checkpoint.entries.values())
+               for e in (entries[n] for n in model.keys))
     free = shutil.disk_usage(cache).free
     if free < need:
         raise RotvizError(f"merging at size caches the merged model in float32 ({need / 1e9:.1f}"

@@ -35,6 +35,9 @@ SPEC = ArchSpec(
     stream_norms=(),
     readers=("lm_head", "score", "classifier", "qa_outputs"),  # per position: token cls, QA
     tied=(("lm_head.weight", "transformer.wte.weight"),),
+    # older transformers versions saved each layer's attention fill value (-1e4); today's
+    # GPT2Attention has no such buffer and GPT-2's classes list only `attn.bias`
+    legacy_buffers=(r"(^|\.)h\.\d+\.attn\.masked_bias$",),
 )
 
 
