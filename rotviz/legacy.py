@@ -12,10 +12,12 @@ Which names a class reads past is taken from the installed classes wherever they
 `PreTrainedModel.post_init` does), the patterns that
 `PreTrainedModel._adjust_missing_and_unexpected_keys` adds (rotary `inv_freq`, `position_ids`),
 and the module's non-persistent buffers. What the classes leave unsaid is data in the family's
-file (`ArchSpec.legacy_buffers`). A name alone is not enough: a tensor is read past only when it
-is shaped like such a buffer (`buffer_like`), so that a real weight under a matching name
-(DeBERTa lists `position_embeddings`) is refused rather than silently dropped. Nothing here
-imports transformers: the lite loader (rotviz.lite) asks too.
+file (`ArchSpec.legacy_buffers`). A name the class lists itself is read past whatever its shape,
+as transformers does (DeBERTa lists `position_embeddings`, a table its module does not have when
+`position_biased_input` is off). A name known otherwise (a non-persistent buffer's, the added
+patterns', the family file's) is not enough: such a tensor is read past only when it is shaped
+like a buffer (`buffer_like`), so that a weight under a matching name is refused rather than
+silently dropped. Nothing here imports transformers: the lite loader (rotviz.lite) asks too.
 """
 
 from __future__ import annotations
@@ -53,12 +55,18 @@ def read_past(module: nn.Module, spec: ArchSpec, config: Mapping,
     extra = [n for n in shapes if n not in own]
     if not extra:
         return set()
+    # the class's own list, whatever the shape: transformers drops those names from every
+    # load (DeBERTa's unused position table, GPT-2's masks), and the module holds nothing
+    # they could feed
+    listed = [re.compile(p) for p in _class_patterns(module)]
+    out = {n for n in extra if any(p.search(n) for p in listed)}
     buffers = {n for n, _ in module.named_buffers()} - own  # non-persistent: never saved now
-    patterns = [re.compile(p) for p in (*_class_patterns(module), *spec.legacy_buffers)]
-    named = {n for n in extra if n in buffers or any(p.search(n) for p in patterns)}
-    named |= _transformers_ignores(module, [n for n in extra if n not in named])
+    patterns = [re.compile(p) for p in spec.legacy_buffers]
+    named = {n for n in extra if n not in out and (n in buffers or any(p.search(n)
+                                                                       for p in patterns))}
+    named |= _transformers_ignores(module, [n for n in extra if n not in out | named])
     bound = _bound(spec, config)
-    return {n for n in named if shapes[n] is None or buffer_like(shapes[n], bound)}
+    return out | {n for n in named if shapes[n] is None or buffer_like(shapes[n], bound)}
 
 
 def buffer_like(shape: Shape, bound: int) -> bool:
