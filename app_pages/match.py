@@ -230,17 +230,23 @@ HEAD_COLUMNS = _head_columns()
 
 
 def body() -> None:
-    if not common.require_pair(s):
+    if not common.require_pair(s, loss=False):  # matching reads the weights: any head
         return
     if not common.should_run("match", submitted, s):
         st.info("Press **Run** to match this pair.")
         return
+    scored = common.pair_scored(s)  # else no barrier: matching and distances only
+    barriers = with_barrier and scored
+    if (with_barrier or replay) and not scored:
+        st.caption(":material/info: No loss barriers here: no loss scores this pair (the "
+                   "Models page says what each head allows), so the ablation and the replay "
+                   "measure distances only.")
     spec = chosen_spec()
     base = {**s.base(), "layers": layers.strip()}
     specs = offered(ABLATION_CHOICES, residual_why)
     if spec not in specs:
         specs.append(spec)
-    with common.progress("Matching", 1 + len(specs) * (2 if with_barrier else 1),
+    with common.progress("Matching", 1 + len(specs) * (2 if barriers else 1),
                          stop="match") as step:
         step(f"matching with {style.nice_label(spec)}")
         res = common.compute("match", {**base, **app.spec_cfg(spec, steps)}, step.detail)
@@ -251,7 +257,7 @@ def body() -> None:
             r = common.compute("match", cfg, step.detail)
             row = {"match": sp, "distance": r["after_total"],
                    "max_output_diff": r["max_output_diff"], "preserved": r["preserved"]}
-            if with_barrier:
+            if barriers:
                 step(f"barrier: {style.nice_label(sp)}")
                 cur = common.compute("barrier", app.measure_cfg(
                     base, sp, base.get("layers", ""), steps, points=POINTS,
@@ -284,7 +290,7 @@ def body() -> None:
     figures, tables = beyond(res)
     anims = {}
     data_free = not any(f in spec.split(",") for f in ("act", "learned"))
-    if replay and data_free and (rep.get("residual") or {}).get("rounds"):
+    if replay and scored and data_free and (rep.get("residual") or {}).get("rounds"):
         anims["rounds"] = rounds(base, spec)
     st.subheader("Ablation: what each option buys")
     st.caption("Each bar matches the source with one option set (all layers chosen above). "
