@@ -800,6 +800,20 @@ def require_pair(s: Setup, loss: bool = True) -> bool:
     return True
 
 
+def unscored_why(s: Setup) -> str | None:
+    """Why the sidebar's pair has no loss (a head none scores, or one body under two heads),
+    for a form that offers what needs one (matching from data); None when it has one, or
+    when the pair cannot be read (the page's `require_pair` says why)."""
+    if not s.anchor or not s.source or s.error:
+        return None
+    try:
+        return None if pair_scored(s) else ("no loss scores this pair, and matching from "
+                                            "data evaluates one (the Models page says what "
+                                            "each head allows)")
+    except RotvizError:
+        return None
+
+
 def pair_scored(s: Setup) -> bool:
     """Whether a loss can be evaluated on the sidebar's pair (rotviz.app.scored_pair): the
     Match page measures its ablation's barriers only then. A pair read block by block is

@@ -39,6 +39,7 @@ st.markdown(
 SOLVERS = {"none": "no: from the weights alone", "act": "activation matching",
            "learned": "learned matching (trains)", "act,learned": "activations, then learned"}
 residual_why = common.residual_why(s.anchor) if s.anchor else None
+data_why = common.unscored_why(s)  # matching from data needs a loss
 
 with st.form("match_form"):
     st.markdown("**Per-layer maps** (the seed paper's three, and head permutation)")
@@ -61,12 +62,13 @@ with st.form("match_form"):
         c[0].caption(m.why if residual_why is None else
                      f"Not available for this pair: {residual_why}.")
     solver = c[1].selectbox("Use data", list(SOLVERS), format_func=SOLVERS.get, key="m_solver",
-                            bind="query-params",
+                            bind="query-params", disabled=data_why is not None,
                             help=f"Trains on the training split of {s.data}. Here learned "
                                  "matching starts from the maps switched on above (the command "
                                  "line's `learned` alone starts from activation matching, which "
                                  "needs far fewer steps).")
-    c[1].caption(WHY_UNCHANGED["learned"] + " It tunes the rotations switched on here: "
+    c[1].caption(f"Not available for this pair: {data_why}." if data_why is not None else
+                 WHY_UNCHANGED["learned"] + " It tunes the rotations switched on here: "
                  "every head's, and the residual map's when that is on."
                  if "learned" in solver else WHY_UNCHANGED["act"])
     steps = int(c[2].number_input(
@@ -91,7 +93,10 @@ def chosen_spec() -> str:
     """The SPEC of the form, with the residual map left out (and said so) when the pair has
     none."""
     flags = [name for name, chosen in on.items() if chosen]
-    if solver != "none":
+    if solver != "none" and data_why is not None:  # from the URL: the widget is off
+        st.warning(f"Matching from data is not available for this pair: {data_why}. "
+                   "Matching from the weights alone instead.", icon=":material/info:")
+    elif solver != "none":
         flags += solver.split(",")
     spec = spec_label(",".join(flags) or "none")
     if residual_why is not None and uses_residual(spec):

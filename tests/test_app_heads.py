@@ -106,8 +106,8 @@ def test_headless_pair_cards_say_what_the_head_allows(head_root):
 
 def test_one_body_under_two_heads_is_matched_not_scored(head_root):
     """A headless anchor and a pre-training source: the Models page says the pair is
-    compared by its weights only; the Match page matches it (distances shrink, the function
-    check passes); the Merge page refuses it in one line."""
+    compared by its weights only; the Match page matches it from the weights (distances
+    shrink, the function check passes); the Merge page refuses it in one line."""
     a = str(head_root / "BertModel-s0")
     b = str(head_root / "BertForPreTraining-s1")
     at = app(anchor_path=a, source_path=b, data="pystdlib")
@@ -116,8 +116,13 @@ def test_one_body_under_two_heads_is_matched_not_scored(head_root):
                                            "parameters"]
     assert "The anchor has no head that a loss scores" in texts(at)
 
-    at = app("match", anchor_path=a, source_path=b, data="pystdlib", m_barrier="true")
+    # the barriers of the ablation and matching from data (asked for in the URL) need a loss:
+    # the page matches from the weights, and says so
+    at = app("match", anchor_path=a, source_path=b, data="pystdlib", m_barrier="true",
+             m_solver="activation matching")
     assert not at.error, [e.value for e in at.error]
+    assert at.selectbox(key="m_solver").disabled
+    assert any("Matching from data is not available" in w.value for w in at.warning)
     before, after = (numbers(tr["y"]) for tr in
                      figures(at)["Distance to the anchor per layer"]["data"])
     assert sum(after) < sum(before) - 1e-3
