@@ -85,8 +85,7 @@ def animated(curves: list[dict]):
                         format_func=style.nice_label, key="b_anim",
                         help="Press ▶ play under the chart; the slider steps through α.")
     fig = BARRIER.animate(curves[names.index(pick)])
-    st.caption("The loss at each α so far, and what the model at that α answers on the first "
-               "test inputs (green: right; vermillion: wrong; p: its probability).")
+    st.caption(summaries.path_note(curves[names.index(pick)]))
     common.animation(fig, "barrier_anim", f"barrier-path-{pick.replace(',', '-')}")
     return fig
 
@@ -168,10 +167,10 @@ def body() -> None:
     note.empty()
     with live:
         common.chart(fig_loss, "barrier_loss")
-    st.caption("Dotted vertical segments mark each barrier: the largest rise of the loss above "
-               "the straight line between the two end points (the generalized-LMC definition). "
-               "The table also gives the loss range (max − min on the path), the seed paper's "
-               "number.")
+    st.caption(summaries.loss_note(curves[0]) + " Dotted vertical segments mark each "
+               "barrier: the largest rise of the loss above the straight line between the two "
+               "end points (the generalized-LMC definition). The table also gives the loss "
+               "range (max − min on the path), the seed paper's number.")
     rows = [{
         "matching": style.nice_label(c["match"]), "spec": c["match"],
         "barrier": c["barrier"], "loss range": c["loss_range"], "loss at α=0.5": c["mid_loss"],

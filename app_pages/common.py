@@ -36,7 +36,7 @@ from typing import Any
 import streamlit as st
 
 from rotviz import app
-from rotviz.app import Progress, cache, specs
+from rotviz.app import Progress, cache, specs, summaries
 from rotviz.app import export as app_export
 from rotviz.app import roots as app_roots
 from rotviz.devices import (
@@ -200,10 +200,10 @@ def sidebar(before_torch: Callable[[], None] | None = None) -> Setup:
     except RotvizError as e:
         error = str(e)
     sb.markdown("### Data")
-    auto = app_roots.data_of(anchor) if anchor else "digits"
+    auto, why = app_roots.auto_data(anchor) if anchor else ("digits", "the default")
     data_choices = ["auto", *app_roots.BUILTIN_DATA, *data_found(roots)]
     data = sb.selectbox("Data source", data_choices, key="data", bind="query-params",
-                        format_func=lambda d: f"auto ({auto}, from the model card)"
+                        format_func=lambda d: f"auto ({auto}, {why})"
                         if d == "auto" else d, disabled=bool(typed["data_path"]),
                         help="Evaluated on its fixed, seeded test split: the built-in sets and "
                              "the data files and folders found under the roots. Text goes "
@@ -397,7 +397,6 @@ def warm_up(s: Setup) -> None:
     computes it and says what went wrong."""
     if not s.anchor or not s.source or params_in_pair(s) > SMALL_PAIR or s.sized[0]:
         return
-    refs = list(dict.fromkeys((s.anchor, s.source)))
     ahead = app.barrier_defaults(s.base(), _residual_why(s.anchor))
     if all(is_cached("barrier", cfg) for cfg in ahead):
         return  # warmed up before: nothing to get ready
@@ -408,12 +407,14 @@ def warm_up(s: Setup) -> None:
     def work() -> None:
         try:
             app.warm_up()
-            for ref in refs:
-                AppResources().load_eval(ref)
+            loaded = [AppResources().load_eval(ref) for ref in (s.anchor, s.source)]
+            scored = app.scored_pair(*loaded)
         except Exception:  # noqa: BLE001 - the page's own load reports it
             return
         finally:
             busy.release()  # pages go on from here; what follows shares the caches' locks
+        if not scored:  # no loss on this pair (a headless one, say): no curve to compute
+            return
         with _AHEAD:
             try:
                 for cfg in ahead:
@@ -436,7 +437,7 @@ def opening_cards(seed: int = 0, n_eval: int = 0) -> list[dict]:
     if not anchor or not source or not 0 < _params_in(res, (anchor, source)) <= SMALL_PAIR \
             or _sized(anchor, source, 0)[0]:
         return []
-    data = app_roots.data_of(anchor)
+    data = app_roots.auto_data(anchor)[0]  # the sidebar's "auto"
     return [_compute(res, "card", {"ref": ref, "data": data, "seed": seed, "n_eval": n_eval})
             for ref in (anchor, source)]
 
@@ -754,10 +755,13 @@ def guard(fn: Callable[[], Any]) -> Any:
     return None
 
 
-def require_pair(s: Setup) -> bool:
+def require_pair(s: Setup, loss: bool = True) -> bool:
     """Show why the pair cannot be used; False stops the page body. Checks the pair as the
     computations take it (rotviz.app.load_eval: no transformers import where plain torch
-    computes the same logits); no page needs more."""
+    computes the same logits); no page needs more. A page that evaluates no loss (`loss`
+    False: the Models, Match and Spectra pages) takes a pair whose head no loss scores
+    (headless, question answering, ...) and one body under two heads, with no data read;
+    a page that does refuses them in one line, and says which pages take them."""
     if s.error:
         st.error(s.error, icon=":material/error:")
         return False
@@ -765,17 +769,25 @@ def require_pair(s: Setup) -> bool:
         st.warning("Pick two models in the sidebar.")
         return False
     sized, need, limit = s.sized
+    weights_only = False  # refused for want of a head a loss scores
     try:
         res = resources()
         if sized:
-            app.check_pair_at_size(res, s.base())
+            app.check_pair_at_size(res, s.base(), loss)
         else:
-            app.check_pair(res.load_eval(s.anchor), res.load_eval(s.source),
-                           res.split(s.data, s.seed, s.n_eval, s.anchor))
+            a, b = res.load_eval(s.anchor), res.load_eval(s.source)
+            weights_only = not app.scored_pair(a, b)
+            app.check_pair(a, b, res.split(s.data, s.seed, s.n_eval, s.anchor)
+                           if app.needs_data(a, b, loss) else None, heads=not loss)
     except RotvizError as e:
         st.error(str(e), icon=":material/error:")
-        st.info("Pick another pair or data source in the sidebar; the rest of the app keeps "
-                "working.")
+        if weights_only and loss:
+            st.info(f"This page evaluates a loss. The {summaries.WEIGHT_PAGES} compare this "
+                    "pair by its weights; the **Models** page says what each model's head "
+                    "allows.", icon=":material/info:")
+        else:
+            st.info("Pick another pair or data source in the sidebar; the rest of the app "
+                    "keeps working.")
         return False
     if sized and not _SIZED_SHOWN.get():
         _SIZED_SHOWN.set(True)
@@ -786,6 +798,30 @@ def require_pair(s: Setup) -> bool:
                 "block by block each time; every other view says why it is off. Each result "
                 "says how much memory its run held.", icon=":material/memory:")
     return True
+
+
+def unscored_why(s: Setup) -> str | None:
+    """Why the sidebar's pair has no loss (a head none scores, or one body under two heads),
+    for a form that offers what needs one (matching from data); None when it has one, or
+    when the pair cannot be read (the page's `require_pair` says why)."""
+    if not s.anchor or not s.source or s.error:
+        return None
+    try:
+        return None if pair_scored(s) else ("no loss scores this pair, and matching from "
+                                            "data evaluates one (the Models page says what "
+                                            "each head allows)")
+    except RotvizError:
+        return None
+
+
+def pair_scored(s: Setup) -> bool:
+    """Whether a loss can be evaluated on the sidebar's pair (rotviz.app.scored_pair): the
+    Match page measures its ablation's barriers only then. A pair read block by block is
+    not loaded for it (its pages check it as they run)."""
+    if s.sized[0]:
+        return True
+    res = resources()
+    return app.scored_pair(res.load_eval(s.anchor), res.load_eval(s.source))
 
 
 # ---- showing results ---------------------------------------------------------------------

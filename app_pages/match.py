@@ -39,6 +39,7 @@ st.markdown(
 SOLVERS = {"none": "no: from the weights alone", "act": "activation matching",
            "learned": "learned matching (trains)", "act,learned": "activations, then learned"}
 residual_why = common.residual_why(s.anchor) if s.anchor else None
+data_why = common.unscored_why(s)  # matching from data needs a loss
 
 with st.form("match_form"):
     st.markdown("**Per-layer maps** (the seed paper's three, and head permutation)")
@@ -61,12 +62,13 @@ with st.form("match_form"):
         c[0].caption(m.why if residual_why is None else
                      f"Not available for this pair: {residual_why}.")
     solver = c[1].selectbox("Use data", list(SOLVERS), format_func=SOLVERS.get, key="m_solver",
-                            bind="query-params",
+                            bind="query-params", disabled=data_why is not None,
                             help=f"Trains on the training split of {s.data}. Here learned "
                                  "matching starts from the maps switched on above (the command "
                                  "line's `learned` alone starts from activation matching, which "
                                  "needs far fewer steps).")
-    c[1].caption(WHY_UNCHANGED["learned"] + " It tunes the rotations switched on here: "
+    c[1].caption(f"Not available for this pair: {data_why}." if data_why is not None else
+                 WHY_UNCHANGED["learned"] + " It tunes the rotations switched on here: "
                  "every head's, and the residual map's when that is on."
                  if "learned" in solver else WHY_UNCHANGED["act"])
     steps = int(c[2].number_input(
@@ -91,7 +93,10 @@ def chosen_spec() -> str:
     """The SPEC of the form, with the residual map left out (and said so) when the pair has
     none."""
     flags = [name for name, chosen in on.items() if chosen]
-    if solver != "none":
+    if solver != "none" and data_why is not None:  # from the URL: the widget is off
+        st.warning(f"Matching from data is not available for this pair: {data_why}. "
+                   "Matching from the weights alone instead.", icon=":material/info:")
+    elif solver != "none":
         flags += solver.split(",")
     spec = spec_label(",".join(flags) or "none")
     if residual_why is not None and uses_residual(spec):
@@ -230,17 +235,23 @@ HEAD_COLUMNS = _head_columns()
 
 
 def body() -> None:
-    if not common.require_pair(s):
+    if not common.require_pair(s, loss=False):  # matching reads the weights: any head
         return
     if not common.should_run("match", submitted, s):
         st.info("Press **Run** to match this pair.")
         return
+    scored = common.pair_scored(s)  # else no barrier: matching and distances only
+    barriers = with_barrier and scored
+    if (with_barrier or replay) and not scored:
+        st.caption(":material/info: No loss barriers here: no loss scores this pair (the "
+                   "Models page says what each head allows), so the ablation and the replay "
+                   "measure distances only.")
     spec = chosen_spec()
     base = {**s.base(), "layers": layers.strip()}
     specs = offered(ABLATION_CHOICES, residual_why)
     if spec not in specs:
         specs.append(spec)
-    with common.progress("Matching", 1 + len(specs) * (2 if with_barrier else 1),
+    with common.progress("Matching", 1 + len(specs) * (2 if barriers else 1),
                          stop="match") as step:
         step(f"matching with {style.nice_label(spec)}")
         res = common.compute("match", {**base, **app.spec_cfg(spec, steps)}, step.detail)
@@ -251,7 +262,7 @@ def body() -> None:
             r = common.compute("match", cfg, step.detail)
             row = {"match": sp, "distance": r["after_total"],
                    "max_output_diff": r["max_output_diff"], "preserved": r["preserved"]}
-            if with_barrier:
+            if barriers:
                 step(f"barrier: {style.nice_label(sp)}")
                 cur = common.compute("barrier", app.measure_cfg(
                     base, sp, base.get("layers", ""), steps, points=POINTS,
@@ -284,7 +295,7 @@ def body() -> None:
     figures, tables = beyond(res)
     anims = {}
     data_free = not any(f in spec.split(",") for f in ("act", "learned"))
-    if replay and data_free and (rep.get("residual") or {}).get("rounds"):
+    if replay and scored and data_free and (rep.get("residual") or {}).get("rounds"):
         anims["rounds"] = rounds(base, spec)
     st.subheader("Ablation: what each option buys")
     st.caption("Each bar matches the source with one option set (all layers chosen above). "

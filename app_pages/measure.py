@@ -88,7 +88,7 @@ def show(result: dict, cfg: dict) -> None:
 
 
 def body() -> None:
-    if not common.require_pair(s):
+    if not common.require_pair(s, loss=record.data):  # the weights' views take any head
         return
     if not common.should_run("measure", submitted, s):
         st.info("Press **Run** to compute it.")

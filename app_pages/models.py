@@ -3,6 +3,7 @@
 import streamlit as st
 
 from app_pages import boot, common
+from rotviz.app import summaries
 from rotviz.app.roots import card_of, recorded_card, short_name
 
 s = common.setup()
@@ -28,7 +29,7 @@ def body() -> None:
         with slot.container():
             draw_recorded(early)
     boot.ready()  # torch: the start-up thread's imports (app_pages/boot.py)
-    if not common.require_pair(s):
+    if not common.require_pair(s, loss=False):  # a card of a head no loss scores has none
         slot.empty()
         return
     if s.sized[0]:  # a card evaluates each model whole
@@ -50,10 +51,8 @@ def body() -> None:
         raise
     with slot.container():
         draw_cards(cards, FUNCTION_TOLERANCE)
-    rows = [{"role": r, **{k: v for k, v in c.items() if k != "check"},
-             "check_max_output_diff": c["check"]["max_output_diff"],
-             "check_passed": c["check"]["passed"]} for r, c in cards.items()]
-    common.export("models", {"page": "models", **s.base()}, cards, {"models": rows})
+    common.export("models", {"page": "models", **s.base()}, cards,
+                  {"models": summaries.card_rows(cards)})
     common.warm_up(s)  # the pair's full models, for the page the user opens next
 
 
@@ -85,36 +84,26 @@ def draw_recorded(early: dict[str, dict]) -> None:
 
 
 def draw_cards(cards: dict[str, dict], tolerance: float) -> None:
-    """Both models' cards, as evaluated here, with their functional checks."""
-    from rotviz.plots import style  # plotly: after the start-up thread's imports (boot.py)
-
-    st.success("The two models share one architecture: they can be matched, interpolated "
-               "and merged.", icon=":material/check:")
+    """Both models' cards, as evaluated here, with their heads and functional checks."""
+    note = summaries.pair_note(cards, common.pair_scored(s))
+    if note["kind"] == "all":
+        st.success(note["text"], icon=":material/check:")
+    else:
+        st.info(note["text"], icon=":material/info:")
     cols = st.columns(2)
     for col, (role, card) in zip(cols, cards.items(), strict=True):
         with col, st.container(border=True):
             st.subheader(f"{role.capitalize()}: {short_name(card['ref'])}")
-            scores = card.get("scores") or {}
-            m = st.columns(2 + max(1, len(scores)))  # the size moves below when F1 is shown
-            acc = card["acc"]
-            m[0].metric("test accuracy", "n/a" if acc != acc else f"{acc:.3f}",
-                        help=f"fraction of {card['n_eval']} test examples of {s.data} "
-                             "predicted right (per token for language models and token "
-                             "classifiers, per label for multi-label ones)")
-            m[1].metric("test loss", f"{card['loss']:.3f}",
-                        help="the head's own loss (cross-entropy in nats; squared error for "
-                             "regression)")
-            for j, (k, v) in enumerate(scores.items()):
-                m[2 + j].metric(f"test {style.metric_label(k)}", f"{v:.3f}",
-                                help=style.metric_help(k))
-            if not scores:
-                m[-1].metric("parameters", f"{card['params']:,}")
-            st.caption(f"Task: **{card.get('name', card.get('task', ''))}** (from the "
-                       f"model's head) · metrics: {', '.join(card.get('metrics', []))}")
+            if card["head"]["scored"]:
+                metrics(card)
+            else:
+                st.metric("parameters", f"{card['params']:,}")
+            head(card["head"])
             st.markdown(
                 f"**{card['family']}** · {card['n_layers']} layers · width {card['d_model']} · "
                 f"{card['n_heads']} heads of size {card['d_head']} · FFN {card['d_ffn']} "
-                f"({card['activation']})" + (f" · {card['params']:,} parameters" if scores else "")
+                f"({card['activation']})" + (f" · {card['params']:,} parameters"
+                                             if card["scores"] else "")
             )
             zoo_card = card_of(card["ref"])
             if zoo_card:
@@ -130,7 +119,40 @@ def draw_cards(cards: dict[str, dict], tolerance: float) -> None:
                        f"rotated and rescaled) moved the weights by {chk['distance']:.1f} "
                        "(Euclidean distance), and the outputs by:")
             common.function_badge(chk["max_output_diff"], tolerance,
-                                  "randomly transformed model")
+                                  "randomly transformed model (every output it has)")
+
+
+def metrics(card: dict) -> None:
+    """A scored model's test numbers: accuracy, loss, its task's scores (else its size)."""
+    from rotviz.plots import style  # plotly: after the start-up thread's imports (boot.py)
+
+    scores = card.get("scores") or {}
+    m = st.columns(2 + max(1, len(scores)))  # the size moves below when F1 is shown
+    acc = card["acc"]
+    m[0].metric("test accuracy", "n/a" if acc != acc else f"{acc:.3f}",
+                help=f"fraction of {card['n_eval']} test examples of {s.data} predicted right "
+                     "(per token for language models and token classifiers, per label for "
+                     "multi-label ones)")
+    m[1].metric("test loss", f"{card['loss']:.3f}",
+                help="the head's own loss (cross-entropy in nats; squared error for "
+                     "regression)")
+    for j, (k, v) in enumerate(scores.items()):
+        m[2 + j].metric(f"test {style.metric_label(k)}", f"{v:.3f}", help=style.metric_help(k))
+    if not scores:
+        m[-1].metric("parameters", f"{card['params']:,}")
+    st.caption(f"Task: **{card.get('name') or card.get('task') or ''}** (from the model's "
+               f"head) · metrics: {', '.join(card.get('metrics') or [])}")
+
+
+def head(h: dict) -> None:
+    """The model's head class, what it is and what it allows: a note, not an error, where no
+    loss scores it (its card then has no test numbers)."""
+    name = f"`{h['class']}`" if h["class"] else "no head class in config.json"
+    text = f"**Head**: {name}, {h['head']}. **Works on** {h['pages']}."
+    if h["scored"]:
+        st.caption(text, help=f"What rotviz can do with this model: {h['allows']}.")
+    else:
+        st.info(text, icon=":material/info:", title="No loss on this head")
 
 
 common.guard(body)

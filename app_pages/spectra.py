@@ -67,7 +67,7 @@ def per_layer(heads: list[dict], circuits: dict, font: int) -> None:
 
 
 def body() -> None:
-    if not common.require_pair(s):
+    if not common.require_pair(s, loss=False):  # the weights only: any head, or none
         return
     if not common.should_run("spectra", submitted, s):
         st.info("Press **Run** to match and show the spectra.")

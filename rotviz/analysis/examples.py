@@ -82,11 +82,22 @@ def describe(split: Split, k: int) -> dict:
             images.append([[round(float(v), 4) for v in row] for row in grey])
         else:
             ids = split.inputs[i].flatten()[: p + 1].tolist()
-            texts.append(decode(ids[-24:]) if split.encoding == CHARS
+            texts.append(_chars(decode(ids[-24:]), split.task) if split.encoding == CHARS
                          else " ".join(map(str, ids[-8:])))
     return {"task": split.task, "positions": at, "true": true,
             "true_names": [name(t) for t in true], "images": images, "texts": texts,
             "pred": [], "prob": [], "pred_names": []}
+
+
+# How a hidden character of a masked-LM window is drawn: the character vocabulary masks with
+# its unknown id (rotviz.data._masked_windows), which decodes to U+FFFD, a glyph that reads as a
+# broken font rather than as "hidden here".
+MASKED = "\u2588"
+
+
+def _chars(text: str, task: str) -> str:
+    """A window of rotviz's character vocabulary as drawn: masked characters as MASKED."""
+    return text.replace("\ufffd", MASKED) if task == "masked" else text
 
 
 def answers(logits: torch.Tensor, positions: list[int]) -> tuple[list[int], list[float]]:

@@ -51,10 +51,12 @@ from rotviz.app.compute import (
     measure,
     measure_cfg,
     n_layers,
+    needs_data,
     pair,
     params_in,
     residual_why,
     run,
+    scored_pair,
     spec_cfg,
     warm_up,
 )
@@ -64,6 +66,6 @@ __all__ = [
     "PairConfig", "Progress", "Resources", "at_size", "barrier_defaults", "card", "check_pair",
     "check_pair_at_size", "endpoints", "fusion", "gb", "inputs_cfg", "kinds", "layers_of",
     "learn", "load_eval", "load_full", "load_test_split", "match", "matched", "measure",
-    "measure_cfg", "n_layers", "pair", "params_in", "residual_why", "run", "spec_cfg",
-    "warm_up",
+    "measure_cfg", "n_layers", "needs_data", "pair", "params_in", "residual_why", "run",
+    "scored_pair", "spec_cfg", "warm_up",
 ]

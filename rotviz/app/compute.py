@@ -147,13 +147,36 @@ def warm_up() -> None:
 # ---- checks for the pages ------------------------------------------------------------------
 
 
-def check_pair(anchor: Loaded, source: Loaded, split: Split) -> None:
-    """A one-line RotvizError when the pair cannot be matched or the data does not fit."""
+def check_pair(anchor: Loaded, source: Loaded, split: Split | None = None,
+               heads: bool = False) -> None:
+    """A one-line RotvizError when the pair cannot be matched or the data does not fit
+    (`split`; None: no data is checked, for a page that needs no loss on a pair no loss
+    scores, `needs_data`). With `heads`, one body under two heads passes too (matching and
+    the views of the weights compare such a pair; a loss does not)."""
     from rotviz.evaluation import check_fits
     from rotviz.models import check_compatible
 
-    check_compatible(anchor, source)
-    check_fits(anchor, split)
+    check_compatible(anchor, source, heads=heads)
+    if split is not None:
+        check_fits(anchor, split)
+
+
+def scored_pair(anchor: Loaded, source: Loaded) -> bool:
+    """Whether a loss can be evaluated along this pair's path: both heads are scored
+    (rotviz.heads) and they are one head (not one body under two heads,
+    rotviz.models.heads_differ, whose loss would run one head on both)."""
+    from rotviz.models import heads_differ
+
+    return summaries.is_scored(anchor) and summaries.is_scored(source) and \
+        heads_differ(anchor, source) is None
+
+
+def needs_data(anchor: Loaded, source: Loaded, loss: bool) -> bool:
+    """Whether a page must check the data against the pair: always for a page that
+    evaluates a loss (`loss`; the check then refuses a head no loss scores, in one line),
+    else only for a pair a loss scores (`scored_pair`: the Match page's barriers, the cards'
+    metrics). A headless or question-answering pair is matched and viewed with no data."""
+    return loss or scored_pair(anchor, source)
 
 
 # ---- configurations ----------------------------------------------------------------------------
@@ -245,13 +268,15 @@ def pair(res: Resources, cfg: dict | PairConfig) -> tuple[Loaded, Loaded]:
     """Both models of a configuration, checked to be matchable. The computations here read
     and evaluate models and never save one, so they take them as `Resources.load_eval` gives
     them: plain torch where that computes the same logits (rotviz.lite: no transformers
-    import, the same numbers), the model's own class otherwise."""
+    import, the same numbers), the model's own class otherwise. One body under two heads is
+    a pair too (matching aligns the body); a measurement of the loss refuses it in one line
+    (`measure`, `fusion`: rotviz.measures.refuse_heads)."""
     from rotviz.models import check_compatible
 
     anchor, source = (cfg.anchor, cfg.source) if isinstance(cfg, PairConfig) else \
         (cfg["anchor"], cfg["source"])
     a, b = res.load_eval(anchor), res.load_eval(source)
-    check_compatible(a, b)
+    check_compatible(a, b, heads=True)
     return a, b
 
 
@@ -341,11 +366,13 @@ def gb(n: int | None) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
 
 
-def check_pair_at_size(res: Resources, cfg: dict) -> None:
+def check_pair_at_size(res: Resources, cfg: dict, loss: bool = True) -> None:
     """`check_pair` for a pair read block by block: both folders opened for streaming (their
     headers and configs checked as the command line checks them), matchable, and the data
-    read as the anchor reads it, with no weights loaded."""
+    read as the anchor reads it, with no weights loaded (not read where `needs_data` says
+    so: no `loss` and a head no loss scores)."""
     from rotviz.evaluation import check_fits
+    from rotviz.heads import head_of_config
     from rotviz.models import check_compatible
     from rotviz.stream.blocks import open_streamed
     from rotviz.stream.sized import sized_loaded
@@ -354,6 +381,8 @@ def check_pair_at_size(res: Resources, cfg: dict) -> None:
     b = open_streamed(cfg["source"], res.confined())
     check_compatible(a, b)  # type: ignore[arg-type]  # duck-typed: meta state
     skeleton = sized_loaded(a)
+    if not loss and not all(head_of_config(m.config).scored for m in (a, b)):
+        return  # a pair no loss scores, on a page that needs none: no data to check
     check_fits(skeleton, load_test_split(cfg["data"], int(cfg.get("seed", 0)),
                                          int(cfg.get("n_eval", 0)), skeleton, res.confined()))
 
@@ -408,7 +437,8 @@ def residual_why(res: Resources, ref: str, sized: bool = False) -> str | None:
     from rotviz.symmetry.view import read_view
 
     skeleton = sized_loaded(open_streamed(ref, res.confined()))  # weights on meta: no data
-    return unsupported(read_view(skeleton.spec, skeleton.config, skeleton.state))
+    return summaries.headless_stream(skeleton.config) or \
+        unsupported(read_view(skeleton.spec, skeleton.config, skeleton.state))
 
 
 def _measure_at_size(record, res: Resources, c: PairConfig, values: dict,
@@ -470,10 +500,11 @@ def _measure_at_size(record, res: Resources, c: PairConfig, values: dict,
 
 
 def card(res: Resources, cfg: dict, progress: Progress | None = None) -> dict:
-    """The Models page's card of model `ref`: shape, size, test loss and accuracy, and the
-    check that a random symmetry leaves its function alone (summaries.model_card)."""
+    """The Models page's card of model `ref`: shape, size, head, test loss and accuracy (for
+    a head a loss scores), and the check that a random symmetry leaves its function alone
+    (summaries.model_card)."""
     m = res.load_eval(cfg["ref"])
-    sp = _split_of(res, cfg)
+    sp = _split_of(res, cfg) if summaries.is_scored(m) else None  # no loss: no data read
     with res.using(cfg["ref"]):
         return summaries.model_card(m, sp)
 
@@ -504,7 +535,7 @@ def measure(name: str, res: Resources, cfg: dict, progress: Progress | None = No
     a half-trained result is never returned, and so never cached."""
     from rotviz.devices import resolve_device
     from rotviz.match.pipeline import FUNCTION_TOLERANCE
-    from rotviz.measures import Context, measurement
+    from rotviz.measures import Context, measurement, refuse_heads
 
     record = measurement(name)
     if record.inputs is not None:  # series or a spawn folder: `refs` and `specs`
@@ -528,6 +559,7 @@ def measure(name: str, res: Resources, cfg: dict, progress: Progress | None = No
     if sized:
         return _measure_at_size(record, res, c, values, (need, limit), progress, cancel)
     ends = endpoints(res, c, progress)
+    refuse_heads(record, ends)  # one body under two heads: no loss through one head on both
     split = _split_of(res, c) if record.data else None
     with res.using(c.anchor, c.source):
         result = record.run(ends, Context(split, resolve_device(c.device), progress=progress,
@@ -593,6 +625,7 @@ def fusion(res: Resources, cfg: dict, progress: Progress | None = None) -> dict:
     `params` go to each merge method that declares them (batches, alpha, ...); `base`, when
     given, is the base model of the methods that need one (read through the app's roots)."""
     from rotviz.analysis.fusion import fusion_on
+    from rotviz.measures import measurement, refuse_heads
 
     sized, need, limit = at_size(res, cfg)
     if sized:
@@ -601,6 +634,7 @@ def fusion(res: Resources, cfg: dict, progress: Progress | None = None) -> dict:
     for spec in cfg["specs"]:
         e = endpoints(res, {**cfg, **spec_cfg(spec, cfg.get("learn_steps", 0)), "layers": ""},
                       progress)
+        refuse_heads(measurement("merge"), e)  # a merge is scored through one head
         ends[e.match] = e
     sp = _split_of(res, cfg)
     base = res.load(cfg["base"]) if cfg.get("base") else None  # through the app's roots

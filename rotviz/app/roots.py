@@ -199,6 +199,29 @@ def data_of(ref: str, default: str = "digits") -> str:
     return default
 
 
+def auto_data(ref: str) -> tuple[str, str]:
+    """What the sidebar's "auto" data means for model `ref`, and why in a few words: its
+    card's data (a zoo model), else the built-in data of its inputs, read off its
+    config.json through the app's roots: digits for an image model, pystdlib (read by
+    the model's own tokenizer, or as characters) for a text model. A user's MultiBERTs
+    folder then opens on text, not on images it cannot read; a model whose config cannot
+    be read gets digits, and its page says what is wrong with it."""
+    if card_of(ref):
+        return data_of(ref), "from the model card"
+    from rotviz.arch import spec_for
+
+    try:
+        confined = app_confined()
+        name = cache_name(ref)  # a model of the Hugging Face cache: its snapshot's folder
+        folder = hub.locate(name, confined) if name is not None else Path(ref)
+        config = confined.read_json(Path(folder) / "config.json", "re-save the model",
+                                    "model config")
+        pixels = spec_for(config).inputs == "pixels"
+    except (RotvizError, OSError, ValueError, TypeError, AttributeError):
+        return "digits", "the default"
+    return ("digits", "for an image model") if pixels else ("pystdlib", "for a text model")
+
+
 def discover(roots: Iterable[Path], max_depth: int = 3) -> list[str]:
     """Model folders (holding config.json) under the roots, as paths, then the models of the
     local Hugging Face cache when it lies under a root (`cached_models`); zoo folders

@@ -25,7 +25,21 @@ def residual_unsupported(loaded: Loaded) -> str | None:
     from rotviz.match.pipeline import view_of
     from rotviz.symmetry.residual import unsupported
 
-    return unsupported(view_of(loaded))
+    return headless_stream(loaded.config) or unsupported(view_of(loaded))
+
+
+def headless_stream(config: Mapping) -> str | None:
+    """Why a headless model (BertModel, GPT2Model: rotviz.heads kind "none") takes no
+    residual map, or None for a model with a head. Its output is the residual stream itself
+    (the last hidden state), which a map of the stream changes, as no head reads the stream
+    to undo it; the engine's own check (rotviz.symmetry.residual.unsupported) does not see
+    the head, and weight matching would then fail its function check."""
+    from rotviz.heads import head_of_config
+
+    if head_of_config(config).kind != "none":
+        return None
+    return ("a headless model outputs its residual stream (the last hidden state), which a "
+            "residual map would change")
 
 
 def dims_of(loaded: Loaded) -> dict:
@@ -61,25 +75,108 @@ def symmetry_check(loaded: Loaded, seed: int = 0) -> dict:
             "distance": distances(view, read_view(loaded.spec, loaded.config, moved)).total}
 
 
-def model_card(loaded: Loaded, split) -> dict:
-    """What the Models page shows for one model: shape, size, quality and its symmetry check."""
+# The app's pages by what they need: the views of the weights run on any head, a loss needs
+# a head rotviz scores (rotviz.heads). Named here so that the cards and the refusals agree.
+WEIGHT_PAGES = "Match and Spectra pages (and the Measure page's distances and spectra)"
+LOSS_PAGES = "Barrier, Landscape, Merge, Learn and Gallery pages"
+DATA_OF_TASK = {"text": "text", "masked": "text, some tokens masked", "seq-cls": "labelled text",
+                "token-cls": "tagged text", "image": "images"}
+# Heads a loss scores, as examples for a user whose models have none
+SCORED_EXAMPLES = ("BertForMaskedLM, BertForPreTraining, GPT2LMHeadModel, "
+                   "...ForSequenceClassification")
+
+
+def head_card(loaded: Loaded) -> dict:
+    """What a model's head is and what it allows in the app: the head's own record
+    (rotviz.heads.Head.to_dict: class, kind, task, words, the library's `allows`), whether a
+    loss scores it, and `pages`, the same in the app's terms (which pages take the model).
+    The Models page shows it on each card, so that a pair refused later by a page that
+    needs a loss was explained before."""
+    from rotviz.heads import head_of_config
+
+    head = head_of_config(loaded.config)
+    if head.scored:
+        pages = (f"every page; its loss is measured on "
+                 f"{DATA_OF_TASK.get(head.task or '', 'its data')}")
+        if head.kind == "pretraining":
+            pages += (" through the masked-LM head (the next-sentence head moves with the "
+                      "weights and is checked, not scored)")
+    else:
+        pages = (f"the {WEIGHT_PAGES} only: no loss scores this head, so the card has no "
+                 f"test loss or accuracy, and the {LOSS_PAGES} refuse it")
+    return {**head.to_dict(), "scored": head.scored, "pages": pages}
+
+
+def is_scored(loaded: Loaded) -> bool:
+    """Whether a loss scores this model's head (rotviz.heads.Head.scored)."""
+    from rotviz.heads import head_of_config
+
+    return head_of_config(loaded.config).scored
+
+
+def model_card(loaded: Loaded, split=None) -> dict:
+    """What the Models page shows for one model: shape, size, head, quality and its symmetry
+    check. A head no loss scores (headless, question answering, multiple choice, ...) is
+    not evaluated (`split` is not read; loss, accuracy and task are None): its card says
+    what the head allows instead, and its functional check still compares every output."""
     from rotviz.evaluation import evaluate
     from rotviz.tasks import describe
 
-    d = dims_of(loaded)
-    ev = evaluate(loaded, split)
-    return {
+    head = head_card(loaded)
+    card = {
         "ref": loaded.ref,
         "family": loaded.spec.family,
-        **d,
+        **dims_of(loaded),
         "params": n_params(loaded),
-        "loss": ev["loss"],
-        "acc": ev["acc"],
-        "n_eval": ev["n"],
-        **describe(split.task),  # task, name, metrics
-        "scores": {k: v for k, v in ev.items() if k not in ("loss", "acc", "n")},
-        "check": symmetry_check(loaded),
+        "head": head,
     }
+    if head["scored"] and split is not None:
+        ev = evaluate(loaded, split)
+        card.update(loss=ev["loss"], acc=ev["acc"], n_eval=ev["n"],
+                    **describe(split.task),  # task, name, metrics
+                    scores={k: v for k, v in ev.items() if k not in ("loss", "acc", "n")})
+    else:
+        card.update(loss=None, acc=None, n_eval=0, task=None, name=None, metrics=[], scores={})
+    card["check"] = symmetry_check(loaded)
+    return card
+
+
+def card_rows(cards: Mapping[str, Mapping]) -> list[dict]:
+    """The Models page's cards as one flat table (the export's models.csv): one row per
+    role, the head and the functional check as columns of their own."""
+    rows = []
+    for role, c in cards.items():
+        head = c.get("head") or {}
+        rows.append({"role": role, **{k: v for k, v in c.items() if k not in ("check", "head")},
+                     "head_class": head.get("class"), "head_kind": head.get("kind"),
+                     "head_scored": head.get("scored"),
+                     "check_max_output_diff": c["check"]["max_output_diff"],
+                     "check_passed": c["check"]["passed"]})
+    return rows
+
+
+def pair_note(cards: Mapping[str, Mapping], scored: bool) -> dict:
+    """What the Models page says of the pair above its cards: `kind` "all" when every page
+    takes it (`scored`: a loss scores the pair, rotviz.app.scored_pair), "weights" when only
+    the views of the weights do (a head no loss scores, or one body under two heads);
+    `text` says so in words."""
+    if scored:
+        return {"kind": "all", "text": "The two models share one architecture: they can be "
+                                       "matched, interpolated and merged."}
+    heads = {role: c.get("head") or {} for role, c in cards.items()}
+    unscored = [role for role, h in heads.items() if not h.get("scored")]
+    if not unscored:  # both scored, by different heads of one body
+        names = " vs ".join(f"{h.get('class') or 'no head class'}" for h in heads.values())
+        why = (f"They hold one body under different heads ({names}), and a loss would run "
+               "one head on both")
+    elif len(unscored) == len(cards):
+        why = "Neither model has a head that a loss scores"
+    else:
+        why = f"The {' and '.join(unscored)} has no head that a loss scores"
+    return {"kind": "weights", "text": (
+        f"The two models share one architecture: they can be matched and compared by their "
+        f"weights on the {WEIGHT_PAGES}. {why}, so the {LOSS_PAGES} refuse this pair; for "
+        f"those, use models with a language-model or classifier head ({SCORED_EXAMPLES}).")}
 
 
 def match_summary(matched: Matched, spec: str) -> dict:
@@ -177,6 +274,45 @@ def learned_rows(summary: Mapping) -> list[dict]:
     learned = summary["report"].get("learned") or {}
     return [{"step": h["step"], "train_loss": h.get("train_loss"),
              "val_barrier": h["val_barrier"]} for h in learned.get("history") or []]
+
+
+# What each task's loss averages (rotviz.tasks.sample_losses), said under a loss chart
+LOSS_OF_TASK = {
+    "text": "cross-entropy of each next token",
+    "masked": "cross-entropy of the masked tokens only (the masked-LM head's loss, as the "
+              "MultiBERTs literature reports barriers)",
+    "seq-cls": "cross-entropy of each example's label",
+    "token-cls": "cross-entropy of each token's tag",
+    "multi-label": "binary cross-entropy of each label",
+    "regression": "squared error of each output",
+    "image": "cross-entropy of each image's class",
+}
+
+
+def loss_note(curve: Mapping) -> str:
+    """Which loss a barrier curve draws, in one sentence: the models' own task (read off
+    their head, rotviz.tasks), what it averages and on what data; a masked-LM pair's curve
+    would otherwise read as a next-token loss."""
+    from rotviz.tasks import describe
+
+    task = str(curve.get("task") or "")
+    name = f"**{describe(task)['name']}**, " if task else ""
+    what = LOSS_OF_TASK.get(task, "the head's own loss")
+    n = f"{curve['n']} " if curve.get("n") else ""
+    unit = "" if task == "regression" else ", in nats"
+    return f"Test loss: {name}{what}{unit}, on {n}test examples of {curve.get('data')}."
+
+
+def path_note(curve: Mapping) -> str:
+    """What the path's animation shows beside the loss, for the task of `curve`."""
+    text = ("The loss at each α so far, and what the model at that α answers on the first "
+            "test inputs (green: right; vermillion: wrong; p: its probability).")
+    if curve.get("task") == "masked":
+        from rotviz.analysis.examples import MASKED
+
+        text += (f" {MASKED} marks a masked character; the answer is the model's guess for "
+                 "the last one shown, next to the true character.")
+    return text
 
 
 def barrier_verdict(curves: Sequence[Mapping]) -> dict | None:
