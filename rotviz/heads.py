@@ -101,6 +101,14 @@ class Head:
         return (f"{WEIGHTS_ONLY} (the function check compares its outputs); loss "
                 f"measurements need {SCORED_HEADS}")
 
+    @property
+    def exposes_stream(self) -> bool:
+        """Whether the model outputs its residual stream itself: a headless model's last
+        hidden state, or what a head rotviz cannot map reads (a masked-image model's pixel
+        decoder, an unknown head). A residual map changes such an output, so it is no
+        symmetry of this model."""
+        return self.kind in ("none", "masked-image", "other")
+
     def to_dict(self) -> dict[str, Any]:
         return {"class": self.class_name, "kind": self.kind, "task": self.task,
                 "head": self.words, "allows": self.allows()}
@@ -121,6 +129,18 @@ def head_of_config(config: Mapping) -> Head:
         if name.endswith(suffix):
             return Head(name, kind)
     return Head(name, "other")
+
+
+def residual_refusal(config: Mapping) -> str | None:
+    """Why residual maps cannot be used on a model of `config` for its head (`Head.
+    exposes_stream`), in words that follow "residual matching is unavailable for X: "; None
+    when its head reads the stream through layers rotviz maps."""
+    head = head_of_config(config)
+    if not head.exposes_stream:
+        return None
+    what = ("its output is the residual stream itself (the last hidden state)"
+            if head.kind == "none" else f"it has {head.words}, which reads the stream")
+    return f"{what}, which a residual map would change; match without residual (e.g. seed)"
 
 
 def choices(config: Mapping) -> int:

@@ -366,3 +366,20 @@ def test_two_heads_of_one_body_match_on_what_they_share(multiberts, tmp_path, ca
     assert main(["barrier", str(pre), str(cls), "--data", "pystdlib"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "different heads" in err[0]
+
+
+def test_a_stream_the_model_outputs_takes_no_residual_map(tmp_path, capsys):
+    """A headless model's output is its residual stream: a map of the stream would change it,
+    so weight matching's residual map is refused in one line, in memory and streamed; seed
+    matching keeps every output."""
+    a, b = (save_random("gpt2", tmp_path / f"g{s}", seed=s, layers=1, d=16, heads=2, ffn=32,
+                        head="GPT2Model", tie=False) for s in (0, 1))
+    for extra in ([], ["--max-memory", "0"]):
+        assert main(["match", str(a), str(b), "--match", "weight", "--out",
+                     str(tmp_path / "w"), *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and "its output is the residual stream itself" in err
+        assert not (tmp_path / "w").exists()
+    assert main(["match", str(a), str(b), "--out", str(tmp_path / "s")]) == 0
+    source, out = load_model(b), load_model(tmp_path / "s")
+    assert max_output_diff(source, source.state, out.state) <= 1e-4

@@ -431,13 +431,14 @@ def residual_why(res: Resources, ref: str, sized: bool = False) -> str | None:
     at size, asked of the model's skeleton (no weights read)."""
     if not sized:
         return summaries.residual_unsupported(res.load_eval(ref))
+    from rotviz.heads import residual_refusal
     from rotviz.stream.blocks import open_streamed
     from rotviz.stream.sized import sized_loaded
     from rotviz.symmetry.residual import unsupported
     from rotviz.symmetry.view import read_view
 
     skeleton = sized_loaded(open_streamed(ref, res.confined()))  # weights on meta: no data
-    return summaries.headless_stream(skeleton.config) or \
+    return residual_refusal(skeleton.config) or \
         unsupported(read_view(skeleton.spec, skeleton.config, skeleton.state))
 
 

@@ -21,25 +21,13 @@ if TYPE_CHECKING:
 
 
 def residual_unsupported(loaded: Loaded) -> str | None:
-    """Why residual maps cannot be used on this model (e.g. a tied output head), or None."""
+    """Why residual maps cannot be used on this model (a headless model's output is the
+    stream; a tied output head), or None."""
+    from rotviz.heads import residual_refusal
     from rotviz.match.pipeline import view_of
     from rotviz.symmetry.residual import unsupported
 
-    return headless_stream(loaded.config) or unsupported(view_of(loaded))
-
-
-def headless_stream(config: Mapping) -> str | None:
-    """Why a headless model (BertModel, GPT2Model: rotviz.heads kind "none") takes no
-    residual map, or None for a model with a head. Its output is the residual stream itself
-    (the last hidden state), which a map of the stream changes, as no head reads the stream
-    to undo it; the engine's own check (rotviz.symmetry.residual.unsupported) does not see
-    the head, and weight matching would then fail its function check."""
-    from rotviz.heads import head_of_config
-
-    if head_of_config(config).kind != "none":
-        return None
-    return ("a headless model outputs its residual stream (the last hidden state), which a "
-            "residual map would change")
+    return residual_refusal(loaded.config) or unsupported(view_of(loaded))
 
 
 def dims_of(loaded: Loaded) -> dict:

@@ -148,6 +148,8 @@ def match_models(
     instead of solving it again (the symmetry ladder, rotviz.analysis.ladder)."""
     narrower = check_pair(anchor, source, heads=True)
     options = options or MatchOptions()
+    if options.residual:
+        refuse_residual(anchor, source)
     if narrower and options.needs_data:
         refuse_narrower(f"[{options.label}] learns from the source's own activations, which "
                         "have its width", "use weight matching (e.g. --match seed or weight)")
@@ -189,6 +191,17 @@ def _match_models(anchor: Loaded, source: Loaded, options: MatchOptions, device:
     check_in_stored_dtype(source, state, result.report)
     element = None if options.learned else element_of(result.transforms, result.residual, va)
     return Matched(state, result.report, element)
+
+
+def refuse_residual(*models) -> None:
+    """One line where a model's head exposes its residual stream (rotviz.heads: a headless
+    model's output is the stream), so that a residual map would change what it computes."""
+    from rotviz.heads import residual_refusal
+
+    for m in models:
+        why = residual_refusal(m.config)
+        if why:
+            raise RotvizError(f"residual matching is unavailable for {m.ref}: {why}")
 
 
 def body_views(anchor: Loaded, source: Loaded, differ: HeadsDiffer,

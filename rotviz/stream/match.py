@@ -34,6 +34,7 @@ from rotviz.errors import RotvizError
 from rotviz.match.distances import Distances, distances
 from rotviz.match.layers import match_layers
 from rotviz.match.options import MatchOptions
+from rotviz.match.pipeline import refuse_residual
 from rotviz.match.report import HeadReport, MatchReport
 from rotviz.memory import release
 from rotviz.models import check_compatible
@@ -110,6 +111,7 @@ def match_streamed(
     check_compatible(anchor, source)  # type: ignore[arg-type]  # duck-typed: meta state
     device = wide_device(device)
     if options.residual:  # one pass over the blocks per round (rotviz.stream.residual)
+        refuse_residual(anchor, source)
         return match_streamed_residual(anchor, source, folder, options, torch.device(device),
                                        progress, group, shard_bytes, cancel)
     t0 = time.perf_counter()
