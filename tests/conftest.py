@@ -7,6 +7,7 @@ several tests check exactly that).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import stat
@@ -239,3 +240,20 @@ LONG_FIRST = (
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(LONG_FIRST)}
     items.sort(key=lambda item: rank.get(getattr(item, "originalname", item.name), len(rank)))
+
+
+@contextlib.contextmanager
+def app_roots_with(root: Path):
+    """The app's roots (ROTVIZ_APP_ROOTS) are its default root and `root` while inside; the
+    variable is put back as it was after."""
+    from rotviz.app import roots as app_roots
+
+    old = os.environ.get(app_roots.ENV_ROOTS)
+    os.environ[app_roots.ENV_ROOTS] = os.pathsep.join([str(app_roots.DEFAULT_ROOT), str(root)])
+    try:
+        yield root
+    finally:
+        if old is None:
+            os.environ.pop(app_roots.ENV_ROOTS, None)
+        else:
+            os.environ[app_roots.ENV_ROOTS] = old

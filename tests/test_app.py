@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import app_roots_with
 
 from rotviz.app import cache as app_cache
 from rotviz.app import demos, summaries
@@ -47,13 +48,8 @@ def roots(tmp_path_factory):
     for seed in (0, 1):
         save_random("vit", root / f"vit-s{seed}", seed=seed, **VIT)
     save_random("vit", root / "vit-wide", seed=2, **{**VIT, "d": 48})
-    old = os.environ.get(app_roots.ENV_ROOTS)
-    os.environ[app_roots.ENV_ROOTS] = os.pathsep.join([str(app_roots.DEFAULT_ROOT), str(root)])
-    yield root
-    if old is None:
-        os.environ.pop(app_roots.ENV_ROOTS, None)
-    else:
-        os.environ[app_roots.ENV_ROOTS] = old
+    with app_roots_with(root):
+        yield root
 
 
 @pytest.fixture(scope="module")

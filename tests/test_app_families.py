@@ -7,14 +7,12 @@ A new family file is covered here without a line added: the test runs over `rotv
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
+from conftest import app_roots_with
 from test_app import app, figures, numbers, texts
 from test_tokens import _wordpiece
 
-from rotviz.app import roots as app_roots
 from rotviz.arch import FAMILIES, Sizes, family_module, spec_named
 from rotviz.random_models import save_random
 
@@ -28,13 +26,8 @@ IMAGE = dict(image=8, patch=2, channels=1, labels=10)
 @pytest.fixture(scope="module")
 def family_root(tmp_path_factory):
     root = tmp_path_factory.mktemp("families")
-    old = os.environ.get(app_roots.ENV_ROOTS)
-    os.environ[app_roots.ENV_ROOTS] = os.pathsep.join([str(app_roots.DEFAULT_ROOT), str(root)])
-    yield root
-    if old is None:
-        os.environ.pop(app_roots.ENV_ROOTS, None)
-    else:
-        os.environ[app_roots.ENV_ROOTS] = old
+    with app_roots_with(root):
+        yield root
 
 
 def _task(family: str, options: dict) -> str | None:

@@ -7,10 +7,9 @@ weights, and a one-line refusal from the pages that need a loss.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
+from conftest import app_roots_with
 from test_app import LOSS_TITLE, N_EVAL, app, figures, numbers, texts
 
 from rotviz.app import roots as app_roots
@@ -29,13 +28,8 @@ def head_root(tmp_path_factory):
     for head in ("BertForPreTraining", "BertModel"):
         for seed in (0, 1):
             save_random("bert", root / f"{head}-s{seed}", seed=seed, head=head, **SIZES)
-    old = os.environ.get(app_roots.ENV_ROOTS)
-    os.environ[app_roots.ENV_ROOTS] = os.pathsep.join([str(app_roots.DEFAULT_ROOT), str(root)])
-    yield root
-    if old is None:
-        os.environ.pop(app_roots.ENV_ROOTS, None)
-    else:
-        os.environ[app_roots.ENV_ROOTS] = old
+    with app_roots_with(root):
+        yield root
 
 
 def _pair(root, head: str) -> tuple[str, str]:

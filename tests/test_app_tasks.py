@@ -4,10 +4,9 @@ show F1, with the library's numbers."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+from conftest import app_roots_with
 from test_app import app, figures, numbers, texts
 from test_tasks import _config, _head_class, _rows
 from test_tokens import _wordpiece
@@ -32,13 +31,8 @@ def user_roots(tmp_path_factory):
         w = csv.DictWriter(f, ["text", "label"])
         w.writeheader()
         w.writerows({"text": r["text"], "label": r["label"]} for r in _rows(120))
-    old = os.environ.get(app_roots.ENV_ROOTS)
-    os.environ[app_roots.ENV_ROOTS] = os.pathsep.join([str(app_roots.DEFAULT_ROOT), str(root)])
-    yield root
-    if old is None:
-        os.environ.pop(app_roots.ENV_ROOTS, None)
-    else:
-        os.environ[app_roots.ENV_ROOTS] = old
+    with app_roots_with(root):
+        yield root
 
 
 def test_data_under_the_roots_is_found_and_data_outside_refused(user_roots, tmp_path):
