@@ -97,6 +97,19 @@ def _as_view(model) -> ModelView:
     return view_of(model)
 
 
+def head_set_change(before: Tensor, after: Tensor) -> float:
+    """The largest change of any circuit singular value from `before` to `after` (H, k),
+    relative to the largest: with heads paired as closely as they can be (a head permutation
+    moves whole heads, so matched head k is some source head; the pairing is the assignment
+    of least total change, exact for a set of heads merely reordered)."""
+    from scipy.optimize import linear_sum_assignment
+
+    scale = before.abs().max().clamp_min(1e-30)
+    cost = (after[:, None, :] - before[None, :, :]).abs().amax(-1)
+    rows, cols = linear_sum_assignment(cost.double().cpu().numpy())
+    return float(cost[rows, cols].max() / scale)
+
+
 def spectra(anchor_view, source_view, matched_view=None, layers=None) -> Spectra:
     """spectra(anchor_view, source_view, matched_view=None, layers=None) -> Spectra
 
@@ -128,8 +141,7 @@ def spectra(anchor_view, source_view, matched_view=None, layers=None) -> Spectra
             m_qk, m_vo = qk_circuit(mt), vo_circuit(mt)
             ls.matched_qk, ls.matched_vo = m_qk.tolist(), m_vo.tolist()
             for before, after in ((src_qk, m_qk), (src_vo, m_vo)):
-                scale = before.abs().max().clamp_min(1e-30)
-                change = max(change, float((after - before).abs().max() / scale))
+                change = max(change, head_set_change(before, after))
         out.append(ls)
     return Spectra(out, anchor.dims.n_heads, anchor.dims.d_head,
                    None if matched is None else change)
