@@ -131,6 +131,22 @@ def head_of_config(config: Mapping) -> Head:
     return Head(name, "other")
 
 
+def check_head(config: Mapping, where: object) -> None:
+    """One line where config.json describes a head its class cannot run: a question-answering
+    head has exactly two outputs (the answer's start and end), whatever `num_labels` says,
+    and transformers' forward fails on any other number."""
+    from rotviz.errors import RotvizError
+
+    if head_of_config(config).kind != "qa":
+        return
+    labels = config.get("id2label")
+    n = len(labels) if isinstance(labels, Mapping) and labels else config.get("num_labels", 2)
+    if n != 2:
+        raise RotvizError(f"'{where}' is a question-answering model with {n} labels in its "
+                          "config.json, but its head has two outputs (answer start and end); "
+                          "save it with num_labels 2")
+
+
 def residual_refusal(config: Mapping) -> str | None:
     """Why residual maps cannot be used on a model of `config` for its head (`Head.
     exposes_stream`), in words that follow "residual matching is unavailable for X: "; None

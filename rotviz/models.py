@@ -128,8 +128,10 @@ def check_weights(path: Path, config: dict, spec: ArchSpec, confined: Confined =
     .check_fits; left to the caller with `fits=False`, as the lite loader compares every
     tensor with its own module and must not import transformers). Returns the safetensors
     checkpoint (None for a pickled one). `streamed` folders must be safetensors."""
+    from rotviz.heads import check_head
     from rotviz.sources.files import read_weights
 
+    check_head(config, path)
     if streamed or os.path.lexists(path / SINGLE) or os.path.lexists(path / INDEX):
         checkpoint: Checkpoint | None = Checkpoint(path, confined)
         meta = checkpoint.meta_state()

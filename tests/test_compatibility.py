@@ -383,3 +383,14 @@ def test_a_stream_the_model_outputs_takes_no_residual_map(tmp_path, capsys):
     assert main(["match", str(a), str(b), "--out", str(tmp_path / "s")]) == 0
     source, out = load_model(b), load_model(tmp_path / "s")
     assert max_output_diff(source, source.state, out.state) <= 1e-4
+
+
+def test_a_head_its_class_cannot_run_is_one_line(tmp_path, capsys):
+    """A question-answering config with other than two labels (its head has the answer's start
+    and end): refused in one line before transformers' forward fails, in memory and streamed."""
+    qa = save_random("bert", tmp_path / "qa", layers=1, d=16, heads=2, ffn=32,
+                     head="BertForQuestionAnswering")  # five labels
+    for extra in ([], ["--max-memory", "0"]):
+        assert main(["match", str(qa), str(qa), "--out", str(tmp_path / "o"), *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and "question-answering model with 5 labels" in err, err
