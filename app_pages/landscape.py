@@ -302,10 +302,11 @@ def hessian_body() -> None:
     for key, fig in figs.items():
         common.chart(fig, f"land_{key}")
     top = ", ".join(f"{v:.4g}" for v in result["eigenvalues"])
-    trace = result.get("trace")
+    trace, se = result.get("trace"), result.get("trace_se")
+    se = "n/a (one probe)" if se is None else f"{se:.2g}"  # one probe: no spread, no error
     st.caption(f"Top eigenvalues, largest first: {top}."
-               + (f" Trace {trace:.4g} ± {result.get('trace_se', 0.0):.2g} (Hutchinson, "
-                  "standard error)." if isinstance(trace, float) else ""))
+               + (f" Trace {trace:.4g} ± {se} (Hutchinson, standard error)."
+                  if isinstance(trace, float) else ""))
     table_of("hessian", result)
     tables, _ = measurement_files("hessian", result)
     common.export("hessian", {"page": "landscape", **cfg_of(h_values, pair=False)}, result,

@@ -19,6 +19,7 @@ leaves no temporary sibling behind and the previous output, if any, in place.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import secrets
@@ -358,9 +359,36 @@ def _remove_ours(path: Path) -> None:
             pass
 
 
+def _non_finite(obj: Any, where: str = "") -> str | None:
+    """The key path of the first NaN or infinity in `obj`, or None."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return where or "the top level"
+    items = obj.items() if isinstance(obj, dict) else (
+        enumerate(obj) if isinstance(obj, (list, tuple)) else ())
+    for k, v in items:
+        found = _non_finite(v, f"{where}[{k}]" if isinstance(k, int) else
+                            f"{where}.{k}" if where else str(k))
+        if found:
+            return found
+    return None
+
+
 def write_json_file(path: Path, obj: Any, command: str) -> None:
-    """`obj` (a dict) as JSON, stamped as rotviz output, to `path` (a temporary sibling)."""
+    """`obj` (a dict) as JSON, stamped as rotviz output, to `path` (a temporary sibling).
+
+    Every `--json` goes through here, and it is strict JSON (allow_nan=False): Python's
+    default writes NaN and Infinity, which strict parsers (JavaScript, jq, most languages'
+    standard readers) reject. A statistic that is undefined is None (null) where the record
+    makes it, and says so in its documentation; a non-finite number that reaches this point
+    is a bug, raised (ValueError, naming the key) rather than written."""
     body = {JSON_KEY: json_stamp(command), **obj} if isinstance(obj, dict) else obj
+    try:
+        text = json.dumps(body, indent=2, allow_nan=False)
+    except ValueError:
+        where = _non_finite(body)
+        if where is None:
+            raise
+        raise ValueError(f"internal: {command}'s JSON holds a non-finite number at {where}; "
+                         "it must be null there (rotviz writes strict JSON)") from None
     with open(path, "x") as f:  # mode 0o666 less the umask
-        json.dump(body, f, indent=2)
-        f.write("\n")
+        f.write(text + "\n")

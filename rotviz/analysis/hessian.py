@@ -302,9 +302,11 @@ def rademacher(n: int, gen: torch.Generator, dtype, device) -> Tensor:
 
 def hutchinson(hvp: Hvp, n: int, probes: int, gen: torch.Generator, dtype, device,
                mask: Tensor | None = None, progress: Progress | None = None,
-               rows: Hvp | None = None) -> tuple[float, float]:
+               rows: Hvp | None = None) -> tuple[float, float | None]:
     """tr(H) ~ mean over Rademacher probes z of z^T H z, with the standard error of that mean
-    (sample standard deviation / sqrt(probes); nan with a single probe).
+    (sample standard deviation / sqrt(probes)). A single probe has no spread, so its error is
+    undefined: None, never NaN (a NaN would reach the JSON, which is strict, and print as a
+    number).
 
     When `probes` is at least the number of parameters, the n unit vectors are exact and no
     more work: the trace is then sum_i e_i^T H e_i, with standard error 0. `rows` (H V for
@@ -335,7 +337,7 @@ def hutchinson(hvp: Hvp, n: int, probes: int, gen: torch.Generator, dtype, devic
         if progress is not None:
             progress(i + 1, probes, f"trace probe {i + 1} of {probes}")
     arr = np.asarray(vals)
-    se = float(arr.std(ddof=1) / math.sqrt(len(arr))) if len(arr) > 1 else float("nan")
+    se = float(arr.std(ddof=1) / math.sqrt(len(arr))) if len(arr) > 1 else None
     return float(arr.mean()), se
 
 
@@ -376,7 +378,7 @@ class GroupCurvature:
     n_params: int
     eigenvalues: list[float]
     trace: float | None = None
-    trace_se: float | None = None
+    trace_se: float | None = None  # None without a trace, or from one probe (no spread)
 
 
 @dataclass
@@ -390,7 +392,7 @@ class HessianResult:
     loss: float
     eigenvalues: list[float]
     trace: float | None
-    trace_se: float | None
+    trace_se: float | None  # None without a trace, or from one probe (no spread)
     probes: int
     by: str
     groups: list[GroupCurvature] = field(default_factory=list)

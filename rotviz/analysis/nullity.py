@@ -58,9 +58,10 @@ def count_exact(h: Tensor, tol: float) -> tuple[int, float]:
 
 
 def count_slq(cur: Curvature, mask: Tensor, tol: float, probes: int, steps: int,
-              gen: torch.Generator) -> tuple[float, float, float]:
-    """(count, its standard error over probes (nan with one probe), lambda_max), estimated
-    by stochastic Lanczos quadrature on the sub-matrix of `mask`."""
+              gen: torch.Generator) -> tuple[float, float | None, float]:
+    """(count, its standard error over probes, lambda_max), estimated by stochastic Lanczos
+    quadrature on the sub-matrix of `mask`. One probe has no spread: its error is None, never
+    NaN, so the JSON stays strict and the text can say why there is none."""
     m = int(mask.sum())
     h = restricted(cur.hvp, mask)
     nodes, weights = [], []
@@ -73,7 +74,7 @@ def count_slq(cur: Curvature, mask: Tensor, tol: float, probes: int, steps: int,
     top = max(float(np.abs(t).max()) for t in nodes)
     mass = np.asarray([float(w[np.abs(t) <= tol * top].sum())
                        for t, w in zip(nodes, weights, strict=True)])
-    se = float(mass.std(ddof=1) / math.sqrt(probes)) * m if probes > 1 else float("nan")
+    se = float(mass.std(ddof=1) / math.sqrt(probes)) * m if probes > 1 else None
     return float(mass.mean()) * m, se, top
 
 
@@ -84,7 +85,8 @@ def nullity(cur: Curvature, loaded, dimension: list[dict], tol: float, exact_max
     for the whole model ('model'): the group dimension it holds (`dimension` as
     rotviz.analysis.tangents.group_dimension gives it; the model's row counts every block
     and the residual map), the parameters, the near-zero count, its error (0 when exact),
-    the method (exact or slq), the tolerance and lambda_max."""
+    the method (exact or slq), the tolerance and lambda_max. The error is None for an slq
+    count from one probe (undefined)."""
     masks = cur.masks("block", loaded)
     masks["model"] = torch.ones(cur.n, dtype=torch.bool, device=cur.device)
     per_block = {f"block {d['layer']}": d["total"] for d in dimension

@@ -79,12 +79,12 @@ class PathSharpness:
     matched_top: list[list[float]]
     matched_loss: list[float]
     matched_trace: list[float] | None = None
-    matched_trace_se: list[float] | None = None
+    matched_trace_se: list[float | None] | None = None  # None at a point: one probe
     unmatched: list[float] | None = None
     unmatched_top: list[list[float]] | None = None
     unmatched_loss: list[float] | None = None
     unmatched_trace: list[float] | None = None
-    unmatched_trace_se: list[float] | None = None
+    unmatched_trace_se: list[float | None] | None = None  # None at a point: one probe
     hvps: int = 0
     seconds: float = 0.0
     device: str = "cpu"

@@ -56,7 +56,9 @@ def jsonable(obj: Any) -> Any:
 
 
 def to_json(obj: Any) -> str:
-    return json.dumps(jsonable(obj), indent=2, sort_keys=False)
+    """Strict JSON, as the command line's `--json` (rotviz.outputs.write_json_file):
+    `jsonable` has made every non-finite number null, and allow_nan=False keeps it so."""
+    return json.dumps(jsonable(obj), indent=2, sort_keys=False, allow_nan=False)
 
 
 def rows_to_csv(rows: Sequence[Mapping[str, Any]]) -> str:

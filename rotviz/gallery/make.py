@@ -103,11 +103,9 @@ def write(folder: Path, made: Sequence[Made], pair: Pair, pngs: Sequence[bytes] 
     renames it into place): per entry NAME.html, NAME.png (where `pngs` are given), NAME.csv,
     NAME.json and NAME.command.txt (`command(entry)`: the line that remakes it, then each
     run's), and report.html."""
-    import json
-
     from rotviz.gallery.report import commands_text, report_html
     from rotviz.images import html
-    from rotviz.outputs import json_stamp
+    from rotviz.outputs import write_json_file
 
     for i, m in enumerate(made):
         name = m.entry.name
@@ -115,8 +113,8 @@ def write(folder: Path, made: Sequence[Made], pair: Pair, pngs: Sequence[bytes] 
         if pngs is not None:
             (folder / f"{name}.png").write_bytes(pngs[i])
         (folder / f"{name}.csv").write_text(m.csv, encoding="utf-8")
-        body = {"rotviz": json_stamp("figures"), **m.to_dict(pair)}
-        (folder / f"{name}.json").write_text(json.dumps(body, indent=2) + "\n")
+        # through the one JSON writer: stamped, and strict (no NaN or Infinity)
+        write_json_file(folder / f"{name}.json", m.to_dict(pair), "figures")
         (folder / f"{name}.command.txt").write_text(commands_text(m.entry, pair, command),
                                                     encoding="utf-8")
     (folder / "report.html").write_text(report_html(made, pair, command), encoding="utf-8")

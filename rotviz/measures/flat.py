@@ -106,7 +106,9 @@ def _summary(r, how: str) -> str:
 def _count(row: dict) -> str:
     if row["method"] == "exact":
         return f"{row['near_zero']}"
-    return f"{row['near_zero']:.1f} +- {row['error']:.1f} (slq)"
+    # one probe has no spread: its error is None (null in the JSON), said as such
+    err = "n/a (one probe)" if row["error"] is None else f"{row['error']:.1f}"
+    return f"{row['near_zero']:.1f} +- {err} (slq)"
 
 
 def _plot(d: dict):

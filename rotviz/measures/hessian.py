@@ -16,6 +16,7 @@ from rotviz.limits import (
 from rotviz.measures.registry import Context, Measurement, register
 
 BY = ("none", "block", "kind")
+ONE_PROBE = "n/a (one probe)"  # the text for a standard error one probe cannot give
 
 
 def _params():
@@ -58,7 +59,8 @@ def _run(ends, ctx: Context, v: dict):
 
 def _summary(r, how: str) -> str:
     eig = ", ".join(f"{e:.4g}" for e in r.eigenvalues)
-    tr = "" if r.trace is None else f"; trace {r.trace:.4g} +- {r.trace_se:.2g}"
+    se = ONE_PROBE if r.trace_se is None else f"{r.trace_se:.2g}"  # None: from one probe
+    tr = "" if r.trace is None else f"; trace {r.trace:.4g} +- {se}"
     by = "" if not r.groups else f"; {len(r.groups)} groups by {r.by}"
     return (f"hessian on {r.device}{how}: top eigenvalues {eig}{tr}{by}; loss {r.loss:.4f} "
             f"on {r.n} {r.split} samples, {r.n_params} parameters, {r.hvps} Hessian-vector "

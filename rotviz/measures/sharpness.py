@@ -55,9 +55,23 @@ def _summary(r, how: str) -> str:
 
     un = "" if r.unmatched is None else f"; unmatched {span(r.unmatched)}"
     return (f"sharpness on {r.device}{how}: top Hessian eigenvalue along {len(r.alphas)} "
-            f"alphas, matched ({r.match}) {span(r.matched)}{un}; on {r.n} {r.split} "
-            f"samples, {r.n_params} parameters, {r.hvps} Hessian-vector products in "
-            f"{r.seconds:.2f} s")
+            f"alphas, matched ({r.match}) {span(r.matched)}{un}{_traces(r, span)}; on {r.n} "
+            f"{r.split} samples, {r.n_params} parameters, {r.hvps} Hessian-vector products "
+            f"in {r.seconds:.2f} s")
+
+
+def _traces(r, span) -> str:
+    """The traces' span per path and their largest standard error; from one probe there is
+    none (None in the result, null in the JSON), and the line says so."""
+    if r.matched_trace is None:
+        return ""
+    paths = [("matched", r.matched_trace, r.matched_trace_se)]
+    if r.unmatched_trace is not None:
+        paths.append(("unmatched", r.unmatched_trace, r.unmatched_trace_se))
+    ses = [e for _, _, se in paths for e in se]
+    err = "n/a (one probe)" if None in ses else f"at most {max(ses):.2g}"
+    return ("; trace " + ", ".join(f"{name} {span(tr)}" for name, tr, _ in paths)
+            + f" (standard error {err})")
 
 
 def _plot(d: dict):

@@ -54,8 +54,8 @@ def nullity_bars(d: Mapping, font_size: int = 14, title: str | None = None) -> g
     fig.add_bar(x=x, y=[r["dimension"] for r in rows], name="symmetry group dimension",
                 marker_color=style.color(0),
                 hovertemplate="%{x}: %{y}<extra>group dimension</extra>")
-    errors = [r["error"] if r["method"] == "slq" and r["error"] == r["error"] else 0.0
-              for r in rows]
+    errors = [r["error"] if r["method"] == "slq" and r["error"] is not None else 0.0
+              for r in rows]  # None: an slq count from one probe, with no error to draw
     fig.add_bar(x=x, y=[r["near_zero"] for r in rows],
                 name="near-zero Hessian eigenvalues", marker_color=style.color(1),
                 error_y={"type": "data", "array": errors, "visible": any(errors)},
