@@ -23,6 +23,7 @@ import os
 import re
 import secrets
 import shutil
+import stat
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -156,6 +157,24 @@ def is_rotviz_file(p: Path) -> bool:
     return head.startswith(TEXT_STAMP.encode())
 
 
+def _kind(p: Path) -> str:
+    """What an existing non-folder path is, in words: a device such as /dev/full is no
+    "file" to a user, and calling it one hides why it was refused."""
+    try:
+        mode = p.stat().st_mode
+    except OSError:
+        return "unreadable"
+    if stat.S_ISREG(mode):
+        return "a file"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
 def check_output(path: str | os.PathLike, flag: str, *, folder: bool,
                  overwrite: bool = False, inputs: Sequence[tuple[str, Path]] = ()) -> Output:
     """Check one output path before any work; nothing is created or changed. An output
@@ -171,11 +190,11 @@ def check_output(path: str | os.PathLike, flag: str, *, folder: bool,
     exists = os.path.lexists(p)
     if exists:
         if folder and not p.is_dir():
-            raise _err(flag, path, "is a file; give a folder path")
+            raise _err(flag, path, f"is {_kind(p)}, not a folder; give a folder path")
         if not folder and p.is_dir():
             raise _err(flag, path, "is a folder; give a file name")
         if not folder and not p.is_file():
-            raise _err(flag, path, "is not a regular file; give a file name")
+            raise _err(flag, path, f"is {_kind(p)}, not a regular file; give a file name")
     for what, real in inputs:  # before --overwrite is considered: it cannot make this right
         _apart(flag, p, what, real)
     replaces = False
