@@ -6,6 +6,10 @@ rotviz never deletes what it did not write. It recognises its own output by a ma
 - a JSON file it wrote has a top-level `"rotviz"` entry;
 - any other text file it wrote (a mergekit YAML) starts with the line `# written by rotviz`.
 
+A file output (`--json`, `--figure`, `--animation`, `--mergekit-config`) goes into a folder
+that exists: a missing one is refused, not made. A folder output's missing parents are made
+(`zoo build --out DIR` writes DIR/NAME), and removed again if the command fails.
+
 An existing folder that holds files, or an existing file, is refused unless `overwrite` is
 given, and even then only when it is a rotviz output holding nothing but what rotviz listed.
 The current folder, its parents and `/` are always refused, and so is any output that equals,
@@ -186,6 +190,11 @@ def check_output(path: str | os.PathLike, flag: str, *, folder: bool,
     if folder and _is_cwd_or_parent(p):
         raise _err(flag, path, "is the current folder, one of its parents or /; give a new "
                                "folder for the output")
+    if not folder and not os.path.lexists(p.parent):
+        # a file lands in a folder the user names: a typo there would otherwise become a new
+        # folder tree, made without a word (a folder output's parents are made, as documented)
+        raise _err(flag, path, f"lies in '{p.parent}', which does not exist; create that "
+                               "folder first, or give a path in an existing one")
     _check_parent(p, path, flag)
     exists = os.path.lexists(p)
     if exists:

@@ -245,12 +245,17 @@ def test_overwrite_replaces_a_previous_rotviz_output_only(ws, capfd):
 
 
 def test_an_empty_out_folder_and_new_parents_are_fine(ws, capfd):
+    """A folder output's missing parents are made; a file output's folder must exist (issue
+    43: a typo in --json's folder is refused, not made into a new tree)."""
     (ws / "empty").mkdir()
     assert main(["match", A, B, "--out", "empty", "--no-attn"]) == 0
-    assert main(["match", A, B, "--out", "new/deep/o", "--report", "new/r.json",
+    refused(["match", A, B, "--out", "new/deep/o", "--report", "new/r.json", "--no-attn"],
+            capfd, ws, "--report 'new/r.json' lies in '")
+    assert not (ws / "new").exists()
+    assert main(["match", A, B, "--out", "new/deep/o", "--report", "r.json",
                  "--no-attn"]) == 0
     assert (ws / "empty" / "config.json").is_file() and (ws / "new" / "deep" / "o").is_dir()
-    assert (ws / "new" / "r.json").is_file()
+    assert (ws / "r.json").is_file()
     refused(["match", A, B, "--out", "p", "--report", "p/r.json"], capfd, ws, "lies inside")
     capfd.readouterr()
 

@@ -302,6 +302,7 @@ def _outputs(m: Measurement, args):
     _check_drawings(outputs, args)
     files = []
     for f in _files_given(m, args):  # the file, then the folders written beside it
+        f.check_name(getattr(args, _dest(f)))
         item = outputs.add(getattr(args, _dest(f)), f.flag, folder=False,
                            overwrite=args.overwrite)
         beside = tuple(outputs.add(d, f"{f.flag}'s folder", folder=True,
