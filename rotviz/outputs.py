@@ -243,14 +243,17 @@ class Outputs:
             overwrite: bool = False) -> Output | None:
         if path is None:
             return None
+        mine = _absolute(path, flag)  # apart from the others first: `--out p --json p/r.json`
+        for other in self.items:  # is that, not a missing folder p
+            a, b = mine.resolve(), other.path.resolve()
+            if a == b or a.is_relative_to(b) or b.is_relative_to(a):
+                (inner, ip), (outer, op) = (((flag, mine), (other.flag, other.path))
+                                            if a.is_relative_to(b) else
+                                            ((other.flag, other.path), (flag, mine)))
+                raise RotvizError(f"{inner} '{ip}' lies inside or on {outer} '{op}'; give "
+                                  "paths apart")
         out = check_output(path, flag, folder=folder, overwrite=overwrite,
                            inputs=self.inputs)
-        for other in self.items:
-            a, b = out.path.resolve(), other.path.resolve()
-            if a == b or a.is_relative_to(b) or b.is_relative_to(a):
-                inner, outer = (out, other) if a.is_relative_to(b) else (other, out)
-                raise RotvizError(f"{inner.flag} '{inner.path}' lies inside or on "
-                                  f"{outer.flag} '{outer.path}'; give paths apart")
         self.items.append(out)
         return out
 

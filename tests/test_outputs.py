@@ -278,7 +278,7 @@ def test_a_failure_while_writing_leaves_nothing(ws, capfd, monkeypatch):
         capfd.readouterr()
         rc = main(["match", A, B, "--out", "o", "--overwrite"])
         assert rc == (130 if exc is KeyboardInterrupt else 2)
-        rc = main(["match", A, B, "--out", "deep/new/o", "--report", "deep/r.json"])
+        rc = main(["match", A, B, "--out", "deep/new/o", "--report", "r.json"])
         assert rc == (130 if exc is KeyboardInterrupt else 2)
         err = capfd.readouterr().err
         assert "Traceback" not in err
