@@ -179,22 +179,29 @@ def _kind(p: Path) -> str:
     return "not a regular file"
 
 
+def _refuse_missing_folder(p: Path, given: str | os.PathLike, flag: str) -> None:
+    """A file lands in a folder the user names: a typo there would otherwise become a new
+    folder tree, made without a word (a folder output's parents are made, as documented)."""
+    if not os.path.lexists(p.parent):
+        raise _err(flag, given, f"lies in '{p.parent}', which does not exist; create that "
+                                "folder first, or give a path in an existing one")
+
+
 def check_output(path: str | os.PathLike, flag: str, *, folder: bool,
-                 overwrite: bool = False, inputs: Sequence[tuple[str, Path]] = ()) -> Output:
+                 overwrite: bool = False, inputs: Sequence[tuple[str, Path]] = (),
+                 later: bool = False) -> Output:
     """Check one output path before any work; nothing is created or changed. An output
     apart from none of the `inputs` (what, resolved path) is refused whatever `overwrite`
-    says."""
+    says. A file output's missing folder is refused (`later`: the caller refuses it after
+    its own checks, `Outputs.add` after the outputs are known to lie apart)."""
     p = _absolute(path, flag)
     if p.is_symlink():
         raise _err(flag, path, "is a symbolic link; give the real path")
     if folder and _is_cwd_or_parent(p):
         raise _err(flag, path, "is the current folder, one of its parents or /; give a new "
                                "folder for the output")
-    if not folder and not os.path.lexists(p.parent):
-        # a file lands in a folder the user names: a typo there would otherwise become a new
-        # folder tree, made without a word (a folder output's parents are made, as documented)
-        raise _err(flag, path, f"lies in '{p.parent}', which does not exist; create that "
-                               "folder first, or give a path in an existing one")
+    if not folder and not later:
+        _refuse_missing_folder(p, path, flag)
     _check_parent(p, path, flag)
     exists = os.path.lexists(p)
     if exists:
@@ -243,17 +250,16 @@ class Outputs:
             overwrite: bool = False) -> Output | None:
         if path is None:
             return None
-        mine = _absolute(path, flag)  # apart from the others first: `--out p --json p/r.json`
-        for other in self.items:  # is that, not a missing folder p
-            a, b = mine.resolve(), other.path.resolve()
-            if a == b or a.is_relative_to(b) or b.is_relative_to(a):
-                (inner, ip), (outer, op) = (((flag, mine), (other.flag, other.path))
-                                            if a.is_relative_to(b) else
-                                            ((other.flag, other.path), (flag, mine)))
-                raise RotvizError(f"{inner} '{ip}' lies inside or on {outer} '{op}'; give "
-                                  "paths apart")
         out = check_output(path, flag, folder=folder, overwrite=overwrite,
-                           inputs=self.inputs)
+                           inputs=self.inputs, later=True)
+        for other in self.items:
+            a, b = out.path.resolve(), other.path.resolve()
+            if a == b or a.is_relative_to(b) or b.is_relative_to(a):
+                inner, outer = (out, other) if a.is_relative_to(b) else (other, out)
+                raise RotvizError(f"{inner.flag} '{inner.path}' lies inside or on "
+                                  f"{outer.flag} '{outer.path}'; give paths apart")
+        if not folder:  # after: `--out p --json p/r.json` is that, not a missing folder p
+            _refuse_missing_folder(out.path, path, flag)
         self.items.append(out)
         return out
 
