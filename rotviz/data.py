@@ -567,6 +567,20 @@ TEXT_SOURCES = ("pystdlib", "text")
 IMAGE_FILES = ("cifar10", "imagefolder")  # read through the model's image processor, if any
 
 
+def check_ref(ref: str) -> None:
+    """Refuse, in one line and before any model or data is read, a data reference
+    `load_split` could never read: an unknown kind, or a kind that needs a path given none.
+    The same words as `load_split`'s, which keeps the full check (the files themselves)."""
+    kind, _, arg = str(ref).partition(":")
+    if kind in LABELLED_KINDS or (kind in ("digits", "pystdlib") and not arg):
+        return
+    if kind in ("cifar10", "imagefolder", "text"):
+        if not arg:
+            raise RotvizError(f"'{ref}' names no path: write {kind}:PATH")
+        return
+    raise RotvizError(f"unknown data '{ref}': use {KNOWN}")
+
+
 def load_split(ref: str, split: str = "test", seed: int = 0, reader: Any = None,
                masked: bool = False, seq_len: int | None = None,
                labelling: Any = None, processor: Any = None,

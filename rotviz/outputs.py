@@ -6,6 +6,10 @@ rotviz never deletes what it did not write. It recognises its own output by a ma
 - a JSON file it wrote has a top-level `"rotviz"` entry;
 - any other text file it wrote (a mergekit YAML) starts with the line `# written by rotviz`.
 
+A file output (`--json`, `--figure`, `--animation`, `--mergekit-config`) goes into a folder
+that exists: a missing one is refused, not made. A folder output's missing parents are made
+(`zoo build --out DIR` writes DIR/NAME), and removed again if the command fails.
+
 An existing folder that holds files, or an existing file, is refused unless `overwrite` is
 given, and even then only when it is a rotviz output holding nothing but what rotviz listed.
 The current folder, its parents and `/` are always refused, and so is any output that equals,
@@ -24,6 +28,7 @@ import os
 import re
 import secrets
 import shutil
+import stat
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -157,26 +162,56 @@ def is_rotviz_file(p: Path) -> bool:
     return head.startswith(TEXT_STAMP.encode())
 
 
+def _kind(p: Path) -> str:
+    """What an existing non-folder path is, in words: a device such as /dev/full is no
+    "file" to a user, and calling it one hides why it was refused."""
+    try:
+        mode = p.stat().st_mode
+    except OSError:
+        return "unreadable"
+    if stat.S_ISREG(mode):
+        return "a file"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def _refuse_missing_folder(p: Path, given: str | os.PathLike, flag: str) -> None:
+    """A file lands in a folder the user names: a typo there would otherwise become a new
+    folder tree, made without a word (a folder output's parents are made, as documented)."""
+    if not os.path.lexists(p.parent):
+        raise _err(flag, given, f"lies in '{p.parent}', which does not exist; create that "
+                                "folder first, or give a path in an existing one")
+
+
 def check_output(path: str | os.PathLike, flag: str, *, folder: bool,
-                 overwrite: bool = False, inputs: Sequence[tuple[str, Path]] = ()) -> Output:
+                 overwrite: bool = False, inputs: Sequence[tuple[str, Path]] = (),
+                 later: bool = False) -> Output:
     """Check one output path before any work; nothing is created or changed. An output
     apart from none of the `inputs` (what, resolved path) is refused whatever `overwrite`
-    says."""
+    says. A file output's missing folder is refused (`later`: the caller refuses it after
+    its own checks, `Outputs.add` after the outputs are known to lie apart)."""
     p = _absolute(path, flag)
     if p.is_symlink():
         raise _err(flag, path, "is a symbolic link; give the real path")
     if folder and _is_cwd_or_parent(p):
         raise _err(flag, path, "is the current folder, one of its parents or /; give a new "
                                "folder for the output")
+    if not folder and not later:
+        _refuse_missing_folder(p, path, flag)
     _check_parent(p, path, flag)
     exists = os.path.lexists(p)
     if exists:
         if folder and not p.is_dir():
-            raise _err(flag, path, "is a file; give a folder path")
+            raise _err(flag, path, f"is {_kind(p)}, not a folder; give a folder path")
         if not folder and p.is_dir():
             raise _err(flag, path, "is a folder; give a file name")
         if not folder and not p.is_file():
-            raise _err(flag, path, "is not a regular file; give a file name")
+            raise _err(flag, path, f"is {_kind(p)}, not a regular file; give a file name")
     for what, real in inputs:  # before --overwrite is considered: it cannot make this right
         _apart(flag, p, what, real)
     replaces = False
@@ -217,13 +252,15 @@ class Outputs:
         if path is None:
             return None
         out = check_output(path, flag, folder=folder, overwrite=overwrite,
-                           inputs=self.inputs)
+                           inputs=self.inputs, later=True)
         for other in self.items:
             a, b = out.path.resolve(), other.path.resolve()
             if a == b or a.is_relative_to(b) or b.is_relative_to(a):
                 inner, outer = (out, other) if a.is_relative_to(b) else (other, out)
                 raise RotvizError(f"{inner.flag} '{inner.path}' lies inside or on "
                                   f"{outer.flag} '{outer.path}'; give paths apart")
+        if not folder:  # after: `--out p --json p/r.json` is that, not a missing folder p
+            _refuse_missing_folder(out.path, path, flag)
         self.items.append(out)
         return out
 

@@ -57,6 +57,7 @@ def _logits(model, source, inputs):
 def test_cli_round_trip(family, saved, loaded, tmp_path, capsys):
     a_dir, s_dir = saved(family, 0), saved(family, 1)
     out, rep_file = tmp_path / "matched", tmp_path / "r" / "report.json"
+    rep_file.parent.mkdir()  # a file output's folder must exist (issue 43)
     rc = main(["match", str(a_dir), str(s_dir), "--out", str(out), "--report", str(rep_file),
                "--device", "cpu"])
     captured = capsys.readouterr()

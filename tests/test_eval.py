@@ -36,6 +36,7 @@ def _run(args, capsys) -> tuple[int, str, str]:
 @pytest.mark.parametrize("split", ["test", "val"])
 def test_eval_json_has_the_documented_keys_and_true_values(tmp_path, capsys, split):
     f = tmp_path / "deep" / "eval.json"
+    f.parent.mkdir()  # a file output's folder must exist (issue 43)
     rc, out, err = _run(["eval", "zoo:vit-digits-s3", "--data", "digits", "--split", split,
                          "--json", str(f), "--device", "cpu"], capsys)
     assert rc == 0, err

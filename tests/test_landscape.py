@@ -272,6 +272,7 @@ def test_bad_inputs_are_one_line_errors(loaded):
 def test_cli_barrier_writes_the_documented_json(tmp_path, capsys):
     a, b = default_pair_refs()
     out = tmp_path / "sub" / "barrier.json"
+    out.parent.mkdir()  # a file output's folder must exist (issue 43)
     rc = main(["barrier", a, b, "--data", "digits", "--match", "seed", "--points", "5",
                "--device", "cpu", "--json", str(out), "--repeats", "2"])
     assert rc == 0

@@ -606,4 +606,4 @@ def test_a_sweep_is_one_merge_per_value(tmp_path, capfd, ws):
     assert fig.layout.legend.title.text and [t.name for t in fig.data][0] == "no matching"
     refused([*args[:-6], "--param", "density"], capfd, ws, "--param density is not a number")
     refused([*args[:-8], "--method", "ties", "--param", "density", "--stop", "1.5"], capfd, ws,
-            "--density must be")
+            "--stop 1.5 is outside --density's range", "a number from 0 to 1")

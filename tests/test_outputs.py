@@ -245,12 +245,17 @@ def test_overwrite_replaces_a_previous_rotviz_output_only(ws, capfd):
 
 
 def test_an_empty_out_folder_and_new_parents_are_fine(ws, capfd):
+    """A folder output's missing parents are made; a file output's folder must exist (issue
+    43: a typo in --json's folder is refused, not made into a new tree)."""
     (ws / "empty").mkdir()
     assert main(["match", A, B, "--out", "empty", "--no-attn"]) == 0
-    assert main(["match", A, B, "--out", "new/deep/o", "--report", "new/r.json",
+    refused(["match", A, B, "--out", "new/deep/o", "--report", "new/r.json", "--no-attn"],
+            capfd, ws, "--report 'new/r.json' lies in '")
+    assert not (ws / "new").exists()
+    assert main(["match", A, B, "--out", "new/deep/o", "--report", "r.json",
                  "--no-attn"]) == 0
     assert (ws / "empty" / "config.json").is_file() and (ws / "new" / "deep" / "o").is_dir()
-    assert (ws / "new" / "r.json").is_file()
+    assert (ws / "r.json").is_file()
     refused(["match", A, B, "--out", "p", "--report", "p/r.json"], capfd, ws, "lies inside")
     capfd.readouterr()
 
@@ -273,7 +278,7 @@ def test_a_failure_while_writing_leaves_nothing(ws, capfd, monkeypatch):
         capfd.readouterr()
         rc = main(["match", A, B, "--out", "o", "--overwrite"])
         assert rc == (130 if exc is KeyboardInterrupt else 2)
-        rc = main(["match", A, B, "--out", "deep/new/o", "--report", "deep/r.json"])
+        rc = main(["match", A, B, "--out", "deep/new/o", "--report", "r.json"])
         assert rc == (130 if exc is KeyboardInterrupt else 2)
         err = capfd.readouterr().err
         assert "Traceback" not in err

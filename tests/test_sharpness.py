@@ -89,7 +89,8 @@ def test_the_cli_writes_the_json_keys_and_refuses_at_size(tmp_path, capsys):
 
     m = measurement("sharpness")
     fig = m.plot(d)
-    assert fig.layout.title.text.startswith("Sharpness along the path, zoo:vit-digits-s3")
+    assert fig.layout.title.text.startswith("Sharpness along the path<br>zoo:vit-digits-s3")
+    assert d["split"] == "test" and d["data"] == "digits"  # the split's name, not the data's
     assert "alpha" in fig.layout.xaxis.title.text and "eigenvalue" in \
         fig.layout.yaxis.title.text and fig.layout.legend.title.text == "path"
     assert [t.line.color for t in fig.data] == [style.color(0), style.color(1)]

@@ -367,7 +367,7 @@ def test_refuses_mixed_dtypes_in_a_block(sharded, tmp_path):
 def test_refuses_what_cannot_stream(sharded, saved, tmp_path, capsys):
     a, s = sharded("llama", 0), sharded("llama", 1)
     assert main(["match", str(a), str(s), "--out", str(tmp_path / "o"), "--act",
-                 "--data", "tokens", "--max-memory", "0"]) == 2
+                 "--data", "pystdlib", "--max-memory", "0"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "from data" in err and "--max-memory" in err
     bins = tmp_path / "bin"

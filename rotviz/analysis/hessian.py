@@ -386,7 +386,7 @@ class HessianResult:
     """What `hessian` found; `to_dict()` is the JSON (eigenvalues largest first)."""
 
     model: str
-    split: str
+    split: str  # the split's name (test, train), as every record's JSON says it
     n: int  # examples
     n_params: int
     loss: float
@@ -400,6 +400,7 @@ class HessianResult:
     hvps: int = 0
     seconds: float = 0.0
     device: str = "cpu"
+    data: str = ""  # the data reference the split was read from (digits, text:FILE)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -475,6 +476,6 @@ def hessian(loaded: Loaded, state: Mapping[str, Tensor] | None, split, device="c
             groups.append(GroupCurvature(g, int(mask.sum()), ge, gt, gse))
     dens = density(cur.hvp, cur.n, density_probes, min(steps, cur.n), gen, dt, dev) \
         if density_probes else None
-    return HessianResult(loaded.ref, split.data, split.n, cur.n, cur.loss(), eig, tr, se,
+    return HessianResult(loaded.ref, split.split, split.n, cur.n, cur.loss(), eig, tr, se,
                          probes, by, groups, dens, cur.hvps, time.perf_counter() - t0,
-                         str(ev.device))
+                         str(ev.device), data=split.data)

@@ -67,7 +67,7 @@ class PathSharpness:
     model: str
     source: str
     match: str
-    split: str
+    split: str  # the split's name (test, train); the data reference is `data`
     n: int
     n_params: int
     alphas: list[float]
@@ -89,6 +89,7 @@ class PathSharpness:
     seconds: float = 0.0
     device: str = "cpu"
     notes: list[str] = field(default_factory=list)
+    data: str = ""  # the data reference the split was read from (digits, text:FILE)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -136,9 +137,10 @@ def sharpness_on(ends: HeldEndpoints, split: Split, points: int = 5, device="cpu
         notes.append("the matching rescales: B and B' are one function but their spectra "
                      "differ (Dinh et al., 2017), so the paths need not agree at alpha = 1")
     return PathSharpness(
-        model=ends.anchor_ref, source=ends.source_ref, match=ends.match, split=split.data,
+        model=ends.anchor_ref, source=ends.source_ref, match=ends.match, split=split.split,
         n=split.n, n_params=m["n_params"], alphas=alphas, top=top, probes=probes,
-        iterations=steps, seed=seed, matched=[t[0] for t in m["top"]], matched_top=m["top"],
+        data=split.data, iterations=steps, seed=seed, matched=[t[0] for t in m["top"]],
+        matched_top=m["top"],
         matched_loss=m["loss"], matched_trace=m["trace"] if probes else None,
         matched_trace_se=m["se"] if probes else None,
         unmatched=None if u is None else [t[0] for t in u["top"]],

@@ -168,7 +168,12 @@ def data_input(ref: str | None) -> str | None:
 
 def guard_inputs(outputs, models: list[str], data: str | None) -> None:
     """Record a command's model and data inputs in its `outputs` (rotviz.outputs), so that no
-    output equals, holds or lies inside one of them, even with --overwrite."""
+    output equals, holds or lies inside one of them, even with --overwrite. An unknown data
+    name is refused here too, before any model or data is read (rotviz.data.check_ref)."""
+    if data is not None:
+        from rotviz.data import check_ref
+
+        check_ref(data)
     for ref in models:
         outputs.reads(model_input(ref), "model")
     outputs.reads(data_input(data), "data")

@@ -302,6 +302,7 @@ def _outputs(m: Measurement, args):
     _check_drawings(outputs, args)
     files = []
     for f in _files_given(m, args):  # the file, then the folders written beside it
+        f.check_name(getattr(args, _dest(f)))
         item = outputs.add(getattr(args, _dest(f)), f.flag, folder=False,
                            overwrite=args.overwrite)
         beside = tuple(outputs.add(d, f"{f.flag}'s folder", folder=True,
@@ -402,8 +403,24 @@ def _one_model(m: Measurement, args, values: dict) -> None:
     if not why:
         raise RotvizError(f"--source is used only with {m.extra.get('source_use', 'other options')}"
                           ": add one, or drop --source")
+    if _same_model(args.model, second):
+        raise RotvizError(f"--source '{second}' is the model itself; {why} needs a different "
+                          "model of the same architecture")
     if args.match is None:
         args.match = m.match_default
+
+
+def _same_model(a: str, b: str) -> bool:
+    """Whether two model references name one model (the same folder once resolved): a
+    reference that does not resolve is left to the loader, which says what is wrong."""
+    from rotviz.models import resolve_ref
+
+    if a == b:
+        return True
+    try:
+        return resolve_ref(a).resolve() == resolve_ref(b).resolve()
+    except (RotvizError, OSError):
+        return False
 
 
 def _in_memory(m: Measurement, args, values: dict, outputs, folder, js, files=()):

@@ -11,6 +11,10 @@ from rotviz.limits import ROUNDS, TOL
 from rotviz.measures.registry import Context, Inputs, Measurement, register
 from rotviz.params import Param
 
+# the fewest models `many` takes (rotviz.analysis.many.MIN_MODELS, which imports torch: this
+# copy keeps listing the record cheap; a test holds them equal)
+LEAST = 3
+
 PARAMS = (
     Param("to", "barycentre", "anchor (every model matched onto the first) or barycentre "
           "(onto the mean, refined round by round; default barycentre)",
@@ -36,7 +40,11 @@ class ManyModels:
         if len(specs) != 1:
             raise RotvizError(f"many aligns with one matching, got {len(specs)} --match "
                               "options; give one --match SPEC")
-        self.spec = label_of(match_options(specs[0]))
+        options = match_options(specs[0])
+        if options is None:  # before any model is loaded (rotviz.analysis.many says it late)
+            raise RotvizError("aligning many models needs a matching: give a SPEC such as "
+                              "seed or weight, not none")
+        self.spec = label_of(options)
         if len(refs) < MIN_MODELS:  # before any model is loaded
             raise RotvizError(f"aligning many models takes at least {MIN_MODELS} models, got "
                               f"{len(refs)}; give {MIN_MODELS} or more (for two, use rotviz "
@@ -62,12 +70,16 @@ class ManyModels:
 
 def _params() -> tuple[Param, ...]:
     """Where to align, then the merge of the curve: a registered method without statistics
-    (every model weighs 1/k) with its own parameters and, for the task-vector methods, the
-    base (rotviz.measures.merge's options, less the pair's weight)."""
+    (every model weighs 1/k) that combines any number of models (a method with
+    `max_models` below LEAST, slerp's two, could never merge the curve's last point, so
+    it is not offered and --method refuses it at parse time), with its own parameters and,
+    for the task-vector methods, the base (rotviz.measures.merge's options, less the pair's
+    weight)."""
     from rotviz.measures.merge import _params as merge_params
     from rotviz.merging import methods
 
-    able = [m for m in methods() if not m.needs_statistics]
+    able = [m for m in methods() if not m.needs_statistics
+            and (m.max_models is None or m.max_models >= LEAST)]
     names = tuple(m.name for m in able)
     own = {q.name for m in able for q in m.params} | {"base"}
     out = [Param("method", "simple", f"the curve's merge: {', '.join(names)} (default simple; "
@@ -131,5 +143,5 @@ MANY = register(Measurement(
     refusal="it holds every model in memory; run it on models that fit",
     inputs=Inputs((("models", "three or more models of one architecture (each "
                     f"{hub.MODEL_HELP}); the first is the anchor"),), ManyModels, ("seed",),
-                  least=3, one_spec=True),
+                  least=LEAST, one_spec=True),
     extra={"progress": True}))

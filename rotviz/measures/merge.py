@@ -202,9 +202,10 @@ def _copy_model(src, folder) -> None:
 MERGEKIT_FILE = OutputFile(
     "--mergekit-config",
     "also write a mergekit configuration (YAML, for mergekit-yaml) of this merge to this new "
-    "file, and the matched source it reads to FILE's name less its suffix plus -matched "
-    "(merge.yaml: merge-matched/)",
-    folders=_mergekit_folders, check=_mergekit_check, write=_mergekit_write)
+    "file, named .yml or .yaml, and the matched source it reads to FILE's name less its "
+    "suffix plus -matched (merge.yaml: merge-matched/)",
+    folders=_mergekit_folders, check=_mergekit_check, write=_mergekit_write,
+    suffixes=(".yml", ".yaml"))
 
 
 MERGE = register(Measurement(

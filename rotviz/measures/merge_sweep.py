@@ -48,6 +48,29 @@ def _check(values: dict, given: set[str]) -> None:
     if values["param"] not in sweepable(m):
         raise RotvizError(f"--param {values['param']} is not a number --method {m.name} can "
                           f"sweep; use one of {', '.join(sweepable(m))}")
+    _check_range(values, m)
+
+
+def _check_range(values: dict, m) -> None:
+    """--start and --stop inside the swept parameter's own bound, before any model loads:
+    each swept value is one merge, and a value out of range would be refused only at that
+    merge, after the matching. The bound is the method's own (`m`, as
+    rotviz.analysis.fusion.sweep_on checks it), the weight's the merge's. One line, with
+    the hint argparse's refusals carry."""
+    from rotviz.errors import RotvizError
+
+    own = m.params if values["param"] != "weight" else _merge_params()
+    swept = next((p for p in own if p.name == values["param"]), None)
+    if swept is None or swept.bound is None:
+        return
+    for flag in ("start", "stop"):
+        v = values[flag]
+        try:
+            swept.bound.check(v)
+        except RotvizError:
+            raise RotvizError(f"--{flag} {v:g} is outside {swept.flag}'s range: sweeping "
+                              f"{values['param']}, --start and --stop must each be "
+                              f"{swept.bound.text} (see rotviz merge_sweep --help)") from None
 
 
 def _run(ends, ctx: Context, v: dict):

@@ -88,10 +88,19 @@ class OutputFile:
     help: str
     folders: Callable[[Path], tuple[Path, ...]] = lambda path: ()  # written beside the file
     check: Callable[[dict], None] | None = None  # (values) -> refuse early, one line
+    # the names the file may end in (".yml", ".yaml"; case ignored), checked with the other
+    # outputs: a YAML file named mk.txt would not be found by what reads it. Empty: any name
+    suffixes: tuple[str, ...] = ()
     # (endpoints, result, values, file, folders, final) -> None: write the file and folders
     # (temporary paths) where `final` is (the file, its folders) as they will be named; the
     # endpoints are held, or streamed at size (a record that writes a model only)
     write: Callable[..., None] | None = None
+
+    def check_name(self, path: str) -> None:
+        """Refuse, in one line, a file name that does not end in one of `suffixes`."""
+        if self.suffixes and not str(path).lower().endswith(self.suffixes):
+            raise RotvizError(f"{self.flag} {path}: name the file "
+                              f"{' or '.join(self.suffixes)}")
 
 
 @dataclass(frozen=True)

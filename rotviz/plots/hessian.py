@@ -25,7 +25,8 @@ def eigenvalue_bars(d: dict, font_size: int = 14) -> go.Figure:
     fig.update_layout(barmode="group")
     by = d.get("by", "none")
     where = "parameter group" if by == "none" else f"parameter group (by {by})"
-    return style.finish(fig, f"Top Hessian eigenvalues of {d['model']} on {d['split']}",
+    return style.finish(fig, f"Top Hessian eigenvalues of {d['model']} on "
+                        f"{style.evaluated_on(d)}",
                         where, EIGENVALUE, "rank (largest first)", font_size)
 
 
@@ -39,7 +40,8 @@ def density_plot(d: dict, font_size: int = 14) -> go.Figure:
     fig.add_scatter(x=d["eigenvalues"], y=[max(max(dens["density"]), 1e-12)] *
                     len(d["eigenvalues"]), mode="markers", name="top eigenvalues (Lanczos)",
                     marker={"color": style.color(1), "symbol": style.marker(2)})
-    style.finish(fig, f"Hessian eigenvalue density of {d['model']} on {d['split']}",
+    style.finish(fig, f"Hessian eigenvalue density of {d['model']} on "
+                 f"{style.evaluated_on(d)}",
                  EIGENVALUE, "density (fraction of eigenvalues per unit eigenvalue)",
                  "estimate", font_size)
     fig.update_yaxes(type="log")

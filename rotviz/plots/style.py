@@ -111,6 +111,12 @@ def finish(
     return fig
 
 
+def evaluated_on(d: dict) -> str:
+    """What a result was evaluated on, for a title: "digits (test)", from a result's "data"
+    and "split" (the split alone where the result holds no data reference)."""
+    return f"{d['data']} ({d['split']})" if d.get("data") else str(d["split"])
+
+
 def log_axis(fig: go.Figure, axis: str = "y", **where) -> None:
     """A log axis with one labelled tick per decade (1, 10, 100 or 10⁻², 10⁻¹, ...)."""
     upd = fig.update_yaxes if axis == "y" else fig.update_xaxes
