@@ -40,6 +40,13 @@ PARAMS = (
 )
 
 
+def _check(values: dict, given: set[str]) -> None:
+    """--top at most --iterations, as the hessian record checks it (one Ritz value a step)."""
+    from rotviz.measures.hessian import check_top
+
+    check_top(values, given)
+
+
 def _run(ends, ctx: Context, v: dict):
     from rotviz.analysis.sharpness import sharpness_on
 
@@ -83,6 +90,6 @@ SHARPNESS = register(Measurement(
     "sharpness", "Sharpness along the path",
     "the top Hessian eigenvalue (and trace) against alpha on the matched path A -> B' and "
     "the unmatched path A -> B",
-    _run, PARAMS, summary=_summary, plot=_plot, rows=_rows,
+    _run, PARAMS, summary=_summary, plot=_plot, rows=_rows, check=_check,
     refusal="Hessian-vector products differentiate the whole model twice, held in memory",
     extra={"progress": True}))
