@@ -135,7 +135,8 @@ def test_top_beyond_the_lanczos_steps_is_refused_before_loading(capsys):
                  "--iterations", "2"]):
         assert main(cmd) == 2, cmd
         err = capsys.readouterr().err
-        assert f"--top {cmd[cmd.index('--top') + 1]} asks for more eigenvalues than --iterations 2 Lanczos steps" \
+        top = cmd[cmd.index("--top") + 1]
+        assert f"--top {top} asks for more eigenvalues than --iterations 2 Lanczos steps" \
             in err and err.count("\n") == 1, err
 
 
