@@ -120,6 +120,10 @@ def test_lanczos_says_when_it_did_not_converge(tiny):
     assert all(np.abs(eig - t).min() <= r + 1e-9 for t, r in zip(vals, dense, strict=True))
     d = short.to_dict()
     assert d["converged"] is False and d["residual"] == short.residual
+    from rotviz.measures import measurement
+
+    said = measurement("hessian").summary(short, "")
+    assert f"(not converged (residual {short.residual:.2g}): raise --iterations)" in said
     full = hessian(tiny, None, split_of(tiny), top=3, steps=200, seed=1, dtype=F64)
     assert full.converged is True and full.residual <= 1e-4 * full.eigenvalues[0]
     np.testing.assert_allclose(full.eigenvalues, eig[:3], atol=1e-3)

@@ -164,6 +164,15 @@ def test_the_slice_record_takes_hessian_directions(pair, capsys):
     s = measure("slice", unmatched(a, a), split, dims=1, directions="hessian", norm="none",
                 grid=3, span=0.02, iterations=30)
     assert s.eigenvalues and s.eigenvalues[0] > 0
+    assert s.converged is True and s.residual <= 1e-4 * s.eigenvalues[0]
+    # two Lanczos steps: directions that are not yet eigenvectors, and the one line says so
+    short = measure("slice", unmatched(a, a), split, dims=1, directions="hessian",
+                    norm="none", grid=3, span=0.02, iterations=2)
+    assert short.converged is False and short.residual > 1e-4 * short.eigenvalues[0]
+    from rotviz.measures import measurement
+
+    said = measurement("slice").summary(short, "")
+    assert f"(not converged (residual {short.residual:.2g}): raise --iterations)" in said
     with pytest.raises(RotvizError, match="--iterations needs --directions hessian"):
         measure("slice", unmatched(a, a), split, dims=1, iterations=30)
 

@@ -457,19 +457,26 @@ def converged(eigenvalues: list[float], residuals: list[float]) -> bool:
 
 
 def top_eigenvectors(hvp: Hvp, n: int, k: int, gen: torch.Generator, dtype, device,
-                     mask: Tensor | None = None, steps: int = 100, tol: float = 1e-7
-                     ) -> tuple[list[float], list[Tensor]]:
+                     mask: Tensor | None = None, steps: int = 100, tol: float = 1e-7,
+                     info: dict | None = None) -> tuple[list[float], list[Tensor]]:
     """The k largest eigenvalues (largest first) and their unit eigenvectors (flat, zero
     outside `mask`), as Ritz pairs of the same seeded Lanczos run as `top_eigenvalues`: the
     Ritz vector of Ritz value theta_i is sum_j s_ji q_j over the Lanczos vectors q_j. The
-    vectors are orthonormal (full reorthogonalisation keeps the q_j so)."""
+    vectors are orthonormal (full reorthogonalisation keeps the q_j so). With a dict `info`,
+    info["residual"] and info["converged"] say how far the pairs are from converged (as
+    `hessian` reports them), for a slice along them."""
     m = n if mask is None else int(mask.sum())
     v0 = torch.randn(n, generator=gen, dtype=torch.float64).to(dtype=dtype, device=device)
     if mask is not None:
         v0 = v0 * mask
     basis: list[Tensor] = []
-    a, b = lanczos(hvp, v0, min(steps, m), mask, top=min(k, m), tol=tol, keep=basis)
+    last: dict = {}
+    a, b = lanczos(hvp, v0, min(steps, m), mask, top=min(k, m), tol=tol, keep=basis,
+                   info=last)
     theta, s = _ritz(list(a), list(b))
+    if info is not None:
+        vals, res = [float(t) for t in theta[::-1][:k]], ritz_residuals(s, last["beta"], k)
+        info["residual"], info["converged"] = max(res, default=0.0), converged(vals, res)
     qs = torch.stack(basis[:len(a)]).to(torch.float64)
     vecs = []
     for i in range(len(theta) - 1, max(len(theta) - 1 - k, -1), -1):
