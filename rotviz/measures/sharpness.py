@@ -61,6 +61,8 @@ def _summary(r, how: str) -> str:
         return f"{min(xs):.4g} to {max(xs):.4g}"
 
     un = "" if r.unmatched is None else f"; unmatched {span(r.unmatched)}"
+    if not r.converged:
+        un += f" (not converged (residual {r.residual:.2g}): raise --iterations)"
     return (f"sharpness on {r.device}{how}: top Hessian eigenvalue along {len(r.alphas)} "
             f"alphas, matched ({r.match}) {span(r.matched)}{un}; on {r.n} {r.split} "
             f"samples, {r.n_params} parameters, {r.hvps} Hessian-vector products in "
