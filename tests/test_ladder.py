@@ -213,3 +213,18 @@ def test_two_points_and_an_empty_rung_are_refused_before_loading(capfd, ws):
     for spec in ("", " , "):
         refused(["ladder", "nosuch-a", "nosuch-b", "--data", "digits", "--match", "seed",
                  "--match", spec], capfd, ws, f"empty matching SPEC '{spec}'")
+
+
+def test_steps_without_a_learned_rung_are_refused_before_loading(capfd, ws, monkeypatch):
+    """--steps bounds the learned rung alone (the ladder's Inputs.check): with no learned
+    rung it was ignored, now one line, before either model is loaded (loading would fail
+    the test); the default rungs hold one, so --steps alone is fine there."""
+    from tests.conftest import refused
+
+    def never(self):
+        raise AssertionError("a model was loaded before the refusal")
+
+    monkeypatch.setattr(LadderPair, "models", never)
+    refused(["ladder", "zoo:vit-digits-s3", "zoo:vit-digits-s6", "--data", "digits",
+             "--match", "none", "--match", "seed", "--steps", "5"], capfd, ws,
+            "--steps needs a learned rung (--match learned): add it, or drop --steps")

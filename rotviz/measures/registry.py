@@ -74,6 +74,9 @@ class Inputs:
     # what one --match is, in the CLI's help (the ladder: "a rung of the ladder, once per
     # rung"); empty: a matching each pair is measured with, once per matching
     spec_help: str = ""
+    # (the read inputs, values, names given) -> refuse, in one line, an option the inputs
+    # leave without effect (the ladder's --steps with no learned rung); before any model loads
+    check: Callable[[Any, dict, set[str]], None] | None = None
 
 
 @dataclass(frozen=True)
