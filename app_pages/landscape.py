@@ -307,6 +307,9 @@ def hessian_body() -> None:
     st.caption(f"Top eigenvalues, largest first: {top}."
                + (f" Trace {trace:.4g} ± {se} (Hutchinson, standard error)."
                   if isinstance(trace, float) else ""))
+    if result.get("converged") is False:  # beside the numbers it qualifies
+        st.warning(f"Not converged (residual {result['residual']:.2g}): these are Ritz values "
+                   "short of the Hessian's eigenvalues; raise the Lanczos steps.")
     table_of("hessian", result)
     tables, _ = measurement_files("hessian", result)
     common.export("hessian", {"page": "landscape", **cfg_of(h_values, pair=False)}, result,

@@ -55,7 +55,9 @@ def _show(value: object) -> str:
     return s if len(s) <= 40 else s[:37] + "...'"
 
 
-POINTS = Bound("--points", 2, 1001)  # alphas on an interpolation path, endpoints included
+# alphas on an interpolation path, endpoints included: at least one between them, since a
+# barrier (the largest excess over the endpoints' line) from the endpoints alone is 0
+POINTS = Bound("--points", 3, 1001)
 GRID = Bound("--grid", 3, 201)  # loss-plane points per axis (grid**2 evaluations)
 MARGIN = Bound("--margin", 0.0, 10.0, integer=False)  # plane margin, fraction of the span
 SPAN = Bound("--span", 1e-6, 1000.0, integer=False)  # slice half-width, in direction units

@@ -28,6 +28,10 @@ class Param:
     label: str = ""  # the app's widget label (default: the name in words)
     widget: tuple[float, float, float] = ()  # the app's slider (lo, hi, step), inside the bound
     metavar: str = ""  # the CLI's name for a free-text value (MODEL); default BOUND or NAME
+    # (another parameter, the values of it this one means something with): given otherwise,
+    # it would be silently ignored, so `check_needs` refuses it ("--nullity-tol needs
+    # --nullity yes"); empty: it always counts
+    needs: tuple[str, tuple[str, ...]] = ()
 
     @property
     def flag(self) -> str:
@@ -83,6 +87,17 @@ def read_params(params: tuple[Param, ...], given: Mapping[str, Any],
                           f"{', '.join(extra)}; use {', '.join(known) or 'none'}")
     return {p.name: p.check(given[p.name]) if given.get(p.name) is not None else p.default
             for p in params}
+
+
+def check_needs(params: tuple[Param, ...], values: Mapping[str, Any],
+                given: set[str]) -> None:
+    """Refuse, in one line, a parameter given whose declared condition (`Param.needs`) the
+    values do not meet: an option a run would ignore is an error, not a quiet default."""
+    flags = {p.name: p.flag for p in params}
+    for p in params:
+        if p.needs and p.name in given:
+            other, ok = p.needs
+            needs(p.flag, True, f"{flags[other]} {' or '.join(ok)}", values[other] in ok)
 
 
 def needs(flag: str, given: bool, requirement: str, ok: bool) -> None:

@@ -59,7 +59,7 @@ def test_the_path_frames_hold_the_curve_so_far_and_the_models_answers_at_alpha()
     assert ex["true"] == digits().labels[:3].tolist()
     assert ex["images"][0] == [[round(float(v), 4) for v in row] for row in x[0, 0]]
     # a curve without examples reads as before: no `examples` key
-    assert "examples" not in curve_on(unmatched(a, b), digits().subset(8), 2).to_dict()
+    assert "examples" not in curve_on(unmatched(a, b), digits().subset(8), 3).to_dict()
 
 
 def test_weight_matching_replayed_round_by_round():

@@ -22,6 +22,7 @@ from rotviz.analysis.hessian import (
     math_attention,
     restricted,
     top_eigenvalues,
+    top_eigenvectors,
 )
 from rotviz.cli import main
 from rotviz.errors import RotvizError
@@ -100,6 +101,47 @@ def test_top_eigenvalues_and_trace_equal_the_dense_hessian(tiny):
     # float32 (the default) agrees too, on the top eigenvalue
     r32 = hessian(tiny, None, split_of(tiny), top=1, seed=1)
     assert r32.eigenvalues[0] == pytest.approx(eig[0], rel=1e-4)
+
+
+def test_lanczos_says_when_it_did_not_converge(tiny):
+    """Two steps cannot resolve the top three: the result says so, with the largest Ritz
+    residual ||H y - theta y||, which equals the one taken with the dense Hessian and bounds
+    each Ritz value's distance to an eigenvalue; enough steps converge to the dense top three
+    to 1e-3 with a residual below 1e-4 of the top eigenvalue."""
+    h, eig = exact(tiny)
+    short = hessian(tiny, None, split_of(tiny), top=2, steps=2, seed=1, dtype=F64)
+    assert short.converged is False and short.residual > 1e-2
+    cur = Curvature(Evaluator(tiny, split_of(tiny)), tiny.state, F64)
+    vals, vecs = top_eigenvectors(cur.hvp, cur.n, 2, torch.Generator().manual_seed(1), F64,
+                                  cur.device, steps=2)
+    np.testing.assert_allclose(vals, short.eigenvalues, rtol=1e-10)
+    dense = [float((h @ v - t * v).norm()) for t, v in zip(vals, vecs, strict=True)]
+    assert short.residual == pytest.approx(max(dense), rel=1e-6)
+    assert all(np.abs(eig - t).min() <= r + 1e-9 for t, r in zip(vals, dense, strict=True))
+    d = short.to_dict()
+    assert d["converged"] is False and d["residual"] == short.residual
+    from rotviz.measures import measurement
+
+    said = measurement("hessian").summary(short, "")
+    assert f"(not converged (residual {short.residual:.2g}): raise --iterations)" in said
+    full = hessian(tiny, None, split_of(tiny), top=3, steps=200, seed=1, dtype=F64)
+    assert full.converged is True and full.residual <= 1e-4 * full.eigenvalues[0]
+    np.testing.assert_allclose(full.eigenvalues, eig[:3], atol=1e-3)
+
+
+def test_top_beyond_the_lanczos_steps_is_refused_before_loading(capsys):
+    """--top K needs K Lanczos steps at least (one Ritz value a step), in hessian and
+    sharpness alike; refused in one line before a model is read (a missing model would
+    otherwise be the error)."""
+    for cmd in (["hessian", "nosuch-model", "--data", "digits", "--top", "50",
+                 "--iterations", "2"],
+                ["sharpness", "nosuch-a", "nosuch-b", "--data", "digits", "--top", "3",
+                 "--iterations", "2"]):
+        assert main(cmd) == 2, cmd
+        err = capsys.readouterr().err
+        top = cmd[cmd.index("--top") + 1]
+        assert f"--top {top} asks for more eigenvalues than --iterations 2 Lanczos steps" \
+            in err and err.count("\n") == 1, err
 
 
 def test_group_restrictions_are_the_principal_sub_matrices(tiny):

@@ -200,3 +200,31 @@ def test_rungs_are_checked_and_skipped_with_a_reason(refs, split):
     assert [x["spec"] for x in r.rungs] == ["seed", "none", "seed"]  # self: the last map rung
     assert r.rungs[-1]["barrier"] == 0.0
     assert len(r.rungs[0]["loss"]) == 4 and r.rungs[-1]["mid_acc"] == r.anchor_acc
+
+
+def test_two_points_and_an_empty_rung_are_refused_before_loading(capfd, ws):
+    """--points 2 (a barrier of 0 by construction) and an empty --match (once taken as
+    none) are refused in one line
+    (models that do not exist: a refusal after loading would name them instead)."""
+    from tests.conftest import refused
+
+    refused(["ladder", "nosuch-a", "nosuch-b", "--data", "digits", "--points", "2"], capfd,
+            ws, "--points must be an integer from 3 to 1001, got 2")
+    for spec in ("", " , "):
+        refused(["ladder", "nosuch-a", "nosuch-b", "--data", "digits", "--match", "seed",
+                 "--match", spec], capfd, ws, f"empty matching SPEC '{spec}'")
+
+
+def test_steps_without_a_learned_rung_are_refused_before_loading(capfd, ws, monkeypatch):
+    """--steps bounds the learned rung alone (the ladder's Inputs.check): with no learned
+    rung it was ignored, now one line, before either model is loaded (loading would fail
+    the test); the default rungs hold one, so --steps alone is fine there."""
+    from tests.conftest import refused
+
+    def never(self):
+        raise AssertionError("a model was loaded before the refusal")
+
+    monkeypatch.setattr(LadderPair, "models", never)
+    refused(["ladder", "zoo:vit-digits-s3", "zoo:vit-digits-s6", "--data", "digits",
+             "--match", "none", "--match", "seed", "--steps", "5"], capfd, ws,
+            "--steps needs a learned rung (--match learned): add it, or drop --steps")

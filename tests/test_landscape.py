@@ -251,8 +251,8 @@ def test_bad_inputs_are_one_line_errors(loaded):
     with pytest.raises(RotvizError, match="image data but .* is a language model") as e:
         interpolate(loaded("gpt2"), loaded("gpt2", 1), d, None, points=3)
     _one_line(e)
-    for points in (1, 0, -3):
-        with pytest.raises(RotvizError, match="from 2 to") as e:
+    for points in (2, 1, 0, -3):  # the endpoints alone give a barrier of 0 by construction
+        with pytest.raises(RotvizError, match="from 3 to") as e:
             interpolate(a, b, d, None, points=points)
         _one_line(e)
     with pytest.raises(RotvizError, match="repeats"):

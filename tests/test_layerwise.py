@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from conftest import view_of
+from conftest import refused, view_of
 from test_landscape import default_pair_refs, synthetic_split
 
 from rotviz.analysis.landscape import curve_on
@@ -175,3 +175,11 @@ def test_the_record_from_the_cli_json_rows_and_plot(tmp_path, capsys):
     names = [t.name for t in fig.data]
     assert len(names) == 4 and all(names)
     assert {t.marker.color for t in fig.data if t.type == "bar"} <= set(style.OKABE_ITO)
+
+
+def test_two_points_are_refused_before_any_model_loads(capfd, ws):
+    """With the endpoints alone every barrier is 0 by construction: --points 2 is refused
+    by the path's one bound (rotviz.limits.POINTS)
+    (models that do not exist: a refusal after loading would name them instead)."""
+    refused(["layerwise", "nosuch-a", "nosuch-b", "--data", "digits", "--points", "2"],
+            capfd, ws, "--points must be an integer from 3 to 1001, got 2")

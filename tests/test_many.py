@@ -206,3 +206,15 @@ def test_the_curve_merges_with_a_registered_method_about_a_base(capsys):
     assert main(["many", *refs, "--data", "digits", "--method", "fisher"]) == 2
     err = capsys.readouterr().err  # the record offers only the methods without statistics
     assert err.count("\n") == 1 and "unknown --method 'fisher': use one of simple," in err
+
+
+@pytest.mark.parametrize("option", [("--rounds", "3"), ("--tol", "0.1")])
+def test_barycentre_settings_need_the_barycentre(option, capfd, ws):
+    """--to anchor matches once onto the first model: the barycentre's rounds and tolerance
+    would be ignored, so they are refused in one line
+    (models that do not exist: a refusal after loading would name them instead)."""
+    from conftest import refused
+
+    flag, value = option
+    refused(["many", "nosuch-a", "nosuch-b", "nosuch-c", "--data", "digits", "--to", "anchor",
+             flag, value], capfd, ws, f"{flag} needs --to barycentre: add it, or drop {flag}")

@@ -21,7 +21,7 @@ from rotviz.symmetry.registry import DATA_SOLVERS
 OPTION_FIELDS = {f.name for f in dataclasses.fields(MatchOptions)}
 
 
-@pytest.mark.parametrize("text", ["none", "", "  ", "NONE", None])
+@pytest.mark.parametrize("text", ["none", " none ", "NONE", None])
 def test_none_means_no_matching(text):
     spec = parse_selection(text)
     assert spec.is_none and spec.label == "none" and spec.flags == ()
@@ -106,3 +106,24 @@ def test_spec_fields_cover_every_flag():
 def test_non_string_spec_is_an_error():
     with pytest.raises(RotvizError):
         parse_selection(3)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("text", ["", "  ", ",", " , "])
+def test_an_empty_spec_is_refused_not_taken_as_none(text):
+    """An empty SPEC was read as none, so a user who meant to match measured an unmatched
+    pair; it is one line now, wherever a SPEC is parsed."""
+    with pytest.raises(RotvizError, match=r"^empty matching SPEC '.*': use none, or a comma"):
+        match_options(text)
+
+
+def test_empty_match_and_sweeps_without_matching_are_refused_before_loading(capfd, ws):
+    """Every command's --match goes through the one parser; sweeps, which varies the layers
+    matched, refuses --match none through its record's match_check
+    (models that do not exist: a refusal after loading would name them instead)."""
+    from conftest import refused
+
+    for argv in (["barrier", "nosuch-a", "nosuch-b", "--data", "digits"],
+                 ["match", "nosuch-a", "nosuch-b", "--out", "never"]):
+        refused([*argv, "--match", ""], capfd, ws, "empty matching SPEC ''")
+    refused(["sweeps", "nosuch-a", "nosuch-b", "--data", "digits", "--match", "none"], capfd,
+            ws, "sweeps varies which layers are matched, and --match none matches none")

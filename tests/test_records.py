@@ -265,3 +265,19 @@ def test_layer_sweeps_record_equals_the_library(matched, tmp_path, capsys):
     assert fig.layout.title.text.startswith("Which layers must be matched")
     assert fig.layout.xaxis.title.text and fig.layout.yaxis.title.text
     assert {t.name for t in fig.data} >= {"only layer i", "layers i to the last"}
+
+
+def test_a_parameter_declares_what_it_needs_and_values_refuses_the_rest():
+    """Param.needs: a parameter given while the one it depends on does not hold is refused in
+    one line (it would be ignored); its default, not given, is never refused."""
+    from rotviz.errors import RotvizError
+    from rotviz.limits import Bound
+    from rotviz.measures import Measurement, Param
+
+    m = Measurement("toy_needs", "Toy", "toy", lambda *a: None, (
+        Param("mode", "a", "a or b", choices=("a", "b")),
+        Param("knob", 1, "with --mode b", Bound("--knob", 0, 9), needs=("mode", ("b",)))))
+    with pytest.raises(RotvizError, match=r"^--knob needs --mode b: add it, or drop --knob$"):
+        m.values({"knob": 2})
+    assert m.values({"knob": 2, "mode": "b"})["knob"] == 2
+    assert m.values({"mode": "a"}) == {"mode": "a", "knob": 1}

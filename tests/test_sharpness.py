@@ -54,6 +54,16 @@ def test_ends_are_the_hessian_at_a_and_b_prime_and_the_paths_meet(pair):
     assert ends.info.distance_after < ends.info.distance_before
     assert r.matched[1] != pytest.approx(r.unmatched[1], rel=1e-3)
     assert r.matched[0] > 0 and r.notes == []
+    # the path's residual is the largest of its points', each as `hessian` reports it
+    assert r.residual >= max(at_a.residual, at_bp.residual) > 0
+    assert r.converged is True and at_a.converged and at_bp.converged  # 40 steps suffice
+    short = sharpness_on(ends, split, points=3, top=2, compare=False, seed=5, steps=2,
+                         dtype=F64)
+    assert short.converged is False and short.residual > 0
+    from rotviz.measures import measurement
+
+    said = measurement("sharpness").summary(short, "")
+    assert f"(not converged (residual {short.residual:.2g}): raise --iterations)" in said
     assert_unchanged(a, before_a)
     assert_unchanged(b, before_b)
 
@@ -165,6 +175,15 @@ def test_the_slice_record_takes_hessian_directions(pair, capsys):
     s = measure("slice", unmatched(a, a), split, dims=1, directions="hessian", norm="none",
                 grid=3, span=0.02, iterations=30)
     assert s.eigenvalues and s.eigenvalues[0] > 0
+    assert s.converged is True and s.residual <= 1e-4 * s.eigenvalues[0]
+    # two Lanczos steps: directions that are not yet eigenvectors, and the one line says so
+    short = measure("slice", unmatched(a, a), split, dims=1, directions="hessian",
+                    norm="none", grid=3, span=0.02, iterations=2)
+    assert short.converged is False and short.residual > 1e-4 * short.eigenvalues[0]
+    from rotviz.measures import measurement
+
+    said = measurement("slice").summary(short, "")
+    assert f"(not converged (residual {short.residual:.2g}): raise --iterations)" in said
     with pytest.raises(RotvizError, match="--iterations needs --directions hessian"):
         measure("slice", unmatched(a, a), split, dims=1, iterations=30)
 

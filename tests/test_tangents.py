@@ -372,3 +372,19 @@ def test_no_residual_tangents_where_the_family_has_no_continuous_map(loaded):
         r = flat(model, None, synthetic_split(model, 4), per_layer=1, curvature=False)
         assert "residual" not in {x.kind for x in r.rows}
         assert r.dimension[-1]["why"] == row["why"]
+
+
+@pytest.mark.parametrize("option", [("--nullity-tol", "0.1"), ("--nullity-exact", "100"),
+                                    ("--nullity-probes", "2"), ("--nullity-steps", "10")])
+def test_nullity_settings_need_the_nullity_count(option, capfd, ws):
+    """The nullity count's settings were accepted and ignored without --nullity yes (after
+    minutes of work); each is declared to need it (Param.needs) and refused in one line
+    before any model loads
+    (models that do not exist: a refusal after loading would name them instead)."""
+    from conftest import refused
+
+    flag, value = option
+    refused(["flat", "nosuch", "--data", "digits", flag, value], capfd, ws,
+            f"{flag} needs --nullity yes: add it, or drop {flag}")
+    refused(["flat", "nosuch", "--data", "digits", flag, value, "--nullity", "no"], capfd, ws,
+            f"{flag} needs --nullity yes")

@@ -249,3 +249,12 @@ def test_spawned_child_in_the_parents_order_is_the_parent():
     other = train.run_steps(rec, 0, data, 6, {4}, parent[1])[4]
     assert all(torch.equal(same.model[k], parent[4].model[k]) for k in same.model)
     assert not all(torch.equal(other.model[k], parent[4].model[k]) for k in other.model)
+
+
+def test_two_points_are_refused_before_any_folder_is_read(capfd, ws):
+    """A barrier from the endpoints alone is 0: training and spawn take at least 3 points,
+    refused by the path's one bound
+    (models that do not exist: a refusal after loading would name them instead)."""
+    for argv in (["training", "nosuch-a", "nosuch-b"], ["spawn", "nosuch"]):
+        refused([*argv, "--data", "digits", "--points", "2"], capfd, ws,
+                "--points must be an integer from 3 to 1001, got 2")

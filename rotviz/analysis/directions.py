@@ -344,8 +344,10 @@ def slice_with(
         ds, extra["tangent_cosine"] = symmetry_directions(loaded, theta, movable, dims, seed,
                                                           norm, keep_1d, directions)
     elif directions == "hessian":  # under unit: the eigenvectors, then normalised
+        lanczos: dict = {}
         raw, extra["eigenvalues"] = hessian_directions(ev, theta, dims, seed, "none", keep_1d,
-                                                       steps)
+                                                       steps, lanczos)
+        extra["residual"], extra["converged"] = lanczos["residual"], lanczos["converged"]
         ds = [normalise_all(loaded, d, theta, "unit", keep_1d, movable) for d in raw]
     else:
         ds = drawn(loaded, theta, movable, dims, seed, norm, keep_1d)

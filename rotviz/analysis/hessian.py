@@ -242,12 +242,16 @@ def group_names(names: list[str], loaded: Loaded, by: str) -> dict[str, str]:
     return out
 
 
+# a Ritz value counts as converged when its residual ||H y - theta y|| (which bounds its
+# distance to an eigenvalue of H) is at most this times the largest |Ritz value|
+CONVERGED = 1e-4
+
 # ---- Lanczos, Hutchinson, density ----------------------------------------------------------
 
 def lanczos(hvp: Hvp, v0: Tensor, steps: int, mask: Tensor | None = None,
             top: int | None = None, tol: float = 1e-7,
-            progress: Progress | None = None, keep: list[Tensor] | None = None
-            ) -> tuple[np.ndarray, np.ndarray]:
+            progress: Progress | None = None, keep: list[Tensor] | None = None,
+            info: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The tridiagonal matrix of `steps` Lanczos steps from v0, with full
     reorthogonalisation (every new vector is made orthogonal to all earlier ones, twice, so
     no spurious copies of converged eigenvalues appear). Returns (alpha, beta).
@@ -255,7 +259,9 @@ def lanczos(hvp: Hvp, v0: Tensor, steps: int, mask: Tensor | None = None,
     With `top`, it stops early once the `top` largest Ritz values have residual
     beta_m |s_m| below `tol` times the largest |Ritz value|; it stops too when the Krylov
     space is exhausted (beta ~ 0). With a list `keep`, the Lanczos vectors (one per alpha)
-    are put in it, for Ritz vectors (`top_eigenvectors`)."""
+    are put in it, for Ritz vectors (`top_eigenvectors`). With a dict `info`, info["beta"]
+    is the norm of the last step's remainder, beta_m: Ritz pair i's residual
+    ||H y_i - theta_i y_i|| is beta_m |s_mi| (`ritz_residuals`)."""
     q = v0 / v0.norm()
     basis = [] if keep is None else keep
     basis.append(q)
@@ -284,6 +290,8 @@ def lanczos(hvp: Hvp, v0: Tensor, steps: int, mask: Tensor | None = None,
         betas.append(b)
         q = w / b
         basis.append(q)
+    if info is not None:
+        info["beta"] = b
     return np.asarray(alphas), np.asarray(betas[:len(alphas) - 1])
 
 
@@ -293,6 +301,13 @@ def _ritz(alphas: list[float], betas: list[float]) -> tuple[np.ndarray, np.ndarr
         b = np.asarray(betas[:len(alphas) - 1], dtype=np.float64)
         t += np.diag(b, 1) + np.diag(b, -1)
     return np.linalg.eigh(t)
+
+
+def ritz_residuals(s: np.ndarray, beta: float, k: int) -> list[float]:
+    """||H y - theta y|| of the k largest Ritz pairs (largest first): beta_m |s_mi|, the
+    standard Lanczos bound, which also bounds each Ritz value's distance to an eigenvalue
+    of H (exact arithmetic; full reorthogonalisation keeps it so)."""
+    return [float(abs(beta * s[-1, i])) for i in range(s.shape[1] - 1, -1, -1)][:k]
 
 
 def rademacher(n: int, gen: torch.Generator, dtype, device) -> Tensor:
@@ -379,6 +394,8 @@ class GroupCurvature:
     eigenvalues: list[float]
     trace: float | None = None
     trace_se: float | None = None  # None without a trace, or from one probe (no spread)
+    residual: float = 0.0  # the largest ||H y - theta y|| of the group's top Ritz pairs
+    converged: bool = True
 
 
 @dataclass
@@ -400,6 +417,11 @@ class HessianResult:
     hvps: int = 0
     seconds: float = 0.0
     device: str = "cpu"
+    # the largest ||H y - theta y|| of the reported Ritz pairs, and whether every one is at
+    # most CONVERGED times the largest |eigenvalue| (each eigenvalue is then that close to
+    # one of H's); False: too few --iterations for these eigenvalues
+    residual: float = 0.0
+    converged: bool = True
     data: str = ""  # the data reference the split was read from (digits, text:FILE)
 
     def to_dict(self) -> dict:
@@ -411,29 +433,53 @@ def top_eigenvalues(hvp: Hvp, n: int, k: int, gen: torch.Generator, dtype, devic
                     progress: Progress | None = None) -> list[float]:
     """The k largest eigenvalues (largest first) by Lanczos with full reorthogonalisation
     from a seeded Gaussian start (restricted to `mask` when given)."""
+    return top_ritz(hvp, n, k, gen, dtype, device, mask, steps, tol, progress)[0]
+
+
+def top_ritz(hvp: Hvp, n: int, k: int, gen: torch.Generator, dtype, device,
+             mask: Tensor | None = None, steps: int = 100, tol: float = 1e-7,
+             progress: Progress | None = None) -> tuple[list[float], list[float]]:
+    """`top_eigenvalues` and each one's residual ||H y - theta y|| (`ritz_residuals`), so a
+    caller can say when the steps allowed did not make them converge."""
     m = n if mask is None else int(mask.sum())
     v0 = torch.randn(n, generator=gen, dtype=torch.float64).to(dtype=dtype, device=device)
     if mask is not None:
         v0 = v0 * mask
-    a, b = lanczos(hvp, v0, min(steps, m), mask, top=min(k, m), tol=tol, progress=progress)
-    theta, _ = _ritz(list(a), list(b))
-    return [float(t) for t in theta[::-1][:k]]
+    info: dict = {}
+    a, b = lanczos(hvp, v0, min(steps, m), mask, top=min(k, m), tol=tol, progress=progress,
+                   info=info)
+    theta, s = _ritz(list(a), list(b))
+    return [float(t) for t in theta[::-1][:k]], ritz_residuals(s, info["beta"], k)
+
+
+def converged(eigenvalues: list[float], residuals: list[float]) -> bool:
+    """Every residual at most CONVERGED times the largest |eigenvalue| (and at least as many
+    eigenvalues as asked, which the caller checks)."""
+    scale = max((abs(e) for e in eigenvalues), default=0.0)
+    return all(r <= CONVERGED * max(scale, 1e-30) for r in residuals)
 
 
 def top_eigenvectors(hvp: Hvp, n: int, k: int, gen: torch.Generator, dtype, device,
-                     mask: Tensor | None = None, steps: int = 100, tol: float = 1e-7
-                     ) -> tuple[list[float], list[Tensor]]:
+                     mask: Tensor | None = None, steps: int = 100, tol: float = 1e-7,
+                     info: dict | None = None) -> tuple[list[float], list[Tensor]]:
     """The k largest eigenvalues (largest first) and their unit eigenvectors (flat, zero
     outside `mask`), as Ritz pairs of the same seeded Lanczos run as `top_eigenvalues`: the
     Ritz vector of Ritz value theta_i is sum_j s_ji q_j over the Lanczos vectors q_j. The
-    vectors are orthonormal (full reorthogonalisation keeps the q_j so)."""
+    vectors are orthonormal (full reorthogonalisation keeps the q_j so). With a dict `info`,
+    info["residual"] and info["converged"] say how far the pairs are from converged (as
+    `hessian` reports them), for a slice along them."""
     m = n if mask is None else int(mask.sum())
     v0 = torch.randn(n, generator=gen, dtype=torch.float64).to(dtype=dtype, device=device)
     if mask is not None:
         v0 = v0 * mask
     basis: list[Tensor] = []
-    a, b = lanczos(hvp, v0, min(steps, m), mask, top=min(k, m), tol=tol, keep=basis)
+    last: dict = {}
+    a, b = lanczos(hvp, v0, min(steps, m), mask, top=min(k, m), tol=tol, keep=basis,
+                   info=last)
     theta, s = _ritz(list(a), list(b))
+    if info is not None:
+        vals, res = [float(t) for t in theta[::-1][:k]], ritz_residuals(s, last["beta"], k)
+        info["residual"], info["converged"] = max(res, default=0.0), converged(vals, res)
     qs = torch.stack(basis[:len(a)]).to(torch.float64)
     vecs = []
     for i in range(len(theta) - 1, max(len(theta) - 1 - k, -1), -1):
@@ -457,7 +503,8 @@ def hessian(loaded: Loaded, state: Mapping[str, Tensor] | None, split, device="c
     gen = torch.Generator().manual_seed(int(seed))
     dt, dev = cur.dtype, cur.device
 
-    eig = top_eigenvalues(cur.hvp, cur.n, top, gen, dt, dev, steps=steps, progress=progress)
+    eig, res = top_ritz(cur.hvp, cur.n, top, gen, dt, dev, steps=steps, progress=progress)
+    ok = converged(eig, res) and len(eig) >= min(top, cur.n)
     tr = se = None
     if probes:
         tr, se = hutchinson(cur.hvp, cur.n, probes, gen, dt, dev, progress=progress,
@@ -469,13 +516,15 @@ def hessian(loaded: Loaded, state: Mapping[str, Tensor] | None, split, device="c
             if progress is not None:
                 progress(i, len(masks), f"group {g}")
             h = restricted(cur.hvp, mask)
-            ge = top_eigenvalues(h, cur.n, top, gen, dt, dev, mask, steps)
+            ge, gr = top_ritz(h, cur.n, top, gen, dt, dev, mask, steps)
             gt = gse = None
             if probes:
                 gt, gse = hutchinson(h, cur.n, probes, gen, dt, dev, mask)
-            groups.append(GroupCurvature(g, int(mask.sum()), ge, gt, gse))
+            groups.append(GroupCurvature(g, int(mask.sum()), ge, gt, gse, max(gr, default=0.0),
+                                         converged(ge, gr)
+                                         and len(ge) >= min(top, int(mask.sum()))))
     dens = density(cur.hvp, cur.n, density_probes, min(steps, cur.n), gen, dt, dev) \
         if density_probes else None
     return HessianResult(loaded.ref, split.split, split.n, cur.n, cur.loss(), eig, tr, se,
                          probes, by, groups, dens, cur.hvps, time.perf_counter() - t0,
-                         str(ev.device), data=split.data)
+                         str(ev.device), max(res, default=0.0), ok, data=split.data)

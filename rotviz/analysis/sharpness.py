@@ -89,6 +89,10 @@ class PathSharpness:
     seconds: float = 0.0
     device: str = "cpu"
     notes: list[str] = field(default_factory=list)
+    # the largest Lanczos residual over every point of both paths, and whether every point
+    # converged (rotviz.analysis.hessian's `residual` and `converged`)
+    residual: float = 0.0
+    converged: bool = True
     data: str = ""  # the data reference the split was read from (digits, text:FILE)
 
     def to_dict(self) -> dict:
@@ -100,7 +104,7 @@ def _along(ends: HeldEndpoints, b: Mapping[str, Tensor], split: Split, alphas: l
            dtype, progress: Progress | None, done: int, total: int, label: str) -> dict:
     a = ends.anchor.state
     out: dict = {"top": [], "loss": [], "trace": [], "se": [], "hvps": 0, "device": "cpu",
-                 "n_params": 0}
+                 "n_params": 0, "residual": 0.0, "converged": True}
     for i, alpha in enumerate(alphas):
         if progress is not None:
             progress(done + i, total, f"{label} path, alpha {alpha:.3g}")
@@ -111,6 +115,8 @@ def _along(ends: HeldEndpoints, b: Mapping[str, Tensor], split: Split, alphas: l
         out["trace"].append(r.trace)
         out["se"].append(r.trace_se)
         out["hvps"] += r.hvps
+        out["residual"] = max(out["residual"], r.residual)
+        out["converged"] = out["converged"] and r.converged
         out["device"], out["n_params"] = r.device, r.n_params
     return out
 
@@ -149,4 +155,6 @@ def sharpness_on(ends: HeldEndpoints, split: Split, points: int = 5, device="cpu
         unmatched_trace=u["trace"] if u is not None and probes else None,
         unmatched_trace_se=u["se"] if u is not None and probes else None,
         hvps=m["hvps"] + (u["hvps"] if u else 0), seconds=time.perf_counter() - t0,
-        device=m["device"], notes=notes)
+        device=m["device"], notes=notes,
+        residual=max(m["residual"], u["residual"] if u else 0.0),
+        converged=m["converged"] and (u["converged"] if u else True))

@@ -89,6 +89,10 @@ class Slice:
     target_loss: float | None = None  # toward: the target's own loss, evaluated exactly
     target_x: float | None = None  # toward with norm none and biases kept: x = 1 is the target
     tangent_cosine: float | None = None  # tangent/gauge: max |cos| with any single tangent
+    # hessian directions: the largest Lanczos residual ||H y - theta y|| of the eigenvectors
+    # and whether it is small enough to call them eigenvectors (rotviz.analysis.hessian)
+    residual: float | None = None
+    converged: bool | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -176,7 +180,8 @@ def random_directions(params: Mapping[str, Tensor], movable: set[str], count: in
 
 def hessian_directions(ev: Evaluator, theta: Mapping[str, Tensor], count: int,
                        seed: int = 0, norm: str = "filter", keep_1d: bool = False,
-                       steps: int = 100) -> tuple[list[dict[str, Tensor]], list[float]]:
+                       steps: int = 100, info: dict | None = None
+                       ) -> tuple[list[dict[str, Tensor]], list[float]]:
     """The top-`count` eigenvectors of the Hessian of the split's mean loss at `theta`
     (rotviz.analysis.hessian: seeded Lanczos, Ritz vectors), each tensor then normalised by
     `normalise` like a random direction; with `none` they stay unit, orthonormal eigenvectors.
@@ -185,7 +190,8 @@ def hessian_directions(ev: Evaluator, theta: Mapping[str, Tensor], count: int,
     Which Hessian: the one of the parameters a slice moves. With biases and norm gains zeroed
     (not `keep_1d`) that is the principal sub-matrix without the 1-D tensors, so that with
     `none` a direction is exactly an eigenvector of the curvature the slice sees, and the
-    1D slice's second derivative at the centre is its eigenvalue times |d|^2."""
+    1D slice's second derivative at the centre is its eigenvalue times |d|^2. With a dict
+    `info`, the Lanczos run's `residual` and `converged` (`top_eigenvectors`)."""
     from rotviz.analysis.hessian import Curvature, restricted, top_eigenvectors
 
     SEED.check(seed)
@@ -199,7 +205,7 @@ def hessian_directions(ev: Evaluator, theta: Mapping[str, Tensor], count: int,
         hvp = restricted(cur.hvp, mask)
     gen = torch.Generator().manual_seed(seed)
     vals, vecs = top_eigenvectors(hvp, cur.n, count, gen, cur.dtype, cur.device, mask,
-                                  steps)
+                                  steps, info=info)
     if len(vecs) < count:
         raise RotvizError(f"found {len(vecs)} Hessian eigenvectors, fewer than --dims {count}")
     out = []
@@ -259,12 +265,14 @@ def slice_at(
     ev = evaluator or Evaluator(loaded, split, device, batch_size)
     theta = ev.params(loaded.state if point is None else point)
     eigenvalues = None
+    lanczos: dict = {}
     if given is not None:
         if len(given) != dims:
             raise RotvizError(f"a {dims}D slice needs {dims} directions, got {len(given)}")
         ds = [ev.params(d) for d in given]
     elif directions == "hessian":
-        ds, eigenvalues = hessian_directions(ev, theta, dims, seed, norm, keep_1d, steps)
+        ds, eigenvalues = hessian_directions(ev, theta, dims, seed, norm, keep_1d, steps,
+                                             lanczos)
     else:
         movable = {n for n, _ in loaded.model.named_parameters()}
         ds = random_directions(theta, movable, dims, seed, norm, keep_1d)
@@ -310,5 +318,6 @@ def slice_at(
         grid=grid, span=float(span), seed=seed, data=split.data, split=split.split,
         device=str(ev.device), seconds=time.perf_counter() - t0, n=split.n, model=loaded.ref,
         direction_norms=norms, cosine=cos, eigenvalues=eigenvalues,
-        around="anchor" if point is None else "point",
+        around="anchor" if point is None else "point", residual=lanczos.get("residual"),
+        converged=lanczos.get("converged"),
     )

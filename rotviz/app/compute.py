@@ -605,8 +605,10 @@ def measure_inputs(record, res: Resources, cfg: dict, progress: Progress | None 
     inputs = record.inputs.read(tuple(refs), tuple(cfg.get("specs") or ()) or None, confined)
     defaults = {p.name: p.default for p in record.parameters()}
     given = dict(cfg.get("params") or {})
-    values = record.values({k: v for k, v in given.items() if k not in defaults
-                            or v != defaults[k]})
+    moved = {k: v for k, v in given.items() if k not in defaults or v != defaults[k]}
+    values = record.values(moved)
+    if record.inputs.check is not None:
+        record.inputs.check(inputs, values, set(moved))
     first = load_eval(str(inputs.first_pair()[0]), confined)
     split = load_test_split(cfg["data"], int(cfg.get("seed", 0)), int(cfg.get("n_eval", 0)),
                             first, confined)

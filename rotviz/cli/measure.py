@@ -250,12 +250,15 @@ def run_inputs_command(m: Measurement, args: argparse.Namespace) -> int:
     from rotviz.outputs import Outputs, write_json_file
 
     assert m.inputs is not None
-    values = m.values({p.name: getattr(args, p.name) for p in m.parameters()})
+    given = {p.name: getattr(args, p.name) for p in m.parameters()}
+    values = m.values(given)
     refs: tuple[str, ...] = ()
     for name, _ in m.inputs.args:  # the last may hold several references (Inputs.least)
         got = getattr(args, name)
         refs += tuple(got) if isinstance(got, list) else (got,)
     inputs = m.inputs.read(refs, args.match, ANYWHERE)  # SPECs and folders: one line each
+    if m.inputs.check is not None:
+        m.inputs.check(inputs, values, {k for k, v in given.items() if v is not None})
     first = inputs.first_pair()
     outputs = Outputs(m.name)
     further = [values[n] for n in m.models if values.get(n)]  # a merge's base: an input too

@@ -55,8 +55,9 @@ Selection.__doc__ = "A parsed matching string: one boolean per registered symmet
 
 
 def parse_selection(text: str | _Selection | None) -> _Selection:
-    """'seed' -> Selection(ffn, attn, rescale); 'none' or '' -> Selection(); unknown names
-    are an error."""
+    """'seed' -> Selection(ffn, attn, rescale); 'none' -> Selection(); unknown names are an
+    error, and so is an empty SPEC ('', ' , '): taking it as 'none' would quietly measure an
+    unmatched pair a user meant to match."""
     if isinstance(text, _Selection):
         return text
     if text is None:
@@ -64,7 +65,10 @@ def parse_selection(text: str | _Selection | None) -> _Selection:
     if not isinstance(text, str):
         raise RotvizError(f"matching SPEC must be text like 'ffn,attn', not {type(text).__name__}")
     names = [p.strip().lower() for p in text.split(",") if p.strip()]
-    if not names or names == ["none"]:
+    if not names:
+        raise RotvizError(f"empty matching SPEC '{text}': use none, or a comma list of "
+                          f"{', '.join(NAMES[1:])}")
+    if names == ["none"]:
         return Selection()
     unknown = [n for n in names if n not in NAMES or n == "none"]
     if unknown:

@@ -70,6 +70,8 @@ def measure(name: str, ends: Any, split: Any = None, device: Any = "cpu",
 
         ends = m.inputs.read(tuple(map(str, ends)), params.pop("match", None), ANYWHERE)
     values = m.values(params)
+    if m.inputs is not None and m.inputs.check is not None:
+        m.inputs.check(ends, values, {k for k, v in params.items() if v is not None})
     if m.data and split is None:
         raise RotvizError(f"{name} evaluates the models: give it a split (rotviz.evaluation."
                           "split_for)")

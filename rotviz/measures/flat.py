@@ -20,6 +20,8 @@ from rotviz.limits import (
 )
 from rotviz.measures.registry import Context, Measurement, register
 
+NULLITY = ("nullity", ("yes",))  # the nullity count's settings mean nothing without it
+
 
 def _params():
     from rotviz.params import Param
@@ -43,18 +45,18 @@ def _params():
               label="Dimension against near-zero eigenvalues"),
         Param("nullity_tol", 1e-6, "near zero means |eigenvalue| <= this times the block's "
               f"largest |eigenvalue| (default 1e-6, {NULLITY_TOL.text})", NULLITY_TOL,
-              label="Near-zero tolerance (relative)"),
+              label="Near-zero tolerance (relative)", needs=NULLITY),
         Param("nullity_exact", 2048, "blocks of at most this many parameters are counted "
               "exactly (dense Hessian from Hessian-vector products, then its eigenvalues); "
               f"larger ones by stochastic Lanczos quadrature (default 2048, "
               f"{NULLITY_EXACT.text})", NULLITY_EXACT, label="Exact count up to (parameters)",
-              widget=(0, 20000, 256)),
+              widget=(0, 20000, 256), needs=NULLITY),
         Param("nullity_probes", 3, "random probes of the quadrature estimate, per larger "
               f"block; their spread is the count's error (default 3, {NULLITY_PROBES.text})",
-              NULLITY_PROBES, label="Quadrature probes"),
+              NULLITY_PROBES, label="Quadrature probes", needs=NULLITY),
         Param("nullity_steps", 30, "Lanczos steps per probe (more resolve eigenvalues "
               f"closer to zero; default 30, {NULLITY_STEPS.text})", NULLITY_STEPS,
-              label="Lanczos steps per probe"),
+              label="Lanczos steps per probe", needs=NULLITY),
         Param("examples", 256, "examples of the split the loss is taken on, the first ones "
               f"({HESSIAN_EXAMPLES.text})", HESSIAN_EXAMPLES, label="Examples",
               widget=(16, 2048, 16)),

@@ -46,6 +46,17 @@ def _params():
     )
 
 
+def check_top(values: dict, given: set[str]) -> None:
+    """Lanczos gives at most one Ritz value per step: more eigenvalues than steps would
+    quietly come back fewer (or as unconverged Ritz values), so it is refused."""
+    from rotviz.errors import RotvizError
+
+    if values["top"] > values["iterations"]:
+        raise RotvizError(f"--top {values['top']} asks for more eigenvalues than "
+                          f"--iterations {values['iterations']} Lanczos steps can give: use "
+                          f"--top at most {values['iterations']}, or more --iterations")
+
+
 def _run(ends, ctx: Context, v: dict):
     from rotviz.analysis.hessian import hessian
 
@@ -59,6 +70,8 @@ def _run(ends, ctx: Context, v: dict):
 
 def _summary(r, how: str) -> str:
     eig = ", ".join(f"{e:.4g}" for e in r.eigenvalues)
+    if not r.converged:
+        eig += f" (not converged (residual {r.residual:.2g}): raise --iterations)"
     se = ONE_PROBE if r.trace_se is None else f"{r.trace_se:.2g}"  # None: from one probe
     tr = "" if r.trace is None else f"; trace {r.trace:.4g} +- {se}"
     by = "" if not r.groups else f"; {len(r.groups)} groups by {r.by}"
@@ -87,5 +100,5 @@ HESSIAN = register(Measurement(
     "hessian", "Curvature (Hessian)",
     "top Hessian eigenvalues, trace and eigenvalue density of one model's test loss, "
     "whole or per block or module kind",
-    _run, _params, summary=_summary, plot=_plot, rows=_rows, pair=False,
+    _run, _params, summary=_summary, plot=_plot, rows=_rows, pair=False, check=check_top,
     refusal="Hessian-vector products differentiate the whole model twice, held in memory"))

@@ -14,7 +14,8 @@ PARAMS = (
     Param("points", 11, f"number of alphas in [0, 1] on each rung's path (default 11, "
           f"{POINTS.text})", POINTS, label="Points on each path", widget=(3, 41, 2)),
     Param("steps", DEFAULT_STEPS, f"learned rung: at most this many learned-matching steps "
-          f"(default {DEFAULT_STEPS}, {STEPS.text})", STEPS, label="Learned matching steps"),
+          f"(default {DEFAULT_STEPS}, {STEPS.text}; given, it needs a learned rung)", STEPS,
+          label="Learned matching steps"),
     Param("batch_size", 512, f"evaluation batch size (default 512, {BATCH_SIZE.text})",
           BATCH_SIZE, label="Evaluation batch size"),
 )
@@ -24,6 +25,15 @@ def read_inputs(refs, specs, confined):
     from rotviz.analysis.ladder import LadderPair
 
     return LadderPair.read(refs, specs, confined)
+
+
+def _inputs_check(inputs, values: dict, given: set[str]) -> None:
+    """--steps bounds the learned rung alone: with none among the rungs it would be ignored."""
+    from rotviz.match.selection import parse_selection
+    from rotviz.params import needs
+
+    needs("--steps", "steps" in given, "a learned rung (--match learned)",
+          any(parse_selection(s).learned for s in inputs.specs))
 
 
 def _run(inputs, ctx: Context, v: dict):
@@ -82,5 +92,6 @@ RECORD = register(Measurement(
     inputs=Inputs((("anchor", f"anchor model (kept fixed): {hub.MODEL_HELP}"),
                    ("source", "source model, same architecture; matched onto the anchor at "
                               "each rung")), read_inputs, LADDER,
-                  spec_help="a rung of the ladder, once per rung, in order"),
+                  spec_help="a rung of the ladder, once per rung, in order",
+                  check=_inputs_check),
     extra={"progress": True, "markdown": markdown}))

@@ -14,15 +14,17 @@ from rotviz.params import Param
 # the fewest models `many` takes (rotviz.analysis.many.MIN_MODELS, which imports torch: this
 # copy keeps listing the record cheap; a test holds them equal)
 LEAST = 3
+BARYCENTRE = ("to", ("barycentre",))  # rounds and tolerance of the barycentre's refinement
 
 PARAMS = (
     Param("to", "barycentre", "anchor (every model matched onto the first) or barycentre "
           "(onto the mean, refined round by round; default barycentre)",
           choices=("anchor", "barycentre"), label="Align to"),
     Param("rounds", 10, f"barycentre: at most this many rounds (default 10, {ROUNDS.text})",
-          ROUNDS, label="Barycentre rounds", widget=(1, 30, 1)),
+          ROUNDS, label="Barycentre rounds", widget=(1, 30, 1), needs=BARYCENTRE),
     Param("tol", 1e-4, "barycentre: stop when the mean moves less than this fraction of its "
-          f"norm in a round (default 1e-4, {TOL.text})", TOL, label="Barycentre tolerance"),
+          f"norm in a round (default 1e-4, {TOL.text})", TOL, label="Barycentre tolerance",
+          needs=BARYCENTRE),
 )
 
 

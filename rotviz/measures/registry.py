@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rotviz.errors import RotvizError
-from rotviz.params import Param, read_params
+from rotviz.params import Param, check_needs, read_params
 from rotviz.records import Records
 from rotviz.types import Progress
 
@@ -74,6 +74,9 @@ class Inputs:
     # what one --match is, in the CLI's help (the ladder: "a rung of the ladder, once per
     # rung"); empty: a matching each pair is measured with, once per matching
     spec_help: str = ""
+    # (the read inputs, values, names given) -> refuse, in one line, an option the inputs
+    # leave without effect (the ladder's --steps with no learned rung); before any model loads
+    check: Callable[[Any, dict, set[str]], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -152,11 +155,15 @@ class Measurement:
         return self.params() if callable(self.params) else self.params
 
     def values(self, given: Mapping[str, Any]) -> dict[str, Any]:
-        """Every parameter's value, `given` checked over the defaults; then the record's own
-        cross-parameter check (on the names actually given)."""
-        values = read_params(self.parameters(), given, self.name)
+        """Every parameter's value, `given` checked over the defaults; then, on the names
+        actually given, each parameter's declared condition (`Param.needs`) and the record's
+        own cross-parameter check."""
+        params = self.parameters()
+        values = read_params(params, given, self.name)
+        named = {k for k, v in given.items() if v is not None}
+        check_needs(params, values, named)
         if self.check is not None:
-            self.check(values, {k for k, v in given.items() if v is not None})
+            self.check(values, named)
         return values
 
     def describe(self) -> str:

@@ -10,7 +10,7 @@ from rotviz.params import Param
 PARAMS = (
     Param("points", 5, f"alphas on each round's path (default 5: a few, for each of up to "
           f"dozens of rounds; {POINTS.text})", POINTS, label="Points on each round's path",
-          widget=(2, 21, 1)),
+          widget=(3, 21, 1)),
     Param("batch_size", 512, f"evaluation batch size (default 512, {BATCH_SIZE.text})",
           BATCH_SIZE, label="Evaluation batch size"),
 )

@@ -40,6 +40,13 @@ PARAMS = (
 )
 
 
+def _check(values: dict, given: set[str]) -> None:
+    """--top at most --iterations, as the hessian record checks it (one Ritz value a step)."""
+    from rotviz.measures.hessian import check_top
+
+    check_top(values, given)
+
+
 def _run(ends, ctx: Context, v: dict):
     from rotviz.analysis.sharpness import sharpness_on
 
@@ -54,6 +61,8 @@ def _summary(r, how: str) -> str:
         return f"{min(xs):.4g} to {max(xs):.4g}"
 
     un = "" if r.unmatched is None else f"; unmatched {span(r.unmatched)}"
+    if not r.converged:
+        un += f" (not converged (residual {r.residual:.2g}): raise --iterations)"
     return (f"sharpness on {r.device}{how}: top Hessian eigenvalue along {len(r.alphas)} "
             f"alphas, matched ({r.match}) {span(r.matched)}{un}{_traces(r, span)}; on {r.n} "
             f"{r.split} samples, {r.n_params} parameters, {r.hvps} Hessian-vector products "
@@ -97,6 +106,6 @@ SHARPNESS = register(Measurement(
     "sharpness", "Sharpness along the path",
     "the top Hessian eigenvalue (and trace) against alpha on the matched path A -> B' and "
     "the unmatched path A -> B",
-    _run, PARAMS, summary=_summary, plot=_plot, rows=_rows,
+    _run, PARAMS, summary=_summary, plot=_plot, rows=_rows, check=_check,
     refusal="Hessian-vector products differentiate the whole model twice, held in memory",
     extra={"progress": True}))

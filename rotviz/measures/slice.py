@@ -139,6 +139,8 @@ def _summary(s, how: str) -> str:
     shape = f"{s.grid}x{s.grid} plane" if s.dims == 2 else f"{s.grid}-point line"
     eig = "" if not s.eigenvalues else \
         " (eigenvalues " + ", ".join(f"{e:.4g}" for e in s.eigenvalues) + ")"
+    if s.converged is False:
+        eig += f" (not converged (residual {s.residual:.2g}): raise --iterations)"
     if s.toward:
         goal = "B" if s.toward == "source" else "B'"
         eig += f" (toward {goal}, its loss {s.target_loss:.4f})"

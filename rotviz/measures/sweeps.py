@@ -42,6 +42,15 @@ def _rows(d: dict) -> list[dict]:
     return out
 
 
+def _match_check(options) -> str | None:
+    """Sweeps vary which layers are matched: with no matching every row is the unmatched
+    pair, and its "best single layer" would mean nothing."""
+    if options is None:
+        return ("sweeps varies which layers are matched, and --match none matches none: "
+                "give a matching, e.g. --match seed")
+    return None
+
+
 def _plot(d: dict):
     from rotviz.plots.sweeps import layer_sweeps
 
@@ -51,5 +60,5 @@ def _plot(d: dict):
 SWEEPS = register(Measurement(
     "sweeps", "Layer sweeps (which layers to match)",
     "the merge when one layer, or the last k layers, are matched (the seed paper's Figure 6)",
-    _run, PARAMS, summary=_summary, plot=_plot, rows=_rows,
+    _run, PARAMS, summary=_summary, plot=_plot, rows=_rows, match_check=_match_check,
     refusal="layer sweeps match the pair once per layer subset, in memory"))
