@@ -52,9 +52,15 @@ def map_inputs(x: Inputs, fn) -> Inputs:
     return fn(x) if isinstance(x, torch.Tensor) else {k: fn(v) for k, v in x.items()}
 
 
-def to_device(x: Inputs, device: torch.device | str) -> Inputs:
-    """A batch's inputs on `device`."""
-    return map_inputs(x, lambda t: t.to(device))
+def to_device(x: Inputs, device: torch.device | str,
+              dtype: torch.dtype | None = None) -> Inputs:
+    """A batch's inputs on `device`; with `dtype`, floating inputs (images) in it too, as the
+    module that reads them holds its weights (timm casts nothing itself: a model held in
+    float64 takes float64 images)."""
+    if dtype is None:
+        return map_inputs(x, lambda t: t.to(device))
+    return map_inputs(x, lambda t: t.to(device, dtype) if t.is_floating_point()
+                      else t.to(device))
 
 
 def without_padding(h: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:

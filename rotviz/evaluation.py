@@ -21,7 +21,7 @@ from rotviz.data import (
     Inputs,
     Split,
     load_split,
-    map_inputs,
+    to_device,
 )
 from rotviz.devices import resolve_device
 from rotviz.errors import RotvizError
@@ -369,14 +369,8 @@ class Evaluator:
         # floating persistent buffers travel with the parameters (interpolated, merged)
         self.names += [n for n, b in buffers.items() if b.is_floating_point() and n in loaded.state]
         dev = self.device
-        # images in the module's dtype (a model held in float64: timm casts nothing itself)
-        dtype = next(module.parameters()).dtype
-
-        def move(x):
-            return map_inputs(x, lambda t: t.to(dev, dtype) if t.is_floating_point()
-                              else t.to(dev))
-
-        self.batches = [(move(x), y.to(dev))
+        dtype = next(module.parameters()).dtype  # images in it (rotviz.data.to_device)
+        self.batches = [(to_device(x, dev, dtype), y.to(dev))
                         for x, y in split.batches(fit_batch(loaded, split, batch_size))]
 
     @property

@@ -290,15 +290,11 @@ def body_patterns(spec: ArchSpec):
 
 def _root(loaded: Loaded) -> str:
     """The prefix `loaded`'s blocks sit under (one of its family's roots: "bert." inside a
-    BertForPreTraining, "" in a headless BertModel)."""
-    import re
-
-    for r in loaded.spec.roots:
-        first = [re.compile(re.escape(r + t).replace(r"\{i\}", r"\d+"))
-                 for t in loaded.spec.block]
-        if any(p.match(k) for p in first for k in loaded.state):
-            return r
-    return ""
+    BertForPreTraining, "" in a headless BertModel): the first whose block 0 is present, as
+    rotviz.symmetry.view.resolve_layout picks it."""
+    firsts = [(r, r + t.format(i=0)) for r in loaded.spec.roots for t in loaded.spec.block]
+    return next((r for r, first in firsts if any(k.startswith(first) for k in loaded.state)),
+                "")
 
 
 def heads_differ(a: Loaded, b: Loaded) -> HeadsDiffer | None:
@@ -459,12 +455,12 @@ def forward(
     with `every`, all the model's outputs side by side (rotviz.heads.side_by_side: every
     head of a pre-training model, a headless model's hidden states and pooler), as the
     function check compares them."""
+    from rotviz.data import to_device
+
     first = next(loaded.model.parameters())
     device = first.device
     model = attending_module(loaded, attention_positions(loaded.config, inputs), device)
-    # images in the module's dtype (a model held in float64: timm casts nothing itself)
-    inputs = {k: v.to(device, first.dtype) if v.is_floating_point() else v.to(device)
-              for k, v in inputs.items()}
+    inputs = to_device(dict(inputs), device, first.dtype)  # images in the module's dtype
     with torch.no_grad():
         if state is not None:
             keep = set(dict(model.named_parameters())) | set(dict(model.named_buffers()))

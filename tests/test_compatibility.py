@@ -35,7 +35,7 @@ from rotviz.match.pipeline import match_models
 from rotviz.measures import measure, measurements
 from rotviz.models import body_patterns, load_model, max_output_diff
 from rotviz.random_models import random_config, save_random
-from rotviz.symmetry.actions import random_element
+from rotviz.symmetry.actions import apply, random_element
 from rotviz.symmetry.view import read_view, write_state
 
 F64 = torch.float64
@@ -171,8 +171,7 @@ def test_cell_loads_recovers_a_planted_element_and_keeps_every_output(
                        model.state if k not in dict(model.model.state_dict()))
     view = read_view(model.spec, model.config, model.state)
     element = random_element(view.dims, seed=7, heads=True)
-    planted = replace(model, ref="planted", state=write_state(
-        __import__("rotviz.symmetry.actions", fromlist=["apply"]).apply(view, element)))
+    planted = replace(model, ref="planted", state=write_state(apply(view, element)))
     assert max_output_diff(model, model.state, planted.state) <= 1e-4  # every output kept
     assert distances(read_view(model.spec, model.config, planted.state), view).total > 0.1
     out = match_models(model, planted, MatchOptions(heads=True))

@@ -22,12 +22,10 @@ if TYPE_CHECKING:
 
 def residual_unsupported(loaded: Loaded) -> str | None:
     """Why residual maps cannot be used on this model (a headless model's output is the
-    stream; a tied output head), or None."""
-    from rotviz.heads import residual_refusal
-    from rotviz.match.pipeline import view_of
-    from rotviz.symmetry.residual import unsupported
+    stream; a tied output head), or None (rotviz.match.pipeline.residual_unsupported)."""
+    from rotviz.match.pipeline import residual_unsupported
 
-    return residual_refusal(loaded.config) or unsupported(view_of(loaded))
+    return residual_unsupported(loaded)
 
 
 def dims_of(loaded: Loaded) -> dict:

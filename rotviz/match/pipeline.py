@@ -193,15 +193,27 @@ def _match_models(anchor: Loaded, source: Loaded, options: MatchOptions, device:
     return Matched(state, result.report, element)
 
 
-def refuse_residual(*models) -> None:
+def refuse_residual(*models, views: tuple[ModelView, ...] | None = None) -> None:
     """One line where a model's head exposes its residual stream (rotviz.heads: a headless
-    model's output is the stream), so that a residual map would change what it computes."""
+    model's output is the stream), so that a residual map would change what it computes; with
+    `views` (one per model), also where the model itself takes no residual map
+    (`residual_unsupported`)."""
     from rotviz.heads import residual_refusal
 
-    for m in models:
-        why = residual_refusal(m.config)
+    for k, m in enumerate(models):
+        why = residual_refusal(m.config) if views is None else residual_unsupported(m, views[k])
         if why:
             raise RotvizError(f"residual matching is unavailable for {m.ref}: {why}")
+
+
+def residual_unsupported(loaded: Loaded, view: ModelView | None = None) -> str | None:
+    """Why residual maps cannot be used on `loaded` (its view `view`, read here when None):
+    its head exposes the stream (rotviz.heads.residual_refusal), or its stream's ties and
+    norms forbid them (rotviz.symmetry.residual.unsupported); None when they can."""
+    from rotviz.heads import residual_refusal
+
+    return residual_refusal(loaded.config) or rs.unsupported(
+        view if view is not None else view_of(loaded))
 
 
 def body_views(anchor: Loaded, source: Loaded, differ: HeadsDiffer,
@@ -229,11 +241,8 @@ def _match_bodies(anchor: Loaded, source: Loaded, options: MatchOptions, device:
             f"{differ.source_head or 'no head'}), and [{options.label}] learns from both "
             "models' outputs; use weight matching (e.g. --match seed or weight)")
     whole = view_of(source, device)
-    if options.residual:
-        for m, v in ((anchor, view_of(anchor, device)), (source, whole)):
-            why = rs.unsupported(v)
-            if why:
-                raise RotvizError(f"residual matching is unavailable for {m.ref}: {why}")
+    if options.residual:  # the whole models: a head only one holds may tie the stream
+        refuse_residual(anchor, source, views=(view_of(anchor, device), whole))
     va, vs = body_views(anchor, source, differ, device)
     result = match(va, vs, options, progress)
     element = element_of(result.transforms, result.residual, va)
