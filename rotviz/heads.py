@@ -55,6 +55,12 @@ KINDS: Mapping[str, tuple[str, str | None]] = {
     "other": ("a head rotviz does not know", None),
 }
 
+# The data each task's loss is measured on, in words (rotviz.tasks' tasks)
+DATA_OF_TASK: Mapping[str, str] = {
+    "text": "text", "masked": "text, some tokens masked", "seq-cls": "labelled text",
+    "multi-label": "labelled text", "regression": "labelled text", "token-cls": "tagged text",
+    "image": "images"}
+
 # Loss-free measurements: they read the weights (and the function check its own probes)
 WEIGHTS_ONLY = "matching, distances, spectra and the other views of the weights"
 # What a loss measurement needs, said when a model has no head it can score
@@ -95,9 +101,7 @@ class Head:
             return (f"{WEIGHTS_ONLY}; losses are its masked-LM head's, on text data (the "
                     "next-sentence head is kept by matching and checked, not scored)")
         if self.scored:
-            data = {"text": "text data", "masked": "text data (masked tokens)",
-                    "image": "image data"}.get(self.task or "", "labelled text data")
-            return f"{WEIGHTS_ONLY}, and every loss measurement on {data}"
+            return f"{WEIGHTS_ONLY}, and every loss measurement on {DATA_OF_TASK[self.task]}"
         return (f"{WEIGHTS_ONLY} (the function check compares its outputs); loss "
                 f"measurements need {SCORED_HEADS}")
 

@@ -452,11 +452,12 @@ def top_ritz(hvp: Hvp, n: int, k: int, gen: torch.Generator, dtype, device,
     return [float(t) for t in theta[::-1][:k]], ritz_residuals(s, info["beta"], k)
 
 
-def converged(eigenvalues: list[float], residuals: list[float]) -> bool:
-    """Every residual at most CONVERGED times the largest |eigenvalue| (and at least as many
-    eigenvalues as asked, which the caller checks)."""
+def converged(eigenvalues: list[float], residuals: list[float], want: int = 0) -> bool:
+    """Every residual at most CONVERGED times the largest |eigenvalue|, and at least `want`
+    eigenvalues (as many as asked, where the space allows)."""
     scale = max((abs(e) for e in eigenvalues), default=0.0)
-    return all(r <= CONVERGED * max(scale, 1e-30) for r in residuals)
+    return len(eigenvalues) >= want and all(r <= CONVERGED * max(scale, 1e-30)
+                                            for r in residuals)
 
 
 def top_eigenvectors(hvp: Hvp, n: int, k: int, gen: torch.Generator, dtype, device,
@@ -504,7 +505,7 @@ def hessian(loaded: Loaded, state: Mapping[str, Tensor] | None, split, device="c
     dt, dev = cur.dtype, cur.device
 
     eig, res = top_ritz(cur.hvp, cur.n, top, gen, dt, dev, steps=steps, progress=progress)
-    ok = converged(eig, res) and len(eig) >= min(top, cur.n)
+    ok = converged(eig, res, min(top, cur.n))
     tr = se = None
     if probes:
         tr, se = hutchinson(cur.hvp, cur.n, probes, gen, dt, dev, progress=progress,
@@ -521,8 +522,7 @@ def hessian(loaded: Loaded, state: Mapping[str, Tensor] | None, split, device="c
             if probes:
                 gt, gse = hutchinson(h, cur.n, probes, gen, dt, dev, mask)
             groups.append(GroupCurvature(g, int(mask.sum()), ge, gt, gse, max(gr, default=0.0),
-                                         converged(ge, gr)
-                                         and len(ge) >= min(top, int(mask.sum()))))
+                                         converged(ge, gr, min(top, int(mask.sum())))))
     dens = density(cur.hvp, cur.n, density_probes, min(steps, cur.n), gen, dt, dev) \
         if density_probes else None
     return HessianResult(loaded.ref, split.split, split.n, cur.n, cur.loss(), eig, tr, se,

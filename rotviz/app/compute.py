@@ -372,7 +372,6 @@ def check_pair_at_size(res: Resources, cfg: dict, loss: bool = True) -> None:
     read as the anchor reads it, with no weights loaded (not read where `needs_data` says
     so: no `loss` and a head no loss scores)."""
     from rotviz.evaluation import check_fits
-    from rotviz.heads import head_of_config
     from rotviz.models import check_compatible
     from rotviz.stream.blocks import open_streamed
     from rotviz.stream.sized import sized_loaded
@@ -381,7 +380,7 @@ def check_pair_at_size(res: Resources, cfg: dict, loss: bool = True) -> None:
     b = open_streamed(cfg["source"], res.confined())
     check_compatible(a, b)  # type: ignore[arg-type]  # duck-typed: meta state
     skeleton = sized_loaded(a)
-    if not loss and not all(head_of_config(m.config).scored for m in (a, b)):
+    if not loss and not all(summaries.is_scored(m) for m in (a, b)):  # reads config only
         return  # a pair no loss scores, on a page that needs none: no data to check
     check_fits(skeleton, load_test_split(cfg["data"], int(cfg.get("seed", 0)),
                                          int(cfg.get("n_eval", 0)), skeleton, res.confined()))

@@ -65,8 +65,6 @@ def symmetry_check(loaded: Loaded, seed: int = 0) -> dict:
 # a head rotviz scores (rotviz.heads). Named here so that the cards and the refusals agree.
 WEIGHT_PAGES = "Match and Spectra pages (and the Measure page's distances and spectra)"
 LOSS_PAGES = "Barrier, Landscape, Merge, Learn and Gallery pages"
-DATA_OF_TASK = {"text": "text", "masked": "text, some tokens masked", "seq-cls": "labelled text",
-                "token-cls": "tagged text", "image": "images"}
 # Heads a loss scores, as examples for a user whose models have none
 SCORED_EXAMPLES = ("BertForMaskedLM, BertForPreTraining, GPT2LMHeadModel, "
                    "...ForSequenceClassification")
@@ -78,7 +76,7 @@ def head_card(loaded: Loaded) -> dict:
     loss scores it, and `pages`, the same in the app's terms (which pages take the model).
     The Models page shows it on each card, so that a pair refused later by a page that
     needs a loss was explained before."""
-    from rotviz.heads import head_of_config
+    from rotviz.heads import DATA_OF_TASK, head_of_config
 
     head = head_of_config(loaded.config)
     if head.scored:
