@@ -70,7 +70,7 @@ with st.form("measure_form"):
 
 
 def show(result: dict, cfg: dict) -> None:
-    """The record's figure, its animation (`animate`), its text (`extra["markdown"]`) and
+    """The record's figure, its animation (`animate`), its text (`markdown`) and
     table, and the export."""
     tables, figures = measurement_files(name, result)
     for key, fig in figures.items():
@@ -78,7 +78,7 @@ def show(result: dict, cfg: dict) -> None:
     anim = measurement_animation(name, result)
     if anim is not None:
         common.animation(anim, f"measure_{name}_anim", f"{name}-animation")
-    markdown = record.extra.get("markdown")
+    markdown = record.markdown
     if markdown is not None:
         st.markdown(markdown(result))
     for rows in tables.values():

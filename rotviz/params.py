@@ -32,6 +32,9 @@ class Param:
     # it would be silently ignored, so `check_needs` refuses it ("--nullity-tol needs
     # --nullity yes"); empty: it always counts
     needs: tuple[str, tuple[str, ...]] = ()
+    # shown at a section's first look; the others wait under its one "More options" expander
+    # (a teacher's first view of a page holds the few controls that change the picture)
+    essential: bool = False
 
     @property
     def flag(self) -> str:

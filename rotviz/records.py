@@ -1,5 +1,6 @@
-"""A registry of named records (measurements, merge methods): registration order, with the
-built-ins listed first in a fixed order, and each name registered once.
+"""A registry of named records (measurements, merge methods, gallery entries): each name
+registered once, listed by each record's `order` (then by name), so that menus and help
+stay stable whatever order modules were found in.
 
 The record kinds keep their own record type and their own lookup errors; what they share,
 the bookkeeping, lives here once.
@@ -14,6 +15,7 @@ from rotviz.errors import RotvizError
 
 class Named(Protocol):
     name: str
+    order: int
 
 
 T = TypeVar("T", bound=Named)
@@ -22,9 +24,8 @@ T = TypeVar("T", bound=Named)
 class Records(Generic[T]):
     """Records by name; `what` names the kind in errors ("measurement", "merge method")."""
 
-    def __init__(self, what: str, built_in: tuple[str, ...]) -> None:
+    def __init__(self, what: str) -> None:
         self.what = what
-        self.built_in = built_in  # listed first, in this order
         self._by_name: dict[str, T] = {}
 
     def register(self, record: T) -> T:
@@ -37,9 +38,8 @@ class Records(Generic[T]):
         return record
 
     def all(self) -> tuple[T, ...]:
-        """Every record, built-ins first, then the others in the order registered."""
-        first = [self._by_name[n] for n in self.built_in if n in self._by_name]
-        return tuple(first + [r for r in self._by_name.values() if r.name not in self.built_in])
+        """Every record, by its `order`, then by name."""
+        return tuple(sorted(self._by_name.values(), key=lambda r: (r.order, r.name)))
 
     def get(self, name: str) -> T | None:
         return self._by_name.get(name)

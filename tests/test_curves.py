@@ -22,6 +22,7 @@ from rotviz.analysis.curves import (
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator
 from rotviz.match.endpoints import match_endpoints, unmatched
+from rotviz.plots.figure_style import Style
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +136,7 @@ def test_the_trained_bezier_curve_has_a_lower_barrier_on_the_default_pair():
     m = measurement("bend")
     rows = m.rows(d)
     assert len(rows) == 11 and rows[0]["t"] == 0.0 and rows[-1]["loss"] == r.loss[-1]
-    fig = m.plot(d)
+    fig = m.plot(d, Style())
     assert fig.layout.title.text and fig.layout.xaxis.title.text and fig.layout.yaxis.title.text
     assert "barrier" in fig.data[0].name and len(fig.data) == 4
     import plotly.graph_objects as go

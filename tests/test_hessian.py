@@ -28,6 +28,7 @@ from rotviz.cli import main
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator
 from rotviz.models import Loaded
+from rotviz.plots.figure_style import Style
 from rotviz.symmetry.actions import apply, random_element
 from rotviz.symmetry.view import read_view, write_state
 
@@ -238,7 +239,7 @@ def test_the_cli_writes_the_json_keys(tmp_path, capsys):
     from rotviz.measures import measurement
     from rotviz.plots import style
 
-    fig = measurement("hessian").plot(d)
+    fig = measurement("hessian").plot(d, Style())
     assert fig.layout.title.text.startswith("Top Hessian eigenvalues of zoo:vit-digits-s3")
     assert "eigenvalue" in fig.layout.yaxis.title.text and "(by block)" in \
         fig.layout.xaxis.title.text and fig.layout.legend.title.text

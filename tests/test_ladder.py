@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from rotviz.analysis.ladder import RUNGS, LadderPair, describe, ladder
+from rotviz.plots.figure_style import Style
 from rotviz.symmetry import registry
 
 POINTS = 5
@@ -167,7 +168,7 @@ def test_table_figure_and_page_text(cli_ladder):
     assert [r["match"] for r in rows] == [r["spec"] for r in cli_ladder["rungs"]]
     text = markdown(cli_ladder)
     assert "| **align-to-self** | `weight` | 0.0000 | 0.0000 |" in text
-    fig = record.plot(cli_ladder)
+    fig = record.plot(cli_ladder, Style())
     assert fig.layout.title.text and fig.layout.showlegend
     assert all(fig.layout[f"xaxis{i}"].title.text for i in ("", "2", "3"))
     assert fig.layout.yaxis.title.text

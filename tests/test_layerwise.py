@@ -19,6 +19,7 @@ from rotviz.cli import main
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator, barrier_of
 from rotviz.match.endpoints import match_endpoints
+from rotviz.plots.figure_style import Style
 from rotviz.symmetry.view import read_view
 
 
@@ -169,7 +170,7 @@ def test_the_record_from_the_cli_json_rows_and_plot(tmp_path, capsys):
     rows = m.rows(d)
     assert [r["group"] for r in rows] == d["groups"]
     assert rows[0]["barrier_unmatched"] == d["barrier_unmatched"][0]
-    fig = m.plot(d)
+    fig = m.plot(d, Style())
     assert fig.layout.title.text and fig.layout.xaxis.title.text == style.LAYER
     assert fig.layout.yaxis.title.text == style.BARRIER and fig.layout.barmode == "group"
     names = [t.name for t in fig.data]

@@ -26,6 +26,7 @@ from rotviz.merging.slerp import slerp
 from rotviz.merging.task_arithmetic import task_arithmetic
 from rotviz.merging.task_vectors import drop_seed
 from rotviz.merging.ties import ties
+from rotviz.plots.figure_style import Style
 
 TOL = dict(rtol=0, atol=1e-6)
 
@@ -600,7 +601,7 @@ def test_a_sweep_is_one_merge_per_value(tmp_path, capfd, ws):
         base=lbase, scale=0.0).loss, abs=1e-12)  # lambda 0: the base itself
     rec = measurement("merge_sweep")
     assert rec.rows(d)[1] == {"scale": 1.0, "loss": d["loss"][1], "acc": d["acc"][1]}
-    fig = rec.plot(d)
+    fig = rec.plot(d, Style())
     assert fig.layout.title.text.startswith("Merged model accuracy against scale")
     assert "λ" in fig.layout.xaxis.title.text and "accuracy" in fig.layout.yaxis.title.text
     assert fig.layout.legend.title.text and [t.name for t in fig.data][0] == "no matching"

@@ -21,6 +21,7 @@ from rotviz.cli import main
 from rotviz.data import Split
 from rotviz.evaluation import Evaluator
 from rotviz.models import Loaded, probe_inputs
+from rotviz.plots.figure_style import Style
 
 F64 = torch.float64
 # bert (post-norm, GELU): one block of 136 parameters, d_h = 4, one head: Q-K and V-O maps,
@@ -153,7 +154,7 @@ def test_the_record_counts_per_block_and_for_the_model(saved, capsys):
     d = r.to_dict()
     table = rec.rows(d)
     assert [x["block"] for x in table if x["table"] == "nullity"] == list(rows)
-    fig = rec.plot(d)
+    fig = rec.plot(d, Style())
     assert fig.layout.title.text and fig.layout.xaxis.title.text and \
         fig.layout.yaxis.title.text and fig.layout.legend.title.text
     assert [tr.type for tr in fig.data] == ["bar", "bar"]
@@ -163,7 +164,7 @@ def test_the_record_counts_per_block_and_for_the_model(saved, capsys):
     assert all(x["method"] == "slq" and x["error"] >= 0 for x in s.nullity)
     assert "(slq)" in rec.summary(s, "")
     off = measure("flat", ends, split, per_layer=1, curvature="no", nullity="no")
-    assert off.nullity == [] and rec.plot(off.to_dict()).layout.yaxis.type == "log"
+    assert off.nullity == [] and rec.plot(off.to_dict(), Style()).layout.yaxis.type == "log"
     rc = main(["flat", "zoo:vit-digits-s3", "--data", "digits", "--nullity-tol", "2"])
     err = capsys.readouterr().err
     assert rc == 2 and "--nullity-tol must be a number" in err and err.count("\n") == 1

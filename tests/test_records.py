@@ -17,6 +17,7 @@ import torch
 from rotviz.cli import main
 from rotviz.measures import registry as measures_registry
 from rotviz.merging import registry as merging_registry
+from rotviz.plots.figure_style import Style
 
 A, B = "zoo:vit-digits-s3", "zoo:vit-digits-s6"
 
@@ -261,7 +262,7 @@ def test_layer_sweeps_record_equals_the_library(matched, tmp_path, capsys):
     d = got.to_dict()
     rows = measurement("sweeps").rows(d)
     assert len(rows) == 2 + 2 * got.n_layers and rows[0]["matched"] == "none"
-    fig = measurement("sweeps").plot(d)
+    fig = measurement("sweeps").plot(d, Style())
     assert fig.layout.title.text.startswith("Which layers must be matched")
     assert fig.layout.xaxis.title.text and fig.layout.yaxis.title.text
     assert {t.name for t in fig.data} >= {"only layer i", "layers i to the last"}

@@ -18,6 +18,7 @@ from rotviz.cli import main
 from rotviz.errors import RotvizError
 from rotviz.match.endpoints import match_endpoints
 from rotviz.models import Loaded
+from rotviz.plots.figure_style import Style
 
 SMALL = dict(layers=1, d=8, heads=2, ffn=16)  # 845 parameters
 F64 = torch.float64
@@ -98,7 +99,7 @@ def test_the_cli_writes_the_json_keys_and_refuses_at_size(tmp_path, capsys):
     from rotviz.plots import style
 
     m = measurement("sharpness")
-    fig = m.plot(d)
+    fig = m.plot(d, Style())
     assert fig.layout.title.text.startswith("Sharpness along the path<br>zoo:vit-digits-s3")
     assert d["split"] == "test" and d["data"] == "digits"  # the split's name, not the data's
     assert "alpha" in fig.layout.xaxis.title.text and "eigenvalue" in \

@@ -29,6 +29,7 @@ from rotviz.analysis.tangents import (
 from rotviz.cli import main
 from rotviz.errors import RotvizError
 from rotviz.models import Loaded
+from rotviz.plots.figure_style import Style
 from rotviz.symmetry.actions import LayerTransform, apply_layer
 from rotviz.symmetry.view import write_state
 
@@ -209,7 +210,7 @@ def test_the_record_cli_plot_and_refusal(tmp_path, capsys, tiny):
     assert d["nullity"] == [] and "residual" in {x["kind"] for x in d["rows"]}
     assert max(x["loss_change"] for x in d["rows"]) <= 1e-6
     assert max(x["cosine"] for x in d["rows"]) <= 1e-5 < d["control_cosine"]
-    fig = measurement("flat").plot(d)
+    fig = measurement("flat").plot(d, Style())
     assert fig.layout.title.text and fig.layout.xaxis.title.text and \
         fig.layout.yaxis.title.text and fig.layout.legend.title.text
     assert fig.layout.yaxis.type == "log" and len(fig.data) == 4

@@ -13,6 +13,7 @@ import torch
 
 from rotviz import measure
 from rotviz.errors import RotvizError
+from rotviz.plots.figure_style import Style
 from rotviz.random_models import save_random
 from tests.conftest import refused
 
@@ -224,7 +225,7 @@ def test_both_charts_run_on_the_zoo_series(small):
     assert tr.barrier["none"][-1] == sp.barrier["none"][0]  # the same pair, measured alike
 
     for name, r, x in (("training", tr, "training step"), ("spawn", sp, "spawn step k")):
-        fig = measurement(name).plot(r.to_dict())
+        fig = measurement(name).plot(r.to_dict(), Style())
         assert fig.layout.title.text and fig.layout.xaxis.title.text.startswith(x)
         assert "nats" in fig.layout.yaxis.title.text
         assert [t.name for t in fig.data] == [style.nice_label(m) for m in r.matches]

@@ -26,23 +26,12 @@ import numpy as np
 import torch
 
 from rotviz.analysis.hessian import hessian
+from rotviz.analysis.paths import path_point
 from rotviz.data import Split
 from rotviz.match.endpoints import HeldEndpoints
 from rotviz.types import Progress
 
 Tensor = torch.Tensor
-
-
-def path_point(a: Mapping[str, Tensor], b: Mapping[str, Tensor], alpha: float
-               ) -> dict[str, Tensor]:
-    """(1 - alpha) a + alpha b on floating tensors (a's others kept), with the ends exactly
-    a and b: alpha = 0 and 1 return the endpoints' own tensors, not a rounded mixture."""
-    if alpha == 0.0:
-        return dict(a)
-    if alpha == 1.0:
-        return {k: b[k] if a[k].is_floating_point() else a[k] for k in a}
-    return {k: torch.lerp(a[k], b[k].to(a[k].dtype), alpha) if a[k].is_floating_point()
-            else a[k] for k in a}
 
 
 def rescales(match: str) -> bool:

@@ -122,15 +122,19 @@ def measurement_animation(name: str, result: Mapping[str, Any]) -> Any:
     return record.animate(result) if record.animate else None
 
 
-def measurement_files(name: str, result: Mapping[str, Any]
+def measurement_files(name: str, result: Mapping[str, Any], style: Any = None
                       ) -> tuple[dict[str, list[dict]], dict[str, Any]]:
     """The tables and figures a registered measurement's record makes of its result (as
-    plain data, `rotviz.app.run(name, ...)`): what its export holds besides the JSON."""
+    plain data, `rotviz.app.run(name, ...)`), its figure drawn in the page's `style`
+    (rotviz.plots.figure_style.Style; None: the default): what its export holds besides the
+    JSON."""
     from rotviz.measures import measurement
+    from rotviz.plots.figure_style import Style
 
+    style = style or Style()
     record = measurement(name)
     tables = {name: record.rows(result)} if record.rows else {}
-    figures = {name: record.plot(result)} if record.plot else {}
+    figures = {name: record.plot(result, style)} if record.plot else {}
     return tables, figures
 
 

@@ -29,6 +29,7 @@ from rotviz.cli.args import (
 from rotviz.errors import RotvizError
 from rotviz.measures import Measurement, measurements
 from rotviz.params import Param
+from rotviz.plots.figure_style import Style
 
 
 def _param_type(p: Param):
@@ -86,7 +87,7 @@ def register(sub, wanted: Callable[[str], bool] = lambda name: True) -> None:
             p.add_argument("--source", default=None, metavar="MODEL",
                            help=f"a second model of the same architecture ({hub.MODEL_HELP}), "
                                 "matched onto the model with --match; only for "
-                                f"{m.extra.get('source_use', 'the options that use it')}")
+                                f"{m.source_use or 'the options that use it'}")
         if m.pair or m.source is not None:
             with_source = "" if m.pair else " (with --source)"
             p.add_argument("--match", default=m.match_default if m.pair else None,
@@ -112,8 +113,7 @@ def register(sub, wanted: Callable[[str], bool] = lambda name: True) -> None:
         add_overwrite(p)
         add_params(p, m.parameters())
         if m.at_size is not None:
-            add_max_memory(p, "run", m.extra.get("at_size_help", "matched streamed and "
-                           "measured block by block"), "always does")
+            add_max_memory(p, "run", m.at_size_help, "always does")
         else:
             add_max_memory(p, "run", f"refused ({m.why_not_at_size()})", "is refused too")
         p.set_defaults(func=lambda args, m=m: run_command(m, args))
@@ -175,7 +175,7 @@ def _write_figure(m: Measurement, tmp, fig, result) -> None:
     from rotviz.images import write
 
     if fig is not None:
-        write(tmp[fig[0]], m.plot(result.to_dict()), fig[1])
+        write(tmp[fig[0]], m.plot(result.to_dict(), Style()), fig[1])
 
 
 def _check_drawings(outputs, args) -> None:
@@ -328,7 +328,7 @@ def _processes(device):
 
 def _progress(m: Measurement, group):
     """A progress line on stdout for the records that ask for one (rank 0 only)."""
-    if not m.extra.get("progress") or not group.main:
+    if not m.progress or not group.main:
         return None
 
     def show(done: int, total: int, _msg: str) -> None:
@@ -369,8 +369,7 @@ def run_command(m: Measurement, args: argparse.Namespace) -> int:
     sized = beyond_memory(args)[0]
     if sized:
         result = _at_size(m, args, values, outputs, folder, js, files)
-        how = m.extra.get("at_size_how",
-                          " (at size: streamed, each point built block by block)")
+        how = m.at_size_how
     else:
         result = _in_memory(m, args, values, outputs, folder, js, files)
         how = ""
@@ -404,7 +403,7 @@ def _one_model(m: Measurement, args, values: dict) -> None:
         args.match = "none"
         return
     if not why:
-        raise RotvizError(f"--source is used only with {m.extra.get('source_use', 'other options')}"
+        raise RotvizError(f"--source is used only with {m.source_use or 'other options'}"
                           ": add one, or drop --source")
     if _same_model(args.model, second):
         raise RotvizError(f"--source '{second}' is the model itself; {why} needs a different "

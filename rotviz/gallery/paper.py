@@ -78,7 +78,7 @@ FIG4 = register(Entry(
     "source never changes. In the seed paper, rotations close more distance than "
     "permutations, and rescaling a little more.",
     f"{SEED}, Figure 4", "distances",
-    each(("none", "ffn", "attn", "ffn,attn", "seed")), _distances))
+    each(("none", "ffn", "attn", "ffn,attn", "seed")), _distances, order=10))
 
 FIG5 = register(Entry(
     "fig5_barriers", "Figure 5: loss along the path, by matching",
@@ -88,7 +88,7 @@ FIG5 = register(Entry(
     "rise of the curve above the straight line between its ends (the GLMC definition; "
     "docs/conventions.md).",
     f"{SEED}, Figure 5", "barrier",
-    each(("none", "attn", "ffn", "seed"), points=21), _curves))
+    each(("none", "attn", "ffn", "seed"), points=21), _curves, order=20))
 
 FIG6 = register(Entry(
     "fig6_sweeps", "Figure 6: matching one layer, or the last layers",
@@ -96,7 +96,7 @@ FIG6 = register(Entry(
     "paper's matching, and when layers i to the last are matched; the dashed lines are no "
     "layer and every layer matched. It says which layers the merge needs matched.",
     f"{SEED}, Figure 6", "sweeps",
-    (Run("seed", {"points": 11}),), _sweeps))
+    (Run("seed", {"points": 11}),), _sweeps, order=30))
 
 TABLE1 = register(Entry(
     "table1_merges", "Table 1: merged F1 by fusion method and matching",
@@ -108,7 +108,7 @@ TABLE1 = register(Entry(
     f"{SEED}, Table 1", "merge",
     tuple(Run(spec, {"method": m}) for spec in ("none", "seed", "weight")
           for m in ("simple", "fisher", "regmean")),
-    _merges, columns=("method",)))
+    _merges, columns=("method",), order=40))
 
 GLMC_LEARNED = register(Entry(
     "glmc_learned", "Learned matching: loss along the path",
@@ -119,4 +119,4 @@ GLMC_LEARNED = register(Entry(
     "matching brings the barrier to about zero where weight matching leaves part of it; the "
     "legend gives each curve's barrier.",
     f"{GLMC}, learned-matching barrier", "barrier",
-    each(("none", "weight", "learned"), points=21), _curves))
+    each(("none", "weight", "learned"), points=21), _curves, order=50))

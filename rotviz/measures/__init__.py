@@ -5,9 +5,9 @@ call every one of them shares:
     ends = match_endpoints(load_model("zoo:vit-digits-s3"), load_model("zoo:vit-digits-s6"), "seed")
     curve = measure("barrier", ends, split, points=11)
 
-The built-ins (barrier, plane, merge, distances, spectra, sweeps, slice, layerwise, hessian,
-bend, sharpness, flat, training, spawn, many, ladder, rounds) register when this package is
-imported; a new measurement is one module that calls `register`. Training and spawn take series of
+Every module of this package that calls `register` is found and registered when the package
+is imported (`rotviz --help` lists them, by each record's `order`): a new measurement is one
+module dropped into rotviz/measures/, and no list names it. Training and spawn take series of
 checkpoints, not endpoints: `measure("training", TwoSeries.read([A, B], ["none", "seed"]),
 split)` (rotviz.analysis.training); many takes N models: `measure("many", [M1, M2, M3],
 split, match=["seed"])` (rotviz.analysis.many); the symmetry ladder takes the pair, one
@@ -18,26 +18,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from rotviz.measures import (  # noqa: F401  (the built-ins)
-    barrier,
-    bend,
-    distances,
-    flat,
-    hessian,
-    ladder,
-    layerwise,
-    many,
-    merge,
-    merge_sweep,
-    plane,
-    rounds,
-    sharpness,
-    slice,
-    spawn,
-    spectra,
-    sweeps,
-    training,
-)
 from rotviz.measures.registry import (
     Context,
     Measurement,
@@ -47,6 +27,22 @@ from rotviz.measures.registry import (
     register,
 )
 from rotviz.params import Param
+
+
+def _discover() -> None:
+    """Import every module of this package: each one that defines a record registers it
+    (a new measurement is one module dropped here; no list names them). Modules whose name
+    starts with an underscore are skipped."""
+    import importlib
+    import pkgutil
+
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
+        if not info.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{info.name}")
+
+
+_discover()
+
 
 __all__ = ["Context", "Measurement", "Param", "measure", "measurement", "measurements",
            "refuse_heads", "register"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from rotviz.limits import BATCH_SIZE, EXAMPLES, POINTS, REPEATS, SEED
 from rotviz.measures.registry import Context, Measurement, register
 from rotviz.params import Param, needs
+from rotviz.plots.figure_style import Style
 
 PARAMS = (
     Param("points", 21, f"number of alphas in [0, 1] (default 21, {POINTS.text})", POINTS,
@@ -63,7 +64,7 @@ def match_label(match: str, layers: list[int] | None) -> str:
     return match if layers is None else f"{match}, layers {','.join(map(str, layers))}"
 
 
-def _plot(d: dict):
+def _plot(d: dict, style: Style):
     from rotviz.plots.barrier import barrier_curves
 
     return barrier_curves([d])
@@ -86,5 +87,5 @@ BARRIER = register(Measurement(
     _run, PARAMS, summary=_summary, plot=_plot, rows=_rows, at_size=_at_size, check=_check,
     animate=_animate, animate_params={"examples": 4},
     narrower=True,
-    extra={"at_size_help": "matched streamed and evaluated with both checkpoints held as "
-                           "stored, each point built block by block"}))
+    at_size_help="matched streamed and evaluated with both checkpoints held as "
+                 "stored, each point built block by block", order=10))

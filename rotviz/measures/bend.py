@@ -8,6 +8,7 @@ from rotviz.limits import BATCH_SIZE, LR, POINTS, SEED, STEPS
 from rotviz.measures.barrier import match_label
 from rotviz.measures.registry import Context, Measurement, register
 from rotviz.params import Param
+from rotviz.plots.figure_style import Style
 
 PARAMS = (
     Param("kind", "bezier", "curve: a quadratic Bezier curve or a polygonal chain, one bend "
@@ -40,7 +41,7 @@ def _summary(b, how: str) -> str:
             f"{len(b.ts)} points on {b.n} {b.split} samples")
 
 
-def _plot(d: dict):
+def _plot(d: dict, style: Style):
     from rotviz.plots.curves import bend_curves
 
     return bend_curves(d)
@@ -59,4 +60,4 @@ BEND = register(Measurement(
     "source, beside the straight line",
     _run, PARAMS, summary=_summary, plot=_plot, rows=_rows,
     refusal="training a bend needs the whole model in memory; run bend on a pair that fits",
-    extra={"progress": True}))
+    progress=True, order=110))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from rotviz.measures.barrier import match_label
 from rotviz.measures.registry import Context, Measurement, register
+from rotviz.plots.figure_style import Style
 
 
 class _Result(dict):
@@ -38,7 +39,7 @@ def _rows(d: dict) -> list[dict]:
     return out
 
 
-def _plot(d: dict):
+def _plot(d: dict, style: Style):
     from rotviz.plots.distances import distance_bars
 
     return distance_bars(d["before"]["per_layer"], d["after"]["per_layer"])
@@ -47,4 +48,4 @@ def _plot(d: dict):
 DISTANCES = register(Measurement(
     "distances", "Distances", "distance to the anchor before and after matching, per layer "
     "and per kind of weight", _run, summary=_summary, plot=_plot, rows=_rows, at_size=_run,
-    data=False, narrower=True))
+    data=False, narrower=True, order=50))

@@ -19,6 +19,7 @@ from rotviz.limits import (
     SEED,
 )
 from rotviz.measures.registry import Context, Measurement, register
+from rotviz.plots.figure_style import Style
 
 NULLITY = ("nullity", ("yes",))  # the nullity count's settings mean nothing without it
 
@@ -113,7 +114,7 @@ def _count(row: dict) -> str:
     return f"{row['near_zero']:.1f} +- {err} (slq)"
 
 
-def _plot(d: dict):
+def _plot(d: dict, style: Style):
     from rotviz.plots.flat import flat_figure
 
     return flat_figure(d)
@@ -133,4 +134,4 @@ FLAT = register(Measurement(
     "Hessian's near-zero eigenvalues per block",
     _run, _params, summary=_summary, plot=_plot, rows=_rows, pair=False,
     refusal="the gradient and the curvature along the tangents differentiate the whole "
-            "model, held in memory"))
+            "model, held in memory", order=130))

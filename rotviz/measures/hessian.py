@@ -14,6 +14,7 @@ from rotviz.limits import (
     SEED,
 )
 from rotviz.measures.registry import Context, Measurement, register
+from rotviz.plots.figure_style import Style
 
 BY = ("none", "block", "kind")
 ONE_PROBE = "n/a (one probe)"  # the text for a standard error one probe cannot give
@@ -80,7 +81,7 @@ def _summary(r, how: str) -> str:
             f"products in {r.seconds:.2f} s")
 
 
-def _plot(d: dict):
+def _plot(d: dict, style: Style):
     from rotviz.plots.hessian import hessian_figure
 
     return hessian_figure(d)
@@ -101,4 +102,5 @@ HESSIAN = register(Measurement(
     "top Hessian eigenvalues, trace and eigenvalue density of one model's test loss, "
     "whole or per block or module kind",
     _run, _params, summary=_summary, plot=_plot, rows=_rows, pair=False, check=check_top,
-    refusal="Hessian-vector products differentiate the whole model twice, held in memory"))
+    refusal="Hessian-vector products differentiate the whole model twice, held in memory",
+    order=100))

@@ -8,6 +8,7 @@ from rotviz import hub
 from rotviz.limits import BATCH_SIZE, DEFAULT_STEPS, POINTS, STEPS
 from rotviz.measures.registry import Context, Inputs, Measurement, register
 from rotviz.params import Param
+from rotviz.plots.figure_style import Style
 from rotviz.symmetry.registry import LADDER
 
 PARAMS = (
@@ -77,7 +78,7 @@ def markdown(d: dict) -> str:
             f"{d['anchor_acc']:.4f}." + left)
 
 
-def _plot(d: dict):
+def _plot(d: dict, style: Style):
     from rotviz.plots.ladder import ladder_figure
 
     return ladder_figure(d)
@@ -94,4 +95,4 @@ RECORD = register(Measurement(
                               "each rung")), read_inputs, LADDER,
                   spec_help="a rung of the ladder, once per rung, in order",
                   check=_inputs_check),
-    extra={"progress": True, "markdown": markdown}))
+    progress=True, markdown=markdown, order=170))

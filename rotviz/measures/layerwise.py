@@ -8,6 +8,7 @@ from __future__ import annotations
 from rotviz.limits import BATCH_SIZE, POINTS
 from rotviz.measures.registry import Context, Measurement, register
 from rotviz.params import Param
+from rotviz.plots.figure_style import Style
 
 PARAMS = (
     Param("points", 11, f"number of alphas in [0, 1] on each group's path (default 11, "
@@ -48,7 +49,7 @@ def _summary(r, how: str) -> str:
             f"{r.seconds:.2f} s")
 
 
-def _plot(d: dict):
+def _plot(d: dict, style: Style):
     from rotviz.plots.layerwise import layerwise_bars
 
     return layerwise_bars(d)
@@ -71,6 +72,6 @@ LAYERWISE = register(Measurement(
     "layerwise", "Layer-wise barriers",
     "barrier when one block or module kind moves to the matched source, the rest at the anchor",
     _run, PARAMS, summary=_summary, plot=_plot, rows=_rows, at_size=_at_size,
-    extra={"at_size_help": "matched streamed and each group's path evaluated with the anchor, "
-                           "the matched source and the source held as stored, each point "
-                           "built block by block"}))
+    at_size_help="matched streamed and each group's path evaluated with the anchor, "
+                 "the matched source and the source held as stored, each point "
+    "built block by block", order=90))

@@ -10,6 +10,7 @@ from rotviz import hub
 from rotviz.limits import ROUNDS, TOL
 from rotviz.measures.registry import Context, Inputs, Measurement, register
 from rotviz.params import Param
+from rotviz.plots.figure_style import Style
 
 # the fewest models `many` takes (rotviz.analysis.many.MIN_MODELS, which imports torch: this
 # copy keeps listing the record cheap; a test holds them equal)
@@ -132,7 +133,7 @@ def _rows(d: dict) -> list[dict]:
              "unaligned_loss": d["loss"]["unaligned"][i]} for i, k in enumerate(d["k"])]
 
 
-def _plot(d: dict):
+def _plot(d: dict, style: Style):
     from rotviz.plots.many import distance_matrices
 
     return distance_matrices(d)
@@ -146,4 +147,4 @@ MANY = register(Measurement(
     inputs=Inputs((("models", "three or more models of one architecture (each "
                     f"{hub.MODEL_HELP}); the first is the anchor"),), ManyModels, ("seed",),
                   least=LEAST, one_spec=True),
-    extra={"progress": True}))
+    progress=True, order=160))

@@ -11,6 +11,7 @@ from rotviz.limits import WEIGHT
 from rotviz.measures.barrier import match_label
 from rotviz.measures.registry import Context, Measurement, OutputFile, register
 from rotviz.params import Param
+from rotviz.plots.figure_style import Style
 
 
 def _params() -> tuple[Param, ...]:
@@ -138,7 +139,7 @@ def _rows(d: dict) -> list[dict]:
             for name, p in (("anchor", "anchor_"), ("merged", ""), ("source", "source_"))]
 
 
-def _plot(d: dict):
+def _plot(d: dict, style: Style):
     from rotviz.plots.merge import fusion_chart
 
     return fusion_chart([{"method": d["method"], "matching": d["match"], "acc": d["acc"]}],
@@ -213,7 +214,7 @@ MERGE = register(Measurement(
     _run, _params, summary=_summary, plot=_plot, rows=_rows, at_size=_at_size, check=_check,
     writes_model=True, at_size_check=_sized_check, narrower=True, models=("base",),
     files=(MERGEKIT_FILE,),
-    extra={"more": lambda: f" (methods: {', '.join(_names())})",
-           "at_size_how": " (at size: streamed, built block by block)",
-           "at_size_help": "matched streamed, and the merge (the methods without "
-                           "statistics) built, evaluated and written block by block"}))
+    more=lambda: f" (methods: {', '.join(_names())})",
+    at_size_how=" (at size: streamed, built block by block)",
+    at_size_help="matched streamed, and the merge (the methods without "
+                 "statistics) built, evaluated and written block by block", order=30))

@@ -13,6 +13,7 @@ from rotviz.measures.merge import _given, _load_base
 from rotviz.measures.merge import _params as _merge_params
 from rotviz.measures.registry import Context, Measurement, register
 from rotviz.params import Param
+from rotviz.plots.figure_style import Style
 
 
 def _swept_names() -> tuple[str, ...]:
@@ -98,7 +99,7 @@ def _rows(d: dict) -> list[dict]:
             for x, lo, a in zip(d["values"], d["loss"], d["acc"], strict=True)]
 
 
-def _plot(d: dict):
+def _plot(d: dict, style: Style):
     from rotviz.plots.merge import sweep_chart
 
     return sweep_chart([d])
@@ -109,4 +110,5 @@ MERGE_SWEEP = register(Measurement(
     "merged accuracy as the source's weight or one merge parameter (lambda, density, alpha) "
     "runs over a range, every other one held",
     _run, _params, summary=_summary, plot=_plot, rows=_rows, check=_check, models=("base",),
-    refusal="a merge sweep evaluates whole merged models in memory; use rotviz merge at size"))
+    refusal="a merge sweep evaluates whole merged models in memory; use rotviz merge at size",
+    order=40))

@@ -7,6 +7,7 @@ from rotviz.limits import BATCH_SIZE, GRID, MARGIN, SEED
 from rotviz.measures.barrier import match_label
 from rotviz.measures.registry import Context, Measurement, register
 from rotviz.params import Param
+from rotviz.plots.figure_style import Style
 
 PARAMS = (
     Param("grid", 21, f"grid points per axis (default 21, {GRID.text})", GRID,
@@ -47,7 +48,7 @@ def _summary(pl, how: str) -> str:
             f"{pl.distance_ab_matched:.3f}; {pl.seconds:.1f} s")
 
 
-def _plot(d: dict):
+def _plot(d: dict, style: Style):
     from rotviz.plots.barrier import loss_plane
 
     return loss_plane(d["xs"], d["ys"], d["loss"], d["points"])
@@ -61,6 +62,6 @@ def _rows(d: dict) -> list[dict]:
 PLANE = register(Measurement(
     "plane", "Loss plane", "2D loss grid through anchor, source and matched source",
     _run, PARAMS, summary=_summary, plot=_plot, rows=_rows, at_size=_at_size, needs_match=True,
-    extra={"progress": True,
-           "at_size_help": "matched streamed and the plane evaluated with the three "
-                           "checkpoints held as stored, each grid point built block by block"}))
+    progress=True,
+    at_size_help="matched streamed and the plane evaluated with the three "
+                 "checkpoints held as stored, each grid point built block by block", order=20))

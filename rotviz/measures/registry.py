@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from rotviz.errors import RotvizError
 from rotviz.params import Param, check_needs, read_params
+from rotviz.plots.figure_style import Style
 from rotviz.records import Records
 from rotviz.types import Progress
 
@@ -116,7 +117,8 @@ class Measurement:
     run: Runner  # on endpoints held in memory
     params: tuple[Param, ...] | Callable[[], tuple[Param, ...]] = ()
     summary: Callable[[Any, str], str] | None = None  # (result, how) -> the CLI's one line
-    plot: Callable[[dict], Any] | None = None  # result dict -> a plotly figure
+    # (result dict, the host's Style: font size, log scale, shared ranges) -> a plotly figure
+    plot: Callable[[dict, Style], Any] | None = None
     # result dict -> a plotly figure with frames (its play button animates it in the app);
     # exported as HTML, GIF or MP4 (rotviz.animation, the CLI's --animation FILE)
     animate: Callable[[dict], Any] | None = None
@@ -149,7 +151,17 @@ class Measurement:
     # (no output may overwrite it) and read through `Context.load`
     models: tuple[str, ...] = ()
     files: tuple[OutputFile, ...] = ()  # further files written when their option is given
-    extra: dict = field(default_factory=dict)  # anything else a host may read
+    progress: bool = False  # the CLI prints a progress line (a long measurement)
+    # result dict -> Markdown the app shows beside the figure (the ladder's table); None: none
+    markdown: Callable[[dict], str] | None = None
+    # the options that use the second model of a one-model record (`source`), for the
+    # refusal of a --source given without them
+    source_use: str = ""
+    # what --max-memory does for this record, in the CLI's help
+    at_size_help: str = "matched streamed and measured block by block"
+    at_size_how: str = " (at size: streamed, each point built block by block)"  # summary tail
+    more: Callable[[], str] | None = None  # text appended to `help` when asked (its methods)
+    order: int = 1000  # place in menus and help (built-ins 10-990; plug-ins after)
 
     def parameters(self) -> tuple[Param, ...]:
         return self.params() if callable(self.params) else self.params
@@ -169,8 +181,7 @@ class Measurement:
     def describe(self) -> str:
         """The one-line help, with what the record adds at the time it is asked (the merge
         methods registered by then, for instance)."""
-        more = self.extra.get("more")
-        return self.help + (more() if callable(more) else "")
+        return self.help + (self.more() if self.more is not None else "")
 
     def why_not_at_size(self) -> str | None:
         """One line: why this measurement cannot run on a pair read block by block."""
@@ -179,10 +190,7 @@ class Measurement:
         return self.refusal or f"{self.name} has no block-by-block implementation"
 
 
-MEASUREMENTS: Records[Measurement] = Records("measurement", (
-    "barrier", "plane", "merge", "merge_sweep", "distances", "spectra", "sweeps", "slice",
-    "layerwise", "hessian", "bend", "sharpness", "flat", "training", "spawn", "many",
-    "ladder", "rounds"))
+MEASUREMENTS: Records[Measurement] = Records("measurement")
 
 
 def register(m: Measurement) -> Measurement:
@@ -191,7 +199,7 @@ def register(m: Measurement) -> Measurement:
 
 
 def measurements() -> tuple[Measurement, ...]:
-    """Every registered measurement, built-ins first."""
+    """Every registered measurement, by `order`."""
     return MEASUREMENTS.all()
 
 

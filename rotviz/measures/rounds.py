@@ -6,6 +6,7 @@ from __future__ import annotations
 from rotviz.limits import BATCH_SIZE, POINTS
 from rotviz.measures.registry import Context, Measurement, register
 from rotviz.params import Param
+from rotviz.plots.figure_style import Style
 
 PARAMS = (
     Param("points", 5, f"alphas on each round's path (default 5: a few, for each of up to "
@@ -42,7 +43,7 @@ def _rows(d: dict) -> list[dict]:
              "barrier": x["barrier"], "mid_acc": x["mid_acc"]} for x in d["rounds"]]
 
 
-def _plot(d: dict):
+def _plot(d: dict, style: Style):
     from rotviz.plots.animate import rounds_figure
 
     return rounds_figure(d)
@@ -59,4 +60,5 @@ RECORD = register(Measurement(
     "distance and barrier after each round of weight matching's alternation (--match weight)",
     _run, PARAMS, summary=_summary, plot=_plot, rows=_rows, animate=_animate,
     match_default="weight", match_check=_match_check,
-    refusal="it replays the alternation with the pair in memory; run it on models that fit"))
+    refusal="it replays the alternation with the pair in memory; run it on models that fit",
+    order=180))

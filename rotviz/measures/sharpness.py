@@ -15,6 +15,7 @@ from rotviz.limits import (
 )
 from rotviz.measures.registry import Context, Measurement, register
 from rotviz.params import Param
+from rotviz.plots.figure_style import Style
 
 PARAMS = (
     Param("points", 5, "alphas in [0, 1] where the Hessian is taken, ends included "
@@ -83,7 +84,7 @@ def _traces(r, span) -> str:
             + f" (standard error {err})")
 
 
-def _plot(d: dict):
+def _plot(d: dict, style: Style):
     from rotviz.plots.sharpness import sharpness_figure
 
     return sharpness_figure(d)
@@ -108,4 +109,4 @@ SHARPNESS = register(Measurement(
     "the unmatched path A -> B",
     _run, PARAMS, summary=_summary, plot=_plot, rows=_rows, check=_check,
     refusal="Hessian-vector products differentiate the whole model twice, held in memory",
-    extra={"progress": True}))
+    progress=True, order=120))

@@ -9,6 +9,7 @@ from __future__ import annotations
 from rotviz.limits import ALPHA, BATCH_SIZE, DIMS, GRID, HESSIAN_ITERATIONS, SEED, SPAN
 from rotviz.measures.registry import Context, Measurement, register
 from rotviz.params import Param, needs
+from rotviz.plots.figure_style import Style
 
 
 def _params() -> tuple[Param, ...]:
@@ -153,7 +154,7 @@ def _summary(s, how: str) -> str:
             f"{s.seconds:.2f} s")
 
 
-def _plot(d: dict):
+def _plot(d: dict, style: Style):
     from rotviz.plots.slices import slice_figure
 
     return slice_figure(d)
@@ -175,8 +176,8 @@ SLICE = register(Measurement(
     "source, a point of the matched path or a merge",
     _run, _params, summary=_summary, plot=_plot, rows=_rows, pair=False, check=_check,
     source=_source, at_size=_at_size, at_size_check=_at_size_check,
-    extra={"progress": True, "source_use": "--around source, matched, path or merged, or "
-                                           "--directions toward",
-           "at_size_help": "sliced around the model along random directions drawn tensor by "
-                           "tensor, each grid point built block by block with the model held "
-                           "as stored"}))
+    progress=True,
+    source_use="--around source, matched, path or merged, or --directions toward",
+    at_size_help="sliced around the model along random directions drawn tensor by "
+                 "tensor, each grid point built block by block with the model held "
+                 "as stored", order=80))

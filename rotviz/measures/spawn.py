@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from rotviz.measures.registry import Context, Inputs, Measurement, register
 from rotviz.measures.training import AT_SIZE, PARAMS, rows
+from rotviz.plots.figure_style import Style
 
 
 def read_inputs(refs, specs, confined):
@@ -31,7 +32,7 @@ def _summary(r, how: str) -> str:
             f"{r.seconds:.2f} s")
 
 
-def _plot(d: dict):
+def _plot(d: dict, style: Style):
     from rotviz.plots.training import instability_by_spawn_step
 
     return instability_by_spawn_step(d)
@@ -44,4 +45,4 @@ SPAWN = register(Measurement(
     inputs=Inputs((("spawn_dir", "a spawn folder: spawn-<k>/a/ and spawn-<k>/b/ model "
                     "folders (the two children spawned at step k), or zoo:NAME"),),
                   read_inputs),
-    extra={"progress": True}))
+    progress=True, order=150))

@@ -5,6 +5,7 @@ W_O W_V) of anchor, source and matched source, which matching must leave unchang
 from __future__ import annotations
 
 from rotviz.measures.registry import Context, Measurement, register
+from rotviz.plots.figure_style import Style
 
 
 def _run(ends, ctx: Context, v: dict):
@@ -31,7 +32,7 @@ def _rows(d: dict) -> list[dict]:
             for lay in d["layers"] for h in range(len(lay["qk_trace"]))]
 
 
-def _plot(d: dict):
+def _plot(d: dict, style: Style):
     from rotviz.plots.spectra import angle_overview
 
     return angle_overview(d["layers"], "qk")
@@ -40,4 +41,4 @@ def _plot(d: dict):
 SPECTRA = register(Measurement(
     "spectra", "Spectra", "cross-matrix and invariant circuit spectra per layer and head",
     _run, summary=_summary, plot=_plot, rows=_rows, data=False, narrower=True,
-    refusal="spectra read every layer's attention of three models in memory"))
+    refusal="spectra read every layer's attention of three models in memory", order=60))

@@ -7,6 +7,7 @@ from __future__ import annotations
 from rotviz.limits import BATCH_SIZE, POINTS
 from rotviz.measures.registry import Context, Measurement, register
 from rotviz.params import Param
+from rotviz.plots.figure_style import Style
 
 PARAMS = (
     Param("points", 11, f"points on each path (default 11, {POINTS.text})", POINTS,
@@ -51,7 +52,7 @@ def _match_check(options) -> str | None:
     return None
 
 
-def _plot(d: dict):
+def _plot(d: dict, style: Style):
     from rotviz.plots.sweeps import layer_sweeps
 
     return layer_sweeps(d)
@@ -61,4 +62,4 @@ SWEEPS = register(Measurement(
     "sweeps", "Layer sweeps (which layers to match)",
     "the merge when one layer, or the last k layers, are matched (the seed paper's Figure 6)",
     _run, PARAMS, summary=_summary, plot=_plot, rows=_rows, match_check=_match_check,
-    refusal="layer sweeps match the pair once per layer subset, in memory"))
+    refusal="layer sweeps match the pair once per layer subset, in memory", order=70))

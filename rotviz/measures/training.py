@@ -7,6 +7,7 @@ from __future__ import annotations
 from rotviz.limits import BATCH_SIZE, POINTS
 from rotviz.measures.registry import Context, Inputs, Measurement, register
 from rotviz.params import Param
+from rotviz.plots.figure_style import Style
 
 SERIES_HELP = ("series: a folder of checkpoint-<step>/ model folders (Hugging Face "
                "Trainer's layout), zoo:NAME, or ORG/NAME from the local Hugging Face cache "
@@ -66,7 +67,7 @@ def rows(d: dict) -> list[dict]:
             for i, x in enumerate(d["x"]) for m in d["matches"]]
 
 
-def _plot(d: dict):
+def _plot(d: dict, style: Style):
     from rotviz.plots.training import barriers_over_training
 
     return barriers_over_training(d)
@@ -78,4 +79,4 @@ TRAINING = register(Measurement(
     _run, PARAMS, summary=_summary, plot=_plot, rows=rows, refusal=AT_SIZE,
     inputs=Inputs((("series_a", "the first " + SERIES_HELP), ("series_b", "second series, the "
                    "same architecture, paired with the first by step")), read_inputs),
-    extra={"progress": True}))
+    progress=True, order=140))

@@ -1,20 +1,10 @@
-"""Merge methods as registered records: the built-ins (simple, fisher, regmean,
-task_arithmetic, ties, dare_linear, dare_ties, slerp, model_stock) register when this package
-is imported; a new method is one module that calls `register`.
+"""Merge methods as registered records: every module of this package that calls `register` is
+found and registered when the package is imported (menus and help list them by `order`); a
+new method is one module dropped into rotviz/merging/, and no list names it.
 
     from rotviz.merging import MergeMethod, register
 """
 
-from rotviz.merging import (  # noqa: F401  (registers the built-ins; METHODS orders them)
-    dare,
-    fisher,
-    model_stock,
-    regmean,
-    simple,
-    slerp,
-    task_arithmetic,
-    ties,
-)
 from rotviz.merging.registry import (
     MergeJob,
     MergeMethod,
@@ -28,6 +18,22 @@ from rotviz.merging.registry import (
     register,
     users,
 )
+
+
+def _discover() -> None:
+    """Import every module of this package: each one that defines a record registers it
+    (a new merge method is one module dropped here; no list names them). Modules whose name
+    starts with an underscore are skipped."""
+    import importlib
+    import pkgutil
+
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
+        if not info.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{info.name}")
+
+
+_discover()
+
 
 __all__ = ["MergeJob", "MergeMethod", "all_params", "check_base", "check_models", "check_weight",
            "method", "methods", "names", "register", "users"]

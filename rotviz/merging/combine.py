@@ -10,9 +10,7 @@ one tensor.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from rotviz.errors import RotvizError
 from rotviz.merging.registry import (
@@ -24,9 +22,14 @@ from rotviz.merging.registry import (
     method,
 )
 from rotviz.merging.simple import simple_average
-from rotviz.models import Loaded
 
-Tensor = torch.Tensor
+if TYPE_CHECKING:  # torch and the model loader are imported when a merge runs, not when the
+    # registry discovers this module
+    import torch
+
+    from rotviz.models import Loaded
+
+    Tensor = torch.Tensor
 
 
 def check_weights(weights: Sequence[float], n: int) -> tuple[float, ...]:

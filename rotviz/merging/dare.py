@@ -90,7 +90,7 @@ DARE_LINEAR = register(MergeMethod(
     rows=_linear, params=(DENSITY, DROP_SEED, RESCALE, SCALE_PARAM), needs_base=True,
     extra=("density", "seed", "rescale", "scale"),
     mergekit=Mergekit("dare_linear", base="base", shared=_SHARED, per_model=_PER_MODEL,
-                      values=_RESCALE, fixed={"normalize": False})))
+                      values=_RESCALE, fixed={"normalize": False}), order=60))
 
 DARE_TIES = register(MergeMethod(
     "dare_ties", "DARE (TIES)",
@@ -100,4 +100,4 @@ DARE_TIES = register(MergeMethod(
     needs_base=True, extra=("density", "seed", "rescale", "consensus", "scale"),
     mergekit=Mergekit("dare_ties", base="base", shared=_SHARED, per_model=_PER_MODEL,
                       values={**_RESCALE, "consensus": {"sum": None}},
-                      fixed={"normalize": False})))
+                      fixed={"normalize": False}), order=70))

@@ -172,4 +172,4 @@ FISHER = register(MergeMethod(
                   "mean of squared gradients); model: each divided by its norm over the whole "
                   "model first (FusionBench) (default none)",
                   choices=FISHER_NORMS, label="Fisher: per-model normalisation")),
-    statistics=_statistics, extra=("fisher_norm",)))
+    statistics=_statistics, extra=("fisher_norm",), order=20))

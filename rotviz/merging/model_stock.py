@@ -77,4 +77,5 @@ MODEL_STOCK = register(MergeMethod(
     "the fine-tunes' mean pulled toward the base by a ratio from the angle between their task "
     "vectors (Jang et al., 2024)",
     rows=_rows, needs_base=True,
-    mergekit=Mergekit("model_stock", base="base", weight=None, fixed={"filter_wise": False})))
+    mergekit=Mergekit("model_stock", base="base", weight=None, fixed={"filter_wise": False}),
+    order=90))

@@ -110,6 +110,7 @@ class MergeMethod:
     # how mergekit says the same merge (rotviz.merging.mergekit writes its YAML); None: no
     # mergekit equivalent (fisher, regmean), --mergekit-config refuses the method
     mergekit: Mergekit | None = None
+    order: int = 1000  # place in menus and help (built-ins 10-990; plug-ins after)
 
     @property
     def needs_statistics(self) -> bool:
@@ -134,9 +135,7 @@ class MergeMethod:
         return self.combine(job, name, tensors, base)
 
 
-METHODS: Records[MergeMethod] = Records("merge method", (
-    "simple", "fisher", "regmean", "task_arithmetic", "ties", "dare_linear", "dare_ties",
-    "slerp", "model_stock"))
+METHODS: Records[MergeMethod] = Records("merge method")
 
 
 def register(method: MergeMethod) -> MergeMethod:

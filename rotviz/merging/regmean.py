@@ -157,4 +157,4 @@ REGMEAN = register(MergeMethod(
     params=(*STATS_PARAMS,
             Param("alpha", 0.9, "scale of off-diagonal Gram entries in [0, 1] (default 0.9)",
                   ALPHA, label="RegMean: off-diagonal scale α", widget=(0.0, 1.0, 0.05))),
-    statistics=_statistics, prepare=_prepare))
+    statistics=_statistics, prepare=_prepare, order=30))

@@ -43,4 +43,4 @@ def _rows(job: MergeJob, name: str, src: RowSource) -> Iterator[Tensor]:
 SIMPLE = register(MergeMethod(
     "simple", "simple average",
     "the weighted average (1 - w) anchor + w source of every tensor",
-    rows=_rows, mergekit=Mergekit("linear", fixed={"normalize": True})))
+    rows=_rows, mergekit=Mergekit("linear", fixed={"normalize": True}), order=10))

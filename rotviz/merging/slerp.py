@@ -69,4 +69,4 @@ SLERP = register(MergeMethod(
     "slerp", "SLERP",
     "each tensor interpolated along the great circle from the anchor to the source, t = the "
     "weight (linear where they are colinear)",
-    rows=_rows, max_models=2, mergekit=Mergekit("slerp", base="anchor", weight="t")))
+    rows=_rows, max_models=2, mergekit=Mergekit("slerp", base="anchor", weight="t"), order=80))

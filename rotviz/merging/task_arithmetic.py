@@ -46,4 +46,4 @@ TASK_ARITHMETIC = register(MergeMethod(
     "(Ilharco et al., 2023)",
     rows=_rows, params=(SCALE_PARAM,), needs_base=True, extra=("scale",),
     mergekit=Mergekit("task_arithmetic", base="base", shared={"scale": "lambda"},
-                      fixed={"normalize": False})))
+                      fixed={"normalize": False}), order=40))

@@ -63,4 +63,4 @@ TIES = register(MergeMethod(
     # weights of the agreeing vectors (normalize on)
     mergekit=Mergekit("ties", base="base", shared={"scale": "lambda"},
                       per_model={"density": "density"}, values={"consensus": {"sum": None}},
-                      fixed={"normalize": True})))
+                      fixed={"normalize": True}), order=50))
