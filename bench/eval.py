@@ -33,7 +33,8 @@ CASES = [  # the first model of each shipped pair
     (zoo.pair("gpt2")[0], "pystdlib"),
 ]
 FULL_PATH = (
-    "import sys, torch; from rotviz.models import load_model; from rotviz.data import load_split; "
+    "import sys, torch; from rotviz.models import load_model; "
+    "from rotviz.data.split import load_split; "
     "from rotviz.evaluation import evaluate; torch.set_num_threads(1); "
     "print(evaluate(load_model(sys.argv[1]), load_split(sys.argv[2], 'test')))"
 )

@@ -48,7 +48,7 @@ COMMANDS = {
                "--json"),
 }
 # what barrier imports before its work: torch, then rotviz's own modules
-ENGINE = ("import torch, rotviz.cli, rotviz.lite, rotviz.data, rotviz.evaluation, "
+ENGINE = ("import torch, rotviz.cli, rotviz.lite, rotviz.data.split, rotviz.evaluation, "
           "rotviz.match.endpoints, rotviz.measures.barrier, rotviz.analysis.landscape")
 HEAVY = ("transformers", "scipy.optimize", "pandas", "plotly", "huggingface_hub", "safetensors")
 RUN = (

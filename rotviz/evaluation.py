@@ -14,31 +14,11 @@ import torch.nn.functional as F
 
 from rotviz.arch import max_positions
 from rotviz.confine import ANYWHERE, Confined
-from rotviz.data import (
-    IGNORE,
-    IMAGE_FILES,
-    TEXT_SOURCES,
-    Inputs,
-    Split,
-    load_split,
-    to_device,
-)
-from rotviz.devices import resolve_device
-from rotviz.errors import RotvizError
-from rotviz.heads import SCORED_HEADS, WEIGHTS_ONLY, head_of_config
-from rotviz.labelled import LABELLED_KINDS, Columns, Labelling
-from rotviz.limits import BATCH_SIZE
-from rotviz.models import (
-    Loaded,
-    attending_module,
-    attention_positions,
-    forward,
-    image_shape,
-    module_copy,
-    to_wide,
-)
-from rotviz.sources import call, source_of
-from rotviz.tasks import (
+from rotviz.data.inputs import Inputs, to_device
+from rotviz.data.labelled import LABELLED_KINDS, Columns, Labelling
+from rotviz.data.split import IMAGE_FILES, TEXT_SOURCES, Split, load_split
+from rotviz.data.splits import IGNORE
+from rotviz.data.tasks import (
     CLASSIFIER_TASKS,
     LM_HEADS,
     LM_TASKS,
@@ -52,13 +32,27 @@ from rotviz.tasks import (
     scores,
     task_of_config,
 )
-from rotviz.tokens import (
+from rotviz.data.tokens import (
     CHARS,
     encoding_fingerprint,
     image_reading,
     processor_fingerprint,
     text_encoding,
 )
+from rotviz.devices import resolve_device
+from rotviz.errors import RotvizError
+from rotviz.heads import SCORED_HEADS, WEIGHTS_ONLY, head_of_config
+from rotviz.limits import BATCH_SIZE
+from rotviz.models import (
+    Loaded,
+    attending_module,
+    attention_positions,
+    forward,
+    image_shape,
+    module_copy,
+    to_wide,
+)
+from rotviz.sources import call, source_of
 
 Tensor = torch.Tensor
 LABELLED = "csv:, tsv:, jsonl:, conll: or hf:"
@@ -94,7 +88,7 @@ def is_masked_lm(loaded: Loaded) -> bool:
 
 
 def task_of(loaded: Loaded) -> str | None:
-    """The task the model's head was trained for (rotviz.tasks); None for a bare text model."""
+    """The task the model's head was trained for (rotviz.data.tasks); None for a bare text model."""
     return task_of_config(loaded.spec.inputs, loaded.config)
 
 
@@ -287,7 +281,7 @@ def batch_inputs(loaded: Loaded, x: Inputs) -> dict[str, torch.Tensor]:
 
 def loss_and_correct(logits: torch.Tensor, y: torch.Tensor, task: str = "image"
                      ) -> tuple[float, int, int]:
-    """Summed loss, number correct and number of predictions in one batch (rotviz.tasks)."""
+    """Summed loss, number correct and number of predictions in one batch (rotviz.data.tasks)."""
     return batch_loss(task, logits, y.to(logits.device))
 
 
@@ -304,7 +298,7 @@ def evaluate(
 ) -> dict[str, float]:
     """Mean loss, accuracy (top-1; next-token or masked-token for language models; per
     label for multi-label; none for regression) and the task's metrics on a split
-    (rotviz.tasks: macro-F1, entity micro-F1, ...)."""
+    (rotviz.data.tasks: macro-F1, entity micro-F1, ...)."""
     check_fits(loaded, split)
     batch_size = fit_batch(loaded, split, batch_size)
     total_loss, correct, count = 0.0, 0, 0
@@ -369,7 +363,7 @@ class Evaluator:
         # floating persistent buffers travel with the parameters (interpolated, merged)
         self.names += [n for n, b in buffers.items() if b.is_floating_point() and n in loaded.state]
         dev = self.device
-        dtype = next(module.parameters()).dtype  # images in it (rotviz.data.to_device)
+        dtype = next(module.parameters()).dtype  # images in it (rotviz.data.inputs.to_device)
         self.batches = [(to_device(x, dev, dtype), y.to(dev))
                         for x, y in split.batches(fit_batch(loaded, split, batch_size))]
 
@@ -392,7 +386,7 @@ class Evaluator:
     def per_sample(self, params: Mapping[str, Tensor], scored: list | None = None
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Summed loss, correct predictions and predictions per sample (text: per sequence).
-        With a list `scored`, the task's metrics of the same pass (rotviz.tasks.scores: F1,
+        With a list `scored`, the task's metrics of the same pass (rotviz.data.tasks.scores: F1,
         ...) are appended to it (empty for language models)."""
         losses, corrects, counts, preds = [], [], [], []
         task = self.split.task
@@ -472,7 +466,7 @@ class Evaluator:
         return other
 
     def scores(self, params: Mapping[str, Tensor]) -> dict[str, float]:
-        """The task's metrics beyond loss and accuracy (rotviz.tasks: macro-F1, entity F1,
+        """The task's metrics beyond loss and accuracy (rotviz.data.tasks: macro-F1, entity F1,
         MSE); empty for language models."""
         scored: list[dict[str, float]] = []
         self.per_sample(params, scored)

@@ -24,18 +24,18 @@ from rotviz import zoo_registry as zoo
 from rotviz.arch import ArchSpec, config_value, spec_for
 from rotviz.checkpoint import INDEX, SINGLE, Checkpoint
 from rotviz.confine import ANYWHERE, Confined
+from rotviz.data.tokens import (
+    PROCESSOR_FILES,
+    TOKENIZER_FILES,
+    encoding_fingerprint,
+    processor_fingerprint,
+)
 from rotviz.devices import SHORT_ATTENTION, wide_device
 from rotviz.errors import RotvizError
 from rotviz.outputs import Outputs
 from rotviz.sanity import check_against, check_sizes
 from rotviz.skeleton import check_fits
 from rotviz.sources import call, source_of
-from rotviz.tokens import (
-    PROCESSOR_FILES,
-    TOKENIZER_FILES,
-    encoding_fingerprint,
-    processor_fingerprint,
-)
 
 Tensor = torch.Tensor
 
@@ -216,7 +216,7 @@ def check_same_labels(a: Loaded, b: Loaded) -> None:
     never meant. Models with different label sets (say, fine-tunes for two tasks whose
     bodies are compared) and models with unnamed labels (LABEL_i) are taken at their ids,
     as before."""
-    from rotviz.tasks import named_labels
+    from rotviz.data.tasks import named_labels
 
     try:
         na, nb = named_labels(a.config, a.ref), named_labels(b.config, b.ref)
@@ -455,7 +455,7 @@ def forward(
     with `every`, all the model's outputs side by side (rotviz.heads.side_by_side: every
     head of a pre-training model, a headless model's hidden states and pooler), as the
     function check compares them."""
-    from rotviz.data import to_device
+    from rotviz.data.inputs import to_device
 
     first = next(loaded.model.parameters())
     device = first.device

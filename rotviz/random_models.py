@@ -19,8 +19,8 @@ import torch
 from torch import Tensor, nn
 
 from rotviz.arch import FAMILIES, Sizes, family_module, spec_named
+from rotviz.data.tokens import CHARS, VOCAB_KEY
 from rotviz.sources import source_of
-from rotviz.tokens import CHARS, VOCAB_KEY
 
 __all__ = ["FAMILIES", "options", "random_config", "random_model", "save_random",
            "save_random_sharded"]

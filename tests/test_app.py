@@ -244,7 +244,7 @@ def test_device_badge_names_the_device():
 
 
 def test_learn_demo_scrambles_weights_not_outputs(roots):
-    from rotviz.data import load_split
+    from rotviz.data.split import load_split
     from rotviz.models import load_model
 
     m = load_model(roots / "vit-s0")
@@ -264,7 +264,7 @@ def test_learn_demo_scrambles_weights_not_outputs(roots):
 
 
 def test_model_card_symmetry_check(roots):
-    from rotviz.data import load_split
+    from rotviz.data.split import load_split
     from rotviz.evaluation import evaluate
     from rotviz.models import load_model
 
@@ -364,7 +364,7 @@ def test_models_page_evaluates_light_models_then_computes_the_barrier_page_ahead
     from app_pages import common
     from rotviz import app as rapp
     from rotviz.analysis.landscape import interpolate
-    from rotviz.data import load_split
+    from rotviz.data.split import load_split
     from rotviz.models import load_model
 
     stores = common._stores()
@@ -530,7 +530,7 @@ def test_the_start_up_thread_waits_for_the_browsers_requests(monkeypatch):
 def test_barrier_page_chart_holds_library_results(pair):
     from app_pages import common
     from rotviz.analysis.landscape import interpolate
-    from rotviz.data import load_split
+    from rotviz.data.split import load_split
     from rotviz.models import load_model
 
     at = app("barrier", b_points="5")
@@ -685,7 +685,7 @@ def test_spectra_page_circuits_unchanged(pair):
 
 def test_merge_page_chart_holds_fusion_table(pair):
     from rotviz.analysis.fusion import fusion_table
-    from rotviz.data import load_split
+    from rotviz.data.split import load_split
     from rotviz.models import load_model
 
     at = app("merge", g_methods="simple average")
@@ -1052,7 +1052,7 @@ def test_landscape_page_computes_each_section_on_run(pair):
     """First paint computes nothing; each section's Run draws its figures, whose numbers are
     the library's (the slice's grid, the Hessian's top eigenvalues, the bend's barrier)."""
     from rotviz.analysis.slices import slice_at
-    from rotviz.data import load_split
+    from rotviz.data.split import load_split
     from rotviz.match.endpoints import match_endpoints
     from rotviz.measures import measure
     from rotviz.models import load_model
@@ -1126,7 +1126,7 @@ def test_landscape_slice_around_b_prime_and_its_gauge_fixed_twin(pair):
     the random plane beside the gauge-fixed plane share one colour scale, each panel the
     library's grid (1e-5), captioned."""
     from rotviz.analysis.directions import slice_with
-    from rotviz.data import load_split
+    from rotviz.data.split import load_split
     from rotviz.match.endpoints import match_endpoints
     from rotviz.measures import measure
     from rotviz.models import load_model
@@ -1211,7 +1211,7 @@ def test_training_page_runs_both_charts_on_the_zoo_series(roots):
     each Run draws its chart (framed: title, axes with units, legend, palette), whose lines
     are the library's barriers on the same split, one per matching; children spawned at the
     last step sit at 0, and an export holds the table."""
-    from rotviz.data import load_split
+    from rotviz.data.split import load_split
 
     at = app("training", t_training_points="3", t_spawn_points="3")
     assert not figures(at)
@@ -1250,7 +1250,7 @@ def test_merge_page_aligns_many_models_on_run(roots):
     number of models, equal to the library's on the same split."""
     from rotviz import zoo_registry
     from rotviz.analysis.many import align_many, merged_curve
-    from rotviz.data import load_split
+    from rotviz.data.split import load_split
     from rotviz.models import load_model
 
     at = app("merge", g_methods="simple average", n_rounds="1")
@@ -1282,7 +1282,7 @@ def test_measure_page_runs_the_ladder_a_record_of_other_inputs(roots):
     pair, its rungs in order, nothing before Run; Run draws its figure and its table, whose
     align-to-self row reads 0.0000 and 0.0000, equal to the library's on the same split."""
     from rotviz.analysis.ladder import LadderPair, ladder
-    from rotviz.data import load_split
+    from rotviz.data.split import load_split
 
     a, s = str(roots / "vit-s0"), str(roots / "vit-s1")
     at = app("measure", anchor=a, source=s)

@@ -44,7 +44,7 @@ def base(refs) -> dict:
 @pytest.fixture(scope="module")
 def engine(refs):
     """The pair as the engine loads it, and the split, straight from the engine."""
-    from rotviz.data import load_split
+    from rotviz.data.split import load_split
     from rotviz.models import load_model
 
     return load_model(refs[0]), load_model(refs[1]), load_split("digits", "test", 0).subset(N_EVAL)

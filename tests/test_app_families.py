@@ -31,8 +31,8 @@ def family_root(tmp_path_factory):
 
 
 def _task(family: str, options: dict) -> str | None:
+    from rotviz.data.tasks import task_of_config
     from rotviz.random_models import random_config
-    from rotviz.tasks import task_of_config
 
     return task_of_config(spec_named(family).inputs, random_config(family, Sizes(), **options))
 

@@ -13,7 +13,7 @@ from conftest import app_roots_with
 from test_app import LOSS_TITLE, N_EVAL, app, figures, numbers, texts
 
 from rotviz.app import roots as app_roots
-from rotviz.data import VOCAB_SIZE
+from rotviz.data.text import VOCAB_SIZE
 from rotviz.random_models import save_random
 
 # MultiBERTs-shaped, tiny: text read as rotviz's characters (vocab 98), 64-character windows

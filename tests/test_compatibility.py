@@ -25,7 +25,7 @@ from safetensors.torch import load_file, save_file
 
 from rotviz.arch import FAMILIES, spec_named
 from rotviz.cli import main
-from rotviz.data import VOCAB_SIZE
+from rotviz.data.text import VOCAB_SIZE
 from rotviz.errors import RotvizError
 from rotviz.heads import head_of_config
 from rotviz.match.distances import distances, norm

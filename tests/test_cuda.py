@@ -9,7 +9,7 @@ import torch
 from conftest import view_of
 
 from rotviz.analysis.landscape import interpolate
-from rotviz.data import load_split
+from rotviz.data.split import load_split
 from rotviz.match.distances import distances, norm
 from rotviz.match.engine import match
 from rotviz.match.options import LearnOptions, MatchOptions

@@ -21,11 +21,11 @@ def reads(monkeypatch):
     """What the command read: every file opened through the one reader (by what it is
     called: "weights file", "config", ...) and every split loaded. Observed by wrapping
     the reader's own open, so no counter lives in rotviz itself."""
-    import rotviz.data
+    import rotviz.data.split
     from rotviz.confine import Confined
 
     seen: dict[str, list] = {"opened": [], "splits": []}
-    real_open, real_split = Confined.open, rotviz.data.load_split
+    real_open, real_split = Confined.open, rotviz.data.split.load_split
 
     def open_(self, path, what="file"):
         seen["opened"].append(what)
@@ -36,7 +36,7 @@ def reads(monkeypatch):
         return real_split(*a, **k)
 
     monkeypatch.setattr(Confined, "open", open_)
-    monkeypatch.setattr(rotviz.data, "load_split", load_split)
+    monkeypatch.setattr(rotviz.data.split, "load_split", load_split)
     return seen
 
 

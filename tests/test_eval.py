@@ -17,7 +17,7 @@ import torch
 import rotviz
 from rotviz import zoo_registry as zoo
 from rotviz.cli import main
-from rotviz.data import load_split
+from rotviz.data.split import load_split
 from rotviz.evaluation import evaluate
 from rotviz.models import load_model
 
@@ -155,7 +155,7 @@ def test_short_sequences_attend_unfused_on_a_twin_of_the_model():
     the model's own module."""
 
 
-    from rotviz.data import load_split
+    from rotviz.data.split import load_split
     from rotviz.devices import SHORT_ATTENTION
     from rotviz.evaluation import Evaluator, split_for
     from rotviz.models import load_model

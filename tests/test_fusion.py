@@ -21,7 +21,7 @@ from test_landscape import (
 from rotviz.analysis.fusion import fusion_table, merge
 from rotviz.analysis.landscape import interpolate
 from rotviz.cli import main
-from rotviz.data import Split
+from rotviz.data.split import Split
 from rotviz.errors import RotvizError
 from rotviz.evaluation import evaluate
 from rotviz.match.endpoints import match_endpoints

@@ -22,7 +22,8 @@ from safetensors.torch import load_file, save_file
 from rotviz.analysis.fusion import merge
 from rotviz.arch import FAMILIES, family_module, spec_named
 from rotviz.cli import main
-from rotviz.data import VOCAB_SIZE, load_split
+from rotviz.data.split import load_split
+from rotviz.data.text import VOCAB_SIZE
 from rotviz.evaluation import evaluate, split_for
 from rotviz.lite import load_for_eval
 from rotviz.match.options import MatchOptions
@@ -67,7 +68,7 @@ def _sizes(family: str, lm: bool = True) -> dict:
 def data_for(tmp_path_factory):
     """`data_for(family)`: a data reference the family reads. Text: the first 640 windows of
     the pystdlib corpus as a text file (64 test windows, 9x faster to evaluate than all)."""
-    from rotviz.data import CONTEXT, pystdlib_text
+    from rotviz.data.text import CONTEXT, pystdlib_text
 
     text = tmp_path_factory.mktemp("text") / "pystdlib-head.txt"
     text.write_text(pystdlib_text()[: 640 * CONTEXT + 1], encoding="utf-8")

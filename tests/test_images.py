@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from rotviz.cli import main
-from rotviz.data import load_split
+from rotviz.data.split import load_split
+from rotviz.data.splits import tenth_split
 from rotviz.errors import RotvizError
 from rotviz.evaluation import evaluate, split_for
 from rotviz.models import load_model
-from rotviz.splits import tenth_split
 
 SIZES = ((40, 30), (32, 32), (50, 64), (24, 36))
 

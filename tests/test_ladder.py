@@ -32,7 +32,7 @@ def refs(saved) -> list[str]:
 
 @pytest.fixture(scope="module")
 def split():
-    from rotviz.data import load_split
+    from rotviz.data.split import load_split
 
     return load_split("digits", "test")
 

@@ -21,7 +21,7 @@ from rotviz.analysis.landscape import (
     loss_range_of,
 )
 from rotviz.cli import main
-from rotviz.data import Split, load_split
+from rotviz.data.split import Split, load_split
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator, barrier_of, evaluate
 from rotviz.match.endpoints import match_endpoints

@@ -12,7 +12,7 @@ import torch
 from conftest import ZOO, clone_state, refused, snapshot, view_of
 
 from rotviz.cli import main
-from rotviz.data import load_split
+from rotviz.data.split import load_split
 from rotviz.errors import RotvizError
 from rotviz.evaluation import evaluate
 from rotviz.match.distances import distances

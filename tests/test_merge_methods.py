@@ -467,7 +467,7 @@ SIZED = [("task_arithmetic", {"scale": 1.5}), ("ties", {"density": 0.3}),
 
 @pytest.mark.parametrize("name,kw", SIZED, ids=[n for n, _ in SIZED])
 def test_streamed_merge_equals_the_in_memory_one(name, kw, tmp_path):
-    from rotviz.data import load_split
+    from rotviz.data.split import load_split
     from rotviz.evaluation import Evaluator
     from rotviz.models import load_model
     from rotviz.stream.sized import sized_merge
@@ -492,7 +492,7 @@ def test_streamed_merge_equals_the_in_memory_one(name, kw, tmp_path):
 
 
 def test_fisher_and_regmean_refuse_at_size(tmp_path):
-    from rotviz.data import load_split
+    from rotviz.data.split import load_split
     from rotviz.stream.sized import sized_merge
 
     a, b, _ = _refs()
@@ -509,7 +509,7 @@ def test_fine_tuned_demo_task_arithmetic_and_ties_against_the_simple_average():
     Measured on the digits test split (397 images): simple average 0.9446, base 0.9244,
     ft-a 0.9521, ft-b 0.9345; task arithmetic λ = 1 equals the simple average (weights
     0.5 each), λ = 1.5: 0.9496; TIES density 0.2: 0.9471."""
-    from rotviz.data import load_split
+    from rotviz.data.split import load_split
     from rotviz.evaluation import Evaluator
     from rotviz.models import load_model
 
@@ -538,7 +538,7 @@ def test_the_app_merges_about_a_base_read_through_its_roots():
     Resources (its confined roots), and equal the library's merge."""
     from rotviz import app
     from rotviz.analysis.fusion import fusion_table
-    from rotviz.data import load_split
+    from rotviz.data.split import load_split
     from rotviz.models import load_model
 
     a, b, base = _refs()
@@ -566,7 +566,7 @@ def test_a_sweep_is_one_merge_per_value(tmp_path, capfd, ws):
     the method cannot sweep, and a value outside the parameter's bound, are one line each."""
     from rotviz.analysis.fusion import merge_on, sweep_on
     from rotviz.cli import main
-    from rotviz.data import load_split
+    from rotviz.data.split import load_split
     from rotviz.match.endpoints import match_endpoints
     from rotviz.measures import measurement
     from rotviz.models import load_model

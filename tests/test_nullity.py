@@ -18,7 +18,7 @@ from rotviz.analysis.hessian import Curvature, math_attention
 from rotviz.analysis.nullity import count_exact, count_slq, dense_block, nullity
 from rotviz.analysis.tangents import f64_view, generators, group_dimension, tangents
 from rotviz.cli import main
-from rotviz.data import Split
+from rotviz.data.split import Split
 from rotviz.evaluation import Evaluator
 from rotviz.models import Loaded, probe_inputs
 from rotviz.plots.figure_style import Style

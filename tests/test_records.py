@@ -100,7 +100,7 @@ def toy(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def matched():
     """The default pair, matched (seed) once, and its test split."""
-    from rotviz.data import load_split
+    from rotviz.data.split import load_split
     from rotviz.match.endpoints import match_endpoints
     from rotviz.models import load_model
 

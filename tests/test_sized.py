@@ -68,10 +68,10 @@ def test_cli_barrier_at_size_equals_in_memory(pair, extra, tmp_path, capsys):
     saying how it ran. (The language model reads 30 kB of Python source as a text file.)"""
     import inspect
 
-    import rotviz.data
+    import rotviz.data.labelled
 
     code = tmp_path / "code.txt"
-    code.write_text(inspect.getsource(rotviz.data)[:30000])
+    code.write_text(inspect.getsource(rotviz.data.labelled)[:30000])
     extra = [e.replace("CODE", str(code)) for e in extra]
     args = [*pair, *extra, "--points", "5"]
     ref = _barrier(tmp_path, "mem", *args)

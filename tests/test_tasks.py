@@ -23,12 +23,12 @@ from test_tokens import _bpe, _wordpiece
 from rotviz.arch import FAMILIES as ALL_FAMILIES
 from rotviz.arch import Sizes, family_module, spec_named
 from rotviz.cli import main
+from rotviz.data.labelled import Columns
+from rotviz.data.splits import IGNORE
+from rotviz.data.tasks import class_f1, entities, entity_f1, task_of_config
 from rotviz.errors import RotvizError
 from rotviz.evaluation import evaluate, split_for, task_of
-from rotviz.labelled import Columns
 from rotviz.models import load_model
-from rotviz.splits import IGNORE
-from rotviz.tasks import class_f1, entities, entity_f1, task_of_config
 
 WORDS = "alpha beta gamma delta def class return import value list dict yield".split()
 NAMES = ("neg", "pos", "mid")

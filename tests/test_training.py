@@ -31,7 +31,7 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def small():
-    from rotviz.data import load_split
+    from rotviz.data.split import load_split
 
     return load_split("digits", "test", 0).subset(120)
 
@@ -88,7 +88,7 @@ def test_trainer_series_paired_by_step_with_steps_in_one_only_reported(tiny, sma
 
 
 def _full():
-    from rotviz.data import load_split
+    from rotviz.data.split import load_split
 
     return load_split("digits", "test", 0)
 
@@ -237,7 +237,7 @@ def test_spawned_child_in_the_parents_order_is_the_parent():
     """rotviz.zoo.train.run_steps: a child spawned at k and trained in the parent's own data
     order reproduces the parent's last weights bit for bit (weights, Adam's moments and the
     schedule all carried over); another order does not."""
-    from rotviz.data import load_split
+    from rotviz.data.split import load_split
     from rotviz.zoo import recipes, train
 
     rec = recipes.Recipe("tiny-spawn", "vit", "digits", dict(recipes._VIT_DIGITS,

@@ -19,7 +19,7 @@ import torch
 
 from rotviz.arch import spec_named
 from rotviz.cli import main
-from rotviz.data import load_split
+from rotviz.data.split import load_split
 from rotviz.errors import RotvizError
 from rotviz.groups import inject
 from rotviz.match.endpoints import match_endpoints

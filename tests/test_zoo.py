@@ -19,7 +19,8 @@ import torch
 from rotviz import zoo_registry as zoo
 from rotviz.arch import FAMILIES
 from rotviz.cli import main
-from rotviz.data import load_split, pystdlib_fingerprint
+from rotviz.data.split import load_split
+from rotviz.data.text import pystdlib_fingerprint
 from rotviz.errors import RotvizError
 from rotviz.evaluation import evaluate, split_for
 from rotviz.lite import load_for_eval, load_lite

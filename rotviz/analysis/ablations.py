@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from rotviz.analysis.landscape import curve_on
-from rotviz.data import Split
+from rotviz.data.split import Split
 from rotviz.evaluation import Evaluator
 from rotviz.match.endpoints import match_endpoints
 from rotviz.match.options import MatchOptions

@@ -33,7 +33,8 @@ import numpy as np
 import torch
 
 from rotviz.analysis.landscape import path_curve, path_points, plane_frame, plane_points
-from rotviz.data import Split, cat_inputs, map_inputs
+from rotviz.data.inputs import cat_inputs, map_inputs
+from rotviz.data.split import Split
 from rotviz.dist import SINGLE
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator

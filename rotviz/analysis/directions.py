@@ -56,7 +56,7 @@ from rotviz.analysis.slices import (
     random_directions,
     slice_at,
 )
-from rotviz.data import Split
+from rotviz.data.split import Split
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator
 from rotviz.limits import GRID, SEED, SPAN

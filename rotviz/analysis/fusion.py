@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from rotviz.data import Split
+from rotviz.data.split import Split
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator
 from rotviz.match.endpoints import HeldEndpoints, as_options, match_endpoints
@@ -69,7 +69,7 @@ class Merged:
     source: str = ""
     layers: list[int] | None = None  # layers matched (None: all)
     base: str = ""  # the base model the task vectors are taken from ("" without)
-    # the task's further metrics (rotviz.tasks: macro-F1, entity F1, ...; none for LMs)
+    # the task's further metrics (rotviz.data.tasks: macro-F1, entity F1, ...; none for LMs)
     scores: dict[str, float] = field(default_factory=dict)
     anchor_scores: dict[str, float] = field(default_factory=dict)
     source_scores: dict[str, float] = field(default_factory=dict)

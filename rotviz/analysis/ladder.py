@@ -56,7 +56,7 @@ import numpy as np
 import torch
 
 from rotviz.confine import ANYWHERE, Confined
-from rotviz.data import Split
+from rotviz.data.split import Split
 from rotviz.limits import DEFAULT_STEPS
 from rotviz.match.selection import parse_selection
 from rotviz.models import Loaded

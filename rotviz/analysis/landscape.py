@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from rotviz.data import Split
+from rotviz.data.split import Split
 from rotviz.dist import SINGLE, Group
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator, barrier_of, check_split
@@ -82,7 +82,7 @@ class Curve:
     barrier_mean: float = 0.0
     barrier_std: float = 0.0
     mid_acc_std: float = 0.0
-    task: str = ""  # rotviz.tasks: what the model does, and so which metrics it has
+    task: str = ""  # rotviz.data.tasks: what the model does, and so which metrics it has
     scores: dict[str, list[float]] = field(default_factory=dict)  # metric -> value per alpha
     mid_scores: dict[str, float] = field(default_factory=dict)  # at alpha = 0.5
     # the model's answers on a few fixed test inputs at each alpha (rotviz.analysis.examples:

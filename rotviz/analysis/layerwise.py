@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 import torch
 
-from rotviz.data import Split
+from rotviz.data.split import Split
 from rotviz.dist import SINGLE, Group
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator, barrier_of

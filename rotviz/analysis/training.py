@@ -35,7 +35,7 @@ import torch
 from rotviz import hub
 from rotviz import zoo_registry as zoo
 from rotviz.confine import ANYWHERE, Confined
-from rotviz.data import Split
+from rotviz.data.split import Split
 from rotviz.errors import RotvizError
 from rotviz.types import Progress
 

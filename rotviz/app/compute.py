@@ -30,7 +30,7 @@ from rotviz.types import Progress
 
 if TYPE_CHECKING:
     from rotviz.confine import Confined
-    from rotviz.data import Split
+    from rotviz.data.split import Split
     from rotviz.match.pipeline import Matched
     from rotviz.models import Loaded
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from rotviz import hub
 from rotviz.confine import Confined
-from rotviz.datafiles import check_data
+from rotviz.data.files import check_data
 from rotviz.errors import RotvizError
 
 ENV_ROOTS = "ROTVIZ_MODEL_ROOTS"
@@ -274,7 +274,7 @@ def cached_models(roots: Sequence[Path]) -> list[str]:
     return [n.forced().text for n in map(hub.parse, names) if n is not None]
 
 
-# File endings the app offers as data, by data kind (rotviz.data, rotviz.labelled).
+# File endings the app offers as data, by data kind (rotviz.data.split, rotviz.data.labelled).
 DATA_FILES = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".conll": "conll", ".txt": "text"}
 BUILTIN_DATA = ("digits", "pystdlib")
 IMAGE_ENDINGS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp")
@@ -341,7 +341,7 @@ def _inside(confined: Confined, p: Path) -> bool:
 def resolve_data(ref: str, roots: Sequence[Path] | None = None) -> str:
     """A data reference the app may read: a built-in one, or a file or folder under the
     roots whose every file a read would open lies under them too and is a regular file
-    (rotviz.datafiles.check_data; the app reads nothing outside them)."""
+    (rotviz.data.files.check_data; the app reads nothing outside them)."""
     ref = (ref or "").strip()
     kind, _, path = ref.partition(":")
     if ref in BUILTIN_DATA:

@@ -103,8 +103,8 @@ def model_card(loaded: Loaded, split=None) -> dict:
     check. A head no loss scores (headless, question answering, multiple choice, ...) is
     not evaluated (`split` is not read; loss, accuracy and task are None): its card says
     what the head allows instead, and its functional check still compares every output."""
+    from rotviz.data.tasks import describe
     from rotviz.evaluation import evaluate
-    from rotviz.tasks import describe
 
     head = head_card(loaded)
     card = {
@@ -260,7 +260,7 @@ def learned_rows(summary: Mapping) -> list[dict]:
              "val_barrier": h["val_barrier"]} for h in learned.get("history") or []]
 
 
-# What each task's loss averages (rotviz.tasks.sample_losses), said under a loss chart
+# What each task's loss averages (rotviz.data.tasks.sample_losses), said under a loss chart
 LOSS_OF_TASK = {
     "text": "cross-entropy of each next token",
     "masked": "cross-entropy of the masked tokens only (the masked-LM head's loss, as the "
@@ -275,9 +275,9 @@ LOSS_OF_TASK = {
 
 def loss_note(curve: Mapping) -> str:
     """Which loss a barrier curve draws, in one sentence: the models' own task (read off
-    their head, rotviz.tasks), what it averages and on what data; a masked-LM pair's curve
+    their head, rotviz.data.tasks), what it averages and on what data; a masked-LM pair's curve
     would otherwise read as a next-token loss."""
-    from rotviz.tasks import describe
+    from rotviz.data.tasks import describe
 
     task = str(curve.get("task") or "")
     name = f"**{describe(task)['name']}**, " if task else ""

@@ -119,8 +119,8 @@ def add_reading(p: argparse.ArgumentParser) -> None:
 
 def reading(args: argparse.Namespace, data: str | None):
     """The columns and sequence length the reading options give, checked against `data`."""
-    from rotviz.data import TEXT_SOURCES
-    from rotviz.labelled import LABELLED_KINDS, Columns
+    from rotviz.data.labelled import LABELLED_KINDS, Columns
+    from rotviz.data.split import TEXT_SOURCES
 
     kind = (data or "").partition(":")[0]
     given = {field: getattr(args, flag[2:].replace("-", "_"))
@@ -169,9 +169,9 @@ def data_input(ref: str | None) -> str | None:
 def guard_inputs(outputs, models: list[str], data: str | None) -> None:
     """Record a command's model and data inputs in its `outputs` (rotviz.outputs), so that no
     output equals, holds or lies inside one of them, even with --overwrite. An unknown data
-    name is refused here too, before any model or data is read (rotviz.data.check_ref)."""
+    name is refused here too, before any model or data is read (rotviz.data.split.check_ref)."""
     if data is not None:
-        from rotviz.data import check_ref
+        from rotviz.data.split import check_ref
 
         check_ref(data)
     for ref in models:

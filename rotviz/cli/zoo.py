@@ -180,7 +180,7 @@ def cmd_default(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     start = time.perf_counter()
-    from rotviz.data import SPLITS
+    from rotviz.data.splits import SPLITS
 
     if args.split not in SPLITS:
         raise RotvizError(f"unknown split '{args.split}': use one of {', '.join(SPLITS)}")
@@ -223,7 +223,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if js is not None:
         with outputs.write() as tmp:
             write_json_file(tmp[js], result, "eval")
-    from rotviz.tasks import METRIC_LABELS
+    from rotviz.data.tasks import METRIC_LABELS
 
     shown = [f"loss {result['loss']:.4f}"]
     if result["acc"] is not None:

@@ -20,7 +20,8 @@ from dataclasses import replace
 
 import torch
 
-from rotviz.data import Split, to_device, token_mask, without_padding
+from rotviz.data.inputs import to_device, token_mask, without_padding
+from rotviz.data.split import Split
 from rotviz.errors import RotvizError
 from rotviz.evaluation import check_fits, split_for
 from rotviz.groups import assign

@@ -30,7 +30,7 @@ from rotviz.models import Loaded, heads_differ
 from rotviz.types import Progress
 
 if TYPE_CHECKING:
-    from rotviz.data import Split
+    from rotviz.data.split import Split
     from rotviz.match.report import MatchReport
 
 Tensor = torch.Tensor

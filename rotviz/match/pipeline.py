@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rotviz.data import Split
+from rotviz.data.split import Split
 from rotviz.devices import pair_params, threads_for, wide_device
 from rotviz.errors import RotvizError
 from rotviz.match.datamatch import match_with_data

@@ -123,8 +123,8 @@ def _summary(r, how: str) -> str:
 
 def _scores(scores: dict[str, float] | None, lead: str, paren: bool = False) -> str:
     """The task's metrics beyond accuracy (macro-F1, entity F1, ...), named as
-    rotviz.tasks names them; empty for a task without any (a language model)."""
-    from rotviz.tasks import METRIC_LABELS
+    rotviz.data.tasks names them; empty for a task without any (a language model)."""
+    from rotviz.data.tasks import METRIC_LABELS
 
     text = ", ".join(f"{METRIC_LABELS.get(k, k)} {v:.4f}" for k, v in (scores or {}).items())
     if not text:

@@ -31,7 +31,7 @@ from rotviz.records import Records
 from rotviz.types import Progress
 
 if TYPE_CHECKING:
-    from rotviz.data import Split
+    from rotviz.data.split import Split
     from rotviz.dist import Group
 
 

@@ -31,7 +31,7 @@ from rotviz.analysis.layerwise import (
     kinds_of,
     series,
 )
-from rotviz.data import Split
+from rotviz.data.split import Split
 from rotviz.dist import SINGLE, Group
 from rotviz.errors import RotvizError
 from rotviz.limits import POINTS

@@ -41,7 +41,7 @@ from rotviz.analysis.landscape import (
     plane_points,
 )
 from rotviz.checkpoint import Checkpoint, ShardWriter
-from rotviz.data import Split
+from rotviz.data.split import Split
 from rotviz.devices import one_thread, wide_device
 from rotviz.dist import SINGLE, Group
 from rotviz.errors import RotvizError

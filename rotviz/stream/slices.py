@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from rotviz.analysis.slices import Slice, tensor_directions
-from rotviz.data import Split
+from rotviz.data.split import Split
 from rotviz.dist import SINGLE, Group
 from rotviz.errors import RotvizError
 from rotviz.limits import GRID, SEED, SPAN

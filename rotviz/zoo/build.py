@@ -15,14 +15,16 @@ import torch
 
 from rotviz import models
 from rotviz.arch import spec_named
-from rotviz.data import Split, load_split, pystdlib_fingerprint
+from rotviz.data.files import data_path
+from rotviz.data.labelled import LABELLED_KINDS, majority_accuracy
+from rotviz.data.split import Split, load_split
+from rotviz.data.splits import IGNORE
+from rotviz.data.tasks import CLASSIFIER_TASKS, METRIC_LABELS, scores
+from rotviz.data.text import pystdlib_fingerprint
+from rotviz.data.tokens import fingerprint, tokenizer_files
 from rotviz.evaluation import evaluate, split_for
-from rotviz.labelled import LABELLED_KINDS, data_path, majority_accuracy
 from rotviz.outputs import Outputs
 from rotviz.sources import source_of
-from rotviz.splits import IGNORE
-from rotviz.tasks import CLASSIFIER_TASKS, METRIC_LABELS, scores
-from rotviz.tokens import fingerprint, tokenizer_files
 from rotviz.types import Progress
 from rotviz.zoo import recipes, train
 from rotviz.zoo_registry import entry, is_built, path_of, zoo_dir

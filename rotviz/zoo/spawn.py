@@ -24,7 +24,7 @@ from pathlib import Path
 
 from rotviz import models
 from rotviz.arch import spec_named
-from rotviz.data import load_split
+from rotviz.data.split import load_split
 from rotviz.evaluation import evaluate
 from rotviz.outputs import Outputs, write_json_file
 from rotviz.sources import source_of
