@@ -23,7 +23,7 @@ import torch  # noqa: E402
 
 from bench.results import machine, write_section  # noqa: E402
 from rotviz.data.split import Split, load_split  # noqa: E402
-from rotviz.models import load_model  # noqa: E402
+from rotviz.sources.loading import load_model  # noqa: E402
 
 
 def default_pair_refs() -> tuple[str, str]:

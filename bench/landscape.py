@@ -44,8 +44,8 @@ def roberta_base_shape(folder: Path, seqs: int = 32, length: int = 128):
     from rotviz.data.split import Split
     from rotviz.data.splits import IGNORE
     from rotviz.data.tokens import encoding_fingerprint
-    from rotviz.models import load_model
     from rotviz.random_models import save_random
+    from rotviz.sources.loading import load_model
 
     path = save_random("roberta", folder / "roberta-base-shape", seed=0, layers=12, d=768,
                        heads=12, ffn=3072, vocab=50265, positions=length)

@@ -99,9 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     import torch
 
-    from rotviz.checkpoint import Checkpoint
     from rotviz.memory import available_memory
     from rotviz.random_models import save_random_sharded
+    from rotviz.sources.checkpoint import Checkpoint
     from rotviz.stream.need import IN_MEMORY_FACTOR
 
     limit = (args.in_memory_up_to * 1e9 if args.in_memory_up_to is not None

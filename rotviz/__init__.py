@@ -21,7 +21,7 @@ import importlib
 from rotviz.version import __version__
 
 _API = {
-    "load_model": "rotviz.models",
+    "load_model": "rotviz.sources.loading",
     "match_models": "rotviz.match.pipeline",
     "match_endpoints": "rotviz.match.endpoints",
     "measure": "rotviz.measures",

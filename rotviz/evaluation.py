@@ -43,16 +43,15 @@ from rotviz.devices import resolve_device
 from rotviz.errors import RotvizError
 from rotviz.heads import SCORED_HEADS, WEIGHTS_ONLY, head_of_config
 from rotviz.limits import BATCH_SIZE
-from rotviz.models import (
-    Loaded,
+from rotviz.sources.adapters import call, source_of
+from rotviz.sources.loading import Loaded, to_wide
+from rotviz.sources.running import (
     attending_module,
     attention_positions,
     forward,
     image_shape,
     module_copy,
-    to_wide,
 )
-from rotviz.sources import call, source_of
 
 Tensor = torch.Tensor
 LABELLED = "csv:, tsv:, jsonl:, conll: or hf:"
@@ -354,7 +353,8 @@ class Evaluator:
         self.split = split
         self.device = resolve_device(device)
         module = loaded.model
-        # short sequences on the CPU run on an unfused twin (rotviz.models.attending_module)
+        # short sequences on the CPU run on an unfused twin
+        # (rotviz.sources.running.attending_module)
         self.module = attending_module(loaded, attention_positions(loaded.config, split.inputs),
                                        self.device)
         self.names = [n for n, _ in module.named_parameters()]  # tied weights: owner only

@@ -19,8 +19,8 @@ from torch import nn
 
 from rotviz.arch import ArchSpec
 from rotviz.errors import RotvizError
-from rotviz.legacy import read_past
-from rotviz.sources import call, source_of
+from rotviz.sources.adapters import call, source_of
+from rotviz.sources.legacy import read_past
 
 Tensor = torch.Tensor
 
@@ -199,7 +199,7 @@ def check_fits(spec: ArchSpec, config: dict, meta: Mapping[str, Tensor], where) 
     module is built on meta (nothing allocated), so a config whose `architectures` names a
     class the weights do not fit is refused before a real module is built; the streamed and
     in-memory paths both ask here. Old-format buffers the module's class reads past
-    (rotviz.legacy) are not unexpected. A checkpoint whose names the loader converts (split,
+    (rotviz.sources.legacy) are not unexpected. A checkpoint whose names the loader converts (split,
     merged) cannot be compared name by name: the loader's own check decides there."""
     import re
     from pathlib import Path
@@ -240,8 +240,8 @@ def check_fits(spec: ArchSpec, config: dict, meta: Mapping[str, Tensor], where) 
 def legacy_tensors(spec: ArchSpec, config: dict, module: nn.Module,
                    meta: Mapping[str, Tensor]) -> frozenset[str]:
     """The checkpoint's tensors (`meta`: names and shapes from its headers) that `module`, built
-    from `config`, reads past (rotviz.legacy.read_past), under the checkpoint's own names: what a
-    streamed run neither reads nor writes. The source's one line (RotvizError) where its
+    from `config`, reads past (rotviz.sources.legacy.read_past), under the checkpoint's own names:
+    what a streamed run neither reads nor writes. The source's one line (RotvizError) where its
     loader converts the checkpoint's names, which cannot be compared name by name."""
     names = source_of(spec).checkpoint_names(module, list(meta))
     past = read_past(module, spec, config, {names[n]: tuple(t.shape) for n, t in meta.items()})

@@ -43,7 +43,7 @@ def test_multiberts_pair_gives_the_librarys_masked_lm_barrier(head_root):
     matching is not offered (the tied MLM decoder refuses residual maps), and says why."""
     from rotviz import match_endpoints, measure
     from rotviz.evaluation import split_for
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
 
     a, b = _pair(head_root, "BertForPreTraining")
     # "auto" data for a user's text folders is the shipped text data

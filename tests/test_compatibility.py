@@ -33,8 +33,10 @@ from rotviz.match.endpoints import from_matched, match_endpoints
 from rotviz.match.options import MatchOptions
 from rotviz.match.pipeline import match_models
 from rotviz.measures import measure, measurements
-from rotviz.models import body_patterns, load_model, max_output_diff
 from rotviz.random_models import random_config, save_random
+from rotviz.sources.loading import load_model
+from rotviz.sources.pairs import body_patterns
+from rotviz.sources.running import max_output_diff
 from rotviz.symmetry.actions import apply, random_element
 from rotviz.symmetry.view import read_view, write_state
 

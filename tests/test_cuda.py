@@ -14,7 +14,7 @@ from rotviz.match.distances import distances, norm
 from rotviz.match.engine import match
 from rotviz.match.options import LearnOptions, MatchOptions
 from rotviz.match.pipeline import match_models
-from rotviz.models import load_model
+from rotviz.sources.loading import load_model
 from rotviz.symmetry import residual as rs
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -72,8 +72,8 @@ def test_learned_matching_on_the_gpu_keeps_the_function(pair):
 def test_streamed_matching_on_the_gpu_reaches_what_the_cpu_reaches(tmp_path):
     """Block by block from shards, solving on the GPU: the function kept, the same
     permutations and distances as on the CPU."""
-    from rotviz.checkpoint import Checkpoint
     from rotviz.random_models import save_random_sharded
+    from rotviz.sources.checkpoint import Checkpoint
     from rotviz.stream.blocks import open_streamed
     from rotviz.stream.match import match_streamed
 

@@ -21,7 +21,8 @@ from rotviz.match.engine import match
 from rotviz.match.options import LearnOptions, MatchOptions
 from rotviz.match.pipeline import match_models
 from rotviz.match.selection import match_options
-from rotviz.models import load_model, max_output_diff
+from rotviz.sources.loading import load_model
+from rotviz.sources.running import max_output_diff
 from rotviz.symmetry import residual as rs
 from rotviz.symmetry.actions import LayerTransform, apply
 from rotviz.symmetry.view import write_state

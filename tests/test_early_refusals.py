@@ -42,7 +42,7 @@ def reads(monkeypatch):
 
 def test_the_reads_fixture_sees_a_weights_file_opened(reads):
     """The observation itself works: loading a zoo model opens its weights through it."""
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
 
     load_model(A)
     assert "weights file" in reads["opened"]
@@ -83,7 +83,7 @@ def test_a_source_that_is_the_model_itself_is_named_so(reads, ws, capfd):
 
 
 def test_a_source_folder_that_resolves_to_the_model_is_the_model(reads, ws, capfd):
-    from rotviz.models import resolve_ref
+    from rotviz.sources.loading import resolve_ref
 
     (ws / "same").symlink_to(resolve_ref(A))
     refused(["slice", A, "--source", "same", "--around", "source", "--data", "digits"],

@@ -19,7 +19,7 @@ from rotviz import zoo_registry as zoo
 from rotviz.cli import main
 from rotviz.data.split import load_split
 from rotviz.evaluation import evaluate
-from rotviz.models import load_model
+from rotviz.sources.loading import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 # the documented keys (docs/cli.md, `rotviz eval`); an image classifier's task adds macro-F1
@@ -158,7 +158,7 @@ def test_short_sequences_attend_unfused_on_a_twin_of_the_model():
     from rotviz.data.split import load_split
     from rotviz.devices import SHORT_ATTENTION
     from rotviz.evaluation import Evaluator, split_for
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
 
     model = load_model("zoo:vit-digits-s3")
     split = load_split("digits", "test").subset(64)

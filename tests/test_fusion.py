@@ -32,7 +32,7 @@ from rotviz.merging import names
 from rotviz.merging.fisher import fisher_combine, fisher_diag
 from rotviz.merging.regmean import gram_matrices, regmean_combine
 from rotviz.merging.simple import simple_average
-from rotviz.models import load_model
+from rotviz.sources.loading import load_model
 from rotviz.symmetry.view import write_state
 
 

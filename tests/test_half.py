@@ -25,20 +25,14 @@ from rotviz.cli import main
 from rotviz.data.split import load_split
 from rotviz.data.text import VOCAB_SIZE
 from rotviz.evaluation import evaluate, split_for
-from rotviz.lite import load_for_eval
 from rotviz.match.options import MatchOptions
 from rotviz.match.pipeline import FUNCTION_TOLERANCES, check_in_stored_dtype, match_models
 from rotviz.merging.simple import simple_average
-from rotviz.models import (
-    Loaded,
-    forward,
-    load_model,
-    probe_inputs,
-    save_model,
-    stored_module,
-    stored_output_diff,
-)
 from rotviz.random_models import options, save_random
+from rotviz.sources.loading import Loaded, load_model
+from rotviz.sources.plain_torch import load_for_eval
+from rotviz.sources.running import forward, probe_inputs, stored_module, stored_output_diff
+from rotviz.sources.writing import save_model
 
 ALL = FAMILIES
 HALF = (torch.bfloat16, torch.float16)

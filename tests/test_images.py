@@ -13,7 +13,7 @@ from rotviz.data.split import load_split
 from rotviz.data.splits import tenth_split
 from rotviz.errors import RotvizError
 from rotviz.evaluation import evaluate, split_for
-from rotviz.models import load_model
+from rotviz.sources.loading import load_model
 
 SIZES = ((40, 30), (32, 32), (50, 64), (24, 36))
 

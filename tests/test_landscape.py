@@ -25,7 +25,8 @@ from rotviz.data.split import Split, load_split
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator, barrier_of, evaluate
 from rotviz.match.endpoints import match_endpoints
-from rotviz.models import Loaded, forward, load_model, probe_inputs
+from rotviz.sources.loading import Loaded, load_model
+from rotviz.sources.running import forward, probe_inputs
 
 # ---- shared helpers (imported by the other landscape/fusion/spectra tests) ----------
 

@@ -33,7 +33,9 @@ from rotviz.match.engine import match
 from rotviz.match.layers import cross_qk, cross_vo, ffn_cost, ffn_permutation, head_permutation
 from rotviz.match.options import MatchOptions
 from rotviz.match.pipeline import match_models
-from rotviz.models import forward, load_model, max_output_diff, probe_inputs, save_model
+from rotviz.sources.loading import load_model
+from rotviz.sources.running import forward, max_output_diff, probe_inputs
+from rotviz.sources.writing import save_model
 from rotviz.symmetry.actions import (
     LayerTransform,
     apply,

@@ -16,7 +16,8 @@ from rotviz.errors import RotvizError
 from rotviz.evaluation import evaluate, split_for
 from rotviz.match.distances import distances
 from rotviz.match.pipeline import view_of
-from rotviz.models import load_model, max_output_diff
+from rotviz.sources.loading import load_model
+from rotviz.sources.running import max_output_diff
 
 
 @pytest.fixture(scope="module")

@@ -35,7 +35,7 @@ from rotviz.match.engine import match
 from rotviz.match.layers import cross_qk, cross_vo, ffn_permutation
 from rotviz.match.options import MatchOptions, parse_layers
 from rotviz.match.pipeline import match_models
-from rotviz.models import max_output_diff
+from rotviz.sources.running import max_output_diff
 from rotviz.symmetry.actions import apply, qk_fixed_pairs, random_element
 from rotviz.symmetry.view import FFN, KINDS, write_state
 

@@ -427,7 +427,7 @@ def test_merge_cli_refuses_bad_base_and_density(ws, capfd, saved):
 
 def test_merge_cli_with_a_base_writes_the_merge(tmp_path, capsys):
     from rotviz.cli import main
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
 
     a, b, base = _refs()
     out, js = tmp_path / "m", tmp_path / "m.json"
@@ -469,7 +469,7 @@ SIZED = [("task_arithmetic", {"scale": 1.5}), ("ties", {"density": 0.3}),
 def test_streamed_merge_equals_the_in_memory_one(name, kw, tmp_path):
     from rotviz.data.split import load_split
     from rotviz.evaluation import Evaluator
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
     from rotviz.stream.sized import sized_merge
 
     a, b, base = _refs()
@@ -511,7 +511,7 @@ def test_fine_tuned_demo_task_arithmetic_and_ties_against_the_simple_average():
     0.5 each), λ = 1.5: 0.9496; TIES density 0.2: 0.9471."""
     from rotviz.data.split import load_split
     from rotviz.evaluation import Evaluator
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
 
     la, lb, lbase = (load_model(x) for x in _refs())
     ev = Evaluator(la, load_split("digits", "test"), "cpu")
@@ -539,7 +539,7 @@ def test_the_app_merges_about_a_base_read_through_its_roots():
     from rotviz import app
     from rotviz.analysis.fusion import fusion_table
     from rotviz.data.split import load_split
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
 
     a, b, base = _refs()
     res = app.Resources()
@@ -569,7 +569,7 @@ def test_a_sweep_is_one_merge_per_value(tmp_path, capfd, ws):
     from rotviz.data.split import load_split
     from rotviz.match.endpoints import match_endpoints
     from rotviz.measures import measurement
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
 
     la, lb, lbase = (load_model(x) for x in _refs())
     split = load_split("digits", "test").subset(64)

@@ -29,7 +29,7 @@ from rotviz.data.splits import tenth_split
 from rotviz.data.tasks import named_labels
 from rotviz.errors import RotvizError
 from rotviz.evaluation import evaluate, split_for
-from rotviz.models import load_model
+from rotviz.sources.loading import load_model
 
 ZOO = Path(__file__).resolve().parent.parent / "assets" / "zoo"
 WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
@@ -189,7 +189,7 @@ def test_a_pairs_barrier_reads_labels_by_name(digits, tmp_path, capfd):
                                "five, ... vs eight, five, four, nine, one, seven, ...)"), line
         assert not out.exists()
     # other label sets (fine-tunes for two tasks whose bodies are compared) pass, as before
-    from rotviz.models import check_compatible
+    from rotviz.sources.pairs import check_compatible
 
     check_compatible(load_model(str(digits["named"])), load_model(str(digits["letters6"])))
     # a split read through one model's names is refused by a model that orders them otherwise

@@ -18,7 +18,8 @@ from rotviz.match.distances import distances, norm
 from rotviz.match.engine import match
 from rotviz.match.options import MatchOptions
 from rotviz.match.pipeline import match_models
-from rotviz.models import load_model, max_output_diff
+from rotviz.sources.loading import load_model
+from rotviz.sources.running import max_output_diff
 from rotviz.symmetry import residual as rs
 from rotviz.symmetry.view import write_state
 
@@ -280,7 +281,7 @@ def test_held_ffn_tensors_are_accounted_exactly(stream_model):
     alternation uses are those of the model they stand for (1e-10 relative), and settling
     yields that model."""
     from rotviz.match.alternating import _LazyFFN, objective
-    from rotviz.memo import TensorMemo
+    from rotviz.match.memo import TensorMemo
 
     anchor, _ = rs.canonicalise(view_of(stream_model(0, F64)))
     source, _ = rs.canonicalise(view_of(stream_model(1, F64)))

@@ -11,10 +11,11 @@ import pytest
 
 from rotviz import zoo_registry as zoo
 from rotviz.analysis.landscape import interpolate
-from rotviz.checkpoint import Checkpoint, save_sharded
 from rotviz.cli import main
 from rotviz.evaluation import split_for
-from rotviz.models import load_model
+from rotviz.sources.checkpoint import Checkpoint
+from rotviz.sources.loading import load_model
+from rotviz.sources.shards import save_sharded
 from rotviz.stream.blocks import open_streamed
 from rotviz.stream.sized import sized_curve, sized_loaded
 

@@ -18,7 +18,7 @@ from rotviz.cli import main
 from rotviz.errors import RotvizError
 from rotviz.match.endpoints import match_endpoints
 from rotviz.match.selection import match_options
-from rotviz.models import load_model
+from rotviz.sources.loading import load_model
 from rotviz.stream.blocks import open_streamed
 from rotviz.stream.endpoints import streamed_endpoints
 

@@ -21,13 +21,15 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from rotviz.arch import FAMILIES
-from rotviz.checkpoint import INDEX, Checkpoint, ShardWriter, copy_sharded, save_sharded
 from rotviz.cli import main
 from rotviz.errors import RotvizError
 from rotviz.match.options import MatchOptions
 from rotviz.match.pipeline import match_models
-from rotviz.models import load_model, stored_state
 from rotviz.random_models import save_random, save_random_sharded
+from rotviz.sources.checkpoint import INDEX, Checkpoint
+from rotviz.sources.loading import load_model
+from rotviz.sources.running import stored_state
+from rotviz.sources.shards import ShardWriter, copy_sharded, save_sharded
 from rotviz.stream.blocks import open_streamed
 from rotviz.stream.match import match_streamed
 

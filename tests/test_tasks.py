@@ -28,7 +28,7 @@ from rotviz.data.splits import IGNORE
 from rotviz.data.tasks import class_f1, entities, entity_f1, task_of_config
 from rotviz.errors import RotvizError
 from rotviz.evaluation import evaluate, split_for, task_of
-from rotviz.models import load_model
+from rotviz.sources.loading import load_model
 
 WORDS = "alpha beta gamma delta def class return import value list dict yield".split()
 NAMES = ("neg", "pos", "mid")
@@ -359,7 +359,7 @@ def test_every_head_reads_the_mapped_stream(models, family, head):
     instead, which reads the stream), so the function is kept; and weight matching, which maps
     the stream, keeps it too."""
     from rotviz import MatchOptions, match_models
-    from rotviz.models import max_output_diff
+    from rotviz.sources.running import max_output_diff
     from rotviz.symmetry import residual as rs
     from rotviz.symmetry.view import read_view, write_state
 

@@ -25,7 +25,7 @@ from rotviz.data.tasks import task_of_config
 from rotviz.data.text import pystdlib_text
 from rotviz.errors import RotvizError
 from rotviz.evaluation import barrier_of, evaluate, split_for
-from rotviz.models import load_model
+from rotviz.sources.loading import load_model
 
 SEQ = 16
 TEXT = pystdlib_text()[:60_000]

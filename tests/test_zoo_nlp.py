@@ -27,7 +27,7 @@ from rotviz.data.splits import IGNORE
 from rotviz.data.tokens import fingerprint, tokenizer_files
 from rotviz.errors import RotvizError
 from rotviz.evaluation import evaluate, split_for
-from rotviz.models import Loaded, load_model
+from rotviz.sources.loading import Loaded, load_model
 from rotviz.zoo import nlp
 from rotviz.zoo.build import build
 from rotviz.zoo.recipes import RECIPES

@@ -41,7 +41,7 @@ from rotviz.evaluation import Evaluator
 from rotviz.limits import BATCH_SIZE, LR, POINTS, SEED, STEPS
 from rotviz.match.endpoints import HeldEndpoints
 from rotviz.match.learned import _train_loss
-from rotviz.models import to_wide
+from rotviz.sources.loading import to_wide
 from rotviz.types import Progress
 
 Tensor = torch.Tensor

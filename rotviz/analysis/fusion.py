@@ -29,8 +29,9 @@ from rotviz.merging import MergeMethod, check_base, check_models, check_weight, 
 from rotviz.merging import method as method_record
 from rotviz.merging.combine import merge_states
 from rotviz.merging.registry import sweepable
-from rotviz.models import Loaded, check_compatible
 from rotviz.params import needs, read_params
+from rotviz.sources.loading import Loaded
+from rotviz.sources.pairs import check_compatible
 from rotviz.types import Progress
 
 Tensor = torch.Tensor

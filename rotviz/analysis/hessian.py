@@ -35,7 +35,7 @@ import torch
 from rotviz.data.tasks import sample_losses
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator
-from rotviz.models import Loaded
+from rotviz.sources.loading import Loaded
 from rotviz.types import Progress
 
 Tensor = torch.Tensor
@@ -96,7 +96,7 @@ class Curvature:
 
     def _loss(self, tensors: list[Tensor], x, y) -> Tensor:
         params = {**self._fixed, **dict(zip(self.names, tensors, strict=True))}
-        from rotviz.sources import call
+        from rotviz.sources.adapters import call
 
         with math_attention():
             logits = call(self.ev.loaded.spec, self.ev.loaded.model,

@@ -29,7 +29,7 @@ from rotviz.evaluation import Evaluator, barrier_of, check_split
 from rotviz.limits import GRID, MARGIN, POINTS, REPEATS
 from rotviz.match.endpoints import HeldEndpoints, match_endpoints
 from rotviz.match.options import MatchOptions
-from rotviz.models import Loaded, to_wide
+from rotviz.sources.loading import Loaded, to_wide
 from rotviz.types import Progress
 
 Tensor = torch.Tensor

@@ -36,7 +36,7 @@ from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator, barrier_of
 from rotviz.limits import POINTS
 from rotviz.match.endpoints import HeldEndpoints
-from rotviz.models import Loaded
+from rotviz.sources.loading import Loaded
 from rotviz.symmetry.view import Block, Layout, ModelView, _kind_of, read_view, write_state
 from rotviz.types import Progress
 

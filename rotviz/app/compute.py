@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from rotviz.confine import Confined
     from rotviz.data.split import Split
     from rotviz.match.pipeline import Matched
-    from rotviz.models import Loaded
+    from rotviz.sources.loading import Loaded
 
 DEFAULT_LEARN_STEPS = DEFAULT_STEPS
 BARRIER_POINTS = 21  # the Barrier page's default points on the path
@@ -111,15 +111,15 @@ def load_full(ref: str, confined: Confined | None = None) -> Loaded:
     """A model with its own transformers (or timm) module (`Resources.load`), for a host
     that needs the model's own class; the computations here take `load_eval`'s. Read
     through `confined` (default: the app's, roots.app_confined)."""
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
 
     return load_model(ref, confined=confined or roots.app_confined())
 
 
 def load_eval(ref: str, confined: Confined | None = None) -> Loaded:
-    """A model for reading its weights and evaluating it (rotviz.lite.load_for_eval), read
-    through `confined` (default: the app's)."""
-    from rotviz.lite import load_for_eval
+    """A model for reading its weights and evaluating it (rotviz.sources.plain_torch.load_for_eval),
+    read through `confined` (default: the app's)."""
+    from rotviz.sources.plain_torch import load_for_eval
 
     return load_for_eval(ref, confined=confined or roots.app_confined())
 
@@ -137,7 +137,7 @@ def load_test_split(data: str, seed: int, n: int, model: Loaded,
 def warm_up() -> None:
     """Import what the computations need (torch, scipy, the solvers), so the first
     computation does not wait for it. A model's own transformers class is imported when it
-    is loaded, and only where rotviz.lite does not compute the same logits."""
+    is loaded, and only where rotviz.sources.plain_torch does not compute the same logits."""
     import importlib
 
     for name in COMPUTE_MODULES:
@@ -154,7 +154,7 @@ def check_pair(anchor: Loaded, source: Loaded, split: Split | None = None,
     scores, `needs_data`). With `heads`, one body under two heads passes too (matching and
     the views of the weights compare such a pair; a loss does not)."""
     from rotviz.evaluation import check_fits
-    from rotviz.models import check_compatible
+    from rotviz.sources.pairs import check_compatible
 
     check_compatible(anchor, source, heads=heads)
     if split is not None:
@@ -164,8 +164,8 @@ def check_pair(anchor: Loaded, source: Loaded, split: Split | None = None,
 def scored_pair(anchor: Loaded, source: Loaded) -> bool:
     """Whether a loss can be evaluated along this pair's path: both heads are scored
     (rotviz.heads) and they are one head (not one body under two heads,
-    rotviz.models.heads_differ, whose loss would run one head on both)."""
-    from rotviz.models import heads_differ
+    rotviz.sources.pairs.heads_differ, whose loss would run one head on both)."""
+    from rotviz.sources.pairs import heads_differ
 
     return summaries.is_scored(anchor) and summaries.is_scored(source) and \
         heads_differ(anchor, source) is None
@@ -267,11 +267,11 @@ def barrier_defaults(base: dict, residual_why: str | None) -> list[dict]:
 def pair(res: Resources, cfg: dict | PairConfig) -> tuple[Loaded, Loaded]:
     """Both models of a configuration, checked to be matchable. The computations here read
     and evaluate models and never save one, so they take them as `Resources.load_eval` gives
-    them: plain torch where that computes the same logits (rotviz.lite: no transformers
-    import, the same numbers), the model's own class otherwise. One body under two heads is
-    a pair too (matching aligns the body); a measurement of the loss refuses it in one line
+    them: plain torch where that computes the same logits (rotviz.sources.plain_torch: no
+    transformers import, the same numbers), the model's own class otherwise. One body under two
+    heads is a pair too (matching aligns the body); a measurement of the loss refuses it in one line
     (`measure`, `fusion`: rotviz.measures.refuse_heads)."""
-    from rotviz.models import check_compatible
+    from rotviz.sources.pairs import check_compatible
 
     anchor, source = (cfg.anchor, cfg.source) if isinstance(cfg, PairConfig) else \
         (cfg["anchor"], cfg["source"])
@@ -372,7 +372,7 @@ def check_pair_at_size(res: Resources, cfg: dict, loss: bool = True) -> None:
     read as the anchor reads it, with no weights loaded (not read where `needs_data` says
     so: no `loss` and a head no loss scores)."""
     from rotviz.evaluation import check_fits
-    from rotviz.models import check_compatible
+    from rotviz.sources.pairs import check_compatible
     from rotviz.stream.blocks import open_streamed
     from rotviz.stream.sized import sized_loaded
 
@@ -409,8 +409,8 @@ def at_size(res: Resources, cfg: dict) -> tuple[bool, int | None, int | None]:
 def params_in(res: Resources, ref: str) -> int:
     """The parameters of model `ref`, from its safetensors headers when it has them (nothing
     loaded: a model larger than memory is counted too), else from the loaded model."""
-    from rotviz.checkpoint import Checkpoint
-    from rotviz.models import resolve_ref
+    from rotviz.sources.checkpoint import Checkpoint
+    from rotviz.sources.loading import resolve_ref
 
     try:
         checkpoint = Checkpoint(resolve_ref(ref, res.confined()), res.confined())
@@ -455,7 +455,7 @@ def _measure_at_size(record, res: Resources, c: PairConfig, values: dict,
     from rotviz.match.selection import match_options
     from rotviz.measures import Context
     from rotviz.memory import Watch
-    from rotviz.models import check_compatible
+    from rotviz.sources.pairs import check_compatible
     from rotviz.stream.blocks import open_streamed
     from rotviz.stream.endpoints import streamed_endpoints
     from rotviz.stream.sized import sized_loaded

@@ -17,7 +17,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from rotviz.match.pipeline import Matched
-    from rotviz.models import Loaded
+    from rotviz.sources.loading import Loaded
 
 
 def residual_unsupported(loaded: Loaded) -> str | None:
@@ -49,7 +49,7 @@ def symmetry_check(loaded: Loaded, seed: int = 0) -> dict:
     measure the largest logit change on probe inputs: the model's own functional check."""
     from rotviz.match.distances import distances
     from rotviz.match.pipeline import FUNCTION_TOLERANCE, view_of
-    from rotviz.models import max_output_diff
+    from rotviz.sources.running import max_output_diff
     from rotviz.symmetry.actions import apply, random_element
     from rotviz.symmetry.view import read_view, write_state
 

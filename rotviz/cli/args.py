@@ -144,7 +144,7 @@ def reading(args: argparse.Namespace, data: str | None):
 def model_input(ref: str) -> str | None:
     """The folder a model reference reads (`zoo:NAME`, a path, or, for a name in the local
     Hugging Face cache, its whole repository folder there, blobs included)."""
-    from rotviz import hub
+    from rotviz.sources import hf_cache as hub
     from rotviz.zoo_registry import zoo_dir
 
     cached = hub.cache_ref(ref)

@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from rotviz import hub
 from rotviz.cli.args import add_overwrite, add_reading, bounded, guard_inputs, reading
 from rotviz.errors import RotvizError
 from rotviz.limits import BATCH_SIZE
+from rotviz.sources import hf_cache as hub
 from rotviz.zoo_registry import PAIRS
 
 
@@ -191,7 +191,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     js = outputs.add(args.json, "--json", folder=False, overwrite=args.overwrite)
     from rotviz.devices import pick_device
     from rotviz.evaluation import evaluate, split_for
-    from rotviz.lite import load_for_eval
+    from rotviz.sources.plain_torch import load_for_eval
 
     columns, seq_len = reading(args, args.data)
     device = pick_device(args.device)

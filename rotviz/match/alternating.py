@@ -32,9 +32,9 @@ from rotviz.errors import RotvizError
 from rotviz.match import joint as jn
 from rotviz.match.distances import distances
 from rotviz.match.layers import match_layers
+from rotviz.match.memo import TensorMemo
 from rotviz.match.options import MatchOptions
 from rotviz.match.report import HeadReport, MatchReport, MatchResult
-from rotviz.memo import TensorMemo
 from rotviz.memory import release
 from rotviz.symmetry import residual as rs
 from rotviz.symmetry.actions import LayerTransform, apply_layer

@@ -32,8 +32,8 @@ from rotviz.match.layers import match_layers
 from rotviz.match.learned import learn
 from rotviz.match.options import MatchOptions
 from rotviz.match.report import MatchReport, MatchResult
-from rotviz.models import Loaded, to_wide
-from rotviz.sources import call
+from rotviz.sources.adapters import call
+from rotviz.sources.loading import Loaded, to_wide
 from rotviz.symmetry import residual as rs
 from rotviz.symmetry.actions import LayerTransform, apply
 from rotviz.symmetry.view import ModelView, read_view, write_state

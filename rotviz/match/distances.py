@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from rotviz.devices import wide_device
-from rotviz.memo import TensorMemo, cached
+from rotviz.match.memo import TensorMemo, cached
 from rotviz.symmetry.view import KINDS, ModelView, groups
 
 

@@ -26,7 +26,8 @@ from rotviz.match.options import MatchOptions
 from rotviz.match.pipeline import Matched, body_views, match_models, view_of
 from rotviz.match.selection import label_of, match_options
 from rotviz.match.widths import check_pair, refuse_narrower
-from rotviz.models import Loaded, heads_differ
+from rotviz.sources.loading import Loaded
+from rotviz.sources.pairs import heads_differ
 from rotviz.types import Progress
 
 if TYPE_CHECKING:
@@ -47,7 +48,7 @@ class MatchInfo:
     seconds: float
     before: dict = field(default_factory=dict)  # Distances.to_dict(): total, per_layer, per_kind
     after: dict = field(default_factory=dict)
-    # one body under two heads (rotviz.models.HeadsDiffer.to_dict): distances are over the
+    # one body under two heads (rotviz.sources.pairs.HeadsDiffer.to_dict): distances are over the
     # tensors both hold, and a measurement of the loss is refused
     different_heads: dict | None = None
 

@@ -39,9 +39,9 @@ from rotviz.groups import (
     rotation_angles,
 )
 from rotviz.match.distances import Distances, distances
+from rotviz.match.memo import TensorMemo
 from rotviz.match.options import MatchOptions
 from rotviz.match.report import HeadReport, MatchReport, MatchResult
-from rotviz.memo import TensorMemo
 from rotviz.symmetry.actions import (
     LayerTransform,
     apply_layer,

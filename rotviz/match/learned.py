@@ -32,7 +32,7 @@ from rotviz.devices import resolve_device, wide_device
 from rotviz.evaluation import IGNORE, Evaluator, barrier_of
 from rotviz.groups import centred_lift, ones_complement, rope_free, rope_pairs
 from rotviz.match.options import LearnOptions
-from rotviz.models import Loaded
+from rotviz.sources.loading import Loaded
 from rotviz.symmetry import residual as rs
 from rotviz.symmetry.actions import LayerTransform, apply
 from rotviz.symmetry.view import ModelView, write_state

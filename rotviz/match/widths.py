@@ -33,17 +33,9 @@ from rotviz.arch import config_value
 from rotviz.errors import RotvizError
 from rotviz.groups import inject
 from rotviz.match.layers import ffn_cost
-from rotviz.models import (
-    HALF,
-    Loaded,
-    check_compatible,
-    check_same_reading,
-    forward,
-    logit_change,
-    probe_inputs,
-    stored_module,
-    stored_state,
-)
+from rotviz.sources.loading import HALF, Loaded
+from rotviz.sources.pairs import check_compatible, check_same_reading
+from rotviz.sources.running import forward, logit_change, probe_inputs, stored_module, stored_state
 from rotviz.symmetry.view import FFN, ModelView, read_view, resolve_layout
 
 Tensor = torch.Tensor

@@ -6,12 +6,12 @@ must share the anchor's architecture and shapes."""
 
 from __future__ import annotations
 
-from rotviz import hub
 from rotviz.limits import WEIGHT
 from rotviz.measures.barrier import match_label
 from rotviz.measures.registry import Context, Measurement, OutputFile, register
 from rotviz.params import Param
 from rotviz.plots.figure_style import Style
+from rotviz.sources import hf_cache as hub
 
 
 def _params() -> tuple[Param, ...]:
@@ -71,7 +71,7 @@ def _load_base(ctx: Context, v: dict):
         return None
     if ctx.load is not None:
         return ctx.load(v["base"])
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
 
     return load_model(v["base"])
 
@@ -165,14 +165,14 @@ def _mergekit_write(ends, result, v: dict, file, folders, final) -> None:
     memory; at size: the streamed match's files copied), and the configuration naming the
     anchor's folder, that one and the base's (absolute paths, as they will be named)."""
     from rotviz.merging.mergekit import mergekit_config
-    from rotviz.models import resolve_ref
     from rotviz.outputs import text_stamp
+    from rotviz.sources.loading import resolve_ref
 
     (matched,) = folders
     if hasattr(ends, "matched_path"):  # at size: the matched source is a checkpoint folder
         _copy_model(resolve_ref(ends.matched_path), matched)
     else:
-        from rotviz.models import write_model
+        from rotviz.sources.writing import write_model
 
         same = all(ends.source.state[k].shape == t.shape for k, t in ends.matched.items()
                    if k in ends.source.state)  # a narrower source is written in A's width

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
     from rotviz.data.split import Split
     from rotviz.merging.registry import MergeJob
-    from rotviz.models import Loaded
+    from rotviz.sources.loading import Loaded
     from rotviz.types import Progress
 
     Tensor = torch.Tensor
@@ -60,8 +60,8 @@ def fisher_diag(
     from rotviz.data.tasks import sample_losses
     from rotviz.devices import resolve_device, wide_device
     from rotviz.evaluation import IGNORE, Evaluator, check_fits
-    from rotviz.models import to_wide
-    from rotviz.sources import call
+    from rotviz.sources.adapters import call
+    from rotviz.sources.loading import to_wide
 
     check_fits(loaded, split)
     dev = resolve_device(device)

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     import torch
 
     from rotviz.merging.rows import RowSource
-    from rotviz.models import Loaded
+    from rotviz.sources.loading import Loaded
 
     Tensor = torch.Tensor
 

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
     from rotviz.data.split import Split
     from rotviz.merging.registry import MergeJob
-    from rotviz.models import Loaded
+    from rotviz.sources.loading import Loaded
     from rotviz.types import Progress
 
     Tensor = torch.Tensor
@@ -52,8 +52,8 @@ def gram_matrices(
     from rotviz.data.inputs import to_device, token_mask, without_padding
     from rotviz.devices import resolve_device
     from rotviz.evaluation import Evaluator, check_fits
-    from rotviz.models import to_wide
-    from rotviz.sources import call
+    from rotviz.sources.adapters import call
+    from rotviz.sources.loading import to_wide
 
     check_fits(loaded, split)
     dev = resolve_device(device)

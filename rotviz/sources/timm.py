@@ -13,9 +13,9 @@ from torch import nn
 
 from rotviz.arch.spec import ArchSpec
 from rotviz.confine import ANYWHERE, Confined
-from rotviz.legacy import read_past
 from rotviz.sources.base import Source
 from rotviz.sources.files import fit_error, floating_dtypes, read_weights
+from rotviz.sources.legacy import read_past
 
 Tensor = torch.Tensor
 

@@ -5,6 +5,6 @@ shards, the function check with each block loaded only while it runs), `match` (
 maps, streamed), `residual` (weight matching streamed, one pass over the blocks per round) and
 `sized` (curves, planes and simple merges of a matched pair, each point built block by block),
 `slices` (random slices around one model) and `layerwise` (layer-wise barriers), likewise.
-The readers these share with the in-memory path stay below: rotviz.checkpoint (safetensors
+The readers these share with the in-memory path stay below: rotviz.sources.checkpoint (safetensors
 headers, shards) and rotviz.skeleton (a model run with each block loaded only while it runs).
 """

@@ -17,7 +17,6 @@ from pathlib import Path
 import torch
 
 from rotviz.arch import ArchSpec, spec_for
-from rotviz.checkpoint import Checkpoint, ShardWriter
 from rotviz.confine import ANYWHERE, Confined
 from rotviz.errors import RotvizError
 from rotviz.match.distances import Distances, distances, squared_distance
@@ -25,18 +24,12 @@ from rotviz.match.options import MatchOptions
 from rotviz.match.pipeline import record_stored_check
 from rotviz.match.report import MatchReport
 from rotviz.memory import release
-from rotviz.models import (
-    HALF,
-    attends_unfused,
-    attention_positions,
-    check_weights,
-    dominant_dtype,
-    logit_change,
-    read_config,
-    resolve_ref,
-)
 from rotviz.skeleton import BlockStreamed, Provider, Reader, build_meta, legacy_tensors
-from rotviz.sources import source_of
+from rotviz.sources.adapters import source_of
+from rotviz.sources.checkpoint import Checkpoint
+from rotviz.sources.loading import HALF, check_weights, dominant_dtype, read_config, resolve_ref
+from rotviz.sources.running import attends_unfused, attention_positions, logit_change
+from rotviz.sources.shards import ShardWriter
 from rotviz.symmetry.actions import LayerTransform, apply_layer
 from rotviz.symmetry.view import (
     Block,
@@ -69,7 +62,7 @@ class Streamed:
     rest: tuple[str, ...]  # every other name the model reads, in checkpoint order
     tied: tuple[tuple[str, str], ...]
     confined: Confined = ANYWHERE  # what every later read of the folder goes through
-    # old-format buffers the model's class reads past (rotviz.legacy): never read, compared
+    # old-format buffers the model's class reads past (rotviz.sources.legacy): never read, compared
     # or written, as a loaded model does not hold them
     dropped: frozenset[str] = frozenset()
 
@@ -297,7 +290,7 @@ class _Discard:
 
 
 def write_config(source: Streamed, folder: Path) -> None:
-    from rotviz.models import copy_reading_files
+    from rotviz.sources.writing import copy_reading_files
 
     config = source.confined.read_bytes(source.path / "config.json", "config")
     (folder / "config.json").write_bytes(config)
@@ -316,7 +309,7 @@ def _logits(source: Streamed, provider: Provider, rest: Reader, inputs) -> Tenso
 
     def run(stream_rest: bool) -> Tensor:
         module, _ = build_meta(source.spec, full, source.stored_dtype)
-        # attention as the in-memory check runs it (rotviz.models.attending_module)
+        # attention as the in-memory check runs it (rotviz.sources.running.attending_module)
         first = next(iter(inputs.values())) if isinstance(inputs, Mapping) else inputs
         if attends_unfused(module, attention_positions(full, inputs), first.device):
             module.set_attn_implementation("eager")

@@ -36,7 +36,7 @@ from rotviz.dist import SINGLE, Group
 from rotviz.errors import RotvizError
 from rotviz.limits import POINTS
 from rotviz.match.endpoints import MatchInfo
-from rotviz.sources import source_of
+from rotviz.sources.adapters import source_of
 from rotviz.stream.blocks import block_tensors, block_view
 from rotviz.stream.sized import Held
 from rotviz.symmetry.view import read_block

@@ -2,10 +2,10 @@
 
 The seed paper's maps (FFN permutation, Q-K and V-O rotations and scales, head permutation)
 are per layer: block i of the matched source depends on block i of the two models only. So
-the streamed match reads block i of each checkpoint (safetensors, lazily, rotviz.checkpoint),
-solves it exactly as the in-memory path does (rotviz.match.layers on a one-block view), and
-writes the matched block straight into the output shards in the checkpoint's own dtypes.
-Everything outside the blocks is copied unchanged. Peak memory is a few blocks plus the
+the streamed match reads block i of each checkpoint (safetensors, lazily,
+rotviz.sources.checkpoint), solves it exactly as the in-memory path does (rotviz.match.layers on a
+one-block view), and writes the matched block straight into the output shards in the checkpoint's
+own dtypes. Everything outside the blocks is copied unchanged. Peak memory is a few blocks plus the
 embeddings, whatever the depth; the result is the in-memory result (tests/test_streaming.py).
 
 Under torchrun each rank solves its share of the blocks; rank 0 gathers the maps, re-applies
@@ -37,8 +37,8 @@ from rotviz.match.options import MatchOptions
 from rotviz.match.pipeline import refuse_residual
 from rotviz.match.report import HeadReport, MatchReport
 from rotviz.memory import release
-from rotviz.models import check_compatible
 from rotviz.skeleton import Provider, Reader
+from rotviz.sources.pairs import check_compatible
 from rotviz.stream.blocks import (
     Dtype,
     Streamed,

@@ -40,7 +40,6 @@ from rotviz.analysis.landscape import (
     plane_grid,
     plane_points,
 )
-from rotviz.checkpoint import Checkpoint, ShardWriter
 from rotviz.data.split import Split
 from rotviz.devices import one_thread, wide_device
 from rotviz.dist import SINGLE, Group
@@ -50,8 +49,12 @@ from rotviz.limits import GRID, MARGIN
 from rotviz.match.endpoints import MatchInfo
 from rotviz.memory import release
 from rotviz.merging.registry import MergeJob, MergeMethod
-from rotviz.models import Loaded, check_compatible, copy_reading_files, read_config
 from rotviz.skeleton import build_meta
+from rotviz.sources.checkpoint import Checkpoint
+from rotviz.sources.loading import Loaded, read_config
+from rotviz.sources.pairs import check_compatible
+from rotviz.sources.shards import ShardWriter
+from rotviz.sources.writing import copy_reading_files
 from rotviz.stream.blocks import Streamed, open_streamed
 from rotviz.types import Progress
 
@@ -87,7 +90,7 @@ class Opened:
         for m in self.models[1:]:
             check_compatible(self.models[0], m)  # type: ignore[arg-type]  # duck-typed
         self.device = torch.device(wide_device(device))
-        self.keys = self.models[0].keys  # old-format buffers left out (rotviz.legacy)
+        self.keys = self.models[0].keys  # old-format buffers left out (rotviz.sources.legacy)
         loaded = sized_loaded(self.models[0])
         self.ev = Evaluator(loaded, split, self.device, batch_size)
         self.module = self.ev.module  # the module evaluations run (rotviz.evaluation)
@@ -275,7 +278,7 @@ class MergedRows:
     owner, so they stay one tensor; integer tensors are the anchor's."""
 
     def __init__(self, opened: Opened, m: MergeMethod, job: MergeJob) -> None:
-        from rotviz.sources import source_of
+        from rotviz.sources.adapters import source_of
 
         self.opened, self.m, self.job = opened, m, job
         first = opened.models[0]

@@ -26,7 +26,7 @@ from rotviz.data.split import Split
 from rotviz.dist import SINGLE, Group
 from rotviz.errors import RotvizError
 from rotviz.limits import GRID, SEED, SPAN
-from rotviz.sources import source_of
+from rotviz.sources.adapters import source_of
 from rotviz.stream.sized import Held
 from rotviz.types import Progress
 

@@ -33,7 +33,7 @@ from rotviz.groups import (
     random_orthogonal,
     rotation_angles,
 )
-from rotviz.memo import TensorMemo, cached
+from rotviz.match.memo import TensorMemo, cached
 from rotviz.symmetry.view import FFN, Block, ModelView, Norm
 
 Tensor = torch.Tensor

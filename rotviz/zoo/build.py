@@ -13,7 +13,6 @@ from pathlib import Path
 
 import torch
 
-from rotviz import models
 from rotviz.arch import spec_named
 from rotviz.data.files import data_path
 from rotviz.data.labelled import LABELLED_KINDS, majority_accuracy
@@ -24,7 +23,8 @@ from rotviz.data.text import pystdlib_fingerprint
 from rotviz.data.tokens import fingerprint, tokenizer_files
 from rotviz.evaluation import evaluate, split_for
 from rotviz.outputs import Outputs
-from rotviz.sources import source_of
+from rotviz.sources import loading as models
+from rotviz.sources.adapters import source_of
 from rotviz.types import Progress
 from rotviz.zoo import recipes, train
 from rotviz.zoo_registry import entry, is_built, path_of, zoo_dir
