@@ -78,7 +78,7 @@ def main() -> None:
     args = p.parse_args()
 
     from rotviz.arch import spec_for
-    from rotviz.skeleton import build_meta
+    from rotviz.atsize.runtime import build_meta
     from rotviz.sources.checkpoint import Checkpoint
     from rotviz.sources.legacy import read_past
     from rotviz.sources.loading import check_weights, load_model, read_config

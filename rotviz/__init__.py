@@ -31,12 +31,12 @@ _API = {
     "merge": "rotviz.analysis.fusion",
     "merge_many": "rotviz.merging.combine",
     "evaluate": "rotviz.evaluation",
-    "open_streamed": "rotviz.stream.blocks",
-    "match_streamed": "rotviz.stream.match",
-    "streamed_endpoints": "rotviz.stream.endpoints",
-    "sized_curve": "rotviz.stream.sized",
-    "sized_plane": "rotviz.stream.sized",
-    "sized_merge": "rotviz.stream.sized",
+    "open_streamed": "rotviz.atsize.blocks",
+    "match_streamed": "rotviz.match.at_size",
+    "streamed_endpoints": "rotviz.atsize.endpoints",
+    "sized_curve": "rotviz.atsize.points",
+    "sized_plane": "rotviz.atsize.points",
+    "sized_merge": "rotviz.atsize.points",
 }
 __all__ = ["__version__", *_API]
 

@@ -121,7 +121,7 @@ def save_random_sharded(family: str, out: str | os.PathLike, seed: int = 0,
     never whole in memory: models larger than this machine's memory, for the streamed
     matching's tests and benchmarks. Weights as `random_model` draws them (seeded per tensor,
     so not the same numbers), `sizes` as its keywords."""
-    from rotviz.skeleton import build_meta
+    from rotviz.atsize.runtime import build_meta
     from rotviz.sources.shards import ShardWriter
 
     keys = ("layers", "d", "heads", "ffn", "vocab", "image", "patch", "channels", "labels")

@@ -72,10 +72,10 @@ def test_learned_matching_on_the_gpu_keeps_the_function(pair):
 def test_streamed_matching_on_the_gpu_reaches_what_the_cpu_reaches(tmp_path):
     """Block by block from shards, solving on the GPU: the function kept, the same
     permutations and distances as on the CPU."""
+    from rotviz.atsize.blocks import open_streamed
+    from rotviz.match.at_size import match_streamed
     from rotviz.random_models import save_random_sharded
     from rotviz.sources.checkpoint import Checkpoint
-    from rotviz.stream.blocks import open_streamed
-    from rotviz.stream.match import match_streamed
 
     sizes = dict(layers=3, d=128, heads=8, kv_heads=2, ffn=384, vocab=300)
     a = save_random_sharded("llama", tmp_path / "a", seed=0, **sizes)

@@ -25,12 +25,12 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
+from rotviz.atsize.blocks import open_streamed
 from rotviz.cli import main
 from rotviz.errors import RotvizError
 from rotviz.sources.checkpoint import INDEX, SINGLE, Checkpoint, parse_header
 from rotviz.sources.loading import load_model
 from rotviz.sources.shards import save_sharded
-from rotviz.stream.blocks import open_streamed
 
 FUZZ = settings(max_examples=60, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture,

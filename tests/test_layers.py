@@ -108,11 +108,16 @@ LAYERS = [
     ("groups", ["rotviz.groups"]),
     ("symmetry", ["rotviz.symmetry"]),
     ("models", ["rotviz.data", "rotviz.heads", "rotviz.sources", "rotviz.evaluation",
-                "rotviz.random_models", "rotviz.skeleton", "rotviz.zoo_registry"]),
+                "rotviz.random_models", "rotviz.zoo_registry",
+                # at size: the runtime, blocks, the need and points, beside the loaders
+                "rotviz.atsize"]),
     ("match", ["rotviz.match"]),
     ("merging", ["rotviz.merging"]),
     ("analysis", ["rotviz.analysis"]),
-    ("stream", ["rotviz.stream"]),
+    # at size, what is built on matching and the analyses (and rotviz.stream's last two
+    # modules, which their records' modules take in)
+    ("atsize", ["rotviz.atsize.endpoints", "rotviz.atsize.landscape", "rotviz.atsize.merge",
+                "rotviz.stream"]),
     ("plots", ["rotviz.plots"]),
     ("measures", ["rotviz.measures"]),
     ("top", ["rotviz.zoo", "rotviz.app", "rotviz.gallery", "rotviz.cli", "rotviz"]),

@@ -14,8 +14,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from rotviz.atsize.blocks import open_streamed
 from rotviz.cli import main
 from rotviz.errors import RotvizError
+from rotviz.match.at_size import match_streamed
 from rotviz.match.options import MatchOptions
 from rotviz.match.pipeline import match_models
 from rotviz.sources.checkpoint import SINGLE, Checkpoint
@@ -24,8 +26,6 @@ from rotviz.sources.loading import Loaded, load_model
 from rotviz.sources.plain_torch import LiteGPT2, load_lite
 from rotviz.sources.running import forward, probe_inputs
 from rotviz.sources.writing import save_model
-from rotviz.stream.blocks import open_streamed
-from rotviz.stream.match import match_streamed
 
 Tensor = torch.Tensor
 ROPE = ("llama", "mistral", "qwen2", "gemma", "phi3")

@@ -467,10 +467,10 @@ SIZED = [("task_arithmetic", {"scale": 1.5}), ("ties", {"density": 0.3}),
 
 @pytest.mark.parametrize("name,kw", SIZED, ids=[n for n, _ in SIZED])
 def test_streamed_merge_equals_the_in_memory_one(name, kw, tmp_path):
+    from rotviz.atsize.merge import sized_merge
     from rotviz.data.split import load_split
     from rotviz.evaluation import Evaluator
     from rotviz.sources.loading import load_model
-    from rotviz.stream.sized import sized_merge
 
     a, b, base = _refs()
     split = load_split("digits", "test").subset(48)
@@ -492,8 +492,8 @@ def test_streamed_merge_equals_the_in_memory_one(name, kw, tmp_path):
 
 
 def test_fisher_and_regmean_refuse_at_size(tmp_path):
+    from rotviz.atsize.merge import sized_merge
     from rotviz.data.split import load_split
-    from rotviz.stream.sized import sized_merge
 
     a, b, _ = _refs()
     for name in ("fisher", "regmean"):

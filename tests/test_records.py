@@ -204,10 +204,10 @@ def test_measurements_take_streamed_endpoints_too(matched):
     memory): the barrier and the distances equal the held ones; a measurement without an
     at-size implementation says so in one line, from its record."""
     from rotviz import measure
+    from rotviz.atsize.blocks import open_streamed
+    from rotviz.atsize.endpoints import streamed_endpoints
     from rotviz.errors import RotvizError
     from rotviz.match.selection import match_options
-    from rotviz.stream.blocks import open_streamed
-    from rotviz.stream.endpoints import streamed_endpoints
 
     held, split = matched
     want = measure("barrier", held, split, points=5)

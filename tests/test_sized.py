@@ -1,5 +1,5 @@
 """Curves of models held in their stored dtype and interpolated block by block
-(rotviz.stream.sized) give the in-memory curve (rotviz.analysis.landscape.interpolate), in
+(rotviz.atsize.points) give the in-memory curve (rotviz.analysis.landscape.interpolate), in
 the library and through `rotviz barrier --max-memory`."""
 
 from __future__ import annotations
@@ -11,13 +11,14 @@ import pytest
 
 from rotviz import zoo_registry as zoo
 from rotviz.analysis.landscape import interpolate
+from rotviz.atsize.blocks import open_streamed
+from rotviz.atsize.landscape import sized_curve
+from rotviz.atsize.points import sized_loaded
 from rotviz.cli import main
 from rotviz.evaluation import split_for
 from rotviz.sources.checkpoint import Checkpoint
 from rotviz.sources.loading import load_model
 from rotviz.sources.shards import save_sharded
-from rotviz.stream.blocks import open_streamed
-from rotviz.stream.sized import sized_curve, sized_loaded
 
 
 def _bf16_shards(name: str, dst):

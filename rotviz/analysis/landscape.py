@@ -125,7 +125,7 @@ def path_points(evaluate: Callable[[float], tuple], alphas: Sequence[float], n: 
                 task: str, repeats: int = 1, seed: int = 0, progress: Progress | None = None,
                 group: Group = SINGLE) -> dict | None:
     """`path_curve` for any way of evaluating a point: `evaluate(alpha)` gives the per-sample
-    arrays and the scores of `Evaluator.per_sample` (rotviz.stream.sized builds each point
+    arrays and the scores of `Evaluator.per_sample` (rotviz.atsize.points builds each point
     block by block) on a split of `n` samples."""
     alphas = [float(a) for a in alphas]
     extra = [] if any(abs(a - 0.5) < 1e-12 for a in alphas) else [0.5]

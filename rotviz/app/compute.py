@@ -371,10 +371,10 @@ def check_pair_at_size(res: Resources, cfg: dict, loss: bool = True) -> None:
     headers and configs checked as the command line checks them), matchable, and the data
     read as the anchor reads it, with no weights loaded (not read where `needs_data` says
     so: no `loss` and a head no loss scores)."""
+    from rotviz.atsize.blocks import open_streamed
+    from rotviz.atsize.points import sized_loaded
     from rotviz.evaluation import check_fits
     from rotviz.sources.pairs import check_compatible
-    from rotviz.stream.blocks import open_streamed
-    from rotviz.stream.sized import sized_loaded
 
     a = open_streamed(cfg["anchor"], res.confined())
     b = open_streamed(cfg["source"], res.confined())
@@ -390,10 +390,10 @@ def at_size(res: Resources, cfg: dict) -> tuple[bool, int | None, int | None]:
     """Whether the configuration's models must be read block by block: (at size, what
     holding them needs, the budget), in bytes. The budget is `max_memory` (bytes; absent or
     0: what the machine has free now), and the need is the command line's estimate from the
-    safetensors headers (rotviz.stream.need.pair_bytes_in_memory); one model (`ref`)
+    safetensors headers (rotviz.atsize.need.pair_bytes_in_memory); one model (`ref`)
     needs half its pair. A folder without safetensors cannot stream and is never at size."""
+    from rotviz.atsize.need import pair_bytes_in_memory
     from rotviz.memory import available_memory
-    from rotviz.stream.need import pair_bytes_in_memory
 
     one = cfg.get("ref")
     anchor, source = (one, one) if one else (cfg.get("anchor"), cfg.get("source"))
@@ -430,9 +430,9 @@ def residual_why(res: Resources, ref: str, sized: bool = False) -> str | None:
     at size, asked of the model's skeleton (no weights read)."""
     if not sized:
         return summaries.residual_unsupported(res.load_eval(ref))
+    from rotviz.atsize.blocks import open_streamed
+    from rotviz.atsize.points import sized_loaded
     from rotviz.heads import residual_refusal
-    from rotviz.stream.blocks import open_streamed
-    from rotviz.stream.sized import sized_loaded
     from rotviz.symmetry.residual import unsupported
     from rotviz.symmetry.view import read_view
 
@@ -450,15 +450,15 @@ def _measure_at_size(record, res: Resources, c: PairConfig, values: dict,
     implementation, or a one-line refusal from the record. The result holds `at_size`: what
     the pair needs in memory, the budget, and the memory the run held above what the app
     held before it (sampled while it ran)."""
+    from rotviz.atsize.blocks import open_streamed
+    from rotviz.atsize.endpoints import streamed_endpoints
+    from rotviz.atsize.points import sized_loaded
     from rotviz.devices import resolve_device
     from rotviz.match.pipeline import FUNCTION_TOLERANCE
     from rotviz.match.selection import match_options
     from rotviz.measures import Context
     from rotviz.memory import Watch
     from rotviz.sources.pairs import check_compatible
-    from rotviz.stream.blocks import open_streamed
-    from rotviz.stream.endpoints import streamed_endpoints
-    from rotviz.stream.sized import sized_loaded
 
     need, limit = sizes
     over = (f"the pair needs {gb(need)} in memory, over the budget of {gb(limit)}, so it is "

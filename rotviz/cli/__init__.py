@@ -273,7 +273,7 @@ def _streams(args, options) -> bool:
     needs more than --max-memory (default: what the machine has available) in memory. A
     refusal when it must stream and the options cannot."""
     from rotviz import dist
-    from rotviz.stream.blocks import streaming_refusal
+    from rotviz.match.at_size_checks import streaming_refusal
 
     launched = dist.launched()
     over, need, limit = (True, None, None) if launched else beyond_memory(args)
@@ -295,13 +295,13 @@ def _streams(args, options) -> bool:
 
 def _match_streamed(args, options, outputs, out_dir, report_file, device) -> int:
     from rotviz import dist
+    from rotviz.atsize.blocks import open_streamed
     from rotviz.devices import device_for
+    from rotviz.match.at_size import match_streamed
     from rotviz.match.options import parse_layers
     from rotviz.match.pipeline import Matched
     from rotviz.match.widths import differs_only_in_ffn, refuse_narrower
     from rotviz.outputs import write_json_file
-    from rotviz.stream.blocks import open_streamed
-    from rotviz.stream.match import match_streamed
 
     device = device_for(device)
     group = dist.init(device)

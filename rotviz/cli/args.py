@@ -72,14 +72,14 @@ def beyond_memory(args) -> tuple[bool, int | None, int | None]:
     --max-memory in memory (default: what is available now), or --max-memory is 0. Returns
     that, the estimate and the limit. A pair without safetensors cannot stream: never, and
     with --max-memory 0 a one-line error says why."""
+    from rotviz.atsize.need import pair_bytes_in_memory
     from rotviz.memory import available_memory
-    from rotviz.stream.need import pair_bytes_in_memory
 
     limit = args.max_memory if args.max_memory is not None else available_memory()
     need = pair_bytes_in_memory(args.anchor, args.source)
     if need is None:
         if args.max_memory == 0:
-            from rotviz.stream.blocks import open_streamed
+            from rotviz.atsize.blocks import open_streamed
 
             open_streamed(args.anchor), open_streamed(args.source)  # says why they cannot
         return False, need, limit

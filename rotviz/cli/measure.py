@@ -495,7 +495,10 @@ def _json(m: Measurement, result, args) -> dict:
 
 def _at_size(m: Measurement, args, values: dict, outputs, folder, js, files=()):
     """A pair too large for memory: matched streamed into a temporary folder
-    (rotviz.stream.endpoints), then measured block by block, or refused in one line."""
+    (rotviz.atsize.endpoints), then measured block by block, or refused in one line."""
+    from rotviz.atsize.blocks import open_streamed
+    from rotviz.atsize.endpoints import refuse, streamed_endpoints
+    from rotviz.atsize.points import sized_loaded
     from rotviz.devices import device_for, pick_device
     from rotviz.match.options import parse_layers
     from rotviz.match.selection import match_options
@@ -503,9 +506,6 @@ def _at_size(m: Measurement, args, values: dict, outputs, folder, js, files=()):
     from rotviz.measures import Context
     from rotviz.outputs import write_json_file
     from rotviz.sources.pairs import check_compatible
-    from rotviz.stream.blocks import open_streamed
-    from rotviz.stream.endpoints import refuse, streamed_endpoints
-    from rotviz.stream.sized import sized_loaded
 
     why = m.why_not_at_size()
     if why:

@@ -16,7 +16,7 @@ FFN maps and re-solve the rest, a fraction of a round, and the FFN solve comes b
 everything. It is off by default: it reaches a different local optimum (bench/weight.py).
 
 The rounds (`alternate`) run on a state that holds the two canonical models: in memory here,
-or read block by block from the checkpoints (rotviz.stream.residual), one pass per round.
+or read block by block from the checkpoints (rotviz.match.at_size_residual), one pass per round.
 """
 
 from __future__ import annotations

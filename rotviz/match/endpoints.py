@@ -8,8 +8,8 @@ measurement, in the library, the CLI and the app alike.
 
 Two variants share one interface (`Endpoints`):
 - `HeldEndpoints`: the three parameter sets held in memory (this module);
-- streamed endpoints: checkpoint folders read block by block (rotviz.stream), for pairs
-  larger than memory.
+- endpoints at size: checkpoint folders read a block at a time (rotviz.atsize.endpoints),
+  for pairs larger than memory.
 """
 
 from __future__ import annotations

@@ -99,7 +99,7 @@ def _sized_check(v: dict) -> None:
 
 
 def _at_size(ends, ctx: Context, v: dict):
-    from rotviz.stream.sized import sized_merge
+    from rotviz.atsize.merge import sized_merge
 
     _sized_check(v)
     r = sized_merge(ends.anchor_path, ends.matched_path, ctx.split, v["weight"], ctx.device,

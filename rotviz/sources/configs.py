@@ -7,7 +7,7 @@ way by the streamed and the in-memory paths: a positive integer (not a bool, not
 within the bound in SIZE_LIMITS (the one place those bounds live), and then against the
 checkpoint's own tensor shapes, read from its headers (the number of blocks, the width, the
 heads, the vocabulary and position tables, the patch projection). Only then is a module
-built, and only on the meta device (rotviz.skeleton.check_fits) until the weights are known
+built, and only on the meta device (rotviz.atsize.runtime.check_fits) until the weights are known
 to fit it.
 """
 

@@ -49,7 +49,7 @@ def read_past(module: nn.Module, spec: ArchSpec, config: Mapping,
 
     A shape of None, or names given without shapes, are judged by name alone: for callers
     whose tensors were judged with their shapes before (rotviz.sources.hf filters what
-    transformers reports after rotviz.skeleton.check_fits has checked the headers)."""
+    transformers reports after rotviz.atsize.runtime.check_fits has checked the headers)."""
     shapes = dict(tensors) if isinstance(tensors, Mapping) else dict.fromkeys(tensors)
     if not shapes:  # a load transformers found nothing unexpected in: the common case
         return set()

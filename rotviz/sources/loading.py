@@ -23,10 +23,10 @@ from torch import nn
 
 from rotviz import zoo_registry as zoo
 from rotviz.arch import ArchSpec, spec_for
+from rotviz.atsize.runtime import check_fits
 from rotviz.confine import ANYWHERE, Confined
 from rotviz.devices import wide_device
 from rotviz.errors import RotvizError
-from rotviz.skeleton import check_fits
 from rotviz.sources import hf_cache as hub
 from rotviz.sources.adapters import source_of
 from rotviz.sources.checkpoint import INDEX, SINGLE, Checkpoint
@@ -119,7 +119,7 @@ def check_weights(path: Path, config: dict, spec: ArchSpec, confined: Confined =
     """The checks both paths make before a module is built: the checkpoint read and
     validated (rotviz.sources.checkpoint: safetensors headers and index; a pickled checkpoint read
     with weights_only=True), then the config compared with its tensor shapes (sizes,
-    blocks, tables: rotviz.sources.configs.check_against; every tensor: rotviz.skeleton
+    blocks, tables: rotviz.sources.configs.check_against; every tensor: rotviz.atsize.runtime
     .check_fits; left to the caller with `fits=False`, as the lite loader compares every
     tensor with its own module and must not import transformers). Returns the safetensors
     checkpoint (None for a pickled one). `streamed` folders must be safetensors."""

@@ -317,7 +317,7 @@ def read_view(spec: ArchSpec, config: Mapping, state: Mapping[str, Tensor]) -> M
 def read_block(spec: ArchSpec, dims: Dims, layout: Layout, state: Mapping[str, Tensor],
                prefix: str, used: set[str] | None = None) -> Block:
     """The block at `prefix` (one of `layout.blocks`); the names it reads are added to `used`.
-    On its own it lets a checkpoint be read one block at a time (rotviz.stream.match)."""
+    On its own it lets a checkpoint be read one block at a time (rotviz.match.at_size)."""
     h, h_kv, dh, d = dims.n_heads, dims.n_kv_heads, dims.d_head, dims.d_model
     rows = (h * dh, h_kv * dh, h_kv * dh)  # W_Q, W_K, W_V
     used = set() if used is None else used

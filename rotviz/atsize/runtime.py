@@ -1,6 +1,6 @@
 """Running a model whose blocks are loaded only while they run.
 
-A streamed match (rotviz.stream.match) must still prove that it preserved the function,
+A match at size (rotviz.match.at_size) must still prove that it preserved the function,
 on a model that may not fit in memory. The module is built with its parameters on the meta
 device (no memory; buffers such as rotary frequencies are computed as usual), everything
 outside the blocks is loaded from the checkpoint, and each block gets its parameters from a

@@ -32,27 +32,24 @@ from pathlib import Path
 
 import torch
 
+from rotviz.atsize.blocks import (
+    Streamed,
+    as_stored,
+    block_tensors,
+    open_writer,
+    read_block_view,
+    write_block_tensors,
+    write_config,
+)
 from rotviz.dist import SINGLE, Group
 from rotviz.errors import RotvizError
 from rotviz.match.alternating import Step, alternate, check_residual, describe
+from rotviz.match.at_size_checks import Dtype, check_function, kind_cells, rest_cells
 from rotviz.match.distances import Distances, distances, squared_distance
 from rotviz.match.layers import match_layers
 from rotviz.match.options import MatchOptions
 from rotviz.match.report import HeadReport, MatchReport
 from rotviz.memory import release
-from rotviz.stream.blocks import (
-    Dtype,
-    Streamed,
-    as_stored,
-    block_tensors,
-    check_function,
-    kind_cells,
-    open_writer,
-    read_block_view,
-    rest_cells,
-    write_block_tensors,
-    write_config,
-)
 from rotviz.symmetry import residual as rs
 from rotviz.symmetry.actions import LayerTransform, apply_layer
 from rotviz.symmetry.view import Layout, ModelView, _kind_of
@@ -367,7 +364,7 @@ def match_streamed_residual(
     shard_bytes: int | None = None,
     cancel: Callable[[], bool] | None = None,
 ) -> MatchReport | None:
-    """rotviz.stream.match.match_streamed with `options.residual` (see module)."""
+    """rotviz.match.at_size.match_streamed with `options.residual` (see module)."""
     t0 = time.perf_counter()
     rest = None
     verdict: tuple[str, str] | None = None
