@@ -35,7 +35,7 @@ NAMES = {"macro_f1": "macro-F1", "entity_f1": "entity micro-F1"}
 def table(pair: str, specs: list[str]) -> str:
     from rotviz import zoo_registry as zoo
     from rotviz.analysis.fusion import METHODS, fusion_table
-    from rotviz.evaluation import split_for
+    from rotviz.data.reading import split_for
     from rotviz.sources.loading import load_model
 
     a_ref, b_ref = zoo.pair(pair)

@@ -79,7 +79,7 @@ def _pair(root, family: str) -> tuple[str, str, str]:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_match_and_spectra_pages_on_a_pair_of_each_family(family, family_root):
     from rotviz.app import check_pair
-    from rotviz.evaluation import split_for
+    from rotviz.data.reading import split_for
     from rotviz.sources.loading import load_model
 
     a, b, data = _pair(family_root, family)

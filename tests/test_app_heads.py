@@ -42,7 +42,7 @@ def test_multiberts_pair_gives_the_librarys_masked_lm_barrier(head_root):
     the app reads (pystdlib as the anchor reads it, its first N_EVAL windows); weight
     matching is not offered (the tied MLM decoder refuses residual maps), and says why."""
     from rotviz import match_endpoints, measure
-    from rotviz.evaluation import split_for
+    from rotviz.data.reading import split_for
     from rotviz.sources.loading import load_model
 
     a, b = _pair(head_root, "BertForPreTraining")

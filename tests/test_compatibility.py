@@ -194,7 +194,7 @@ def test_cell_loads_recovers_a_planted_element_and_keeps_every_output(
     data = "digits" if model.spec.inputs == "pixels" else text_file
     ends = from_matched(model, planted, out, MatchOptions(heads=True))
     try:
-        from rotviz.evaluation import split_for
+        from rotviz.data.reading import split_for
 
         split = split_for(model, data, "test")
         curve = measure("barrier", ends, split, points=3)
@@ -294,7 +294,8 @@ def test_multiberts_pair_gives_a_masked_lm_barrier_from_the_command_line(
     matching, are the library's numbers."""
     import transformers as T
 
-    from rotviz.evaluation import evaluate, split_for
+    from rotviz.data.reading import split_for
+    from rotviz.evaluation import evaluate
 
     a, b = (load_model(p) for p in multiberts)
     split = split_for(a, "pystdlib", "test")

@@ -22,9 +22,10 @@ from safetensors.torch import load_file, save_file
 from rotviz.analysis.fusion import merge
 from rotviz.arch import FAMILIES, family_module, spec_named
 from rotviz.cli import main
+from rotviz.data.reading import split_for
 from rotviz.data.split import load_split
 from rotviz.data.text import VOCAB_SIZE
-from rotviz.evaluation import evaluate, split_for
+from rotviz.evaluation import evaluate
 from rotviz.match.options import MatchOptions
 from rotviz.match.pipeline import FUNCTION_TOLERANCES, check_in_stored_dtype, match_models
 from rotviz.merging.simple import simple_average

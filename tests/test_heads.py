@@ -13,7 +13,7 @@ from rotviz.errors import RotvizError
 from rotviz.groups import rope_free, rope_pairs
 from rotviz.match.distances import distances, norm
 from rotviz.match.engine import match
-from rotviz.match.layers import head_gain, head_permutation
+from rotviz.match.layer_solvers import head_gain, head_permutation
 from rotviz.match.options import MatchOptions
 from rotviz.match.pipeline import match_models
 from rotviz.match.selection import match_options

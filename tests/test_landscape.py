@@ -59,7 +59,7 @@ def synthetic_split(model: Loaded, n: int = 12, seed: int = 0) -> Split:
     gen = torch.Generator().manual_seed(seed + 1)
     shape = (n,) if logits.dim() == 2 else tuple(x.shape)
     y = torch.randint(0, n_classes, shape, generator=gen)
-    from rotviz.evaluation import task_of
+    from rotviz.data.reading import task_of
 
     task = task_of(model) or "text"  # a bare text model is scored on next-token labels
     return Split("synthetic", "test", task, x, y, n_classes, "" if task == "image" else "chars")

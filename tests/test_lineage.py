@@ -136,7 +136,7 @@ def test_also_refusals(ws, capfd, extra, words):
 
 
 def test_an_interrupt_while_writing_a_moved_model_leaves_nothing(ws, capfd, monkeypatch):
-    import rotviz.sources.loading
+    import rotviz.sources.writing
 
     real = rotviz.sources.writing.write_model
     calls = []
@@ -147,7 +147,7 @@ def test_an_interrupt_while_writing_a_moved_model_leaves_nothing(ws, capfd, monk
         if len(calls) == 2:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(rotviz.sources.loading, "write_model", second_fails)
+    monkeypatch.setattr(rotviz.sources.writing, "write_model", second_fails)
     before = snapshot(ws.parent, ZOO)
     rc = main(["match", A, B, "--out", "o", "--also", f"{B_FT}=deep/m", "--no-attn"])
     assert rc == 130 and calls == [B, B_FT]

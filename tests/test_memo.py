@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import view_of
 
-from rotviz.match import alternating
+from rotviz.match import residual
 from rotviz.match.engine import match
 from rotviz.match.memo import TensorMemo
 from rotviz.match.options import MatchOptions
@@ -80,9 +80,9 @@ def test_weight_matching_is_the_same_with_and_without_the_memo(saved, monkeypatc
             super().__init__()
             made.append(self)
 
-    monkeypatch.setattr(alternating, "TensorMemo", Recording)
+    monkeypatch.setattr(residual, "TensorMemo", Recording)
     fast = match(view_of(anchor), view_of(source), options)
-    monkeypatch.setattr(alternating, "TensorMemo", NeverHits)
+    monkeypatch.setattr(residual, "TensorMemo", NeverHits)
     slow = match(view_of(anchor), view_of(source), options)
     assert made and made[0].hits > 0  # rounds did reuse work
     assert fast.report.residual["objective"] == slow.report.residual["objective"]

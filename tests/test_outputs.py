@@ -263,7 +263,7 @@ def test_an_empty_out_folder_and_new_parents_are_fine(ws, capfd):
 def test_a_failure_while_writing_leaves_nothing(ws, capfd, monkeypatch):
     """An error or Ctrl-C half-way through writing: no output, no temporary, no new parents,
     and an earlier output that --overwrite was replacing stays whole."""
-    import rotviz.sources.loading
+    import rotviz.sources.writing
 
     assert main(["match", A, B, "--out", "o", "--no-attn"]) == 0
     before = snapshot(ws.parent)
@@ -274,7 +274,7 @@ def test_a_failure_while_writing_leaves_nothing(ws, capfd, monkeypatch):
             real(template, state, folder, extra_files)
             raise exc("stopped half-way")
 
-        monkeypatch.setattr(rotviz.sources.loading, "write_model", half)
+        monkeypatch.setattr(rotviz.sources.writing, "write_model", half)
         capfd.readouterr()
         rc = main(["match", A, B, "--out", "o", "--overwrite"])
         assert rc == (130 if exc is KeyboardInterrupt else 2)

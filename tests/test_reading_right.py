@@ -25,10 +25,11 @@ import torch
 
 from rotviz.cli import main
 from rotviz.data.images import digits_arrays
+from rotviz.data.reading import split_for
 from rotviz.data.splits import tenth_split
 from rotviz.data.tasks import named_labels
 from rotviz.errors import RotvizError
-from rotviz.evaluation import evaluate, split_for
+from rotviz.evaluation import evaluate
 from rotviz.sources.loading import load_model
 
 ZOO = Path(__file__).resolve().parent.parent / "assets" / "zoo"

@@ -15,7 +15,7 @@ from rotviz.atsize.blocks import open_streamed
 from rotviz.atsize.landscape import sized_curve
 from rotviz.atsize.points import sized_loaded
 from rotviz.cli import main
-from rotviz.evaluation import split_for
+from rotviz.data.reading import split_for
 from rotviz.sources.checkpoint import Checkpoint
 from rotviz.sources.loading import load_model
 from rotviz.sources.shards import save_sharded

@@ -223,7 +223,7 @@ def test_streamed_weight_matching_equals_in_memory(family, dtype, sharded, tmp_p
     nearly equal singular values. Measured: at most 2.5e-6 with the plain rounds (LLaMA, 17
     rounds); with joint steps on rotation streams, whose quasi-Newton updates carry such
     differences from step to step, 1.8e-5 (Qwen2, 3 rounds). Both paths now build their
-    result from the composed maps (rotviz.match.alternating._InMemory)."""
+    result from the composed maps (rotviz.match.residual._InMemory)."""
     sizes = {"tie": False} if family in UNTIE else {}
     a, s = sharded(family, 0, dtype, **sizes), sharded(family, 1, dtype, **sizes)
     options = MatchOptions(heads=open_streamed(a).spec.inputs == "tokens", residual=True,

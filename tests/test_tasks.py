@@ -24,10 +24,11 @@ from rotviz.arch import FAMILIES as ALL_FAMILIES
 from rotviz.arch import Sizes, family_module, spec_named
 from rotviz.cli import main
 from rotviz.data.labelled import Columns
+from rotviz.data.reading import split_for, task_of
 from rotviz.data.splits import IGNORE
 from rotviz.data.tasks import class_f1, entities, entity_f1, task_of_config
 from rotviz.errors import RotvizError
-from rotviz.evaluation import evaluate, split_for, task_of
+from rotviz.evaluation import evaluate
 from rotviz.sources.loading import load_model
 
 WORDS = "alpha beta gamma delta def class return import value list dict yield".split()

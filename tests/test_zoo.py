@@ -19,10 +19,11 @@ import torch
 from rotviz import zoo_registry as zoo
 from rotviz.arch import FAMILIES
 from rotviz.cli import main
+from rotviz.data.reading import split_for
 from rotviz.data.split import load_split
 from rotviz.data.text import pystdlib_fingerprint
 from rotviz.errors import RotvizError
-from rotviz.evaluation import evaluate, split_for
+from rotviz.evaluation import evaluate
 from rotviz.match.distances import distances
 from rotviz.sources.loading import Loaded, load_model
 from rotviz.sources.plain_torch import load_for_eval, load_lite

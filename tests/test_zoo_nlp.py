@@ -23,10 +23,11 @@ from rotviz.analysis.landscape import interpolate
 from rotviz.cli import main
 from rotviz.data.files import data_path
 from rotviz.data.labelled import majority_accuracy
+from rotviz.data.reading import split_for
 from rotviz.data.splits import IGNORE
 from rotviz.data.tokens import fingerprint, tokenizer_files
 from rotviz.errors import RotvizError
-from rotviz.evaluation import evaluate, split_for
+from rotviz.evaluation import evaluate
 from rotviz.sources.loading import Loaded, load_model
 from rotviz.zoo import nlp
 from rotviz.zoo.build import build

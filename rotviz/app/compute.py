@@ -81,7 +81,7 @@ class Resources:
 
     def split(self, data: str, seed: int, n: int, ref: str) -> Split:
         """The test split of `data` (its first `n` examples when 0 < n < its size), read the
-        way model `ref` reads it (its tokenizer, rotviz.evaluation.split_for)."""
+        way model `ref` reads it (its tokenizer, rotviz.data.reading.split_for)."""
         key = (data, int(seed), int(n), ref)
         if key not in self._splits:
             self._splits[key] = load_test_split(data, seed, n, self.load_eval(ref),
@@ -128,7 +128,7 @@ def load_test_split(data: str, seed: int, n: int, model: Loaded,
                     confined: Confined | None = None) -> Split:
     """The test split of `data` as `model` reads it (first `n` examples when 0 < n), its
     files (data, tokenizer, image processor) read through `confined` (default: the app's)."""
-    from rotviz.evaluation import split_for
+    from rotviz.data.reading import split_for
 
     s = split_for(model, data, "test", seed, confined=confined or roots.app_confined())
     return s.subset(n) if 0 < n < s.n else s
@@ -153,7 +153,7 @@ def check_pair(anchor: Loaded, source: Loaded, split: Split | None = None,
     (`split`; None: no data is checked, for a page that needs no loss on a pair no loss
     scores, `needs_data`). With `heads`, one body under two heads passes too (matching and
     the views of the weights compare such a pair; a loss does not)."""
-    from rotviz.evaluation import check_fits
+    from rotviz.data.reading import check_fits
     from rotviz.sources.pairs import check_compatible
 
     check_compatible(anchor, source, heads=heads)
@@ -324,7 +324,7 @@ def matched(res: Resources, cfg: dict | PairConfig, progress: Progress | None = 
             # read by the engine as the command line reads it (the engine's
             # train.sibling("train") reads the same split again, so the numbers are those of
             # the reference)
-            from rotviz.evaluation import split_for
+            from rotviz.data.reading import split_for
 
             train = split_for(a, c.data, "train", confined=res.confined())
         with res.using(c.anchor, c.source):
@@ -373,7 +373,7 @@ def check_pair_at_size(res: Resources, cfg: dict, loss: bool = True) -> None:
     so: no `loss` and a head no loss scores)."""
     from rotviz.atsize.blocks import open_streamed
     from rotviz.atsize.points import sized_loaded
-    from rotviz.evaluation import check_fits
+    from rotviz.data.reading import check_fits
     from rotviz.sources.pairs import check_compatible
 
     a = open_streamed(cfg["anchor"], res.confined())

@@ -57,7 +57,7 @@ def sized_curve(anchor: str | os.PathLike, source: str | os.PathLike, split: Spl
                 group: Group = SINGLE, match_info: MatchInfo | None = None,
                 layers: list[int] | None = None) -> SizedCurve | None:
     """The straight path from `anchor` to `source` (checkpoint folders) at `points` alphas on
-    `split` (read through the anchor: rotviz.evaluation.split_for(sized_loaded(...))), as
+    `split` (read through the anchor: rotviz.data.reading.split_for(sized_loaded(...))), as
     `rotviz.analysis.landscape.interpolate` gives it for a source already matched
     (`match_info` says how; `layers` which layers). Under torchrun (`group`) the points are
     shared and rank 0 returns the curve (None elsewhere)."""

@@ -136,8 +136,8 @@ def _selected(args: argparse.Namespace) -> None:
 
 
 def cmd_match(args: argparse.Namespace) -> int:
+    from rotviz.data.reading import split_for
     from rotviz.devices import pick_device
-    from rotviz.evaluation import split_for
     from rotviz.match.lineage import check_lineage, move_model
     from rotviz.match.options import LearnOptions, MatchOptions, parse_layers
     from rotviz.match.pipeline import match_models, stored_check_words

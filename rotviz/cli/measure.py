@@ -244,8 +244,8 @@ def run_inputs_command(m: Measurement, args: argparse.Namespace) -> int:
     line; at size (a pair larger than --max-memory), the record's refusal in one line."""
     from rotviz.cli.args import guard_inputs
     from rotviz.confine import ANYWHERE
+    from rotviz.data.reading import split_for
     from rotviz.devices import device_for, pick_device
-    from rotviz.evaluation import split_for
     from rotviz.measures import Context
     from rotviz.outputs import Outputs, write_json_file
 
@@ -339,7 +339,7 @@ def _progress(m: Measurement, group):
 
 
 def _split(m: Measurement, args, loaded, columns, seq_len, split_name: str | None = None):
-    from rotviz.evaluation import split_for
+    from rotviz.data.reading import split_for
 
     if args.data is None:
         return None

@@ -189,8 +189,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     outputs = Outputs("eval")
     guard_inputs(outputs, [args.model], args.data)
     js = outputs.add(args.json, "--json", folder=False, overwrite=args.overwrite)
+    from rotviz.data.reading import split_for
     from rotviz.devices import pick_device
-    from rotviz.evaluation import evaluate, split_for
+    from rotviz.evaluation import evaluate
     from rotviz.sources.plain_torch import load_for_eval
 
     columns, seq_len = reading(args, args.data)

@@ -10,7 +10,7 @@ Python standard library's own source files (rotviz.data.text), and the rest are 
 files (rotviz.data.images, rotviz.data.text). Text is read the way the model reads it
 (rotviz.data.tokens): with its own tokenizer, or with rotviz's fixed character vocabulary
 (rotviz.data.text.CHARS) for the character models that declare it;
-`rotviz.evaluation.split_for` picks the reading.
+`rotviz.data.reading.split_for` picks the reading.
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def load_split(ref: str, split: str = "test", seed: int = 0, reader: Any = None,
     `masked`, in windows of `seq_len` tokens; labelled text (rotviz.data.labelled) for the
     classifier `labelling` describes; image data ignores these, and an image folder's
     classes are the model's label `names` (rotviz.data.tasks.named_labels; None: sorted folder
-    names). To read data the way a given model does, use `rotviz.evaluation.split_for`.
+    names). To read data the way a given model does, use `rotviz.data.reading.split_for`.
     Every file is read through `confined` (rotviz.confine: regular files only; in the app,
     only inside its roots)."""
     if split not in SPLITS:
@@ -142,7 +142,7 @@ def load_split(ref: str, split: str = "test", seed: int = 0, reader: Any = None,
     if kind in LABELLED_KINDS:
         if labelling is None:
             raise RotvizError(f"'{ref}' is labelled data, read for one classifier: load it "
-                              "through the model (rotviz.evaluation.split_for)")
+                              "through the model (rotviz.data.reading.split_for)")
         ids, labels, extra = labelled_split(ref, split, seed, reader, labelling, confined)
         how = {"seed": seed, "reader": reader, "labelling": labelling, "confined": confined}
         out = Split(ref, split, labelling.task, ids, labels, labelling.num_labels,

@@ -10,7 +10,7 @@ Feeding a model ids from the wrong vocabulary gives numbers that look fine and m
 - any other model given text is refused in one line.
 
 Each encoding has a fingerprint (`chars`, or `tok:` and a hash of the tokenizer files). A
-split records the one it was made with, and `rotviz.evaluation.check_fits` refuses a split
+split records the one it was made with, and `rotviz.data.reading.check_fits` refuses a split
 whose fingerprint is not the model's, so no consumer can feed the wrong ids, and a pair of
 models whose tokenizers differ is refused before anything is computed.
 """

@@ -58,8 +58,8 @@ def make(selected: Sequence[Entry], pair: Pair, device: Any = "cpu",
     """Every entry of `selected` made on `pair` (the test split of its data); `say` hears a
     line once the inputs are read, then one per run (the measurement's own summary). The
     pair is matched once per SPEC, and the endpoints shared by every entry."""
+    from rotviz.data.reading import split_for
     from rotviz.devices import pair_params, resolve_device, threads_for
-    from rotviz.evaluation import split_for
     from rotviz.match.endpoints import match_endpoints
     from rotviz.measures import measure
     from rotviz.sources.loading import load_model

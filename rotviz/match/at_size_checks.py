@@ -29,7 +29,7 @@ from rotviz.sources.adapters import source_of
 from rotviz.sources.checkpoint import Checkpoint
 from rotviz.sources.loading import HALF, read_config
 from rotviz.sources.running import logit_change
-from rotviz.symmetry.view import _kind_of
+from rotviz.symmetry.kinds import kind_of
 
 Tensor = torch.Tensor
 
@@ -48,7 +48,7 @@ def kind_cells(d: Distances) -> dict[str, float]:
 def rest_cells(anchor: Streamed, source: Streamed) -> dict[tuple[int | None, str], float]:
     """Distances outside the blocks (unchanged by per-layer maps), one tensor at a time and
     the largest (embeddings, output heads) in slices of rows, in the kinds
-    `rotviz.symmetry.view.groups` gives them (tie aliases counted once)."""
+    `rotviz.symmetry.kinds.groups` gives them (tie aliases counted once)."""
     tied = {alias for alias, _ in source.tied}
     cells: dict[tuple[int | None, str], float] = {}
     for name in source.rest:
@@ -66,7 +66,7 @@ def rest_cells(anchor: Streamed, source: Streamed) -> dict[tuple[int | None, str
                 a = anchor.checkpoint.read([name], torch.float32)[name]
                 s = source.checkpoint.read([name], torch.float32)[name]
             total += squared_distance(s, a)
-        key = (None, _kind_of(name, source.layout))
+        key = (None, kind_of(name, source.layout))
         cells[key] = cells.get(key, 0.0) + total
     return cells
 

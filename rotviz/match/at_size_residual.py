@@ -52,7 +52,8 @@ from rotviz.match.report import HeadReport, MatchReport
 from rotviz.memory import release
 from rotviz.symmetry import residual as rs
 from rotviz.symmetry.actions import LayerTransform, apply_layer
-from rotviz.symmetry.view import Layout, ModelView, _kind_of
+from rotviz.symmetry.kinds import kind_of
+from rotviz.symmetry.view import Layout, ModelView
 from rotviz.types import Progress
 
 Tensor = torch.Tensor
@@ -215,7 +216,7 @@ def _matched_rest(split: _RestSplit, q: Tensor | None
     small_out = {n: t for n, t in small.other.items() if n in split.small}
 
     def slices(name: str, count: bool = False):
-        kind = _kind_of(name, split.source.layout)
+        kind = kind_of(name, split.source.layout)
         for a_part, s_part in split.slices(name):
             _, g = rs.canonicalise(a_part)
             x = rs.canonicalise(s_part)[0]

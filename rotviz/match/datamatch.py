@@ -21,9 +21,9 @@ from dataclasses import replace
 import torch
 
 from rotviz.data.inputs import to_device, token_mask, without_padding
+from rotviz.data.reading import check_fits, split_for
 from rotviz.data.split import Split
 from rotviz.errors import RotvizError
-from rotviz.evaluation import check_fits, split_for
 from rotviz.groups import assign
 from rotviz.match.alternating import check_residual
 from rotviz.match.distances import distances

@@ -10,7 +10,8 @@ import torch
 
 from rotviz.devices import wide_device
 from rotviz.match.memo import TensorMemo, cached
-from rotviz.symmetry.view import KINDS, ModelView, groups
+from rotviz.symmetry.kinds import KINDS, groups
+from rotviz.symmetry.view import ModelView
 
 
 @dataclass(frozen=True)

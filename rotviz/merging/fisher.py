@@ -57,9 +57,10 @@ def fisher_diag(
     from torch.func import grad, vmap
 
     from rotviz.data.inputs import Inputs, map_inputs, to_device
+    from rotviz.data.reading import check_fits
     from rotviz.data.tasks import sample_losses
     from rotviz.devices import resolve_device, wide_device
-    from rotviz.evaluation import IGNORE, Evaluator, check_fits
+    from rotviz.evaluation import IGNORE, Evaluator
     from rotviz.sources.adapters import call
     from rotviz.sources.loading import to_wide
 

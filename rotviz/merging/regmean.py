@@ -50,8 +50,9 @@ def gram_matrices(
     import torch
 
     from rotviz.data.inputs import to_device, token_mask, without_padding
+    from rotviz.data.reading import check_fits
     from rotviz.devices import resolve_device
-    from rotviz.evaluation import Evaluator, check_fits
+    from rotviz.evaluation import Evaluator
     from rotviz.sources.adapters import call
     from rotviz.sources.loading import to_wide
 
