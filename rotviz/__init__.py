@@ -6,11 +6,11 @@ matched source with what matching did) and `measure` (any registered measurement
 endpoints: barrier, plane, merge, distances, spectra, ...); `match_models`, `MatchOptions`,
 and the one-call conveniences `interpolate`, `loss_plane` and `merge`; `merge_many` (N >= 2
 parameter sets merged by a registered method, about an optional base); for checkpoints larger
-than memory, `open_streamed`, `match_streamed`, `streamed_endpoints` and the sized evaluations
-`sized_curve`, `sized_plane` and `sized_merge`.
+than memory, at size (rotviz.atsize): `open_streamed`, `match_streamed`, `streamed_endpoints`
+and the evaluations at size `sized_curve`, `sized_plane` and `sized_merge`.
 Everything else lives in the layers below: `arch` (architectures as data),
 `groups` (solvers), `symmetry` (views, actions, the symmetry registry), models and data,
-`match`, `merging` (merge-method records), `analysis`, `stream`, `measures` (measurement
+`match`, `merging` (merge-method records), `analysis`, `atsize`, `measures` (measurement
 records), then `zoo`, `app` and `cli`.
 """
 

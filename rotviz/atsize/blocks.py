@@ -43,7 +43,7 @@ Tensor = torch.Tensor
 
 @dataclass(frozen=True)
 class Streamed:
-    """A model folder opened for streaming: its config and spec, the checkpoint's headers,
+    """A model folder opened at size: its config and spec, the checkpoint's headers,
     and where every tensor sits in the family's layout. No weights are read."""
 
     ref: str
@@ -92,8 +92,8 @@ class Streamed:
 
 
 def open_streamed(ref: str | os.PathLike, confined: Confined = ANYWHERE) -> Streamed:
-    """Open a model folder for streaming (headers only), through `confined`; one-line errors
-    for folders that cannot be streamed: no safetensors, a checkpoint or config that the
+    """Open a model folder at size (headers only), through `confined`; one-line errors
+    for folders that cannot be run at size: no safetensors, a checkpoint or config that the
     in-memory path refuses too (models.check_weights, the same checks), a tensor group (the
     linear maps of one block) in mixed dtypes."""
     path = resolve_ref(ref, confined)

@@ -46,7 +46,7 @@ class StreamedEndpoints:
 
 
 def refuse(options: MatchOptions | None) -> None:
-    """A one-line error when `options` cannot be matched streamed."""
+    """A one-line error when `options` cannot be matched at size."""
     from rotviz.match.at_size_checks import streaming_refusal
 
     why = None if options is None else streaming_refusal(options)

@@ -124,7 +124,7 @@ class MergedRows:
         first = opened.models[0]
         self.owner = dict(first.tied)
         # the module's name of each tensor, which the method sees (DARE seeds its drop by
-        # it), so a streamed merge equals the in-memory one
+        # it), so a merge at size equals the in-memory one
         self.module_name = source_of(first.spec).checkpoint_names(opened.module,
                                                                   list(opened.keys))
 

@@ -1,6 +1,6 @@
 """What matching a pair in memory needs, from the safetensors headers alone: whether a
-command must stream. Asked on every command before anything is loaded, so it imports only
-the header reader (rotviz.sources.checkpoint), not the streamed path (rotviz.atsize.blocks pulls in
+command must run at size. Asked on every command before anything is loaded, so it imports only
+the header reader (rotviz.sources.checkpoint), not the path at size (rotviz.atsize.blocks pulls in
 matching, views and actions)."""
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ def sized_loaded(model: Streamed) -> Loaded:
 
 
 class Opened:
-    """Checkpoints of one architecture opened for streaming (headers only), and the anchor's
+    """Checkpoints of one architecture opened at size (headers only), and the anchor's
     module (on meta) with its evaluator on a split: a point runs block by block, its tensors
     given as each block needs them, and nothing is held between points."""
 

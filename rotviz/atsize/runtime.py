@@ -197,8 +197,8 @@ def check_fits(spec: ArchSpec, config: dict, meta: Mapping[str, Tensor], where) 
     shapes, from its headers) do not fit the module `config` builds: tensors the module needs
     and the checkpoint lacks, tensors it does not have, tensors of the wrong shape. The
     module is built on meta (nothing allocated), so a config whose `architectures` names a
-    class the weights do not fit is refused before a real module is built; the streamed and
-    in-memory paths both ask here. Old-format buffers the module's class reads past
+    class the weights do not fit is refused before a real module is built; the paths at size
+    and in memory both ask here. Old-format buffers the module's class reads past
     (rotviz.sources.legacy) are not unexpected. A checkpoint whose names the loader converts (split,
     merged) cannot be compared name by name: the loader's own check decides there."""
     import re
@@ -241,7 +241,7 @@ def legacy_tensors(spec: ArchSpec, config: dict, module: nn.Module,
                    meta: Mapping[str, Tensor]) -> frozenset[str]:
     """The checkpoint's tensors (`meta`: names and shapes from its headers) that `module`, built
     from `config`, reads past (rotviz.sources.legacy.read_past), under the checkpoint's own names:
-    what a streamed run neither reads nor writes. The source's one line (RotvizError) where its
+    what a run at size neither reads nor writes. The source's one line (RotvizError) where its
     loader converts the checkpoint's names, which cannot be compared name by name."""
     names = source_of(spec).checkpoint_names(module, list(meta))
     past = read_past(module, spec, config, {names[n]: tuple(t.shape) for n, t in meta.items()})

@@ -70,7 +70,7 @@ class Step:
 
 
 class State(Protocol):
-    """The two canonical models an alternation works on (in memory, or streamed)."""
+    """The two canonical models an alternation works on (in memory, or at size)."""
 
     def initial(self) -> float:
         """The objective before the first step (known once a step or turn has run)."""

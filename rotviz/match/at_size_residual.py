@@ -231,8 +231,8 @@ def _matched_rest(split: _RestSplit, q: Tensor | None
 
 
 class StreamedState:
-    """The alternation's state (rotviz.match.alternating.State) over two streamed
-    checkpoints: the maps found so far; every pass recomputes the blocks from the files."""
+    """The alternation's state (rotviz.match.alternating.State) over two checkpoints
+    at size: the maps found so far; every pass recomputes the blocks from the files."""
 
     def __init__(self, anchor: Streamed, source: Streamed, options: MatchOptions,
                  device: torch.device, group: Group, rest: _Rest | None,

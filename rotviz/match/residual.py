@@ -157,7 +157,7 @@ class _InMemory:
 
     def _rebuilt(self) -> ModelView:
         """The source as matched so far, in the anchor's gauge: the composed maps applied
-        once to its canonical form (as the streamed path does), the state left as it is."""
+        once to its canonical form (as the path at size does), the state left as it is."""
         src, _ = rs.canonicalise(self.source)
         for i, t in sorted(self.maps.items()):
             src = apply_layer(src, i, t)

@@ -71,7 +71,7 @@ def parse_header(head: bytes, data_bytes: int, file: Path) -> dict[str, Entry]:
     text, known dtypes, shapes of non-negative integers whose element count fills the tensor's
     byte span, and integer offsets `0 <= begin <= end` that tile the `data_bytes` after the
     header exactly (no gap, no overlap): what the safetensors library itself demands, so the
-    streamed and in-memory readers accept the same files. `start` is relative to the data."""
+    readers at size and in memory accept the same files. `start` is relative to the data."""
     corrupt = "the file is corrupt or truncated"
     header = parse_json(head, file, _REMEDY)
     if not isinstance(header, dict):
@@ -187,7 +187,7 @@ class Checkpoint:
     """The safetensors weights of one model folder: a single `model.safetensors`, or shards
     listed by `model.safetensors.index.json`. Headers only are read here, and every one is
     checked (parse_header, read_index) before anything is built from them: the one reader
-    both the streamed and the in-memory paths validate a checkpoint with. Every file is
+    both the paths at size and in memory validate a checkpoint with. Every file is
     opened through `confined` (the app passes its roots)."""
 
     def __init__(self, folder: str | Path, confined: Confined = ANYWHERE) -> None:
@@ -317,8 +317,8 @@ class Checkpoint:
 
 
 def check_finite_tensor(t: Tensor, name: str, where: object) -> None:
-    """One line, as the in-memory models.check_finite says it, where `t` holds a NaN or Inf:
-    streamed blocks are checked as they are read, so a bad late block stops the run before
+    """One line, as the in-memory sources.loading.check_finite says it, where `t` holds a NaN or
+    Inf: blocks read at size are checked as they are read, so a bad late block stops the run before
     a solver meets it. Checked in slices, so the check costs no copy of a large tensor, by
     their float64 sums: a NaN or Inf entry makes a sum NaN or Inf, and a finite one can only
     overflow where entries are near float64's largest, so the entry by entry check (several
