@@ -186,7 +186,7 @@ def cmd_match(args: argparse.Namespace) -> int:
     device = pick_device(args.device)
     if _streams(args, options):
         if also:
-            raise RotvizError("--also needs the pair in memory, and this match streams "
+            raise RotvizError("--also needs the pair in memory, and this match runs at size "
                               "(--max-memory or torchrun); raise --max-memory, or move the "
                               "other models in a run that fits in memory")
         return _match_streamed(args, options, outputs, out_dir, report_file, device)
@@ -324,7 +324,7 @@ def _match_streamed(args, options, outputs, out_dir, report_file, device) -> int
                 write_json_file(tmp[report_file], rep.to_dict(), "match")
     finally:
         dist.finish()
-    how = f" (streamed block by block{f', {group.world} processes' if group.world > 1 else ''})"
+    how = f" (at size, a block at a time{f', {group.world} processes' if group.world > 1 else ''})"
     _say_matched(args, options, rep, device, how)
     return 0
 
