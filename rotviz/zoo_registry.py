@@ -1,6 +1,6 @@
 """The zoo's registry (a leaf: it imports nothing of rotviz but its errors and its file
 reader): the shipped models and pairs, where they live, and their cards. It sits in the models
-layer, apart from the zoo package, because `rotviz.models` resolves `zoo:NAME` with it and
+layer, apart from the zoo package, because `rotviz.sources.loading` resolves `zoo:NAME` with it and
 the app lists the zoo with it, neither needing what builds the models. Building them is
 `rotviz.zoo.build`.
 

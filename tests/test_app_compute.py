@@ -44,8 +44,8 @@ def base(refs) -> dict:
 @pytest.fixture(scope="module")
 def engine(refs):
     """The pair as the engine loads it, and the split, straight from the engine."""
-    from rotviz.data import load_split
-    from rotviz.models import load_model
+    from rotviz.data.split import load_split
+    from rotviz.sources.loading import load_model
 
     return load_model(refs[0]), load_model(refs[1]), load_split("digits", "test", 0).subset(N_EVAL)
 
@@ -144,8 +144,8 @@ def test_matched_sources_are_computed_once_per_resources(base):
 
 
 def test_card_equals_model_card_of_the_full_model(res, refs, engine):
-    """The Models page's card evaluates the lighter model (rotviz.lite where exact), and
-    gets exactly the numbers of the full model: loss, accuracy, size, the symmetry check."""
+    """The Models page's card evaluates the lighter model (rotviz.sources.plain_torch where exact),
+    and gets exactly the numbers of the full model: loss, accuracy, size, the symmetry check."""
     a, b, split = engine
     for ref, full in zip(refs, (a, b), strict=True):
         got = app.run("card", res, {"ref": ref, "data": "digits", "seed": 0, "n_eval": N_EVAL})
@@ -156,7 +156,7 @@ def test_card_equals_model_card_of_the_full_model(res, refs, engine):
 def test_card_and_residual_check_on_the_gpt2_pair():
     """The same for the zoo's GPT-2 pair (tied head): cards equal, and the lighter model
     gives the same reason why the residual stream cannot be matched."""
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
 
     ref = "zoo:gpt2-pystdlib-s0"
     if ref not in app_roots.zoo_refs():

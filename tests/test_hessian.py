@@ -27,8 +27,8 @@ from rotviz.analysis.hessian import (
 from rotviz.cli import main
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator
-from rotviz.models import Loaded
 from rotviz.plots.figure_style import Style
+from rotviz.sources.loading import Loaded
 from rotviz.symmetry.actions import apply, random_element
 from rotviz.symmetry.view import read_view, write_state
 
@@ -38,7 +38,7 @@ F64 = torch.float64
 
 @pytest.fixture(scope="module")
 def tiny(saved) -> Loaded:
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
 
     return load_model(saved("vit", 0, **SMALL))
 

@@ -18,10 +18,11 @@ from rotviz.analysis.hessian import Curvature, math_attention
 from rotviz.analysis.nullity import count_exact, count_slq, dense_block, nullity
 from rotviz.analysis.tangents import f64_view, generators, group_dimension, tangents
 from rotviz.cli import main
-from rotviz.data import Split
+from rotviz.data.split import Split
 from rotviz.evaluation import Evaluator
-from rotviz.models import Loaded, probe_inputs
 from rotviz.plots.figure_style import Style
+from rotviz.sources.loading import Loaded
+from rotviz.sources.running import probe_inputs
 
 F64 = torch.float64
 # bert (post-norm, GELU): one block of 136 parameters, d_h = 4, one head: Q-K and V-O maps,
@@ -32,7 +33,7 @@ TOL = 1e-13  # the null eigenvalues sit below 1e-14 lambda_max, the others above
 
 @pytest.fixture(scope="module")
 def reg(saved) -> Loaded:
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
 
     return load_model(saved("bert", 0, **BERT))
 
@@ -132,7 +133,7 @@ def test_the_record_counts_per_block_and_for_the_model(saved, capsys):
     block's group (64) and the stream's centred map (21); the summary, the export rows and
     the grouped bar chart; an SLQ run gives an error bar; a bad tolerance is one line."""
     from rotviz.measures import measure, measurement
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
 
     vit = load_model(saved("vit", 0, layers=1, d=8, heads=2, ffn=16))
     split = synthetic_split(vit, 4)

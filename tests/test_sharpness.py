@@ -17,8 +17,8 @@ from rotviz.analysis.sharpness import path_point, rescales, sharpness_on
 from rotviz.cli import main
 from rotviz.errors import RotvizError
 from rotviz.match.endpoints import match_endpoints
-from rotviz.models import Loaded
 from rotviz.plots.figure_style import Style
+from rotviz.sources.loading import Loaded
 
 SMALL = dict(layers=1, d=8, heads=2, ffn=16)  # 845 parameters
 F64 = torch.float64
@@ -26,7 +26,7 @@ F64 = torch.float64
 
 @pytest.fixture(scope="module")
 def pair(saved) -> tuple[Loaded, Loaded]:
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
 
     return load_model(saved("vit", 0, **SMALL)), load_model(saved("vit", 1, **SMALL))
 
@@ -116,7 +116,7 @@ def test_the_cli_writes_the_json_keys_and_refuses_at_size(tmp_path, capsys):
 
     with pytest.raises(RotvizError, match="read block by block, and Hessian-vector products"):
         measure("sharpness", SimpleNamespace(at_size=True), synthetic_split(
-            __import__("rotviz.models", fromlist=["load_model"]).load_model(
+            __import__("rotviz.sources.loading", fromlist=["load_model"]).load_model(
                 "zoo:vit-digits-s3"), 4))
 
 

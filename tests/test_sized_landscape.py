@@ -14,13 +14,13 @@ from test_landscape import default_pair_refs, synthetic_split
 
 from rotviz import measure
 from rotviz.analysis.slices import random_directions
+from rotviz.atsize.blocks import open_streamed
+from rotviz.atsize.endpoints import streamed_endpoints
 from rotviz.cli import main
 from rotviz.errors import RotvizError
 from rotviz.match.endpoints import match_endpoints
 from rotviz.match.selection import match_options
-from rotviz.models import load_model
-from rotviz.stream.blocks import open_streamed
-from rotviz.stream.endpoints import streamed_endpoints
+from rotviz.sources.loading import load_model
 
 REL = 1e-5
 

@@ -38,7 +38,7 @@ from rotviz.cli import main
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator
 from rotviz.match.endpoints import match_endpoints
-from rotviz.models import Loaded, load_model
+from rotviz.sources.loading import Loaded, load_model
 from rotviz.symmetry.actions import random_element
 from rotviz.symmetry.view import read_view
 

@@ -28,8 +28,8 @@ from rotviz.analysis.tangents import (
 )
 from rotviz.cli import main
 from rotviz.errors import RotvizError
-from rotviz.models import Loaded
 from rotviz.plots.figure_style import Style
+from rotviz.sources.loading import Loaded
 from rotviz.symmetry.actions import LayerTransform, apply_layer
 from rotviz.symmetry.view import write_state
 
@@ -39,7 +39,7 @@ F64 = torch.float64
 
 @pytest.fixture(scope="module")
 def tiny(saved) -> Loaded:
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
 
     return load_model(saved("vit", 0, **SMALL))
 
@@ -299,7 +299,7 @@ def test_residual_tangents_of_an_rmsnorm_family(saved):
     equals the dense Hessian's quadratic form (1e-4). Turning the stream without the
     folding changes the function (the negative control)."""
     from rotviz.analysis.tangents import ResidualFrame, residual_matrix
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
     from rotviz.symmetry.residual import apply_residual
 
     ll = load_model(saved("llama", 0, layers=1, d=8, heads=2, ffn=8))

@@ -31,7 +31,7 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def small():
-    from rotviz.data import load_split
+    from rotviz.data.split import load_split
 
     return load_split("digits", "test", 0).subset(120)
 
@@ -44,7 +44,7 @@ def _copy(src, dst):
 def _barrier(a, b, spec, split, points):
     """The independent computation: `rotviz barrier`'s record on the pair."""
     from rotviz.match.endpoints import match_endpoints
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
 
     return measure("barrier", match_endpoints(load_model(a), load_model(b), spec), split,
                    points=points).barrier
@@ -88,7 +88,7 @@ def test_trainer_series_paired_by_step_with_steps_in_one_only_reported(tiny, sma
 
 
 def _full():
-    from rotviz.data import load_split
+    from rotviz.data.split import load_split
 
     return load_split("digits", "test", 0)
 
@@ -127,7 +127,7 @@ def test_hf_cache_revisions_read_offline(tiny, small, tmp_path, monkeypatch):
     ORG/NAME@step10,step0 takes those revisions only, each the snapshot the model reference
     ORG/NAME@step<N> resolves to."""
     from rotviz.analysis.training import read_series
-    from rotviz.models import resolve_ref
+    from rotviz.sources.loading import resolve_ref
 
     cache = tmp_path / "hub"
     repo = cache / "models--org--run"
@@ -168,7 +168,7 @@ def test_zoo_spawn_series_layout_and_its_identities():
     the parent's last checkpoint, twice (bit for bit); the runs spawned at 0 share their
     start and end as spawn-0's children; the card records recipe, seeds and steps."""
     from rotviz import zoo_registry as zoo
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
 
     ent = zoo.spawn_entry("vit-digits-spawn")
     root = zoo.collection_path(ent.name)
@@ -237,7 +237,7 @@ def test_spawned_child_in_the_parents_order_is_the_parent():
     """rotviz.zoo.train.run_steps: a child spawned at k and trained in the parent's own data
     order reproduces the parent's last weights bit for bit (weights, Adam's moments and the
     schedule all carried over); another order does not."""
-    from rotviz.data import load_split
+    from rotviz.data.split import load_split
     from rotviz.zoo import recipes, train
 
     rec = recipes.Recipe("tiny-spawn", "vit", "digits", dict(recipes._VIT_DIGITS,

@@ -19,12 +19,12 @@ from dataclasses import asdict, dataclass
 import torch
 
 from rotviz.analysis.landscape import curve_on
-from rotviz.data import Split
+from rotviz.data.split import Split
 from rotviz.evaluation import Evaluator
 from rotviz.match.endpoints import match_endpoints
 from rotviz.match.options import MatchOptions
 from rotviz.match.selection import parse_selection, selection_of
-from rotviz.models import Loaded
+from rotviz.sources.loading import Loaded
 from rotviz.symmetry.view import resolve_layout
 from rotviz.types import Progress
 

@@ -33,14 +33,15 @@ import numpy as np
 import torch
 
 from rotviz.analysis.landscape import path_curve, path_points, plane_frame, plane_points
-from rotviz.data import Split, cat_inputs, map_inputs
+from rotviz.data.inputs import cat_inputs, map_inputs
+from rotviz.data.split import Split
 from rotviz.dist import SINGLE
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator
 from rotviz.limits import BATCH_SIZE, LR, POINTS, SEED, STEPS
 from rotviz.match.endpoints import HeldEndpoints
 from rotviz.match.learned import _train_loss
-from rotviz.models import to_wide
+from rotviz.sources.loading import to_wide
 from rotviz.types import Progress
 
 Tensor = torch.Tensor

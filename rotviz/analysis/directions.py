@@ -56,11 +56,11 @@ from rotviz.analysis.slices import (
     random_directions,
     slice_at,
 )
-from rotviz.data import Split
+from rotviz.data.split import Split
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator
 from rotviz.limits import GRID, SEED, SPAN
-from rotviz.models import Loaded
+from rotviz.sources.loading import Loaded
 from rotviz.types import Progress
 
 Tensor = torch.Tensor

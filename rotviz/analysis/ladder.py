@@ -56,10 +56,10 @@ import numpy as np
 import torch
 
 from rotviz.confine import ANYWHERE, Confined
-from rotviz.data import Split
+from rotviz.data.split import Split
 from rotviz.limits import DEFAULT_STEPS
 from rotviz.match.selection import parse_selection
-from rotviz.models import Loaded
+from rotviz.sources.loading import Loaded
 from rotviz.symmetry import registry
 from rotviz.types import Progress
 
@@ -127,7 +127,7 @@ class LadderPair:
 
     def __init__(self, refs: Sequence[str], specs: Sequence[str] | None = None,
                  confined: Confined = ANYWHERE) -> None:
-        from rotviz.models import resolve_ref
+        from rotviz.sources.loading import resolve_ref
 
         self.specs = rung_specs(specs)  # SPEC errors before any model is read
         self.refs = (str(refs[0]), str(refs[1]))
@@ -161,9 +161,10 @@ class LadderPair:
 
     def models(self) -> tuple[Loaded, Loaded]:
         """Both models, loaded once and checked: in plain torch where that computes the same
-        logits (rotviz.lite: no transformers import), as the barrier command loads them."""
+        logits (rotviz.sources.plain_torch: no transformers import), as the barrier command loads
+        them."""
         if self._models is None:
-            from rotviz.lite import load_for_eval
+            from rotviz.sources.plain_torch import load_for_eval
 
             self._models = self._check(*(load_for_eval(r, confined=self.confined)
                                          for r in self.refs))
@@ -376,7 +377,7 @@ def ladder(pair: LadderPair, split: Split, points: int = 11, device: str | torch
     Matching runs in the calling thread, rung after rung (the rungs a learned rung starts
     from first, after the unmatched rung, whose points need no matching), except learned
     matching, which trains on a thread of its own, on twins of the pair's modules
-    (rotviz.models.twin), as soon as its start is matched: on the default pair it is half
+    (rotviz.sources.running.twin), as soon as its start is matched: on the default pair it is half
     of the ladder's computing and its longest chain. Each rung's points and merge are
     evaluated meanwhile, one parameter set per task (`_Work`), by a worker thread on its own
     twin of the module, by the calling thread once its matching is done, and by the learned
@@ -397,7 +398,7 @@ def ladder(pair: LadderPair, split: Split, points: int = 11, device: str | torch
     from rotviz.match.pipeline import match_models
     from rotviz.match.selection import match_options
     from rotviz.merging.combine import merge_states
-    from rotviz.models import twin
+    from rotviz.sources.running import twin
 
     check_path(points, 1, split)
     STEPS.check(steps)

@@ -30,14 +30,15 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 import torch
 
-from rotviz.data import Split
+from rotviz.data.split import Split
 from rotviz.dist import SINGLE, Group
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator, barrier_of
 from rotviz.limits import POINTS
 from rotviz.match.endpoints import HeldEndpoints
-from rotviz.models import Loaded
-from rotviz.symmetry.view import Block, Layout, ModelView, _kind_of, read_view, write_state
+from rotviz.sources.loading import Loaded
+from rotviz.symmetry.kinds import kind_of
+from rotviz.symmetry.view import Block, Layout, ModelView, read_view, write_state
 from rotviz.types import Progress
 
 Tensor = torch.Tensor
@@ -67,7 +68,7 @@ def _kind_of_other(name: str, view: ModelView) -> str:
 def kind_outside(name: str, layout: Layout, aliases: Mapping[str, str]) -> str:
     """The kind group of the tensor `name` outside the blocks of `layout`, a tied alias (a
     key of `aliases`) counted as its owner."""
-    return _OTHER_KIND.get(_kind_of(aliases.get(name, name), layout), "other")
+    return _OTHER_KIND.get(kind_of(aliases.get(name, name), layout), "other")
 
 
 # ---- the parameter sets --------------------------------------------------------------------

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from rotviz.data import Split
+from rotviz.data.split import Split
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator
 from rotviz.limits import POINTS
@@ -80,9 +80,9 @@ def rounds_on(ends: HeldEndpoints, split: Split, points: int = 5,
     source's distance to the anchor and its barrier on `points` alphas (see module)."""
     from rotviz.analysis.landscape import path_curve
     from rotviz.devices import wide_device
-    from rotviz.match.alternating import match_residual
     from rotviz.match.distances import distances
     from rotviz.match.pipeline import view_of
+    from rotviz.match.residual import match_residual
     from rotviz.symmetry.view import write_state
 
     why = why_not(ends)

@@ -27,7 +27,7 @@ import torch
 
 from rotviz.analysis.hessian import hessian
 from rotviz.analysis.paths import path_point
-from rotviz.data import Split
+from rotviz.data.split import Split
 from rotviz.match.endpoints import HeldEndpoints
 from rotviz.types import Progress
 

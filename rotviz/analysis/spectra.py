@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from rotviz.groups import procrustes, rotation_angles
-from rotviz.match.layers import cross_qk, cross_vo
+from rotviz.match.layer_solvers import cross_qk, cross_vo
 from rotviz.match.pipeline import view_of
 from rotviz.symmetry.view import Attention, ModelView
 

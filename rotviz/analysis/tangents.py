@@ -52,7 +52,7 @@ from rotviz.analysis.hessian import Curvature
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator
 from rotviz.groups import rope_free, rope_pairs
-from rotviz.models import Loaded
+from rotviz.sources.loading import Loaded
 from rotviz.symmetry.actions import LayerTransform, apply_layer, qk_fixed_pairs
 from rotviz.symmetry.view import FFN, Attention, ModelView, read_view, write_block, write_state
 from rotviz.types import Progress

@@ -17,7 +17,7 @@ Inputs:
   layout), `zoo:NAME` (a series of the zoo), or a model of the local Hugging Face cache,
   `ORG/NAME` (every revision named `step<N>` it holds: Pythia's checkpoints) or
   `ORG/NAME@step1000,step2000` (those revisions), each step the model reference
-  `ORG/NAME@step<N>` resolves to (rotviz.hub: an existing folder of that path wins,
+  `ORG/NAME@step<N>` resolves to (rotviz.sources.hf_cache: an existing folder of that path wins,
   `hf-cache:` forces the cache; the cache is read as it is, nothing is downloaded);
 - a spawn folder: `spawn-<k>/a/` and `spawn-<k>/b/` model folders, or `zoo:NAME`.
 """
@@ -32,11 +32,11 @@ from pathlib import Path
 
 import torch
 
-from rotviz import hub
 from rotviz import zoo_registry as zoo
 from rotviz.confine import ANYWHERE, Confined
-from rotviz.data import Split
+from rotviz.data.split import Split
 from rotviz.errors import RotvizError
+from rotviz.sources import hf_cache as hub
 from rotviz.types import Progress
 
 CHECKPOINT = re.compile(r"checkpoint-(\d+)")
@@ -70,7 +70,8 @@ def _cache_series(name: hub.CacheName, confined: Confined) -> dict[int, Path]:
     """The checkpoints of a model in the local Hugging Face cache, by step: the revisions
     `step<N>` that `name` lists (`ORG/NAME@step1000,step2000`), or, without a revision, every
     ref named `step<N>` the cache holds (Pythia's checkpoints); each resolved to its snapshot
-    folder by rotviz.hub, as any `ORG/NAME@step<N>` model reference is (never downloaded)."""
+    folder by rotviz.sources.hf_cache, as any `ORG/NAME@step<N>` model reference is (never
+    downloaded)."""
     if name.revision is None:
         refs = hub.revisions(hub.repository(name, confined), confined)
         revs = [r for r in refs if HF_STEP.fullmatch(r)]
@@ -262,7 +263,7 @@ def barriers_of(pairs: Sequence[tuple[int, Path, Path]], specs: Sequence[str], s
     from rotviz.analysis.landscape import check_path, curve_on
     from rotviz.devices import resolve_device
     from rotviz.match.endpoints import match_endpoints
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
 
     check_path(points, 1, split)
     dev = resolve_device(device)

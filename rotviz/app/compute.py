@@ -30,9 +30,9 @@ from rotviz.types import Progress
 
 if TYPE_CHECKING:
     from rotviz.confine import Confined
-    from rotviz.data import Split
+    from rotviz.data.split import Split
     from rotviz.match.pipeline import Matched
-    from rotviz.models import Loaded
+    from rotviz.sources.loading import Loaded
 
 DEFAULT_LEARN_STEPS = DEFAULT_STEPS
 BARRIER_POINTS = 21  # the Barrier page's default points on the path
@@ -81,7 +81,7 @@ class Resources:
 
     def split(self, data: str, seed: int, n: int, ref: str) -> Split:
         """The test split of `data` (its first `n` examples when 0 < n < its size), read the
-        way model `ref` reads it (its tokenizer, rotviz.evaluation.split_for)."""
+        way model `ref` reads it (its tokenizer, rotviz.data.reading.split_for)."""
         key = (data, int(seed), int(n), ref)
         if key not in self._splits:
             self._splits[key] = load_test_split(data, seed, n, self.load_eval(ref),
@@ -111,15 +111,15 @@ def load_full(ref: str, confined: Confined | None = None) -> Loaded:
     """A model with its own transformers (or timm) module (`Resources.load`), for a host
     that needs the model's own class; the computations here take `load_eval`'s. Read
     through `confined` (default: the app's, roots.app_confined)."""
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
 
     return load_model(ref, confined=confined or roots.app_confined())
 
 
 def load_eval(ref: str, confined: Confined | None = None) -> Loaded:
-    """A model for reading its weights and evaluating it (rotviz.lite.load_for_eval), read
-    through `confined` (default: the app's)."""
-    from rotviz.lite import load_for_eval
+    """A model for reading its weights and evaluating it (rotviz.sources.plain_torch.load_for_eval),
+    read through `confined` (default: the app's)."""
+    from rotviz.sources.plain_torch import load_for_eval
 
     return load_for_eval(ref, confined=confined or roots.app_confined())
 
@@ -128,7 +128,7 @@ def load_test_split(data: str, seed: int, n: int, model: Loaded,
                     confined: Confined | None = None) -> Split:
     """The test split of `data` as `model` reads it (first `n` examples when 0 < n), its
     files (data, tokenizer, image processor) read through `confined` (default: the app's)."""
-    from rotviz.evaluation import split_for
+    from rotviz.data.reading import split_for
 
     s = split_for(model, data, "test", seed, confined=confined or roots.app_confined())
     return s.subset(n) if 0 < n < s.n else s
@@ -137,7 +137,7 @@ def load_test_split(data: str, seed: int, n: int, model: Loaded,
 def warm_up() -> None:
     """Import what the computations need (torch, scipy, the solvers), so the first
     computation does not wait for it. A model's own transformers class is imported when it
-    is loaded, and only where rotviz.lite does not compute the same logits."""
+    is loaded, and only where rotviz.sources.plain_torch does not compute the same logits."""
     import importlib
 
     for name in COMPUTE_MODULES:
@@ -153,8 +153,8 @@ def check_pair(anchor: Loaded, source: Loaded, split: Split | None = None,
     (`split`; None: no data is checked, for a page that needs no loss on a pair no loss
     scores, `needs_data`). With `heads`, one body under two heads passes too (matching and
     the views of the weights compare such a pair; a loss does not)."""
-    from rotviz.evaluation import check_fits
-    from rotviz.models import check_compatible
+    from rotviz.data.reading import check_fits
+    from rotviz.sources.pairs import check_compatible
 
     check_compatible(anchor, source, heads=heads)
     if split is not None:
@@ -164,8 +164,8 @@ def check_pair(anchor: Loaded, source: Loaded, split: Split | None = None,
 def scored_pair(anchor: Loaded, source: Loaded) -> bool:
     """Whether a loss can be evaluated along this pair's path: both heads are scored
     (rotviz.heads) and they are one head (not one body under two heads,
-    rotviz.models.heads_differ, whose loss would run one head on both)."""
-    from rotviz.models import heads_differ
+    rotviz.sources.pairs.heads_differ, whose loss would run one head on both)."""
+    from rotviz.sources.pairs import heads_differ
 
     return summaries.is_scored(anchor) and summaries.is_scored(source) and \
         heads_differ(anchor, source) is None
@@ -267,11 +267,11 @@ def barrier_defaults(base: dict, residual_why: str | None) -> list[dict]:
 def pair(res: Resources, cfg: dict | PairConfig) -> tuple[Loaded, Loaded]:
     """Both models of a configuration, checked to be matchable. The computations here read
     and evaluate models and never save one, so they take them as `Resources.load_eval` gives
-    them: plain torch where that computes the same logits (rotviz.lite: no transformers
-    import, the same numbers), the model's own class otherwise. One body under two heads is
-    a pair too (matching aligns the body); a measurement of the loss refuses it in one line
+    them: plain torch where that computes the same logits (rotviz.sources.plain_torch: no
+    transformers import, the same numbers), the model's own class otherwise. One body under two
+    heads is a pair too (matching aligns the body); a measurement of the loss refuses it in one line
     (`measure`, `fusion`: rotviz.measures.refuse_heads)."""
-    from rotviz.models import check_compatible
+    from rotviz.sources.pairs import check_compatible
 
     anchor, source = (cfg.anchor, cfg.source) if isinstance(cfg, PairConfig) else \
         (cfg["anchor"], cfg["source"])
@@ -324,7 +324,7 @@ def matched(res: Resources, cfg: dict | PairConfig, progress: Progress | None = 
             # read by the engine as the command line reads it (the engine's
             # train.sibling("train") reads the same split again, so the numbers are those of
             # the reference)
-            from rotviz.evaluation import split_for
+            from rotviz.data.reading import split_for
 
             train = split_for(a, c.data, "train", confined=res.confined())
         with res.using(c.anchor, c.source):
@@ -371,10 +371,10 @@ def check_pair_at_size(res: Resources, cfg: dict, loss: bool = True) -> None:
     headers and configs checked as the command line checks them), matchable, and the data
     read as the anchor reads it, with no weights loaded (not read where `needs_data` says
     so: no `loss` and a head no loss scores)."""
-    from rotviz.evaluation import check_fits
-    from rotviz.models import check_compatible
-    from rotviz.stream.blocks import open_streamed
-    from rotviz.stream.sized import sized_loaded
+    from rotviz.atsize.blocks import open_streamed
+    from rotviz.atsize.points import sized_loaded
+    from rotviz.data.reading import check_fits
+    from rotviz.sources.pairs import check_compatible
 
     a = open_streamed(cfg["anchor"], res.confined())
     b = open_streamed(cfg["source"], res.confined())
@@ -390,10 +390,10 @@ def at_size(res: Resources, cfg: dict) -> tuple[bool, int | None, int | None]:
     """Whether the configuration's models must be read block by block: (at size, what
     holding them needs, the budget), in bytes. The budget is `max_memory` (bytes; absent or
     0: what the machine has free now), and the need is the command line's estimate from the
-    safetensors headers (rotviz.stream.need.pair_bytes_in_memory); one model (`ref`)
+    safetensors headers (rotviz.atsize.need.pair_bytes_in_memory); one model (`ref`)
     needs half its pair. A folder without safetensors cannot stream and is never at size."""
+    from rotviz.atsize.need import pair_bytes_in_memory
     from rotviz.memory import available_memory
-    from rotviz.stream.need import pair_bytes_in_memory
 
     one = cfg.get("ref")
     anchor, source = (one, one) if one else (cfg.get("anchor"), cfg.get("source"))
@@ -409,8 +409,8 @@ def at_size(res: Resources, cfg: dict) -> tuple[bool, int | None, int | None]:
 def params_in(res: Resources, ref: str) -> int:
     """The parameters of model `ref`, from its safetensors headers when it has them (nothing
     loaded: a model larger than memory is counted too), else from the loaded model."""
-    from rotviz.checkpoint import Checkpoint
-    from rotviz.models import resolve_ref
+    from rotviz.sources.checkpoint import Checkpoint
+    from rotviz.sources.loading import resolve_ref
 
     try:
         checkpoint = Checkpoint(resolve_ref(ref, res.confined()), res.confined())
@@ -430,9 +430,9 @@ def residual_why(res: Resources, ref: str, sized: bool = False) -> str | None:
     at size, asked of the model's skeleton (no weights read)."""
     if not sized:
         return summaries.residual_unsupported(res.load_eval(ref))
+    from rotviz.atsize.blocks import open_streamed
+    from rotviz.atsize.points import sized_loaded
     from rotviz.heads import residual_refusal
-    from rotviz.stream.blocks import open_streamed
-    from rotviz.stream.sized import sized_loaded
     from rotviz.symmetry.residual import unsupported
     from rotviz.symmetry.view import read_view
 
@@ -450,15 +450,15 @@ def _measure_at_size(record, res: Resources, c: PairConfig, values: dict,
     implementation, or a one-line refusal from the record. The result holds `at_size`: what
     the pair needs in memory, the budget, and the memory the run held above what the app
     held before it (sampled while it ran)."""
+    from rotviz.atsize.blocks import open_streamed
+    from rotviz.atsize.endpoints import streamed_endpoints
+    from rotviz.atsize.points import sized_loaded
     from rotviz.devices import resolve_device
     from rotviz.match.pipeline import FUNCTION_TOLERANCE
     from rotviz.match.selection import match_options
     from rotviz.measures import Context
     from rotviz.memory import Watch
-    from rotviz.models import check_compatible
-    from rotviz.stream.blocks import open_streamed
-    from rotviz.stream.endpoints import streamed_endpoints
-    from rotviz.stream.sized import sized_loaded
+    from rotviz.sources.pairs import check_compatible
 
     need, limit = sizes
     over = (f"the pair needs {gb(need)} in memory, over the budget of {gb(limit)}, so it is "

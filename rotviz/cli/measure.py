@@ -17,7 +17,6 @@ import argparse
 from collections.abc import Callable
 from contextlib import contextmanager
 
-from rotviz import hub
 from rotviz.cli.args import (
     add_max_memory,
     add_overwrite,
@@ -30,6 +29,7 @@ from rotviz.errors import RotvizError
 from rotviz.measures import Measurement, measurements
 from rotviz.params import Param
 from rotviz.plots.figure_style import Style
+from rotviz.sources import hf_cache as hub
 
 
 def _param_type(p: Param):
@@ -163,7 +163,7 @@ def _figure_output(outputs, args):
     """(the --figure output, its format), checked before any work, or None."""
     if getattr(args, "figure", None) is None:
         return None
-    from rotviz.images import check_format, format_of
+    from rotviz.plots.images import check_format, format_of
 
     fmt = format_of(args.figure)
     check_format(fmt)
@@ -172,7 +172,7 @@ def _figure_output(outputs, args):
 
 def _write_figure(m: Measurement, tmp, fig, result) -> None:
     """The record's figure of `result` into --figure's temporary sibling."""
-    from rotviz.images import write
+    from rotviz.plots.images import write
 
     if fig is not None:
         write(tmp[fig[0]], m.plot(result.to_dict(), Style()), fig[1])
@@ -244,8 +244,8 @@ def run_inputs_command(m: Measurement, args: argparse.Namespace) -> int:
     line; at size (a pair larger than --max-memory), the record's refusal in one line."""
     from rotviz.cli.args import guard_inputs
     from rotviz.confine import ANYWHERE
+    from rotviz.data.reading import split_for
     from rotviz.devices import device_for, pick_device
-    from rotviz.evaluation import split_for
     from rotviz.measures import Context
     from rotviz.outputs import Outputs, write_json_file
 
@@ -339,7 +339,7 @@ def _progress(m: Measurement, group):
 
 
 def _split(m: Measurement, args, loaded, columns, seq_len, split_name: str | None = None):
-    from rotviz.evaluation import split_for
+    from rotviz.data.reading import split_for
 
     if args.data is None:
         return None
@@ -415,7 +415,7 @@ def _one_model(m: Measurement, args, values: dict) -> None:
 def _same_model(a: str, b: str) -> bool:
     """Whether two model references name one model (the same folder once resolved): a
     reference that does not resolve is left to the loader, which says what is wrong."""
-    from rotviz.models import resolve_ref
+    from rotviz.sources.loading import resolve_ref
 
     if a == b:
         return True
@@ -433,14 +433,15 @@ def _in_memory(m: Measurement, args, values: dict, outputs, folder, js, files=()
     from rotviz.match.selection import match_options
     from rotviz.match.widths import check_pair, refuse_narrower
     from rotviz.measures import Context
-    from rotviz.models import load_model, write_model
     from rotviz.outputs import write_json_file
+    from rotviz.sources.loading import load_model
+    from rotviz.sources.writing import write_model
 
     columns, seq_len = reading(args, args.data)
     device = device_for(pick_device(args.device))  # torchrun: each its local GPU
     # The pair is evaluated as the app does: in plain torch where that computes the same
-    # logits (rotviz.lite: no transformers import, seconds less). A model written from it
-    # (--out) is what transformers writes (write_model: rotviz.sources.plain where those
+    # logits (rotviz.sources.plain_torch: no transformers import, seconds less). A model written
+    # from it (--out) is what transformers writes (write_model: rotviz.sources.plain where those
     # files are known, else through transformers); a record's further files take the
     # transformers modules.
     load = load_model if files else _load_eval
@@ -482,7 +483,7 @@ def _in_memory(m: Measurement, args, values: dict, outputs, folder, js, files=()
 
 
 def _load_eval(ref: str):
-    from rotviz.lite import load_for_eval
+    from rotviz.sources.plain_torch import load_for_eval
 
     return load_for_eval(ref)
 
@@ -494,17 +495,17 @@ def _json(m: Measurement, result, args) -> dict:
 
 def _at_size(m: Measurement, args, values: dict, outputs, folder, js, files=()):
     """A pair too large for memory: matched streamed into a temporary folder
-    (rotviz.stream.endpoints), then measured block by block, or refused in one line."""
+    (rotviz.atsize.endpoints), then measured block by block, or refused in one line."""
+    from rotviz.atsize.blocks import open_streamed
+    from rotviz.atsize.endpoints import refuse, streamed_endpoints
+    from rotviz.atsize.points import sized_loaded
     from rotviz.devices import device_for, pick_device
     from rotviz.match.options import parse_layers
     from rotviz.match.selection import match_options
     from rotviz.match.widths import differs_only_in_ffn, refuse_narrower
     from rotviz.measures import Context
-    from rotviz.models import check_compatible
     from rotviz.outputs import write_json_file
-    from rotviz.stream.blocks import open_streamed
-    from rotviz.stream.endpoints import refuse, streamed_endpoints
-    from rotviz.stream.sized import sized_loaded
+    from rotviz.sources.pairs import check_compatible
 
     why = m.why_not_at_size()
     if why:

@@ -38,8 +38,8 @@ def _run(ends, ctx: Context, v: dict):
 
 
 def _at_size(ends, ctx: Context, v: dict):
+    from rotviz.atsize.landscape import sized_curve
     from rotviz.dist import SINGLE
-    from rotviz.stream.sized import sized_curve
 
     c = sized_curve(ends.anchor_path, ends.matched_path, ctx.split, v["points"], ctx.device,
                     v["batch_size"], repeats=v["repeats"], seed=v["seed"],

@@ -4,11 +4,11 @@ ladder, docs/symmetries.md)."""
 
 from __future__ import annotations
 
-from rotviz import hub
 from rotviz.limits import BATCH_SIZE, DEFAULT_STEPS, POINTS, STEPS
 from rotviz.measures.registry import Context, Inputs, Measurement, register
 from rotviz.params import Param
 from rotviz.plots.figure_style import Style
+from rotviz.sources import hf_cache as hub
 from rotviz.symmetry.registry import LADDER
 
 PARAMS = (

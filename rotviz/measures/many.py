@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from functools import cached_property
 
-from rotviz import hub
 from rotviz.limits import ROUNDS, TOL
 from rotviz.measures.registry import Context, Inputs, Measurement, register
 from rotviz.params import Param
 from rotviz.plots.figure_style import Style
+from rotviz.sources import hf_cache as hub
 
 # the fewest models `many` takes (rotviz.analysis.many.MIN_MODELS, which imports torch: this
 # copy keeps listing the record cheap; a test holds them equal)
@@ -37,7 +37,7 @@ class ManyModels:
         from rotviz.analysis.many import MIN_MODELS
         from rotviz.errors import RotvizError
         from rotviz.match.selection import label_of, match_options
-        from rotviz.models import resolve_ref
+        from rotviz.sources.loading import resolve_ref
 
         specs = list(specs or ("seed",))
         if len(specs) != 1:
@@ -61,7 +61,7 @@ class ManyModels:
         command has checked its outputs, so that a bad --json is refused before three
         models are read."""
         from rotviz.analysis.many import check_models
-        from rotviz.models import load_model
+        from rotviz.sources.loading import load_model
 
         models = [load_model(r, confined=self._confined) for r in self._refs]
         check_models(models)

@@ -6,12 +6,12 @@ must share the anchor's architecture and shapes."""
 
 from __future__ import annotations
 
-from rotviz import hub
 from rotviz.limits import WEIGHT
 from rotviz.measures.barrier import match_label
 from rotviz.measures.registry import Context, Measurement, OutputFile, register
 from rotviz.params import Param
 from rotviz.plots.figure_style import Style
+from rotviz.sources import hf_cache as hub
 
 
 def _params() -> tuple[Param, ...]:
@@ -71,7 +71,7 @@ def _load_base(ctx: Context, v: dict):
         return None
     if ctx.load is not None:
         return ctx.load(v["base"])
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
 
     return load_model(v["base"])
 
@@ -99,7 +99,7 @@ def _sized_check(v: dict) -> None:
 
 
 def _at_size(ends, ctx: Context, v: dict):
-    from rotviz.stream.sized import sized_merge
+    from rotviz.atsize.merge import sized_merge
 
     _sized_check(v)
     r = sized_merge(ends.anchor_path, ends.matched_path, ctx.split, v["weight"], ctx.device,
@@ -123,8 +123,8 @@ def _summary(r, how: str) -> str:
 
 def _scores(scores: dict[str, float] | None, lead: str, paren: bool = False) -> str:
     """The task's metrics beyond accuracy (macro-F1, entity F1, ...), named as
-    rotviz.tasks names them; empty for a task without any (a language model)."""
-    from rotviz.tasks import METRIC_LABELS
+    rotviz.data.tasks names them; empty for a task without any (a language model)."""
+    from rotviz.data.tasks import METRIC_LABELS
 
     text = ", ".join(f"{METRIC_LABELS.get(k, k)} {v:.4f}" for k, v in (scores or {}).items())
     if not text:
@@ -165,14 +165,14 @@ def _mergekit_write(ends, result, v: dict, file, folders, final) -> None:
     memory; at size: the streamed match's files copied), and the configuration naming the
     anchor's folder, that one and the base's (absolute paths, as they will be named)."""
     from rotviz.merging.mergekit import mergekit_config
-    from rotviz.models import resolve_ref
     from rotviz.outputs import text_stamp
+    from rotviz.sources.loading import resolve_ref
 
     (matched,) = folders
     if hasattr(ends, "matched_path"):  # at size: the matched source is a checkpoint folder
         _copy_model(resolve_ref(ends.matched_path), matched)
     else:
-        from rotviz.models import write_model
+        from rotviz.sources.writing import write_model
 
         same = all(ends.source.state[k].shape == t.shape for k, t in ends.matched.items()
                    if k in ends.source.state)  # a narrower source is written in A's width

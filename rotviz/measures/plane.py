@@ -30,8 +30,8 @@ def _run(ends, ctx: Context, v: dict):
 
 
 def _at_size(ends, ctx: Context, v: dict):
+    from rotviz.atsize.landscape import sized_plane
     from rotviz.dist import SINGLE
-    from rotviz.stream.sized import sized_plane
 
     pl = sized_plane(ends.anchor_path, ends.source_path, ends.matched_path, ctx.split,
                      v["grid"], v["margin"], ctx.device, v["batch_size"], ctx.progress,

@@ -3,7 +3,7 @@
 `rotviz.analysis.layerwise.layerwise_on` holds the anchor, the matched source and the source
 in memory, and builds S_g (the anchor with group g's tensors from a target) whole for each
 path. Here the three checkpoints are held as stored on the device (two without the unmatched
-comparison; rotviz.stream.sized.Held) and each point lerp(A, S_g, alpha) is built one block
+comparison; rotviz.atsize.points.Held) and each point lerp(A, S_g, alpha) is built one block
 at a time, just before the block runs: by block, a tensor comes from the target when its
 block (or 'rest') is in the group; by kind, the block's canonical views of the anchor and the
 target are mixed field by field and written back (a fused Q/K/V projection split into its
@@ -31,14 +31,14 @@ from rotviz.analysis.layerwise import (
     kinds_of,
     series,
 )
-from rotviz.data import Split
+from rotviz.atsize.blocks import block_tensors, block_view
+from rotviz.atsize.points import Held
+from rotviz.data.split import Split
 from rotviz.dist import SINGLE, Group
 from rotviz.errors import RotvizError
 from rotviz.limits import POINTS
 from rotviz.match.endpoints import MatchInfo
-from rotviz.sources import source_of
-from rotviz.stream.blocks import block_tensors, block_view
-from rotviz.stream.sized import Held
+from rotviz.sources.adapters import source_of
 from rotviz.symmetry.view import read_block
 from rotviz.types import Progress
 
@@ -164,7 +164,7 @@ def sized_layerwise(ends, split: Split, points: int = 11, by: str = "block",
                     progress: Progress | None = None, batch_size: int = 512,
                     group: Group = SINGLE) -> Layerwise | None:
     """`rotviz.analysis.layerwise.layerwise_on` on streamed endpoints
-    (rotviz.stream.endpoints: anchor, matched source and source as checkpoint folders), each
+    (rotviz.atsize.endpoints: anchor, matched source and source as checkpoint folders), each
     point built block by block. Under torchrun (`group`) the points are shared and rank 0
     returns the result (None elsewhere)."""
     POINTS.check(points)

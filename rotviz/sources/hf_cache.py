@@ -245,7 +245,7 @@ def _wanted(name: CacheName, commit: str, cache: Path, repo: Path) -> list[str] 
 
     from huggingface_hub import errors
 
-    from rotviz.tokens import PROCESSOR_FILES, TOKENIZER_FILES
+    from rotviz.data.tokens import PROCESSOR_FILES, TOKENIZER_FILES
 
     try:
         from huggingface_hub import get_cached_repo_tree

@@ -3,11 +3,11 @@
 A config names the sizes a loader allocates: `n_layer: 1000000000` would build a billion
 blocks (a hang), a huge `vocab_size` an embedding of terabytes, `patch_size: 0` a division
 by zero deep inside a library. So every size a family reads is checked here first, the same
-way by the streamed and the in-memory paths: a positive integer (not a bool, not "32")
+way at size and in memory: a positive integer (not a bool, not "32")
 within the bound in SIZE_LIMITS (the one place those bounds live), and then against the
 checkpoint's own tensor shapes, read from its headers (the number of blocks, the width, the
 heads, the vocabulary and position tables, the patch projection). Only then is a module
-built, and only on the meta device (rotviz.skeleton.check_fits) until the weights are known
+built, and only on the meta device (rotviz.atsize.runtime.check_fits) until the weights are known
 to fit it.
 """
 

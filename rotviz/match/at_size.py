@@ -2,21 +2,22 @@
 
 The seed paper's maps (FFN permutation, Q-K and V-O rotations and scales, head permutation)
 are per layer: block i of the matched source depends on block i of the two models only. So
-the streamed match reads block i of each checkpoint (safetensors, lazily, rotviz.checkpoint),
-solves it exactly as the in-memory path does (rotviz.match.layers on a one-block view), and
-writes the matched block straight into the output shards in the checkpoint's own dtypes.
-Everything outside the blocks is copied unchanged. Peak memory is a few blocks plus the
+matching at size reads block i of each checkpoint (safetensors, lazily,
+rotviz.sources.checkpoint), solves it exactly as the in-memory path does (rotviz.match.layers on a
+one-block view), and writes the matched block straight into the output shards in the checkpoint's
+own dtypes. Everything outside the blocks is copied unchanged. Peak memory is a few blocks plus the
 embeddings, whatever the depth; the result is the in-memory result (tests/test_streaming.py).
 
 Under torchrun each rank solves its share of the blocks; rank 0 gathers the maps, re-applies
 them to the source's blocks (the same arithmetic, so the same bits) and writes. The function
 check then runs the probe inputs through the source and the matched model, each block loaded
-only while it runs (rotviz.skeleton): in float32, and for a half checkpoint in its dtype too.
+only while it runs (rotviz.atsize.runtime): in float32, and for a half checkpoint in its dtype too.
 
-Weight matching (the residual map, alternated with these) streams too, one pass over the
-blocks per round: rotviz.stream.residual. Matching from data (activations, learned
-maps) needs every block at once; the streamed path refuses it in one line. What both share
-(opening a folder, reading and writing a block, the function check): rotviz.stream.blocks.
+Weight matching (the residual map, alternated with these) runs at size too, one pass over
+the blocks per round: rotviz.match.at_size_residual. Matching from data (activations, learned
+maps) needs every block at once; matching at size refuses it in one line. What both share:
+rotviz.atsize.blocks (opening a folder, reading and writing a block) and
+rotviz.match.at_size_checks (distances, the function check).
 """
 
 from __future__ import annotations
@@ -28,33 +29,35 @@ from pathlib import Path
 
 import torch
 
+from rotviz.atsize.blocks import (
+    Streamed,
+    applied_block,
+    as_stored,
+    block_tensors,
+    open_writer,
+    read_block_view,
+    write_block_tensors,
+    write_config,
+)
+from rotviz.atsize.runtime import Provider, Reader
 from rotviz.devices import wide_device
 from rotviz.dist import SINGLE, Group
 from rotviz.errors import RotvizError
+from rotviz.match.at_size_checks import (
+    Dtype,
+    check_function,
+    kind_cells,
+    rest_cells,
+    streaming_refusal,
+)
+from rotviz.match.at_size_residual import match_streamed_residual
 from rotviz.match.distances import Distances, distances
 from rotviz.match.layers import match_layers
 from rotviz.match.options import MatchOptions
 from rotviz.match.pipeline import refuse_residual
 from rotviz.match.report import HeadReport, MatchReport
 from rotviz.memory import release
-from rotviz.models import check_compatible
-from rotviz.skeleton import Provider, Reader
-from rotviz.stream.blocks import (
-    Dtype,
-    Streamed,
-    applied_block,
-    as_stored,
-    block_tensors,
-    check_function,
-    kind_cells,
-    open_writer,
-    read_block_view,
-    rest_cells,
-    streaming_refusal,
-    write_block_tensors,
-    write_config,
-)
-from rotviz.stream.residual import match_streamed_residual
+from rotviz.sources.pairs import check_compatible
 from rotviz.symmetry.actions import LayerTransform
 from rotviz.symmetry.view import ModelView
 from rotviz.types import Progress
@@ -110,7 +113,7 @@ def match_streamed(
         raise RotvizError(f"{why}; match in memory (raise --max-memory) or drop it")
     check_compatible(anchor, source)  # type: ignore[arg-type]  # duck-typed: meta state
     device = wide_device(device)
-    if options.residual:  # one pass over the blocks per round (rotviz.stream.residual)
+    if options.residual:  # one pass over the blocks per round (rotviz.match.at_size_residual)
         refuse_residual(anchor, source)
         return match_streamed_residual(anchor, source, folder, options, torch.device(device),
                                        progress, group, shard_bytes, cancel)
@@ -188,3 +191,5 @@ def _report(anchor: Streamed, source: Streamed, options: MatchOptions,
     layers = [solved[i].report for i in sorted(solved) if solved[i].report is not None]
     return MatchReport(options, Distances({**before, **rest}), Distances({**after, **rest}),
                        layers)
+
+

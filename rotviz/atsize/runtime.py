@@ -1,6 +1,6 @@
 """Running a model whose blocks are loaded only while they run.
 
-A streamed match (rotviz.stream.match) must still prove that it preserved the function,
+A match at size (rotviz.match.at_size) must still prove that it preserved the function,
 on a model that may not fit in memory. The module is built with its parameters on the meta
 device (no memory; buffers such as rotary frequencies are computed as usual), everything
 outside the blocks is loaded from the checkpoint, and each block gets its parameters from a
@@ -19,8 +19,8 @@ from torch import nn
 
 from rotviz.arch import ArchSpec
 from rotviz.errors import RotvizError
-from rotviz.legacy import read_past
-from rotviz.sources import call, source_of
+from rotviz.sources.adapters import call, source_of
+from rotviz.sources.legacy import read_past
 
 Tensor = torch.Tensor
 
@@ -197,9 +197,9 @@ def check_fits(spec: ArchSpec, config: dict, meta: Mapping[str, Tensor], where) 
     shapes, from its headers) do not fit the module `config` builds: tensors the module needs
     and the checkpoint lacks, tensors it does not have, tensors of the wrong shape. The
     module is built on meta (nothing allocated), so a config whose `architectures` names a
-    class the weights do not fit is refused before a real module is built; the streamed and
-    in-memory paths both ask here. Old-format buffers the module's class reads past
-    (rotviz.legacy) are not unexpected. A checkpoint whose names the loader converts (split,
+    class the weights do not fit is refused before a real module is built; the paths at size
+    and in memory both ask here. Old-format buffers the module's class reads past
+    (rotviz.sources.legacy) are not unexpected. A checkpoint whose names the loader converts (split,
     merged) cannot be compared name by name: the loader's own check decides there."""
     import re
     from pathlib import Path
@@ -240,8 +240,8 @@ def check_fits(spec: ArchSpec, config: dict, meta: Mapping[str, Tensor], where) 
 def legacy_tensors(spec: ArchSpec, config: dict, module: nn.Module,
                    meta: Mapping[str, Tensor]) -> frozenset[str]:
     """The checkpoint's tensors (`meta`: names and shapes from its headers) that `module`, built
-    from `config`, reads past (rotviz.legacy.read_past), under the checkpoint's own names: what a
-    streamed run neither reads nor writes. The source's one line (RotvizError) where its
+    from `config`, reads past (rotviz.sources.legacy.read_past), under the checkpoint's own names:
+    what a run at size neither reads nor writes. The source's one line (RotvizError) where its
     loader converts the checkpoint's names, which cannot be compared name by name."""
     names = source_of(spec).checkpoint_names(module, list(meta))
     past = read_past(module, spec, config, {names[n]: tuple(t.shape) for n, t in meta.items()})

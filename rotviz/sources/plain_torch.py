@@ -7,7 +7,7 @@ torch: `LiteViT` (ViTForImageClassification) and `LiteGPT2` (GPT2LMHeadModel) co
 logits from the same tensors under the same names (tests compare them with transformers to
 1e-5 on every shipped model and on random ones). Anything else (other classes, settings these
 modules do not implement, checkpoints with other tensor names, pickled weights) is loaded the
-ordinary way with `rotviz.models.load_model`: `load_for_eval` never guesses.
+ordinary way with `rotviz.sources.loading.load_model`: `load_for_eval` never guesses.
 """
 
 from __future__ import annotations
@@ -24,16 +24,9 @@ from rotviz.arch import spec_for
 from rotviz.arch.vit_names import runtime_name
 from rotviz.confine import ANYWHERE, Confined
 from rotviz.devices import SHORT_ATTENTION
-from rotviz.legacy import read_past
-from rotviz.models import (
-    HALF,
-    Loaded,
-    check_finite,
-    load_model,
-    read_config,
-    resolve_ref,
-)
 from rotviz.sources.files import floating_dtypes
+from rotviz.sources.legacy import read_past
+from rotviz.sources.loading import HALF, Loaded, check_finite, load_model, read_config, resolve_ref
 
 _ACTS = {
     "gelu": lambda x: F.gelu(x),
@@ -211,7 +204,7 @@ class LiteGPT2(nn.Module):
 
     TIED = {"lm_head.weight": "transformer.wte.weight"}
     # GPT2PreTrainedModel's own list (old checkpoints' causal masks), mirrored without
-    # importing transformers so that rotviz.legacy reads past what transformers does;
+    # importing transformers so that rotviz.sources.legacy reads past what transformers does;
     # tests/test_legacy_buffers.py compares the two
     _keys_to_ignore_on_load_unexpected = ("attn.bias", "crossattention.bias")
 
@@ -285,8 +278,8 @@ def load_lite(ref: str | os.PathLike, device: torch.device | str = "cpu",
               confined: Confined = ANYWHERE) -> Loaded | None:
     """The model as a plain-torch module, or None when the lite path does not cover it.
     Every file is read through `confined` (regular files, inside the roots)."""
-    from rotviz.checkpoint import INDEX, SINGLE
-    from rotviz.models import check_weights
+    from rotviz.sources.checkpoint import INDEX, SINGLE
+    from rotviz.sources.loading import check_weights
 
     path = resolve_ref(ref, confined)
     config = read_config(path, confined)

@@ -1,8 +1,8 @@
-"""Checkpoint folders opened for streaming, and what the streamed paths share: one block
-read as a one-block view, the tensors outside the blocks measured in slices, the output
-written as shards as it goes, and the function check with each block loaded only while it
-runs (rotviz.skeleton). The matching itself: rotviz.stream.match (per-layer maps) and
-rotviz.stream.residual (weight matching).
+"""Checkpoint folders opened at size, and what every path at size shares: one block read as
+a one-block view, the output written as shards as it goes, and the logits of a model whose
+blocks load only while they run (rotviz.atsize.runtime). Matching at size:
+rotviz.match.at_size (per-layer maps), rotviz.match.at_size_residual (weight matching), and
+what both check (distances, the function check): rotviz.match.at_size_checks.
 """
 
 from __future__ import annotations
@@ -17,33 +17,21 @@ from pathlib import Path
 import torch
 
 from rotviz.arch import ArchSpec, spec_for
-from rotviz.checkpoint import Checkpoint, ShardWriter
+from rotviz.atsize.runtime import BlockStreamed, Provider, Reader, build_meta, legacy_tensors
 from rotviz.confine import ANYWHERE, Confined
 from rotviz.errors import RotvizError
-from rotviz.match.distances import Distances, distances, squared_distance
-from rotviz.match.options import MatchOptions
-from rotviz.match.pipeline import record_stored_check
-from rotviz.match.report import MatchReport
 from rotviz.memory import release
-from rotviz.models import (
-    HALF,
-    attends_unfused,
-    attention_positions,
-    check_weights,
-    dominant_dtype,
-    logit_change,
-    read_config,
-    resolve_ref,
-)
-from rotviz.skeleton import BlockStreamed, Provider, Reader, build_meta, legacy_tensors
-from rotviz.sources import source_of
+from rotviz.sources.adapters import source_of
+from rotviz.sources.checkpoint import Checkpoint
+from rotviz.sources.loading import check_weights, dominant_dtype, read_config, resolve_ref
+from rotviz.sources.running import attends_unfused, attention_positions
+from rotviz.sources.shards import ShardWriter
 from rotviz.symmetry.actions import LayerTransform, apply_layer
 from rotviz.symmetry.view import (
     Block,
     Dims,
     Layout,
     ModelView,
-    _kind_of,
     model_dims,
     read_block,
     resolve_layout,
@@ -55,7 +43,7 @@ Tensor = torch.Tensor
 
 @dataclass(frozen=True)
 class Streamed:
-    """A model folder opened for streaming: its config and spec, the checkpoint's headers,
+    """A model folder opened at size: its config and spec, the checkpoint's headers,
     and where every tensor sits in the family's layout. No weights are read."""
 
     ref: str
@@ -69,7 +57,7 @@ class Streamed:
     rest: tuple[str, ...]  # every other name the model reads, in checkpoint order
     tied: tuple[tuple[str, str], ...]
     confined: Confined = ANYWHERE  # what every later read of the folder goes through
-    # old-format buffers the model's class reads past (rotviz.legacy): never read, compared
+    # old-format buffers the model's class reads past (rotviz.sources.legacy): never read, compared
     # or written, as a loaded model does not hold them
     dropped: frozenset[str] = frozenset()
 
@@ -92,7 +80,7 @@ class Streamed:
 
     def runner(self, module, rest: Reader, provider: Provider,
                stream_rest: bool = True) -> BlockStreamed:
-        """`module` (built by rotviz.skeleton.build_meta from this model's config) run block
+        """`module` (built by rotviz.atsize.runtime.build_meta from this model's config) run block
         by block: blocks from `provider`, the tensors outside them from `rest`, under the
         checkpoint's names mapped to the module's as the source's loader maps them."""
         names = source_of(self.spec).checkpoint_names(module, self.checkpoint.keys())
@@ -104,8 +92,8 @@ class Streamed:
 
 
 def open_streamed(ref: str | os.PathLike, confined: Confined = ANYWHERE) -> Streamed:
-    """Open a model folder for streaming (headers only), through `confined`; one-line errors
-    for folders that cannot be streamed: no safetensors, a checkpoint or config that the
+    """Open a model folder at size (headers only), through `confined`; one-line errors
+    for folders that cannot be run at size: no safetensors, a checkpoint or config that the
     in-memory path refuses too (models.check_weights, the same checks), a tensor group (the
     linear maps of one block) in mixed dtypes."""
     path = resolve_ref(ref, confined)
@@ -146,13 +134,6 @@ def open_streamed(ref: str | os.PathLike, confined: Confined = ANYWHERE) -> Stre
                     dropped)
 
 
-def streaming_refusal(options: MatchOptions) -> str | None:
-    """Why `options` cannot be matched block by block, or None."""
-    if options.needs_data:
-        return f"matching from data ([{options.label}]) cannot be streamed yet"
-    return None
-
-
 # ---- one block --------------------------------------------------------------------------------
 
 
@@ -171,10 +152,6 @@ def read_block_view(model: Streamed, i: int, dtype: torch.dtype | None = torch.f
     prefix = model.layout.blocks[i]
     block = read_block(model.spec, model.dims, model.layout, state, prefix)
     return block_view(model, block, i, {n: t.dtype for n, t in state.items()})
-
-
-def kind_cells(d: Distances) -> dict[str, float]:
-    return {kind: v for (_, kind), v in d.cells.items()}
 
 
 def applied_block(source: Streamed, i: int, t: LayerTransform | None,
@@ -197,43 +174,6 @@ def block_tensors(view: ModelView, i: int, model: Streamed) -> dict[str, Tensor]
 
 
 # ---- the whole model ----------------------------------------------------------------------------
-
-
-def rest_cells(anchor: Streamed, source: Streamed) -> dict[tuple[int | None, str], float]:
-    """Distances outside the blocks (unchanged by per-layer maps), one tensor at a time and
-    the largest (embeddings, output heads) in slices of rows, in the kinds
-    `rotviz.symmetry.view.groups` gives them (tie aliases counted once)."""
-    tied = {alias for alias, _ in source.tied}
-    cells: dict[tuple[int | None, str], float] = {}
-    for name in source.rest:
-        if name in tied or not source.checkpoint.entries[name].dtype.is_floating_point:
-            continue
-        shape = source.checkpoint.entries[name].shape
-        rows = shape[0] if shape else 1
-        step = max(1, (1 << 22) // max(1, math.prod(shape[1:]))) if shape else 1
-        total = 0.0
-        for lo in range(0, rows, step):
-            if shape:
-                a = anchor.checkpoint.read_rows(name, lo, lo + step, torch.float32)
-                s = source.checkpoint.read_rows(name, lo, lo + step, torch.float32)
-            else:
-                a = anchor.checkpoint.read([name], torch.float32)[name]
-                s = source.checkpoint.read([name], torch.float32)[name]
-            total += squared_distance(s, a)
-        key = (None, _kind_of(name, source.layout))
-        cells[key] = cells.get(key, 0.0) + total
-    return cells
-
-
-def streamed_distance(anchor: Streamed, source: Streamed) -> Distances:
-    """The parameter distance of two checkpoints, read block by block (as the in-memory
-    `rotviz.match.distances.distances` of the loaded models)."""
-    cells: dict[tuple[int | None, str], float] = {}
-    for i in range(source.dims.n_layers):
-        d = distances(read_block_view(source, i), read_block_view(anchor, i))
-        cells.update({(i, k): v for k, v in kind_cells(d).items()})
-        release()
-    return Distances({**cells, **rest_cells(anchor, source)})
 
 
 def _ties(spec: ArchSpec, config: dict, names: set[str], module: set[str]
@@ -297,7 +237,7 @@ class _Discard:
 
 
 def write_config(source: Streamed, folder: Path) -> None:
-    from rotviz.models import copy_reading_files
+    from rotviz.sources.writing import copy_reading_files
 
     config = source.confined.read_bytes(source.path / "config.json", "config")
     (folder / "config.json").write_bytes(config)
@@ -307,7 +247,7 @@ def write_config(source: Streamed, folder: Path) -> None:
 # ---- the function check -------------------------------------------------------------------------
 
 
-def _logits(source: Streamed, provider: Provider, rest: Reader, inputs) -> Tensor:
+def logits_at_size(source: Streamed, provider: Provider, rest: Reader, inputs) -> Tensor:
     """The source's module run on `inputs`, blocks from `provider`, the tensors outside them
     from `rest` (in the dtype they come in). Embeddings and output heads are read only while
     their module runs; a model that uses one elsewhere (a head that decodes with the
@@ -316,7 +256,7 @@ def _logits(source: Streamed, provider: Provider, rest: Reader, inputs) -> Tenso
 
     def run(stream_rest: bool) -> Tensor:
         module, _ = build_meta(source.spec, full, source.stored_dtype)
-        # attention as the in-memory check runs it (rotviz.models.attending_module)
+        # attention as the in-memory check runs it (rotviz.sources.running.attending_module)
         first = next(iter(inputs.values())) if isinstance(inputs, Mapping) else inputs
         if attends_unfused(module, attention_positions(full, inputs), first.device):
             module.set_attn_implementation("eager")
@@ -337,46 +277,3 @@ def _logits(source: Streamed, provider: Provider, rest: Reader, inputs) -> Tenso
     return run(False)
 
 
-Dtype = torch.dtype | None  # float32, or None: as stored
-
-
-def check_function(source: Streamed, matched: Callable[[Dtype], Provider],
-           matched_rest: Callable[[Dtype], Reader], report: MatchReport,
-           folder: Path | None) -> None:
-    """Fill the report's function check, as rotviz.match.pipeline does in memory: the source
-    against the matched model (`matched(dtype)` gives its blocks, `matched_rest(dtype)` the
-    tensors outside them), in float32 and, for a half checkpoint, as stored (read back from
-    the written `folder` where there is one)."""
-    module, full = build_meta(source.spec, read_config(source.path, source.confined))
-    x = source_of(source.spec).probe_inputs(source.spec, full, module, 4, 0)
-
-    def original(dtype: Dtype) -> Provider:
-        return lambda i: block_tensors(applied_block(source, i, None, dtype), i, source)
-
-    def stored_rest(dtype: Dtype) -> Reader:
-        return lambda ns: source.checkpoint.read(ns, dtype)
-
-    ya = _logits(source, original(torch.float32), stored_rest(torch.float32), x)
-    release()
-    yb = _logits(source, matched(torch.float32), matched_rest(torch.float32), x)
-    release()
-    report.max_output_diff = float((ya - yb).abs().max())
-    dtype = source.stored_dtype
-    if dtype not in HALF:
-        return
-    xs = {k: v.to(dtype) if v.is_floating_point() else v for k, v in x.items()}
-    if folder is not None:  # the written files, as they will be loaded
-        written = Checkpoint(folder, source.confined)
-
-        def blocks(i: int) -> Mapping[str, Tensor]:
-            return written.read(source.block_keys[i], None)
-
-        def rest(ns: list[str]) -> Mapping[str, Tensor]:
-            return written.read(ns, None)
-    else:
-        blocks, rest = matched(None), matched_rest(None)
-    ya = _logits(source, original(None), stored_rest(None), xs)
-    release()
-    yb = _logits(source, blocks, rest, xs)
-    release()
-    record_stored_check(report, dtype, *logit_change(ya, yb))

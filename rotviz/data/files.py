@@ -1,6 +1,6 @@
 """Which files reading a data reference opens, each resolved through a `Confined` reader.
 
-The data loaders (rotviz.data, rotviz.labelled) open only the files these functions hand
+The data loaders (rotviz.data.split, rotviz.data.labelled) open only the files these functions hand
 them, and the app lists (rotviz.app.roots.discover_data) and accepts
 (rotviz.app.roots.resolve_data) only the data for which `check_data` succeeds, so offered
 data is checked exactly like typed data.
@@ -21,7 +21,7 @@ from pathlib import Path
 from rotviz.confine import Confined
 from rotviz.errors import RotvizError
 
-REPO = Path(__file__).resolve().parent.parent  # a source checkout's root (assets/data/...)
+REPO = Path(__file__).resolve().parents[2]  # a source checkout's root (assets/data/...)
 
 # What a file of each kind must be, for messages.
 FILE_KINDS = {"text": "a UTF-8 text file", "csv": "a CSV file", "tsv": "a TSV file",

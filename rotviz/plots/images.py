@@ -92,7 +92,7 @@ def draw(jobs: Sequence[tuple[Any, str]], width: int | None = None,
     for _, fmt in jobs:
         check_format(fmt, "render")
         if fmt == "html":
-            raise RotvizError("render draws images; write HTML with rotviz.images.html")
+            raise RotvizError("render draws images; write HTML with rotviz.plots.images.html")
     if not jobs:
         return []
     size: dict[str, Any] = {"scale": scale}

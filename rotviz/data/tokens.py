@@ -6,11 +6,11 @@ Feeding a model ids from the wrong vocabulary gives numbers that look fine and m
   local files; never remote code), which must encode a probe text as the folder's
   tokenizer.json does; where it does not, the file's own tokenizer is used, or refused;
 - a model whose config declares `"rotviz_vocab": "chars"` (rotviz's own character models,
-  and the random test models) is read with `rotviz.data`'s character vocabulary;
+  and the random test models) is read with rotviz.data.text's character vocabulary;
 - any other model given text is refused in one line.
 
 Each encoding has a fingerprint (`chars`, or `tok:` and a hash of the tokenizer files). A
-split records the one it was made with, and `rotviz.evaluation.check_fits` refuses a split
+split records the one it was made with, and `rotviz.data.reading.check_fits` refuses a split
 whose fingerprint is not the model's, so no consumer can feed the wrong ids, and a pair of
 models whose tokenizers differ is refused before anything is computed.
 """
@@ -46,7 +46,7 @@ PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json", "generat
 @dataclass(frozen=True)
 class TextEncoding:
     """How one model reads text. `tokenizer` is None for the character vocabulary, which
-    rotviz.data reads itself (`load_split` without a reader): the methods below are the
+    rotviz.data.text reads itself (`load_split` without a reader): the methods below are the
     tokenizer's."""
 
     fingerprint: str
@@ -148,7 +148,7 @@ def text_encoding(path: Path, config: Mapping, ref: str,
     files = tokenizer_files(path, confined)
     if not files:
         if declares_chars(config):
-            from rotviz.data import VOCAB_SIZE
+            from rotviz.data.text import VOCAB_SIZE
 
             return TextEncoding(CHARS, None, VOCAB_SIZE)
         raise RotvizError(no_encoding(ref))

@@ -17,7 +17,8 @@ as transformers does (DeBERTa lists `position_embeddings`, a table its module do
 `position_biased_input` is off). A name known otherwise (a non-persistent buffer's, the added
 patterns', the family file's) is not enough: such a tensor is read past only when it is shaped
 like a buffer (`buffer_like`), so that a weight under a matching name is refused rather than
-silently dropped. Nothing here imports transformers: the lite loader (rotviz.lite) asks too.
+silently dropped. Nothing here imports transformers: the lite loader (rotviz.sources.plain_torch)
+asks too.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ Shape = Sequence[int]
 
 # What transformers' `_adjust_missing_and_unexpected_keys` adds to the class's patterns (5.x),
 # each only where the module has such a buffer: used where that method cannot be called (an
-# older transformers, whose method takes other arguments, or a module of rotviz.lite).
+# older transformers, whose method takes other arguments, or a module of
+# rotviz.sources.plain_torch).
 _ADDED = ((r"rotary_emb\.inv_freq", "rotary_emb.inv_freq"),
           (r"(^|\.)position_ids$", "position_ids"))
 
@@ -47,7 +49,7 @@ def read_past(module: nn.Module, spec: ArchSpec, config: Mapping,
 
     A shape of None, or names given without shapes, are judged by name alone: for callers
     whose tensors were judged with their shapes before (rotviz.sources.hf filters what
-    transformers reports after rotviz.skeleton.check_fits has checked the headers)."""
+    transformers reports after rotviz.atsize.runtime.check_fits has checked the headers)."""
     shapes = dict(tensors) if isinstance(tensors, Mapping) else dict.fromkeys(tensors)
     if not shapes:  # a load transformers found nothing unexpected in: the common case
         return set()

@@ -1,16 +1,16 @@
 """What matching a pair in memory needs, from the safetensors headers alone: whether a
-command must stream. Asked on every command before anything is loaded, so it imports only
-the header reader (rotviz.checkpoint), not the streamed path (rotviz.stream.blocks pulls in
+command must run at size. Asked on every command before anything is loaded, so it imports only
+the header reader (rotviz.sources.checkpoint), not the path at size (rotviz.atsize.blocks pulls in
 matching, views and actions)."""
 
 from __future__ import annotations
 
 import math
 
-from rotviz.checkpoint import Checkpoint
 from rotviz.confine import ANYWHERE, Confined
 from rotviz.errors import RotvizError
-from rotviz.models import resolve_ref
+from rotviz.sources.checkpoint import Checkpoint
+from rotviz.sources.loading import resolve_ref
 
 # The in-memory path holds about 3.5-4.4x the pair's float32 bytes at its peak (both models,
 # their views, the matched copy and the checks; bench/RESULTS.md, LLaMA-1B rows).

@@ -32,30 +32,28 @@ from pathlib import Path
 
 import torch
 
+from rotviz.atsize.blocks import (
+    Streamed,
+    as_stored,
+    block_tensors,
+    open_writer,
+    read_block_view,
+    write_block_tensors,
+    write_config,
+)
 from rotviz.dist import SINGLE, Group
 from rotviz.errors import RotvizError
 from rotviz.match.alternating import Step, alternate, check_residual, describe
+from rotviz.match.at_size_checks import Dtype, check_function, kind_cells, rest_cells
 from rotviz.match.distances import Distances, distances, squared_distance
 from rotviz.match.layers import match_layers
 from rotviz.match.options import MatchOptions
 from rotviz.match.report import HeadReport, MatchReport
 from rotviz.memory import release
-from rotviz.stream.blocks import (
-    Dtype,
-    Streamed,
-    as_stored,
-    block_tensors,
-    check_function,
-    kind_cells,
-    open_writer,
-    read_block_view,
-    rest_cells,
-    write_block_tensors,
-    write_config,
-)
 from rotviz.symmetry import residual as rs
 from rotviz.symmetry.actions import LayerTransform, apply_layer
-from rotviz.symmetry.view import Layout, ModelView, _kind_of
+from rotviz.symmetry.kinds import kind_of
+from rotviz.symmetry.view import Layout, ModelView
 from rotviz.types import Progress
 
 Tensor = torch.Tensor
@@ -218,7 +216,7 @@ def _matched_rest(split: _RestSplit, q: Tensor | None
     small_out = {n: t for n, t in small.other.items() if n in split.small}
 
     def slices(name: str, count: bool = False):
-        kind = _kind_of(name, split.source.layout)
+        kind = kind_of(name, split.source.layout)
         for a_part, s_part in split.slices(name):
             _, g = rs.canonicalise(a_part)
             x = rs.canonicalise(s_part)[0]
@@ -233,8 +231,8 @@ def _matched_rest(split: _RestSplit, q: Tensor | None
 
 
 class StreamedState:
-    """The alternation's state (rotviz.match.alternating.State) over two streamed
-    checkpoints: the maps found so far; every pass recomputes the blocks from the files."""
+    """The alternation's state (rotviz.match.alternating.State) over two checkpoints
+    at size: the maps found so far; every pass recomputes the blocks from the files."""
 
     def __init__(self, anchor: Streamed, source: Streamed, options: MatchOptions,
                  device: torch.device, group: Group, rest: _Rest | None,
@@ -367,7 +365,7 @@ def match_streamed_residual(
     shard_bytes: int | None = None,
     cancel: Callable[[], bool] | None = None,
 ) -> MatchReport | None:
-    """rotviz.stream.match.match_streamed with `options.residual` (see module)."""
+    """rotviz.match.at_size.match_streamed with `options.residual` (see module)."""
     t0 = time.perf_counter()
     rest = None
     verdict: tuple[str, str] | None = None

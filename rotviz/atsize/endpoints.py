@@ -1,8 +1,9 @@
-"""Streamed endpoints: the `Endpoints` of a pair too large for memory.
+"""Endpoints at size: the `Endpoints` of a pair too large for memory.
 
-The source is matched streamed (block by block from its safetensors shards) into a temporary
-folder; the endpoints are then three checkpoint folders (anchor, source, matched source) that
-the at-size measurements (rotviz.stream.sized) read block by block, and the match's brief.
+The source is matched at size (a block at a time from its safetensors shards) into a
+temporary folder; the endpoints are then three checkpoint folders (anchor, source, matched
+source) that the measurements at size (rotviz.atsize.points) read a block at a time, and the
+match's brief.
 Without matching the matched source is the source itself. The folder is removed when the
 context ends.
 """
@@ -36,7 +37,7 @@ class StreamedEndpoints:
     matched_path: str
     info: MatchInfo | None
     layers: list[int] | None
-    anchor: Any  # the opened anchor (rotviz.stream.blocks.Streamed)
+    anchor: Any  # the opened anchor (rotviz.atsize.blocks.Streamed)
     at_size: bool = True
 
     @property
@@ -45,8 +46,8 @@ class StreamedEndpoints:
 
 
 def refuse(options: MatchOptions | None) -> None:
-    """A one-line error when `options` cannot be matched streamed."""
-    from rotviz.stream.blocks import streaming_refusal
+    """A one-line error when `options` cannot be matched at size."""
+    from rotviz.match.at_size_checks import streaming_refusal
 
     why = None if options is None else streaming_refusal(options)
     if why:
@@ -57,10 +58,10 @@ def refuse(options: MatchOptions | None) -> None:
 @contextmanager
 def streamed_endpoints(anchor: Any, source: Any, options: MatchOptions | None, device: Any,
                        group: Group = SINGLE) -> Iterator[StreamedEndpoints]:
-    """Match the opened streamed pair (rotviz.stream.blocks.open_streamed) with `options`
+    """Match the opened streamed pair (rotviz.atsize.blocks.open_streamed) with `options`
     into a temporary folder shared by every torchrun rank, and yield the endpoints."""
-    from rotviz.stream.blocks import streamed_distance
-    from rotviz.stream.match import match_streamed
+    from rotviz.match.at_size import match_streamed
+    from rotviz.match.at_size_checks import streamed_distance
 
     refuse(options)
     with tempfile.TemporaryDirectory(prefix="rotviz-matched-") as tmp:

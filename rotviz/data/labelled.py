@@ -11,7 +11,7 @@
   are used; a missing val split is a seeded tenth of train.
 
 Labels go through the model's `label2id` (names), or are ids below its number of labels.
-The text goes through the model's own tokenizer (rotviz.tokens), truncated to the model's
+The text goes through the model's own tokenizer (rotviz.data.tokens), truncated to the model's
 length and padded on the right; for token classification each word's first token carries
 its tag and every other position is IGNORE. Every problem is one line (rotviz.errors).
 """
@@ -30,16 +30,9 @@ import numpy as np
 import torch
 
 from rotviz.confine import ANYWHERE, Confined
-from rotviz.datafiles import (
-    REPO,  # noqa: F401 (first defined here: the zoo imports it from here)
-    data_file,
-    data_folder,
-    data_path,  # noqa: F401 (as REPO)
-    hf_parquet,
-    read_text,
-)
+from rotviz.data.files import data_file, data_folder, hf_parquet, read_text
+from rotviz.data.splits import IGNORE, split_indices, tenth_split
 from rotviz.errors import RotvizError
-from rotviz.splits import IGNORE, split_indices, tenth_split
 
 ROW_KINDS = ("csv", "tsv", "jsonl")
 LABELLED_KINDS = (*ROW_KINDS, "conll", "hf")
@@ -457,8 +450,8 @@ def labelled_split(ref: str, split: str, seed: int, reader: Any, lab: Labelling,
                    confined: Confined = ANYWHERE
                    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     """One split of labelled data `ref` (see the module), read by `reader` (the model's
-    rotviz.tokens.TextEncoding) for the classifier `lab` describes: input ids, labels and
-    the further inputs (rotviz.data.load_split makes it a Split). Files are read through
+    rotviz.data.tokens.TextEncoding) for the classifier `lab` describes: input ids, labels and
+    the further inputs (rotviz.data.split.load_split makes it a Split). Files are read through
     `confined`."""
     kind, _, path = ref.partition(":")
     if not path:

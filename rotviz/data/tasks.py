@@ -23,8 +23,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from rotviz.data.splits import IGNORE
 from rotviz.errors import RotvizError
-from rotviz.splits import IGNORE
 
 Tensor = torch.Tensor
 
