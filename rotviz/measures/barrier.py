@@ -1,12 +1,28 @@
 """The barrier: loss and accuracy along the straight path from the anchor to the matched
-source, theta(alpha) = (1 - alpha) anchor + alpha matched source (docs/landscape.md)."""
+source, theta(alpha) = (1 - alpha) anchor + alpha matched source (docs/landscape.md): the
+record, `interpolate` (match, then the curve: rotviz.analysis.paths.curve_on, which the
+training, sweeps, ladder and rounds records share) and its figure, `barrier_curves`."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from rotviz.limits import BATCH_SIZE, EXAMPLES, POINTS, REPEATS, SEED
 from rotviz.measures.registry import Context, Measurement, register
 from rotviz.params import Param, needs
 from rotviz.plots.figure_style import Style
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
+    import torch
+
+    from rotviz.analysis.paths import Curve
+    from rotviz.data import Split
+    from rotviz.dist import Group
+    from rotviz.match.options import MatchOptions
+    from rotviz.models import Loaded
+    from rotviz.types import Progress
 
 PARAMS = (
     Param("points", 21, f"number of alphas in [0, 1] (default 21, {POINTS.text})", POINTS,
@@ -29,7 +45,7 @@ def _check(values: dict, given: set[str]) -> None:
 
 
 def _run(ends, ctx: Context, v: dict):
-    from rotviz.analysis.landscape import curve_on
+    from rotviz.analysis.paths import curve_on
     from rotviz.dist import SINGLE
 
     return curve_on(ends, ctx.split, v["points"], ctx.device, ctx.progress, v["repeats"],
@@ -64,10 +80,91 @@ def match_label(match: str, layers: list[int] | None) -> str:
     return match if layers is None else f"{match}, layers {','.join(map(str, layers))}"
 
 
-def _plot(d: dict, style: Style):
-    from rotviz.plots.barrier import barrier_curves
+def interpolate(
+    anchor: Loaded,
+    source: Loaded,
+    split: Split,
+    options: MatchOptions | str | None = None,
+    points: int = 21,
+    device: str | torch.device = "cpu",
+    progress: Progress | None = None,
+    repeats: int = 1,
+    seed: int = 0,
+    batch_size: int = 512,
+    group: Group | None = None,
+) -> Curve | None:
+    """interpolate(anchor, source, split, options|None, points=21, device=, progress=) -> Curve
 
-    return barrier_curves([d])
+    Match the source onto the anchor with `options` (a MatchOptions, a SPEC string, or None
+    for no matching; activation and learned matching train on the split's train sibling),
+    then `curve_on` the endpoints.
+    """
+    from rotviz.analysis.paths import check_path, curve_on
+    from rotviz.dist import SINGLE
+    from rotviz.evaluation import Evaluator
+    from rotviz.match.endpoints import match_endpoints
+
+    check_path(points, repeats, split)
+    ev = Evaluator(anchor, split, device, batch_size)
+    ends = match_endpoints(anchor, source, options, ev.device, data=split)
+    return curve_on(ends, split, points, device, progress, repeats, seed, batch_size, ev,
+                    group or SINGLE)
+
+
+def barrier_curves(
+    curves: Sequence[Mapping],
+    metric: str = "loss",
+    font_size: int = 14,
+    title: str | None = None,
+    acc_range: Sequence[float] | None = None,
+) -> go.Figure:
+    """One line per matching option along θ(α) = (1-α)·anchor + α·matched source.
+
+    Each curve is a mapping like ``Curve.to_dict()` (rotviz.analysis.paths)`: `match` (the matching
+    SPEC), `alphas`, `loss` and `acc`. For the loss the barrier is drawn as a vertical
+    segment from the straight line between the end points up to the curve, and its height
+    is given in the legend. The accuracy axis follows the curves (`style.acc_range`) unless
+    `acc_range` is given: `style.ACC_FIXED` for the 0-1 scale, or one range shared with
+    the panels it is compared with.
+    """
+    import plotly.graph_objects as go
+
+    from rotviz.plots import style
+    from rotviz.plots.paths import barrier_point, path_title
+
+    fig = go.Figure()
+    key = "loss" if metric == "loss" else "acc"
+    for i, c in enumerate(curves):
+        name = style.nice_label(str(c["match"]))
+        a, v = list(map(float, c["alphas"])), list(map(float, c[key]))
+        if metric == "loss":
+            am, top, base = barrier_point(a, v)
+            name = f"{name} (barrier {top - base:.3f})"
+        fig.add_scatter(
+            x=a, y=v, mode="lines+markers", name=name, legendgroup=str(i),
+            line={"color": style.color(i), "dash": style.dash(i), "width": 2.5},
+            marker={"symbol": style.marker(i), "size": 6},
+            hovertemplate="α=%{x:.2f}: %{y:.4f}<extra>" + name + "</extra>",
+        )
+        if metric == "loss":
+            fig.add_scatter(
+                x=[am, am], y=[base, top], mode="lines", legendgroup=str(i), showlegend=False,
+                line={"color": style.color(i), "width": 1.5, "dash": "dot"},
+                hovertemplate=f"barrier {top - base:.3f} at α={am:.2f}<extra></extra>",
+            )
+    y = style.LOSS if metric == "loss" else style.ACCURACY
+    what = "Loss" if metric == "loss" else "Accuracy"
+    fig = style.finish(fig, title or path_title(what, [str(c["match"]) for c in curves]),
+                       style.ALPHA, y, "matching option", font_size)
+    fig.update_layout(legend={"orientation": "h", "y": -0.22, "x": 0})
+    if metric == "acc":
+        fig.update_yaxes(range=list(acc_range) if acc_range is not None else
+                         style.acc_range(v for c in curves for v in c["acc"]))
+    return fig
+
+
+def _plot(d: dict, look: Style):
+    return barrier_curves([d], font_size=look.font_size)
 
 
 def _animate(d: dict):
