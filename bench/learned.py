@@ -32,7 +32,7 @@ calm_before_torch()  # as the command line and the app do: under load, spinning 
 import torch  # noqa: E402
 
 from bench.results import RESULTS, default_pair_on_test, machine, write_section  # noqa: E402
-from rotviz.analysis.landscape import curve_on  # noqa: E402
+from rotviz.analysis.paths import curve_on  # noqa: E402
 from rotviz.match.endpoints import from_matched  # noqa: E402
 from rotviz.match.options import LearnOptions  # noqa: E402
 from rotviz.match.pipeline import match_models  # noqa: E402

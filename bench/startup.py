@@ -49,7 +49,7 @@ COMMANDS = {
 }
 # what barrier imports before its work: torch, then rotviz's own modules
 ENGINE = ("import torch, rotviz.cli, rotviz.lite, rotviz.data, rotviz.evaluation, "
-          "rotviz.match.endpoints, rotviz.measures.barrier, rotviz.analysis.landscape")
+          "rotviz.match.endpoints, rotviz.measures.barrier, rotviz.analysis.paths")
 HEAVY = ("transformers", "scipy.optimize", "pandas", "plotly", "huggingface_hub", "safetensors")
 RUN = (
     "import sys\n"

@@ -78,8 +78,8 @@ def classifier_rows(root: Path, sentences: int, measure: int) -> list[str]:
     import transformers as T
     from test_tokens import TEXT
 
-    from rotviz.analysis.landscape import interpolate
     from rotviz.evaluation import split_for
+    from rotviz.measures.barrier import interpolate
     from rotviz.models import load_model
 
     tok = _tokenizer(8000)

@@ -17,7 +17,7 @@ from conftest import refused
 from test_landscape import default_pair, default_pair_refs, digits
 
 from rotviz import animation, images
-from rotviz.analysis.landscape import curve_on
+from rotviz.analysis.paths import curve_on
 from rotviz.errors import RotvizError
 from rotviz.match.endpoints import match_endpoints, unmatched
 from rotviz.match.options import MatchOptions

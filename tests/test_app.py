@@ -363,8 +363,8 @@ def test_models_page_evaluates_light_models_then_computes_the_barrier_page_ahead
     models' own transformers classes, bit for bit."""
     from app_pages import common
     from rotviz import app as rapp
-    from rotviz.analysis.landscape import interpolate
     from rotviz.data import load_split
+    from rotviz.measures.barrier import interpolate
     from rotviz.models import load_model
 
     stores = common._stores()
@@ -529,8 +529,8 @@ def test_the_start_up_thread_waits_for_the_browsers_requests(monkeypatch):
 
 def test_barrier_page_chart_holds_library_results(pair):
     from app_pages import common
-    from rotviz.analysis.landscape import interpolate
     from rotviz.data import load_split
+    from rotviz.measures.barrier import interpolate
     from rotviz.models import load_model
 
     at = app("barrier", b_points="5")
@@ -715,8 +715,8 @@ def test_merge_page_chart_holds_fusion_table(pair):
     assert not at.exception, [e.message for e in at.exception]
     sweep = figures(at)["Merged model accuracy against weight (simple)"]
     got = {tr["name"]: numbers(tr["y"]) for tr in sweep["data"]}
-    from rotviz.analysis.fusion import sweep_on
     from rotviz.match.endpoints import match_endpoints
+    from rotviz.measures.merge_sweep import sweep_on
 
     split = load_split("digits").subset(N_EVAL)
     want = sweep_on(match_endpoints(a, s, "seed"), "simple", "weight",
@@ -1249,8 +1249,9 @@ def test_merge_page_aligns_many_models_on_run(roots):
     distance matrices (two heat maps, one colour scale) and the merged accuracy against the
     number of models, equal to the library's on the same split."""
     from rotviz import zoo_registry
-    from rotviz.analysis.many import align_many, merged_curve
     from rotviz.data import load_split
+    from rotviz.match.many import align_many
+    from rotviz.measures.many import merged_curve
     from rotviz.models import load_model
 
     at = app("merge", g_methods="simple average", n_rounds="1")

@@ -10,7 +10,7 @@ import torch
 from conftest import clone_state, view_of
 from test_landscape import default_pair_refs
 
-from rotviz.analysis.landscape import curve_on
+from rotviz.analysis.paths import curve_on
 from rotviz.cli import main
 from rotviz.data import load_split
 from rotviz.errors import RotvizError

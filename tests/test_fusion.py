@@ -18,8 +18,7 @@ from test_landscape import (
     synthetic_split,
 )
 
-from rotviz.analysis.fusion import fusion_table, merge
-from rotviz.analysis.landscape import interpolate
+from rotviz.analysis.fusion import fusion_table
 from rotviz.cli import main
 from rotviz.data import Split
 from rotviz.errors import RotvizError
@@ -27,6 +26,8 @@ from rotviz.evaluation import evaluate
 from rotviz.match.endpoints import match_endpoints
 from rotviz.match.engine import match
 from rotviz.match.options import MatchOptions
+from rotviz.measures.barrier import interpolate
+from rotviz.measures.merge import merge
 from rotviz.merging import method as method_record
 from rotviz.merging import names
 from rotviz.merging.fisher import fisher_combine, fisher_diag

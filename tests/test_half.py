@@ -19,7 +19,6 @@ import torch
 from conftest import TINY, clone_state
 from safetensors.torch import load_file, save_file
 
-from rotviz.analysis.fusion import merge
 from rotviz.arch import FAMILIES, family_module, spec_named
 from rotviz.cli import main
 from rotviz.data import VOCAB_SIZE, load_split
@@ -27,6 +26,7 @@ from rotviz.evaluation import evaluate, split_for
 from rotviz.lite import load_for_eval
 from rotviz.match.options import MatchOptions
 from rotviz.match.pipeline import FUNCTION_TOLERANCES, check_in_stored_dtype, match_models
+from rotviz.measures.merge import merge
 from rotviz.merging.simple import simple_average
 from rotviz.models import (
     Loaded,

@@ -118,7 +118,7 @@ def test_learned_rung_starts_from_the_rung_before_and_equals_learned_matching(zo
     barriers."""
     from dataclasses import replace
 
-    from rotviz.analysis.landscape import curve_on
+    from rotviz.analysis.paths import curve_on
     from rotviz.match.endpoints import match_endpoints
     from rotviz.match.options import LearnOptions
     from rotviz.match.selection import match_options

@@ -14,17 +14,14 @@ import pytest
 import torch
 from conftest import clone_state
 
-from rotviz.analysis.landscape import (
-    _partition,
-    interpolate,
-    loss_plane,
-    loss_range_of,
-)
+from rotviz.analysis.paths import _partition, loss_range_of
 from rotviz.cli import main
 from rotviz.data import Split, load_split
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator, barrier_of, evaluate
 from rotviz.match.endpoints import match_endpoints
+from rotviz.measures.barrier import interpolate
+from rotviz.measures.plane import loss_plane
 from rotviz.models import Loaded, forward, load_model, probe_inputs
 
 # ---- shared helpers (imported by the other landscape/fusion/spectra tests) ----------
@@ -340,7 +337,7 @@ def test_cli_barrier_errors_are_one_line_exit_2(tmp_path, capsys, extra, pattern
 
 
 def test_ablation_rows_agree_with_curves_and_touch_only_their_modules():
-    from rotviz.analysis.ablations import ABLATION_SPECS, ablation
+    from rotviz.measures.distances import ABLATION_SPECS, ablation
 
     a, b = default_pair()
     split = digits().subset(150)
@@ -366,7 +363,7 @@ def test_ablation_rows_agree_with_curves_and_touch_only_their_modules():
 
 
 def test_layer_sweeps_cover_single_and_tail_subsets():
-    from rotviz.analysis.ablations import layer_sweeps
+    from rotviz.measures.sweeps import layer_sweeps
 
     a, b = default_pair()
     split = digits().subset(150)

@@ -13,12 +13,13 @@ import torch
 from conftest import refused, view_of
 from test_landscape import default_pair_refs, synthetic_split
 
-from rotviz.analysis.landscape import curve_on
-from rotviz.analysis.layerwise import REST, GroupStates, layerwise_on, rise_of
+from rotviz.analysis.paths import curve_on
+from rotviz.analysis.tensor_groups import REST, GroupStates
 from rotviz.cli import main
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator, barrier_of
 from rotviz.match.endpoints import match_endpoints
+from rotviz.measures.layerwise import layerwise_on, rise_of
 from rotviz.plots.figure_style import Style
 from rotviz.symmetry.view import read_view
 

@@ -234,7 +234,7 @@ def test_simple_fisher_and_regmean_generalise_to_n_models():
 def test_fisher_norm_model_divides_each_models_fisher_by_its_norm(loaded):
     from test_landscape import synthetic_split
 
-    from rotviz.analysis.fusion import merge
+    from rotviz.measures.merge import merge
     from rotviz.merging.fisher import fisher_diag
 
     m = loaded("vit")
@@ -564,11 +564,12 @@ def test_a_sweep_is_one_merge_per_value(tmp_path, capfd, ws):
     are those of `merge_on` with that value (to the bit); the weight's ends are the anchor
     and the matched source; the CLI writes the rows and a plot with titled axes; a number
     the method cannot sweep, and a value outside the parameter's bound, are one line each."""
-    from rotviz.analysis.fusion import merge_on, sweep_on
+    from rotviz.analysis.merges import merge_on
     from rotviz.cli import main
     from rotviz.data import load_split
     from rotviz.match.endpoints import match_endpoints
     from rotviz.measures import measurement
+    from rotviz.measures.merge_sweep import sweep_on
     from rotviz.models import load_model
 
     la, lb, lbase = (load_model(x) for x in _refs())

@@ -6,7 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rotviz.plots import barrier, distances, learn, matching, merge, spectra, style
+from rotviz.measures import barrier, distances, merge, spectra
+from rotviz.measures import plane as barrier_plane
+from rotviz.plots import learn, matching, style
+from rotviz.plots import paths as barrier_paths
 
 SAFE = {c.lower() for c in style.OKABE_ITO} | {style.GREY.lower()}
 
@@ -47,10 +50,10 @@ CURVES = [
 
 def test_barrier_point_is_the_largest_rise_above_the_chord():
     a = [0.0, 0.5, 1.0]
-    am, top, base = barrier.barrier_point(a, [1.0, 4.0, 3.0])
+    am, top, base = barrier_paths.barrier_point(a, [1.0, 4.0, 3.0])
     assert am == 0.5 and top == 4.0 and base == pytest.approx(2.0)
     # a convex-down curve: the barrier is 0 at an end point
-    am, top, base = barrier.barrier_point(a, [1.0, 1.5, 3.0])
+    am, top, base = barrier_paths.barrier_point(a, [1.0, 1.5, 3.0])
     assert top - base == pytest.approx(0.0)
 
 
@@ -92,7 +95,7 @@ def test_loss_plane_marks_every_model():
     xs, ys = np.linspace(-1, 2, 7), np.linspace(-1, 1, 5)
     z = np.add.outer(ys**2, (xs - 0.5) ** 2)
     pts = {"A": (0.0, 0.0), "B": (1.0, 0.0), "B'": (0.8, 0.5), "AB": (0.5, 0.0), "AB'": (0.4, 0.25)}
-    fig = barrier.loss_plane(xs, ys, z, pts)
+    fig = barrier_plane.plane_figure(xs, ys, z, pts)
     _check_frame(fig, "plane")
     contour = fig.data[0]
     assert np.allclose(np.asarray(contour.z), z)

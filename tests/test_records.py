@@ -245,11 +245,11 @@ def test_a_one_model_record_takes_one_model(toy, tmp_path, capsys):
 
 
 def test_layer_sweeps_record_equals_the_library(matched, tmp_path, capsys):
-    """`rotviz sweeps` (the seed paper's Figure 6) is rotviz.analysis.ablations.layer_sweeps
+    """`rotviz sweeps` (the seed paper's Figure 6) is rotviz.measures.sweeps.layer_sweeps
     on the pair, with the endpoints' matching; its plot and table come from its record."""
     from rotviz import measure
-    from rotviz.analysis.ablations import layer_sweeps
     from rotviz.measures import measurement
+    from rotviz.measures.sweeps import layer_sweeps
 
     ends, split = matched
     small = split.subset(120)

@@ -1,5 +1,5 @@
 """Curves of models held in their stored dtype and interpolated block by block
-(rotviz.stream.sized) give the in-memory curve (rotviz.analysis.landscape.interpolate), in
+(rotviz.stream.sized) give the in-memory curve (rotviz.measures.barrier.interpolate), in
 the library and through `rotviz barrier --max-memory`."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import shutil
 import pytest
 
 from rotviz import zoo_registry as zoo
-from rotviz.analysis.landscape import interpolate
 from rotviz.checkpoint import Checkpoint, save_sharded
 from rotviz.cli import main
 from rotviz.evaluation import split_for
+from rotviz.measures.barrier import interpolate
 from rotviz.models import load_model
 from rotviz.stream.blocks import open_streamed
 from rotviz.stream.sized import sized_curve, sized_loaded

@@ -1,4 +1,4 @@
-"""Slices and layer-wise barriers at size (rotviz.stream.slices, rotviz.stream.layerwise):
+"""Slices and layer-wise barriers at size (rotviz.stream.slices, rotviz.measures.layerwise):
 on endpoints streamed from checkpoint folders, each point built block by block, they give the
 in-memory results, in the library and through `--max-memory 0`; a slice's random directions
 are drawn tensor by tensor, so the order the tensors are read in does not change them."""

@@ -11,9 +11,9 @@ import torch
 from conftest import view_of
 from test_landscape import default_pair
 
-from rotviz.analysis.spectra import qk_circuit, spectra, vo_circuit
 from rotviz.groups import rotation_angles
 from rotviz.match.pipeline import match_models
+from rotviz.measures.spectra import qk_circuit, spectra, vo_circuit
 from rotviz.symmetry.actions import apply, random_element
 from rotviz.symmetry.view import read_view
 

@@ -18,12 +18,12 @@ import pytest
 import torch
 
 from rotviz import zoo_registry as zoo
-from rotviz.analysis.fusion import merge
-from rotviz.analysis.landscape import interpolate
 from rotviz.cli import main
 from rotviz.errors import RotvizError
 from rotviz.evaluation import evaluate, split_for
 from rotviz.labelled import data_path, majority_accuracy
+from rotviz.measures.barrier import interpolate
+from rotviz.measures.merge import merge
 from rotviz.models import Loaded, load_model
 from rotviz.splits import IGNORE
 from rotviz.tokens import fingerprint, tokenizer_files

@@ -1,6 +1,6 @@
 """Curves, planes and merges of models held in their stored dtype, built one block at a time.
 
-`rotviz.analysis.landscape.interpolate` holds the anchor, the source and each point of the
+`rotviz.measures.barrier.interpolate` holds the anchor, the source and each point of the
 path in float32: 3x a model's float32 bytes, 84 GB for a 7B pair. Here both checkpoints are
 held as they are stored (bf16: 2 x 14 GB for 7B) on the device, and each point of the path
 is never made whole: every block's weights, (1 - alpha) anchor + alpha source in float32,
@@ -28,12 +28,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rotviz.analysis.fusion import Merged, check_weight
-from rotviz.analysis.landscape import (
-    Curve,
+from rotviz.analysis.merges import Merged
+from rotviz.analysis.paths import Curve, check_path, path_points
+from rotviz.analysis.planes import (
     Plane,
-    check_path,
-    path_points,
     plane_axes,
     plane_coeffs,
     plane_frame,
@@ -49,6 +47,7 @@ from rotviz.evaluation import Evaluator, check_split
 from rotviz.limits import GRID, MARGIN
 from rotviz.match.endpoints import MatchInfo
 from rotviz.memory import release
+from rotviz.merging import check_weight
 from rotviz.merging.registry import MergeJob, MergeMethod
 from rotviz.models import Loaded, check_compatible, copy_reading_files, read_config
 from rotviz.skeleton import build_meta
@@ -163,7 +162,7 @@ def sized_curve(anchor: str | os.PathLike, source: str | os.PathLike, split: Spl
                 layers: list[int] | None = None) -> SizedCurve | None:
     """The straight path from `anchor` to `source` (checkpoint folders) at `points` alphas on
     `split` (read through the anchor: rotviz.evaluation.split_for(sized_loaded(...))), as
-    `rotviz.analysis.landscape.interpolate` gives it for a source already matched
+    `rotviz.measures.barrier.interpolate` gives it for a source already matched
     (`match_info` says how; `layers` which layers). Under torchrun (`group`) the points are
     shared and rank 0 returns the curve (None elsewhere)."""
     check_path(points, repeats, split)
@@ -196,7 +195,7 @@ def sized_merge(anchor: str | os.PathLike, source: str | os.PathLike, split: Spl
     `params`, about the checkpoint folder `base` for a method that needs one; written as
     shards in the anchor's dtypes into the empty `folder` when given, with its config and
     tokenizer and processor files, and evaluated on `split` with the two endpoints as
-    `rotviz.analysis.fusion.merge` does.
+    `rotviz.measures.merge.merge` does.
 
     No checkpoint is held: each tensor is merged once, from slices of rows read from the
     checkpoints (`MergedRows`), and each merged slice is written as it comes, to `folder`
@@ -205,7 +204,7 @@ def sized_merge(anchor: str | os.PathLike, source: str | os.PathLike, split: Spl
     once per batch). The peak is about the largest tensor in float32 (an embedding, while
     its module runs) and a slice's float64 working copies. Fisher and RegMean need
     statistics of whole models and are refused."""
-    from rotviz.analysis.fusion import method_params
+    from rotviz.analysis.merges import method_params
     from rotviz.merging import check_base
     from rotviz.merging import method as method_record
     from rotviz.merging.combine import merge_job
@@ -359,7 +358,7 @@ def sized_plane(anchor: str | os.PathLike, source: str | os.PathLike,
                 batch_size: int = 512, progress: Progress | None = None,
                 group: Group = SINGLE, match_info: MatchInfo | None = None,
                 layers: list[int] | None = None) -> Plane | None:
-    """`rotviz.analysis.landscape.loss_plane` through A (`anchor`), B (`source`) and B'
+    """`rotviz.measures.plane.loss_plane` through A (`anchor`), B (`source`) and B'
     (`matched`, the source matched already: `match_info` says how), three checkpoint folders
     held as stored, each grid point (1 - a - b) A + a B + b B' built block by block. B' must
     lie off the A-B line (a plane without matching has no second direction here). Under
