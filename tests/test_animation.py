@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import refused
-from test_landscape import default_pair, default_pair_refs, digits
+from pairs import default_pair, default_pair_refs, digits
 
 from rotviz import animation, images
 from rotviz.analysis.paths import curve_on

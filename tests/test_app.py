@@ -604,7 +604,7 @@ def barrier_of(trace: dict) -> float:
 @pytest.fixture(scope="module")
 def default_pair_dirs(roots) -> tuple[str, str]:
     """The zoo's default pair as two folders, added to the model roots."""
-    from tests.test_landscape import default_pair
+    from tests.pairs import default_pair
 
     a, b = default_pair()
     os.environ[app_roots.ENV_ROOTS] += os.pathsep + str(Path(a.path).parent)

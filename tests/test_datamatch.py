@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 from conftest import clone_state, view_of
-from test_landscape import default_pair_refs
+from pairs import default_pair_refs
 
 from rotviz.analysis.paths import curve_on
 from rotviz.cli import main

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from test_landscape import default_pair, digits, synthetic_split
+from pairs import default_pair, digits, synthetic_split
 
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator
