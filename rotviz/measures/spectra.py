@@ -280,6 +280,8 @@ def circuit_spectra(
     These circuits do not change under the symmetries, so the source's curve and the matched
     source's curve coincide: the visible proof that matching kept the function.
     """
+    import plotly.graph_objects as go
+
     from rotviz.plots import style
 
     fig = go.Figure()

@@ -1,7 +1,7 @@
-"""The layerwise record (rotviz.measures.layerwise): the parameter sets each group builds (only its tensors move), the
-cumulative series ending on the full path, points checked against an independent
-evaluation, the record (CLI JSON, rows, plot, refusals), and at size (streamed endpoints,
-`--max-memory 0`) equal to in memory."""
+"""The layerwise record (rotviz.measures.layerwise): the parameter sets each group builds
+(only its tensors move), the cumulative series ending on the full path, points checked
+against an independent evaluation, the record (CLI JSON, rows, plot, refusals), and at size
+(streamed endpoints, `--max-memory 0`) equal to in memory."""
 
 from __future__ import annotations
 

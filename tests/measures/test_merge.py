@@ -237,7 +237,7 @@ def test_merge_cli_writes_a_loadable_model(tmp_path, capsys):
             f"{d['source_scores']['macro_f1']:.4f})") in line
     # docs/cli.md's `rotviz merge --json` table names every key the file holds (but the
     # stamp every JSON rotviz writes carries, documented once for them all)
-    doc = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
     table = doc.split("`rotviz merge --json`:")[1].split("\n\n")[1]
     assert not [k for k in d if f"`{k}`" not in table and k != "rotviz"]
     assert d["stats_split"] == "train" and d["alpha"] == 0.9

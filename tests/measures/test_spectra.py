@@ -1,5 +1,6 @@
-"""The spectra record (rotviz.measures.spectra): exact circuit singular values, their invariance under the symmetry (and only under
-it), cross-matrix spectra and rotation angles of a planted rotation, and its figures."""
+"""The spectra record (rotviz.measures.spectra): exact circuit singular values, their
+invariance under the symmetry (and only under it), cross-matrix spectra and rotation angles
+of a planted rotation, and its figures."""
 
 from __future__ import annotations
 
