@@ -17,11 +17,11 @@ from conftest import refused
 from pairs import default_pair, default_pair_refs, digits
 
 from rotviz import animation, images
-from rotviz.analysis.paths import curve_on
 from rotviz.errors import RotvizError
 from rotviz.match.endpoints import match_endpoints, unmatched
 from rotviz.match.options import MatchOptions
 from rotviz.measures import measure, measurement
+from rotviz.measures.barrier import curve_on
 from rotviz.models import forward, probe_inputs
 
 

@@ -10,7 +10,6 @@ import torch
 from conftest import clone_state, view_of
 from pairs import default_pair_refs
 
-from rotviz.analysis.paths import curve_on
 from rotviz.cli import main
 from rotviz.data import load_split
 from rotviz.errors import RotvizError
@@ -21,6 +20,7 @@ from rotviz.match.engine import match
 from rotviz.match.options import LearnOptions, MatchOptions
 from rotviz.match.pipeline import match_models
 from rotviz.match.selection import match_options
+from rotviz.measures.barrier import curve_on
 from rotviz.models import load_model, max_output_diff
 from rotviz.symmetry import residual as rs
 from rotviz.symmetry.actions import LayerTransform, apply

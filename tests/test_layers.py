@@ -109,6 +109,9 @@ LAYERS = [
                 "rotviz.legacy", "rotviz.tasks", "rotviz.heads", "rotviz.data", "rotviz.tokens",
                 "rotviz.sources", "rotviz.models", "rotviz.lite", "rotviz.evaluation",
                 "rotviz.random_models", "rotviz.skeleton", "rotviz.zoo_registry", "rotviz.hub"]),
+    # the straight path's points (path_point) and their evaluation into a curve: below
+    # matching, which learns along such paths (rotviz.match.learned)
+    ("paths", ["rotviz.analysis.paths"]),
     ("match", ["rotviz.match"]),
     ("merging", ["rotviz.merging"]),
     ("analysis", ["rotviz.analysis"]),

@@ -7,8 +7,10 @@ torch.lerp forms it (from the nearer end), on floating tensors only: integer buf
 tensors, not a rounded mixture, so a pair whose ends are one model has a barrier of exactly 0.
 
 `path_curve` / `path_points` evaluate such a path (or any path a caller builds point by
-point, at size block by block) into a `Curve`'s fields: the barrier record's, and the
-curves of the training, sweeps, ladder and rounds records (`curve_on` on endpoints).
+point, at size block by block) into a `Curve`'s fields: the barrier record's
+(rotviz.measures.barrier.curve_on, on endpoints, which the training, sweeps and distances
+records call too), the ladder's and the rounds'. Learned matching evaluates its paths with
+`path_point` too, so this module sits below matching: it reads no endpoints.
 
 Definitions (docs/conventions.md):
 - barrier (generalized-LMC paper): max over alpha of L(theta(alpha)) minus the straight line
@@ -18,7 +20,6 @@ Definitions (docs/conventions.md):
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -30,7 +31,6 @@ from rotviz.dist import SINGLE, Group
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator, barrier_of, check_split
 from rotviz.limits import POINTS, REPEATS
-from rotviz.match.endpoints import HeldEndpoints
 from rotviz.types import Progress
 
 Tensor = torch.Tensor
@@ -177,55 +177,3 @@ def check_path(points: int, repeats: int, split: Split) -> None:
     check_split(split)
     if repeats < 1 or repeats > split.n:
         raise RotvizError(f"repeats must be between 1 and the split size {split.n}, got {repeats}")
-
-
-def curve_on(
-    ends: HeldEndpoints,
-    split: Split,
-    points: int = 21,
-    device: str | torch.device = "cpu",
-    progress: Progress | None = None,
-    repeats: int = 1,
-    seed: int = 0,
-    batch_size: int = 512,
-    evaluator: Evaluator | None = None,
-    group: Group = SINGLE,
-    examples: int = 0,
-) -> Curve | None:
-    """curve_on(endpoints, split, points=21, device=) -> Curve
-
-    Loss and accuracy along the straight path from the anchor (alpha = 0) to the matched
-    source (alpha = 1) at `points` evenly spaced alphas. `repeats` > 1 also reports the
-    spread over that many disjoint seeded subsets of the split; `evaluator` reuses data
-    already on the device. Under torchrun (`group`) the points are shared among the
-    processes and rank 0 returns the curve (None elsewhere). `examples` > 0: the model's
-    answers on that many fixed test inputs at each alpha too (`Curve.examples`, for the
-    path's animation: rotviz.analysis.examples).
-    """
-    from rotviz.analysis import examples as ex
-
-    check_path(points, repeats, split)
-    t0 = time.perf_counter()
-    ev = evaluator or Evaluator(ends.anchor, split, device, batch_size)
-    info = ends.info
-    alphas = np.linspace(0.0, 1.0, points).tolist()
-    probe = ex.probe(ev, split, examples) if examples else None
-    fields = path_curve(ev, ev.params(ends.anchor.state), ev.params(ends.matched), alphas,
-                        repeats, seed, progress, group, probe)
-    if fields is None:  # another rank than 0: its points are with rank 0
-        return None
-    shown = {}
-    if probe is not None:
-        shown, name = ex.describe(split, examples), ex.namer(split)
-        answers = fields.pop("answers")
-        shown["pred"] = [p for p, _ in answers]
-        shown["prob"] = [q for _, q in answers]
-        shown["pred_names"] = [[name(i) for i in p] for p, _ in answers]
-    return Curve(
-        **fields, examples=shown, match=info.match, data=split.data, split=split.split,
-        device=str(ev.device),
-        seconds=time.perf_counter() - t0 + info.seconds, n=split.n, layers=ends.layers,
-        anchor=ends.anchor_ref, source=ends.source_ref, distance_before=info.distance_before,
-        distance_after=info.distance_after, max_output_diff=info.max_output_diff,
-        match_seconds=info.seconds,
-    )

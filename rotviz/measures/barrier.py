@@ -1,7 +1,8 @@
 """The barrier: loss and accuracy along the straight path from the anchor to the matched
 source, theta(alpha) = (1 - alpha) anchor + alpha matched source (docs/landscape.md): the
-record, `interpolate` (match, then the curve: rotviz.analysis.paths.curve_on, which the
-training, sweeps, ladder and rounds records share) and its figure, `barrier_curves`."""
+record, the curve on endpoints (`curve_on`, which the training, sweeps and distances records
+call too; the path's points and fields are rotviz.analysis.paths'), `interpolate` (match,
+then the curve) and the figure, `barrier_curves`."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
     from rotviz.analysis.paths import Curve
     from rotviz.data import Split
     from rotviz.dist import Group
+    from rotviz.evaluation import Evaluator
+    from rotviz.match.endpoints import HeldEndpoints
     from rotviz.match.options import MatchOptions
     from rotviz.models import Loaded
     from rotviz.types import Progress
@@ -45,11 +48,8 @@ def _check(values: dict, given: set[str]) -> None:
 
 
 def _run(ends, ctx: Context, v: dict):
-    from rotviz.analysis.paths import curve_on
-    from rotviz.dist import SINGLE
-
     return curve_on(ends, ctx.split, v["points"], ctx.device, ctx.progress, v["repeats"],
-                    v["seed"], v["batch_size"], group=ctx.group or SINGLE,
+                    v["seed"], v["batch_size"], group=ctx.group,
                     examples=v["examples"])
 
 
@@ -80,6 +80,65 @@ def match_label(match: str, layers: list[int] | None) -> str:
     return match if layers is None else f"{match}, layers {','.join(map(str, layers))}"
 
 
+def curve_on(
+    ends: HeldEndpoints,
+    split: Split,
+    points: int = 21,
+    device: str | torch.device = "cpu",
+    progress: Progress | None = None,
+    repeats: int = 1,
+    seed: int = 0,
+    batch_size: int = 512,
+    evaluator: Evaluator | None = None,
+    group: Group | None = None,
+    examples: int = 0,
+) -> Curve | None:
+    """curve_on(endpoints, split, points=21, device=) -> Curve
+
+    Loss and accuracy along the straight path from the anchor (alpha = 0) to the matched
+    source (alpha = 1) at `points` evenly spaced alphas. `repeats` > 1 also reports the
+    spread over that many disjoint seeded subsets of the split; `evaluator` reuses data
+    already on the device. Under torchrun (`group`) the points are shared among the
+    processes and rank 0 returns the curve (None elsewhere). `examples` > 0: the model's
+    answers on that many fixed test inputs at each alpha too (`Curve.examples`, for the
+    path's animation: rotviz.analysis.examples).
+    """
+    import time
+
+    import numpy as np
+
+    from rotviz.analysis import examples as ex
+    from rotviz.analysis.paths import Curve, check_path, path_curve
+    from rotviz.dist import SINGLE
+    from rotviz.evaluation import Evaluator
+
+    check_path(points, repeats, split)
+    t0 = time.perf_counter()
+    ev = evaluator or Evaluator(ends.anchor, split, device, batch_size)
+    info = ends.info
+    alphas = np.linspace(0.0, 1.0, points).tolist()
+    probe = ex.probe(ev, split, examples) if examples else None
+    fields = path_curve(ev, ev.params(ends.anchor.state), ev.params(ends.matched), alphas,
+                        repeats, seed, progress, group or SINGLE, probe)
+    if fields is None:  # another rank than 0: its points are with rank 0
+        return None
+    shown = {}
+    if probe is not None:
+        shown, name = ex.describe(split, examples), ex.namer(split)
+        answers = fields.pop("answers")
+        shown["pred"] = [p for p, _ in answers]
+        shown["prob"] = [q for _, q in answers]
+        shown["pred_names"] = [[name(i) for i in p] for p, _ in answers]
+    return Curve(
+        **fields, examples=shown, match=info.match, data=split.data, split=split.split,
+        device=str(ev.device),
+        seconds=time.perf_counter() - t0 + info.seconds, n=split.n, layers=ends.layers,
+        anchor=ends.anchor_ref, source=ends.source_ref, distance_before=info.distance_before,
+        distance_after=info.distance_after, max_output_diff=info.max_output_diff,
+        match_seconds=info.seconds,
+    )
+
+
 def interpolate(
     anchor: Loaded,
     source: Loaded,
@@ -99,16 +158,14 @@ def interpolate(
     for no matching; activation and learned matching train on the split's train sibling),
     then `curve_on` the endpoints.
     """
-    from rotviz.analysis.paths import check_path, curve_on
-    from rotviz.dist import SINGLE
+    from rotviz.analysis.paths import check_path
     from rotviz.evaluation import Evaluator
     from rotviz.match.endpoints import match_endpoints
 
     check_path(points, repeats, split)
     ev = Evaluator(anchor, split, device, batch_size)
     ends = match_endpoints(anchor, source, options, ev.device, data=split)
-    return curve_on(ends, split, points, device, progress, repeats, seed, batch_size, ev,
-                    group or SINGLE)
+    return curve_on(ends, split, points, device, progress, repeats, seed, batch_size, ev, group)
 
 
 def barrier_curves(

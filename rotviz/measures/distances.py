@@ -111,10 +111,10 @@ def ablation(
     moved to the device once and every curve runs on the anchor's one module."""
     import time
 
-    from rotviz.analysis.paths import curve_on
     from rotviz.evaluation import Evaluator
     from rotviz.match.endpoints import match_endpoints
     from rotviz.match.selection import parse_selection
+    from rotviz.measures.barrier import curve_on
 
     t0 = time.perf_counter()
     parsed = [parse_selection(s) for s in specs]

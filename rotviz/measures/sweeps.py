@@ -76,11 +76,11 @@ def layer_sweeps(
     """
     import time
 
-    from rotviz.analysis.paths import curve_on
     from rotviz.evaluation import Evaluator
     from rotviz.match.endpoints import match_endpoints
     from rotviz.match.options import MatchOptions
     from rotviz.match.selection import parse_selection, selection_of
+    from rotviz.measures.barrier import curve_on
 
     t0 = time.perf_counter()
     s = selection_of(spec) if isinstance(spec, MatchOptions) else parse_selection(spec)
