@@ -6,7 +6,8 @@ Building S_g once per group and interpolating A -> S_g keeps every tensor outsid
 bit A's (lerp(a, a, alpha) = a), and a fused Q/K/V projection is split through the canonical
 view (rotviz.symmetry.view) so that Q, K and V can move one at a time. The layer-wise
 barriers (rotviz.measures.layerwise) walk these paths, in memory and at size; empty kinds
-are left out.
+are left out. `series` walks them: each group's path and the cumulative steps, every
+distinct point evaluated once, however a point is built (in memory or at size).
 """
 
 from __future__ import annotations
@@ -14,9 +15,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
+import numpy as np
 import torch
 
+from rotviz.dist import SINGLE, Group
 from rotviz.errors import RotvizError
+from rotviz.evaluation import barrier_of
 from rotviz.models import Loaded
 from rotviz.symmetry.view import Block, Layout, ModelView, _kind_of, read_view, write_state
 
@@ -141,3 +145,86 @@ class GroupStates:
                      and _kind_of_other(k, va) in chosen else v)
                  for k, v in va.other.items()}
         return write_state(replace(va, blocks=blocks, other=other))
+
+
+def rise_of(alphas: Sequence[float], loss: Sequence[float], end: float) -> float:
+    """How far a group's path rises above the straight line between the two whole models'
+    losses, max over alpha of L_g(alpha) - ((1 - alpha) L(A) + alpha L(B')); >= 0 (alpha = 0
+    is the anchor on both). Unlike the barrier it counts a group whose far end, the anchor
+    with only that group from the source, is itself a bad model."""
+    a, lo = np.asarray(alphas, dtype=float), np.asarray(loss, dtype=float)
+    return float(np.max(lo - ((1 - a) * lo[0] + a * end)))
+
+
+def _step_name(groups: Sequence[str], i: int) -> str:
+    return groups[0] if i == 0 else f"{groups[0]}-{groups[i]}"
+
+
+Point = Callable[[float], tuple[float, float]]  # alpha -> (loss, accuracy) on one path
+
+
+def series(groups: Sequence[str], targets: int, alphas: Sequence[float],
+           anchor: Callable[[], tuple[float, float]],
+           path: Callable[[int, tuple[str, ...]], Point],
+           same: Callable[[str], bool] | None = None, group: Group | None = None,
+           tick: Callable[[int, int, str], None] | None = None) -> list[dict] | None:
+    """Loss, accuracy and barrier of each group's path and of each cumulative step, toward
+    each of `targets` parameter sets (the matched source, then the source unmatched).
+
+    `anchor()` evaluates the anchor; `path(t, groups)` gives the evaluation of the points of
+    lerp(A, S, alpha), S the anchor with `groups` taken from target t. Every distinct point
+    is evaluated once: the anchor, alpha = 0 of every path toward every target, once; the
+    first cumulative step is the first group's own path; a path toward a later target whose
+    groups are all `same` (the group's tensors bit for bit equal in both targets: a part
+    that matching left alone) is target 0's path. The points are dealt among torchrun's
+    processes (`group`); rank 0 returns one dict per target, the others None."""
+
+    keys: list[tuple[int, tuple[str, ...]]] = []
+    for t in range(targets):
+        keys += [(t, (g,)) for g in groups]
+        keys += [(t, tuple(groups[:i + 1])) for i in range(1, len(groups))]
+    alike = {g: targets > 1 and same is not None and same(g) for g in groups}
+    canon = {(t, gs): (0, gs) if t > 0 and all(alike[g] for g in gs) else (t, gs)
+             for t, gs in keys}
+    tasks: list = [None]  # the anchor, then every distinct path's points beyond alpha = 0
+    tasks += [(k, j) for k in dict.fromkeys(canon.values()) for j in range(1, len(alphas))]
+    group = group or SINGLE
+    mine = group.mine(list(range(len(tasks))))
+    found: dict[int, tuple[float, float]] = {}
+    current: tuple = (None, None)
+    for count, i in enumerate(mine):
+        if tasks[i] is None:
+            found[i] = anchor()
+            what = "anchor"
+        else:
+            k, j = tasks[i]
+            if current[0] != k:
+                current = (k, path(*k))
+            found[i] = current[1](float(alphas[j]))
+            what = _step_name(k[1], len(k[1]) - 1)
+        if tick:
+            tick(count + 1, len(mine), what)
+    parts = group.gather(found)
+    if parts is None:
+        return None
+    for part in parts:
+        found.update(part)
+    index = {task: i for i, task in enumerate(tasks)}
+
+    def curve(key: tuple[int, tuple[str, ...]]) -> tuple[list[float], list[float]]:
+        k = canon[key]
+        pts = [found[0]] + [found[index[(k, j)]] for j in range(1, len(alphas))]
+        return [p[0] for p in pts], [p[1] for p in pts]
+
+    out = []
+    for t in range(targets):
+        single = [curve((t, (g,))) for g in groups]
+        cum = [single[0]] + [curve((t, tuple(groups[:i + 1]))) for i in range(1, len(groups))]
+        full_end = cum[-1][0][-1]  # the target's own loss: the last step moves every tensor
+        out.append(dict(
+            groups=list(groups), loss=[s[0] for s in single], acc=[s[1] for s in single],
+            barrier=[barrier_of(alphas, s[0]) for s in single],
+            rise=[rise_of(alphas, s[0], full_end) for s in single],
+            cumulative=[_step_name(groups, i) for i in range(len(groups))],
+            cum_loss=[c[0] for c in cum], cum_barrier=[barrier_of(alphas, c[0]) for c in cum]))
+    return out

@@ -18,7 +18,7 @@ figure (`layerwise_bars`).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     import plotly.graph_objects as go
     import torch
 
+    from rotviz.analysis.tensor_groups import Point
     from rotviz.data import Split
     from rotviz.dist import Group
     from rotviz.evaluation import Evaluator
@@ -88,93 +89,6 @@ class Layerwise:
         return asdict(self)
 
 
-def rise_of(alphas: Sequence[float], loss: Sequence[float], end: float) -> float:
-    """How far a group's path rises above the straight line between the two whole models'
-    losses, max over alpha of L_g(alpha) - ((1 - alpha) L(A) + alpha L(B')); >= 0 (alpha = 0
-    is the anchor on both). Unlike the barrier it counts a group whose far end, the anchor
-    with only that group from the source, is itself a bad model."""
-    import numpy as np
-
-    a, lo = np.asarray(alphas, dtype=float), np.asarray(loss, dtype=float)
-    return float(np.max(lo - ((1 - a) * lo[0] + a * end)))
-
-
-def _step_name(groups: Sequence[str], i: int) -> str:
-    return groups[0] if i == 0 else f"{groups[0]}-{groups[i]}"
-
-
-Point = Callable[[float], tuple[float, float]]  # alpha -> (loss, accuracy) on one path
-
-
-def series(groups: Sequence[str], targets: int, alphas: Sequence[float],
-           anchor: Callable[[], tuple[float, float]],
-           path: Callable[[int, tuple[str, ...]], Point],
-           same: Callable[[str], bool] | None = None, group: Group | None = None,
-           tick: Callable[[int, int, str], None] | None = None) -> list[dict] | None:
-    """Loss, accuracy and barrier of each group's path and of each cumulative step, toward
-    each of `targets` parameter sets (the matched source, then the source unmatched).
-
-    `anchor()` evaluates the anchor; `path(t, groups)` gives the evaluation of the points of
-    lerp(A, S, alpha), S the anchor with `groups` taken from target t. Every distinct point
-    is evaluated once: the anchor, alpha = 0 of every path toward every target, once; the
-    first cumulative step is the first group's own path; a path toward a later target whose
-    groups are all `same` (the group's tensors bit for bit equal in both targets: a part
-    that matching left alone) is target 0's path. The points are dealt among torchrun's
-    processes (`group`); rank 0 returns one dict per target, the others None."""
-    from rotviz.dist import SINGLE
-    from rotviz.evaluation import barrier_of
-
-    keys: list[tuple[int, tuple[str, ...]]] = []
-    for t in range(targets):
-        keys += [(t, (g,)) for g in groups]
-        keys += [(t, tuple(groups[:i + 1])) for i in range(1, len(groups))]
-    alike = {g: targets > 1 and same is not None and same(g) for g in groups}
-    canon = {(t, gs): (0, gs) if t > 0 and all(alike[g] for g in gs) else (t, gs)
-             for t, gs in keys}
-    tasks: list = [None]  # the anchor, then every distinct path's points beyond alpha = 0
-    tasks += [(k, j) for k in dict.fromkeys(canon.values()) for j in range(1, len(alphas))]
-    group = group or SINGLE
-    mine = group.mine(list(range(len(tasks))))
-    found: dict[int, tuple[float, float]] = {}
-    current: tuple = (None, None)
-    for count, i in enumerate(mine):
-        if tasks[i] is None:
-            found[i] = anchor()
-            what = "anchor"
-        else:
-            k, j = tasks[i]
-            if current[0] != k:
-                current = (k, path(*k))
-            found[i] = current[1](float(alphas[j]))
-            what = _step_name(k[1], len(k[1]) - 1)
-        if tick:
-            tick(count + 1, len(mine), what)
-    parts = group.gather(found)
-    if parts is None:
-        return None
-    for part in parts:
-        found.update(part)
-    index = {task: i for i, task in enumerate(tasks)}
-
-    def curve(key: tuple[int, tuple[str, ...]]) -> tuple[list[float], list[float]]:
-        k = canon[key]
-        pts = [found[0]] + [found[index[(k, j)]] for j in range(1, len(alphas))]
-        return [p[0] for p in pts], [p[1] for p in pts]
-
-    out = []
-    for t in range(targets):
-        single = [curve((t, (g,))) for g in groups]
-        cum = [single[0]] + [curve((t, tuple(groups[:i + 1]))) for i in range(1, len(groups))]
-        full_end = cum[-1][0][-1]  # the target's own loss: the last step moves every tensor
-        out.append(dict(
-            groups=list(groups), loss=[s[0] for s in single], acc=[s[1] for s in single],
-            barrier=[barrier_of(alphas, s[0]) for s in single],
-            rise=[rise_of(alphas, s[0], full_end) for s in single],
-            cumulative=[_step_name(groups, i) for i in range(len(groups))],
-            cum_loss=[c[0] for c in cum], cum_barrier=[barrier_of(alphas, c[0]) for c in cum]))
-    return out
-
-
 def assemble(by: str, alphas: list[float], m: dict, u: dict | None, info, split: Split,
              device: str, seconds: float, layers, anchor: str, source: str) -> Layerwise:
     """The `Layerwise` of the series toward the matched source `m` and the source `u`."""
@@ -209,7 +123,7 @@ def layerwise_on(ends: HeldEndpoints, split: Split, points: int = 11, by: str = 
     import torch
 
     from rotviz.analysis.paths import path_point
-    from rotviz.analysis.tensor_groups import BY, GroupStates
+    from rotviz.analysis.tensor_groups import BY, GroupStates, series
     from rotviz.errors import RotvizError
     from rotviz.evaluation import Evaluator
     from rotviz.limits import POINTS
@@ -391,7 +305,7 @@ def sized_layerwise(ends, split: Split, points: int = 11, by: str = "block",
 
     import numpy as np
 
-    from rotviz.analysis.tensor_groups import BY
+    from rotviz.analysis.tensor_groups import BY, series
     from rotviz.dist import SINGLE
     from rotviz.errors import RotvizError
     from rotviz.limits import POINTS

@@ -15,14 +15,14 @@ from conftest import refused, view_of
 from pairs import assert_close, cli_json, default_pair_refs, synthetic_split
 
 from rotviz import measure
-from rotviz.analysis.tensor_groups import REST, GroupStates
+from rotviz.analysis.tensor_groups import REST, GroupStates, rise_of
 from rotviz.cli import main
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator, barrier_of
 from rotviz.match.endpoints import match_endpoints
 from rotviz.match.selection import match_options
 from rotviz.measures.barrier import curve_on
-from rotviz.measures.layerwise import layerwise_on, rise_of
+from rotviz.measures.layerwise import layerwise_on
 from rotviz.models import load_model
 from rotviz.plots.figure_style import Style
 from rotviz.stream.blocks import open_streamed
