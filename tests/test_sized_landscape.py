@@ -6,12 +6,10 @@ tests/measures/test_layerwise.py.)"""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 import torch
-from pairs import default_pair_refs, synthetic_split
+from pairs import assert_close, cli_json, default_pair_refs, synthetic_split
 
 from rotviz import measure
 from rotviz.analysis.slices import random_directions
@@ -21,14 +19,6 @@ from rotviz.match.endpoints import match_endpoints
 from rotviz.models import load_model
 from rotviz.stream.blocks import open_streamed
 from rotviz.stream.endpoints import streamed_endpoints
-
-REL = 1e-5
-
-
-def _close(want, got, what: str) -> None:
-    x, y = np.asarray(want, dtype=float), np.asarray(got, dtype=float)
-    assert x.shape == y.shape, what
-    assert np.abs(x - y).max() <= REL * max(1.0, np.abs(x).max()), what
 
 
 def test_random_directions_do_not_depend_on_the_order_of_the_tensors(loaded):
@@ -62,8 +52,8 @@ def test_streamed_slice_equals_in_memory(fam, saved):
             want = measure("slice", held, split, **opts)
             got = measure("slice", ends, split, **opts)
             for k in ("loss", "acc", "centre_loss", "centre_acc"):
-                _close(getattr(want, k), getattr(got, k), k)
-            _close(want.direction_norms, got.direction_norms, "direction norms")
+                assert_close(getattr(want, k), getattr(got, k), k)
+            assert_close(want.direction_norms, got.direction_norms, "direction norms")
             assert (want.cosine is None) == (got.cosine is None)
             assert want.xs == got.xs and want.ys == got.ys and got.model == path
             spread = np.ptp(np.asarray(got.loss))
@@ -73,24 +63,16 @@ def test_streamed_slice_equals_in_memory(fam, saved):
         assert "\n" not in str(e.value)
 
 
-def _json(tmp_path, name: str, argv: list[str]) -> dict:
-    out = tmp_path / f"{name}.json"
-    assert main([*argv, "--json", str(out)]) == 0
-    d = json.loads(out.read_text())
-    d.pop("seconds"), d.pop("rotviz", None)
-    return d
-
-
 def test_cli_slice_at_size_equals_in_memory(tmp_path, capsys):
     args = ["slice", default_pair_refs()[0], "--data", "digits", "--dims", "1", "--grid", "3",
             "--device", "cpu"]
-    ref = _json(tmp_path, "mem", args)
-    got = _json(tmp_path, "size", [*args, "--max-memory", "0"])
+    ref = cli_json(tmp_path, "mem", args)
+    got = cli_json(tmp_path, "size", [*args, "--max-memory", "0"])
     assert "at size" in capsys.readouterr().out
     assert set(ref) == set(got)
     for k, v in ref.items():
         if isinstance(v, float) or (isinstance(v, list) and v and isinstance(v[0], float)):
-            _close(v, got[k], k)
+            assert_close(v, got[k], k)
         else:
             assert v == got[k], k
     assert main([*args, "--directions", "hessian", "--max-memory", "0"]) == 2
