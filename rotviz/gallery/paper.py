@@ -42,7 +42,7 @@ def _curves(rows: list[dict]):
 def _sweeps(rows: list[dict]):
     """The merged model's loss when only layer i, or the layers from i to the last, are
     matched; the sweep's rows back into `rotviz.measures.sweeps.sweeps_figure`' shape."""
-    from rotviz.measures.sweeps import sweeps_figure as layer_sweeps
+    from rotviz.measures.sweeps import sweeps_figure
 
     keys = ("distance", "barrier", "mid_loss", "mid_acc")
     d: dict = {"match": str(rows[0]["match"]), "single": [], "tail": []}
@@ -54,7 +54,7 @@ def _sweeps(rows: list[dict]):
         else:
             d[kind].append(values)
     d["n_layers"] = len(d["single"])
-    return layer_sweeps(d)
+    return sweeps_figure(d)
 
 
 def _merges(rows: list[dict]):
