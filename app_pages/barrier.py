@@ -9,9 +9,10 @@ from rotviz.app import summaries
 from rotviz.app.specs import DEFAULT_SPECS, SPEC_CHOICES
 from rotviz.errors import RotvizError
 from rotviz.limits import MAX_LAYERS_TEXT
+from rotviz.measures import barrier as bplots
+from rotviz.measures import plane as bplots_plane
 from rotviz.measures.barrier import BARRIER
 from rotviz.measures.plane import PLANE
-from rotviz.plots import barrier as bplots
 from rotviz.plots import slices, style
 
 s = common.setup()
@@ -202,7 +203,7 @@ def body() -> None:
             "lies closer to A, and the midpoint AB' sits lower than AB. Axes are true "
             "Euclidean distances."
         )
-        fig_plane = bplots.loss_plane(pl["xs"], pl["ys"], pl["loss"], pl["points"], s.font)
+        fig_plane = bplots_plane.plane_figure(pl["xs"], pl["ys"], pl["loss"], pl["points"], s.font)
         fig_surface = slices.loss_surface(pl, font_size=s.font)
         flat, deep = st.tabs(["Contour (from above)", "3D surface (drag to turn)"])
         with flat:

@@ -21,9 +21,9 @@ from rotviz import app
 from rotviz.app.export import measurement_files
 from rotviz.app.specs import SPEC_CHOICES
 from rotviz.limits import MAX_LAYERS_TEXT
+from rotviz.measures import bend as cplots
 from rotviz.measures import measurement
-from rotviz.plots import barrier as bplots
-from rotviz.plots import curves as cplots
+from rotviz.measures import plane as bplots
 from rotviz.plots import slices as splots
 from rotviz.plots import style
 
@@ -231,7 +231,7 @@ def bend_body() -> None:
         f"({bend['steps']} training steps"
         + ("" if bend["stopped"] == "steps" else f", stopped: {bend['stopped']}") + ").",
         icon=":material/trending_down:" if better else ":material/info:")
-    fig_plane = bplots.loss_plane(plane["xs"], plane["ys"], plane["loss"], plane["points"],
+    fig_plane = bplots.plane_figure(plane["xs"], plane["ys"], plane["loss"], plane["points"],
                                   s.font)
     cplots.bend_on_plane(fig_plane, bend)
     common.chart(fig_plane, "land_bend_plane")

@@ -14,8 +14,8 @@ from rotviz.app.specs import (
     without_residual,
 )
 from rotviz.limits import MAX_LAYERS_TEXT
+from rotviz.measures import distances as dplots
 from rotviz.measures.barrier import BARRIER
-from rotviz.plots import distances as dplots
 from rotviz.plots import matching as mplots
 from rotviz.plots import style
 from rotviz.symmetry.registry import BY_NAME, SYMMETRIES

@@ -9,11 +9,12 @@ from rotviz import app, zoo_registry
 from rotviz.app import roots as app_roots
 from rotviz.app.export import measurement_files
 from rotviz.app.specs import MERGE_SPECS, learns, spec_label
+from rotviz.measures import many as manyplots
 from rotviz.measures import measurement
+from rotviz.measures import merge as mplots
+from rotviz.measures import merge_sweep as mplots_merge_sweep
 from rotviz.merging.registry import all_params, sweepable
 from rotviz.merging.registry import methods as merge_methods
-from rotviz.plots import many as manyplots
-from rotviz.plots import merge as mplots
 from rotviz.plots import style
 
 s = common.setup()
@@ -190,7 +191,7 @@ def sweep() -> None:
             step(f"{style.nice_label(sp)}: {sw_points} merges")
             runs.append(common.compute("merge_sweep", app.measure_cfg(
                 s.base(), sp, "", steps, **values), step.detail))
-    fig = mplots.sweep_chart(runs, "acc", s.font, s.acc_axis())
+    fig = mplots_merge_sweep.sweep_chart(runs, "acc", s.font, s.acc_axis())
     common.chart(fig, "merge_sweep_chart")
     rows = [{"matching": style.nice_label(r["match"]), sw_param: x, "acc": a, "loss": lo}
             for r in runs for x, a, lo in zip(r["values"], r["acc"], r["loss"], strict=True)]

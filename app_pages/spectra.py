@@ -7,7 +7,7 @@ from app_pages import common
 from rotviz import app
 from rotviz.app.summaries import head_rows
 from rotviz.limits import MAX_LAYERS_TEXT
-from rotviz.plots import spectra as splots
+from rotviz.measures import spectra as splots
 from rotviz.plots import style
 
 s = common.setup()

@@ -13,7 +13,7 @@ Pairs:
 - default (`vit-digits-s3`, `vit-digits-s6`): independent seeds, the generalized-LMC setting;
 - seeds (`vit-digits-s7`, `vit-digits-s8`): two more seeds of the default recipe; with the
   default pair, four independent seeds (`SEEDS`) for aligning many models at once
-  (rotviz.analysis.many);
+  (rotviz.measures.many);
 - finetuned (`vit-digits-ft-a`, `vit-digits-ft-b`): two fine-tunes of `vit-digits-base` on
   different halves of the training split with different hyperparameters, the seed paper's setting;
 - lineage (`vit-digits-s3-ft`, `vit-digits-s6-ft`): the default pair's two seeds as pretrained

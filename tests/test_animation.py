@@ -14,14 +14,14 @@ import numpy as np
 import pytest
 import torch
 from conftest import refused
-from test_landscape import default_pair, default_pair_refs, digits
+from pairs import default_pair, default_pair_refs, digits
 
 from rotviz import animation
-from rotviz.analysis.landscape import curve_on
 from rotviz.errors import RotvizError
 from rotviz.match.endpoints import match_endpoints, unmatched
 from rotviz.match.options import MatchOptions
 from rotviz.measures import measure, measurement
+from rotviz.measures.barrier import curve_on
 from rotviz.plots import images
 from rotviz.sources.running import forward, probe_inputs
 

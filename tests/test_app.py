@@ -364,8 +364,8 @@ def test_models_page_evaluates_light_models_then_computes_the_barrier_page_ahead
     with the models' own transformers classes, bit for bit."""
     from app_pages import common
     from rotviz import app as rapp
-    from rotviz.analysis.landscape import interpolate
     from rotviz.data.split import load_split
+    from rotviz.measures.barrier import interpolate
     from rotviz.sources.loading import load_model
 
     stores = common._stores()
@@ -530,8 +530,8 @@ def test_the_start_up_thread_waits_for_the_browsers_requests(monkeypatch):
 
 def test_barrier_page_chart_holds_library_results(pair):
     from app_pages import common
-    from rotviz.analysis.landscape import interpolate
     from rotviz.data.split import load_split
+    from rotviz.measures.barrier import interpolate
     from rotviz.sources.loading import load_model
 
     at = app("barrier", b_points="5")
@@ -605,7 +605,7 @@ def barrier_of(trace: dict) -> float:
 @pytest.fixture(scope="module")
 def default_pair_dirs(roots) -> tuple[str, str]:
     """The zoo's default pair as two folders, added to the model roots."""
-    from tests.test_landscape import default_pair
+    from tests.pairs import default_pair
 
     a, b = default_pair()
     os.environ[app_roots.ENV_ROOTS] += os.pathsep + str(Path(a.path).parent)
@@ -716,8 +716,8 @@ def test_merge_page_chart_holds_fusion_table(pair):
     assert not at.exception, [e.message for e in at.exception]
     sweep = figures(at)["Merged model accuracy against weight (simple)"]
     got = {tr["name"]: numbers(tr["y"]) for tr in sweep["data"]}
-    from rotviz.analysis.fusion import sweep_on
     from rotviz.match.endpoints import match_endpoints
+    from rotviz.measures.merge_sweep import sweep_on
 
     split = load_split("digits").subset(N_EVAL)
     want = sweep_on(match_endpoints(a, s, "seed"), "simple", "weight",
@@ -1250,8 +1250,9 @@ def test_merge_page_aligns_many_models_on_run(roots):
     distance matrices (two heat maps, one colour scale) and the merged accuracy against the
     number of models, equal to the library's on the same split."""
     from rotviz import zoo_registry
-    from rotviz.analysis.many import align_many, merged_curve
     from rotviz.data.split import load_split
+    from rotviz.match.many import align_many
+    from rotviz.measures.many import merged_curve
     from rotviz.sources.loading import load_model
 
     at = app("merge", g_methods="simple average", n_rounds="1")

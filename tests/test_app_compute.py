@@ -109,9 +109,9 @@ def test_no_matching_is_the_plain_distance(res, base, engine):
 
 
 def test_barrier_equals_interpolate(res, base, engine):
-    """The barrier curve is rotviz.analysis.landscape.interpolate's on the matched source, with the
+    """The barrier curve is rotviz.measures.barrier.interpolate's on the matched source, with the
     matching's distances and check attached."""
-    from rotviz.analysis.landscape import interpolate
+    from rotviz.measures.barrier import interpolate
 
     cfg = app.measure_cfg(base, "seed", points=5)
     got = app.run("barrier", res, cfg)
@@ -186,8 +186,8 @@ def test_residual_why_and_check_pair(res, refs):
 
 
 def test_spectra_equal_spectra(res, base, engine):
-    from rotviz.analysis.spectra import spectra
     from rotviz.match.pipeline import view_of
+    from rotviz.measures.spectra import spectra
     from rotviz.symmetry.view import read_view
 
     cfg = app.measure_cfg(base, "seed", "0,2")

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_importing_every_rotviz_module_leaves_streamlit_unloaded():
     names = [m.name for m in pkgutil.walk_packages(rotviz.__path__, "rotviz.")]
-    assert {"rotviz.match.layers", "rotviz.analysis.landscape", "rotviz.plots",
+    assert {"rotviz.match.layers", "rotviz.measures.barrier", "rotviz.plots",
             "rotviz.app.roots"} <= set(names)
     code = (
         "import importlib, sys\n"

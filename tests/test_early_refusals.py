@@ -94,7 +94,7 @@ def test_a_source_folder_that_resolves_to_the_model_is_the_model(reads, ws, capf
 def test_many_offers_no_method_that_takes_two_models(reads, ws, capfd):
     """A method whose max_models is below the models many needs (slerp's 2) is not in many's
     --method choices (nor its help) and is refused at parse time, before any alignment."""
-    from rotviz.analysis.many import MIN_MODELS
+    from rotviz.match.many import MIN_MODELS
     from rotviz.measures.many import LEAST, MANY
     from rotviz.merging import methods
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import clone_state
-from test_landscape import assert_unchanged, synthetic_split
+from pairs import assert_unchanged, synthetic_split
 
 from rotviz.analysis.hessian import (
     Curvature,

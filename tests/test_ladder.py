@@ -118,10 +118,10 @@ def test_learned_rung_starts_from_the_rung_before_and_equals_learned_matching(zo
     barriers."""
     from dataclasses import replace
 
-    from rotviz.analysis.landscape import curve_on
     from rotviz.match.endpoints import match_endpoints
     from rotviz.match.options import LearnOptions
     from rotviz.match.selection import match_options
+    from rotviz.measures.barrier import curve_on
     from rotviz.sources.loading import load_model
 
     a, b = load_model("zoo:vit-digits-s3"), load_model("zoo:vit-digits-s6")

@@ -111,6 +111,9 @@ LAYERS = [
                 "rotviz.random_models", "rotviz.zoo_registry",
                 # at size: the runtime, blocks, the need and points, beside the loaders
                 "rotviz.atsize"]),
+    # the straight path's points (path_point) and their evaluation into a curve: below
+    # matching, which learns along such paths (rotviz.match.learned)
+    ("paths", ["rotviz.analysis.paths"]),
     ("match", ["rotviz.match"]),
     ("merging", ["rotviz.merging"]),
     ("analysis", ["rotviz.analysis"]),

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from test_landscape import synthetic_split
+from pairs import synthetic_split
 
 from rotviz.analysis.hessian import Curvature, math_attention
 from rotviz.analysis.nullity import count_exact, count_slq, dense_block, nullity

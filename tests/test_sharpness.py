@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 from conftest import clone_state
-from test_landscape import assert_unchanged, synthetic_split
+from pairs import assert_unchanged, synthetic_split
 
 from rotviz.analysis.hessian import hessian
 from rotviz.analysis.sharpness import path_point, rescales, sharpness_on

@@ -1,5 +1,5 @@
 """Curves of models held in their stored dtype and interpolated block by block
-(rotviz.atsize.points) give the in-memory curve (rotviz.analysis.landscape.interpolate), in
+(rotviz.atsize.points) give the in-memory curve (rotviz.measures.barrier.interpolate), in
 the library and through `rotviz barrier --max-memory`."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import shutil
 import pytest
 
 from rotviz import zoo_registry as zoo
-from rotviz.analysis.landscape import interpolate
 from rotviz.atsize.blocks import open_streamed
 from rotviz.atsize.landscape import sized_curve
 from rotviz.atsize.points import sized_loaded
 from rotviz.cli import main
 from rotviz.data.reading import split_for
+from rotviz.measures.barrier import interpolate
 from rotviz.sources.checkpoint import Checkpoint
 from rotviz.sources.loading import load_model
 from rotviz.sources.shards import save_sharded

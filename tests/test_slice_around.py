@@ -14,7 +14,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from test_landscape import synthetic_split
+from pairs import synthetic_split
 from test_slices import _moved
 from test_tangents import f64_loss
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import clone_state, view_of
-from test_landscape import synthetic_split
+from pairs import synthetic_split
 from test_plots import _check_frame
 
 from rotviz.analysis.slices import normalise, random_directions, slice_at

@@ -242,7 +242,7 @@ def test_bad_pairs_are_refused_in_one_line(planted, tmp_path, capsys):
 def test_methods_with_statistics_keep_the_free_units_in_side(planted, method):
     """Fisher and RegMean merge a free unit's in-side (equal in both: the anchor's) into
     itself; Fisher scales its out column by l_a (F_a + floor) / sum_i l_i (F_i + floor)."""
-    from rotviz.analysis.fusion import merge
+    from rotviz.measures.merge import merge
     from rotviz.merging.fisher import FISHER_FLOOR
 
     _, _, anchor, narrow, slots = planted("vit")

@@ -18,8 +18,6 @@ import pytest
 import torch
 
 from rotviz import zoo_registry as zoo
-from rotviz.analysis.fusion import merge
-from rotviz.analysis.landscape import interpolate
 from rotviz.cli import main
 from rotviz.data.files import data_path
 from rotviz.data.labelled import majority_accuracy
@@ -28,6 +26,8 @@ from rotviz.data.splits import IGNORE
 from rotviz.data.tokens import fingerprint, tokenizer_files
 from rotviz.errors import RotvizError
 from rotviz.evaluation import evaluate
+from rotviz.measures.barrier import interpolate
+from rotviz.measures.merge import merge
 from rotviz.sources.loading import Loaded, load_model
 from rotviz.zoo import nlp
 from rotviz.zoo.build import build

@@ -374,7 +374,7 @@ def centre_state(ends, around: str, alpha: float = 0.5, merge: str = "simple",
     (1 - alpha) A + alpha B' of the matched straight path (float64, cast back), `merged`
     the matched pair merged by the registered method `merge` with the source's weight
     `alpha` (`simple` at 0.5 is the plain average; methods with statistics take them from
-    the split's train sibling, rotviz.analysis.fusion.merge_on)."""
+    the split's train sibling, rotviz.analysis.merges.merge_on)."""
     if around not in CENTRES:
         raise RotvizError(f"unknown --around '{around}': use one of {', '.join(CENTRES)}")
     if around == "anchor":
@@ -387,7 +387,7 @@ def centre_state(ends, around: str, alpha: float = 0.5, merge: str = "simple",
         a, b = ends.anchor.state, ends.matched
         return {k: ((1.0 - alpha) * v.double() + alpha * b[k].double()).to(v.dtype)
                 if v.is_floating_point() else v for k, v in a.items()}
-    from rotviz.analysis.fusion import merge_on
+    from rotviz.analysis.merges import merge_on
 
     if split is None:
         raise RotvizError("--around merged needs data for the merge: give --data")

@@ -389,7 +389,7 @@ def ladder(pair: LadderPair, split: Split, points: int = 11, device: str | torch
     deterministic, so which thread evaluates a point changes no number."""
     from dataclasses import replace
 
-    from rotviz.analysis.landscape import check_path, path_points
+    from rotviz.analysis.paths import check_path, path_points
     from rotviz.devices import pair_params, resolve_device, threads_for
     from rotviz.evaluation import Evaluator
     from rotviz.limits import STEPS

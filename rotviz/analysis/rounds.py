@@ -78,7 +78,7 @@ def rounds_on(ends: HeldEndpoints, split: Split, points: int = 5,
 
     The endpoints' weight matching run again, round by round: after each round, the matched
     source's distance to the anchor and its barrier on `points` alphas (see module)."""
-    from rotviz.analysis.landscape import path_curve
+    from rotviz.analysis.paths import path_curve
     from rotviz.devices import wide_device
     from rotviz.match.distances import distances
     from rotviz.match.pipeline import view_of

@@ -38,8 +38,8 @@ DEFAULT_LEARN_STEPS = DEFAULT_STEPS
 BARRIER_POINTS = 21  # the Barrier page's default points on the path
 
 # What a page run needs besides the pair: imported ahead by `warm_up` (see there).
-COMPUTE_MODULES = ("rotviz.match.pipeline", "rotviz.analysis.landscape",
-                   "rotviz.match.alternating", "rotviz.analysis.spectra", "rotviz.analysis.fusion",
+COMPUTE_MODULES = ("rotviz.match.pipeline", "rotviz.analysis.paths", "rotviz.analysis.planes",
+                   "rotviz.match.alternating", "rotviz.match.layers", "rotviz.analysis.fusion",
                    "rotviz.match.selection")
 
 

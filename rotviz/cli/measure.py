@@ -426,13 +426,13 @@ def _same_model(a: str, b: str) -> bool:
 
 
 def _in_memory(m: Measurement, args, values: dict, outputs, folder, js, files=()):
-    from rotviz.analysis.ablations import n_layers
     from rotviz.devices import device_for, pick_device, resolve_device
     from rotviz.match.endpoints import match_endpoints
     from rotviz.match.options import parse_layers
     from rotviz.match.selection import match_options
     from rotviz.match.widths import check_pair, refuse_narrower
     from rotviz.measures import Context
+    from rotviz.measures.sweeps import n_layers
     from rotviz.outputs import write_json_file
     from rotviz.sources.loading import load_model
     from rotviz.sources.writing import write_model

@@ -179,7 +179,7 @@ def users(param: str) -> tuple[str, ...]:
 
 
 def sweepable(m: MergeMethod) -> tuple[str, ...]:
-    """The numbers of method `m` a sweep can turn (rotviz.analysis.fusion.sweep_on): the
+    """The numbers of method `m` a sweep can turn (rotviz.measures.merge_sweep.sweep_on): the
     weight, then its own real-valued parameters with a bound (integers such as batch counts
     are not swept)."""
     own = [p.name for p in m.params

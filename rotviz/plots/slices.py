@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from rotviz.plots import style
-from rotviz.plots.barrier import PLANE_MARKERS
+from rotviz.plots.paths import PLANE_MARKERS
 
 AXIS_UNITS = {"filter": "direction units: 1 = each filter's own norm",
               "layer": "direction units: 1 = each tensor's own norm",
@@ -181,7 +181,7 @@ def slice_panels(ds: Sequence[Mapping], titles: Sequence[str], log: bool = False
 
 def loss_surface(plane: Mapping, log: bool = False, font_size: int = 14,
                  zmin: float | None = None, zmax: float | None = None) -> go.Figure:
-    """The A/B/B' plane (`Plane.to_dict()`, rotviz.analysis.landscape) as a 3D surface, with
+    """The A/B/B' plane (`Plane.to_dict()`, rotviz.analysis.planes) as a 3D surface, with
     A, B, B' and the midpoints as markers at their exact losses."""
     z = np.asarray(plane["loss"], dtype=float)
     c = _colours(z, log)

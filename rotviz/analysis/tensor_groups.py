@@ -1,45 +1,29 @@
-"""Layer-wise barriers (Adilova et al., ICLR 2024): which part of a model makes the barrier.
+"""Groups of a model's tensors that move together: each block (then "rest": embeddings,
+final norm and head) or each module kind (q, k, v, o, ffn, norms, embeddings, head, other),
+and S_g, the anchor with group g's tensors taken from a target (`GroupStates`).
 
-The full path moves every tensor at once, theta(alpha) = (1 - alpha) A + alpha B'. Here one
-group of tensors moves while every other tensor stays at the anchor's value:
-
-    theta_g(alpha) = A + alpha * mask_g * (B' - A)  =  lerp(A, S_g, alpha),
-
-where S_g is the anchor with group g's tensors taken from the matched source. Building S_g
-once per group and interpolating A -> S_g keeps every tensor outside g bit for bit A's
-(lerp(a, a, alpha) = a), and a fused Q/K/V projection is split through the canonical view
-(rotviz.symmetry.view) so that Q, K and V can move one at a time.
-
-Groups are either blocks (each transformer block, then "rest": embeddings, final norm and
-head, so that the groups together cover every tensor) or module kinds (q, k, v, o, ffn,
-norms, embeddings, head, other; empty kinds are left out). The cumulative series moves
-groups 0..i together; its last step moves every group, which is the full path itself.
-
-Each barrier is the GLMC barrier of its own path (rotviz.evaluation.barrier_of,
-docs/conventions.md): max over alpha of the loss above the straight line between the
-path's end losses; >= 0. The unmatched comparison runs the same groups on the source as it
-is (no matching), so a block's barrier can be read with and without matching side by side.
+Building S_g once per group and interpolating A -> S_g keeps every tensor outside g bit for
+bit A's (lerp(a, a, alpha) = a), and a fused Q/K/V projection is split through the canonical
+view (rotviz.symmetry.view) so that Q, K and V can move one at a time. The layer-wise
+barriers (rotviz.measures.layerwise) walk these paths, in memory and at size; empty kinds
+are left out. `series` walks them: each group's path and the cumulative steps, every
+distinct point evaluated once, however a point is built (in memory or at size).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 
 import numpy as np
 import torch
 
-from rotviz.data.split import Split
 from rotviz.dist import SINGLE, Group
 from rotviz.errors import RotvizError
-from rotviz.evaluation import Evaluator, barrier_of
-from rotviz.limits import POINTS
-from rotviz.match.endpoints import HeldEndpoints
+from rotviz.evaluation import barrier_of
 from rotviz.sources.loading import Loaded
 from rotviz.symmetry.kinds import kind_of
 from rotviz.symmetry.view import Block, Layout, ModelView, read_view, write_state
-from rotviz.types import Progress
 
 Tensor = torch.Tensor
 
@@ -69,9 +53,6 @@ def kind_outside(name: str, layout: Layout, aliases: Mapping[str, str]) -> str:
     """The kind group of the tensor `name` outside the blocks of `layout`, a tied alias (a
     key of `aliases`) counted as its owner."""
     return _OTHER_KIND.get(kind_of(aliases.get(name, name), layout), "other")
-
-
-# ---- the parameter sets --------------------------------------------------------------------
 
 
 def block_groups(anchor: Loaded) -> list[str]:
@@ -167,46 +148,6 @@ class GroupStates:
         return write_state(replace(va, blocks=blocks, other=other))
 
 
-# ---- the measurement -----------------------------------------------------------------------
-
-
-@dataclass
-class Layerwise:
-    """Barriers of each group's path, alone and cumulatively, with and without matching."""
-
-    by: str  # block | kind
-    alphas: list[float]
-    groups: list[str]  # '0', '1', ..., 'rest' | q, k, v, o, ffn, norms, embeddings, head
-    barrier: list[float]  # per group, its own path (matched source)
-    rise: list[float]  # per group, above the line between the whole models' losses (rise_of)
-    loss: list[list[float]]  # per group, the loss at each alpha
-    cumulative: list[str]  # step i moves groups 0..i ('0-3', ...); the last is the full path
-    cum_barrier: list[float]
-    cum_loss: list[list[float]]
-    full_barrier: float  # the full path's (= the last cumulative step's)
-    loss_anchor: float
-    loss_source: float  # the matched source's
-    barrier_unmatched: list[float] | None  # the same groups, source unmatched (None: no compare)
-    rise_unmatched: list[float] | None
-    cum_barrier_unmatched: list[float] | None
-    full_barrier_unmatched: float | None
-    match: str
-    data: str
-    split: str
-    device: str
-    seconds: float
-    n: int
-    layers: list[int] | None = None
-    anchor: str = ""
-    source: str = ""
-    loss_unmatched: list[list[float]] | None = None
-    cum_loss_unmatched: list[list[float]] | None = None
-    acc: list[list[float]] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
 def rise_of(alphas: Sequence[float], loss: Sequence[float], end: float) -> float:
     """How far a group's path rises above the straight line between the two whole models'
     losses, max over alpha of L_g(alpha) - ((1 - alpha) L(A) + alpha L(B')); >= 0 (alpha = 0
@@ -226,7 +167,7 @@ Point = Callable[[float], tuple[float, float]]  # alpha -> (loss, accuracy) on o
 def series(groups: Sequence[str], targets: int, alphas: Sequence[float],
            anchor: Callable[[], tuple[float, float]],
            path: Callable[[int, tuple[str, ...]], Point],
-           same: Callable[[str], bool] | None = None, group: Group = SINGLE,
+           same: Callable[[str], bool] | None = None, group: Group | None = None,
            tick: Callable[[int, int, str], None] | None = None) -> list[dict] | None:
     """Loss, accuracy and barrier of each group's path and of each cumulative step, toward
     each of `targets` parameter sets (the matched source, then the source unmatched).
@@ -238,6 +179,7 @@ def series(groups: Sequence[str], targets: int, alphas: Sequence[float],
     groups are all `same` (the group's tensors bit for bit equal in both targets: a part
     that matching left alone) is target 0's path. The points are dealt among torchrun's
     processes (`group`); rank 0 returns one dict per target, the others None."""
+
     keys: list[tuple[int, tuple[str, ...]]] = []
     for t in range(targets):
         keys += [(t, (g,)) for g in groups]
@@ -247,6 +189,7 @@ def series(groups: Sequence[str], targets: int, alphas: Sequence[float],
              for t, gs in keys}
     tasks: list = [None]  # the anchor, then every distinct path's points beyond alpha = 0
     tasks += [(k, j) for k in dict.fromkeys(canon.values()) for j in range(1, len(alphas))]
+    group = group or SINGLE
     mine = group.mine(list(range(len(tasks))))
     found: dict[int, tuple[float, float]] = {}
     current: tuple = (None, None)
@@ -286,64 +229,3 @@ def series(groups: Sequence[str], targets: int, alphas: Sequence[float],
             cumulative=[_step_name(groups, i) for i in range(len(groups))],
             cum_loss=[c[0] for c in cum], cum_barrier=[barrier_of(alphas, c[0]) for c in cum]))
     return out
-
-
-def assemble(by: str, alphas: list[float], m: dict, u: dict | None, info, split: Split,
-             device: str, seconds: float, layers, anchor: str, source: str) -> Layerwise:
-    """The `Layerwise` of the series toward the matched source `m` and the source `u`."""
-    return Layerwise(
-        by=by, alphas=alphas, groups=m["groups"], barrier=m["barrier"], rise=m["rise"],
-        loss=m["loss"],
-        cumulative=m["cumulative"], cum_barrier=m["cum_barrier"], cum_loss=m["cum_loss"],
-        full_barrier=m["cum_barrier"][-1], loss_anchor=m["loss"][0][0],
-        loss_source=m["cum_loss"][-1][-1],
-        barrier_unmatched=None if u is None else u["barrier"],
-        rise_unmatched=None if u is None else u["rise"],
-        cum_barrier_unmatched=None if u is None else u["cum_barrier"],
-        full_barrier_unmatched=None if u is None else u["cum_barrier"][-1],
-        match=info.match, data=split.data, split=split.split, device=device,
-        seconds=seconds + info.seconds, n=split.n, layers=layers, anchor=anchor,
-        source=source, loss_unmatched=None if u is None else u["loss"],
-        cum_loss_unmatched=None if u is None else u["cum_loss"], acc=m["acc"])
-
-
-def layerwise_on(ends: HeldEndpoints, split: Split, points: int = 11, by: str = "block",
-                 compare: bool = True, device: str | torch.device = "cpu",
-                 progress: Progress | None = None, batch_size: int = 512,
-                 evaluator: Evaluator | None = None) -> Layerwise:
-    """layerwise_on(endpoints, split, points=11, by="block") -> Layerwise
-
-    Each group's barrier when only that group moves from the anchor to the matched source,
-    and cumulatively (groups 0..i); with `compare` (and a matched pair) the same toward the
-    source unmatched."""
-    POINTS.check(points)
-    if by not in BY:
-        raise RotvizError(f"unknown --by '{by}': use one of {', '.join(BY)}")
-    t0 = time.perf_counter()
-    ev = evaluator or Evaluator(ends.anchor, split, device, batch_size)
-    alphas = np.linspace(0.0, 1.0, points).tolist()
-    compare = compare and ends.match != "none"
-    a = ends.anchor.state
-    states = [GroupStates(ends.anchor, a, ends.matched, by)]
-    if compare:
-        states.append(GroupStates(ends.anchor, a, ends.source.state, by))
-    pa = ev.params(a)
-
-    def path(t: int, groups: tuple[str, ...]) -> Point:
-        pb = ev.params(states[t].state(groups))
-        return lambda al: ev.evaluate({k: torch.lerp(pa[k], pb[k], al) for k in pa})
-
-    def same(g: str) -> bool:
-        x, y = (ev.params(s.state([g])) for s in states)
-        return all(torch.equal(x[k], y[k]) for k in pa)
-
-    def tick(done: int, total: int, what: str) -> None:
-        if progress:
-            progress(done, total, f"{by} {what}")
-
-    found = series(states[0].groups, len(states), alphas, lambda: ev.evaluate(pa), path,
-                   same, tick=tick)
-    assert found is not None  # one process
-    return assemble(by, alphas, found[0], found[1] if compare else None, ends.info, split,
-                    str(ev.device), time.perf_counter() - t0, ends.layers, ends.anchor_ref,
-                    ends.source_ref)

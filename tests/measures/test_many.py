@@ -1,4 +1,4 @@
-"""Many models at once (rotviz.analysis.many, `rotviz many`): the zoo's four digits ViT seeds
+"""Many models at once (rotviz.measures.many, `rotviz many`): the zoo's four digits ViT seeds
 aligned onto their barycentre and merged. One alignment (seed matching, 3 rounds) is shared by
 the module; the CLI runs on three of the seeds, one round."""
 
@@ -10,13 +10,14 @@ import pytest
 import torch
 
 from rotviz import zoo_registry as zoo
-from rotviz.analysis.many import align_many, mean_states, merged_curve
 from rotviz.cli import main
 from rotviz.data.reading import split_for
 from rotviz.errors import RotvizError
 from rotviz.evaluation import evaluate
 from rotviz.match.distances import distances
+from rotviz.match.many import align_many, mean_states
 from rotviz.match.pipeline import view_of
+from rotviz.measures.many import merged_curve
 from rotviz.sources.loading import load_model
 from rotviz.sources.running import max_output_diff
 
@@ -181,7 +182,7 @@ def test_the_curve_merges_with_a_registered_method_about_a_base(capsys):
     lambda 1 about any base is the plain mean, so its curve equals the default's (to float64
     roundoff: the weights 1/3 sum to 1 within an ulp);
     a method that needs statistics is not offered, and refused in one line."""
-    from rotviz.analysis.many import many, registered_merge
+    from rotviz.measures.many import many, registered_merge
     from rotviz.merging.combine import merge_many
 
     refs = ["zoo:vit-digits-base", "zoo:vit-digits-ft-a", "zoo:vit-digits-ft-b"]

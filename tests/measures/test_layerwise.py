@@ -1,6 +1,7 @@
-"""Layer-wise barriers: the parameter sets each group builds (only its tensors move), the
-cumulative series ending on the full path, points checked against an independent
-evaluation, the record (CLI JSON, rows, plot, refusals)."""
+"""The layerwise record (rotviz.measures.layerwise): the parameter sets each group builds
+(only its tensors move), the cumulative series ending on the full path, points checked
+against an independent evaluation, the record (CLI JSON, rows, plot, refusals), and at size
+(streamed endpoints, `--max-memory 0`) equal to in memory."""
 
 from __future__ import annotations
 
@@ -11,15 +12,21 @@ import numpy as np
 import pytest
 import torch
 from conftest import refused, view_of
-from test_landscape import default_pair_refs, synthetic_split
+from pairs import assert_close, cli_json, default_pair_refs, synthetic_split
 
-from rotviz.analysis.landscape import curve_on
-from rotviz.analysis.layerwise import REST, GroupStates, layerwise_on, rise_of
+from rotviz import measure
+from rotviz.analysis.tensor_groups import REST, GroupStates, rise_of
+from rotviz.atsize.blocks import open_streamed
+from rotviz.atsize.endpoints import streamed_endpoints
 from rotviz.cli import main
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator, barrier_of
 from rotviz.match.endpoints import match_endpoints
+from rotviz.match.selection import match_options
+from rotviz.measures.barrier import curve_on
+from rotviz.measures.layerwise import layerwise_on
 from rotviz.plots.figure_style import Style
+from rotviz.sources.loading import load_model
 from rotviz.symmetry.view import read_view
 
 
@@ -184,3 +191,60 @@ def test_two_points_are_refused_before_any_model_loads(capfd, ws):
     (models that do not exist: a refusal after loading would name them instead)."""
     refused(["layerwise", "nosuch-a", "nosuch-b", "--data", "digits", "--points", "2"],
             capfd, ws, "--points must be an integer from 3 to 1001, got 2")
+
+
+@pytest.fixture(scope="module")
+def streamed_pairs(saved):
+    """Tiny pairs (ViT: separate Q/K/V; GPT-2: fused Q/K/V and a tied head), loaded and
+    as folders."""
+    out = {}
+    for fam in ("vit", "gpt2"):
+        paths = [str(saved(fam, s)) for s in (0, 1)]
+        a, b = load_model(paths[0]), load_model(paths[1])
+        out[fam] = (paths, a, b, synthetic_split(a, 8))
+    return out
+
+
+@pytest.mark.parametrize("fam,by,match,compare", [
+    ("vit", "block", "seed", "yes"), ("vit", "kind", "seed", "no"),
+    ("gpt2", "kind", "seed", "yes"), ("gpt2", "block", "none", "yes")])
+def test_streamed_layerwise_equals_in_memory(streamed_pairs, fam, by, match, compare):
+    """Every group's and every cumulative step's losses and accuracies, the barriers and
+    rises, matched and unmatched, to 1e-5 (the streamed match writes float32 files, so the
+    matched source agrees with the held one to about 1e-7, not bit for bit)."""
+    paths, a, b, split = streamed_pairs[fam]
+    held = match_endpoints(a, b, match_options(match))
+    want = measure("layerwise", held, split, points=3, by=by, compare=compare)
+    with streamed_endpoints(open_streamed(paths[0]), open_streamed(paths[1]),
+                            match_options(match), "cpu") as ends:
+        got = measure("layerwise", ends, split, points=3, by=by, compare=compare)
+    w, g = want.to_dict(), got.to_dict()
+    for k in ("seconds", "device"):
+        w.pop(k), g.pop(k)
+    assert set(w) == set(g)
+    for k, v in w.items():
+        if v is None or isinstance(v, str) or (isinstance(v, list) and isinstance(v[0], str)):
+            assert v == g[k], k
+        elif k in ("anchor", "source", "layers", "n", "match"):
+            assert v == g[k], k
+        else:
+            assert_close(v, g[k], k)
+    assert (got.barrier_unmatched is None) == (compare == "no" or match == "none")
+    assert max(got.barrier) > 1e-3 and got.groups[-1] in ("rest", "embeddings", "head")
+
+
+def test_cli_layerwise_at_size_equals_in_memory(tmp_path, capsys):
+    """`rotviz layerwise --max-memory 0`: the pair matched streamed, each point built block
+    by block (the unmatched comparison is checked in the library above)."""
+    a, b = default_pair_refs()
+    args = ["layerwise", a, b, "--data", "digits", "--points", "3", "--compare", "no",
+            "--device", "cpu"]
+    ref = cli_json(tmp_path, "mem", args)
+    got = cli_json(tmp_path, "size", [*args, "--max-memory", "0"])
+    assert "at size" in capsys.readouterr().out
+    assert ref["barrier_unmatched"] is None is got["barrier_unmatched"]
+    for k in ("barrier", "rise", "cum_barrier", "loss", "cum_loss", "acc", "full_barrier",
+              "loss_anchor"):
+        assert_close(ref[k], got[k], k)
+    for k in ("groups", "cumulative", "by", "alphas", "match", "n"):
+        assert ref[k] == got[k], k

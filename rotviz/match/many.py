@@ -1,4 +1,5 @@
-"""Many models at once: N >= 3 models of one architecture aligned into one basis, then merged.
+"""Many models at once: N >= 3 models of one architecture aligned into one basis (the many
+record, rotviz.measures.many, then merges them).
 
 Two ways to pick the basis (docs/symmetries.md, "Many models"):
 - `anchor`: every other model matched onto the first (the anchor), as pairwise matching does;
@@ -13,8 +14,8 @@ activation and learned matching run the anchor, so they serve `anchor` alignment
 
 Every alignment is checked as pairwise matching is: each moved model's logits on probe inputs
 equal its original's (rotviz.match.pipeline's function check); the largest change is reported.
-Merging is a callable (`merge(anchor, states, weights) -> state`), by default the plain
-weighted mean (`mean_states`), so that registered merge methods can be plugged in.
+The barycentre's mean is a callable (`merge(anchor, states, weights) -> state`), by default
+the plain weighted mean (`mean_states`), so that registered merge methods can be plugged in.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ import torch
 
 from rotviz.data.split import Split
 from rotviz.errors import RotvizError
-from rotviz.evaluation import Evaluator
 from rotviz.match.distances import distances
 from rotviz.match.endpoints import as_options
 from rotviz.match.options import MatchOptions
@@ -216,101 +216,3 @@ def align_many(
         refs=[m.ref for m in models], match=label_of(options), to=to, rounds=done, ended=ended,
         tol=tol, spread=spread, moved=moved, max_output_diff=max(diffs), output_diffs=diffs,
         before=before, after=after, seconds=time.perf_counter() - t0, states=states)
-
-
-@dataclass
-class ManyMerged:
-    """An alignment and the merged models of the first k for k = 2..N, aligned and not."""
-
-    alignment: Alignment
-    k: list[int]
-    acc: dict[str, list[float]]  # "aligned" / "unaligned" -> accuracy per k
-    loss: dict[str, list[float]]
-    model_acc: list[float]  # each model alone
-    model_loss: list[float]
-    data: str
-    split: str
-    n: int
-    device: str
-    seconds: float
-    method: str = "simple"  # the registered merge method of the curve
-    base: str = ""  # its base model, for the task-vector methods
-
-    def to_dict(self) -> dict:
-        out = {k: v for k, v in asdict(self).items() if k != "alignment"}
-        return {**self.alignment.to_dict(), **out}
-
-
-def merged_curve(
-    models: Sequence[Loaded],
-    alignment: Alignment,
-    split: Split,
-    device: str | torch.device = "cpu",
-    merge: Merge = mean_states,
-    progress: Progress | None = None,
-) -> ManyMerged:
-    """The merged model of the first k models (k = 2..N), as given and as aligned, evaluated
-    on `split` on the anchor's module: test loss and accuracy against k."""
-    t0 = time.perf_counter()
-    anchor = models[0]
-    ev = Evaluator(anchor, split, device)
-    ks = list(range(2, len(models) + 1))
-    sets = {"unaligned": [dict(m.state) for m in models], "aligned": alignment.states}
-    acc: dict[str, list[float]] = {k: [] for k in sets}
-    loss: dict[str, list[float]] = {k: [] for k in sets}
-    total, step = 2 * len(ks), 0
-    for name, states in sets.items():
-        for k in ks:
-            merged = merge(anchor, states[:k], [1.0 / k] * k)
-            lo, ac = ev.evaluate(ev.params(merged))
-            loss[name].append(lo)
-            acc[name].append(ac)
-            step += 1
-            if progress is not None:
-                progress(step, total, f"merged {name}, first {k}")
-    alone = [ev.evaluate(ev.params(m.state)) for m in models]
-    return ManyMerged(alignment, ks, acc, loss, [a for _, a in alone], [lo for lo, _ in alone],
-                      split.data, split.split, split.n, str(ev.device),
-                      time.perf_counter() - t0 + alignment.seconds)
-
-
-def many(
-    models: Sequence[Loaded],
-    split: Split,
-    options: MatchOptions | str | None = "seed",
-    to: str = "barycentre",
-    rounds: int = DEFAULT_ROUNDS,
-    tol: float = DEFAULT_TOL,
-    device: str | torch.device = "cpu",
-    progress: Progress | None = None,
-    merge: Merge = mean_states,
-    final: Merge | None = None,
-) -> ManyMerged:
-    """many(models, split, "seed", to="barycentre") -> ManyMerged
-
-    `align_many`, then `merged_curve`: what `rotviz many` measures. The barycentre is the
-    mean that `merge` makes; `final` (default `merge`) merges the first k models for the
-    curve: a registered merge method (`registered_merge`)."""
-    a = align_many(models, options, to, rounds, tol, device, progress, split, merge)
-    return merged_curve(models, a, split, device, final or merge, progress)
-
-
-def registered_merge(method: str, base: Mapping[str, Tensor] | None = None,
-                     **params: object) -> Merge:
-    """A `Merge` by a registered merge method (rotviz.merging: TIES, task arithmetic, ... about
-    `base` where the method needs one), for `many`'s curve; one that needs statistics of
-    each model is refused in one line."""
-    from rotviz.merging import method as method_record
-    from rotviz.merging.combine import merge_many
-
-    m = method_record(method)
-    if m.needs_statistics:
-        raise RotvizError(f"--method {m.name} needs statistics of each model; many merges with "
-                          "a method that needs none (simple, task_arithmetic, ties, dare_*, "
-                          "model_stock)")
-
-    def merge(anchor: Loaded, states: Sequence[Mapping[str, Tensor]],
-              weights: Sequence[float]) -> dict[str, Tensor]:
-        return merge_many(anchor, m.name, states, weights, base, **params)
-
-    return merge

@@ -1,5 +1,5 @@
 """Curved paths (issue 27 item 3, Garipov et al. 2018): a Bezier curve and a polygonal chain
-with one trained bend between the anchor and the matched source (rotviz.analysis.curves,
+with one trained bend between the anchor and the matched source (rotviz.measures.bend,
 record `bend`)."""
 
 from __future__ import annotations
@@ -9,9 +9,12 @@ import json
 import numpy as np
 import pytest
 import torch
-from test_landscape import default_pair, digits, synthetic_split
+from pairs import default_pair, digits, synthetic_split
 
-from rotviz.analysis.curves import (
+from rotviz.errors import RotvizError
+from rotviz.evaluation import Evaluator
+from rotviz.match.endpoints import match_endpoints, unmatched
+from rotviz.measures.bend import (
     bend_in_plane,
     bend_on,
     curve_point,
@@ -19,9 +22,6 @@ from rotviz.analysis.curves import (
     projected_path,
     train_bend,
 )
-from rotviz.errors import RotvizError
-from rotviz.evaluation import Evaluator
-from rotviz.match.endpoints import match_endpoints, unmatched
 from rotviz.plots.figure_style import Style
 
 
@@ -141,7 +141,7 @@ def test_the_trained_bezier_curve_has_a_lower_barrier_on_the_default_pair():
     assert "barrier" in fig.data[0].name and len(fig.data) == 4
     import plotly.graph_objects as go
 
-    from rotviz.plots.curves import bend_on_plane
+    from rotviz.measures.bend import bend_on_plane
 
     over = bend_on_plane(go.Figure(), d)  # the overlay on the A/B/B' plane's figure
     assert len(over.data) == 2 and f"{r.off_plane:.3f} off the plane" in over.data[1].name

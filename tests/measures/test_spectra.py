@@ -1,5 +1,6 @@
-"""Spectra: exact circuit singular values, their invariance under the symmetry (and only under
-it), cross-matrix spectra and rotation angles of a planted rotation."""
+"""The spectra record (rotviz.measures.spectra): exact circuit singular values, their
+invariance under the symmetry (and only under it), cross-matrix spectra and rotation angles
+of a planted rotation, and its figures."""
 
 from __future__ import annotations
 
@@ -9,11 +10,20 @@ import numpy as np
 import pytest
 import torch
 from conftest import view_of
-from test_landscape import default_pair
+from pairs import default_pair
+from test_plots import _check_frame
 
-from rotviz.analysis.spectra import qk_circuit, spectra, vo_circuit
 from rotviz.groups import rotation_angles
 from rotviz.match.pipeline import match_models
+from rotviz.measures.spectra import (
+    angle_overview,
+    circuit_spectra,
+    qk_circuit,
+    singular_values,
+    spectra,
+    vo_circuit,
+)
+from rotviz.measures.spectra import rotation_angles as angles_figure
 from rotviz.symmetry.actions import apply, random_element
 from rotviz.symmetry.view import read_view
 
@@ -131,3 +141,36 @@ def test_circuit_spectra_of_grouped_query_attention_are_invariant(saved):
         for fn in (qk_circuit, vo_circuit):
             a, b = fn(blk.attn), fn(mb.attn)
             assert torch.allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+LAYER = {
+    "layer": 2,
+    "qk_singular": [[3.0, 2.0, 1.0], [2.5, 1.5, 0.1]],
+    "vo_singular": [[1.0, 0.5, 0.2], [0.9, 0.4, 0.3]],
+    "qk_angles": [[170.0, 170.0, 0.0], [30.0, 30.0, 0.0]],
+    "vo_angles": [[90.0, 90.0, 0.0], [10.0, 10.0, 180.0]],
+    "qk_det": [1.0, 1.0],
+    "vo_det": [1.0, -1.0],
+}
+
+
+def test_singular_values_and_angles_per_head():
+    fig = singular_values(LAYER)
+    _check_frame(fig, "layer 2")
+    assert [list(tr.y) for tr in fig.data] == LAYER["qk_singular"] + LAYER["vo_singular"]
+    assert fig.layout.xaxis2.title.text and fig.layout.yaxis2.title.text
+    ang = angles_figure(LAYER)
+    _check_frame(ang, "rotation angles")
+    vo_head1 = ang.data[3]
+    assert list(vo_head1.y) == LAYER["vo_angles"][1] and vo_head1.marker.symbol == "x"
+    over = angle_overview([LAYER, {**LAYER, "layer": 3}])
+    _check_frame(over, "mean")
+    assert np.allclose(np.asarray(over.data[0].z)[0], [np.mean(a) for a in LAYER["qk_angles"]])
+
+
+def test_circuit_spectra_log_scale():
+    series = {"anchor": [3.0, 1.0], "source": [2.0, 0.5], "matched source": [2.0, 0.5]}
+    fig = circuit_spectra(series, "Q-K circuit, layer 0 head 1")
+    _check_frame(fig, "circuit")
+    assert fig.layout.yaxis.type == "log" and fig.layout.yaxis.dtick == 1
+    assert [list(tr.y) for tr in fig.data] == list(series.values())

@@ -1,76 +1,30 @@
-"""Interpolation curves, barriers and the loss plane: exact paths, acceptance on the default pair,
-bad input, CLI."""
+"""The barrier record (rotviz.measures.barrier): the path evaluated exactly, the barrier and
+loss range as defined, matching lowering it on the default pair, spread over subsets, bad
+input in one line, the CLI's JSON, and its figure."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
 import json
-import math
-from functools import cache
 
 import numpy as np
 import pytest
 import torch
 from conftest import clone_state
+from pairs import assert_unchanged, default_pair, default_pair_refs, digits, synthetic_split
+from test_plots import _check_frame
 
-from rotviz.analysis.landscape import (
-    _partition,
-    interpolate,
-    loss_plane,
-    loss_range_of,
-)
+from rotviz.analysis.paths import _partition, loss_range_of
 from rotviz.cli import main
-from rotviz.data.split import Split, load_split
+from rotviz.data.split import Split
 from rotviz.errors import RotvizError
-from rotviz.evaluation import Evaluator, barrier_of, evaluate
-from rotviz.match.endpoints import match_endpoints
-from rotviz.sources.loading import Loaded, load_model
-from rotviz.sources.running import forward, probe_inputs
-
-# ---- shared helpers (imported by the other landscape/fusion/spectra tests) ----------
-
-
-@cache
-def default_pair_refs() -> tuple[str, str]:
-    """The two `zoo:` references of the default pair (two digits ViTs, seeds 0 and 1)."""
-    from rotviz.zoo_registry import default_pair as zoo_default_pair
-
-    a, b = zoo_default_pair()
-    return a, b
-
-
-@cache
-def default_pair() -> tuple[Loaded, Loaded]:
-    a, b = default_pair_refs()
-    return load_model(a), load_model(b)
-
-
-@cache
-def digits(split: str = "test") -> Split:
-    return load_split("digits", split)
-
-
-def synthetic_split(model: Loaded, n: int = 12, seed: int = 0) -> Split:
-    """Random inputs of the model's kind with random labels of the right shape and range."""
-    x = next(iter(probe_inputs(model, n, seed).values()))
-    logits = forward(model, probe_inputs(model, 1, seed))
-    n_classes = logits.shape[-1]
-    gen = torch.Generator().manual_seed(seed + 1)
-    shape = (n,) if logits.dim() == 2 else tuple(x.shape)
-    y = torch.randint(0, n_classes, shape, generator=gen)
-    from rotviz.data.reading import task_of
-
-    task = task_of(model) or "text"  # a bare text model is scored on next-token labels
-    return Split("synthetic", "test", task, x, y, n_classes, "" if task == "image" else "chars")
-
-
-def assert_unchanged(model: Loaded, before: dict[str, torch.Tensor]) -> None:
-    assert all(torch.equal(model.state[k], before[k]) for k in before)
-    assert all(torch.equal(p, before[k]) for k, p in model.model.state_dict().items())
-
-
-# ---- exactness ----------
+from rotviz.evaluation import barrier_of, evaluate
+from rotviz.measures.barrier import barrier_curves, interpolate
+from rotviz.measures.plane import loss_plane
+from rotviz.plots import style
+from rotviz.plots.paths import barrier_point
+from rotviz.sources.loading import Loaded
 
 
 def module_loss(model: Loaded, state: dict[str, torch.Tensor], split: Split) -> dict:
@@ -112,9 +66,6 @@ def test_partition_is_disjoint_and_complete():
     assert sorted(np.concatenate(parts).tolist()) == list(range(397))
     assert [len(p) for p in parts] == [100, 99, 99, 99]
     assert all(np.array_equal(p, q) for p, q in zip(parts, _partition(397, 4, seed=3), strict=True))
-
-
-# ---- acceptance on the default pair ----------
 
 
 def _check_matching_helps(a: Loaded, b: Loaded) -> None:
@@ -167,63 +118,6 @@ def test_progress_plain_data_and_even_points():
     assert min(d["loss"][1:3]) - 1 < d["mid_loss"]
 
 
-# ---- the loss plane ----------
-
-
-def test_plane_agrees_with_interpolation_and_distances():
-    a, b = default_pair()
-    split = digits().subset(200)
-    plane = loss_plane(a, b, split, "seed", grid=7)
-    none = interpolate(a, b, split, None, points=3)
-    matched = interpolate(a, b, split, "seed", points=3)
-    pts = plane.points
-    assert pts["A"] == [0.0, 0.0] and pts["B"][1] == 0.0
-    assert pts["B"][0] == pytest.approx(none.distance_before, rel=1e-6)
-    assert math.hypot(*pts["B'"]) == pytest.approx(matched.distance_after, rel=1e-6)
-    assert pts["AB"] == pytest.approx([pts["B"][0] / 2, 0.0])
-    assert pts["AB'"] == pytest.approx([pts["B'"][0] / 2, pts["B'"][1] / 2])
-    # |B - B'| from the plane's coordinates equals the true distance between the two sources
-    ev = Evaluator(a, split)
-    pb, pc = ev.params(b.state), ev.params(match_endpoints(a, b, "seed").matched)
-    true_bb = math.sqrt(sum(float(((pb[k] - pc[k]).double() ** 2).sum()) for k in pb))
-    assert math.dist(pts["B"], pts["B'"]) == pytest.approx(true_bb, rel=1e-5)
-    # the named points equal the interpolation values
-    for name, value in (("A", none.loss[0]), ("B", none.loss[-1]), ("AB", none.loss[1]),
-                        ("B'", matched.loss[-1]), ("AB'", matched.loss[1])):
-        assert plane.point_loss[name] == pytest.approx(value, abs=1e-5), name
-    # the grid covers every point, and its row y = 0 is the unmatched path with A and B on nodes
-    xs, ys = np.array(plane.xs), np.array(plane.ys)
-    for x, y in pts.values():
-        assert xs[0] < x < xs[-1] and ys[0] < y < ys[-1]
-    iy = int(np.argmin(np.abs(ys)))
-    assert abs(ys[iy]) < 1e-9
-    ia, ib = int(np.argmin(np.abs(xs))), int(np.argmin(np.abs(xs - pts["B"][0])))
-    assert abs(xs[ia]) < 1e-9 and abs(xs[ib] - pts["B"][0]) < 1e-6 and ib > ia
-    on_line = interpolate(a, b, split, None, points=ib - ia + 1)
-    row = plane.loss[iy][ia : ib + 1]
-    np.testing.assert_allclose(row, on_line.loss, atol=1e-5)
-    np.testing.assert_allclose(plane.acc[iy][ia : ib + 1], on_line.acc, atol=1e-9)
-    assert len(plane.loss) == len(plane.acc) == 7 and all(len(r) == 7 for r in plane.loss)
-    json.dumps(plane.to_dict())
-
-
-def test_plane_without_matching_is_degenerate_but_drawn():
-    a, b = default_pair()
-    plane = loss_plane(a, b, digits().subset(50), None, grid=3)
-    assert plane.degenerate
-    assert plane.points["B'"] == pytest.approx(plane.points["B"])
-    assert plane.point_loss["B'"] == plane.point_loss["B"]
-
-
-def test_plane_of_identical_models_is_an_error():
-    a, _ = default_pair()
-    with pytest.raises(RotvizError, match="identical"):
-        loss_plane(a, a, digits().subset(20), None, grid=3)
-
-
-# ---- bad input ----------
-
-
 def _one_line(excinfo) -> str:
     msg = str(excinfo.value)
     assert msg and "\n" not in msg
@@ -267,9 +161,6 @@ def test_bad_inputs_are_one_line_errors(loaded):
         interpolate(a, loaded("vit"), d, None, points=3)
 
 
-# ---- command line ----------
-
-
 def test_cli_barrier_writes_the_documented_json(tmp_path, capsys):
     a, b = default_pair_refs()
     out = tmp_path / "sub" / "barrier.json"
@@ -303,17 +194,6 @@ def test_cli_barrier_layer_subset(tmp_path, capsys):
     assert full.distance_after < d["distance_after"] < d["distance_before"]
 
 
-def test_cli_plane_writes_json(tmp_path, capsys):
-    a, b = default_pair_refs()
-    out = tmp_path / "plane.json"
-    assert main(["plane", a, b, "--data", "digits", "--grid", "3", "--json", str(out),
-                 "--device", "cpu"]) == 0
-    d = json.loads(out.read_text())
-    assert {"xs", "ys", "loss", "acc", "points", "point_loss", "point_acc"} <= set(d)
-    assert set(d["points"]) == {"A", "B", "B'", "AB", "AB'"}
-    assert "plane [seed]" in capsys.readouterr().out
-
-
 @pytest.mark.parametrize(
     "extra, pattern",
     [
@@ -336,55 +216,52 @@ def test_cli_barrier_errors_are_one_line_exit_2(tmp_path, capsys, extra, pattern
     assert err.startswith("rotviz: error: ") and err.count("\n") == 1 and pattern in err
     assert not out.exists()
 
-
-# ---- ablations and layer sweeps ----------------------------------------------------------
-
-
-def test_ablation_rows_agree_with_curves_and_touch_only_their_modules():
-    from rotviz.analysis.ablations import ABLATION_SPECS, ablation
-
-    a, b = default_pair()
-    split = digits().subset(150)
-    ab = ablation(a, b, split, points=5)
-    rows = {r.match: r for r in ab.rows}
-    assert list(rows) == list(ABLATION_SPECS)
-    none = rows["none"]
-    assert none.distance == pytest.approx(ab.distance_none)
-    assert rows["ffn"].distance < none.distance and rows["attn"].distance < none.distance
-    assert rows["ffn,attn"].distance < min(rows["ffn"].distance, rows["attn"].distance)
-    assert rows["seed"].distance <= rows["ffn,attn"].distance + 1e-9  # rescaling never adds
-    # FFN matching moves only FFN tensors, attention matching only Q, K, V, O
-    for kind in ("q", "k", "v", "o", "norms", "embeddings", "head"):
-        assert rows["ffn"].per_kind[kind] == pytest.approx(none.per_kind[kind], rel=1e-9)
-    for kind in ("ffn_in", "ffn_out", "norms", "embeddings", "head"):
-        assert rows["attn"].per_kind[kind] == pytest.approx(none.per_kind[kind], rel=1e-9)
-    for spec in ("none", "attn"):
-        c = interpolate(a, b, split, spec, points=5)
-        assert rows[spec].barrier == pytest.approx(c.barrier, abs=1e-9)
-        assert rows[spec].loss == pytest.approx(c.loss, abs=1e-9)
-    assert set(none.per_layer) == {"0", "1", "2", "3", "rest"}
-    json.dumps(ab.to_dict())
+CURVES = [
+    {"match": "none", "alphas": [0, 0.25, 0.5, 0.75, 1], "loss": [0.2, 1.0, 2.3, 0.9, 0.3],
+     "acc": [0.95, 0.7, 0.3, 0.7, 0.94]},
+    {"match": "seed", "alphas": [0, 0.25, 0.5, 0.75, 1], "loss": [0.2, 0.5, 0.9, 0.5, 0.3],
+     "acc": [0.95, 0.85, 0.6, 0.86, 0.94]},
+]
 
 
-def test_layer_sweeps_cover_single_and_tail_subsets():
-    from rotviz.analysis.ablations import layer_sweeps
+def test_barrier_point_is_the_largest_rise_above_the_chord():
+    a = [0.0, 0.5, 1.0]
+    am, top, base = barrier_point(a, [1.0, 4.0, 3.0])
+    assert am == 0.5 and top == 4.0 and base == pytest.approx(2.0)
+    # a convex-down curve: the barrier is 0 at an end point
+    am, top, base = barrier_point(a, [1.0, 1.5, 3.0])
+    assert top - base == pytest.approx(0.0)
 
-    a, b = default_pair()
-    split = digits().subset(150)
-    calls = []
-    sw = layer_sweeps(a, b, split, "seed", points=3, progress=lambda d, t, m: calls.append(d))
-    assert sw.n_layers == 4 and sw.match == "seed"
-    assert [p.layers for p in sw.single] == [[0], [1], [2], [3]]
-    assert [p.layers for p in sw.tail] == [[3], [2, 3], [1, 2, 3], [0, 1, 2, 3]]
-    assert sw.tail[0] == sw.single[3] and sw.tail[-1] == sw.all
-    assert sw.none.layers == [] and sw.all.layers == [0, 1, 2, 3]
-    full = interpolate(a, b, split, "seed", points=3)
-    assert sw.all.distance == pytest.approx(full.distance_after)
-    assert sw.all.mid_loss == pytest.approx(full.mid_loss, abs=1e-9)
-    assert sw.none.distance == pytest.approx(full.distance_before)
-    assert all(sw.all.distance < p.distance < sw.none.distance for p in sw.single)
-    # tail distances shrink as more layers are matched
-    d = [p.distance for p in sw.tail]
-    assert all(x > y for x, y in zip(d, d[1:], strict=False))
-    assert calls and max(calls) == 9  # none, 4 single, 4 tail (tail[0] and tail[-1] reused)
-    json.dumps(sw.to_dict())
+
+def test_barrier_curves_carry_the_data_and_annotate_the_barrier():
+    fig = barrier_curves(CURVES)
+    _check_frame(fig, "loss along")
+    assert fig.layout.xaxis.title.text == style.ALPHA
+    assert fig.layout.yaxis.title.text == style.LOSS
+    lines = [tr for tr in fig.data if tr.showlegend is not False]
+    assert [list(tr.y) for tr in lines] == [c["loss"] for c in CURVES]
+    assert "no matching" in lines[0].name and "barrier 2.050" in lines[0].name
+    assert "seed paper" in lines[1].name and "barrier 0.650" in lines[1].name
+    marks = [tr for tr in fig.data if tr.showlegend is False]
+    assert [tuple(m.y) for m in marks] == [(0.25, 2.3), (0.25, 0.9)]
+    assert lines[0].line.color != lines[1].line.color and lines[0].line.dash != lines[1].line.dash
+    acc = barrier_curves(CURVES, metric="acc")
+    _check_frame(acc, "accuracy")
+    assert [list(tr.y) for tr in acc.data] == [c["acc"] for c in CURVES]
+    # titles true of every curve: the path ends at the matched source only when all matched
+    assert fig.layout.title.text == ("Loss along the straight path from anchor to source, "
+                                     "with and without matching")
+    assert barrier_curves(CURVES[1:]).layout.title.text == \
+        "Loss along the straight path from anchor to matched source"
+    assert acc.layout.title.text.startswith("Accuracy along the straight path from anchor to "
+                                            "source, with")
+    assert "no matching" in barrier_curves(CURVES[:1], "acc").layout.title.text
+    # the accuracy axis follows the data (0.3..0.95, padded by 5 % of the span), or 0-1
+    assert list(acc.layout.yaxis.range) == pytest.approx([0.3 - 0.0325, 0.95 + 0.0325])
+    low = [{**c, "acc": [0.12, 0.15, 0.18, 0.14, 0.13]} for c in CURVES]
+    assert list(barrier_curves(low, "acc").layout.yaxis.range) == pytest.approx(
+        [0.11, 0.19])  # a 0.06 span: the 0.01 floor of the padding
+    fixed = barrier_curves(low, "acc", acc_range=style.ACC_FIXED)
+    assert list(fixed.layout.yaxis.range) == [0.0, 1.02]
+    assert style.acc_range([0.99, 1.0]) == pytest.approx([0.98, 1.01])
+    assert style.acc_range([float("nan")]) == [0.0, 1.02]

@@ -1,5 +1,6 @@
-"""Fusion: self-merge identity, RegMean and Fisher algebra, exact statistics taken on the
-matched models, the fusion table, the merge CLI and bad input."""
+"""The merge record (rotviz.measures.merge, one merge on rotviz.analysis.merges.merge_on):
+self-merge identity, RegMean and Fisher algebra, exact statistics taken on the matched
+models, the fusion table (rotviz.analysis.fusion), the merge CLI, bad input and the figure."""
 
 from __future__ import annotations
 
@@ -10,16 +11,16 @@ import numpy as np
 import pytest
 import torch
 from conftest import clone_state, view_of
-from test_landscape import (
+from pairs import (
     assert_unchanged,
     default_pair,
     default_pair_refs,
     digits,
     synthetic_split,
 )
+from test_plots import _check_frame
 
-from rotviz.analysis.fusion import fusion_table, merge
-from rotviz.analysis.landscape import interpolate
+from rotviz.analysis.fusion import fusion_table
 from rotviz.cli import main
 from rotviz.data.split import Split
 from rotviz.errors import RotvizError
@@ -27,6 +28,8 @@ from rotviz.evaluation import evaluate
 from rotviz.match.endpoints import match_endpoints
 from rotviz.match.engine import match
 from rotviz.match.options import MatchOptions
+from rotviz.measures.barrier import interpolate
+from rotviz.measures.merge import bar_range, fusion_chart, merge
 from rotviz.merging import method as method_record
 from rotviz.merging import names
 from rotviz.merging.fisher import fisher_combine, fisher_diag
@@ -234,7 +237,7 @@ def test_merge_cli_writes_a_loadable_model(tmp_path, capsys):
             f"{d['source_scores']['macro_f1']:.4f})") in line
     # docs/cli.md's `rotviz merge --json` table names every key the file holds (but the
     # stamp every JSON rotviz writes carries, documented once for them all)
-    doc = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
     table = doc.split("`rotviz merge --json`:")[1].split("\n\n")[1]
     assert not [k for k in d if f"`{k}`" not in table and k != "rotviz"]
     assert d["stats_split"] == "train" and d["alpha"] == 0.9
@@ -267,3 +270,23 @@ def test_bad_merge_input(tmp_path, capsys):
         err = capsys.readouterr().err
         assert rc == 2 and err.count("\n") == 1 and pattern in err
         assert not out.exists()
+
+
+def test_fusion_chart_groups_methods():
+    rows = [
+        {"method": "average", "matching": "none", "acc": 0.3},
+        {"method": "average", "matching": "seed", "acc": 0.5},
+        {"method": "fisher", "matching": "none", "acc": 0.35},
+        {"method": "fisher", "matching": "seed", "acc": 0.6},
+    ]
+    fig = fusion_chart(rows, references={"anchor": 0.95, "source": 0.94})
+    _check_frame(fig, "accuracy")
+    assert list(fig.data[0].x) == ["average", "fisher"]
+    assert list(fig.data[0].y) == [0.3, 0.35] and list(fig.data[1].y) == [0.5, 0.6]
+    assert list(fig.data[2].y) == [0.95, 0.95]
+    # bars start at 0 and the axis ends just above the highest bar or line: 0.95 + 5 % of
+    # 0.95 - 0.3; the 0-1 scale on request; a shared range as given
+    assert list(fig.layout.yaxis.range) == pytest.approx([0.0, 0.95 + 0.0325])
+    assert bar_range([0.3, 0.6], fixed=True) == [0.0, 1.02]
+    shared = fusion_chart(rows, "acc", y_range=[0.0, 0.8])
+    assert list(shared.layout.yaxis.range) == [0.0, 0.8]
