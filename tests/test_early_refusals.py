@@ -158,7 +158,7 @@ def test_the_hessian_json_says_the_split_and_the_data(ws, capfd):
 
 def test_the_sharpness_figure_has_room_for_its_titles():
     """The title stands off the left edge and the y title is on two lines, with room."""
-    from rotviz.plots.sharpness import sharpness_figure
+    from rotviz.measures.sharpness import sharpness_figure
 
     fig = sharpness_figure({"alphas": [0, 0.5, 1], "matched": [3.0, 4.0, 3.0],
                             "model": A, "source": B, "split": "test"})

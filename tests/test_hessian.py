@@ -1,4 +1,4 @@
-"""Curvature (rotviz.analysis.hessian, the `hessian` record): Lanczos eigenvalues and traces
+"""Curvature (rotviz.measures.hessian, the `hessian` record): Lanczos eigenvalues and traces
 against the exact dense Hessian of a tiny ViT, Hutchinson within its standard error, the
 spectrum's invariance under permutations and rotations and its change under a rescale that
 keeps the function, and the CLI's JSON."""
@@ -14,19 +14,12 @@ import torch.nn.functional as F
 from conftest import clone_state
 from test_landscape import assert_unchanged, synthetic_split
 
-from rotviz.analysis.hessian import (
-    Curvature,
-    group_names,
-    hessian,
-    hutchinson,
-    math_attention,
-    restricted,
-    top_eigenvalues,
-    top_eigenvectors,
-)
+from rotviz.analysis.hvp import Curvature, group_names, math_attention, restricted
+from rotviz.analysis.lanczos import hutchinson, top_eigenvalues, top_eigenvectors
 from rotviz.cli import main
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator
+from rotviz.measures.hessian import hessian
 from rotviz.models import Loaded
 from rotviz.plots.figure_style import Style
 from rotviz.symmetry.actions import apply, random_element

@@ -1,5 +1,5 @@
 """The symmetry group's dimension against the near-zero eigenvalues of the Hessian restricted
-to a block (rotviz.analysis.nullity, the `flat` record's nullity rows): the exact count
+to a block (rotviz.measures.flat, the `flat` record's nullity rows): the exact count
 against the eigenvalues of an independent dense torch.autograd.functional.hessian (integer
 equality), at a critical point (a regression model whose targets are its own outputs: the
 gradient is exactly 0) where every tangent is a null vector and the count covers the group,
@@ -14,12 +14,13 @@ import pytest
 import torch
 from test_landscape import synthetic_split
 
-from rotviz.analysis.hessian import Curvature, math_attention
-from rotviz.analysis.nullity import count_exact, count_slq, dense_block, nullity
+from rotviz.analysis.hvp import Curvature, dense_block, math_attention
 from rotviz.analysis.tangents import f64_view, generators, group_dimension, tangents
 from rotviz.cli import main
 from rotviz.data import Split
 from rotviz.evaluation import Evaluator
+from rotviz.measures.flat import count_exact, count_slq
+from rotviz.measures.flat import count_nullity as nullity
 from rotviz.models import Loaded, probe_inputs
 from rotviz.plots.figure_style import Style
 

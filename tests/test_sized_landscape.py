@@ -13,7 +13,7 @@ import torch
 from test_landscape import default_pair_refs, synthetic_split
 
 from rotviz import measure
-from rotviz.analysis.slices import random_directions
+from rotviz.analysis.directions import random_directions
 from rotviz.cli import main
 from rotviz.errors import RotvizError
 from rotviz.match.endpoints import match_endpoints

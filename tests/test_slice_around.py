@@ -21,12 +21,11 @@ from test_tangents import f64_loss
 from rotviz.analysis.directions import (
     drawn,
     normalise_all,
-    slice_around,
-    slice_with,
+    random_directions,
     symmetry_directions,
     unit_normalise,
 )
-from rotviz.analysis.slices import random_directions, slice_at
+from rotviz.analysis.loss_grid import slice_at
 from rotviz.analysis.tangents import (
     f64_view,
     gauge_fixed,
@@ -38,6 +37,7 @@ from rotviz.cli import main
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator
 from rotviz.match.endpoints import match_endpoints
+from rotviz.measures.slice import slice_around, slice_with
 from rotviz.models import Loaded, load_model
 from rotviz.symmetry.actions import random_element
 from rotviz.symmetry.view import read_view

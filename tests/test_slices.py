@@ -1,4 +1,4 @@
-"""Slices around a point (rotviz.analysis.slices, the `slice` record): filter normalisation
+"""Slices around a point (rotviz.analysis.loss_grid, the `slice` record): filter normalisation
 row by row, 1-D tensors zeroed or kept, the centre is the model's own loss, a slice is
 equivariant under a planted permutation and rotation, seeded, and the CLI writes its JSON."""
 
@@ -14,7 +14,8 @@ from conftest import clone_state, view_of
 from test_landscape import synthetic_split
 from test_plots import _check_frame
 
-from rotviz.analysis.slices import normalise, random_directions, slice_at
+from rotviz.analysis.directions import normalise, random_directions
+from rotviz.analysis.loss_grid import slice_at
 from rotviz.cli import main
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator
@@ -140,7 +141,8 @@ def test_slices_are_seeded(loaded):
 
 def test_the_cli_writes_the_slice_json(tmp_path, capsys):
     from rotviz.measures import measurement
-    from rotviz.plots.slices import loss_surface, slice_figure, slice_panels
+    from rotviz.measures.slice import slice_figure, slice_panels
+    from rotviz.plots.surface import loss_surface
 
     js = tmp_path / "s.json"
     rc = main(["slice", "zoo:vit-digits-s3", "--data", "digits", "--dims", "1", "--grid", "3",

@@ -16,10 +16,9 @@ import torch.nn.functional as F
 from conftest import clone_state
 from test_landscape import assert_unchanged, synthetic_split
 
-from rotviz.analysis.hessian import math_attention
+from rotviz.analysis.hvp import math_attention
 from rotviz.analysis.tangents import (
     f64_view,
-    flat,
     gauge_fixed,
     generators,
     group_dimension,
@@ -28,6 +27,7 @@ from rotviz.analysis.tangents import (
 )
 from rotviz.cli import main
 from rotviz.errors import RotvizError
+from rotviz.measures.flat import flat
 from rotviz.models import Loaded
 from rotviz.plots.figure_style import Style
 from rotviz.symmetry.actions import LayerTransform, apply_layer
@@ -225,8 +225,9 @@ def test_a_gauge_fixed_plane(tiny):
     """Gauge-fixed random directions feed a slice: orthogonal to every tangent (1e-6, in
     the parameters' float32), the plane's centre is the model's own loss, and the directions
     differ from the plain random ones only by their part along the tangents."""
-    from rotviz.analysis.slices import random_directions, slice_at
-    from rotviz.analysis.tangents import gauge_fixed_directions, parameter_names
+    from rotviz.analysis.directions import gauge_fixed_directions, random_directions
+    from rotviz.analysis.loss_grid import slice_at
+    from rotviz.analysis.tangents import parameter_names
     from rotviz.evaluation import Evaluator
 
     split = synthetic_split(tiny, 12)

@@ -94,7 +94,8 @@ def _full():
 
 
 def test_series_refusals_are_one_line(tiny, tmp_path, capfd, ws):
-    from rotviz.analysis.training import read_series, read_spawn
+    from rotviz.measures.spawn import read_spawn
+    from rotviz.measures.training import read_series
 
     a, b = tmp_path / "a", tmp_path / "b"
     _copy(tiny[0], a / "checkpoint-1")
@@ -126,7 +127,7 @@ def test_hf_cache_revisions_read_offline(tiny, small, tmp_path, monkeypatch):
     folders (the local cache as huggingface_hub lays it out); other refs are not steps.
     ORG/NAME@step10,step0 takes those revisions only, each the snapshot the model reference
     ORG/NAME@step<N> resolves to."""
-    from rotviz.analysis.training import read_series
+    from rotviz.measures.training import read_series
     from rotviz.models import resolve_ref
 
     cache = tmp_path / "hub"

@@ -375,7 +375,7 @@ def describe(layers: list[HeadReport], transforms: dict[int, LayerTransform]) ->
             rep.head_perm = t.heads.tolist()
 
 
-# (phase, round, the matched source after it): rotviz.analysis.rounds measures each round
+# (phase, round, the matched source after it): rotviz.measures.rounds measures each round
 RoundHook = Callable[[int, int, Callable[[], ModelView]], None]
 
 

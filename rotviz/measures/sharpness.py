@@ -118,7 +118,7 @@ class PathSharpness:
     device: str = "cpu"
     notes: list[str] = field(default_factory=list)
     # the largest Lanczos residual over every point of both paths, and whether every point
-    # converged (rotviz.analysis.hessian's `residual` and `converged`)
+    # converged (rotviz.measures.hessian's `residual` and `converged`)
     residual: float = 0.0
     converged: bool = True
     data: str = ""  # the data reference the split was read from (digits, text:FILE)
