@@ -174,7 +174,7 @@ def centre_state(ends, around: str, alpha: float = 0.5, merge: str = "simple",
                  ) -> Mapping[str, Tensor] | None:
     """The parameter set a slice is centred on, from held endpoints (rotviz.match.endpoints):
     `anchor` A (None: the anchor's own state), `source` B, `matched` B', `path` the point
-    (1 - alpha) A + alpha B' of the matched straight path (float64, cast back), `merged`
+    (1 - alpha) A + alpha B' of the matched straight path (rotviz.analysis.paths), `merged`
     the matched pair merged by the registered method `merge` with the source's weight
     `alpha` (`simple` at 0.5 is the plain average; methods with statistics take them from
     the split's train sibling, rotviz.analysis.fusion.merge_on)."""
@@ -187,9 +187,9 @@ def centre_state(ends, around: str, alpha: float = 0.5, merge: str = "simple",
     if around == "matched":
         return ends.matched
     if around == "path":
-        a, b = ends.anchor.state, ends.matched
-        return {k: ((1.0 - alpha) * v.double() + alpha * b[k].double()).to(v.dtype)
-                if v.is_floating_point() else v for k, v in a.items()}
+        from rotviz.analysis.paths import path_point
+
+        return path_point(ends.anchor.state, ends.matched, alpha)
     from rotviz.analysis.fusion import merge_on
 
     if split is None:
