@@ -14,7 +14,7 @@ outside G and only G's part of H v is kept (`restricted`). Its eigenvalues inter
 ones (Cauchy), and its trace is the part of the full trace that G holds, so the groups'
 traces sum to the whole trace.
 
-Groups (docs/landscape.md, "Curvature"): by block, every tensor under a block prefix of the
+Groups (docs/landscape.md, "hessian"): by block, every tensor under a block prefix of the
 model's resolved layout (rotviz.symmetry.view.resolve_layout: `vit.layers.3.`, `h.3.`, ...)
 belongs to that block and everything else to "outside" (embeddings, final norm, head); by
 kind, a block tensor is "qk" (queries and keys), "vo" (values and the output projection),
