@@ -278,3 +278,18 @@ def test_kinds_by_name_across_families(loaded, family, fused, norm):
     assert blocks[fused] == blocks[norm] == "block 1"
     assert {"embeddings", "vo", "ffn"} <= set(kinds.values())
     assert "other" not in kinds.values()
+
+
+def test_the_hessian_json_says_the_split_and_the_data(ws, capfd):
+    """The hessian and sharpness JSON say the split and the data (from test_early_refusals)."""
+    A, B = "zoo:vit-digits-s3", "zoo:vit-digits-s6"
+    assert main(["hessian", A, "--data", "digits", "--split", "train", "--examples", "32",
+                 "--top", "1", "--iterations", "5", "--json", "h.json"]) == 0
+    d = json.loads((ws / "h.json").read_text())
+    assert d["split"] == "train" and d["data"] == "digits"
+    assert " train samples" in capfd.readouterr().out
+    assert main(["sharpness", A, B, "--data", "digits", "--split", "train", "--points", "3",
+                 "--examples", "16", "--top", "1", "--iterations", "3", "--json",
+                 "s.json"]) == 0
+    d = json.loads((ws / "s.json").read_text())
+    assert d["split"] == "train" and d["data"] == "digits"

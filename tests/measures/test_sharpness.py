@@ -209,3 +209,17 @@ def test_the_app_runs_the_record_and_exports_its_table():
         rows = z.read("tables/sharpness.csv").decode().splitlines()
         assert "figures/sharpness.html" in z.namelist()
     assert rows[0] == "path,alpha,top_eigenvalue,loss,trace,trace_se" and len(rows) == 5
+
+
+def test_the_sharpness_figure_has_room_for_its_titles():
+    """The title stands off the left edge and the y title is on two lines, with room."""
+    from rotviz.measures.sharpness import sharpness_figure
+
+    A, B = "zoo:vit-digits-s3", "zoo:vit-digits-s6"
+    fig = sharpness_figure({"alphas": [0, 0.5, 1], "matched": [3.0, 4.0, 3.0],
+                            "model": A, "source": B, "split": "test"})
+    lay = fig.layout
+    assert lay.title.pad.l >= 10 and lay.margin.l >= 90 and lay.margin.t >= 90
+    assert lay.title.text.startswith("Sharpness along the path<br>")
+    assert lay.title.text.endswith(" on test")  # no data reference: the split alone
+    assert lay.yaxis.title.text.startswith("top Hessian eigenvalue<br>(")
