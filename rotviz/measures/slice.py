@@ -132,11 +132,11 @@ def slice_with(
 ) -> Slice:
     """slice_with(model, split, directions="gauge", norm="unit", ...) -> Slice
 
-    `slice_at` with every direction kind and normalisation (rotviz.analysis.directions):
-    random and hessian as there, also under `unit`; `toward` from the point to `target`
-    (B' or B); `tangent` and `gauge` at the point. The directions are
-    built here and evaluated by slice_at as given ones, so the grid, the exact centre and
-    the progress are slice_at's; the result names the kind, the norm and the seed."""
+    `slice_at` with every direction kind and normalisation: random and hessian as there,
+    also under `unit`; `toward` from the point to `target` (B' or B); `tangent` and `gauge`
+    at the point. The directions are built by rotviz.analysis.directions.directions_for and
+    evaluated by slice_at as given ones, so the grid, the exact centre and the progress are
+    slice_at's; the result names the kind, the norm and the seed."""
     from rotviz.analysis.directions import NORMS, directions_for
     from rotviz.analysis.loss_grid import check_choices, slice_at
     from rotviz.evaluation import Evaluator
