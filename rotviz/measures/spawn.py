@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from rotviz.data import Split
     from rotviz.types import Progress
 
-SPAWN = re.compile(r"spawn-(\d+)")
+SPAWN_FOLDER = re.compile(r"spawn-(\d+)")  # a spawn step k's folder
 
 
 def read_spawn(ref: str, confined: Confined = ANYWHERE) -> dict[int, tuple[Path, Path]]:
@@ -48,7 +48,7 @@ def read_spawn(ref: str, confined: Confined = ANYWHERE) -> dict[int, tuple[Path,
                               "spawn-<k>/b/ model folders, or zoo:NAME")
     found = []
     for p in confined.entries(folder, "spawn folder"):
-        m = SPAWN.fullmatch(p.name)
+        m = SPAWN_FOLDER.fullmatch(p.name)
         if m is None or not p.is_dir():
             continue
         a, b = p / "a", p / "b"
