@@ -9,11 +9,11 @@ from rotviz.app import summaries
 from rotviz.app.specs import DEFAULT_SPECS, SPEC_CHOICES
 from rotviz.errors import RotvizError
 from rotviz.limits import MAX_LAYERS_TEXT
-from rotviz.measures import barrier as bplots
-from rotviz.measures import plane as bplots_plane
 from rotviz.measures.barrier import BARRIER
 from rotviz.measures.plane import PLANE
-from rotviz.plots import slices, style
+from rotviz.measures import barrier as bplots, plane as bplots_plane
+from rotviz.plots import style
+from rotviz.plots.surface import loss_surface
 
 s = common.setup()
 st.title("Loss barriers between the two models")
@@ -204,7 +204,7 @@ def body() -> None:
             "Euclidean distances."
         )
         fig_plane = bplots_plane.plane_figure(pl["xs"], pl["ys"], pl["loss"], pl["points"], s.font)
-        fig_surface = slices.loss_surface(pl, font_size=s.font)
+        fig_surface = loss_surface(pl, font_size=s.font)
         flat, deep = st.tabs(["Contour (from above)", "3D surface (drag to turn)"])
         with flat:
             common.chart(fig_plane, "barrier_plane")

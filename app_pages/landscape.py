@@ -21,10 +21,10 @@ from rotviz import app
 from rotviz.app.export import measurement_files
 from rotviz.app.specs import SPEC_CHOICES
 from rotviz.limits import MAX_LAYERS_TEXT
-from rotviz.measures import bend as cplots
 from rotviz.measures import measurement
+from rotviz.measures.slice import slice_figure, slice_panels
 from rotviz.measures import plane as bplots
-from rotviz.plots import slices as splots
+from rotviz.measures import bend as cplots
 from rotviz.plots import style
 
 # Section defaults that differ from the records' (CLI) defaults: small, for a quick first Run.
@@ -138,7 +138,7 @@ def slice_body() -> None:
         step(f"{g} x {g} grid around {where}" if slice_values["dims"] == 2
              else f"{g} points around {where}")
         result = common.compute("slice", cfg, step.detail)
-    fig = splots.slice_figure(result, log=log, font_size=s.font, acc_range=s.acc_axis())
+    fig = slice_figure(result, log=log, font_size=s.font, acc_range=s.acc_axis())
     common.chart(fig, "land_slice")
     st.caption(f"Centre: {where}, test loss {result['centre_loss']:.4f} nats (accuracy "
                f"{result['centre_acc']:.3f}). Axes are in direction units: 1 moves each "
@@ -177,7 +177,7 @@ def gauge_body() -> None:
         plain = common.compute("slice", cfgs["random"], step.detail)
         step(f"the gauge-fixed plane, {g} x {g} (the symmetry tangents first)")
         fixed = common.compute("slice", cfgs["gauge"], step.detail)
-    fig = splots.slice_panels(
+    fig = slice_panels(
         [plain, fixed], ["random plane", "gauge-fixed plane"], log=log, font_size=s.font,
         title="Test loss on a random plane and on its gauge-fixed twin, one colour scale")
     common.chart(fig, "land_gauge")
@@ -287,7 +287,7 @@ h_run, h_values = section_form("hessian")
 
 
 def hessian_body() -> None:
-    from rotviz.plots.hessian import density_plot, eigenvalue_bars
+    from rotviz.measures.hessian import density_plot, eigenvalue_bars
 
     with common.progress("Curvature", 1, stop="land_hessian") as step:
         step(f"top {h_values['top']} eigenvalues, {h_values['iterations']} Lanczos steps at "

@@ -18,8 +18,10 @@ from rotviz import app
 from rotviz.app.export import measurement_files
 from rotviz.app.specs import SPEC_CHOICES
 from rotviz.measures import measurement
+from rotviz.measures.spawn import spawn_figure
+from rotviz.measures.training import training_figure
 from rotviz.plots import style
-from rotviz.plots import training as tplots
+from rotviz.plots.figure_style import Style
 
 SERIES = ("zoo:vit-digits-run-a", "zoo:vit-digits-run-b")
 SPAWN = "zoo:vit-digits-spawn"
@@ -76,7 +78,7 @@ def section(name: str, refs: list[str], values: dict, draw, what: str) -> dict |
     with common.progress(what, 1, stop=f"train_{name}") as step:
         step(f"{len(specs)} matching(s) at each step, {values['points']} points per path")
         result = common.compute(name, cfg, step.detail, common.stopper())
-    fig = draw(result, s.font)
+    fig = draw(result, Style(font_size=s.font))
     common.chart(fig, f"t_{name}_chart")
     tables, _ = measurement_files(name, result)
     with st.expander("Table", icon=":material/table:"):
@@ -102,7 +104,7 @@ t_run, t_refs, t_values = form("training", {"a": ("Series A", SERIES[0]),
 
 def training_body() -> None:
     r = section("training", [t_refs["a"], t_refs["b"]], t_values,
-                tplots.barriers_over_training, "Barriers over training")
+                training_figure, "Barriers over training")
     if r is None:
         return
     e = r["extra"]
@@ -128,7 +130,7 @@ k_run, k_refs, k_values = form("spawn", {"folder": ("Spawn folder", SPAWN)})
 
 
 def spawn_body() -> None:
-    r = section("spawn", [k_refs["folder"]], k_values, tplots.instability_by_spawn_step,
+    r = section("spawn", [k_refs["folder"]], k_values, spawn_figure,
                 "Spawn instability")
     if r is not None:
         st.caption(f"Spawn steps {', '.join(map(str, r['x']))}, on {r['n']} test samples.")

@@ -75,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from rotviz.analysis.hessian import hessian
-    from rotviz.analysis.slices import slice_at
+    from rotviz.measures.hessian import hessian
+    from rotviz.analysis.loss_grid import slice_at
     from rotviz.devices import resolve_device
     from rotviz.match.endpoints import match_endpoints
     from rotviz.measures.bend import bend_on

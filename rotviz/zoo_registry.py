@@ -102,7 +102,7 @@ SEEDS: tuple[str, ...] = (*PAIRS["default"], *PAIRS["seeds"])
 
 @dataclass(frozen=True)
 class SpawnEntry:
-    """A spawn folder of the zoo (rotviz.zoo.spawn builds it, rotviz.analysis.training reads
+    """A spawn folder of the zoo (rotviz.zoo.spawn builds it, rotviz.measures.training reads
     it): a parent run of `recipe` initialised from `seed` in data order `parent_order`;
     at each step of `spawn_steps` (the last is the run's end) two children trained to the
     end in the data orders `orders`; the two children spawned at 0 kept at `series_steps`."""

@@ -1052,7 +1052,7 @@ def _framed(fig: dict) -> None:
 def test_landscape_page_computes_each_section_on_run(pair):
     """First paint computes nothing; each section's Run draws its figures, whose numbers are
     the library's (the slice's grid, the Hessian's top eigenvalues, the bend's barrier)."""
-    from rotviz.analysis.slices import slice_at
+    from rotviz.analysis.loss_grid import slice_at
     from rotviz.data.split import load_split
     from rotviz.match.endpoints import match_endpoints
     from rotviz.measures import measure
@@ -1126,7 +1126,7 @@ def test_landscape_slice_around_b_prime_and_its_gauge_fixed_twin(pair):
     the matched path (the page's matching) draws the library's numbers, B' marked at x = 1;
     the random plane beside the gauge-fixed plane share one colour scale, each panel the
     library's grid (1e-5), captioned."""
-    from rotviz.analysis.directions import slice_with
+    from rotviz.measures.slice import slice_with
     from rotviz.data.split import load_split
     from rotviz.match.endpoints import match_endpoints
     from rotviz.measures import measure
@@ -1283,7 +1283,7 @@ def test_measure_page_runs_the_ladder_a_record_of_other_inputs(roots):
     """The Measure page takes a record of other inputs (the symmetry ladder): the sidebar's
     pair, its rungs in order, nothing before Run; Run draws its figure and its table, whose
     align-to-self row reads 0.0000 and 0.0000, equal to the library's on the same split."""
-    from rotviz.analysis.ladder import LadderPair, ladder
+    from rotviz.measures.ladder import LadderPair, ladder
     from rotviz.data.split import load_split
 
     a, s = str(roots / "vit-s0"), str(roots / "vit-s1")

@@ -1,7 +1,7 @@
 """Slices at size (rotviz.stream.slices): on endpoints streamed from checkpoint folders, each
 point built block by block, they give the in-memory results, in the library and through
-`--max-memory 0`; a slice's random directions are drawn tensor by tensor, so the order the
-tensors are read in does not change them. (Layer-wise barriers at size:
+`--max-memory 0`. (That a slice's random directions do not depend on the order the tensors
+are read in: tests/measures/test_slice.py; layer-wise barriers at size:
 tests/measures/test_layerwise.py.)"""
 
 from __future__ import annotations
@@ -12,29 +12,12 @@ import torch
 from pairs import assert_close, cli_json, default_pair_refs, synthetic_split
 
 from rotviz import measure
-from rotviz.analysis.slices import random_directions
 from rotviz.atsize.blocks import open_streamed
 from rotviz.atsize.endpoints import streamed_endpoints
 from rotviz.cli import main
 from rotviz.errors import RotvizError
 from rotviz.match.endpoints import match_endpoints
 from rotviz.sources.loading import load_model
-
-
-def test_random_directions_do_not_depend_on_the_order_of_the_tensors(loaded):
-    model = loaded("vit")
-    params = {n: model.state[n] for n, _ in model.model.named_parameters()}
-    movable = set(params)
-    fwd = random_directions(params, movable, 2, seed=5)
-    rev = random_directions(dict(reversed(params.items())), movable, 2, seed=5)
-    half = random_directions({k: params[k] for k in list(params)[::2]}, movable, 2, seed=5)
-    for i in range(2):
-        assert all(torch.equal(fwd[i][k], rev[i][k]) for k in params)
-        assert all(torch.equal(fwd[i][k], half[i][k]) for k in half[i])
-    assert not torch.equal(fwd[0][next(iter(params))], fwd[1][next(iter(params))])
-    other = random_directions(params, movable, 2, seed=6)
-    big = [k for k, w in params.items() if w.dim() > 1]
-    assert all(not torch.equal(fwd[0][k], other[0][k]) for k in big)
 
 
 @pytest.mark.parametrize("fam", ["vit", "gpt2"])

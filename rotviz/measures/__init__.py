@@ -9,9 +9,9 @@ Every module of this package that calls `register` is found and registered when 
 is imported (`rotviz --help` lists them, by each record's `order`): a new measurement is one
 module dropped into rotviz/measures/, and no list names it. Training and spawn take series of
 checkpoints, not endpoints: `measure("training", TwoSeries.read([A, B], ["none", "seed"]),
-split)` (rotviz.analysis.training); many takes N models: `measure("many", [M1, M2, M3],
+split)` (rotviz.measures.training); many takes N models: `measure("many", [M1, M2, M3],
 split, match=["seed"])` (rotviz.measures.many); the symmetry ladder takes the pair, one
-matching per rung: `measure("ladder", [A, B], split)` (rotviz.analysis.ladder).
+matching per rung: `measure("ladder", [A, B], split)` (rotviz.measures.ladder).
 """
 
 from __future__ import annotations

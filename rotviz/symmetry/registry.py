@@ -30,7 +30,7 @@ class Symmetry:
     solver: str = ""  # what finds the element: a function of rotviz.match
     draw: str = ""  # the keyword of rotviz.symmetry.actions.random_transform that draws one
     # `why` in one sentence, where `why` takes more (the symmetry ladder's rung captions,
-    # rotviz.analysis.ladder); empty: `why` is one sentence already
+    # rotviz.measures.ladder); empty: `why` is one sentence already
     reason: str = ""
 
     def one_sentence(self) -> str:
@@ -101,7 +101,7 @@ SYMMETRIES: tuple[Symmetry, ...] = (
                "kept whatever it learns."),
 )
 
-# The symmetry ladder (rotviz.analysis.ladder): matching SPECs as the group grows, then the
+# The symmetry ladder (rotviz.measures.ladder): matching SPECs as the group grows, then the
 # data solvers; and its two rungs that add no symmetry, each with its one sentence: the pair
 # as it is, and a model matched onto itself.
 LADDER: tuple[str, ...] = ("none", "ffn", "ffn,attn", "seed", "seed,heads", "weight", "act",

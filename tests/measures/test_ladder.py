@@ -1,4 +1,4 @@
-"""The symmetry ladder (rotviz.analysis.ladder, `rotviz ladder`): each rung's path is the
+"""The symmetry ladder (rotviz.measures.ladder, `rotviz ladder`): each rung's path is the
 `rotviz barrier` CLI's for the same --match, its merged accuracy `rotviz merge --method
 simple`'s, the align-to-self rung is exactly 0, and every reason is the symmetry registry's.
 
@@ -15,7 +15,8 @@ import json
 import pytest
 import torch
 
-from rotviz.analysis.ladder import RUNGS, LadderPair, describe, ladder
+from rotviz.match.rungs import RUNGS, describe
+from rotviz.measures.ladder import LadderPair, ladder
 from rotviz.plots.figure_style import Style
 from rotviz.symmetry import registry
 

@@ -1,4 +1,4 @@
-"""Curvature (rotviz.analysis.hessian, the `hessian` record): Lanczos eigenvalues and traces
+"""Curvature (rotviz.measures.hessian, the `hessian` record): Lanczos eigenvalues and traces
 against the exact dense Hessian of a tiny ViT, Hutchinson within its standard error, the
 spectrum's invariance under permutations and rotations and its change under a rescale that
 keeps the function, and the CLI's JSON."""
@@ -14,19 +14,12 @@ import torch.nn.functional as F
 from conftest import clone_state
 from pairs import assert_unchanged, synthetic_split
 
-from rotviz.analysis.hessian import (
-    Curvature,
-    group_names,
-    hessian,
-    hutchinson,
-    math_attention,
-    restricted,
-    top_eigenvalues,
-    top_eigenvectors,
-)
+from rotviz.analysis.hvp import Curvature, group_names, math_attention, restricted
+from rotviz.analysis.lanczos import hutchinson, top_eigenvalues, top_eigenvectors
 from rotviz.cli import main
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator
+from rotviz.measures.hessian import hessian
 from rotviz.plots.figure_style import Style
 from rotviz.sources.loading import Loaded
 from rotviz.symmetry.actions import apply, random_element
@@ -285,3 +278,18 @@ def test_kinds_by_name_across_families(loaded, family, fused, norm):
     assert blocks[fused] == blocks[norm] == "block 1"
     assert {"embeddings", "vo", "ffn"} <= set(kinds.values())
     assert "other" not in kinds.values()
+
+
+def test_the_hessian_json_says_the_split_and_the_data(ws, capfd):
+    """The hessian and sharpness JSON say the split and the data (from test_early_refusals)."""
+    A, B = "zoo:vit-digits-s3", "zoo:vit-digits-s6"
+    assert main(["hessian", A, "--data", "digits", "--split", "train", "--examples", "32",
+                 "--top", "1", "--iterations", "5", "--json", "h.json"]) == 0
+    d = json.loads((ws / "h.json").read_text())
+    assert d["split"] == "train" and d["data"] == "digits"
+    assert " train samples" in capfd.readouterr().out
+    assert main(["sharpness", A, B, "--data", "digits", "--split", "train", "--points", "3",
+                 "--examples", "16", "--top", "1", "--iterations", "3", "--json",
+                 "s.json"]) == 0
+    d = json.loads((ws / "s.json").read_text())
+    assert d["split"] == "train" and d["data"] == "digits"

@@ -1,4 +1,4 @@
-"""Sharpness along the path (rotviz.analysis.sharpness, the `sharpness` record): its ends are
+"""Sharpness along the path (rotviz.measures.sharpness, the `sharpness` record): its ends are
 exactly `hessian` at A and at B', the matched and unmatched paths agree at alpha = 1 when the
 matching is permutations and rotations only (B and B' are one function with conjugate
 Hessians), the CLI's JSON keys, the plot, and the refusal at size."""
@@ -12,11 +12,12 @@ import torch
 from conftest import clone_state
 from pairs import assert_unchanged, synthetic_split
 
-from rotviz.analysis.hessian import hessian
-from rotviz.analysis.sharpness import path_point, rescales, sharpness_on
+from rotviz.analysis.paths import path_point
 from rotviz.cli import main
 from rotviz.errors import RotvizError
 from rotviz.match.endpoints import match_endpoints
+from rotviz.measures.hessian import hessian
+from rotviz.measures.sharpness import rescales, sharpness_on
 from rotviz.plots.figure_style import Style
 from rotviz.sources.loading import Loaded
 
@@ -126,7 +127,7 @@ def test_a_slice_along_the_top_eigenvector_curves_by_its_eigenvalue(pair):
     """1D slice along the top Hessian eigenvector, unnormalised (a unit vector): the second
     finite difference of the loss at the centre is lambda_1 |d|^2 (to 1 %; 0.3 % seen), and
     lambda_1 is `hessian`'s top eigenvalue (float64) when the biases move too."""
-    from rotviz.analysis.slices import slice_at
+    from rotviz.analysis.loss_grid import slice_at
 
     a, _ = pair
     before = clone_state(a.state)
@@ -151,7 +152,7 @@ def test_a_slice_along_the_top_eigenvector_curves_by_its_eigenvalue(pair):
     assert abs(s2.cosine) < 1e-6 and s2.direction_norms == pytest.approx([1, 1], rel=1e-5)
     assert s2.eigenvalues == pytest.approx(ref, rel=1e-5)
     # filter-normalised: every row of a weight matrix has that row's norm (biases zeroed)
-    from rotviz.analysis.slices import hessian_directions
+    from rotviz.analysis.directions import hessian_directions
     from rotviz.evaluation import Evaluator
 
     ev = Evaluator(a, split)
@@ -208,3 +209,17 @@ def test_the_app_runs_the_record_and_exports_its_table():
         rows = z.read("tables/sharpness.csv").decode().splitlines()
         assert "figures/sharpness.html" in z.namelist()
     assert rows[0] == "path,alpha,top_eigenvalue,loss,trace,trace_se" and len(rows) == 5
+
+
+def test_the_sharpness_figure_has_room_for_its_titles():
+    """The title stands off the left edge and the y title is on two lines, with room."""
+    from rotviz.measures.sharpness import sharpness_figure
+
+    A, B = "zoo:vit-digits-s3", "zoo:vit-digits-s6"
+    fig = sharpness_figure({"alphas": [0, 0.5, 1], "matched": [3.0, 4.0, 3.0],
+                            "model": A, "source": B, "split": "test"})
+    lay = fig.layout
+    assert lay.title.pad.l >= 10 and lay.margin.l >= 90 and lay.margin.t >= 90
+    assert lay.title.text.startswith("Sharpness along the path<br>")
+    assert lay.title.text.endswith(" on test")  # no data reference: the split alone
+    assert lay.yaxis.title.text.startswith("top Hessian eigenvalue<br>(")

@@ -1,7 +1,8 @@
-"""Barriers over training and spawn instability (Frankle et al., 2020): the series layouts
-(Trainer checkpoints, the local Hugging Face cache, spawn folders), each step's barrier
-equal to `rotviz barrier`'s on that pair, the zoo's spawn series (children spawned at the
-last step: barrier 0), the records' CLI, plots and exports."""
+"""Barriers over training (rotviz.measures.training) and, measured the same way, spawn
+instability (Frankle et al., 2020): the series layouts (Trainer checkpoints, the local
+Hugging Face cache, spawn folders), each step's barrier equal to `rotviz barrier`'s on that
+pair, both charts on the zoo's series (children spawned at the last step: barrier 0), the
+records' CLI, plots and exports. The zoo's spawn series itself: tests/measures/test_spawn.py."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import json
 import shutil
 
 import pytest
-import torch
 
 from rotviz import measure
 from rotviz.errors import RotvizError
@@ -94,7 +94,8 @@ def _full():
 
 
 def test_series_refusals_are_one_line(tiny, tmp_path, capfd, ws):
-    from rotviz.analysis.training import read_series, read_spawn
+    from rotviz.measures.spawn import read_spawn
+    from rotviz.measures.training import read_series
 
     a, b = tmp_path / "a", tmp_path / "b"
     _copy(tiny[0], a / "checkpoint-1")
@@ -126,7 +127,7 @@ def test_hf_cache_revisions_read_offline(tiny, small, tmp_path, monkeypatch):
     folders (the local cache as huggingface_hub lays it out); other refs are not steps.
     ORG/NAME@step10,step0 takes those revisions only, each the snapshot the model reference
     ORG/NAME@step<N> resolves to."""
-    from rotviz.analysis.training import read_series
+    from rotviz.measures.training import read_series
     from rotviz.sources.loading import resolve_ref
 
     cache = tmp_path / "hub"
@@ -160,44 +161,7 @@ def test_hf_cache_revisions_read_offline(tiny, small, tmp_path, monkeypatch):
         read_series("org/run")
 
 
-# ---- the zoo's spawn series ---------------------------------------------------------------------
 
-
-def test_zoo_spawn_series_layout_and_its_identities():
-    """The shipped series as its registry entry says: children spawned at the last step are
-    the parent's last checkpoint, twice (bit for bit); the runs spawned at 0 share their
-    start and end as spawn-0's children; the card records recipe, seeds and steps."""
-    from rotviz import zoo_registry as zoo
-    from rotviz.sources.loading import load_model
-
-    ent = zoo.spawn_entry("vit-digits-spawn")
-    root = zoo.collection_path(ent.name)
-    card = zoo.read_card(root)
-    assert card["recipe"]["name"] == ent.recipe and card["seed"] == ent.seed
-    assert card["spawn_steps"] == list(ent.spawn_steps) == [0, 16, 64, 304]
-    assert card["orders"] == [1, 2] and card["steps"] == 304
-    assert card["recipe"]["model"] == zoo.read_card("vit-digits-s3")["recipe"]["model"]
-    size = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
-    assert size < 12e6, size
-
-    def state(rel):
-        return load_model(root / rel).state
-
-    def same(x, y):
-        return all(torch.equal(x[k], y[k]) for k in x)
-
-    last = ent.spawn_steps[-1]
-    assert same(state(f"spawn-{last}/a"), state(f"spawn-{last}/b"))
-    assert not same(state("spawn-16/a"), state("spawn-16/b"))
-    assert same(state("run-a/checkpoint-0"), state("run-b/checkpoint-0"))
-    assert same(state(f"run-a/checkpoint-{last}"), state("spawn-0/a"))
-    assert same(state(f"run-b/checkpoint-{last}"), state("spawn-0/b"))
-    assert card["test"][f"spawn-{last}/a"]["acc"] > 0.85  # a trained model, not noise
-    from rotviz.evaluation import evaluate
-
-    got = evaluate(load_model(root / "spawn-16/b"), _full())  # the card says what ships
-    assert got["loss"] == pytest.approx(card["test"]["spawn-16/b"]["loss"], rel=1e-6)
-    assert got["acc"] == card["test"]["spawn-16/b"]["acc"]
 
 
 def test_both_charts_run_on_the_zoo_series(small):
@@ -233,23 +197,6 @@ def test_both_charts_run_on_the_zoo_series(small):
         assert list(fig.data[0].y) == r.barrier[r.matches[0]]
 
 
-def test_spawned_child_in_the_parents_order_is_the_parent():
-    """rotviz.zoo.train.run_steps: a child spawned at k and trained in the parent's own data
-    order reproduces the parent's last weights bit for bit (weights, Adam's moments and the
-    schedule all carried over); another order does not."""
-    from rotviz.data.split import load_split
-    from rotviz.zoo import recipes, train
-
-    rec = recipes.Recipe("tiny-spawn", "vit", "digits", dict(recipes._VIT_DIGITS,
-                         hidden_size=16, num_hidden_layers=1, intermediate_size=32),
-                         epochs=2, batch_size=200, warmup_epochs=0.5)
-    data = load_split("digits", "train", 0).subset(400)
-    parent = train.run_steps(rec, 0, data, 5, {1, 4})
-    assert sorted(parent) == [1, 4]
-    same = train.run_steps(rec, 0, data, 5, {4}, parent[1])[4]
-    other = train.run_steps(rec, 0, data, 6, {4}, parent[1])[4]
-    assert all(torch.equal(same.model[k], parent[4].model[k]) for k in same.model)
-    assert not all(torch.equal(other.model[k], parent[4].model[k]) for k in other.model)
 
 
 def test_two_points_are_refused_before_any_folder_is_read(capfd, ws):
