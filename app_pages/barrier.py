@@ -9,9 +9,10 @@ from rotviz.app import summaries
 from rotviz.app.specs import DEFAULT_SPECS, SPEC_CHOICES
 from rotviz.errors import RotvizError
 from rotviz.limits import MAX_LAYERS_TEXT
+from rotviz.measures import barrier as bplots
+from rotviz.measures import plane as bplots_plane
 from rotviz.measures.barrier import BARRIER
 from rotviz.measures.plane import PLANE
-from rotviz.measures import barrier as bplots, plane as bplots_plane
 from rotviz.plots import style
 from rotviz.plots.surface import loss_surface
 

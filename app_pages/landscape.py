@@ -21,10 +21,10 @@ from rotviz import app
 from rotviz.app.export import measurement_files
 from rotviz.app.specs import SPEC_CHOICES
 from rotviz.limits import MAX_LAYERS_TEXT
-from rotviz.measures import measurement
-from rotviz.measures.slice import slice_figure, slice_panels
-from rotviz.measures import plane as bplots
 from rotviz.measures import bend as cplots
+from rotviz.measures import measurement
+from rotviz.measures import plane as bplots
+from rotviz.measures.slice import slice_figure, slice_panels
 from rotviz.plots import style
 
 # Section defaults that differ from the records' (CLI) defaults: small, for a quick first Run.

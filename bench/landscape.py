@@ -75,11 +75,11 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from rotviz.measures.hessian import hessian
     from rotviz.analysis.loss_grid import slice_at
     from rotviz.devices import resolve_device
     from rotviz.match.endpoints import match_endpoints
     from rotviz.measures.bend import bend_on
+    from rotviz.measures.hessian import hessian
     from rotviz.measures.layerwise import layerwise_on
 
     torch.set_num_threads(args.threads)

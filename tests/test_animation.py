@@ -13,12 +13,12 @@ from functools import cache
 import numpy as np
 import torch
 from conftest import refused
-from rotviz.measures.barrier import curve_on
 from pairs import default_pair, default_pair_refs, digits
 
 from rotviz import animation
 from rotviz.match.endpoints import unmatched
 from rotviz.measures import measure, measurement
+from rotviz.measures.barrier import curve_on
 from rotviz.plots import images
 from rotviz.sources.running import forward, probe_inputs
 

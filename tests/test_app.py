@@ -1126,10 +1126,10 @@ def test_landscape_slice_around_b_prime_and_its_gauge_fixed_twin(pair):
     the matched path (the page's matching) draws the library's numbers, B' marked at x = 1;
     the random plane beside the gauge-fixed plane share one colour scale, each panel the
     library's grid (1e-5), captioned."""
-    from rotviz.measures.slice import slice_with
     from rotviz.data.split import load_split
     from rotviz.match.endpoints import match_endpoints
     from rotviz.measures import measure
+    from rotviz.measures.slice import slice_with
     from rotviz.sources.loading import load_model
 
     at = app("landscape", l_slice_grid="5", l_slice_around="path", l_slice_dims="1",
@@ -1283,8 +1283,8 @@ def test_measure_page_runs_the_ladder_a_record_of_other_inputs(roots):
     """The Measure page takes a record of other inputs (the symmetry ladder): the sidebar's
     pair, its rungs in order, nothing before Run; Run draws its figure and its table, whose
     align-to-self row reads 0.0000 and 0.0000, equal to the library's on the same split."""
-    from rotviz.measures.ladder import LadderPair, ladder
     from rotviz.data.split import load_split
+    from rotviz.measures.ladder import LadderPair, ladder
 
     a, s = str(roots / "vit-s0"), str(roots / "vit-s1")
     at = app("measure", anchor=a, source=s)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from pairs import assert_close, cli_json, default_pair_refs, synthetic_split
 
 from rotviz import measure

@@ -189,8 +189,7 @@ def ladder(pair: LadderPair, split: Split, points: int = 11, device: str | torch
     import numpy as np
     import torch
 
-    from rotviz.analysis.paths import check_path, path_points
-    from rotviz.analysis.paths import path_point
+    from rotviz.analysis.paths import check_path, path_point, path_points
     from rotviz.analysis.workpool import EvaluationCache, TaskGroup, Work
     from rotviz.devices import pair_params, resolve_device, threads_for
     from rotviz.evaluation import Evaluator

@@ -236,9 +236,9 @@ def barriers_of(pairs: Sequence[tuple[int, Path, Path]], specs: Sequence[str], s
     with each SPEC (match_endpoints) and the barrier measured as `rotviz barrier` does
     (curve_on on `split`, `points` alphas). The spawn record measures its pairs here too."""
     from rotviz.analysis.paths import check_path
-    from rotviz.measures.barrier import curve_on
     from rotviz.devices import resolve_device
     from rotviz.match.endpoints import match_endpoints
+    from rotviz.measures.barrier import curve_on
     from rotviz.sources.loading import load_model
 
     check_path(points, 1, split)

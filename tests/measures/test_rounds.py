@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from pairs import default_pair, digits
 
-from rotviz.measures.barrier import curve_on
 from rotviz.errors import RotvizError
 from rotviz.match.endpoints import match_endpoints, unmatched
 from rotviz.match.options import MatchOptions
 from rotviz.measures import measure, measurement
+from rotviz.measures.barrier import curve_on
 
 
 def test_weight_matching_replayed_round_by_round():
