@@ -24,7 +24,7 @@ _API = {
     "load_model": "rotviz.models",
     "match_models": "rotviz.match.pipeline",
     "match_endpoints": "rotviz.match.endpoints",
-    "measure": "rotviz.measures",
+    "measure": "rotviz.runner",
     "MatchOptions": "rotviz.match.options",
     "interpolate": "rotviz.analysis.landscape",
     "loss_plane": "rotviz.analysis.landscape",

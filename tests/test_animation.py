@@ -21,8 +21,9 @@ from rotviz.analysis.landscape import curve_on
 from rotviz.errors import RotvizError
 from rotviz.match.endpoints import match_endpoints, unmatched
 from rotviz.match.options import MatchOptions
-from rotviz.measures import measure, measurement
+from rotviz.measures import measurement
 from rotviz.models import forward, probe_inputs
+from rotviz.runner import measure
 
 
 @cache

@@ -1054,8 +1054,8 @@ def test_landscape_page_computes_each_section_on_run(pair):
     from rotviz.analysis.slices import slice_at
     from rotviz.data import load_split
     from rotviz.match.endpoints import match_endpoints
-    from rotviz.measures import measure
     from rotviz.models import load_model
+    from rotviz.runner import measure
 
     at = app("landscape", l_slice_grid="5", l_bend_steps="10", l_bend_points="5",
              l_layerwise_points="3", l_hessian_iterations="16", l_hessian_examples="64")
@@ -1128,8 +1128,8 @@ def test_landscape_slice_around_b_prime_and_its_gauge_fixed_twin(pair):
     from rotviz.analysis.directions import slice_with
     from rotviz.data import load_split
     from rotviz.match.endpoints import match_endpoints
-    from rotviz.measures import measure
     from rotviz.models import load_model
+    from rotviz.runner import measure
 
     at = app("landscape", l_slice_grid="5", l_slice_around="path", l_slice_dims="1",
              l_slice_directions="toward", l_slice_norm="none", l_slice_biases="keep")

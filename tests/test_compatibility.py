@@ -32,9 +32,10 @@ from rotviz.match.distances import distances, norm
 from rotviz.match.endpoints import from_matched, match_endpoints
 from rotviz.match.options import MatchOptions
 from rotviz.match.pipeline import match_models
-from rotviz.measures import measure, measurements
+from rotviz.measures import measurements
 from rotviz.models import body_patterns, load_model, max_output_diff
 from rotviz.random_models import random_config, save_random
+from rotviz.runner import measure
 from rotviz.symmetry.actions import apply, random_element
 from rotviz.symmetry.view import read_view, write_state
 

@@ -131,8 +131,9 @@ def test_the_record_counts_per_block_and_for_the_model(saved, capsys):
     block 0, the parameters outside the blocks and the whole model, whose dimension counts the
     block's group (64) and the stream's centred map (21); the summary, the export rows and
     the grouped bar chart; an SLQ run gives an error bar; a bad tolerance is one line."""
-    from rotviz.measures import measure, measurement
+    from rotviz.measures import measurement
     from rotviz.models import load_model
+    from rotviz.runner import measure
 
     vit = load_model(saved("vit", 0, layers=1, d=8, heads=2, ffn=16))
     split = synthetic_split(vit, 4)

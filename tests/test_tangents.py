@@ -198,7 +198,8 @@ def test_rope_and_qk_norm_families(loaded):
 def test_the_record_cli_plot_and_refusal(tmp_path, capsys, tiny):
     from types import SimpleNamespace
 
-    from rotviz.measures import measure, measurement
+    from rotviz.measures import measurement
+    from rotviz.runner import measure
 
     js = tmp_path / "f.json"
     rc = main(["flat", "zoo:vit-digits-s3", "--data", "digits", "--per-layer", "2",

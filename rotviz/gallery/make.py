@@ -61,8 +61,8 @@ def make(selected: Sequence[Entry], pair: Pair, device: Any = "cpu",
     from rotviz.devices import pair_params, resolve_device, threads_for
     from rotviz.evaluation import split_for
     from rotviz.match.endpoints import match_endpoints
-    from rotviz.measures import measure
     from rotviz.models import load_model
+    from rotviz.runner import measure
 
     device = resolve_device(device)
     anchor, source = load_model(pair.anchor), load_model(pair.source)
