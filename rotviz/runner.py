@@ -48,13 +48,13 @@ CLI = Words("the pair is evaluated block by block (--max-memory)", "raise --max-
 
 
 def check(m: Measurement, values: dict, options: Any, sized: bool,
-          words: Words = LIBRARY) -> None:
+          words: Words = LIBRARY, known: bool = True) -> None:
     """Every check a record makes of a pair before anything is loaded, the same for every
     host: the matching it cannot measure (`match_check`), and at size its refusal (no
     at-size implementation), the values it refuses at size (`at_size_check`) and the
     matching it needs there (`needs_match`). `options` is the pair's MatchOptions (None:
-    no matching)."""
-    if m.match_check is not None:
+    no matching); `known` False where the endpoints do not say how they were matched."""
+    if known and m.match_check is not None:
         why = m.match_check(options)
         if why:
             raise RotvizError(why)
@@ -65,7 +65,7 @@ def check(m: Measurement, values: dict, options: Any, sized: bool,
         raise words.refuse(why)
     if m.at_size_check is not None:
         m.at_size_check(values)
-    if m.needs_match and options is None:
+    if known and m.needs_match and options is None:
         raise words.refuse(f"{m.name} needs a matched source for its second direction at "
                            f"size: {words.pick}")
 
@@ -86,7 +86,9 @@ def run_on(m: Measurement, ends: Any, ctx: Context, values: dict,
     source, one body under two heads, then the record. Every host's run ends here."""
     from rotviz.match.selection import match_options
 
-    check(m, values, match_options(ends.match), bool(getattr(ends, "at_size", False)), words)
+    spec = getattr(ends, "match", None)
+    check(m, values, match_options(spec) if spec is not None else None,
+          bool(getattr(ends, "at_size", False)), words, spec is not None)
     return _run_checked(m, ends, ctx, values)
 
 
@@ -120,6 +122,7 @@ def measure(name: str, ends: Any, split: Any = None, device: Any = "cpu",
         raise RotvizError(f"{name} evaluates the models: give it a split (rotviz.evaluation."
                           "split_for)")
     if m.inputs is not None:
+        m.values({k: v for k, v in params.items() if k != "match"})  # before any reading
         if isinstance(ends, (list, tuple)):  # references, not yet read
             from rotviz.confine import ANYWHERE
 
