@@ -96,11 +96,13 @@ def cli_argv(m: Measurement, params: dict) -> list[str]:
     return [m.name, *models, *data, *match, "--device", "cpu", *opts]
 
 
-def run_cli(argv: list[str], tmp_path, capsys) -> dict:
+def run_cli(argv: list[str], tmp_path, capsys, says: str = "") -> dict:
+    """The command's --json, after it exits 0 (and its line `says` what is given)."""
     js = tmp_path / f"{argv[0]}-{len(list(tmp_path.iterdir()))}.json"
     rc = main([*argv, "--json", str(js)])
     out = capsys.readouterr()
     assert rc == 0, out.err
+    assert says in out.out, out.out
     return json.loads(js.read_text())
 
 
@@ -212,19 +214,26 @@ def test_the_cli_the_library_and_the_app_give_the_same_numbers(name, ends, split
     got = run_app(m, params, res)
     same(cli, lib)
     same(got, lib)
-    if m.inputs is None:  # the app adds the matched source's function check
-        assert got["preserved"] and got["match"] == lib.get("match", got["match"])
+    if m.inputs is None:  # the app adds the matched source's function check: the library's
+        info = ends(m.match_default, not m.pair).info
+        assert got["max_output_diff"] == info.max_output_diff and got["preserved"]
+        assert got["match"] == info.match
 
 
 @pytest.mark.parametrize("name", AT_SIZE)
 def test_at_size_equals_in_memory(name, tmp_path, capsys):
-    """`--max-memory 0` (the pair matched and measured at size) gives the in-memory
-    numbers, to float32 round-off (the order of sums differs block by block)."""
+    """`--max-memory 0` (the pair matched and measured at size) gives the in-memory result:
+    the same keys, strings and integers, numbers to 1e-5 (float32 round-off: the streamed
+    match writes float32 files and sums run in another order), and says how it ran."""
     m = _record(name)
     argv = cli_argv(m, smallest(m))
     held = run_cli(argv, tmp_path, capsys)
-    sized = run_cli([*argv, "--max-memory", "0"], tmp_path, capsys)
-    same(sized, held, rel=1e-4, abs_=1e-5)
+    says = m.at_size_how.strip() if m.summary is not None else ""  # the line says how
+    sized = run_cli([*argv, "--max-memory", "0"], tmp_path, capsys, says)
+    assert sized.pop("held_bytes", 1) > 0
+    clocks = {k for k in (*held, *sized) if any(c in k for c in CLOCK)}
+    assert set(held) - clocks == set(sized) - clocks
+    same(sized, held, rel=1e-5, abs_=1e-5)
 
 
 def bad_value(m: Measurement) -> tuple[str, str, object]:
