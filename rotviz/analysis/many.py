@@ -304,9 +304,12 @@ def registered_merge(method: str, base: Mapping[str, Tensor] | None = None,
 
     m = method_record(method)
     if m.needs_statistics:
+        from rotviz.merging import methods
+
+        able = ", ".join(r.name for r in methods() if not r.needs_statistics
+                         and (r.max_models is None or r.max_models > 2))
         raise RotvizError(f"--method {m.name} needs statistics of each model; many merges with "
-                          "a method that needs none (simple, task_arithmetic, ties, dare_*, "
-                          "model_stock)")
+                          f"a method that needs none ({able})")
 
     def merge(anchor: Loaded, states: Sequence[Mapping[str, Tensor]],
               weights: Sequence[float]) -> dict[str, Tensor]:

@@ -40,6 +40,7 @@ from rotviz.app.compute import (
     measure,
     measure_cfg,
     measure_pair,
+    merges_at_size,
     needs_data,
     run,
     scored_pair,
@@ -68,6 +69,6 @@ __all__ = [
     "PairConfig", "Progress", "Resources", "at_size", "barrier_defaults", "card", "check_pair",
     "check_pair_at_size", "endpoints", "fusion", "gb", "inputs_cfg", "kinds", "layers_of",
     "learn", "load_eval", "load_full", "load_test_split", "match", "matched", "measure",
-    "measure_cfg", "measure_pair", "n_layers", "needs_data", "pair", "params_in",
+    "measure_cfg", "measure_pair", "merges_at_size", "n_layers", "needs_data", "pair", "params_in",
     "residual_why", "run", "scored_pair", "spec_cfg", "warm_up",
 ]

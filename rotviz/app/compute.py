@@ -307,8 +307,8 @@ def _fusion_at_size(res: Resources, cfg: dict, progress: Progress | None,
                                                progress, None)
     if not runs:
         raise RotvizError("no merge method chosen merges block by block: "
-                          + "; ".join(off.values()) + "; pick task arithmetic, TIES, DARE, "
-                          "SLERP, Model Stock or the simple average, or raise the memory budget")
+                          + "; ".join(off.values()) + f"; pick {merges_at_size()}, or raise "
+                          "the memory budget")
     first = next(iter(runs.values()))
     methods = list(dict.fromkeys(m for m, _ in runs))
     specs = list(dict.fromkeys(sp for _, sp in runs))
@@ -331,6 +331,15 @@ def _fusion_at_size(res: Resources, cfg: dict, progress: Progress | None,
     }
 
 
+def merges_at_size() -> str:
+    """The merge methods that run at size (their record's `rows`), in words, for a page or a
+    refusal: found in the registry, so a new method is named without a list to update."""
+    from rotviz.merging import methods
+
+    names = [m.label for m in methods() if m.at_size]
+    return ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else "".join(names)
+
+
 def learn(res: Resources, cfg: dict, progress: Progress | None = None) -> dict:
     """The Learn page's demo on model `ref`: scramble it with a random symmetry, show its
     outputs stay, match it back (kind rotate, permute, all or residual)."""
@@ -341,7 +350,7 @@ def learn(res: Resources, cfg: dict, progress: Progress | None = None) -> dict:
 
 
 # The computations that are not measurements of a matched pair; every registered measurement
-# (rotviz.measures: barrier, plane, merge, distances, spectra, ...) is one more, by its name.
+# (rotviz.measures) is one more, by its name.
 COMPUTE: dict[str, Callable[[Resources, dict, Progress | None], Any]] = {
     "card": card, "match": match, "learn": learn, "fusion": fusion,
 }
