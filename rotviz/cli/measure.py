@@ -8,7 +8,9 @@ Every command takes the pair, `--match SPEC` and `--layers`, the device and `--j
 that evaluate take `--data`, `--split` and the reading options; those that write a model take
 `--out`; each then takes its record's parameters, bounded by rotviz.limits. Every user error
 is checked before any model is loaded where possible, and is one line. Outputs are written to
-a temporary path and renamed, never half-written.
+a temporary path and renamed, never half-written. The record itself runs through the one
+runner (rotviz.runner), as the library and the app run it: this module keeps the command
+line's own part (argparse, the outputs, torchrun's processes, the progress line).
 """
 
 from __future__ import annotations
