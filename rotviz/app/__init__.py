@@ -40,7 +40,6 @@ from rotviz.app.compute import (
     measure,
     measure_cfg,
     measure_pair,
-    merges_at_size,
     needs_data,
     run,
     scored_pair,
@@ -62,6 +61,7 @@ from rotviz.app.resources import (
     spec_cfg,
     warm_up,
 )
+from rotviz.merging.registry import merges_at_size
 from rotviz.types import Progress
 
 __all__ = [

@@ -38,6 +38,7 @@ from rotviz.app.resources import (
     split_of,
 )
 from rotviz.errors import RotvizError
+from rotviz.merging.registry import merges_at_size
 from rotviz.types import Progress
 
 if TYPE_CHECKING:
@@ -329,15 +330,6 @@ def _fusion_at_size(res: Resources, cfg: dict, progress: Progress | None,
         "at_size": {"need": sizes[0], "budget": sizes[1],
                     "held": max((r["at_size"]["held"] or 0) for r in runs.values())},
     }
-
-
-def merges_at_size() -> str:
-    """The merge methods that run at size (their record's `rows`), in words, for a page or a
-    refusal: found in the registry, so a new method is named without a list to update."""
-    from rotviz.merging import methods
-
-    names = [m.label for m in methods() if m.at_size]
-    return ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else "".join(names)
 
 
 def learn(res: Resources, cfg: dict, progress: Progress | None = None) -> dict:
