@@ -149,8 +149,8 @@ common.guard(body)
 st.header("Sweep one number")
 st.markdown(
     "How the merged model's accuracy changes as one number of the merge is turned: the "
-    "weight of the source, task arithmetic's λ (scale), the density TIES and DARE keep, or "
-    "RegMean's α. Every other parameter keeps its value above; one line per matching option."
+    "weight of the source, or a number of the chosen method's own (its scale, density, α). "
+    "Every other parameter keeps its value above; one line per matching option."
 )
 SWEEPABLE = {n: sweepable(m) for n, m in METHODS.items()}
 with st.form("merge_sweep_form"):

@@ -17,9 +17,10 @@ from pairs import default_pair, default_pair_refs, digits
 
 from rotviz import animation
 from rotviz.match.endpoints import unmatched
-from rotviz.measures import measure, measurement
+from rotviz.measures import measurement
 from rotviz.measures.barrier import curve_on
 from rotviz.plots import images
+from rotviz.runner import measure
 from rotviz.sources.running import forward, probe_inputs
 
 

@@ -1055,7 +1055,7 @@ def test_landscape_page_computes_each_section_on_run(pair):
     from rotviz.analysis.loss_grid import slice_at
     from rotviz.data.split import load_split
     from rotviz.match.endpoints import match_endpoints
-    from rotviz.measures import measure
+    from rotviz.runner import measure
     from rotviz.sources.loading import load_model
 
     at = app("landscape", l_slice_grid="5", l_bend_steps="10", l_bend_points="5",
@@ -1128,8 +1128,8 @@ def test_landscape_slice_around_b_prime_and_its_gauge_fixed_twin(pair):
     library's grid (1e-5), captioned."""
     from rotviz.data.split import load_split
     from rotviz.match.endpoints import match_endpoints
-    from rotviz.measures import measure
     from rotviz.measures.slice import slice_with
+    from rotviz.runner import measure
     from rotviz.sources.loading import load_model
 
     at = app("landscape", l_slice_grid="5", l_slice_around="path", l_slice_dims="1",

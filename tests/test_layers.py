@@ -123,6 +123,7 @@ LAYERS = [
                 "rotviz.stream"]),
     ("plots", ["rotviz.plots"]),
     ("measures", ["rotviz.measures"]),
+    ("runner", ["rotviz.runner"]),
     ("top", ["rotviz.zoo", "rotviz.app", "rotviz.gallery", "rotviz.cli", "rotviz"]),
     ("pages", ["app_pages"]),
     ("bench", ["bench"]),

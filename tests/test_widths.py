@@ -26,9 +26,9 @@ from rotviz.match.endpoints import match_endpoints
 from rotviz.match.pipeline import match_models
 from rotviz.match.selection import match_options
 from rotviz.match.widths import Embedding, check_pair
-from rotviz.measures import measure
 from rotviz.merging.combine import merge_states
 from rotviz.random_models import random_model, save_random
+from rotviz.runner import measure
 from rotviz.sources.adapters import source_of
 from rotviz.sources.loading import load_model
 from rotviz.sources.running import forward, probe_inputs

@@ -158,7 +158,8 @@ def test_the_record_counts_per_block_and_for_the_model(saved, capsys):
     block 0, the parameters outside the blocks and the whole model, whose dimension counts the
     block's group (64) and the stream's centred map (21); the summary, the export rows and
     the grouped bar chart; an SLQ run gives an error bar; a bad tolerance is one line."""
-    from rotviz.measures import measure, measurement
+    from rotviz.measures import measurement
+    from rotviz.runner import measure
     from rotviz.sources.loading import load_model
 
     vit = load_model(saved("vit", 0, layers=1, d=8, heads=2, ffn=16))
@@ -261,7 +262,8 @@ def test_rope_and_qk_norm_families(loaded):
 def test_the_record_cli_plot_and_refusal(tmp_path, capsys, tiny):
     from types import SimpleNamespace
 
-    from rotviz.measures import measure, measurement
+    from rotviz.measures import measurement
+    from rotviz.runner import measure
 
     js = tmp_path / "f.json"
     rc = main(["flat", "zoo:vit-digits-s3", "--data", "digits", "--per-layer", "2",

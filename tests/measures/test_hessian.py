@@ -246,7 +246,7 @@ def test_the_cli_writes_the_json_keys(tmp_path, capsys):
 def test_bad_grouping_and_density(tiny):
     from types import SimpleNamespace
 
-    from rotviz.measures import measure
+    from rotviz.runner import measure
 
     with pytest.raises(RotvizError, match="unknown grouping"):
         group_names(["x"], tiny, "layer")

@@ -113,7 +113,7 @@ def test_the_cli_writes_the_json_keys_and_refuses_at_size(tmp_path, capsys):
     assert rc != 0 and "--points must be an integer from 2 to 101" in err
     from types import SimpleNamespace
 
-    from rotviz.measures import measure
+    from rotviz.runner import measure
 
     with pytest.raises(RotvizError, match="read block by block, and Hessian-vector products"):
         measure("sharpness", SimpleNamespace(at_size=True), synthetic_split(
@@ -168,7 +168,7 @@ def test_a_slice_along_the_top_eigenvector_curves_by_its_eigenvalue(pair):
 
 
 def test_the_slice_record_takes_hessian_directions(pair, capsys):
-    from rotviz.measures import measure
+    from rotviz.runner import measure
 
     a, _ = pair
     split = synthetic_split(a, 12)
