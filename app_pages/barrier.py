@@ -3,7 +3,7 @@ and the 2D loss plane through A, B and B'."""
 
 import streamlit as st
 
-from app_pages import common
+from app_pages import run, runtime, show, sidebar
 from rotviz import app
 from rotviz.app import summaries
 from rotviz.app.specs import DEFAULT_SPECS, SPEC_CHOICES
@@ -14,7 +14,7 @@ from rotviz.measures.plane import PLANE
 from rotviz.plots import barrier as bplots
 from rotviz.plots import slices, style
 
-s = common.setup()
+s = sidebar.setup()
 st.title("Loss barriers between the two models")
 st.markdown(
     "Walk in a straight line from the anchor (α = 0) to the source (α = 1) and measure the "
@@ -24,7 +24,7 @@ st.markdown(
     "below the table, the page says what each matching did on this pair."
 )
 
-offered, residual_why = common.offered_specs(s, SPEC_CHOICES)
+offered, residual_why = run.offered_specs(s, SPEC_CHOICES)
 
 with st.form("barrier_form"):
     specs = st.multiselect(
@@ -40,7 +40,7 @@ with st.form("barrier_form"):
     if residual_why is not None:
         st.caption(f"Residual stream options are not offered for this pair: {residual_why}.")
     c = st.columns(3)
-    points = common.param_input(c[0], BARRIER.parameters()[0], "b_points", app.BARRIER_POINTS)
+    points = show.param_input(c[0], BARRIER.parameters()[0], "b_points", app.BARRIER_POINTS)
     layers = c[1].text_input("Layers to match (empty = all)", "", key="b_layers",
                              max_chars=MAX_LAYERS_TEXT, bind="query-params")
     steps = int(c[1].number_input(
@@ -51,7 +51,7 @@ with st.form("barrier_form"):
              "matching's."))
     plane = c[2].toggle("Also draw the 2D loss plane (slower)", False, key="b_plane",
                         bind="query-params")
-    grid = common.param_input(c[2], PLANE.parameters()[0], "b_grid", 13)
+    grid = show.param_input(c[2], PLANE.parameters()[0], "b_grid", 13)
     plane_choices = offered[1:]
     plane_spec = c[2].selectbox("Plane: matching for B'", plane_choices,
                                 plane_choices.index("seed"), format_func=style.nice_label,
@@ -86,7 +86,7 @@ def animated(curves: list[dict]):
                         help="Press ▶ play under the chart; the slider steps through α.")
     fig = BARRIER.animate(curves[names.index(pick)])
     st.caption(summaries.path_note(curves[names.index(pick)]))
-    common.animation(fig, "barrier_anim", f"barrier-path-{pick.replace(',', '-')}")
+    show.animation(fig, "barrier_anim", f"barrier-path-{pick.replace(',', '-')}")
     return fig
 
 
@@ -126,29 +126,29 @@ def summary_table(rows: list[dict]) -> None:
 def body() -> None:
     from rotviz.match.pipeline import FUNCTION_TOLERANCE
 
-    if not common.require_pair(s):
+    if not run.require_pair(s):
         return
     if not specs:
         st.warning("Pick at least one matching option.")
         return
-    if not common.should_run("barrier", submitted, s):
+    if not run.should_run("barrier", submitted, s):
         st.info("Press **Run** to compute the curves.")
         return
     base = {**s.base(), "layers": layers.strip()}
     curves = []
-    with common.progress("Interpolating", len(specs) + (1 if plane else 0),
+    with show.progress("Interpolating", len(specs) + (1 if plane else 0),
                          stop="barrier") as step:
         live, note = st.empty(), st.empty()  # the loss chart, drawn as the curves come in
         try:
             for i, sp in enumerate(specs):
                 cfg = app.measure_cfg(s.base(), sp, layers, steps, points=points,
                                       **BARRIER.animate_params)
-                fresh = not common.is_cached("barrier", cfg)
+                fresh = not runtime.is_cached("barrier", cfg)
                 step(f"{style.nice_label(sp)}: matching, then {points} points on the path")
-                curves.append(common.compute("barrier", cfg, step.detail))
+                curves.append(runtime.compute("barrier", cfg, step.detail))
                 if fresh and i < len(specs) - 1:  # computed now, and more to come: show it
                     with live:
-                        common.chart(bplots.barrier_curves(curves, "loss", s.font),
+                        show.chart(bplots.barrier_curves(curves, "loss", s.font),
                                      f"barrier_loss_{i}")
                     note.caption(f"{len(curves)} of {len(specs)} matching options so far; "
                                  "the others are being computed.")
@@ -159,14 +159,14 @@ def body() -> None:
         pl = None
         if plane:
             step(f"loss plane: {grid} x {grid} grid")
-            pl = common.compute("plane", app.measure_cfg(s.base(), plane_spec, layers, steps,
+            pl = runtime.compute("plane", app.measure_cfg(s.base(), plane_spec, layers, steps,
                                                          grid=grid, seed=s.base()["seed"]),
                                 step.detail)
     fig_loss = bplots.barrier_curves(curves, "loss", s.font)
     fig_acc = bplots.barrier_curves(curves, "acc", s.font, acc_range=s.acc_axis())
     note.empty()
     with live:
-        common.chart(fig_loss, "barrier_loss")
+        show.chart(fig_loss, "barrier_loss")
     st.caption(summaries.loss_note(curves[0]) + " Dotted vertical segments mark each "
                "barrier: the largest rise of the loss above the straight line between the two "
                "end points (the generalized-LMC definition). The table also gives the loss "
@@ -181,16 +181,16 @@ def body() -> None:
     summary_table(rows)
     verdict = summaries.barrier_verdict(curves)
     if verdict is not None:
-        show, icon = {"lowered": (st.success, ":material/trending_down:"),
+        say, icon = {"lowered": (st.success, ":material/trending_down:"),
                       "raised": (st.warning, ":material/trending_up:"),
                       "mixed": (st.info, ":material/info:")}[verdict["kind"]]
-        show(verdict["text"] + ("" if verdict["kind"] == "lowered" else
+        say(verdict["text"] + ("" if verdict["kind"] == "lowered" else
              "\n\nData-free matching of independently trained models often closes distance "
              "more than it closes the barrier; a pair that shares more (for example two "
              "fine-tunes of one base) usually shows a clearer drop."), icon=icon)
     worst = max((c["max_output_diff"] or 0.0) for c in curves)
-    common.function_badge(worst, FUNCTION_TOLERANCE, "matched source (every option)")
-    common.chart(fig_acc, "barrier_acc")
+    show.function_badge(worst, FUNCTION_TOLERANCE, "matched source (every option)")
+    show.chart(fig_acc, "barrier_acc")
     at_alpha(curves)
     anim = animated(curves)
     figures = {"barrier_loss": fig_loss, "barrier_accuracy": fig_acc}
@@ -206,11 +206,11 @@ def body() -> None:
         fig_surface = slices.loss_surface(pl, font_size=s.font)
         flat, deep = st.tabs(["Contour (from above)", "3D surface (drag to turn)"])
         with flat:
-            common.chart(fig_plane, "barrier_plane")
+            show.chart(fig_plane, "barrier_plane")
         with deep:
             st.caption("The same grid as a surface: height is the test loss. A, B, B' and the "
                        "midpoints sit at their own exact losses.")
-            common.chart(fig_surface, "barrier_plane_3d")
+            show.chart(fig_surface, "barrier_plane_3d")
         st.dataframe([{"point": k, "loss": pl["point_loss"][k], "accuracy": pl["point_acc"][k]}
                       for k in pl["points"]], hide_index=True)
         figures["loss_plane"] = fig_plane
@@ -219,10 +219,10 @@ def body() -> None:
                          for c in curves
                          for a, lo, ac in zip(c["alphas"], c["loss"], c["acc"], strict=True)],
               "summary": rows}
-    common.export("barrier", {"page": "barrier", **base, "specs": specs, "points": points,
+    show.export("barrier", {"page": "barrier", **base, "specs": specs, "points": points,
                               "plane": plane, "grid": grid, "plane_spec": plane_spec,
                               "learn_steps": steps},
                   {"curves": curves, "plane": pl}, tables, figures, {"barrier_path": anim})
 
 
-common.guard(body)
+run.guard(body)

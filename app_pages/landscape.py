@@ -1,7 +1,7 @@
 """Landscape: the loss around and between the two models, beyond the straight line.
 
 Four sections, each a registered measurement run through the app's cache
-(`common.compute(name, app.measure_cfg(...))`), its widgets drawn from the record's
+(`runtime.compute(name, app.measure_cfg(...))`), its widgets drawn from the record's
 parameters: a slice around the anchor or any point of the pair (with a random plane beside
 its gauge-fixed twin), a trained curved path with its bend on the A/B/B' plane, layer-wise
 barriers and the Hessian's top eigenvalues. Nothing computes
@@ -16,7 +16,7 @@ from typing import Any
 
 import streamlit as st
 
-from app_pages import common
+from app_pages import run, runtime, show, sidebar
 from rotviz import app
 from rotviz.app.export import measurement_files
 from rotviz.app.specs import SPEC_CHOICES
@@ -36,7 +36,7 @@ SMALL = {
 }
 PLANE_GRID = 11  # the A/B/B' plane under the curved path
 
-s = common.setup()
+s = sidebar.setup()
 st.title("The loss landscape around and between the models")
 st.markdown(
     "The Barrier page walks the straight line from the anchor **A** to the source. This page "
@@ -46,7 +46,7 @@ st.markdown(
     "its **Run**."
 )
 
-offered, _ = common.offered_specs(s, SPEC_CHOICES)
+offered, _ = run.offered_specs(s, SPEC_CHOICES)
 pair_choices = [sp for sp in offered if sp != "none"] or offered
 c = st.columns(2)
 spec = c[0].selectbox(
@@ -60,7 +60,7 @@ layers = c[1].text_input("Layers to match (empty = all)", "", key="l_layers",
                          max_chars=MAX_LAYERS_TEXT, bind="query-params")
 
 
-READY = common.require_pair(s)  # checked once; each section then says nothing more about it
+READY = run.require_pair(s)  # checked once; each section then says nothing more about it
 
 
 def section_form(name: str, skip: tuple[str, ...] = ()) -> tuple[bool, dict[str, Any]]:
@@ -70,7 +70,7 @@ def section_form(name: str, skip: tuple[str, ...] = ()) -> tuple[bool, dict[str,
     with st.form(f"l_{name}_form"):
         cols = st.columns(4)
         shown = [p for p in record.parameters() if p.name not in skip]
-        values = {p.name: common.param_input(cols[i % 4], p, f"l_{name}_{p.name}",
+        values = {p.name: show.param_input(cols[i % 4], p, f"l_{name}_{p.name}",
                                              SMALL.get(name, {}).get(p.name))
                   for i, p in enumerate(shown)}
         submitted = st.form_submit_button("Run", type="primary", icon=":material/play_arrow:",
@@ -79,14 +79,14 @@ def section_form(name: str, skip: tuple[str, ...] = ()) -> tuple[bool, dict[str,
 
 
 def wanted(name: str, submitted: bool) -> bool:
-    return common.section_wanted(f"land_{name}", submitted)
+    return run.section_wanted(f"land_{name}", submitted)
 
 
 def run_section(name: str, submitted: bool, body: Callable[[], None]) -> None:
     """The section's body when it is wanted, each in its own guard: one failing section
     says why and leaves the others working."""
     if wanted(name, submitted):
-        common.guard(body)
+        run.guard(body)
 
 
 def cfg_of(values: dict, pair: bool = True) -> dict:
@@ -100,7 +100,7 @@ def table_of(name: str, result: dict) -> None:
     tables, _ = measurement_files(name, result)
     for rows in tables.values():
         with st.expander("Table", icon=":material/table:"):
-            common.table(rows)
+            show.table(rows)
 
 
 # ---- 1. a slice around a point ----------------------------------------------------------------
@@ -133,13 +133,13 @@ def slice_cfg(values: dict) -> dict:
 def slice_body() -> None:
     cfg = slice_cfg(slice_values)
     where = CENTRE_WORDS.get(slice_values["around"], "the centre")
-    with common.progress("Slicing", 1, stop="land_slice") as step:
+    with show.progress("Slicing", 1, stop="land_slice") as step:
         g = slice_values["grid"]
         step(f"{g} x {g} grid around {where}" if slice_values["dims"] == 2
              else f"{g} points around {where}")
-        result = common.compute("slice", cfg, step.detail)
+        result = runtime.compute("slice", cfg, step.detail)
     fig = splots.slice_figure(result, log=log, font_size=s.font, acc_range=s.acc_axis())
-    common.chart(fig, "land_slice")
+    show.chart(fig, "land_slice")
     st.caption(f"Centre: {where}, test loss {result['centre_loss']:.4f} nats (accuracy "
                f"{result['centre_acc']:.3f}). Axes are in direction units: 1 moves each "
                "filter (or unit) by its own norm."
@@ -150,7 +150,7 @@ def slice_body() -> None:
                   f"{result['tangent_cosine']:.2g}."))
     table_of("slice", result)
     tables, _ = measurement_files("slice", result)
-    common.export("slice", {"page": "landscape", **cfg, "log": log}, result, tables,
+    show.export("slice", {"page": "landscape", **cfg, "log": log}, result, tables,
                   {"slice": fig})
 
 
@@ -171,16 +171,16 @@ with st.form("l_gauge_form"):
 def gauge_body() -> None:
     base = {**slice_values, "dims": 2, "iterations": 100, "toward": "matched"}
     cfgs = {d: slice_cfg({**base, "directions": d}) for d in ("random", "gauge")}
-    with common.progress("Random and gauge-fixed planes", 2, stop="land_gauge") as step:
+    with show.progress("Random and gauge-fixed planes", 2, stop="land_gauge") as step:
         g = base["grid"]
         step(f"the random plane, {g} x {g}")
-        plain = common.compute("slice", cfgs["random"], step.detail)
+        plain = runtime.compute("slice", cfgs["random"], step.detail)
         step(f"the gauge-fixed plane, {g} x {g} (the symmetry tangents first)")
-        fixed = common.compute("slice", cfgs["gauge"], step.detail)
+        fixed = runtime.compute("slice", cfgs["gauge"], step.detail)
     fig = splots.slice_panels(
         [plain, fixed], ["random plane", "gauge-fixed plane"], log=log, font_size=s.font,
         title="Test loss on a random plane and on its gauge-fixed twin, one colour scale")
-    common.chart(fig, "land_gauge")
+    show.chart(fig, "land_gauge")
     st.caption(
         "Left: the random plane. Right: the same draw with its component along every "
         "symmetry tangent at the centre removed (then rescaled to the same length), so that "
@@ -190,7 +190,7 @@ def gauge_body() -> None:
         "colour scale; what differs between the panels is what the symmetry explains.")
     tables = {f"{k}_plane": measurement_files("slice", r)[0].get("slice", [])
               for k, r in (("random", plain), ("gauge", fixed))}
-    common.export("slice_gauge", {"page": "landscape", **cfgs["gauge"], "log": log},
+    show.export("slice_gauge", {"page": "landscape", **cfgs["gauge"], "log": log},
                   {"random": plain, "gauge": fixed}, tables, {"slice_gauge": fig})
 
 
@@ -213,16 +213,16 @@ bend_run, bend_values = section_form("bend")
 
 
 def bend_body() -> None:
-    with common.progress("Curved path", 2, stop="land_bend") as step:
+    with show.progress("Curved path", 2, stop="land_bend") as step:
         step(f"{style.nice_label(spec)}: matching, then {bend_values['steps']} training steps")
-        bend = common.compute("bend", cfg_of(bend_values), step.detail,
-                              common.stopper())
+        bend = runtime.compute("bend", cfg_of(bend_values), step.detail,
+                              run.stopper())
         step(f"the A/B/B' plane: {PLANE_GRID} x {PLANE_GRID} grid")
-        plane = common.compute("plane", cfg_of({"grid": PLANE_GRID,
+        plane = runtime.compute("plane", cfg_of({"grid": PLANE_GRID,
                                                          "seed": s.base()["seed"]}),
                                step.detail)
     fig_loss = cplots.bend_curves(bend, "loss", s.font)
-    common.chart(fig_loss, "land_bend_loss")
+    show.chart(fig_loss, "land_bend_loss")
     better = bend["barrier"] < bend["line_barrier"]
     (st.success if better else st.info)(
         f"Barrier along the {cplots.KIND_NAMES.get(bend['kind'], bend['kind'])}: "
@@ -234,13 +234,13 @@ def bend_body() -> None:
     fig_plane = bplots.loss_plane(plane["xs"], plane["ys"], plane["loss"], plane["points"],
                                   s.font)
     cplots.bend_on_plane(fig_plane, bend)
-    common.chart(fig_plane, "land_bend_plane")
+    show.chart(fig_plane, "land_bend_plane")
     st.caption("The dashed line is the curve projected onto the plane, the star its bend. "
                "Far off the plane, the colours under the dashed line are not the loss the "
                "curve meets: read that from the chart above.")
     tables, _ = measurement_files("bend", bend)
     table_of("bend", bend)
-    common.export("bend", {"page": "landscape", **cfg_of(bend_values)}, {"bend": bend,
+    show.export("bend", {"page": "landscape", **cfg_of(bend_values)}, {"bend": bend,
                   "plane": plane}, tables, {"bend_loss": fig_loss, "bend_on_plane": fig_plane})
 
 
@@ -260,15 +260,15 @@ lw_run, lw_values = section_form("layerwise")
 
 
 def layerwise_body() -> None:
-    with common.progress("Layer-wise barriers", 1, stop="land_layerwise") as step:
+    with show.progress("Layer-wise barriers", 1, stop="land_layerwise") as step:
         step(f"{style.nice_label(spec)}: matching, then one group at a time")
-        result = common.compute("layerwise", cfg_of(lw_values), step.detail)
+        result = runtime.compute("layerwise", cfg_of(lw_values), step.detail)
     tables, figs = measurement_files("layerwise", result)
     for key, fig in figs.items():
         fig.update_yaxes(title_text="loss barrier (nats above the end points' line)")
-        common.chart(fig, f"land_layerwise_{key}")
+        show.chart(fig, f"land_layerwise_{key}")
     table_of("layerwise", result)
-    common.export("layerwise", {"page": "landscape", **cfg_of(lw_values)}, result, tables,
+    show.export("layerwise", {"page": "landscape", **cfg_of(lw_values)}, result, tables,
                   figs)
 
 
@@ -289,10 +289,10 @@ h_run, h_values = section_form("hessian")
 def hessian_body() -> None:
     from rotviz.plots.hessian import density_plot, eigenvalue_bars
 
-    with common.progress("Curvature", 1, stop="land_hessian") as step:
+    with show.progress("Curvature", 1, stop="land_hessian") as step:
         step(f"top {h_values['top']} eigenvalues, {h_values['iterations']} Lanczos steps at "
              "most")
-        result = common.compute("hessian", cfg_of(h_values, pair=False),
+        result = runtime.compute("hessian", cfg_of(h_values, pair=False),
                                 step.detail)
     figs = {"hessian_top": eigenvalue_bars(result, s.font)}
     if result.get("density"):
@@ -300,7 +300,7 @@ def hessian_body() -> None:
     # the library's axis label is longer than the chart is tall: the same unit, shorter
     figs["hessian_top"].update_yaxes(title_text="eigenvalue (nats per parameter unit²)")
     for key, fig in figs.items():
-        common.chart(fig, f"land_{key}")
+        show.chart(fig, f"land_{key}")
     top = ", ".join(f"{v:.4g}" for v in result["eigenvalues"])
     trace, se = result.get("trace"), result.get("trace_se")
     se = "n/a (one probe)" if se is None else f"{se:.2g}"  # one probe: no spread, no error
@@ -312,7 +312,7 @@ def hessian_body() -> None:
                    "short of the Hessian's eigenvalues; raise the Lanczos steps.")
     table_of("hessian", result)
     tables, _ = measurement_files("hessian", result)
-    common.export("hessian", {"page": "landscape", **cfg_of(h_values, pair=False)}, result,
+    show.export("hessian", {"page": "landscape", **cfg_of(h_values, pair=False)}, result,
                   tables, figs)
 
 

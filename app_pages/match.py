@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from app_pages import common
+from app_pages import run, runtime, show, sidebar
 from rotviz import app
 from rotviz.app import summaries
 from rotviz.app.specs import (
@@ -20,7 +20,7 @@ from rotviz.plots import matching as mplots
 from rotviz.plots import style
 from rotviz.symmetry.registry import BY_NAME, SYMMETRIES
 
-s = common.setup()
+s = sidebar.setup()
 LEARNED_NAMES = {"residual": "the residual map", "qk": "every head's Q-K rotation",
                  "vo": "every head's V-O rotation"}
 # learned matching's steps from the maps of this form (weight matching's, say): the library's
@@ -38,8 +38,8 @@ st.markdown(
 
 SOLVERS = {"none": "no: from the weights alone", "act": "activation matching",
            "learned": "learned matching (trains)", "act,learned": "activations, then learned"}
-residual_why = common.residual_why(s.anchor) if s.anchor else None
-data_why = common.unscored_why(s)  # matching from data needs a loss
+residual_why = runtime.residual_why(s.anchor) if s.anchor else None
+data_why = run.unscored_why(s)  # matching from data needs a loss
 
 with st.form("match_form"):
     st.markdown("**Per-layer maps** (the seed paper's three, and head permutation)")
@@ -141,12 +141,12 @@ def beyond(res: dict) -> tuple[dict, dict]:
         fig_obj = mplots.objective_history(rows, s.font)
         fig_ang = mplots.angle_spectrum({"residual map (weight matching)": res_info["angles"]},
                                         s.font)
-        common.chart(fig_obj, "match_objective")
+        show.chart(fig_obj, "match_objective")
         ok = summaries.never_increases([r["objective"] for r in rows])
         st.caption(("✓ never went up" if ok else "✗ went up at some step (please report)")
                    + f": {rows[0]['objective']:.2f} → {rows[-1]['objective']:.2f} in "
                    f"{len(rows) - 1} steps.")
-        common.chart(fig_ang, "match_angles")
+        show.chart(fig_ang, "match_angles")
         st.caption("How far the residual map turns the stream: the angles of its eigenvalues "
                    "e^(±iθ), which come in pairs. All 0° would be the identity; 180° flips a "
                    "direction.")
@@ -159,13 +159,13 @@ def beyond(res: dict) -> tuple[dict, dict]:
         if act.get("ffn_corr_before"):
             fig = mplots.ffn_correlation(act["ffn_corr_before"], act["ffn_corr_after"],
                                          rep["options"].get("layers"), s.font)
-            common.chart(fig, "match_act_corr")
+            show.chart(fig, "match_act_corr")
             figures["act_ffn_correlation"] = fig
         if act.get("residual_angles"):
             fig = mplots.angle_spectrum({"residual map (activation matching)":
                                          act["residual_angles"]}, s.font,
                                         "Residual map from activations: eigen-angle spectrum")
-            common.chart(fig, "match_act_angles")
+            show.chart(fig, "match_act_angles")
             figures["act_residual_angles"] = fig
     if learned:
         st.subheader("Learned matching")
@@ -185,7 +185,7 @@ def beyond(res: dict) -> tuple[dict, dict]:
                     "validation barrier.")
         rows = summaries.learned_rows(res)
         fig = mplots.learn_history(rows, learned["best_step"], s.font)
-        common.chart(fig, "match_learned")
+        show.chart(fig, "match_learned")
         figures["learned_history"] = fig
         tables["learned"] = rows
     return figures, tables
@@ -196,15 +196,15 @@ def rounds(base: dict, spec: str):
     from rotviz.measures.rounds import RECORD
 
     st.subheader("Weight matching, round by round")
-    with common.progress("Replaying the rounds", 1) as step:
+    with show.progress("Replaying the rounds", 1) as step:
         step("matching again, measuring each round")
-        r = common.compute("rounds", app.measure_cfg(base, spec, base.get("layers", ""),
+        r = runtime.compute("rounds", app.measure_cfg(base, spec, base.get("layers", ""),
                                                      steps, points=5), step.detail)
     fig = RECORD.animate(r)
     st.caption(f"After each round: the distance to the anchor and the barrier on "
                f"{len(r['alphas'])} points of the path. The last round is the matched source "
                f"above (largest parameter difference {r['last_round_diff']:.1e}).")
-    common.animation(fig, "match_rounds_anim", f"rounds-{spec.replace(',', '-')}")
+    show.animation(fig, "match_rounds_anim", f"rounds-{spec.replace(',', '-')}")
     return fig
 
 
@@ -235,12 +235,12 @@ HEAD_COLUMNS = _head_columns()
 
 
 def body() -> None:
-    if not common.require_pair(s, loss=False):  # matching reads the weights: any head
+    if not run.require_pair(s, loss=False):  # matching reads the weights: any head
         return
-    if not common.should_run("match", submitted, s):
+    if not run.should_run("match", submitted, s):
         st.info("Press **Run** to match this pair.")
         return
-    scored = common.pair_scored(s)  # else no barrier: matching and distances only
+    scored = run.pair_scored(s)  # else no barrier: matching and distances only
     barriers = with_barrier and scored
     if (with_barrier or replay) and not scored:
         st.caption(":material/info: No loss barriers here: no loss scores this pair (the "
@@ -251,29 +251,29 @@ def body() -> None:
     specs = offered(ABLATION_CHOICES, residual_why)
     if spec not in specs:
         specs.append(spec)
-    with common.progress("Matching", 1 + len(specs) * (2 if barriers else 1),
+    with show.progress("Matching", 1 + len(specs) * (2 if barriers else 1),
                          stop="match") as step:
         step(f"matching with {style.nice_label(spec)}")
-        res = common.compute("match", {**base, **app.spec_cfg(spec, steps)}, step.detail)
+        res = runtime.compute("match", {**base, **app.spec_cfg(spec, steps)}, step.detail)
         ablation = []
         for sp in specs:
             cfg = {**base, **app.spec_cfg(sp, steps)}
             step(f"ablation: {style.nice_label(sp)}")
-            r = common.compute("match", cfg, step.detail)
+            r = runtime.compute("match", cfg, step.detail)
             row = {"match": sp, "distance": r["after_total"],
                    "max_output_diff": r["max_output_diff"], "preserved": r["preserved"]}
             if barriers:
                 step(f"barrier: {style.nice_label(sp)}")
-                cur = common.compute("barrier", app.measure_cfg(
+                cur = runtime.compute("barrier", app.measure_cfg(
                     base, sp, base.get("layers", ""), steps, points=POINTS,
                     **BARRIER.animate_params), step.detail)
                 row.update(barrier=cur["barrier"], mid_acc=cur["mid_acc"])
             ablation.append(row)
     st.subheader(f"Result: {style.nice_label(spec)}")
-    common.function_badge(res["max_output_diff"], res["tolerance"])
+    show.function_badge(res["max_output_diff"], res["tolerance"])
     rep = res.get("report", {})
     if rep.get("stored_output_diff") is not None:  # a half checkpoint: checked as stored too
-        common.function_badge(rep["stored_output_diff"], rep["stored_tolerance"],
+        show.function_badge(rep["stored_output_diff"], rep["stored_tolerance"],
                               f"matched source in {rep['stored_dtype']} (the checkpoint's dtype)")
     m = st.columns(3)
     m[0].metric("distance before", f"{res['before_total']:.3f}",
@@ -289,9 +289,9 @@ def body() -> None:
                                     rep["distance_after"]["per_kind"], "kind", s.font)
     t1, t2 = st.tabs(["per layer", "per module kind"])
     with t1:
-        common.chart(fig_layer, "match_layer")
+        show.chart(fig_layer, "match_layer")
     with t2:
-        common.chart(fig_kind, "match_kind")
+        show.chart(fig_kind, "match_kind")
     figures, tables = beyond(res)
     anims = {}
     data_free = not any(f in spec.split(",") for f in ("act", "learned"))
@@ -302,7 +302,7 @@ def body() -> None:
                "Lower is better. The barrier is the loss bump on the straight path between the "
                "anchor and the matched source, above the line between the end points.")
     fig_ab = dplots.ablation_bars(ablation, s.font)
-    common.chart(fig_ab, "match_ablation")
+    show.chart(fig_ab, "match_ablation")
     for row in ablation:
         if not row["preserved"]:
             st.error(f"{style.nice_label(row['match'])}: function check failed "
@@ -314,7 +314,7 @@ def body() -> None:
                          hide_index=True, column_config=HEAD_COLUMNS)
         else:
             st.write("No attention matching in this option set.")
-    common.export("match", {"page": "match", **base, **app.spec_cfg(spec, steps)},
+    show.export("match", {"page": "match", **base, **app.spec_cfg(spec, steps)},
                   {"match": res, "ablation": ablation},
                   {"distances": summaries.distance_rows(res), "heads": heads, "ablation": ablation,
                    **tables},
@@ -322,4 +322,4 @@ def body() -> None:
                    "ablation": fig_ab, **figures}, anims)
 
 
-common.guard(body)
+run.guard(body)

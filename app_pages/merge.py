@@ -4,7 +4,7 @@ the merged accuracy against N)."""
 
 import streamlit as st
 
-from app_pages import common
+from app_pages import run, runtime, show, sidebar
 from rotviz import app, zoo_registry
 from rotviz.app import roots as app_roots
 from rotviz.app.export import measurement_files
@@ -16,7 +16,7 @@ from rotviz.plots import many as manyplots
 from rotviz.plots import merge as mplots
 from rotviz.plots import style
 
-s = common.setup()
+s = sidebar.setup()
 st.title("Merge the two models")
 st.markdown(
     "Fusing two models into one only works when their neurons and heads line up. Each method "
@@ -29,7 +29,7 @@ st.markdown("\n".join(f"- **{m.name}** ({m.label}): {m.help}"
                        + (" (needs a base model)." if m.needs_base else ".")
                        for m in METHODS.values()))
 
-offered, residual_why = common.offered_specs(s, MERGE_SPECS)
+offered, residual_why = run.offered_specs(s, MERGE_SPECS)
 
 with st.form("merge_form"):
     c = st.columns(2)
@@ -56,7 +56,7 @@ with st.form("merge_form"):
                          0.5, 0.05, key="g_weight", bind="query-params")
     # every merge method's own parameters, from its record (the seed is the sidebar's)
     shown = [p for p in all_params() if p.name != "seed"]
-    params = {p.name: common.param_input(c[1 + i % 2], p, f"g_{p.name}")
+    params = {p.name: show.param_input(c[1 + i % 2], p, f"g_{p.name}")
               for i, p in enumerate(shown)}
     steps = int(c[3].number_input(
         "Learned matching: at most this many steps", 5, 3000, app.DEFAULT_LEARN_STEPS,
@@ -67,7 +67,7 @@ with st.form("merge_form"):
 
 
 def body() -> None:
-    if not common.require_pair(s):
+    if not run.require_pair(s):
         return
     if not specs or not methods:
         st.warning("Pick at least one fusion method and one matching option.")
@@ -76,7 +76,7 @@ def body() -> None:
     if based and not base_ref.strip():
         st.warning(f"{', '.join(based)} need a base model: give one above, or drop them.")
         return
-    if not common.should_run("merge", submitted, s):
+    if not run.should_run("merge", submitted, s):
         st.info("Press **Run** to fuse the models.")
         return
     labels = [spec_label(sp) for sp in specs]
@@ -86,9 +86,9 @@ def body() -> None:
         cfg["base"] = app_roots.resolve_choice(base_ref)  # as every later read means it
     if any(learns(sp) for sp in labels):
         cfg["learn_steps"] = steps
-    with common.progress("Fusing", 1, stop="merge") as step:
+    with show.progress("Fusing", 1, stop="merge") as step:
         step(f"{len(methods)} methods x {len(labels)} matching options")
-        t = common.compute("fusion", cfg, step.detail)
+        t = runtime.compute("fusion", cfg, step.detail)
     for m, why in (t.get("off") or {}).items():  # a pair read block by block
         st.info(f"**{METHODS[m].label}** is off for this pair: {why}.", icon=":material/memory:")
     scored = t.get("scores") or {}
@@ -107,11 +107,11 @@ def body() -> None:
     shared = mplots.bar_range([r[k] for r in rows for k in ("acc", f1) if k in r]
                               + [*refs.values(), *f1_refs.values()], s.acc_fixed)
     fig = mplots.fusion_chart(rows, "acc", s.font, refs, shared)
-    common.chart(fig, "merge_chart")
+    show.chart(fig, "merge_chart")
     figs = {"fusion": fig}
     if f1 is not None:  # the seed paper's Table 1 scores merges by F1
         figs["fusion_f1"] = mplots.fusion_chart(rows, f1, s.font, f1_refs, shared)
-        common.chart(figs["fusion_f1"], "merge_chart_f1")
+        show.chart(figs["fusion_f1"], "merge_chart_f1")
         st.caption(f"{style.metric_label(f1)}: {style.metric_help(f1)}.")
     best = max(rows, key=lambda r: r["acc"])
     st.markdown(f"Best: **{best['method']}** after **{style.nice_label(best['matching'])}**, "
@@ -133,15 +133,15 @@ def body() -> None:
                f"split, {t['batches']} x {t['batch_size']} examples; {t['seconds']:.1f} s on "
                f"{t['device']}.")
     checks = t.get("checks") if "checks" in t else [  # at size, each merge's own check
-        common.compute("match", {**s.base(), "layers": "", **app.spec_cfg(sp, steps)})
+        runtime.compute("match", {**s.base(), "layers": "", **app.spec_cfg(sp, steps)})
         for sp in t["specs"] if sp != "none"]
     if checks:
         worst = max(c["max_output_diff"] for c in checks)
-        common.function_badge(worst, checks[0]["tolerance"], "matched source (every option)")
-    common.export("merge", {"page": "merge", **cfg}, t, {"fusion": rows}, figs)
+        show.function_badge(worst, checks[0]["tolerance"], "matched source (every option)")
+    show.export("merge", {"page": "merge", **cfg}, t, {"fusion": rows}, figs)
 
 
-common.guard(body)
+run.guard(body)
 
 # ---- one number swept --------------------------------------------------------------------------
 
@@ -168,7 +168,7 @@ with st.form("merge_sweep_form"):
 
 
 def sweep() -> None:
-    if not common.require_pair(s) or not specs:
+    if not run.require_pair(s) or not specs:
         return
     if sw_param not in SWEEPABLE[sw_method]:
         st.warning(f"{METHODS[sw_method].label} sweeps {', '.join(SWEEPABLE[sw_method])}; "
@@ -177,7 +177,7 @@ def sweep() -> None:
     if METHODS[sw_method].needs_base and not base_ref.strip():
         st.warning(f"{METHODS[sw_method].label} needs a base model: give one above.")
         return
-    if not common.section_wanted("merge_sweep", swept):
+    if not run.section_wanted("merge_sweep", swept):
         return
     own = {p.name: params[p.name] for p in METHODS[sw_method].params if p.name in params}
     values = {**own, "method": sw_method, "param": sw_param, "start": sw_start,
@@ -185,24 +185,24 @@ def sweep() -> None:
               "base": app_roots.resolve_choice(base_ref) if METHODS[sw_method].needs_base
               else ""}
     runs = []
-    with common.progress("Sweeping", len(specs), stop="merge_sweep") as step:
+    with show.progress("Sweeping", len(specs), stop="merge_sweep") as step:
         for sp in specs:
             step(f"{style.nice_label(sp)}: {sw_points} merges")
-            runs.append(common.compute("merge_sweep", app.measure_cfg(
+            runs.append(runtime.compute("merge_sweep", app.measure_cfg(
                 s.base(), sp, "", steps, **values), step.detail))
     fig = mplots.sweep_chart(runs, "acc", s.font, s.acc_axis())
-    common.chart(fig, "merge_sweep_chart")
+    show.chart(fig, "merge_sweep_chart")
     rows = [{"matching": style.nice_label(r["match"]), sw_param: x, "acc": a, "loss": lo}
             for r in runs for x, a, lo in zip(r["values"], r["acc"], r["loss"], strict=True)]
     st.dataframe(rows, hide_index=True, column_config={
         k: st.column_config.NumberColumn(format="%.4f") for k in ("acc", "loss")})
-    common.function_badge(max(r["max_output_diff"] or 0.0 for r in runs),
+    show.function_badge(max(r["max_output_diff"] or 0.0 for r in runs),
                           runs[0]["tolerance"], "matched source (every option)")
-    common.export("merge_sweep", {"page": "merge", "sweep": values, "specs": specs}, runs,
+    show.export("merge_sweep", {"page": "merge", "sweep": values, "specs": specs}, runs,
                   {"sweep": rows}, {"sweep": fig})
 
 
-common.guard(sweep)
+run.guard(sweep)
 
 # ---- many models at once -----------------------------------------------------------------------
 
@@ -226,7 +226,7 @@ with st.form("many_form"):
                                help="Data-free matching: the barycentre is a mean of weights, "
                                     "not a model that can be run on data.")
     c = st.columns(3)
-    many_values = {p.name: common.param_input(c[i % 3], p, f"n_{p.name}")
+    many_values = {p.name: show.param_input(c[i % 3], p, f"n_{p.name}")
                    for i, p in enumerate(MANY.parameters())}
     many_run = st.form_submit_button("Run", type="primary", icon=":material/play_arrow:",
                                      key="n_run")
@@ -237,22 +237,22 @@ def many_body() -> None:
 
     refs = [r.strip() for r in refs_text.splitlines() if r.strip()]
     cfg = app.inputs_cfg(s.base(), refs, [many_spec], **many_values)
-    with common.progress("Aligning many models", 1, stop="merge_many") as step:
+    with show.progress("Aligning many models", 1, stop="merge_many") as step:
         step(f"{len(refs)} models, matching {style.nice_label(many_spec)}")
-        r = common.compute("many", cfg, step.detail)
+        r = runtime.compute("many", cfg, step.detail)
     figs = {"many": manyplots.distance_matrices(r, s.font),
             "many_merged": manyplots.merged_by_count(r, s.font, s.acc_axis())}
-    common.chart(figs["many"], "many_matrices")
-    common.chart(figs["many_merged"], "many_merged")
+    show.chart(figs["many"], "many_matrices")
+    show.chart(figs["many_merged"], "many_merged")
     ended = "one pass" if r["to"] == "anchor" else f"{r['rounds']} round(s), {r['ended']}"
     st.caption(f"Mean pairwise distance {r['spread'][0]:.3f} as given, {r['spread'][-1]:.3f} "
                f"aligned ({ended}); on {r['n']} {r['split']} samples, {r['seconds']:.1f} s.")
-    common.function_badge(r["max_output_diff"], FUNCTION_TOLERANCE,
+    show.function_badge(r["max_output_diff"], FUNCTION_TOLERANCE,
                           "every aligned model")
     tables, _ = measurement_files("many", r)
     st.dataframe(tables["many"], hide_index=True)
-    common.export("many", {"page": "merge", **cfg}, r, tables, figs)
+    show.export("many", {"page": "merge", **cfg}, r, tables, figs)
 
 
-if common.section_wanted("merge_many", many_run):
-    common.guard(many_body)
+if run.section_wanted("merge_many", many_run):
+    run.guard(many_body)

@@ -2,7 +2,7 @@
 2020).
 
 Two sections, each a registered measurement of series (rotviz.measures.training and
-.spawn) run through the app's cache (`common.compute(name, app.inputs_cfg(...))`), their
+.spawn) run through the app's cache (`runtime.compute(name, app.inputs_cfg(...))`), their
 widgets drawn from the records' parameters. They open on the zoo's spawn series, so both
 charts run out of the box; nothing computes before its Run is pressed.
 """
@@ -13,7 +13,7 @@ from typing import Any
 
 import streamlit as st
 
-from app_pages import common
+from app_pages import run, runtime, show, sidebar
 from rotviz import app
 from rotviz.app.export import measurement_files
 from rotviz.app.specs import SPEC_CHOICES
@@ -25,7 +25,7 @@ SERIES = ("zoo:vit-digits-run-a", "zoo:vit-digits-run-b")
 SPAWN = "zoo:vit-digits-spawn"
 SMALL = {"points": 5}  # a quick first Run: 5 points on each step's path
 
-s = common.setup()
+s = sidebar.setup()
 st.title("Barriers over training and spawn instability")
 st.markdown(
     "Frankle et al. (2020) asked when two runs that share their start stop ending up in "
@@ -55,16 +55,16 @@ def form(name: str, fields: dict[str, str]) -> tuple[bool, dict[str, str], dict[
                                       bind="query-params")
                 for i, (k, (label, default)) in enumerate(fields.items())}
         pcols = st.columns(4)
-        values = {p.name: common.param_input(pcols[i % 4], p, f"t_{name}_{p.name}",
+        values = {p.name: show.param_input(pcols[i % 4], p, f"t_{name}_{p.name}",
                                              SMALL.get(p.name))
                   for i, p in enumerate(record.parameters())}
-        run = st.form_submit_button("Run", type="primary", icon=":material/play_arrow:",
+        pressed = st.form_submit_button("Run", type="primary", icon=":material/play_arrow:",
                                     key=f"t_{name}_run")
-    return run, refs, values
+    return pressed, refs, values
 
 
 def wanted(name: str, submitted: bool) -> bool:
-    return common.section_wanted(f"train_{name}", submitted)
+    return run.section_wanted(f"train_{name}", submitted)
 
 
 def section(name: str, refs: list[str], values: dict, draw, what: str) -> dict | None:
@@ -73,16 +73,16 @@ def section(name: str, refs: list[str], values: dict, draw, what: str) -> dict |
         st.warning("Pick at least one matching.")
         return None
     cfg = app.inputs_cfg({**s.base(), "data": data}, refs, specs, **values)
-    with common.progress(what, 1, stop=f"train_{name}") as step:
+    with show.progress(what, 1, stop=f"train_{name}") as step:
         step(f"{len(specs)} matching(s) at each step, {values['points']} points per path")
-        result = common.compute(name, cfg, step.detail, common.stopper())
+        result = runtime.compute(name, cfg, step.detail, run.stopper())
     fig = draw(result, s.font)
-    common.chart(fig, f"t_{name}_chart")
+    show.chart(fig, f"t_{name}_chart")
     tables, _ = measurement_files(name, result)
     with st.expander("Table", icon=":material/table:"):
         for rows in tables.values():
-            common.table(rows)
-    common.export(name, {"page": "training", **cfg}, result, tables, {name: fig})
+            show.table(rows)
+    show.export(name, {"page": "training", **cfg}, result, tables, {name: fig})
     return result
 
 
@@ -114,7 +114,7 @@ def training_body() -> None:
 
 
 if wanted("training", t_run):
-    common.guard(training_body)
+    run.guard(training_body)
 
 # ---- 2. against the spawn step ---------------------------------------------------------------
 
@@ -135,4 +135,4 @@ def spawn_body() -> None:
 
 
 if wanted("spawn", k_run):
-    common.guard(spawn_body)
+    run.guard(spawn_body)

@@ -208,7 +208,7 @@ def test_barrier_verdict_says_what_each_matching_did():
     """The new user's pair: the seed paper's matching raised the barrier (0.514 -> 0.575)
     while weight matching lowered it; the banner says both, and never that matching lowers
     it when one raised it. The page's own text: "done in", computed or from the cache."""
-    from app_pages.common import done_label
+    from app_pages.show import done_label
 
     def curve(match, barrier, after):
         return {"match": match, "barrier": barrier, "distance_before": 26.72,
@@ -300,7 +300,7 @@ def test_match_tables_for_export(roots):
 def test_model_locks_serialise_shared_modules(roots):
     """Two sessions evaluating different parameter sets on one cached module at once get
     their own answers (functional_call swaps tensors on the shared module)."""
-    from app_pages import common
+    from app_pages import runtime
     from rotviz.models import forward, load_model, probe_inputs
 
     m = load_model(roots / "vit-s0")
@@ -311,7 +311,7 @@ def test_model_locks_serialise_shared_modules(roots):
 
     def work(i: int) -> None:
         for _ in range(15):
-            with common.using("vit-s0"):
+            with runtime.using("vit-s0"):
                 y = forward(m, x, m.state if i == 0 else other)
             got[i].append(bool(torch.equal(y, want[i])))
 
@@ -361,14 +361,14 @@ def test_models_page_evaluates_light_models_then_computes_the_barrier_page_ahead
     where it is exact) and, once painted, computes the Barrier page's default curves in the
     background, so that page finds them ready. They are the library's numbers with the
     models' own transformers classes, bit for bit."""
-    from app_pages import common
+    from app_pages import runtime
     from rotviz import app as rapp
     from rotviz.analysis.landscape import interpolate
     from rotviz.data import load_split
     from rotviz.models import load_model
 
-    stores = common._stores()
-    with common._WARMING, common._AHEAD:  # an earlier page's warm-up is over
+    stores = runtime._stores()
+    with runtime._WARMING, runtime._AHEAD:  # an earlier page's warm-up is over
         pass
     for store in stores.values():
         store.clear()
@@ -391,21 +391,21 @@ def test_models_page_evaluates_light_models_then_computes_the_barrier_page_ahead
     assert set(seen) == set(pair)  # the page evaluated lighter models ...
     if all(ref.startswith("zoo:vit") for ref in pair):
         assert {type(m.model).__module__ for m in seen.values()} == {"rotviz.lite"}
-    with common._WARMING, common._AHEAD:  # the warm-up thread (started by the page) is done
+    with runtime._WARMING, runtime._AHEAD:  # the warm-up thread (started by the page) is done
         pass
     assert not stores["models"]  # ... and never needed the full ones
     (ahead,) = planned
     assert [c["spec"] for c in ahead] == list(app_specs.DEFAULT_SPECS)
     assert {(c["anchor"], c["source"], c["params"]["points"]) for c in ahead} == {
         (*pair, rapp.BARRIER_POINTS)}
-    assert all(common.is_cached("barrier", cfg) for cfg in ahead)
+    assert all(runtime.is_cached("barrier", cfg) for cfg in ahead)
     a, b = load_model(pair[0]), load_model(pair[1])
     assert type(a.model).__module__.startswith("transformers")
     split = load_split(ahead[0]["data"], "test", 0).subset(ahead[0]["n_eval"])
     # none, and the seed paper's matching (weight matching's match is the library's:
     # test_app_compute.py; a barrier evaluates any match the same way)
     for cfg in (ahead[0], ahead[1]):
-        got = common.compute("barrier", cfg)
+        got = runtime.compute("barrier", cfg)
         want = interpolate(a, b, split, cfg["spec"], points=cfg["params"]["points"])
         assert got["loss"] == want.loss and got["acc"] == want.acc  # bit for bit
         assert got["barrier"] == want.barrier
@@ -420,26 +420,26 @@ def test_launcher_computes_the_opening_cards_before_the_first_run(pair, monkeypa
     whole split) is another test's."""
     from streamlit.web.server.app_discovery import discover_asgi_app
 
-    from app_pages import boot, common
+    from app_pages import boot, run, runtime
     from rotviz import app as rapp
 
     found = discover_asgi_app(Path(APP).with_name("app.py"))
     assert found.is_asgi_app and found.import_string == "app:app"
-    with common._WARMING, common._AHEAD:  # an earlier page's warm-up is over
+    with runtime._WARMING, runtime._AHEAD:  # an earlier page's warm-up is over
         pass
-    common._stores()["results"].clear()
+    runtime._stores()["results"].clear()
     thread = boot.start()
     assert thread is not None and boot.start() is None  # once per process
     boot.ready()  # the thread's imports are over
     thread.join(timeout=120)
     cfgs = [{"ref": ref, "data": app_roots.data_of(pair[0]), "seed": 0, "n_eval": 0}
             for ref in pair]
-    assert all(common.is_cached("card", cfg) for cfg in cfgs)
-    monkeypatch.setattr(common, "warm_up", lambda s: None)
+    assert all(runtime.is_cached("card", cfg) for cfg in cfgs)
+    monkeypatch.setattr(run, "warm_up", lambda s: None)
     at = app(n="0")
     assert at.status[0].label.endswith(", all 2 from the cache (computed earlier with these "
                                        "settings)"), at.status[0].label
-    cards = [common.compute("card", cfg) for cfg in cfgs]
+    cards = [runtime.compute("card", cfg) for cfg in cfgs]
     acc = [m.value for m in at.metric if m.label == "test accuracy"]
     assert acc == [f"{c['acc']:.3f}" for c in cards]
     assert cards[0] == rapp.run("card", rapp.Resources(), cfgs[0])
@@ -454,7 +454,7 @@ def test_launcher_computes_the_opening_cards_before_the_first_run(pair, monkeypa
             asked = {"data": cfg["data"], "seed": 0, "n_eval": 0, **other}
             assert app_roots.recorded_card(cfg["ref"], **asked) is None, other
     assert app_roots.recorded_card("zoo:gpt2-pystdlib-s0", "pystdlib", 0, 0) is None  # corpus
-    common._stores()["results"].clear()
+    runtime._stores()["results"].clear()
     at = app(n="0")  # computed now: this machine's numbers replace the recorded ones
     assert [m.value for m in at.metric if m.label == "test accuracy"] == acc
     assert not [m for m in at.metric if "recorded" in m.label]
@@ -468,7 +468,7 @@ def test_a_result_another_caller_computed_counts_as_from_the_cache():
     import threading
     import time
 
-    from app_pages import common
+    from app_pages import runtime
     from rotviz.app import cache
 
     cfg = {"ref": "zoo:nowhere", "data": "digits", "seed": 12345, "n_eval": 7}
@@ -480,17 +480,17 @@ def test_a_result_another_caller_computed_counts_as_from_the_cache():
         time.sleep(0.3)
         return {"acc": 0.5}
 
-    other = threading.Thread(target=common._stores()["results"].get_or_compute,
+    other = threading.Thread(target=runtime._stores()["results"].get_or_compute,
                              args=(key, slow))
     other.start()
     started.wait(10)
     tally = {"cached": 0, "computed": 0}
-    token = common._TALLY.set(tally)
+    token = runtime._TALLY.set(tally)
     try:
-        assert not common.is_cached("card", cfg)
-        assert common.compute("card", cfg) == {"acc": 0.5}  # the other caller's, not run here
+        assert not runtime.is_cached("card", cfg)
+        assert runtime.compute("card", cfg) == {"acc": 0.5}  # the other caller's, not run here
     finally:
-        common._TALLY.reset(token)
+        runtime._TALLY.reset(token)
         other.join()
     assert tally == {"cached": 1, "computed": 0}
 
@@ -528,7 +528,7 @@ def test_the_start_up_thread_waits_for_the_browsers_requests(monkeypatch):
 
 
 def test_barrier_page_chart_holds_library_results(pair):
-    from app_pages import common
+    from app_pages import runtime
     from rotviz.analysis.landscape import interpolate
     from rotviz.data import load_split
     from rotviz.models import load_model
@@ -536,7 +536,7 @@ def test_barrier_page_chart_holds_library_results(pair):
     at = app("barrier", b_points="5")
     # the page checks and computes with the models as the computations take them: it never
     # loads transformers' modules (that import competed with the first curves for the CPU)
-    assert not common._stores()["models"]
+    assert not runtime._stores()["models"]
     figs = figures(at)
     # curves computed now are drawn as they come in; the final chart replaces them (the
     # third chart: the path animated)
@@ -789,7 +789,7 @@ def test_result_cache_stores_only_what_finished():
 def test_progress_detail_touches_the_page_at_a_bounded_rate():
     """Learned matching reports every step; the page is updated at most every EVERY seconds
     (each update is where Streamlit can interrupt the run) and always at a loop's end."""
-    from app_pages import common
+    from app_pages import show
 
     class Fake:
         def __init__(self):
@@ -802,7 +802,7 @@ def test_progress_detail_touches_the_page_at_a_bounded_rate():
             self.calls.append(kw)
 
     bar, box = Fake(), Fake()
-    step = common.Steps("Matching", 2, box, bar)
+    step = show.Steps("Matching", 2, box, bar)
     step("weight,learned")
     for k in range(1, 2001):  # a fast loop: most reports are not sent
         step.detail(k, 2000, f"step {k}")
@@ -840,14 +840,14 @@ def test_cancelled_or_interrupted_learned_matching_is_not_cached(roots):
     progress callback, leaves nothing in the app's caches; the next run computes afresh."""
     from streamlit.runtime.scriptrunner_utils.exceptions import StopException
 
-    from app_pages import common
+    from app_pages import runtime
     from rotviz import app as rapp
 
     a, s = str(roots / "vit-s0"), str(roots / "vit-s1")
     cfg = {"anchor": a, "source": s, "data": "digits", "seed": 0, "n_eval": N_EVAL,
            "device": "cpu", "layers": "", **rapp.spec_cfg("weight,learned", 6)}
     with pytest.raises(rapp.Cancelled, match="cancelled after 0 of 6 steps"):
-        rapp.matched(common.resources(), cfg, cancel=lambda: True)
+        rapp.matched(runtime.resources(), cfg, cancel=lambda: True)
     assert cfg["learn_steps"] == 6
 
     def stop_at_step_3(done, total, message):
@@ -855,11 +855,11 @@ def test_cancelled_or_interrupted_learned_matching_is_not_cached(roots):
             raise StopException  # what Streamlit raises in a st call when the user stops
 
     with pytest.raises(StopException):
-        common.compute("match", cfg, stop_at_step_3)
-    assert not common.is_cached("match", cfg)
+        runtime.compute("match", cfg, stop_at_step_3)
+    assert not runtime.is_cached("match", cfg)
     seen = []
-    res = common.compute("match", cfg, lambda d, t, m: seen.append(m))
-    assert common.is_cached("match", cfg)
+    res = runtime.compute("match", cfg, lambda d, t, m: seen.append(m))
+    assert runtime.is_cached("match", cfg)
     learned = res["report"]["learned"]
     assert learned["steps"] == 6 and learned["stopped"] == "steps"
     assert [h["step"] for h in learned["history"]] == [0, 6]
@@ -909,9 +909,9 @@ def test_match_page_residual_alternation_never_goes_up(pair):
 
 
 def load_cached(ref: str):
-    from app_pages import common
+    from app_pages import runtime
 
-    return common.resources().load_eval(ref)
+    return runtime.resources().load_eval(ref)
 
 
 def test_match_page_learned_on_a_tiny_pair(roots):
@@ -1190,7 +1190,7 @@ def test_barrier_page_plane_has_a_3d_view(pair):
 def test_stop_reaches_a_training_measurement_and_nothing_is_cached(roots):
     """The app's cancel() reaches bend's training (Context.cancel): a stopped bend raises
     Cancelled, one line, and leaves nothing in the results cache."""
-    from app_pages import common
+    from app_pages import runtime
     from rotviz import app as rapp
 
     a, s = str(roots / "vit-s0"), str(roots / "vit-s1")
@@ -1198,12 +1198,12 @@ def test_stop_reaches_a_training_measurement_and_nothing_is_cached(roots):
             "device": "cpu"}
     cfg = rapp.measure_cfg(base, "seed", steps=20, points=3)
     with pytest.raises(rapp.Cancelled, match="stopped before it finished") as e:
-        common.compute("bend", cfg, None, lambda: True)
+        runtime.compute("bend", cfg, None, lambda: True)
     assert "\n" not in str(e.value)
-    assert not common.is_cached("bend", cfg)
-    done = common.compute("bend", cfg, None, lambda: False)
+    assert not runtime.is_cached("bend", cfg)
+    done = runtime.compute("bend", cfg, None, lambda: False)
     assert done["stopped"] == "steps" and done["steps"] == 20
-    assert common.is_cached("bend", cfg)
+    assert runtime.is_cached("bend", cfg)
 
 
 def test_training_page_runs_both_charts_on_the_zoo_series(roots):
