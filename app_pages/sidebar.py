@@ -23,6 +23,7 @@ from rotviz.devices import (
     surely_cpu_only,
 )
 from rotviz.errors import RotvizError
+from rotviz.plots.figure_style import Style
 
 PAIR_NAMES = {"default": "two seeds", "finetuned": "two fine-tunes",
               "lineage": "fine-tunes of two seeds", "gpt2": "GPT-2 pair",
@@ -51,18 +52,13 @@ class Setup:
     def font(self) -> int:
         return PRESENTER_FONT if self.presenter else FONT
 
-    def acc_range(self, values) -> list[float]:
-        """One accuracy axis range for charts that are compared (rotviz.plots.style)."""
-        from rotviz.plots.style import acc_range
-
-        return acc_range(values, self.acc_fixed)
-
-    def acc_axis(self) -> list[float] | None:
-        """The range a single chart's accuracy axis gets: the fixed 0-1 scale, or None (the
-        chart follows its own data)."""
-        from rotviz.plots.style import ACC_FIXED
-
-        return list(ACC_FIXED) if self.acc_fixed else None
+    def style(self, log: bool = False, accuracy_range: tuple[float, float] | None = None
+              ) -> Style:
+        """How this page's figures are drawn (a record's `plot` takes it): the presenter's
+        font size, the sidebar's fixed accuracy scale, a log scale where the page offers one,
+        and one accuracy range for panels that are compared."""
+        return Style(font_size=self.font, log=log, fixed_accuracy=self.acc_fixed,
+                     accuracy_range=accuracy_range)
 
     def base(self) -> dict[str, Any]:
         """The part of every run's configuration that the sidebar decides."""

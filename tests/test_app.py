@@ -1104,7 +1104,7 @@ def test_landscape_slice_log_toggle_keeps_the_numbers(pair):
     at = app("landscape", l_slice_grid="5")
     at.button(key="l_slice_run").click().run()
     lin = next(f for t, f in figures(at).items() if t.startswith("Test loss on a random"))
-    at.toggle(key="l_log").set_value(True).run()
+    at.toggle(key="l_slice_log").set_value(True).run()
     assert not at.exception
     log = next(f for t, f in figures(at).items() if t.startswith("Test loss on a random"))
     z = np.asarray([numbers(r) if isinstance(r, dict) else r for r in

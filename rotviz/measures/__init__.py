@@ -21,10 +21,12 @@ from typing import Any
 from rotviz.measures.registry import (
     Context,
     Measurement,
+    Section,
     measurement,
     measurements,
     refuse_heads,
     register,
+    sections,
 )
 from rotviz.params import Param
 
@@ -44,8 +46,8 @@ def _discover() -> None:
 _discover()
 
 
-__all__ = ["Context", "Measurement", "Param", "measure", "measurement", "measurements",
-           "refuse_heads", "register"]
+__all__ = ["Context", "Measurement", "Param", "Section", "measure", "measurement",
+           "measurements", "refuse_heads", "register", "sections"]
 
 
 def measure(name: str, ends: Any, split: Any = None, device: Any = "cpu",

@@ -10,7 +10,7 @@ from rotviz.plots.figure_style import Style
 
 PARAMS = (
     Param("points", 21, f"number of alphas in [0, 1] (default 21, {POINTS.text})", POINTS,
-          label="Points on the path", widget=(3, 41, 2)),
+          label="Points on the path", widget=(3, 41, 2), essential=True),
     Param("repeats", 1, "also report mean/std over this many disjoint seeded data subsets "
           f"({REPEATS.text})", REPEATS, label="Data subsets (repeats)"),
     Param("seed", 0, "with --repeats: seed of the subsets (default 0)", SEED, label="Seed"),

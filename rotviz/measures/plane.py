@@ -11,7 +11,7 @@ from rotviz.plots.figure_style import Style
 
 PARAMS = (
     Param("grid", 21, f"grid points per axis (default 21, {GRID.text})", GRID,
-          label="Plane grid (points per side)", widget=(5, 31, 1)),
+          label="Plane grid (points per side)", widget=(5, 31, 1), essential=True),
     Param("margin", 0.25, "margin around the points, as a fraction of their span (default "
           f"0.25, {MARGIN.text})", MARGIN, label="Margin (fraction of the span)"),
     Param("batch_size", 512, f"evaluation batch size (default 512, {BATCH_SIZE.text})",

@@ -5,7 +5,7 @@ docs/landscape.md)."""
 
 from __future__ import annotations
 
-from rotviz.measures.registry import Context, Inputs, Measurement, register
+from rotviz.measures.registry import Context, Inputs, Measurement, Section, register
 from rotviz.measures.training import AT_SIZE, PARAMS, rows
 from rotviz.plots.figure_style import Style
 
@@ -38,6 +38,15 @@ def _plot(d: dict, style: Style):
     return instability_by_spawn_step(d)
 
 
+SECTION = Section(
+    "training", 20, "2. Instability against the spawn step",
+    "A spawn folder holds `spawn-<k>/a/` and `spawn-<k>/b/`: the two children copied from "
+    "the parent at step *k* and trained to the end in different data orders. Children "
+    "spawned at the last step are the parent itself, twice: their barrier is 0.",
+    defaults={"points": 5},
+    caption=lambda d: f"Spawn steps {', '.join(map(str, d['x']))}, on {d['n']} test samples.",
+    doing=lambda v: f"every matching at each spawn step, {v['points']} points per path")
+
 SPAWN = register(Measurement(
     "spawn", "Instability against the spawn step",
     "the barrier between two children spawned at step k and trained apart, against k",
@@ -45,4 +54,4 @@ SPAWN = register(Measurement(
     inputs=Inputs((("spawn_dir", "a spawn folder: spawn-<k>/a/ and spawn-<k>/b/ model "
                     "folders (the two children spawned at step k), or zoo:NAME"),),
                   read_inputs),
-    progress=True, order=150))
+    progress=True, section=SECTION, order=150))

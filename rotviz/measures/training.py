@@ -5,7 +5,7 @@ per matching (rotviz.analysis.training, docs/landscape.md)."""
 from __future__ import annotations
 
 from rotviz.limits import BATCH_SIZE, POINTS
-from rotviz.measures.registry import Context, Inputs, Measurement, register
+from rotviz.measures.registry import Context, Inputs, Measurement, Section, register
 from rotviz.params import Param
 from rotviz.plots.figure_style import Style
 
@@ -16,7 +16,8 @@ SERIES_HELP = ("series: a folder of checkpoint-<step>/ model folders (Hugging Fa
 
 PARAMS = (
     Param("points", 11, f"number of alphas in [0, 1] on each step's path (default 11, "
-          f"{POINTS.text})", POINTS, label="Points on each path", widget=(3, 41, 2)),
+          f"{POINTS.text})", POINTS, label="Points on each path", widget=(3, 41, 2),
+          essential=True),
     Param("batch_size", 512, f"evaluation batch size (default 512, {BATCH_SIZE.text})",
           BATCH_SIZE, label="Evaluation batch size"),
 )
@@ -73,10 +74,30 @@ def _plot(d: dict, style: Style):
     return barriers_over_training(d)
 
 
+def _caption(d: dict) -> str:
+    """The line under the chart on the Training page: the steps paired, and those left out."""
+    e = d["extra"]
+    left = [f"{len(e[k])} step(s) only in {e[s]}" for k, s in (("only_a", "series_a"),
+                                                                ("only_b", "series_b"))
+            if e[k]]
+    return (f"{len(d['x'])} common steps on {d['n']} test samples"
+            + (f"; left out: {'; '.join(left)}." if left else "."))
+
+
+SECTION = Section(
+    "training", 10, "1. The barrier between two runs over training",
+    "Each series is a folder of `checkpoint-<step>/` model folders (Hugging Face Trainer's "
+    "layout), `zoo:NAME`, or `ORG/NAME` from the local Hugging Face cache (its `step<N>` "
+    "revisions, or those named: `ORG/NAME@step1000,step2000`; when the cache lies under the "
+    "model roots). Steps are paired by number. The zoo's two runs share their start, so "
+    "their barrier is 0 at step 0.",
+    defaults={"points": 5}, caption=_caption,
+    doing=lambda v: f"every matching at each step, {v['points']} points per path")
+
 TRAINING = register(Measurement(
     "training", "Barriers over training",
     "the barrier between two runs at each common checkpoint step, per matching",
     _run, PARAMS, summary=_summary, plot=_plot, rows=rows, refusal=AT_SIZE,
     inputs=Inputs((("series_a", "the first " + SERIES_HELP), ("series_b", "second series, the "
                    "same architecture, paired with the first by step")), read_inputs),
-    progress=True, order=140))
+    progress=True, section=SECTION, order=140))
