@@ -159,7 +159,7 @@ def _summary(s, how: str) -> str:
 def _plot(d: dict, style: Style):
     from rotviz.plots.slices import slice_figure
 
-    return slice_figure(d)
+    return slice_figure(d, log=style.log, font_size=style.font_size)
 
 
 def _rows(d: dict) -> list[dict]:
