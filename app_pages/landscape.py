@@ -51,7 +51,8 @@ layers = c[1].text_input("Layers to match (empty = all)", "", key="l_layers",
 READY = run.require_pair(s)  # checked once; each section then says nothing more about it
 
 
-def cfg_of(record: Measurement, values: dict, refs: list[str] | None = None) -> dict:
+def cfg_of(record: Measurement, values: dict, refs: list[str] | None = None,
+           spec_: str | None = None) -> dict:
     """A section's configuration: with the page's matching when the run measures the pair
     (`matched`: a pair record, or a slice whose values use the source), of the anchor alone
     otherwise."""

@@ -204,7 +204,7 @@ def compute(kind: str, cfg: dict, progress: Progress | None = None,
 
 def _compute(res: AppResources, kind: str, cfg: dict, progress: Progress | None = None,
              cancel: Callable[[], bool] | None = None, ran: list[bool] | None = None) -> Any:
-    cfg = cache.canonical(cfg)
+    cfg = keyed(kind, cfg)
     key = cache.config_hash({"kind": kind, **cfg})
 
     def run() -> Any:
@@ -236,9 +236,25 @@ def _pin_threads(res: AppResources, cfg: dict) -> None:
         torch.set_num_threads(want)
 
 
+def keyed(kind: str, cfg: dict) -> dict:
+    """The configuration as the caches key it: canonical, and a registered measurement's
+    parameters that hold their defaults left out (the record fills them in as it runs), so
+    that a section drawing every parameter and the warm-up giving only some ask for, and
+    find, one result."""
+    from rotviz.measures import measurements
+
+    cfg = cache.canonical(cfg)
+    record = next((m for m in measurements() if m.name == kind), None)
+    if record is not None and isinstance(cfg.get("params"), dict):
+        defaults = {p.name: cache.canonical(p.default) for p in record.parameters()}
+        cfg["params"] = {k: v for k, v in cfg["params"].items()
+                         if k not in defaults or v != defaults[k]}
+    return cfg
+
+
 def is_cached(kind: str, cfg: dict) -> bool:
     """Whether `compute(kind, cfg)` would come straight from the cache."""
-    cfg = cache.canonical(cfg)
+    cfg = keyed(kind, cfg)
     return cache.config_hash({"kind": kind, **cfg}) in _stores()["results"]
 
 

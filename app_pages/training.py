@@ -45,7 +45,8 @@ if not specs:
     st.warning("Pick at least one matching.")
 
 
-def cfg_of(record: Measurement, values: dict, refs: list[str]) -> dict:
+def cfg_of(record: Measurement, values: dict, refs: list[str], spec: str | None = None
+           ) -> dict:
     """A section's configuration: its references, the page's matchings and data."""
     return app.inputs_cfg({**s.base(), "data": data}, refs, specs, **values)
 

@@ -632,16 +632,21 @@ def test_barrier_form_reruns_with_new_options(pair):
     at = app("barrier", b_points="5")
     at.multiselect(key="b_specs").set_value(["none", "seed"])
     at.slider(key="b_points").set_value(7)
-    at.toggle(key="b_plane").set_value(True)
-    at.slider(key="b_grid").set_value(5)
     at.toggle(key="acc01").set_value(True)  # the sidebar's fixed 0-1 accuracy scale
-    at.get("form_submit_button")[0].click()
+    at.button(key="b_run").click()
     at.run()
     assert not at.exception
-    # Run says that it ran, how long it took and what it computed (2 curves and the plane)
+    # Run says that it ran, how long it took and what it computed (2 curves), and the
+    # plane's own Run the same (the plane)
     assert at.status[0].label.startswith("Interpolating: Run: done in ")
-    assert at.status[0].label.endswith(" s, 3 computed")
+    assert at.status[0].label.endswith(" s, 2 computed")
     assert [x.value for x in at.toast] == [at.status[0].label]
+    at.slider(key="b_plane_grid").set_value(5)
+    at.button(key="b_plane_run").click()
+    at.run()
+    assert not at.exception
+    assert at.status[1].label.startswith("Loss plane: Run: done in ")
+    assert at.status[1].label.endswith(" s, 1 computed")
     figs = figures(at)
     loss = figs[LOSS_TITLE]
     lines = [tr for tr in loss["data"] if tr.get("showlegend", True)]
@@ -653,11 +658,15 @@ def test_barrier_form_reruns_with_new_options(pair):
     z = np.asarray(plane["data"][0]["z"], dtype=float)
     assert z.shape == (5, 5) and np.isfinite(z).all()
     # Run again with the same settings: answered from the cache, and it says so
-    at.get("form_submit_button")[0].click()
+    at.button(key="b_run").click()
     at.run()
     assert at.status[0].label.startswith("Interpolating: Run: done in ")
     assert at.status[0].label.endswith(
-        " s, all 3 from the cache (computed earlier with these settings)")
+        " s, all 2 from the cache (computed earlier with these settings)")
+    at.button(key="b_plane_run").click()
+    at.run()
+    assert at.status[1].label.endswith(
+        " s, from the cache (computed earlier with these settings)")
 
 
 def test_match_page_distances_drop(pair):
@@ -710,7 +719,7 @@ def test_merge_page_chart_holds_fusion_table(pair):
     assert "function preserved" in texts(at)
     # the sweep computes on its own Run only, one line per matching, the library's numbers
     assert "Merged model accuracy against weight (simple)" not in figures(at)
-    next(b for b in at.button if b.label == "Run the sweep").click()
+    at.button(key="g_merge_sweep_run").click()
     at.run()
     assert not at.exception, [e.message for e in at.exception]
     sweep = figures(at)["Merged model accuracy against weight (simple)"]
@@ -1171,8 +1180,9 @@ def test_landscape_slice_around_b_prime_and_its_gauge_fixed_twin(pair):
 
 def test_barrier_page_plane_has_a_3d_view(pair):
     """With the plane drawn, a tab beside the contour holds the same grid as a 3D surface."""
-    at = app("barrier", b_points="3", b_plane="true", b_grid="5",
+    at = app("barrier", b_points="3", b_plane_grid="5",
              b_specs=["FFN + attention + rescale (seed paper)"])
+    at.button(key="b_plane_run").click().run()
     figs = figures(at)
     flat = figs["Test loss on the plane through A, B and B'"]
     surf = figs["Test loss surface on the plane through A, B and B'"]

@@ -37,7 +37,6 @@ from rotviz.app.compute import (
     check_pair,
     check_pair_at_size,
     endpoints,
-    fusion,
     gb,
     inputs_cfg,
     kinds,
@@ -64,7 +63,7 @@ from rotviz.app.compute import (
 __all__ = [
     "BARRIER_POINTS", "COMPUTE", "COMPUTE_MODULES", "DEFAULT_LEARN_STEPS", "WHOLE", "Cancelled",
     "PairConfig", "Progress", "Resources", "at_size", "barrier_defaults", "card", "check_pair",
-    "check_pair_at_size", "endpoints", "fusion", "gb", "inputs_cfg", "kinds", "layers_of",
+    "check_pair_at_size", "endpoints", "gb", "inputs_cfg", "kinds", "layers_of",
     "learn", "load_eval", "load_full", "load_test_split", "match", "matched", "measure",
     "measure_cfg", "n_layers", "needs_data", "pair", "params_in", "residual_why", "run",
     "scored_pair", "spec_cfg", "warm_up",

@@ -18,16 +18,6 @@ from typing import Any
 from rotviz.plots.figure_style import Style
 
 
-def accuracy_axis(style: Style) -> list[float] | None:
-    """The range an accuracy axis gets in this style: the range shared by the page's panels,
-    the fixed 0-1 scale, or None (the figure follows its data)."""
-    from rotviz.plots.style import ACC_FIXED
-
-    if style.accuracy_range is not None:
-        return list(style.accuracy_range)
-    return list(ACC_FIXED) if style.fixed_accuracy else None
-
-
 def bar_range(values: Sequence[float], style: Style) -> list[float]:
     """One y range for bars of 0-1 scores read side by side (accuracy beside F1)."""
     from rotviz.plots.merge import bar_range as bars
@@ -88,7 +78,7 @@ def barrier_curves(curves: Sequence[Mapping], metric: str, style: Style) -> Any:
     from rotviz.plots.barrier import barrier_curves as draw
 
     return draw(curves, metric, style.font_size,
-                acc_range=accuracy_axis(style) if metric == "acc" else None)
+                acc_range=style.accuracy_axis() if metric == "acc" else None)
 
 
 def loss_surface(plane: Mapping, style: Style) -> Any:
@@ -119,14 +109,14 @@ def sweep_chart(runs: Sequence[Mapping], style: Style) -> Any:
     """The merged accuracy against the swept number, one line per matching."""
     from rotviz.plots.merge import sweep_chart as draw
 
-    return draw(runs, "acc", style.font_size, accuracy_axis(style))
+    return draw(runs, "acc", style.font_size, style.accuracy_axis())
 
 
 def merged_by_count(result: Mapping, style: Style) -> Any:
     """Many models: the merged accuracy against the number of models merged."""
     from rotviz.plots.many import merged_by_count as draw
 
-    return draw(result, style.font_size, accuracy_axis(style))
+    return draw(result, style.font_size, style.accuracy_axis())
 
 
 # ---- the matching's own views (Match, Spectra) ----------------------------------------------

@@ -4,7 +4,7 @@ source, theta(alpha) = (1 - alpha) anchor + alpha matched source (docs/landscape
 from __future__ import annotations
 
 from rotviz.limits import BATCH_SIZE, EXAMPLES, POINTS, REPEATS, SEED
-from rotviz.measures.registry import Context, Measurement, register
+from rotviz.measures.registry import Context, Measurement, Section, register
 from rotviz.params import Param, needs
 from rotviz.plots.figure_style import Style
 
@@ -81,6 +81,20 @@ def _rows(d: dict) -> list[dict]:
             for a, lo, ac in zip(d["alphas"], d["loss"], d["acc"], strict=True)]
 
 
+def _figures(d: dict, style: Style) -> dict:
+    """The Barrier page's two figures over every matching it picked (a line each): the loss,
+    each barrier marked, and the accuracy."""
+    from rotviz.plots.barrier import barrier_curves
+
+    return {"barrier_loss": barrier_curves(d["runs"], "loss", style.font_size),
+            "barrier_accuracy": barrier_curves(d["runs"], "acc", style.font_size,
+                                               acc_range=style.accuracy_axis())}
+
+
+SECTION = Section("barrier", 10, per_matching=True, on_open=True, figures=_figures,
+                  busy="Interpolating", defaults={"examples": 4},  # the animation's answers
+                  doing=lambda v: f"matching, then {v['points']} points on the path")
+
 BARRIER = register(Measurement(
     "barrier", "Barrier (loss along the path)",
     "loss and accuracy on the path anchor -> matched source",
@@ -88,4 +102,4 @@ BARRIER = register(Measurement(
     animate=_animate, animate_params={"examples": 4},
     narrower=True,
     at_size_help="matched streamed and evaluated with both checkpoints held as "
-                 "stored, each point built block by block", order=10))
+                 "stored, each point built block by block", section=SECTION, order=10))

@@ -118,7 +118,7 @@ class Section:
 
     page: str  # the topic page: barrier, landscape, match, merge, spectra, training
     order: int = 100  # its place on the page, first to last
-    title: str = ""  # the section's header; empty: the record's label
+    title: str = ""  # the section's header; empty: none (the page's title heads it)
     intro: str = ""  # Markdown under the header: what the section shows and why
     # the section's own defaults where they differ from the CLI's (small, for a quick first Run)
     defaults: Mapping[str, Any] = field(default_factory=dict)
@@ -127,13 +127,30 @@ class Section:
     caption: Callable[[dict], str] | None = None
     # (values) -> what the progress box says while it computes; None: the record's label
     doing: Callable[[dict], str] | None = None
+    busy: str = ""  # the progress box's label ("Interpolating"); empty: the record's label
     # the label of a toggle for `Style.log` (a log colour scale); empty: no toggle
     log: str = ""
+    # its figures in tabs, one label each in the figures' order (the plane from above and in
+    # 3D); empty: one under another
+    tabs: tuple[str, ...] = ()
     # True: compute on open for a small pair (as the Barrier page does); False: on Run only
     on_open: bool = False
+    # measured once per matching the page picks, the results then one (`combine`, which the
+    # figures and table draw: the fusion table's column per matching; default `runs`: the
+    # results in order, each a line of the figure); False: once
+    per_matching: bool = False
+    combine: Callable[[list[dict]], dict] | None = None
+    # (result dict, Style) -> the section's figures by name, where it shows more than the
+    # record's one `plot` (the fusion table's F1 beside its accuracy); None: the plot
+    figures: Callable[[dict, Style], dict[str, Any]] | None = None
 
-    def heading(self, record: Measurement) -> str:
-        return self.title or record.label
+def runs(results: list[dict]) -> dict:
+    """Several runs of one record, one per matching, as one result (a section's default
+    `combine`): the runs in order, and each matching's function check."""
+    return {"runs": list(results),
+            "checks": [{"spec": r.get("match"), "max_output_diff": r.get("max_output_diff"),
+                        "tolerance": r.get("tolerance")}
+                       for r in results if r.get("match") != "none"]}
 
 
 def matched(record: Measurement, values: dict) -> bool:
