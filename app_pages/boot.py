@@ -126,10 +126,14 @@ def _import_first_run() -> None:
     torch (through the device picker), the page's engine names and plotly's figures."""
     import plotly.graph_objects  # noqa: F401
 
-    from rotviz.app import summaries  # noqa: F401
+    from rotviz.app import (
+        figures,
+        summaries,  # noqa: F401
+    )
     from rotviz.devices import pick_device  # noqa: F401
     from rotviz.match.pipeline import FUNCTION_TOLERANCE  # noqa: F401
-    from rotviz.plots import style  # noqa: F401
+
+    figures.preload()
 
 
 def ready_frame() -> None:

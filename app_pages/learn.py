@@ -4,8 +4,8 @@ import numpy as np
 import streamlit as st
 
 from app_pages import run, runtime, show, sidebar
+from rotviz.app import figures
 from rotviz.app.roots import short_name
-from rotviz.plots import learn as lplots
 
 s = sidebar.setup()
 st.title("Learn: same function, different weights")
@@ -70,9 +70,9 @@ def residual_step(r: dict, name: str) -> dict:
                 help="tidied and rotated model vs the original, on test and probe inputs")
     w = r["weights"]
     what = f"W_Q of head {r['head']} in layer {r['layer']}"
-    fig_w = lplots.weight_heatmaps(
+    fig_w = figures.weight_heatmaps(
         {"original": w["original"], "tidied": w["canonical"], "stream rotated": w["rotated"],
-         "matched back": w["matched"]}, f"The residual stream turned: {what}", s.font)
+         "matched back": w["matched"]}, f"The residual stream turned: {what}", s.style())
     show.chart(fig_w, "learn_res_weights")
     st.markdown(
         f"Every column of these weights changed (the columns are the stream's directions). "
@@ -84,10 +84,10 @@ def residual_step(r: dict, name: str) -> dict:
         st.write("Only those that never touch the stream: biases inside heads and FFN "
                  "neurons, norm gains (all 1 after tidying up) and the output bias:")
         st.code("\n".join(r["unchanged"]) or "(none)")
-    fig_d = lplots.stage_distances(
+    fig_d = figures.stage_distances(
         [("original", 0.0), ("tidied", r["distance_canonical"]),
          ("stream rotated", r["distance_rotated_original"]),
-         ("matched back", r["distance_matched"])], s.font,
+         ("matched back", r["distance_matched"])], s.style(),
         "The residual stream: how far the weights moved from the original")
     show.chart(fig_d, "learn_res_stages")
     show.function_badge(max(r["diff_matched"], r["probe_diff_matched"]), r["tolerance"],
@@ -122,7 +122,7 @@ def body() -> None:
     st.header("1 · The original model")
     st.markdown(f"**{name}** gets {100 * d['acc']['original']:.1f} % of its test predictions "
                 f"right. Here are {what}, one coloured square per number:")
-    fig1 = lplots.weight_heatmaps({"original": w["original"]}, f"Original: {what}", s.font)
+    fig1 = figures.weight_heatmaps({"original": w["original"]}, f"Original: {what}", s.style())
     show.chart(fig1, "learn_w1")
 
     st.header("2 · Scramble it")
@@ -143,14 +143,14 @@ def body() -> None:
             "Both at once, in every layer, plus a rescaling: one head's queries are multiplied "
             "by a number a and its keys divided by a (a·b/a = b)."
         )
-    fig2 = lplots.weight_heatmaps({"original": w["original"], "scrambled": w["scrambled"]},
-                                  f"Before and after: {what}", s.font)
+    fig2 = figures.weight_heatmaps({"original": w["original"], "scrambled": w["scrambled"]},
+                                   f"Before and after: {what}", s.style())
     show.chart(fig2, "learn_w2")
     st.markdown(f"The weights look completely different: all weights together moved by "
                 f"**{d['distance_scrambled']:.2f}** (Euclidean distance).")
 
     st.header("3 · Did anything change? No.")
-    fig3 = lplots.logit_scatter(d["logits"]["original"], d["logits"]["scrambled"], s.font,
+    fig3 = figures.logit_scatter(d["logits"]["original"], d["logits"]["scrambled"], s.style(),
                                 "scrambled model")
     show.chart(fig3, "learn_logits")
     st.markdown(
@@ -173,12 +173,12 @@ def body() -> None:
         "linear assignment) or the rotation (orthogonal Procrustes) that brings the weights "
         "closest to the original."
     )
-    fig4 = lplots.weight_heatmaps(
+    fig4 = figures.weight_heatmaps(
         {"original": w["original"], "scrambled": w["scrambled"], "matched back": w["matched"]},
-        f"Matching recovers the original: {what}", s.font)
+        f"Matching recovers the original: {what}", s.style())
     show.chart(fig4, "learn_w4")
-    fig5 = lplots.stage_distances([("original", 0.0), ("scrambled", d["distance_scrambled"]),
-                                   ("matched back", d["distance_matched"])], s.font)
+    fig5 = figures.stage_distances([("original", 0.0), ("scrambled", d["distance_scrambled"]),
+                                    ("matched back", d["distance_matched"])], s.style())
     show.chart(fig5, "learn_stages")
     show.function_badge(d["diff_matched"], d["tolerance"], "matched-back model")
     st.success(
@@ -187,13 +187,13 @@ def body() -> None:
         "to each other in the same way, plus real differences. Matching removes the scramble "
         "part, which is why averaging matched models works better: see **Barrier** and "
         "**Merge**.", icon=":material/lightbulb:")
-    figures = {"original": fig1, "scrambled": fig2, "logits": fig3, "matched": fig4,
-               "distances": fig5, **residual_step(r, name)}
+    figs = {"original": fig1, "scrambled": fig2, "logits": fig3, "matched": fig4,
+            "distances": fig5, **residual_step(r, name)}
     rows = [{"stage": k, "distance": v, "accuracy": d["acc"][a]} for k, v, a in
             (("original", 0.0, "original"), ("scrambled", d["distance_scrambled"], "scrambled"),
              ("matched back", d["distance_matched"], "matched"))]
     show.export("learn", {"page": "learn", **cfg}, {"demo": d, "residual": r},
-                  {"stages": rows}, figures)
+                  {"stages": rows}, figs)
 
 
 run.guard(body)

@@ -9,11 +9,11 @@ import streamlit as st
 
 from app_pages import run, runtime, show, sidebar
 from rotviz import app
+from rotviz.app import figures
 from rotviz.app.export import measurement_animation, measurement_files
 from rotviz.app.specs import SPEC_CHOICES, spec_label
 from rotviz.limits import MAX_LAYERS_TEXT
 from rotviz.measures import measurements
-from rotviz.plots import style
 
 s = sidebar.setup()
 st.title("Every measurement")
@@ -38,7 +38,7 @@ with st.form("measure_form"):
     if inputs is None:
         c = st.columns(2)
         spec = c[0].selectbox("Matching", offered, offered.index("seed"),
-                              format_func=style.nice_label, key="x_spec", bind="query-params")
+                              format_func=figures.nice_label, key="x_spec", bind="query-params")
         layers = c[1].text_input("Layers to match (empty = all)", "", key="x_layers",
                                  max_chars=MAX_LAYERS_TEXT, bind="query-params")
     else:
@@ -56,10 +56,10 @@ with st.form("measure_form"):
         default = [sp for sp in inputs.default_specs if sp in choices]
         if inputs.one_spec:
             specs = [st.selectbox("Matching", choices, key=f"x_{name}_spec",
-                                  format_func=style.nice_label)]
+                                  format_func=figures.nice_label)]
         else:
             specs = st.multiselect("Matchings (once each, in this order)", choices, default,
-                                   format_func=style.nice_label, key=f"x_{name}_specs",
+                                   format_func=figures.nice_label, key=f"x_{name}_specs",
                                    bind="query-params")
     cols = st.columns(3)
     # what the record's animation needs (the barrier's answers on 4 inputs) starts on
@@ -95,7 +95,7 @@ def body() -> None:
         return
     cfg = app.measure_cfg(s.base(), spec, layers, **params)
     with show.progress("Measuring", 1, stop="measure") as step:
-        step(f"{record.label}: matching with {style.nice_label(spec)}, then measuring")
+        step(f"{record.label}: matching with {figures.nice_label(spec)}, then measuring")
         result = runtime.compute(name, cfg, step.detail)
     show.function_badge(result.get("max_output_diff"), result["tolerance"])
     draw(result, cfg)

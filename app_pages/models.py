@@ -124,7 +124,7 @@ def draw_cards(cards: dict[str, dict], tolerance: float) -> None:
 
 def metrics(card: dict) -> None:
     """A scored model's test numbers: accuracy, loss, its task's scores (else its size)."""
-    from rotviz.plots import style  # plotly: after the start-up thread's imports (boot.py)
+    from rotviz.app import figures  # plotly: after the start-up thread's imports (boot.py)
 
     scores = card.get("scores") or {}
     m = st.columns(2 + max(1, len(scores)))  # the size moves below when F1 is shown
@@ -137,7 +137,7 @@ def metrics(card: dict) -> None:
                 help="the head's own loss (cross-entropy in nats; squared error for "
                      "regression)")
     for j, (k, v) in enumerate(scores.items()):
-        m[2 + j].metric(f"test {style.metric_label(k)}", f"{v:.3f}", help=style.metric_help(k))
+        m[2 + j].metric(f"test {figures.metric_label(k)}", f"{v:.3f}", help=figures.metric_help(k))
     if not scores:
         m[-1].metric("parameters", f"{card['params']:,}")
     st.caption(f"Task: **{card.get('name') or card.get('task') or ''}** (from the model's "

@@ -25,6 +25,12 @@ def bar_range(values: Sequence[float], style: Style) -> list[float]:
     return bars(values, style.fixed_accuracy)
 
 
+def preload() -> None:
+    """Import what every figure imports (plotly and rotviz's look), ahead of the first page
+    that draws one (app_pages/boot.py's start-up thread)."""
+    import rotviz.plots.style  # noqa: F401
+
+
 # ---- words ---------------------------------------------------------------------------------
 
 

@@ -205,11 +205,14 @@ def _summary(t, how: str) -> str:
 
 
 def caption(d: dict) -> str:
-    """The line under the Merge page's chart: the best merge, and what it was measured on."""
-    from rotviz.plots.style import nice_label
+    """The line under the Merge page's chart: the best merge, what it was measured on, and
+    the task's F1 where it is drawn."""
+    from rotviz.plots.style import metric_help, metric_label, nice_label
 
     best = max(rows(d), key=lambda r: r["acc"])
-    return (f"Best: {best['method']} after {nice_label(best['matching'])}, accuracy "
+    f1 = score_of(d)
+    said = "" if f1 is None else f"{metric_label(f1)}: {metric_help(f1)}. "
+    return (f"{said}Best: {best['method']} after {nice_label(best['matching'])}, accuracy "
             f"{best['acc']:.3f} (anchor {d['anchor_acc']:.3f}, source {d['source_acc']:.3f}). "
             f"Evaluated on {d['split']} ({d['data']}); statistics from the {d['stats_split']} "
             f"split, {d['batches']} x {d['batch_size']} examples; {d['seconds']:.1f} s on "
