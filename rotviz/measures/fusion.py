@@ -232,7 +232,7 @@ SECTION = Section(
 FUSION = register(Measurement(
     "fusion", "Fusion table (every merge method)",
     "merged accuracy and loss of every chosen merge method on the matched pair, beside both "
-    "models (one column per --match)",
+    "models (the Merge page runs it once per matching, a column each)",
     _run, _params, summary=_summary, plot=_plot, rows=rows, at_size=_at_size, check=_check,
     models=("base",), section=SECTION,
     at_size_help="matched streamed, and each method without statistics built and "
