@@ -38,7 +38,7 @@ def body() -> None:
         for e in picked:
             results = []
             for one in e.runs:
-                step(f"{e.title}: {e.measurement}, matching {run.match}")
+                step(f"{e.title}: {e.measurement}, matching {one.match}")
                 cfg = app.measure_cfg(s.base(), one.match, **one.params)
                 results.append(runtime.compute(e.measurement, cfg, step.detail))
             made.append((e, results))
