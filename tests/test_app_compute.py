@@ -195,10 +195,12 @@ def test_plane_marks_the_three_models(res, base):
 
 def test_fusion_equals_fusion_table(res, base, engine):
     from rotviz.analysis.fusion import fusion_table
+    from rotviz.measures.fusion import combine
 
-    cfg = {**base, "methods": ["simple"], "specs": ["none", "seed"], "weight": 0.5,
-           "params": {"batches": 2, "alpha": 0.9}}
-    got = app.run("fusion", res, cfg)
+    # the fusion record runs once per matching (the Merge page's column each), combined
+    got = combine([app.run("fusion", res, app.measure_cfg(base, sp, methods="simple",
+                                                           weight=0.5))
+                   for sp in ("none", "seed")])
     a, b, split = engine
     want = fusion_table(a, b, split, methods=("simple",), specs=("none", "seed"), batches=2)
     assert got["acc"]["simple"] == want.acc["simple"]
@@ -252,12 +254,10 @@ def test_a_pair_over_the_memory_budget_runs_block_by_block(res, base):
         assert "at_size" not in held and held["match"] == streamed["match"] == spec
         got[name] = streamed
     # the Merge page's table: what merges block by block, the rest off with its reason
-    cfg = {**base, "methods": ["simple", "fisher"], "specs": ["none"], "weight": 0.5,
-           "params": {"seed": 0}}
-    table = app.run("fusion", res, {**cfg, "max_memory": 1})
+    table = app.run("fusion", res, app.measure_cfg(tiny, "none", methods="simple,fisher"))
     assert table["methods"] == ["simple"] and list(table["off"]) == ["fisher"]
     assert "statistics of whole models" in table["off"]["fisher"]
-    held = app.run("fusion", res, {**cfg, "methods": ["simple"]})  # no statistics to gather
+    held = app.run("fusion", res, app.measure_cfg(base, "none", methods="simple"))  # no stats
     assert table["acc"]["simple"]["none"] == held["acc"]["simple"]["none"]
     seed = got["barrier"]  # matched block by block: its function check, as in memory
     assert seed["preserved"] and 0 < seed["max_output_diff"] <= seed["tolerance"]

@@ -148,6 +148,19 @@ def test_no_module_imports_a_layer_above_its_own(module):
     assert not above, f"{module} ({LAYERS[mine][0]}) imports {above} from a layer above"
 
 
+def test_the_pages_draw_figures_through_records_and_rotviz_app():
+    """No module of app_pages/ imports rotviz.plots: a page draws a record's figure through
+    the record (its `plot` or its section's `figures`, in the page's Style) and any other
+    through rotviz.app.figures; only the Style itself (rotviz.plots.figure_style, free of
+    plotly) is the pages' to build."""
+    pages = modules(REPO / "app_pages")
+    known = set(modules())
+    found = {m: sorted(i for i in imports(p, known) if i.startswith("rotviz.plots")
+                       and i != "rotviz.plots.figure_style")
+             for m, p in pages.items()}
+    assert not {m: i for m, i in found.items() if i}, found
+
+
 def test_the_public_api_is_importable_from_rotviz_itself():
     """The names the README's library example uses, each the function or class itself (no
     submodule of the same name shadows one once it is imported)."""

@@ -544,8 +544,8 @@ def test_the_app_merges_about_a_base_read_through_its_roots():
     res = app.Resources()
     cfg = {"anchor": a, "source": b, "data": "digits", "seed": 0, "n_eval": 64,
            "device": "cpu", "layers": ""}
-    got = app.run("fusion", res, {**cfg, "methods": ["ties", "simple"], "specs": ["none"],
-                                  "weight": 0.5, "base": base, "params": {"density": 0.2}})
+    got = app.run("fusion", res, app.measure_cfg(cfg, "none", methods="ties,simple",
+                                                 weight=0.5, base=base, density=0.2))
     la, lb, lbase = (load_model(x) for x in _refs())
     split = load_split("digits", "test", 0).subset(64)
     want = fusion_table(la, lb, split, methods=("ties", "simple"), specs=("none",),

@@ -189,9 +189,8 @@ def test_the_toy_merge_method_runs_from_the_cli_and_the_app(toy, matched, tmp_pa
     cfg = app.measure_cfg(base, "seed", method="toy_avg", toy_weight=0.3)
     r = app.run("merge", app.Resources(), cfg)
     assert r["acc"] == got["acc"] and r["loss"] == got["loss"] and r["params"] == got["params"]
-    table = app.run("fusion", app.Resources(), {**base, "methods": ["simple", "toy_avg"],
-                                                "specs": ["seed"], "weight": 0.3,
-                                                "params": {"toy_weight": 0.3}})
+    table = app.run("fusion", app.Resources(), app.measure_cfg(
+        base, "seed", methods="simple,toy_avg", weight=0.3, toy_weight=0.3))
     assert table["acc"]["toy_avg"]["seed"] == got["acc"]
     with zipfile.ZipFile(io.BytesIO(measurement_zip("merge", cfg, r, images=False))) as z:
         assert json.loads(z.read("results.json"))["merge"]["params"] == {"toy_weight": 0.3}

@@ -19,10 +19,12 @@ from __future__ import annotations
 from rotviz.measures.registry import (
     Context,
     Measurement,
+    Section,
     measurement,
     measurements,
     refuse_heads,
     register,
+    sections,
 )
 from rotviz.params import Param
 
@@ -42,6 +44,6 @@ def _discover() -> None:
 _discover()
 
 
-__all__ = ["Context", "Measurement", "Param", "measurement", "measurements", "refuse_heads",
-           "register"]
+__all__ = ["Context", "Measurement", "Param", "Section", "measurement", "measurements",
+           "refuse_heads", "register", "sections"]
 

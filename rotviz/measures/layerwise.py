@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from rotviz.limits import BATCH_SIZE, POINTS
-from rotviz.measures.registry import Context, Measurement, register
+from rotviz.measures.registry import Context, Measurement, Section, register
 from rotviz.params import Param
 from rotviz.plots.figure_style import Style
 
@@ -40,10 +40,12 @@ if TYPE_CHECKING:
 
 PARAMS = (
     Param("points", 11, f"number of alphas in [0, 1] on each group's path (default 11, "
-          f"{POINTS.text})", POINTS, label="Points on each path", widget=(3, 41, 2)),
+          f"{POINTS.text})", POINTS, label="Points on each path", widget=(3, 41, 2),
+          essential=True),
     Param("by", "block", "the groups interpolated one at a time: block (each block, then "
           "'rest': embeddings, final norm, head) or kind (q, k, v, o, ffn, norms, "
-          "embeddings, head) (default block)", choices=("block", "kind"), label="Groups"),
+          "embeddings, head) (default block)", choices=("block", "kind"), label="Groups",
+          essential=True),
     Param("compare", "yes", "yes: also the same groups toward the source unmatched (twice the "
           "time); no: the matched source only (default yes)", choices=("yes", "no"),
           label="Also without matching"),
@@ -404,10 +406,18 @@ def _rows(d: dict) -> list[dict]:
     return rows
 
 
+SECTION = Section(
+    "landscape", 40, "3. Which layers make the barrier",
+    "Adilova et al. (2024): move one block (or one kind of module) from A to B' while the "
+    "rest stays at A, and measure the barrier of that path alone. Beside it, the same "
+    "without matching, and the cumulative path (block after block), whose last bar is the "
+    "full straight line.",
+    defaults={"points": 5}, doing=lambda v: "matching, then one group at a time")
+
 LAYERWISE = register(Measurement(
     "layerwise", "Layer-wise barriers",
     "barrier when one block or module kind moves to the matched source, the rest at the anchor",
     _run, PARAMS, summary=_summary, plot=_plot, rows=_rows, at_size=_at_size,
     at_size_help="matched streamed and each group's path evaluated with the anchor, "
                  "the matched source and the source held as stored, each point "
-    "built block by block", order=90))
+    "built block by block", section=SECTION, order=90))

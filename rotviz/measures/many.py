@@ -36,7 +36,7 @@ BARYCENTRE = ("to", ("barycentre",))  # rounds and tolerance of the barycentre's
 PARAMS = (
     Param("to", "barycentre", "anchor (every model matched onto the first) or barycentre "
           "(onto the mean, refined round by round; default barycentre)",
-          choices=("anchor", "barycentre"), label="Align to"),
+          choices=("anchor", "barycentre"), label="Align to", essential=True),
     Param("rounds", 10, f"barycentre: at most this many rounds (default 10, {ROUNDS.text})",
           ROUNDS, label="Barycentre rounds", widget=(1, 30, 1), needs=BARYCENTRE),
     Param("tol", 1e-4, "barycentre: stop when the mean moves less than this fraction of its "

@@ -36,9 +36,9 @@ def _params() -> tuple[Param, ...]:
 
     based = [m.name for m in methods() if m.needs_base]
     out = [Param("method", "simple", f"{', '.join(names())} (default simple)", choices=names(),
-                 label="Merge method"),
+                 label="Merge method", essential=True),
            Param("weight", 0.5, "weight of the source in [0, 1] (default 0.5)", WEIGHT,
-                 label="Weight of the source"),
+                 label="Weight of the source", widget=(0.0, 1.0, 0.05), essential=True),
            Param("base", "", f"{' and '.join(based)} (needed): the model both were fine-tuned "
                  f"from, {hf_cache.MODEL_HELP}; never matched, so it must share the "
                  "anchor's basis (default none)", label="Base model (task vectors)",

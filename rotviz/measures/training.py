@@ -38,7 +38,7 @@ from rotviz import zoo_registry as zoo
 from rotviz.confine import ANYWHERE, Confined
 from rotviz.errors import RotvizError
 from rotviz.limits import BATCH_SIZE, POINTS
-from rotviz.measures.registry import Context, Inputs, Measurement, register
+from rotviz.measures.registry import Context, Inputs, Measurement, Section, register
 from rotviz.params import Param
 from rotviz.plots.figure_style import Style
 from rotviz.sources import hf_cache
@@ -61,7 +61,8 @@ SERIES_HELP = ("series: a folder of checkpoint-<step>/ model folders (Hugging Fa
 
 PARAMS = (
     Param("points", 11, f"number of alphas in [0, 1] on each step's path (default 11, "
-          f"{POINTS.text})", POINTS, label="Points on each path", widget=(3, 41, 2)),
+          f"{POINTS.text})", POINTS, label="Points on each path", widget=(3, 41, 2),
+          essential=True),
     Param("batch_size", 512, f"evaluation batch size (default 512, {BATCH_SIZE.text})",
           BATCH_SIZE, label="Evaluation batch size"),
 )
@@ -350,10 +351,31 @@ def training_figure(d: Mapping, style: Style | None = None, title: str | None = 
                         title or "Barrier between the two runs over training", STEP, "step")
 
 
+def _caption(d: dict) -> str:
+    """The line under the chart on the Training page: the steps paired, and those left out."""
+    e = d["extra"]
+    left = [f"{len(e[k])} step(s) only in {e[s]}" for k, s in (("only_a", "series_a"),
+                                                                ("only_b", "series_b"))
+            if e[k]]
+    return (f"{len(d['x'])} common steps on {d['n']} test samples"
+            + (f"; left out: {'; '.join(left)}." if left else "."))
+
+
+SECTION = Section(
+    "training", 10, "1. The barrier between two runs over training",
+    "Each series is a folder of `checkpoint-<step>/` model folders (Hugging Face Trainer's "
+    "layout), `zoo:NAME`, or `ORG/NAME` from the local Hugging Face cache (its `step<N>` "
+    "revisions, or those named: `ORG/NAME@step1000,step2000`; when the cache lies under the "
+    "model roots). Steps are paired by number. The zoo's two runs share their start, so "
+    "their barrier is 0 at step 0.",
+    defaults={"points": 5}, caption=_caption,
+    doing=lambda v: f"every matching at each step, {v['points']} points per path")
+
+
 TRAINING = register(Measurement(
     "training", "Barriers over training",
     "the barrier between two runs at each common checkpoint step, per matching",
     _run, PARAMS, summary=_summary, plot=training_figure, rows=rows, refusal=AT_SIZE,
     inputs=Inputs((("series_a", "the first " + SERIES_HELP), ("series_b", "second series, the "
                    "same architecture, paired with the first by step")), TwoSeries.read),
-    progress=True, order=140))
+    progress=True, section=SECTION, order=140))
