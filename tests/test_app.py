@@ -362,11 +362,10 @@ def test_models_page_evaluates_light_models_then_computes_the_barrier_page_ahead
     (rotviz.sources.plain_torch where it is exact) and, once painted, computes the Barrier page's
     default curves in the background, so that page finds them ready. They are the library's numbers
     with the models' own transformers classes, bit for bit."""
-    from rotviz.measures.barrier import interpolate
-
     from app_pages import runtime
     from rotviz import app as rapp
     from rotviz.data.split import load_split
+    from rotviz.measures.barrier import interpolate
     from rotviz.sources.loading import load_model
 
     stores = runtime._stores()
@@ -530,10 +529,9 @@ def test_the_start_up_thread_waits_for_the_browsers_requests(monkeypatch):
 
 
 def test_barrier_page_chart_holds_library_results(pair):
-    from rotviz.measures.barrier import interpolate
-
     from app_pages import runtime
     from rotviz.data.split import load_split
+    from rotviz.measures.barrier import interpolate
     from rotviz.sources.loading import load_model
 
     at = app("barrier", b_points="5")
@@ -727,8 +725,8 @@ def test_merge_page_chart_holds_fusion_table(pair):
     assert not at.exception, [e.message for e in at.exception]
     sweep = figures(at)["Merged model accuracy against weight (simple)"]
     got = {tr["name"]: numbers(tr["y"]) for tr in sweep["data"]}
-    from rotviz.measures.merge_sweep import sweep_on
     from rotviz.match.endpoints import match_endpoints
+    from rotviz.measures.merge_sweep import sweep_on
 
     split = load_split("digits").subset(N_EVAL)
     want = sweep_on(match_endpoints(a, s, "seed"), "simple", "weight",
@@ -1064,7 +1062,6 @@ def test_landscape_page_computes_each_section_on_run(pair):
     """First paint computes nothing; each section's Run draws its figures, whose numbers are
     the library's (the slice's grid, the Hessian's top eigenvalues, the bend's barrier)."""
     from rotviz.analysis.loss_grid import slice_at
-
     from rotviz.data.split import load_split
     from rotviz.match.endpoints import match_endpoints
     from rotviz.runner import measure
@@ -1138,9 +1135,9 @@ def test_landscape_slice_around_b_prime_and_its_gauge_fixed_twin(pair):
     the matched path (the page's matching) draws the library's numbers, B' marked at x = 1;
     the random plane beside the gauge-fixed plane share one colour scale, each panel the
     library's grid (1e-5), captioned."""
-    from rotviz.measures.slice import slice_with
     from rotviz.data.split import load_split
     from rotviz.match.endpoints import match_endpoints
+    from rotviz.measures.slice import slice_with
     from rotviz.runner import measure
     from rotviz.sources.loading import load_model
 
@@ -1262,11 +1259,10 @@ def test_merge_page_aligns_many_models_on_run(roots):
     """The Merge page's many-models section computes nothing before Run; its Run draws the
     distance matrices (two heat maps, one colour scale) and the merged accuracy against the
     number of models, equal to the library's on the same split."""
-    from rotviz.match.many import align_many
-    from rotviz.measures.many import merged_curve
-
     from rotviz import zoo_registry
     from rotviz.data.split import load_split
+    from rotviz.match.many import align_many
+    from rotviz.measures.many import merged_curve
     from rotviz.sources.loading import load_model
 
     at = app("merge", g_methods="simple average", n_rounds="1")
@@ -1297,9 +1293,8 @@ def test_measure_page_runs_the_ladder_a_record_of_other_inputs(roots):
     """The Measure page takes a record of other inputs (the symmetry ladder): the sidebar's
     pair, its rungs in order, nothing before Run; Run draws its figure and its table, whose
     align-to-self row reads 0.0000 and 0.0000, equal to the library's on the same split."""
-    from rotviz.measures.ladder import LadderPair, ladder
-
     from rotviz.data.split import load_split
+    from rotviz.measures.ladder import LadderPair, ladder
 
     a, s = str(roots / "vit-s0"), str(roots / "vit-s1")
     at = app("measure", anchor=a, source=s)

@@ -37,7 +37,6 @@ from rotviz.app.resources import (
     split_of,
 )
 from rotviz.errors import RotvizError
-from rotviz.merging.registry import merges_at_size
 from rotviz.types import Progress
 
 if TYPE_CHECKING:

@@ -96,8 +96,8 @@ def loss_surface(plane: Mapping, style: Style) -> Any:
 
 def bend_on_plane(plane: Mapping, bend: Mapping, style: Style) -> Any:
     """The A/B/B' plane with the trained curve's projection and its bend drawn on it."""
-    from rotviz.measures.plane import plane_figure as loss_plane
     from rotviz.measures.bend import bend_on_plane as overlay
+    from rotviz.measures.plane import plane_figure as loss_plane
 
     fig = loss_plane(plane["xs"], plane["ys"], plane["loss"], plane["points"], style.font_size)
     return overlay(fig, bend)

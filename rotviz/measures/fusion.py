@@ -65,8 +65,11 @@ def _check(values: dict, given: set[str]) -> None:
     parameters; the base goes to those methods only): a parameter none of the chosen methods
     takes is refused, and so is a base none of them takes."""
     from rotviz.analysis.merges import method_params
-    from rotviz.merging import check_base, check_models, method
+    from rotviz.merging import check_base, check_models, method, names
 
+    if "methods" in given and not str(values["methods"]).strip(" ,"):
+        raise RotvizError(f"--methods names no method; give one or more of {', '.join(names())}, "
+                          "or leave it out for the default set")
     chosen = [method(m) for m in methods_of(values)]
     for m in chosen:
         if m.needs_base:
@@ -94,7 +97,7 @@ def _run(ends, ctx: Context, v: dict) -> Table:
     t = fusion_on({ends.match: ends}, ctx.split, None, methods_of(v), v["weight"], ctx.device,
                   ctx.progress, base=base, **_own(v)).to_dict()
     t["timing"] = {k: x for k, x in t["timing"].items() if not k.startswith("match:")}
-    return Table(t, match=ends.match)
+    return Table(t, match=ends.match, off={})  # `off`: the methods left off at size
 
 
 def _at_size(ends, ctx: Context, v: dict) -> Table:
@@ -102,6 +105,7 @@ def _at_size(ends, ctx: Context, v: dict) -> Table:
     at-size path, the others `off` with their reason."""
     import time
 
+    from rotviz.analysis.fusion import NO_STATISTICS
     from rotviz.merging import method
 
     merge = _merge_record()
@@ -131,7 +135,7 @@ def _at_size(ends, ctx: Context, v: dict) -> Table:
         **{k: first[k] for k in ("anchor_acc", "source_acc", "anchor_loss", "source_loss",
                                  "anchor_scores", "source_scores", "data", "split",
                                  "batches", "batch_size", "device")},
-        weight=v["weight"], stats_split="none (elementwise methods)",
+        weight=v["weight"], alpha=v.get("alpha"), stats_split=NO_STATISTICS,
         seconds=time.perf_counter() - t0, timing={}, off=off)
 
 

@@ -246,7 +246,7 @@ def _rows(d: dict) -> list[dict]:
 
 def _figures(d: dict, look: Style) -> dict:
     """The plane from above (contours) and as a surface to turn (height: the loss)."""
-    from rotviz.measures.slice import loss_surface
+    from rotviz.plots.surface import loss_surface
 
     return {"loss_plane": _plot(d, look),
             "loss_plane_3d": loss_surface(d, log=look.log, font_size=look.font_size)}

@@ -25,17 +25,6 @@ class Style:
     colour_range: tuple[float, float] | None = None
 
     def accuracy_axis(self) -> list[float] | None:
-        """The range an accuracy axis gets: the one shared by the page's panels, the whole
-        0-1 scale, or None (the figure follows its data)."""
-        if self.accuracy_range is not None:
-            return list(self.accuracy_range)
-        if self.fixed_accuracy:
-            from rotviz.plots.style import ACC_FIXED
-
-            return list(ACC_FIXED)
-        return None
-
-    def accuracy_axis(self) -> list[float] | None:
         """The range an accuracy axis gets: the one the page's panels share, the whole 0-1
         scale (`fixed_accuracy`), or None: the figure follows its own data
         (rotviz.plots.style.acc_range)."""
