@@ -75,9 +75,11 @@ def main() -> None:
     import transformers
 
     transformers.utils.logging.disable_progress_bar()
-    from rotviz.analysis.fusion import merge
-    from rotviz.analysis.landscape import interpolate, loss_plane, matched_state
+    from rotviz.analysis.paths import matched_state
     from rotviz.devices import pick_device
+    from rotviz.measures.barrier import interpolate
+    from rotviz.measures.merge import merge
+    from rotviz.measures.plane import loss_plane
 
     device = pick_device(args.device)
     dev = str(device)

@@ -75,12 +75,12 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from rotviz.analysis.curves import bend_on
-    from rotviz.analysis.hessian import hessian
-    from rotviz.analysis.layerwise import layerwise_on
-    from rotviz.analysis.slices import slice_at
+    from rotviz.analysis.loss_grid import slice_at
     from rotviz.devices import resolve_device
     from rotviz.match.endpoints import match_endpoints
+    from rotviz.measures.bend import bend_on
+    from rotviz.measures.hessian import hessian
+    from rotviz.measures.layerwise import layerwise_on
 
     torch.set_num_threads(args.threads)
     device = resolve_device(args.device)

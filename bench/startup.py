@@ -50,7 +50,7 @@ COMMANDS = {
 # what barrier imports before its work: torch, then rotviz's own modules
 ENGINE = ("import torch, rotviz.cli, rotviz.sources.plain_torch, rotviz.data.split, "
           "rotviz.evaluation, rotviz.match.endpoints, rotviz.measures.barrier, "
-          "rotviz.analysis.landscape")
+          "rotviz.measures.barrier")
 HEAVY = ("transformers", "scipy.optimize", "pandas", "plotly", "huggingface_hub", "safetensors")
 RUN = (
     "import sys\n"

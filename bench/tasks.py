@@ -79,8 +79,8 @@ def classifier_rows(root: Path, sentences: int, measure: int) -> list[str]:
     import transformers as T
     from test_tokens import TEXT
 
-    from rotviz.analysis.landscape import interpolate
     from rotviz.data.reading import split_for
+    from rotviz.measures.barrier import interpolate
     from rotviz.sources.loading import load_model
 
     tok = _tokenizer(8000)

@@ -3,7 +3,7 @@
 The public API, imported on first use (so `import rotviz` and the command line stay light):
 `load_model` and `evaluate`; `match_endpoints` (match once: the anchor, the source and the
 matched source with what matching did) and `measure` (any registered measurement on those
-endpoints: barrier, plane, merge, distances, spectra, ...); `match_models`, `MatchOptions`,
+endpoints, run by the one runner, rotviz.runner); `match_models`, `MatchOptions`,
 and the one-call conveniences `interpolate`, `loss_plane` and `merge`; `merge_many` (N >= 2
 parameter sets merged by a registered method, about an optional base); for checkpoints larger
 than memory, at size (rotviz.atsize): `open_streamed`, `match_streamed`, `streamed_endpoints`
@@ -24,11 +24,11 @@ _API = {
     "load_model": "rotviz.sources.loading",
     "match_models": "rotviz.match.pipeline",
     "match_endpoints": "rotviz.match.endpoints",
-    "measure": "rotviz.measures",
+    "measure": "rotviz.runner",
     "MatchOptions": "rotviz.match.options",
-    "interpolate": "rotviz.analysis.landscape",
-    "loss_plane": "rotviz.analysis.landscape",
-    "merge": "rotviz.analysis.fusion",
+    "interpolate": "rotviz.measures.barrier",
+    "loss_plane": "rotviz.measures.plane",
+    "merge": "rotviz.measures.merge",
     "merge_many": "rotviz.merging.combine",
     "evaluate": "rotviz.evaluation",
     "open_streamed": "rotviz.atsize.blocks",

@@ -114,6 +114,8 @@ KINDS = {
     ("merge", "--mergekit-config"): "out file",
     ("merge_sweep", "--stats-split"): "name", ("merge_sweep", "--base"): "model",
     ("many", "--stats-split"): "name", ("many", "--base"): "model",
+    ("fusion", "--methods"): "name", ("fusion", "--base"): "model",
+    ("fusion", "--stats-split"): "name",
     **{("merge", p.flag): "name" for p in all_params() if p.choices},
     **{(n, p.flag): "name" for n, m in MEASURES.items() for p in m.parameters() if p.choices},
     ("zoo build", "names"): "name", ("zoo build", "--out"): "zoo out",

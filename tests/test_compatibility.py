@@ -32,8 +32,9 @@ from rotviz.match.distances import distances, norm
 from rotviz.match.endpoints import from_matched, match_endpoints
 from rotviz.match.options import MatchOptions
 from rotviz.match.pipeline import match_models
-from rotviz.measures import measure, measurements
+from rotviz.measures import measurements
 from rotviz.random_models import random_config, save_random
+from rotviz.runner import measure
 from rotviz.sources.loading import load_model
 from rotviz.sources.pairs import body_patterns
 from rotviz.sources.running import max_output_diff

@@ -8,12 +8,12 @@ import pytest
 import torch
 from conftest import view_of
 
-from rotviz.analysis.landscape import interpolate
 from rotviz.data.split import load_split
 from rotviz.match.distances import distances, norm
 from rotviz.match.engine import match
 from rotviz.match.options import LearnOptions, MatchOptions
 from rotviz.match.pipeline import match_models
+from rotviz.measures.barrier import interpolate
 from rotviz.sources.loading import load_model
 from rotviz.symmetry import residual as rs
 

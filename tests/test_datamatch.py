@@ -8,9 +8,8 @@ import json
 import pytest
 import torch
 from conftest import clone_state, view_of
-from test_landscape import default_pair_refs
+from pairs import default_pair_refs
 
-from rotviz.analysis.landscape import curve_on
 from rotviz.cli import main
 from rotviz.data.split import load_split
 from rotviz.errors import RotvizError
@@ -21,6 +20,7 @@ from rotviz.match.engine import match
 from rotviz.match.options import LearnOptions, MatchOptions
 from rotviz.match.pipeline import match_models
 from rotviz.match.selection import match_options
+from rotviz.measures.barrier import curve_on
 from rotviz.sources.loading import load_model
 from rotviz.sources.running import max_output_diff
 from rotviz.symmetry import residual as rs

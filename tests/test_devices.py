@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from rotviz.analysis.landscape import flat_inner
+from rotviz.analysis.planes import flat_inner
 from rotviz.cli import main
 from rotviz.devices import device_note, mps_available, pick_device, wide_device
 from rotviz.errors import RotvizError

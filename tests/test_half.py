@@ -19,7 +19,6 @@ import torch
 from conftest import TINY, clone_state
 from safetensors.torch import load_file, save_file
 
-from rotviz.analysis.fusion import merge
 from rotviz.arch import FAMILIES, family_module, spec_named
 from rotviz.cli import main
 from rotviz.data.reading import split_for
@@ -28,6 +27,7 @@ from rotviz.data.text import VOCAB_SIZE
 from rotviz.evaluation import evaluate
 from rotviz.match.options import MatchOptions
 from rotviz.match.pipeline import FUNCTION_TOLERANCES, check_in_stored_dtype, match_models
+from rotviz.measures.merge import merge
 from rotviz.merging.simple import simple_average
 from rotviz.random_models import options, save_random
 from rotviz.sources.loading import Loaded, load_model

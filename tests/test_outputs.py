@@ -289,7 +289,7 @@ def test_a_failure_while_writing_leaves_nothing(ws, capfd, monkeypatch):
 
 
 READY = ("import sys, torch, transformers, timm, scipy.optimize, rotviz.cli, "
-         "rotviz.match.pipeline, rotviz.analysis.landscape, rotviz.analysis.fusion, "
+         "rotviz.match.pipeline, rotviz.analysis.paths, rotviz.analysis.fusion, "
          "rotviz.zoo.train, rotviz.match.datamatch\n"
          "print('ready', flush=True)\n"
          "sys.exit(rotviz.cli.main(sys.argv[1:]))\n")

@@ -32,7 +32,8 @@ def _figure():
 def _animated():
     """An animated figure of three frames (weight matching's rounds, drawn from numbers made
     up here: what is tested is the export)."""
-    from rotviz.plots.animate import frame_figure, rounds_animation
+    from rotviz.measures.rounds import rounds_animation
+    from rotviz.plots.animate import frame_figure
 
     d = {"alphas": [0.0, 0.5, 1.0], "rounds": [
         {"phase": 0, "round": r, "distance": 10.0 - r, "barrier": 2.0 - 0.5 * r,

@@ -159,7 +159,7 @@ def test_loss_equals_the_models_own_loss_on_its_own_tokens(folders, kind):
 
 
 def test_a_bpe_pairs_barrier_equals_a_reference_loop(folders):
-    from rotviz.analysis.landscape import interpolate
+    from rotviz.measures.barrier import interpolate
 
     (a_dir, b_dir), text = folders[0]["gpt2"], folders[1]
     a, b = load_model(a_dir), load_model(b_dir)

@@ -1,6 +1,6 @@
 """Loss curves and planes of a matched pair at size: both checkpoints held as stored, each
 point built block by block (rotviz.atsize.points), the same numbers as
-rotviz.analysis.landscape's in-memory `interpolate` and `loss_plane`.
+rotviz.measures.barrier's in-memory `interpolate` and `loss_plane`.
 
 `interpolate` holds the anchor, the source and each point of the path in float32: 3x a
 model's float32 bytes, 84 GB for a 7B pair. Here both checkpoints are held as they are stored
@@ -21,11 +21,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rotviz.analysis.landscape import (
-    Curve,
+from rotviz.analysis.paths import Curve, check_path, path_points
+from rotviz.analysis.planes import (
     Plane,
-    check_path,
-    path_points,
     plane_axes,
     plane_coeffs,
     plane_frame,
@@ -58,7 +56,7 @@ def sized_curve(anchor: str | os.PathLike, source: str | os.PathLike, split: Spl
                 layers: list[int] | None = None) -> SizedCurve | None:
     """The straight path from `anchor` to `source` (checkpoint folders) at `points` alphas on
     `split` (read through the anchor: rotviz.data.reading.split_for(sized_loaded(...))), as
-    `rotviz.analysis.landscape.interpolate` gives it for a source already matched
+    `rotviz.measures.barrier.interpolate` gives it for a source already matched
     (`match_info` says how; `layers` which layers). Under torchrun (`group`) the points are
     shared and rank 0 returns the curve (None elsewhere)."""
     check_path(points, repeats, split)
@@ -85,7 +83,7 @@ def sized_plane(anchor: str | os.PathLike, source: str | os.PathLike,
                 batch_size: int = 512, progress: Progress | None = None,
                 group: Group = SINGLE, match_info: MatchInfo | None = None,
                 layers: list[int] | None = None) -> Plane | None:
-    """`rotviz.analysis.landscape.loss_plane` through A (`anchor`), B (`source`) and B'
+    """`rotviz.measures.plane.loss_plane` through A (`anchor`), B (`source`) and B'
     (`matched`, the source matched already: `match_info` says how), three checkpoint folders
     held as stored, each grid point (1 - a - b) A + a B + b B' built block by block. B' must
     lie off the A-B line (a plane without matching has no second direction here). Under

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from rotviz.analysis.fusion import Merged, check_weight
+from rotviz.analysis.merges import Merged
 from rotviz.atsize.blocks import Streamed
 from rotviz.atsize.points import Opened, float32, sized_loaded
 from rotviz.data.split import Split
@@ -25,6 +25,7 @@ from rotviz.devices import one_thread
 from rotviz.errors import RotvizError
 from rotviz.match.endpoints import MatchInfo
 from rotviz.memory import release
+from rotviz.merging import check_weight
 from rotviz.merging.registry import MergeJob, MergeMethod
 from rotviz.sources.checkpoint import Checkpoint
 from rotviz.sources.shards import ShardWriter
@@ -45,7 +46,7 @@ def sized_merge(anchor: str | os.PathLike, source: str | os.PathLike, split: Spl
     `params`, about the checkpoint folder `base` for a method that needs one; written as
     shards in the anchor's dtypes into the empty `folder` when given, with its config and
     tokenizer and processor files, and evaluated on `split` with the two endpoints as
-    `rotviz.analysis.fusion.merge` does.
+    `rotviz.measures.merge.merge` does.
 
     No checkpoint is held: each tensor is merged once, from slices of rows read from the
     checkpoints (`MergedRows`), and each merged slice is written as it comes, to `folder`
@@ -54,7 +55,7 @@ def sized_merge(anchor: str | os.PathLike, source: str | os.PathLike, split: Spl
     once per batch). The peak is about the largest tensor in float32 (an embedding, while
     its module runs) and a slice's float64 working copies. Fisher and RegMean need
     statistics of whole models and are refused."""
-    from rotviz.analysis.fusion import method_params
+    from rotviz.analysis.merges import method_params
     from rotviz.merging import check_base
     from rotviz.merging import method as method_record
     from rotviz.merging.combine import merge_job

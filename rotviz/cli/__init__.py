@@ -115,8 +115,8 @@ def _add_match(sub) -> None:
 
 
 def _extra_commands():
-    """The other sub-commands: zoo and eval, one per registered measurement (barrier, plane,
-    merge, ...: rotviz.cli.measure), figures (rotviz.cli.figures), serve. Each imports its
+    """The other sub-commands: zoo and eval, one per registered measurement
+    (rotviz.cli.measure), figures (rotviz.cli.figures), serve. Each imports its
     heavy libraries inside its handlers, so `rotviz --help` stays fast."""
     return [zoo.register, measure.register, figures.register, serve.register]
 

@@ -61,7 +61,7 @@ def make(selected: Sequence[Entry], pair: Pair, device: Any = "cpu",
     from rotviz.data.reading import split_for
     from rotviz.devices import pair_params, resolve_device, threads_for
     from rotviz.match.endpoints import match_endpoints
-    from rotviz.measures import measure
+    from rotviz.runner import measure
     from rotviz.sources.loading import load_model
 
     device = resolve_device(device)

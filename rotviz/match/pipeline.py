@@ -139,7 +139,7 @@ def match_models(
     reference such as "digits", or a split read through the anchor); learned matching stops
     early when `cancel()` is true. `start` (learned matching without `act`): this pair's
     match with `options` less `learned`, already made; learned matching starts from it
-    instead of solving it again (the symmetry ladder, rotviz.analysis.ladder)."""
+    instead of solving it again (the symmetry ladder, rotviz.measures.ladder)."""
     narrower = check_pair(anchor, source, heads=True)
     options = options or MatchOptions()
     if options.residual:

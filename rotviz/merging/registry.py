@@ -179,7 +179,7 @@ def users(param: str) -> tuple[str, ...]:
 
 
 def sweepable(m: MergeMethod) -> tuple[str, ...]:
-    """The numbers of method `m` a sweep can turn (rotviz.analysis.fusion.sweep_on): the
+    """The numbers of method `m` a sweep can turn (rotviz.measures.merge_sweep.sweep_on): the
     weight, then its own real-valued parameters with a bound (integers such as batch counts
     are not swept)."""
     own = [p.name for p in m.params
@@ -212,3 +212,10 @@ def check_models(m: MergeMethod, n: int) -> None:
     if m.max_models is not None and n > m.max_models:
         raise RotvizError(f"--method {m.name} combines {m.max_models} models, got {n}: give "
                           "two, or use another method")
+
+
+def merges_at_size() -> str:
+    """The merge methods that run at size (their record's `rows`), in words, for a page or a
+    refusal: found in the registry, so a new method is named without a list to update."""
+    found = [m.label for m in methods() if m.at_size]
+    return ", ".join(found[:-1]) + f" or {found[-1]}" if len(found) > 1 else "".join(found)

@@ -2,7 +2,7 @@
 children spawned from it at several steps k, each trained to the end twice with two seeded
 data orders, and the intermediate checkpoints of the two children spawned at k = 0.
 
-Written as the layouts rotviz reads (rotviz.analysis.training, docs/landscape.md):
+Written as the layouts rotviz reads (rotviz.measures.training, docs/landscape.md):
 
     vit-digits-spawn/
       card.json                        recipe, seeds, steps, each model's test metrics
