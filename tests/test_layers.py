@@ -117,10 +117,9 @@ LAYERS = [
     ("match", ["rotviz.match"]),
     ("merging", ["rotviz.merging"]),
     ("analysis", ["rotviz.analysis"]),
-    # at size, what is built on matching and the analyses (and rotviz.stream's last two
-    # modules, which their records' modules take in)
+    # at size, what is built on matching and the analyses
     ("atsize", ["rotviz.atsize.endpoints", "rotviz.atsize.landscape", "rotviz.atsize.merge",
-                "rotviz.stream"]),
+                "rotviz.atsize.slices"]),
     ("plots", ["rotviz.plots"]),
     ("measures", ["rotviz.measures"]),
     ("runner", ["rotviz.runner"]),

@@ -1,4 +1,4 @@
-"""Slices at size (rotviz.stream.slices): on endpoints streamed from checkpoint folders, each
+"""Slices at size (rotviz.atsize.slices): on endpoints streamed from checkpoint folders, each
 point built block by block, they give the in-memory results, in the library and through
 `--max-memory 0`. (That a slice's random directions do not depend on the order the tensors
 are read in: tests/measures/test_slice.py; layer-wise barriers at size:

@@ -246,8 +246,8 @@ def _where(s) -> str:
 
 
 def _at_size(ends, ctx: Context, v: dict):
+    from rotviz.atsize.slices import sized_slice
     from rotviz.dist import SINGLE
-    from rotviz.stream.slices import sized_slice
 
     return sized_slice(ends.anchor_path, ctx.split, v["dims"], v["norm"], v["biases"] == "keep",
                        v["grid"], v["span"], v["seed"], ctx.device, ctx.progress,
@@ -255,8 +255,8 @@ def _at_size(ends, ctx: Context, v: dict):
 
 
 def _at_size_check(v: dict) -> None:
+    from rotviz.atsize.slices import refuse_directions
     from rotviz.errors import RotvizError
-    from rotviz.stream.slices import refuse_directions
 
     refuse_directions(v["directions"])
     if v["around"] != "anchor":
