@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from bench.results import machine, write_section  # noqa: E402
-from rotviz.data import Split, load_split  # noqa: E402
-from rotviz.models import load_model  # noqa: E402
+from rotviz.data.split import Split, load_split  # noqa: E402
+from rotviz.sources.loading import load_model  # noqa: E402
 
 
 def default_pair_refs() -> tuple[str, str]:

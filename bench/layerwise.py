@@ -28,11 +28,11 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from rotviz.data import load_split
+    from rotviz.data.split import load_split
     from rotviz.evaluation import Evaluator
     from rotviz.match.endpoints import match_endpoints
     from rotviz.measures.layerwise import layerwise_on
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
     from rotviz.zoo_registry import default_pair
 
     if args.threads:

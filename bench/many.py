@@ -23,11 +23,11 @@ import torch  # noqa: E402
 
 from bench.results import RESULTS, machine, write_section  # noqa: E402
 from rotviz import zoo_registry as zoo  # noqa: E402
-from rotviz.evaluation import split_for  # noqa: E402
+from rotviz.data.reading import split_for  # noqa: E402
 from rotviz.match.many import align_many  # noqa: E402
 from rotviz.match.pipeline import match_models  # noqa: E402
 from rotviz.measures.many import merged_curve  # noqa: E402
-from rotviz.models import load_model  # noqa: E402
+from rotviz.sources.loading import load_model  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,8 +11,9 @@ import numpy as np
 import torch
 
 from rotviz.cli import main
-from rotviz.data import Split, load_split
-from rotviz.models import Loaded, forward, load_model, probe_inputs
+from rotviz.data.split import Split, load_split
+from rotviz.sources.loading import Loaded, load_model
+from rotviz.sources.running import forward, probe_inputs
 
 
 @cache
@@ -43,7 +44,7 @@ def synthetic_split(model: Loaded, n: int = 12, seed: int = 0) -> Split:
     gen = torch.Generator().manual_seed(seed + 1)
     shape = (n,) if logits.dim() == 2 else tuple(x.shape)
     y = torch.randint(0, n_classes, shape, generator=gen)
-    from rotviz.evaluation import task_of
+    from rotviz.data.reading import task_of
 
     task = task_of(model) or "text"  # a bare text model is scored on next-token labels
     return Split("synthetic", "test", task, x, y, n_classes, "" if task == "image" else "chars")

@@ -16,7 +16,7 @@ from rotviz.devices import device_note, mps_available, pick_device, wide_device
 from rotviz.errors import RotvizError
 from rotviz.match.options import LearnOptions, MatchOptions
 from rotviz.match.pipeline import match_models
-from rotviz.models import load_model, to_wide
+from rotviz.sources.loading import load_model, to_wide
 
 HAS_MPS = mps_available()
 

@@ -426,7 +426,7 @@ def test_merge_cli_refuses_bad_base_and_density(ws, capfd, saved):
 
 def test_merge_cli_with_a_base_writes_the_merge(tmp_path, capsys):
     from rotviz.cli import main
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
 
     a, b, base = _refs()
     out, js = tmp_path / "m", tmp_path / "m.json"
@@ -466,10 +466,10 @@ SIZED = [("task_arithmetic", {"scale": 1.5}), ("ties", {"density": 0.3}),
 
 @pytest.mark.parametrize("name,kw", SIZED, ids=[n for n, _ in SIZED])
 def test_streamed_merge_equals_the_in_memory_one(name, kw, tmp_path):
-    from rotviz.data import load_split
+    from rotviz.atsize.merge import sized_merge
+    from rotviz.data.split import load_split
     from rotviz.evaluation import Evaluator
-    from rotviz.models import load_model
-    from rotviz.stream.sized import sized_merge
+    from rotviz.sources.loading import load_model
 
     a, b, base = _refs()
     split = load_split("digits", "test").subset(48)
@@ -491,8 +491,8 @@ def test_streamed_merge_equals_the_in_memory_one(name, kw, tmp_path):
 
 
 def test_fisher_and_regmean_refuse_at_size(tmp_path):
-    from rotviz.data import load_split
-    from rotviz.stream.sized import sized_merge
+    from rotviz.atsize.merge import sized_merge
+    from rotviz.data.split import load_split
 
     a, b, _ = _refs()
     for name in ("fisher", "regmean"):
@@ -508,9 +508,9 @@ def test_fine_tuned_demo_task_arithmetic_and_ties_against_the_simple_average():
     Measured on the digits test split (397 images): simple average 0.9446, base 0.9244,
     ft-a 0.9521, ft-b 0.9345; task arithmetic λ = 1 equals the simple average (weights
     0.5 each), λ = 1.5: 0.9496; TIES density 0.2: 0.9471."""
-    from rotviz.data import load_split
+    from rotviz.data.split import load_split
     from rotviz.evaluation import Evaluator
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
 
     la, lb, lbase = (load_model(x) for x in _refs())
     ev = Evaluator(la, load_split("digits", "test"), "cpu")
@@ -537,15 +537,15 @@ def test_the_app_merges_about_a_base_read_through_its_roots():
     Resources (its confined roots), and equal the library's merge."""
     from rotviz import app
     from rotviz.analysis.fusion import fusion_table
-    from rotviz.data import load_split
-    from rotviz.models import load_model
+    from rotviz.data.split import load_split
+    from rotviz.sources.loading import load_model
 
     a, b, base = _refs()
     res = app.Resources()
     cfg = {"anchor": a, "source": b, "data": "digits", "seed": 0, "n_eval": 64,
            "device": "cpu", "layers": ""}
-    got = app.run("fusion", res, {**cfg, "methods": ["ties", "simple"], "specs": ["none"],
-                                  "weight": 0.5, "base": base, "params": {"density": 0.2}})
+    got = app.run("fusion", res, app.measure_cfg(cfg, "none", methods="ties,simple",
+                                                 weight=0.5, base=base, density=0.2))
     la, lb, lbase = (load_model(x) for x in _refs())
     split = load_split("digits", "test", 0).subset(64)
     want = fusion_table(la, lb, split, methods=("ties", "simple"), specs=("none",),

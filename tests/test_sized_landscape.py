@@ -1,40 +1,22 @@
 """Slices at size (rotviz.stream.slices): on endpoints streamed from checkpoint folders, each
 point built block by block, they give the in-memory results, in the library and through
-`--max-memory 0`; a slice's random directions are drawn tensor by tensor, so the order the
-tensors are read in does not change them. (Layer-wise barriers at size:
+`--max-memory 0`. (That a slice's random directions do not depend on the order the tensors
+are read in: tests/measures/test_slice.py; layer-wise barriers at size:
 tests/measures/test_layerwise.py.)"""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
-from pairs import assert_close, cli_json, default_pair_refs, synthetic_split
+from pairs import assert_close, default_pair_refs, synthetic_split
 
 from rotviz import measure
-from rotviz.analysis.slices import random_directions
+from rotviz.atsize.blocks import open_streamed
+from rotviz.atsize.endpoints import streamed_endpoints
 from rotviz.cli import main
 from rotviz.errors import RotvizError
 from rotviz.match.endpoints import match_endpoints
-from rotviz.models import load_model
-from rotviz.stream.blocks import open_streamed
-from rotviz.stream.endpoints import streamed_endpoints
-
-
-def test_random_directions_do_not_depend_on_the_order_of_the_tensors(loaded):
-    model = loaded("vit")
-    params = {n: model.state[n] for n, _ in model.model.named_parameters()}
-    movable = set(params)
-    fwd = random_directions(params, movable, 2, seed=5)
-    rev = random_directions(dict(reversed(params.items())), movable, 2, seed=5)
-    half = random_directions({k: params[k] for k in list(params)[::2]}, movable, 2, seed=5)
-    for i in range(2):
-        assert all(torch.equal(fwd[i][k], rev[i][k]) for k in params)
-        assert all(torch.equal(fwd[i][k], half[i][k]) for k in half[i])
-    assert not torch.equal(fwd[0][next(iter(params))], fwd[1][next(iter(params))])
-    other = random_directions(params, movable, 2, seed=6)
-    big = [k for k, w in params.items() if w.dim() > 1]
-    assert all(not torch.equal(fwd[0][k], other[0][k]) for k in big)
+from rotviz.sources.loading import load_model
 
 
 @pytest.mark.parametrize("fam", ["vit", "gpt2"])
@@ -63,18 +45,13 @@ def test_streamed_slice_equals_in_memory(fam, saved):
         assert "\n" not in str(e.value)
 
 
-def test_cli_slice_at_size_equals_in_memory(tmp_path, capsys):
+def test_cli_slice_at_size_refuses_hessian_directions(capsys):
+    """Hessian directions need the whole model: refused at size in one line. (At size
+    equals in memory for the slice: tests/measures/test_every_record.py.)"""
     args = ["slice", default_pair_refs()[0], "--data", "digits", "--dims", "1", "--grid", "3",
             "--device", "cpu"]
-    ref = cli_json(tmp_path, "mem", args)
-    got = cli_json(tmp_path, "size", [*args, "--max-memory", "0"])
-    assert "at size" in capsys.readouterr().out
-    assert set(ref) == set(got)
-    for k, v in ref.items():
-        if isinstance(v, float) or (isinstance(v, list) and v and isinstance(v[0], float)):
-            assert_close(v, got[k], k)
-        else:
-            assert v == got[k], k
     assert main([*args, "--directions", "hessian", "--max-memory", "0"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--directions hessian" in err and "--max-memory" in err
+
+

@@ -19,11 +19,14 @@ import torch
 
 from rotviz.arch import FAMILIES, Sizes, family_module, spec_named
 from rotviz.cli import main
-from rotviz.data import IGNORE, load_split, pystdlib_text
+from rotviz.data.reading import split_for
+from rotviz.data.split import load_split
+from rotviz.data.splits import IGNORE
+from rotviz.data.tasks import task_of_config
+from rotviz.data.text import pystdlib_text
 from rotviz.errors import RotvizError
-from rotviz.evaluation import barrier_of, evaluate, split_for
-from rotviz.models import load_model
-from rotviz.tasks import task_of_config
+from rotviz.evaluation import barrier_of, evaluate
+from rotviz.sources.loading import load_model
 
 SEQ = 16
 TEXT = pystdlib_text()[:60_000]

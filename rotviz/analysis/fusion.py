@@ -14,15 +14,19 @@ from typing import Any
 import torch
 
 from rotviz.analysis.merges import check_base_model, method_params, statistics_of
-from rotviz.data import Split
+from rotviz.data.split import Split
 from rotviz.evaluation import Evaluator
 from rotviz.match.endpoints import HeldEndpoints, as_options, match_endpoints
 from rotviz.match.options import MatchOptions
 from rotviz.merging import check_models, check_weight
 from rotviz.merging import method as method_record
 from rotviz.merging.combine import merge_states
-from rotviz.models import Loaded
+from rotviz.sources.loading import Loaded
 from rotviz.types import Progress
+
+# what a table's `stats_split` says when none of its methods took statistics (in memory and
+# at size alike)
+NO_STATISTICS = "none (elementwise methods)"
 
 
 @dataclass
@@ -44,7 +48,7 @@ class FusionTable:
     batch_size: int
     data: str
     split: str
-    stats_split: str
+    stats_split: str  # the split statistics were taken on, or NO_STATISTICS
     device: str
     seconds: float
     timing: dict[str, float]  # "match:SPEC", "stats:METHOD", "merge:METHOD" -> seconds
@@ -143,7 +147,9 @@ def fusion_on(
         anchor_acc=a_acc, source_acc=s_acc, anchor_loss=a_loss, source_loss=s_loss,
         distance=distance, weight=weight, alpha=_given(params, "alpha", 0.9),
         batches=_given(params, "batches", 8), batch_size=_given(params, "batch_size", 32),
-        data=split.data, split=split.split, stats_split=st_split.split, device=str(ev.device),
+        data=split.data, split=split.split,
+        stats_split=st_split.split if any(m.needs_statistics for m in records) else NO_STATISTICS,
+        device=str(ev.device),
         seconds=time.perf_counter() - t0, timing=timing, scores=scored,
         anchor_scores=ev.scores(ev.params(anchor.state)),
         source_scores=ev.scores(ev.params(first.source.state)),

@@ -20,15 +20,16 @@ from typing import Any
 
 import torch
 
-from rotviz.data import Split
+from rotviz.data.split import Split
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator
 from rotviz.match.endpoints import HeldEndpoints
 from rotviz.merging import MergeMethod, check_base, check_weight, users
 from rotviz.merging import method as method_record
 from rotviz.merging.combine import merge_states
-from rotviz.models import Loaded, check_compatible
 from rotviz.params import needs, read_params
+from rotviz.sources.loading import Loaded
+from rotviz.sources.pairs import check_compatible
 from rotviz.types import Progress
 
 Tensor = torch.Tensor
@@ -64,7 +65,7 @@ class Merged:
     source: str = ""
     layers: list[int] | None = None  # layers matched (None: all)
     base: str = ""  # the base model the task vectors are taken from ("" without)
-    # the task's further metrics (rotviz.tasks: macro-F1, entity F1, ...; none for LMs)
+    # the task's further metrics (rotviz.data.tasks: macro-F1, entity F1, ...; none for LMs)
     scores: dict[str, float] = field(default_factory=dict)
     anchor_scores: dict[str, float] = field(default_factory=dict)
     source_scores: dict[str, float] = field(default_factory=dict)

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from rotviz.data import Split
+from rotviz.data.split import Split
 from rotviz.dist import SINGLE, Group
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator, barrier_of, check_split
@@ -84,7 +84,7 @@ class Curve:
     barrier_mean: float = 0.0
     barrier_std: float = 0.0
     mid_acc_std: float = 0.0
-    task: str = ""  # rotviz.tasks: what the model does, and so which metrics it has
+    task: str = ""  # rotviz.data.tasks: what the model does, and so which metrics it has
     scores: dict[str, list[float]] = field(default_factory=dict)  # metric -> value per alpha
     mid_scores: dict[str, float] = field(default_factory=dict)  # at alpha = 0.5
     # the model's answers on a few fixed test inputs at each alpha (rotviz.analysis.examples:
@@ -127,7 +127,7 @@ def path_points(evaluate: Callable[[float], tuple], alphas: Sequence[float], n: 
                 task: str, repeats: int = 1, seed: int = 0, progress: Progress | None = None,
                 group: Group = SINGLE) -> dict | None:
     """`path_curve` for any way of evaluating a point: `evaluate(alpha)` gives the per-sample
-    arrays and the scores of `Evaluator.per_sample` (rotviz.stream.sized builds each point
+    arrays and the scores of `Evaluator.per_sample` (rotviz.atsize.points builds each point
     block by block) on a split of `n` samples."""
     alphas = [float(a) for a in alphas]
     extra = [] if any(abs(a - 0.5) < 1e-12 for a in alphas) else [0.5]

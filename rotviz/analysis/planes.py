@@ -18,7 +18,7 @@ import torch
 
 from rotviz.dist import SINGLE, Group
 from rotviz.errors import RotvizError
-from rotviz.models import to_wide
+from rotviz.sources.loading import to_wide
 from rotviz.types import Progress
 
 Tensor = torch.Tensor

@@ -21,8 +21,9 @@ import torch
 from rotviz.dist import SINGLE, Group
 from rotviz.errors import RotvizError
 from rotviz.evaluation import barrier_of
-from rotviz.models import Loaded
-from rotviz.symmetry.view import Block, Layout, ModelView, _kind_of, read_view, write_state
+from rotviz.sources.loading import Loaded
+from rotviz.symmetry.kinds import kind_of
+from rotviz.symmetry.view import Block, Layout, ModelView, read_view, write_state
 
 Tensor = torch.Tensor
 
@@ -51,7 +52,7 @@ def _kind_of_other(name: str, view: ModelView) -> str:
 def kind_outside(name: str, layout: Layout, aliases: Mapping[str, str]) -> str:
     """The kind group of the tensor `name` outside the blocks of `layout`, a tied alias (a
     key of `aliases`) counted as its owner."""
-    return _OTHER_KIND.get(_kind_of(aliases.get(name, name), layout), "other")
+    return _OTHER_KIND.get(kind_of(aliases.get(name, name), layout), "other")
 
 
 def block_groups(anchor: Loaded) -> list[str]:

@@ -26,16 +26,17 @@ import torch
 import torch.nn.functional as F
 
 from rotviz.analysis.paths import path_point
-from rotviz.data import Inputs, Split, cat_inputs, map_inputs
+from rotviz.data.inputs import Inputs, cat_inputs, map_inputs
+from rotviz.data.split import Split
+from rotviz.data.tasks import sample_losses
 from rotviz.devices import resolve_device, wide_device
 from rotviz.evaluation import IGNORE, Evaluator, barrier_of
 from rotviz.groups import centred_lift, ones_complement, rope_free, rope_pairs
 from rotviz.match.options import LearnOptions
-from rotviz.models import Loaded
+from rotviz.sources.loading import Loaded
 from rotviz.symmetry import residual as rs
 from rotviz.symmetry.actions import LayerTransform, apply
 from rotviz.symmetry.view import ModelView, write_state
-from rotviz.tasks import sample_losses
 from rotviz.types import Progress
 
 Tensor = torch.Tensor

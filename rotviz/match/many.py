@@ -27,14 +27,15 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from rotviz.data import Split
+from rotviz.data.split import Split
 from rotviz.errors import RotvizError
 from rotviz.match.distances import distances
 from rotviz.match.endpoints import as_options
 from rotviz.match.options import MatchOptions
 from rotviz.match.pipeline import check_failure, match_models, view_of
 from rotviz.match.selection import label_of
-from rotviz.models import Loaded, check_compatible
+from rotviz.sources.loading import Loaded
+from rotviz.sources.pairs import check_compatible
 from rotviz.types import Progress
 
 Tensor = torch.Tensor

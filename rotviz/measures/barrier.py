@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from rotviz.limits import BATCH_SIZE, EXAMPLES, POINTS, REPEATS, SEED
-from rotviz.measures.registry import Context, Measurement, register
+from rotviz.measures.registry import Context, Measurement, Section, register
 from rotviz.params import Param, needs
 from rotviz.plots.figure_style import Style
 
@@ -19,17 +19,17 @@ if TYPE_CHECKING:
     import torch
 
     from rotviz.analysis.paths import Curve
-    from rotviz.data import Split
+    from rotviz.data.split import Split
     from rotviz.dist import Group
     from rotviz.evaluation import Evaluator
     from rotviz.match.endpoints import HeldEndpoints
     from rotviz.match.options import MatchOptions
-    from rotviz.models import Loaded
+    from rotviz.sources.loading import Loaded
     from rotviz.types import Progress
 
 PARAMS = (
     Param("points", 21, f"number of alphas in [0, 1] (default 21, {POINTS.text})", POINTS,
-          label="Points on the path", widget=(3, 41, 2)),
+          label="Points on the path", widget=(3, 41, 2), essential=True),
     Param("repeats", 1, "also report mean/std over this many disjoint seeded data subsets "
           f"({REPEATS.text})", REPEATS, label="Data subsets (repeats)"),
     Param("seed", 0, "with --repeats: seed of the subsets (default 0)", SEED, label="Seed"),
@@ -54,8 +54,8 @@ def _run(ends, ctx: Context, v: dict):
 
 
 def _at_size(ends, ctx: Context, v: dict):
+    from rotviz.atsize.landscape import sized_curve
     from rotviz.dist import SINGLE
-    from rotviz.stream.sized import sized_curve
 
     c = sized_curve(ends.anchor_path, ends.matched_path, ctx.split, v["points"], ctx.device,
                     v["batch_size"], repeats=v["repeats"], seed=v["seed"],
@@ -235,6 +235,20 @@ def _rows(d: dict) -> list[dict]:
             for a, lo, ac in zip(d["alphas"], d["loss"], d["acc"], strict=True)]
 
 
+def _figures(d: dict, style: Style) -> dict:
+    """The Barrier page's two figures over every matching it picked (a line each): the loss,
+    each barrier marked, and the accuracy."""
+    from rotviz.measures.barrier import barrier_curves
+
+    return {"barrier_loss": barrier_curves(d["runs"], "loss", style.font_size),
+            "barrier_accuracy": barrier_curves(d["runs"], "acc", style.font_size,
+                                               acc_range=style.accuracy_axis())}
+
+
+SECTION = Section("barrier", 10, per_matching=True, on_open=True, figures=_figures,
+                  busy="Interpolating", defaults={"examples": 4},  # the animation's answers
+                  doing=lambda v: f"matching, then {v['points']} points on the path")
+
 BARRIER = register(Measurement(
     "barrier", "Barrier (loss along the path)",
     "loss and accuracy on the path anchor -> matched source",
@@ -242,4 +256,4 @@ BARRIER = register(Measurement(
     animate=_animate, animate_params={"examples": 4},
     narrower=True,
     at_size_help="matched streamed and evaluated with both checkpoints held as "
-                 "stored, each point built block by block", order=10))
+                 "stored, each point built block by block", section=SECTION, order=10))

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 from rotviz.limits import BATCH_SIZE, LR, POINTS, SEED, STEPS
 from rotviz.measures.barrier import match_label
-from rotviz.measures.registry import Context, Measurement, register
+from rotviz.measures.registry import Context, Measurement, Section, register
 from rotviz.params import Param
 from rotviz.plots.figure_style import Style
 
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     import plotly.graph_objects as go
     import torch
 
-    from rotviz.data import Split
+    from rotviz.data.split import Split
     from rotviz.evaluation import Evaluator
     from rotviz.match.endpoints import HeldEndpoints
     from rotviz.types import Progress
@@ -52,9 +52,10 @@ KINDS = ("bezier", "chain")
 
 PARAMS = (
     Param("kind", "bezier", "curve: a quadratic Bezier curve or a polygonal chain, one bend "
-          "(default bezier)", choices=KINDS, label="Curve"),
+          "(default bezier)", choices=KINDS, label="Curve",
+          essential=True),
     Param("steps", 300, f"Adam steps training the bend (default 300, {STEPS.text})", STEPS,
-          label="Training steps", widget=(10, 1000, 10)),
+          label="Training steps", widget=(10, 1000, 10), essential=True),
     Param("lr", 0.01, f"Adam learning rate of the bend (default 0.01, {LR.text})", LR,
           label="Learning rate"),
     Param("points", 21, f"number of t in [0, 1] evaluated (default 21, {POINTS.text})", POINTS,
@@ -120,7 +121,7 @@ def train_bend(ev: Evaluator, a: Mapping[str, Tensor], b: Mapping[str, Tensor],
     import numpy as np
     import torch
 
-    from rotviz.data import cat_inputs, map_inputs
+    from rotviz.data.inputs import cat_inputs, map_inputs
     from rotviz.match.learned import _train_loss
 
     t0 = time.perf_counter()
@@ -168,7 +169,7 @@ def bend_in_plane(a: Mapping[str, Tensor], b: Mapping[str, Tensor], bm: Mapping[
     import torch
 
     from rotviz.analysis.planes import plane_frame, plane_points
-    from rotviz.models import to_wide
+    from rotviz.sources.loading import to_wide
 
     keys = list(a)
     wa = {k: to_wide(a[k]) for k in keys}
@@ -410,10 +411,22 @@ def _rows(d: dict) -> list[dict]:
                                              d["line_acc"], d["path_xy"], strict=True)]
 
 
+SECTION = Section(
+    "landscape", 30, "2. A curved path from A to B'",
+    "Garipov et al. (2018) found that two minima the straight line separates by a barrier "
+    "are often joined by a simple *curve*. Here a quadratic Bezier curve (or a two-segment "
+    "chain) from A to the matched source B' gets one movable bend, trained with Adam on the "
+    "training split; the curve is then evaluated on the test split beside the straight "
+    "line. The bend is drawn on the A/B/B' plane, with its distance from that plane: the "
+    "colours under the curve are the plane's loss, not the loss the curve meets when the "
+    "bend lies far off the plane.",
+    defaults={"steps": 50, "points": 11},
+    doing=lambda v: f"matching, then {v['steps']} training steps")
+
 BEND = register(Measurement(
     "bend", "Curved path (trained bend)",
     "a Bezier curve or polygonal chain with one bend trained between anchor and matched "
     "source, beside the straight line",
     _run, PARAMS, summary=_summary, plot=_plot, rows=_rows,
     refusal="training a bend needs the whole model in memory; run bend on a pair that fits",
-    progress=True, order=110))
+    progress=True, section=SECTION, order=110))

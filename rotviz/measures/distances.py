@@ -17,8 +17,8 @@ if TYPE_CHECKING:
     import plotly.graph_objects as go
     import torch
 
-    from rotviz.data import Split
-    from rotviz.models import Loaded
+    from rotviz.data.split import Split
+    from rotviz.sources.loading import Loaded
     from rotviz.types import Progress
 
 

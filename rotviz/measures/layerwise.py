@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from rotviz.limits import BATCH_SIZE, POINTS
-from rotviz.measures.registry import Context, Measurement, register
+from rotviz.measures.registry import Context, Measurement, Section, register
 from rotviz.params import Param
 from rotviz.plots.figure_style import Style
 
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     import torch
 
     from rotviz.analysis.tensor_groups import Point
-    from rotviz.data import Split
+    from rotviz.data.split import Split
     from rotviz.dist import Group
     from rotviz.evaluation import Evaluator
     from rotviz.match.endpoints import HeldEndpoints
@@ -40,10 +40,12 @@ if TYPE_CHECKING:
 
 PARAMS = (
     Param("points", 11, f"number of alphas in [0, 1] on each group's path (default 11, "
-          f"{POINTS.text})", POINTS, label="Points on each path", widget=(3, 41, 2)),
+          f"{POINTS.text})", POINTS, label="Points on each path", widget=(3, 41, 2),
+          essential=True),
     Param("by", "block", "the groups interpolated one at a time: block (each block, then "
           "'rest': embeddings, final norm, head) or kind (q, k, v, o, ffn, norms, "
-          "embeddings, head) (default block)", choices=("block", "kind"), label="Groups"),
+          "embeddings, head) (default block)", choices=("block", "kind"), label="Groups",
+          essential=True),
     Param("compare", "yes", "yes: also the same groups toward the source unmatched (twice the "
           "time); no: the matched source only (default yes)", choices=("yes", "no"),
           label="Also without matching"),
@@ -169,10 +171,10 @@ def _groups_held() -> type:
 
     from rotviz.analysis.paths import path_point
     from rotviz.analysis.tensor_groups import BY, REST, block_mixed, kind_outside, kinds_of
+    from rotviz.atsize.blocks import block_tensors, block_view
+    from rotviz.atsize.points import Held
     from rotviz.errors import RotvizError
-    from rotviz.sources import source_of
-    from rotviz.stream.blocks import block_tensors, block_view
-    from rotviz.stream.sized import Held
+    from rotviz.sources.adapters import source_of
     from rotviz.symmetry.view import read_block
 
     Tensor = torch.Tensor
@@ -298,7 +300,7 @@ def sized_layerwise(ends, split: Split, points: int = 11, by: str = "block",
                     progress: Progress | None = None, batch_size: int = 512,
                     group: Group | None = None) -> Layerwise | None:
     """`layerwise_on` on streamed endpoints
-    (rotviz.stream.endpoints: anchor, matched source and source as checkpoint folders), each
+    (rotviz.atsize.endpoints: anchor, matched source and source as checkpoint folders), each
     point built block by block. Under torchrun (`group`) the points are shared and rank 0
     returns the result (None elsewhere)."""
     import time
@@ -404,10 +406,18 @@ def _rows(d: dict) -> list[dict]:
     return rows
 
 
+SECTION = Section(
+    "landscape", 40, "3. Which layers make the barrier",
+    "Adilova et al. (2024): move one block (or one kind of module) from A to B' while the "
+    "rest stays at A, and measure the barrier of that path alone. Beside it, the same "
+    "without matching, and the cumulative path (block after block), whose last bar is the "
+    "full straight line.",
+    defaults={"points": 5}, doing=lambda v: "matching, then one group at a time")
+
 LAYERWISE = register(Measurement(
     "layerwise", "Layer-wise barriers",
     "barrier when one block or module kind moves to the matched source, the rest at the anchor",
     _run, PARAMS, summary=_summary, plot=_plot, rows=_rows, at_size=_at_size,
     at_size_help="matched streamed and each group's path evaluated with the anchor, "
                  "the matched source and the source held as stored, each point "
-    "built block by block", order=90))
+    "built block by block", section=SECTION, order=90))

@@ -10,20 +10,20 @@ from dataclasses import asdict, dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from rotviz import hub
 from rotviz.limits import ROUNDS, TOL
 from rotviz.measures.registry import Context, Inputs, Measurement, register
 from rotviz.params import Param
 from rotviz.plots.figure_style import Style
+from rotviz.sources import hf_cache
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
     import torch
 
-    from rotviz.data import Split
+    from rotviz.data.split import Split
     from rotviz.match.many import Alignment, Merge
     from rotviz.match.options import MatchOptions
-    from rotviz.models import Loaded
+    from rotviz.sources.loading import Loaded
     from rotviz.types import Progress
 
     Tensor = torch.Tensor
@@ -36,7 +36,7 @@ BARYCENTRE = ("to", ("barycentre",))  # rounds and tolerance of the barycentre's
 PARAMS = (
     Param("to", "barycentre", "anchor (every model matched onto the first) or barycentre "
           "(onto the mean, refined round by round; default barycentre)",
-          choices=("anchor", "barycentre"), label="Align to"),
+          choices=("anchor", "barycentre"), label="Align to", essential=True),
     Param("rounds", 10, f"barycentre: at most this many rounds (default 10, {ROUNDS.text})",
           ROUNDS, label="Barycentre rounds", widget=(1, 30, 1), needs=BARYCENTRE),
     Param("tol", 1e-4, "barycentre: stop when the mean moves less than this fraction of its "
@@ -53,7 +53,7 @@ class ManyModels:
         from rotviz.errors import RotvizError
         from rotviz.match.many import MIN_MODELS
         from rotviz.match.selection import label_of, match_options
-        from rotviz.models import resolve_ref
+        from rotviz.sources.loading import resolve_ref
 
         specs = list(specs or ("seed",))
         if len(specs) != 1:
@@ -77,7 +77,7 @@ class ManyModels:
         command has checked its outputs, so that a bad --json is refused before three
         models are read."""
         from rotviz.match.many import check_models
-        from rotviz.models import load_model
+        from rotviz.sources.loading import load_model
 
         models = [load_model(r, confined=self._confined) for r in self._refs]
         check_models(models)
@@ -336,6 +336,6 @@ MANY = register(Measurement(
     _run, _params, summary=_summary, plot=_plot, rows=_rows, check=_check, models=("base",),
     refusal="it holds every model in memory; run it on models that fit",
     inputs=Inputs((("models", "three or more models of one architecture (each "
-                    f"{hub.MODEL_HELP}); the first is the anchor"),), ManyModels, ("seed",),
+                    f"{hf_cache.MODEL_HELP}); the first is the anchor"),), ManyModels, ("seed",),
                   least=LEAST, one_spec=True),
     progress=True, order=160))

@@ -11,21 +11,21 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from rotviz import hub
 from rotviz.limits import WEIGHT
 from rotviz.measures.barrier import match_label
 from rotviz.measures.registry import Context, Measurement, OutputFile, register
 from rotviz.params import Param
 from rotviz.plots.figure_style import Style
+from rotviz.sources import hf_cache
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
     import torch
 
     from rotviz.analysis.merges import Merged
-    from rotviz.data import Split
+    from rotviz.data.split import Split
     from rotviz.match.options import MatchOptions
-    from rotviz.models import Loaded
+    from rotviz.sources.loading import Loaded
     from rotviz.types import Progress
 
 
@@ -36,11 +36,11 @@ def _params() -> tuple[Param, ...]:
 
     based = [m.name for m in methods() if m.needs_base]
     out = [Param("method", "simple", f"{', '.join(names())} (default simple)", choices=names(),
-                 label="Merge method"),
+                 label="Merge method", essential=True),
            Param("weight", 0.5, "weight of the source in [0, 1] (default 0.5)", WEIGHT,
-                 label="Weight of the source"),
+                 label="Weight of the source", widget=(0.0, 1.0, 0.05), essential=True),
            Param("base", "", f"{' and '.join(based)} (needed): the model both were fine-tuned "
-                 f"from, {hub.MODEL_HELP}; never matched, so it must share the "
+                 f"from, {hf_cache.MODEL_HELP}; never matched, so it must share the "
                  "anchor's basis (default none)", label="Base model (task vectors)",
                  metavar="MODEL")]
     for p in all_params():
@@ -86,7 +86,7 @@ def _load_base(ctx: Context, v: dict):
         return None
     if ctx.load is not None:
         return ctx.load(v["base"])
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
 
     return load_model(v["base"])
 
@@ -114,7 +114,7 @@ def _sized_check(v: dict) -> None:
 
 
 def _at_size(ends, ctx: Context, v: dict):
-    from rotviz.stream.sized import sized_merge
+    from rotviz.atsize.merge import sized_merge
 
     _sized_check(v)
     r = sized_merge(ends.anchor_path, ends.matched_path, ctx.split, v["weight"], ctx.device,
@@ -138,8 +138,8 @@ def _summary(r, how: str) -> str:
 
 def _scores(scores: dict[str, float] | None, lead: str, paren: bool = False) -> str:
     """The task's metrics beyond accuracy (macro-F1, entity F1, ...), named as
-    rotviz.tasks names them; empty for a task without any (a language model)."""
-    from rotviz.tasks import METRIC_LABELS
+    rotviz.data.tasks names them; empty for a task without any (a language model)."""
+    from rotviz.data.tasks import METRIC_LABELS
 
     text = ", ".join(f"{METRIC_LABELS.get(k, k)} {v:.4f}" for k, v in (scores or {}).items())
     if not text:
@@ -265,14 +265,14 @@ def _mergekit_write(ends, result, v: dict, file, folders, final) -> None:
     memory; at size: the streamed match's files copied), and the configuration naming the
     anchor's folder, that one and the base's (absolute paths, as they will be named)."""
     from rotviz.merging.mergekit import mergekit_config
-    from rotviz.models import resolve_ref
     from rotviz.outputs import text_stamp
+    from rotviz.sources.loading import resolve_ref
 
     (matched,) = folders
     if hasattr(ends, "matched_path"):  # at size: the matched source is a checkpoint folder
         _copy_model(resolve_ref(ends.matched_path), matched)
     else:
-        from rotviz.models import write_model
+        from rotviz.sources.writing import write_model
 
         same = all(ends.source.state[k].shape == t.shape for k, t in ends.matched.items()
                    if k in ends.source.state)  # a narrower source is written in A's width

@@ -15,7 +15,7 @@ from rotviz.measures.barrier import match_label
 from rotviz.measures.merge import _check as _merge_check
 from rotviz.measures.merge import _given, _load_base
 from rotviz.measures.merge import _params as _merge_params
-from rotviz.measures.registry import Context, Measurement, register
+from rotviz.measures.registry import Context, Measurement, Section, register
 from rotviz.params import Param
 from rotviz.plots.figure_style import Style
 
@@ -23,9 +23,9 @@ if TYPE_CHECKING:
     import plotly.graph_objects as go
     import torch
 
-    from rotviz.data import Split
+    from rotviz.data.split import Split
     from rotviz.match.endpoints import HeldEndpoints
-    from rotviz.models import Loaded
+    from rotviz.sources.loading import Loaded
     from rotviz.types import Progress
 
 
@@ -42,13 +42,14 @@ def _params() -> tuple[Param, ...]:
     return (*_merge_params(),
             Param("param", "weight", f"the number swept: {', '.join(names)} (default weight; "
                   "each method sweeps the weight and its own real parameters)", choices=names,
-                  label="Swept parameter"),
+                  label="Swept parameter", essential=True),
             Param("start", 0.0, f"first value (default 0, {SWEEP_START.text})", SWEEP_START,
-                  label="From"),
+                  label="From", essential=True),
             Param("stop", 1.0, f"last value (default 1, {SWEEP_STOP.text})", SWEEP_STOP,
-                  label="To"),
+                  label="To", essential=True),
             Param("points", 11, f"values from start to stop, evenly spaced (default 11, "
-                  f"{SWEEP_POINTS.text})", SWEEP_POINTS, label="Values", widget=(2, 21, 1)))
+                  f"{SWEEP_POINTS.text})", SWEEP_POINTS, label="Values", widget=(2, 21, 1),
+                  essential=True))
 
 
 def _check(values: dict, given: set[str]) -> None:
@@ -264,10 +265,26 @@ def _plot(d: dict, look: Style):
     return sweep_chart([d], font_size=look.font_size, acc_range=look.accuracy_axis())
 
 
+def _figures(d: dict, style: Style) -> dict:
+    """The sweeps of every matching the Merge page picked, one line each."""
+    from rotviz.measures.merge_sweep import sweep_chart
+
+    return {"sweep": sweep_chart(d["runs"], "acc", style.font_size, style.accuracy_axis())}
+
+
+SECTION = Section(
+    "merge", 20, "Sweep one number",
+    "How the merged model's accuracy changes as one number of the merge is turned: the "
+    "weight of the source, task arithmetic's λ (scale), the density TIES and DARE keep, or "
+    "RegMean's α. Every other parameter keeps its value; one line per matching option "
+    "picked above.",
+    defaults={"points": 6}, hidden=("base", "seed"), per_matching=True, figures=_figures,
+    doing=lambda v: f"{v['points']} merges")
+
 MERGE_SWEEP = register(Measurement(
     "merge_sweep", "Merge sweep (one parameter turned)",
     "merged accuracy as the source's weight or one merge parameter (lambda, density, alpha) "
     "runs over a range, every other one held",
     _run, _params, summary=_summary, plot=_plot, rows=_rows, check=_check, models=("base",),
     refusal="a merge sweep evaluates whole merged models in memory; use rotviz merge at size",
-    order=40))
+    section=SECTION, order=40))

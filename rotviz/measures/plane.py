@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from rotviz.limits import BATCH_SIZE, GRID, MARGIN, SEED
 from rotviz.measures.barrier import match_label
-from rotviz.measures.registry import Context, Measurement, register
+from rotviz.measures.registry import Context, Measurement, Section, register
 from rotviz.params import Param
 from rotviz.plots.figure_style import Style
 
@@ -19,16 +19,16 @@ if TYPE_CHECKING:
     import torch
 
     from rotviz.analysis.planes import Plane
-    from rotviz.data import Split
+    from rotviz.data.split import Split
     from rotviz.dist import Group
     from rotviz.match.endpoints import HeldEndpoints
     from rotviz.match.options import MatchOptions
-    from rotviz.models import Loaded
+    from rotviz.sources.loading import Loaded
     from rotviz.types import Progress
 
 PARAMS = (
     Param("grid", 21, f"grid points per axis (default 21, {GRID.text})", GRID,
-          label="Plane grid (points per side)", widget=(5, 31, 1)),
+          label="Plane grid (points per side)", widget=(5, 31, 1), essential=True),
     Param("margin", 0.25, "margin around the points, as a fraction of their span (default "
           f"0.25, {MARGIN.text})", MARGIN, label="Margin (fraction of the span)"),
     Param("batch_size", 512, f"evaluation batch size (default 512, {BATCH_SIZE.text})",
@@ -46,8 +46,8 @@ def _run(ends, ctx: Context, v: dict):
 
 
 def _at_size(ends, ctx: Context, v: dict):
+    from rotviz.atsize.landscape import sized_plane
     from rotviz.dist import SINGLE
-    from rotviz.stream.sized import sized_plane
 
     pl = sized_plane(ends.anchor_path, ends.source_path, ends.matched_path, ctx.split,
                      v["grid"], v["margin"], ctx.device, v["batch_size"], ctx.progress,
@@ -244,9 +244,29 @@ def _rows(d: dict) -> list[dict]:
             for iy, y in enumerate(d["ys"]) for ix, x in enumerate(d["xs"])]
 
 
+def _figures(d: dict, look: Style) -> dict:
+    """The plane from above (contours) and as a surface to turn (height: the loss)."""
+    from rotviz.plots.surface import loss_surface
+
+    return {"loss_plane": _plot(d, look),
+            "loss_plane_3d": loss_surface(d, log=look.log, font_size=look.font_size)}
+
+
+SECTION = Section(
+    "barrier", 20, "The loss plane",
+    "A 2D slice of parameter space through the anchor **A**, the source **B** and the "
+    "matched source **B'**. B and B' compute the same function (same loss), but B' lies "
+    "closer to A, and the midpoint AB' sits lower than AB. Axes are true Euclidean "
+    "distances. In 3D, height is the test loss; A, B, B' and the midpoints sit at their own "
+    "exact losses.",
+    defaults={"grid": 13}, hidden=("seed",), figures=_figures,
+    tabs=("Contour (from above)", "3D surface (drag to turn)"),
+    doing=lambda v: f"{v['grid']} x {v['grid']} grid")
+
 PLANE = register(Measurement(
     "plane", "Loss plane", "2D loss grid through anchor, source and matched source",
     _run, PARAMS, summary=_summary, plot=_plot, rows=_rows, at_size=_at_size, needs_match=True,
     progress=True,
     at_size_help="matched streamed and the plane evaluated with the three "
-                 "checkpoints held as stored, each grid point built block by block", order=20))
+                 "checkpoints held as stored, each grid point built block by block",
+    section=SECTION, order=20))

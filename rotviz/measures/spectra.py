@@ -128,7 +128,7 @@ def spectra(anchor_view, source_view, matched_view=None, layers=None) -> Spectra
     import torch
 
     from rotviz.groups import procrustes, rotation_angles
-    from rotviz.match.layers import cross_qk, cross_vo
+    from rotviz.match.layer_solvers import cross_qk, cross_vo
 
     anchor, source = _as_view(anchor_view), _as_view(source_view)
     matched = None if matched_view is None else _as_view(matched_view)

@@ -18,9 +18,9 @@ if TYPE_CHECKING:
     import plotly.graph_objects as go
     import torch
 
-    from rotviz.data import Split
+    from rotviz.data.split import Split
     from rotviz.match.options import MatchOptions
-    from rotviz.models import Loaded
+    from rotviz.sources.loading import Loaded
     from rotviz.types import Progress
 
 PARAMS = (

@@ -17,14 +17,14 @@ from test_plots import _check_frame
 
 from rotviz.analysis.paths import _partition, loss_range_of
 from rotviz.cli import main
-from rotviz.data import Split
+from rotviz.data.split import Split
 from rotviz.errors import RotvizError
 from rotviz.evaluation import barrier_of, evaluate
 from rotviz.measures.barrier import barrier_curves, interpolate
 from rotviz.measures.plane import loss_plane
-from rotviz.models import Loaded
 from rotviz.plots import style
 from rotviz.plots.paths import barrier_point
+from rotviz.sources.loading import Loaded
 
 
 def module_loss(model: Loaded, state: dict[str, torch.Tensor], split: Split) -> dict:

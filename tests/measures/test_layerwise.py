@@ -16,6 +16,8 @@ from pairs import assert_close, cli_json, default_pair_refs, synthetic_split
 
 from rotviz import measure
 from rotviz.analysis.tensor_groups import REST, GroupStates, rise_of
+from rotviz.atsize.blocks import open_streamed
+from rotviz.atsize.endpoints import streamed_endpoints
 from rotviz.cli import main
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator, barrier_of
@@ -23,10 +25,8 @@ from rotviz.match.endpoints import match_endpoints
 from rotviz.match.selection import match_options
 from rotviz.measures.barrier import curve_on
 from rotviz.measures.layerwise import layerwise_on
-from rotviz.models import load_model
 from rotviz.plots.figure_style import Style
-from rotviz.stream.blocks import open_streamed
-from rotviz.stream.endpoints import streamed_endpoints
+from rotviz.sources.loading import load_model
 from rotviz.symmetry.view import read_view
 
 

@@ -11,13 +11,15 @@ import torch
 
 from rotviz import zoo_registry as zoo
 from rotviz.cli import main
+from rotviz.data.reading import split_for
 from rotviz.errors import RotvizError
-from rotviz.evaluation import evaluate, split_for
+from rotviz.evaluation import evaluate
 from rotviz.match.distances import distances
 from rotviz.match.many import align_many, mean_states
 from rotviz.match.pipeline import view_of
 from rotviz.measures.many import merged_curve
-from rotviz.models import load_model, max_output_diff
+from rotviz.sources.loading import load_model
+from rotviz.sources.running import max_output_diff
 
 
 @pytest.fixture(scope="module")

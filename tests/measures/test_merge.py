@@ -22,7 +22,7 @@ from test_plots import _check_frame
 
 from rotviz.analysis.fusion import fusion_table
 from rotviz.cli import main
-from rotviz.data import Split
+from rotviz.data.split import Split
 from rotviz.errors import RotvizError
 from rotviz.evaluation import evaluate
 from rotviz.match.endpoints import match_endpoints
@@ -35,7 +35,7 @@ from rotviz.merging import names
 from rotviz.merging.fisher import fisher_combine, fisher_diag
 from rotviz.merging.regmean import gram_matrices, regmean_combine
 from rotviz.merging.simple import simple_average
-from rotviz.models import load_model
+from rotviz.sources.loading import load_model
 from rotviz.symmetry.view import write_state
 
 

@@ -25,11 +25,11 @@ def test_a_sweep_is_one_merge_per_value(tmp_path, capfd, ws):
     the method cannot sweep, and a value outside the parameter's bound, are one line each."""
     from rotviz.analysis.merges import merge_on
     from rotviz.cli import main
-    from rotviz.data import load_split
+    from rotviz.data.split import load_split
     from rotviz.match.endpoints import match_endpoints
     from rotviz.measures import measurement
     from rotviz.measures.merge_sweep import sweep_on
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
 
     la, lb, lbase = (load_model(x) for x in _refs())
     split = load_split("digits", "test").subset(64)

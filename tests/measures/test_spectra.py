@@ -133,7 +133,7 @@ def test_spectra_accepts_loaded_models_and_needs_no_matched_view():
 def test_circuit_spectra_of_grouped_query_attention_are_invariant(saved):
     """Under GQA each query head reads its group's K and V: the circuits of a tiny LLaMA
     (4 query heads, 2 KV heads) keep their spectra under a random element of its group."""
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
 
     model = load_model(saved("llama", 0, kv_heads=2))
     view = view_of(model)

@@ -8,11 +8,11 @@ import json
 import pytest
 from pairs import default_pair, digits
 
-from rotviz.data import load_split
+from rotviz.data.split import load_split
 from rotviz.match.endpoints import match_endpoints
 from rotviz.measures.barrier import interpolate
-from rotviz.models import load_model
 from rotviz.plots.figure_style import Style
+from rotviz.sources.loading import load_model
 
 A, B = "zoo:vit-digits-s3", "zoo:vit-digits-s6"
 
