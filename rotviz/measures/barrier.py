@@ -238,8 +238,6 @@ def _rows(d: dict) -> list[dict]:
 def _figures(d: dict, style: Style) -> dict:
     """The Barrier page's two figures over every matching it picked (a line each): the loss,
     each barrier marked, and the accuracy."""
-    from rotviz.measures.barrier import barrier_curves
-
     return {"barrier_loss": barrier_curves(d["runs"], "loss", style.font_size),
             "barrier_accuracy": barrier_curves(d["runs"], "acc", style.font_size,
                                                acc_range=style.accuracy_axis())}
