@@ -31,9 +31,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from rotviz.analysis.directions import gauge_fixed_directions
     from rotviz.analysis.tangents import tangent_blocks
-    from rotviz.evaluation import split_for
+    from rotviz.data.reading import split_for
     from rotviz.measures.flat import flat
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
     from rotviz.zoo_registry import default_pair
 
     if args.threads:

@@ -13,13 +13,15 @@ from functools import cache
 import numpy as np
 import torch
 from conftest import refused
-from test_landscape import default_pair, default_pair_refs, digits
+from pairs import default_pair, default_pair_refs, digits
 
-from rotviz import animation, images
-from rotviz.analysis.landscape import curve_on
+from rotviz import animation
 from rotviz.match.endpoints import unmatched
-from rotviz.measures import measure, measurement
-from rotviz.models import forward, probe_inputs
+from rotviz.measures import measurement
+from rotviz.measures.barrier import curve_on
+from rotviz.plots import images
+from rotviz.runner import measure
+from rotviz.sources.running import forward, probe_inputs
 
 
 @cache

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from test_landscape import synthetic_split
+from pairs import synthetic_split
 
 from rotviz.analysis.hvp import math_attention
 from rotviz.analysis.tangents import (
@@ -19,7 +19,7 @@ from rotviz.analysis.tangents import (
     group_dimension,
     tangents,
 )
-from rotviz.models import Loaded
+from rotviz.sources.loading import Loaded
 from rotviz.symmetry.actions import LayerTransform, apply_layer
 from rotviz.symmetry.view import write_state
 
@@ -29,7 +29,7 @@ F64 = torch.float64
 
 @pytest.fixture(scope="module")
 def tiny(saved) -> Loaded:
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
 
     return load_model(saved("vit", 0, **SMALL))
 

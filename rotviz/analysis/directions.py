@@ -73,7 +73,7 @@ from rotviz.analysis.tangents import f64_view
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator
 from rotviz.limits import SEED
-from rotviz.models import Loaded
+from rotviz.sources.loading import Loaded
 
 Tensor = torch.Tensor
 F64 = torch.float64

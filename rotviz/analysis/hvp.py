@@ -29,10 +29,10 @@ from collections.abc import Mapping
 import torch
 
 from rotviz.analysis.lanczos import Hvp
+from rotviz.data.tasks import sample_losses
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator
-from rotviz.models import Loaded
-from rotviz.tasks import sample_losses
+from rotviz.sources.loading import Loaded
 
 Tensor = torch.Tensor
 CHUNK = 64  # unit vectors per batched Hessian-vector product of a dense block
@@ -76,7 +76,7 @@ class Curvature:
         task = self.ev.split.task
         if task in ("multi-label", "regression"):
             return int(y.reshape(y.shape[0], -1).shape[1] * y.shape[0])
-        from rotviz.data import IGNORE
+        from rotviz.data.splits import IGNORE
 
         return int((y != IGNORE).sum())
 
@@ -87,7 +87,7 @@ class Curvature:
 
     def _loss(self, tensors: list[Tensor], x, y) -> Tensor:
         params = {**self._fixed, **dict(zip(self.names, tensors, strict=True))}
-        from rotviz.sources import call
+        from rotviz.sources.adapters import call
 
         with math_attention():
             logits = call(self.ev.loaded.spec, self.ev.loaded.model,

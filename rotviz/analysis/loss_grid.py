@@ -25,11 +25,11 @@ from rotviz.analysis.directions import (
     norm_of,
     random_directions,
 )
-from rotviz.data import Split
+from rotviz.data.split import Split
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator
 from rotviz.limits import GRID, SPAN
-from rotviz.models import Loaded
+from rotviz.sources.loading import Loaded
 from rotviz.types import Progress
 
 Tensor = torch.Tensor

@@ -49,7 +49,7 @@ import torch
 
 from rotviz.errors import RotvizError
 from rotviz.groups import rope_free, rope_pairs
-from rotviz.models import Loaded
+from rotviz.sources.loading import Loaded
 from rotviz.symmetry.actions import LayerTransform, apply_layer, qk_fixed_pairs
 from rotviz.symmetry.view import FFN, Attention, ModelView, read_view, write_block, write_state
 

@@ -24,7 +24,7 @@ from rotviz.match.selection import parse_selection
 from rotviz.symmetry import registry
 
 if TYPE_CHECKING:
-    from rotviz.models import Loaded
+    from rotviz.sources.loading import Loaded
 
 RUNGS = registry.LADDER
 

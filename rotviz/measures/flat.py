@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 
     from rotviz.analysis.hvp import Curvature
     from rotviz.analysis.tangents import Generator
-    from rotviz.models import Loaded
+    from rotviz.sources.loading import Loaded
     from rotviz.types import Progress
 
     Tensor = torch.Tensor

@@ -20,7 +20,7 @@ from rotviz.limits import (
     HESSIAN_TOP,
     SEED,
 )
-from rotviz.measures.registry import Context, Measurement, register
+from rotviz.measures.registry import Context, Measurement, Section, register
 from rotviz.plots.figure_style import Style
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
     import torch
 
-    from rotviz.models import Loaded
+    from rotviz.sources.loading import Loaded
     from rotviz.types import Progress
 
     Tensor = torch.Tensor
@@ -42,7 +42,7 @@ def _params():
 
     return (
         Param("top", 3, f"Hessian eigenvalues to report, largest first ({HESSIAN_TOP.text})",
-              HESSIAN_TOP, label="Top eigenvalues", widget=(1, 20, 1)),
+              HESSIAN_TOP, label="Top eigenvalues", widget=(1, 20, 1), essential=True),
         Param("trace", 0, "Hutchinson probes for the trace and its standard error (0: no "
               "trace; at least the number of parameters: the exact trace; "
               f"{HESSIAN_PROBES.text})", HESSIAN_PROBES, label="Trace probes (0: off)",
@@ -51,7 +51,7 @@ def _params():
               f"quadrature (0: no density; {HESSIAN_DENSITY.text})", HESSIAN_DENSITY,
               label="Density probes (0: off)", widget=(0, 20, 1)),
         Param("by", "none", "also per group of parameters: block or kind (Q/K, V/O, FFN, "
-              "norms, embeddings, head)", choices=BY, label="Per group"),
+              "norms, embeddings, head)", choices=BY, label="Per group", essential=True),
         Param("iterations", 100, f"Lanczos steps at most ({HESSIAN_ITERATIONS.text})",
               HESSIAN_ITERATIONS, label="Lanczos steps", widget=(10, 300, 10)),
         Param("examples", 512, "examples of the split the loss is taken on, the first ones "
@@ -256,10 +256,31 @@ def _rows(d: dict) -> list[dict]:
     return rows
 
 
+def _caption(d: dict) -> str:
+    """The line under the eigenvalues on the Landscape page."""
+    top = ", ".join(f"{v:.4g}" for v in d["eigenvalues"])
+    trace, se = d.get("trace"), d.get("trace_se")
+    se = "n/a (one probe)" if se is None else f"{se:.2g}"  # one probe: no spread, no error
+    return (f"Top eigenvalues, largest first: {top}."
+            + (f" Trace {trace:.4g} ± {se} (Hutchinson, standard error)."
+               if isinstance(trace, float) else "")
+            + ("" if d.get("converged") is not False else
+               f" Not converged (residual {d['residual']:.2g}): these are Ritz values short "
+               "of the Hessian's eigenvalues; raise the Lanczos steps."))
+
+
+SECTION = Section(
+    "landscape", 50, "4. How sharp the anchor's minimum is",
+    "The largest eigenvalues of the Hessian of the test loss at the anchor (Lanczos on "
+    "Hessian-vector products): the curvature along the steepest directions. Larger means a "
+    "sharper minimum. Per group splits the parameters by block or by module kind.",
+    defaults={"iterations": 20, "examples": 128}, caption=_caption,
+    doing=lambda v: f"top {v['top']} eigenvalues, {v['iterations']} Lanczos steps at most")
+
 HESSIAN = register(Measurement(
     "hessian", "Curvature (Hessian)",
     "top Hessian eigenvalues, trace and eigenvalue density of one model's test loss, "
     "whole or per block or module kind",
     _run, _params, summary=_summary, plot=hessian_figure, rows=_rows, pair=False, check=check_top,
     refusal="Hessian-vector products differentiate the whole model twice, held in memory",
-    order=100))
+    section=SECTION, order=100))

@@ -36,19 +36,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rotviz import hub
 from rotviz.confine import ANYWHERE, Confined
 from rotviz.limits import BATCH_SIZE, DEFAULT_STEPS, POINTS, STEPS
 from rotviz.measures.registry import Context, Inputs, Measurement, register
 from rotviz.params import Param
 from rotviz.plots.figure_style import Style
+from rotviz.sources import hf_cache
 from rotviz.symmetry.registry import LADDER
 
 if TYPE_CHECKING:
     import torch
 
-    from rotviz.data import Split
-    from rotviz.models import Loaded
+    from rotviz.data.split import Split
+    from rotviz.sources.loading import Loaded
     from rotviz.types import Progress
 
 SELF = "self"  # the align-to-self rung's kind
@@ -73,7 +73,7 @@ class LadderPair:
     def __init__(self, refs: Sequence[str], specs: Sequence[str] | None = None,
                  confined: Confined = ANYWHERE) -> None:
         from rotviz.match.rungs import rung_specs
-        from rotviz.models import resolve_ref
+        from rotviz.sources.loading import resolve_ref
 
         self.specs = rung_specs(specs)  # SPEC errors before any model is read
         self.refs = (str(refs[0]), str(refs[1]))
@@ -109,9 +109,10 @@ class LadderPair:
 
     def models(self) -> tuple[Loaded, Loaded]:
         """Both models, loaded once and checked: in plain torch where that computes the same
-        logits (rotviz.lite: no transformers import), as the barrier command loads them."""
+        logits (rotviz.sources.plain_torch: no transformers import), as the barrier command loads
+        them."""
         if self._models is None:
-            from rotviz.lite import load_for_eval
+            from rotviz.sources.plain_torch import load_for_eval
 
             self._models = self._check(*(load_for_eval(r, confined=self.confined)
                                          for r in self.refs))
@@ -174,7 +175,7 @@ def ladder(pair: LadderPair, split: Split, points: int = 11, device: str | torch
 
     Matching runs in the calling thread, rung after rung (the unmatched rung, then the
     rungs a learned rung starts from), except learned matching, which trains on a thread of
-    its own on twins of the pair's modules (rotviz.models.twin) as soon as its start is
+    its own on twins of the pair's modules (rotviz.sources.running.twin) as soon as its start is
     matched: on the default pair it is half of the ladder's computing. Each rung's points
     and merge are evaluated meanwhile, one parameter set per task, by whichever thread is
     free, each on its own twin of the module (rotviz.analysis.workpool.Work): matching and
@@ -188,8 +189,7 @@ def ladder(pair: LadderPair, split: Split, points: int = 11, device: str | torch
     import numpy as np
     import torch
 
-    from rotviz.analysis.landscape import check_path, path_points
-    from rotviz.analysis.paths import path_point
+    from rotviz.analysis.paths import check_path, path_point, path_points
     from rotviz.analysis.workpool import EvaluationCache, TaskGroup, Work
     from rotviz.devices import pair_params, resolve_device, threads_for
     from rotviz.evaluation import Evaluator
@@ -200,7 +200,7 @@ def ladder(pair: LadderPair, split: Split, points: int = 11, device: str | torch
     from rotviz.match.rungs import describe, start_of, why_not
     from rotviz.match.selection import match_options, parse_selection
     from rotviz.merging.combine import merge_states
-    from rotviz.models import twin
+    from rotviz.sources.running import twin
     from rotviz.symmetry import registry
 
     check_path(points, 1, split)
@@ -488,7 +488,7 @@ RECORD = register(Measurement(
     "matching, and the anchor aligned to itself",
     _run, PARAMS, summary=_summary, plot=ladder_figure, rows=_rows,
     refusal="it matches the pair once per rung in memory; run it on models that fit",
-    inputs=Inputs((("anchor", f"anchor model (kept fixed): {hub.MODEL_HELP}"),
+    inputs=Inputs((("anchor", f"anchor model (kept fixed): {hf_cache.MODEL_HELP}"),
                    ("source", "source model, same architecture; matched onto the anchor at "
                               "each rung")), LadderPair.read, LADDER,
                   spec_help="a rung of the ladder, once per rung, in order",

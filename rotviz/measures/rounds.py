@@ -25,7 +25,7 @@ from rotviz.plots.figure_style import Style
 if TYPE_CHECKING:
     import torch
 
-    from rotviz.data import Split
+    from rotviz.data.split import Split
     from rotviz.match.endpoints import HeldEndpoints
     from rotviz.types import Progress
 
@@ -92,13 +92,13 @@ def rounds_on(ends: HeldEndpoints, split: Split, points: int = 5,
     source's distance to the anchor and its barrier on `points` alphas (see module)."""
     import numpy as np
 
-    from rotviz.analysis.landscape import path_curve
+    from rotviz.analysis.paths import path_curve
     from rotviz.devices import wide_device
     from rotviz.errors import RotvizError
     from rotviz.evaluation import Evaluator
-    from rotviz.match.alternating import match_residual
     from rotviz.match.distances import distances
     from rotviz.match.pipeline import view_of
+    from rotviz.match.residual import match_residual
     from rotviz.symmetry.view import write_state
 
     why = why_not(ends)

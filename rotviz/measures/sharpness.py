@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
     import torch
 
-    from rotviz.data import Split
+    from rotviz.data.split import Split
     from rotviz.match.endpoints import HeldEndpoints
     from rotviz.types import Progress
 

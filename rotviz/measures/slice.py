@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from rotviz.errors import RotvizError
 from rotviz.limits import ALPHA, BATCH_SIZE, DIMS, GRID, HESSIAN_ITERATIONS, SEED, SPAN
-from rotviz.measures.registry import Context, Measurement, register
+from rotviz.measures.registry import Context, Measurement, Section, register
 from rotviz.params import Param, needs
 from rotviz.plots.figure_style import Style
 
@@ -27,9 +27,9 @@ if TYPE_CHECKING:
     import torch
 
     from rotviz.analysis.loss_grid import Slice
-    from rotviz.data import Split
+    from rotviz.data.split import Split
     from rotviz.evaluation import Evaluator
-    from rotviz.models import Loaded
+    from rotviz.sources.loading import Loaded
     from rotviz.types import Progress
 
     Tensor = torch.Tensor
@@ -50,7 +50,8 @@ def _params() -> tuple[Param, ...]:
               "second model, --source), matched (the source matched onto the model, B'), "
               "path ((1 - alpha) A + alpha B'), merged (A and B' merged by --merge with the "
               "source's weight --alpha) (default anchor)",
-              choices=("anchor", "source", "matched", "path", "merged"), label="Centre"),
+              choices=("anchor", "source", "matched", "path", "merged"), label="Centre",
+              essential=True),
         Param("alpha", 0.5, "with --around path or merged: the position on the matched path, "
               f"or the source's weight in the merge (default 0.5, {ALPHA.text})", ALPHA,
               label="Alpha (path position / merge weight)", widget=(0.0, 1.0, 0.05)),
@@ -73,7 +74,8 @@ PARAMS = (
           "--norm none and --biases keep x = 1 is it), d2 random, orthogonal to d1; tangent: "
           "inside the symmetry orbit's tangent space at the centre (flat to first order); "
           "gauge: random with the symmetry tangents projected out (default random)",
-          choices=("random", "hessian", "toward", "tangent", "gauge"), label="Directions"),
+          choices=("random", "hessian", "toward", "tangent", "gauge"), label="Directions",
+          essential=True),
     Param("norm", "filter", "filter: each output row scaled to that row's weight norm (Li et "
           "al.), layer: each tensor to its norm, unit: each FFN unit (input and gate rows, "
           "output column) and each head (Q, K, V rows, O columns; a KV group under GQA) "
@@ -83,7 +85,7 @@ PARAMS = (
           "biasbn off) or keep them in the directions (default zero)",
           choices=("zero", "keep"), label="Biases and norm gains"),
     Param("grid", 21, f"grid points per axis (default 21, {GRID.text})", GRID,
-          label="Grid (points per axis)", widget=(5, 41, 2)),
+          label="Grid (points per axis)", widget=(5, 41, 2), essential=True),
     Param("span", 1.0, "half-width of each axis, in direction units (x = 1 moves each "
           f"filter by its own norm; default 1, {SPAN.text})", SPAN,
           label="Span (direction units)", widget=(0.1, 3.0, 0.1)),
@@ -177,7 +179,7 @@ def centre_state(ends, around: str, alpha: float = 0.5, merge: str = "simple",
     (1 - alpha) A + alpha B' of the matched straight path (rotviz.analysis.paths), `merged`
     the matched pair merged by the registered method `merge` with the source's weight
     `alpha` (`simple` at 0.5 is the plain average; methods with statistics take them from
-    the split's train sibling, rotviz.analysis.fusion.merge_on)."""
+    the split's train sibling, rotviz.analysis.merges.merge_on)."""
     if around not in CENTRES:
         raise RotvizError(f"unknown --around '{around}': use one of {', '.join(CENTRES)}")
     if around == "anchor":
@@ -190,7 +192,7 @@ def centre_state(ends, around: str, alpha: float = 0.5, merge: str = "simple",
         from rotviz.analysis.paths import path_point
 
         return path_point(ends.anchor.state, ends.matched, alpha)
-    from rotviz.analysis.fusion import merge_on
+    from rotviz.analysis.merges import merge_on
 
     if split is None:
         raise RotvizError("--around merged needs data for the merge: give --data")
@@ -463,6 +465,45 @@ def _rows(d: dict) -> list[dict]:
             for iy, y in enumerate(d["ys"]) for ix, x in enumerate(d["xs"])]
 
 
+# the words for a slice's centre, in its caption on the Landscape page
+CENTRE_WORDS = {"anchor": "the anchor", "source": "the source B", "matched": "B'",
+                "path": "the point of the matched path", "merged": "the merged model",
+                "point": "the centre"}
+
+
+def _caption(d: dict) -> str:
+    """The line under the slice on the Landscape page: its centre's own numbers."""
+    return (f"Centre: {CENTRE_WORDS.get(d.get('around'), 'the centre')}, test loss "
+            f"{d['centre_loss']:.4f} nats (accuracy {d['centre_acc']:.3f}). Axes are in "
+            "direction units: 1 moves each filter (or unit) by its own norm."
+            + ("" if d.get("target_loss") is None else
+               f" The target's own loss: {d['target_loss']:.4f} nats.")
+            + ("" if d.get("tangent_cosine") is None else
+               f" Largest |cosine| of a direction with a symmetry tangent: "
+               f"{d['tangent_cosine']:.2g}."))
+
+
+def _doing(v: dict) -> str:
+    where = CENTRE_WORDS.get(v["around"], "the centre")
+    g = v["grid"]
+    return f"{g} x {g} grid around {where}" if v["dims"] == 2 else f"{g} points around {where}"
+
+
+SECTION = Section(
+    "landscape", 10, "1. A slice around the anchor, or any point of the pair",
+    "Two seeded directions through a centre: the anchor **A**, the source **B**, the "
+    "matched source **B'**, a point of the matched path, or the merged model (the last "
+    "three use the matching chosen above). The directions are random, the sharpest Hessian "
+    "eigenvectors, the line toward B' (or B), the symmetry tangents (along which the "
+    "function does not change) or gauge-fixed random directions (the tangents removed). "
+    "Each is scaled to the weights' own size: filter by filter (Li et al., 2018), or unit "
+    "by unit (an FFN neuron's rows and column, a head's Q, K, V rows and O columns), which "
+    "does not depend on which member of the symmetry class is sliced. The star is the "
+    "centre; a wide, low valley around it is a flat minimum. Turn on the log scale when a "
+    "wall hides the basin.",
+    defaults={"grid": 11}, caption=_caption, doing=_doing,
+    log="Log colour scale (log10 of the loss)")
+
 SLICE = register(Measurement(
     "slice", "Slice (random, Hessian, toward, tangent or gauge-fixed directions)",
     "loss and accuracy on a line or plane of seeded random directions, the top Hessian "
@@ -475,4 +516,4 @@ SLICE = register(Measurement(
     source_use="--around source, matched, path or merged, or --directions toward",
     at_size_help="sliced around the model along random directions drawn tensor by "
                  "tensor, each grid point built block by block with the model held "
-                 "as stored", order=80))
+                 "as stored", section=SECTION, order=80))

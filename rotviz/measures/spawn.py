@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from rotviz import zoo_registry as zoo
 from rotviz.confine import ANYWHERE, Confined
 from rotviz.errors import RotvizError
-from rotviz.measures.registry import Context, Inputs, Measurement, register
+from rotviz.measures.registry import Context, Inputs, Measurement, Section, register
 from rotviz.measures.training import (
     AT_SIZE,
     PARAMS,
@@ -29,7 +29,7 @@ from rotviz.plots.figure_style import Style
 if TYPE_CHECKING:
     import torch
 
-    from rotviz.data import Split
+    from rotviz.data.split import Split
     from rotviz.types import Progress
 
 SPAWN_FOLDER = re.compile(r"spawn-(\d+)")  # a spawn step k's folder
@@ -120,6 +120,15 @@ def spawn_figure(d: Mapping, style: Style | None = None, title: str | None = Non
                         "between two children against the spawn step", SPAWN_STEP, "k =")
 
 
+SECTION = Section(
+    "training", 20, "2. Instability against the spawn step",
+    "A spawn folder holds `spawn-<k>/a/` and `spawn-<k>/b/`: the two children copied from "
+    "the parent at step *k* and trained to the end in different data orders. Children "
+    "spawned at the last step are the parent itself, twice: their barrier is 0.",
+    defaults={"points": 5},
+    caption=lambda d: f"Spawn steps {', '.join(map(str, d['x']))}, on {d['n']} test samples.",
+    doing=lambda v: f"every matching at each spawn step, {v['points']} points per path")
+
 SPAWN = register(Measurement(
     "spawn", "Instability against the spawn step",
     "the barrier between two children spawned at step k and trained apart, against k",
@@ -127,4 +136,4 @@ SPAWN = register(Measurement(
     inputs=Inputs((("spawn_dir", "a spawn folder: spawn-<k>/a/ and spawn-<k>/b/ model "
                     "folders (the two children spawned at step k), or zoo:NAME"),),
                   SpawnFolder.read),
-    progress=True, order=150))
+    progress=True, section=SECTION, order=150))

@@ -20,7 +20,7 @@ Inputs:
   layout), `zoo:NAME` (a series of the zoo), or a model of the local Hugging Face cache,
   `ORG/NAME` (every revision named `step<N>` it holds: Pythia's checkpoints) or
   `ORG/NAME@step1000,step2000` (those revisions), each step the model reference
-  `ORG/NAME@step<N>` resolves to (rotviz.hub: an existing folder of that path wins,
+  `ORG/NAME@step<N>` resolves to (rotviz.sources.hf_cache: an existing folder of that path wins,
   `hf-cache:` forces the cache; the cache is read as it is, nothing is downloaded);
 - a spawn folder: `spawn-<k>/a/` and `spawn-<k>/b/` model folders, or `zoo:NAME`.
 """
@@ -34,19 +34,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rotviz import hub
 from rotviz import zoo_registry as zoo
 from rotviz.confine import ANYWHERE, Confined
 from rotviz.errors import RotvizError
 from rotviz.limits import BATCH_SIZE, POINTS
-from rotviz.measures.registry import Context, Inputs, Measurement, register
+from rotviz.measures.registry import Context, Inputs, Measurement, Section, register
 from rotviz.params import Param
 from rotviz.plots.figure_style import Style
+from rotviz.sources import hf_cache
 
 if TYPE_CHECKING:
     import torch
 
-    from rotviz.data import Split
+    from rotviz.data.split import Split
     from rotviz.types import Progress
 
 CHECKPOINT = re.compile(r"checkpoint-(\d+)")
@@ -61,7 +61,8 @@ SERIES_HELP = ("series: a folder of checkpoint-<step>/ model folders (Hugging Fa
 
 PARAMS = (
     Param("points", 11, f"number of alphas in [0, 1] on each step's path (default 11, "
-          f"{POINTS.text})", POINTS, label="Points on each path", widget=(3, 41, 2)),
+          f"{POINTS.text})", POINTS, label="Points on each path", widget=(3, 41, 2),
+          essential=True),
     Param("batch_size", 512, f"evaluation batch size (default 512, {BATCH_SIZE.text})",
           BATCH_SIZE, label="Evaluation batch size"),
 )
@@ -91,13 +92,14 @@ def _steps_of(where: str, found: list[tuple[int, Path]]) -> dict[int, Path]:
     return dict(sorted(out.items()))
 
 
-def _cache_series(name: hub.CacheName, confined: Confined) -> dict[int, Path]:
+def _cache_series(name: hf_cache.CacheName, confined: Confined) -> dict[int, Path]:
     """The checkpoints of a model in the local Hugging Face cache, by step: the revisions
     `step<N>` that `name` lists (`ORG/NAME@step1000,step2000`), or, without a revision, every
     ref named `step<N>` the cache holds (Pythia's checkpoints); each resolved to its snapshot
-    folder by rotviz.hub, as any `ORG/NAME@step<N>` model reference is (never downloaded)."""
+    folder by rotviz.sources.hf_cache, as any `ORG/NAME@step<N>` model reference is (never
+    downloaded)."""
     if name.revision is None:
-        refs = hub.revisions(hub.repository(name, confined), confined)
+        refs = hf_cache.revisions(hf_cache.repository(name, confined), confined)
         revs = [r for r in refs if HF_STEP.fullmatch(r)]
     else:
         revs = name.revision.split(",")
@@ -108,8 +110,8 @@ def _cache_series(name: hub.CacheName, confined: Confined) -> dict[int, Path]:
                               "(ORG/NAME@step1000,step2000), or ORG/NAME for all it holds")
     found = []
     for rev in revs:
-        step = hub.CacheName(name.repo_id, rev, name.explicit)
-        found.append((int(HF_STEP.fullmatch(rev).group(1)), hub.locate(step, confined)))
+        step = hf_cache.CacheName(name.repo_id, rev, name.explicit)
+        found.append((int(HF_STEP.fullmatch(rev).group(1)), hf_cache.locate(step, confined)))
     return _steps_of(str(name), found)
 
 
@@ -118,7 +120,7 @@ def read_series(ref: str, confined: Confined = ANYWHERE) -> Series:
     ORG/NAME[@step<N>,...] in the Hugging Face cache), listed through `confined`; one line
     when it holds none."""
     ref = str(ref)
-    cached = hub.cache_ref(ref)
+    cached = hf_cache.cache_ref(ref)
     if cached is not None:
         steps = _cache_series(cached, confined)
     else:
@@ -234,10 +236,11 @@ def barriers_of(pairs: Sequence[tuple[int, Path, Path]], specs: Sequence[str], s
     """For each (x, model folder a, model folder b): both loaded through `confined`, matched
     with each SPEC (match_endpoints) and the barrier measured as `rotviz barrier` does
     (curve_on on `split`, `points` alphas). The spawn record measures its pairs here too."""
-    from rotviz.analysis.landscape import check_path, curve_on
+    from rotviz.analysis.paths import check_path
     from rotviz.devices import resolve_device
     from rotviz.match.endpoints import match_endpoints
-    from rotviz.models import load_model
+    from rotviz.measures.barrier import curve_on
+    from rotviz.sources.loading import load_model
 
     check_path(points, 1, split)
     dev = resolve_device(device)
@@ -348,10 +351,31 @@ def training_figure(d: Mapping, style: Style | None = None, title: str | None = 
                         title or "Barrier between the two runs over training", STEP, "step")
 
 
+def _caption(d: dict) -> str:
+    """The line under the chart on the Training page: the steps paired, and those left out."""
+    e = d["extra"]
+    left = [f"{len(e[k])} step(s) only in {e[s]}" for k, s in (("only_a", "series_a"),
+                                                                ("only_b", "series_b"))
+            if e[k]]
+    return (f"{len(d['x'])} common steps on {d['n']} test samples"
+            + (f"; left out: {'; '.join(left)}." if left else "."))
+
+
+SECTION = Section(
+    "training", 10, "1. The barrier between two runs over training",
+    "Each series is a folder of `checkpoint-<step>/` model folders (Hugging Face Trainer's "
+    "layout), `zoo:NAME`, or `ORG/NAME` from the local Hugging Face cache (its `step<N>` "
+    "revisions, or those named: `ORG/NAME@step1000,step2000`; when the cache lies under the "
+    "model roots). Steps are paired by number. The zoo's two runs share their start, so "
+    "their barrier is 0 at step 0.",
+    defaults={"points": 5}, caption=_caption,
+    doing=lambda v: f"every matching at each step, {v['points']} points per path")
+
+
 TRAINING = register(Measurement(
     "training", "Barriers over training",
     "the barrier between two runs at each common checkpoint step, per matching",
     _run, PARAMS, summary=_summary, plot=training_figure, rows=rows, refusal=AT_SIZE,
     inputs=Inputs((("series_a", "the first " + SERIES_HELP), ("series_b", "second series, the "
                    "same architecture, paired with the first by step")), TwoSeries.read),
-    progress=True, order=140))
+    progress=True, section=SECTION, order=140))

@@ -20,7 +20,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from rotviz.plots import style
-from rotviz.plots.barrier import path_title
+from rotviz.plots.paths import path_title
 
 RIGHT, WRONG = style.OKABE_ITO[2], style.OKABE_ITO[4]  # bluish green, vermillion
 FRAME_MS = 400  # the play button's time per frame (the exports choose their own rate)

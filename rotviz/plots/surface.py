@@ -14,7 +14,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from rotviz.plots import style
-from rotviz.plots.barrier import PLANE_MARKERS
+from rotviz.plots.paths import PLANE_MARKERS
 
 LOSS_BAR = "test loss (nats)"
 LOG_BAR = "log10 of the test loss (log10 nats)"

@@ -5,7 +5,7 @@ memory. Here the checkpoint is held as stored on the device with its directions 
 (in the stored dtype, as the loaded model would hold them: 3x the checkpoint's bytes for a
 plane, 2x for a line), and each point theta + x d1 + y d2 is never made whole: every
 block's weights are built in float32 just before the block runs and dropped after it
-(rotviz.stream.sized.Held). The directions are exactly the in-memory ones: each tensor's
+(rotviz.atsize.points.Held). The directions are exactly the in-memory ones: each tensor's
 draw is seeded from the seed and the tensor's parameter name
 (rotviz.analysis.directions.tensor_directions), and its normalisation (filter, layer, none;
 biases zeroed or kept) reads that tensor alone, so nothing needs the whole model. Only
@@ -22,12 +22,12 @@ import torch
 
 from rotviz.analysis.directions import tensor_directions
 from rotviz.analysis.loss_grid import Grid, Slice, check_choices
-from rotviz.data import Split
+from rotviz.atsize.points import Held
+from rotviz.data.split import Split
 from rotviz.dist import SINGLE, Group
 from rotviz.errors import RotvizError
 from rotviz.limits import GRID, SEED, SPAN
-from rotviz.sources import source_of
-from rotviz.stream.sized import Held
+from rotviz.sources.adapters import source_of
 from rotviz.types import Progress
 
 Tensor = torch.Tensor

@@ -21,7 +21,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import clone_state
-from test_landscape import assert_unchanged, synthetic_split
+from pairs import assert_unchanged, synthetic_split
 from test_tangents import SMALL, f64_loss, pdict
 
 from rotviz.analysis.hvp import Curvature, dense_block, math_attention
@@ -33,13 +33,14 @@ from rotviz.analysis.tangents import (
     tangents,
 )
 from rotviz.cli import main
-from rotviz.data import Split
+from rotviz.data.split import Split
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator
 from rotviz.measures.flat import count_exact, count_slq, flat
 from rotviz.measures.flat import count_nullity as nullity
-from rotviz.models import Loaded, load_model, probe_inputs
 from rotviz.plots.figure_style import Style
+from rotviz.sources.loading import Loaded, load_model
+from rotviz.sources.running import probe_inputs
 from rotviz.symmetry.view import write_state
 
 F64 = torch.float64
@@ -58,7 +59,7 @@ TOL = 1e-13  # the null eigenvalues sit below 1e-14 lambda_max, the others above
 
 @pytest.fixture(scope="module")
 def reg(saved) -> Loaded:
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
 
     return load_model(saved("bert", 0, **BERT))
 
@@ -157,8 +158,9 @@ def test_the_record_counts_per_block_and_for_the_model(saved, capsys):
     block 0, the parameters outside the blocks and the whole model, whose dimension counts the
     block's group (64) and the stream's centred map (21); the summary, the export rows and
     the grouped bar chart; an SLQ run gives an error bar; a bad tolerance is one line."""
-    from rotviz.measures import measure, measurement
-    from rotviz.models import load_model
+    from rotviz.measures import measurement
+    from rotviz.runner import measure
+    from rotviz.sources.loading import load_model
 
     vit = load_model(saved("vit", 0, layers=1, d=8, heads=2, ffn=16))
     split = synthetic_split(vit, 4)
@@ -260,7 +262,8 @@ def test_rope_and_qk_norm_families(loaded):
 def test_the_record_cli_plot_and_refusal(tmp_path, capsys, tiny):
     from types import SimpleNamespace
 
-    from rotviz.measures import measure, measurement
+    from rotviz.measures import measurement
+    from rotviz.runner import measure
 
     js = tmp_path / "f.json"
     rc = main(["flat", "zoo:vit-digits-s3", "--data", "digits", "--per-layer", "2",
@@ -318,7 +321,7 @@ def test_residual_tangents_of_an_rmsnorm_family(saved):
     equals the dense Hessian's quadratic form (1e-4). Turning the stream without the
     folding changes the function (the negative control)."""
     from rotviz.analysis.tangents import ResidualFrame, residual_matrix
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
     from rotviz.symmetry.residual import apply_residual
 
     ll = load_model(saved("llama", 0, layers=1, d=8, heads=2, ffn=8))

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import clone_state
-from test_landscape import assert_unchanged, synthetic_split
+from pairs import assert_unchanged, synthetic_split
 
 from rotviz.analysis.hvp import Curvature, group_names, math_attention, restricted
 from rotviz.analysis.lanczos import hutchinson, top_eigenvalues, top_eigenvectors
@@ -20,8 +20,8 @@ from rotviz.cli import main
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator
 from rotviz.measures.hessian import hessian
-from rotviz.models import Loaded
 from rotviz.plots.figure_style import Style
+from rotviz.sources.loading import Loaded
 from rotviz.symmetry.actions import apply, random_element
 from rotviz.symmetry.view import read_view, write_state
 
@@ -31,7 +31,7 @@ F64 = torch.float64
 
 @pytest.fixture(scope="module")
 def tiny(saved) -> Loaded:
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
 
     return load_model(saved("vit", 0, **SMALL))
 
@@ -246,7 +246,7 @@ def test_the_cli_writes_the_json_keys(tmp_path, capsys):
 def test_bad_grouping_and_density(tiny):
     from types import SimpleNamespace
 
-    from rotviz.measures import measure
+    from rotviz.runner import measure
 
     with pytest.raises(RotvizError, match="unknown grouping"):
         group_names(["x"], tiny, "layer")

@@ -33,7 +33,7 @@ def refs(saved) -> list[str]:
 
 @pytest.fixture(scope="module")
 def split():
-    from rotviz.data import load_split
+    from rotviz.data.split import load_split
 
     return load_split("digits", "test")
 
@@ -46,7 +46,7 @@ def cli_ladder(refs, tmp_path_factory) -> tuple[dict, str]:
     import io
 
     from rotviz.cli import main
-    from rotviz.images import why_not
+    from rotviz.plots.images import why_not
 
     out = tmp_path_factory.mktemp("ladder") / "ladder.json"
     svg = out.with_suffix(".svg") if why_not() is None else out.with_suffix(".html")
@@ -119,11 +119,11 @@ def test_learned_rung_starts_from_the_rung_before_and_equals_learned_matching(zo
     barriers."""
     from dataclasses import replace
 
-    from rotviz.analysis.landscape import curve_on
     from rotviz.match.endpoints import match_endpoints
     from rotviz.match.options import LearnOptions
     from rotviz.match.selection import match_options
-    from rotviz.models import load_model
+    from rotviz.measures.barrier import curve_on
+    from rotviz.sources.loading import load_model
 
     a, b = load_model("zoo:vit-digits-s3"), load_model("zoo:vit-digits-s6")
     options = replace(match_options("learned"), learn=LearnOptions(steps=ZOO_STEPS))
@@ -183,7 +183,7 @@ def test_self_match_is_the_anchor_bit_for_bit(refs):
     """Weight matching of a model onto itself returns it unchanged (without
     rotviz.match.engine.kept_if_lower, float32 roundoff moved 58 of its tensors)."""
     from rotviz.match.endpoints import match_endpoints
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
 
     a = load_model(refs[0])
     ends = match_endpoints(a, a, "weight")

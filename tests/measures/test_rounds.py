@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_landscape import default_pair, digits
+from pairs import default_pair, digits
 
-from rotviz.analysis.landscape import curve_on
 from rotviz.errors import RotvizError
 from rotviz.match.endpoints import match_endpoints, unmatched
 from rotviz.match.options import MatchOptions
-from rotviz.measures import measure, measurement
+from rotviz.measures import measurement
+from rotviz.measures.barrier import curve_on
+from rotviz.runner import measure
 
 
 def test_weight_matching_replayed_round_by_round():

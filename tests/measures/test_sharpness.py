@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 from conftest import clone_state
-from test_landscape import assert_unchanged, synthetic_split
+from pairs import assert_unchanged, synthetic_split
 
 from rotviz.analysis.paths import path_point
 from rotviz.cli import main
@@ -18,8 +18,8 @@ from rotviz.errors import RotvizError
 from rotviz.match.endpoints import match_endpoints
 from rotviz.measures.hessian import hessian
 from rotviz.measures.sharpness import rescales, sharpness_on
-from rotviz.models import Loaded
 from rotviz.plots.figure_style import Style
+from rotviz.sources.loading import Loaded
 
 SMALL = dict(layers=1, d=8, heads=2, ffn=16)  # 845 parameters
 F64 = torch.float64
@@ -27,7 +27,7 @@ F64 = torch.float64
 
 @pytest.fixture(scope="module")
 def pair(saved) -> tuple[Loaded, Loaded]:
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
 
     return load_model(saved("vit", 0, **SMALL)), load_model(saved("vit", 1, **SMALL))
 
@@ -113,11 +113,11 @@ def test_the_cli_writes_the_json_keys_and_refuses_at_size(tmp_path, capsys):
     assert rc != 0 and "--points must be an integer from 2 to 101" in err
     from types import SimpleNamespace
 
-    from rotviz.measures import measure
+    from rotviz.runner import measure
 
     with pytest.raises(RotvizError, match="read block by block, and Hessian-vector products"):
         measure("sharpness", SimpleNamespace(at_size=True), synthetic_split(
-            __import__("rotviz.models", fromlist=["load_model"]).load_model(
+            __import__("rotviz.sources.loading", fromlist=["load_model"]).load_model(
                 "zoo:vit-digits-s3"), 4))
 
 
@@ -168,7 +168,7 @@ def test_a_slice_along_the_top_eigenvector_curves_by_its_eigenvalue(pair):
 
 
 def test_the_slice_record_takes_hessian_directions(pair, capsys):
-    from rotviz.measures import measure
+    from rotviz.runner import measure
 
     a, _ = pair
     split = synthetic_split(a, 12)

@@ -22,7 +22,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import clone_state, view_of
-from test_landscape import synthetic_split
+from pairs import synthetic_split
 from test_plots import _check_frame
 from test_tangents import f64_loss
 
@@ -47,7 +47,7 @@ from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator
 from rotviz.match.endpoints import match_endpoints
 from rotviz.measures.slice import slice_around, slice_with
-from rotviz.models import Loaded, load_model
+from rotviz.sources.loading import Loaded, load_model
 from rotviz.symmetry.actions import apply, random_element
 from rotviz.symmetry.view import read_view, write_state
 

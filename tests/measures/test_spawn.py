@@ -15,7 +15,7 @@ def test_zoo_spawn_series_layout_and_its_identities():
     the parent's last checkpoint, twice (bit for bit); the runs spawned at 0 share their
     start and end as spawn-0's children; the card records recipe, seeds and steps."""
     from rotviz import zoo_registry as zoo
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
 
     ent = zoo.spawn_entry("vit-digits-spawn")
     root = zoo.collection_path(ent.name)
@@ -40,7 +40,7 @@ def test_zoo_spawn_series_layout_and_its_identities():
     assert same(state(f"run-a/checkpoint-{last}"), state("spawn-0/a"))
     assert same(state(f"run-b/checkpoint-{last}"), state("spawn-0/b"))
     assert card["test"][f"spawn-{last}/a"]["acc"] > 0.85  # a trained model, not noise
-    from rotviz.data import load_split
+    from rotviz.data.split import load_split
     from rotviz.evaluation import evaluate
 
     # the card says what ships
@@ -53,7 +53,7 @@ def test_spawned_child_in_the_parents_order_is_the_parent():
     """rotviz.zoo.train.run_steps: a child spawned at k and trained in the parent's own data
     order reproduces the parent's last weights bit for bit (weights, Adam's moments and the
     schedule all carried over); another order does not."""
-    from rotviz.data import load_split
+    from rotviz.data.split import load_split
     from rotviz.zoo import recipes, train
 
     rec = recipes.Recipe("tiny-spawn", "vit", "digits", dict(recipes._VIT_DIGITS,

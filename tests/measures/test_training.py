@@ -31,7 +31,7 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def small():
-    from rotviz.data import load_split
+    from rotviz.data.split import load_split
 
     return load_split("digits", "test", 0).subset(120)
 
@@ -44,7 +44,7 @@ def _copy(src, dst):
 def _barrier(a, b, spec, split, points):
     """The independent computation: `rotviz barrier`'s record on the pair."""
     from rotviz.match.endpoints import match_endpoints
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
 
     return measure("barrier", match_endpoints(load_model(a), load_model(b), spec), split,
                    points=points).barrier
@@ -88,7 +88,7 @@ def test_trainer_series_paired_by_step_with_steps_in_one_only_reported(tiny, sma
 
 
 def _full():
-    from rotviz.data import load_split
+    from rotviz.data.split import load_split
 
     return load_split("digits", "test", 0)
 
@@ -128,7 +128,7 @@ def test_hf_cache_revisions_read_offline(tiny, small, tmp_path, monkeypatch):
     ORG/NAME@step10,step0 takes those revisions only, each the snapshot the model reference
     ORG/NAME@step<N> resolves to."""
     from rotviz.measures.training import read_series
-    from rotviz.models import resolve_ref
+    from rotviz.sources.loading import resolve_ref
 
     cache = tmp_path / "hub"
     repo = cache / "models--org--run"
