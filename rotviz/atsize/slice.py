@@ -109,17 +109,10 @@ def sized_slice(ref: str | os.PathLike, split: Split, dims: int = 2, norm: str =
     g = Grid.of(dims, grid, span)
     todo = [g.xy(cell) for cell in g.cells]
     todo.append((0.0, 0.0))  # the centre, reported on its own as slice_at does
-    mine = group.mine(list(range(len(todo))))
-    found: dict[int, tuple[float, float]] = {}
-    for count, j in enumerate(mine):
-        found[j] = held.loss_acc_at(*todo[j])
-        if progress:
-            progress(count + 1, len(mine), f"grid point {count + 1} of {len(mine)}")
-    parts = group.gather(found)
-    if parts is None:
+    found = group.each(len(todo), lambda j: held.loss_acc_at(*todo[j]), progress,
+                       lambda n, total, j: f"grid point {n} of {total}")
+    if found is None:
         return None
-    for part in parts:
-        found.update(part)
     loss, acc = g.fill(found[j] for j in range(len(g.cells)))
     centre_loss, centre_acc = found[len(g.cells)]
     norms, cos = held.norms()
