@@ -2,8 +2,8 @@
 
 This script draws the shared frame (page config, sidebar, presenter styling) and runs
 the page picked in `st.navigation`. The pages live in app_pages/ (not pages/, a name
-Streamlit would list as pages by itself); app_pages/common.py holds the helpers they share
-and is not a page. The computations are rotviz.app's (no Streamlit).
+Streamlit would list as pages by itself); the helpers they share (sidebar.py, runtime.py,
+run.py, show.py, section.py) are not pages. The computations are rotviz.app's (no Streamlit).
 """
 
 from rotviz.devices import calm_before_torch
@@ -22,7 +22,7 @@ from app_pages import boot  # noqa: E402
 # rest of its imports (torch) before its device picker (`before_torch`).
 boot.ready_frame()
 
-from app_pages import common  # noqa: E402
+from app_pages import sidebar  # noqa: E402
 
 st.set_page_config(page_title="rotviz", page_icon=":material/360:", layout="wide",
                    initial_sidebar_state="expanded")
@@ -40,9 +40,9 @@ PAGES = [
     st.Page("app_pages/gallery.py", title="Gallery", icon=":material/photo_library:"),
 ]
 
-page = st.navigation(PAGES, position="top" if common.presenting() else "sidebar")
-setup = common.sidebar(before_torch=boot.ready)
-common.presenter_style(setup.presenter)
+page = st.navigation(PAGES, position="top" if sidebar.presenting() else "sidebar")
+setup = sidebar.sidebar(before_torch=boot.ready)
+sidebar.presenter_style(setup.presenter)
 if page.title != "Models":  # the Models page draws the zoo cards' numbers first (models.py)
     boot.ready()
 page.run()

@@ -1,20 +1,25 @@
 """Barrier: loss along the straight path from anchor to matched source, per matching option,
-and the 2D loss plane through A, B and B'."""
+and the 2D loss plane through A, B and B'.
+
+Its sections are the records that declare one on this page (rotviz.measures: the barrier,
+run once per matching picked, and the plane), composed by app_pages/section.py; the page
+adds what no record holds: the matchings, layers and step budget in the barrier's form, the
+summary table with its verdict, the model at any α, the animated path, and the plane's
+table of the marked points.
+"""
 
 import streamlit as st
 
-from app_pages import common
+from app_pages import run, section, show, sidebar
 from rotviz import app
-from rotviz.app import summaries
+from rotviz.app import figures, summaries
 from rotviz.app.specs import DEFAULT_SPECS, SPEC_CHOICES
-from rotviz.errors import RotvizError
 from rotviz.limits import MAX_LAYERS_TEXT
+from rotviz.measures import Measurement
 from rotviz.measures.barrier import BARRIER
-from rotviz.measures.plane import PLANE
-from rotviz.plots import barrier as bplots
-from rotviz.plots import slices, style
+from rotviz.plots.figure_style import Style
 
-s = common.setup()
+s = sidebar.setup()
 st.title("Loss barriers between the two models")
 st.markdown(
     "Walk in a straight line from the anchor (α = 0) to the source (α = 1) and measure the "
@@ -24,24 +29,26 @@ st.markdown(
     "below the table, the page says what each matching did on this pair."
 )
 
-offered, residual_why = common.offered_specs(s, SPEC_CHOICES)
+offered, residual_why = run.offered_specs(s, SPEC_CHOICES)
 
-with st.form("barrier_form"):
+
+def barrier_fields() -> dict:
+    """The page's own widgets in the barrier's form: the matchings to compare, the layers
+    to match and the learned matching's step budget."""
     specs = st.multiselect(
         "Matching options to compare", offered,
         [sp for sp in DEFAULT_SPECS if sp in offered],
-        format_func=style.nice_label, key="b_specs", bind="query-params",
+        format_func=figures.nice_label, key="b_specs", bind="query-params",
         help="Drawn by default: no matching, the seed paper's method and weight matching. Add "
              "the seed paper's ablation (FFN only, attention only, both without rescale), "
              "head permutation, the residual stream (weight "
-             "matching = seed + heads + residual), and matching from data: activation matching and "
-             "learned matching (it trains: opt-in).",
+             "matching = seed + heads + residual), and matching from data: activation matching "
+             "and learned matching (it trains: opt-in).",
     )
     if residual_why is not None:
         st.caption(f"Residual stream options are not offered for this pair: {residual_why}.")
-    c = st.columns(3)
-    points = common.param_input(c[0], BARRIER.parameters()[0], "b_points", app.BARRIER_POINTS)
-    layers = c[1].text_input("Layers to match (empty = all)", "", key="b_layers",
+    c = st.columns(2)
+    layers = c[0].text_input("Layers to match (empty = all)", "", key="b_layers",
                              max_chars=MAX_LAYERS_TEXT, bind="query-params")
     steps = int(c[1].number_input(
         "Learned matching: at most this many steps", 5, 3000, app.DEFAULT_LEARN_STEPS,
@@ -49,14 +56,27 @@ with st.form("barrier_form"):
         help=f"Only for learned matching, which trains on the training split of {s.data} and "
              "keeps the last maps unless their validation barrier is higher than weight "
              "matching's."))
-    plane = c[2].toggle("Also draw the 2D loss plane (slower)", False, key="b_plane",
-                        bind="query-params")
-    grid = common.param_input(c[2], PLANE.parameters()[0], "b_grid", 13)
-    plane_choices = offered[1:]
-    plane_spec = c[2].selectbox("Plane: matching for B'", plane_choices,
-                                plane_choices.index("seed"), format_func=style.nice_label,
-                                key="b_plane_spec", bind="query-params")
-    submitted = st.form_submit_button("Run", type="primary", icon=":material/play_arrow:")
+    return {"matchings": specs, "layers": layers, "learn_steps": steps}
+
+
+def plane_fields() -> dict:
+    """The plane's matching for B' (any but none: B' must differ from B)."""
+    choices = offered[1:]
+    return {"spec": st.selectbox("Matching for B'", choices, choices.index("seed"),
+                                 format_func=figures.nice_label, key="b_plane_spec",
+                                 bind="query-params")}
+
+
+def cfg_of(record: Measurement, values: dict, refs: list[str], spec: str | None) -> dict:
+    """A section's configuration: the matching (each of the barrier's, or the plane's), the
+    layers and step budget of the barrier's form, and what the path's animation needs."""
+    values = dict(values)
+    layers, steps = values.pop("layers", ""), values.pop("learn_steps", 0)
+    if spec is None:  # the plane: its own matching, the barrier form's layers and steps
+        spec = values.pop("spec")
+        layers, steps = BARRIER_FORM.get("layers", ""), BARRIER_FORM.get("learn_steps", 0)
+        values["seed"] = s.base()["seed"]
+    return app.measure_cfg(s.base(), spec, layers, steps, **values)
 
 
 @st.fragment
@@ -68,12 +88,12 @@ def at_alpha(curves: list[dict]) -> None:
                          key="b_alpha", bind="query-params")
     cols = st.columns(len(curves))
     for col, c in zip(cols, curves, strict=True):
-        col.metric(style.nice_label(c["match"]), f"{c['acc'][i]:.3f}",
+        col.metric(figures.nice_label(c["match"]), f"{c['acc'][i]:.3f}",
                    delta=f"loss {c['loss'][i]:.3f} nats", delta_color="off", delta_arrow="off",
                    help="test accuracy (fraction correct) of the model at this α; below it the "
                         "test loss")
         for k, values in (c.get("scores") or {}).items():
-            col.caption(f"{style.metric_label(k)} {values[i]:.3f}", help=style.metric_help(k))
+            col.caption(f"{figures.metric_label(k)} {values[i]:.3f}", help=figures.metric_help(k))
 
 
 def animated(curves: list[dict]):
@@ -82,11 +102,11 @@ def animated(curves: list[dict]):
     st.subheader("The path, animated")
     names = [c["match"] for c in curves]
     pick = st.selectbox("Animate the path of", names, len(names) - 1,
-                        format_func=style.nice_label, key="b_anim",
+                        format_func=figures.nice_label, key="b_anim",
                         help="Press ▶ play under the chart; the slider steps through α.")
     fig = BARRIER.animate(curves[names.index(pick)])
     st.caption(summaries.path_note(curves[names.index(pick)]))
-    common.animation(fig, "barrier_anim", f"barrier-path-{pick.replace(',', '-')}")
+    show.animation(fig, "barrier_anim", f"barrier-path-{pick.replace(',', '-')}")
     return fig
 
 
@@ -123,56 +143,17 @@ def summary_table(rows: list[dict]) -> None:
                  column_config=COLUMNS)
 
 
-def body() -> None:
-    from rotviz.match.pipeline import FUNCTION_TOLERANCE
-
-    if not common.require_pair(s):
-        return
-    if not specs:
-        st.warning("Pick at least one matching option.")
-        return
-    if not common.should_run("barrier", submitted, s):
-        st.info("Press **Run** to compute the curves.")
-        return
-    base = {**s.base(), "layers": layers.strip()}
-    curves = []
-    with common.progress("Interpolating", len(specs) + (1 if plane else 0),
-                         stop="barrier") as step:
-        live, note = st.empty(), st.empty()  # the loss chart, drawn as the curves come in
-        try:
-            for i, sp in enumerate(specs):
-                cfg = app.measure_cfg(s.base(), sp, layers, steps, points=points,
-                                      **BARRIER.animate_params)
-                fresh = not common.is_cached("barrier", cfg)
-                step(f"{style.nice_label(sp)}: matching, then {points} points on the path")
-                curves.append(common.compute("barrier", cfg, step.detail))
-                if fresh and i < len(specs) - 1:  # computed now, and more to come: show it
-                    with live:
-                        common.chart(bplots.barrier_curves(curves, "loss", s.font),
-                                     f"barrier_loss_{i}")
-                    note.caption(f"{len(curves)} of {len(specs)} matching options so far; "
-                                 "the others are being computed.")
-        except RotvizError:  # the box above says what failed; no chart of part of a run
-            live.empty()
-            note.empty()
-            raise
-        pl = None
-        if plane:
-            step(f"loss plane: {grid} x {grid} grid")
-            pl = common.compute("plane", app.measure_cfg(s.base(), plane_spec, layers, steps,
-                                                         grid=grid, seed=s.base()["seed"]),
-                                step.detail)
-    fig_loss = bplots.barrier_curves(curves, "loss", s.font)
-    fig_acc = bplots.barrier_curves(curves, "acc", s.font, acc_range=s.acc_axis())
-    note.empty()
-    with live:
-        common.chart(fig_loss, "barrier_loss")
+def about_curves(record: Measurement, values: dict, result: dict, style: Style
+                 ) -> tuple[dict, dict, dict]:
+    """Under the barrier's figures: the loss note, the summary table and what it says, the
+    model at any α, and the path animated."""
+    curves = result["runs"]
     st.caption(summaries.loss_note(curves[0]) + " Dotted vertical segments mark each "
                "barrier: the largest rise of the loss above the straight line between the two "
                "end points (the generalized-LMC definition). The table also gives the loss "
                "range (max − min on the path), the seed paper's number.")
     rows = [{
-        "matching": style.nice_label(c["match"]), "spec": c["match"],
+        "matching": figures.nice_label(c["match"]), "spec": c["match"],
         "barrier": c["barrier"], "loss range": c["loss_range"], "loss at α=0.5": c["mid_loss"],
         "accuracy at α=0.5": c["mid_acc"], "distance before": c["distance_before"],
         "distance after": c["distance_after"], "max logit diff": c["max_output_diff"],
@@ -181,48 +162,35 @@ def body() -> None:
     summary_table(rows)
     verdict = summaries.barrier_verdict(curves)
     if verdict is not None:
-        show, icon = {"lowered": (st.success, ":material/trending_down:"),
-                      "raised": (st.warning, ":material/trending_up:"),
-                      "mixed": (st.info, ":material/info:")}[verdict["kind"]]
-        show(verdict["text"] + ("" if verdict["kind"] == "lowered" else
-             "\n\nData-free matching of independently trained models often closes distance "
-             "more than it closes the barrier; a pair that shares more (for example two "
-             "fine-tunes of one base) usually shows a clearer drop."), icon=icon)
-    worst = max((c["max_output_diff"] or 0.0) for c in curves)
-    common.function_badge(worst, FUNCTION_TOLERANCE, "matched source (every option)")
-    common.chart(fig_acc, "barrier_acc")
+        say, icon = {"lowered": (st.success, ":material/trending_down:"),
+                     "raised": (st.warning, ":material/trending_up:"),
+                     "mixed": (st.info, ":material/info:")}[verdict["kind"]]
+        say(verdict["text"] + ("" if verdict["kind"] == "lowered" else
+            "\n\nData-free matching of independently trained models often closes distance "
+            "more than it closes the barrier; a pair that shares more (for example two "
+            "fine-tunes of one base) usually shows a clearer drop."), icon=icon)
     at_alpha(curves)
-    anim = animated(curves)
-    figures = {"barrier_loss": fig_loss, "barrier_accuracy": fig_acc}
-    if pl is not None:
-        st.subheader("The loss plane")
-        st.markdown(
-            "A 2D slice of parameter space through the anchor **A**, the source **B** and the "
-            "matched source **B'**. B and B' compute the same function (same loss), but B' "
-            "lies closer to A, and the midpoint AB' sits lower than AB. Axes are true "
-            "Euclidean distances."
-        )
-        fig_plane = bplots.loss_plane(pl["xs"], pl["ys"], pl["loss"], pl["points"], s.font)
-        fig_surface = slices.loss_surface(pl, font_size=s.font)
-        flat, deep = st.tabs(["Contour (from above)", "3D surface (drag to turn)"])
-        with flat:
-            common.chart(fig_plane, "barrier_plane")
-        with deep:
-            st.caption("The same grid as a surface: height is the test loss. A, B, B' and the "
-                       "midpoints sit at their own exact losses.")
-            common.chart(fig_surface, "barrier_plane_3d")
-        st.dataframe([{"point": k, "loss": pl["point_loss"][k], "accuracy": pl["point_acc"][k]}
-                      for k in pl["points"]], hide_index=True)
-        figures["loss_plane"] = fig_plane
-        figures["loss_plane_3d"] = fig_surface
-    tables = {"curves": [{"spec": c["match"], "alpha": a, "loss": lo, "acc": ac}
-                         for c in curves
-                         for a, lo, ac in zip(c["alphas"], c["loss"], c["acc"], strict=True)],
-              "summary": rows}
-    common.export("barrier", {"page": "barrier", **base, "specs": specs, "points": points,
-                              "plane": plane, "grid": grid, "plane_spec": plane_spec,
-                              "learn_steps": steps},
-                  {"curves": curves, "plane": pl}, tables, figures, {"barrier_path": anim})
+    animated(curves)
+    return {}, {}, {"summary": rows}
 
 
-common.guard(body)
+def about_plane(record: Measurement, values: dict, pl: dict, style: Style
+                ) -> tuple[dict, dict, dict]:
+    """The marked points' own losses and accuracies, under the plane."""
+    st.dataframe([{"point": k, "loss": pl["point_loss"][k], "accuracy": pl["point_acc"][k]}
+                  for k in pl["points"]], hide_index=True)
+    return {}, {}, {}
+
+
+BARRIER_FORM: dict = {}  # the barrier form's values, which the plane's run takes too
+
+
+def remember(drawn: section.Drawn) -> None:
+    BARRIER_FORM.update(drawn.values)
+
+
+section.compose("barrier", s, "b", section.Hooks(
+    cfg=cfg_of, ready=run.require_pair(s),
+    fields={"barrier": barrier_fields, "plane": plane_fields},
+    extend={"barrier": about_curves, "plane": about_plane},
+    after={"barrier": remember}, keys={"barrier": "b"}))

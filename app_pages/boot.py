@@ -3,7 +3,7 @@
 The launcher (app.py) calls `start` from its lifespan, before the server answers its first
 request. A daemon thread then imports what the first script run imports (the app's helpers,
 then torch, the Models page's modules and plotly) and computes the Models page's two cards
-for the pair the app opens on into the app's result cache (`common.opening_cards`).
+for the pair the app opens on into the app's result cache (`runtime.opening_cards`).
 
 The first paint needs no torch on a machine without a GPU: the first run waits for the
 helpers' imports (`ready_frame`, in app_main.py: they load no torch), draws the navigation
@@ -27,7 +27,7 @@ from __future__ import annotations
 import threading
 import time
 
-# Held from `start` until the thread has imported app_pages.common (`ready_frame` waits), and
+# Held from `start` until the thread has imported the app's helpers (`ready_frame` waits), and
 # until all its imports are over, done or failed (`ready` waits).
 _FRAME = threading.Lock()
 _IMPORTING = threading.Lock()
@@ -103,7 +103,8 @@ def start() -> threading.Thread | None:
 def _work() -> None:
     try:
         try:
-            from app_pages import common  # the first run's own imports, in its order
+            # the first run's own imports (app_main.py's helpers), in its order
+            from app_pages import run, runtime, show, sidebar  # noqa: F401
         finally:
             _FRAME.release()
         _GO.wait(HOLD_S)
@@ -114,24 +115,29 @@ def _work() -> None:
     finally:
         _IMPORTING.release()
     try:
-        common.opening_cards()
+        runtime.opening_cards()
     except Exception:  # noqa: BLE001 - the Models page computes them again and reports it
         pass
 
 
 def _import_first_run() -> None:
-    """What app_main.py, the sidebar and the Models page import beyond app_pages.common:
+    """What app_main.py, the sidebar and the Models page import beyond the app's helpers
+    (app_pages/sidebar.py, runtime.py, run.py, show.py):
     torch (through the device picker), the page's engine names and plotly's figures."""
     import plotly.graph_objects  # noqa: F401
 
-    from rotviz.app import summaries  # noqa: F401
+    from rotviz.app import (
+        figures,
+        summaries,  # noqa: F401
+    )
     from rotviz.devices import pick_device  # noqa: F401
     from rotviz.match.pipeline import FUNCTION_TOLERANCE  # noqa: F401
-    from rotviz.plots import style  # noqa: F401
+
+    figures.preload()
 
 
 def ready_frame() -> None:
-    """Wait until the start-up thread has imported app_pages.common (at once when none runs)."""
+    """Wait until the start-up thread has imported the app's helpers (at once when none runs)."""
     with _FRAME:
         pass
 

@@ -5,12 +5,12 @@ pages); the figures compute on Run."""
 
 import streamlit as st
 
-from app_pages import common
+from app_pages import run, runtime, show, sidebar
 from rotviz import app
 from rotviz.gallery import Pair, entries
 from rotviz.gallery.make import drawn
 
-s = common.setup()
+s = sidebar.setup()
 st.title("Paper figures")
 st.markdown(
     "The figures of the seed paper (*Beyond the Permutation Symmetry of Transformers*: "
@@ -28,33 +28,33 @@ with st.form("gallery_form"):
 
 
 def body() -> None:
-    if not common.require_pair(s):
+    if not run.require_pair(s):
         return
     pair = Pair(s.anchor, s.source, s.data)
     picked = [ENTRIES[n] for n in chosen]
     total = sum(len(e.runs) for e in picked)
     made = []
-    with common.progress("Making the figures", total, stop="gallery") as step:
+    with show.progress("Making the figures", total, stop="gallery") as step:
         for e in picked:
             results = []
-            for run in e.runs:
-                step(f"{e.title}: {e.measurement}, matching {run.match}")
-                cfg = app.measure_cfg(s.base(), run.match, **run.params)
-                results.append(common.compute(e.measurement, cfg, step.detail))
+            for one in e.runs:
+                step(f"{e.title}: {e.measurement}, matching {one.match}")
+                cfg = app.measure_cfg(s.base(), one.match, **one.params)
+                results.append(runtime.compute(e.measurement, cfg, step.detail))
             made.append((e, results))
     for e, results in made:
         rows, _, fig = drawn(e, results)
         st.subheader(e.title)
         st.caption(e.paper)
-        common.chart(fig, f"gallery_{e.name}")
+        show.chart(fig, f"gallery_{e.name}")
         st.markdown(e.caption)
         st.code("\n".join(e.commands(pair)), language="bash")
-        common.export(e.name, {"page": "gallery", "figure": e.name, **s.base()},
+        show.export(e.name, {"page": "gallery", "figure": e.name, **s.base()},
                       {"runs": results}, {e.name: rows}, {e.name: fig})
 
 
-if common.section_wanted("gallery", submitted):
+if run.section_wanted("gallery", submitted):
     if not chosen:
         st.warning("Pick at least one figure.")
     else:
-        common.guard(body)
+        run.guard(body)

@@ -3,11 +3,11 @@
 import numpy as np
 import streamlit as st
 
-from app_pages import common
+from app_pages import run, runtime, show, sidebar
+from rotviz.app import figures
 from rotviz.app.roots import short_name
-from rotviz.plots import learn as lplots
 
-s = common.setup()
+s = sidebar.setup()
 st.title("Learn: same function, different weights")
 st.markdown(
     "A neural network is a long list of numbers (its *weights*). Surprisingly, many different "
@@ -70,27 +70,27 @@ def residual_step(r: dict, name: str) -> dict:
                 help="tidied and rotated model vs the original, on test and probe inputs")
     w = r["weights"]
     what = f"W_Q of head {r['head']} in layer {r['layer']}"
-    fig_w = lplots.weight_heatmaps(
+    fig_w = figures.weight_heatmaps(
         {"original": w["original"], "tidied": w["canonical"], "stream rotated": w["rotated"],
-         "matched back": w["matched"]}, f"The residual stream turned: {what}", s.font)
-    common.chart(fig_w, "learn_res_weights")
+         "matched back": w["matched"]}, f"The residual stream turned: {what}", s.style())
+    show.chart(fig_w, "learn_res_weights")
     st.markdown(
         f"Every column of these weights changed (the columns are the stream's directions). "
         f"Yet the model gets {100 * r['acc']['rotated']:.1f} % right, like the original's "
         f"{100 * r['acc']['original']:.1f} %."
     )
-    common.function_badge(worst, r["tolerance"], "tidied and rotated model")
+    show.function_badge(worst, r["tolerance"], "tidied and rotated model")
     with st.expander("Which weights did not change?"):
         st.write("Only those that never touch the stream: biases inside heads and FFN "
                  "neurons, norm gains (all 1 after tidying up) and the output bias:")
         st.code("\n".join(r["unchanged"]) or "(none)")
-    fig_d = lplots.stage_distances(
+    fig_d = figures.stage_distances(
         [("original", 0.0), ("tidied", r["distance_canonical"]),
          ("stream rotated", r["distance_rotated_original"]),
-         ("matched back", r["distance_matched"])], s.font,
+         ("matched back", r["distance_matched"])], s.style(),
         "The residual stream: how far the weights moved from the original")
-    common.chart(fig_d, "learn_res_stages")
-    common.function_badge(max(r["diff_matched"], r["probe_diff_matched"]), r["tolerance"],
+    show.chart(fig_d, "learn_res_stages")
+    show.function_badge(max(r["diff_matched"], r["probe_diff_matched"]), r["tolerance"],
                           "matched-back model")
     st.success(
         f"Matching with the residual map alone (one Procrustes problem) found the rotation: "
@@ -102,18 +102,18 @@ def residual_step(r: dict, name: str) -> dict:
 
 
 def body() -> None:
-    if not common.require_pair(s):
+    if not run.require_pair(s):
         return
-    if not common.should_run("learn", submitted, s):
+    if not run.should_run("learn", submitted, s):
         st.info("Press **Run** to start the demo.")
         return
     cfg = {"ref": s.anchor, "data": s.data, "seed": s.seed, "n_eval": s.n_eval, "kind": kind,
            "demo_seed": demo_seed, "layer": layer, "head": head}
-    with common.progress("Preparing the demo", 2) as step:
+    with show.progress("Preparing the demo", 2) as step:
         step("transforming, checking and matching back")
-        d = common.compute("learn", cfg)
+        d = runtime.compute("learn", cfg)
         step("rotating the residual stream")
-        r = common.compute("learn", {**cfg, "kind": "residual"})
+        r = runtime.compute("learn", {**cfg, "kind": "residual"})
     w = d["weights"]
     what = (f"the query weights W_Q of head {d['head']} in layer {d['layer']}" if kind != "permute"
             else f"the input weights of the first 24 FFN neurons in layer {d['layer']}")
@@ -122,8 +122,8 @@ def body() -> None:
     st.header("1 · The original model")
     st.markdown(f"**{name}** gets {100 * d['acc']['original']:.1f} % of its test predictions "
                 f"right. Here are {what}, one coloured square per number:")
-    fig1 = lplots.weight_heatmaps({"original": w["original"]}, f"Original: {what}", s.font)
-    common.chart(fig1, "learn_w1")
+    fig1 = figures.weight_heatmaps({"original": w["original"]}, f"Original: {what}", s.style())
+    show.chart(fig1, "learn_w1")
 
     st.header("2 · Scramble it")
     if kind == "rotate":
@@ -143,23 +143,23 @@ def body() -> None:
             "Both at once, in every layer, plus a rescaling: one head's queries are multiplied "
             "by a number a and its keys divided by a (a·b/a = b)."
         )
-    fig2 = lplots.weight_heatmaps({"original": w["original"], "scrambled": w["scrambled"]},
-                                  f"Before and after: {what}", s.font)
-    common.chart(fig2, "learn_w2")
+    fig2 = figures.weight_heatmaps({"original": w["original"], "scrambled": w["scrambled"]},
+                                   f"Before and after: {what}", s.style())
+    show.chart(fig2, "learn_w2")
     st.markdown(f"The weights look completely different: all weights together moved by "
                 f"**{d['distance_scrambled']:.2f}** (Euclidean distance).")
 
     st.header("3 · Did anything change? No.")
-    fig3 = lplots.logit_scatter(d["logits"]["original"], d["logits"]["scrambled"], s.font,
+    fig3 = figures.logit_scatter(d["logits"]["original"], d["logits"]["scrambled"], s.style(),
                                 "scrambled model")
-    common.chart(fig3, "learn_logits")
+    show.chart(fig3, "learn_logits")
     st.markdown(
         f"Each dot is one output score (logit) for one of {len(d['logits']['original'])} test "
         f"examples: all lie on the diagonal. The scrambled model gets "
         f"{100 * d['acc']['scrambled']:.1f} % right, exactly like the original. The only "
         "differences are rounding in the last digits of 32-bit arithmetic."
     )
-    common.function_badge(max(d["diff_scrambled"], d["probe_diff_scrambled"]), d["tolerance"],
+    show.function_badge(max(d["diff_scrambled"], d["probe_diff_scrambled"]), d["tolerance"],
                           "scrambled model")
     if np.asarray(d["logits"]["original"]).ndim == 2:  # classifiers: one prediction each
         preds = {k: np.asarray(v).argmax(-1)[:12].tolist() for k, v in d["logits"].items()}
@@ -173,27 +173,27 @@ def body() -> None:
         "linear assignment) or the rotation (orthogonal Procrustes) that brings the weights "
         "closest to the original."
     )
-    fig4 = lplots.weight_heatmaps(
+    fig4 = figures.weight_heatmaps(
         {"original": w["original"], "scrambled": w["scrambled"], "matched back": w["matched"]},
-        f"Matching recovers the original: {what}", s.font)
-    common.chart(fig4, "learn_w4")
-    fig5 = lplots.stage_distances([("original", 0.0), ("scrambled", d["distance_scrambled"]),
-                                   ("matched back", d["distance_matched"])], s.font)
-    common.chart(fig5, "learn_stages")
-    common.function_badge(d["diff_matched"], d["tolerance"], "matched-back model")
+        f"Matching recovers the original: {what}", s.style())
+    show.chart(fig4, "learn_w4")
+    fig5 = figures.stage_distances([("original", 0.0), ("scrambled", d["distance_scrambled"]),
+                                    ("matched back", d["distance_matched"])], s.style())
+    show.chart(fig5, "learn_stages")
+    show.function_badge(d["diff_matched"], d["tolerance"], "matched-back model")
     st.success(
         f"Matching brought the distance from {d['distance_scrambled']:.2f} back to "
         f"{d['distance_matched']:.1e}. Two models *trained separately* are scrambled relative "
         "to each other in the same way, plus real differences. Matching removes the scramble "
         "part, which is why averaging matched models works better: see **Barrier** and "
         "**Merge**.", icon=":material/lightbulb:")
-    figures = {"original": fig1, "scrambled": fig2, "logits": fig3, "matched": fig4,
-               "distances": fig5, **residual_step(r, name)}
+    figs = {"original": fig1, "scrambled": fig2, "logits": fig3, "matched": fig4,
+            "distances": fig5, **residual_step(r, name)}
     rows = [{"stage": k, "distance": v, "accuracy": d["acc"][a]} for k, v, a in
             (("original", 0.0, "original"), ("scrambled", d["distance_scrambled"], "scrambled"),
              ("matched back", d["distance_matched"], "matched"))]
-    common.export("learn", {"page": "learn", **cfg}, {"demo": d, "residual": r},
-                  {"stages": rows}, figures)
+    show.export("learn", {"page": "learn", **cfg}, {"demo": d, "residual": r},
+                  {"stages": rows}, figs)
 
 
-common.guard(body)
+run.guard(body)

@@ -2,9 +2,9 @@
 
 import streamlit as st
 
-from app_pages import common
+from app_pages import run, runtime, show, sidebar
 from rotviz import app
-from rotviz.app import summaries
+from rotviz.app import figures, summaries
 from rotviz.app.specs import (
     ABLATION_CHOICES,
     WHY_UNCHANGED,
@@ -15,12 +15,9 @@ from rotviz.app.specs import (
 )
 from rotviz.limits import MAX_LAYERS_TEXT
 from rotviz.measures.barrier import BARRIER
-from rotviz.plots import distances as dplots
-from rotviz.plots import matching as mplots
-from rotviz.plots import style
 from rotviz.symmetry.registry import BY_NAME, SYMMETRIES
 
-s = common.setup()
+s = sidebar.setup()
 LEARNED_NAMES = {"residual": "the residual map", "qk": "every head's Q-K rotation",
                  "vo": "every head's V-O rotation"}
 # learned matching's steps from the maps of this form (weight matching's, say): the library's
@@ -38,8 +35,8 @@ st.markdown(
 
 SOLVERS = {"none": "no: from the weights alone", "act": "activation matching",
            "learned": "learned matching (trains)", "act,learned": "activations, then learned"}
-residual_why = common.residual_why(s.anchor) if s.anchor else None
-data_why = common.unscored_why(s)  # matching from data needs a loss
+residual_why = runtime.residual_why(s.anchor) if s.anchor else None
+data_why = run.unscored_why(s)  # matching from data needs a loss
 
 with st.form("match_form"):
     st.markdown("**Per-layer maps** (the seed paper's three, and head permutation)")
@@ -102,7 +99,7 @@ def chosen_spec() -> str:
     if residual_why is not None and uses_residual(spec):
         spec = without_residual(spec)
         st.warning(f"Residual stream matching is not available for this pair: {residual_why}. "
-                   f"Matching with {style.nice_label(spec)} instead.", icon=":material/info:")
+                   f"Matching with {figures.nice_label(spec)} instead.", icon=":material/info:")
     return spec
 
 
@@ -113,7 +110,7 @@ def beyond(res: dict) -> tuple[dict, dict]:
     from rotviz.symmetry.residual import GROUP_TEXT
 
     rep = res["report"]
-    figures, tables = {}, {}
+    figs, tables = {}, {}
     res_info, act, learned = rep.get("residual"), rep.get("act"), rep.get("learned")
     if res_info:
         st.subheader("The residual stream")
@@ -138,35 +135,35 @@ def beyond(res: dict) -> tuple[dict, dict]:
                       if ended_by_cap(res_info) else
                       "It stopped when a round gained less than the tolerance."))
         rows = summaries.objective_rows(res)
-        fig_obj = mplots.objective_history(rows, s.font)
-        fig_ang = mplots.angle_spectrum({"residual map (weight matching)": res_info["angles"]},
-                                        s.font)
-        common.chart(fig_obj, "match_objective")
+        fig_obj = figures.objective_history(rows, s.style())
+        fig_ang = figures.angle_spectrum({"residual map (weight matching)": res_info["angles"]},
+                                         s.style())
+        show.chart(fig_obj, "match_objective")
         ok = summaries.never_increases([r["objective"] for r in rows])
         st.caption(("✓ never went up" if ok else "✗ went up at some step (please report)")
                    + f": {rows[0]['objective']:.2f} → {rows[-1]['objective']:.2f} in "
                    f"{len(rows) - 1} steps.")
-        common.chart(fig_ang, "match_angles")
+        show.chart(fig_ang, "match_angles")
         st.caption("How far the residual map turns the stream: the angles of its eigenvalues "
                    "e^(±iθ), which come in pairs. All 0° would be the identity; 180° flips a "
                    "direction.")
-        figures.update(objective=fig_obj, residual_angles=fig_ang)
+        figs.update(objective=fig_obj, residual_angles=fig_ang)
         tables["objective"] = rows
     if act:
         st.subheader("Activation matching")
         st.caption(f"Activations of both models on {act['examples']} {act['split']} examples "
                    f"of {act['data']}.")
         if act.get("ffn_corr_before"):
-            fig = mplots.ffn_correlation(act["ffn_corr_before"], act["ffn_corr_after"],
-                                         rep["options"].get("layers"), s.font)
-            common.chart(fig, "match_act_corr")
-            figures["act_ffn_correlation"] = fig
+            fig = figures.ffn_correlation(act["ffn_corr_before"], act["ffn_corr_after"],
+                                          rep["options"].get("layers"), s.style())
+            show.chart(fig, "match_act_corr")
+            figs["act_ffn_correlation"] = fig
         if act.get("residual_angles"):
-            fig = mplots.angle_spectrum({"residual map (activation matching)":
-                                         act["residual_angles"]}, s.font,
+            fig = figures.angle_spectrum({"residual map (activation matching)":
+                                          act["residual_angles"]}, s.style(),
                                         "Residual map from activations: eigen-angle spectrum")
-            common.chart(fig, "match_act_angles")
-            figures["act_residual_angles"] = fig
+            show.chart(fig, "match_act_angles")
+            figs["act_residual_angles"] = fig
     if learned:
         st.subheader("Learned matching")
         m = st.columns(4)
@@ -184,11 +181,11 @@ def beyond(res: dict) -> tuple[dict, dict]:
                     "starting from data-free matching, and kept the maps with the lowest "
                     "validation barrier.")
         rows = summaries.learned_rows(res)
-        fig = mplots.learn_history(rows, learned["best_step"], s.font)
-        common.chart(fig, "match_learned")
-        figures["learned_history"] = fig
+        fig = figures.learn_history(rows, learned["best_step"], s.style())
+        show.chart(fig, "match_learned")
+        figs["learned_history"] = fig
         tables["learned"] = rows
-    return figures, tables
+    return figs, tables
 
 
 def rounds(base: dict, spec: str):
@@ -196,15 +193,15 @@ def rounds(base: dict, spec: str):
     from rotviz.measures.rounds import RECORD
 
     st.subheader("Weight matching, round by round")
-    with common.progress("Replaying the rounds", 1) as step:
+    with show.progress("Replaying the rounds", 1) as step:
         step("matching again, measuring each round")
-        r = common.compute("rounds", app.measure_cfg(base, spec, base.get("layers", ""),
+        r = runtime.compute("rounds", app.measure_cfg(base, spec, base.get("layers", ""),
                                                      steps, points=5), step.detail)
     fig = RECORD.animate(r)
     st.caption(f"After each round: the distance to the anchor and the barrier on "
                f"{len(r['alphas'])} points of the path. The last round is the matched source "
                f"above (largest parameter difference {r['last_round_diff']:.1e}).")
-    common.animation(fig, "match_rounds_anim", f"rounds-{spec.replace(',', '-')}")
+    show.animation(fig, "match_rounds_anim", f"rounds-{spec.replace(',', '-')}")
     return fig
 
 
@@ -235,12 +232,12 @@ HEAD_COLUMNS = _head_columns()
 
 
 def body() -> None:
-    if not common.require_pair(s, loss=False):  # matching reads the weights: any head
+    if not run.require_pair(s, loss=False):  # matching reads the weights: any head
         return
-    if not common.should_run("match", submitted, s):
+    if not run.should_run("match", submitted, s):
         st.info("Press **Run** to match this pair.")
         return
-    scored = common.pair_scored(s)  # else no barrier: matching and distances only
+    scored = run.pair_scored(s)  # else no barrier: matching and distances only
     barriers = with_barrier and scored
     if (with_barrier or replay) and not scored:
         st.caption(":material/info: No loss barriers here: no loss scores this pair (the "
@@ -251,48 +248,48 @@ def body() -> None:
     specs = offered(ABLATION_CHOICES, residual_why)
     if spec not in specs:
         specs.append(spec)
-    with common.progress("Matching", 1 + len(specs) * (2 if barriers else 1),
+    with show.progress("Matching", 1 + len(specs) * (2 if barriers else 1),
                          stop="match") as step:
-        step(f"matching with {style.nice_label(spec)}")
-        res = common.compute("match", {**base, **app.spec_cfg(spec, steps)}, step.detail)
+        step(f"matching with {figures.nice_label(spec)}")
+        res = runtime.compute("match", {**base, **app.spec_cfg(spec, steps)}, step.detail)
         ablation = []
         for sp in specs:
             cfg = {**base, **app.spec_cfg(sp, steps)}
-            step(f"ablation: {style.nice_label(sp)}")
-            r = common.compute("match", cfg, step.detail)
+            step(f"ablation: {figures.nice_label(sp)}")
+            r = runtime.compute("match", cfg, step.detail)
             row = {"match": sp, "distance": r["after_total"],
                    "max_output_diff": r["max_output_diff"], "preserved": r["preserved"]}
             if barriers:
-                step(f"barrier: {style.nice_label(sp)}")
-                cur = common.compute("barrier", app.measure_cfg(
+                step(f"barrier: {figures.nice_label(sp)}")
+                cur = runtime.compute("barrier", app.measure_cfg(
                     base, sp, base.get("layers", ""), steps, points=POINTS,
                     **BARRIER.animate_params), step.detail)
                 row.update(barrier=cur["barrier"], mid_acc=cur["mid_acc"])
             ablation.append(row)
-    st.subheader(f"Result: {style.nice_label(spec)}")
-    common.function_badge(res["max_output_diff"], res["tolerance"])
+    st.subheader(f"Result: {figures.nice_label(spec)}")
+    show.function_badge(res["max_output_diff"], res["tolerance"])
     rep = res.get("report", {})
     if rep.get("stored_output_diff") is not None:  # a half checkpoint: checked as stored too
-        common.function_badge(rep["stored_output_diff"], rep["stored_tolerance"],
+        show.function_badge(rep["stored_output_diff"], rep["stored_tolerance"],
                               f"matched source in {rep['stored_dtype']} (the checkpoint's dtype)")
     m = st.columns(3)
     m[0].metric("distance before", f"{res['before_total']:.3f}",
-                help=style.DISTANCE + " between source and anchor")
+                help=figures.distance_words() + " between source and anchor")
     m[1].metric("distance after", f"{res['after_total']:.3f}",
                 delta=f"{res['after_total'] - res['before_total']:+.3f}", delta_color="inverse")
     rel = 1 - res["after_total"] / res["before_total"] if res["before_total"] else 0.0
     m[2].metric("closer by", f"{100 * rel:.1f} %")
     rep = res["report"]
-    fig_layer = dplots.distance_bars(rep["distance_before"]["per_layer"],
-                                     rep["distance_after"]["per_layer"], "layer", s.font)
-    fig_kind = dplots.distance_bars(rep["distance_before"]["per_kind"],
-                                    rep["distance_after"]["per_kind"], "kind", s.font)
+    fig_layer = figures.distance_bars(rep["distance_before"]["per_layer"],
+                                      rep["distance_after"]["per_layer"], "layer", s.style())
+    fig_kind = figures.distance_bars(rep["distance_before"]["per_kind"],
+                                     rep["distance_after"]["per_kind"], "kind", s.style())
     t1, t2 = st.tabs(["per layer", "per module kind"])
     with t1:
-        common.chart(fig_layer, "match_layer")
+        show.chart(fig_layer, "match_layer")
     with t2:
-        common.chart(fig_kind, "match_kind")
-    figures, tables = beyond(res)
+        show.chart(fig_kind, "match_kind")
+    figs, tables = beyond(res)
     anims = {}
     data_free = not any(f in spec.split(",") for f in ("act", "learned"))
     if replay and scored and data_free and (rep.get("residual") or {}).get("rounds"):
@@ -301,11 +298,11 @@ def body() -> None:
     st.caption("Each bar matches the source with one option set (all layers chosen above). "
                "Lower is better. The barrier is the loss bump on the straight path between the "
                "anchor and the matched source, above the line between the end points.")
-    fig_ab = dplots.ablation_bars(ablation, s.font)
-    common.chart(fig_ab, "match_ablation")
+    fig_ab = figures.ablation_bars(ablation, s.style())
+    show.chart(fig_ab, "match_ablation")
     for row in ablation:
         if not row["preserved"]:
-            st.error(f"{style.nice_label(row['match'])}: function check failed "
+            st.error(f"{figures.nice_label(row['match'])}: function check failed "
                      f"({row['max_output_diff']:.2e})")
     heads = summaries.head_rows(res)
     with st.expander("Per layer and head: what matching did"):
@@ -314,12 +311,12 @@ def body() -> None:
                          hide_index=True, column_config=HEAD_COLUMNS)
         else:
             st.write("No attention matching in this option set.")
-    common.export("match", {"page": "match", **base, **app.spec_cfg(spec, steps)},
+    show.export("match", {"page": "match", **base, **app.spec_cfg(spec, steps)},
                   {"match": res, "ablation": ablation},
                   {"distances": summaries.distance_rows(res), "heads": heads, "ablation": ablation,
                    **tables},
                   {"distance_per_layer": fig_layer, "distance_per_kind": fig_kind,
-                   "ablation": fig_ab, **figures}, anims)
+                   "ablation": fig_ab, **figs}, anims)
 
 
-common.guard(body)
+run.guard(body)

@@ -7,15 +7,15 @@ names an anchor and a source), its matchings, once each, and computes on Run onl
 
 import streamlit as st
 
-from app_pages import common
+from app_pages import run, runtime, show, sidebar
 from rotviz import app
+from rotviz.app import figures
 from rotviz.app.export import measurement_animation, measurement_files
 from rotviz.app.specs import SPEC_CHOICES, spec_label
 from rotviz.limits import MAX_LAYERS_TEXT
 from rotviz.measures import measurements
-from rotviz.plots import style
 
-s = common.setup()
+s = sidebar.setup()
 st.title("Every measurement")
 st.markdown(
     "Each measurement rotviz knows is a record: a name, its parameters with their bounds, how "
@@ -24,7 +24,7 @@ st.markdown(
     "other pages."
 )
 RECORDS = {m.name: m for m in measurements()}
-offered, residual_why = common.offered_specs(s, SPEC_CHOICES)
+offered, residual_why = run.offered_specs(s, SPEC_CHOICES)
 
 name = st.selectbox("Measurement", list(RECORDS), format_func=lambda n: RECORDS[n].label,
                     key="x_name", bind="query-params")  # outside the form: its fields follow it
@@ -38,7 +38,7 @@ with st.form("measure_form"):
     if inputs is None:
         c = st.columns(2)
         spec = c[0].selectbox("Matching", offered, offered.index("seed"),
-                              format_func=style.nice_label, key="x_spec", bind="query-params")
+                              format_func=figures.nice_label, key="x_spec", bind="query-params")
         layers = c[1].text_input("Layers to match (empty = all)", "", key="x_layers",
                                  max_chars=MAX_LAYERS_TEXT, bind="query-params")
     else:
@@ -51,54 +51,54 @@ with st.form("measure_form"):
         # the record's own matchings first (its rungs, in order), then the others offered,
         # each meaning once ('act' and 'weight,act' are one)
         mine = {spec_label(sp) for sp in inputs.default_specs}
-        choices = common.offered_specs(s, inputs.default_specs + tuple(
+        choices = run.offered_specs(s, inputs.default_specs + tuple(
             sp for sp in SPEC_CHOICES if spec_label(sp) not in mine))[0]
         default = [sp for sp in inputs.default_specs if sp in choices]
         if inputs.one_spec:
             specs = [st.selectbox("Matching", choices, key=f"x_{name}_spec",
-                                  format_func=style.nice_label)]
+                                  format_func=figures.nice_label)]
         else:
             specs = st.multiselect("Matchings (once each, in this order)", choices, default,
-                                   format_func=style.nice_label, key=f"x_{name}_specs",
+                                   format_func=figures.nice_label, key=f"x_{name}_specs",
                                    bind="query-params")
     cols = st.columns(3)
     # what the record's animation needs (the barrier's answers on 4 inputs) starts on
-    params = {p.name: common.param_input(cols[i % 3], p, f"x_{name}_{p.name}",
+    params = {p.name: show.param_input(cols[i % 3], p, f"x_{name}_{p.name}",
                                          record.animate_params.get(p.name))
               for i, p in enumerate(record.parameters())}
     submitted = st.form_submit_button("Run", type="primary", icon=":material/play_arrow:")
 
 
-def show(result: dict, cfg: dict) -> None:
+def draw(result: dict, cfg: dict) -> None:
     """The record's figure, its animation (`animate`), its text (`markdown`) and
     table, and the export."""
     tables, figures = measurement_files(name, result)
     for key, fig in figures.items():
-        common.chart(fig, f"measure_{key}")
+        show.chart(fig, f"measure_{key}")
     anim = measurement_animation(name, result)
     if anim is not None:
-        common.animation(anim, f"measure_{name}_anim", f"{name}-animation")
+        show.animation(anim, f"measure_{name}_anim", f"{name}-animation")
     markdown = record.markdown
     if markdown is not None:
         st.markdown(markdown(result))
     for rows in tables.values():
-        common.table(rows)
-    common.export(name, {"page": "measure", "measurement": name, **cfg}, result, tables,
+        show.table(rows)
+    show.export(name, {"page": "measure", "measurement": name, **cfg}, result, tables,
                   figures, {name: anim} if anim is not None else None)
 
 
 def body() -> None:
-    if not common.require_pair(s, loss=record.data):  # the weights' views take any head
+    if not run.require_pair(s, loss=record.data):  # the weights' views take any head
         return
-    if not common.should_run("measure", submitted, s):
+    if not run.should_run("measure", submitted, s):
         st.info("Press **Run** to compute it.")
         return
     cfg = app.measure_cfg(s.base(), spec, layers, **params)
-    with common.progress("Measuring", 1, stop="measure") as step:
-        step(f"{record.label}: matching with {style.nice_label(spec)}, then measuring")
-        result = common.compute(name, cfg, step.detail)
-    common.function_badge(result.get("max_output_diff"), result["tolerance"])
-    show(result, cfg)
+    with show.progress("Measuring", 1, stop="measure") as step:
+        step(f"{record.label}: matching with {figures.nice_label(spec)}, then measuring")
+        result = runtime.compute(name, cfg, step.detail)
+    show.function_badge(result.get("max_output_diff"), result["tolerance"])
+    draw(result, cfg)
 
 
 def inputs_body() -> None:
@@ -107,13 +107,13 @@ def inputs_body() -> None:
         st.warning("Pick at least one matching.")
         return
     cfg = app.inputs_cfg(s.base(), refs, specs, **params)
-    with common.progress("Measuring", 1, stop=f"measure_{name}") as step:
+    with show.progress("Measuring", 1, stop=f"measure_{name}") as step:
         step(f"{record.label}: {len(specs)} matching(s)")
-        result = common.compute(name, cfg, step.detail, common.stopper())
-    show(result, cfg)
+        result = runtime.compute(name, cfg, step.detail, run.stopper())
+    draw(result, cfg)
 
 
 if inputs is None:
-    common.guard(body)
-elif common.section_wanted(f"measure_{name}", submitted):
-    common.guard(inputs_body)
+    run.guard(body)
+elif run.section_wanted(f"measure_{name}", submitted):
+    run.guard(inputs_body)

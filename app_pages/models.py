@@ -2,11 +2,11 @@
 
 import streamlit as st
 
-from app_pages import boot, common
+from app_pages import boot, run, runtime, show, sidebar
 from rotviz.app import summaries
 from rotviz.app.roots import card_of, recorded_card, short_name
 
-s = common.setup()
+s = sidebar.setup()
 st.title("rotviz: the symmetries of transformers")
 st.markdown(
     "Two transformers trained apart compute nearly the same function with very different "
@@ -29,7 +29,7 @@ def body() -> None:
         with slot.container():
             draw_recorded(early)
     boot.ready()  # torch: the start-up thread's imports (app_pages/boot.py)
-    if not common.require_pair(s, loss=False):  # a card of a head no loss scores has none
+    if not run.require_pair(s, loss=False):  # a card of a head no loss scores has none
         slot.empty()
         return
     if s.sized[0]:  # a card evaluates each model whole
@@ -42,25 +42,25 @@ def body() -> None:
 
     cards = {}
     try:
-        with top, common.progress("Checking both models", 2) as step:
+        with top, show.progress("Checking both models", 2) as step:
             for role, cfg in cfgs.items():
                 step(f"evaluating the {role}")
-                cards[role] = common.compute("card", cfg)
+                cards[role] = runtime.compute("card", cfg)
     except BaseException:  # an error, or a stop: the recorded numbers go with the cards
         slot.empty()
         raise
     with slot.container():
         draw_cards(cards, FUNCTION_TOLERANCE)
-    common.export("models", {"page": "models", **s.base()}, cards,
+    show.export("models", {"page": "models", **s.base()}, cards,
                   {"models": summaries.card_rows(cards)})
-    common.warm_up(s)  # the pair's full models, for the page the user opens next
+    run.warm_up(s)  # the pair's full models, for the page the user opens next
 
 
 def recorded(cfgs: dict[str, dict]) -> dict[str, dict] | None:
     """Both zoo cards' recorded test numbers, when the cards (`cfgs`: each role's card
     configuration) are not computed yet and the recorded ones are for these settings
     (rotviz.app.roots.recorded_card); else None."""
-    if all(common.is_cached("card", c) for c in cfgs.values()):
+    if all(runtime.is_cached("card", c) for c in cfgs.values()):
         return None
     out = {role: recorded_card(**c) for role, c in cfgs.items()}
     return out if all(out.values()) else None
@@ -85,7 +85,7 @@ def draw_recorded(early: dict[str, dict]) -> None:
 
 def draw_cards(cards: dict[str, dict], tolerance: float) -> None:
     """Both models' cards, as evaluated here, with their heads and functional checks."""
-    note = summaries.pair_note(cards, common.pair_scored(s))
+    note = summaries.pair_note(cards, run.pair_scored(s))
     if note["kind"] == "all":
         st.success(note["text"], icon=":material/check:")
     else:
@@ -118,13 +118,13 @@ def draw_cards(cards: dict[str, dict], tolerance: float) -> None:
             st.caption("Functional check: a random symmetry (every FFN permuted, every head "
                        f"rotated and rescaled) moved the weights by {chk['distance']:.1f} "
                        "(Euclidean distance), and the outputs by:")
-            common.function_badge(chk["max_output_diff"], tolerance,
+            show.function_badge(chk["max_output_diff"], tolerance,
                                   "randomly transformed model (every output it has)")
 
 
 def metrics(card: dict) -> None:
     """A scored model's test numbers: accuracy, loss, its task's scores (else its size)."""
-    from rotviz.plots import style  # plotly: after the start-up thread's imports (boot.py)
+    from rotviz.app import figures  # plotly: after the start-up thread's imports (boot.py)
 
     scores = card.get("scores") or {}
     m = st.columns(2 + max(1, len(scores)))  # the size moves below when F1 is shown
@@ -137,7 +137,7 @@ def metrics(card: dict) -> None:
                 help="the head's own loss (cross-entropy in nats; squared error for "
                      "regression)")
     for j, (k, v) in enumerate(scores.items()):
-        m[2 + j].metric(f"test {style.metric_label(k)}", f"{v:.3f}", help=style.metric_help(k))
+        m[2 + j].metric(f"test {figures.metric_label(k)}", f"{v:.3f}", help=figures.metric_help(k))
     if not scores:
         m[-1].metric("parameters", f"{card['params']:,}")
     st.caption(f"Task: **{card.get('name') or card.get('task') or ''}** (from the model's "
@@ -155,4 +155,4 @@ def head(h: dict) -> None:
         st.info(text, icon=":material/info:", title="No loss on this head")
 
 
-common.guard(body)
+run.guard(body)

@@ -3,14 +3,14 @@
 
 import streamlit as st
 
-from app_pages import common
+from app_pages import run, runtime, show, sidebar
 from rotviz import app
+from rotviz.app import figures
 from rotviz.app.summaries import head_rows
 from rotviz.limits import MAX_LAYERS_TEXT
-from rotviz.plots import spectra as splots
-from rotviz.plots import style
+from rotviz.plots.figure_style import Style
 
-s = common.setup()
+s = sidebar.setup()
 st.title("Attention spectra")
 st.markdown(
     "For each head, matching builds a small *cross matrix* from the two models' query and key "
@@ -22,7 +22,7 @@ ATTN_SPECS = ("seed", "ffn,attn", "attn")
 
 with st.form("spectra_form"):
     c = st.columns(2)
-    spec = c[0].selectbox("Matching", ATTN_SPECS, format_func=style.nice_label, key="s_spec",
+    spec = c[0].selectbox("Matching", ATTN_SPECS, format_func=figures.nice_label, key="s_spec",
                           bind="query-params")
     layers = c[1].text_input("Layers to match (empty = all)", "", key="s_layers",
                              max_chars=MAX_LAYERS_TEXT, bind="query-params")
@@ -30,7 +30,7 @@ with st.form("spectra_form"):
 
 
 @st.fragment
-def per_layer(heads: list[dict], circuits: dict, font: int) -> None:
+def per_layer(heads: list[dict], circuits: dict, style: Style) -> None:
     """Layer slider and head picker over results already computed (no recomputation)."""
     idx = [h["layer"] for h in heads]
     c = st.columns([3, 1])
@@ -41,8 +41,8 @@ def per_layer(heads: list[dict], circuits: dict, font: int) -> None:
     n_heads = len(lay["qk_singular"])
     head = c[1].selectbox("Head (invariant circuits)", list(range(n_heads)), key="s_head",
                           bind="query-params")
-    common.chart(splots.singular_values(lay, font), "spectra_sv")
-    common.chart(splots.rotation_angles(lay, font), "spectra_angles")
+    show.chart(figures.singular_values(lay, style), "spectra_sv")
+    show.chart(figures.rotation_angles(lay, style), "spectra_angles")
     st.subheader("Invariant circuits: before vs after")
     st.markdown(
         "The products W_Qᵀ W_K (which tokens attend to which) and W_O W_V (what a head writes "
@@ -62,23 +62,23 @@ def per_layer(heads: list[dict], circuits: dict, font: int) -> None:
         if cl.get(f"matched_{kind}"):
             series["matched source"] = cl[f"matched_{kind}"][head]
         with col:
-            common.chart(splots.circuit_spectra(series, f"{title}, layer {layer}, head {head}",
-                                                font), f"spectra_circuit_{kind}")
+            show.chart(figures.circuit_spectra(series, f"{title}, layer {layer}, head {head}",
+                                                 style), f"spectra_circuit_{kind}")
 
 
 def body() -> None:
-    if not common.require_pair(s, loss=False):  # the weights only: any head, or none
+    if not run.require_pair(s, loss=False):  # the weights only: any head, or none
         return
-    if not common.should_run("spectra", submitted, s):
+    if not run.should_run("spectra", submitted, s):
         st.info("Press **Run** to match and show the spectra.")
         return
     cfg = app.measure_cfg(s.base(), spec, layers)
-    with common.progress("Matching", 2) as step:
-        step(f"matching with {style.nice_label(spec)}")
-        res = common.compute("match", cfg)
+    with show.progress("Matching", 2) as step:
+        step(f"matching with {figures.nice_label(spec)}")
+        res = runtime.compute("match", cfg)
         step("cross matrices and invariant circuits")
-        circuits = common.compute("spectra", cfg)
-    common.function_badge(res["max_output_diff"], res["tolerance"])
+        circuits = runtime.compute("spectra", cfg)
+    show.function_badge(res["max_output_diff"], res["tolerance"])
     change = circuits.get("max_circuit_change")
     if change is not None:
         ok = change <= 1e-4
@@ -90,25 +90,25 @@ def body() -> None:
     if not heads:
         st.warning("This option set does not rotate attention heads.")
         return
-    per_layer(heads, circuits, s.font)
+    per_layer(heads, circuits, s.style())
     st.subheader("All layers at a glance")
     figs = {}
     for lay in heads:  # every layer's figures go into the export, not only the one shown
-        figs[f"singular_values_layer{lay['layer']}"] = splots.singular_values(lay, s.font)
-        figs[f"rotation_angles_layer{lay['layer']}"] = splots.rotation_angles(lay, s.font)
+        figs[f"singular_values_layer{lay['layer']}"] = figures.singular_values(lay, s.style())
+        figs[f"rotation_angles_layer{lay['layer']}"] = figures.rotation_angles(lay, s.style())
     c = st.columns(2)
     for col, kind in zip(c, ("qk", "vo"), strict=True):
-        figs[f"angles_{kind}"] = splots.angle_overview(heads, kind, s.font)
+        figs[f"angles_{kind}"] = figures.angle_overview(heads, kind, s.style())
         with col:
-            common.chart(figs[f"angles_{kind}"], f"spectra_overview_{kind}")
+            show.chart(figs[f"angles_{kind}"], f"spectra_overview_{kind}")
     circuit_rows = [
         {"layer": lay["layer"], "head": h, "circuit": kind, "model": who, "singular_values": sv}
         for lay in circuits["layers"] for kind in ("qk", "vo")
         for who in ("anchor", "source", "matched")
         for h, sv in enumerate(lay.get(f"{who}_{kind}") or [])
     ]
-    common.export("spectra", {"page": "spectra", **cfg}, {"match": res, "circuits": circuits},
+    show.export("spectra", {"page": "spectra", **cfg}, {"match": res, "circuits": circuits},
                   {"heads": head_rows(res), "circuits": circuit_rows}, figs)
 
 
-common.guard(body)
+run.guard(body)

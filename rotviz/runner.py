@@ -182,7 +182,7 @@ class Pair:
 
 
 def _load_model(ref: str) -> Any:
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
 
     return load_model(ref)
 
@@ -289,15 +289,15 @@ def _at_size(m: Measurement, pair: Pair, values: dict, host: Host) -> Any:
     into a temporary folder, then the record's at-size implementation, with the host's
     outputs written while the endpoints are open (a record that writes a model writes it
     into `host.out()`, on the main process only)."""
+    from rotviz.atsize.blocks import open_streamed
+    from rotviz.atsize.endpoints import streamed_endpoints
+    from rotviz.atsize.points import sized_loaded
     from rotviz.confine import ANYWHERE
     from rotviz.match.options import parse_layers
     from rotviz.match.selection import match_options
     from rotviz.match.widths import differs_only_in_ffn
     from rotviz.match.widths import refuse_narrower as refuse
-    from rotviz.models import check_compatible
-    from rotviz.stream.blocks import open_streamed
-    from rotviz.stream.endpoints import streamed_endpoints
-    from rotviz.stream.sized import sized_loaded
+    from rotviz.sources.pairs import check_compatible
 
     if host.at_size_ref is not None:  # further models, read at size by the record itself
         values = {**values, **{n: host.at_size_ref(values[n]) for n in m.models

@@ -208,7 +208,7 @@ def test_barrier_verdict_says_what_each_matching_did():
     """The new user's pair: the seed paper's matching raised the barrier (0.514 -> 0.575)
     while weight matching lowered it; the banner says both, and never that matching lowers
     it when one raised it. The page's own text: "done in", computed or from the cache."""
-    from app_pages.common import done_label
+    from app_pages.show import done_label
 
     def curve(match, barrier, after):
         return {"match": match, "barrier": barrier, "distance_before": 26.72,
@@ -244,8 +244,8 @@ def test_device_badge_names_the_device():
 
 
 def test_learn_demo_scrambles_weights_not_outputs(roots):
-    from rotviz.data import load_split
-    from rotviz.models import load_model
+    from rotviz.data.split import load_split
+    from rotviz.sources.loading import load_model
 
     m = load_model(roots / "vit-s0")
     split = load_split("digits").subset(64)
@@ -264,9 +264,9 @@ def test_learn_demo_scrambles_weights_not_outputs(roots):
 
 
 def test_model_card_symmetry_check(roots):
-    from rotviz.data import load_split
+    from rotviz.data.split import load_split
     from rotviz.evaluation import evaluate
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
 
     m = load_model(roots / "vit-s1")
     split = load_split("digits").subset(50)
@@ -280,7 +280,7 @@ def test_model_card_symmetry_check(roots):
 def test_match_tables_for_export(roots):
     from rotviz.match.options import MatchOptions
     from rotviz.match.pipeline import match_models
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
 
     a, s = load_model(roots / "vit-s0"), load_model(roots / "vit-s1")
     summary = summaries.match_summary(match_models(a, s, MatchOptions()), "seed")
@@ -300,8 +300,9 @@ def test_match_tables_for_export(roots):
 def test_model_locks_serialise_shared_modules(roots):
     """Two sessions evaluating different parameter sets on one cached module at once get
     their own answers (functional_call swaps tensors on the shared module)."""
-    from app_pages import common
-    from rotviz.models import forward, load_model, probe_inputs
+    from app_pages import runtime
+    from rotviz.sources.loading import load_model
+    from rotviz.sources.running import forward, probe_inputs
 
     m = load_model(roots / "vit-s0")
     other = load_model(roots / "vit-s1").state
@@ -311,7 +312,7 @@ def test_model_locks_serialise_shared_modules(roots):
 
     def work(i: int) -> None:
         for _ in range(15):
-            with common.using("vit-s0"):
+            with runtime.using("vit-s0"):
                 y = forward(m, x, m.state if i == 0 else other)
             got[i].append(bool(torch.equal(y, want[i])))
 
@@ -357,18 +358,18 @@ def test_models_page_opens_on_the_default_pair(pair):
 
 
 def test_models_page_evaluates_light_models_then_computes_the_barrier_page_ahead(pair):
-    """The Models page checks and evaluates the pair without transformers' modules (rotviz.lite
-    where it is exact) and, once painted, computes the Barrier page's default curves in the
-    background, so that page finds them ready. They are the library's numbers with the
-    models' own transformers classes, bit for bit."""
-    from app_pages import common
+    """The Models page checks and evaluates the pair without transformers' modules
+    (rotviz.sources.plain_torch where it is exact) and, once painted, computes the Barrier page's
+    default curves in the background, so that page finds them ready. They are the library's numbers
+    with the models' own transformers classes, bit for bit."""
+    from app_pages import runtime
     from rotviz import app as rapp
-    from rotviz.analysis.landscape import interpolate
-    from rotviz.data import load_split
-    from rotviz.models import load_model
+    from rotviz.data.split import load_split
+    from rotviz.measures.barrier import interpolate
+    from rotviz.sources.loading import load_model
 
-    stores = common._stores()
-    with common._WARMING, common._AHEAD:  # an earlier page's warm-up is over
+    stores = runtime._stores()
+    with runtime._WARMING, runtime._AHEAD:  # an earlier page's warm-up is over
         pass
     for store in stores.values():
         store.clear()
@@ -390,22 +391,22 @@ def test_models_page_evaluates_light_models_then_computes_the_barrier_page_ahead
         rapp.load_eval, rapp.barrier_defaults = real_load_eval, real_defaults
     assert set(seen) == set(pair)  # the page evaluated lighter models ...
     if all(ref.startswith("zoo:vit") for ref in pair):
-        assert {type(m.model).__module__ for m in seen.values()} == {"rotviz.lite"}
-    with common._WARMING, common._AHEAD:  # the warm-up thread (started by the page) is done
+        assert {type(m.model).__module__ for m in seen.values()} == {"rotviz.sources.plain_torch"}
+    with runtime._WARMING, runtime._AHEAD:  # the warm-up thread (started by the page) is done
         pass
     assert not stores["models"]  # ... and never needed the full ones
     (ahead,) = planned
     assert [c["spec"] for c in ahead] == list(app_specs.DEFAULT_SPECS)
     assert {(c["anchor"], c["source"], c["params"]["points"]) for c in ahead} == {
         (*pair, rapp.BARRIER_POINTS)}
-    assert all(common.is_cached("barrier", cfg) for cfg in ahead)
+    assert all(runtime.is_cached("barrier", cfg) for cfg in ahead)
     a, b = load_model(pair[0]), load_model(pair[1])
     assert type(a.model).__module__.startswith("transformers")
     split = load_split(ahead[0]["data"], "test", 0).subset(ahead[0]["n_eval"])
     # none, and the seed paper's matching (weight matching's match is the library's:
     # test_app_compute.py; a barrier evaluates any match the same way)
     for cfg in (ahead[0], ahead[1]):
-        got = common.compute("barrier", cfg)
+        got = runtime.compute("barrier", cfg)
         want = interpolate(a, b, split, cfg["spec"], points=cfg["params"]["points"])
         assert got["loss"] == want.loss and got["acc"] == want.acc  # bit for bit
         assert got["barrier"] == want.barrier
@@ -420,26 +421,26 @@ def test_launcher_computes_the_opening_cards_before_the_first_run(pair, monkeypa
     whole split) is another test's."""
     from streamlit.web.server.app_discovery import discover_asgi_app
 
-    from app_pages import boot, common
+    from app_pages import boot, run, runtime
     from rotviz import app as rapp
 
     found = discover_asgi_app(Path(APP).with_name("app.py"))
     assert found.is_asgi_app and found.import_string == "app:app"
-    with common._WARMING, common._AHEAD:  # an earlier page's warm-up is over
+    with runtime._WARMING, runtime._AHEAD:  # an earlier page's warm-up is over
         pass
-    common._stores()["results"].clear()
+    runtime._stores()["results"].clear()
     thread = boot.start()
     assert thread is not None and boot.start() is None  # once per process
     boot.ready()  # the thread's imports are over
     thread.join(timeout=120)
     cfgs = [{"ref": ref, "data": app_roots.data_of(pair[0]), "seed": 0, "n_eval": 0}
             for ref in pair]
-    assert all(common.is_cached("card", cfg) for cfg in cfgs)
-    monkeypatch.setattr(common, "warm_up", lambda s: None)
+    assert all(runtime.is_cached("card", cfg) for cfg in cfgs)
+    monkeypatch.setattr(run, "warm_up", lambda s: None)
     at = app(n="0")
     assert at.status[0].label.endswith(", all 2 from the cache (computed earlier with these "
                                        "settings)"), at.status[0].label
-    cards = [common.compute("card", cfg) for cfg in cfgs]
+    cards = [runtime.compute("card", cfg) for cfg in cfgs]
     acc = [m.value for m in at.metric if m.label == "test accuracy"]
     assert acc == [f"{c['acc']:.3f}" for c in cards]
     assert cards[0] == rapp.run("card", rapp.Resources(), cfgs[0])
@@ -454,7 +455,7 @@ def test_launcher_computes_the_opening_cards_before_the_first_run(pair, monkeypa
             asked = {"data": cfg["data"], "seed": 0, "n_eval": 0, **other}
             assert app_roots.recorded_card(cfg["ref"], **asked) is None, other
     assert app_roots.recorded_card("zoo:gpt2-pystdlib-s0", "pystdlib", 0, 0) is None  # corpus
-    common._stores()["results"].clear()
+    runtime._stores()["results"].clear()
     at = app(n="0")  # computed now: this machine's numbers replace the recorded ones
     assert [m.value for m in at.metric if m.label == "test accuracy"] == acc
     assert not [m for m in at.metric if "recorded" in m.label]
@@ -468,7 +469,7 @@ def test_a_result_another_caller_computed_counts_as_from_the_cache():
     import threading
     import time
 
-    from app_pages import common
+    from app_pages import runtime
     from rotviz.app import cache
 
     cfg = {"ref": "zoo:nowhere", "data": "digits", "seed": 12345, "n_eval": 7}
@@ -480,17 +481,17 @@ def test_a_result_another_caller_computed_counts_as_from_the_cache():
         time.sleep(0.3)
         return {"acc": 0.5}
 
-    other = threading.Thread(target=common._stores()["results"].get_or_compute,
+    other = threading.Thread(target=runtime._stores()["results"].get_or_compute,
                              args=(key, slow))
     other.start()
     started.wait(10)
     tally = {"cached": 0, "computed": 0}
-    token = common._TALLY.set(tally)
+    token = runtime._TALLY.set(tally)
     try:
-        assert not common.is_cached("card", cfg)
-        assert common.compute("card", cfg) == {"acc": 0.5}  # the other caller's, not run here
+        assert not runtime.is_cached("card", cfg)
+        assert runtime.compute("card", cfg) == {"acc": 0.5}  # the other caller's, not run here
     finally:
-        common._TALLY.reset(token)
+        runtime._TALLY.reset(token)
         other.join()
     assert tally == {"cached": 1, "computed": 0}
 
@@ -528,15 +529,15 @@ def test_the_start_up_thread_waits_for_the_browsers_requests(monkeypatch):
 
 
 def test_barrier_page_chart_holds_library_results(pair):
-    from app_pages import common
-    from rotviz.analysis.landscape import interpolate
-    from rotviz.data import load_split
-    from rotviz.models import load_model
+    from app_pages import runtime
+    from rotviz.data.split import load_split
+    from rotviz.measures.barrier import interpolate
+    from rotviz.sources.loading import load_model
 
     at = app("barrier", b_points="5")
     # the page checks and computes with the models as the computations take them: it never
     # loads transformers' modules (that import competed with the first curves for the CPU)
-    assert not common._stores()["models"]
+    assert not runtime._stores()["models"]
     figs = figures(at)
     # curves computed now are drawn as they come in; the final chart replaces them (the
     # third chart: the path animated)
@@ -604,7 +605,7 @@ def barrier_of(trace: dict) -> float:
 @pytest.fixture(scope="module")
 def default_pair_dirs(roots) -> tuple[str, str]:
     """The zoo's default pair as two folders, added to the model roots."""
-    from tests.test_landscape import default_pair
+    from tests.pairs import default_pair
 
     a, b = default_pair()
     os.environ[app_roots.ENV_ROOTS] += os.pathsep + str(Path(a.path).parent)
@@ -632,16 +633,21 @@ def test_barrier_form_reruns_with_new_options(pair):
     at = app("barrier", b_points="5")
     at.multiselect(key="b_specs").set_value(["none", "seed"])
     at.slider(key="b_points").set_value(7)
-    at.toggle(key="b_plane").set_value(True)
-    at.slider(key="b_grid").set_value(5)
     at.toggle(key="acc01").set_value(True)  # the sidebar's fixed 0-1 accuracy scale
-    at.get("form_submit_button")[0].click()
+    at.button(key="b_run").click()
     at.run()
     assert not at.exception
-    # Run says that it ran, how long it took and what it computed (2 curves and the plane)
+    # Run says that it ran, how long it took and what it computed (2 curves), and the
+    # plane's own Run the same (the plane)
     assert at.status[0].label.startswith("Interpolating: Run: done in ")
-    assert at.status[0].label.endswith(" s, 3 computed")
+    assert at.status[0].label.endswith(" s, 2 computed")
     assert [x.value for x in at.toast] == [at.status[0].label]
+    at.slider(key="b_plane_grid").set_value(5)
+    at.button(key="b_plane_run").click()
+    at.run()
+    assert not at.exception
+    assert at.status[1].label.startswith("Loss plane: Run: done in ")
+    assert at.status[1].label.endswith(" s, 1 computed")
     figs = figures(at)
     loss = figs[LOSS_TITLE]
     lines = [tr for tr in loss["data"] if tr.get("showlegend", True)]
@@ -653,11 +659,15 @@ def test_barrier_form_reruns_with_new_options(pair):
     z = np.asarray(plane["data"][0]["z"], dtype=float)
     assert z.shape == (5, 5) and np.isfinite(z).all()
     # Run again with the same settings: answered from the cache, and it says so
-    at.get("form_submit_button")[0].click()
+    at.button(key="b_run").click()
     at.run()
     assert at.status[0].label.startswith("Interpolating: Run: done in ")
     assert at.status[0].label.endswith(
-        " s, all 3 from the cache (computed earlier with these settings)")
+        " s, all 2 from the cache (computed earlier with these settings)")
+    at.button(key="b_plane_run").click()
+    at.run()
+    assert at.status[1].label.endswith(
+        " s, from the cache (computed earlier with these settings)")
 
 
 def test_match_page_distances_drop(pair):
@@ -685,8 +695,8 @@ def test_spectra_page_circuits_unchanged(pair):
 
 def test_merge_page_chart_holds_fusion_table(pair):
     from rotviz.analysis.fusion import fusion_table
-    from rotviz.data import load_split
-    from rotviz.models import load_model
+    from rotviz.data.split import load_split
+    from rotviz.sources.loading import load_model
 
     at = app("merge", g_methods="simple average")
     fig = figures(at)["Merged model accuracy per fusion method"]
@@ -710,13 +720,13 @@ def test_merge_page_chart_holds_fusion_table(pair):
     assert "function preserved" in texts(at)
     # the sweep computes on its own Run only, one line per matching, the library's numbers
     assert "Merged model accuracy against weight (simple)" not in figures(at)
-    next(b for b in at.button if b.label == "Run the sweep").click()
+    at.button(key="g_merge_sweep_run").click()
     at.run()
     assert not at.exception, [e.message for e in at.exception]
     sweep = figures(at)["Merged model accuracy against weight (simple)"]
     got = {tr["name"]: numbers(tr["y"]) for tr in sweep["data"]}
-    from rotviz.analysis.fusion import sweep_on
     from rotviz.match.endpoints import match_endpoints
+    from rotviz.measures.merge_sweep import sweep_on
 
     split = load_split("digits").subset(N_EVAL)
     want = sweep_on(match_endpoints(a, s, "seed"), "simple", "weight",
@@ -789,7 +799,7 @@ def test_result_cache_stores_only_what_finished():
 def test_progress_detail_touches_the_page_at_a_bounded_rate():
     """Learned matching reports every step; the page is updated at most every EVERY seconds
     (each update is where Streamlit can interrupt the run) and always at a loop's end."""
-    from app_pages import common
+    from app_pages import show
 
     class Fake:
         def __init__(self):
@@ -802,7 +812,7 @@ def test_progress_detail_touches_the_page_at_a_bounded_rate():
             self.calls.append(kw)
 
     bar, box = Fake(), Fake()
-    step = common.Steps("Matching", 2, box, bar)
+    step = show.Steps("Matching", 2, box, bar)
     step("weight,learned")
     for k in range(1, 2001):  # a fast loop: most reports are not sent
         step.detail(k, 2000, f"step {k}")
@@ -840,14 +850,14 @@ def test_cancelled_or_interrupted_learned_matching_is_not_cached(roots):
     progress callback, leaves nothing in the app's caches; the next run computes afresh."""
     from streamlit.runtime.scriptrunner_utils.exceptions import StopException
 
-    from app_pages import common
+    from app_pages import runtime
     from rotviz import app as rapp
 
     a, s = str(roots / "vit-s0"), str(roots / "vit-s1")
     cfg = {"anchor": a, "source": s, "data": "digits", "seed": 0, "n_eval": N_EVAL,
            "device": "cpu", "layers": "", **rapp.spec_cfg("weight,learned", 6)}
     with pytest.raises(rapp.Cancelled, match="cancelled after 0 of 6 steps"):
-        rapp.matched(common.resources(), cfg, cancel=lambda: True)
+        rapp.matched(runtime.resources(), cfg, cancel=lambda: True)
     assert cfg["learn_steps"] == 6
 
     def stop_at_step_3(done, total, message):
@@ -855,11 +865,11 @@ def test_cancelled_or_interrupted_learned_matching_is_not_cached(roots):
             raise StopException  # what Streamlit raises in a st call when the user stops
 
     with pytest.raises(StopException):
-        common.compute("match", cfg, stop_at_step_3)
-    assert not common.is_cached("match", cfg)
+        runtime.compute("match", cfg, stop_at_step_3)
+    assert not runtime.is_cached("match", cfg)
     seen = []
-    res = common.compute("match", cfg, lambda d, t, m: seen.append(m))
-    assert common.is_cached("match", cfg)
+    res = runtime.compute("match", cfg, lambda d, t, m: seen.append(m))
+    assert runtime.is_cached("match", cfg)
     learned = res["report"]["learned"]
     assert learned["steps"] == 6 and learned["stopped"] == "steps"
     assert [h["step"] for h in learned["history"]] == [0, 6]
@@ -909,9 +919,9 @@ def test_match_page_residual_alternation_never_goes_up(pair):
 
 
 def load_cached(ref: str):
-    from app_pages import common
+    from app_pages import runtime
 
-    return common.resources().load_eval(ref)
+    return runtime.resources().load_eval(ref)
 
 
 def test_match_page_learned_on_a_tiny_pair(roots):
@@ -1051,11 +1061,11 @@ def _framed(fig: dict) -> None:
 def test_landscape_page_computes_each_section_on_run(pair):
     """First paint computes nothing; each section's Run draws its figures, whose numbers are
     the library's (the slice's grid, the Hessian's top eigenvalues, the bend's barrier)."""
-    from rotviz.analysis.slices import slice_at
-    from rotviz.data import load_split
+    from rotviz.analysis.loss_grid import slice_at
+    from rotviz.data.split import load_split
     from rotviz.match.endpoints import match_endpoints
-    from rotviz.models import load_model
     from rotviz.runner import measure
+    from rotviz.sources.loading import load_model
 
     at = app("landscape", l_slice_grid="5", l_bend_steps="10", l_bend_points="5",
              l_layerwise_points="3", l_hessian_iterations="16", l_hessian_examples="64")
@@ -1104,7 +1114,7 @@ def test_landscape_slice_log_toggle_keeps_the_numbers(pair):
     at = app("landscape", l_slice_grid="5")
     at.button(key="l_slice_run").click().run()
     lin = next(f for t, f in figures(at).items() if t.startswith("Test loss on a random"))
-    at.toggle(key="l_log").set_value(True).run()
+    at.toggle(key="l_slice_log").set_value(True).run()
     assert not at.exception
     log = next(f for t, f in figures(at).items() if t.startswith("Test loss on a random"))
     z = np.asarray([numbers(r) if isinstance(r, dict) else r for r in
@@ -1125,11 +1135,11 @@ def test_landscape_slice_around_b_prime_and_its_gauge_fixed_twin(pair):
     the matched path (the page's matching) draws the library's numbers, B' marked at x = 1;
     the random plane beside the gauge-fixed plane share one colour scale, each panel the
     library's grid (1e-5), captioned."""
-    from rotviz.analysis.directions import slice_with
-    from rotviz.data import load_split
+    from rotviz.data.split import load_split
     from rotviz.match.endpoints import match_endpoints
-    from rotviz.models import load_model
+    from rotviz.measures.slice import slice_with
     from rotviz.runner import measure
+    from rotviz.sources.loading import load_model
 
     at = app("landscape", l_slice_grid="5", l_slice_around="path", l_slice_dims="1",
              l_slice_directions="toward", l_slice_norm="none", l_slice_biases="keep")
@@ -1171,8 +1181,9 @@ def test_landscape_slice_around_b_prime_and_its_gauge_fixed_twin(pair):
 
 def test_barrier_page_plane_has_a_3d_view(pair):
     """With the plane drawn, a tab beside the contour holds the same grid as a 3D surface."""
-    at = app("barrier", b_points="3", b_plane="true", b_grid="5",
+    at = app("barrier", b_points="3", b_plane_grid="5",
              b_specs=["FFN + attention + rescale (seed paper)"])
+    at.button(key="b_plane_run").click().run()
     figs = figures(at)
     flat = figs["Test loss on the plane through A, B and B'"]
     surf = figs["Test loss surface on the plane through A, B and B'"]
@@ -1190,7 +1201,7 @@ def test_barrier_page_plane_has_a_3d_view(pair):
 def test_stop_reaches_a_training_measurement_and_nothing_is_cached(roots):
     """The app's cancel() reaches bend's training (Context.cancel): a stopped bend raises
     Cancelled, one line, and leaves nothing in the results cache."""
-    from app_pages import common
+    from app_pages import runtime
     from rotviz import app as rapp
 
     a, s = str(roots / "vit-s0"), str(roots / "vit-s1")
@@ -1198,12 +1209,12 @@ def test_stop_reaches_a_training_measurement_and_nothing_is_cached(roots):
             "device": "cpu"}
     cfg = rapp.measure_cfg(base, "seed", steps=20, points=3)
     with pytest.raises(rapp.Cancelled, match="stopped before it finished") as e:
-        common.compute("bend", cfg, None, lambda: True)
+        runtime.compute("bend", cfg, None, lambda: True)
     assert "\n" not in str(e.value)
-    assert not common.is_cached("bend", cfg)
-    done = common.compute("bend", cfg, None, lambda: False)
+    assert not runtime.is_cached("bend", cfg)
+    done = runtime.compute("bend", cfg, None, lambda: False)
     assert done["stopped"] == "steps" and done["steps"] == 20
-    assert common.is_cached("bend", cfg)
+    assert runtime.is_cached("bend", cfg)
 
 
 def test_training_page_runs_both_charts_on_the_zoo_series(roots):
@@ -1211,7 +1222,7 @@ def test_training_page_runs_both_charts_on_the_zoo_series(roots):
     each Run draws its chart (framed: title, axes with units, legend, palette), whose lines
     are the library's barriers on the same split, one per matching; children spawned at the
     last step sit at 0, and an export holds the table."""
-    from rotviz.data import load_split
+    from rotviz.data.split import load_split
 
     at = app("training", t_training_points="3", t_spawn_points="3")
     assert not figures(at)
@@ -1249,9 +1260,10 @@ def test_merge_page_aligns_many_models_on_run(roots):
     distance matrices (two heat maps, one colour scale) and the merged accuracy against the
     number of models, equal to the library's on the same split."""
     from rotviz import zoo_registry
-    from rotviz.analysis.many import align_many, merged_curve
-    from rotviz.data import load_split
-    from rotviz.models import load_model
+    from rotviz.data.split import load_split
+    from rotviz.match.many import align_many
+    from rotviz.measures.many import merged_curve
+    from rotviz.sources.loading import load_model
 
     at = app("merge", g_methods="simple average", n_rounds="1")
     assert "Many models at once" in [h.value for h in at.header]
@@ -1281,8 +1293,8 @@ def test_measure_page_runs_the_ladder_a_record_of_other_inputs(roots):
     """The Measure page takes a record of other inputs (the symmetry ladder): the sidebar's
     pair, its rungs in order, nothing before Run; Run draws its figure and its table, whose
     align-to-self row reads 0.0000 and 0.0000, equal to the library's on the same split."""
-    from rotviz.analysis.ladder import LadderPair, ladder
-    from rotviz.data import load_split
+    from rotviz.data.split import load_split
+    from rotviz.measures.ladder import LadderPair, ladder
 
     a, s = str(roots / "vit-s0"), str(roots / "vit-s1")
     at = app("measure", anchor=a, source=s)

@@ -44,8 +44,8 @@ def base(refs) -> dict:
 @pytest.fixture(scope="module")
 def engine(refs):
     """The pair as the engine loads it, and the split, straight from the engine."""
-    from rotviz.data import load_split
-    from rotviz.models import load_model
+    from rotviz.data.split import load_split
+    from rotviz.sources.loading import load_model
 
     return load_model(refs[0]), load_model(refs[1]), load_split("digits", "test", 0).subset(N_EVAL)
 
@@ -128,8 +128,8 @@ def test_matched_sources_are_computed_once_per_resources(base):
 
 
 def test_card_equals_model_card_of_the_full_model(res, refs, engine):
-    """The Models page's card evaluates the lighter model (rotviz.lite where exact), and
-    gets exactly the numbers of the full model: loss, accuracy, size, the symmetry check."""
+    """The Models page's card evaluates the lighter model (rotviz.sources.plain_torch where exact),
+    and gets exactly the numbers of the full model: loss, accuracy, size, the symmetry check."""
     a, b, split = engine
     for ref, full in zip(refs, (a, b), strict=True):
         got = app.run("card", res, {"ref": ref, "data": "digits", "seed": 0, "n_eval": N_EVAL})
@@ -140,7 +140,7 @@ def test_card_equals_model_card_of_the_full_model(res, refs, engine):
 def test_card_and_residual_check_on_the_gpt2_pair():
     """The same for the zoo's GPT-2 pair (tied head): cards equal, and the lighter model
     gives the same reason why the residual stream cannot be matched."""
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
 
     ref = "zoo:gpt2-pystdlib-s0"
     if ref not in app_roots.zoo_refs():
@@ -170,8 +170,8 @@ def test_residual_why_and_check_pair(res, refs):
 
 
 def test_spectra_equal_spectra(res, base, engine):
-    from rotviz.analysis.spectra import spectra
     from rotviz.match.pipeline import view_of
+    from rotviz.measures.spectra import spectra
     from rotviz.symmetry.view import read_view
 
     cfg = app.measure_cfg(base, "seed", "0,2")
@@ -195,10 +195,12 @@ def test_plane_marks_the_three_models(res, base):
 
 def test_fusion_equals_fusion_table(res, base, engine):
     from rotviz.analysis.fusion import fusion_table
+    from rotviz.measures.fusion import combine
 
-    cfg = {**base, "methods": ["simple"], "specs": ["none", "seed"], "weight": 0.5,
-           "params": {"batches": 2, "alpha": 0.9}}
-    got = app.run("fusion", res, cfg)
+    # the fusion record runs once per matching (the Merge page's column each), combined
+    got = combine([app.run("fusion", res, app.measure_cfg(base, sp, methods="simple",
+                                                           weight=0.5))
+                   for sp in ("none", "seed")])
     a, b, split = engine
     want = fusion_table(a, b, split, methods=("simple",), specs=("none", "seed"), batches=2)
     assert got["acc"]["simple"] == want.acc["simple"]
@@ -252,12 +254,10 @@ def test_a_pair_over_the_memory_budget_runs_block_by_block(res, base):
         assert "at_size" not in held and held["match"] == streamed["match"] == spec
         got[name] = streamed
     # the Merge page's table: what merges block by block, the rest off with its reason
-    cfg = {**base, "methods": ["simple", "fisher"], "specs": ["none"], "weight": 0.5,
-           "params": {"seed": 0}}
-    table = app.run("fusion", res, {**cfg, "max_memory": 1})
+    table = app.run("fusion", res, app.measure_cfg(tiny, "none", methods="simple,fisher"))
     assert table["methods"] == ["simple"] and list(table["off"]) == ["fisher"]
     assert "statistics of whole models" in table["off"]["fisher"]
-    held = app.run("fusion", res, {**cfg, "methods": ["simple"]})  # no statistics to gather
+    held = app.run("fusion", res, app.measure_cfg(base, "none", methods="simple"))  # no stats
     assert table["acc"]["simple"]["none"] == held["acc"]["simple"]["none"]
     seed = got["barrier"]  # matched block by block: its function check, as in memory
     assert seed["preserved"] and 0 < seed["max_output_diff"] <= seed["tolerance"]

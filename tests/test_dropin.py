@@ -69,9 +69,9 @@ def test_the_readme_modules_drop_in(package, tmp_path):
         from rotviz import app
         from rotviz.app.export import measurement_zip
         from rotviz.cli import main
-        from rotviz.data import load_split
+        from rotviz.data.split import load_split
         from rotviz.match.endpoints import match_endpoints
-        from rotviz.models import load_model
+        from rotviz.sources.loading import load_model
 
         assert rotviz.measures.point.__file__.startswith({str(package)!r})
         for argv in (["point", "--help"], ["merge", "--help"]):

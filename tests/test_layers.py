@@ -99,20 +99,28 @@ def test_the_check_finds_a_planted_cycle(tmp_path):
 
 # Layers, lowest first: a module may import its own layer and those below it.
 LAYERS = [
-    ("core", ["rotviz.errors", "rotviz.limits", "rotviz.params", "rotviz.records", "rotviz.memo",
-              "rotviz.version", "rotviz.types", "rotviz.outputs", "rotviz.checkpoint",
-              "rotviz.dist", "rotviz.memory", "rotviz.confine", "rotviz.devices"]),
+    ("core", ["rotviz.errors", "rotviz.limits", "rotviz.params", "rotviz.records",
+              "rotviz.version", "rotviz.types", "rotviz.outputs", "rotviz.dist", "rotviz.memory",
+              "rotviz.confine", "rotviz.devices",
+              # results kept while tensors live: matching's, and the residual solver's below it
+              "rotviz.match.memo"]),
     ("arch", ["rotviz.arch"]),
     ("groups", ["rotviz.groups"]),
     ("symmetry", ["rotviz.symmetry"]),
-    ("models", ["rotviz.splits", "rotviz.datafiles", "rotviz.sanity", "rotviz.labelled",
-                "rotviz.legacy", "rotviz.tasks", "rotviz.heads", "rotviz.data", "rotviz.tokens",
-                "rotviz.sources", "rotviz.models", "rotviz.lite", "rotviz.evaluation",
-                "rotviz.random_models", "rotviz.skeleton", "rotviz.zoo_registry", "rotviz.hub"]),
+    ("models", ["rotviz.data", "rotviz.heads", "rotviz.sources", "rotviz.evaluation",
+                "rotviz.random_models", "rotviz.zoo_registry",
+                # at size: the runtime, blocks, the need and points, beside the loaders
+                "rotviz.atsize"]),
+    # the straight path's points (path_point) and their evaluation into a curve: below
+    # matching, which learns along such paths (rotviz.match.learned)
+    ("paths", ["rotviz.analysis.paths"]),
     ("match", ["rotviz.match"]),
     ("merging", ["rotviz.merging"]),
     ("analysis", ["rotviz.analysis"]),
-    ("stream", ["rotviz.stream"]),
+    # at size, what is built on matching and the analyses (and rotviz.stream's last two
+    # modules, which their records' modules take in)
+    ("atsize", ["rotviz.atsize.endpoints", "rotviz.atsize.landscape", "rotviz.atsize.merge",
+                "rotviz.stream"]),
     ("plots", ["rotviz.plots"]),
     ("measures", ["rotviz.measures"]),
     ("runner", ["rotviz.runner"]),
@@ -138,6 +146,19 @@ def test_no_module_imports_a_layer_above_its_own(module):
     assert mine >= 0, f"{module} is in no layer: add it to LAYERS"
     above = sorted(n for n in g[module] if layer_of(n) > mine)
     assert not above, f"{module} ({LAYERS[mine][0]}) imports {above} from a layer above"
+
+
+def test_the_pages_draw_figures_through_records_and_rotviz_app():
+    """No module of app_pages/ imports rotviz.plots: a page draws a record's figure through
+    the record (its `plot` or its section's `figures`, in the page's Style) and any other
+    through rotviz.app.figures; only the Style itself (rotviz.plots.figure_style, free of
+    plotly) is the pages' to build."""
+    pages = modules(REPO / "app_pages")
+    known = set(modules())
+    found = {m: sorted(i for i in imports(p, known) if i.startswith("rotviz.plots")
+                       and i != "rotviz.plots.figure_style")
+             for m, p in pages.items()}
+    assert not {m: i for m, i in found.items() if i}, found
 
 
 def test_the_public_api_is_importable_from_rotviz_itself():

@@ -1,5 +1,5 @@
 """Curves of models held in their stored dtype and interpolated block by block
-(rotviz.stream.sized) give the in-memory curve (rotviz.analysis.landscape.interpolate), in
+(rotviz.atsize.points) give the in-memory curve (rotviz.measures.barrier.interpolate), in
 the library and through `rotviz barrier --max-memory`."""
 
 from __future__ import annotations
@@ -10,13 +10,15 @@ import shutil
 import pytest
 
 from rotviz import zoo_registry as zoo
-from rotviz.analysis.landscape import interpolate
-from rotviz.checkpoint import Checkpoint, save_sharded
+from rotviz.atsize.blocks import open_streamed
+from rotviz.atsize.landscape import sized_curve
+from rotviz.atsize.points import sized_loaded
 from rotviz.cli import main
-from rotviz.evaluation import split_for
-from rotviz.models import load_model
-from rotviz.stream.blocks import open_streamed
-from rotviz.stream.sized import sized_curve, sized_loaded
+from rotviz.data.reading import split_for
+from rotviz.measures.barrier import interpolate
+from rotviz.sources.checkpoint import Checkpoint
+from rotviz.sources.loading import load_model
+from rotviz.sources.shards import save_sharded
 
 
 def _bf16_shards(name: str, dst):
@@ -69,10 +71,10 @@ def test_cli_barrier_at_size_equals_in_memory(pair, extra, tmp_path, capsys):
     generated test, tests/measures/test_every_record.py.)"""
     import inspect
 
-    import rotviz.data
+    import rotviz.data.labelled
 
     code = tmp_path / "code.txt"
-    code.write_text(inspect.getsource(rotviz.data)[:30000])
+    code.write_text(inspect.getsource(rotviz.data.labelled)[:30000])
     extra = [e.replace("CODE", str(code)) for e in extra]
     args = [*pair, *extra, "--points", "5"]
     ref = _barrier(tmp_path, "mem", *args)

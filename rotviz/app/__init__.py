@@ -32,7 +32,6 @@ from rotviz.app.compute import (
     barrier_defaults,
     card,
     check_pair,
-    fusion,
     inputs_cfg,
     kinds,
     learn,
@@ -67,7 +66,7 @@ from rotviz.types import Progress
 __all__ = [
     "BARRIER_POINTS", "COMPUTE", "COMPUTE_MODULES", "DEFAULT_LEARN_STEPS", "WHOLE", "Cancelled",
     "PairConfig", "Progress", "Resources", "at_size", "barrier_defaults", "card", "check_pair",
-    "check_pair_at_size", "endpoints", "fusion", "gb", "inputs_cfg", "kinds", "layers_of",
+    "check_pair_at_size", "endpoints", "gb", "inputs_cfg", "kinds", "layers_of",
     "learn", "load_eval", "load_full", "load_test_split", "match", "matched", "measure",
     "measure_cfg", "measure_pair", "merges_at_size", "n_layers", "needs_data", "pair", "params_in",
     "residual_why", "run", "scored_pair", "spec_cfg", "warm_up",

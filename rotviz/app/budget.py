@@ -24,10 +24,10 @@ def check_pair_at_size(res: Resources, cfg: dict, loss: bool = True) -> None:
     headers and configs checked as the command line checks them), matchable, and the data
     read as the anchor reads it, with no weights loaded (not read where `needs_data` says
     so: no `loss` and a head no loss scores)."""
-    from rotviz.evaluation import check_fits
-    from rotviz.models import check_compatible
-    from rotviz.stream.blocks import open_streamed
-    from rotviz.stream.sized import sized_loaded
+    from rotviz.atsize.blocks import open_streamed
+    from rotviz.atsize.points import sized_loaded
+    from rotviz.data.reading import check_fits
+    from rotviz.sources.pairs import check_compatible
 
     a = open_streamed(cfg["anchor"], res.confined())
     b = open_streamed(cfg["source"], res.confined())
@@ -43,10 +43,10 @@ def at_size(res: Resources, cfg: dict) -> tuple[bool, int | None, int | None]:
     """Whether the configuration's models must be read block by block: (at size, what
     holding them needs, the budget), in bytes. The budget is `max_memory` (bytes; absent or
     0: what the machine has free now), and the need is the command line's estimate from the
-    safetensors headers (rotviz.stream.need.pair_bytes_in_memory); one model (`ref`)
+    safetensors headers (rotviz.atsize.need.pair_bytes_in_memory); one model (`ref`)
     needs half its pair. A folder without safetensors cannot stream and is never at size."""
+    from rotviz.atsize.need import pair_bytes_in_memory
     from rotviz.memory import available_memory
-    from rotviz.stream.need import pair_bytes_in_memory
 
     one = cfg.get("ref")
     anchor, source = (one, one) if one else (cfg.get("anchor"), cfg.get("source"))
@@ -62,8 +62,8 @@ def at_size(res: Resources, cfg: dict) -> tuple[bool, int | None, int | None]:
 def params_in(res: Resources, ref: str) -> int:
     """The parameters of model `ref`, from its safetensors headers when it has them (nothing
     loaded: a model larger than memory is counted too), else from the loaded model."""
-    from rotviz.checkpoint import Checkpoint
-    from rotviz.models import resolve_ref
+    from rotviz.sources.checkpoint import Checkpoint
+    from rotviz.sources.loading import resolve_ref
 
     try:
         checkpoint = Checkpoint(resolve_ref(ref, res.confined()), res.confined())
@@ -83,9 +83,9 @@ def residual_why(res: Resources, ref: str, sized: bool = False) -> str | None:
     at size, asked of the model's skeleton (no weights read)."""
     if not sized:
         return summaries.residual_unsupported(res.load_eval(ref))
+    from rotviz.atsize.blocks import open_streamed
+    from rotviz.atsize.points import sized_loaded
     from rotviz.heads import residual_refusal
-    from rotviz.stream.blocks import open_streamed
-    from rotviz.stream.sized import sized_loaded
     from rotviz.symmetry.residual import unsupported
     from rotviz.symmetry.view import read_view
 

@@ -19,7 +19,6 @@ computation imports what it needs when it runs, so a page paints before they loa
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -38,13 +37,12 @@ from rotviz.app.resources import (
     split_of,
 )
 from rotviz.errors import RotvizError
-from rotviz.merging.registry import merges_at_size
 from rotviz.types import Progress
 
 if TYPE_CHECKING:
-    from rotviz.data import Split
+    from rotviz.data.split import Split
     from rotviz.measures import Measurement
-    from rotviz.models import Loaded
+    from rotviz.sources.loading import Loaded
 
 BARRIER_POINTS = 21  # the Barrier page's default points on the path
 
@@ -58,8 +56,8 @@ def check_pair(anchor: Loaded, source: Loaded, split: Split | None = None,
     (`split`; None: no data is checked, for a page that needs no loss on a pair no loss
     scores, `needs_data`). With `heads`, one body under two heads passes too (matching and
     the views of the weights compare such a pair; a loss does not)."""
-    from rotviz.evaluation import check_fits
-    from rotviz.models import check_compatible
+    from rotviz.data.reading import check_fits
+    from rotviz.sources.pairs import check_compatible
 
     check_compatible(anchor, source, heads=heads)
     if split is not None:
@@ -69,8 +67,8 @@ def check_pair(anchor: Loaded, source: Loaded, split: Split | None = None,
 def scored_pair(anchor: Loaded, source: Loaded) -> bool:
     """Whether a loss can be evaluated along this pair's path: both heads are scored
     (rotviz.heads) and they are one head (not one body under two heads,
-    rotviz.models.heads_differ, whose loss would run one head on both)."""
-    from rotviz.models import heads_differ
+    rotviz.sources.pairs.heads_differ, whose loss would run one head on both)."""
+    from rotviz.sources.pairs import heads_differ
 
     return summaries.is_scored(anchor) and summaries.is_scored(source) and \
         heads_differ(anchor, source) is None
@@ -253,85 +251,6 @@ def measure_inputs(record: Measurement, res: Resources, cfg: dict,
     return out
 
 
-def fusion(res: Resources, cfg: dict, progress: Progress | None = None) -> dict:
-    """Merged accuracy for every method and matching option (rotviz.analysis.fusion.fusion_on,
-    on endpoints matched through `res`, so they are shared with the other computations).
-    `params` go to each merge method that declares them (batches, alpha, ...); `base`, when
-    given, is the base model of the methods that need one (read through the app's roots)."""
-    from rotviz.analysis.fusion import fusion_on
-    from rotviz.measures import measurement, refuse_heads
-
-    sized, need, limit = at_size(res, cfg)
-    if sized:
-        return _fusion_at_size(res, cfg, progress, (need, limit))
-    ends = {}
-    for spec in cfg["specs"]:
-        e = endpoints(res, {**cfg, **spec_cfg(spec, cfg.get("learn_steps", 0)), "layers": ""},
-                      progress)
-        refuse_heads(measurement("merge"), e)  # a merge is scored through one head
-        ends[e.match] = e
-    sp = split_of(res, cfg)
-    base = res.load(cfg["base"]) if cfg.get("base") else None  # through the app's roots
-    with res.using(cfg["anchor"], cfg["source"]):
-        t = fusion_on(ends, sp, None, cfg["methods"], cfg["weight"], cfg["device"],
-                      base=base, **(cfg.get("params") or {})).to_dict()
-    t["timing"] = {k: v for k, v in t["timing"].items() if not k.startswith("match:")}
-    return t
-
-
-def _fusion_at_size(res: Resources, cfg: dict, progress: Progress | None,
-                    sizes: tuple[int | None, int | None]) -> dict:
-    """The Merge page's table for a pair over the memory budget: each method that merges
-    block by block (its record's `at_size`) with each matching, as `rotviz merge
-    --max-memory` runs it; the others under `off`, each with its record's reason. The
-    table's shape is `fusion`'s, with each matching's function check (`checks`) and the
-    most memory a run held (`at_size`)."""
-    from rotviz.measures import measurement
-    from rotviz.merging import method as method_record
-
-    record = measurement("merge")
-    params = cfg.get("params") or {}
-    t0 = time.perf_counter()
-    runs, off = {}, {}
-    for name in cfg["methods"]:
-        m = method_record(name)
-        if not m.at_size:
-            off[name] = (f"{m.label} needs statistics of whole models (Fisher information, "
-                         "Gram matrices), which a pair read block by block does not hold")
-            continue
-        given = {"method": name, "weight": cfg["weight"], "base": cfg.get("base") or "",
-                 **{p.name: params[p.name] for p in m.params if p.name in params}}
-        for spec in cfg["specs"]:
-            c = PairConfig.of({**cfg, **spec_cfg(spec, cfg.get("learn_steps", 0)),
-                               "layers": ""})
-            runs[name, c.label] = measure_pair(record, res, c, given, (True, *sizes),
-                                               progress, None)
-    if not runs:
-        raise RotvizError("no merge method chosen merges block by block: "
-                          + "; ".join(off.values()) + f"; pick {merges_at_size()}, or raise "
-                          "the memory budget")
-    first = next(iter(runs.values()))
-    methods = list(dict.fromkeys(m for m, _ in runs))
-    specs = list(dict.fromkeys(sp for _, sp in runs))
-    return {
-        "methods": methods, "specs": specs,
-        "acc": {m: {sp: runs[m, sp]["acc"] for sp in specs} for m in methods},
-        "loss": {m: {sp: runs[m, sp]["loss"] for sp in specs} for m in methods},
-        "scores": {m: {sp: runs[m, sp]["scores"] for sp in specs} for m in methods},
-        "distance": {sp: runs[methods[0], sp]["distance_after"] for sp in specs},
-        **{k: first[k] for k in ("anchor_acc", "source_acc", "anchor_loss", "source_loss",
-                                 "anchor_scores", "source_scores", "data", "split",
-                                 "batches", "batch_size", "device")},
-        "weight": cfg["weight"], "stats_split": "none (elementwise methods)",
-        "seconds": time.perf_counter() - t0, "timing": {}, "off": off,
-        "checks": [{"spec": sp, "max_output_diff": runs[methods[0], sp]["max_output_diff"],
-                    "tolerance": runs[methods[0], sp]["tolerance"]}
-                   for sp in specs if sp != "none"],
-        "at_size": {"need": sizes[0], "budget": sizes[1],
-                    "held": max((r["at_size"]["held"] or 0) for r in runs.values())},
-    }
-
-
 def learn(res: Resources, cfg: dict, progress: Progress | None = None) -> dict:
     """The Learn page's demo on model `ref`: scramble it with a random symmetry, show its
     outputs stay, match it back (kind rotate, permute, all or residual)."""
@@ -344,7 +263,7 @@ def learn(res: Resources, cfg: dict, progress: Progress | None = None) -> dict:
 # The computations that are not measurements of a matched pair; every registered measurement
 # (rotviz.measures) is one more, by its name.
 COMPUTE: dict[str, Callable[[Resources, dict, Progress | None], Any]] = {
-    "card": card, "match": match, "learn": learn, "fusion": fusion,
+    "card": card, "match": match, "learn": learn,
 }
 
 

@@ -22,15 +22,15 @@ from rotviz.types import Progress
 
 if TYPE_CHECKING:
     from rotviz.confine import Confined
-    from rotviz.data import Split
+    from rotviz.data.split import Split
     from rotviz.match.pipeline import Matched
-    from rotviz.models import Loaded
+    from rotviz.sources.loading import Loaded
 
 DEFAULT_LEARN_STEPS = DEFAULT_STEPS
 
 # What a page run needs besides the pair: imported ahead by `warm_up` (see there).
-COMPUTE_MODULES = ("rotviz.match.pipeline", "rotviz.analysis.landscape",
-                   "rotviz.match.alternating", "rotviz.analysis.spectra", "rotviz.analysis.fusion",
+COMPUTE_MODULES = ("rotviz.match.pipeline", "rotviz.measures.barrier",
+                   "rotviz.match.alternating", "rotviz.measures.spectra", "rotviz.analysis.fusion",
                    "rotviz.match.selection")
 
 
@@ -72,7 +72,7 @@ class Resources:
 
     def split(self, data: str, seed: int, n: int, ref: str) -> Split:
         """The test split of `data` (its first `n` examples when 0 < n < its size), read the
-        way model `ref` reads it (its tokenizer, rotviz.evaluation.split_for)."""
+        way model `ref` reads it (its tokenizer, rotviz.data.reading.split_for)."""
         key = (data, int(seed), int(n), ref)
         if key not in self._splits:
             self._splits[key] = load_test_split(data, seed, n, self.load_eval(ref),
@@ -102,15 +102,15 @@ def load_full(ref: str, confined: Confined | None = None) -> Loaded:
     """A model with its own transformers (or timm) module (`Resources.load`), for a host
     that needs the model's own class; the computations here take `load_eval`'s. Read
     through `confined` (default: the app's, roots.app_confined)."""
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
 
     return load_model(ref, confined=confined or roots.app_confined())
 
 
 def load_eval(ref: str, confined: Confined | None = None) -> Loaded:
-    """A model for reading its weights and evaluating it (rotviz.lite.load_for_eval), read
-    through `confined` (default: the app's)."""
-    from rotviz.lite import load_for_eval
+    """A model for reading its weights and evaluating it (rotviz.sources.plain_torch.load_for_eval),
+    read through `confined` (default: the app's)."""
+    from rotviz.sources.plain_torch import load_for_eval
 
     return load_for_eval(ref, confined=confined or roots.app_confined())
 
@@ -119,7 +119,7 @@ def load_test_split(data: str, seed: int, n: int, model: Loaded,
                     confined: Confined | None = None) -> Split:
     """The test split of `data` as `model` reads it (first `n` examples when 0 < n), its
     files (data, tokenizer, image processor) read through `confined` (default: the app's)."""
-    from rotviz.evaluation import split_for
+    from rotviz.data.reading import split_for
 
     s = split_for(model, data, "test", seed, confined=confined or roots.app_confined())
     return s.subset(n) if 0 < n < s.n else s
@@ -128,7 +128,7 @@ def load_test_split(data: str, seed: int, n: int, model: Loaded,
 def warm_up() -> None:
     """Import what the computations need (torch, scipy, the solvers), so the first
     computation does not wait for it. A model's own transformers class is imported when it
-    is loaded, and only where rotviz.lite does not compute the same logits."""
+    is loaded, and only where rotviz.sources.plain_torch does not compute the same logits."""
     import importlib
 
     for name in COMPUTE_MODULES:
@@ -208,11 +208,11 @@ def spec_cfg(spec: str, learn_steps: int = 0) -> dict:
 def pair(res: Resources, cfg: dict | PairConfig) -> tuple[Loaded, Loaded]:
     """Both models of a configuration, checked to be matchable. The computations here read
     and evaluate models and never save one, so they take them as `Resources.load_eval` gives
-    them: plain torch where that computes the same logits (rotviz.lite: no transformers
-    import, the same numbers), the model's own class otherwise. One body under two heads is
-    a pair too (matching aligns the body); a measurement of the loss refuses it in one line
+    them: plain torch where that computes the same logits (rotviz.sources.plain_torch: no
+    transformers import, the same numbers), the model's own class otherwise. One body under two
+    heads is a pair too (matching aligns the body); a measurement of the loss refuses it in one line
     (`measure`, `fusion`: rotviz.measures.refuse_heads)."""
-    from rotviz.models import check_compatible
+    from rotviz.sources.pairs import check_compatible
 
     anchor, source = (cfg.anchor, cfg.source) if isinstance(cfg, PairConfig) else \
         (cfg["anchor"], cfg["source"])
@@ -265,7 +265,7 @@ def matched(res: Resources, cfg: dict | PairConfig, progress: Progress | None = 
             # read by the engine as the command line reads it (the engine's
             # train.sibling("train") reads the same split again, so the numbers are those of
             # the reference)
-            from rotviz.evaluation import split_for
+            from rotviz.data.reading import split_for
 
             train = split_for(a, c.data, "train", confined=res.confined())
         with res.using(c.anchor, c.source):

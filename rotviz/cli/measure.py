@@ -19,7 +19,6 @@ import argparse
 from collections.abc import Callable
 from contextlib import contextmanager
 
-from rotviz import hub
 from rotviz.cli.args import (
     add_max_memory,
     add_overwrite,
@@ -32,6 +31,7 @@ from rotviz.errors import RotvizError
 from rotviz.measures import Measurement, measurements
 from rotviz.params import Param
 from rotviz.plots.figure_style import Style
+from rotviz.sources import hf_cache
 
 
 def _param_type(p: Param):
@@ -69,11 +69,11 @@ def register(sub, wanted: Callable[[str], bool] = lambda name: True) -> None:
             continue
         if m.pair:
             p.add_argument("anchor",
-                           help=f"anchor model (kept fixed): {hub.MODEL_HELP}")
+                           help=f"anchor model (kept fixed): {hf_cache.MODEL_HELP}")
             p.add_argument("source",
                            help="source model, same architecture; it is matched onto the anchor")
         else:
-            p.add_argument("model", help=f"the model: {hub.MODEL_HELP}")
+            p.add_argument("model", help=f"the model: {hf_cache.MODEL_HELP}")
         if m.data:
             p.add_argument("--data", required=True,
                            help="data reference: digits, pystdlib, text:FILE, csv:FILE, "
@@ -87,7 +87,7 @@ def register(sub, wanted: Callable[[str], bool] = lambda name: True) -> None:
             add_reading(p)
         if not m.pair and m.source is not None:
             p.add_argument("--source", default=None, metavar="MODEL",
-                           help=f"a second model of the same architecture ({hub.MODEL_HELP}), "
+                           help=f"a second model of the same architecture ({hf_cache.MODEL_HELP}), "
                                 "matched onto the model with --match; only for "
                                 f"{m.source_use or 'the options that use it'}")
         if m.pair or m.source is not None:
@@ -165,7 +165,7 @@ def _figure_output(outputs, args):
     """(the --figure output, its format), checked before any work, or None."""
     if getattr(args, "figure", None) is None:
         return None
-    from rotviz.images import check_format, format_of
+    from rotviz.plots.images import check_format, format_of
 
     fmt = format_of(args.figure)
     check_format(fmt)
@@ -174,7 +174,7 @@ def _figure_output(outputs, args):
 
 def _write_figure(m: Measurement, tmp, fig, result) -> None:
     """The record's figure of `result` into --figure's temporary sibling."""
-    from rotviz.images import write
+    from rotviz.plots.images import write
 
     if fig is not None:
         write(tmp[fig[0]], m.plot(result.to_dict(), Style()), fig[1])
@@ -248,8 +248,8 @@ def run_inputs_command(m: Measurement, args: argparse.Namespace) -> int:
     from rotviz import runner
     from rotviz.cli.args import guard_inputs
     from rotviz.confine import ANYWHERE
+    from rotviz.data.reading import split_for
     from rotviz.devices import device_for, pick_device
-    from rotviz.evaluation import split_for
     from rotviz.outputs import Outputs, write_json_file
 
     assert m.inputs is not None
@@ -345,8 +345,8 @@ def run_command(m: Measurement, args: argparse.Namespace) -> int:
     runner (rotviz.runner.run: values, the record's checks, memory or at size, matching,
     the run) with the CLI's loading, torchrun group and outputs; say the result in a line."""
     from rotviz import runner
+    from rotviz.data.reading import split_for
     from rotviz.devices import device_for, pick_device
-    from rotviz.evaluation import split_for
     from rotviz.match.selection import match_options
 
     given = {p.name: getattr(args, p.name) for p in m.parameters()}
@@ -381,7 +381,7 @@ def run_command(m: Measurement, args: argparse.Namespace) -> int:
         elif outputs.items:
             with outputs.write() as tmp:
                 if folder is not None:
-                    from rotviz.models import write_model
+                    from rotviz.sources.writing import write_model
 
                     write_model(ends.anchor, result.state, tmp[folder])
                 _write_outputs(m, args, ends, result, values, tmp, js, files)
@@ -398,8 +398,8 @@ def run_command(m: Measurement, args: argparse.Namespace) -> int:
             yield tmp[folder] if folder is not None else None
 
     # The pair is evaluated as the app does: in plain torch where that computes the same
-    # logits (rotviz.lite: no transformers import, seconds less). A model written from it
-    # (--out) is what transformers writes (write_model: rotviz.sources.plain where those
+    # logits (rotviz.sources.plain_torch: no transformers import, seconds less). A model written
+    # from it (--out) is what transformers writes (write_model: rotviz.sources.plain where those
     # files are known, else through transformers); a record's further files take the
     # transformers modules.
     host = runner.Host(device_for(pick_device(args.device)),  # torchrun: each its local GPU
@@ -464,7 +464,7 @@ def _one_model(m: Measurement, args, values: dict) -> None:
 def _same_model(a: str, b: str) -> bool:
     """Whether two model references name one model (the same folder once resolved): a
     reference that does not resolve is left to the loader, which says what is wrong."""
-    from rotviz.models import resolve_ref
+    from rotviz.sources.loading import resolve_ref
 
     if a == b:
         return True
@@ -475,13 +475,13 @@ def _same_model(a: str, b: str) -> bool:
 
 
 def _load_eval(ref: str):
-    from rotviz.lite import load_for_eval
+    from rotviz.sources.plain_torch import load_for_eval
 
     return load_for_eval(ref)
 
 
 def _load_full(ref: str):
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
 
     return load_model(ref)
 

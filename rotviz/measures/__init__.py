@@ -9,9 +9,9 @@ Every module of this package that calls `register` is found and registered when 
 is imported (`rotviz --help` lists them, by each record's `order`): a new measurement is one
 module dropped into rotviz/measures/, and no list names it. Training and spawn take series of
 checkpoints, not endpoints: `measure("training", TwoSeries.read([A, B], ["none", "seed"]),
-split)` (rotviz.analysis.training); many takes N models: `measure("many", [M1, M2, M3],
-split, match=["seed"])` (rotviz.analysis.many); the symmetry ladder takes the pair, one
-matching per rung: `measure("ladder", [A, B], split)` (rotviz.analysis.ladder).
+split)` (rotviz.measures.training); many takes N models: `measure("many", [M1, M2, M3],
+split, match=["seed"])` (rotviz.measures.many); the symmetry ladder takes the pair, one
+matching per rung: `measure("ladder", [A, B], split)` (rotviz.measures.ladder).
 """
 
 from __future__ import annotations
@@ -19,29 +19,19 @@ from __future__ import annotations
 from rotviz.measures.registry import (
     Context,
     Measurement,
+    Section,
     measurement,
     measurements,
     refuse_heads,
     register,
+    sections,
 )
 from rotviz.params import Param
+from rotviz.records import discover
+
+discover(__name__, __path__)  # every module here that registers a record
 
 
-def _discover() -> None:
-    """Import every module of this package: each one that defines a record registers it
-    (a new measurement is one module dropped here; no list names them). Modules whose name
-    starts with an underscore are skipped."""
-    import importlib
-    import pkgutil
-
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
-        if not info.name.startswith("_"):
-            importlib.import_module(f"{__name__}.{info.name}")
-
-
-_discover()
-
-
-__all__ = ["Context", "Measurement", "Param", "measurement", "measurements", "refuse_heads",
-           "register"]
+__all__ = ["Context", "Measurement", "Param", "Section", "measurement", "measurements",
+           "refuse_heads", "register", "sections"]
 

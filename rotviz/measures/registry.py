@@ -31,7 +31,7 @@ from rotviz.records import Records
 from rotviz.types import Progress
 
 if TYPE_CHECKING:
-    from rotviz.data import Split
+    from rotviz.data.split import Split
     from rotviz.dist import Group
 
 
@@ -46,7 +46,7 @@ class Context:
     out: Path | None = None  # at size: the empty folder a measurement that writes a model uses
     cancel: Callable[[], bool] | None = None  # True: a training measurement stops (app's Stop)
     # how a further model a parameter names (a merge's --base) is loaded, through the host's
-    # confined reading (the app's roots); None: rotviz.models.load_model, as the CLI reads
+    # confined reading (the app's roots); None: rotviz.sources.loading.load_model, as the CLI reads
     load: Callable[[str], Any] | None = None
 
 
@@ -108,6 +108,59 @@ class OutputFile:
 
 
 @dataclass(frozen=True)
+class Section:
+    """Where a record appears on one of the app's topic pages, and how (`Measurement.section`):
+    the page's generic section renderer (app_pages/section.py) draws its header and intro, a
+    form of the record's parameters (the essential ones, `Param.essential`, at first sight,
+    the rest under one "More options" expander), runs it through the app's cache, and shows
+    its figure (`Measurement.plot` in the page's Style), its caption, its table and its
+    exports. So a measurement reaches a topic page by declaring this; no page wires it."""
+
+    page: str  # the topic page: barrier, landscape, match, merge, spectra, training
+    order: int = 100  # its place on the page, first to last
+    title: str = ""  # the section's header; empty: none (the page's title heads it)
+    intro: str = ""  # Markdown under the header: what the section shows and why
+    # the section's own defaults where they differ from the CLI's (small, for a quick first Run)
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    hidden: tuple[str, ...] = ()  # parameters the page sets itself (not drawn in the form)
+    # (result dict) -> the line under the figure, in words (the numbers a reader looks for)
+    caption: Callable[[dict], str] | None = None
+    # (values) -> what the progress box says while it computes; None: the record's label
+    doing: Callable[[dict], str] | None = None
+    busy: str = ""  # the progress box's label ("Interpolating"); empty: the record's label
+    # the label of a toggle for `Style.log` (a log colour scale); empty: no toggle
+    log: str = ""
+    # its figures in tabs, one label each in the figures' order (the plane from above and in
+    # 3D); empty: one under another
+    tabs: tuple[str, ...] = ()
+    # True: compute on open for a small pair (as the Barrier page does); False: on Run only
+    on_open: bool = False
+    # measured once per matching the page picks, the results then one (`combine`, which the
+    # figures and table draw: the fusion table's column per matching; default `runs`: the
+    # results in order, each a line of the figure); False: once
+    per_matching: bool = False
+    combine: Callable[[list[dict]], dict] | None = None
+    # (result dict, Style) -> the section's figures by name, where it shows more than the
+    # record's one `plot` (the fusion table's F1 beside its accuracy); None: the plot
+    figures: Callable[[dict, Style], dict[str, Any]] | None = None
+
+def runs(results: list[dict]) -> dict:
+    """Several runs of one record, one per matching, as one result (a section's default
+    `combine`): the runs in order, and each matching's function check."""
+    return {"runs": list(results),
+            "checks": [{"spec": r.get("match"), "max_output_diff": r.get("max_output_diff"),
+                        "tolerance": r.get("tolerance")}
+                       for r in results if r.get("match") != "none"]}
+
+
+def matched(record: Measurement, values: dict) -> bool:
+    """Whether a run of `record` with these values measures the matched pair (so a page's
+    matching applies): a pair record always, a one-model record when its values use the
+    second model (a slice around B', say)."""
+    return record.pair or (record.source is not None and record.source(values) is not None)
+
+
+@dataclass(frozen=True)
 class Measurement:
     """One measurement and everything the CLI, the app, the exports and the API need."""
 
@@ -162,6 +215,7 @@ class Measurement:
     at_size_how: str = " (at size: streamed, each point built block by block)"  # summary tail
     more: Callable[[], str] | None = None  # text appended to `help` when asked (its methods)
     order: int = 1000  # place in menus and help (built-ins 10-990; plug-ins after)
+    section: Section | None = None  # its section on one of the app's topic pages; None: none
 
     def parameters(self) -> tuple[Param, ...]:
         return self.params() if callable(self.params) else self.params
@@ -210,6 +264,12 @@ def register(m: Measurement) -> Measurement:
 def measurements() -> tuple[Measurement, ...]:
     """Every registered measurement, by `order`."""
     return MEASUREMENTS.all()
+
+
+def sections(page: str) -> tuple[Measurement, ...]:
+    """The records that declare a section on topic page `page`, in the section's order."""
+    found = [m for m in measurements() if m.section is not None and m.section.page == page]
+    return tuple(sorted(found, key=lambda m: m.section.order))
 
 
 def refuse_heads(m: Measurement, ends: Any) -> None:

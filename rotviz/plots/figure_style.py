@@ -23,3 +23,15 @@ class Style:
     accuracy_range: tuple[float, float] | None = None
     # one colour range shared by the page's heat maps and contours; None: the figure's own
     colour_range: tuple[float, float] | None = None
+
+    def accuracy_axis(self) -> list[float] | None:
+        """The range an accuracy axis gets: the one the page's panels share, the whole 0-1
+        scale (`fixed_accuracy`), or None: the figure follows its own data
+        (rotviz.plots.style.acc_range)."""
+        if self.accuracy_range is not None:
+            return list(self.accuracy_range)
+        if self.fixed_accuracy:
+            from rotviz.plots.style import ACC_FIXED
+
+            return list(ACC_FIXED)
+        return None
