@@ -121,9 +121,11 @@ def _at_size(ends, ctx: Context, v: dict) -> Table:
                                **{p.name: v[p.name] for p in m.params if p.name in v}})
         runs[name] = merge.at_size(ends, ctx, values).to_dict()
     if not runs:
+        from rotviz.merging import merges_at_size
+
         raise RotvizError("no merge method chosen merges block by block: "
-                          + "; ".join(off.values()) + "; pick task arithmetic, TIES, DARE, "
-                          "SLERP, Model Stock or the simple average, or raise the memory budget")
+                          + "; ".join(off.values()) + f"; pick {merges_at_size()}, or raise "
+                          "the memory budget")
     first = next(iter(runs.values()))
     sp = ends.match
     return Table(

@@ -170,8 +170,8 @@ def merge(
     """merge(anchor, source, method, options, split, stats_split=None, weight=0.5, ...) -> Merged
 
     Match the source onto the anchor with `options` (MatchOptions, SPEC or None), then
-    `merge_on` the endpoints with `method` (simple, fisher, regmean, ties, ... or a registered
-    one), its parameters (`batches`, `alpha`, `density`, ...) and, for a method built on task
+    `merge_on` the endpoints with `method` (any registered merge method, rotviz.merging),
+    its parameters (`batches`, `alpha`, `density`, ...) and, for a method built on task
     vectors, the `base` (not matched: it must share the anchor's basis)."""
     from rotviz.analysis.merges import check_base_model, merge_on, method_params
     from rotviz.match.endpoints import match_endpoints
