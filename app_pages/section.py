@@ -138,7 +138,9 @@ def checked(result: dict) -> None:
     checks = result.get("checks") or ([result] if "max_output_diff" in result else [])
     diffs = [c["max_output_diff"] for c in checks if c.get("max_output_diff") is not None]
     if diffs:
-        show.function_badge(max(diffs), checks[0]["tolerance"],
+        from rotviz.match.pipeline import FUNCTION_TOLERANCE
+
+        show.function_badge(max(diffs), checks[0].get("tolerance") or FUNCTION_TOLERANCE,
                             "matched source (every option)" if len(checks) > 1
                             else "matched source")
 
