@@ -162,10 +162,11 @@ def results(record: Measurement, key: str, cfg: dict, result: dict, style: Style
         st.markdown(record.markdown(result))
     checked(result)
     more: dict = {}
+    shown = tables  # the record's tables, folded; what the page adds shows itself
     if extend is not None:
         more, extra_figs, extra_tables = extend(record, values, result, style)
         figs, tables = {**figs, **extra_figs}, {**tables, **extra_tables}
-    for rows in tables.values():
+    for rows in shown.values():
         if rows:
             with st.expander("Table", icon=":material/table:"):
                 show.table(rows)
