@@ -237,6 +237,15 @@ class Measurement:
         methods registered by then, for instance)."""
         return self.help + (self.more() if self.more is not None else "")
 
+    def figure(self, result: Any, style: Style | None = None) -> Any:
+        """The record's figure of `result` (its result object, or the dict `to_dict` gives),
+        drawn in `style` (None: the default the CLI's --figure draws): the call for a
+        notebook, where `plot` is the hook a record declares. None: the record draws none."""
+        if self.plot is None:
+            return None
+        d = result.to_dict() if hasattr(result, "to_dict") else result
+        return self.plot(d, style or Style())
+
     def why_not_at_size(self) -> str | None:
         """One line: why this measurement cannot run on a pair read block by block."""
         if self.at_size is not None:
