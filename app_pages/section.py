@@ -223,6 +223,8 @@ def draw(record: Measurement, s: Setup, page: str, prefix: str, hooks: Hooks) ->
     drawn = Drawn(values, style)
     if not hooks.ready:
         return drawn
+    if s.presenter and not sec.on_open and not run.ran_before(key):
+        return drawn  # presenting hides the forms: no Run to ask for
     wanted = (run.should_run(key, submitted, s) if sec.on_open
               else run.section_wanted(key, submitted))
     if not wanted:
