@@ -1,7 +1,7 @@
 """Benchmark: the FFN assignment at real widths, scipy's exact solver against the auction.
 
 rotviz matches FFN units by a linear assignment on C = W_in1 W_in2^T + W_gate1 W_gate2^T +
-W_out1^T W_out2 (rotviz.match.layers.ffn_cost). This builds that cost from two independent
+W_out1^T W_out2 (rotviz.match.layer_solvers.ffn_cost). This builds that cost from two independent
 random SwiGLU layers of a real shape (LLaMA-1B: d 2048, 8192 units; LLaMA-2-7B: d 4096,
 11008 units; float32 weights, float64 cost) and solves it with `rotviz.groups.assign` (scipy,
 exact) and `rotviz.groups.auction` (torch, epsilon scaling, on --device) at two gap targets.

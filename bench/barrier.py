@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from bench.results import machine, write_section  # noqa: E402
-from rotviz.data import Split, load_split  # noqa: E402
-from rotviz.models import load_model  # noqa: E402
+from rotviz.data.split import Split, load_split  # noqa: E402
+from rotviz.sources.loading import load_model  # noqa: E402
 
 
 def default_pair_refs() -> tuple[str, str]:
@@ -75,9 +75,11 @@ def main() -> None:
     import transformers
 
     transformers.utils.logging.disable_progress_bar()
-    from rotviz.analysis.fusion import merge
-    from rotviz.analysis.landscape import interpolate, loss_plane, matched_state
+    from rotviz.analysis.paths import matched_state
     from rotviz.devices import pick_device
+    from rotviz.measures.barrier import interpolate
+    from rotviz.measures.merge import merge
+    from rotviz.measures.plane import loss_plane
 
     device = pick_device(args.device)
     dev = str(device)

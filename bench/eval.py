@@ -6,7 +6,7 @@ Writes section `eval` of bench/RESULTS.md. Target: `rotviz eval` of a shipped mo
 <= 3 s end to end on 2 CPU cores. Each row is the median (and minimum) wall time of `--repeat`
 subprocess runs; the floor rows show what any such command pays before rotviz does anything
 (interpreter start, `import torch`), and the last row what the same evaluation costs when the
-model is loaded through transformers instead of rotviz.lite.
+model is loaded through transformers instead of rotviz.sources.plain_torch.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ CASES = [  # the first model of each shipped pair
     (zoo.pair("gpt2")[0], "pystdlib"),
 ]
 FULL_PATH = (
-    "import sys, torch; from rotviz.models import load_model; from rotviz.data import load_split; "
+    "import sys, torch; from rotviz.sources.loading import load_model; "
+    "from rotviz.data.split import load_split; "
     "from rotviz.evaluation import evaluate; torch.set_num_threads(1); "
     "print(evaluate(load_model(sys.argv[1]), load_split(sys.argv[2], 'test')))"
 )
@@ -93,7 +94,8 @@ def main() -> None:
         "",
         "`seconds` in the JSON is the command's own time after start-up (imports of torch and "
         "rotviz, data, model, evaluation). `rotviz eval` loads ViT and GPT-2 checkpoints with "
-        "rotviz.lite (plain-torch modules, same logits as transformers, tested), so it never "
+        "rotviz.sources.plain_torch (plain-torch modules, same logits as transformers, tested), "
+        "so it never "
         "imports transformers, whose import alone pulls in torch._dynamo and takes seconds; "
         "small models are evaluated on one CPU thread.",
     ]

@@ -50,7 +50,7 @@ def numbers(out: Path) -> str:
         for r in rows(name):
             by.setdefault(r["match"], []).append(r["loss"])
         if by:
-            from rotviz.plots.barrier import barrier_point
+            from rotviz.plots.paths import barrier_point
 
             def barrier(v: list[float]) -> float:
                 _, top, base = barrier_point([i / (len(v) - 1) for i in range(len(v))], v)

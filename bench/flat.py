@@ -29,9 +29,11 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from rotviz.analysis.tangents import flat, gauge_fixed_directions, tangent_blocks
-    from rotviz.evaluation import split_for
-    from rotviz.models import load_model
+    from rotviz.analysis.directions import gauge_fixed_directions
+    from rotviz.analysis.tangents import tangent_blocks
+    from rotviz.data.reading import split_for
+    from rotviz.measures.flat import flat
+    from rotviz.sources.loading import load_model
     from rotviz.zoo_registry import default_pair
 
     if args.threads:

@@ -24,9 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from bench.results import RESULTS, default_pair_on_test, machine, write_section  # noqa: E402
-from rotviz.analysis.landscape import interpolate  # noqa: E402
 from rotviz.match.options import MatchOptions  # noqa: E402
 from rotviz.match.pipeline import match_models  # noqa: E402
+from rotviz.measures.barrier import interpolate  # noqa: E402
 
 WEIGHT = MatchOptions(heads=True, residual=True)
 RUNS = (("weight, joint steps (default)", WEIGHT),

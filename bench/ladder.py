@@ -2,7 +2,7 @@
 
     python bench/ladder.py [--threads 2] [--repeats 1] [--results bench/RESULTS.md]
 
-Writes section `ladder` of bench/RESULTS.md. Target: the whole ladder (rotviz.analysis.ladder:
+Writes section `ladder` of bench/RESULTS.md. Target: the whole ladder (rotviz.measures.ladder:
 eight rungs, none to learned, then align-to-self, 11 points each on the digits test split) in
 <= 15 s on 2 CPU cores, the models already loaded (as the app holds them). Wall seconds and
 the process's CPU seconds (all threads) in all, and per rung its matching's and its
@@ -27,7 +27,7 @@ calm_before_torch()  # as the command line and the app do
 import torch  # noqa: E402
 
 from bench.results import RESULTS, default_pair_on_test, machine, write_section  # noqa: E402
-from rotviz.analysis.ladder import LadderPair, ladder  # noqa: E402
+from rotviz.measures.ladder import LadderPair, ladder  # noqa: E402
 
 TARGET = 15.0
 

@@ -41,10 +41,11 @@ def roberta_base_shape(folder: Path, seqs: int = 32, length: int = 128):
     tokens (15% masked, seeded) read in its vocabulary."""
     import torch
 
-    from rotviz.data import IGNORE, Split
-    from rotviz.models import load_model
+    from rotviz.data.split import Split
+    from rotviz.data.splits import IGNORE
+    from rotviz.data.tokens import encoding_fingerprint
     from rotviz.random_models import save_random
-    from rotviz.tokens import encoding_fingerprint
+    from rotviz.sources.loading import load_model
 
     path = save_random("roberta", folder / "roberta-base-shape", seed=0, layers=12, d=768,
                        heads=12, ffn=3072, vocab=50265, positions=length)
@@ -74,12 +75,12 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from rotviz.analysis.curves import bend_on
-    from rotviz.analysis.hessian import hessian
-    from rotviz.analysis.layerwise import layerwise_on
-    from rotviz.analysis.slices import slice_at
+    from rotviz.analysis.loss_grid import slice_at
     from rotviz.devices import resolve_device
     from rotviz.match.endpoints import match_endpoints
+    from rotviz.measures.bend import bend_on
+    from rotviz.measures.hessian import hessian
+    from rotviz.measures.layerwise import layerwise_on
 
     torch.set_num_threads(args.threads)
     device = resolve_device(args.device)

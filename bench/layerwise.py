@@ -2,7 +2,7 @@
 
 Each configuration runs on the digits test split: blocks and module kinds, with and without
 the unmatched comparison, and says how many points it evaluated (each distinct point once:
-rotviz.analysis.layerwise.series). Matching (seed) is timed apart; it is shared with every
+rotviz.measures.layerwise.series). Matching (seed) is timed apart; it is shared with every
 other measurement of the pair.
 
     .venv/bin/python bench/layerwise.py [--device cpu] [--points 11] [--threads N]
@@ -28,11 +28,11 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from rotviz.analysis.layerwise import layerwise_on
-    from rotviz.data import load_split
+    from rotviz.data.split import load_split
     from rotviz.evaluation import Evaluator
     from rotviz.match.endpoints import match_endpoints
-    from rotviz.models import load_model
+    from rotviz.measures.layerwise import layerwise_on
+    from rotviz.sources.loading import load_model
     from rotviz.zoo_registry import default_pair
 
     if args.threads:

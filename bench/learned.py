@@ -32,11 +32,11 @@ calm_before_torch()  # as the command line and the app do: under load, spinning 
 import torch  # noqa: E402
 
 from bench.results import RESULTS, default_pair_on_test, machine, write_section  # noqa: E402
-from rotviz.analysis.landscape import curve_on  # noqa: E402
 from rotviz.match.endpoints import from_matched  # noqa: E402
 from rotviz.match.options import LearnOptions  # noqa: E402
 from rotviz.match.pipeline import match_models  # noqa: E402
 from rotviz.match.selection import match_options  # noqa: E402
+from rotviz.measures.barrier import curve_on  # noqa: E402
 
 # name: (what differs from the default, LearnOptions fields[, the matching SPEC])
 VARIANTS: dict[str, tuple] = {

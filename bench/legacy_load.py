@@ -6,13 +6,13 @@ in today's format.
 
 A random model of roberta-base's shape (12 layers, d 768, 12 heads, FFN 3072, vocabulary
 50265, 514 positions; RobertaForMaskedLM) is written once to a temporary folder, then copied
-with `roberta.embeddings.position_ids` added. `rotviz.models.load_model` (the header checks,
-transformers' load, rotviz's checks of what it loaded) runs on the two in turn, `--repeat`
+with `roberta.embeddings.position_ids` added. `rotviz.sources.loading.load_model` (the header
+checks, transformers' load, rotviz's checks of what it loaded) runs on the two in turn, `--repeat`
 times each, interleaved so that a change in the machine's load falls on both; the checks
-alone (`rotviz.models.check_weights`, where rotviz.legacy decides what is read past) are timed
-the same way. On a shared machine those timings move by tens of percent with the neighbours'
-load, far more than the old format changes them, so the work the old format adds is also
-timed alone: `rotviz.legacy.read_past` on the checkpoint's names as `check_fits` asks it
+alone (`rotviz.sources.loading.check_weights`, where rotviz.sources.legacy decides what is read
+past) are timed the same way. On a shared machine those timings move by tens of percent with the
+neighbours' load, far more than the old format changes them, so the work the old format adds is also
+timed alone: `rotviz.sources.legacy.read_past` on the checkpoint's names as `check_fits` asks it
 (the one step that differs; transformers drops the position ids itself), many times, as a
 share of the fastest load. Writes the section `legacy-load` of bench/RESULTS.md. Target: the
 old format costs at most 5% more.
@@ -78,10 +78,10 @@ def main() -> None:
     args = p.parse_args()
 
     from rotviz.arch import spec_for
-    from rotviz.checkpoint import Checkpoint
-    from rotviz.legacy import read_past
-    from rotviz.models import check_weights, load_model, read_config
-    from rotviz.skeleton import build_meta
+    from rotviz.atsize.runtime import build_meta
+    from rotviz.sources.checkpoint import Checkpoint
+    from rotviz.sources.legacy import read_past
+    from rotviz.sources.loading import check_weights, load_model, read_config
 
     def checks(path: Path) -> None:
         config = read_config(path)
@@ -163,7 +163,7 @@ def main() -> None:
         f"{100 * added / fastest:.2f}% of the fastest load ({fastest:.3f} s). The old format's "
         "extra work is one 4 KB tensor "
         "more in the file, which transformers' loader and rotviz's checks both pass over "
-        "(rotviz.legacy.read_past: a few regular expressions over the names the module "
+        "(rotviz.sources.legacy.read_past: a few regular expressions over the names the module "
         "lacks).",
     ]
     write_section("legacy-load", "\n".join(lines), args.results)

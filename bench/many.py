@@ -2,7 +2,7 @@
 
     python bench/many.py [--threads 2] [--rounds 10] [--specs seed,weight] [--results PATH]
 
-Times `rotviz.analysis.many.align_many` (to="barycentre") on the four default-pair-sized
+Times `rotviz.match.many.align_many` (to="barycentre") on the four default-pair-sized
 seeds (zoo.SEEDS) for each matching SPEC: the pass onto the anchor, then at most `--rounds`
 rounds onto the mean (tol 1e-4), every alignment's function check included. Also reports the
 mean pairwise distance before and after and the merged accuracy of all four (test split),
@@ -23,10 +23,11 @@ import torch  # noqa: E402
 
 from bench.results import RESULTS, machine, write_section  # noqa: E402
 from rotviz import zoo_registry as zoo  # noqa: E402
-from rotviz.analysis.many import align_many, merged_curve  # noqa: E402
-from rotviz.evaluation import split_for  # noqa: E402
+from rotviz.data.reading import split_for  # noqa: E402
+from rotviz.match.many import align_many  # noqa: E402
 from rotviz.match.pipeline import match_models  # noqa: E402
-from rotviz.models import load_model  # noqa: E402
+from rotviz.measures.many import merged_curve  # noqa: E402
+from rotviz.sources.loading import load_model  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

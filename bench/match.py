@@ -46,8 +46,8 @@ from rotviz.arch import spec_for  # noqa: E402
 from rotviz.match.engine import match  # noqa: E402
 from rotviz.match.options import MatchOptions
 from rotviz.match.pipeline import match_models  # noqa: E402
-from rotviz.models import Loaded  # noqa: E402
 from rotviz.random_models import random_model  # noqa: E402
+from rotviz.sources.loading import Loaded  # noqa: E402
 from rotviz.symmetry.view import read_view  # noqa: E402
 
 SIZES = {

@@ -68,9 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     import torch
 
-    from rotviz.checkpoint import Checkpoint
     from rotviz.merging.mergekit import mergekit_config
     from rotviz.random_models import save_random_sharded
+    from rotviz.sources.checkpoint import Checkpoint
 
     # 64 positions: the text is read in sequences of 64 tokens
     sizes = {**SHAPES[args.shape], "layers": args.layers, "positions": 64}

@@ -35,8 +35,8 @@ def default_pair_on_test():
     """(anchor, source, test split): the zoo's default pair, loaded, and the digits test split
     the benchmarks on it evaluate; `anchor.ref` and `source.ref` name the models."""
     from rotviz import zoo_registry as zoo
-    from rotviz.data import load_split
-    from rotviz.models import load_model
+    from rotviz.data.split import load_split
+    from rotviz.sources.loading import load_model
 
     a_ref, b_ref = zoo.default_pair()
     return load_model(a_ref), load_model(b_ref), load_split("digits", "test")

@@ -25,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from bench.results import RESULTS, default_pair_on_test, machine, write_section  # noqa: E402
-from rotviz.analysis.landscape import curve_on, interpolate  # noqa: E402
 from rotviz.match.endpoints import match_endpoints  # noqa: E402
 from rotviz.match.options import MatchOptions  # noqa: E402
+from rotviz.measures.barrier import curve_on, interpolate  # noqa: E402
 
 DEFAULT = MatchOptions(heads=True, residual=True)
 

@@ -17,11 +17,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from rotviz.analysis.sharpness import sharpness_on  # noqa: E402
-from rotviz.data import load_split  # noqa: E402
+from rotviz.data.split import load_split  # noqa: E402
 from rotviz.devices import resolve_device  # noqa: E402
 from rotviz.match.endpoints import match_endpoints  # noqa: E402
-from rotviz.models import load_model  # noqa: E402
+from rotviz.measures.sharpness import sharpness_on  # noqa: E402
+from rotviz.sources.loading import load_model  # noqa: E402
 
 
 def main() -> None:

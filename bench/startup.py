@@ -48,8 +48,9 @@ COMMANDS = {
                "--json"),
 }
 # what barrier imports before its work: torch, then rotviz's own modules
-ENGINE = ("import torch, rotviz.cli, rotviz.lite, rotviz.data, rotviz.evaluation, "
-          "rotviz.match.endpoints, rotviz.measures.barrier, rotviz.analysis.landscape")
+ENGINE = ("import torch, rotviz.cli, rotviz.sources.plain_torch, rotviz.data.split, "
+          "rotviz.evaluation, rotviz.match.endpoints, rotviz.measures.barrier, "
+          "rotviz.measures.barrier")
 HEAVY = ("transformers", "scipy.optimize", "pandas", "plotly", "huggingface_hub", "safetensors")
 RUN = (
     "import sys\n"
@@ -136,7 +137,8 @@ def main() -> None:
         "its report's `seconds`; eval: from the command's start, its imports of torch and the "
         "model included); loading the models and the data is start-up here. slice runs a "
         "5x5 plane and ladder 5 points and 20 learned steps: smaller than their defaults, the "
-        "same start-up. Every command here loads the pair through rotviz.lite (plain torch, "
+        "same start-up. Every command here loads the pair through rotviz.sources.plain_torch "
+        "(plain torch, "
         "no transformers import); `match` and `merge --out` write the model as "
         "`save_pretrained` does, byte for byte, through rotviz.sources.plain (safetensors "
         "only). scipy's assignment solver is loaded on its own (rotviz.groups._lsap), without "

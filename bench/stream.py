@@ -69,7 +69,7 @@ def run(args: list[str], log: Path) -> dict:
 
 BASELINE = """
 import torch, transformers  # noqa: F401
-import rotviz.cli, rotviz.stream.match  # noqa: F401
+import rotviz.cli, rotviz.match.at_size  # noqa: F401
 from rotviz.memory import resident_peak
 print(resident_peak())
 """
@@ -99,10 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     import torch
 
-    from rotviz.checkpoint import Checkpoint
+    from rotviz.atsize.need import IN_MEMORY_FACTOR
     from rotviz.memory import available_memory
     from rotviz.random_models import save_random_sharded
-    from rotviz.stream.need import IN_MEMORY_FACTOR
+    from rotviz.sources.checkpoint import Checkpoint
 
     limit = (args.in_memory_up_to * 1e9 if args.in_memory_up_to is not None
              else 0.9 * (available_memory() or 0))

@@ -35,8 +35,8 @@ NAMES = {"macro_f1": "macro-F1", "entity_f1": "entity micro-F1"}
 def table(pair: str, specs: list[str]) -> str:
     from rotviz import zoo_registry as zoo
     from rotviz.analysis.fusion import METHODS, fusion_table
-    from rotviz.evaluation import split_for
-    from rotviz.models import load_model
+    from rotviz.data.reading import split_for
+    from rotviz.sources.loading import load_model
 
     a_ref, b_ref = zoo.pair(pair)
     a, b = load_model(a_ref), load_model(b_ref)

@@ -41,8 +41,9 @@ def hwm():  # peak resident memory (MB) since the last reset
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
 open("/proc/self/clear_refs", "w").write("5")  # forget the peak inherited from the parent
-from rotviz.evaluation import evaluate, split_for
-from rotviz.models import load_model
+from rotviz.evaluation import evaluate
+from rotviz.data.reading import split_for
+from rotviz.sources.loading import load_model
 import rotviz.evaluation as E
 torch.set_num_threads(1)
 m = load_model(sys.argv[1])
@@ -78,9 +79,9 @@ def classifier_rows(root: Path, sentences: int, measure: int) -> list[str]:
     import transformers as T
     from test_tokens import TEXT
 
-    from rotviz.analysis.landscape import interpolate
-    from rotviz.evaluation import split_for
-    from rotviz.models import load_model
+    from rotviz.data.reading import split_for
+    from rotviz.measures.barrier import interpolate
+    from rotviz.sources.loading import load_model
 
     tok = _tokenizer(8000)
     words = TEXT.split()

@@ -65,8 +65,8 @@ from bench.results import RESULTS, machine, write_section  # noqa: E402
 from rotviz.arch import family_module, spec_for  # noqa: E402
 from rotviz.match.engine import match  # noqa: E402
 from rotviz.match.options import MatchOptions
-from rotviz.models import Loaded  # noqa: E402
 from rotviz.random_models import random_model  # noqa: E402
+from rotviz.sources.loading import Loaded  # noqa: E402
 from rotviz.symmetry.view import read_view  # noqa: E402
 
 SIZES = {

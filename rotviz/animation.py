@@ -2,7 +2,7 @@
 offline), GIF and MP4 (for slides).
 
 A GIF or MP4 frame is the animated figure at that frame (rotviz.plots.animate.frame_figure),
-drawn as a PNG by `rotviz.images.render`, every frame in one browser; imageio writes the GIF
+drawn as a PNG by `rotviz.plots.images.render`, every frame in one browser; imageio writes the GIF
 (through Pillow) and imageio-ffmpeg's own ffmpeg binary, bundled in its wheel, encodes the
 MP4 (H.264, yuv420p: what slide software plays). Nothing is downloaded: imageio-ffmpeg uses
 the binary inside the package (or IMAGEIO_FFMPEG_EXE), and kaleido the installed Chromium.
@@ -36,7 +36,7 @@ def why_not(fmt: str) -> str | None:
     """Why `fmt` cannot be written here (one line), or None when it can."""
     if fmt == "html":
         return None
-    from rotviz import images
+    from rotviz.plots import images
 
     why = images.why_not()
     if why:
@@ -77,7 +77,7 @@ def check(fmt: str, width: int = WIDTH, height: int = HEIGHT, fps: int = RATE,
 def frames(figure: Any, width: int = WIDTH, height: int = HEIGHT) -> list[bytes]:
     """Each frame of an animated figure as PNG bytes, `width` x `height` pixels, all drawn
     in one browser."""
-    from rotviz import images
+    from rotviz.plots import images
     from rotviz.plots.animate import frame_figure
 
     if not figure.frames:

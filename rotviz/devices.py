@@ -244,6 +244,6 @@ def device_badge(summary: Mapping[str, Any]) -> str:
 # Sequences this short (tokens, or image patches) are attended unfused on the CPU: torch's
 # fused CPU kernel works in blocks sized for long sequences, and at the default pair's 17
 # positions it took half of an evaluation (95 ms against 55 ms unfused, 2 threads). Both the
-# transformers models (rotviz.models.attending_module) and rotviz.lite's follow it, so
-# that the app's light models and the library's agree bit for bit.
+# transformers models (rotviz.sources.running.attending_module) and rotviz.sources.plain_torch's
+# follow it, so that the app's light models and the library's agree bit for bit.
 SHORT_ATTENTION = 32

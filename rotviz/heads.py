@@ -6,7 +6,7 @@ language-model heads, `...ForPreTraining` (BERT's masked-LM and next-sentence he
 MultiBERTs checkpoints), classifiers of sequences, tokens and images, question answering and
 multiple choice. Matching and every weights-only view (distances, spectra, the Hessian-free
 views) work on the body whatever the head; the function check compares every output the
-model has; a measurement that needs a loss needs a head rotviz can score (rotviz.tasks), and
+model has; a measurement that needs a loss needs a head rotviz can score (rotviz.data.tasks), and
 says in one line which heads those are when the model has none.
 
 The model's outputs are read here too (`outputs_of`): the one a loss is computed on
@@ -55,7 +55,7 @@ KINDS: Mapping[str, tuple[str, str | None]] = {
     "other": ("a head rotviz does not know", None),
 }
 
-# The data each task's loss is measured on, in words (rotviz.tasks' tasks)
+# The data each task's loss is measured on, in words (rotviz.data.tasks' tasks)
 DATA_OF_TASK: Mapping[str, str] = {
     "text": "text", "masked": "text, some tokens masked", "seq-cls": "labelled text",
     "multi-label": "labelled text", "regression": "labelled text", "token-cls": "tagged text",
@@ -77,7 +77,7 @@ _NOT_OUTPUTS = ("loss", "past_key_values", "hidden_states", "attentions", "cross
 class Head:
     """A model's head: its class name (config `architectures`, empty for a timm model or a
     config that names none), its kind (a key of KINDS) and the rotviz task its loss is
-    scored as (rotviz.tasks; None where no loss fits it)."""
+    scored as (rotviz.data.tasks; None where no loss fits it)."""
 
     class_name: str
     kind: str

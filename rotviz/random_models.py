@@ -19,8 +19,8 @@ import torch
 from torch import Tensor, nn
 
 from rotviz.arch import FAMILIES, Sizes, family_module, spec_named
-from rotviz.sources import source_of
-from rotviz.tokens import CHARS, VOCAB_KEY
+from rotviz.data.tokens import CHARS, VOCAB_KEY
+from rotviz.sources.adapters import source_of
 
 __all__ = ["FAMILIES", "options", "random_config", "random_model", "save_random",
            "save_random_sharded"]
@@ -121,8 +121,8 @@ def save_random_sharded(family: str, out: str | os.PathLike, seed: int = 0,
     never whole in memory: models larger than this machine's memory, for the streamed
     matching's tests and benchmarks. Weights as `random_model` draws them (seeded per tensor,
     so not the same numbers), `sizes` as its keywords."""
-    from rotviz.checkpoint import ShardWriter
-    from rotviz.skeleton import build_meta
+    from rotviz.atsize.runtime import build_meta
+    from rotviz.sources.shards import ShardWriter
 
     keys = ("layers", "d", "heads", "ffn", "vocab", "image", "patch", "channels", "labels")
     defaults = inspect.signature(random_model).parameters

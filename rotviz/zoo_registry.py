@@ -1,6 +1,6 @@
 """The zoo's registry (a leaf: it imports nothing of rotviz but its errors and its file
 reader): the shipped models and pairs, where they live, and their cards. It sits in the models
-layer, apart from the zoo package, because `rotviz.models` resolves `zoo:NAME` with it and
+layer, apart from the zoo package, because `rotviz.sources.loading` resolves `zoo:NAME` with it and
 the app lists the zoo with it, neither needing what builds the models. Building them is
 `rotviz.zoo.build`.
 
@@ -13,7 +13,7 @@ Pairs:
 - default (`vit-digits-s3`, `vit-digits-s6`): independent seeds, the generalized-LMC setting;
 - seeds (`vit-digits-s7`, `vit-digits-s8`): two more seeds of the default recipe; with the
   default pair, four independent seeds (`SEEDS`) for aligning many models at once
-  (rotviz.analysis.many);
+  (rotviz.measures.many);
 - finetuned (`vit-digits-ft-a`, `vit-digits-ft-b`): two fine-tunes of `vit-digits-base` on
   different halves of the training split with different hyperparameters, the seed paper's setting;
 - lineage (`vit-digits-s3-ft`, `vit-digits-s6-ft`): the default pair's two seeds as pretrained
@@ -102,7 +102,7 @@ SEEDS: tuple[str, ...] = (*PAIRS["default"], *PAIRS["seeds"])
 
 @dataclass(frozen=True)
 class SpawnEntry:
-    """A spawn folder of the zoo (rotviz.zoo.spawn builds it, rotviz.analysis.training reads
+    """A spawn folder of the zoo (rotviz.zoo.spawn builds it, rotviz.measures.training reads
     it): a parent run of `recipe` initialised from `seed` in data order `parent_order`;
     at each step of `spawn_steps` (the last is the run's end) two children trained to the
     end in the data orders `orders`; the two children spawned at 0 kept at `series_steps`."""

@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from rotviz.arch import FAMILIES
-from rotviz.models import Loaded, load_model
 from rotviz.random_models import save_random
+from rotviz.sources.loading import Loaded, load_model
 from rotviz.symmetry.view import ModelView, read_view
 
 # Keep compiled test modules (pytest's assertion rewriting, which runs after this file is

@@ -27,8 +27,8 @@ def record() -> dict[str, float]:
     from rotviz.arch import family_module
     from rotviz.match.engine import match
     from rotviz.match.options import MatchOptions
-    from rotviz.models import load_model
     from rotviz.random_models import save_random
+    from rotviz.sources.loading import load_model
 
     out = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -9,9 +9,10 @@ import torch
 from conftest import assert_state_equal, clone_state, view_of
 
 from rotviz.groups import random_orthogonal, random_rope_maps
-from rotviz.models import max_output_diff
+from rotviz.sources.running import max_output_diff
 from rotviz.symmetry.actions import LayerTransform, apply, random_element, random_transform
-from rotviz.symmetry.view import ModelView, groups, read_view, write_state
+from rotviz.symmetry.kinds import groups
+from rotviz.symmetry.view import ModelView, read_view, write_state
 
 TOL = 1e-4  # float32 logits
 BROKEN = 1e-2  # a transform that is not a symmetry moves the logits by far more than this

@@ -1,8 +1,8 @@
-"""Animations (issue 29 item 3): the interpolation path and weight matching's rounds as plotly
-figures with frames (rotviz.plots.animate), and the CLI's --animation. Each frame's data is
-checked against the result and against plain computations written here. All on the default
-pair with few points and few samples. GIF and MP4 are decoded back in
-tests/test_static_figures.py, whose browser draws their frames too."""
+"""Animations (issue 29 item 3): the interpolation path as a plotly figure with frames
+(rotviz.plots.animate), and the CLI's --animation. Each frame's data is checked against the
+result and against plain computations written here. All on the default pair with few points
+and few samples. GIF and MP4 are decoded back in tests/test_static_figures.py, whose browser
+draws their frames too. Weight matching's rounds: tests/measures/test_rounds.py."""
 
 from __future__ import annotations
 
@@ -11,18 +11,17 @@ import re
 from functools import cache
 
 import numpy as np
-import pytest
 import torch
 from conftest import refused
-from test_landscape import default_pair, default_pair_refs, digits
+from pairs import default_pair, default_pair_refs, digits
 
-from rotviz import animation, images
-from rotviz.analysis.landscape import curve_on
-from rotviz.errors import RotvizError
-from rotviz.match.endpoints import match_endpoints, unmatched
-from rotviz.match.options import MatchOptions
-from rotviz.measures import measure, measurement
-from rotviz.models import forward, probe_inputs
+from rotviz import animation
+from rotviz.match.endpoints import unmatched
+from rotviz.measures import measurement
+from rotviz.measures.barrier import curve_on
+from rotviz.plots import images
+from rotviz.runner import measure
+from rotviz.sources.running import forward, probe_inputs
 
 
 @cache
@@ -62,32 +61,6 @@ def test_the_path_frames_hold_the_curve_so_far_and_the_models_answers_at_alpha()
     assert "examples" not in curve_on(unmatched(a, b), digits().subset(8), 3).to_dict()
 
 
-def test_weight_matching_replayed_round_by_round():
-    """Round 0 is the source, the last round the endpoints' matched source: their distances
-    and barriers equal those measured on the endpoints directly."""
-    a, b = default_pair()
-    split = digits().subset(40)
-    ends = match_endpoints(a, b, MatchOptions(heads=True, residual=True, rounds=2, tol=0.0))
-    r = measure("rounds", ends, split, points=3).to_dict()
-    rounds = r["rounds"]
-    assert r["phases"] == ends.report.residual["phase_rounds"] == [2, 2]
-    assert [(x["phase"], x["round"]) for x in rounds] == [(0, 0), (0, 1), (0, 2), (1, 1), (1, 2)]
-    assert r["last_round_diff"] == 0.0
-    assert rounds[0]["distance"] == pytest.approx(ends.info.distance_before, rel=1e-6)
-    assert rounds[-1]["distance"] == pytest.approx(ends.info.distance_after, rel=1e-6)
-    assert rounds[-1]["distance"] < rounds[0]["distance"]
-    for x, e in ((rounds[0], unmatched(a, b)), (rounds[-1], ends)):
-        c = curve_on(e, split, 3)
-        assert x["barrier"] == pytest.approx(c.barrier, abs=1e-6)
-        np.testing.assert_allclose(x["loss"], c.loss, atol=1e-6)
-    fig = measurement("rounds").animate(r)
-    assert len(fig.frames) == len(rounds)
-    for k, frame in enumerate(fig.frames):
-        assert list(frame.data[0].y) == [x["distance"] for x in rounds[: k + 1]]
-        assert list(frame.data[1].y) == [x["barrier"] for x in rounds[: k + 1]]
-        assert list(frame.data[2].y) == rounds[k]["loss"]
-    with pytest.raises(RotvizError, match="--match weight"):
-        measure("rounds", match_endpoints(a, b, "seed"), split, points=3)
 
 
 def test_the_cli_writes_the_html_animation_and_refuses_in_one_line(capfd, ws, monkeypatch):

@@ -244,8 +244,8 @@ def test_device_badge_names_the_device():
 
 
 def test_learn_demo_scrambles_weights_not_outputs(roots):
-    from rotviz.data import load_split
-    from rotviz.models import load_model
+    from rotviz.data.split import load_split
+    from rotviz.sources.loading import load_model
 
     m = load_model(roots / "vit-s0")
     split = load_split("digits").subset(64)
@@ -264,9 +264,9 @@ def test_learn_demo_scrambles_weights_not_outputs(roots):
 
 
 def test_model_card_symmetry_check(roots):
-    from rotviz.data import load_split
+    from rotviz.data.split import load_split
     from rotviz.evaluation import evaluate
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
 
     m = load_model(roots / "vit-s1")
     split = load_split("digits").subset(50)
@@ -280,7 +280,7 @@ def test_model_card_symmetry_check(roots):
 def test_match_tables_for_export(roots):
     from rotviz.match.options import MatchOptions
     from rotviz.match.pipeline import match_models
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
 
     a, s = load_model(roots / "vit-s0"), load_model(roots / "vit-s1")
     summary = summaries.match_summary(match_models(a, s, MatchOptions()), "seed")
@@ -301,7 +301,8 @@ def test_model_locks_serialise_shared_modules(roots):
     """Two sessions evaluating different parameter sets on one cached module at once get
     their own answers (functional_call swaps tensors on the shared module)."""
     from app_pages import runtime
-    from rotviz.models import forward, load_model, probe_inputs
+    from rotviz.sources.loading import load_model
+    from rotviz.sources.running import forward, probe_inputs
 
     m = load_model(roots / "vit-s0")
     other = load_model(roots / "vit-s1").state
@@ -357,15 +358,15 @@ def test_models_page_opens_on_the_default_pair(pair):
 
 
 def test_models_page_evaluates_light_models_then_computes_the_barrier_page_ahead(pair):
-    """The Models page checks and evaluates the pair without transformers' modules (rotviz.lite
-    where it is exact) and, once painted, computes the Barrier page's default curves in the
-    background, so that page finds them ready. They are the library's numbers with the
-    models' own transformers classes, bit for bit."""
+    """The Models page checks and evaluates the pair without transformers' modules
+    (rotviz.sources.plain_torch where it is exact) and, once painted, computes the Barrier page's
+    default curves in the background, so that page finds them ready. They are the library's numbers
+    with the models' own transformers classes, bit for bit."""
     from app_pages import runtime
     from rotviz import app as rapp
-    from rotviz.analysis.landscape import interpolate
-    from rotviz.data import load_split
-    from rotviz.models import load_model
+    from rotviz.data.split import load_split
+    from rotviz.measures.barrier import interpolate
+    from rotviz.sources.loading import load_model
 
     stores = runtime._stores()
     with runtime._WARMING, runtime._AHEAD:  # an earlier page's warm-up is over
@@ -390,7 +391,7 @@ def test_models_page_evaluates_light_models_then_computes_the_barrier_page_ahead
         rapp.load_eval, rapp.barrier_defaults = real_load_eval, real_defaults
     assert set(seen) == set(pair)  # the page evaluated lighter models ...
     if all(ref.startswith("zoo:vit") for ref in pair):
-        assert {type(m.model).__module__ for m in seen.values()} == {"rotviz.lite"}
+        assert {type(m.model).__module__ for m in seen.values()} == {"rotviz.sources.plain_torch"}
     with runtime._WARMING, runtime._AHEAD:  # the warm-up thread (started by the page) is done
         pass
     assert not stores["models"]  # ... and never needed the full ones
@@ -529,9 +530,9 @@ def test_the_start_up_thread_waits_for_the_browsers_requests(monkeypatch):
 
 def test_barrier_page_chart_holds_library_results(pair):
     from app_pages import runtime
-    from rotviz.analysis.landscape import interpolate
-    from rotviz.data import load_split
-    from rotviz.models import load_model
+    from rotviz.data.split import load_split
+    from rotviz.measures.barrier import interpolate
+    from rotviz.sources.loading import load_model
 
     at = app("barrier", b_points="5")
     # the page checks and computes with the models as the computations take them: it never
@@ -604,7 +605,7 @@ def barrier_of(trace: dict) -> float:
 @pytest.fixture(scope="module")
 def default_pair_dirs(roots) -> tuple[str, str]:
     """The zoo's default pair as two folders, added to the model roots."""
-    from tests.test_landscape import default_pair
+    from tests.pairs import default_pair
 
     a, b = default_pair()
     os.environ[app_roots.ENV_ROOTS] += os.pathsep + str(Path(a.path).parent)
@@ -694,8 +695,8 @@ def test_spectra_page_circuits_unchanged(pair):
 
 def test_merge_page_chart_holds_fusion_table(pair):
     from rotviz.analysis.fusion import fusion_table
-    from rotviz.data import load_split
-    from rotviz.models import load_model
+    from rotviz.data.split import load_split
+    from rotviz.sources.loading import load_model
 
     at = app("merge", g_methods="simple average")
     fig = figures(at)["Merged model accuracy per fusion method"]
@@ -724,8 +725,8 @@ def test_merge_page_chart_holds_fusion_table(pair):
     assert not at.exception, [e.message for e in at.exception]
     sweep = figures(at)["Merged model accuracy against weight (simple)"]
     got = {tr["name"]: numbers(tr["y"]) for tr in sweep["data"]}
-    from rotviz.analysis.fusion import sweep_on
     from rotviz.match.endpoints import match_endpoints
+    from rotviz.measures.merge_sweep import sweep_on
 
     split = load_split("digits").subset(N_EVAL)
     want = sweep_on(match_endpoints(a, s, "seed"), "simple", "weight",
@@ -1060,11 +1061,11 @@ def _framed(fig: dict) -> None:
 def test_landscape_page_computes_each_section_on_run(pair):
     """First paint computes nothing; each section's Run draws its figures, whose numbers are
     the library's (the slice's grid, the Hessian's top eigenvalues, the bend's barrier)."""
-    from rotviz.analysis.slices import slice_at
-    from rotviz.data import load_split
+    from rotviz.analysis.loss_grid import slice_at
+    from rotviz.data.split import load_split
     from rotviz.match.endpoints import match_endpoints
-    from rotviz.measures import measure
-    from rotviz.models import load_model
+    from rotviz.runner import measure
+    from rotviz.sources.loading import load_model
 
     at = app("landscape", l_slice_grid="5", l_bend_steps="10", l_bend_points="5",
              l_layerwise_points="3", l_hessian_iterations="16", l_hessian_examples="64")
@@ -1134,11 +1135,11 @@ def test_landscape_slice_around_b_prime_and_its_gauge_fixed_twin(pair):
     the matched path (the page's matching) draws the library's numbers, B' marked at x = 1;
     the random plane beside the gauge-fixed plane share one colour scale, each panel the
     library's grid (1e-5), captioned."""
-    from rotviz.analysis.directions import slice_with
-    from rotviz.data import load_split
+    from rotviz.data.split import load_split
     from rotviz.match.endpoints import match_endpoints
-    from rotviz.measures import measure
-    from rotviz.models import load_model
+    from rotviz.measures.slice import slice_with
+    from rotviz.runner import measure
+    from rotviz.sources.loading import load_model
 
     at = app("landscape", l_slice_grid="5", l_slice_around="path", l_slice_dims="1",
              l_slice_directions="toward", l_slice_norm="none", l_slice_biases="keep")
@@ -1221,7 +1222,7 @@ def test_training_page_runs_both_charts_on_the_zoo_series(roots):
     each Run draws its chart (framed: title, axes with units, legend, palette), whose lines
     are the library's barriers on the same split, one per matching; children spawned at the
     last step sit at 0, and an export holds the table."""
-    from rotviz.data import load_split
+    from rotviz.data.split import load_split
 
     at = app("training", t_training_points="3", t_spawn_points="3")
     assert not figures(at)
@@ -1259,9 +1260,10 @@ def test_merge_page_aligns_many_models_on_run(roots):
     distance matrices (two heat maps, one colour scale) and the merged accuracy against the
     number of models, equal to the library's on the same split."""
     from rotviz import zoo_registry
-    from rotviz.analysis.many import align_many, merged_curve
-    from rotviz.data import load_split
-    from rotviz.models import load_model
+    from rotviz.data.split import load_split
+    from rotviz.match.many import align_many
+    from rotviz.measures.many import merged_curve
+    from rotviz.sources.loading import load_model
 
     at = app("merge", g_methods="simple average", n_rounds="1")
     assert "Many models at once" in [h.value for h in at.header]
@@ -1291,8 +1293,8 @@ def test_measure_page_runs_the_ladder_a_record_of_other_inputs(roots):
     """The Measure page takes a record of other inputs (the symmetry ladder): the sidebar's
     pair, its rungs in order, nothing before Run; Run draws its figure and its table, whose
     align-to-self row reads 0.0000 and 0.0000, equal to the library's on the same split."""
-    from rotviz.analysis.ladder import LadderPair, ladder
-    from rotviz.data import load_split
+    from rotviz.data.split import load_split
+    from rotviz.measures.ladder import LadderPair, ladder
 
     a, s = str(roots / "vit-s0"), str(roots / "vit-s1")
     at = app("measure", anchor=a, source=s)

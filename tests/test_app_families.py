@@ -31,8 +31,8 @@ def family_root(tmp_path_factory):
 
 
 def _task(family: str, options: dict) -> str | None:
+    from rotviz.data.tasks import task_of_config
     from rotviz.random_models import random_config
-    from rotviz.tasks import task_of_config
 
     return task_of_config(spec_named(family).inputs, random_config(family, Sizes(), **options))
 
@@ -79,8 +79,8 @@ def _pair(root, family: str) -> tuple[str, str, str]:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_match_and_spectra_pages_on_a_pair_of_each_family(family, family_root):
     from rotviz.app import check_pair
-    from rotviz.evaluation import split_for
-    from rotviz.models import load_model
+    from rotviz.data.reading import split_for
+    from rotviz.sources.loading import load_model
 
     a, b, data = _pair(family_root, family)
     anchor, source = load_model(a), load_model(b)

@@ -13,7 +13,7 @@ from conftest import app_roots_with
 from test_app import LOSS_TITLE, N_EVAL, app, figures, numbers, texts
 
 from rotviz.app import roots as app_roots
-from rotviz.data import VOCAB_SIZE
+from rotviz.data.text import VOCAB_SIZE
 from rotviz.random_models import save_random
 
 # MultiBERTs-shaped, tiny: text read as rotviz's characters (vocab 98), 64-character windows
@@ -42,8 +42,8 @@ def test_multiberts_pair_gives_the_librarys_masked_lm_barrier(head_root):
     the app reads (pystdlib as the anchor reads it, its first N_EVAL windows); weight
     matching is not offered (the tied MLM decoder refuses residual maps), and says why."""
     from rotviz import match_endpoints, measure
-    from rotviz.evaluation import split_for
-    from rotviz.models import load_model
+    from rotviz.data.reading import split_for
+    from rotviz.sources.loading import load_model
 
     a, b = _pair(head_root, "BertForPreTraining")
     # "auto" data for a user's text folders is the shipped text data

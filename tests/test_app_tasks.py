@@ -52,9 +52,10 @@ def _pages(user_roots, page: str, **params):
 
 def test_models_barrier_and_merge_pages_show_the_task_and_f1(user_roots):
     from rotviz.analysis.fusion import fusion_table
-    from rotviz.analysis.landscape import interpolate
-    from rotviz.evaluation import evaluate, split_for
-    from rotviz.models import load_model
+    from rotviz.data.reading import split_for
+    from rotviz.evaluation import evaluate
+    from rotviz.measures.barrier import interpolate
+    from rotviz.sources.loading import load_model
 
     a, b = load_model(str(user_roots / "cls-0")), load_model(str(user_roots / "cls-1"))
     split = split_for(a, f"csv:{user_roots / 'data' / 'reviews.csv'}", "test")

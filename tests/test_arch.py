@@ -26,7 +26,7 @@ from rotviz.arch import (
 )
 from rotviz.errors import RotvizError
 from rotviz.random_models import options, random_model
-from rotviz.sources import SOURCES, source_of
+from rotviz.sources.adapters import SOURCES, source_of
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -253,7 +253,7 @@ def ladder(page, server: str) -> None:
                          ("loss barrier", "distance to the anchor"))
     own = [b for b in bars if b[3] == "#000000"]  # align-to-self, one bar per panel
     assert [b[2][0] for b in own[:2]] == ["0.0000", "0.0000"], own
-    # each rung is `rotviz barrier --match SPEC` on 21 points (tests/test_ladder.py), whose
+    # each rung is `rotviz barrier --match SPEC` on 21 points (tests/measures/test_ladder.py), whose
     # results on this pair are pinned (tests/data/pinned.json, test_pinned)
     pins = json.loads((Path(__file__).parent / "data" / "pinned.json").read_text())
     cli = [pins[f"barrier {sp}"] for sp in specs]

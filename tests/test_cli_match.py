@@ -28,7 +28,8 @@ from safetensors.torch import load_file, save_file
 
 from rotviz.cli import main
 from rotviz.match.distances import distances
-from rotviz.models import forward, load_model, probe_inputs
+from rotviz.sources.loading import load_model
+from rotviz.sources.running import forward, probe_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
 REPORT_KEYS = {"options", "distance_before", "distance_after", "heads", "max_output_diff",

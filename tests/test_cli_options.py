@@ -114,6 +114,8 @@ KINDS = {
     ("merge", "--mergekit-config"): "out file",
     ("merge_sweep", "--stats-split"): "name", ("merge_sweep", "--base"): "model",
     ("many", "--stats-split"): "name", ("many", "--base"): "model",
+    ("fusion", "--methods"): "name", ("fusion", "--base"): "model",
+    ("fusion", "--stats-split"): "name",
     **{("merge", p.flag): "name" for p in all_params() if p.choices},
     **{(n, p.flag): "name" for n, m in MEASURES.items() for p in m.parameters() if p.choices},
     ("zoo build", "names"): "name", ("zoo build", "--out"): "zoo out",
@@ -265,7 +267,8 @@ def test_the_base_commands_are_valid(ws, capfd):
     """The rows above fail because of their one bad value: the same commands with good values
     pass (the cheap ones are run; the rest differ from them only in the option under test).
     On the default pair, matching (writing the matched model), a measurement and eval run
-    without transformers (rotviz.lite, rotviz.sources.plain: seconds of start-up less)."""
+    without transformers (rotviz.sources.plain_torch, rotviz.sources.plain: seconds of start-up
+    less)."""
     assert build_parser().parse_args(BASE["match"]).out == "o"
     from rotviz.cli import main
 

@@ -25,16 +25,19 @@ from safetensors.torch import load_file, save_file
 
 from rotviz.arch import FAMILIES, spec_named
 from rotviz.cli import main
-from rotviz.data import VOCAB_SIZE
+from rotviz.data.text import VOCAB_SIZE
 from rotviz.errors import RotvizError
 from rotviz.heads import head_of_config
 from rotviz.match.distances import distances, norm
 from rotviz.match.endpoints import from_matched, match_endpoints
 from rotviz.match.options import MatchOptions
 from rotviz.match.pipeline import match_models
-from rotviz.measures import measure, measurements
-from rotviz.models import body_patterns, load_model, max_output_diff
+from rotviz.measures import measurements
 from rotviz.random_models import random_config, save_random
+from rotviz.runner import measure
+from rotviz.sources.loading import load_model
+from rotviz.sources.pairs import body_patterns
+from rotviz.sources.running import max_output_diff
 from rotviz.symmetry.actions import apply, random_element
 from rotviz.symmetry.view import read_view, write_state
 
@@ -192,7 +195,7 @@ def test_cell_loads_recovers_a_planted_element_and_keeps_every_output(
     data = "digits" if model.spec.inputs == "pixels" else text_file
     ends = from_matched(model, planted, out, MatchOptions(heads=True))
     try:
-        from rotviz.evaluation import split_for
+        from rotviz.data.reading import split_for
 
         split = split_for(model, data, "test")
         curve = measure("barrier", ends, split, points=3)
@@ -292,7 +295,8 @@ def test_multiberts_pair_gives_a_masked_lm_barrier_from_the_command_line(
     matching, are the library's numbers."""
     import transformers as T
 
-    from rotviz.evaluation import evaluate, split_for
+    from rotviz.data.reading import split_for
+    from rotviz.evaluation import evaluate
 
     a, b = (load_model(p) for p in multiberts)
     split = split_for(a, "pystdlib", "test")

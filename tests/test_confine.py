@@ -23,10 +23,10 @@ from conftest import refused
 
 from rotviz.app import roots as app_roots
 from rotviz.confine import ANYWHERE, Confined
-from rotviz.data import load_split
-from rotviz.datafiles import check_data, read_text
+from rotviz.data.files import check_data, read_text
+from rotviz.data.labelled import read_hf, read_rows
+from rotviz.data.split import load_split
 from rotviz.errors import RotvizError
-from rotviz.labelled import read_hf, read_rows
 
 SOURCES = Path(__file__).resolve().parents[1] / "rotviz"
 
@@ -104,14 +104,15 @@ def _read_of(call: ast.Call) -> str | None:
 # reads through rotviz.confine.
 ALLOWED = {
     ("rotviz/confine.py", "*"): "the door itself: resolves, checks, then opens",
-    ("rotviz/data.py", "_digits_arrays"): "scikit-learn's own bundled digits CSV (package "
-                                          "data found by import, never a user's path)",
-    ("rotviz/data.py", "_open_image"): "Image.open on a file object from Confined.open",
-    ("rotviz/labelled.py", "read_hf"): "pq.read_table on a file object from Confined.open; "
+    ("rotviz/data/images.py", "digits_arrays"): "scikit-learn's own bundled digits CSV "
+                                                "(package data found by import, never a "
+                                                "user's path)",
+    ("rotviz/data/images.py", "_open_image"): "Image.open on a file object from Confined.open",
+    ("rotviz/data/labelled.py", "read_hf"): "pq.read_table on a file object from Confined.open; "
                                        "load_from_disk on a folder Confined.check_tree checked",
-    ("rotviz/tokens.py", "_transformers_tokenizer"): "from_pretrained on a folder "
+    ("rotviz/data/tokens.py", "_transformers_tokenizer"): "from_pretrained on a folder "
                                                      "Confined.check_tree checked",
-    ("rotviz/tokens.py", "image_reading"): "from_pretrained on a folder Confined.check_tree "
+    ("rotviz/data/tokens.py", "image_reading"): "from_pretrained on a folder Confined.check_tree "
                                            "checked, its processor file by Confined.file",
     ("rotviz/memory.py", "_proc_bytes"): "/proc/meminfo and cgroup files: fixed system "
                                          "paths, never a user's",
@@ -327,7 +328,7 @@ def test_a_corrupt_datasets_folder_is_one_line(tmp_path, harm):
 
 
 def test_a_fifo_among_a_models_tokenizer_files_is_refused(tmp_path, saved):
-    from rotviz.tokens import processor_fingerprint, text_encoding, tokenizer_files
+    from rotviz.data.tokens import processor_fingerprint, text_encoding, tokenizer_files
 
     folder = tmp_path / "m"
     folder.mkdir()

@@ -8,13 +8,13 @@ import pytest
 import torch
 from conftest import view_of
 
-from rotviz.analysis.landscape import interpolate
-from rotviz.data import load_split
+from rotviz.data.split import load_split
 from rotviz.match.distances import distances, norm
 from rotviz.match.engine import match
 from rotviz.match.options import LearnOptions, MatchOptions
 from rotviz.match.pipeline import match_models
-from rotviz.models import load_model
+from rotviz.measures.barrier import interpolate
+from rotviz.sources.loading import load_model
 from rotviz.symmetry import residual as rs
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -72,10 +72,10 @@ def test_learned_matching_on_the_gpu_keeps_the_function(pair):
 def test_streamed_matching_on_the_gpu_reaches_what_the_cpu_reaches(tmp_path):
     """Block by block from shards, solving on the GPU: the function kept, the same
     permutations and distances as on the CPU."""
-    from rotviz.checkpoint import Checkpoint
+    from rotviz.atsize.blocks import open_streamed
+    from rotviz.match.at_size import match_streamed
     from rotviz.random_models import save_random_sharded
-    from rotviz.stream.blocks import open_streamed
-    from rotviz.stream.match import match_streamed
+    from rotviz.sources.checkpoint import Checkpoint
 
     sizes = dict(layers=3, d=128, heads=8, kv_heads=2, ffn=384, vocab=300)
     a = save_random_sharded("llama", tmp_path / "a", seed=0, **sizes)

@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 import torch
 
-from rotviz.data import (
+from rotviz.data.split import load_split
+from rotviz.data.text import (
     CHARS,
     CONTEXT,
     VOCAB_SIZE,
     decode,
     encode,
-    load_split,
     pystdlib_fingerprint,
     text_windows,
 )

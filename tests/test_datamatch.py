@@ -8,11 +8,10 @@ import json
 import pytest
 import torch
 from conftest import clone_state, view_of
-from test_landscape import default_pair_refs
+from pairs import default_pair_refs
 
-from rotviz.analysis.landscape import curve_on
 from rotviz.cli import main
-from rotviz.data import load_split
+from rotviz.data.split import load_split
 from rotviz.errors import RotvizError
 from rotviz.match.datamatch import match_activations
 from rotviz.match.distances import distances, norm
@@ -21,7 +20,9 @@ from rotviz.match.engine import match
 from rotviz.match.options import LearnOptions, MatchOptions
 from rotviz.match.pipeline import match_models
 from rotviz.match.selection import match_options
-from rotviz.models import load_model, max_output_diff
+from rotviz.measures.barrier import curve_on
+from rotviz.sources.loading import load_model
+from rotviz.sources.running import max_output_diff
 from rotviz.symmetry import residual as rs
 from rotviz.symmetry.actions import LayerTransform, apply
 from rotviz.symmetry.view import write_state
@@ -164,12 +165,12 @@ def test_data_matching_without_residual_works_on_a_tied_head(tmp_path):
     data: 20 kB of Python source, as a text file.)"""
     import inspect
 
-    import rotviz.data
+    import rotviz.data.labelled
 
     a, b = (load_model(r) for r in ("zoo:gpt2-pystdlib-s0", "zoo:gpt2-pystdlib-s1"))
     assert rs.unsupported(view_of(a))
     code = tmp_path / "code.txt"
-    code.write_text(inspect.getsource(rotviz.data)[:20000])
+    code.write_text(inspect.getsource(rotviz.data.labelled)[:20000])
     data = f"text:{code}"
     act = match_models(a, b, match_options("seed,act"), data=data)
     assert act.report.max_output_diff <= 1e-4

@@ -10,13 +10,13 @@ import sys
 import pytest
 import torch
 
-from rotviz.analysis.landscape import flat_inner
+from rotviz.analysis.planes import flat_inner
 from rotviz.cli import main
 from rotviz.devices import device_note, mps_available, pick_device, wide_device
 from rotviz.errors import RotvizError
 from rotviz.match.options import LearnOptions, MatchOptions
 from rotviz.match.pipeline import match_models
-from rotviz.models import load_model, to_wide
+from rotviz.sources.loading import load_model, to_wide
 
 HAS_MPS = mps_available()
 

@@ -5,8 +5,6 @@ no weights file was opened and no split was read."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from conftest import refused
 
@@ -21,11 +19,11 @@ def reads(monkeypatch):
     """What the command read: every file opened through the one reader (by what it is
     called: "weights file", "config", ...) and every split loaded. Observed by wrapping
     the reader's own open, so no counter lives in rotviz itself."""
-    import rotviz.data
+    import rotviz.data.split
     from rotviz.confine import Confined
 
     seen: dict[str, list] = {"opened": [], "splits": []}
-    real_open, real_split = Confined.open, rotviz.data.load_split
+    real_open, real_split = Confined.open, rotviz.data.split.load_split
 
     def open_(self, path, what="file"):
         seen["opened"].append(what)
@@ -36,13 +34,13 @@ def reads(monkeypatch):
         return real_split(*a, **k)
 
     monkeypatch.setattr(Confined, "open", open_)
-    monkeypatch.setattr(rotviz.data, "load_split", load_split)
+    monkeypatch.setattr(rotviz.data.split, "load_split", load_split)
     return seen
 
 
 def test_the_reads_fixture_sees_a_weights_file_opened(reads):
     """The observation itself works: loading a zoo model opens its weights through it."""
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
 
     load_model(A)
     assert "weights file" in reads["opened"]
@@ -83,7 +81,7 @@ def test_a_source_that_is_the_model_itself_is_named_so(reads, ws, capfd):
 
 
 def test_a_source_folder_that_resolves_to_the_model_is_the_model(reads, ws, capfd):
-    from rotviz.models import resolve_ref
+    from rotviz.sources.loading import resolve_ref
 
     (ws / "same").symlink_to(resolve_ref(A))
     refused(["slice", A, "--source", "same", "--around", "source", "--data", "digits"],
@@ -94,7 +92,7 @@ def test_a_source_folder_that_resolves_to_the_model_is_the_model(reads, ws, capf
 def test_many_offers_no_method_that_takes_two_models(reads, ws, capfd):
     """A method whose max_models is below the models many needs (slerp's 2) is not in many's
     --method choices (nor its help) and is refused at parse time, before any alignment."""
-    from rotviz.analysis.many import MIN_MODELS
+    from rotviz.match.many import MIN_MODELS
     from rotviz.measures.many import LEAST, MANY
     from rotviz.merging import methods
 
@@ -143,27 +141,5 @@ def test_a_mergekit_config_is_named_yml_or_yaml(name, reads, ws, capfd):
     _nothing_loaded(reads)
 
 
-def test_the_hessian_json_says_the_split_and_the_data(ws, capfd):
-    assert main(["hessian", A, "--data", "digits", "--split", "train", "--examples", "32",
-                 "--top", "1", "--iterations", "5", "--json", "h.json"]) == 0
-    d = json.loads((ws / "h.json").read_text())
-    assert d["split"] == "train" and d["data"] == "digits"
-    assert " train samples" in capfd.readouterr().out
-    assert main(["sharpness", A, B, "--data", "digits", "--split", "train", "--points", "3",
-                 "--examples", "16", "--top", "1", "--iterations", "3", "--json",
-                 "s.json"]) == 0
-    d = json.loads((ws / "s.json").read_text())
-    assert d["split"] == "train" and d["data"] == "digits"
 
 
-def test_the_sharpness_figure_has_room_for_its_titles():
-    """The title stands off the left edge and the y title is on two lines, with room."""
-    from rotviz.plots.sharpness import sharpness_figure
-
-    fig = sharpness_figure({"alphas": [0, 0.5, 1], "matched": [3.0, 4.0, 3.0],
-                            "model": A, "source": B, "split": "test"})
-    lay = fig.layout
-    assert lay.title.pad.l >= 10 and lay.margin.l >= 90 and lay.margin.t >= 90
-    assert lay.title.text.startswith("Sharpness along the path<br>")
-    assert lay.title.text.endswith(" on test")  # no data reference: the split alone
-    assert lay.yaxis.title.text.startswith("top Hessian eigenvalue<br>(")

@@ -17,9 +17,9 @@ import torch
 import rotviz
 from rotviz import zoo_registry as zoo
 from rotviz.cli import main
-from rotviz.data import load_split
+from rotviz.data.split import load_split
 from rotviz.evaluation import evaluate
-from rotviz.models import load_model
+from rotviz.sources.loading import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 # the documented keys (docs/cli.md, `rotviz eval`); an image classifier's task adds macro-F1
@@ -58,7 +58,7 @@ def test_eval_json_has_the_documented_keys_and_true_values(tmp_path, capsys, spl
 def test_eval_of_a_directory_and_of_a_language_model(tmp_path, capsys):
     d = zoo.path_of("gpt2-pystdlib-s0")
     text = tmp_path / "code.py"
-    text.write_text((ROOT / "rotviz" / "data.py").read_text())
+    text.write_text((ROOT / "rotviz" / "data" / "labelled.py").read_text())
     f = tmp_path / "lm.json"
     rc, out, err = _run(["eval", str(d), "--data", f"text:{text}", "--split", "train",
                          "--json", str(f)], capsys)
@@ -155,10 +155,11 @@ def test_short_sequences_attend_unfused_on_a_twin_of_the_model():
     the model's own module."""
 
 
-    from rotviz.data import load_split
+    from rotviz.data.reading import split_for
+    from rotviz.data.split import load_split
     from rotviz.devices import SHORT_ATTENTION
-    from rotviz.evaluation import Evaluator, split_for
-    from rotviz.models import load_model
+    from rotviz.evaluation import Evaluator
+    from rotviz.sources.loading import load_model
 
     model = load_model("zoo:vit-digits-s3")
     split = load_split("digits", "test").subset(64)

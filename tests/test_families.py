@@ -21,8 +21,9 @@ from rotviz.groups import random_orthogonal, random_rope_maps, rope_maps, rope_p
 from rotviz.match.distances import distances, norm
 from rotviz.match.engine import match
 from rotviz.match.options import MatchOptions
-from rotviz.models import Loaded, forward, load_model, max_output_diff, probe_inputs
 from rotviz.random_models import random_model, save_random
+from rotviz.sources.loading import Loaded, load_model
+from rotviz.sources.running import forward, max_output_diff, probe_inputs
 from rotviz.symmetry import residual as rs
 from rotviz.symmetry.actions import (
     LayerTransform,

@@ -24,8 +24,9 @@ from rotviz.groups import random_orthogonal
 from rotviz.match.distances import distances, norm
 from rotviz.match.engine import match
 from rotviz.match.options import MatchOptions
-from rotviz.models import forward, load_model, max_output_diff, probe_inputs
 from rotviz.random_models import random_config
+from rotviz.sources.loading import load_model
+from rotviz.sources.running import forward, max_output_diff, probe_inputs
 from rotviz.symmetry import residual as rs
 from rotviz.symmetry.actions import apply, random_element, transform_qk
 from rotviz.symmetry.view import read_view, write_state

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import refused
 
-from rotviz import images
+from rotviz.plots import images
 
 A, B = "zoo:vit-digits-s3", "zoo:vit-digits-s6"
 NAME = "fig4_distances"  # data-free: five cheap matchings, no evaluation
@@ -66,7 +66,7 @@ def test_figures_writes_each_figure_its_data_commands_and_a_report(made):
     import torch
 
     from rotviz.gallery import read_table
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
 
     a, b = load_model(A).state, load_model(B).state
     plain = float(torch.sqrt(sum(((a[k].double() - b[k].double()) ** 2).sum()

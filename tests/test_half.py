@@ -19,25 +19,21 @@ import torch
 from conftest import TINY, clone_state
 from safetensors.torch import load_file, save_file
 
-from rotviz.analysis.fusion import merge
 from rotviz.arch import FAMILIES, family_module, spec_named
 from rotviz.cli import main
-from rotviz.data import VOCAB_SIZE, load_split
-from rotviz.evaluation import evaluate, split_for
-from rotviz.lite import load_for_eval
+from rotviz.data.reading import split_for
+from rotviz.data.split import load_split
+from rotviz.data.text import VOCAB_SIZE
+from rotviz.evaluation import evaluate
 from rotviz.match.options import MatchOptions
 from rotviz.match.pipeline import FUNCTION_TOLERANCES, check_in_stored_dtype, match_models
+from rotviz.measures.merge import merge
 from rotviz.merging.simple import simple_average
-from rotviz.models import (
-    Loaded,
-    forward,
-    load_model,
-    probe_inputs,
-    save_model,
-    stored_module,
-    stored_output_diff,
-)
 from rotviz.random_models import options, save_random
+from rotviz.sources.loading import Loaded, load_model
+from rotviz.sources.plain_torch import load_for_eval
+from rotviz.sources.running import forward, probe_inputs, stored_module, stored_output_diff
+from rotviz.sources.writing import save_model
 
 ALL = FAMILIES
 HALF = (torch.bfloat16, torch.float16)
@@ -67,7 +63,7 @@ def _sizes(family: str, lm: bool = True) -> dict:
 def data_for(tmp_path_factory):
     """`data_for(family)`: a data reference the family reads. Text: the first 640 windows of
     the pystdlib corpus as a text file (64 test windows, 9x faster to evaluate than all)."""
-    from rotviz.data import CONTEXT, pystdlib_text
+    from rotviz.data.text import CONTEXT, pystdlib_text
 
     text = tmp_path_factory.mktemp("text") / "pystdlib-head.txt"
     text.write_text(pystdlib_text()[: 640 * CONTEXT + 1], encoding="utf-8")

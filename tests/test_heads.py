@@ -13,11 +13,12 @@ from rotviz.errors import RotvizError
 from rotviz.groups import rope_free, rope_pairs
 from rotviz.match.distances import distances, norm
 from rotviz.match.engine import match
-from rotviz.match.layers import head_gain, head_permutation
+from rotviz.match.layer_solvers import head_gain, head_permutation
 from rotviz.match.options import MatchOptions
 from rotviz.match.pipeline import match_models
 from rotviz.match.selection import match_options
-from rotviz.models import load_model, max_output_diff
+from rotviz.sources.loading import load_model
+from rotviz.sources.running import max_output_diff
 from rotviz.symmetry.actions import (
     LayerTransform,
     apply,

@@ -25,11 +25,12 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
-from rotviz.checkpoint import INDEX, SINGLE, Checkpoint, parse_header, save_sharded
+from rotviz.atsize.blocks import open_streamed
 from rotviz.cli import main
 from rotviz.errors import RotvizError
-from rotviz.models import load_model
-from rotviz.stream.blocks import open_streamed
+from rotviz.sources.checkpoint import INDEX, SINGLE, Checkpoint, parse_header
+from rotviz.sources.loading import load_model
+from rotviz.sources.shards import save_sharded
 
 FUZZ = settings(max_examples=60, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture,
@@ -358,7 +359,7 @@ def test_header_length_beyond_the_file(saved, tmp_path, capsys):
 def test_the_finiteness_check_by_sums_misses_nothing_and_accuses_nothing():
     """Slices are checked by their float64 sums, which a NaN or an Inf anywhere makes NaN or
     Inf; finite entries whose sum overflows are then checked one by one, and pass."""
-    from rotviz.checkpoint import check_finite_tensor
+    from rotviz.sources.checkpoint import check_finite_tensor
 
     big = torch.full((3, 5), 1e308, dtype=torch.float64)  # the sum overflows to inf
     check_finite_tensor(big, "w", "here")

@@ -1,4 +1,4 @@
-"""Model names from the local Hugging Face cache (rotviz.hub): `ORG/NAME` and
+"""Model names from the local Hugging Face cache (rotviz.sources.hf_cache): `ORG/NAME` and
 `ORG/NAME@REVISION` resolve to the right snapshot of a cache laid out as huggingface_hub lays
 it out (refs, snapshots of links into blobs), with the network blocked; a name that is not
 cached is one line; the cache's own links are accepted and no other; the app lists the
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rotviz.checkpoint import copy_sharded
 from rotviz.errors import RotvizError
+from rotviz.sources.shards import copy_sharded
 from tests.conftest import refused, snapshot
 
 MAIN, STEP, ODD, PART = "a" * 40, "b" * 40, "c" * 40, "d" * 40
@@ -50,7 +50,7 @@ def no_network(monkeypatch):
 
 
 def _logits(loaded) -> torch.Tensor:
-    from rotviz.sources import call, source_of
+    from rotviz.sources.adapters import call, source_of
 
     inputs = source_of(loaded.spec).probe_inputs(loaded.spec, loaded.config, loaded.model)
     with torch.no_grad():
@@ -67,9 +67,9 @@ def test_cache_names_resolve_offline_to_their_snapshots(saved, loaded, tmp_path,
     cached models only when the cache lies under a root. No connection is attempted."""
     from huggingface_hub import scan_cache_dir
 
-    from rotviz import hub
     from rotviz.app import roots
-    from rotviz.models import load_model, resolve_ref
+    from rotviz.sources import hf_cache as hub
+    from rotviz.sources.loading import load_model, resolve_ref
 
     a, b = saved("gpt2", 0), saved("gpt2", 1)
     cache = tmp_path / "home" / "hub"

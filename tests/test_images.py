@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from rotviz.cli import main
-from rotviz.data import load_split
+from rotviz.data.reading import split_for
+from rotviz.data.split import load_split
+from rotviz.data.splits import tenth_split
 from rotviz.errors import RotvizError
-from rotviz.evaluation import evaluate, split_for
-from rotviz.models import load_model
-from rotviz.splits import tenth_split
+from rotviz.evaluation import evaluate
+from rotviz.sources.loading import load_model
 
 SIZES = ((40, 30), (32, 32), (50, 64), (24, 36))
 
@@ -96,7 +97,7 @@ def test_without_a_processor_mixed_sizes_and_parent_folders_are_one_line(setup, 
         load_split(f"imagefolder:{root}")
     # images read as they are do not fit a model that reads through a processor
     loaded = load_model(str(setup[1][0]))
-    from rotviz.evaluation import check_fits
+    from rotviz.data.reading import check_fits
 
     with pytest.raises(RotvizError, match="read as they are .* its own image processor"):
         check_fits(loaded, load_split("digits"))

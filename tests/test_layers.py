@@ -99,22 +99,31 @@ def test_the_check_finds_a_planted_cycle(tmp_path):
 
 # Layers, lowest first: a module may import its own layer and those below it.
 LAYERS = [
-    ("core", ["rotviz.errors", "rotviz.limits", "rotviz.params", "rotviz.records", "rotviz.memo",
-              "rotviz.version", "rotviz.types", "rotviz.outputs", "rotviz.checkpoint",
-              "rotviz.dist", "rotviz.memory", "rotviz.confine", "rotviz.devices"]),
+    ("core", ["rotviz.errors", "rotviz.limits", "rotviz.params", "rotviz.records",
+              "rotviz.version", "rotviz.types", "rotviz.outputs", "rotviz.dist", "rotviz.memory",
+              "rotviz.confine", "rotviz.devices",
+              # results kept while tensors live: matching's, and the residual solver's below it
+              "rotviz.match.memo"]),
     ("arch", ["rotviz.arch"]),
     ("groups", ["rotviz.groups"]),
     ("symmetry", ["rotviz.symmetry"]),
-    ("models", ["rotviz.splits", "rotviz.datafiles", "rotviz.sanity", "rotviz.labelled",
-                "rotviz.legacy", "rotviz.tasks", "rotviz.heads", "rotviz.data", "rotviz.tokens",
-                "rotviz.sources", "rotviz.models", "rotviz.lite", "rotviz.evaluation",
-                "rotviz.random_models", "rotviz.skeleton", "rotviz.zoo_registry", "rotviz.hub"]),
+    ("models", ["rotviz.data", "rotviz.heads", "rotviz.sources", "rotviz.evaluation",
+                "rotviz.random_models", "rotviz.zoo_registry",
+                # at size: the runtime, blocks, the need and points, beside the loaders
+                "rotviz.atsize"]),
+    # the straight path's points (path_point) and their evaluation into a curve: below
+    # matching, which learns along such paths (rotviz.match.learned)
+    ("paths", ["rotviz.analysis.paths"]),
     ("match", ["rotviz.match"]),
     ("merging", ["rotviz.merging"]),
     ("analysis", ["rotviz.analysis"]),
-    ("stream", ["rotviz.stream"]),
+    # at size, what is built on matching and the analyses (and rotviz.stream's last two
+    # modules, which their records' modules take in)
+    ("atsize", ["rotviz.atsize.endpoints", "rotviz.atsize.landscape", "rotviz.atsize.merge",
+                "rotviz.stream"]),
     ("plots", ["rotviz.plots"]),
     ("measures", ["rotviz.measures"]),
+    ("runner", ["rotviz.runner"]),
     ("top", ["rotviz.zoo", "rotviz.app", "rotviz.gallery", "rotviz.cli", "rotviz"]),
     ("pages", ["app_pages"]),
     ("bench", ["bench"]),

@@ -1,5 +1,5 @@
-"""Checkpoints in the format older transformers versions saved (rotviz.legacy): position ids,
-per-layer rotary frequencies, causal masks and their fill values beside the weights. Each
+"""Checkpoints in the format older transformers versions saved (rotviz.sources.legacy): position
+ids, per-layer rotary frequencies, causal masks and their fill values beside the weights. Each
 loads with exactly the logits of the same weights saved today, a match writes today's format
 (what transformers loads with no unexpected key), the streamed match writes what the
 in-memory one writes, and a tensor no class reads past is still refused in one line."""
@@ -14,16 +14,18 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from rotviz.checkpoint import SINGLE, Checkpoint
+from rotviz.atsize.blocks import open_streamed
 from rotviz.cli import main
 from rotviz.errors import RotvizError
-from rotviz.legacy import buffer_like, read_past
-from rotviz.lite import LiteGPT2, load_lite
+from rotviz.match.at_size import match_streamed
 from rotviz.match.options import MatchOptions
 from rotviz.match.pipeline import match_models
-from rotviz.models import Loaded, forward, load_model, probe_inputs, save_model
-from rotviz.stream.blocks import open_streamed
-from rotviz.stream.match import match_streamed
+from rotviz.sources.checkpoint import SINGLE, Checkpoint
+from rotviz.sources.legacy import buffer_like, read_past
+from rotviz.sources.loading import Loaded, load_model
+from rotviz.sources.plain_torch import LiteGPT2, load_lite
+from rotviz.sources.running import forward, probe_inputs
+from rotviz.sources.writing import save_model
 
 Tensor = torch.Tensor
 ROPE = ("llama", "mistral", "qwen2", "gemma", "phi3")

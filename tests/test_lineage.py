@@ -12,7 +12,7 @@ import torch
 from conftest import ZOO, clone_state, refused, snapshot, view_of
 
 from rotviz.cli import main
-from rotviz.data import load_split
+from rotviz.data.split import load_split
 from rotviz.errors import RotvizError
 from rotviz.evaluation import evaluate
 from rotviz.match.distances import distances
@@ -20,7 +20,8 @@ from rotviz.match.lineage import check_lineage, element_of_matched, move_model, 
 from rotviz.match.pipeline import Matched, match_models
 from rotviz.match.selection import match_options
 from rotviz.merging.combine import merge_states
-from rotviz.models import forward, load_model, probe_inputs
+from rotviz.sources.loading import load_model
+from rotviz.sources.running import forward, probe_inputs
 
 A, B = "zoo:vit-digits-s3", "zoo:vit-digits-s6"
 A_FT, B_FT = "zoo:vit-digits-s3-ft", "zoo:vit-digits-s6-ft"
@@ -135,9 +136,9 @@ def test_also_refusals(ws, capfd, extra, words):
 
 
 def test_an_interrupt_while_writing_a_moved_model_leaves_nothing(ws, capfd, monkeypatch):
-    import rotviz.models
+    import rotviz.sources.writing
 
-    real = rotviz.models.write_model
+    real = rotviz.sources.writing.write_model
     calls = []
 
     def second_fails(template, state, folder, extra_files=None):
@@ -146,7 +147,7 @@ def test_an_interrupt_while_writing_a_moved_model_leaves_nothing(ws, capfd, monk
         if len(calls) == 2:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(rotviz.models, "write_model", second_fails)
+    monkeypatch.setattr(rotviz.sources.writing, "write_model", second_fails)
     before = snapshot(ws.parent, ZOO)
     rc = main(["match", A, B, "--out", "o", "--also", f"{B_FT}=deep/m", "--no-attn"])
     assert rc == 130 and calls == [B, B_FT]

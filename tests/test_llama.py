@@ -30,10 +30,18 @@ from rotviz.groups import (
 )
 from rotviz.match.distances import distances, norm
 from rotviz.match.engine import match
-from rotviz.match.layers import cross_qk, cross_vo, ffn_cost, ffn_permutation, head_permutation
+from rotviz.match.layer_solvers import (
+    cross_qk,
+    cross_vo,
+    ffn_cost,
+    ffn_permutation,
+    head_permutation,
+)
 from rotviz.match.options import MatchOptions
 from rotviz.match.pipeline import match_models
-from rotviz.models import forward, load_model, max_output_diff, probe_inputs, save_model
+from rotviz.sources.loading import load_model
+from rotviz.sources.running import forward, max_output_diff, probe_inputs
+from rotviz.sources.writing import save_model
 from rotviz.symmetry.actions import (
     LayerTransform,
     apply,
@@ -45,7 +53,8 @@ from rotviz.symmetry.actions import (
     rope_structured,
     transform_qk,
 )
-from rotviz.symmetry.view import Dims, groups, read_view, write_state
+from rotviz.symmetry.kinds import groups
+from rotviz.symmetry.view import Dims, read_view, write_state
 
 F64 = torch.float64
 TOL = 1e-4  # float32 logits

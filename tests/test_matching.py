@@ -32,12 +32,13 @@ from rotviz.groups import (
 )
 from rotviz.match.distances import distances, norm
 from rotviz.match.engine import match
-from rotviz.match.layers import cross_qk, cross_vo, ffn_permutation
+from rotviz.match.layer_solvers import cross_qk, cross_vo, ffn_permutation
 from rotviz.match.options import MatchOptions, parse_layers
 from rotviz.match.pipeline import match_models
-from rotviz.models import max_output_diff
+from rotviz.sources.running import max_output_diff
 from rotviz.symmetry.actions import apply, qk_fixed_pairs, random_element
-from rotviz.symmetry.view import FFN, KINDS, write_state
+from rotviz.symmetry.kinds import KINDS
+from rotviz.symmetry.view import FFN, write_state
 
 F64 = torch.float64
 

@@ -1,6 +1,6 @@
 """The tensor memo behind fast alternation rounds: it must never change a result.
 
-rotviz.memo serves again the results of pure functions of the very same tensor objects. The
+rotviz.match.memo serves again the results of pure functions of the very same tensor objects. The
 alternating weight matching uses it to skip FFN solves, stream cross terms and distances of
 tensors that did not change; these tests pin that the results are bit-identical to running
 without it, that it does hit where it should, and that it never keeps freed weights alive.
@@ -14,11 +14,11 @@ import pytest
 import torch
 from conftest import view_of
 
-from rotviz.match import alternating
+from rotviz.match import residual
 from rotviz.match.engine import match
+from rotviz.match.memo import TensorMemo
 from rotviz.match.options import MatchOptions
-from rotviz.memo import TensorMemo
-from rotviz.models import load_model
+from rotviz.sources.loading import load_model
 from rotviz.symmetry.actions import permute_ffn
 from rotviz.symmetry.view import FFN, write_state
 
@@ -80,9 +80,9 @@ def test_weight_matching_is_the_same_with_and_without_the_memo(saved, monkeypatc
             super().__init__()
             made.append(self)
 
-    monkeypatch.setattr(alternating, "TensorMemo", Recording)
+    monkeypatch.setattr(residual, "TensorMemo", Recording)
     fast = match(view_of(anchor), view_of(source), options)
-    monkeypatch.setattr(alternating, "TensorMemo", NeverHits)
+    monkeypatch.setattr(residual, "TensorMemo", NeverHits)
     slow = match(view_of(anchor), view_of(source), options)
     assert made and made[0].hits > 0  # rounds did reuse work
     assert fast.report.residual["objective"] == slow.report.residual["objective"]

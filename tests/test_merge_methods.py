@@ -26,7 +26,6 @@ from rotviz.merging.slerp import slerp
 from rotviz.merging.task_arithmetic import task_arithmetic
 from rotviz.merging.task_vectors import drop_seed
 from rotviz.merging.ties import ties
-from rotviz.plots.figure_style import Style
 
 TOL = dict(rtol=0, atol=1e-6)
 
@@ -232,9 +231,9 @@ def test_simple_fisher_and_regmean_generalise_to_n_models():
 
 
 def test_fisher_norm_model_divides_each_models_fisher_by_its_norm(loaded):
-    from test_landscape import synthetic_split
+    from pairs import synthetic_split
 
-    from rotviz.analysis.fusion import merge
+    from rotviz.measures.merge import merge
     from rotviz.merging.fisher import fisher_diag
 
     m = loaded("vit")
@@ -427,7 +426,7 @@ def test_merge_cli_refuses_bad_base_and_density(ws, capfd, saved):
 
 def test_merge_cli_with_a_base_writes_the_merge(tmp_path, capsys):
     from rotviz.cli import main
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
 
     a, b, base = _refs()
     out, js = tmp_path / "m", tmp_path / "m.json"
@@ -467,10 +466,10 @@ SIZED = [("task_arithmetic", {"scale": 1.5}), ("ties", {"density": 0.3}),
 
 @pytest.mark.parametrize("name,kw", SIZED, ids=[n for n, _ in SIZED])
 def test_streamed_merge_equals_the_in_memory_one(name, kw, tmp_path):
-    from rotviz.data import load_split
+    from rotviz.atsize.merge import sized_merge
+    from rotviz.data.split import load_split
     from rotviz.evaluation import Evaluator
-    from rotviz.models import load_model
-    from rotviz.stream.sized import sized_merge
+    from rotviz.sources.loading import load_model
 
     a, b, base = _refs()
     split = load_split("digits", "test").subset(48)
@@ -492,8 +491,8 @@ def test_streamed_merge_equals_the_in_memory_one(name, kw, tmp_path):
 
 
 def test_fisher_and_regmean_refuse_at_size(tmp_path):
-    from rotviz.data import load_split
-    from rotviz.stream.sized import sized_merge
+    from rotviz.atsize.merge import sized_merge
+    from rotviz.data.split import load_split
 
     a, b, _ = _refs()
     for name in ("fisher", "regmean"):
@@ -509,9 +508,9 @@ def test_fine_tuned_demo_task_arithmetic_and_ties_against_the_simple_average():
     Measured on the digits test split (397 images): simple average 0.9446, base 0.9244,
     ft-a 0.9521, ft-b 0.9345; task arithmetic λ = 1 equals the simple average (weights
     0.5 each), λ = 1.5: 0.9496; TIES density 0.2: 0.9471."""
-    from rotviz.data import load_split
+    from rotviz.data.split import load_split
     from rotviz.evaluation import Evaluator
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
 
     la, lb, lbase = (load_model(x) for x in _refs())
     ev = Evaluator(la, load_split("digits", "test"), "cpu")
@@ -538,8 +537,8 @@ def test_the_app_merges_about_a_base_read_through_its_roots():
     Resources (its confined roots), and equal the library's merge."""
     from rotviz import app
     from rotviz.analysis.fusion import fusion_table
-    from rotviz.data import load_split
-    from rotviz.models import load_model
+    from rotviz.data.split import load_split
+    from rotviz.sources.loading import load_model
 
     a, b, base = _refs()
     res = app.Resources()
@@ -557,54 +556,3 @@ def test_the_app_merges_about_a_base_read_through_its_roots():
     assert one["acc"] == want.acc["ties"]["none"] and one["base"] == base
     with pytest.raises(RotvizError, match="needs --base"):
         fusion_table(la, lb, split, methods=("model_stock",), specs=("none",))
-
-
-def test_a_sweep_is_one_merge_per_value(tmp_path, capfd, ws):
-    """`merge_sweep` turns one number and holds the rest: at each value its loss and accuracy
-    are those of `merge_on` with that value (to the bit); the weight's ends are the anchor
-    and the matched source; the CLI writes the rows and a plot with titled axes; a number
-    the method cannot sweep, and a value outside the parameter's bound, are one line each."""
-    from rotviz.analysis.fusion import merge_on, sweep_on
-    from rotviz.cli import main
-    from rotviz.data import load_split
-    from rotviz.match.endpoints import match_endpoints
-    from rotviz.measures import measurement
-    from rotviz.models import load_model
-
-    la, lb, lbase = (load_model(x) for x in _refs())
-    split = load_split("digits", "test").subset(64)
-    ends = match_endpoints(la, lb, None)
-    dens = [0.1, 0.5, 1.0]
-    sw = sweep_on(ends, "ties", "density", dens, split, base=lbase, scale=1.5)
-    for d, loss, acc in zip(dens, sw.loss, sw.acc, strict=True):
-        one = merge_on(ends, "ties", split, base=lbase, density=d, scale=1.5)
-        assert (loss, acc) == (one.loss, one.acc), d
-    assert len(set(sw.loss)) == 3 and sw.base == lbase.ref
-    assert sw.params == {"consensus": "sum", "scale": 1.5}  # held; the swept one is `values`
-    w = sweep_on(ends, "simple", "weight", [0.0, 0.5, 1.0], split)
-    assert w.loss[0] == pytest.approx(w.anchor_loss, abs=1e-9)
-    assert w.loss[2] == pytest.approx(w.source_loss, abs=1e-9)
-    assert w.loss[1] == merge_on(ends, "simple", split).loss
-    with pytest.raises(RotvizError, match="--param density is not a number --method simple"):
-        sweep_on(ends, "simple", "density", dens, split)
-    js = tmp_path / "sweep.json"
-    args = ["merge_sweep", *_refs()[:2], "--data", "digits", "--match", "none", "--method",
-            "task_arithmetic", "--base", _refs()[2], "--param", "scale", "--start", "0",
-            "--stop", "2", "--points", "3"]
-    assert main([*args, "--json", str(js)]) == 0
-    out = capfd.readouterr().out
-    assert out.startswith("merge sweep [task_arithmetic, match none] of scale")
-    d = json.loads(js.read_text())
-    assert d["values"] == [0.0, 1.0, 2.0] and len(d["acc"]) == 3
-    assert d["loss"][0] == pytest.approx(merge_on(
-        match_endpoints(la, lb, None), "task_arithmetic", load_split("digits", "test"),
-        base=lbase, scale=0.0).loss, abs=1e-12)  # lambda 0: the base itself
-    rec = measurement("merge_sweep")
-    assert rec.rows(d)[1] == {"scale": 1.0, "loss": d["loss"][1], "acc": d["acc"][1]}
-    fig = rec.plot(d, Style())
-    assert fig.layout.title.text.startswith("Merged model accuracy against scale")
-    assert "λ" in fig.layout.xaxis.title.text and "accuracy" in fig.layout.yaxis.title.text
-    assert fig.layout.legend.title.text and [t.name for t in fig.data][0] == "no matching"
-    refused([*args[:-6], "--param", "density"], capfd, ws, "--param density is not a number")
-    refused([*args[:-8], "--method", "ties", "--param", "density", "--stop", "1.5"], capfd, ws,
-            "--stop 1.5 is outside --density's range", "a number from 0 to 1")

@@ -117,8 +117,8 @@ def test_mergekit_merges_as_rotviz(pairs, tmp_path, row: Row):
     expected = _state(ours)
     # the matched source written for mergekit is the one `rotviz match` writes, to float32
     # rounding: streamed, of the streamed solve; in memory, of the loader (`rotviz match` reads
-    # the pair through rotviz.lite, a merge that writes a record's extra files through
-    # transformers: GPT-2's matched weights differ by 3.7e-7, the others' by nothing)
+    # the pair through rotviz.sources.plain_torch, a merge that writes a record's extra files
+    # through transformers: GPT-2's matched weights differ by 3.7e-7, the others' by nothing)
     beside, alone = _state(matched_folder(config)), _state(matched)
     assert beside.keys() == alone.keys()
     off = max((beside[k] - alone[k]).abs().max().item() for k in alone)

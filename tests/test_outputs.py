@@ -68,13 +68,13 @@ def test_item2_eval_json_checked_before_it_prints(ws, capfd):
 @pytest.fixture
 def no_work(monkeypatch):
     """Make any model loading or training fail loudly: a refusal must come before them."""
-    import rotviz.models
+    import rotviz.sources.loading
     import rotviz.zoo.train
 
     def boom(*a, **k):
         raise AssertionError("work started before the output paths were checked")
 
-    monkeypatch.setattr(rotviz.models, "load_model", boom)
+    monkeypatch.setattr(rotviz.sources.loading, "load_model", boom)
     monkeypatch.setattr(rotviz.zoo.train, "train", boom)
 
 
@@ -263,18 +263,18 @@ def test_an_empty_out_folder_and_new_parents_are_fine(ws, capfd):
 def test_a_failure_while_writing_leaves_nothing(ws, capfd, monkeypatch):
     """An error or Ctrl-C half-way through writing: no output, no temporary, no new parents,
     and an earlier output that --overwrite was replacing stays whole."""
-    import rotviz.models
+    import rotviz.sources.writing
 
     assert main(["match", A, B, "--out", "o", "--no-attn"]) == 0
     before = snapshot(ws.parent)
-    real = rotviz.models.write_model
+    real = rotviz.sources.writing.write_model
 
     for exc in (KeyboardInterrupt, OSError):
         def half(template, state, folder, extra_files=None, exc=exc):
             real(template, state, folder, extra_files)
             raise exc("stopped half-way")
 
-        monkeypatch.setattr(rotviz.models, "write_model", half)
+        monkeypatch.setattr(rotviz.sources.writing, "write_model", half)
         capfd.readouterr()
         rc = main(["match", A, B, "--out", "o", "--overwrite"])
         assert rc == (130 if exc is KeyboardInterrupt else 2)
@@ -289,7 +289,7 @@ def test_a_failure_while_writing_leaves_nothing(ws, capfd, monkeypatch):
 
 
 READY = ("import sys, torch, transformers, timm, scipy.optimize, rotviz.cli, "
-         "rotviz.match.pipeline, rotviz.analysis.landscape, rotviz.analysis.fusion, "
+         "rotviz.match.pipeline, rotviz.analysis.paths, rotviz.analysis.fusion, "
          "rotviz.zoo.train, rotviz.match.datamatch\n"
          "print('ready', flush=True)\n"
          "sys.exit(rotviz.cli.main(sys.argv[1:]))\n")

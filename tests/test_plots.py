@@ -4,9 +4,8 @@ a legend and only colour-blind-safe colours."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
-from rotviz.plots import barrier, distances, learn, matching, merge, spectra, style
+from rotviz.plots import learn, matching, style
 
 SAFE = {c.lower() for c in style.OKABE_ITO} | {style.GREY.lower()}
 
@@ -35,148 +34,6 @@ def _check_frame(fig, title_part: str):
         assert lay.showlegend is True
     assert any(tr.name for tr in fig.data)
     assert _colors(fig) <= SAFE, _colors(fig) - SAFE
-
-
-CURVES = [
-    {"match": "none", "alphas": [0, 0.25, 0.5, 0.75, 1], "loss": [0.2, 1.0, 2.3, 0.9, 0.3],
-     "acc": [0.95, 0.7, 0.3, 0.7, 0.94]},
-    {"match": "seed", "alphas": [0, 0.25, 0.5, 0.75, 1], "loss": [0.2, 0.5, 0.9, 0.5, 0.3],
-     "acc": [0.95, 0.85, 0.6, 0.86, 0.94]},
-]
-
-
-def test_barrier_point_is_the_largest_rise_above_the_chord():
-    a = [0.0, 0.5, 1.0]
-    am, top, base = barrier.barrier_point(a, [1.0, 4.0, 3.0])
-    assert am == 0.5 and top == 4.0 and base == pytest.approx(2.0)
-    # a convex-down curve: the barrier is 0 at an end point
-    am, top, base = barrier.barrier_point(a, [1.0, 1.5, 3.0])
-    assert top - base == pytest.approx(0.0)
-
-
-def test_barrier_curves_carry_the_data_and_annotate_the_barrier():
-    fig = barrier.barrier_curves(CURVES)
-    _check_frame(fig, "loss along")
-    assert fig.layout.xaxis.title.text == style.ALPHA
-    assert fig.layout.yaxis.title.text == style.LOSS
-    lines = [tr for tr in fig.data if tr.showlegend is not False]
-    assert [list(tr.y) for tr in lines] == [c["loss"] for c in CURVES]
-    assert "no matching" in lines[0].name and "barrier 2.050" in lines[0].name
-    assert "seed paper" in lines[1].name and "barrier 0.650" in lines[1].name
-    marks = [tr for tr in fig.data if tr.showlegend is False]
-    assert [tuple(m.y) for m in marks] == [(0.25, 2.3), (0.25, 0.9)]
-    assert lines[0].line.color != lines[1].line.color and lines[0].line.dash != lines[1].line.dash
-    acc = barrier.barrier_curves(CURVES, metric="acc")
-    _check_frame(acc, "accuracy")
-    assert [list(tr.y) for tr in acc.data] == [c["acc"] for c in CURVES]
-    # titles true of every curve: the path ends at the matched source only when all matched
-    assert fig.layout.title.text == ("Loss along the straight path from anchor to source, "
-                                     "with and without matching")
-    assert barrier.barrier_curves(CURVES[1:]).layout.title.text == \
-        "Loss along the straight path from anchor to matched source"
-    assert acc.layout.title.text.startswith("Accuracy along the straight path from anchor to "
-                                            "source, with")
-    assert "no matching" in barrier.barrier_curves(CURVES[:1], "acc").layout.title.text
-    # the accuracy axis follows the data (0.3..0.95, padded by 5 % of the span), or 0-1
-    assert list(acc.layout.yaxis.range) == pytest.approx([0.3 - 0.0325, 0.95 + 0.0325])
-    low = [{**c, "acc": [0.12, 0.15, 0.18, 0.14, 0.13]} for c in CURVES]
-    assert list(barrier.barrier_curves(low, "acc").layout.yaxis.range) == pytest.approx(
-        [0.11, 0.19])  # a 0.06 span: the 0.01 floor of the padding
-    fixed = barrier.barrier_curves(low, "acc", acc_range=style.ACC_FIXED)
-    assert list(fixed.layout.yaxis.range) == [0.0, 1.02]
-    assert style.acc_range([0.99, 1.0]) == pytest.approx([0.98, 1.01])
-    assert style.acc_range([float("nan")]) == [0.0, 1.02]
-
-
-def test_loss_plane_marks_every_model():
-    xs, ys = np.linspace(-1, 2, 7), np.linspace(-1, 1, 5)
-    z = np.add.outer(ys**2, (xs - 0.5) ** 2)
-    pts = {"A": (0.0, 0.0), "B": (1.0, 0.0), "B'": (0.8, 0.5), "AB": (0.5, 0.0), "AB'": (0.4, 0.25)}
-    fig = barrier.loss_plane(xs, ys, z, pts)
-    _check_frame(fig, "plane")
-    contour = fig.data[0]
-    assert np.allclose(np.asarray(contour.z), z)
-    marks = {tr.text[0]: (tr.x[0], tr.y[0]) for tr in fig.data[1:]}
-    assert marks == pts
-    assert "Euclidean" in fig.layout.xaxis.title.text
-
-
-def test_distance_bars_order_layers_and_keep_values():
-    before = {"1": 3.0, "rest": 5.0, "0": 2.0, "10": 1.0}
-    after = {"0": 1.0, "1": 2.5, "10": 0.5, "rest": 5.0}
-    fig = distances.distance_bars(before, after)
-    _check_frame(fig, "per layer")
-    assert list(fig.data[0].x) == ["0", "1", "10", "rest"]
-    assert list(fig.data[0].y) == [2.0, 3.0, 1.0, 5.0]
-    assert list(fig.data[1].y) == [1.0, 2.5, 0.5, 5.0]
-    assert fig.layout.yaxis.title.text == style.DISTANCE
-    kinds = distances.distance_bars({"q": 1.0, "ffn_in": 2.0}, {"q": 0.5, "ffn_in": 1.0}, by="kind")
-    assert list(kinds.data[0].x) == ["W_Q", "FFN in"]
-
-
-def test_ablation_bars_show_distance_and_barrier():
-    rows = [{"match": "none", "distance": 26.8, "barrier": 2.12},
-            {"match": "ffn,attn", "distance": 24.6, "barrier": 1.64}]
-    fig = distances.ablation_bars(rows)
-    _check_frame(fig, "matching option")
-    assert list(fig.data[0].x) == [26.8, 24.6] and list(fig.data[1].x) == [2.12, 1.64]
-    assert list(fig.data[0].y) == ["no matching", "FFN permutation + attention rotation"]
-    assert "nats" in fig.layout.xaxis2.title.text and "L2" in fig.layout.xaxis.title.text
-    only = distances.ablation_bars([{"match": "none", "distance": 1.0}])
-    assert len(only.data) == 1
-
-
-LAYER = {
-    "layer": 2,
-    "qk_singular": [[3.0, 2.0, 1.0], [2.5, 1.5, 0.1]],
-    "vo_singular": [[1.0, 0.5, 0.2], [0.9, 0.4, 0.3]],
-    "qk_angles": [[170.0, 170.0, 0.0], [30.0, 30.0, 0.0]],
-    "vo_angles": [[90.0, 90.0, 0.0], [10.0, 10.0, 180.0]],
-    "qk_det": [1.0, 1.0],
-    "vo_det": [1.0, -1.0],
-}
-
-
-def test_singular_values_and_angles_per_head():
-    fig = spectra.singular_values(LAYER)
-    _check_frame(fig, "layer 2")
-    assert [list(tr.y) for tr in fig.data] == LAYER["qk_singular"] + LAYER["vo_singular"]
-    assert fig.layout.xaxis2.title.text and fig.layout.yaxis2.title.text
-    ang = spectra.rotation_angles(LAYER)
-    _check_frame(ang, "rotation angles")
-    vo_head1 = ang.data[3]
-    assert list(vo_head1.y) == LAYER["vo_angles"][1] and vo_head1.marker.symbol == "x"
-    over = spectra.angle_overview([LAYER, {**LAYER, "layer": 3}])
-    _check_frame(over, "mean")
-    assert np.allclose(np.asarray(over.data[0].z)[0], [np.mean(a) for a in LAYER["qk_angles"]])
-
-
-def test_circuit_spectra_log_scale():
-    series = {"anchor": [3.0, 1.0], "source": [2.0, 0.5], "matched source": [2.0, 0.5]}
-    fig = spectra.circuit_spectra(series, "Q-K circuit, layer 0 head 1")
-    _check_frame(fig, "circuit")
-    assert fig.layout.yaxis.type == "log" and fig.layout.yaxis.dtick == 1
-    assert [list(tr.y) for tr in fig.data] == list(series.values())
-
-
-def test_fusion_chart_groups_methods():
-    rows = [
-        {"method": "average", "matching": "none", "acc": 0.3},
-        {"method": "average", "matching": "seed", "acc": 0.5},
-        {"method": "fisher", "matching": "none", "acc": 0.35},
-        {"method": "fisher", "matching": "seed", "acc": 0.6},
-    ]
-    fig = merge.fusion_chart(rows, references={"anchor": 0.95, "source": 0.94})
-    _check_frame(fig, "accuracy")
-    assert list(fig.data[0].x) == ["average", "fisher"]
-    assert list(fig.data[0].y) == [0.3, 0.35] and list(fig.data[1].y) == [0.5, 0.6]
-    assert list(fig.data[2].y) == [0.95, 0.95]
-    # bars start at 0 and the axis ends just above the highest bar or line: 0.95 + 5 % of
-    # 0.95 - 0.3; the 0-1 scale on request; a shared range as given
-    assert list(fig.layout.yaxis.range) == pytest.approx([0.0, 0.95 + 0.0325])
-    assert merge.bar_range([0.3, 0.6], fixed=True) == [0.0, 1.02]
-    shared = merge.fusion_chart(rows, "acc", y_range=[0.0, 0.8])
-    assert list(shared.layout.yaxis.range) == [0.0, 0.8]
 
 
 def test_learn_figures():

@@ -24,12 +24,13 @@ import pytest
 import torch
 
 from rotviz.cli import main
-from rotviz.data import _digits_arrays
+from rotviz.data.images import digits_arrays
+from rotviz.data.reading import split_for
+from rotviz.data.splits import tenth_split
+from rotviz.data.tasks import named_labels
 from rotviz.errors import RotvizError
-from rotviz.evaluation import evaluate, split_for
-from rotviz.models import load_model
-from rotviz.splits import tenth_split
-from rotviz.tasks import named_labels
+from rotviz.evaluation import evaluate
+from rotviz.sources.loading import load_model
 
 ZOO = Path(__file__).resolve().parent.parent / "assets" / "zoo"
 WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
@@ -62,7 +63,7 @@ def digits(tmp_path_factory):
     from PIL import Image
 
     root = tmp_path_factory.mktemp("digits")
-    pixels, target = _digits_arrays()
+    pixels, target = digits_arrays()
     images = {d: np.flatnonzero(target == d)[:PER_CLASS] for d in range(10)}
     for d, rows in images.items():
         for folder in (root / "named" / WORDS[d], root / "numbered" / str(d)):
@@ -189,7 +190,7 @@ def test_a_pairs_barrier_reads_labels_by_name(digits, tmp_path, capfd):
                                "five, ... vs eight, five, four, nine, one, seven, ...)"), line
         assert not out.exists()
     # other label sets (fine-tunes for two tasks whose bodies are compared) pass, as before
-    from rotviz.models import check_compatible
+    from rotviz.sources.pairs import check_compatible
 
     check_compatible(load_model(str(digits["named"])), load_model(str(digits["letters6"])))
     # a split read through one model's names is refused by a model that orders them otherwise
@@ -252,7 +253,7 @@ def _trained_qwen2(src: Path, dst: Path, tok, text: str, seed: int, steps: int) 
 
 @pytest.fixture(scope="module")
 def qwen(saved, tmp_path_factory):
-    from rotviz.data import pystdlib_text
+    from rotviz.data.text import pystdlib_text
 
     root = tmp_path_factory.mktemp("qwen")
     text = pystdlib_text()[:40_000]
@@ -286,7 +287,7 @@ def test_a_qwen2_folder_is_read_with_its_own_tokenizer_json(qwen, tmp_path):
     from tokenizers import Tokenizer
     from transformers import AutoTokenizer
 
-    from rotviz.tokens import text_encoding
+    from rotviz.data.tokens import text_encoding
 
     a = qwen["a"]
     own = Tokenizer.from_file(str(a / "tokenizer.json"))
@@ -314,7 +315,7 @@ def test_a_qwen2_folder_is_read_with_its_own_tokenizer_json(qwen, tmp_path):
 def test_a_pair_with_the_same_tokenizer_files_reads_alike(qwen, tmp_path):
     from tokenizers import Tokenizer
 
-    from rotviz.tokens import encoding_fingerprint
+    from rotviz.data.tokens import encoding_fingerprint
 
     a, b = qwen["a"], qwen["b"]
     config = json.loads((a / "config.json").read_text())
@@ -333,10 +334,10 @@ def test_a_pair_with_the_same_tokenizer_files_reads_alike(qwen, tmp_path):
 
 def test_a_tokenizer_that_cannot_be_made_to_agree_is_refused(qwen, tmp_path, monkeypatch,
                                                               capfd):
-    import rotviz.tokens
+    import rotviz.data.tokens
 
     # the file's own tokenizer, as if transformers could not wrap it faithfully either
-    monkeypatch.setattr(rotviz.tokens, "_wrapped", lambda own, path, confined: None)
+    monkeypatch.setattr(rotviz.data.tokens, "_wrapped", lambda own, path, confined: None)
     out = tmp_path / "eval.json"
     capfd.readouterr()
     assert main(["eval", str(qwen["a"]), "--data", qwen["data"], "--json", str(out)]) == 2
@@ -348,7 +349,7 @@ def test_a_tokenizer_that_cannot_be_made_to_agree_is_refused(qwen, tmp_path, mon
 
 
 def test_an_unreadable_tokenizer_json_is_one_line(qwen, tmp_path):
-    from rotviz.tokens import file_tokenizer
+    from rotviz.data.tokens import file_tokenizer
 
     bad = tmp_path / "tokenizer.json"
     bad.write_text('{"model": {"type": "Nope"}}')
@@ -457,7 +458,7 @@ def test_parquet_rows_are_checked_by_their_split(tmp_path, capfd):
 
 
 def test_regression_and_multi_label_values_are_checked():
-    from rotviz.labelled import Columns, Labelling, check_rows
+    from rotviz.data.labelled import Columns, Labelling, check_rows
 
     reg = Labelling("regression", ("LABEL_0",), 0, 8, Columns(label="score"))
     # fine here (two values for a one-output head are refused where the labels are made)

@@ -17,7 +17,6 @@ import torch
 from rotviz.cli import main
 from rotviz.measures import registry as measures_registry
 from rotviz.merging import registry as merging_registry
-from rotviz.plots.figure_style import Style
 
 A, B = "zoo:vit-digits-s3", "zoo:vit-digits-s6"
 
@@ -100,9 +99,9 @@ def toy(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def matched():
     """The default pair, matched (seed) once, and its test split."""
-    from rotviz.data import load_split
+    from rotviz.data.split import load_split
     from rotviz.match.endpoints import match_endpoints
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
 
     ends = match_endpoints(load_model(A), load_model(B), "seed")
     return ends, load_split("digits", "test", 0)
@@ -169,7 +168,7 @@ def test_the_toy_measurement_runs_from_the_cli_and_the_app(toy, matched, tmp_pat
 def test_the_toy_merge_method_runs_from_the_cli_and_the_app(toy, matched, tmp_path, capsys):
     from rotviz import app
     from rotviz.app.export import measurement_zip
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
 
     ends, _ = matched
     js, out_dir = tmp_path / "m.json", tmp_path / "merged"
@@ -203,10 +202,10 @@ def test_measurements_take_streamed_endpoints_too(matched):
     memory): the barrier and the distances equal the held ones; a measurement without an
     at-size implementation says so in one line, from its record."""
     from rotviz import measure
+    from rotviz.atsize.blocks import open_streamed
+    from rotviz.atsize.endpoints import streamed_endpoints
     from rotviz.errors import RotvizError
     from rotviz.match.selection import match_options
-    from rotviz.stream.blocks import open_streamed
-    from rotviz.stream.endpoints import streamed_endpoints
 
     held, split = matched
     want = measure("barrier", held, split, points=5)
@@ -227,7 +226,7 @@ def test_a_one_model_record_takes_one_model(toy, tmp_path, capsys):
     """A record that measures one model (pair=False): one positional model on the CLI, no
     --match, and the app runs it on `ref`."""
     from rotviz import app
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
 
     m = load_model(A)
     want = sum(float(t.double().pow(2).sum()) for t in m.state.values()
@@ -241,30 +240,6 @@ def test_a_one_model_record_takes_one_model(toy, tmp_path, capsys):
     assert rc == 2 and err.count("\n") == 1
     r = app.run("toy_norm", app.Resources(), {"ref": A, "device": "cpu"})
     assert r["norm"] == got["norm"]
-
-
-def test_layer_sweeps_record_equals_the_library(matched, tmp_path, capsys):
-    """`rotviz sweeps` (the seed paper's Figure 6) is rotviz.analysis.ablations.layer_sweeps
-    on the pair, with the endpoints' matching; its plot and table come from its record."""
-    from rotviz import measure
-    from rotviz.analysis.ablations import layer_sweeps
-    from rotviz.measures import measurement
-
-    ends, split = matched
-    small = split.subset(120)
-    want = layer_sweeps(ends.anchor, ends.source, small, "seed", points=3)
-    got = measure("sweeps", ends, small, points=3)
-    assert got.match == want.match == "seed" and got.n_layers == want.n_layers
-    for a, b in zip(got.single + got.tail, want.single + want.tail, strict=True):
-        assert (a.layers, a.distance, a.mid_loss, a.barrier) == \
-            (b.layers, b.distance, b.mid_loss, b.barrier)
-    d = got.to_dict()
-    rows = measurement("sweeps").rows(d)
-    assert len(rows) == 2 + 2 * got.n_layers and rows[0]["matched"] == "none"
-    fig = measurement("sweeps").plot(d, Style())
-    assert fig.layout.title.text.startswith("Which layers must be matched")
-    assert fig.layout.xaxis.title.text and fig.layout.yaxis.title.text
-    assert {t.name for t in fig.data} >= {"only layer i", "layers i to the last"}
 
 
 def test_a_parameter_declares_what_it_needs_and_values_refuses_the_rest():

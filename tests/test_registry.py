@@ -19,7 +19,7 @@ from rotviz.symmetry.actions import random_transform
 from rotviz.symmetry.registry import BY_NAME, SHORTHANDS, SYMMETRIES
 
 HOMES = {"actions": "rotviz.symmetry.actions", "residual": "rotviz.symmetry.residual",
-         "groups": "rotviz.groups", "layers": "rotviz.match.layers",
+         "groups": "rotviz.groups", "layer_solvers": "rotviz.match.layer_solvers",
          "datamatch": "rotviz.match.datamatch", "learned": "rotviz.match.learned"}
 
 

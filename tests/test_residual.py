@@ -18,7 +18,8 @@ from rotviz.match.distances import distances, norm
 from rotviz.match.engine import match
 from rotviz.match.options import MatchOptions
 from rotviz.match.pipeline import match_models
-from rotviz.models import load_model, max_output_diff
+from rotviz.sources.loading import load_model
+from rotviz.sources.running import max_output_diff
 from rotviz.symmetry import residual as rs
 from rotviz.symmetry.view import write_state
 
@@ -279,8 +280,9 @@ def test_held_ffn_tensors_are_accounted_exactly(stream_model):
     """While FFN tensors lag behind the residual map, the cross term and the objective the
     alternation uses are those of the model they stand for (1e-10 relative), and settling
     yields that model."""
-    from rotviz.match.alternating import _LazyFFN, objective
-    from rotviz.memo import TensorMemo
+    from rotviz.match.alternating import objective
+    from rotviz.match.memo import TensorMemo
+    from rotviz.match.residual import _LazyFFN
 
     anchor, _ = rs.canonicalise(view_of(stream_model(0, F64)))
     source, _ = rs.canonicalise(view_of(stream_model(1, F64)))
@@ -322,17 +324,18 @@ def test_ffn_backoff_holds_the_ffn_and_keeps_every_guarantee(saved):
 
 def test_per_layer_steps_in_chunks_give_the_same_result(saved, monkeypatch):
     """The in-memory alternation solves and applies the per-layer maps a few layers per call
-    (alternating.CHUNK) so that it holds fewer copies; one layer per call gives exactly what
-    one call for every layer gives: the same objective history and the same tensors."""
-    from rotviz.match import alternating
-    from rotviz.symmetry.view import groups
+    (rotviz.match.residual.CHUNK) so that it holds fewer copies; one layer per call gives
+    exactly what one call for every layer gives: the same objective history and the same
+    tensors."""
+    from rotviz.match import residual
+    from rotviz.symmetry.kinds import groups
 
     anchor = view_of(load_model(saved("llama", 0)))
     source = view_of(load_model(saved("llama", 1)))
     assert anchor.dims.n_layers >= 2
     options = MatchOptions(heads=True, residual=True, rounds=2)
     whole = match(anchor, source, options)
-    monkeypatch.setattr(alternating, "CHUNK", 1)
+    monkeypatch.setattr(residual, "CHUNK", 1)
     chunked = match(anchor, source, options)
     assert chunked.report.residual["objective"] == whole.report.residual["objective"]
     pairs = zip(groups(whole.view), groups(chunked.view), strict=True)

@@ -1,50 +1,22 @@
-"""Slices and layer-wise barriers at size (rotviz.stream.slices, rotviz.stream.layerwise):
-on endpoints streamed from checkpoint folders, each point built block by block, they give the
-in-memory results, in the library and through `--max-memory 0`; a slice's random directions
-are drawn tensor by tensor, so the order the tensors are read in does not change them."""
+"""Slices at size (rotviz.stream.slices): on endpoints streamed from checkpoint folders, each
+point built block by block, they give the in-memory results, in the library and through
+`--max-memory 0`. (That a slice's random directions do not depend on the order the tensors
+are read in: tests/measures/test_slice.py; layer-wise barriers at size:
+tests/measures/test_layerwise.py.)"""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
-import torch
-from test_landscape import default_pair_refs, synthetic_split
+from pairs import assert_close, default_pair_refs, synthetic_split
 
 from rotviz import measure
-from rotviz.analysis.slices import random_directions
+from rotviz.atsize.blocks import open_streamed
+from rotviz.atsize.endpoints import streamed_endpoints
 from rotviz.cli import main
 from rotviz.errors import RotvizError
 from rotviz.match.endpoints import match_endpoints
-from rotviz.match.selection import match_options
-from rotviz.models import load_model
-from rotviz.stream.blocks import open_streamed
-from rotviz.stream.endpoints import streamed_endpoints
-
-REL = 1e-5
-
-
-def _close(want, got, what: str) -> None:
-    x, y = np.asarray(want, dtype=float), np.asarray(got, dtype=float)
-    assert x.shape == y.shape, what
-    assert np.abs(x - y).max() <= REL * max(1.0, np.abs(x).max()), what
-
-
-def test_random_directions_do_not_depend_on_the_order_of_the_tensors(loaded):
-    model = loaded("vit")
-    params = {n: model.state[n] for n, _ in model.model.named_parameters()}
-    movable = set(params)
-    fwd = random_directions(params, movable, 2, seed=5)
-    rev = random_directions(dict(reversed(params.items())), movable, 2, seed=5)
-    half = random_directions({k: params[k] for k in list(params)[::2]}, movable, 2, seed=5)
-    for i in range(2):
-        assert all(torch.equal(fwd[i][k], rev[i][k]) for k in params)
-        assert all(torch.equal(fwd[i][k], half[i][k]) for k in half[i])
-    assert not torch.equal(fwd[0][next(iter(params))], fwd[1][next(iter(params))])
-    other = random_directions(params, movable, 2, seed=6)
-    big = [k for k, w in params.items() if w.dim() > 1]
-    assert all(not torch.equal(fwd[0][k], other[0][k]) for k in big)
+from rotviz.sources.loading import load_model
 
 
 @pytest.mark.parametrize("fam", ["vit", "gpt2"])
@@ -62,8 +34,8 @@ def test_streamed_slice_equals_in_memory(fam, saved):
             want = measure("slice", held, split, **opts)
             got = measure("slice", ends, split, **opts)
             for k in ("loss", "acc", "centre_loss", "centre_acc"):
-                _close(getattr(want, k), getattr(got, k), k)
-            _close(want.direction_norms, got.direction_norms, "direction norms")
+                assert_close(getattr(want, k), getattr(got, k), k)
+            assert_close(want.direction_norms, got.direction_norms, "direction norms")
             assert (want.cosine is None) == (got.cosine is None)
             assert want.xs == got.xs and want.ys == got.ys and got.model == path
             spread = np.ptp(np.asarray(got.loss))
@@ -73,83 +45,13 @@ def test_streamed_slice_equals_in_memory(fam, saved):
         assert "\n" not in str(e.value)
 
 
-def _json(tmp_path, name: str, argv: list[str]) -> dict:
-    out = tmp_path / f"{name}.json"
-    assert main([*argv, "--json", str(out)]) == 0
-    d = json.loads(out.read_text())
-    d.pop("seconds"), d.pop("rotviz", None)
-    return d
-
-
-def test_cli_slice_at_size_equals_in_memory(tmp_path, capsys):
+def test_cli_slice_at_size_refuses_hessian_directions(capsys):
+    """Hessian directions need the whole model: refused at size in one line. (At size
+    equals in memory for the slice: tests/measures/test_every_record.py.)"""
     args = ["slice", default_pair_refs()[0], "--data", "digits", "--dims", "1", "--grid", "3",
             "--device", "cpu"]
-    ref = _json(tmp_path, "mem", args)
-    got = _json(tmp_path, "size", [*args, "--max-memory", "0"])
-    assert "at size" in capsys.readouterr().out
-    assert set(ref) == set(got)
-    for k, v in ref.items():
-        if isinstance(v, float) or (isinstance(v, list) and v and isinstance(v[0], float)):
-            _close(v, got[k], k)
-        else:
-            assert v == got[k], k
     assert main([*args, "--directions", "hessian", "--max-memory", "0"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--directions hessian" in err and "--max-memory" in err
 
 
-@pytest.fixture(scope="module")
-def streamed_pairs(saved):
-    """Tiny pairs (ViT: separate Q/K/V; GPT-2: fused Q/K/V and a tied head), loaded and
-    as folders."""
-    out = {}
-    for fam in ("vit", "gpt2"):
-        paths = [str(saved(fam, s)) for s in (0, 1)]
-        a, b = load_model(paths[0]), load_model(paths[1])
-        out[fam] = (paths, a, b, synthetic_split(a, 8))
-    return out
-
-
-@pytest.mark.parametrize("fam,by,match,compare", [
-    ("vit", "block", "seed", "yes"), ("vit", "kind", "seed", "no"),
-    ("gpt2", "kind", "seed", "yes"), ("gpt2", "block", "none", "yes")])
-def test_streamed_layerwise_equals_in_memory(streamed_pairs, fam, by, match, compare):
-    """Every group's and every cumulative step's losses and accuracies, the barriers and
-    rises, matched and unmatched, to 1e-5 (the streamed match writes float32 files, so the
-    matched source agrees with the held one to about 1e-7, not bit for bit)."""
-    paths, a, b, split = streamed_pairs[fam]
-    held = match_endpoints(a, b, match_options(match))
-    want = measure("layerwise", held, split, points=3, by=by, compare=compare)
-    with streamed_endpoints(open_streamed(paths[0]), open_streamed(paths[1]),
-                            match_options(match), "cpu") as ends:
-        got = measure("layerwise", ends, split, points=3, by=by, compare=compare)
-    w, g = want.to_dict(), got.to_dict()
-    for k in ("seconds", "device"):
-        w.pop(k), g.pop(k)
-    assert set(w) == set(g)
-    for k, v in w.items():
-        if v is None or isinstance(v, str) or (isinstance(v, list) and isinstance(v[0], str)):
-            assert v == g[k], k
-        elif k in ("anchor", "source", "layers", "n", "match"):
-            assert v == g[k], k
-        else:
-            _close(v, g[k], k)
-    assert (got.barrier_unmatched is None) == (compare == "no" or match == "none")
-    assert max(got.barrier) > 1e-3 and got.groups[-1] in ("rest", "embeddings", "head")
-
-
-def test_cli_layerwise_at_size_equals_in_memory(tmp_path, capsys):
-    """`rotviz layerwise --max-memory 0`: the pair matched streamed, each point built block
-    by block (the unmatched comparison is checked in the library above)."""
-    a, b = default_pair_refs()
-    args = ["layerwise", a, b, "--data", "digits", "--points", "3", "--compare", "no",
-            "--device", "cpu"]
-    ref = _json(tmp_path, "mem", args)
-    got = _json(tmp_path, "size", [*args, "--max-memory", "0"])
-    assert "at size" in capsys.readouterr().out
-    assert ref["barrier_unmatched"] is None is got["barrier_unmatched"]
-    for k in ("barrier", "rise", "cum_barrier", "loss", "cum_loss", "acc", "full_barrier",
-              "loss_anchor"):
-        _close(ref[k], got[k], k)
-    for k in ("groups", "cumulative", "by", "alphas", "match", "n"):
-        assert ref[k] == got[k], k

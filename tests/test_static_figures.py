@@ -1,5 +1,5 @@
 """Static figures out of the box: PNG, SVG and PDF drawn by kaleido in the system Chromium
-that set-up installs (rotviz.images), and `--figure FILE` on every measurement that draws its
+that set-up installs (rotviz.plots.images), and `--figure FILE` on every measurement that draws its
 result. One browser draws all three formats here; the ladder's CLI test draws its SVG."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import xml.etree.ElementTree as ET
 import pytest
 from conftest import refused
 
-from rotviz import images
+from rotviz.plots import images
 
 needs_browser = pytest.mark.skipif(images.why_not() is not None,
                                    reason=str(images.why_not()))
@@ -32,7 +32,8 @@ def _figure():
 def _animated():
     """An animated figure of three frames (weight matching's rounds, drawn from numbers made
     up here: what is tested is the export)."""
-    from rotviz.plots.animate import frame_figure, rounds_animation
+    from rotviz.measures.rounds import rounds_animation
+    from rotviz.plots.animate import frame_figure
 
     d = {"alphas": [0.0, 0.5, 1.0], "rounds": [
         {"phase": 0, "round": r, "distance": 10.0 - r, "barrier": 2.0 - 0.5 * r,

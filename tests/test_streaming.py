@@ -1,4 +1,4 @@
-"""Streamed matching (rotviz.stream.match): checkpoints read block by block from safetensors
+"""Streamed matching (rotviz.match.at_size): checkpoints read block by block from safetensors
 shards give what the in-memory path gives, on every family, in float32 and bfloat16; its
 refusals are one line; an interrupted run leaves nothing behind; torchrun's processes give
 what one process gives."""
@@ -21,15 +21,17 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from rotviz.arch import FAMILIES
-from rotviz.checkpoint import INDEX, Checkpoint, ShardWriter, copy_sharded, save_sharded
+from rotviz.atsize.blocks import open_streamed
 from rotviz.cli import main
 from rotviz.errors import RotvizError
+from rotviz.match.at_size import match_streamed
 from rotviz.match.options import MatchOptions
 from rotviz.match.pipeline import match_models
-from rotviz.models import load_model, stored_state
 from rotviz.random_models import save_random, save_random_sharded
-from rotviz.stream.blocks import open_streamed
-from rotviz.stream.match import match_streamed
+from rotviz.sources.checkpoint import INDEX, Checkpoint
+from rotviz.sources.loading import load_model
+from rotviz.sources.running import stored_state
+from rotviz.sources.shards import ShardWriter, copy_sharded, save_sharded
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -221,7 +223,7 @@ def test_streamed_weight_matching_equals_in_memory(family, dtype, sharded, tmp_p
     nearly equal singular values. Measured: at most 2.5e-6 with the plain rounds (LLaMA, 17
     rounds); with joint steps on rotation streams, whose quasi-Newton updates carry such
     differences from step to step, 1.8e-5 (Qwen2, 3 rounds). Both paths now build their
-    result from the composed maps (rotviz.match.alternating._InMemory)."""
+    result from the composed maps (rotviz.match.residual._InMemory)."""
     sizes = {"tie": False} if family in UNTIE else {}
     a, s = sharded(family, 0, dtype, **sizes), sharded(family, 1, dtype, **sizes)
     options = MatchOptions(heads=open_streamed(a).spec.inputs == "tokens", residual=True,
@@ -263,7 +265,7 @@ def test_streamed_weight_matching_in_row_slices(family, sharded, tmp_path, monke
     never whole) give the in-memory weight matching: orthogonal maps with the final norm
     folded into the head (LLaMA), centred maps with centred embeddings (GPT-2), permutations
     (BERT)."""
-    import rotviz.stream.residual as sr
+    import rotviz.match.at_size_residual as sr
 
     monkeypatch.setattr(sr, "SLICE", 100)
     sizes = {"tie": False} if family in UNTIE else {}
@@ -481,7 +483,8 @@ def test_torchrun_commands_equal_one_process_and_a_failing_rank_leaves_nothing(s
               str(ROOT / "tests" / "torchrun_commands.py"),
               *match, "--out", str(tmp_path / "two"), "--report", str(tmp_path / "two.json"),
               "--then"]
-    # several processes take the plain rounds (rotviz.stream.residual), as one does when asked
+    # several processes take the plain rounds (rotviz.match.at_size_residual), as one does when
+    # asked
     assert main([*match, "--out", str(tmp_path / "one"), "--report", str(tmp_path / "one.json"),
                  "--max-memory", "0", "--plain-rounds"]) == 0
     for name, args in runs.items():
@@ -546,7 +549,7 @@ sys.exit(rc)
 def _working_set(tmp_path, layers: int) -> tuple[int, int]:
     """(memory the streamed match of a random LLaMA-layout pair of `layers` layers used above
     its imports, what matching the pair in memory needs)."""
-    from rotviz.stream.need import pair_bytes_in_memory
+    from rotviz.atsize.need import pair_bytes_in_memory
 
     sizes = dict(layers=layers, d=1024, heads=16, ffn=2816, vocab=8000, kv_heads=4)
     a = save_random_sharded("llama", tmp_path / f"a{layers}", seed=0, shards=4, **sizes)
@@ -583,16 +586,16 @@ def test_streaming_memory_does_not_grow_with_depth(tmp_path):
                                        ("deberta-v2", {"lm": True}),
                                        ("bert", {"lm": True})])
 def test_function_check_with_streamed_embeddings(fam, opts, sharded, tmp_path, monkeypatch):
-    """Embeddings and output heads above `skeleton.LARGE` elements load only while their
+    """Embeddings and output heads above `runtime.LARGE` elements load only while their
     module runs (tied heads read their embedding; a head that decodes with the embedding
     matrix outside its module falls back to holding them): with every tensor counted large,
     the check gives the in-memory numbers."""
-    import rotviz.skeleton as skeleton
+    import rotviz.atsize.runtime as runtime
 
     a, s = sharded(fam, 0, **opts), sharded(fam, 1, **opts)
     out = tmp_path / "out"
     out.mkdir()
-    monkeypatch.setattr(skeleton, "LARGE", 1)
+    monkeypatch.setattr(runtime, "LARGE", 1)
     rep = match_streamed(open_streamed(a), open_streamed(s), out, MatchOptions())
     ref = match_models(load_model(a), load_model(s), MatchOptions())
     assert abs(rep.max_output_diff - ref.report.max_output_diff) <= 1e-5

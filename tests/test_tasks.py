@@ -23,12 +23,13 @@ from test_tokens import _bpe, _wordpiece
 from rotviz.arch import FAMILIES as ALL_FAMILIES
 from rotviz.arch import Sizes, family_module, spec_named
 from rotviz.cli import main
+from rotviz.data.labelled import Columns
+from rotviz.data.reading import split_for, task_of
+from rotviz.data.splits import IGNORE
+from rotviz.data.tasks import class_f1, entities, entity_f1, task_of_config
 from rotviz.errors import RotvizError
-from rotviz.evaluation import evaluate, split_for, task_of
-from rotviz.labelled import Columns
-from rotviz.models import load_model
-from rotviz.splits import IGNORE
-from rotviz.tasks import class_f1, entities, entity_f1, task_of_config
+from rotviz.evaluation import evaluate
+from rotviz.sources.loading import load_model
 
 WORDS = "alpha beta gamma delta def class return import value list dict yield".split()
 NAMES = ("neg", "pos", "mid")
@@ -359,7 +360,7 @@ def test_every_head_reads_the_mapped_stream(models, family, head):
     instead, which reads the stream), so the function is kept; and weight matching, which maps
     the stream, keeps it too."""
     from rotviz import MatchOptions, match_models
-    from rotviz.models import max_output_diff
+    from rotviz.sources.running import max_output_diff
     from rotviz.symmetry import residual as rs
     from rotviz.symmetry.view import read_view, write_state
 

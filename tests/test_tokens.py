@@ -19,11 +19,14 @@ import torch
 
 from rotviz.arch import FAMILIES, Sizes, family_module, spec_named
 from rotviz.cli import main
-from rotviz.data import IGNORE, load_split, pystdlib_text
+from rotviz.data.reading import split_for
+from rotviz.data.split import load_split
+from rotviz.data.splits import IGNORE
+from rotviz.data.tasks import task_of_config
+from rotviz.data.text import pystdlib_text
 from rotviz.errors import RotvizError
-from rotviz.evaluation import barrier_of, evaluate, split_for
-from rotviz.models import load_model
-from rotviz.tasks import task_of_config
+from rotviz.evaluation import barrier_of, evaluate
+from rotviz.sources.loading import load_model
 
 SEQ = 16
 TEXT = pystdlib_text()[:60_000]
@@ -156,7 +159,7 @@ def test_loss_equals_the_models_own_loss_on_its_own_tokens(folders, kind):
 
 
 def test_a_bpe_pairs_barrier_equals_a_reference_loop(folders):
-    from rotviz.analysis.landscape import interpolate
+    from rotviz.measures.barrier import interpolate
 
     (a_dir, b_dir), text = folders[0]["gpt2"], folders[1]
     a, b = load_model(a_dir), load_model(b_dir)

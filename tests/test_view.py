@@ -7,7 +7,8 @@ import torch
 from conftest import assert_state_equal, clone_state, view_of
 
 from rotviz.errors import RotvizError
-from rotviz.symmetry.view import KINDS, groups, read_view, write_state
+from rotviz.symmetry.kinds import KINDS, groups
+from rotviz.symmetry.view import read_view, write_state
 
 
 def test_round_trip_is_bit_exact(family, loaded):

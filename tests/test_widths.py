@@ -19,18 +19,19 @@ import torch
 
 from rotviz.arch import spec_named
 from rotviz.cli import main
-from rotviz.data import load_split
+from rotviz.data.split import load_split
 from rotviz.errors import RotvizError
 from rotviz.groups import inject
 from rotviz.match.endpoints import match_endpoints
 from rotviz.match.pipeline import match_models
 from rotviz.match.selection import match_options
 from rotviz.match.widths import Embedding, check_pair
-from rotviz.measures import measure
 from rotviz.merging.combine import merge_states
-from rotviz.models import forward, load_model, probe_inputs
 from rotviz.random_models import random_model, save_random
-from rotviz.sources import source_of
+from rotviz.runner import measure
+from rotviz.sources.adapters import source_of
+from rotviz.sources.loading import load_model
+from rotviz.sources.running import forward, probe_inputs
 from rotviz.symmetry.actions import apply_layer, random_element
 from rotviz.symmetry.view import read_view, write_state
 
@@ -241,7 +242,7 @@ def test_bad_pairs_are_refused_in_one_line(planted, tmp_path, capsys):
 def test_methods_with_statistics_keep_the_free_units_in_side(planted, method):
     """Fisher and RegMean merge a free unit's in-side (equal in both: the anchor's) into
     itself; Fisher scales its out column by l_a (F_a + floor) / sum_i l_i (F_i + floor)."""
-    from rotviz.analysis.fusion import merge
+    from rotviz.measures.merge import merge
     from rotviz.merging.fisher import FISHER_FLOOR
 
     _, _, anchor, narrow, slots = planted("vit")

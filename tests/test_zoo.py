@@ -19,12 +19,15 @@ import torch
 from rotviz import zoo_registry as zoo
 from rotviz.arch import FAMILIES
 from rotviz.cli import main
-from rotviz.data import load_split, pystdlib_fingerprint
+from rotviz.data.reading import split_for
+from rotviz.data.split import load_split
+from rotviz.data.text import pystdlib_fingerprint
 from rotviz.errors import RotvizError
-from rotviz.evaluation import evaluate, split_for
-from rotviz.lite import load_for_eval, load_lite
+from rotviz.evaluation import evaluate
 from rotviz.match.distances import distances
-from rotviz.models import Loaded, forward, load_model, probe_inputs
+from rotviz.sources.loading import Loaded, load_model
+from rotviz.sources.plain_torch import load_for_eval, load_lite
+from rotviz.sources.running import forward, probe_inputs
 from rotviz.symmetry.view import read_view
 from rotviz.zoo.build import build
 from rotviz.zoo.recipes import RECIPES, Recipe
@@ -158,7 +161,7 @@ def test_lineages_stay_near_their_bases():
         assert evaluate(m, split("digits"))["acc"] >= 0.93
 
 
-LITE = ("vit", "gpt2")  # the families rotviz.lite runs in plain torch
+LITE = ("vit", "gpt2")  # the families rotviz.sources.plain_torch runs in plain torch
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if RECIPES[zoo.entry(n).recipe].family in LITE])

@@ -18,15 +18,17 @@ import pytest
 import torch
 
 from rotviz import zoo_registry as zoo
-from rotviz.analysis.fusion import merge
-from rotviz.analysis.landscape import interpolate
 from rotviz.cli import main
+from rotviz.data.files import data_path
+from rotviz.data.labelled import majority_accuracy
+from rotviz.data.reading import split_for
+from rotviz.data.splits import IGNORE
+from rotviz.data.tokens import fingerprint, tokenizer_files
 from rotviz.errors import RotvizError
-from rotviz.evaluation import evaluate, split_for
-from rotviz.labelled import data_path, majority_accuracy
-from rotviz.models import Loaded, load_model
-from rotviz.splits import IGNORE
-from rotviz.tokens import fingerprint, tokenizer_files
+from rotviz.evaluation import evaluate
+from rotviz.measures.barrier import interpolate
+from rotviz.measures.merge import merge
+from rotviz.sources.loading import Loaded, load_model
 from rotviz.zoo import nlp
 from rotviz.zoo.build import build
 from rotviz.zoo.recipes import RECIPES

@@ -1,11 +1,32 @@
-"""Slices around any point of a pair, along directions that know the model's symmetries
-(docs/landscape.md, "Around any point of the pair"): the symmetry-aware `unit` normalisation,
-the direction toward another point, and directions inside (`tangent`) or orthogonal to
-(`gauge`) the symmetry orbit's tangent space. `slice_with` builds the directions and hands
-them to rotviz.analysis.slices.slice_at as given ones (so the grid, the exact centre and the
-progress stay slice_at's); `slice_around` centres it on A, B, B', a point of the matched
-path or a merge. This module sits above slices.py and tangents.py (tangents.py draws its
-random directions from slices.py), so that no import runs in a circle.
+"""Directions in parameter space: the one place that draws, normalises and projects them (the
+slice record, rotviz.measures.slice, lays its line or plane along them; docs/landscape.md,
+"slice"). Seeded random Gaussian directions, the top Hessian eigenvectors, the direction
+toward another point, and directions inside (`tangent`) or orthogonal to (`gauge`) the
+symmetry orbit's tangent space, each normalised by `filter`, `layer`, `unit` or `none`.
+`directions_for` builds any kind.
+
+Each tensor's random directions are drawn from a generator seeded by (seed, the tensor's
+parameter name), not from one generator running through the model: a tensor's draw is then
+the same whatever order the tensors are read in, which lets a model larger than memory be
+sliced at size with exactly the directions drawn here.
+
+Why normalise the directions: a random direction of unit Gaussian entries moves a layer whose
+weights are small far more, relative to its scale, than a layer whose weights are large; and
+networks with scale symmetries (norms after linear maps) can look sharp or flat at will. Li et
+al. (NeurIPS 2018) scale each filter of the direction to the norm of that filter of the
+weights, so that one unit along the axis moves every filter by its own size. rotviz offers:
+
+- `filter`: each output row of a weight (first index: the rows of an nn.Linear's (out, in)
+  matrix, an embedding's vectors) gets the norm of that row of the weights;
+- `layer`: each tensor gets the norm of the tensor;
+- `unit`: each FFN unit and each head (a KV group under GQA) together (below);
+- `none`: raw Gaussian entries.
+
+Biases and norm gains (1-D tensors) are zeroed by default, as the reference's `biasbn` off;
+`keep_1d` keeps them, normalised the same way (with `filter`, a 1-D tensor's rows are its
+entries: each entry becomes plus or minus the weight's magnitude). Floating buffers are never
+moved. Everything is evaluated through `rotviz.evaluation.Evaluator` (torch.func's
+functional_call): the loaded model and the caller's tensors are never modified.
 
 Why `unit` normalisation: filter normalisation scales every output row of a weight to that
 row's norm, but a Q-K or V-O rotation mixes the rows of a head, so the filter-normalised
@@ -42,44 +63,144 @@ first order everywhere and, at a trained model, nearly flat to second order.
 
 from __future__ import annotations
 
-import time
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 import torch
 
-from rotviz.analysis.slices import (
-    Slice,
-    check_choices,
-    hessian_directions,
-    normalise,
-    random_directions,
-    slice_at,
-)
-from rotviz.data import Split
+from rotviz.analysis.tangents import f64_view
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator
-from rotviz.limits import GRID, SEED, SPAN
-from rotviz.models import Loaded
-from rotviz.types import Progress
+from rotviz.limits import SEED
+from rotviz.sources.loading import Loaded
 
 Tensor = torch.Tensor
 F64 = torch.float64
-EPS = 1e-12
-NORMS = ("filter", "layer", "unit", "none")
-DIRECTIONS = ("random", "hessian", "toward", "tangent", "gauge")
-CENTRES = ("anchor", "source", "matched", "path", "merged")
-TOWARD = ("matched", "source")
+EPS = 1e-12  # a direction row this small (never, for Gaussian draws) is left as it is
+TENSOR_NORMS = ("filter", "layer", "none")  # what one tensor's weights alone normalise
+NORMS = ("filter", "layer", "unit", "none")  # `unit` reads a whole block
 
 
-def _f64_view(loaded: Loaded, state: Mapping[str, Tensor]):
-    """The canonical view of `state` (missing names: the model's own) in float64, written
-    back in float64."""
-    from rotviz.symmetry.view import read_view
+def normalise(d: Tensor, w: Tensor, norm: str, keep_1d: bool = False) -> Tensor:
+    """The direction `d` of one tensor, normalised against its weights `w` (a new tensor).
 
-    full = {k: state.get(k, v) for k, v in loaded.state.items()}
-    view = read_view(loaded.spec, loaded.config, full).to(F64)
-    return replace(view, dtypes={k: F64 for k in view.dtypes})
+    `filter`: every row (first index) of d rescaled to the L2 norm of that row of w; a 1-D
+    tensor's rows are its entries. `layer`: d rescaled to |w|. `none`: d. A 1-D tensor (bias,
+    norm gain) becomes zeros unless `keep_1d`. Computed in float64, returned in d's dtype."""
+    if d.dim() <= 1 and not keep_1d:
+        return torch.zeros_like(d)
+    if norm == "none":
+        return d.clone()
+    dd, ww = d.double(), w.double()
+    if norm == "layer":
+        dn = torch.linalg.vector_norm(dd)
+        out = dd * (torch.linalg.vector_norm(ww) / dn) if dn > EPS else dd
+        return out.to(d.dtype)
+    if norm != "filter":
+        raise RotvizError(f"unknown --norm '{norm}': use one of {', '.join(TENSOR_NORMS)}")
+    rows_d = dd.reshape(dd.shape[0], -1) if dd.dim() >= 1 else dd.reshape(1, 1)
+    rows_w = ww.reshape(rows_d.shape)
+    dn = torch.linalg.vector_norm(rows_d, dim=1, keepdim=True)
+    wn = torch.linalg.vector_norm(rows_w, dim=1, keepdim=True)
+    scale = torch.where(dn > EPS, wn / dn.clamp_min(EPS), torch.ones_like(dn))
+    return (rows_d * scale).reshape(d.shape).to(d.dtype)
+
+
+def tensor_seed(seed: int, name: str) -> int:
+    """The seed of one tensor's draws, from (`seed`, the tensor's name): a tensor's directions
+    then do not depend on which tensors come before it, so a model read block by block (in
+    whatever order; the slice at size) draws exactly what the loaded model draws."""
+    digest = hashlib.blake2b(f"{seed}:{name}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+def tensor_directions(name: str, w: Tensor, count: int, seed: int = 0, norm: str = "filter",
+                      keep_1d: bool = False) -> list[Tensor]:
+    """`count` directions of the one tensor `w` called `name` (the module's parameter name):
+    Gaussian entries drawn on the CPU in float32 from a generator seeded by
+    `tensor_seed(seed, name)` (direction 1, then 2), cast to w's device and dtype and
+    normalised against w by `normalise`."""
+    if w.dim() <= 1 and not keep_1d:  # zeroed whatever the draw
+        return [torch.zeros_like(w) for _ in range(count)]
+    gen = torch.Generator().manual_seed(tensor_seed(seed, name))
+    raws = [torch.randn(tuple(w.shape), generator=gen, dtype=torch.float32)
+            for _ in range(count)]
+    return [normalise(r.to(w.device, w.dtype), w, norm, keep_1d) for r in raws]
+
+
+def random_directions(params: Mapping[str, Tensor], movable: set[str], count: int,
+                      seed: int = 0, norm: str = "filter", keep_1d: bool = False
+                      ) -> list[dict[str, Tensor]]:
+    """`count` seeded Gaussian directions over `params`, each tensor's drawn on its own by
+    `tensor_directions` (seeded from `seed` and the tensor's name, in float32 on the CPU: a
+    seed gives the same directions on every device, in any order of the tensors, and read
+    at size) and normalised by `normalise`; tensors not in `movable`
+    (buffers) get zeros."""
+    SEED.check(seed)
+    out: list[dict[str, Tensor]] = [{} for _ in range(count)]
+    for k, w in params.items():
+        if k not in movable or not w.is_floating_point():
+            ds = [torch.zeros_like(w) for _ in range(count)]
+        else:
+            ds = tensor_directions(k, w, count, seed, norm, keep_1d)
+        for d, t in zip(out, ds, strict=True):
+            d[k] = t
+    return out
+
+
+def hessian_directions(ev: Evaluator, theta: Mapping[str, Tensor], count: int,
+                       seed: int = 0, norm: str = "filter", keep_1d: bool = False,
+                       steps: int = 100, info: dict | None = None
+                       ) -> tuple[list[dict[str, Tensor]], list[float]]:
+    """The top-`count` eigenvectors of the Hessian of the split's mean loss at `theta`
+    (rotviz.analysis.lanczos: seeded Lanczos, Ritz vectors), each tensor then normalised by
+    `normalise` like a random direction; with `none` they stay unit, orthonormal eigenvectors.
+    Returns the directions and their eigenvalues (largest first).
+
+    Which Hessian: the one of the parameters a slice moves. With biases and norm gains zeroed
+    (not `keep_1d`) that is the principal sub-matrix without the 1-D tensors, so that with
+    `none` a direction is exactly an eigenvector of the curvature the slice sees, and the
+    1D slice's second derivative at the centre is its eigenvalue times |d|^2. With a dict
+    `info`, the Lanczos run's `residual` and `converged` (`top_eigenvectors`)."""
+    from rotviz.analysis.hvp import Curvature, restricted
+    from rotviz.analysis.lanczos import top_eigenvectors
+
+    SEED.check(seed)
+    cur = Curvature(ev, theta)
+    mask = None
+    hvp = cur.hvp
+    if not keep_1d:
+        mask = torch.cat([torch.full((size,), len(shape) > 1, dtype=torch.bool)
+                          for size, shape in zip(cur.sizes, cur.shapes, strict=True)]
+                         ).to(cur.device)
+        hvp = restricted(cur.hvp, mask)
+    gen = torch.Generator().manual_seed(seed)
+    vals, vecs = top_eigenvectors(hvp, cur.n, count, gen, cur.dtype, cur.device, mask,
+                                  steps, info=info)
+    if len(vecs) < count:
+        raise RotvizError(f"found {len(vecs)} Hessian eigenvectors, fewer than --dims {count}")
+    out = []
+    for v in vecs:
+        parts = dict(zip(cur.names, cur.unflat(v), strict=True))
+        d = {}
+        for k, w in theta.items():
+            if k not in parts:
+                d[k] = torch.zeros_like(w)
+                continue
+            d[k] = normalise(parts[k].to(w.device, w.dtype), w, norm, keep_1d)
+        out.append(d)
+    return out, vals
+
+
+def norm_of(d: Mapping[str, Tensor]) -> float:
+    """The L2 norm of a whole direction (float64 sums)."""
+    return float(torch.sqrt(sum(torch.sum(v.double() ** 2) for v in d.values())))
+
+
+def inner(a: Mapping[str, Tensor], b: Mapping[str, Tensor]) -> float:
+    """<a, b> over a's names (float64 sums)."""
+    return float(sum(torch.sum(a[k].double() * b[k].double()) for k in a))
 
 
 HEAD_FIELDS = ("wq", "wo", "wpq")  # one slab per query head: a KV group holds r of them
@@ -124,7 +245,8 @@ def unit_normalise(loaded: Loaded, d: Mapping[str, Tensor], w: Mapping[str, Tens
 
     out = {k: normalise(v, w[k], "filter", keep_1d) if v.is_floating_point() else v.clone()
            for k, v in d.items()}
-    dv, wv = _f64_view(loaded, d), _f64_view(loaded, w)
+    dv, wv = (f64_view(loaded, {k: s.get(k, v) for k, v in loaded.state.items()})
+              for s in (d, w))
     for li, (bd, bw) in enumerate(zip(dv.blocks, wv.blocks, strict=True)):
         bd = replace(bd, attn=_cloned(bd.attn), ffn=_cloned(bd.ffn))
         ones = replace(bd, attn=_zeros(bd.attn), ffn=_zeros(bd.ffn),
@@ -164,7 +286,7 @@ def _zeros(obj):
 def normalise_all(loaded: Loaded, d: Mapping[str, Tensor], w: Mapping[str, Tensor],
                   norm: str, keep_1d: bool, movable: set[str]) -> dict[str, Tensor]:
     """Any normalisation of a whole direction: `unit` over the model, the others tensor by
-    tensor (rotviz.analysis.slices.normalise); entries not in `movable` become zeros."""
+    tensor (`normalise`); entries not in `movable` become zeros."""
     if norm == "unit":
         out = unit_normalise(loaded, d, w, keep_1d)
     else:
@@ -176,20 +298,12 @@ def normalise_all(loaded: Loaded, d: Mapping[str, Tensor], w: Mapping[str, Tenso
 def drawn(loaded: Loaded, theta: Mapping[str, Tensor], movable: set[str], count: int,
           seed: int, norm: str, keep_1d: bool) -> list[dict[str, Tensor]]:
     """`count` seeded random directions at `theta` normalised by `norm`, `unit` included:
-    the same Gaussian draws as rotviz.analysis.slices.random_directions makes for the other
+    the same Gaussian draws as `random_directions` makes for the other
     norms (a `unit` plane and a `filter` plane of one seed start from one draw)."""
     if norm != "unit":
         return random_directions(theta, movable, count, seed, norm, keep_1d)
     raw = random_directions(theta, movable, count, seed, "none", True)
     return [normalise_all(loaded, r, theta, "unit", keep_1d, movable) for r in raw]
-
-
-def _norm(d: Mapping[str, Tensor]) -> float:
-    return float(sum(v.double().pow(2).sum() for v in d.values())) ** 0.5
-
-
-def _dot(a: Mapping[str, Tensor], b: Mapping[str, Tensor]) -> float:
-    return float(sum((a[k].double() * b[k].double()).sum() for k in a))
 
 
 def toward_directions(loaded: Loaded, theta: Mapping[str, Tensor], target: Mapping[str, Tensor],
@@ -204,17 +318,17 @@ def toward_directions(loaded: Loaded, theta: Mapping[str, Tensor], target: Mappi
             if k in movable and v.is_floating_point() else torch.zeros_like(v)
             for k, v in theta.items()}
     d1 = normalise_all(loaded, diff, theta, norm, keep_1d, movable)
-    n1 = _norm(d1)
+    n1 = norm_of(d1)
     if n1 <= EPS:
         raise RotvizError("the target equals the centre (a zero direction): slice around "
                           "another point (--around) or toward the other model (--toward)")
     out = [d1]
     if count == 2:
         (r,) = drawn(loaded, theta, movable, 1, seed, norm, keep_1d)
-        before = _norm(r)
-        c = _dot(r, d1) / n1 ** 2
+        before = norm_of(r)
+        c = inner(r, d1) / n1 ** 2
         d2 = {k: r[k].double() - c * d1[k].double() for k in r}
-        after = _norm(d2)
+        after = norm_of(d2)
         out.append({k: (v * (before / after if after > EPS else 1.0)).to(r[k].dtype)
                     for k, v in d2.items()})
     return out
@@ -295,44 +409,17 @@ def max_tangent_cosine(flats: Sequence[Tensor], blocks) -> float:
     return worst
 
 
-def slice_with(
-    loaded: Loaded,
-    split: Split,
-    dims: int = 2,
-    directions: str = "random",
-    norm: str = "filter",
-    keep_1d: bool = False,
-    grid: int = 21,
-    span: float = 1.0,
-    seed: int = 0,
-    device: str | torch.device = "cpu",
-    progress: Progress | None = None,
-    batch_size: int = 512,
-    point: Mapping[str, Tensor] | None = None,
-    evaluator: Evaluator | None = None,
-    steps: int = 100,
-    target: Mapping[str, Tensor] | None = None,
-) -> Slice:
-    """slice_with(model, split, directions="gauge", norm="unit", ...) -> Slice
-
-    `slice_at` (rotviz.analysis.slices) with every direction kind and normalisation:
-    random and hessian as there, also under `unit`; `toward` from the point to `target`
-    (B' or B); `tangent` and `gauge` at the point (module docstring). The directions are
-    built here and evaluated by slice_at as given ones, so the grid, the exact centre and
-    the progress are slice_at's; the result names the kind, the norm and the seed."""
-    check_choices(norm, directions, dims, NORMS, DIRECTIONS)
-    if directions in ("random", "hessian") and norm != "unit":
-        return slice_at(loaded, split, dims, directions, norm, keep_1d, grid, span, seed,
-                        device, progress, batch_size, point, None, evaluator, steps)
-    GRID.check(grid)
-    SPAN.check(span)
-    SEED.check(seed)
-    t0 = time.perf_counter()
-    ev = evaluator or Evaluator(loaded, split, device, batch_size)
-    theta = ev.params(loaded.state if point is None else point)
-    movable = {n for n, _ in loaded.model.named_parameters()}
+def directions_for(kind: str, loaded: Loaded, ev: Evaluator, theta: Mapping[str, Tensor],
+                   movable: set[str], dims: int, seed: int, norm: str, keep_1d: bool,
+                   steps: int = 100, target: Mapping[str, Tensor] | None = None
+                   ) -> tuple[list[dict[str, Tensor]], dict]:
+    """The `dims` directions of `kind` at `theta` (`ev`'s parameters), normalised by `norm`
+    (any of NORMS, `unit` included): random; hessian (the top eigenvectors, then normalised);
+    toward `target` (B' or B; `toward_directions`); tangent or gauge (`symmetry_directions`).
+    Returns them and what the slice reports beside them (target_loss and target_x;
+    tangent_cosine; eigenvalues, residual and converged)."""
     extra: dict = {}
-    if directions == "toward":
+    if kind == "toward":
         if target is None:
             raise RotvizError("--directions toward needs a second model to point at: add "
                               "--source MODEL")
@@ -340,80 +427,46 @@ def slice_with(
         ds = toward_directions(loaded, theta, goal, movable, dims, seed, norm, keep_1d)
         extra["target_loss"] = ev.evaluate(goal)[0]
         extra["target_x"] = 1.0 if norm == "none" and keep_1d else None  # exactly on the axis
-    elif directions in ("tangent", "gauge"):
+    elif kind in ("tangent", "gauge"):
         ds, extra["tangent_cosine"] = symmetry_directions(loaded, theta, movable, dims, seed,
-                                                          norm, keep_1d, directions)
-    elif directions == "hessian":  # under unit: the eigenvectors, then normalised
+                                                          norm, keep_1d, kind)
+    elif kind == "hessian":  # the eigenvectors, then normalised (unit: over the model)
         lanczos: dict = {}
         raw, extra["eigenvalues"] = hessian_directions(ev, theta, dims, seed, "none", keep_1d,
                                                        steps, lanczos)
         extra["residual"], extra["converged"] = lanczos["residual"], lanczos["converged"]
-        ds = [normalise_all(loaded, d, theta, "unit", keep_1d, movable) for d in raw]
+        ds = [normalise_all(loaded, d, theta, norm, keep_1d, movable) for d in raw]
     else:
         ds = drawn(loaded, theta, movable, dims, seed, norm, keep_1d)
-    s = slice_at(loaded, split, dims, "random", "none", keep_1d, grid, span, seed, device,
-                 progress, batch_size, point, ds, ev, steps)
-    return replace(s, directions=directions, norm=norm, seconds=time.perf_counter() - t0,
-                   **extra)
+    return ds, extra
 
 
-def needs_source(around: str, directions: str) -> str | None:
-    """The option that needs a second model (a phrase for the one-line error), or None."""
-    if around != "anchor":
-        return f"--around {around}"
-    if directions == "toward":
-        return "--directions toward"
-    return None
+def gauge_fixed_directions(loaded: Loaded, state: Mapping[str, Tensor] | None = None,
+                           count: int = 2, seed: int = 0, norm: str = "filter"
+                           ) -> list[dict[str, Tensor]]:
+    """`count` random directions as rotviz.analysis.loss_grid draws them (seeded, normalised by
+    `norm`), with the symmetry tangents at `state` projected out: ready for
+    `slice_at(..., given=...)`, so that a plane along them shows only changes of the function
+    that the blocks' symmetries do not explain (the residual map's tangents stay: see
+    `tangent_blocks`).
+    The projection comes after the normalisation (normalising afterwards would bring the
+    tangents back); each tensor keeps its parameter's dtype."""
+    from rotviz.analysis.tangents import gauge_fixed_blockwise, parameter_names, tangent_blocks
 
-
-def centre_state(ends, around: str, alpha: float = 0.5, merge: str = "simple",
-                 split: Split | None = None, device: str | torch.device = "cpu"
-                 ) -> Mapping[str, Tensor] | None:
-    """The parameter set a slice is centred on, from held endpoints (rotviz.match.endpoints):
-    `anchor` A (None: the anchor's own state), `source` B, `matched` B', `path` the point
-    (1 - alpha) A + alpha B' of the matched straight path (float64, cast back), `merged`
-    the matched pair merged by the registered method `merge` with the source's weight
-    `alpha` (`simple` at 0.5 is the plain average; methods with statistics take them from
-    the split's train sibling, rotviz.analysis.fusion.merge_on)."""
-    if around not in CENTRES:
-        raise RotvizError(f"unknown --around '{around}': use one of {', '.join(CENTRES)}")
-    if around == "anchor":
-        return None
-    if around == "source":
-        return ends.source.state
-    if around == "matched":
-        return ends.matched
-    if around == "path":
-        a, b = ends.anchor.state, ends.matched
-        return {k: ((1.0 - alpha) * v.double() + alpha * b[k].double()).to(v.dtype)
-                if v.is_floating_point() else v for k, v in a.items()}
-    from rotviz.analysis.fusion import merge_on
-
-    if split is None:
-        raise RotvizError("--around merged needs data for the merge: give --data")
-    return merge_on(ends, merge, split, alpha, device).state
-
-
-def slice_around(ends, split: Split, around: str = "anchor", alpha: float = 0.5,
-                 merge: str = "simple", toward: str = "matched", directions: str = "random",
-                 **kw) -> Slice:
-    """slice_around(endpoints, split, around="matched", directions="toward", ...) -> Slice
-
-    A slice (`slice_with`, whose keywords `kw` takes) centred on a point of held endpoints
-    (`centre_state`), with `toward` directions pointing at the matched source B'
-    (`toward="matched"`) or the source B as it is (`"source"`). Endpoints of one model (its
-    anchor and source the same reference) can only be sliced around the anchor."""
-    if toward not in TOWARD:
-        raise RotvizError(f"unknown --toward '{toward}': use one of {', '.join(TOWARD)}")
-    why = needs_source(around, directions)
-    if why and ends.source_ref == ends.anchor_ref:
-        raise RotvizError(f"{why} needs a second model: add --source MODEL (and --match SPEC)")
-    point = centre_state(ends, around, alpha, merge, split, kw.get("device", "cpu"))
-    target = None
-    if directions == "toward":
-        target = ends.matched if toward == "matched" else ends.source.state
-    s = slice_with(ends.anchor, split, directions=directions, point=point, target=target, **kw)
-    return replace(s, around=around, alpha=float(alpha) if around in ("path", "merged") else None,
-                   merge=merge if around == "merged" else None,
-                   toward=toward if directions == "toward" else None,
-                   source=ends.source_ref if why else "", match=ends.match if why else "none")
+    st = loaded.state if state is None else state
+    names = parameter_names(loaded)
+    params = {n: st[n] for n in names}
+    raw = random_directions(params, set(names), count, seed, norm)
+    flat_d = torch.stack([torch.cat([d[n].to(F64).reshape(-1) for n in names]) for d in raw])
+    fixed = gauge_fixed_blockwise(flat_d, tangent_blocks(loaded, st))
+    out = []
+    for row in fixed:
+        d: dict[str, Tensor] = {k: torch.zeros_like(v) for k, v in st.items()
+                                if v.is_floating_point()}
+        start = 0
+        for n in names:
+            size = st[n].numel()
+            d[n] = row[start:start + size].reshape(st[n].shape).to(st[n].dtype)
+            start += size
+        out.append(d)
+    return out

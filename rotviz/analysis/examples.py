@@ -14,8 +14,8 @@ from collections.abc import Mapping
 
 import torch
 
-from rotviz.data import Split
-from rotviz.splits import IGNORE
+from rotviz.data.split import Split
+from rotviz.data.splits import IGNORE
 
 TASKS = ("image", "seq-cls", "text", "masked", "token-cls")
 
@@ -46,8 +46,8 @@ def positions(split: Split, k: int) -> list[int]:
 def namer(split: Split):
     """How an answer (a class or token id) is said: the split's label name, a character of
     rotviz's vocabulary, else the id."""
-    from rotviz.data import decode
-    from rotviz.tokens import CHARS
+    from rotviz.data.text import decode
+    from rotviz.data.tokens import CHARS
 
     chars = split.task in ("text", "masked") and split.encoding == CHARS
 
@@ -65,8 +65,8 @@ def describe(split: Split, k: int) -> dict:
     """The fixed part of the record: each example's input as it can be drawn (an image's
     pixels, grey, as a list of rows; else the text or token ids up to the position read),
     its true answer and its name. `pred`, `prob` and `pred_names` get one list per alpha."""
-    from rotviz.data import decode
-    from rotviz.tokens import CHARS
+    from rotviz.data.text import decode
+    from rotviz.data.tokens import CHARS
 
     k = pickable(split, k)
     if k == 0:
@@ -89,9 +89,9 @@ def describe(split: Split, k: int) -> dict:
             "pred": [], "prob": [], "pred_names": []}
 
 
-# How a hidden character of a masked-LM window is drawn: the character vocabulary masks with
-# its unknown id (rotviz.data._masked_windows), which decodes to U+FFFD, a glyph that reads as a
-# broken font rather than as "hidden here".
+# How a hidden character of a masked-LM window is drawn: the character vocabulary masks
+# with its unknown id (rotviz.data.text._masked_windows), which decodes to U+FFFD, a glyph
+# that reads as a broken font rather than as "hidden here".
 MASKED = "\u2588"
 
 
@@ -116,7 +116,7 @@ def probe(evaluator, split: Split, k: int):
     """A function of a parameter set giving its (predictions, probabilities) on the first `k`
     examples of `split`, through `evaluator`'s module (rotviz.evaluation.Evaluator); None
     when there are no examples to show."""
-    from rotviz.data import to_device
+    from rotviz.data.inputs import to_device
 
     k = pickable(split, k)
     if k == 0:

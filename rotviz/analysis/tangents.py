@@ -1,5 +1,6 @@
 """The flat directions that symmetry explains: tangents of the continuous symmetry group at
-any parameter set of a model, gauge fixing, and a report of flatness (docs/landscape.md).
+any parameter set of a model, and gauge fixing (docs/landscape.md). The geometry only: the
+`flat` measurement that checks the loss along them is rotviz.measures.flat.
 
 The group (rotviz.symmetry.actions) acts per block and per key/value group g by a Q-K map A
 (W_Q -> A^T W_Q, b_Q -> b_Q A, W_K -> A^-1 W_K, b_K -> b_K A^-T) and a V-O map B (W_V -> B^T
@@ -41,21 +42,16 @@ the curvature along the tangents is near zero at a trained model, not at a rando
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 
-import numpy as np
 import torch
 
-from rotviz.analysis.hessian import Curvature
 from rotviz.errors import RotvizError
-from rotviz.evaluation import Evaluator
 from rotviz.groups import rope_free, rope_pairs
-from rotviz.models import Loaded
+from rotviz.sources.loading import Loaded
 from rotviz.symmetry.actions import LayerTransform, apply_layer, qk_fixed_pairs
 from rotviz.symmetry.view import FFN, Attention, ModelView, read_view, write_block, write_state
-from rotviz.types import Progress
 
 Tensor = torch.Tensor
 F64 = torch.float64
@@ -305,7 +301,7 @@ def f64_view(loaded: Loaded, state: Mapping[str, Tensor] | None) -> ModelView:
 
 def parameter_names(loaded: Loaded) -> list[str]:
     """The floating trainable parameters in the module's order (tied weights once): the
-    coordinates of every flat vector here, as rotviz.analysis.hessian.Curvature orders them."""
+    coordinates of every flat vector here, as rotviz.analysis.hvp.Curvature orders them."""
     return [n for n, p in loaded.model.named_parameters() if p.is_floating_point()]
 
 
@@ -401,134 +397,6 @@ def moved_state(view: ModelView, gen: Generator, s: float) -> dict[str, Tensor]:
     return write_state(apply_layer(view, gen.layer, element(view, gen, s)))
 
 
-@dataclass
-class TangentRow:
-    label: str
-    layer: int
-    kind: str
-    norm: float  # |t|
-    loss_change: float  # max over s of |L(exp(sE) theta) - L(theta)| / |L(theta)|
-    cosine: float  # |grad . t| / (|grad| |t|)
-    curvature: float | None  # t^T H t / |t|^2
-
-
-@dataclass
-class FlatResult:
-    """What `flat` found; `to_dict()` is the JSON."""
-
-    model: str
-    split: str
-    n: int
-    n_params: int
-    loss: float
-    grad_norm: float
-    steps: list[float]
-    dimension: list[dict]  # group dimension per block (derived) and tangents generated
-    rows: list[TangentRow] = field(default_factory=list)
-    control_cosine: float = 0.0  # a seeded random direction's |cos| with the gradient
-    nullity: list[dict] = field(default_factory=list)  # rotviz.analysis.nullity rows
-    seconds: float = 0.0
-    device: str = "cpu"
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def pick(gens: list[Generator], per_layer: int, seed: int) -> list[Generator]:
-    """At most `per_layer` generators per block and kind, drawn without replacement (seeded)."""
-    rng = np.random.default_rng(seed)
-    out: list[Generator] = []
-    keys = sorted({(g.layer, g.kind) for g in gens}, key=lambda k: (k[0], k[1]))
-    for key in keys:
-        some = [g for g in gens if (g.layer, g.kind) == key]
-        if len(some) > per_layer:
-            idx = sorted(rng.choice(len(some), per_layer, replace=False).tolist())
-            some = [some[i] for i in idx]
-        out += some
-    return out
-
-
-@dataclass(frozen=True)
-class NullityOptions:
-    """How `flat` counts near-zero Hessian eigenvalues (rotviz.analysis.nullity): |lambda|
-    <= tol * lambda_max; exactly for blocks of at most `exact_max` parameters, else by SLQ
-    with `probes` probes of `steps` Lanczos steps."""
-
-    tol: float = 1e-6
-    exact_max: int = 2048
-    probes: int = 3
-    steps: int = 30
-
-
-def flat(loaded: Loaded, state: Mapping[str, Tensor] | None, split, device="cpu",
-         per_layer: int = 8, seed: int = 0, steps: tuple[float, ...] = (-0.3, 0.3),
-         curvature: bool = True, batch_size: int = 512,
-         progress: Progress | None = None,
-         nullity: NullityOptions | None = None) -> FlatResult:
-    """The report: for up to `per_layer` tangents per block and kind (the residual map's
-    counting as one more block; seeded choice), the relative loss change along the orbit
-    exp(s E) for s in `steps`, the gradient's cosine with the tangent, and (with
-    `curvature`) t^T H t / |t|^2; with `nullity`, per block the group dimension against the
-    near-zero eigenvalues of the Hessian restricted to it; in float64, on the split's mean
-    loss. Neither `state` nor the loaded model is modified."""
-    t0 = time.perf_counter()
-    if not steps:
-        raise RotvizError("the orbit needs at least one step s; give some")
-    ev = Evaluator(loaded, split, device, batch_size)
-    st = loaded.state if state is None else state
-    cur = Curvature(ev, st, F64)
-    view = f64_view(loaded, st)
-    all_gens = generators(view)
-    gens = pick(all_gens, per_layer, seed)
-    names, t, gens = tangents(loaded, st, gens)
-    if names != cur.names:
-        raise RotvizError("the model's floating parameters differ from the Hessian's; "
-                          "report this model's family")
-    t = t.to(cur.device)
-    base = cur.loss()
-    grad = cur.gradient()
-    gn = float(grad.norm())
-    counts = {}
-    for g in all_gens:
-        counts[(g.layer, g.kind)] = counts.get((g.layer, g.kind), 0) + 1
-    dim = group_dimension(view)
-    for row in dim:
-        row["tangents"] = (counts.get((RESIDUAL, "residual"), 0) if row["layer"] == "residual"
-                           else sum(counts.get((row["layer"], k), 0)
-                                    for k in ("qk", "vo", "ffn")))
-    rows = []
-    for i, gen in enumerate(gens):
-        if progress is not None:
-            progress(i, len(gens), gen.label)
-        tn = float(t[i].norm())
-        change = 0.0
-        for s in steps:
-            moved = moved_state(view, gen, s)
-            change = max(change, abs(loss_at(cur, moved) - base) / max(abs(base), 1e-300))
-        cos = abs(float(grad @ t[i])) / max(gn * tn, 1e-300)
-        curv = float(t[i] @ cur.hvp(t[i])) / tn ** 2 if curvature and tn > 0 else None
-        rows.append(TangentRow(gen.label, gen.layer, gen.kind, tn, change, cos, curv))
-    gen = torch.Generator().manual_seed(int(seed))
-    r = torch.randn(cur.n, generator=gen, dtype=F64).to(cur.device)
-    control = abs(float(grad @ r)) / max(gn * float(r.norm()), 1e-300)
-    null: list[dict] = []
-    if nullity is not None:
-        from rotviz.analysis.nullity import nullity as count_nullity
-
-        null = count_nullity(cur, loaded, dim, nullity.tol, nullity.exact_max,
-                             nullity.probes, nullity.steps, seed, progress)
-    return FlatResult(loaded.ref, split.data, split.n, cur.n, base, gn, list(steps), dim,
-                      rows, control, null, time.perf_counter() - t0, str(ev.device))
-
-
-def loss_at(cur: Curvature, state: Mapping[str, Tensor]) -> float:
-    """The split's mean loss (float64) at another parameter set of the same model."""
-    params = cur.ev.params(state)
-    ps = [cur.cast(params[n]) for n in cur.names]
-    with torch.no_grad():
-        return float(sum(cur._loss(ps, x, y) for x, y in cur.ev.batches))
-
-
 @dataclass(frozen=True)
 class TangentBlock:
     """The tangents of one (block, kind, KV group or FFN unit): they touch only `idx` (flat
@@ -611,34 +479,3 @@ def gauge_fixed_blockwise(directions: Tensor, blocks: list[TangentBlock]) -> Ten
         part = d2[:, b.idx]
         d2[:, b.idx] = part - (part @ q) @ q.T
     return d2 if two else d2[0]
-
-
-def gauge_fixed_directions(loaded: Loaded, state: Mapping[str, Tensor] | None = None,
-                           count: int = 2, seed: int = 0, norm: str = "filter"
-                           ) -> list[dict[str, Tensor]]:
-    """`count` random directions as rotviz.analysis.slices draws them (seeded, normalised by
-    `norm`), with the symmetry tangents at `state` projected out: ready for
-    `slice_at(..., given=...)`, so that a plane along them shows only changes of the function
-    that the blocks' symmetries do not explain (the residual map's tangents stay: see
-    `tangent_blocks`).
-    The projection comes after the normalisation (normalising afterwards would bring the
-    tangents back); each tensor keeps its parameter's dtype."""
-    from rotviz.analysis.slices import random_directions
-
-    st = loaded.state if state is None else state
-    names = parameter_names(loaded)
-    params = {n: st[n] for n in names}
-    raw = random_directions(params, set(names), count, seed, norm)
-    flat_d = torch.stack([torch.cat([d[n].to(F64).reshape(-1) for n in names]) for d in raw])
-    fixed = gauge_fixed_blockwise(flat_d, tangent_blocks(loaded, st))
-    out = []
-    for row in fixed:
-        d: dict[str, Tensor] = {k: torch.zeros_like(v) for k, v in st.items()
-                                if v.is_floating_point()}
-        start = 0
-        for n in names:
-            size = st[n].numel()
-            d[n] = row[start:start + size].reshape(st[n].shape).to(st[n].dtype)
-            start += size
-        out.append(d)
-    return out

@@ -13,7 +13,7 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
-    from rotviz.models import Loaded
+    from rotviz.sources.loading import Loaded
 
 LEARN_KINDS = {
     "rotate": dict(ffn=False, attn=True, rescale=False),
@@ -37,7 +37,7 @@ def learn_demo(loaded: Loaded, split, kind: str = "rotate", seed: int = 0, layer
     from rotviz.match.engine import match
     from rotviz.match.options import MatchOptions
     from rotviz.match.pipeline import FUNCTION_TOLERANCE, view_of
-    from rotviz.models import forward, max_output_diff
+    from rotviz.sources.running import forward, max_output_diff
     from rotviz.symmetry.actions import apply, random_element
     from rotviz.symmetry.view import write_state
 
@@ -110,7 +110,7 @@ def residual_demo(loaded: Loaded, split, seed: int = 0, layer: int = 0, head: in
     from rotviz.match.engine import match
     from rotviz.match.options import MatchOptions
     from rotviz.match.pipeline import FUNCTION_TOLERANCE, view_of
-    from rotviz.models import forward, max_output_diff
+    from rotviz.sources.running import forward, max_output_diff
     from rotviz.symmetry import residual as rs
     from rotviz.symmetry.view import write_state
 

@@ -76,23 +76,23 @@ def rows_to_csv(rows: Sequence[Mapping[str, Any]]) -> str:
 
 def figure_html(fig: Any) -> str:
     """A self-contained HTML page of a plotly figure (plotly.js inlined: works offline)."""
-    from rotviz.images import html
+    from rotviz.plots.images import html
 
     return html(fig)
 
 
 def static_formats() -> tuple[str, ...]:
     """('png', 'svg', 'pdf') where kaleido and a Chrome or Chromium are installed, else ()
-    (rotviz.images)."""
-    from rotviz.images import available
+    (rotviz.plots.images)."""
+    from rotviz.plots.images import available
 
     return available()
 
 
 def figure_image(fig: Any, fmt: str) -> bytes:
-    """PNG, SVG or PDF bytes of a figure (rotviz.images), or a one-line error saying what is
+    """PNG, SVG or PDF bytes of a figure (rotviz.plots.images), or a one-line error saying what is
     missing."""
-    from rotviz.images import render
+    from rotviz.plots.images import render
 
     return render([fig], fmt)[0]
 
@@ -156,7 +156,7 @@ def run_zip(
     animations: Mapping[str, Any] | None = None,
 ) -> bytes:
     """A whole run as a zip: config.json, versions.json, results.json, tables as CSV, figures
-    as HTML, and as PNG (`images`, where kaleido and a Chromium are installed: rotviz.images),
+    as HTML, and as PNG (`images`, where kaleido and a Chromium are installed: rotviz.plots.images),
     and animated figures as HTML that plays offline (a GIF or MP4 is a download of its own:
     drawing every frame takes a second or more each)."""
     buf = io.BytesIO()
@@ -174,7 +174,7 @@ def run_zip(
         for name, fig in (animations or {}).items():
             z.writestr(f"animations/{name}.html", animation_file(fig, "html"))
         if images and figures and static_formats():  # all drawn in one browser
-            from rotviz.images import render
+            from rotviz.plots.images import render
 
             for name, png in zip(figures, render(list(figures.values()), "png"), strict=True):
                 z.writestr(f"figures/{name}.png", png)

@@ -20,7 +20,7 @@ from rotviz.plots.figure_style import Style
 
 def bar_range(values: Sequence[float], style: Style) -> list[float]:
     """One y range for bars of 0-1 scores read side by side (accuracy beside F1)."""
-    from rotviz.plots.merge import bar_range as bars
+    from rotviz.measures.merge import bar_range as bars
 
     return bars(values, style.fixed_accuracy)
 
@@ -71,7 +71,7 @@ def distance_words() -> str:
 
 def curve_name(kind: str) -> str:
     """A trained path's kind in words (a Bezier curve, a polygonal chain)."""
-    from rotviz.plots.curves import KIND_NAMES
+    from rotviz.measures.bend import KIND_NAMES
 
     return KIND_NAMES.get(kind, kind)
 
@@ -81,7 +81,7 @@ def curve_name(kind: str) -> str:
 
 def barrier_curves(curves: Sequence[Mapping], metric: str, style: Style) -> Any:
     """The loss (or accuracy) along the path, one line per matching (the Barrier page)."""
-    from rotviz.plots.barrier import barrier_curves as draw
+    from rotviz.measures.barrier import barrier_curves as draw
 
     return draw(curves, metric, style.font_size,
                 acc_range=style.accuracy_axis() if metric == "acc" else None)
@@ -89,15 +89,15 @@ def barrier_curves(curves: Sequence[Mapping], metric: str, style: Style) -> Any:
 
 def loss_surface(plane: Mapping, style: Style) -> Any:
     """The A/B/B' plane (the plane record's result) as a 3D surface."""
-    from rotviz.plots.slices import loss_surface as draw
+    from rotviz.plots.surface import loss_surface as draw
 
     return draw(plane, log=style.log, font_size=style.font_size)
 
 
 def bend_on_plane(plane: Mapping, bend: Mapping, style: Style) -> Any:
     """The A/B/B' plane with the trained curve's projection and its bend drawn on it."""
-    from rotviz.plots.barrier import loss_plane
-    from rotviz.plots.curves import bend_on_plane as overlay
+    from rotviz.measures.bend import bend_on_plane as overlay
+    from rotviz.measures.plane import plane_figure as loss_plane
 
     fig = loss_plane(plane["xs"], plane["ys"], plane["loss"], plane["points"], style.font_size)
     return overlay(fig, bend)
@@ -106,21 +106,21 @@ def bend_on_plane(plane: Mapping, bend: Mapping, style: Style) -> Any:
 def slice_panels(slices: Sequence[Mapping], titles: Sequence[str], title: str,
                  style: Style) -> Any:
     """Several 2D slices side by side on one colour scale (a plane and its gauge-fixed twin)."""
-    from rotviz.plots.slices import slice_panels as draw
+    from rotviz.measures.slice import slice_panels as draw
 
     return draw(slices, titles, log=style.log, font_size=style.font_size, title=title)
 
 
 def sweep_chart(runs: Sequence[Mapping], style: Style) -> Any:
     """The merged accuracy against the swept number, one line per matching."""
-    from rotviz.plots.merge import sweep_chart as draw
+    from rotviz.measures.merge_sweep import sweep_chart as draw
 
     return draw(runs, "acc", style.font_size, style.accuracy_axis())
 
 
 def merged_by_count(result: Mapping, style: Style) -> Any:
     """Many models: the merged accuracy against the number of models merged."""
-    from rotviz.plots.many import merged_by_count as draw
+    from rotviz.measures.many import merged_by_count as draw
 
     return draw(result, style.font_size, style.accuracy_axis())
 
@@ -129,13 +129,13 @@ def merged_by_count(result: Mapping, style: Style) -> Any:
 
 
 def distance_bars(before: Mapping, after: Mapping, by: str, style: Style) -> Any:
-    from rotviz.plots.distances import distance_bars as draw
+    from rotviz.measures.distances import distance_bars as draw
 
     return draw(before, after, by, style.font_size)
 
 
 def ablation_bars(rows: Sequence[Mapping], style: Style) -> Any:
-    from rotviz.plots.distances import ablation_bars as draw
+    from rotviz.measures.distances import ablation_bars as draw
 
     return draw(rows, style.font_size)
 
@@ -168,25 +168,25 @@ def learn_history(rows: Sequence[Mapping], best_step: int | None, style: Style) 
 
 
 def singular_values(layer: Mapping, style: Style) -> Any:
-    from rotviz.plots.spectra import singular_values as draw
+    from rotviz.measures.spectra import singular_values as draw
 
     return draw(layer, style.font_size)
 
 
 def rotation_angles(layer: Mapping, style: Style) -> Any:
-    from rotviz.plots.spectra import rotation_angles as draw
+    from rotviz.measures.spectra import rotation_angles as draw
 
     return draw(layer, style.font_size)
 
 
 def angle_overview(layers: Sequence[Mapping], kind: str, style: Style) -> Any:
-    from rotviz.plots.spectra import angle_overview as draw
+    from rotviz.measures.spectra import angle_overview as draw
 
     return draw(layers, kind, style.font_size)
 
 
 def circuit_spectra(series: Mapping[str, Sequence[float]], title: str, style: Style) -> Any:
-    from rotviz.plots.spectra import circuit_spectra as draw
+    from rotviz.measures.spectra import circuit_spectra as draw
 
     return draw(series, title, style.font_size)
 

@@ -9,8 +9,8 @@ the server. Everything the app reads goes through `app_confined()` (rotviz.confi
 that resolve inside the roots (and the zoo's and the shipped data's own folders), regular
 files only. What the sidebar offers (`discover`, `discover_data`) is checked exactly as what
 is typed (`resolve_choice`, `resolve_data`): a folder or data whose reading would be refused
-is not listed. The local Hugging Face cache (rotviz.hub) is read only when it lies under a
-root; its models are then offered by name, `hf-cache:ORG/NAME[@REVISION]`.
+is not listed. The local Hugging Face cache (rotviz.sources.hf_cache) is read only when it lies
+under a root; its models are then offered by name, `hf-cache:ORG/NAME[@REVISION]`.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rotviz import hub
 from rotviz.confine import Confined
-from rotviz.datafiles import check_data
+from rotviz.data.files import check_data
 from rotviz.errors import RotvizError
+from rotviz.sources import hf_cache as hub
 
 ENV_ROOTS = "ROTVIZ_MODEL_ROOTS"
 REPO = Path(__file__).resolve().parents[2]  # the checkout: rotviz/app/roots.py is 2 below
@@ -262,7 +262,7 @@ def _resolved(p: Path) -> Path | None:
 
 
 def cached_models(roots: Sequence[Path]) -> list[str]:
-    """The models of the local Hugging Face cache (rotviz.hub: HF_HUB_CACHE, else
+    """The models of the local Hugging Face cache (rotviz.sources.hf_cache: HF_HUB_CACHE, else
     HF_HOME/hub), as `hf-cache:ORG/NAME[@REVISION]`, when the cache lies under one of the
     roots; none otherwise (the app reads nothing outside them). Each is checked as a typed
     name is (`resolve_choice`)."""
@@ -274,7 +274,7 @@ def cached_models(roots: Sequence[Path]) -> list[str]:
     return [n.forced().text for n in map(hub.parse, names) if n is not None]
 
 
-# File endings the app offers as data, by data kind (rotviz.data, rotviz.labelled).
+# File endings the app offers as data, by data kind (rotviz.data.split, rotviz.data.labelled).
 DATA_FILES = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".conll": "conll", ".txt": "text"}
 BUILTIN_DATA = ("digits", "pystdlib")
 IMAGE_ENDINGS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp")
@@ -341,7 +341,7 @@ def _inside(confined: Confined, p: Path) -> bool:
 def resolve_data(ref: str, roots: Sequence[Path] | None = None) -> str:
     """A data reference the app may read: a built-in one, or a file or folder under the
     roots whose every file a read would open lies under them too and is a regular file
-    (rotviz.datafiles.check_data; the app reads nothing outside them)."""
+    (rotviz.data.files.check_data; the app reads nothing outside them)."""
     ref = (ref or "").strip()
     kind, _, path = ref.partition(":")
     if ref in BUILTIN_DATA:

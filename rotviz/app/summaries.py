@@ -17,7 +17,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from rotviz.match.pipeline import Matched
-    from rotviz.models import Loaded
+    from rotviz.sources.loading import Loaded
 
 
 def residual_unsupported(loaded: Loaded) -> str | None:
@@ -49,7 +49,7 @@ def symmetry_check(loaded: Loaded, seed: int = 0) -> dict:
     measure the largest logit change on probe inputs: the model's own functional check."""
     from rotviz.match.distances import distances
     from rotviz.match.pipeline import FUNCTION_TOLERANCE, view_of
-    from rotviz.models import max_output_diff
+    from rotviz.sources.running import max_output_diff
     from rotviz.symmetry.actions import apply, random_element
     from rotviz.symmetry.view import read_view, write_state
 
@@ -103,8 +103,8 @@ def model_card(loaded: Loaded, split=None) -> dict:
     check. A head no loss scores (headless, question answering, multiple choice, ...) is
     not evaluated (`split` is not read; loss, accuracy and task are None): its card says
     what the head allows instead, and its functional check still compares every output."""
+    from rotviz.data.tasks import describe
     from rotviz.evaluation import evaluate
-    from rotviz.tasks import describe
 
     head = head_card(loaded)
     card = {
@@ -260,7 +260,7 @@ def learned_rows(summary: Mapping) -> list[dict]:
              "val_barrier": h["val_barrier"]} for h in learned.get("history") or []]
 
 
-# What each task's loss averages (rotviz.tasks.sample_losses), said under a loss chart
+# What each task's loss averages (rotviz.data.tasks.sample_losses), said under a loss chart
 LOSS_OF_TASK = {
     "text": "cross-entropy of each next token",
     "masked": "cross-entropy of the masked tokens only (the masked-LM head's loss, as the "
@@ -275,9 +275,9 @@ LOSS_OF_TASK = {
 
 def loss_note(curve: Mapping) -> str:
     """Which loss a barrier curve draws, in one sentence: the models' own task (read off
-    their head, rotviz.tasks), what it averages and on what data; a masked-LM pair's curve
+    their head, rotviz.data.tasks), what it averages and on what data; a masked-LM pair's curve
     would otherwise read as a next-token loss."""
-    from rotviz.tasks import describe
+    from rotviz.data.tasks import describe
 
     task = str(curve.get("task") or "")
     name = f"**{describe(task)['name']}**, " if task else ""

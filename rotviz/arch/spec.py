@@ -138,7 +138,7 @@ class ArchSpec:
     # `attn.masked_bias`, a fill value that attention now computes): regular expressions
     # searched in the module's full tensor names, as transformers' own
     # `_keys_to_ignore_on_load_unexpected` are. Only what transformers leaves unsaid goes
-    # here; rotviz.legacy reads the rest from the classes and reads past small buffer-like
+    # here; rotviz.sources.legacy reads the rest from the classes and reads past small buffer-like
     # tensors only
     legacy_buffers: Names = ()
 

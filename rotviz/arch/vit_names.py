@@ -1,6 +1,6 @@
 """ViT's encoder tensor names as checkpoints store them (transformers 4.x names, which 5.x
 writes back) and as the loaded 5.x module names them: one table, read both ways
-(`runtime_name` when rotviz.lite loads a checkpoint, `stored_name` when
+(`runtime_name` when rotviz.sources.plain_torch loads a checkpoint, `stored_name` when
 rotviz.sources.plain writes a folder as transformers would). No rotviz imports: both the
 loader and the writer's layer use it."""
 

@@ -10,7 +10,6 @@ import warnings
 from contextlib import contextmanager
 from dataclasses import replace
 
-from rotviz import hub
 from rotviz.cli import figures, measure, serve, zoo
 from rotviz.cli.args import (
     Parser,
@@ -27,6 +26,7 @@ from rotviz.devices import calm_before_torch
 from rotviz.errors import RotvizError
 from rotviz.limits import DEFAULT_ROUNDS, DEFAULT_STEPS, DEFAULT_TOL, ROUNDS, STEPS, TOL
 from rotviz.params import needs
+from rotviz.sources import hf_cache as hub
 from rotviz.symmetry.registry import SYMMETRIES
 
 
@@ -115,8 +115,8 @@ def _add_match(sub) -> None:
 
 
 def _extra_commands():
-    """The other sub-commands: zoo and eval, one per registered measurement (barrier, plane,
-    merge, ...: rotviz.cli.measure), figures (rotviz.cli.figures), serve. Each imports its
+    """The other sub-commands: zoo and eval, one per registered measurement
+    (rotviz.cli.measure), figures (rotviz.cli.figures), serve. Each imports its
     heavy libraries inside its handlers, so `rotviz --help` stays fast."""
     return [zoo.register, measure.register, figures.register, serve.register]
 
@@ -136,14 +136,15 @@ def _selected(args: argparse.Namespace) -> None:
 
 
 def cmd_match(args: argparse.Namespace) -> int:
+    from rotviz.data.reading import split_for
     from rotviz.devices import pick_device
-    from rotviz.evaluation import split_for
-    from rotviz.lite import load_for_eval
     from rotviz.match.lineage import check_lineage, move_model
     from rotviz.match.options import LearnOptions, MatchOptions, parse_layers
     from rotviz.match.pipeline import match_models, stored_check_words
-    from rotviz.models import load_model, write_model
     from rotviz.outputs import Outputs, write_json_file
+    from rotviz.sources.loading import load_model
+    from rotviz.sources.plain_torch import load_for_eval
+    from rotviz.sources.writing import write_model
 
     _selected(args)
     if (args.act or args.learned) and not args.data:
@@ -189,9 +190,10 @@ def cmd_match(args: argparse.Namespace) -> int:
                               "(--max-memory or torchrun); raise --max-memory, or move the "
                               "other models in a run that fits in memory")
         return _match_streamed(args, options, outputs, out_dir, report_file, device)
-    # in plain torch where that computes the same logits (rotviz.lite: no transformers
-    # import), as the measurement commands load their pair; written as transformers writes it
-    # (write_model). Models moved along (--also) and their pair take transformers' modules.
+    # in plain torch where that computes the same logits (rotviz.sources.plain_torch: no
+    # transformers import), as the measurement commands load their pair; written as transformers
+    # writes it (write_model). Models moved along (--also) and their pair take transformers'
+    # modules.
     load = load_model if also else load_for_eval
     anchor = load(args.anchor)
     source = load(args.source)
@@ -271,7 +273,7 @@ def _streams(args, options) -> bool:
     needs more than --max-memory (default: what the machine has available) in memory. A
     refusal when it must stream and the options cannot."""
     from rotviz import dist
-    from rotviz.stream.blocks import streaming_refusal
+    from rotviz.match.at_size_checks import streaming_refusal
 
     launched = dist.launched()
     over, need, limit = (True, None, None) if launched else beyond_memory(args)
@@ -293,13 +295,13 @@ def _streams(args, options) -> bool:
 
 def _match_streamed(args, options, outputs, out_dir, report_file, device) -> int:
     from rotviz import dist
+    from rotviz.atsize.blocks import open_streamed
     from rotviz.devices import device_for
+    from rotviz.match.at_size import match_streamed
     from rotviz.match.options import parse_layers
     from rotviz.match.pipeline import Matched
     from rotviz.match.widths import differs_only_in_ffn, refuse_narrower
     from rotviz.outputs import write_json_file
-    from rotviz.stream.blocks import open_streamed
-    from rotviz.stream.match import match_streamed
 
     device = device_for(device)
     group = dist.init(device)

@@ -72,14 +72,14 @@ def beyond_memory(args) -> tuple[bool, int | None, int | None]:
     --max-memory in memory (default: what is available now), or --max-memory is 0. Returns
     that, the estimate and the limit. A pair without safetensors cannot stream: never, and
     with --max-memory 0 a one-line error says why."""
+    from rotviz.atsize.need import pair_bytes_in_memory
     from rotviz.memory import available_memory
-    from rotviz.stream.need import pair_bytes_in_memory
 
     limit = args.max_memory if args.max_memory is not None else available_memory()
     need = pair_bytes_in_memory(args.anchor, args.source)
     if need is None:
         if args.max_memory == 0:
-            from rotviz.stream.blocks import open_streamed
+            from rotviz.atsize.blocks import open_streamed
 
             open_streamed(args.anchor), open_streamed(args.source)  # says why they cannot
         return False, need, limit
@@ -119,8 +119,8 @@ def add_reading(p: argparse.ArgumentParser) -> None:
 
 def reading(args: argparse.Namespace, data: str | None):
     """The columns and sequence length the reading options give, checked against `data`."""
-    from rotviz.data import TEXT_SOURCES
-    from rotviz.labelled import LABELLED_KINDS, Columns
+    from rotviz.data.labelled import LABELLED_KINDS, Columns
+    from rotviz.data.split import TEXT_SOURCES
 
     kind = (data or "").partition(":")[0]
     given = {field: getattr(args, flag[2:].replace("-", "_"))
@@ -144,7 +144,7 @@ def reading(args: argparse.Namespace, data: str | None):
 def model_input(ref: str) -> str | None:
     """The folder a model reference reads (`zoo:NAME`, a path, or, for a name in the local
     Hugging Face cache, its whole repository folder there, blobs included)."""
-    from rotviz import hub
+    from rotviz.sources import hf_cache as hub
     from rotviz.zoo_registry import zoo_dir
 
     cached = hub.cache_ref(ref)
@@ -169,9 +169,9 @@ def data_input(ref: str | None) -> str | None:
 def guard_inputs(outputs, models: list[str], data: str | None) -> None:
     """Record a command's model and data inputs in its `outputs` (rotviz.outputs), so that no
     output equals, holds or lies inside one of them, even with --overwrite. An unknown data
-    name is refused here too, before any model or data is read (rotviz.data.check_ref)."""
+    name is refused here too, before any model or data is read (rotviz.data.split.check_ref)."""
     if data is not None:
-        from rotviz.data import check_ref
+        from rotviz.data.split import check_ref
 
         check_ref(data)
     for ref in models:

@@ -60,12 +60,12 @@ def remake_command(args: argparse.Namespace) -> Callable:
 def cmd_figures(args: argparse.Namespace) -> int:
     """Check the names, the folder and the PNG renderer, then make every figure, draw the
     PNGs in one browser, and write the folder as one transaction."""
-    from rotviz import images
     from rotviz.cli.args import guard_inputs
     from rotviz.devices import device_for, pick_device
     from rotviz.gallery import Pair, select
     from rotviz.gallery.make import make, write
     from rotviz.outputs import Outputs
+    from rotviz.plots import images
 
     selected = select(args.only)  # an unknown or empty --only: one line, first
     outputs = Outputs("figures")

@@ -8,7 +8,9 @@ Every command takes the pair, `--match SPEC` and `--layers`, the device and `--j
 that evaluate take `--data`, `--split` and the reading options; those that write a model take
 `--out`; each then takes its record's parameters, bounded by rotviz.limits. Every user error
 is checked before any model is loaded where possible, and is one line. Outputs are written to
-a temporary path and renamed, never half-written.
+a temporary path and renamed, never half-written. The record itself runs through the one
+runner (rotviz.runner), as the library and the app run it: this module keeps the command
+line's own part (argparse, the outputs, torchrun's processes, the progress line).
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import argparse
 from collections.abc import Callable
 from contextlib import contextmanager
 
-from rotviz import hub
 from rotviz.cli.args import (
     add_max_memory,
     add_overwrite,
@@ -30,6 +31,7 @@ from rotviz.errors import RotvizError
 from rotviz.measures import Measurement, measurements
 from rotviz.params import Param
 from rotviz.plots.figure_style import Style
+from rotviz.sources import hf_cache
 
 
 def _param_type(p: Param):
@@ -67,11 +69,11 @@ def register(sub, wanted: Callable[[str], bool] = lambda name: True) -> None:
             continue
         if m.pair:
             p.add_argument("anchor",
-                           help=f"anchor model (kept fixed): {hub.MODEL_HELP}")
+                           help=f"anchor model (kept fixed): {hf_cache.MODEL_HELP}")
             p.add_argument("source",
                            help="source model, same architecture; it is matched onto the anchor")
         else:
-            p.add_argument("model", help=f"the model: {hub.MODEL_HELP}")
+            p.add_argument("model", help=f"the model: {hf_cache.MODEL_HELP}")
         if m.data:
             p.add_argument("--data", required=True,
                            help="data reference: digits, pystdlib, text:FILE, csv:FILE, "
@@ -85,7 +87,7 @@ def register(sub, wanted: Callable[[str], bool] = lambda name: True) -> None:
             add_reading(p)
         if not m.pair and m.source is not None:
             p.add_argument("--source", default=None, metavar="MODEL",
-                           help=f"a second model of the same architecture ({hub.MODEL_HELP}), "
+                           help=f"a second model of the same architecture ({hf_cache.MODEL_HELP}), "
                                 "matched onto the model with --match; only for "
                                 f"{m.source_use or 'the options that use it'}")
         if m.pair or m.source is not None:
@@ -163,7 +165,7 @@ def _figure_output(outputs, args):
     """(the --figure output, its format), checked before any work, or None."""
     if getattr(args, "figure", None) is None:
         return None
-    from rotviz.images import check_format, format_of
+    from rotviz.plots.images import check_format, format_of
 
     fmt = format_of(args.figure)
     check_format(fmt)
@@ -172,7 +174,7 @@ def _figure_output(outputs, args):
 
 def _write_figure(m: Measurement, tmp, fig, result) -> None:
     """The record's figure of `result` into --figure's temporary sibling."""
-    from rotviz.images import write
+    from rotviz.plots.images import write
 
     if fig is not None:
         write(tmp[fig[0]], m.plot(result.to_dict(), Style()), fig[1])
@@ -240,41 +242,41 @@ def _inputs_parser(p: argparse.ArgumentParser, m: Measurement) -> None:
 
 
 def run_inputs_command(m: Measurement, args: argparse.Namespace) -> int:
-    """Check everything, read the inputs, measure, write the JSON, say the result in a
-    line; at size (a pair larger than --max-memory), the record's refusal in one line."""
+    """Read the inputs, check the outputs, run the record through the one runner
+    (rotviz.runner.run_inputs), write the JSON and drawings, say the result in a line; at
+    size (a pair larger than --max-memory), the record's refusal in one line."""
+    from rotviz import runner
     from rotviz.cli.args import guard_inputs
     from rotviz.confine import ANYWHERE
+    from rotviz.data.reading import split_for
     from rotviz.devices import device_for, pick_device
-    from rotviz.evaluation import split_for
-    from rotviz.measures import Context
     from rotviz.outputs import Outputs, write_json_file
 
     assert m.inputs is not None
     given = {p.name: getattr(args, p.name) for p in m.parameters()}
-    values = m.values(given)
+    m.values(given)  # a bad value first, before any file is read
     refs: tuple[str, ...] = ()
     for name, _ in m.inputs.args:  # the last may hold several references (Inputs.least)
         got = getattr(args, name)
         refs += tuple(got) if isinstance(got, list) else (got,)
     inputs = m.inputs.read(refs, args.match, ANYWHERE)  # SPECs and folders: one line each
-    if m.inputs.check is not None:
-        m.inputs.check(inputs, values, {k for k, v in given.items() if v is not None})
     first = inputs.first_pair()
     outputs = Outputs(m.name)
-    further = [values[n] for n in m.models if values.get(n)]  # a merge's base: an input too
+    further = [given[n] for n in m.models if given.get(n)]  # a merge's base: an input too
     guard_inputs(outputs, [r for r in (*refs, *further) if ":" not in r]
                  + [str(p) for p in first], args.data)
     js = outputs.add(args.json, "--json", folder=False, overwrite=args.overwrite)
     _check_drawings(outputs, args)
     args.anchor, args.source = map(str, first)
-    if beyond_memory(args)[0]:
-        raise RotvizError(f"a pair is larger than --max-memory, and {m.name} is refused at "
-                          f"size: {m.why_not_at_size()}; raise --max-memory")
     columns, seq_len = reading(args, args.data)
-    device = device_for(pick_device(args.device))
-    split = split_for(_load_eval(str(first[0])), args.data, args.split, seq_len=seq_len,
-                      columns=columns)
-    result = m.run(inputs, Context(split, device, progress=_progress(m, _Main())), values)
+
+    def split_of(folder):
+        return split_for(_load_eval(str(folder)), args.data, args.split, seq_len=seq_len,
+                         columns=columns)
+
+    result = runner.run_inputs(m, inputs, given, split_of, device_for(pick_device(args.device)),
+                               _progress(m, _Main()), sized=beyond_memory(args)[0],
+                               words=runner.CLI)
     if outputs.items:
         with outputs.write() as tmp:
             if js is not None:
@@ -338,17 +340,13 @@ def _progress(m: Measurement, group):
     return show
 
 
-def _split(m: Measurement, args, loaded, columns, seq_len, split_name: str | None = None):
-    from rotviz.evaluation import split_for
-
-    if args.data is None:
-        return None
-    return split_for(loaded, args.data, split_name or getattr(args, "split", "train"),
-                     seq_len=seq_len, columns=columns)
-
-
 def run_command(m: Measurement, args: argparse.Namespace) -> int:
-    """Check everything, match once, measure, write the outputs, say the result in a line."""
+    """Check the command's own options and outputs, then run the record through the one
+    runner (rotviz.runner.run: values, the record's checks, memory or at size, matching,
+    the run) with the CLI's loading, torchrun group and outputs; say the result in a line."""
+    from rotviz import runner
+    from rotviz.data.reading import split_for
+    from rotviz.devices import device_for, pick_device
     from rotviz.match.selection import match_options
 
     given = {p.name: getattr(args, p.name) for p in m.parameters()}
@@ -361,25 +359,76 @@ def run_command(m: Measurement, args: argparse.Namespace) -> int:
     if not m.pair:  # one model: the endpoints are it, twice, unmatched (or with --source)
         _one_model(m, args, values)
     options = match_options(args.match)  # SPEC errors come first
-    if m.match_check is not None:
-        why = m.match_check(options)
-        if why:
-            raise RotvizError(why)
+    if m.data is False and options is not None and options.needs_data and args.data is None:
+        raise RotvizError("--match act and learned learn from data: add --data, e.g. "
+                          "--data digits")
     outputs, folder, js, files = _outputs(m, args)
     sized = beyond_memory(args)[0]
-    if sized:
-        result = _at_size(m, args, values, outputs, folder, js, files)
-        how = m.at_size_how
-    else:
-        result = _in_memory(m, args, values, outputs, folder, js, files)
-        how = ""
+    for f in _files_given(m, args) if sized and not m.writes_model else ():
+        raise RotvizError(f"the pair is evaluated block by block (--max-memory), and {f.flag} "
+                          "is written from memory only; raise --max-memory")
+    columns, seq_len = reading(args, args.data)
+
+    def split(model):
+        if args.data is None:
+            return None
+        return split_for(model, args.data, getattr(args, "split", "train"), seq_len=seq_len,
+                         columns=columns)
+
+    def write(ends, result, ctx) -> None:
+        if sized and m.writes_model:  # into the temporary folder `out` gave the record
+            _write_outputs(m, args, ends, result, values, _open[0], js, files)
+        elif outputs.items:
+            with outputs.write() as tmp:
+                if folder is not None:
+                    from rotviz.sources.writing import write_model
+
+                    write_model(ends.anchor, result.state, tmp[folder])
+                _write_outputs(m, args, ends, result, values, tmp, js, files)
+
+    _open: list = []
+
+    @contextmanager
+    def out():
+        if not (sized and m.writes_model):
+            yield None
+            return
+        with outputs.write() as tmp:
+            _open.append(tmp)
+            yield tmp[folder] if folder is not None else None
+
+    # The pair is evaluated as the app does: in plain torch where that computes the same
+    # logits (rotviz.sources.plain_torch: no transformers import, seconds less). A model written
+    # from it (--out) is what transformers writes (write_model: rotviz.sources.plain where those
+    # files are known, else through transformers); a record's further files take the
+    # transformers modules.
+    host = runner.Host(device_for(pick_device(args.device)),  # torchrun: each its local GPU
+                       load=_load_full if files else _load_eval, split=split,
+                       processes=_processes, progress=_progress(m, _Main()), write=write,
+                       out=out, words=runner.CLI)
+    pair = runner.Pair(args.anchor, args.source, args.match, args.layers,
+                       getattr(args, "second", True), sized)
+    result = runner.run(m, pair, given, host)
     if result is None:  # under torchrun, a rank other than 0: rank 0 writes and reports
         return 0
     if m.summary is not None:
-        line = m.summary(result, how)
-        out = getattr(args, "out", None)
-        print(f"{line}; wrote {out}" if out else line)
+        line = m.summary(result, m.at_size_how if sized else "")
+        out_dir = getattr(args, "out", None)
+        print(f"{line}; wrote {out_dir}" if out_dir else line)
     return 0
+
+
+def _write_outputs(m: Measurement, args, ends, result, values: dict, tmp, js, files) -> None:
+    """--json, the drawings and a record's further files (`Measurement.files`) of `result`
+    into the outputs' temporary siblings `tmp`."""
+    from rotviz.outputs import write_json_file
+
+    if js is not None:
+        write_json_file(tmp[js], _json(m, result, args), m.name)
+    _write_drawings(m, tmp, args, result)
+    for f, item, beside in files:
+        f.write(ends, result, values, tmp[item], tuple(tmp[d] for d in beside),
+                (item.path, tuple(d.path for d in beside)))
 
 
 def _one_model(m: Measurement, args, values: dict) -> None:
@@ -415,7 +464,7 @@ def _one_model(m: Measurement, args, values: dict) -> None:
 def _same_model(a: str, b: str) -> bool:
     """Whether two model references name one model (the same folder once resolved): a
     reference that does not resolve is left to the loader, which says what is wrong."""
-    from rotviz.models import resolve_ref
+    from rotviz.sources.loading import resolve_ref
 
     if a == b:
         return True
@@ -425,132 +474,18 @@ def _same_model(a: str, b: str) -> bool:
         return False
 
 
-def _in_memory(m: Measurement, args, values: dict, outputs, folder, js, files=()):
-    from rotviz.analysis.ablations import n_layers
-    from rotviz.devices import device_for, pick_device, resolve_device
-    from rotviz.match.endpoints import match_endpoints
-    from rotviz.match.options import parse_layers
-    from rotviz.match.selection import match_options
-    from rotviz.match.widths import check_pair, refuse_narrower
-    from rotviz.measures import Context
-    from rotviz.models import load_model, write_model
-    from rotviz.outputs import write_json_file
-
-    columns, seq_len = reading(args, args.data)
-    device = device_for(pick_device(args.device))  # torchrun: each its local GPU
-    # The pair is evaluated as the app does: in plain torch where that computes the same
-    # logits (rotviz.lite: no transformers import, seconds less). A model written from it
-    # (--out) is what transformers writes (write_model: rotviz.sources.plain where those
-    # files are known, else through transformers); a record's further files take the
-    # transformers modules.
-    load = load_model if files else _load_eval
-    anchor = load(args.anchor)
-    source = load(args.source) if m.pair or getattr(args, "second", False) else anchor
-    # one body under two heads: only the views of the weights (data=False) compare it
-    if check_pair(anchor, source, heads=not m.data) and not m.narrower:  # narrower: embedded
-        from rotviz.measures import measurements
-
-        able = ", ".join(r.name for r in measurements() if r.narrower)
-        refuse_narrower(f"{m.name} also reads the source as it is, in its own width",
-                        f"use {able}")
-    # the further models the parameters name (a merge's base), read now: a bad one is refused
-    # before any matching
-    further = {values[n]: load_model(values[n]) for n in m.models if values.get(n)}
-    split = _split(m, args, anchor, columns, seq_len)
-    options = match_options(args.match, parse_layers(args.layers, n_layers(anchor)))
-    if m.data is False and options is not None and options.needs_data and split is None:
-        raise RotvizError("--match act and learned learn from data: add --data, e.g. "
-                          "--data digits")
-    with _processes(device) as group:
-        ends = match_endpoints(anchor, source, options, resolve_device(device), data=split)
-        ctx = Context(split if m.data else None, device, group, _progress(m, group),
-                      load=further.__getitem__)
-        result = m.run(ends, ctx, values)
-    if result is None or not group.main:
-        return None
-    if outputs.items:
-        with outputs.write() as tmp:
-            if folder is not None:
-                write_model(anchor, result.state, tmp[folder])
-            if js is not None:
-                write_json_file(tmp[js], _json(m, result, args), m.name)
-            _write_drawings(m, tmp, args, result)
-            for f, item, beside in files:  # a record's further files (Measurement.files)
-                f.write(ends, result, values, tmp[item], tuple(tmp[d] for d in beside),
-                        (item.path, tuple(d.path for d in beside)))
-    return result
-
-
 def _load_eval(ref: str):
-    from rotviz.lite import load_for_eval
+    from rotviz.sources.plain_torch import load_for_eval
 
     return load_for_eval(ref)
+
+
+def _load_full(ref: str):
+    from rotviz.sources.loading import load_model
+
+    return load_model(ref)
 
 
 def _json(m: Measurement, result, args) -> dict:
     d = result.to_dict()
     return d | {"out": args.out} if m.writes_model else d
-
-
-def _at_size(m: Measurement, args, values: dict, outputs, folder, js, files=()):
-    """A pair too large for memory: matched streamed into a temporary folder
-    (rotviz.stream.endpoints), then measured block by block, or refused in one line."""
-    from rotviz.devices import device_for, pick_device
-    from rotviz.match.options import parse_layers
-    from rotviz.match.selection import match_options
-    from rotviz.match.widths import differs_only_in_ffn, refuse_narrower
-    from rotviz.measures import Context
-    from rotviz.models import check_compatible
-    from rotviz.outputs import write_json_file
-    from rotviz.stream.blocks import open_streamed
-    from rotviz.stream.endpoints import refuse, streamed_endpoints
-    from rotviz.stream.sized import sized_loaded
-
-    why = m.why_not_at_size()
-    if why:
-        raise RotvizError(f"the pair is evaluated block by block (--max-memory), and {why}; "
-                          "raise --max-memory")
-    for f in _files_given(m, args) if not m.writes_model else ():
-        raise RotvizError(f"the pair is evaluated block by block (--max-memory), and {f.flag} "
-                          "is written from memory only; raise --max-memory")
-    if m.at_size_check is not None:
-        m.at_size_check(values)
-    if m.needs_match and match_options(args.match) is None:
-        raise RotvizError(f"a {m.name} at size (--max-memory) needs a matched source for its "
-                          "second direction: give --match (e.g. seed) or raise --max-memory")
-    columns, seq_len = reading(args, args.data)
-    device = device_for(pick_device(args.device))
-    anchor, source = open_streamed(args.anchor), open_streamed(args.source)
-    if differs_only_in_ffn(anchor, source):
-        refuse_narrower("it is embedded into the anchor's width in memory only, not block "
-                        "by block (--max-memory)", "raise --max-memory")
-    check_compatible(anchor, source)  # type: ignore[arg-type]  # duck-typed: meta state
-    options = match_options(args.match, parse_layers(args.layers, source.dims.n_layers))
-    refuse(options)
-    split = _split(m, args, sized_loaded(anchor), columns, seq_len)
-    with _processes(device) as group, streamed_endpoints(anchor, source, options, device,
-                                                         group) as ends:
-        ctx = Context(split if m.data else None, device, group, _progress(m, group))
-        if m.writes_model:  # written into the output's temporary folder, by rank 0
-            if not group.main:
-                return None
-            with outputs.write() as tmp:
-                ctx = Context(ctx.split, device, group, ctx.progress,
-                              tmp[folder] if folder is not None else None)
-                result = m.at_size(ends, ctx, values)
-                if js is not None:
-                    write_json_file(tmp[js], _json(m, result, args), m.name)
-                _write_drawings(m, tmp, args, result)
-                for f, item, beside in files:  # a record's further files, from the stream
-                    f.write(ends, result, values, tmp[item], tuple(tmp[d] for d in beside),
-                            (item.path, tuple(d.path for d in beside)))
-            return result
-        result = m.at_size(ends, ctx, values)
-    if result is None or not group.main:
-        return None
-    if outputs.items:
-        with outputs.write() as tmp:
-            if js is not None:
-                write_json_file(tmp[js], _json(m, result, args), m.name)
-            _write_drawings(m, tmp, args, result)
-    return result

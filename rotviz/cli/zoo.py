@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from rotviz import hub
 from rotviz.cli.args import add_overwrite, add_reading, bounded, guard_inputs, reading
 from rotviz.errors import RotvizError
 from rotviz.limits import BATCH_SIZE
+from rotviz.sources import hf_cache as hub
 from rotviz.zoo_registry import PAIRS
 
 
@@ -180,7 +180,7 @@ def cmd_default(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     start = time.perf_counter()
-    from rotviz.data import SPLITS
+    from rotviz.data.splits import SPLITS
 
     if args.split not in SPLITS:
         raise RotvizError(f"unknown split '{args.split}': use one of {', '.join(SPLITS)}")
@@ -189,9 +189,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     outputs = Outputs("eval")
     guard_inputs(outputs, [args.model], args.data)
     js = outputs.add(args.json, "--json", folder=False, overwrite=args.overwrite)
+    from rotviz.data.reading import split_for
     from rotviz.devices import pick_device
-    from rotviz.evaluation import evaluate, split_for
-    from rotviz.lite import load_for_eval
+    from rotviz.evaluation import evaluate
+    from rotviz.sources.plain_torch import load_for_eval
 
     columns, seq_len = reading(args, args.data)
     device = pick_device(args.device)
@@ -223,7 +224,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if js is not None:
         with outputs.write() as tmp:
             write_json_file(tmp[js], result, "eval")
-    from rotviz.tasks import METRIC_LABELS
+    from rotviz.data.tasks import METRIC_LABELS
 
     shown = [f"loss {result['loss']:.4f}"]
     if result["acc"] is not None:

@@ -58,11 +58,11 @@ def make(selected: Sequence[Entry], pair: Pair, device: Any = "cpu",
     """Every entry of `selected` made on `pair` (the test split of its data); `say` hears a
     line once the inputs are read, then one per run (the measurement's own summary). The
     pair is matched once per SPEC, and the endpoints shared by every entry."""
+    from rotviz.data.reading import split_for
     from rotviz.devices import pair_params, resolve_device, threads_for
-    from rotviz.evaluation import split_for
     from rotviz.match.endpoints import match_endpoints
-    from rotviz.measures import measure
-    from rotviz.models import load_model
+    from rotviz.runner import measure
+    from rotviz.sources.loading import load_model
 
     device = resolve_device(device)
     anchor, source = load_model(pair.anchor), load_model(pair.source)
@@ -104,8 +104,8 @@ def write(folder: Path, made: Sequence[Made], pair: Pair, pngs: Sequence[bytes] 
     NAME.json and NAME.command.txt (`command(entry)`: the line that remakes it, then each
     run's), and report.html."""
     from rotviz.gallery.report import commands_text, report_html
-    from rotviz.images import html
     from rotviz.outputs import write_json_file
+    from rotviz.plots.images import html
 
     for i, m in enumerate(made):
         name = m.entry.name

@@ -19,7 +19,7 @@ F1_KEYS = ("macro_f1", "entity_f1", "micro_f1")  # the task's F1, where it has o
 
 def _distances(rows: list[dict]):
     """Total distance to the anchor after each matching: the `total` row of each run."""
-    from rotviz.plots.distances import ablation_bars
+    from rotviz.measures.distances import ablation_bars
 
     return ablation_bars([{"match": r["match"], "distance": r["after"]}
                           for r in rows if r["by"] == "total"])
@@ -27,7 +27,7 @@ def _distances(rows: list[dict]):
 
 def _curves(rows: list[dict]):
     """One loss curve per matching along the path, its barrier in the legend."""
-    from rotviz.plots.barrier import barrier_curves
+    from rotviz.measures.barrier import barrier_curves
 
     by: dict[str, dict] = {}
     for r in rows:
@@ -41,8 +41,8 @@ def _curves(rows: list[dict]):
 
 def _sweeps(rows: list[dict]):
     """The merged model's loss when only layer i, or the layers from i to the last, are
-    matched; the sweep's rows back into `rotviz.plots.sweeps.layer_sweeps`' shape."""
-    from rotviz.plots.sweeps import layer_sweeps
+    matched; the sweep's rows back into `rotviz.measures.sweeps.sweeps_figure`' shape."""
+    from rotviz.measures.sweeps import sweeps_figure
 
     keys = ("distance", "barrier", "mid_loss", "mid_acc")
     d: dict = {"match": str(rows[0]["match"]), "single": [], "tail": []}
@@ -54,13 +54,13 @@ def _sweeps(rows: list[dict]):
         else:
             d[kind].append(values)
     d["n_layers"] = len(d["single"])
-    return layer_sweeps(d)
+    return sweeps_figure(d)
 
 
 def _merges(rows: list[dict]):
     """The merged model's F1 (accuracy for a task without one) per method and matching,
     the anchor's and the source's as reference lines."""
-    from rotviz.plots.merge import fusion_chart
+    from rotviz.measures.merge import fusion_chart
 
     metric = next((k for k in F1_KEYS if rows and rows[0].get(k) is not None), "acc")
     merged = [{"method": r["method"], "matching": r["match"], metric: r[metric]}

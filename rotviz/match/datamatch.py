@@ -20,9 +20,10 @@ from dataclasses import replace
 
 import torch
 
-from rotviz.data import Split, to_device, token_mask, without_padding
+from rotviz.data.inputs import to_device, token_mask, without_padding
+from rotviz.data.reading import check_fits, split_for
+from rotviz.data.split import Split
 from rotviz.errors import RotvizError
-from rotviz.evaluation import check_fits, split_for
 from rotviz.groups import assign
 from rotviz.match.alternating import check_residual
 from rotviz.match.distances import distances
@@ -31,8 +32,8 @@ from rotviz.match.layers import match_layers
 from rotviz.match.learned import learn
 from rotviz.match.options import MatchOptions
 from rotviz.match.report import MatchReport, MatchResult
-from rotviz.models import Loaded, to_wide
-from rotviz.sources import call
+from rotviz.sources.adapters import call
+from rotviz.sources.loading import Loaded, to_wide
 from rotviz.symmetry import residual as rs
 from rotviz.symmetry.actions import LayerTransform, apply
 from rotviz.symmetry.view import ModelView, read_view, write_state

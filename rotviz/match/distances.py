@@ -9,8 +9,9 @@ from dataclasses import dataclass
 import torch
 
 from rotviz.devices import wide_device
-from rotviz.memo import TensorMemo, cached
-from rotviz.symmetry.view import KINDS, ModelView, groups
+from rotviz.match.memo import TensorMemo, cached
+from rotviz.symmetry.kinds import KINDS, groups
+from rotviz.symmetry.view import ModelView
 
 
 @dataclass(frozen=True)

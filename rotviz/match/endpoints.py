@@ -8,8 +8,8 @@ measurement, in the library, the CLI and the app alike.
 
 Two variants share one interface (`Endpoints`):
 - `HeldEndpoints`: the three parameter sets held in memory (this module);
-- streamed endpoints: checkpoint folders read block by block (rotviz.stream), for pairs
-  larger than memory.
+- endpoints at size: checkpoint folders read a block at a time (rotviz.atsize.endpoints),
+  for pairs larger than memory.
 """
 
 from __future__ import annotations
@@ -26,11 +26,12 @@ from rotviz.match.options import MatchOptions
 from rotviz.match.pipeline import Matched, body_views, match_models, view_of
 from rotviz.match.selection import label_of, match_options
 from rotviz.match.widths import check_pair, refuse_narrower
-from rotviz.models import Loaded, heads_differ
+from rotviz.sources.loading import Loaded
+from rotviz.sources.pairs import heads_differ
 from rotviz.types import Progress
 
 if TYPE_CHECKING:
-    from rotviz.data import Split
+    from rotviz.data.split import Split
     from rotviz.match.report import MatchReport
 
 Tensor = torch.Tensor
@@ -47,7 +48,7 @@ class MatchInfo:
     seconds: float
     before: dict = field(default_factory=dict)  # Distances.to_dict(): total, per_layer, per_kind
     after: dict = field(default_factory=dict)
-    # one body under two heads (rotviz.models.HeadsDiffer.to_dict): distances are over the
+    # one body under two heads (rotviz.sources.pairs.HeadsDiffer.to_dict): distances are over the
     # tensors both hold, and a measurement of the loss is refused
     different_heads: dict | None = None
 

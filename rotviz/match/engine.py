@@ -7,11 +7,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from rotviz.errors import RotvizError
-from rotviz.match.alternating import match_residual
 from rotviz.match.layers import match_layers
+from rotviz.match.memo import TensorMemo
 from rotviz.match.options import MatchOptions
 from rotviz.match.report import MatchResult
-from rotviz.memo import TensorMemo
+from rotviz.match.residual import match_residual
 from rotviz.symmetry.view import ModelView
 from rotviz.types import Progress
 

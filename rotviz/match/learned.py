@@ -25,16 +25,18 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from rotviz.data import Inputs, Split, cat_inputs, map_inputs
+from rotviz.analysis.paths import path_point
+from rotviz.data.inputs import Inputs, cat_inputs, map_inputs
+from rotviz.data.split import Split
+from rotviz.data.tasks import sample_losses
 from rotviz.devices import resolve_device, wide_device
 from rotviz.evaluation import IGNORE, Evaluator, barrier_of
 from rotviz.groups import centred_lift, ones_complement, rope_free, rope_pairs
 from rotviz.match.options import LearnOptions
-from rotviz.models import Loaded
+from rotviz.sources.loading import Loaded
 from rotviz.symmetry import residual as rs
 from rotviz.symmetry.actions import LayerTransform, apply
 from rotviz.symmetry.view import ModelView, write_state
-from rotviz.tasks import sample_losses
 from rotviz.types import Progress
 
 Tensor = torch.Tensor
@@ -223,7 +225,7 @@ def learn(
     def val_barrier() -> float:
         with torch.no_grad():
             ps = source_params()
-            loss = [ends[0]] + [ev_val.evaluate({k: torch.lerp(pa[k], ps[k], a) for k in pa})[0]
+            loss = [ends[0]] + [ev_val.evaluate(path_point(pa, ps, a))[0]
                                 for a in alphas[1:-1]] + [ends[1]]
         return barrier_of(alphas, loss)
 
@@ -256,7 +258,7 @@ def learn(
         idx = torch.as_tensor(gen.choice(n, size=min(opts.batch_size, n), replace=False))
         lam = float(gen.uniform(*opts.lam))
         ps = source_params()
-        params = {k: torch.lerp(pa[k], ps[k], lam) for k in pa}
+        params = path_point(pa, ps, lam)
         pick = idx.to(ys.device)
         loss = _train_loss(ev_train, params, map_inputs(xs, lambda t, i=pick: t[i]), ys[pick])
         optim.zero_grad()

@@ -20,14 +20,9 @@ from rotviz.match.pipeline import (
     record_stored_check,
     view_of,
 )
-from rotviz.models import (
-    HALF,
-    Loaded,
-    check_compatible,
-    check_finite,
-    max_output_diff,
-    stored_output_diff,
-)
+from rotviz.sources.loading import HALF, Loaded, check_finite
+from rotviz.sources.pairs import check_compatible
+from rotviz.sources.running import max_output_diff, stored_output_diff
 from rotviz.symmetry.element import Element, apply_element
 from rotviz.symmetry.view import write_state
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rotviz.data import Split
+from rotviz.data.split import Split
 from rotviz.devices import pair_params, threads_for, wide_device
 from rotviz.errors import RotvizError
 from rotviz.match.datamatch import match_with_data
@@ -18,15 +18,9 @@ from rotviz.match.report import MatchReport, MatchResult
 from rotviz.match.widths import check_pair, embed, refuse_narrower
 from rotviz.match.widths import output_diff as embedded_output_diff
 from rotviz.match.widths import stored_output_diff as embedded_stored_diff
-from rotviz.models import (
-    HALF,
-    HeadsDiffer,
-    Loaded,
-    check_finite,
-    heads_differ,
-    max_output_diff,
-    stored_output_diff,
-)
+from rotviz.sources.loading import HALF, Loaded, check_finite
+from rotviz.sources.pairs import HeadsDiffer, heads_differ
+from rotviz.sources.running import max_output_diff, stored_output_diff
 from rotviz.symmetry import residual as rs
 from rotviz.symmetry.element import Element, apply_element
 from rotviz.symmetry.view import ModelView, read_view, write_state
@@ -145,7 +139,7 @@ def match_models(
     reference such as "digits", or a split read through the anchor); learned matching stops
     early when `cancel()` is true. `start` (learned matching without `act`): this pair's
     match with `options` less `learned`, already made; learned matching starts from it
-    instead of solving it again (the symmetry ladder, rotviz.analysis.ladder)."""
+    instead of solving it again (the symmetry ladder, rotviz.measures.ladder)."""
     narrower = check_pair(anchor, source, heads=True)
     options = options or MatchOptions()
     if options.residual:

@@ -70,7 +70,7 @@ class MatchReport:
     # a narrower source embedded into the anchor's FFN width first (rotviz.match.widths):
     # units per layer of each model and the anchor slot of every source unit
     widths: dict | None = None
-    # two models of one body under different heads (rotviz.models.HeadsDiffer.to_dict): both
+    # two models of one body under different heads (rotviz.sources.pairs.HeadsDiffer.to_dict): both
     # head classes, the tensors matched, the source's own (moved, unmatched) and the anchor's
     # own (left alone)
     different_heads: dict | None = None

@@ -5,7 +5,7 @@ Why an embedding and not a permutation: with d_ff_s < d_ff_a units there is no b
 between the two FFNs, but the anchor's architecture can hold the source's function exactly. In
 each layer every source unit goes to a distinct anchor unit ("slot") by a rectangular linear
 assignment on the cost the square FFN permutation maximises (Eq. 7,
-`rotviz.match.layers.ffn_cost`, here d_ff_s x d_ff_a). The embedded source then has the
+`rotviz.match.layer_solvers.ffn_cost`, here d_ff_s x d_ff_a). The embedded source then has the
 anchor's shapes:
 
 - a matched slot holds its source unit: in row, bias, gate row and bias, out column, together;
@@ -32,18 +32,10 @@ import torch
 from rotviz.arch import config_value
 from rotviz.errors import RotvizError
 from rotviz.groups import inject
-from rotviz.match.layers import ffn_cost
-from rotviz.models import (
-    HALF,
-    Loaded,
-    check_compatible,
-    check_same_reading,
-    forward,
-    logit_change,
-    probe_inputs,
-    stored_module,
-    stored_state,
-)
+from rotviz.match.layer_solvers import ffn_cost
+from rotviz.sources.loading import HALF, Loaded
+from rotviz.sources.pairs import check_compatible, check_same_reading
+from rotviz.sources.running import forward, logit_change, probe_inputs, stored_module, stored_state
 from rotviz.symmetry.view import FFN, ModelView, read_view, resolve_layout
 
 Tensor = torch.Tensor

@@ -1,12 +1,31 @@
 """The barrier: loss and accuracy along the straight path from the anchor to the matched
-source, theta(alpha) = (1 - alpha) anchor + alpha matched source (docs/landscape.md)."""
+source, theta(alpha) = (1 - alpha) anchor + alpha matched source (docs/landscape.md): the
+record, the curve on endpoints (`curve_on`, which the training, sweeps and distances records
+call too; the path's points and fields are rotviz.analysis.paths'), `interpolate` (match,
+then the curve) and the figure, `barrier_curves`."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from rotviz.limits import BATCH_SIZE, EXAMPLES, POINTS, REPEATS, SEED
 from rotviz.measures.registry import Context, Measurement, Section, register
 from rotviz.params import Param, needs
 from rotviz.plots.figure_style import Style
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
+    import torch
+
+    from rotviz.analysis.paths import Curve
+    from rotviz.data.split import Split
+    from rotviz.dist import Group
+    from rotviz.evaluation import Evaluator
+    from rotviz.match.endpoints import HeldEndpoints
+    from rotviz.match.options import MatchOptions
+    from rotviz.sources.loading import Loaded
+    from rotviz.types import Progress
 
 PARAMS = (
     Param("points", 21, f"number of alphas in [0, 1] (default 21, {POINTS.text})", POINTS,
@@ -29,17 +48,14 @@ def _check(values: dict, given: set[str]) -> None:
 
 
 def _run(ends, ctx: Context, v: dict):
-    from rotviz.analysis.landscape import curve_on
-    from rotviz.dist import SINGLE
-
     return curve_on(ends, ctx.split, v["points"], ctx.device, ctx.progress, v["repeats"],
-                    v["seed"], v["batch_size"], group=ctx.group or SINGLE,
+                    v["seed"], v["batch_size"], group=ctx.group,
                     examples=v["examples"])
 
 
 def _at_size(ends, ctx: Context, v: dict):
+    from rotviz.atsize.landscape import sized_curve
     from rotviz.dist import SINGLE
-    from rotviz.stream.sized import sized_curve
 
     c = sized_curve(ends.anchor_path, ends.matched_path, ctx.split, v["points"], ctx.device,
                     v["batch_size"], repeats=v["repeats"], seed=v["seed"],
@@ -64,10 +80,148 @@ def match_label(match: str, layers: list[int] | None) -> str:
     return match if layers is None else f"{match}, layers {','.join(map(str, layers))}"
 
 
-def _plot(d: dict, style: Style):
-    from rotviz.plots.barrier import barrier_curves
+def curve_on(
+    ends: HeldEndpoints,
+    split: Split,
+    points: int = 21,
+    device: str | torch.device = "cpu",
+    progress: Progress | None = None,
+    repeats: int = 1,
+    seed: int = 0,
+    batch_size: int = 512,
+    evaluator: Evaluator | None = None,
+    group: Group | None = None,
+    examples: int = 0,
+) -> Curve | None:
+    """curve_on(endpoints, split, points=21, device=) -> Curve
 
-    return barrier_curves([d])
+    Loss and accuracy along the straight path from the anchor (alpha = 0) to the matched
+    source (alpha = 1) at `points` evenly spaced alphas. `repeats` > 1 also reports the
+    spread over that many disjoint seeded subsets of the split; `evaluator` reuses data
+    already on the device. Under torchrun (`group`) the points are shared among the
+    processes and rank 0 returns the curve (None elsewhere). `examples` > 0: the model's
+    answers on that many fixed test inputs at each alpha too (`Curve.examples`, for the
+    path's animation: rotviz.analysis.examples).
+    """
+    import time
+
+    import numpy as np
+
+    from rotviz.analysis import examples as ex
+    from rotviz.analysis.paths import Curve, check_path, path_curve
+    from rotviz.dist import SINGLE
+    from rotviz.evaluation import Evaluator
+
+    check_path(points, repeats, split)
+    t0 = time.perf_counter()
+    ev = evaluator or Evaluator(ends.anchor, split, device, batch_size)
+    info = ends.info
+    alphas = np.linspace(0.0, 1.0, points).tolist()
+    probe = ex.probe(ev, split, examples) if examples else None
+    fields = path_curve(ev, ev.params(ends.anchor.state), ev.params(ends.matched), alphas,
+                        repeats, seed, progress, group or SINGLE, probe)
+    if fields is None:  # another rank than 0: its points are with rank 0
+        return None
+    shown = {}
+    if probe is not None:
+        shown, name = ex.describe(split, examples), ex.namer(split)
+        answers = fields.pop("answers")
+        shown["pred"] = [p for p, _ in answers]
+        shown["prob"] = [q for _, q in answers]
+        shown["pred_names"] = [[name(i) for i in p] for p, _ in answers]
+    return Curve(
+        **fields, examples=shown, match=info.match, data=split.data, split=split.split,
+        device=str(ev.device),
+        seconds=time.perf_counter() - t0 + info.seconds, n=split.n, layers=ends.layers,
+        anchor=ends.anchor_ref, source=ends.source_ref, distance_before=info.distance_before,
+        distance_after=info.distance_after, max_output_diff=info.max_output_diff,
+        match_seconds=info.seconds,
+    )
+
+
+def interpolate(
+    anchor: Loaded,
+    source: Loaded,
+    split: Split,
+    options: MatchOptions | str | None = None,
+    points: int = 21,
+    device: str | torch.device = "cpu",
+    progress: Progress | None = None,
+    repeats: int = 1,
+    seed: int = 0,
+    batch_size: int = 512,
+    group: Group | None = None,
+) -> Curve | None:
+    """interpolate(anchor, source, split, options|None, points=21, device=, progress=) -> Curve
+
+    Match the source onto the anchor with `options` (a MatchOptions, a SPEC string, or None
+    for no matching; activation and learned matching train on the split's train sibling),
+    then `curve_on` the endpoints.
+    """
+    from rotviz.analysis.paths import check_path
+    from rotviz.evaluation import Evaluator
+    from rotviz.match.endpoints import match_endpoints
+
+    check_path(points, repeats, split)
+    ev = Evaluator(anchor, split, device, batch_size)
+    ends = match_endpoints(anchor, source, options, ev.device, data=split)
+    return curve_on(ends, split, points, device, progress, repeats, seed, batch_size, ev, group)
+
+
+def barrier_curves(
+    curves: Sequence[Mapping],
+    metric: str = "loss",
+    font_size: int = 14,
+    title: str | None = None,
+    acc_range: Sequence[float] | None = None,
+) -> go.Figure:
+    """One line per matching option along θ(α) = (1-α)·anchor + α·matched source.
+
+    Each curve is a mapping like ``Curve.to_dict()` (rotviz.analysis.paths)`: `match` (the matching
+    SPEC), `alphas`, `loss` and `acc`. For the loss the barrier is drawn as a vertical
+    segment from the straight line between the end points up to the curve, and its height
+    is given in the legend. The accuracy axis follows the curves (`style.acc_range`) unless
+    `acc_range` is given: `style.ACC_FIXED` for the 0-1 scale, or one range shared with
+    the panels it is compared with.
+    """
+    import plotly.graph_objects as go
+
+    from rotviz.plots import style
+    from rotviz.plots.paths import barrier_point, path_title
+
+    fig = go.Figure()
+    key = "loss" if metric == "loss" else "acc"
+    for i, c in enumerate(curves):
+        name = style.nice_label(str(c["match"]))
+        a, v = list(map(float, c["alphas"])), list(map(float, c[key]))
+        if metric == "loss":
+            am, top, base = barrier_point(a, v)
+            name = f"{name} (barrier {top - base:.3f})"
+        fig.add_scatter(
+            x=a, y=v, mode="lines+markers", name=name, legendgroup=str(i),
+            line={"color": style.color(i), "dash": style.dash(i), "width": 2.5},
+            marker={"symbol": style.marker(i), "size": 6},
+            hovertemplate="α=%{x:.2f}: %{y:.4f}<extra>" + name + "</extra>",
+        )
+        if metric == "loss":
+            fig.add_scatter(
+                x=[am, am], y=[base, top], mode="lines", legendgroup=str(i), showlegend=False,
+                line={"color": style.color(i), "width": 1.5, "dash": "dot"},
+                hovertemplate=f"barrier {top - base:.3f} at α={am:.2f}<extra></extra>",
+            )
+    y = style.LOSS if metric == "loss" else style.ACCURACY
+    what = "Loss" if metric == "loss" else "Accuracy"
+    fig = style.finish(fig, title or path_title(what, [str(c["match"]) for c in curves]),
+                       style.ALPHA, y, "matching option", font_size)
+    fig.update_layout(legend={"orientation": "h", "y": -0.22, "x": 0})
+    if metric == "acc":
+        fig.update_yaxes(range=list(acc_range) if acc_range is not None else
+                         style.acc_range(v for c in curves for v in c["acc"]))
+    return fig
+
+
+def _plot(d: dict, look: Style):
+    return barrier_curves([d], font_size=look.font_size)
 
 
 def _animate(d: dict):
@@ -84,7 +238,7 @@ def _rows(d: dict) -> list[dict]:
 def _figures(d: dict, style: Style) -> dict:
     """The Barrier page's two figures over every matching it picked (a line each): the loss,
     each barrier marked, and the accuracy."""
-    from rotviz.plots.barrier import barrier_curves
+    from rotviz.measures.barrier import barrier_curves
 
     return {"barrier_loss": barrier_curves(d["runs"], "loss", style.font_size),
             "barrier_accuracy": barrier_curves(d["runs"], "acc", style.font_size,

@@ -64,9 +64,12 @@ def _check(values: dict, given: set[str]) -> None:
     """Each method checked as the merge record checks it (a base where it needs one, its
     parameters; the base goes to those methods only): a parameter none of the chosen methods
     takes is refused, and so is a base none of them takes."""
-    from rotviz.analysis.fusion import method_params
-    from rotviz.merging import check_base, check_models, method
+    from rotviz.analysis.merges import method_params
+    from rotviz.merging import check_base, check_models, method, names
 
+    if "methods" in given and not str(values["methods"]).strip(" ,"):
+        raise RotvizError(f"--methods names no method; give one or more of {', '.join(names())}, "
+                          "or leave it out for the default set")
     chosen = [method(m) for m in methods_of(values)]
     for m in chosen:
         if m.needs_base:
@@ -88,13 +91,13 @@ def _run(ends, ctx: Context, v: dict) -> Table:
 
     base = None
     if v["base"]:
-        from rotviz.models import load_model
+        from rotviz.sources.loading import load_model
 
         base = ctx.load(v["base"]) if ctx.load is not None else load_model(v["base"])
     t = fusion_on({ends.match: ends}, ctx.split, None, methods_of(v), v["weight"], ctx.device,
                   ctx.progress, base=base, **_own(v)).to_dict()
     t["timing"] = {k: x for k, x in t["timing"].items() if not k.startswith("match:")}
-    return Table(t, match=ends.match)
+    return Table(t, match=ends.match, off={})  # `off`: the methods left off at size
 
 
 def _at_size(ends, ctx: Context, v: dict) -> Table:
@@ -102,6 +105,7 @@ def _at_size(ends, ctx: Context, v: dict) -> Table:
     at-size path, the others `off` with their reason."""
     import time
 
+    from rotviz.analysis.fusion import NO_STATISTICS
     from rotviz.merging import method
 
     merge = _merge_record()
@@ -131,7 +135,7 @@ def _at_size(ends, ctx: Context, v: dict) -> Table:
         **{k: first[k] for k in ("anchor_acc", "source_acc", "anchor_loss", "source_loss",
                                  "anchor_scores", "source_scores", "data", "split",
                                  "batches", "batch_size", "device")},
-        weight=v["weight"], stats_split="none (elementwise methods)",
+        weight=v["weight"], alpha=v.get("alpha"), stats_split=NO_STATISTICS,
         seconds=time.perf_counter() - t0, timing={}, off=off)
 
 
@@ -176,7 +180,7 @@ def score_of(d: dict) -> str | None:
 def figures(d: dict, style: Style) -> dict[str, Any]:
     """The merged accuracy per method (one bar per matching, the two models as lines) and,
     where the task has one, its F1 on the same scale (read side by side)."""
-    from rotviz.plots.merge import bar_range, fusion_chart
+    from rotviz.measures.merge import bar_range, fusion_chart
 
     table = rows(d)
     f1 = score_of(d)

@@ -1,8 +1,15 @@
 """Curvature of one model's test loss: the top Hessian eigenvalues (Lanczos), the trace
 (Hutchinson, with its standard error), the eigenvalue density (stochastic Lanczos
-quadrature), for the whole model and per block or module kind (docs/landscape.md)."""
+quadrature), for the whole model and per block or module kind (docs/landscape.md,
+"hessian"): the record, its computation (`hessian`, on rotviz.analysis.hvp's products and
+rotviz.analysis.lanczos) and its figure (the eigenvalues as bars, or the density on a log
+axis)."""
 
 from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 from rotviz.limits import (
     BATCH_SIZE,
@@ -15,6 +22,16 @@ from rotviz.limits import (
 )
 from rotviz.measures.registry import Context, Measurement, Section, register
 from rotviz.plots.figure_style import Style
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    import torch
+
+    from rotviz.sources.loading import Loaded
+    from rotviz.types import Progress
+
+    Tensor = torch.Tensor
 
 BY = ("none", "block", "kind")
 ONE_PROBE = "n/a (one probe)"  # the text for a standard error one probe cannot give
@@ -58,9 +75,95 @@ def check_top(values: dict, given: set[str]) -> None:
                           f"--top at most {values['iterations']}, or more --iterations")
 
 
-def _run(ends, ctx: Context, v: dict):
-    from rotviz.analysis.hessian import hessian
+@dataclass
+class GroupCurvature:
+    group: str
+    n_params: int
+    eigenvalues: list[float]
+    trace: float | None = None
+    trace_se: float | None = None  # None without a trace, or from one probe (no spread)
+    residual: float = 0.0  # the largest ||H y - theta y|| of the group's top Ritz pairs
+    converged: bool = True
 
+
+@dataclass
+class HessianResult:
+    """What `hessian` found; `to_dict()` is the JSON (eigenvalues largest first)."""
+
+    model: str
+    split: str  # the split's name (test, train), as every record's JSON says it
+    n: int  # examples
+    n_params: int
+    loss: float
+    eigenvalues: list[float]
+    trace: float | None
+    trace_se: float | None  # None without a trace, or from one probe (no spread)
+    probes: int
+    by: str
+    groups: list[GroupCurvature] = field(default_factory=list)
+    density: dict | None = None
+    hvps: int = 0
+    seconds: float = 0.0
+    device: str = "cpu"
+    # the largest ||H y - theta y|| of the reported Ritz pairs, and whether every one is at
+    # most CONVERGED times the largest |eigenvalue| (each eigenvalue is then that close to
+    # one of H's); False: too few --iterations for these eigenvalues
+    residual: float = 0.0
+    converged: bool = True
+    data: str = ""  # the data reference the split was read from (digits, text:FILE)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def hessian(loaded: Loaded, state: Mapping[str, Tensor] | None, split, device="cpu",
+            top: int = 3, probes: int = 0, by: str = "none", seed: int = 0,
+            batch_size: int = 512, steps: int = 100, density_probes: int = 0,
+            dtype: torch.dtype | None = None, progress: Progress | None = None
+            ) -> HessianResult:
+    """Top-`top` eigenvalues of the Hessian of the split's mean loss at `state` (the model's
+    own state by default), its Hutchinson trace with `probes` probes (0: none), and with `by`
+    ('block' or 'kind') the same per group of parameters; with `density_probes`, the SLQ
+    density. Seeded: the same call gives the same numbers."""
+    import torch
+
+    from rotviz.analysis.hvp import Curvature, restricted
+    from rotviz.analysis.lanczos import converged, density, hutchinson, top_ritz
+    from rotviz.evaluation import Evaluator
+
+    t0 = time.perf_counter()
+    ev = Evaluator(loaded, split, device, batch_size)
+    cur = Curvature(ev, loaded.state if state is None else state, dtype)
+    gen = torch.Generator().manual_seed(int(seed))
+    dt, dev = cur.dtype, cur.device
+
+    eig, res = top_ritz(cur.hvp, cur.n, top, gen, dt, dev, steps=steps, progress=progress)
+    ok = converged(eig, res, min(top, cur.n))
+    tr = se = None
+    if probes:
+        tr, se = hutchinson(cur.hvp, cur.n, probes, gen, dt, dev, progress=progress,
+                            rows=cur.hvp_rows)
+    groups = []
+    if by != "none":
+        masks = cur.masks(by, loaded)
+        for i, (g, mask) in enumerate(masks.items()):
+            if progress is not None:
+                progress(i, len(masks), f"group {g}")
+            h = restricted(cur.hvp, mask)
+            ge, gr = top_ritz(h, cur.n, top, gen, dt, dev, mask, steps)
+            gt = gse = None
+            if probes:
+                gt, gse = hutchinson(h, cur.n, probes, gen, dt, dev, mask)
+            groups.append(GroupCurvature(g, int(mask.sum()), ge, gt, gse, max(gr, default=0.0),
+                                         converged(ge, gr, min(top, int(mask.sum())))))
+    dens = density(cur.hvp, cur.n, density_probes, min(steps, cur.n), gen, dt, dev) \
+        if density_probes else None
+    return HessianResult(loaded.ref, split.split, split.n, cur.n, cur.loss(), eig, tr, se,
+                         probes, by, groups, dens, cur.hvps, time.perf_counter() - t0,
+                         str(ev.device), max(res, default=0.0), ok, data=split.data)
+
+
+def _run(ends, ctx: Context, v: dict):
     split = ctx.split.subset(min(v["examples"], ctx.split.n))
     r = hessian(ends.anchor, None, split, ctx.device, v["top"], v["trace"], v["by"],
                 v["seed"], v["batch_size"], v["iterations"], v["density"],
@@ -81,10 +184,66 @@ def _summary(r, how: str) -> str:
             f"products in {r.seconds:.2f} s")
 
 
-def _plot(d: dict, style: Style):
-    from rotviz.plots.hessian import hessian_figure
+EIGENVALUE = "Hessian eigenvalue (nats per unit parameter², curvature of the test loss)"
 
-    return hessian_figure(d)
+
+def eigenvalue_bars(d: dict, font_size: int = 14, log: bool = False):
+    """The top eigenvalues (largest first) of the whole model and, with `by`, of each group's
+    principal sub-matrix, as grouped bars: bar i is the i-th largest eigenvalue. `log`: the
+    eigenvalue axis on a log scale (for groups whose curvatures differ by decades)."""
+    import plotly.graph_objects as go
+
+    from rotviz.plots import style
+
+    rows = [("whole model", d["eigenvalues"])] + [(g["group"], g["eigenvalues"])
+                                                   for g in d.get("groups") or []]
+    k = max(len(e) for _, e in rows)
+    fig = go.Figure()
+    for i in range(k):
+        fig.add_bar(x=[name for name, _ in rows],
+                    y=[e[i] if i < len(e) else None for _, e in rows],
+                    name=f"eigenvalue {i + 1}", marker_color=style.color(i),
+                    hovertemplate="%{x}: %{y:.4g}<extra>eigenvalue " + str(i + 1) + "</extra>")
+    fig.update_layout(barmode="group")
+    by = d.get("by", "none")
+    where = "parameter group" if by == "none" else f"parameter group (by {by})"
+    fig = style.finish(fig, f"Top Hessian eigenvalues of {d['model']} on "
+                       f"{style.evaluated_on(d)}",
+                       where, EIGENVALUE, "rank (largest first)", font_size)
+    if log:
+        style.log_axis(fig, "y")
+    return fig
+
+
+def density_plot(d: dict, font_size: int = 14):
+    """The eigenvalue density (stochastic Lanczos quadrature), on a log density axis, with
+    the top eigenvalues marked."""
+    import plotly.graph_objects as go
+
+    from rotviz.plots import style
+
+    dens = d["density"]
+    fig = go.Figure()
+    fig.add_scatter(x=dens["grid"], y=[max(v, 1e-12) for v in dens["density"]],
+                    mode="lines", name="density (SLQ)", line={"color": style.color(0)})
+    fig.add_scatter(x=d["eigenvalues"], y=[max(max(dens["density"]), 1e-12)] *
+                    len(d["eigenvalues"]), mode="markers", name="top eigenvalues (Lanczos)",
+                    marker={"color": style.color(1), "symbol": style.marker(2)})
+    style.finish(fig, f"Hessian eigenvalue density of {d['model']} on "
+                 f"{style.evaluated_on(d)}",
+                 EIGENVALUE, "density (fraction of eigenvalues per unit eigenvalue)",
+                 "estimate", font_size)
+    fig.update_yaxes(type="log")
+    return fig
+
+
+def hessian_figure(d: dict, style: Style | None = None):
+    """The record's figure: the density when it was estimated (its axis is always log),
+    else the eigenvalues as bars (`style.log`: on a log axis)."""
+    style = style or Style()
+    if d.get("density"):
+        return density_plot(d, style.font_size)
+    return eigenvalue_bars(d, style.font_size, style.log)
 
 
 def _rows(d: dict) -> list[dict]:
@@ -122,6 +281,6 @@ HESSIAN = register(Measurement(
     "hessian", "Curvature (Hessian)",
     "top Hessian eigenvalues, trace and eigenvalue density of one model's test loss, "
     "whole or per block or module kind",
-    _run, _params, summary=_summary, plot=_plot, rows=_rows, pair=False, check=check_top,
+    _run, _params, summary=_summary, plot=hessian_figure, rows=_rows, pair=False, check=check_top,
     refusal="Hessian-vector products differentiate the whole model twice, held in memory",
     section=SECTION, order=100))

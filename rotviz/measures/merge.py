@@ -2,16 +2,31 @@
 (rotviz.merging), evaluated beside both endpoints. Its parameters are the method's, and
 `--base MODEL` for the methods built on task vectors: the base is read as the pair is
 (through the host's confined loading), never matched (alignment moves the source only), and
-must share the anchor's architecture and shapes."""
+must share the anchor's architecture and shapes. Here: the record, `merge` (match, then
+rotviz.analysis.merges.merge_on, which the sweep, the fusion table and the at-size merge
+share) and its figure, `fusion_chart`."""
 
 from __future__ import annotations
 
-from rotviz import hub
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
 from rotviz.limits import WEIGHT
 from rotviz.measures.barrier import match_label
 from rotviz.measures.registry import Context, Measurement, OutputFile, register
 from rotviz.params import Param
 from rotviz.plots.figure_style import Style
+from rotviz.sources import hf_cache
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
+    import torch
+
+    from rotviz.analysis.merges import Merged
+    from rotviz.data.split import Split
+    from rotviz.match.options import MatchOptions
+    from rotviz.sources.loading import Loaded
+    from rotviz.types import Progress
 
 
 def _params() -> tuple[Param, ...]:
@@ -25,7 +40,7 @@ def _params() -> tuple[Param, ...]:
            Param("weight", 0.5, "weight of the source in [0, 1] (default 0.5)", WEIGHT,
                  label="Weight of the source", widget=(0.0, 1.0, 0.05), essential=True),
            Param("base", "", f"{' and '.join(based)} (needed): the model both were fine-tuned "
-                 f"from, {hub.MODEL_HELP}; never matched, so it must share the "
+                 f"from, {hf_cache.MODEL_HELP}; never matched, so it must share the "
                  "anchor's basis (default none)", label="Base model (task vectors)",
                  metavar="MODEL")]
     for p in all_params():
@@ -56,7 +71,7 @@ def _given(v: dict) -> dict:
 def _check(values: dict, given: set[str]) -> None:
     """A parameter given for a method that does not take it is refused, and so is a method
     that needs a base given none or one that takes none given one (one line each)."""
-    from rotviz.analysis.fusion import method_params
+    from rotviz.analysis.merges import method_params
     from rotviz.merging import check_base, check_models, method
 
     m = method(values["method"])
@@ -71,13 +86,13 @@ def _load_base(ctx: Context, v: dict):
         return None
     if ctx.load is not None:
         return ctx.load(v["base"])
-    from rotviz.models import load_model
+    from rotviz.sources.loading import load_model
 
     return load_model(v["base"])
 
 
 def _run(ends, ctx: Context, v: dict):
-    from rotviz.analysis.fusion import merge_on
+    from rotviz.analysis.merges import merge_on
 
     return merge_on(ends, v["method"], ctx.split, v["weight"], ctx.device, ctx.progress,
                     base=_load_base(ctx, v), **_given(v))
@@ -99,7 +114,7 @@ def _sized_check(v: dict) -> None:
 
 
 def _at_size(ends, ctx: Context, v: dict):
-    from rotviz.stream.sized import sized_merge
+    from rotviz.atsize.merge import sized_merge
 
     _sized_check(v)
     r = sized_merge(ends.anchor_path, ends.matched_path, ctx.split, v["weight"], ctx.device,
@@ -123,8 +138,8 @@ def _summary(r, how: str) -> str:
 
 def _scores(scores: dict[str, float] | None, lead: str, paren: bool = False) -> str:
     """The task's metrics beyond accuracy (macro-F1, entity F1, ...), named as
-    rotviz.tasks names them; empty for a task without any (a language model)."""
-    from rotviz.tasks import METRIC_LABELS
+    rotviz.data.tasks names them; empty for a task without any (a language model)."""
+    from rotviz.data.tasks import METRIC_LABELS
 
     text = ", ".join(f"{METRIC_LABELS.get(k, k)} {v:.4f}" for k, v in (scores or {}).items())
     if not text:
@@ -139,11 +154,96 @@ def _rows(d: dict) -> list[dict]:
             for name, p in (("anchor", "anchor_"), ("merged", ""), ("source", "source_"))]
 
 
-def _plot(d: dict, style: Style):
-    from rotviz.plots.merge import fusion_chart
+def merge(
+    anchor: Loaded,
+    source: Loaded,
+    method: str,
+    options: MatchOptions | str | None,
+    split: Split,
+    stats_split: Split | str | None = None,
+    weight: float = 0.5,
+    device: str | torch.device = "cpu",
+    progress: Progress | None = None,
+    base: Loaded | None = None,
+    **params: Any,
+) -> Merged:
+    """merge(anchor, source, method, options, split, stats_split=None, weight=0.5, ...) -> Merged
 
+    Match the source onto the anchor with `options` (MatchOptions, SPEC or None), then
+    `merge_on` the endpoints with `method` (simple, fisher, regmean, ties, ... or a registered
+    one), its parameters (`batches`, `alpha`, `density`, ...) and, for a method built on task
+    vectors, the `base` (not matched: it must share the anchor's basis)."""
+    from rotviz.analysis.merges import check_base_model, merge_on, method_params
+    from rotviz.match.endpoints import match_endpoints
+    from rotviz.merging import check_weight
+    from rotviz.merging import method as method_record
+
+    m = method_record(method)
+    weight = check_weight(weight)
+    method_params(m, params)  # a bad parameter is refused before matching
+    check_base_model(m, anchor, base)
+    ends = match_endpoints(anchor, source, options, device, data=split)
+    if isinstance(stats_split, str):  # a split's name, as the method's parameter takes it
+        params, stats_split = {**params, "stats_split": stats_split}, None
+    return merge_on(ends, m.name, split, weight, device, progress, stats_split, base, **params)
+
+
+def fusion_chart(rows: Sequence[Mapping], metric: str = "acc", font_size: int = 14,
+                 references: Mapping[str, float] | None = None,
+                 y_range: Sequence[float] | None = None) -> go.Figure:
+    """Grouped bars: one group per fusion method, one bar per matching setting.
+
+    Each row has `method`, `matching` (a label) and the metric (`acc` or `loss`).
+    `references` (e.g. {"anchor": 0.95, "source": 0.94}) are drawn as horizontal lines.
+    A 0-1 score's axis starts at 0 (bars) and ends just above the highest bar or line,
+    unless `y_range` is given (`style.ACC_FIXED` for the 0-1 scale, or one range shared
+    with a chart it is compared with).
+    """
+    import plotly.graph_objects as go
+
+    from rotviz.plots import style
+
+    methods = list(dict.fromkeys(str(r["method"]) for r in rows))
+    settings = list(dict.fromkeys(str(r["matching"]) for r in rows))
+    fig = go.Figure()
+    for i, s in enumerate(settings):
+        by_method = {str(r["method"]): r for r in rows if str(r["matching"]) == s}
+        fig.add_bar(
+            x=methods, y=[by_method[m][metric] if m in by_method else None for m in methods],
+            name=style.nice_label(s), marker_color=style.color(i),
+            marker_pattern_shape=("", "/", ".", "x", "-")[i % 5],
+            hovertemplate="%{x}: %{y:.3f}<extra>" + style.nice_label(s) + "</extra>",
+        )
+    for j, (name, value) in enumerate((references or {}).items()):
+        fig.add_scatter(
+            x=methods, y=[float(value)] * len(methods), mode="lines", name=name,
+            line={"color": "#000000" if j == 0 else style.GREY, "dash": ("dash", "dot")[j % 2]},
+            hovertemplate=f"{name}: {float(value):.3f}<extra></extra>",
+        )
+    fig.update_layout(barmode="group")
+    named = {"acc": ("accuracy", style.ACCURACY), "loss": ("loss", style.LOSS)}
+    what = style.metric_label(metric)
+    word, y = named.get(metric, (what, f"test {what} (0-1, higher is better)"))
+    if metric not in ("loss", "mse"):
+        values = [r[metric] for r in rows if metric in r] + list((references or {}).values())
+        fig.update_yaxes(range=list(y_range) if y_range is not None else bar_range(values))
+    title = f"Merged model {word} per fusion method"
+    return style.finish(fig, title, "fusion method", y, "matching before fusion", font_size)
+
+
+def bar_range(values: Sequence[float], fixed: bool = False) -> list[float]:
+    """The y range of bars of a 0-1 score: from 0 (a bar's length is its value) to just above
+    the data (`style.acc_range`'s top), or the fixed 0-1 scale."""
+    from rotviz.plots import style
+
+    return [0.0, style.acc_range(values, fixed)[1]]
+
+
+def _plot(d: dict, look: Style):
     return fusion_chart([{"method": d["method"], "matching": d["match"], "acc": d["acc"]}],
-                        references={"anchor": d["anchor_acc"], "source": d["source_acc"]})
+                        font_size=look.font_size,
+                        references={"anchor": d["anchor_acc"], "source": d["source_acc"]},
+                        y_range=look.accuracy_axis())
 
 
 def _mergekit_check(v: dict) -> None:
@@ -165,14 +265,14 @@ def _mergekit_write(ends, result, v: dict, file, folders, final) -> None:
     memory; at size: the streamed match's files copied), and the configuration naming the
     anchor's folder, that one and the base's (absolute paths, as they will be named)."""
     from rotviz.merging.mergekit import mergekit_config
-    from rotviz.models import resolve_ref
     from rotviz.outputs import text_stamp
+    from rotviz.sources.loading import resolve_ref
 
     (matched,) = folders
     if hasattr(ends, "matched_path"):  # at size: the matched source is a checkpoint folder
         _copy_model(resolve_ref(ends.matched_path), matched)
     else:
-        from rotviz.models import write_model
+        from rotviz.sources.writing import write_model
 
         same = all(ends.source.state[k].shape == t.shape for k, t in ends.matched.items()
                    if k in ends.source.state)  # a narrower source is written in A's width

@@ -2,9 +2,13 @@
 method's own real parameter (task arithmetic's lambda, TIES's and DARE's density, RegMean's
 alpha), runs from `--start` to `--stop`, every other parameter held. The matching is done
 once; statistics, when the method needs them, are taken once; each value is one merge and one
-evaluation (rotviz.analysis.fusion.sweep_on)."""
+evaluation (`sweep_on`). Here: the record, the sweep and its figure, `sweep_chart`."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from rotviz.limits import SWEEP_POINTS, SWEEP_START, SWEEP_STOP
 from rotviz.measures.barrier import match_label
@@ -14,6 +18,15 @@ from rotviz.measures.merge import _params as _merge_params
 from rotviz.measures.registry import Context, Measurement, Section, register
 from rotviz.params import Param
 from rotviz.plots.figure_style import Style
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
+    import torch
+
+    from rotviz.data.split import Split
+    from rotviz.match.endpoints import HeldEndpoints
+    from rotviz.sources.loading import Loaded
+    from rotviz.types import Progress
 
 
 def _swept_names() -> tuple[str, ...]:
@@ -57,7 +70,7 @@ def _check_range(values: dict, m) -> None:
     """--start and --stop inside the swept parameter's own bound, before any model loads:
     each swept value is one merge, and a value out of range would be refused only at that
     merge, after the matching. The bound is the method's own (`m`, as
-    rotviz.analysis.fusion.sweep_on checks it), the weight's the merge's. One line, with
+    `sweep_on` checks it), the weight's the merge's. One line, with
     the hint argparse's refusals carry."""
     from rotviz.errors import RotvizError
 
@@ -77,8 +90,6 @@ def _check_range(values: dict, m) -> None:
 
 def _run(ends, ctx: Context, v: dict):
     import numpy as np
-
-    from rotviz.analysis.fusion import sweep_on
 
     values = np.linspace(v["start"], v["stop"], v["points"]).tolist()
     return sweep_on(ends, v["method"], v["param"], values, ctx.split, v["weight"], ctx.device,
@@ -100,15 +111,163 @@ def _rows(d: dict) -> list[dict]:
             for x, lo, a in zip(d["values"], d["loss"], d["acc"], strict=True)]
 
 
-def _plot(d: dict, style: Style):
-    from rotviz.plots.merge import sweep_chart
+@dataclass
+class MergeSweep:
+    """Merged loss and accuracy as one number of a merge is turned (the weight of the source,
+    or a method's own parameter: lambda, density, RegMean's alpha), every other one held."""
 
-    return sweep_chart([d])
+    method: str
+    param: str  # "weight" or the method's parameter name
+    values: list[float]
+    loss: list[float]
+    acc: list[float]
+    match: str
+    weight: float  # the source's weight where it is not the swept number
+    anchor_loss: float
+    anchor_acc: float
+    source_loss: float
+    source_acc: float
+    data: str
+    split: str
+    n: int
+    device: str
+    seconds: float
+    anchor: str = ""
+    source: str = ""
+    base: str = ""
+    params: dict[str, Any] = field(default_factory=dict)  # the held values of the others
+
+    @property
+    def best(self) -> int:
+        """Index of the value with the highest merged accuracy (the first of equals)."""
+        return max(range(len(self.acc)), key=lambda i: (self.acc[i], -i))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def sweep_on(
+    ends: HeldEndpoints,
+    method_name: str,
+    param: str,
+    values: Sequence[float],
+    split: Split,
+    weight: float = 0.5,
+    device: str | torch.device = "cpu",
+    progress: Progress | None = None,
+    stats_data: Split | None = None,
+    base: Loaded | None = None,
+    **params: Any,
+) -> MergeSweep:
+    """sweep_on(endpoints, "ties", "density", [0.1, 0.3, 1.0], split, base=base) -> MergeSweep
+
+    Merge the matched source into the anchor at each value of `param` (the source's
+    `weight`, or one of the method's own real parameters: `sweepable`) and evaluate each
+    merged model on `split`. Statistics, when the method needs them, are taken once. The
+    values are checked against the parameter's bound before anything is computed."""
+    import time
+
+    from rotviz.analysis.merges import check_base_model, method_params, pair_statistics
+    from rotviz.errors import RotvizError
+    from rotviz.evaluation import Evaluator
+    from rotviz.merging import check_weight
+    from rotviz.merging import method as method_record
+    from rotviz.merging.combine import merge_states
+    from rotviz.merging.registry import sweepable
+
+    m = method_record(method_name)
+    choices = sweepable(m)
+    if param not in choices:
+        raise RotvizError(f"--param {param} is not a number --method {m.name} can sweep; use "
+                          f"one of {', '.join(choices)}")
+    if not values:
+        raise RotvizError("a sweep needs at least one value")
+    bound = next((p.bound for p in m.params if p.name == param), None)
+    checked = [check_weight(v) if param == "weight" else bound.check(v) for v in values]
+    weight = check_weight(weight)
+    held = method_params(m, {k: v for k, v in params.items() if k != param})
+    check_base_model(m, ends.anchor, base)
+    t0 = time.perf_counter()
+    anchor = ends.anchor
+    ev = Evaluator(anchor, split, device)
+    _, sa, sb = pair_statistics(m, ends, split, ev.device, held, stats_data, progress)
+    base_state = None if base is None else base.state
+
+    def merged_at(v: float) -> dict[str, torch.Tensor]:
+        w, own = (v, held) if param == "weight" else (weight, {**held, param: v})
+        return ev.params(merge_states(anchor, m.name, anchor.state, ends.matched, w, sa, sb,
+                                      base_state, **own))
+
+    def done(k: int) -> None:
+        if progress:
+            progress(k, len(checked), f"{param} = {checked[k - 1]:g}")
+
+    found = ev.evaluate_each(merged_at, checked, done)
+    a_loss, a_acc = ev.evaluate(ev.params(anchor.state))
+    s_loss, s_acc = ev.evaluate(ev.params(ends.matched))
+    return MergeSweep(
+        method=m.name, param=param, values=[float(v) for v in checked],
+        loss=[f[0] for f in found], acc=[f[1] for f in found], match=ends.info.match,
+        weight=weight, anchor_loss=a_loss, anchor_acc=a_acc, source_loss=s_loss,
+        source_acc=s_acc, data=split.data, split=split.split, n=split.n, device=str(ev.device),
+        seconds=time.perf_counter() - t0 + ends.info.seconds, anchor=anchor.ref,
+        source=ends.source_ref, base="" if base is None else base.ref,
+        params={k: v for k, v in held.items() if k in m.extra and k != param},
+    )
+
+
+SWEPT = {"weight": "weight of the source (0 = anchor, 1 = source)",
+         "scale": "λ, the scale of the merged task vector",
+         "density": "density (share of each task vector kept, 0-1)",
+         "alpha": "RegMean's off-diagonal scale α (0-1)"}
+
+
+def sweep_chart(sweeps: Sequence[Mapping], metric: str = "acc", font_size: int = 14,
+                acc_range: Sequence[float] | None = None) -> go.Figure:
+    """Merged accuracy (or loss) against the swept number, one line per matching setting
+    (each a `MergeSweep.to_dict()` of one method and parameter), the anchor's and the
+    source's own values as dashed lines. The accuracy axis follows the lines
+    (`style.acc_range`) unless `acc_range` is given (`style.ACC_FIXED`: 0-1)."""
+    import plotly.graph_objects as go
+
+    from rotviz.plots import style
+
+    first = sweeps[0]
+    param = str(first["param"])
+    fig = go.Figure()
+    for i, d in enumerate(sweeps):
+        fig.add_scatter(x=d["values"], y=d[metric], mode="lines+markers",
+                        name=style.nice_label(d["match"]),
+                        line={"color": style.color(i), "dash": style.dash(i)},
+                        marker={"symbol": style.marker(i)},
+                        hovertemplate=f"{param} %{{x:.3g}}: %{{y:.4f}}<extra>"
+                                      f"{style.nice_label(d['match'])}</extra>")
+    xs = [min(min(d["values"]) for d in sweeps), max(max(d["values"]) for d in sweeps)]
+    for j, who in enumerate(("anchor", "source")):
+        value = float(first[f"{who}_{metric}"])
+        fig.add_scatter(x=xs, y=[value, value], mode="lines", name=f"{who} ({value:.3f})",
+                        line={"color": "#000000" if j == 0 else style.GREY,
+                              "dash": ("dash", "dot")[j]},
+                        hovertemplate=f"{who}: {value:.4f}<extra></extra>")
+    named = {"acc": ("accuracy", style.ACCURACY), "loss": ("loss", style.LOSS)}
+    word, y = named.get(metric, (metric, metric))
+    title = (f"Merged model {word} against {param} ({first['method']}"
+             f"{', base ' + first['base'] if first.get('base') else ''})")
+    fig = style.finish(fig, title, SWEPT.get(param, param), y, "matching before merging",
+                       font_size)
+    if metric == "acc":
+        fig.update_yaxes(range=list(acc_range) if acc_range is not None else style.acc_range(
+            [v for d in sweeps for v in d["acc"]] + [first["anchor_acc"], first["source_acc"]]))
+    return fig
+
+
+def _plot(d: dict, look: Style):
+    return sweep_chart([d], font_size=look.font_size, acc_range=look.accuracy_axis())
 
 
 def _figures(d: dict, style: Style) -> dict:
     """The sweeps of every matching the Merge page picked, one line each."""
-    from rotviz.plots.merge import sweep_chart
+    from rotviz.measures.merge_sweep import sweep_chart
 
     return {"sweep": sweep_chart(d["runs"], "acc", style.font_size, style.accuracy_axis())}
 

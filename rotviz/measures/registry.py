@@ -31,7 +31,7 @@ from rotviz.records import Records
 from rotviz.types import Progress
 
 if TYPE_CHECKING:
-    from rotviz.data import Split
+    from rotviz.data.split import Split
     from rotviz.dist import Group
 
 
@@ -46,7 +46,7 @@ class Context:
     out: Path | None = None  # at size: the empty folder a measurement that writes a model uses
     cancel: Callable[[], bool] | None = None  # True: a training measurement stops (app's Stop)
     # how a further model a parameter names (a merge's --base) is loaded, through the host's
-    # confined reading (the app's roots); None: rotviz.models.load_model, as the CLI reads
+    # confined reading (the app's roots); None: rotviz.sources.loading.load_model, as the CLI reads
     load: Callable[[str], Any] | None = None
 
 

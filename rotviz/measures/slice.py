@@ -1,15 +1,42 @@
 """Slices of the loss around one model, or around any point of a pair (the source, the
 matched source, a point of the matched path, a merge): a line or a plane along seeded random,
 Hessian, toward-the-other-model, symmetry-tangent or gauge-fixed directions, filter-, layer-,
-unit- or not normalised (Li et al. 2018; rotviz.analysis.slices and .directions,
-docs/landscape.md). One model by default; `--source` adds the second one (`source` below)."""
+unit- or not normalised (Li et al. 2018; the directions: rotviz.analysis.directions;
+docs/landscape.md, "slice"). One model by default; `--source` adds the second one
+(`source` below).
+
+The record, its computation (`slice_with` takes any direction kind, `slice_around` any
+centre; both lay the slice through rotviz.analysis.loss_grid.slice_at) and its figure (a
+line; a contour beside a 3D surface).
+"""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from rotviz.errors import RotvizError
 from rotviz.limits import ALPHA, BATCH_SIZE, DIMS, GRID, HESSIAN_ITERATIONS, SEED, SPAN
 from rotviz.measures.registry import Context, Measurement, Section, register
 from rotviz.params import Param, needs
 from rotviz.plots.figure_style import Style
+
+if TYPE_CHECKING:
+    import torch
+
+    from rotviz.analysis.loss_grid import Slice
+    from rotviz.data.split import Split
+    from rotviz.evaluation import Evaluator
+    from rotviz.sources.loading import Loaded
+    from rotviz.types import Progress
+
+    Tensor = torch.Tensor
+
+DIRECTIONS = ("random", "hessian", "toward", "tangent", "gauge")  # slice_with: every kind
+CENTRES = ("anchor", "source", "matched", "path", "merged")
+TOWARD = ("matched", "source")
 
 
 def _params() -> tuple[Param, ...]:
@@ -84,14 +111,120 @@ def _check(values: dict, given: set[str]) -> None:
 
 def _source(values: dict) -> str | None:
     """Which of these values needs the second model (--source), or None."""
-    from rotviz.analysis.directions import needs_source
-
     return needs_source(values["around"], values["directions"])
 
 
-def _run(ends, ctx: Context, v: dict):
-    from rotviz.analysis.directions import slice_around
+def slice_with(
+    loaded: Loaded,
+    split: Split,
+    dims: int = 2,
+    directions: str = "random",
+    norm: str = "filter",
+    keep_1d: bool = False,
+    grid: int = 21,
+    span: float = 1.0,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+    progress: Progress | None = None,
+    batch_size: int = 512,
+    point: Mapping[str, Tensor] | None = None,
+    evaluator: Evaluator | None = None,
+    steps: int = 100,
+    target: Mapping[str, Tensor] | None = None,
+) -> Slice:
+    """slice_with(model, split, directions="gauge", norm="unit", ...) -> Slice
 
+    `slice_at` with every direction kind and normalisation: random and hessian as there,
+    also under `unit`; `toward` from the point to `target` (B' or B); `tangent` and `gauge`
+    at the point. The directions are built by rotviz.analysis.directions.directions_for and
+    evaluated by slice_at as given ones, so the grid, the exact centre and the progress are
+    slice_at's; the result names the kind, the norm and the seed."""
+    from rotviz.analysis.directions import NORMS, directions_for
+    from rotviz.analysis.loss_grid import check_choices, slice_at
+    from rotviz.evaluation import Evaluator
+
+    check_choices(norm, directions, dims, NORMS, DIRECTIONS)
+    if directions in ("random", "hessian") and norm != "unit":
+        return slice_at(loaded, split, dims, directions, norm, keep_1d, grid, span, seed,
+                        device, progress, batch_size, point, None, evaluator, steps)
+    GRID.check(grid)
+    SPAN.check(span)
+    SEED.check(seed)
+    t0 = time.perf_counter()
+    ev = evaluator or Evaluator(loaded, split, device, batch_size)
+    theta = ev.params(loaded.state if point is None else point)
+    movable = {n for n, _ in loaded.model.named_parameters()}
+    ds, extra = directions_for(directions, loaded, ev, theta, movable, dims, seed, norm,
+                               keep_1d, steps, target)
+    s = slice_at(loaded, split, dims, "random", "none", keep_1d, grid, span, seed, device,
+                 progress, batch_size, point, ds, ev, steps)
+    return replace(s, directions=directions, norm=norm, seconds=time.perf_counter() - t0,
+                   **extra)
+
+
+def needs_source(around: str, directions: str) -> str | None:
+    """The option that needs a second model (a phrase for the one-line error), or None."""
+    if around != "anchor":
+        return f"--around {around}"
+    if directions == "toward":
+        return "--directions toward"
+    return None
+
+
+def centre_state(ends, around: str, alpha: float = 0.5, merge: str = "simple",
+                 split: Split | None = None, device: str | torch.device = "cpu"
+                 ) -> Mapping[str, Tensor] | None:
+    """The parameter set a slice is centred on, from held endpoints (rotviz.match.endpoints):
+    `anchor` A (None: the anchor's own state), `source` B, `matched` B', `path` the point
+    (1 - alpha) A + alpha B' of the matched straight path (rotviz.analysis.paths), `merged`
+    the matched pair merged by the registered method `merge` with the source's weight
+    `alpha` (`simple` at 0.5 is the plain average; methods with statistics take them from
+    the split's train sibling, rotviz.analysis.merges.merge_on)."""
+    if around not in CENTRES:
+        raise RotvizError(f"unknown --around '{around}': use one of {', '.join(CENTRES)}")
+    if around == "anchor":
+        return None
+    if around == "source":
+        return ends.source.state
+    if around == "matched":
+        return ends.matched
+    if around == "path":
+        from rotviz.analysis.paths import path_point
+
+        return path_point(ends.anchor.state, ends.matched, alpha)
+    from rotviz.analysis.merges import merge_on
+
+    if split is None:
+        raise RotvizError("--around merged needs data for the merge: give --data")
+    return merge_on(ends, merge, split, alpha, device).state
+
+
+def slice_around(ends, split: Split, around: str = "anchor", alpha: float = 0.5,
+                 merge: str = "simple", toward: str = "matched", directions: str = "random",
+                 **kw) -> Slice:
+    """slice_around(endpoints, split, around="matched", directions="toward", ...) -> Slice
+
+    A slice (`slice_with`, whose keywords `kw` takes) centred on a point of held endpoints
+    (`centre_state`), with `toward` directions pointing at the matched source B'
+    (`toward="matched"`) or the source B as it is (`"source"`). Endpoints of one model (its
+    anchor and source the same reference) can only be sliced around the anchor."""
+    if toward not in TOWARD:
+        raise RotvizError(f"unknown --toward '{toward}': use one of {', '.join(TOWARD)}")
+    why = needs_source(around, directions)
+    if why and ends.source_ref == ends.anchor_ref:
+        raise RotvizError(f"{why} needs a second model: add --source MODEL (and --match SPEC)")
+    point = centre_state(ends, around, alpha, merge, split, kw.get("device", "cpu"))
+    target = None
+    if directions == "toward":
+        target = ends.matched if toward == "matched" else ends.source.state
+    s = slice_with(ends.anchor, split, directions=directions, point=point, target=target, **kw)
+    return replace(s, around=around, alpha=float(alpha) if around in ("path", "merged") else None,
+                   merge=merge if around == "merged" else None,
+                   toward=toward if directions == "toward" else None,
+                   source=ends.source_ref if why else "", match=ends.match if why else "none")
+
+
+def _run(ends, ctx: Context, v: dict):
     return slice_around(ends, ctx.split, v["around"], v["alpha"], v["merge"], v["toward"],
                         v["directions"], dims=v["dims"], norm=v["norm"],
                         keep_1d=v["biases"] == "keep", grid=v["grid"], span=v["span"],
@@ -156,10 +289,172 @@ def _summary(s, how: str) -> str:
             f"{s.seconds:.2f} s")
 
 
-def _plot(d: dict, style: Style):
-    from rotviz.plots.slices import slice_figure
+AXIS_UNITS = {"filter": "direction units: 1 = each filter's own norm",
+              "layer": "direction units: 1 = each tensor's own norm",
+              "unit": "direction units: 1 = each neuron's and head's own norm",
+              "none": "parameter units (L2, unnormalised Gaussian)"}
 
-    return slice_figure(d, log=style.log, font_size=style.font_size)
+
+def _axis(d: Mapping, i: int) -> str:
+    return f"distance along direction {i} ({AXIS_UNITS.get(d.get('norm', ''), 'units')})"
+
+
+DIRECTION_WORDS = {"random": "random", "hessian": "Hessian-eigenvector", "toward": "toward",
+                   "tangent": "symmetry-tangent", "gauge": "gauge-fixed random",
+                   "given": "given"}
+
+
+def _centre(d: Mapping) -> str:
+    """The slice's centre in words (the model itself unless `around` says otherwise)."""
+    model, source = d.get("model") or "the model", d.get("source") or "the source"
+    around = d.get("around", "anchor")
+    if around == "source":
+        return source
+    if around == "matched":
+        return f"{source} matched onto {model}"
+    if around == "path":
+        return f"alpha {d.get('alpha', 0.5):g} of the path {model} → {source} matched"
+    if around == "merged":
+        return f"{model} merged with {source} matched ({d.get('merge')})"
+    return model
+
+
+def _title(d: Mapping) -> str:
+    what = "plane" if d["dims"] == 2 else "line"
+    keep = "kept" if d.get("keep_1d") else "zeroed"
+    kind = DIRECTION_WORDS.get(d.get("directions", "random"), d.get("directions", "random"))
+    return (f"Test loss on a {kind} {what} around {_centre(d)} "
+            f"({d.get('norm')} normalised, biases {keep}, seed {d.get('seed')})")
+
+
+def _target_name(d: Mapping) -> str:
+    return "B (target)" if d.get("toward") == "source" else "B' (target)"
+
+
+def slice_line(d: Mapping, log: bool = False, font_size: int = 14,
+               zmin: float | None = None, zmax: float | None = None,
+               acc_range: Sequence[float] | None = None):
+    """A 1D slice: loss (and accuracy, dotted, on a second axis) against x. The accuracy
+    axis follows the data unless `acc_range` is given (`style.ACC_FIXED`: 0-1)."""
+    import numpy as np
+    from plotly.subplots import make_subplots
+
+    from rotviz.plots import style
+
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    fig.add_scatter(x=d["xs"], y=d["loss"], mode="lines+markers", name="test loss",
+                    line={"color": style.color(0), "dash": style.dash(0)},
+                    marker={"symbol": style.marker(0)})
+    fig.add_scatter(x=d["xs"], y=d["acc"], mode="lines+markers", name="test accuracy",
+                    line={"color": style.color(1), "dash": style.dash(2)},
+                    marker={"symbol": style.marker(1)}, secondary_y=True)
+    fig.add_scatter(x=[0.0], y=[d["centre_loss"]], mode="markers", name="the model (centre)",
+                    marker={"color": style.OKABE_ITO[-1], "size": 12, "symbol": "star"})
+    if d.get("target_x") is not None and d.get("target_loss") is not None:
+        fig.add_scatter(x=[d["target_x"]], y=[d["target_loss"]], mode="markers",
+                        name=_target_name(d), marker={"color": style.color(2), "size": 11,
+                                                      "symbol": "diamond"})
+    fig = style.finish(fig, _title(d), _axis(d, 1), style.LOSS, "curve", font_size)
+    fig.update_yaxes(title_text=style.ACCURACY, secondary_y=True,
+                     range=list(acc_range) if acc_range is not None else
+                     style.acc_range(d["acc"]))
+    if log:
+        style.log_axis(fig, "y", secondary_y=False)
+    if zmin is not None or zmax is not None:
+        lo = zmin if zmin is not None else float(np.nanmin(d["loss"]))
+        hi = zmax if zmax is not None else float(np.nanmax(d["loss"]))
+        fig.update_yaxes(range=[np.log10(lo), np.log10(hi)] if log else [lo, hi],
+                         secondary_y=False)
+    return fig
+
+
+def slice_figure(d: Mapping, log: bool = False, zmin: float | None = None,
+                 zmax: float | None = None, font_size: int = 14,
+                 acc_range: Sequence[float] | None = None):
+    """A slice result (`Slice.to_dict()`): a line in 1D (its accuracy axis: `slice_line`);
+    in 2D a contour beside a 3D surface, one colour scale (`zmin`/`zmax` in loss units,
+    log10 of them with `log`)."""
+    if d["dims"] == 1:
+        return slice_line(d, log, font_size, zmin, zmax, acc_range)
+    import numpy as np
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from rotviz.plots import style
+    from rotviz.plots.surface import LOG_BAR, LOSS_BAR, colour_range, colours
+
+    z = np.asarray(d["loss"], dtype=float)
+    c = colours(z, log)
+    lo, hi = colour_range(zmin, zmax, z, log)
+    bar = LOG_BAR if log else LOSS_BAR
+    fig = make_subplots(rows=1, cols=2, specs=[[{"type": "xy"}, {"type": "scene"}]],
+                        subplot_titles=("contour", "surface"), horizontal_spacing=0.08)
+    fig.add_trace(go.Contour(
+        x=d["xs"], y=d["ys"], z=c.tolist(), colorscale=style.SEQUENTIAL, zmin=lo, zmax=hi,
+        name="test loss", contours={"coloring": "heatmap", "showlabels": True},
+        colorbar={"title": {"text": bar, "side": "right"}, "x": 0.46},
+        hovertemplate="(%{x:.2f}, %{y:.2f}): %{z:.3f}<extra></extra>"), row=1, col=1)
+    fig.add_scatter(x=[0.0], y=[0.0], mode="markers", name="the model (centre)",
+                    marker={"color": style.OKABE_ITO[-1], "size": 12, "symbol": "star",
+                            "line": {"color": "white", "width": 1.5}}, row=1, col=1)
+    if d.get("target_x") is not None:
+        fig.add_scatter(x=[d["target_x"]], y=[0.0], mode="markers", name=_target_name(d),
+                        marker={"color": style.color(2), "size": 11, "symbol": "diamond",
+                                "line": {"color": "white", "width": 1.5}}, row=1, col=1)
+    fig.add_trace(go.Surface(
+        x=d["xs"], y=d["ys"], z=z.tolist(), surfacecolor=c.tolist(), cmin=lo, cmax=hi,
+        colorscale=style.SEQUENTIAL, name="test loss surface",
+        showscale=False,  # the contour's colour bar is the surface's too: one scale
+        hovertemplate="(%{x:.2f}, %{y:.2f}): loss %{z:.3f}<extra></extra>"), row=1, col=2)
+    fig.add_trace(go.Scatter3d(
+        x=[0.0], y=[0.0], z=[d["centre_loss"]], mode="markers", name="the model (centre, 3D)",
+        marker={"color": style.OKABE_ITO[-1], "size": 6, "symbol": "diamond"}), row=1, col=2)
+    fig = style.finish(fig, _title(d), _axis(d, 1), _axis(d, 2), "marker", font_size,
+                       height=600)
+    fig.update_layout(scene={"xaxis_title": "direction 1", "yaxis_title": "direction 2",
+                             "zaxis_title": LOSS_BAR},
+                      legend={"orientation": "h", "y": -0.15, "x": 0})
+    return fig
+
+
+def slice_panels(ds: Sequence[Mapping], titles: Sequence[str], log: bool = False,
+                 font_size: int = 14, title: str | None = None):
+    """Several 2D slices as contours side by side with one colour scale over them all (the
+    same loss is the same colour in every panel), e.g. a slice of A beside one of B', or a
+    random plane beside its gauge-fixed twin; `title` replaces the default one."""
+    import numpy as np
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from rotviz.plots import style
+    from rotviz.plots.surface import LOG_BAR, LOSS_BAR, colour_range, colours, shared_range
+
+    lo, hi = shared_range(ds)
+    clo, chi = colour_range(lo, hi, np.asarray([lo, hi]), log)
+    fig = make_subplots(rows=1, cols=len(ds), subplot_titles=list(titles),
+                        shared_yaxes=True, horizontal_spacing=0.04)
+    for j, d in enumerate(ds):
+        c = colours(np.asarray(d["loss"], dtype=float), log)
+        fig.add_trace(go.Contour(
+            x=d["xs"], y=d["ys"], z=c.tolist(), colorscale=style.SEQUENTIAL, zmin=clo,
+            zmax=chi, showscale=j == 0, name=titles[j],
+            contours={"coloring": "heatmap", "showlabels": True},
+            colorbar={"title": {"text": LOG_BAR if log else LOSS_BAR, "side": "right"}},
+            hovertemplate="(%{x:.2f}, %{y:.2f}): %{z:.3f}<extra></extra>"), row=1, col=j + 1)
+    fig = style.finish(fig, title or "Test loss around each model, one colour scale",
+                       _axis(ds[0], 1), _axis(ds[0], 2), None, font_size, height=480,
+                       legend=False)
+    return fig
+
+
+def slice_plot(d: dict, style: Style | None = None):
+    """The record's figure, drawn as the page asks (`Style`): its font, a log loss axis (log
+    colours in 2D), the page's shared colour range (2D) or loss range (1D), its accuracy
+    axis (1D: the page's shared range, or 0-1 with `fixed_accuracy`)."""
+    style = style or Style()
+    lo, hi = style.colour_range or (None, None)
+    acc = style.accuracy_range or ((0.0, 1.02) if style.fixed_accuracy else None)
+    return slice_figure(d, style.log, lo, hi, style.font_size, acc)
 
 
 def _rows(d: dict) -> list[dict]:
@@ -215,7 +510,7 @@ SLICE = register(Measurement(
     "eigenvectors, the direction toward a second model, symmetry tangents or gauge-fixed "
     "random directions, around one model or (with --source) around the source, the matched "
     "source, a point of the matched path or a merge",
-    _run, _params, summary=_summary, plot=_plot, rows=_rows, pair=False, check=_check,
+    _run, _params, summary=_summary, plot=slice_plot, rows=_rows, pair=False, check=_check,
     source=_source, at_size=_at_size, at_size_check=_at_size_check,
     progress=True,
     source_use="--around source, matched, path or merged, or --directions toward",

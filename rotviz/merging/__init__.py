@@ -12,6 +12,7 @@ from rotviz.merging.registry import (
     check_base,
     check_models,
     check_weight,
+    merges_at_size,
     method,
     methods,
     names,
@@ -36,4 +37,4 @@ _discover()
 
 
 __all__ = ["MergeJob", "MergeMethod", "all_params", "check_base", "check_models", "check_weight",
-           "method", "methods", "names", "register", "users"]
+           "merges_at_size", "method", "methods", "names", "register", "users"]

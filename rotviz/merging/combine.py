@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # torch and the model loader are imported when a merge runs, 
     # registry discovers this module
     import torch
 
-    from rotviz.models import Loaded
+    from rotviz.sources.loading import Loaded
 
     Tensor = torch.Tensor
 

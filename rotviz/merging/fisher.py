@@ -27,9 +27,9 @@ from rotviz.params import Param
 if TYPE_CHECKING:
     import torch
 
-    from rotviz.data import Split
+    from rotviz.data.split import Split
     from rotviz.merging.registry import MergeJob
-    from rotviz.models import Loaded
+    from rotviz.sources.loading import Loaded
     from rotviz.types import Progress
 
     Tensor = torch.Tensor
@@ -56,12 +56,13 @@ def fisher_diag(
     import torch.nn.functional as F
     from torch.func import grad, vmap
 
-    from rotviz.data import Inputs, map_inputs, to_device
+    from rotviz.data.inputs import Inputs, map_inputs, to_device
+    from rotviz.data.reading import check_fits
+    from rotviz.data.tasks import sample_losses
     from rotviz.devices import resolve_device, wide_device
-    from rotviz.evaluation import IGNORE, Evaluator, check_fits
-    from rotviz.models import to_wide
-    from rotviz.sources import call
-    from rotviz.tasks import sample_losses
+    from rotviz.evaluation import IGNORE, Evaluator
+    from rotviz.sources.adapters import call
+    from rotviz.sources.loading import to_wide
 
     check_fits(loaded, split)
     dev = resolve_device(device)

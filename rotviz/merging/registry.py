@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     import torch
 
     from rotviz.merging.rows import RowSource
-    from rotviz.models import Loaded
+    from rotviz.sources.loading import Loaded
 
     Tensor = torch.Tensor
 
@@ -65,7 +65,7 @@ Combine = Callable[["MergeJob", str, "Sequence[Tensor]", "Tensor | None"], "Tens
 # `source` (rotviz.merging.rows.RowSource) reads a slice of rows of every model's tensor and
 # the base's; what the method needs of the whole tensor (a threshold, norms) it gathers in
 # passes over the slices before it yields the first. Elementwise methods declare this, and
-# then run at size (rotviz.stream.sized) and merge whole tensors through it too.
+# then run at size (rotviz.atsize.points) and merge whole tensors through it too.
 RowCombine = Callable[["MergeJob", str, "RowSource"], "Iterator[Tensor]"]
 
 
@@ -179,7 +179,7 @@ def users(param: str) -> tuple[str, ...]:
 
 
 def sweepable(m: MergeMethod) -> tuple[str, ...]:
-    """The numbers of method `m` a sweep can turn (rotviz.analysis.fusion.sweep_on): the
+    """The numbers of method `m` a sweep can turn (rotviz.measures.merge_sweep.sweep_on): the
     weight, then its own real-valued parameters with a bound (integers such as batch counts
     are not swept)."""
     own = [p.name for p in m.params
@@ -212,3 +212,10 @@ def check_models(m: MergeMethod, n: int) -> None:
     if m.max_models is not None and n > m.max_models:
         raise RotvizError(f"--method {m.name} combines {m.max_models} models, got {n}: give "
                           "two, or use another method")
+
+
+def merges_at_size() -> str:
+    """The merge methods that run at size (their record's `rows`), in words, for a page or a
+    refusal: found in the registry, so a new method is named without a list to update."""
+    found = [m.label for m in methods() if m.at_size]
+    return ", ".join(found[:-1]) + f" or {found[-1]}" if len(found) > 1 else "".join(found)

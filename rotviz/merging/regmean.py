@@ -2,7 +2,7 @@
 Models"): every linear layer's weight solves the regression
 min_W sum_i l_i ||X_i W^T - X_i W_i^T||^2, i.e. W^T = (sum l_i G_i)^-1 sum l_i G_i W_i^T with
 G_i = X_i^T X_i the Gram matrix of the layer's inputs in model i, for N >= 2 models. Padding
-never enters G_i: the hooks drop padded positions (rotviz.data.without_padding) before the
+never enters G_i: the hooks drop padded positions (rotviz.data.inputs.without_padding) before the
 product, so only real tokens are regressed on. Off-diagonal entries of each
 G_i are scaled by `alpha` (1 = the plain regression, 0 = diagonal only). Every other tensor
 (biases, norms, embeddings, a weight tied to another) is averaged simply.
@@ -25,9 +25,9 @@ from rotviz.params import Param
 if TYPE_CHECKING:
     import torch
 
-    from rotviz.data import Split
+    from rotviz.data.split import Split
     from rotviz.merging.registry import MergeJob
-    from rotviz.models import Loaded
+    from rotviz.sources.loading import Loaded
     from rotviz.types import Progress
 
     Tensor = torch.Tensor
@@ -49,11 +49,12 @@ def gram_matrices(
     """
     import torch
 
-    from rotviz.data import to_device, token_mask, without_padding
+    from rotviz.data.inputs import to_device, token_mask, without_padding
+    from rotviz.data.reading import check_fits
     from rotviz.devices import resolve_device
-    from rotviz.evaluation import Evaluator, check_fits
-    from rotviz.models import to_wide
-    from rotviz.sources import call
+    from rotviz.evaluation import Evaluator
+    from rotviz.sources.adapters import call
+    from rotviz.sources.loading import to_wide
 
     check_fits(loaded, split)
     dev = resolve_device(device)

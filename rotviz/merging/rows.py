@@ -7,7 +7,7 @@ A method that merges this way declares `rows` in its record (rotviz.merging.regi
 given a `RowSource`, it yields the merged tensor's slices in order, in float64. What it needs
 of the whole tensor (TIES's magnitude threshold, DARE's L1 norms, the angles of SLERP and
 Model Stock) it gathers first, in passes over the slices. The same code merges tensors held
-in memory (`held`) and tensors read from checkpoints at size (rotviz.stream.sized), with
+in memory (`held`) and tensors read from checkpoints at size (rotviz.atsize.points), with
 the same slices, so the two give the same bits.
 """
 

@@ -17,10 +17,10 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from rotviz.data import Split
+    from rotviz.data.split import Split
 
     Tensor = torch.Tensor
-SPLITS = ("train", "val", "test")  # rotviz.data.SPLITS, without importing the data layer here
+SPLITS = ("train", "val", "test")  # rotviz.data.splits.SPLITS, without importing the data layer
 
 # The parameters every statistics-based method declares.
 STATS_PARAMS = (

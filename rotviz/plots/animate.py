@@ -5,8 +5,7 @@ MP4 export draws, rotviz.animation).
 - `path_animation`: the straight path from the anchor to the (matched) source as alpha
   moves: the loss curve grows point by point, beside the model's answers on a few fixed test
   inputs (images drawn as they are, text as its last characters);
-- `rounds_animation`: weight matching round by round: the distance to the anchor and the
-  barrier after each round, beside that round's path.
+- weight matching round by round (rotviz.measures.rounds) builds on `_controls` and `_range`.
 
 Every trace a frame changes is listed in the frame's `traces`; the others stay as drawn.
 """
@@ -20,7 +19,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from rotviz.plots import style
-from rotviz.plots.barrier import path_title
+from rotviz.plots.paths import path_title
 
 RIGHT, WRONG = style.OKABE_ITO[2], style.OKABE_ITO[4]  # bluish green, vermillion
 FRAME_MS = 400  # the play button's time per frame (the exports choose their own rate)
@@ -156,71 +155,3 @@ def path_animation(d: Mapping, font_size: int = 14, width: int = 900) -> go.Figu
 
 
 # ---- the rounds --------------------------------------------------------------------------------
-
-ROUND = "round (0: the source as trained)"
-PATH_ALPHA = "α (0 = anchor, 1 = matched source)"
-
-
-def _round_labels(rounds: Sequence[Mapping]) -> list[str]:
-    return [f"{x['round']}{' (heads)' if x['phase'] else ''}" for x in rounds]
-
-
-def rounds_figure(d: Mapping, font_size: int = 14) -> go.Figure:
-    """Distance to the anchor and barrier after each round (`Rounds.to_dict()`)."""
-    rounds = d["rounds"]
-    x = list(range(len(rounds)))
-    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.14)
-    fig.add_scatter(x=x, y=[r["distance"] for r in rounds], mode="lines+markers",
-                    name="distance to the anchor", line={"color": style.color(3), "width": 2.5},
-                    marker={"symbol": style.marker(0)}, row=1, col=1)
-    fig.add_scatter(x=x, y=[r["barrier"] for r in rounds], mode="lines+markers",
-                    name=f"barrier ({len(d['alphas'])} points on the path)",
-                    line={"color": style.color(4), "width": 2.5, "dash": "dash"},
-                    marker={"symbol": style.marker(1)}, row=1, col=2)
-    style.finish(fig, "Weight matching round by round: distance and barrier", ROUND,
-                 style.DISTANCE, "", font_size, height=460)
-    fig.update_xaxes(title_text=ROUND, row=1, col=2)
-    fig.update_yaxes(title_text=style.BARRIER, row=1, col=2)
-    fig.update_layout(legend={"orientation": "h", "x": 0, "y": 1.02, "yanchor": "bottom"})
-    return fig
-
-
-def rounds_animation(d: Mapping, font_size: int = 14, width: int = 1000) -> go.Figure:
-    """Weight matching round by round as frames: frame k holds the distance and the barrier
-    after rounds 0..k, and round k's loss along the path (round 0's stays, dotted)."""
-    rounds, alphas = d["rounds"], [float(a) for a in d["alphas"]]
-    x = list(range(len(rounds)))
-    dist = [float(r["distance"]) for r in rounds]
-    bar = [float(r["barrier"]) for r in rounds]
-    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.09)
-    fig.add_scatter(x=x[:1], y=dist[:1], mode="lines+markers", name="distance to the anchor",
-                    line={"color": style.color(3), "width": 2.5},
-                    marker={"symbol": style.marker(0), "size": 7}, row=1, col=1)
-    fig.add_scatter(x=x[:1], y=bar[:1], mode="lines+markers",
-                    name=f"barrier ({len(alphas)} points)",
-                    line={"color": style.color(4), "width": 2.5, "dash": "dash"},
-                    marker={"symbol": style.marker(1), "size": 7}, row=1, col=2)
-    fig.add_scatter(x=alphas, y=rounds[0]["loss"], mode="lines+markers",
-                    name="loss on the path, this round", line={"color": style.color(0),
-                                                               "width": 2.5},
-                    marker={"symbol": style.marker(2), "size": 7}, row=1, col=3)
-    fig.add_scatter(x=alphas, y=rounds[0]["loss"], mode="lines",
-                    name="loss on the path, source as trained",
-                    line={"color": style.GREY, "width": 1.5, "dash": "dot"}, row=1, col=3)
-    fig.update_xaxes(range=[-0.5, len(rounds) - 0.5], title_text=ROUND, row=1, col=1)
-    fig.update_xaxes(range=[-0.5, len(rounds) - 0.5], title_text=ROUND, row=1, col=2)
-    fig.update_xaxes(range=[-0.03, 1.03], title_text=PATH_ALPHA, row=1, col=3)
-    fig.update_yaxes(range=_range(dist), title_text=style.DISTANCE, row=1, col=1)
-    fig.update_yaxes(range=_range(bar), title_text=style.BARRIER, row=1, col=2)
-    fig.update_yaxes(range=_range([v for r in rounds for v in r["loss"]]),
-                     title_text=style.LOSS, row=1, col=3)
-    fig.frames = [go.Frame(name=str(k), traces=[0, 1, 2], data=[
-        go.Scatter(x=x[: k + 1], y=dist[: k + 1]), go.Scatter(x=x[: k + 1], y=bar[: k + 1]),
-        go.Scatter(x=alphas, y=rounds[k]["loss"])]) for k in x]
-    style.finish(fig, "Weight matching round by round: distance, barrier and the path",
-                 ROUND, style.DISTANCE, "", font_size, height=500)
-    fig.update_layout(width=width, legend={"orientation": "h", "x": 0, "y": 1.02,
-                                           "yanchor": "bottom"},
-                      margin={"l": 70, "r": 30, "t": 110, "b": 120})
-    _controls(fig, _round_labels(rounds), "round ")
-    return fig

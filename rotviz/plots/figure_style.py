@@ -25,8 +25,9 @@ class Style:
     colour_range: tuple[float, float] | None = None
 
     def accuracy_axis(self) -> list[float] | None:
-        """The range an accuracy axis gets: the one shared by the page's panels, the whole
-        0-1 scale, or None (the figure follows its data)."""
+        """The range an accuracy axis gets: the one the page's panels share, the whole 0-1
+        scale (`fixed_accuracy`), or None: the figure follows its own data
+        (rotviz.plots.style.acc_range)."""
         if self.accuracy_range is not None:
             return list(self.accuracy_range)
         if self.fixed_accuracy:

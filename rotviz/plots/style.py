@@ -133,7 +133,7 @@ def labels_of(items: Sequence[dict], key: str = "label") -> list[str]:
     return [str(it[key]) for it in items]
 
 
-# The task metrics beyond loss and accuracy (rotviz.tasks), as charts and tables name them.
+# The task metrics beyond loss and accuracy (rotviz.data.tasks), as charts and tables name them.
 METRIC_NAMES = {"macro_f1": "macro-F1", "micro_f1": "micro-F1",
                 "entity_f1": "entity micro-F1", "mse": "mean squared error"}
 METRIC_HELP = {

@@ -1,42 +1,16 @@
-"""One adapter per weight source: how to build, load, write and run a model of a family
-whose checkpoints come from that library. A family's `ArchSpec.source` names its adapter.
+"""Where models come from, and how they are read, run and written: the model loaders in one
+place. Nothing is imported here, so `rotviz.sources.hf_cache` (the CLI's start) stays light.
 
-- `hf` (rotviz.sources.hf): Hugging Face transformers `save_pretrained` folders;
-- `timm` (rotviz.sources.timm): timm models in the same folder layout.
-
-`call` is the one way rotviz runs a module with a given parameter set on inputs.
+- `adapters`: one adapter per weight source (`hf`: transformers' `save_pretrained` folders;
+  `timm`), and `call`, the one way rotviz runs a module with a given parameter set;
+  `base`, `hf`, `timm` are the adapters themselves, `files` reads weight files for them;
+- `loading`: a model reference resolved, its config and weights checked, the model loaded;
+- `configs`: a config.json's sizes checked before anything is built from it;
+- `pairs`: whether two models can be compared (reading, labels, heads);
+- `running`: a loaded model run (probe inputs, attention, twins, output differences);
+- `writing`: a state dict saved as a model; `plain`: written without transformers;
+- `plain_torch`: the zoo's families loaded and run without importing transformers;
+- `checkpoint`: safetensors read lazily; `shards`: written as a stream of shards;
+- `hf_cache`: models already in the local Hugging Face cache (`ORG/NAME[@REVISION]`);
+- `legacy`: tensors an older version of a model's class kept that today's does not.
 """
-
-from __future__ import annotations
-
-from collections.abc import Mapping
-from types import MappingProxyType
-
-import torch
-from torch import nn
-
-from rotviz.arch.spec import ArchSpec
-from rotviz.errors import RotvizError
-from rotviz.sources.base import Source
-from rotviz.sources.hf import HF
-from rotviz.sources.timm import TIMM
-
-__all__ = ["SOURCES", "Source", "call", "source_of"]
-
-SOURCES: Mapping[str, Source] = MappingProxyType({s.name: s for s in (HF, TIMM)})
-
-
-def source_of(spec: ArchSpec) -> Source:
-    """The adapter of `spec`'s weight source."""
-    if spec.source not in SOURCES:
-        raise RotvizError(f"{spec.family} models come from '{spec.source}', which rotviz cannot "
-                          f"read; known sources: {', '.join(SOURCES)}")
-    return SOURCES[spec.source]
-
-
-def call(spec: ArchSpec, module: nn.Module, params: Mapping[str, torch.Tensor] | None,
-         inputs: torch.Tensor | Mapping[str, torch.Tensor], strict: bool = False,
-         every: bool = False) -> torch.Tensor:
-    """Logits of `module` (a model of `spec`) run with `params` on `inputs` (with `every`,
-    all its outputs side by side): see `Source.call`."""
-    return source_of(spec).call(spec, module, params, inputs, strict, every)

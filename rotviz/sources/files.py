@@ -20,10 +20,10 @@ BIN_INDEX = "pytorch_model.bin.index.json"
 
 
 def read_weights(path: Path, confined: Confined = ANYWHERE) -> dict[str, Tensor]:
-    """Weights from safetensors (preferred; read and checked by rotviz.checkpoint) or a
+    """Weights from safetensors (preferred; read and checked by rotviz.sources.checkpoint) or a
     pickled .bin (or the shards its index names), loaded with weights_only=True. Every file
     is opened through `confined`: regular files only, and inside the roots in the app."""
-    from rotviz.checkpoint import INDEX, SINGLE, Checkpoint
+    from rotviz.sources.checkpoint import INDEX, SINGLE, Checkpoint
 
     path = Path(path)
     if os.path.lexists(path / SINGLE) or os.path.lexists(path / INDEX):
@@ -32,7 +32,7 @@ def read_weights(path: Path, confined: Confined = ANYWHERE) -> dict[str, Tensor]
     state: dict[str, Tensor] = {}
     weight_map = None
     if os.path.lexists(path / BIN_INDEX):
-        from rotviz.checkpoint import read_index
+        from rotviz.sources.checkpoint import read_index
 
         weight_map = read_index(path, path / BIN_INDEX, confined)
         names = sorted(set(weight_map.values()))

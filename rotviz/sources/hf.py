@@ -14,9 +14,9 @@ from torch import nn
 from rotviz.arch.spec import ArchSpec
 from rotviz.confine import ANYWHERE, Confined
 from rotviz.errors import RotvizError
-from rotviz.legacy import read_past
 from rotviz.sources.base import Source
 from rotviz.sources.files import fit_error, floating_dtypes
+from rotviz.sources.legacy import read_past
 
 Tensor = torch.Tensor
 
@@ -116,7 +116,7 @@ class HFSource(Source):
         missing = [k for k in info.get("missing_keys", []) if k not in allowed]
         # transformers drops most old-format buffers from its report itself; what it still
         # reports (GPT-2's attn.masked_bias) is read past by name: models.check_weights has
-        # judged those tensors' shapes from the headers (rotviz.legacy)
+        # judged those tensors' shapes from the headers (rotviz.sources.legacy)
         unexpected = list(info.get("unexpected_keys", []))
         past = read_past(model, spec, config, unexpected)
         fit_error(path, missing, [k for k in unexpected if k not in past],

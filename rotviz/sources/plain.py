@@ -1,6 +1,6 @@
 """A model folder written without transformers, where what `save_pretrained` writes is known
-file by file: the families rotviz.lite runs (ViT, GPT-2), stored in float32, whose folder
-transformers itself wrote.
+file by file: the families rotviz.sources.plain_torch runs (ViT, GPT-2), stored in float32, whose
+folder transformers itself wrote.
 
 Importing transformers costs seconds (it pulls in torch._dynamo and torch.distributed), more
 than `rotviz match` on the zoo pair takes in all. For these models `save_pretrained` of a fresh
@@ -30,9 +30,9 @@ from pathlib import Path
 import torch
 
 from rotviz.arch.vit_names import stored_name
-from rotviz.checkpoint import INDEX, SINGLE, Checkpoint
 from rotviz.confine import ANYWHERE, Confined
 from rotviz.errors import RotvizError
+from rotviz.sources.checkpoint import INDEX, SINGLE, Checkpoint
 
 Tensor = torch.Tensor
 

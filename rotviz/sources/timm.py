@@ -13,9 +13,9 @@ from torch import nn
 
 from rotviz.arch.spec import ArchSpec
 from rotviz.confine import ANYWHERE, Confined
-from rotviz.legacy import read_past
 from rotviz.sources.base import Source
 from rotviz.sources.files import fit_error, floating_dtypes, read_weights
+from rotviz.sources.legacy import read_past
 
 Tensor = torch.Tensor
 
@@ -47,7 +47,7 @@ class TimmSource(Source):
         """The module is float32 (load_state_dict casts into it); the dtypes are the file's."""
         weights = read_weights(path, confined)
         model, full_cfg = self.build(config, spec)
-        # buffers the module no longer saves are read past, as skeleton.check_fits allowed
+        # buffers the module no longer saves are read past, as atsize.runtime.check_fits allowed
         past = read_past(model, spec, config, {k: tuple(v.shape) for k, v in weights.items()})
         weights = {k: v for k, v in weights.items() if k not in past}
         own = model.state_dict()

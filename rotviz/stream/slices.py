@@ -1,13 +1,13 @@
 """Slices around one model larger than memory, each grid point built block by block.
 
-`rotviz.analysis.slices.slice_at` holds the model, its directions and each grid point in
+`rotviz.analysis.loss_grid.slice_at` holds the model, its directions and each grid point in
 memory. Here the checkpoint is held as stored on the device with its directions beside it
 (in the stored dtype, as the loaded model would hold them: 3x the checkpoint's bytes for a
 plane, 2x for a line), and each point theta + x d1 + y d2 is never made whole: every
 block's weights are built in float32 just before the block runs and dropped after it
-(rotviz.stream.sized.Held). The directions are exactly the in-memory ones: each tensor's
+(rotviz.atsize.points.Held). The directions are exactly the in-memory ones: each tensor's
 draw is seeded from the seed and the tensor's parameter name
-(rotviz.analysis.slices.tensor_directions), and its normalisation (filter, layer, none;
+(rotviz.analysis.directions.tensor_directions), and its normalisation (filter, layer, none;
 biases zeroed or kept) reads that tensor alone, so nothing needs the whole model. Only
 random directions run at size: Hessian eigenvectors need gradients of the whole model.
 """
@@ -18,16 +18,16 @@ import math
 import os
 import time
 
-import numpy as np
 import torch
 
-from rotviz.analysis.slices import Slice, tensor_directions
-from rotviz.data import Split
+from rotviz.analysis.directions import tensor_directions
+from rotviz.analysis.loss_grid import Grid, Slice, check_choices
+from rotviz.atsize.points import Held
+from rotviz.data.split import Split
 from rotviz.dist import SINGLE, Group
 from rotviz.errors import RotvizError
 from rotviz.limits import GRID, SEED, SPAN
-from rotviz.sources import source_of
-from rotviz.stream.sized import Held
+from rotviz.sources.adapters import source_of
 from rotviz.types import Progress
 
 Tensor = torch.Tensor
@@ -95,23 +95,18 @@ def sized_slice(ref: str | os.PathLike, split: Split, dims: int = 2, norm: str =
                 device: str | torch.device = "cpu", progress: Progress | None = None,
                 batch_size: int = 512, group: Group = SINGLE, name: str | None = None
                 ) -> Slice | None:
-    """`rotviz.analysis.slices.slice_at` with random directions around the model in the
+    """`rotviz.analysis.loss_grid.slice_at` with random directions around the model in the
     checkpoint folder `ref` (called `name` in the result), each grid point built block by
     block. Under torchrun (`group`) the grid points are shared and rank 0 returns the slice
     (None elsewhere)."""
-    from rotviz.analysis.slices import check_choices
-
     check_choices(norm, "random", dims)
     GRID.check(grid)
     SPAN.check(span)
     SEED.check(seed)
     t0 = time.perf_counter()
     held = SliceHeld(ref, split, dims, seed, norm, keep_1d, device, batch_size)
-    xs = np.linspace(-span, span, grid)
-    ys = xs if dims == 2 else np.zeros(0)
-    cells = [(0, ix) for ix in range(grid)] if dims == 1 else \
-        [(iy, ix) for iy in range(grid) for ix in range(grid)]
-    todo = [(float(xs[ix]), float(ys[iy]) if dims == 2 else 0.0) for iy, ix in cells]
+    g = Grid.of(dims, grid, span)
+    todo = [g.xy(cell) for cell in g.cells]
     todo.append((0.0, 0.0))  # the centre, reported on its own as slice_at does
     mine = group.mine(list(range(len(todo))))
     found: dict[int, tuple[float, float]] = {}
@@ -124,17 +119,12 @@ def sized_slice(ref: str | os.PathLike, split: Split, dims: int = 2, norm: str =
         return None
     for part in parts:
         found.update(part)
-    loss = np.zeros((max(1, len(ys)), grid))
-    acc = np.zeros_like(loss)
-    for j, (iy, ix) in enumerate(cells):
-        loss[iy, ix], acc[iy, ix] = found[j]
-    centre_loss, centre_acc = found[len(cells)]
+    loss, acc = g.fill(found[j] for j in range(len(g.cells)))
+    centre_loss, centre_acc = found[len(g.cells)]
     norms, cos = held.norms()
     return Slice(
-        dims=dims, xs=xs.tolist(), ys=ys.tolist(),
-        loss=loss[0].tolist() if dims == 1 else loss.tolist(),
-        acc=acc[0].tolist() if dims == 1 else acc.tolist(),
-        centre_loss=centre_loss, centre_acc=centre_acc, directions="random", norm=norm,
+        dims=dims, xs=g.xs, ys=g.ys, loss=loss, acc=acc, centre_loss=centre_loss,
+        centre_acc=centre_acc, directions="random", norm=norm,
         keep_1d=keep_1d, grid=grid, span=float(span), seed=seed, data=split.data,
         split=split.split, device=str(held.device), seconds=time.perf_counter() - t0,
         n=split.n, model=str(ref) if name is None else name, direction_norms=norms,

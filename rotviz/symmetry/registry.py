@@ -30,7 +30,7 @@ class Symmetry:
     solver: str = ""  # what finds the element: a function of rotviz.match
     draw: str = ""  # the keyword of rotviz.symmetry.actions.random_transform that draws one
     # `why` in one sentence, where `why` takes more (the symmetry ladder's rung captions,
-    # rotviz.analysis.ladder); empty: `why` is one sentence already
+    # rotviz.measures.ladder); empty: `why` is one sentence already
     reason: str = ""
 
     def one_sentence(self) -> str:
@@ -44,7 +44,7 @@ SYMMETRIES: tuple[Symmetry, ...] = (
         "Hidden units of an FFN are summed in any order: permuting W_in's rows together with "
         "W_out's columns relabels neurons without changing the sum.",
         "match FFN neurons by permutation", True, "layer",
-        action="actions.permute_ffn", solver="layers.ffn_permutation", draw="ffn"),
+        action="actions.permute_ffn", solver="layer_solvers.ffn_permutation", draw="ffn"),
     Symmetry(
         "attn", "attention rotation",
         "Attention scores use q·k = (x W_Qᵀ)(x W_Kᵀ)ᵀ: rotating queries and keys by the same R "
@@ -65,7 +65,7 @@ SYMMETRIES: tuple[Symmetry, ...] = (
         "rows together with its W_O columns relabels heads without changing the sum.",
         "permute heads by linear assignment before rotating them (beyond the seed paper)",
         False, "layer", requires=("attn",),
-        action="actions.permute_heads", solver="layers.head_permutation", draw="heads"),
+        action="actions.permute_heads", solver="layer_solvers.head_permutation", draw="heads"),
     Symmetry(
         "residual", "residual rotation",
         "Layers talk through the residual stream: writers add to it, readers see it "
@@ -101,7 +101,7 @@ SYMMETRIES: tuple[Symmetry, ...] = (
                "kept whatever it learns."),
 )
 
-# The symmetry ladder (rotviz.analysis.ladder): matching SPECs as the group grows, then the
+# The symmetry ladder (rotviz.measures.ladder): matching SPECs as the group grows, then the
 # data solvers; and its two rungs that add no symmetry, each with its one sentence: the pair
 # as it is, and a model matched onto itself.
 LADDER: tuple[str, ...] = ("none", "ffn", "ffn,attn", "seed", "seed,heads", "weight", "act",

@@ -33,7 +33,7 @@ from rotviz.groups import (
     random_orthogonal,
     rotation_angles,
 )
-from rotviz.memo import TensorMemo, cached
+from rotviz.match.memo import TensorMemo, cached
 from rotviz.symmetry.view import FFN, Block, ModelView, Norm
 
 Tensor = torch.Tensor
@@ -410,7 +410,7 @@ def cross(src: ModelView, anc: ModelView, memo: TensorMemo | None = None,
     apply_residual: "ffn" sums the blocks' FFN and norm groups, "rest" the others."""
     _check_part(which)
     d = src.dims.d_model
-    # (a view of the tensors outside the blocks alone has no blocks: rotviz.stream.residual)
+    # (a view of the tensors outside the blocks alone has no blocks: rotviz.match.at_size_residual)
     dev = (src.blocks[0].attn.wq if src.blocks else next(iter(src.other.values()))).device
 
     def rows(x: Tensor, layout: str) -> Tensor:  # (n, d): one stream vector per row

@@ -2,12 +2,13 @@
 
 `read_view` turns a state dict into a `ModelView` using only the family's `ArchSpec`;
 `write_state` turns a view back into a state dict with the original names, shapes, layouts
-and dtypes, bit for bit. Symmetry actions and matching work on views and return new ones.
+and dtypes, bit for bit. Symmetry actions and matching work on views and return new ones. The
+kind of each tensor, for distances: rotviz.symmetry.kinds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -317,7 +318,7 @@ def read_view(spec: ArchSpec, config: Mapping, state: Mapping[str, Tensor]) -> M
 def read_block(spec: ArchSpec, dims: Dims, layout: Layout, state: Mapping[str, Tensor],
                prefix: str, used: set[str] | None = None) -> Block:
     """The block at `prefix` (one of `layout.blocks`); the names it reads are added to `used`.
-    On its own it lets a checkpoint be read one block at a time (rotviz.stream.match)."""
+    On its own it lets a checkpoint be read one block at a time (rotviz.match.at_size)."""
     h, h_kv, dh, d = dims.n_heads, dims.n_kv_heads, dims.d_head, dims.d_model
     rows = (h * dh, h_kv * dh, h_kv * dh)  # W_Q, W_K, W_V
     used = set() if used is None else used
@@ -470,46 +471,3 @@ def map_tensors(view: ModelView, fn) -> ModelView:
     )
     return replace(view, blocks=blocks, other={k: fn(v) for k, v in view.other.items()})
 
-
-# ---- parameter groups, for distances ------------------------------------------------------
-
-KINDS = ("q", "k", "v", "o", "ffn_in", "ffn_out", "norms", "embeddings", "head", "other")
-
-
-def groups(view: ModelView) -> Iterator[tuple[int | None, str, Tensor]]:
-    """Every floating tensor of the view as (layer or None, module kind, tensor)."""
-    for i, blk in enumerate(view.blocks):
-        a, f = blk.attn, blk.ffn
-        for kind, ts in (
-            ("q", (a.wq, a.bq, a.wpq, a.bpq)),
-            ("k", (a.wk, a.bk, a.wpk, a.bpk)),
-            ("v", (a.wv, a.bv)),
-            ("o", (a.wo, a.bo)),
-            ("ffn_in", (f.w_in, f.b_in, f.w_gate, f.b_gate)),  # a gated FFN's gate reads too
-            ("ffn_out", (f.w_out, f.b_out)),
-            ("norms", tuple(t for n in blk.norms.values() for t in (n.weight, n.bias))
-             + (a.gq, a.gk)),
-        ):
-            for t in ts:
-                if t is not None:
-                    yield i, kind, t
-    lay = view.layout
-    ties = view.spec.tied if view.tied is None else view.tied
-    tied_aliases = {alias for alias, _ in ties}
-    for name, t in view.other.items():
-        if not t.is_floating_point() or name in tied_aliases:
-            continue
-        yield None, _kind_of(name, lay), t
-
-
-def _kind_of(name: str, lay: Layout) -> str:
-    module = name.rsplit(".", 1)[0]
-    if name in lay.writers:
-        return "embeddings"
-    if module in lay.stream_norms or module == lay.final_norm:
-        return "norms"
-    if module in lay.readers:
-        return "head"
-    if any(name.startswith(p) for p in lay.blocks):
-        return "other"
-    return "head"

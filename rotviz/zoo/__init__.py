@@ -3,5 +3,5 @@ from its recipe. `build` trains an entry (with `train`, on `recipes`; the text m
 and tokenizer come from `nlp`), imported only by what builds.
 
 Which models the zoo holds, where they live and their cards is rotviz.zoo_registry, a leaf
-below this package: `rotviz.models` resolves `zoo:NAME` with it.
+below this package: `rotviz.sources.loading` resolves `zoo:NAME` with it.
 """

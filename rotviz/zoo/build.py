@@ -13,16 +13,19 @@ from pathlib import Path
 
 import torch
 
-from rotviz import models
 from rotviz.arch import spec_named
-from rotviz.data import Split, load_split, pystdlib_fingerprint
-from rotviz.evaluation import evaluate, split_for
-from rotviz.labelled import LABELLED_KINDS, data_path, majority_accuracy
+from rotviz.data.files import data_path
+from rotviz.data.labelled import LABELLED_KINDS, majority_accuracy
+from rotviz.data.reading import split_for
+from rotviz.data.split import Split, load_split
+from rotviz.data.splits import IGNORE
+from rotviz.data.tasks import CLASSIFIER_TASKS, METRIC_LABELS, scores
+from rotviz.data.text import pystdlib_fingerprint
+from rotviz.data.tokens import fingerprint, tokenizer_files
+from rotviz.evaluation import evaluate
 from rotviz.outputs import Outputs
-from rotviz.sources import source_of
-from rotviz.splits import IGNORE
-from rotviz.tasks import CLASSIFIER_TASKS, METRIC_LABELS, scores
-from rotviz.tokens import fingerprint, tokenizer_files
+from rotviz.sources import loading as models
+from rotviz.sources.adapters import source_of
 from rotviz.types import Progress
 from rotviz.zoo import recipes, train
 from rotviz.zoo_registry import entry, is_built, path_of, zoo_dir
@@ -161,7 +164,7 @@ def _base_state(base: str, progress: Progress | None):
 
 def _eval_split(rec: recipes.Recipe, loaded: models.Loaded, split: str) -> Split:
     """A split the built model is scored on: read through the model itself where it reads
-    text with its own tokenizer (rotviz.evaluation.split_for), else as before."""
+    text with its own tokenizer (rotviz.data.reading.split_for), else as before."""
     if rec.tokenizer is None:
         return load_split(rec.data, split)
     return split_for(loaded, rec.data, split)

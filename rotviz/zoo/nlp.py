@@ -34,7 +34,7 @@ from pathlib import Path
 
 from rotviz.errors import RotvizError
 
-DATA_DIR = "assets/data"  # relative to the repository: rotviz.labelled.data_path resolves it
+DATA_DIR = "assets/data"  # relative to the repository: rotviz.data.files.data_path resolves it
 CORPUS = f"{DATA_DIR}/pydocs.txt"
 TOKENIZER = f"{DATA_DIR}/pydocs-tokenizer"
 TOPICS_FILE = f"{DATA_DIR}/pydoc-topics.jsonl"
@@ -78,7 +78,7 @@ SKIP_DIRS = ("test", "tests", "idle_test", "idlelib", "site-packages", "lib2to3"
 
 def repo_path(rel: str) -> Path:
     """A shipped data path (relative to the repository) as an absolute path."""
-    from rotviz.labelled import REPO
+    from rotviz.data.files import REPO
 
     return REPO / rel
 
@@ -97,7 +97,7 @@ def split_of(text: str) -> str:
 
 
 def _stdlib() -> Path:
-    from rotviz.data import stdlib_dir
+    from rotviz.data.text import stdlib_dir
 
     root = stdlib_dir()
     if not (root / "ast.py").is_file():
@@ -316,13 +316,13 @@ def train_tokenizer(text: str, vocab_size: int = VOCAB_SIZE):
 
 def load_tokenizer(path: str | Path = TOKENIZER):
     """The shipped tokenizer (AutoTokenizer from its own files, never remote code)."""
-    from rotviz.tokens import _auto_tokenizer
+    from rotviz.data.tokens import _auto_tokenizer
 
     return _auto_tokenizer(_resolve(path))
 
 
 def _resolve(path: str | Path) -> Path:
-    from rotviz.labelled import data_path
+    from rotviz.data.files import data_path
 
     return data_path(str(path))
 

@@ -6,7 +6,7 @@ A recipe is plain data. `rotviz.zoo.train.train` runs it deterministically on th
 
 The NLP recipes (family "roberta") name their head in the model's `architectures` (masked
 LM, sequence or token classification; the task and its loss follow from it, see
-rotviz.tasks) and the `tokenizer` folder their text is read with (rotviz.zoo.nlp's data).
+rotviz.data.tasks) and the `tokenizer` folder their text is read with (rotviz.zoo.nlp's data).
 """
 
 from __future__ import annotations
@@ -60,8 +60,8 @@ class Recipe:
 
     @property
     def task(self) -> str:
-        """The task the recipe trains for (rotviz.tasks): image, text, masked, seq-cls, ..."""
-        from rotviz.tasks import task_of_config
+        """The task the recipe trains for (rotviz.data.tasks): image, text, masked, seq-cls, ..."""
+        from rotviz.data.tasks import task_of_config
 
         inputs = "pixels" if self.family == "vit" else "tokens"
         return task_of_config(inputs, {**self.model, "architectures": [self.head]}) or "text"
@@ -103,7 +103,7 @@ _GPT2_PYSTDLIB = dict(
     vocab_size=98, n_positions=64, n_embd=128, n_layer=4, n_head=4, n_inner=512,
     activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
     bos_token_id=0, eos_token_id=0, tie_word_embeddings=True,
-    rotviz_vocab="chars",  # reads rotviz's character vocabulary (rotviz.tokens)
+    rotviz_vocab="chars",  # reads rotviz's character vocabulary (rotviz.data.tokens)
 )
 
 # The seed paper's NLP setting, small: a RoBERTa encoder (d 64, 4 layers, 4 heads, FFN 128,

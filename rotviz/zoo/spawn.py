@@ -2,7 +2,7 @@
 children spawned from it at several steps k, each trained to the end twice with two seeded
 data orders, and the intermediate checkpoints of the two children spawned at k = 0.
 
-Written as the layouts rotviz reads (rotviz.analysis.training, docs/landscape.md):
+Written as the layouts rotviz reads (rotviz.measures.training, docs/landscape.md):
 
     vit-digits-spawn/
       card.json                        recipe, seeds, steps, each model's test metrics
@@ -22,12 +22,12 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from rotviz import models
 from rotviz.arch import spec_named
-from rotviz.data import load_split
+from rotviz.data.split import load_split
 from rotviz.evaluation import evaluate
 from rotviz.outputs import Outputs, write_json_file
-from rotviz.sources import source_of
+from rotviz.sources import loading as models
+from rotviz.sources.adapters import source_of
 from rotviz.types import Progress
 from rotviz.zoo import recipes, train
 from rotviz.zoo_registry import SpawnEntry, spawn_entry, zoo_dir

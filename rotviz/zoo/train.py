@@ -7,7 +7,7 @@ while a `torch.Generator` of its own drives shuffling. The caller's RNG, thread 
 determinism setting are left as they were.
 
 Text recipes (rotviz.zoo.recipes' "roberta" family) train on the task's own loss
-(rotviz.tasks.sample_losses, what transformers computes with `labels=`): batches of padded
+(rotviz.data.tasks.sample_losses, what transformers computes with `labels=`): batches of padded
 text are cut to their longest example, and a masked LM sees a fresh seeded 15% of its tokens
 masked in every batch.
 """
@@ -25,10 +25,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from rotviz.arch import max_positions, spec_named
-from rotviz.data import MASK_RATE, Inputs, Split, load_split
+from rotviz.data.inputs import Inputs
+from rotviz.data.split import Split, load_split
+from rotviz.data.splits import IGNORE
+from rotviz.data.tasks import label_names, sample_losses
+from rotviz.data.text import MASK_RATE
 from rotviz.errors import RotvizError
-from rotviz.splits import IGNORE
-from rotviz.tasks import label_names, sample_losses
 from rotviz.types import Progress
 from rotviz.zoo.recipes import Recipe
 
@@ -94,11 +96,12 @@ def _loss(model: nn.Module, family: str, x: torch.Tensor, y: torch.Tensor) -> to
 def recipe_split(recipe: Recipe, split: str = "train") -> Split:
     """One split of the recipe's data, read the way its model will read it: images and
     characters as they are; text through the recipe's tokenizer, as masked-LM windows or as
-    labelled rows for its classifier head (rotviz.labelled)."""
+    labelled rows for its classifier head (rotviz.data.labelled)."""
     if recipe.tokenizer is None:
         return load_split(recipe.data, split)
-    from rotviz.labelled import Labelling, data_path
-    from rotviz.tokens import text_encoding
+    from rotviz.data.files import data_path
+    from rotviz.data.labelled import Labelling
+    from rotviz.data.tokens import text_encoding
 
     folder = data_path(recipe.tokenizer)
     if not (folder / "tokenizer.json").is_file():

@@ -1,0 +1,127 @@
+"""What both ways of matching at size (rotviz.match.at_size: per-layer maps;
+rotviz.match.at_size_residual: weight matching) check, with each checkpoint read a block at a
+time: whether the options can be matched at size at all, the parameter distance of two
+checkpoints, and the function check of the matched model (in float32 and as stored).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import torch
+
+from rotviz.atsize.blocks import (
+    Streamed,
+    applied_block,
+    block_tensors,
+    logits_at_size,
+    read_block_view,
+)
+from rotviz.atsize.runtime import Provider, Reader, build_meta
+from rotviz.match.distances import Distances, distances, squared_distance
+from rotviz.match.options import MatchOptions
+from rotviz.match.pipeline import record_stored_check
+from rotviz.match.report import MatchReport
+from rotviz.memory import release
+from rotviz.sources.adapters import source_of
+from rotviz.sources.checkpoint import Checkpoint
+from rotviz.sources.loading import HALF, read_config
+from rotviz.sources.running import logit_change
+from rotviz.symmetry.kinds import kind_of
+
+Tensor = torch.Tensor
+
+
+def streaming_refusal(options: MatchOptions) -> str | None:
+    """Why `options` cannot be matched block by block, or None."""
+    if options.needs_data:
+        return f"matching from data ([{options.label}]) cannot be streamed yet"
+    return None
+
+
+def kind_cells(d: Distances) -> dict[str, float]:
+    return {kind: v for (_, kind), v in d.cells.items()}
+
+
+def rest_cells(anchor: Streamed, source: Streamed) -> dict[tuple[int | None, str], float]:
+    """Distances outside the blocks (unchanged by per-layer maps), one tensor at a time and
+    the largest (embeddings, output heads) in slices of rows, in the kinds
+    `rotviz.symmetry.kinds.groups` gives them (tie aliases counted once)."""
+    tied = {alias for alias, _ in source.tied}
+    cells: dict[tuple[int | None, str], float] = {}
+    for name in source.rest:
+        if name in tied or not source.checkpoint.entries[name].dtype.is_floating_point:
+            continue
+        shape = source.checkpoint.entries[name].shape
+        rows = shape[0] if shape else 1
+        step = max(1, (1 << 22) // max(1, math.prod(shape[1:]))) if shape else 1
+        total = 0.0
+        for lo in range(0, rows, step):
+            if shape:
+                a = anchor.checkpoint.read_rows(name, lo, lo + step, torch.float32)
+                s = source.checkpoint.read_rows(name, lo, lo + step, torch.float32)
+            else:
+                a = anchor.checkpoint.read([name], torch.float32)[name]
+                s = source.checkpoint.read([name], torch.float32)[name]
+            total += squared_distance(s, a)
+        key = (None, kind_of(name, source.layout))
+        cells[key] = cells.get(key, 0.0) + total
+    return cells
+
+
+def streamed_distance(anchor: Streamed, source: Streamed) -> Distances:
+    """The parameter distance of two checkpoints, read block by block (as the in-memory
+    `rotviz.match.distances.distances` of the loaded models)."""
+    cells: dict[tuple[int | None, str], float] = {}
+    for i in range(source.dims.n_layers):
+        d = distances(read_block_view(source, i), read_block_view(anchor, i))
+        cells.update({(i, k): v for k, v in kind_cells(d).items()})
+        release()
+    return Distances({**cells, **rest_cells(anchor, source)})
+
+
+Dtype = torch.dtype | None  # float32, or None: as stored
+
+
+def check_function(source: Streamed, matched: Callable[[Dtype], Provider],
+           matched_rest: Callable[[Dtype], Reader], report: MatchReport,
+           folder: Path | None) -> None:
+    """Fill the report's function check, as rotviz.match.pipeline does in memory: the source
+    against the matched model (`matched(dtype)` gives its blocks, `matched_rest(dtype)` the
+    tensors outside them), in float32 and, for a half checkpoint, as stored (read back from
+    the written `folder` where there is one)."""
+    module, full = build_meta(source.spec, read_config(source.path, source.confined))
+    x = source_of(source.spec).probe_inputs(source.spec, full, module, 4, 0)
+
+    def original(dtype: Dtype) -> Provider:
+        return lambda i: block_tensors(applied_block(source, i, None, dtype), i, source)
+
+    def stored_rest(dtype: Dtype) -> Reader:
+        return lambda ns: source.checkpoint.read(ns, dtype)
+
+    ya = logits_at_size(source, original(torch.float32), stored_rest(torch.float32), x)
+    release()
+    yb = logits_at_size(source, matched(torch.float32), matched_rest(torch.float32), x)
+    release()
+    report.max_output_diff = float((ya - yb).abs().max())
+    dtype = source.stored_dtype
+    if dtype not in HALF:
+        return
+    xs = {k: v.to(dtype) if v.is_floating_point() else v for k, v in x.items()}
+    if folder is not None:  # the written files, as they will be loaded
+        written = Checkpoint(folder, source.confined)
+
+        def blocks(i: int) -> Mapping[str, Tensor]:
+            return written.read(source.block_keys[i], None)
+
+        def rest(ns: list[str]) -> Mapping[str, Tensor]:
+            return written.read(ns, None)
+    else:
+        blocks, rest = matched(None), matched_rest(None)
+    ya = logits_at_size(source, original(None), stored_rest(None), xs)
+    release()
+    yb = logits_at_size(source, blocks, rest, xs)
+    release()
+    record_stored_check(report, dtype, *logit_change(ya, yb))

@@ -1,0 +1,70 @@
+"""The merge_sweep record (rotviz.measures.merge_sweep): one merge per value, equal to
+`merge_on` at that value, its CLI, rows, figure and refusals."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+
+import pytest
+from conftest import refused
+
+from rotviz.errors import RotvizError
+from rotviz.plots.figure_style import Style
+
+
+@cache
+def _refs():
+    return tuple(f"zoo:vit-digits-{n}" for n in ("ft-a", "ft-b", "base"))
+
+
+def test_a_sweep_is_one_merge_per_value(tmp_path, capfd, ws):
+    """`merge_sweep` turns one number and holds the rest: at each value its loss and accuracy
+    are those of `merge_on` with that value (to the bit); the weight's ends are the anchor
+    and the matched source; the CLI writes the rows and a plot with titled axes; a number
+    the method cannot sweep, and a value outside the parameter's bound, are one line each."""
+    from rotviz.analysis.merges import merge_on
+    from rotviz.cli import main
+    from rotviz.data.split import load_split
+    from rotviz.match.endpoints import match_endpoints
+    from rotviz.measures import measurement
+    from rotviz.measures.merge_sweep import sweep_on
+    from rotviz.sources.loading import load_model
+
+    la, lb, lbase = (load_model(x) for x in _refs())
+    split = load_split("digits", "test").subset(64)
+    ends = match_endpoints(la, lb, None)
+    dens = [0.1, 0.5, 1.0]
+    sw = sweep_on(ends, "ties", "density", dens, split, base=lbase, scale=1.5)
+    for d, loss, acc in zip(dens, sw.loss, sw.acc, strict=True):
+        one = merge_on(ends, "ties", split, base=lbase, density=d, scale=1.5)
+        assert (loss, acc) == (one.loss, one.acc), d
+    assert len(set(sw.loss)) == 3 and sw.base == lbase.ref
+    assert sw.params == {"consensus": "sum", "scale": 1.5}  # held; the swept one is `values`
+    w = sweep_on(ends, "simple", "weight", [0.0, 0.5, 1.0], split)
+    assert w.loss[0] == pytest.approx(w.anchor_loss, abs=1e-9)
+    assert w.loss[2] == pytest.approx(w.source_loss, abs=1e-9)
+    assert w.loss[1] == merge_on(ends, "simple", split).loss
+    with pytest.raises(RotvizError, match="--param density is not a number --method simple"):
+        sweep_on(ends, "simple", "density", dens, split)
+    js = tmp_path / "sweep.json"
+    args = ["merge_sweep", *_refs()[:2], "--data", "digits", "--match", "none", "--method",
+            "task_arithmetic", "--base", _refs()[2], "--param", "scale", "--start", "0",
+            "--stop", "2", "--points", "3"]
+    assert main([*args, "--json", str(js)]) == 0
+    out = capfd.readouterr().out
+    assert out.startswith("merge sweep [task_arithmetic, match none] of scale")
+    d = json.loads(js.read_text())
+    assert d["values"] == [0.0, 1.0, 2.0] and len(d["acc"]) == 3
+    assert d["loss"][0] == pytest.approx(merge_on(
+        match_endpoints(la, lb, None), "task_arithmetic", load_split("digits", "test"),
+        base=lbase, scale=0.0).loss, abs=1e-12)  # lambda 0: the base itself
+    rec = measurement("merge_sweep")
+    assert rec.rows(d)[1] == {"scale": 1.0, "loss": d["loss"][1], "acc": d["acc"][1]}
+    fig = rec.plot(d, Style())
+    assert fig.layout.title.text.startswith("Merged model accuracy against scale")
+    assert "λ" in fig.layout.xaxis.title.text and "accuracy" in fig.layout.yaxis.title.text
+    assert fig.layout.legend.title.text and [t.name for t in fig.data][0] == "no matching"
+    refused([*args[:-6], "--param", "density"], capfd, ws, "--param density is not a number")
+    refused([*args[:-8], "--method", "ties", "--param", "density", "--stop", "1.5"], capfd, ws,
+            "--stop 1.5 is outside --density's range", "a number from 0 to 1")
