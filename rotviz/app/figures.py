@@ -106,7 +106,7 @@ def bend_on_plane(plane: Mapping, bend: Mapping, style: Style) -> Any:
 def slice_panels(slices: Sequence[Mapping], titles: Sequence[str], title: str,
                  style: Style) -> Any:
     """Several 2D slices side by side on one colour scale (a plane and its gauge-fixed twin)."""
-    from rotviz.measures.slice import slice_panels as draw
+    from rotviz.plots.surface import slice_panels as draw
 
     return draw(slices, titles, log=style.log, font_size=style.font_size, title=title)
 
