@@ -333,8 +333,6 @@ def _plot(d: dict, look: Style):
 def _figures(d: dict, style: Style) -> dict:
     """The distance matrices (the record's figure) and the merged accuracy against the
     number of models merged."""
-    from rotviz.plots.many import merged_by_count
-
     return {"many": _plot(d, style),
             "many_merged": merged_by_count(d, style.font_size, style.accuracy_axis())}
 
