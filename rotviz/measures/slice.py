@@ -228,16 +228,6 @@ def _summary(s, how: str) -> str:
             f"{s.seconds:.2f} s")
 
 
-AXIS_UNITS = {"filter": "direction units: 1 = each filter's own norm",
-              "layer": "direction units: 1 = each tensor's own norm",
-              "unit": "direction units: 1 = each neuron's and head's own norm",
-              "none": "parameter units (L2, unnormalised Gaussian)"}
-
-
-def _axis(d: Mapping, i: int) -> str:
-    return f"distance along direction {i} ({AXIS_UNITS.get(d.get('norm', ''), 'units')})"
-
-
 DIRECTION_WORDS = {"random": "random", "hessian": "Hessian-eigenvector", "toward": "toward",
                    "tangent": "symmetry-tangent", "gauge": "gauge-fixed random",
                    "given": "given"}
@@ -279,6 +269,7 @@ def slice_line(d: Mapping, log: bool = False, font_size: int = 14,
     from plotly.subplots import make_subplots
 
     from rotviz.plots import style
+    from rotviz.plots.surface import axis_title as _axis
 
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     fig.add_scatter(x=d["xs"], y=d["loss"], mode="lines+markers", name="test loss",
@@ -321,6 +312,7 @@ def slice_figure(d: Mapping, log: bool = False, zmin: float | None = None,
 
     from rotviz.plots import style
     from rotviz.plots.surface import LOG_BAR, LOSS_BAR, colour_range, colours
+    from rotviz.plots.surface import axis_title as _axis
 
     z = np.asarray(d["loss"], dtype=float)
     c = colours(z, log)
@@ -353,36 +345,6 @@ def slice_figure(d: Mapping, log: bool = False, zmin: float | None = None,
     fig.update_layout(scene={"xaxis_title": "direction 1", "yaxis_title": "direction 2",
                              "zaxis_title": LOSS_BAR},
                       legend={"orientation": "h", "y": -0.15, "x": 0})
-    return fig
-
-
-def slice_panels(ds: Sequence[Mapping], titles: Sequence[str], log: bool = False,
-                 font_size: int = 14, title: str | None = None):
-    """Several 2D slices as contours side by side with one colour scale over them all (the
-    same loss is the same colour in every panel), e.g. a slice of A beside one of B', or a
-    random plane beside its gauge-fixed twin; `title` replaces the default one."""
-    import numpy as np
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    from rotviz.plots import style
-    from rotviz.plots.surface import LOG_BAR, LOSS_BAR, colour_range, colours, shared_range
-
-    lo, hi = shared_range(ds)
-    clo, chi = colour_range(lo, hi, np.asarray([lo, hi]), log)
-    fig = make_subplots(rows=1, cols=len(ds), subplot_titles=list(titles),
-                        shared_yaxes=True, horizontal_spacing=0.04)
-    for j, d in enumerate(ds):
-        c = colours(np.asarray(d["loss"], dtype=float), log)
-        fig.add_trace(go.Contour(
-            x=d["xs"], y=d["ys"], z=c.tolist(), colorscale=style.SEQUENTIAL, zmin=clo,
-            zmax=chi, showscale=j == 0, name=titles[j],
-            contours={"coloring": "heatmap", "showlabels": True},
-            colorbar={"title": {"text": LOG_BAR if log else LOSS_BAR, "side": "right"}},
-            hovertemplate="(%{x:.2f}, %{y:.2f}): %{z:.3f}<extra></extra>"), row=1, col=j + 1)
-    fig = style.finish(fig, title or "Test loss around each model, one colour scale",
-                       _axis(ds[0], 1), _axis(ds[0], 2), None, font_size, height=480,
-                       legend=False)
     return fig
 
 

@@ -177,8 +177,8 @@ def test_slices_are_seeded(loaded):
 
 def test_the_cli_writes_the_slice_json(tmp_path, capsys):
     from rotviz.measures import measurement
-    from rotviz.measures.slice import slice_figure, slice_panels
-    from rotviz.plots.surface import loss_surface
+    from rotviz.measures.slice import slice_figure
+    from rotviz.plots.surface import loss_surface, slice_panels
 
     js = tmp_path / "s.json"
     rc = main(["slice", "zoo:vit-digits-s3", "--data", "digits", "--dims", "1", "--grid", "3",
