@@ -62,13 +62,12 @@ def random_gpt2(tmp: Path, seed: int, **sizes) -> str:
     return str(out)
 
 
-def matched_state(a, b, spec: str, device):
-    """The source matched onto the anchor and what matching did: (state, report), the
-    endpoints' matched state (rotviz.match.endpoints.match_endpoints)."""
+def matched(a, b, spec: str, device):
+    """The pair matched once (rotviz.match.endpoints.match_endpoints): the endpoints every
+    curve after matching is measured on."""
     from rotviz.match.endpoints import match_endpoints
 
-    ends = match_endpoints(a, b, spec, device)
-    return ends.matched, ends.report
+    return match_endpoints(a, b, spec, device)
 
 
 def main() -> None:
@@ -85,7 +84,7 @@ def main() -> None:
 
     transformers.utils.logging.disable_progress_bar()
     from rotviz.devices import pick_device
-    from rotviz.measures.barrier import interpolate
+    from rotviz.measures.barrier import curve_on, interpolate
     from rotviz.measures.merge import merge
     from rotviz.measures.plane import loss_plane
 
@@ -106,8 +105,8 @@ def main() -> None:
         s, c = timed(lambda spec=spec: interpolate(a, b, test, spec, 21, device), rep)
         rows.append(f"| 21-point curve, match {spec} (end to end, matching included) | {s:.2f} | "
                     f"barrier {c.barrier:.3f}, mid acc {c.mid_acc:.3f} |")
-    state, _ = matched_state(a, b, "seed", device)
-    s_match, _ = timed(lambda: matched_state(a, b, "seed", device), rep)
+    ends = matched(a, b, "seed", device)
+    s_match, _ = timed(lambda: matched(a, b, "seed", device), rep)
     rows.append(f"| matching [seed] alone | {s_match:.2f} | |")
     for method in ("simple", "fisher", "regmean"):
         s, r = timed(lambda m=method: merge(a, b, m, "seed", test, train, device=device), rep)
@@ -125,7 +124,7 @@ def main() -> None:
     lines += ["Time against the number of points (match seed, matching done beforehand):", "",
               "| points | seconds | ms per point |", "|---|---|---|"]
     for n in (3, 5, 11, 21, 41):
-        s, _ = timed(lambda n=n: interpolate(a, b, test, "seed", n, device, source_state=state),
+        s, _ = timed(lambda n=n: curve_on(ends, test, n, device),
                      rep)
         lines.append(f"| {n} | {s:.3f} | {1000 * s / (n + (n % 2 == 0)):.1f} |")
     lines.append("")
@@ -142,9 +141,8 @@ def main() -> None:
             ma = load_model(random_vit(Path(tmp), f"vit{d}x{layers}", 0, d, layers))
             mb = load_model(random_vit(Path(tmp), f"vit{d}x{layers}", 1, d, layers))
             n_params = sum(p.numel() for p in ma.model.parameters())
-            s_m, (st, _) = timed(lambda ma=ma, mb=mb: matched_state(ma, mb, "seed", device), 1)
-            s_c, _ = timed(lambda ma=ma, mb=mb, st=st: interpolate(
-                ma, mb, test, "seed", 21, device, source_state=st), rep)
+            s_m, e = timed(lambda ma=ma, mb=mb: matched(ma, mb, "seed", device), 1)
+            s_c, _ = timed(lambda e=e: curve_on(e, test, 21, device), rep)
             lines.append(f"| {d} | {layers} | {n_params:,} | {s_m:.2f} | {s_c:.2f} |")
         lines.append("")
 
