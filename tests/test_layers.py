@@ -117,8 +117,8 @@ LAYERS = [
     ("match", ["rotviz.match"]),
     ("merging", ["rotviz.merging"]),
     ("analysis", ["rotviz.analysis"]),
-    # at size, what is built on matching and the analyses (and rotviz.stream's last two
-    # modules, which their records' modules take in)
+    # at size, what is built on matching and the analyses (and rotviz.stream's last module,
+    # the slice's, which its record's module takes in)
     ("atsize", ["rotviz.atsize.endpoints", "rotviz.atsize.landscape", "rotviz.atsize.merge",
                 "rotviz.stream"]),
     ("plots", ["rotviz.plots"]),
