@@ -253,5 +253,5 @@ BARRIER = register(Measurement(
     _run, PARAMS, summary=_summary, plot=_plot, rows=_rows, at_size=_at_size, check=_check,
     animate=_animate, animate_params={"examples": 4},
     narrower=True,
-    at_size_help="matched streamed and evaluated with both checkpoints held as "
+    at_size_help="matched at size and evaluated with both checkpoints held as "
                  "stored, each point built block by block", section=SECTION, order=10))

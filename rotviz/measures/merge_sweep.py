@@ -273,9 +273,8 @@ def _figures(d: dict, style: Style) -> dict:
 SECTION = Section(
     "merge", 20, "Sweep one number",
     "How the merged model's accuracy changes as one number of the merge is turned: the "
-    "weight of the source, task arithmetic's λ (scale), the density TIES and DARE keep, or "
-    "RegMean's α. Every other parameter keeps its value; one line per matching option "
-    "picked above.",
+    "weight of the source, or a number of the chosen method's own (its scale, density, α). "
+    "Every other parameter keeps its value; one line per matching option picked above.",
     defaults={"points": 6}, hidden=("base", "seed"), per_matching=True, figures=_figures,
     doing=lambda v: f"{v['points']} merges")
 
