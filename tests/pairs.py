@@ -4,13 +4,11 @@ comparison of an at-size result with the in-memory one."""
 
 from __future__ import annotations
 
-import json
 from functools import cache
 
 import numpy as np
 import torch
 
-from rotviz.cli import main
 from rotviz.data.split import Split, load_split
 from rotviz.sources.loading import Loaded, load_model
 from rotviz.sources.running import forward, probe_inputs
@@ -61,12 +59,3 @@ def assert_close(want, got, what: str, rel: float = 1e-5) -> None:
     x, y = np.asarray(want, dtype=float), np.asarray(got, dtype=float)
     assert x.shape == y.shape, what
     assert np.abs(x - y).max() <= rel * max(1.0, np.abs(x).max()), what
-
-
-def cli_json(tmp_path, name: str, argv: list[str]) -> dict:
-    """The --json a CLI command writes, less its timing and version."""
-    out = tmp_path / f"{name}.json"
-    assert main([*argv, "--json", str(out)]) == 0
-    d = json.loads(out.read_text())
-    d.pop("seconds"), d.pop("rotviz", None)
-    return d
