@@ -72,8 +72,8 @@ with st.form("measure_form"):
 def draw(result: dict, cfg: dict) -> None:
     """The record's figure, its animation (`animate`), its text (`markdown`) and
     table, and the export."""
-    tables, figures = measurement_files(name, result)
-    for key, fig in figures.items():
+    tables, figs = measurement_files(name, result, s.style())
+    for key, fig in figs.items():
         show.chart(fig, f"measure_{key}")
     anim = measurement_animation(name, result)
     if anim is not None:
@@ -84,7 +84,7 @@ def draw(result: dict, cfg: dict) -> None:
     for rows in tables.values():
         show.table(rows)
     show.export(name, {"page": "measure", "measurement": name, **cfg}, result, tables,
-                  figures, {name: anim} if anim is not None else None)
+                  figs, {name: anim} if anim is not None else None)
 
 
 def body() -> None:

@@ -5,14 +5,13 @@ barycentre, the merged accuracy against N)."""
 
 import streamlit as st
 
-from app_pages import run, runtime, section, show, sidebar
+from app_pages import run, section, sidebar
 from rotviz import app, zoo_registry
 from rotviz.app import figures
 from rotviz.app import roots as app_roots
-from rotviz.app.export import measurement_files
 from rotviz.app.specs import MERGE_SPECS, learns, spec_label
 from rotviz.errors import RotvizError
-from rotviz.measures import Measurement, measurement
+from rotviz.measures import Measurement
 from rotviz.merging.registry import methods as merge_methods
 
 s = sidebar.setup()
@@ -56,7 +55,12 @@ based = [METHODS[m].label for m in methods if METHODS[m].needs_base]
 def cfg_of(record: Measurement, values: dict, refs: list[str], spec: str | None) -> dict:
     """A section's configuration under one matching: the page's methods (the fusion table)
     and base (where a chosen method needs one, resolved as every later read means it), the
-    learned matching's step budget, the sidebar's seed."""
+    learned matching's step budget, the sidebar's seed; many models: the models and their
+    one matching from the section's own fields."""
+    if record.inputs is not None:
+        values = dict(values)
+        models, many_spec = values.pop("models"), values.pop("spec")
+        return app.inputs_cfg(s.base(), models, [many_spec], **values)
     mine = {"methods": ",".join(methods)} if record.name == "fusion" else {}
     if mine and not methods:
         raise RotvizError("pick at least one fusion method above")
@@ -69,57 +73,20 @@ def cfg_of(record: Measurement, values: dict, refs: list[str], spec: str | None)
                            **{**values, **mine, "base": base, "seed": s.base()["seed"]})
 
 
-section.compose("merge", s, "g", section.Hooks(
-    cfg=cfg_of, ready=run.require_pair(s), matchings=tuple(labels)))
-# ---- many models at once -----------------------------------------------------------------------
-
-st.header("Many models at once", anchor="many")
-st.markdown(
-    "Three or more models of one architecture, aligned into one basis, then averaged: onto the "
-    "first model (the anchor), or onto their **barycentre**, the mean refined round by round "
-    "(every model matched onto the current mean, the aligned models averaged into the next). "
-    "Each aligned model is its original moved by a symmetry, so it computes the same function. "
-    "Left: the distance between every two models as given; right: aligned (one colour scale). "
-    "Below: the equal-weight mean of the first *k* models, aligned and not, against *k*."
-)
-MANY = measurement("many")
-with st.form("many_form"):
+def many_fields() -> dict:
+    """The many-models section's own inputs: the models, one per line, and the matching."""
     c = st.columns([2, 1])
-    refs_text = c[0].text_area("Models, one per line (the first is the anchor)",
-                               "\n".join(f"zoo:{n}" for n in zoo_registry.SEEDS),
-                               key="n_refs", bind="query-params")
-    many_spec = c[1].selectbox("Matching", ["seed", "weight", "seed,heads"],
-                               format_func=figures.nice_label, key="n_spec", bind="query-params",
-                               help="Data-free matching: the barycentre is a mean of weights, "
-                                    "not a model that can be run on data.")
-    c = st.columns(3)
-    many_values = {p.name: show.param_input(c[i % 3], p, f"n_{p.name}")
-                   for i, p in enumerate(MANY.parameters())}
-    many_run = st.form_submit_button("Run", type="primary", icon=":material/play_arrow:",
-                                     key="n_run")
+    text = c[0].text_area("Models, one per line (the first is the anchor)",
+                          "\n".join(f"zoo:{n}" for n in zoo_registry.SEEDS),
+                          key="n_refs", bind="query-params")
+    spec = c[1].selectbox("Matching", ["seed", "weight", "seed,heads"],
+                          format_func=figures.nice_label, key="n_spec", bind="query-params",
+                          help="Data-free matching: the barycentre is a mean of weights, "
+                               "not a model that can be run on data.")
+    return {"models": [r.strip() for r in text.splitlines() if r.strip()], "spec": spec}
 
 
-def many_body() -> None:
-    from rotviz.match.pipeline import FUNCTION_TOLERANCE
+section.compose("merge", s, "g", section.Hooks(
+    cfg=cfg_of, ready=run.require_pair(s), matchings=tuple(labels),
+    fields={"many": many_fields}, keys={"many": "n"}))
 
-    refs = [r.strip() for r in refs_text.splitlines() if r.strip()]
-    cfg = app.inputs_cfg(s.base(), refs, [many_spec], **many_values)
-    with show.progress("Aligning many models", 1, stop="merge_many") as step:
-        step(f"{len(refs)} models, matching {figures.nice_label(many_spec)}")
-        r = runtime.compute("many", cfg, step.detail)
-    style = s.style()
-    tables, figs = measurement_files("many", r, style)
-    figs["many_merged"] = figures.merged_by_count(r, style)
-    show.chart(figs["many"], "many_matrices")  # the record's figure
-    show.chart(figs["many_merged"], "many_merged")
-    ended = "one pass" if r["to"] == "anchor" else f"{r['rounds']} round(s), {r['ended']}"
-    st.caption(f"Mean pairwise distance {r['spread'][0]:.3f} as given, {r['spread'][-1]:.3f} "
-               f"aligned ({ended}); on {r['n']} {r['split']} samples, {r['seconds']:.1f} s.")
-    show.function_badge(r["max_output_diff"], FUNCTION_TOLERANCE,
-                          "every aligned model")
-    st.dataframe(tables["many"], hide_index=True)
-    show.export("many", {"page": "merge", **cfg}, r, tables, figs)
-
-
-if run.section_wanted("merge_many", many_run):
-    run.guard(many_body)

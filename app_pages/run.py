@@ -98,6 +98,11 @@ def should_run(page: str, submitted: bool, s: Setup) -> bool:
     return True
 
 
+def ran_before(page: str) -> bool:
+    """Whether Run was pressed on this page (or section) in this session."""
+    return bool(st.session_state.get(f"_ran_{page}"))
+
+
 def section_wanted(page: str, submitted: bool) -> bool:
     """For a section that computes only on Run (the Landscape and Training pages): once Run
     was pressed in this session (and again on every rerun, from the cache), never on first

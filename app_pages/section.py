@@ -138,7 +138,9 @@ def checked(result: dict) -> None:
     checks = result.get("checks") or ([result] if "max_output_diff" in result else [])
     diffs = [c["max_output_diff"] for c in checks if c.get("max_output_diff") is not None]
     if diffs:
-        show.function_badge(max(diffs), checks[0]["tolerance"],
+        from rotviz.match.pipeline import FUNCTION_TOLERANCE
+
+        show.function_badge(max(diffs), checks[0].get("tolerance") or FUNCTION_TOLERANCE,
                             "matched source (every option)" if len(checks) > 1
                             else "matched source")
 
@@ -160,10 +162,11 @@ def results(record: Measurement, key: str, cfg: dict, result: dict, style: Style
         st.markdown(record.markdown(result))
     checked(result)
     more: dict = {}
+    shown = tables  # the record's tables, folded; what the page adds shows itself
     if extend is not None:
         more, extra_figs, extra_tables = extend(record, values, result, style)
         figs, tables = {**figs, **extra_figs}, {**tables, **extra_tables}
-    for rows in tables.values():
+    for rows in shown.values():
         if rows:
             with st.expander("Table", icon=":material/table:"):
                 show.table(rows)
@@ -220,6 +223,8 @@ def draw(record: Measurement, s: Setup, page: str, prefix: str, hooks: Hooks) ->
     drawn = Drawn(values, style)
     if not hooks.ready:
         return drawn
+    if s.presenter and not sec.on_open and not run.ran_before(key):
+        return drawn  # presenting hides the forms: no Run to ask for
     wanted = (run.should_run(key, submitted, s) if sec.on_open
               else run.section_wanted(key, submitted))
     if not wanted:

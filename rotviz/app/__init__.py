@@ -2,9 +2,10 @@
 Streamlit.
 
 Layers, top to bottom:
-- app.py (the launcher), app_main.py and app_pages/ (app_pages/common.py: the helpers the
-  pages share): widgets, caches, locks, progress boxes, Stop. The only code that imports
-  streamlit.
+- app.py (the launcher), app_main.py and app_pages/ (the helpers the pages share: sidebar,
+  runtime (caches, locks, start-up), run (gating, checks, warm-up), show (progress boxes,
+  Stop, badges, exports) and section (a record's section, drawn from what it declares)).
+  The only code that imports streamlit.
 - rotviz.app (this package) and rotviz.plots: the app's computations as plain data in,
   plain data out (`compute`, re-exported here; a measurement runs through the one runner,
   rotviz.runner, as on the command line), and its modules named for what they hold:
@@ -13,7 +14,8 @@ Layers, top to bottom:
   `roots` (where models and data may come from), `cache` (the result cache and the
   configuration hashes), `export` (JSON, CSV, figures, zips), `devices` (the device picker
   and badge), `specs` (the matching SPECs offered), `summaries` (model cards, match
-  summaries and their tables) and `demos` (the Learn page). Every registered measurement
+  summaries and their tables), `demos` (the Learn page) and `figures` (the pages' figures
+  beyond a record's own, in the page's Style). Every registered measurement
   (rotviz.measures) is a computation of `run`, by its name.
 - the engine (matching, alternating, residual, landscape, fusion, models, ...). A page that
   needs an engine name imports it from its home, inside the function that uses it.

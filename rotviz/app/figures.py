@@ -1,12 +1,12 @@
-"""The app's figures beyond each record's own `plot`, each drawn in the page's `Style`.
+"""The app's figures beyond each record's own, each drawn in the page's `Style`.
 
-A record draws one result (`Measurement.plot(result, style)`); a page also draws several
-results in one figure (the Barrier page's curve of every matching, a slice beside its
-gauge-fixed twin, the bend on the A/B/B' plane), the matching's own views (the Match and
-Spectra pages: distances, the alternation, the cross-matrix spectra) and the Learn page's
-demo. They are here, so that the pages (app_pages/) draw every figure through a record or
-this module and never reach into rotviz.plots; with the words the figures and tables
-share (a matching's label, a score's name and help). Plotly is imported inside each
+A record draws its results (`Measurement.plot(result, style)`, and a section's `figures`
+for the runs of one section, one per matching). A page also draws figures of its own: a
+slice beside its gauge-fixed twin, the bend on the A/B/B' plane, the matching's views (the
+Match and Spectra pages: distances, the alternation, the cross-matrix spectra) and the Learn
+page's demo. They are here, so that the pages (app_pages/) draw every figure through a
+record or this module and never reach into rotviz.plots; with the words the figures and
+tables share (a matching's label, a score's name and help). Plotly is imported inside each
 function, as the records do.
 """
 
@@ -16,13 +16,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rotviz.plots.figure_style import Style
-
-
-def bar_range(values: Sequence[float], style: Style) -> list[float]:
-    """One y range for bars of 0-1 scores read side by side (accuracy beside F1)."""
-    from rotviz.measures.merge import bar_range as bars
-
-    return bars(values, style.fixed_accuracy)
 
 
 def preload() -> None:
@@ -55,12 +48,6 @@ def metric_help(key: str) -> str:
     return words(key)
 
 
-def metric_names() -> dict[str, str]:
-    """Every score a table may hold beside accuracy and loss, by key."""
-    from rotviz.plots.style import METRIC_NAMES
-
-    return dict(METRIC_NAMES)
-
 
 def distance_words() -> str:
     """What a distance between two models is, with its unit."""
@@ -79,19 +66,6 @@ def curve_name(kind: str) -> str:
 # ---- several results in one figure ----------------------------------------------------------
 
 
-def barrier_curves(curves: Sequence[Mapping], metric: str, style: Style) -> Any:
-    """The loss (or accuracy) along the path, one line per matching (the Barrier page)."""
-    from rotviz.measures.barrier import barrier_curves as draw
-
-    return draw(curves, metric, style.font_size,
-                acc_range=style.accuracy_axis() if metric == "acc" else None)
-
-
-def loss_surface(plane: Mapping, style: Style) -> Any:
-    """The A/B/B' plane (the plane record's result) as a 3D surface."""
-    from rotviz.plots.surface import loss_surface as draw
-
-    return draw(plane, log=style.log, font_size=style.font_size)
 
 
 def bend_on_plane(plane: Mapping, bend: Mapping, style: Style) -> Any:
@@ -106,23 +80,11 @@ def bend_on_plane(plane: Mapping, bend: Mapping, style: Style) -> Any:
 def slice_panels(slices: Sequence[Mapping], titles: Sequence[str], title: str,
                  style: Style) -> Any:
     """Several 2D slices side by side on one colour scale (a plane and its gauge-fixed twin)."""
-    from rotviz.measures.slice import slice_panels as draw
+    from rotviz.plots.surface import slice_panels as draw
 
     return draw(slices, titles, log=style.log, font_size=style.font_size, title=title)
 
 
-def sweep_chart(runs: Sequence[Mapping], style: Style) -> Any:
-    """The merged accuracy against the swept number, one line per matching."""
-    from rotviz.measures.merge_sweep import sweep_chart as draw
-
-    return draw(runs, "acc", style.font_size, style.accuracy_axis())
-
-
-def merged_by_count(result: Mapping, style: Style) -> Any:
-    """Many models: the merged accuracy against the number of models merged."""
-    from rotviz.measures.many import merged_by_count as draw
-
-    return draw(result, style.font_size, style.accuracy_axis())
 
 
 # ---- the matching's own views (Match, Spectra) ----------------------------------------------

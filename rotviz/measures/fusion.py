@@ -241,6 +241,6 @@ FUSION = register(Measurement(
     "models (the Merge page runs it once per matching, a column each)",
     _run, _params, summary=_summary, plot=_plot, rows=rows, at_size=_at_size, check=_check,
     models=("base",), section=SECTION,
-    at_size_help="matched streamed, and each method without statistics built and "
+    at_size_help="matched at size, and each method without statistics built and "
                  "evaluated block by block (the others left off, with their reason)",
-    at_size_how=" (at size: streamed, built block by block)", order=35))
+    at_size_how=" (at size: built block by block)", order=35))

@@ -11,7 +11,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 from rotviz.limits import ROUNDS, TOL
-from rotviz.measures.registry import Context, Inputs, Measurement, register
+from rotviz.measures.registry import Context, Inputs, Measurement, Section, register
 from rotviz.params import Param
 from rotviz.plots.figure_style import Style
 from rotviz.sources import hf_cache
@@ -330,6 +330,31 @@ def _plot(d: dict, look: Style):
     return distance_matrices(d, font_size=look.font_size, colour_range=look.colour_range)
 
 
+def _figures(d: dict, style: Style) -> dict:
+    """The distance matrices (the record's figure) and the merged accuracy against the
+    number of models merged."""
+    return {"many": _plot(d, style),
+            "many_merged": merged_by_count(d, style.font_size, style.accuracy_axis())}
+
+
+def _caption(r: dict) -> str:
+    ended = "one pass" if r["to"] == "anchor" else f"{r['rounds']} round(s), {r['ended']}"
+    return (f"Mean pairwise distance {r['spread'][0]:.3f} as given, {r['spread'][-1]:.3f} "
+            f"aligned ({ended}); on {r['n']} {r['split']} samples, {r['seconds']:.1f} s.")
+
+
+SECTION = Section(
+    "merge", 30, "Many models at once",
+    "Three or more models of one architecture, aligned into one basis, then averaged: onto "
+    "the first model (the anchor), or onto their **barycentre**, the mean refined round by "
+    "round (every model matched onto the current mean, the aligned models averaged into the "
+    "next). Each aligned model is its original moved by a symmetry, so it computes the same "
+    "function. Left: the distance between every two models as given; right: aligned (one "
+    "colour scale). Below: the equal-weight mean of the first *k* models, aligned and not, "
+    "against *k*.",
+    figures=_figures, caption=_caption, busy="Aligning many models",
+    doing=lambda v: "matching every model, then merging the first k")
+
 MANY = register(Measurement(
     "many", "Many models",
     "align N >= 3 models (onto the first or their barycentre), then merge the first k",
@@ -338,4 +363,4 @@ MANY = register(Measurement(
     inputs=Inputs((("models", "three or more models of one architecture (each "
                     f"{hf_cache.MODEL_HELP}); the first is the anchor"),), ManyModels, ("seed",),
                   least=LEAST, one_spec=True),
-    progress=True, order=160))
+    progress=True, section=SECTION, order=160))

@@ -315,6 +315,6 @@ MERGE = register(Measurement(
     writes_model=True, at_size_check=_sized_check, narrower=True, models=("base",),
     files=(MERGEKIT_FILE,),
     more=lambda: f" (methods: {', '.join(_names())})",
-    at_size_how=" (at size: streamed, built block by block)",
-    at_size_help="matched streamed, and the merge (the methods without "
+    at_size_how=" (at size: built block by block)",
+    at_size_help="matched at size, and the merge (the methods without "
                  "statistics) built, evaluated and written block by block", order=30))

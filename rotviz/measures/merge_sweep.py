@@ -267,8 +267,6 @@ def _plot(d: dict, look: Style):
 
 def _figures(d: dict, style: Style) -> dict:
     """The sweeps of every matching the Merge page picked, one line each."""
-    from rotviz.measures.merge_sweep import sweep_chart
-
     return {"sweep": sweep_chart(d["runs"], "acc", style.font_size, style.accuracy_axis())}
 
 

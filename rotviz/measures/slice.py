@@ -5,14 +5,13 @@ unit- or not normalised (Li et al. 2018; the directions: rotviz.analysis.directi
 docs/landscape.md, "slice"). One model by default; `--source` adds the second one
 (`source` below).
 
-The record, its computation (`slice_with` takes any direction kind, `slice_around` any
-centre; both lay the slice through rotviz.analysis.loss_grid.slice_at) and its figure (a
-line; a contour beside a 3D surface).
+The record, its computation (`slice_around`: any centre of the pair, any kind of direction,
+laid through rotviz.analysis.loss_grid.slice_with) and its figure (a line; a contour
+beside a 3D surface). At size: rotviz.atsize.slice.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -28,13 +27,9 @@ if TYPE_CHECKING:
 
     from rotviz.analysis.loss_grid import Slice
     from rotviz.data.split import Split
-    from rotviz.evaluation import Evaluator
-    from rotviz.sources.loading import Loaded
-    from rotviz.types import Progress
 
     Tensor = torch.Tensor
 
-DIRECTIONS = ("random", "hessian", "toward", "tangent", "gauge")  # slice_with: every kind
 CENTRES = ("anchor", "source", "matched", "path", "merged")
 TOWARD = ("matched", "source")
 
@@ -114,54 +109,6 @@ def _source(values: dict) -> str | None:
     return needs_source(values["around"], values["directions"])
 
 
-def slice_with(
-    loaded: Loaded,
-    split: Split,
-    dims: int = 2,
-    directions: str = "random",
-    norm: str = "filter",
-    keep_1d: bool = False,
-    grid: int = 21,
-    span: float = 1.0,
-    seed: int = 0,
-    device: str | torch.device = "cpu",
-    progress: Progress | None = None,
-    batch_size: int = 512,
-    point: Mapping[str, Tensor] | None = None,
-    evaluator: Evaluator | None = None,
-    steps: int = 100,
-    target: Mapping[str, Tensor] | None = None,
-) -> Slice:
-    """slice_with(model, split, directions="gauge", norm="unit", ...) -> Slice
-
-    `slice_at` with every direction kind and normalisation: random and hessian as there,
-    also under `unit`; `toward` from the point to `target` (B' or B); `tangent` and `gauge`
-    at the point. The directions are built by rotviz.analysis.directions.directions_for and
-    evaluated by slice_at as given ones, so the grid, the exact centre and the progress are
-    slice_at's; the result names the kind, the norm and the seed."""
-    from rotviz.analysis.directions import NORMS, directions_for
-    from rotviz.analysis.loss_grid import check_choices, slice_at
-    from rotviz.evaluation import Evaluator
-
-    check_choices(norm, directions, dims, NORMS, DIRECTIONS)
-    if directions in ("random", "hessian") and norm != "unit":
-        return slice_at(loaded, split, dims, directions, norm, keep_1d, grid, span, seed,
-                        device, progress, batch_size, point, None, evaluator, steps)
-    GRID.check(grid)
-    SPAN.check(span)
-    SEED.check(seed)
-    t0 = time.perf_counter()
-    ev = evaluator or Evaluator(loaded, split, device, batch_size)
-    theta = ev.params(loaded.state if point is None else point)
-    movable = {n for n, _ in loaded.model.named_parameters()}
-    ds, extra = directions_for(directions, loaded, ev, theta, movable, dims, seed, norm,
-                               keep_1d, steps, target)
-    s = slice_at(loaded, split, dims, "random", "none", keep_1d, grid, span, seed, device,
-                 progress, batch_size, point, ds, ev, steps)
-    return replace(s, directions=directions, norm=norm, seconds=time.perf_counter() - t0,
-                   **extra)
-
-
 def needs_source(around: str, directions: str) -> str | None:
     """The option that needs a second model (a phrase for the one-line error), or None."""
     if around != "anchor":
@@ -204,10 +151,13 @@ def slice_around(ends, split: Split, around: str = "anchor", alpha: float = 0.5,
                  **kw) -> Slice:
     """slice_around(endpoints, split, around="matched", directions="toward", ...) -> Slice
 
-    A slice (`slice_with`, whose keywords `kw` takes) centred on a point of held endpoints
-    (`centre_state`), with `toward` directions pointing at the matched source B'
-    (`toward="matched"`) or the source B as it is (`"source"`). Endpoints of one model (its
-    anchor and source the same reference) can only be sliced around the anchor."""
+    A slice (rotviz.analysis.loss_grid.slice_with, whose keywords `kw` takes) centred on a
+    point of held endpoints (`centre_state`), with `toward` directions pointing at the
+    matched source B' (`toward="matched"`) or the source B as it is (`"source"`). Endpoints
+    of one model (its anchor and source the same reference) can only be sliced around the
+    anchor."""
+    from rotviz.analysis.loss_grid import slice_with
+
     if toward not in TOWARD:
         raise RotvizError(f"unknown --toward '{toward}': use one of {', '.join(TOWARD)}")
     why = needs_source(around, directions)
@@ -246,26 +196,15 @@ def _where(s) -> str:
 
 
 def _at_size(ends, ctx: Context, v: dict):
-    from rotviz.dist import SINGLE
-    from rotviz.stream.slices import sized_slice
+    from rotviz.atsize.slice import slice_at_size
 
-    return sized_slice(ends.anchor_path, ctx.split, v["dims"], v["norm"], v["biases"] == "keep",
-                       v["grid"], v["span"], v["seed"], ctx.device, ctx.progress,
-                       v["batch_size"], ctx.group or SINGLE, name=ends.anchor_ref)
+    return slice_at_size(ends, ctx, v)
 
 
 def _at_size_check(v: dict) -> None:
-    from rotviz.errors import RotvizError
-    from rotviz.stream.slices import refuse_directions
+    from rotviz.atsize.slice import check_at_size
 
-    refuse_directions(v["directions"])
-    if v["around"] != "anchor":
-        raise RotvizError(f"--around {v['around']} needs the pair in memory; at size a slice "
-                          "is taken around the model itself (--around anchor)")
-    if v["norm"] == "unit":
-        raise RotvizError("--norm unit groups each head's and FFN unit's rows across tensors, "
-                          "which needs the model in memory; at size use --norm filter, layer "
-                          "or none")
+    check_at_size(v)
 
 
 def _summary(s, how: str) -> str:
@@ -287,16 +226,6 @@ def _summary(s, how: str) -> str:
             f"span {s.span:g}; centre loss {s.centre_loss:.4f} (accuracy {s.centre_acc:.4f}), "
             f"loss {lo.min():.4f} to {lo.max():.4f} on {s.n} {s.split} samples in "
             f"{s.seconds:.2f} s")
-
-
-AXIS_UNITS = {"filter": "direction units: 1 = each filter's own norm",
-              "layer": "direction units: 1 = each tensor's own norm",
-              "unit": "direction units: 1 = each neuron's and head's own norm",
-              "none": "parameter units (L2, unnormalised Gaussian)"}
-
-
-def _axis(d: Mapping, i: int) -> str:
-    return f"distance along direction {i} ({AXIS_UNITS.get(d.get('norm', ''), 'units')})"
 
 
 DIRECTION_WORDS = {"random": "random", "hessian": "Hessian-eigenvector", "toward": "toward",
@@ -340,6 +269,7 @@ def slice_line(d: Mapping, log: bool = False, font_size: int = 14,
     from plotly.subplots import make_subplots
 
     from rotviz.plots import style
+    from rotviz.plots.surface import axis_title as _axis
 
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     fig.add_scatter(x=d["xs"], y=d["loss"], mode="lines+markers", name="test loss",
@@ -382,6 +312,7 @@ def slice_figure(d: Mapping, log: bool = False, zmin: float | None = None,
 
     from rotviz.plots import style
     from rotviz.plots.surface import LOG_BAR, LOSS_BAR, colour_range, colours
+    from rotviz.plots.surface import axis_title as _axis
 
     z = np.asarray(d["loss"], dtype=float)
     c = colours(z, log)
@@ -414,36 +345,6 @@ def slice_figure(d: Mapping, log: bool = False, zmin: float | None = None,
     fig.update_layout(scene={"xaxis_title": "direction 1", "yaxis_title": "direction 2",
                              "zaxis_title": LOSS_BAR},
                       legend={"orientation": "h", "y": -0.15, "x": 0})
-    return fig
-
-
-def slice_panels(ds: Sequence[Mapping], titles: Sequence[str], log: bool = False,
-                 font_size: int = 14, title: str | None = None):
-    """Several 2D slices as contours side by side with one colour scale over them all (the
-    same loss is the same colour in every panel), e.g. a slice of A beside one of B', or a
-    random plane beside its gauge-fixed twin; `title` replaces the default one."""
-    import numpy as np
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    from rotviz.plots import style
-    from rotviz.plots.surface import LOG_BAR, LOSS_BAR, colour_range, colours, shared_range
-
-    lo, hi = shared_range(ds)
-    clo, chi = colour_range(lo, hi, np.asarray([lo, hi]), log)
-    fig = make_subplots(rows=1, cols=len(ds), subplot_titles=list(titles),
-                        shared_yaxes=True, horizontal_spacing=0.04)
-    for j, d in enumerate(ds):
-        c = colours(np.asarray(d["loss"], dtype=float), log)
-        fig.add_trace(go.Contour(
-            x=d["xs"], y=d["ys"], z=c.tolist(), colorscale=style.SEQUENTIAL, zmin=clo,
-            zmax=chi, showscale=j == 0, name=titles[j],
-            contours={"coloring": "heatmap", "showlabels": True},
-            colorbar={"title": {"text": LOG_BAR if log else LOSS_BAR, "side": "right"}},
-            hovertemplate="(%{x:.2f}, %{y:.2f}): %{z:.3f}<extra></extra>"), row=1, col=j + 1)
-    fig = style.finish(fig, title or "Test loss around each model, one colour scale",
-                       _axis(ds[0], 1), _axis(ds[0], 2), None, font_size, height=480,
-                       legend=False)
     return fig
 
 

@@ -3,7 +3,9 @@ page shows side by side (the slice record's planes, rotviz.measures.slice; the A
 3D view, `loss_surface`). With `log=True` the colours follow log10 of the loss, so a basin
 stays visible next to a wall orders of magnitude higher; the height of a surface stays the
 loss itself. Several panels share one colour scale: give `zmin`/`zmax` (loss units), or take
-`shared_range` over every panel, so colours compare across models.
+`shared_range` over every panel, so colours compare across models (`slice_panels`: slices
+side by side, the app's random plane beside its gauge-fixed twin); a slice's axes say their
+units (`axis_title`).
 """
 
 from __future__ import annotations
@@ -73,4 +75,40 @@ def loss_surface(plane: Mapping, log: bool = False, font_size: int = 14,
                              "yaxis_title": "to B' (param. units)",
                              "zaxis_title": LOSS_BAR},
                       legend={"orientation": "h", "y": -0.1, "x": 0})
+    return fig
+
+
+AXIS_UNITS = {"filter": "direction units: 1 = each filter's own norm",
+              "layer": "direction units: 1 = each tensor's own norm",
+              "unit": "direction units: 1 = each neuron's and head's own norm",
+              "none": "parameter units (L2, unnormalised Gaussian)"}
+
+
+def axis_title(d: Mapping, i: int) -> str:
+    """A slice's axis i in words, in the units its normalisation gives (`norm`)."""
+    return f"distance along direction {i} ({AXIS_UNITS.get(d.get('norm', ''), 'units')})"
+
+
+def slice_panels(ds: Sequence[Mapping], titles: Sequence[str], log: bool = False,
+                 font_size: int = 14, title: str | None = None):
+    """Several 2D slices as contours side by side with one colour scale over them all (the
+    same loss is the same colour in every panel), e.g. a slice of A beside one of B', or a
+    random plane beside its gauge-fixed twin; `title` replaces the default one."""
+    from plotly.subplots import make_subplots
+
+    lo, hi = shared_range(ds)
+    clo, chi = colour_range(lo, hi, np.asarray([lo, hi]), log)
+    fig = make_subplots(rows=1, cols=len(ds), subplot_titles=list(titles),
+                        shared_yaxes=True, horizontal_spacing=0.04)
+    for j, d in enumerate(ds):
+        c = colours(np.asarray(d["loss"], dtype=float), log)
+        fig.add_trace(go.Contour(
+            x=d["xs"], y=d["ys"], z=c.tolist(), colorscale=style.SEQUENTIAL, zmin=clo,
+            zmax=chi, showscale=j == 0, name=titles[j],
+            contours={"coloring": "heatmap", "showlabels": True},
+            colorbar={"title": {"text": LOG_BAR if log else LOSS_BAR, "side": "right"}},
+            hovertemplate="(%{x:.2f}, %{y:.2f}): %{z:.3f}<extra></extra>"), row=1, col=j + 1)
+    fig = style.finish(fig, title or "Test loss around each model, one colour scale",
+                       axis_title(ds[0], 1), axis_title(ds[0], 2), None, font_size, height=480,
+                       legend=False)
     return fig

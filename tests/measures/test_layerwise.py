@@ -178,6 +178,7 @@ def test_the_record_from_the_cli_json_rows_and_plot(tmp_path, capsys):
     assert [r["group"] for r in rows] == d["groups"]
     assert rows[0]["barrier_unmatched"] == d["barrier_unmatched"][0]
     fig = m.plot(d, Style())
+    assert m.plot(d, Style(font_size=19)).layout.font.size == 19 != fig.layout.font.size
     assert fig.layout.title.text and fig.layout.xaxis.title.text == style.LAYER
     assert fig.layout.yaxis.title.text == style.BARRIER and fig.layout.barmode == "group"
     names = [t.name for t in fig.data]
