@@ -212,8 +212,9 @@ def refused(argv: list[str], capfd, ws: Path, *fragments: str) -> str:
 
 # ---- order: the long tests first ------------------------------------------------------------
 
-# Tests of 10 s or more on a 2-core machine (most start subprocesses: Streamlit servers with
-# Chromium, torchrun, a fresh `python -m rotviz`), longest first. pytest-xdist hands each
+# Tests (or one case of a test, named with its case) of 10 s or more on a 2-core machine (most
+# start subprocesses: Streamlit servers with Chromium, torchrun, a fresh `python -m rotviz`),
+# longest first. pytest-xdist hands each
 # worker a contiguous share of the collection and lets an idle worker steal from the other's
 # queue; a long test left near the end kept one worker busy for minutes after the other had
 # finished. Run first, they end while the short tests still balance the two queues.
@@ -225,6 +226,8 @@ LONG_FIRST = (
     "test_torchrun_commands_equal_one_process_and_a_failing_rank_leaves_nothing",
     "test_a_fresh_server_then_a_users_classifier_pair_and_csv",
     "test_sigint_leaves_no_output_and_a_rerun_succeeds",
+    "test_the_cli_the_library_and_the_app_give_the_same_numbers[rounds]",
+    "test_the_readme_modules_drop_in",
     "test_rebuilding_a_fine_tune_reproduces_its_card",
     "test_top_eigenvalues_and_trace_equal_the_dense_hessian",
     "test_a_signal_leaves_nothing",
@@ -238,8 +241,9 @@ LONG_FIRST = (
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    rank = {name: i for i, name in enumerate(LONG_FIRST)}
-    items.sort(key=lambda item: rank.get(getattr(item, "originalname", item.name), len(rank)))
+    rank = {name: i for i, name in enumerate(LONG_FIRST)}  # a test, or one of its cases
+    items.sort(key=lambda item: rank.get(item.name, rank.get(
+        getattr(item, "originalname", item.name), len(rank))))
 
 
 @contextlib.contextmanager

@@ -142,55 +142,42 @@ def _animation_option(p: argparse.ArgumentParser, m: Measurement) -> None:
         p.set_defaults(animation=None)
 
 
-def _animation_output(outputs, args):
-    """(the --animation output, its format), checked before any work, or None."""
-    if getattr(args, "animation", None) is None:
+def _drawing_output(outputs, args, name: str, module: str, check: str):
+    """(the output of --figure or --animation (`name`), its format), checked before any
+    work by `module`'s format_of and `check`, or None where it is not given."""
+    import importlib
+
+    path = getattr(args, name, None)
+    if path is None:
         return None
-    from rotviz.animation import check, format_of
-
-    fmt = format_of(args.animation)
-    check(fmt)
-    return outputs.add(args.animation, "--animation", folder=False, overwrite=args.overwrite), fmt
-
-
-def _write_animation(m: Measurement, tmp, anim, result) -> None:
-    """The record's animation of `result` into --animation's temporary sibling."""
-    from rotviz.animation import write
-
-    if anim is not None:
-        write(tmp[anim[0]], m.animate(result.to_dict()), anim[1])
-
-
-def _figure_output(outputs, args):
-    """(the --figure output, its format), checked before any work, or None."""
-    if getattr(args, "figure", None) is None:
-        return None
-    from rotviz.plots.images import check_format, format_of
-
-    fmt = format_of(args.figure)
-    check_format(fmt)
-    return outputs.add(args.figure, "--figure", folder=False, overwrite=args.overwrite), fmt
-
-
-def _write_figure(m: Measurement, tmp, fig, result) -> None:
-    """The record's figure of `result` into --figure's temporary sibling."""
-    from rotviz.plots.images import write
-
-    if fig is not None:
-        write(tmp[fig[0]], m.plot(result.to_dict(), Style()), fig[1])
+    drawing = importlib.import_module(module)
+    fmt = drawing.format_of(path)
+    getattr(drawing, check)(fmt)
+    return outputs.add(path, f"--{name}", folder=False, overwrite=args.overwrite), fmt
 
 
 def _check_drawings(outputs, args) -> None:
     """--figure's and --animation's outputs, checked before any work, kept on `args` for
     `_write_drawings`."""
-    args.figure_output = _figure_output(outputs, args)
-    args.animation_output = _animation_output(outputs, args)
+    args.figure_output = _drawing_output(outputs, args, "figure", "rotviz.plots.images",
+                                         "check_format")
+    args.animation_output = _drawing_output(outputs, args, "animation", "rotviz.animation",
+                                            "check")
 
 
 def _write_drawings(m: Measurement, tmp, args, result) -> None:
-    """--figure's and --animation's files (either may be absent) of `result`."""
-    _write_figure(m, tmp, args.figure_output, result)
-    _write_animation(m, tmp, args.animation_output, result)
+    """The record's figure (--figure) and animation (--animation) of `result`, either may
+    be absent, into their outputs' temporary siblings."""
+    if args.figure_output is not None:
+        from rotviz.plots.images import write
+
+        (item, fmt) = args.figure_output
+        write(tmp[item], m.plot(result.to_dict(), Style()), fmt)
+    if args.animation_output is not None:
+        from rotviz.animation import write as write_animation
+
+        (item, fmt) = args.animation_output
+        write_animation(tmp[item], m.animate(result.to_dict()), fmt)
 
 
 def _dest(f) -> str:
