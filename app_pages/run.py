@@ -198,7 +198,7 @@ def require_pair(s: Setup, loss: bool = True) -> bool:
         st.info(f"**Read block by block.** This pair needs about {app.gb(need)} in memory, "
                 f"over the budget of {app.gb(limit)}. What runs block by block runs as "
                 "`rotviz ... --max-memory` runs it (the barrier, slices, and the elementwise "
-                "merges: task arithmetic, TIES, DARE, SLERP, Model Stock), matching the source "
+                f"merges: {app.merges_at_size()}), matching the source "
                 "block by block each time; every other view says why it is off. Each result "
                 "says how much memory its run held.", icon=":material/memory:")
     return True

@@ -50,6 +50,27 @@ class Group:
         """This rank's share of `items`, dealt round-robin (layers cost alike)."""
         return items[self.rank::self.world]
 
+    def each(self, count: int, evaluate: Callable[[int], Any],
+             progress: Callable[[int, int, str], None] | None = None,
+             said: Callable[[int, int, int], str] = lambda done, total, j: ""
+             ) -> dict[int, Any] | None:
+        """Items 0 .. count - 1 dealt among the ranks (`mine`), each evaluated where it falls
+        (`progress` after each: done, total, `said(done, total, item)`), then gathered: every
+        item's value by index on rank 0, None on the others (the points of a path or of a
+        slice's grid, under torchrun or in one process)."""
+        mine = self.mine(list(range(count)))
+        done: dict[int, Any] = {}
+        for n, j in enumerate(mine):
+            done[j] = evaluate(j)
+            if progress:
+                progress(n + 1, len(mine), said(n + 1, len(mine), j))
+        parts = self.gather(done)
+        if parts is None:
+            return None
+        for part in parts:
+            done.update(part)
+        return done
+
     def gather(self, obj: Any) -> list[Any] | None:
         """Every rank's `obj` on rank 0 (in rank order); None on the others."""
         if self.world == 1:

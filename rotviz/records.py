@@ -8,6 +8,7 @@ the bookkeeping, lives here once.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Generic, Protocol, TypeVar
 
 from rotviz.errors import RotvizError
@@ -43,3 +44,16 @@ class Records(Generic[T]):
 
     def get(self, name: str) -> T | None:
         return self._by_name.get(name)
+
+
+def discover(package: str, path: Iterable[str]) -> None:
+    """Import every module of a record package (rotviz.measures, rotviz.merging): each one
+    that defines a record registers it, so a new record is one module dropped there and no
+    list names it. Modules whose name starts with an underscore are skipped; the order does
+    not matter (records are listed by `order`)."""
+    import importlib
+    import pkgutil
+
+    for info in sorted(pkgutil.iter_modules(path), key=lambda i: i.name):
+        if not info.name.startswith("_"):
+            importlib.import_module(f"{package}.{info.name}")

@@ -1135,9 +1135,9 @@ def test_landscape_slice_around_b_prime_and_its_gauge_fixed_twin(pair):
     the matched path (the page's matching) draws the library's numbers, B' marked at x = 1;
     the random plane beside the gauge-fixed plane share one colour scale, each panel the
     library's grid (1e-5), captioned."""
+    from rotviz.analysis.loss_grid import slice_with
     from rotviz.data.split import load_split
     from rotviz.match.endpoints import match_endpoints
-    from rotviz.measures.slice import slice_with
     from rotviz.runner import measure
     from rotviz.sources.loading import load_model
 

@@ -117,10 +117,10 @@ LAYERS = [
     ("match", ["rotviz.match"]),
     ("merging", ["rotviz.merging"]),
     ("analysis", ["rotviz.analysis"]),
-    # at size, what is built on matching and the analyses (and rotviz.stream's last two
-    # modules, which their records' modules take in)
+    # at size, what is built on matching and the analyses (the slice's: its grid and
+    # directions)
     ("atsize", ["rotviz.atsize.endpoints", "rotviz.atsize.landscape", "rotviz.atsize.merge",
-                "rotviz.stream"]),
+                "rotviz.atsize.slice"]),
     ("plots", ["rotviz.plots"]),
     ("measures", ["rotviz.measures"]),
     ("runner", ["rotviz.runner"]),

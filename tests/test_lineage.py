@@ -126,7 +126,7 @@ def test_the_lineage_experiment(lineage_run):
     (["--also", "=m"], "is not MODEL=FOLDER"),
     (["--also", "zoo:gpt2-pystdlib-s0=m"], "cannot be moved with the element found for"),
     (["--also", f"{B_FT}=m", "--learned", "--data", "digits"], "learned matching leaves none"),
-    (["--also", f"{B_FT}=m", "--max-memory", "0"], "this match streams"),
+    (["--also", f"{B_FT}=m", "--max-memory", "0"], "this match runs at size"),
     (["--also", f"{B_FT}=o"], "lies inside or on"),
     (["--also", f"{B_FT}=m", "--also", f"{A_FT}=m/x"], "lies inside or on"),
     (["--also", f"{B_FT}=full"], "already holds files"),

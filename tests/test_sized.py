@@ -80,7 +80,7 @@ def test_cli_barrier_at_size_equals_in_memory(pair, extra, tmp_path, capsys):
     ref = _barrier(tmp_path, "mem", *args)
     assert "at size" not in capsys.readouterr().out
     got = _barrier(tmp_path, "size", *args, "--max-memory", "0")
-    assert "at size: streamed, each point built block by block" in capsys.readouterr().out
+    assert "at size: each point built block by block" in capsys.readouterr().out
     assert got.pop("held_bytes") > 0
     for r in (ref, got):
         for k in ("seconds", "match_seconds", "rotviz"):

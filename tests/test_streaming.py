@@ -390,7 +390,7 @@ def test_cli_chooses_streaming_by_memory(sharded, tmp_path, capsys):
     assert "streamed" not in capsys.readouterr().out
     assert main(["match", str(a), str(s), "--out", str(tmp_path / "st"), "--max-memory",
                  "1MB"]) == 0
-    assert "streamed block by block" in capsys.readouterr().out
+    assert "at size, a block at a time" in capsys.readouterr().out
     x, y = Checkpoint(tmp_path / "mem"), Checkpoint(tmp_path / "st")
     assert set(x.keys()) == set(y.keys())
     for k in x.keys():
@@ -559,7 +559,7 @@ def _working_set(tmp_path, layers: int) -> tuple[int, int]:
                           "--out", str(out), "--max-memory", "0"],
                          env=_env(), capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr
-    assert "streamed block by block" in res.stdout
+    assert "at size, a block at a time" in res.stdout
     assert Checkpoint(out).nbytes == Checkpoint(s).nbytes
     words = res.stdout.split()
     peak, base = (int(words[words.index(k) + 1]) for k in ("PEAK", "BASE"))

@@ -1,9 +1,11 @@
-"""Loss and accuracy on a line (1D) or a plane (2D) through a point: theta + x d1 (+ y d2),
-x, y in [-span, span], along given directions or ones drawn here (seeded random Gaussian, or
+"""Loss and accuracy on a line (1D) or a plane (2D) through a point: theta + x d1 (+ y d2), x,
+y in [-span, span], along given directions or ones drawn here (seeded random Gaussian, or
 the top Hessian eigenvectors at the point: rotviz.analysis.directions). The slice record
 (rotviz.measures.slice) lays its slices through it with every kind of direction and centre,
-in memory; its at-size twin evaluates the same `Grid` into the same `Slice`. The sharpness
-and flat tests lay their Hessian and gauge-fixed planes through it too.
+in memory (`slice_with` takes every kind of direction, built by
+rotviz.analysis.directions.directions_for); its at-size twin (rotviz.atsize.slice) evaluates
+the same `Grid` into the same `Slice`. The sharpness and flat tests lay their Hessian and
+gauge-fixed planes through it too.
 
 Everything is evaluated through `rotviz.evaluation.Evaluator` (torch.func's functional_call):
 the loaded model and the caller's tensors are never modified.
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import torch
@@ -28,12 +30,13 @@ from rotviz.analysis.directions import (
 from rotviz.data.split import Split
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator
-from rotviz.limits import GRID, SPAN
+from rotviz.limits import GRID, SEED, SPAN
 from rotviz.sources.loading import Loaded
 from rotviz.types import Progress
 
 Tensor = torch.Tensor
 PLAIN_DIRECTIONS = ("random", "hessian")  # what slice_at draws itself
+DIRECTIONS = ("random", "hessian", "toward", "tangent", "gauge")  # slice_with: every kind
 
 
 @dataclass
@@ -124,7 +127,7 @@ class Grid:
 def check_choices(norm: str, directions: str, dims: int, norms: Sequence[str] = TENSOR_NORMS,
                   kinds: Sequence[str] = PLAIN_DIRECTIONS) -> None:
     """One line for a normalisation, direction kind or dimension this slicer does not take
-    (rotviz.measures.slice.slice_with passes the larger lists of every kind)."""
+    (rotviz.analysis.loss_grid.slice_with passes the larger lists of every kind)."""
     if norm not in norms:
         raise RotvizError(f"unknown --norm '{norm}': use one of {', '.join(norms)}")
     if directions not in kinds:
@@ -215,3 +218,49 @@ def slice_at(
         around="anchor" if point is None else "point", residual=lanczos.get("residual"),
         converged=lanczos.get("converged"),
     )
+
+
+def slice_with(
+    loaded: Loaded,
+    split: Split,
+    dims: int = 2,
+    directions: str = "random",
+    norm: str = "filter",
+    keep_1d: bool = False,
+    grid: int = 21,
+    span: float = 1.0,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+    progress: Progress | None = None,
+    batch_size: int = 512,
+    point: Mapping[str, Tensor] | None = None,
+    evaluator: Evaluator | None = None,
+    steps: int = 100,
+    target: Mapping[str, Tensor] | None = None,
+) -> Slice:
+    """slice_with(model, split, directions="gauge", norm="unit", ...) -> Slice
+
+    `slice_at` with every direction kind and normalisation: random and hessian as there,
+    also under `unit`; `toward` from the point to `target` (B' or B); `tangent` and `gauge`
+    at the point. The directions are built by rotviz.analysis.directions.directions_for and
+    evaluated by slice_at as given ones, so the grid, the exact centre and the progress are
+    slice_at's; the result names the kind, the norm and the seed."""
+    from rotviz.analysis.directions import NORMS, directions_for
+
+    check_choices(norm, directions, dims, NORMS, DIRECTIONS)
+    if directions in ("random", "hessian") and norm != "unit":
+        return slice_at(loaded, split, dims, directions, norm, keep_1d, grid, span, seed,
+                        device, progress, batch_size, point, None, evaluator, steps)
+    GRID.check(grid)
+    SPAN.check(span)
+    SEED.check(seed)
+    t0 = time.perf_counter()
+    ev = evaluator or Evaluator(loaded, split, device, batch_size)
+    theta = ev.params(loaded.state if point is None else point)
+    movable = {n for n, _ in loaded.model.named_parameters()}
+    ds, extra = directions_for(directions, loaded, ev, theta, movable, dims, seed, norm,
+                               keep_1d, steps, target)
+    s = slice_at(loaded, split, dims, "random", "none", keep_1d, grid, span, seed, device,
+                 progress, batch_size, point, ds, ev, steps)
+    return replace(s, directions=directions, norm=norm, seconds=time.perf_counter() - t0,
+                   **extra)

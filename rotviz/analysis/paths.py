@@ -132,17 +132,10 @@ def path_points(evaluate: Callable[[float], tuple], alphas: Sequence[float], n: 
     alphas = [float(a) for a in alphas]
     extra = [] if any(abs(a - 0.5) < 1e-12 for a in alphas) else [0.5]
     todo = alphas + extra
-    mine = group.mine(list(range(len(todo))))
-    done: dict[int, tuple] = {}
-    for count, j in enumerate(mine):
-        done[j] = evaluate(todo[j])
-        if progress:
-            progress(count + 1, len(mine), f"alpha = {todo[j]:.3f}")
-    parts = group.gather(done)
-    if parts is None:
+    done = group.each(len(todo), lambda j: evaluate(todo[j]), progress,
+                      lambda n, total, j: f"alpha = {todo[j]:.3f}")
+    if done is None:
         return None
-    for part in parts:
-        done.update(part)
     per = [done[j][0] for j in range(len(todo))]
     scored = [done[j][1] for j in range(len(todo))]
     loss = np.array([p[0].sum() / p[2].sum() for p in per])

@@ -29,9 +29,9 @@ if TYPE_CHECKING:
 DEFAULT_LEARN_STEPS = DEFAULT_STEPS
 
 # What a page run needs besides the pair: imported ahead by `warm_up` (see there).
-COMPUTE_MODULES = ("rotviz.match.pipeline", "rotviz.measures.barrier",
-                   "rotviz.match.alternating", "rotviz.measures.spectra", "rotviz.analysis.fusion",
-                   "rotviz.match.selection")
+COMPUTE_MODULES = ("rotviz.match.pipeline", "rotviz.analysis.paths", "rotviz.analysis.planes",
+                   "rotviz.match.alternating", "rotviz.match.layer_solvers",
+                   "rotviz.analysis.fusion", "rotviz.match.selection")
 
 
 class Cancelled(RotvizError):

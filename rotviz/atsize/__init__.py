@@ -10,7 +10,8 @@ The machinery, beside the model loaders:
 What is built on it, above matching and the analyses:
 - `endpoints`: matched endpoints at size (the matching itself: rotviz.match.at_size,
   rotviz.match.at_size_residual);
-- `landscape` (curves and planes) and `merge` (merges) at size.
+- `landscape` (curves and planes), `merge` (merges) and `slices` (slices around one model)
+  at size.
 The readers these share with the in-memory path stay below: rotviz.sources.checkpoint
 (safetensors headers, shards).
 """

@@ -42,7 +42,7 @@ def sized_merge(anchor: str | os.PathLike, source: str | os.PathLike, split: Spl
                 **params) -> Merged:
     """The merge of two checkpoint folders (the source already matched: `match_info` says
     how) with a registered method that merges a slice of rows at a time without statistics
-    (simple, task arithmetic, TIES, DARE, SLERP, Model Stock: `MergeMethod.at_size`) and its
+    (`MergeMethod.at_size`; rotviz.merging.merges_at_size names them) and its
     `params`, about the checkpoint folder `base` for a method that needs one; written as
     shards in the anchor's dtypes into the empty `folder` when given, with its config and
     tokenizer and processor files, and evaluated on `split` with the two endpoints as

@@ -6,8 +6,8 @@ a path, in float32) are built just before the block runs and dropped after it
 (rotviz.atsize.runtime); embeddings and output heads likewise, the small tensors outside the
 blocks when the point starts. Logits are bounded per batch as everywhere
 (rotviz.evaluation.fit_batch). What is built from these points: rotviz.atsize.landscape
-(curves and planes), rotviz.atsize.merge (merges), and the at-size slices and layer-wise
-barriers of their records.
+(curves and planes), rotviz.atsize.merge (merges), rotviz.atsize.slice (slices), and the
+layer-wise barriers at size of their record.
 """
 
 

@@ -64,7 +64,7 @@ def _add_match(sub) -> None:
                         "element that matched the source, into the new FOLDER (split at the "
                         "first '='; the same output rules as --out). Each moved model's "
                         "function is checked and goes into --report's 'also' list. Not with "
-                        "--learned, nor when the match streams (--max-memory, torchrun)")
+                        "--learned, nor when the match runs at size (--max-memory, torchrun)")
     m.add_argument("--match", default=None, metavar="SPEC",
                    help="what to match, as the other commands say it: a comma list of ffn, "
                         "attn, rescale, heads, residual, act, learned; seed = ffn,attn,rescale; "
@@ -108,9 +108,9 @@ def _add_match(sub) -> None:
     m.add_argument("--report", default=None,
                    help="also write the full report as JSON to this new file")
     m.add_argument("--device", default="auto", help="auto, cpu, cuda or mps (default auto)")
-    add_max_memory(m, "match", "streamed block by block from its safetensors shards instead",
-                   "always streams", ". Under torchrun the pair is always streamed, its blocks "
-                   "shared among the processes")
+    add_max_memory(m, "match", "matched at size instead, a block at a time from its "
+                   "safetensors shards", "always does", ". Under torchrun the pair is always "
+                   "matched at size, its blocks shared among the processes")
     m.set_defaults(func=cmd_match)
 
 
@@ -186,7 +186,7 @@ def cmd_match(args: argparse.Namespace) -> int:
     device = pick_device(args.device)
     if _streams(args, options):
         if also:
-            raise RotvizError("--also needs the pair in memory, and this match streams "
+            raise RotvizError("--also needs the pair in memory, and this match runs at size "
                               "(--max-memory or torchrun); raise --max-memory, or move the "
                               "other models in a run that fits in memory")
         return _match_streamed(args, options, outputs, out_dir, report_file, device)
@@ -269,9 +269,9 @@ def _say_matched(args, options, rep, device, how: str = "") -> None:
 
 
 def _streams(args, options) -> bool:
-    """Whether this match streams: under torchrun, with --max-memory 0, or when the pair
+    """Whether this match runs at size: under torchrun, with --max-memory 0, or when the pair
     needs more than --max-memory (default: what the machine has available) in memory. A
-    refusal when it must stream and the options cannot."""
+    refusal when it must run at size and the options cannot."""
     from rotviz import dist
     from rotviz.match.at_size_checks import streaming_refusal
 
@@ -324,7 +324,7 @@ def _match_streamed(args, options, outputs, out_dir, report_file, device) -> int
                 write_json_file(tmp[report_file], rep.to_dict(), "match")
     finally:
         dist.finish()
-    how = f" (streamed block by block{f', {group.world} processes' if group.world > 1 else ''})"
+    how = f" (at size, a block at a time{f', {group.world} processes' if group.world > 1 else ''})"
     _say_matched(args, options, rep, device, how)
     return 0
 

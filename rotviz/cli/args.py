@@ -68,9 +68,9 @@ def add_max_memory(p: argparse.ArgumentParser, what: str, how: str, zero: str,
 
 
 def beyond_memory(args) -> tuple[bool, int | None, int | None]:
-    """Whether the pair (args.anchor, args.source) must stream: it needs more than
+    """Whether the pair (args.anchor, args.source) must run at size: it needs more than
     --max-memory in memory (default: what is available now), or --max-memory is 0. Returns
-    that, the estimate and the limit. A pair without safetensors cannot stream: never, and
+    that, the estimate and the limit. A pair without safetensors cannot run at size: never, and
     with --max-memory 0 a one-line error says why."""
     from rotviz.atsize.need import pair_bytes_in_memory
     from rotviz.memory import available_memory

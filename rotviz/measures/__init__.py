@@ -27,21 +27,9 @@ from rotviz.measures.registry import (
     sections,
 )
 from rotviz.params import Param
+from rotviz.records import discover
 
-
-def _discover() -> None:
-    """Import every module of this package: each one that defines a record registers it
-    (a new measurement is one module dropped here; no list names them). Modules whose name
-    starts with an underscore are skipped."""
-    import importlib
-    import pkgutil
-
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
-        if not info.name.startswith("_"):
-            importlib.import_module(f"{__name__}.{info.name}")
-
-
-_discover()
+discover(__name__, __path__)  # every module here that registers a record
 
 
 __all__ = ["Context", "Measurement", "Param", "Section", "measurement", "measurements",

@@ -238,8 +238,6 @@ def _rows(d: dict) -> list[dict]:
 def _figures(d: dict, style: Style) -> dict:
     """The Barrier page's two figures over every matching it picked (a line each): the loss,
     each barrier marked, and the accuracy."""
-    from rotviz.measures.barrier import barrier_curves
-
     return {"barrier_loss": barrier_curves(d["runs"], "loss", style.font_size),
             "barrier_accuracy": barrier_curves(d["runs"], "acc", style.font_size,
                                                acc_range=style.accuracy_axis())}
@@ -255,5 +253,5 @@ BARRIER = register(Measurement(
     _run, PARAMS, summary=_summary, plot=_plot, rows=_rows, at_size=_at_size, check=_check,
     animate=_animate, animate_params={"examples": 4},
     narrower=True,
-    at_size_help="matched streamed and evaluated with both checkpoints held as "
+    at_size_help="matched at size and evaluated with both checkpoints held as "
                  "stored, each point built block by block", section=SECTION, order=10))

@@ -121,9 +121,11 @@ def _at_size(ends, ctx: Context, v: dict) -> Table:
                                **{p.name: v[p.name] for p in m.params if p.name in v}})
         runs[name] = merge.at_size(ends, ctx, values).to_dict()
     if not runs:
+        from rotviz.merging import merges_at_size
+
         raise RotvizError("no merge method chosen merges block by block: "
-                          + "; ".join(off.values()) + "; pick task arithmetic, TIES, DARE, "
-                          "SLERP, Model Stock or the simple average, or raise the memory budget")
+                          + "; ".join(off.values()) + f"; pick {merges_at_size()}, or raise "
+                          "the memory budget")
     first = next(iter(runs.values()))
     sp = ends.match
     return Table(
@@ -239,6 +241,6 @@ FUSION = register(Measurement(
     "models (the Merge page runs it once per matching, a column each)",
     _run, _params, summary=_summary, plot=_plot, rows=rows, at_size=_at_size, check=_check,
     models=("base",), section=SECTION,
-    at_size_help="matched streamed, and each method without statistics built and "
+    at_size_help="matched at size, and each method without statistics built and "
                  "evaluated block by block (the others left off, with their reason)",
-    at_size_how=" (at size: streamed, built block by block)", order=35))
+    at_size_how=" (at size: built block by block)", order=35))

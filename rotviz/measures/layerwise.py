@@ -418,6 +418,6 @@ LAYERWISE = register(Measurement(
     "layerwise", "Layer-wise barriers",
     "barrier when one block or module kind moves to the matched source, the rest at the anchor",
     _run, PARAMS, summary=_summary, plot=_plot, rows=_rows, at_size=_at_size,
-    at_size_help="matched streamed and each group's path evaluated with the anchor, "
+    at_size_help="matched at size and each group's path evaluated with the anchor, "
                  "the matched source and the source held as stored, each point "
     "built block by block", section=SECTION, order=90))

@@ -170,8 +170,8 @@ def merge(
     """merge(anchor, source, method, options, split, stats_split=None, weight=0.5, ...) -> Merged
 
     Match the source onto the anchor with `options` (MatchOptions, SPEC or None), then
-    `merge_on` the endpoints with `method` (simple, fisher, regmean, ties, ... or a registered
-    one), its parameters (`batches`, `alpha`, `density`, ...) and, for a method built on task
+    `merge_on` the endpoints with `method` (any registered merge method, rotviz.merging),
+    its parameters (`batches`, `alpha`, `density`, ...) and, for a method built on task
     vectors, the `base` (not matched: it must share the anchor's basis)."""
     from rotviz.analysis.merges import check_base_model, merge_on, method_params
     from rotviz.match.endpoints import match_endpoints
@@ -315,6 +315,6 @@ MERGE = register(Measurement(
     writes_model=True, at_size_check=_sized_check, narrower=True, models=("base",),
     files=(MERGEKIT_FILE,),
     more=lambda: f" (methods: {', '.join(_names())})",
-    at_size_how=" (at size: streamed, built block by block)",
-    at_size_help="matched streamed, and the merge (the methods without "
+    at_size_how=" (at size: built block by block)",
+    at_size_help="matched at size, and the merge (the methods without "
                  "statistics) built, evaluated and written block by block", order=30))

@@ -267,17 +267,14 @@ def _plot(d: dict, look: Style):
 
 def _figures(d: dict, style: Style) -> dict:
     """The sweeps of every matching the Merge page picked, one line each."""
-    from rotviz.measures.merge_sweep import sweep_chart
-
     return {"sweep": sweep_chart(d["runs"], "acc", style.font_size, style.accuracy_axis())}
 
 
 SECTION = Section(
     "merge", 20, "Sweep one number",
     "How the merged model's accuracy changes as one number of the merge is turned: the "
-    "weight of the source, task arithmetic's λ (scale), the density TIES and DARE keep, or "
-    "RegMean's α. Every other parameter keeps its value; one line per matching option "
-    "picked above.",
+    "weight of the source, or a number of the chosen method's own (its scale, density, α). "
+    "Every other parameter keeps its value; one line per matching option picked above.",
     defaults={"points": 6}, hidden=("base", "seed"), per_matching=True, figures=_figures,
     doing=lambda v: f"{v['points']} merges")
 

@@ -267,6 +267,6 @@ PLANE = register(Measurement(
     "plane", "Loss plane", "2D loss grid through anchor, source and matched source",
     _run, PARAMS, summary=_summary, plot=_plot, rows=_rows, at_size=_at_size, needs_match=True,
     progress=True,
-    at_size_help="matched streamed and the plane evaluated with the three "
+    at_size_help="matched at size and the plane evaluated with the three "
                  "checkpoints held as stored, each grid point built block by block",
     section=SECTION, order=20))

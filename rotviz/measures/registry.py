@@ -180,7 +180,7 @@ class Measurement:
     # where they are not given, and the app's pages ask for them
     animate_params: dict = field(default_factory=dict)
     rows: Callable[[dict], list[dict]] | None = None  # result dict -> a table (CSV export)
-    at_size: Runner | None = None  # on streamed endpoints; None: cannot run at size
+    at_size: Runner | None = None  # on endpoints at size; None: cannot run at size
     refusal: str = ""  # why it cannot run at size, when at_size is None
     data: bool = True  # evaluates on a split (--data)
     pair: bool = True  # measures a matched pair; False: one model (anchor = source = it)
@@ -211,8 +211,8 @@ class Measurement:
     # refusal of a --source given without them
     source_use: str = ""
     # what --max-memory does for this record, in the CLI's help
-    at_size_help: str = "matched streamed and measured block by block"
-    at_size_how: str = " (at size: streamed, each point built block by block)"  # summary tail
+    at_size_help: str = "matched at size and measured block by block"
+    at_size_how: str = " (at size: each point built block by block)"  # summary tail
     more: Callable[[], str] | None = None  # text appended to `help` when asked (its methods)
     order: int = 1000  # place in menus and help (built-ins 10-990; plug-ins after)
     section: Section | None = None  # its section on one of the app's topic pages; None: none

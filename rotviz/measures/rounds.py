@@ -199,7 +199,7 @@ def rounds_animation(d: Mapping, font_size: int = 14, width: int = 1000):
     from plotly.subplots import make_subplots
 
     from rotviz.plots import style as look
-    from rotviz.plots.animate import _controls, _range
+    from rotviz.plots.animate import controls, padded_range
     rounds, alphas = d["rounds"], [float(a) for a in d["alphas"]]
     x = list(range(len(rounds)))
     dist = [float(r["distance"]) for r in rounds]
@@ -222,9 +222,9 @@ def rounds_animation(d: Mapping, font_size: int = 14, width: int = 1000):
     fig.update_xaxes(range=[-0.5, len(rounds) - 0.5], title_text=ROUND, row=1, col=1)
     fig.update_xaxes(range=[-0.5, len(rounds) - 0.5], title_text=ROUND, row=1, col=2)
     fig.update_xaxes(range=[-0.03, 1.03], title_text=PATH_ALPHA, row=1, col=3)
-    fig.update_yaxes(range=_range(dist), title_text=look.DISTANCE, row=1, col=1)
-    fig.update_yaxes(range=_range(bar), title_text=look.BARRIER, row=1, col=2)
-    fig.update_yaxes(range=_range([v for r in rounds for v in r["loss"]]),
+    fig.update_yaxes(range=padded_range(dist), title_text=look.DISTANCE, row=1, col=1)
+    fig.update_yaxes(range=padded_range(bar), title_text=look.BARRIER, row=1, col=2)
+    fig.update_yaxes(range=padded_range([v for r in rounds for v in r["loss"]]),
                      title_text=look.LOSS, row=1, col=3)
     fig.frames = [go.Frame(name=str(k), traces=[0, 1, 2], data=[
         go.Scatter(x=x[: k + 1], y=dist[: k + 1]), go.Scatter(x=x[: k + 1], y=bar[: k + 1]),
@@ -234,7 +234,7 @@ def rounds_animation(d: Mapping, font_size: int = 14, width: int = 1000):
     fig.update_layout(width=width, legend={"orientation": "h", "x": 0, "y": 1.02,
                                            "yanchor": "bottom"},
                       margin={"l": 70, "r": 30, "t": 110, "b": 120})
-    _controls(fig, _round_labels(rounds), "round ")
+    controls(fig, _round_labels(rounds), "round ")
     return fig
 
 

@@ -5,14 +5,13 @@ unit- or not normalised (Li et al. 2018; the directions: rotviz.analysis.directi
 docs/landscape.md, "slice"). One model by default; `--source` adds the second one
 (`source` below).
 
-The record, its computation (`slice_with` takes any direction kind, `slice_around` any
-centre; both lay the slice through rotviz.analysis.loss_grid.slice_at) and its figure (a
-line; a contour beside a 3D surface).
+The record, its computation (`slice_around`: any centre of the pair, any kind of direction,
+laid through rotviz.analysis.loss_grid.slice_with) and its figure (a line; a contour
+beside a 3D surface). At size: rotviz.atsize.slice.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -28,13 +27,9 @@ if TYPE_CHECKING:
 
     from rotviz.analysis.loss_grid import Slice
     from rotviz.data.split import Split
-    from rotviz.evaluation import Evaluator
-    from rotviz.sources.loading import Loaded
-    from rotviz.types import Progress
 
     Tensor = torch.Tensor
 
-DIRECTIONS = ("random", "hessian", "toward", "tangent", "gauge")  # slice_with: every kind
 CENTRES = ("anchor", "source", "matched", "path", "merged")
 TOWARD = ("matched", "source")
 
@@ -114,54 +109,6 @@ def _source(values: dict) -> str | None:
     return needs_source(values["around"], values["directions"])
 
 
-def slice_with(
-    loaded: Loaded,
-    split: Split,
-    dims: int = 2,
-    directions: str = "random",
-    norm: str = "filter",
-    keep_1d: bool = False,
-    grid: int = 21,
-    span: float = 1.0,
-    seed: int = 0,
-    device: str | torch.device = "cpu",
-    progress: Progress | None = None,
-    batch_size: int = 512,
-    point: Mapping[str, Tensor] | None = None,
-    evaluator: Evaluator | None = None,
-    steps: int = 100,
-    target: Mapping[str, Tensor] | None = None,
-) -> Slice:
-    """slice_with(model, split, directions="gauge", norm="unit", ...) -> Slice
-
-    `slice_at` with every direction kind and normalisation: random and hessian as there,
-    also under `unit`; `toward` from the point to `target` (B' or B); `tangent` and `gauge`
-    at the point. The directions are built by rotviz.analysis.directions.directions_for and
-    evaluated by slice_at as given ones, so the grid, the exact centre and the progress are
-    slice_at's; the result names the kind, the norm and the seed."""
-    from rotviz.analysis.directions import NORMS, directions_for
-    from rotviz.analysis.loss_grid import check_choices, slice_at
-    from rotviz.evaluation import Evaluator
-
-    check_choices(norm, directions, dims, NORMS, DIRECTIONS)
-    if directions in ("random", "hessian") and norm != "unit":
-        return slice_at(loaded, split, dims, directions, norm, keep_1d, grid, span, seed,
-                        device, progress, batch_size, point, None, evaluator, steps)
-    GRID.check(grid)
-    SPAN.check(span)
-    SEED.check(seed)
-    t0 = time.perf_counter()
-    ev = evaluator or Evaluator(loaded, split, device, batch_size)
-    theta = ev.params(loaded.state if point is None else point)
-    movable = {n for n, _ in loaded.model.named_parameters()}
-    ds, extra = directions_for(directions, loaded, ev, theta, movable, dims, seed, norm,
-                               keep_1d, steps, target)
-    s = slice_at(loaded, split, dims, "random", "none", keep_1d, grid, span, seed, device,
-                 progress, batch_size, point, ds, ev, steps)
-    return replace(s, directions=directions, norm=norm, seconds=time.perf_counter() - t0,
-                   **extra)
-
-
 def needs_source(around: str, directions: str) -> str | None:
     """The option that needs a second model (a phrase for the one-line error), or None."""
     if around != "anchor":
@@ -204,10 +151,13 @@ def slice_around(ends, split: Split, around: str = "anchor", alpha: float = 0.5,
                  **kw) -> Slice:
     """slice_around(endpoints, split, around="matched", directions="toward", ...) -> Slice
 
-    A slice (`slice_with`, whose keywords `kw` takes) centred on a point of held endpoints
-    (`centre_state`), with `toward` directions pointing at the matched source B'
-    (`toward="matched"`) or the source B as it is (`"source"`). Endpoints of one model (its
-    anchor and source the same reference) can only be sliced around the anchor."""
+    A slice (rotviz.analysis.loss_grid.slice_with, whose keywords `kw` takes) centred on a
+    point of held endpoints (`centre_state`), with `toward` directions pointing at the
+    matched source B' (`toward="matched"`) or the source B as it is (`"source"`). Endpoints
+    of one model (its anchor and source the same reference) can only be sliced around the
+    anchor."""
+    from rotviz.analysis.loss_grid import slice_with
+
     if toward not in TOWARD:
         raise RotvizError(f"unknown --toward '{toward}': use one of {', '.join(TOWARD)}")
     why = needs_source(around, directions)
@@ -246,26 +196,15 @@ def _where(s) -> str:
 
 
 def _at_size(ends, ctx: Context, v: dict):
-    from rotviz.dist import SINGLE
-    from rotviz.stream.slices import sized_slice
+    from rotviz.atsize.slice import slice_at_size
 
-    return sized_slice(ends.anchor_path, ctx.split, v["dims"], v["norm"], v["biases"] == "keep",
-                       v["grid"], v["span"], v["seed"], ctx.device, ctx.progress,
-                       v["batch_size"], ctx.group or SINGLE, name=ends.anchor_ref)
+    return slice_at_size(ends, ctx, v)
 
 
 def _at_size_check(v: dict) -> None:
-    from rotviz.errors import RotvizError
-    from rotviz.stream.slices import refuse_directions
+    from rotviz.atsize.slice import check_at_size
 
-    refuse_directions(v["directions"])
-    if v["around"] != "anchor":
-        raise RotvizError(f"--around {v['around']} needs the pair in memory; at size a slice "
-                          "is taken around the model itself (--around anchor)")
-    if v["norm"] == "unit":
-        raise RotvizError("--norm unit groups each head's and FFN unit's rows across tensors, "
-                          "which needs the model in memory; at size use --norm filter, layer "
-                          "or none")
+    check_at_size(v)
 
 
 def _summary(s, how: str) -> str:

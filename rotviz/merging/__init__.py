@@ -19,21 +19,9 @@ from rotviz.merging.registry import (
     register,
     users,
 )
+from rotviz.records import discover
 
-
-def _discover() -> None:
-    """Import every module of this package: each one that defines a record registers it
-    (a new merge method is one module dropped here; no list names them). Modules whose name
-    starts with an underscore are skipped."""
-    import importlib
-    import pkgutil
-
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
-        if not info.name.startswith("_"):
-            importlib.import_module(f"{__name__}.{info.name}")
-
-
-_discover()
+discover(__name__, __path__)  # every module here that registers a record
 
 
 __all__ = ["MergeJob", "MergeMethod", "all_params", "check_base", "check_models", "check_weight",

@@ -1,5 +1,5 @@
 """One tensor of N models (and of their base) read a slice of rows at a time, so that the
-elementwise merges (simple, task arithmetic, TIES, DARE, SLERP, Model Stock) never hold a
+elementwise merges (rotviz.merging.merges_at_size names them) never hold a
 float64 copy of a whole tensor: a 128256 x 2048 embedding is 2.1 GB in float64, and a
 merge of two models about a base made several such copies.
 

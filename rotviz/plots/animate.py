@@ -5,7 +5,8 @@ MP4 export draws, rotviz.animation).
 - `path_animation`: the straight path from the anchor to the (matched) source as alpha
   moves: the loss curve grows point by point, beside the model's answers on a few fixed test
   inputs (images drawn as they are, text as its last characters);
-- weight matching round by round (rotviz.measures.rounds) builds on `_controls` and `_range`.
+- weight matching round by round (rotviz.measures.rounds) builds on `controls` and
+  `padded_range`.
 
 Every trace a frame changes is listed in the frame's `traces`; the others stay as drawn.
 """
@@ -25,13 +26,14 @@ RIGHT, WRONG = style.OKABE_ITO[2], style.OKABE_ITO[4]  # bluish green, vermillio
 FRAME_MS = 400  # the play button's time per frame (the exports choose their own rate)
 
 
-def _range(values: Sequence[float], pad: float = 0.08) -> list[float]:
+def padded_range(values: Sequence[float], pad: float = 0.08) -> list[float]:
+    """An axis range over every frame's values (fixed while the frames play), with room."""
     lo, hi = float(np.min(values)), float(np.max(values))
     span = hi - lo or max(abs(hi), 1.0) * 0.1
     return [lo - pad * span, hi + pad * span]
 
 
-def _controls(fig: go.Figure, labels: Sequence[str], prefix: str) -> None:
+def controls(fig: go.Figure, labels: Sequence[str], prefix: str) -> None:
     """A play/pause button and a slider with one step per frame (named by `labels`)."""
     play = {"frame": {"duration": FRAME_MS, "redraw": True}, "fromcurrent": True,
             "transition": {"duration": 0}}
@@ -97,7 +99,7 @@ def path_animation(d: Mapping, font_size: int = 14, width: int = 900) -> go.Figu
                     marker={"color": style.color(4), "symbol": "diamond", "size": 14,
                             "line": {"color": "#000000", "width": 1}}, row=1, col=1)
     fig.update_xaxes(range=[-0.03, 1.03], title_text=style.ALPHA, row=1, col=1)
-    fig.update_yaxes(range=_range(loss), title_text=style.LOSS, row=1, col=1)
+    fig.update_yaxes(range=padded_range(loss), title_text=style.LOSS, row=1, col=1)
     moving = [0, 1]
     if k_ex and images:
         for i, img in enumerate(ex["images"]):
@@ -150,7 +152,7 @@ def path_animation(d: Mapping, font_size: int = 14, width: int = 900) -> go.Figu
     fig.update_layout(width=width, legend={"orientation": "h", "x": 0, "y": 1.02,
                                            "yanchor": "bottom"},
                       margin={"l": 70, "r": 30, "t": 110, "b": 120})
-    _controls(fig, [f"{a:.2f}" for a in alphas], "α = ")
+    controls(fig, [f"{a:.2f}" for a in alphas], "α = ")
     return fig
 
 

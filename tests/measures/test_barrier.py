@@ -265,3 +265,14 @@ def test_barrier_curves_carry_the_data_and_annotate_the_barrier():
     assert list(fixed.layout.yaxis.range) == [0.0, 1.02]
     assert style.acc_range([0.99, 1.0]) == pytest.approx([0.98, 1.01])
     assert style.acc_range([float("nan")]) == [0.0, 1.02]
+
+
+def test_the_record_draws_in_the_hosts_style():
+    """The barrier's figure is `barrier_curves` of the one curve, in the page's font size
+    (14 by default, as the CLI's --figure draws it)."""
+    from rotviz.measures import measurement
+    from rotviz.plots.figure_style import Style
+
+    rec = measurement("barrier")
+    assert rec.plot(CURVES[1], Style()).to_dict() == barrier_curves([CURVES[1]]).to_dict()
+    assert rec.plot(CURVES[1], Style(font_size=22)).layout.font.size == 22

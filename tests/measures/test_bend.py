@@ -137,6 +137,7 @@ def test_the_trained_bezier_curve_has_a_lower_barrier_on_the_default_pair():
     rows = m.rows(d)
     assert len(rows) == 11 and rows[0]["t"] == 0.0 and rows[-1]["loss"] == r.loss[-1]
     fig = m.plot(d, Style())
+    assert m.plot(d, Style(font_size=19)).layout.font.size == 19 != fig.layout.font.size
     assert fig.layout.title.text and fig.layout.xaxis.title.text and fig.layout.yaxis.title.text
     assert "barrier" in fig.data[0].name and len(fig.data) == 4
     import plotly.graph_objects as go

@@ -62,3 +62,19 @@ def test_ablation_bars_show_distance_and_barrier():
     assert "nats" in fig.layout.xaxis2.title.text and "L2" in fig.layout.xaxis.title.text
     only = ablation_bars([{"match": "none", "distance": 1.0}])
     assert len(only.data) == 1
+
+
+def test_the_record_draws_in_the_hosts_style():
+    """The distances take a log axis and the page's font size when the host asks; by
+    default a linear axis, font 14."""
+    from rotviz.measures import measurement
+    from rotviz.plots.figure_style import Style
+
+    d = {"before": {"per_layer": {"0": 2.0, "rest": 5.0}},
+         "after": {"per_layer": {"0": 1.0, "rest": 5.0}}}
+    rec = measurement("distances")
+    plain = rec.plot(d, Style())
+    assert plain.layout.yaxis.type is None and plain.layout.font.size == 14
+    logged = rec.plot(d, Style(log=True, font_size=16))
+    assert logged.layout.yaxis.type == "log" and logged.layout.font.size == 16
+    assert list(logged.data[0].y) == [2.0, 5.0]

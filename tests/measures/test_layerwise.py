@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import refused, view_of
-from pairs import assert_close, cli_json, default_pair_refs, synthetic_split
+from pairs import assert_close, default_pair_refs, synthetic_split
 
 from rotviz import measure
 from rotviz.analysis.tensor_groups import REST, GroupStates, rise_of
@@ -178,6 +178,7 @@ def test_the_record_from_the_cli_json_rows_and_plot(tmp_path, capsys):
     assert [r["group"] for r in rows] == d["groups"]
     assert rows[0]["barrier_unmatched"] == d["barrier_unmatched"][0]
     fig = m.plot(d, Style())
+    assert m.plot(d, Style(font_size=19)).layout.font.size == 19 != fig.layout.font.size
     assert fig.layout.title.text and fig.layout.xaxis.title.text == style.LAYER
     assert fig.layout.yaxis.title.text == style.BARRIER and fig.layout.barmode == "group"
     names = [t.name for t in fig.data]
@@ -231,20 +232,3 @@ def test_streamed_layerwise_equals_in_memory(streamed_pairs, fam, by, match, com
             assert_close(v, g[k], k)
     assert (got.barrier_unmatched is None) == (compare == "no" or match == "none")
     assert max(got.barrier) > 1e-3 and got.groups[-1] in ("rest", "embeddings", "head")
-
-
-def test_cli_layerwise_at_size_equals_in_memory(tmp_path, capsys):
-    """`rotviz layerwise --max-memory 0`: the pair matched streamed, each point built block
-    by block (the unmatched comparison is checked in the library above)."""
-    a, b = default_pair_refs()
-    args = ["layerwise", a, b, "--data", "digits", "--points", "3", "--compare", "no",
-            "--device", "cpu"]
-    ref = cli_json(tmp_path, "mem", args)
-    got = cli_json(tmp_path, "size", [*args, "--max-memory", "0"])
-    assert "at size" in capsys.readouterr().out
-    assert ref["barrier_unmatched"] is None is got["barrier_unmatched"]
-    for k in ("barrier", "rise", "cum_barrier", "loss", "cum_loss", "acc", "full_barrier",
-              "loss_anchor"):
-        assert_close(ref[k], got[k], k)
-    for k in ("groups", "cumulative", "by", "alphas", "match", "n"):
-        assert ref[k] == got[k], k

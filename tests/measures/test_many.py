@@ -221,3 +221,30 @@ def test_barycentre_settings_need_the_barycentre(option, capfd, ws):
     flag, value = option
     refused(["many", "nosuch-a", "nosuch-b", "nosuch-c", "--data", "digits", "--to", "anchor",
              flag, value], capfd, ws, f"{flag} needs --to barycentre: add it, or drop {flag}")
+
+
+def test_the_figures_carry_the_data_in_the_hosts_style():
+    """The record's figure: the pairwise distances before and after alignment on one colour
+    scale (0 to the largest, or the page's shared range), in the page's font size; the
+    merged accuracy against the number of models, beside the best single model."""
+    from rotviz.measures import measurement
+    from rotviz.measures.many import merged_by_count, short_names
+    from rotviz.plots.figure_style import Style
+
+    d = {"refs": ["zoo:vit-digits-s3", "/m/s6/", "s7"], "to": "barycentre", "match": "seed",
+         "before": [[0.0, 4.0, 5.0], [4.0, 0.0, 6.0], [5.0, 6.0, 0.0]],
+         "after": [[0.0, 2.0, 3.0], [2.0, 0.0, 2.5], [3.0, 2.5, 0.0]],
+         "k": [2, 3], "acc": {"aligned": [0.8, 0.75], "unaligned": [0.3, 0.2]},
+         "model_acc": [0.95, 0.94, 0.93]}
+    assert short_names(d["refs"]) == ["vit-digits-s3", "s6", "s7"]
+    rec = measurement("many")
+    fig = rec.plot(d, Style())
+    assert [list(map(list, t.z)) for t in fig.data] == [d["before"], d["after"]]
+    axis = fig.layout.coloraxis
+    assert (axis.cmin, axis.cmax) == (0.0, 6.0) and fig.layout.font.size == 14
+    shared = rec.plot(d, Style(font_size=18, colour_range=(1.0, 8.0)))
+    assert (shared.layout.coloraxis.cmin, shared.layout.coloraxis.cmax) == (1.0, 8.0)
+    assert shared.layout.font.size == 18
+    curve = merged_by_count(d)
+    assert [list(t.y) for t in curve.data[:2]] == [[0.8, 0.75], [0.3, 0.2]]
+    assert list(curve.data[2].y) == [0.95, 0.95] and "accuracy" in curve.layout.yaxis.title.text

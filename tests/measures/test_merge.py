@@ -290,3 +290,19 @@ def test_fusion_chart_groups_methods():
     assert bar_range([0.3, 0.6], fixed=True) == [0.0, 1.02]
     shared = fusion_chart(rows, "acc", y_range=[0.0, 0.8])
     assert list(shared.layout.yaxis.range) == [0.0, 0.8]
+
+
+def test_the_record_draws_in_the_hosts_style():
+    """The merge's bars take the page's font size and accuracy axis (the whole 0-1 scale, or
+    one range shared with the panels beside it); by default the axis follows the data."""
+    from rotviz.measures import measurement
+    from rotviz.plots.figure_style import Style
+
+    d = {"method": "simple", "match": "seed", "acc": 0.6, "anchor_acc": 0.9, "source_acc": 0.8}
+    rec = measurement("merge")
+    plain = rec.plot(d, Style())
+    assert list(plain.layout.yaxis.range) == bar_range([0.6, 0.9, 0.8])
+    assert plain.layout.font.size == 14
+    assert list(rec.plot(d, Style(fixed_accuracy=True)).layout.yaxis.range) == [0.0, 1.02]
+    shared = rec.plot(d, Style(font_size=18, accuracy_range=(0.0, 0.7)))
+    assert list(shared.layout.yaxis.range) == [0.0, 0.7] and shared.layout.font.size == 18

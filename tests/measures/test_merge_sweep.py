@@ -65,6 +65,9 @@ def test_a_sweep_is_one_merge_per_value(tmp_path, capfd, ws):
     assert fig.layout.title.text.startswith("Merged model accuracy against scale")
     assert "λ" in fig.layout.xaxis.title.text and "accuracy" in fig.layout.yaxis.title.text
     assert fig.layout.legend.title.text and [t.name for t in fig.data][0] == "no matching"
+    shared = rec.plot(d, Style(font_size=19, accuracy_range=(0.1, 0.9)))
+    assert list(shared.layout.yaxis.range) == [0.1, 0.9] and shared.layout.font.size == 19
+    assert list(rec.plot(d, Style(fixed_accuracy=True)).layout.yaxis.range) == [0.0, 1.02]
     refused([*args[:-6], "--param", "density"], capfd, ws, "--param density is not a number")
     refused([*args[:-8], "--method", "ties", "--param", "density", "--stop", "1.5"], capfd, ws,
             "--stop 1.5 is outside --density's range", "a number from 0 to 1")

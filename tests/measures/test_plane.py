@@ -92,3 +92,22 @@ def test_loss_plane_marks_every_model():
     marks = {tr.text[0]: (tr.x[0], tr.y[0]) for tr in fig.data[1:]}
     assert marks == pts
     assert "Euclidean" in fig.layout.xaxis.title.text
+
+
+def test_the_record_draws_in_the_hosts_style():
+    """The plane's figure takes the page's font size and its shared colour range; by
+    default it is drawn as the CLI's --figure draws it (its own range, font 14)."""
+    from rotviz.measures import measurement
+    from rotviz.plots.figure_style import Style
+
+    xs, ys = [0.0, 1.0, 2.0], [-1.0, 0.0, 1.0]
+    z = [[1.0, 2.0, 3.0], [2.0, 3.0, 4.0], [3.0, 4.0, 9.0]]
+    pts = {"A": [0.0, 0.0], "B": [2.0, 0.0]}
+    d = {"xs": xs, "ys": ys, "loss": z, "points": pts}
+    rec = measurement("plane")
+    plain = rec.plot(d, Style())
+    assert plain.to_dict() == plane_figure(xs, ys, z, pts).to_dict()
+    assert plain.data[0].zmin == 1.0 and plain.layout.font.size == 14
+    shared = rec.plot(d, Style(font_size=20, colour_range=(0.5, 12.0)))
+    assert (shared.data[0].zmin, shared.data[0].zmax) == (0.5, 12.0)
+    assert shared.layout.font.size == 20

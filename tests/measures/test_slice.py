@@ -11,7 +11,11 @@ directions orthogonal to every tangent (the dense tangent matrix), the loss alon
 even in x (no first-order term) beside a random direction's slope, unit norms per FFN unit
 and per head (read off the ViT's tensor names, and through the view for gpt2 and llama),
 unit normalisation commuting with a planted permutation and rotation where filter
-normalisation does not, and the CLI's --source."""
+normalisation does not, and the CLI's --source.
+
+At size (rotviz.atsize.slice): on endpoints streamed from checkpoint folders, each point built
+block by block, the slice gives the in-memory results; Hessian directions are refused there
+in one line, from the library and the CLI."""
 
 from __future__ import annotations
 
@@ -22,10 +26,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import clone_state, view_of
-from pairs import synthetic_split
+from pairs import assert_close, default_pair_refs, synthetic_split
 from test_plots import _check_frame
 from test_tangents import f64_loss
 
+from rotviz import measure
 from rotviz.analysis.directions import (
     drawn,
     normalise,
@@ -34,7 +39,7 @@ from rotviz.analysis.directions import (
     symmetry_directions,
     unit_normalise,
 )
-from rotviz.analysis.loss_grid import slice_at
+from rotviz.analysis.loss_grid import slice_at, slice_with
 from rotviz.analysis.tangents import (
     f64_view,
     gauge_fixed,
@@ -42,11 +47,13 @@ from rotviz.analysis.tangents import (
     parameter_names,
     tangents,
 )
+from rotviz.atsize.blocks import open_streamed
+from rotviz.atsize.endpoints import streamed_endpoints
 from rotviz.cli import main
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator
 from rotviz.match.endpoints import match_endpoints
-from rotviz.measures.slice import slice_around, slice_with
+from rotviz.measures.slice import slice_around
 from rotviz.sources.loading import Loaded, load_model
 from rotviz.symmetry.actions import apply, random_element
 from rotviz.symmetry.view import read_view, write_state
@@ -518,3 +525,39 @@ def test_random_directions_do_not_depend_on_the_order_of_the_tensors(loaded):
     other = random_directions(params, movable, 2, seed=6)
     big = [k for k, w in params.items() if w.dim() > 1]
     assert all(not torch.equal(fwd[0][k], other[0][k]) for k in big)
+
+
+@pytest.mark.parametrize("fam", ["vit", "gpt2"])
+def test_streamed_slice_equals_in_memory(fam, saved):
+    """Loss and accuracy at every grid point to 1e-5 (relative), a plane with filter norms
+    and biases zeroed, a line with layer norms and biases kept; GPT-2's head is tied."""
+    path = str(saved(fam, 0))
+    model = load_model(path)
+    split = synthetic_split(model, 8)
+    held = match_endpoints(model, model, None)
+    with streamed_endpoints(open_streamed(path), open_streamed(path), None, "cpu") as ends:
+        assert ends.at_size
+        for opts in ({"dims": 2, "grid": 3, "seed": 3},
+                     {"dims": 1, "grid": 5, "norm": "layer", "biases": "keep", "span": 0.5}):
+            want = measure("slice", held, split, **opts)
+            got = measure("slice", ends, split, **opts)
+            for k in ("loss", "acc", "centre_loss", "centre_acc"):
+                assert_close(getattr(want, k), getattr(got, k), k)
+            assert_close(want.direction_norms, got.direction_norms, "direction norms")
+            assert (want.cosine is None) == (got.cosine is None)
+            assert want.xs == got.xs and want.ys == got.ys and got.model == path
+            spread = np.ptp(np.asarray(got.loss))
+            assert spread > 1e-3  # the points really moved
+        with pytest.raises(RotvizError, match="--directions hessian are built from the whole") as e:
+            measure("slice", ends, split, dims=1, directions="hessian")
+        assert "\n" not in str(e.value)
+
+
+def test_cli_slice_at_size_refuses_hessian_directions(capsys):
+    """Hessian directions need the whole model: refused at size in one line. (At size
+    equals in memory for the slice: tests/measures/test_every_record.py.)"""
+    args = ["slice", default_pair_refs()[0], "--data", "digits", "--dims", "1", "--grid", "3",
+            "--device", "cpu"]
+    assert main([*args, "--directions", "hessian", "--max-memory", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--directions hessian" in err and "--max-memory" in err

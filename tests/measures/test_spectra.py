@@ -15,6 +15,7 @@ from test_plots import _check_frame
 
 from rotviz.groups import rotation_angles
 from rotviz.match.pipeline import match_models
+from rotviz.measures import measurement
 from rotviz.measures.spectra import (
     angle_overview,
     circuit_spectra,
@@ -24,6 +25,7 @@ from rotviz.measures.spectra import (
     vo_circuit,
 )
 from rotviz.measures.spectra import rotation_angles as angles_figure
+from rotviz.plots.figure_style import Style
 from rotviz.symmetry.actions import apply, random_element
 from rotviz.symmetry.view import read_view
 
@@ -164,6 +166,10 @@ def test_singular_values_and_angles_per_head():
     vo_head1 = ang.data[3]
     assert list(vo_head1.y) == LAYER["vo_angles"][1] and vo_head1.marker.symbol == "x"
     over = angle_overview([LAYER, {**LAYER, "layer": 3}])
+    rec = measurement("spectra").plot({"layers": [LAYER, {**LAYER, "layer": 3}]}, Style())
+    assert rec.to_dict() == over.to_dict()
+    big = measurement("spectra").plot({"layers": [LAYER]}, Style(font_size=19))
+    assert big.layout.font.size == 19
     _check_frame(over, "mean")
     assert np.allclose(np.asarray(over.data[0].z)[0], [np.mean(a) for a in LAYER["qk_angles"]])
 

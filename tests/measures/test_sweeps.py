@@ -67,6 +67,7 @@ def test_layer_sweeps_record_equals_the_library(matched, tmp_path, capsys):
     rows = measurement("sweeps").rows(d)
     assert len(rows) == 2 + 2 * got.n_layers and rows[0]["matched"] == "none"
     fig = measurement("sweeps").plot(d, Style())
+    assert measurement("sweeps").plot(d, Style(font_size=19)).layout.font.size == 19
     assert fig.layout.title.text.startswith("Which layers must be matched")
     assert fig.layout.xaxis.title.text and fig.layout.yaxis.title.text
     assert {t.name for t in fig.data} >= {"only layer i", "layers i to the last"}

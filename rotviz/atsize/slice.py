@@ -1,4 +1,5 @@
-"""Slices around one model larger than memory, each grid point built block by block.
+"""The slice record at size (rotviz.measures.slice): slices around one model larger than
+memory, each grid point built block by block.
 
 `rotviz.analysis.loss_grid.slice_at` holds the model, its directions and each grid point in
 memory. Here the checkpoint is held as stored on the device with its directions beside it
@@ -108,17 +109,10 @@ def sized_slice(ref: str | os.PathLike, split: Split, dims: int = 2, norm: str =
     g = Grid.of(dims, grid, span)
     todo = [g.xy(cell) for cell in g.cells]
     todo.append((0.0, 0.0))  # the centre, reported on its own as slice_at does
-    mine = group.mine(list(range(len(todo))))
-    found: dict[int, tuple[float, float]] = {}
-    for count, j in enumerate(mine):
-        found[j] = held.loss_acc_at(*todo[j])
-        if progress:
-            progress(count + 1, len(mine), f"grid point {count + 1} of {len(mine)}")
-    parts = group.gather(found)
-    if parts is None:
+    found = group.each(len(todo), lambda j: held.loss_acc_at(*todo[j]), progress,
+                       lambda n, total, j: f"grid point {n} of {total}")
+    if found is None:
         return None
-    for part in parts:
-        found.update(part)
     loss, acc = g.fill(found[j] for j in range(len(g.cells)))
     centre_loss, centre_acc = found[len(g.cells)]
     norms, cos = held.norms()
@@ -138,3 +132,24 @@ def refuse_directions(directions: str) -> None:
                           "memory (its Hessian, its tangents or a second model); at size "
                           "(--max-memory) a slice takes random directions: drop --directions "
                           "or raise --max-memory")
+
+
+def check_at_size(v: dict) -> None:
+    """One line for the slice's values that need the model in memory (before any loading):
+    any directions but random ones, any centre but the model, `unit` normalisation."""
+    refuse_directions(v["directions"])
+    if v["around"] != "anchor":
+        raise RotvizError(f"--around {v['around']} needs the pair in memory; at size a slice "
+                          "is taken around the model itself (--around anchor)")
+    if v["norm"] == "unit":
+        raise RotvizError("--norm unit groups each head's and FFN unit's rows across tensors, "
+                          "which needs the model in memory; at size use --norm filter, layer "
+                          "or none")
+
+
+def slice_at_size(ends, ctx, v: dict) -> Slice | None:
+    """The slice record's at-size run: `sized_slice` on the streamed anchor with the record's
+    values (`ctx`: the record's Context)."""
+    return sized_slice(ends.anchor_path, ctx.split, v["dims"], v["norm"], v["biases"] == "keep",
+                       v["grid"], v["span"], v["seed"], ctx.device, ctx.progress,
+                       v["batch_size"], ctx.group or SINGLE, name=ends.anchor_ref)
