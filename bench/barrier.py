@@ -62,6 +62,15 @@ def random_gpt2(tmp: Path, seed: int, **sizes) -> str:
     return str(out)
 
 
+def matched_state(a, b, spec: str, device):
+    """The source matched onto the anchor and what matching did: (state, report), the
+    endpoints' matched state (rotviz.match.endpoints.match_endpoints)."""
+    from rotviz.match.endpoints import match_endpoints
+
+    ends = match_endpoints(a, b, spec, device)
+    return ends.matched, ends.report
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--device", default="cpu")
@@ -75,7 +84,6 @@ def main() -> None:
     import transformers
 
     transformers.utils.logging.disable_progress_bar()
-    from rotviz.analysis.paths import matched_state
     from rotviz.devices import pick_device
     from rotviz.measures.barrier import interpolate
     from rotviz.measures.merge import merge
