@@ -7,7 +7,7 @@ names an anchor and a source), its matchings, once each, and computes on Run onl
 
 import streamlit as st
 
-from app_pages import run, runtime, show, sidebar
+from app_pages import run, runtime, section, show, sidebar
 from rotviz import app
 from rotviz.app import figures
 from rotviz.app.export import measurement_animation, measurement_files
@@ -61,11 +61,9 @@ with st.form("measure_form"):
             specs = st.multiselect("Matchings (once each, in this order)", choices, default,
                                    format_func=figures.nice_label, key=f"x_{name}_specs",
                                    bind="query-params")
-    cols = st.columns(3)
+    # the essential parameters first, the rest under "More options" (as on the topic pages);
     # what the record's animation needs (the barrier's answers on 4 inputs) starts on
-    params = {p.name: show.param_input(cols[i % 3], p, f"x_{name}_{p.name}",
-                                         record.animate_params.get(p.name))
-              for i, p in enumerate(record.parameters())}
+    params = section.widgets(record, f"x_{name}", defaults=record.animate_params)
     submitted = st.form_submit_button("Run", type="primary", icon=":material/play_arrow:")
 
 
