@@ -41,22 +41,3 @@ def test_a_sections_first_look_holds_few_controls(record):
     assert len(shown) <= 6, [p.name for p in shown]
     if record.name == "slice":
         assert [p.name for p in shown] == ["around", "directions", "grid"]
-
-
-def test_the_fusion_record_combines_its_matchings_as_one_table():
-    """The Merge page runs the fusion record once per matching and draws one table: a
-    column per matching, each matching's function check kept (the none column has none)."""
-    from rotviz.measures.fusion import combine, rows
-
-    def one(spec: str, acc: float, diff: float | None) -> dict:
-        return {"methods": ["simple"], "specs": [spec], "match": spec,
-                "acc": {"simple": {spec: acc}}, "loss": {"simple": {spec: 1 - acc}},
-                "scores": {"simple": {spec: {}}}, "distance": {spec: 2.0 * acc},
-                "seconds": 1.0, "max_output_diff": diff, "tolerance": 1e-3}
-
-    t = combine([one("none", 0.25, 0.0), one("seed", 0.5, 2e-6)])
-    assert t["specs"] == ["none", "seed"] and t["seconds"] == 2.0
-    assert t["acc"] == {"simple": {"none": 0.25, "seed": 0.5}}
-    assert t["distance"] == {"none": 0.5, "seed": 1.0}
-    assert t["checks"] == [{"spec": "seed", "max_output_diff": 2e-6, "tolerance": 1e-3}]
-    assert [(r["matching"], r["acc"]) for r in rows(t)] == [("none", 0.25), ("seed", 0.5)]

@@ -20,7 +20,6 @@ from pairs import (
 )
 from test_plots import _check_frame
 
-from rotviz.analysis.fusion import fusion_table
 from rotviz.cli import main
 from rotviz.data.split import Split
 from rotviz.errors import RotvizError
@@ -28,7 +27,6 @@ from rotviz.evaluation import evaluate
 from rotviz.match.endpoints import match_endpoints
 from rotviz.match.engine import match
 from rotviz.match.options import MatchOptions
-from rotviz.measures.barrier import interpolate
 from rotviz.measures.merge import bar_range, fusion_chart, merge
 from rotviz.merging import method as method_record
 from rotviz.merging import names
@@ -193,26 +191,6 @@ def test_self_merge_with_matching_on_the_default_pair(method):
     for k, v in a.state.items():
         torch.testing.assert_close(r.state[k], v, rtol=0, atol=1e-6)
     assert r.acc == pytest.approx(evaluate(a, digits())["acc"])
-
-
-def test_fusion_table_shape_and_agreement_with_the_curve():
-    a, b = default_pair()
-    calls = []
-    t = fusion_table(a, b, digits(), stats_split=digits("train"), batches=2, batch_size=16,
-                     progress=lambda d, n, m: calls.append((d, n)))
-    unbased = [n for n in names() if not method_record(n).needs_base]  # no base given
-    assert t.methods == unbased and t.specs == ["none", "seed"]
-    assert set(t.acc) == set(unbased) and all(set(r) == {"none", "seed"} for r in t.acc.values())
-    assert calls[-1][0] == calls[-1][1] == 2 * (1 + len(unbased))
-    none = interpolate(a, b, digits(), None, points=3)
-    seed = interpolate(a, b, digits(), "seed", points=3)
-    assert t.acc["simple"]["none"] == pytest.approx(none.mid_acc)
-    assert t.acc["simple"]["seed"] == pytest.approx(seed.mid_acc)
-    assert t.distance["seed"] < t.distance["none"]
-    assert t.anchor_acc > 0.9 and t.source_acc > 0.9
-    md = t.to_markdown()
-    assert md.count("\n") == 1 + len(unbased) and "| regmean |" in md
-    json.dumps(t.to_dict())
 
 
 def test_merge_cli_writes_a_loadable_model(tmp_path, capsys):
