@@ -28,6 +28,7 @@ from rotviz.limits import DEFAULT_ROUNDS, DEFAULT_STEPS, DEFAULT_TOL, ROUNDS, ST
 from rotviz.params import needs
 from rotviz.sources import hf_cache as hub
 from rotviz.symmetry.registry import SYMMETRIES
+from rotviz.version import __version__
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -36,6 +37,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     build, on every call of `main`. A name that is no sub-command gets the whole tree, so
     argparse lists the choices exactly as before."""
     parser = Parser(prog="rotviz", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"rotviz {__version__}",
+                        help="print rotviz's version and exit")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def wanted(name: str) -> bool:
