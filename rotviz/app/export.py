@@ -129,12 +129,10 @@ def measurement_files(name: str, result: Mapping[str, Any], style: Any = None
     (rotviz.plots.figure_style.Style; None: the default): what its export holds besides the
     JSON."""
     from rotviz.measures import measurement
-    from rotviz.plots.figure_style import Style
 
-    style = style or Style()
     record = measurement(name)
     tables = {name: record.rows(result)} if record.rows else {}
-    figures = {name: record.plot(result, style)} if record.plot else {}
+    figures = {name: record.figure(result, style)} if record.plot else {}
     return tables, figures
 
 

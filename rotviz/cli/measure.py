@@ -30,7 +30,6 @@ from rotviz.cli.args import (
 from rotviz.errors import RotvizError
 from rotviz.measures import Measurement, measurements
 from rotviz.params import Param
-from rotviz.plots.figure_style import Style
 from rotviz.sources import hf_cache
 
 
@@ -172,7 +171,7 @@ def _write_drawings(m: Measurement, tmp, args, result) -> None:
         from rotviz.plots.images import write
 
         (item, fmt) = args.figure_output
-        write(tmp[item], m.plot(result.to_dict(), Style()), fmt)
+        write(tmp[item], m.figure(result), fmt)
     if args.animation_output is not None:
         from rotviz.animation import write as write_animation
 
