@@ -44,15 +44,15 @@ def why_not(fmt: str) -> str | None:
     try:
         import imageio.v3  # noqa: F401
     except ImportError:
-        return "GIF and MP4 need imageio (pip install -r requirements.txt)"
+        return "GIF and MP4 need imageio (pip install 'rotviz[figures]')"
     if fmt == "mp4":
         try:
             import imageio_ffmpeg
 
             imageio_ffmpeg.get_ffmpeg_exe()
         except Exception:  # not installed, or its binary missing: it never downloads one
-            return "MP4 needs imageio-ffmpeg with its bundled ffmpeg (pip install -r " \
-                   "requirements.txt)"
+            return "MP4 needs imageio-ffmpeg with its bundled ffmpeg (pip install " \
+                   "'rotviz[figures]')"
     return None
 
 

@@ -4,10 +4,16 @@ layer, apart from the zoo package, because `rotviz.sources.loading` resolves `zo
 the app lists the zoo with it, neither needing what builds the models. Building them is
 `rotviz.zoo.build`.
 
-The model zoo: small trained models shipped in `assets/zoo/`, each rebuildable from its recipe.
-Every entry is a model directory (config.json + model.safetensors, Hugging Face format) with
-a card (`card.json`) recording its recipe, seed, data split, test metrics, training time and
-library versions. `zoo:NAME` works wherever rotviz takes a model.
+The model zoo: small trained models, each rebuildable from its recipe. Every entry is a model
+directory (config.json + model.safetensors, Hugging Face format) with a card (`card.json`)
+recording its recipe, seed, data split, test metrics, training time and library versions.
+`zoo:NAME` works wherever rotviz takes a model.
+
+Where they live (`zoo_dirs`): the package's own `rotviz/assets/zoo/` (a wheel ships the default
+pair there; a source checkout holds every model), then the per-user cache's `zoo/` folder
+(rotviz.user_cache), where `rotviz zoo build NAME` writes the others on demand: never into the
+installed package, which may be read-only. `ROTVIZ_ZOO` replaces both with one folder, read
+and written.
 
 Pairs:
 - default (`vit-digits-s3`, `vit-digits-s6`): independent seeds, the generalized-LMC setting;
@@ -36,6 +42,12 @@ from pathlib import Path
 
 from rotviz.confine import ANYWHERE
 from rotviz.errors import RotvizError
+from rotviz.user_cache import cache_dir
+
+ENV_ZOO = "ROTVIZ_ZOO"
+# The models that ship inside the package (all of them in a source checkout; the default pair in
+# a wheel: pyproject.toml's package data).
+SHIPPED = Path(__file__).resolve().parent / "assets" / "zoo"
 
 
 @dataclass(frozen=True)
@@ -141,22 +153,54 @@ def spawn_entry(name: str) -> SpawnEntry:
 
 def collection_path(name: str) -> Path:
     """The folder of a zoo spawn folder or series (`zoo:NAME`), built."""
-    if name in SERIES:
-        top, inner = SERIES[name]
-        path = zoo_dir() / top / inner
-    else:
-        top = spawn_entry(name).name
-        path = zoo_dir() / top
-    if not (zoo_dir() / top / "card.json").is_file():
-        raise RotvizError(f"zoo series '{name}' is not built (no {zoo_dir() / top}); run: "
+    top, inner = SERIES[name] if name in SERIES else (spawn_entry(name).name, "")
+    folder = _found(top, "card.json")
+    if folder is None:
+        raise RotvizError(f"zoo series '{name}' is not built (no {top} in {_searched()}); run: "
                           f"rotviz zoo build {top}")
-    return path
+    return folder / inner if inner else folder
 
 
-def zoo_dir() -> Path:
-    """`ROTVIZ_ZOO` if set, else the repository's `assets/zoo`."""
-    env = os.environ.get("ROTVIZ_ZOO")
-    return Path(env).expanduser() if env else Path(__file__).resolve().parents[1] / "assets" / "zoo"
+def zoo_dirs() -> list[Path]:
+    """The folders a zoo model is looked for in, in order: `ROTVIZ_ZOO` alone when set, else
+    the package's shipped models, then the user cache's (where `build_dir` writes)."""
+    env = os.environ.get(ENV_ZOO, "").strip()
+    if env:
+        return [Path(env).expanduser().absolute()]
+    return [SHIPPED, cache_dir() / "zoo"]
+
+
+def build_dir() -> Path:
+    """Where `rotviz zoo build` writes a model when given no `--out`: `ROTVIZ_ZOO` when set,
+    else the user cache's `zoo/` folder (never the installed package)."""
+    return zoo_dirs()[-1]
+
+
+def shipped(name: str) -> bool:
+    """Whether model or series `name` ships with the package (read before the user cache, so a
+    build of it there would never be read)."""
+    return not os.environ.get(ENV_ZOO, "").strip() and (SHIPPED / name / "card.json").is_file()
+
+
+def refuse_shipped(name: str) -> None:
+    """Refuse to build `name` into the build folder when it ships with the package: the build
+    would never be read (the shipped folder comes first)."""
+    if shipped(name):
+        raise RotvizError(f"zoo model '{name}' ships with rotviz (at {SHIPPED / name}): build "
+                          f"it elsewhere with --out DIR, or set {ENV_ZOO}=DIR to use a zoo "
+                          "folder of your own")
+
+
+def _found(name: str, marker: str) -> Path | None:
+    """The first folder `name` of the zoo folders that holds `marker`, or None."""
+    for d in zoo_dirs():
+        if (d / name / marker).is_file():
+            return d / name
+    return None
+
+
+def _searched() -> str:
+    return " or ".join(str(d) for d in zoo_dirs())
 
 
 def entries() -> list[Entry]:
@@ -171,16 +215,22 @@ def entry(name: str) -> Entry:
 
 def path_of(name: str) -> Path:
     """The directory of a built zoo model."""
-    path = zoo_dir() / entry(name).name
-    if not (path / "config.json").is_file():
-        raise RotvizError(
-            f"zoo model '{name}' is not built (no {path}); run: rotviz zoo build {name}"
-        )
+    name = entry(name).name
+    path = _found(name, "config.json")
+    if path is None:
+        raise RotvizError(f"zoo model '{name}' is not built (no {name} in {_searched()}); "
+                          f"run: rotviz zoo build {name}")
     return path
 
 
 def is_built(name: str) -> bool:
-    return (zoo_dir() / entry(name).name / "config.json").is_file()
+    return _found(entry(name).name, "config.json") is not None
+
+
+def where(name: str) -> Path:
+    """The folder zoo model or series `name` is read from when built, else where a build
+    without `--out` writes it (for messages and listings)."""
+    return _found(name, "card.json") or _found(name, "config.json") or build_dir() / name
 
 
 def default_pair() -> tuple[str, str]:

@@ -12,6 +12,7 @@ import hashlib
 import os
 import stat
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,6 +29,11 @@ from rotviz.symmetry.view import ModelView, read_view
 # CI machines: otherwise each pytest-xdist worker rewrites every test module again (about
 # 11 s of its collection on a 2-core machine).
 sys.dont_write_bytecode = False
+
+# The suite never reads or writes the user's cache (rotviz.user_cache: zoo models built on
+# demand): each process gets a cache folder of its own, removed when it exits.
+_CACHE = tempfile.TemporaryDirectory(prefix="rotviz-test-cache-")
+os.environ["ROTVIZ_CACHE"] = _CACHE.name
 
 TINY = dict(layers=2, d=32, heads=4, ffn=64)
 
@@ -138,7 +144,7 @@ FFN_ROLES = ("ffn_in", "ffn_gate", "ffn_out")  # the gate where the FFN is gated
 
 # ---- a user's workspace, for commands that must leave it alone --------------------------------
 
-ZOO = Path(__file__).resolve().parents[1] / "assets" / "zoo"
+ZOO = Path(__file__).resolve().parents[1] / "rotviz" / "assets" / "zoo"
 
 
 def snapshot(*roots: Path, contents: bool = True) -> dict[str, tuple]:
@@ -253,7 +259,8 @@ def app_roots_with(root: Path):
     from rotviz.app import roots as app_roots
 
     old = os.environ.get(app_roots.ENV_ROOTS)
-    os.environ[app_roots.ENV_ROOTS] = os.pathsep.join([str(app_roots.DEFAULT_ROOT), str(root)])
+    os.environ[app_roots.ENV_ROOTS] = os.pathsep.join([*map(str, app_roots.default_roots()),
+                                                       str(root)])
     try:
         yield root
     finally:

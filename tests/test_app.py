@@ -107,7 +107,7 @@ def test_model_roots_and_path_checks(tmp_path):
     b.mkdir()
     roots = app_roots.model_roots({app_roots.ENV_ROOTS: f"{a}{os.pathsep}{b}"})
     assert roots == [a.resolve(), b.resolve()]
-    assert app_roots.model_roots({}) == [app_roots.DEFAULT_ROOT.resolve()]
+    assert app_roots.model_roots({}) == [d.resolve() for d in app_roots.default_roots()]
     inside = a / "m"
     inside.mkdir()
     assert app_roots.check_under_roots(inside, roots) == inside.resolve()
@@ -131,7 +131,7 @@ def test_discover_finds_model_folders(roots):
     labels = [app_roots.model_label(f) for f in found]
     assert labels == found  # outside the checkout: full paths, unique
     assert app_roots.model_label("zoo:x") == "zoo:x"
-    assert app_roots.model_label(str(app_roots.REPO / "assets" / "m")) == "assets/m"
+    assert app_roots.model_label(str(Path.cwd() / "assets" / "m")) == "assets/m"
 
 
 def test_default_pair_from_whatever_the_zoo_returns(monkeypatch, tmp_path):

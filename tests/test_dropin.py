@@ -50,8 +50,8 @@ def package(tmp_path_factory) -> Path:
 
 
 def python(package: Path, code: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(package), "ROTVIZ_ZOO": str(REPO / "assets" / "zoo"),
-           "PYTHONDONTWRITEBYTECODE": "1"}
+    env = {**os.environ, "PYTHONPATH": str(package),
+           "ROTVIZ_ZOO": str(REPO / "rotviz" / "assets" / "zoo"), "PYTHONDONTWRITEBYTECODE": "1"}
     return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=600)
 

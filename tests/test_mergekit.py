@@ -22,7 +22,7 @@ from rotviz.errors import RotvizError
 from rotviz.merging.mergekit import matched_folder, mergekit_config, table
 from rotviz.random_models import save_random
 
-mergekit = pytest.importorskip("mergekit", reason="mergekit==0.1.5 (requirements-dev.txt)")
+mergekit = pytest.importorskip("mergekit", reason="mergekit==0.1.5 (the dev extra)")
 
 TOL = 1e-5
 SIZES = dict(layers=2, d=32, heads=4, ffn=64, vocab=98, positions=64)  # the text data's 98

@@ -32,7 +32,7 @@ from rotviz.errors import RotvizError
 from rotviz.evaluation import evaluate
 from rotviz.sources.loading import load_model
 
-ZOO = Path(__file__).resolve().parent.parent / "assets" / "zoo"
+ZOO = Path(__file__).resolve().parent.parent / "rotviz" / "assets" / "zoo"
 WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 PER_CLASS = 30  # images per digit: 300 in all, 30 in the test split
 

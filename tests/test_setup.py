@@ -19,8 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYER = ROOT / ".venv" / ".rotviz-layer"
-NEEDED = (".ci", "rotviz", "requirements.txt", "requirements-dev.txt", "pyproject.toml",
-          "README.md")
+NEEDED = (".ci", "rotviz", "pyproject.toml", "README.md", "LICENSE")
 
 
 def _env_dir() -> Path:
@@ -104,8 +103,9 @@ def test_setup_waits_for_another_holding_the_lock(tmp_path):
     """A set-up does not touch the cached environment while another holds its lock."""
     env_dir = _env_dir()
     clone = _clone(tmp_path / "c")
-    digest = hashlib.sha256((ROOT / "requirements.txt").read_bytes()
-                            + (ROOT / "requirements-dev.txt").read_bytes()).hexdigest()[:16]
+    listed = subprocess.run(["python3", str(ROOT / ".ci" / "requirements.py"), "dev"],
+                            capture_output=True, text=True, check=True).stdout
+    digest = hashlib.sha256(listed.encode()).hexdigest()[:16]
     assert env_dir.name == f"venv-{digest}"
     with open(env_dir.parent / f".lock-{digest}", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

@@ -4,8 +4,8 @@ them, and the checks on what is typed.
 Nothing here imports streamlit or torch (the app's first paint reads it), so the tests and
 the command line can use it too. The app only offers models from the zoo and from folders
 under the configured model roots (`ROTVIZ_MODEL_ROOTS`, a `os.pathsep`-separated list;
-default `assets/zoo`): a path typed into a browser must never reach an arbitrary folder of
-the server. Everything the app reads goes through `app_confined()` (rotviz.confine): files
+default the zoo's folders: `default_roots`): a path typed into a browser must never reach an
+arbitrary folder of the server. Everything the app reads goes through `app_confined()` (rotviz.confine): files
 that resolve inside the roots (and the zoo's and the shipped data's own folders), regular
 files only. What the sidebar offers (`discover`, `discover_data`) is checked exactly as what
 is typed (`resolve_choice`, `resolve_data`): a folder or data whose reading would be refused
@@ -21,30 +21,37 @@ from pathlib import Path
 from typing import Any
 
 from rotviz.confine import Confined
-from rotviz.data.files import check_data
+from rotviz.data.files import SHIPPED_DATA, check_data
 from rotviz.errors import RotvizError
 from rotviz.sources import hf_cache as hub
 
 ENV_ROOTS = "ROTVIZ_MODEL_ROOTS"
-REPO = Path(__file__).resolve().parents[2]  # the checkout: rotviz/app/roots.py is 2 below
-DEFAULT_ROOT = REPO / "assets" / "zoo"
-SHIPPED_DATA = REPO / "assets" / "data"  # the data the zoo's cards name (read as "auto" data)
+# SHIPPED_DATA (rotviz.data.files): the data the zoo's cards name (read as "auto" data).
+# Relative paths (typed, or in ROTVIZ_MODEL_ROOTS) are taken from the folder the app was
+# started in: the checkout for the README's launch command, the user's for `rotviz serve`.
 INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 
 
 # ---- where models may come from -----------------------------------------------------------
 
 
+def default_roots() -> list[Path]:
+    """The model roots when none are configured: the zoo's folders (the package's shipped
+    models, then the user cache's: rotviz.zoo_registry.zoo_dirs)."""
+    dirs = getattr(_zoo(), "zoo_dirs", None)
+    return [Path(d) for d in dirs()] if dirs is not None else []
+
+
 def model_roots(env: Mapping[str, str] | None = None) -> list[Path]:
     """The folders the app may load models from, resolved (symlinks followed)."""
     env = os.environ if env is None else env
     raw = env.get(ENV_ROOTS, "")
-    parts = [p for p in raw.split(os.pathsep) if p.strip()] or [str(DEFAULT_ROOT)]
+    parts = [p for p in raw.split(os.pathsep) if p.strip()] or [str(p) for p in default_roots()]
     out: list[Path] = []
     for p in parts:
         path = Path(p.strip()).expanduser()
         if not path.is_absolute():
-            path = REPO / path
+            path = Path.cwd() / path
         out.append(path.resolve())
     return out
 
@@ -54,9 +61,7 @@ def app_confined(roots: Sequence[Path] | None = None) -> Confined:
     folder (zoo models are offered whatever the roots) and the shipped data (the zoo's
     cards name it), nothing else; regular files only."""
     allowed = list(roots if roots is not None else model_roots())
-    zoo = _zoo()
-    if zoo is not None and hasattr(zoo, "zoo_dir"):
-        allowed.append(Path(zoo.zoo_dir()))
+    allowed += default_roots()
     allowed.append(SHIPPED_DATA)
     return Confined.under(allowed, "model roots")
 
@@ -362,14 +367,14 @@ def resolve_data(ref: str, roots: Sequence[Path] | None = None) -> str:
 
 
 def _typed_path(path: str | os.PathLike) -> Path:
-    """A path typed into the app (or its URL), resolved against the checkout: one line for
-    one that cannot be (a NUL character, a loop of links)."""
+    """A path typed into the app (or its URL), resolved against the folder the app was started
+    in: one line for one that cannot be (a NUL character, a loop of links)."""
     text = str(path)
     if "\0" in text:
         raise RotvizError(f"'{text[:80]}' holds a NUL character; give a plain path")
     p = Path(text).expanduser()
     try:
-        return (p if p.is_absolute() else REPO / p).resolve()
+        return (p if p.is_absolute() else Path.cwd() / p).resolve()
     except (OSError, RuntimeError, ValueError) as e:
         raise RotvizError(f"'{text}' cannot be resolved ({e}); fix or remove the link"
                           ) from None
@@ -456,12 +461,13 @@ def resolve_choice(choice: str, roots: Sequence[Path] | None = None) -> str:
 
 def model_label(ref: str) -> str:
     """A unique, readable label for a model choice (also its value in the app's URL):
-    `zoo:NAME`, or the folder relative to the checkout when inside it, else its full path."""
+    `zoo:NAME`, or the folder relative to the folder the app was started in when inside it,
+    else its full path."""
     if ref.startswith(("zoo:", hub.PREFIX)):
         return ref
     p = Path(ref)
     try:
-        return str(p.resolve().relative_to(REPO))
+        return str(p.resolve().relative_to(Path.cwd()))
     except ValueError:
         return str(p)
 

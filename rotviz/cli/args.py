@@ -145,7 +145,7 @@ def model_input(ref: str) -> str | None:
     """The folder a model reference reads (`zoo:NAME`, a path, or, for a name in the local
     Hugging Face cache, its whole repository folder there, blobs included)."""
     from rotviz.sources import hf_cache as hub
-    from rotviz.zoo_registry import zoo_dir
+    from rotviz.zoo_registry import where
 
     cached = hub.cache_ref(ref)
     if cached is not None:
@@ -155,7 +155,7 @@ def model_input(ref: str) -> str | None:
             return None  # the loader says what is wrong with the name
     name = ref[4:] if ref.startswith("zoo:") else None
     if name is not None:
-        return str(zoo_dir() / name) if name and "/" not in name and name not in (".", "..") \
+        return str(where(name)) if name and "/" not in name and name not in (".", "..") \
             else None
     return ref
 

@@ -30,7 +30,7 @@ def register(sub, wanted: Callable[[str], bool] = lambda name: True) -> None:
                    help="address to bind (default localhost; 0.0.0.0 serves the network)")
     s.add_argument("--roots", nargs="+", default=None, metavar="DIR",
                    help="folders the app may load models from (default: ROTVIZ_MODEL_ROOTS, "
-                        "else assets/zoo)")
+                        "else the zoo's folders)")
     s.add_argument("--print-command", action="store_true",
                    help="print the streamlit command line and exit")
     s.set_defaults(func=cmd_serve)

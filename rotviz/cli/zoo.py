@@ -36,8 +36,8 @@ def _add_zoo(sub) -> None:
                    help=f"zoo model names, a spawn series (vit-digits-spawn), or a pair "
                         f"({', '.join(PAIRS)}), or all")
     b.add_argument("--out", default=None, metavar="DIR",
-                   help="write NAME folders under DIR (default: rebuild in the zoo folder "
-                        "itself, replacing the earlier build)")
+                   help="write NAME folders under DIR (default: the zoo's build folder, "
+                        "the user cache or ROTVIZ_ZOO, replacing an earlier build there)")
     add_overwrite(b)
     b.set_defaults(func=cmd_build)
     li = zs.add_parser("list", help="list the zoo models with their test metrics")
@@ -91,7 +91,13 @@ def cmd_build(args: argparse.Namespace) -> int:
     names = _expand([n for n in args.names if n not in spawns])
     if args.out is not None and not args.out.strip():
         raise RotvizError("--out is empty: give a folder for the NAME folders, or leave it out "
-                          "to rebuild in the zoo folder")
+                          "to build in the zoo's build folder")
+    if args.out is None:  # a pair or `all` builds what does not ship; a named model is refused
+        grouped = [n for n in names if n not in args.names and zoo.shipped(n)]
+        for name in grouped:
+            print(f"{name} ships with rotviz ({zoo.where(name)}): not built again",
+                  file=sys.stderr)
+        names = [n for n in names if n not in grouped]
     for name in names:  # every output checked before any training
         build_output(name, _out_of(args, name), args.overwrite)
     for name in spawns:
@@ -163,7 +169,9 @@ def cmd_list(args: argparse.Namespace) -> int:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
-    print(f"(zoo folder: {zoo.zoo_dir()}; rebuild with: rotviz zoo build NAME)")
+    folders = " then ".join(str(d) for d in zoo.zoo_dirs())
+    print(f"(zoo folders, read in this order: {folders}; build a model with: "
+          f"rotviz zoo build NAME, into {zoo.build_dir()})")
     return 0
 
 

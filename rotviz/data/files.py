@@ -21,7 +21,10 @@ from pathlib import Path
 from rotviz.confine import Confined
 from rotviz.errors import RotvizError
 
-REPO = Path(__file__).resolve().parents[2]  # a source checkout's root (assets/data/...)
+# The package's own folder: the zoo's cards name their data relative to it (`assets/data/...`),
+# in a source checkout and in an installed wheel alike (pyproject.toml ships the data).
+PACKAGE = Path(__file__).resolve().parents[1]
+SHIPPED_DATA = PACKAGE / "assets" / "data"
 
 # What a file of each kind must be, for messages.
 FILE_KINDS = {"text": "a UTF-8 text file", "csv": "a CSV file", "tsv": "a TSV file",
@@ -33,10 +36,10 @@ HF_FORMAT = "a datasets folder (save_to_disk) or a folder of parquet files"
 
 def data_path(path: str) -> Path:
     """A data file's path: as given, or, when a relative path does not exist from the
-    working directory, relative to the repository (the zoo's cards name `assets/data/...`)."""
+    working directory, relative to the package (the zoo's cards name `assets/data/...`)."""
     p = Path(path).expanduser()
-    if not p.exists() and not p.is_absolute() and (REPO / p).exists():
-        return REPO / p
+    if not p.exists() and not p.is_absolute() and (PACKAGE / p).exists():
+        return PACKAGE / p
     return p
 
 

@@ -45,7 +45,7 @@ def why_not() -> str | None:
 
     # found, not imported: pages ask this on every paint, and importing kaleido costs time
     if importlib.util.find_spec("kaleido") is None:
-        return "static images need kaleido (pip install -r requirements.txt)"
+        return "static images need kaleido (pip install 'rotviz[figures]')"
     if browser() is None:
         return ("static images need a Chrome or Chromium (on Debian: apt-get install chromium;"
                 " or set BROWSER_PATH)")

@@ -1,4 +1,5 @@
-"""Building the model zoo: small trained models shipped in `assets/zoo/`, each rebuildable
+"""Building the model zoo: small trained models shipped in `rotviz/assets/zoo/` (or built on
+demand into the user cache: rotviz.zoo_registry), each rebuildable
 from its recipe. `build` trains an entry (with `train`, on `recipes`; the text models' corpora
 and tokenizer come from `nlp`), imported only by what builds.
 

@@ -28,7 +28,7 @@ from rotviz.sources import loading as models
 from rotviz.sources.adapters import source_of
 from rotviz.types import Progress
 from rotviz.zoo import recipes, train
-from rotviz.zoo_registry import entry, is_built, path_of, zoo_dir
+from rotviz.zoo_registry import build_dir, entry, is_built, path_of, refuse_shipped
 
 
 def write_card(model_dir: str | os.PathLike, card: dict) -> None:
@@ -81,11 +81,14 @@ def _versions() -> dict:
 def build_output(name: str, out_dir: str | os.PathLike | None = None, overwrite: bool = False):
     """The checked output folder of `build` (rotviz.outputs), before any training.
 
-    Without `out_dir` the model is rebuilt in place in the zoo folder, replacing the earlier
-    build (a rotviz output) as if `overwrite` were given."""
+    Without `out_dir` the model is built in the zoo's build folder (the user cache, or
+    `ROTVIZ_ZOO`: rotviz.zoo_registry.build_dir), replacing an earlier build there (a rotviz
+    output) as if `overwrite` were given; a model that ships with the package is refused
+    there, since the shipped one would still be read."""
     outputs = Outputs("zoo build")
     if out_dir is None:
-        outputs.add(zoo_dir() / entry(name).name, "zoo folder", folder=True, overwrite=True)
+        refuse_shipped(entry(name).name)
+        outputs.add(build_dir() / entry(name).name, "zoo folder", folder=True, overwrite=True)
     else:
         outputs.add(out_dir, "--out", folder=True, overwrite=overwrite)
     return outputs

@@ -15,7 +15,7 @@ trains on a CPU in minutes.
   a comment is split at its spaces into several words, tagged B-STR I-STR ... (or B-COM
   I-COM ...), so entity-level F1 means something; rows `tokens`, `ner_tags`, `split`.
 
-The files are shipped under `assets/data/` (the zoo trains from them, so a rebuild does not
+The files are shipped under `rotviz/assets/data/` (the zoo trains from them, so a rebuild does not
 depend on the local Python); `generate()` writes them again. They depend on the Python
 version whose standard library they are read from (`meta.json` records it, with checksums).
 """
@@ -34,7 +34,7 @@ from pathlib import Path
 
 from rotviz.errors import RotvizError
 
-DATA_DIR = "assets/data"  # relative to the repository: rotviz.data.files.data_path resolves it
+DATA_DIR = "assets/data"  # relative to the package: rotviz.data.files.data_path resolves it
 CORPUS = f"{DATA_DIR}/pydocs.txt"
 TOKENIZER = f"{DATA_DIR}/pydocs-tokenizer"
 TOPICS_FILE = f"{DATA_DIR}/pydoc-topics.jsonl"
@@ -77,10 +77,11 @@ SKIP_DIRS = ("test", "tests", "idle_test", "idlelib", "site-packages", "lib2to3"
 
 
 def repo_path(rel: str) -> Path:
-    """A shipped data path (relative to the repository) as an absolute path."""
-    from rotviz.data.files import REPO
+    """A shipped data path (relative to the package, as the cards name it) as an absolute
+    path."""
+    from rotviz.data.files import PACKAGE
 
-    return REPO / rel
+    return PACKAGE / rel
 
 
 def _hash(text: str, salt: str = "") -> int:

@@ -30,7 +30,7 @@ from rotviz.sources import loading as models
 from rotviz.sources.adapters import source_of
 from rotviz.types import Progress
 from rotviz.zoo import recipes, train
-from rotviz.zoo_registry import SpawnEntry, spawn_entry, zoo_dir
+from rotviz.zoo_registry import SpawnEntry, build_dir, refuse_shipped, spawn_entry
 
 
 def layout(ent: SpawnEntry) -> list[tuple[str, str, int, int]]:
@@ -46,9 +46,12 @@ def layout(ent: SpawnEntry) -> list[tuple[str, str, int, int]]:
 def build_output(name: str, out_dir: str | os.PathLike | None = None,
                  overwrite: bool = False) -> Outputs:
     """The checked outputs (every model folder and the card), before any training. Without
-    `out_dir` the series is rebuilt in place in the zoo folder, replacing the earlier build."""
+    `out_dir` the series is built in the zoo's build folder (rotviz.zoo_registry.build_dir),
+    replacing an earlier build there; a series that ships with the package is refused there."""
     ent = spawn_entry(name)
-    root = zoo_dir() / ent.name if out_dir is None else Path(out_dir)
+    if out_dir is None:
+        refuse_shipped(ent.name)
+    root = build_dir() / ent.name if out_dir is None else Path(out_dir)
     again = overwrite or out_dir is None
     outputs = Outputs("zoo build")
     for rel, *_ in layout(ent):
