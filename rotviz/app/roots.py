@@ -6,9 +6,9 @@ the command line can use it too. The app only offers models from the zoo and fro
 under the configured model roots (`ROTVIZ_MODEL_ROOTS`, a `os.pathsep`-separated list;
 default the zoo's folders: `default_roots`): a path typed into a browser must never reach an
 arbitrary folder of the server. Everything the app reads goes through `app_confined()`
-(rotviz.confine): files that resolve inside the roots (and the zoo's and the shipped data's own folders), regular
-files only. What the sidebar offers (`discover`, `discover_data`) is checked exactly as what
-is typed (`resolve_choice`, `resolve_data`): a folder or data whose reading would be refused
+(rotviz.confine): files that resolve inside the roots (and the zoo's and the shipped data's
+own folders), regular files only. What the sidebar offers (`discover`, `discover_data`) is
+checked exactly as what is typed (`resolve_choice`, `resolve_data`): a folder or data whose reading would be refused
 is not listed. The local Hugging Face cache (rotviz.sources.hf_cache) is read only when it lies
 under a root; its models are then offered by name, `hf-cache:ORG/NAME[@REVISION]`.
 """
