@@ -8,9 +8,10 @@ default the zoo's folders: `default_roots`): a path typed into a browser must ne
 arbitrary folder of the server. Everything the app reads goes through `app_confined()`
 (rotviz.confine): files that resolve inside the roots (and the zoo's and the shipped data's
 own folders), regular files only. What the sidebar offers (`discover`, `discover_data`) is
-checked exactly as what is typed (`resolve_choice`, `resolve_data`): a folder or data whose reading would be refused
-is not listed. The local Hugging Face cache (rotviz.sources.hf_cache) is read only when it lies
-under a root; its models are then offered by name, `hf-cache:ORG/NAME[@REVISION]`.
+checked exactly as what is typed (`resolve_choice`, `resolve_data`): a folder or data whose
+reading would be refused is not listed. The local Hugging Face cache
+(rotviz.sources.hf_cache) is read only when it lies under a root; its models are then
+offered by name, `hf-cache:ORG/NAME[@REVISION]`.
 """
 
 from __future__ import annotations
