@@ -1,4 +1,4 @@
-"""The library boundary: no module of rotviz/ imports streamlit (app.py and app_pages/ are the
+"""The library boundary: no module of rotviz/ imports streamlit (app.py and rotviz/ui/ are the
 only UI layer), and what the pages import on their first line costs no engine import."""
 
 import ast
@@ -10,7 +10,7 @@ from pathlib import Path
 import rotviz
 
 ROOT = Path(__file__).resolve().parents[1]
-# the app's helper modules (app_pages/), which app_main.py does not list as pages
+# the app's helper modules (rotviz/ui/), which rotviz/ui/main.py does not list as pages
 HELPERS = ("boot.py", "sidebar.py", "runtime.py", "run.py", "show.py", "section.py")
 
 
@@ -41,7 +41,7 @@ def test_no_source_file_of_rotviz_mentions_a_streamlit_import():
 
 
 def _page_files() -> list[Path]:
-    return [ROOT / "app.py", ROOT / "app_main.py", *sorted((ROOT / "app_pages").glob("*.py"))]
+    return [ROOT / "app.py", ROOT / "rotviz/ui/main.py", *sorted((ROOT / "app_pages").glob("*.py"))]
 
 
 def _top_level_rotviz_imports(path: Path) -> list[str]:
@@ -57,7 +57,7 @@ def _top_level_rotviz_imports(path: Path) -> list[str]:
 
 
 def test_pages_import_the_engine_only_inside_functions():
-    """A page paints before torch loads: what app.py and app_pages/ import at module level
+    """A page paints before torch loads: what app.py and rotviz/ui/ import at module level
     from rotviz loads no torch, transformers or scipy. A page that needs an engine name
     imports it from its home inside the function that uses it."""
     names = sorted({n for p in _page_files() for n in _top_level_rotviz_imports(p)})
@@ -76,10 +76,10 @@ def test_pages_import_the_engine_only_inside_functions():
 
 def test_no_folder_named_pages():
     """Streamlit lists a folder named pages/ next to the entrypoint as pages of its own; the
-    app's pages live in app_pages/ and app_main.py's st.navigation is the only page list
+    app's pages live in rotviz/ui/ and rotviz/ui/main.py's st.navigation is the only page list
     (boot.py and the helpers in HELPERS are not pages)."""
     assert not (ROOT / "pages").exists()
-    app_py = (ROOT / "app_main.py").read_text()
+    app_py = (ROOT / "rotviz/ui/main.py").read_text()
     for page in sorted((ROOT / "app_pages").glob("*.py")):
         if page.name not in HELPERS:
-            assert f'st.Page("app_pages/{page.name}"' in app_py, page.name
+            assert f'st.Page("rotviz/ui/{page.name}"' in app_py, page.name

@@ -1,6 +1,6 @@
 """rotviz is built in layers: no import cycle, counting imports inside functions too (an ast
 walk over the package, the app's pages and the benchmarks), and no module imports a layer
-above its own. The pages (app_pages/) sit above the library and the benchmarks (bench/) above
+above its own. The pages (rotviz/ui/) sit above the library and the benchmarks (bench/) above
 them: rotviz never imports either."""
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ def test_no_module_imports_a_layer_above_its_own(module):
 
 
 def test_the_pages_draw_figures_through_records_and_rotviz_app():
-    """No module of app_pages/ imports rotviz.plots: a page draws a record's figure through
+    """No module of rotviz/ui/ imports rotviz.plots: a page draws a record's figure through
     the record (its `plot` or its section's `figures`, in the page's Style) and any other
     through rotviz.app.figures; only the Style itself (rotviz.plots.figure_style, free of
     plotly) is the pages' to build."""

@@ -1,10 +1,13 @@
-"""rotviz app: the script each visitor runs (app.py, the launcher, serves it).
+"""rotviz app: the script each visitor runs (app.py beside it, the launcher, serves it).
 
 This script draws the shared frame (page config, sidebar, presenter styling) and runs
-the page picked in `st.navigation`. The pages live in app_pages/ (not pages/, a name
-Streamlit would list as pages by itself); the helpers they share (sidebar.py, runtime.py,
-run.py, show.py, section.py) are not pages. The computations are rotviz.app's (no Streamlit).
+the page picked in `st.navigation`, the only page list (streamlit ignores its own pages/
+discovery once a script calls `st.navigation`). The pages live in pages/ beside this file; the
+helpers they share (sidebar.py, runtime.py, run.py, show.py, section.py) are not pages. The
+computations are rotviz.app's (no Streamlit).
 """
+
+from pathlib import Path
 
 from rotviz.devices import calm_before_torch
 
@@ -15,29 +18,33 @@ calm_before_torch()
 
 import streamlit as st  # noqa: E402
 
-from app_pages import boot  # noqa: E402
+from rotviz.ui import boot  # noqa: E402
 
 # The launcher's start-up thread may be importing the module below: wait for it, so that two
-# threads never import the same module at once (app_pages/boot.py). The sidebar waits for the
+# threads never import the same module at once (rotviz/ui/boot.py). The sidebar waits for the
 # rest of its imports (torch) before its device picker (`before_torch`).
 boot.ready_frame()
 
-from app_pages import sidebar  # noqa: E402
+from rotviz.ui import sidebar  # noqa: E402
 
 st.set_page_config(page_title="rotviz", page_icon=":material/360:", layout="wide",
                    initial_sidebar_state="expanded")
 
+# Absolute paths: in App mode streamlit resolves a relative page path against the launcher's
+# folder, which differs between the checkout's app.py and rotviz/ui/app.py.
+PAGE_DIR = Path(__file__).resolve().parent / "pages"
+
 PAGES = [
-    st.Page("app_pages/models.py", title="Models", icon=":material/view_in_ar:", default=True),
-    st.Page("app_pages/match.py", title="Match", icon=":material/join_inner:"),
-    st.Page("app_pages/barrier.py", title="Barrier", icon=":material/show_chart:"),
-    st.Page("app_pages/spectra.py", title="Spectra", icon=":material/equalizer:"),
-    st.Page("app_pages/merge.py", title="Merge", icon=":material/merge:"),
-    st.Page("app_pages/landscape.py", title="Landscape", icon=":material/landscape:"),
-    st.Page("app_pages/training.py", title="Training", icon=":material/timeline:"),
-    st.Page("app_pages/learn.py", title="Learn", icon=":material/school:"),
-    st.Page("app_pages/measure.py", title="Measure", icon=":material/science:"),
-    st.Page("app_pages/gallery.py", title="Gallery", icon=":material/photo_library:"),
+    st.Page(PAGE_DIR / "models.py", title="Models", icon=":material/view_in_ar:", default=True),
+    st.Page(PAGE_DIR / "match.py", title="Match", icon=":material/join_inner:"),
+    st.Page(PAGE_DIR / "barrier.py", title="Barrier", icon=":material/show_chart:"),
+    st.Page(PAGE_DIR / "spectra.py", title="Spectra", icon=":material/equalizer:"),
+    st.Page(PAGE_DIR / "merge.py", title="Merge", icon=":material/merge:"),
+    st.Page(PAGE_DIR / "landscape.py", title="Landscape", icon=":material/landscape:"),
+    st.Page(PAGE_DIR / "training.py", title="Training", icon=":material/timeline:"),
+    st.Page(PAGE_DIR / "learn.py", title="Learn", icon=":material/school:"),
+    st.Page(PAGE_DIR / "measure.py", title="Measure", icon=":material/science:"),
+    st.Page(PAGE_DIR / "gallery.py", title="Gallery", icon=":material/photo_library:"),
 ]
 
 page = st.navigation(PAGES, position="top" if sidebar.presenting() else "sidebar")

@@ -12,9 +12,9 @@ from typing import Any
 
 import streamlit as st
 
-from app_pages import runtime
-from app_pages.runtime import SMALL_PAIR, AppResources, resources
-from app_pages.sidebar import Setup
+from rotviz.ui import runtime
+from rotviz.ui.runtime import SMALL_PAIR, AppResources, resources
+from rotviz.ui.sidebar import Setup
 from rotviz import app
 from rotviz.app import specs, summaries
 from rotviz.errors import RotvizError

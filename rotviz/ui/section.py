@@ -20,8 +20,8 @@ from typing import Any
 
 import streamlit as st
 
-from app_pages import run, runtime, show
-from app_pages.sidebar import Setup
+from rotviz.ui import run, runtime, show
+from rotviz.ui.sidebar import Setup
 from rotviz.app import figures as app_figures
 from rotviz.app.export import measurement_files
 from rotviz.measures import Measurement, sections

@@ -12,7 +12,7 @@ from typing import Any
 
 import streamlit as st
 
-from app_pages import runtime
+from rotviz.ui import runtime
 from rotviz import app
 from rotviz.app import cache
 from rotviz.app import export as app_export

@@ -5,7 +5,7 @@ pages); the figures compute on Run."""
 
 import streamlit as st
 
-from app_pages import run, runtime, show, sidebar
+from rotviz.ui import run, runtime, show, sidebar
 from rotviz import app
 from rotviz.gallery import Pair, entries
 from rotviz.gallery.make import drawn

@@ -3,7 +3,7 @@
 import numpy as np
 import streamlit as st
 
-from app_pages import run, runtime, show, sidebar
+from rotviz.ui import run, runtime, show, sidebar
 from rotviz.app import figures
 from rotviz.app.roots import short_name
 

@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from app_pages import run, runtime, show, sidebar
+from rotviz.ui import run, runtime, show, sidebar
 from rotviz import app
 from rotviz.app import figures, summaries
 from rotviz.app.specs import (

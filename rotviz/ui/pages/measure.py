@@ -7,7 +7,7 @@ names an anchor and a source), its matchings, once each, and computes on Run onl
 
 import streamlit as st
 
-from app_pages import run, runtime, section, show, sidebar
+from rotviz.ui import run, runtime, section, show, sidebar
 from rotviz import app
 from rotviz.app import figures
 from rotviz.app.export import measurement_animation, measurement_files

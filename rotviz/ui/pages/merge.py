@@ -5,7 +5,7 @@ barycentre, the merged accuracy against N)."""
 
 import streamlit as st
 
-from app_pages import run, section, sidebar
+from rotviz.ui import run, section, sidebar
 from rotviz import app, zoo_registry
 from rotviz.app import figures
 from rotviz.app import roots as app_roots

@@ -3,7 +3,7 @@
 
 import streamlit as st
 
-from app_pages import run, runtime, show, sidebar
+from rotviz.ui import run, runtime, show, sidebar
 from rotviz import app
 from rotviz.app import figures
 from rotviz.app.summaries import head_rows
