@@ -300,9 +300,9 @@ def test_match_tables_for_export(roots):
 def test_model_locks_serialise_shared_modules(roots):
     """Two sessions evaluating different parameter sets on one cached module at once get
     their own answers (functional_call swaps tensors on the shared module)."""
-    from rotviz.ui import runtime
     from rotviz.sources.loading import load_model
     from rotviz.sources.running import forward, probe_inputs
+    from rotviz.ui import runtime
 
     m = load_model(roots / "vit-s0")
     other = load_model(roots / "vit-s1").state
@@ -362,11 +362,11 @@ def test_models_page_evaluates_light_models_then_computes_the_barrier_page_ahead
     (rotviz.sources.plain_torch where it is exact) and, once painted, computes the Barrier page's
     default curves in the background, so that page finds them ready. They are the library's numbers
     with the models' own transformers classes, bit for bit."""
-    from rotviz.ui import runtime
     from rotviz import app as rapp
     from rotviz.data.split import load_split
     from rotviz.measures.barrier import interpolate
     from rotviz.sources.loading import load_model
+    from rotviz.ui import runtime
 
     stores = runtime._stores()
     with runtime._WARMING, runtime._AHEAD:  # an earlier page's warm-up is over
@@ -421,8 +421,8 @@ def test_launcher_computes_the_opening_cards_before_the_first_run(pair, monkeypa
     whole split) is another test's."""
     from streamlit.web.server.app_discovery import discover_asgi_app
 
-    from rotviz.ui import boot, run, runtime
     from rotviz import app as rapp
+    from rotviz.ui import boot, run, runtime
 
     found = discover_asgi_app(Path(APP).with_name("app.py"))
     assert found.is_asgi_app and found.import_string == "app:app"
@@ -469,8 +469,8 @@ def test_a_result_another_caller_computed_counts_as_from_the_cache():
     import threading
     import time
 
-    from rotviz.ui import runtime
     from rotviz.app import cache
+    from rotviz.ui import runtime
 
     cfg = {"ref": "zoo:nowhere", "data": "digits", "seed": 12345, "n_eval": 7}
     key = cache.config_hash({"kind": "card", **cache.canonical(cfg)})
@@ -529,10 +529,10 @@ def test_the_start_up_thread_waits_for_the_browsers_requests(monkeypatch):
 
 
 def test_barrier_page_chart_holds_library_results(pair):
-    from rotviz.ui import runtime
     from rotviz.data.split import load_split
     from rotviz.measures.barrier import interpolate
     from rotviz.sources.loading import load_model
+    from rotviz.ui import runtime
 
     at = app("barrier", b_points="5")
     # the page checks and computes with the models as the computations take them: it never
@@ -850,8 +850,8 @@ def test_cancelled_or_interrupted_learned_matching_is_not_cached(roots):
     progress callback, leaves nothing in the app's caches; the next run computes afresh."""
     from streamlit.runtime.scriptrunner_utils.exceptions import StopException
 
-    from rotviz.ui import runtime
     from rotviz import app as rapp
+    from rotviz.ui import runtime
 
     a, s = str(roots / "vit-s0"), str(roots / "vit-s1")
     cfg = {"anchor": a, "source": s, "data": "digits", "seed": 0, "n_eval": N_EVAL,
@@ -1201,8 +1201,8 @@ def test_barrier_page_plane_has_a_3d_view(pair):
 def test_stop_reaches_a_training_measurement_and_nothing_is_cached(roots):
     """The app's cancel() reaches bend's training (Context.cancel): a stopped bend raises
     Cancelled, one line, and leaves nothing in the results cache."""
-    from rotviz.ui import runtime
     from rotviz import app as rapp
+    from rotviz.ui import runtime
 
     a, s = str(roots / "vit-s0"), str(roots / "vit-s1")
     base = {"anchor": a, "source": s, "data": "digits", "seed": 0, "n_eval": N_EVAL,

@@ -12,7 +12,6 @@ from typing import Any
 
 import streamlit as st
 
-from rotviz.ui import runtime
 from rotviz.app import roots as app_roots
 from rotviz.devices import (
     device_badge,
@@ -24,6 +23,7 @@ from rotviz.devices import (
 )
 from rotviz.errors import RotvizError
 from rotviz.plots.figure_style import Style
+from rotviz.ui import runtime
 
 PAIR_NAMES = {"default": "two seeds", "finetuned": "two fine-tunes",
               "lineage": "fine-tunes of two seeds", "gpt2": "GPT-2 pair",

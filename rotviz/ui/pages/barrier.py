@@ -10,7 +10,6 @@ table of the marked points.
 
 import streamlit as st
 
-from rotviz.ui import run, section, show, sidebar
 from rotviz import app
 from rotviz.app import figures, summaries
 from rotviz.app.specs import DEFAULT_SPECS, SPEC_CHOICES
@@ -18,6 +17,7 @@ from rotviz.limits import MAX_LAYERS_TEXT
 from rotviz.measures import Measurement
 from rotviz.measures.barrier import BARRIER
 from rotviz.plots.figure_style import Style
+from rotviz.ui import run, section, show, sidebar
 
 s = sidebar.setup()
 st.title("Loss barriers between the two models")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import streamlit as st
 
-from rotviz.ui import run, runtime, section, show, sidebar
 from rotviz import app
 from rotviz.app import figures
 from rotviz.app.export import measurement_files
@@ -21,6 +20,7 @@ from rotviz.limits import MAX_LAYERS_TEXT
 from rotviz.measures import Measurement, measurement
 from rotviz.measures.registry import matched
 from rotviz.plots.figure_style import Style
+from rotviz.ui import run, runtime, section, show, sidebar
 
 PLANE_GRID = 11  # the A/B/B' plane under the curved path
 

@@ -2,9 +2,9 @@
 
 import streamlit as st
 
-from rotviz.ui import boot, run, runtime, show, sidebar
 from rotviz.app import summaries
 from rotviz.app.roots import card_of, recorded_card, short_name
+from rotviz.ui import boot, run, runtime, show, sidebar
 
 s = sidebar.setup()
 st.title("rotviz: the symmetries of transformers")

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import streamlit as st
 
-from rotviz.ui import section, sidebar
 from rotviz import app
 from rotviz.app import figures
 from rotviz.app.specs import SPEC_CHOICES
 from rotviz.measures import Measurement
+from rotviz.ui import section, sidebar
 
 # the references each section opens on: the zoo's two runs, and its spawn folder
 REFS = {"training": {"series_a": ("Series A", "zoo:vit-digits-run-a"),
