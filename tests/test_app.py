@@ -11,6 +11,8 @@ import base64
 import io
 import json
 import os
+import subprocess
+import sys
 import threading
 import zipfile
 from pathlib import Path
@@ -29,7 +31,8 @@ from rotviz.devices import device_badge, device_summary
 from rotviz.errors import RotvizError
 from rotviz.random_models import save_random
 
-APP = str(Path(__file__).resolve().parent.parent / "rotviz/ui/main.py")  # app.py serves it
+REPO = Path(__file__).resolve().parent.parent
+APP = str(REPO / "rotviz/ui/main.py")  # rotviz/ui/app.py (and the checkout's app.py) serve it
 # the Barrier page's charts on its default options (no matching among them)
 LOSS_TITLE = "Loss along the straight path from anchor to source, with and without matching"
 ACC_TITLE = "Accuracy along the straight path from anchor to source, with and without matching"
@@ -330,14 +333,41 @@ def test_serve_command(capsys, tmp_path):
 
     cmd = serve_command(8600, "127.0.0.1")
     assert cmd[1:4] == ["-m", "streamlit", "run"]
-    assert Path(cmd[4]) == Path(APP).with_name("app.py")  # the launcher
+    assert Path(cmd[4]) == Path(APP).with_name("app.py")  # the package's launcher
     assert "--server.port" in cmd and "8600" in cmd and "none" in cmd
+    assert cmd[cmd.index("--theme.primaryColor") + 1] == "#0072B2"  # rotviz.ui.options
     assert main(["serve", "--print-command", "--port", "8600", "--roots", str(tmp_path)]) == 0
     assert "streamlit run" in capsys.readouterr().out
     assert main(["serve", "--roots", str(tmp_path / "missing")]) == 2
     assert "no folder" in capsys.readouterr().err
     with pytest.raises(RotvizError, match="port"):
         serve_command(0)
+
+
+def test_serve_print_command_points_into_the_package(tmp_path):
+    """`python -m rotviz serve --print-command`, run from a folder outside the checkout, names
+    the package's launcher (rotviz/ui/app.py inside the installed rotviz, not a checkout's
+    app.py) and carries the app's settings as flags (a wheel has no .streamlit/config.toml);
+    printing it loads no streamlit."""
+    import rotviz
+
+    out = subprocess.run([sys.executable, "-m", "rotviz", "serve", "--print-command",
+                          "--port", "8601"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    words = out.stdout.split()
+    launcher = Path(rotviz.__file__).resolve().parent / "ui" / "app.py"
+    assert launcher.is_file() and str(launcher) in words
+    assert words[words.index(str(launcher)) - 1] == "run"
+    assert words[words.index("--theme.primaryColor") + 1] == "#0072B2"
+    assert words[words.index("--server.port") + 1] == "8601"
+    code = ("import sys\nfrom rotviz.cli import main\n"
+            "main(['serve', '--print-command'])\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'streamlit'))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
 # ---- the app, headless ------------------------------------------------------------------
@@ -424,8 +454,9 @@ def test_launcher_computes_the_opening_cards_before_the_first_run(pair, monkeypa
     from rotviz import app as rapp
     from rotviz.ui import boot, run, runtime
 
-    found = discover_asgi_app(Path(APP).with_name("app.py"))
-    assert found.is_asgi_app and found.import_string == "app:app"
+    for launcher in (Path(APP).with_name("app.py"), REPO / "app.py"):  # package, checkout
+        found = discover_asgi_app(launcher)
+        assert found.is_asgi_app and found.import_string == "app:app", launcher
     with runtime._WARMING, runtime._AHEAD:  # an earlier page's warm-up is over
         pass
     runtime._stores()["results"].clear()
