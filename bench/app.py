@@ -35,7 +35,7 @@ at.run()
 assert not at.exception, [e.message for e in at.exception]
 assert len(at.metric) >= 6, "the model cards did not render"
 t_models = time.time() - t0
-at.switch_page("pages/barrier.py")
+at.switch_page("views/barrier.py")
 t = time.time(); at.run(); t_barrier = time.time() - t
 assert not at.exception, [e.message for e in at.exception]
 assert len(at.get("plotly_chart")) >= 2, "the barrier curves did not render"

@@ -72,7 +72,7 @@ def app(page: str | None = None, **params):
     for k, v in params.items():
         at.query_params[k] = v
     if page:
-        at.switch_page(f"pages/{page}.py")
+        at.switch_page(f"views/{page}.py")
     at.run()
     assert not at.exception, [e.message for e in at.exception]
     return at
@@ -786,7 +786,7 @@ def test_mismatched_pair_and_outside_path_show_messages(pair, roots):
     assert "is text data but" in texts(at) and not figures(at)
     at = app("match", m_layers="0,7")  # the default pair has 4 layers
     assert "out of range" in texts(at) and not figures(at)
-    at.switch_page("pages/models.py")
+    at.switch_page("views/models.py")
     at.run()
     assert not at.exception
 
@@ -916,7 +916,7 @@ def test_stopped_page_waits_for_run(pair):
     at = AppTest.from_file(APP, default_timeout=120)
     at.query_params["n"] = str(N_EVAL)
     at.query_params["m_barrier"] = "false"
-    at.switch_page("pages/match.py")
+    at.switch_page("views/match.py")
     at.session_state["_stopped_match"] = True
     at.run()
     assert not at.exception

@@ -19,7 +19,7 @@ UI = ROOT / "rotviz" / "ui"
 # the app's helper modules (rotviz/ui/), which rotviz/ui/main.py does not list as pages
 HELPERS = ("boot.py", "sidebar.py", "runtime.py", "run.py", "show.py", "section.py")
 # what rotviz.ui holds that imports no streamlit (rotviz.cli reads the options)
-NO_STREAMLIT = ("rotviz.ui", "rotviz.ui.options", "rotviz.ui.pages")
+NO_STREAMLIT = ("rotviz.ui", "rotviz.ui.options", "rotviz.ui.views")
 
 
 def _in_ui(name: str) -> bool:
@@ -29,7 +29,7 @@ def _in_ui(name: str) -> bool:
 def test_importing_every_rotviz_module_leaves_streamlit_unloaded():
     every = [m.name for m in pkgutil.walk_packages(rotviz.__path__, "rotviz.")]
     assert {"rotviz.match.layers", "rotviz.measures.barrier", "rotviz.plots",
-            "rotviz.app.roots", "rotviz.ui.options", "rotviz.ui.pages.barrier"} <= set(every)
+            "rotviz.app.roots", "rotviz.ui.options", "rotviz.ui.views.barrier"} <= set(every)
     names = [n for n in every if not _in_ui(n) or n in NO_STREAMLIT]
     code = (
         "import importlib, sys\n"
@@ -45,8 +45,8 @@ def test_importing_every_rotviz_module_leaves_streamlit_unloaded():
 
 
 def test_no_source_file_of_rotviz_mentions_a_streamlit_import():
-    """Outside rotviz/ui/, and in rotviz.ui's own __init__, options and pages/__init__."""
-    quiet = {UI / "__init__.py", UI / "options.py", UI / "pages" / "__init__.py"}
+    """Outside rotviz/ui/, and in rotviz.ui's own __init__, options and views/__init__."""
+    quiet = {UI / "__init__.py", UI / "options.py", UI / "views" / "__init__.py"}
     offenders = [
         str(p.relative_to(ROOT))
         for p in (ROOT / "rotviz").rglob("*.py")
@@ -58,7 +58,7 @@ def test_no_source_file_of_rotviz_mentions_a_streamlit_import():
 
 
 def _page_files() -> list[Path]:
-    return [ROOT / "app.py", *sorted(UI.glob("*.py")), *sorted((UI / "pages").glob("*.py"))]
+    return [ROOT / "app.py", *sorted(UI.glob("*.py")), *sorted((UI / "views").glob("*.py"))]
 
 
 def _top_level_rotviz_imports(path: Path) -> list[str]:
@@ -92,13 +92,15 @@ def test_pages_import_the_engine_only_inside_functions():
 
 
 def test_every_page_is_listed_in_main_navigation():
-    """The app's pages live in rotviz/ui/pages/ and rotviz/ui/main.py's st.navigation is the
-    only page list (boot.py and the helpers in HELPERS are not pages; calling st.navigation
-    turns streamlit's own listing of a pages/ folder off). No pages/ folder sits beside the
-    checkout's app.py."""
-    assert not (ROOT / "pages").exists()
+    """The app's pages live in rotviz/ui/views/ and rotviz/ui/main.py's st.navigation is the
+    only page list (boot.py and the helpers in HELPERS are not pages). No folder named pages/
+    sits beside main.py or the checkout's app.py: streamlit would take the app for an old-style
+    multipage app (PagesManager.uses_pages_directory) and run a fresh server's first script
+    run, and every AppTest run, over its own listing of that folder, without main.py's frame
+    (its navigation then reads "main", "barrier", ... and the page title is the file name)."""
+    assert not (ROOT / "pages").exists() and not (UI / "pages").exists()
     main = (UI / "main.py").read_text()
-    pages = sorted(p for p in (UI / "pages").glob("*.py") if p.name != "__init__.py")
+    pages = sorted(p for p in (UI / "views").glob("*.py") if p.name != "__init__.py")
     assert len(pages) == 10
     for page in pages:
         assert page.name not in HELPERS

@@ -128,7 +128,7 @@ LAYERS = [
     # `rotviz serve` (rotviz.cli) passes as flags
     ("top", ["rotviz.zoo", "rotviz.app", "rotviz.gallery", "rotviz.cli", "rotviz",
              "rotviz.ui.options"]),
-    # the Streamlit app: the launcher, the helpers and the pages (rotviz/ui/pages/)
+    # the Streamlit app: the launcher, the helpers and the pages (rotviz/ui/views/)
     ("pages", ["rotviz.ui"]),
     ("bench", ["bench"]),
 ]
@@ -158,7 +158,7 @@ def test_the_pages_draw_figures_through_records_and_rotviz_app():
     any other through rotviz.app.figures; only the Style itself (rotviz.plots.figure_style, free
     of plotly) is the pages' to build."""
     pages = {m: p for m, p in modules().items() if m == "rotviz.ui" or m.startswith("rotviz.ui.")}
-    assert "rotviz.ui.pages.barrier" in pages and "rotviz.ui.section" in pages
+    assert "rotviz.ui.views.barrier" in pages and "rotviz.ui.section" in pages
     known = set(modules())
     found = {m: sorted(i for i in imports(p, known) if i.startswith("rotviz.plots")
                        and i != "rotviz.plots.figure_style")

@@ -2,7 +2,7 @@
 
 This file is the launcher. `rotviz serve` runs `streamlit run` on this file, which finds the
 `app = st.App(...)` below and serves it with uvicorn; the script each visitor runs is main.py
-beside it (the page config, the sidebar, the navigation over pages/). The repository's app.py
+beside it (the page config, the sidebar, the navigation over views/). The repository's app.py
 serves the same App from a checkout, importing `MAIN`, `lifespan` and `MIDDLEWARE` from here.
 
 Why a launcher: the first script run used to import torch (about 2.4 s of pure Python on a

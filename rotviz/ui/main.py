@@ -1,10 +1,11 @@
 """rotviz app: the script each visitor runs (app.py beside it, the launcher, serves it).
 
 This script draws the shared frame (page config, sidebar, presenter styling) and runs
-the page picked in `st.navigation`, the only page list (streamlit ignores its own pages/
-discovery once a script calls `st.navigation`). The pages live in pages/ beside this file; the
-helpers they share (sidebar.py, runtime.py, run.py, show.py, section.py) are not pages. The
-computations are rotviz.app's (no Streamlit).
+the page picked in `st.navigation`, the only page list. The pages live in views/ beside this
+file (not pages/, a name Streamlit would list as pages by itself: a folder of that name beside
+this script makes a fresh server's first run, and every AppTest run, an old-style multipage app
+over that folder, without this frame); the helpers they share (sidebar.py, runtime.py, run.py,
+show.py, section.py) are not pages. The computations are rotviz.app's (no Streamlit).
 """
 
 from pathlib import Path
@@ -32,7 +33,7 @@ st.set_page_config(page_title="rotviz", page_icon=":material/360:", layout="wide
 
 # Absolute paths: in App mode streamlit resolves a relative page path against the launcher's
 # folder, which differs between the checkout's app.py and rotviz/ui/app.py.
-PAGE_DIR = Path(__file__).resolve().parent / "pages"
+PAGE_DIR = Path(__file__).resolve().parent / "views"
 
 PAGES = [
     st.Page(PAGE_DIR / "models.py", title="Models", icon=":material/view_in_ar:", default=True),
