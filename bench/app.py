@@ -35,7 +35,7 @@ at.run()
 assert not at.exception, [e.message for e in at.exception]
 assert len(at.metric) >= 6, "the model cards did not render"
 t_models = time.time() - t0
-at.switch_page("app_pages/barrier.py")
+at.switch_page("views/barrier.py")
 t = time.time(); at.run(); t_barrier = time.time() - t
 assert not at.exception, [e.message for e in at.exception]
 assert len(at.get("plotly_chart")) >= 2, "the barrier curves did not render"
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-results", action="store_true", help="do not write bench/RESULTS.md")
     args = ap.parse_args(argv)
     t0 = time.time()
-    out = subprocess.run([sys.executable, "-c", CHILD, str(t0), str(REPO / "app_main.py"),
+    out = subprocess.run([sys.executable, "-c", CHILD, str(t0), str(REPO / "rotviz/ui/main.py"),
                           args.device],
                          cwd=REPO, capture_output=True, text=True, check=False)
     if out.returncode != 0:

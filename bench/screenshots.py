@@ -7,7 +7,7 @@ Not part of CI: it needs Debian's `chromium` (apt) and the `playwright` Python p
 - times the first paint of the Models page: from `streamlit run` to its results, in a browser
   already open (as a user's is; the launch is timed apart), with models loading. On the
   default pair the first results are the test numbers the zoo cards recorded for the same
-  split (app_pages/models.py), then the page's own evaluation and functional check replace
+  split (rotviz/ui/views/models.py), then the page's own evaluation and functional check replace
   them: both times are listed;
 - opens the Barrier page and times until its first curves are drawn and until all of them
   are (its default matching options x 21 points on the default pair), then presses Run again

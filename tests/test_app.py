@@ -11,6 +11,8 @@ import base64
 import io
 import json
 import os
+import subprocess
+import sys
 import threading
 import zipfile
 from pathlib import Path
@@ -29,7 +31,8 @@ from rotviz.devices import device_badge, device_summary
 from rotviz.errors import RotvizError
 from rotviz.random_models import save_random
 
-APP = str(Path(__file__).resolve().parent.parent / "app_main.py")  # app.py serves it
+REPO = Path(__file__).resolve().parent.parent
+APP = str(REPO / "rotviz/ui/main.py")  # rotviz/ui/app.py (and the checkout's app.py) serve it
 # the Barrier page's charts on its default options (no matching among them)
 LOSS_TITLE = "Loss along the straight path from anchor to source, with and without matching"
 ACC_TITLE = "Accuracy along the straight path from anchor to source, with and without matching"
@@ -69,7 +72,7 @@ def app(page: str | None = None, **params):
     for k, v in params.items():
         at.query_params[k] = v
     if page:
-        at.switch_page(f"app_pages/{page}.py")
+        at.switch_page(f"views/{page}.py")
     at.run()
     assert not at.exception, [e.message for e in at.exception]
     return at
@@ -208,7 +211,7 @@ def test_barrier_verdict_says_what_each_matching_did():
     """The new user's pair: the seed paper's matching raised the barrier (0.514 -> 0.575)
     while weight matching lowered it; the banner says both, and never that matching lowers
     it when one raised it. The page's own text: "done in", computed or from the cache."""
-    from app_pages.show import done_label
+    from rotviz.ui.show import done_label
 
     def curve(match, barrier, after):
         return {"match": match, "barrier": barrier, "distance_before": 26.72,
@@ -300,9 +303,9 @@ def test_match_tables_for_export(roots):
 def test_model_locks_serialise_shared_modules(roots):
     """Two sessions evaluating different parameter sets on one cached module at once get
     their own answers (functional_call swaps tensors on the shared module)."""
-    from app_pages import runtime
     from rotviz.sources.loading import load_model
     from rotviz.sources.running import forward, probe_inputs
+    from rotviz.ui import runtime
 
     m = load_model(roots / "vit-s0")
     other = load_model(roots / "vit-s1").state
@@ -330,14 +333,41 @@ def test_serve_command(capsys, tmp_path):
 
     cmd = serve_command(8600, "127.0.0.1")
     assert cmd[1:4] == ["-m", "streamlit", "run"]
-    assert Path(cmd[4]) == Path(APP).with_name("app.py")  # the launcher
+    assert Path(cmd[4]) == Path(APP).with_name("app.py")  # the package's launcher
     assert "--server.port" in cmd and "8600" in cmd and "none" in cmd
+    assert cmd[cmd.index("--theme.primaryColor") + 1] == "#0072B2"  # rotviz.ui.options
     assert main(["serve", "--print-command", "--port", "8600", "--roots", str(tmp_path)]) == 0
     assert "streamlit run" in capsys.readouterr().out
     assert main(["serve", "--roots", str(tmp_path / "missing")]) == 2
     assert "no folder" in capsys.readouterr().err
     with pytest.raises(RotvizError, match="port"):
         serve_command(0)
+
+
+def test_serve_print_command_points_into_the_package(tmp_path):
+    """`python -m rotviz serve --print-command`, run from a folder outside the checkout, names
+    the package's launcher (rotviz/ui/app.py inside the installed rotviz, not a checkout's
+    app.py) and carries the app's settings as flags (a wheel has no .streamlit/config.toml);
+    printing it loads no streamlit."""
+    import rotviz
+
+    out = subprocess.run([sys.executable, "-m", "rotviz", "serve", "--print-command",
+                          "--port", "8601"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    words = out.stdout.split()
+    launcher = Path(rotviz.__file__).resolve().parent / "ui" / "app.py"
+    assert launcher.is_file() and str(launcher) in words
+    assert words[words.index(str(launcher)) - 1] == "run"
+    assert words[words.index("--theme.primaryColor") + 1] == "#0072B2"
+    assert words[words.index("--server.port") + 1] == "8601"
+    code = ("import sys\nfrom rotviz.cli import main\n"
+            "main(['serve', '--print-command'])\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'streamlit'))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
 # ---- the app, headless ------------------------------------------------------------------
@@ -362,11 +392,11 @@ def test_models_page_evaluates_light_models_then_computes_the_barrier_page_ahead
     (rotviz.sources.plain_torch where it is exact) and, once painted, computes the Barrier page's
     default curves in the background, so that page finds them ready. They are the library's numbers
     with the models' own transformers classes, bit for bit."""
-    from app_pages import runtime
     from rotviz import app as rapp
     from rotviz.data.split import load_split
     from rotviz.measures.barrier import interpolate
     from rotviz.sources.loading import load_model
+    from rotviz.ui import runtime
 
     stores = runtime._stores()
     with runtime._WARMING, runtime._AHEAD:  # an earlier page's warm-up is over
@@ -414,18 +444,19 @@ def test_models_page_evaluates_light_models_then_computes_the_barrier_page_ahead
 
 def test_launcher_computes_the_opening_cards_before_the_first_run(pair, monkeypatch):
     """`streamlit run app.py` serves app.py's st.App (found the way streamlit finds it), whose
-    lifespan starts app_pages/boot.py's thread: it computes the Models page's two cards for
+    lifespan starts rotviz/ui/boot.py's thread: it computes the Models page's two cards for
     the pair the app opens on into the results cache, so the page, opened with the sidebar's
     defaults, takes both from there; the cards are the library's own (rotviz.app.run on its
     plain Resources, nothing shared). The page's own warm-up (the next page's curves, on the
     whole split) is another test's."""
     from streamlit.web.server.app_discovery import discover_asgi_app
 
-    from app_pages import boot, run, runtime
     from rotviz import app as rapp
+    from rotviz.ui import boot, run, runtime
 
-    found = discover_asgi_app(Path(APP).with_name("app.py"))
-    assert found.is_asgi_app and found.import_string == "app:app"
+    for launcher in (Path(APP).with_name("app.py"), REPO / "app.py"):  # package, checkout
+        found = discover_asgi_app(launcher)
+        assert found.is_asgi_app and found.import_string == "app:app", launcher
     with runtime._WARMING, runtime._AHEAD:  # an earlier page's warm-up is over
         pass
     runtime._stores()["results"].clear()
@@ -469,8 +500,8 @@ def test_a_result_another_caller_computed_counts_as_from_the_cache():
     import threading
     import time
 
-    from app_pages import runtime
     from rotviz.app import cache
+    from rotviz.ui import runtime
 
     cfg = {"ref": "zoo:nowhere", "data": "digits", "seed": 12345, "n_eval": 7}
     key = cache.config_hash({"kind": "card", **cache.canonical(cfg)})
@@ -504,7 +535,7 @@ def test_the_start_up_thread_waits_for_the_browsers_requests(monkeypatch):
     import threading
     import time
 
-    from app_pages import boot
+    from rotviz.ui import boot
 
     monkeypatch.setattr(boot, "QUIET_S", 0.3)
     monkeypatch.setattr(boot, "QUIET_CAP_S", 5.0)
@@ -529,10 +560,10 @@ def test_the_start_up_thread_waits_for_the_browsers_requests(monkeypatch):
 
 
 def test_barrier_page_chart_holds_library_results(pair):
-    from app_pages import runtime
     from rotviz.data.split import load_split
     from rotviz.measures.barrier import interpolate
     from rotviz.sources.loading import load_model
+    from rotviz.ui import runtime
 
     at = app("barrier", b_points="5")
     # the page checks and computes with the models as the computations take them: it never
@@ -755,7 +786,7 @@ def test_mismatched_pair_and_outside_path_show_messages(pair, roots):
     assert "is text data but" in texts(at) and not figures(at)
     at = app("match", m_layers="0,7")  # the default pair has 4 layers
     assert "out of range" in texts(at) and not figures(at)
-    at.switch_page("app_pages/models.py")
+    at.switch_page("views/models.py")
     at.run()
     assert not at.exception
 
@@ -799,7 +830,7 @@ def test_result_cache_stores_only_what_finished():
 def test_progress_detail_touches_the_page_at_a_bounded_rate():
     """Learned matching reports every step; the page is updated at most every EVERY seconds
     (each update is where Streamlit can interrupt the run) and always at a loop's end."""
-    from app_pages import show
+    from rotviz.ui import show
 
     class Fake:
         def __init__(self):
@@ -850,8 +881,8 @@ def test_cancelled_or_interrupted_learned_matching_is_not_cached(roots):
     progress callback, leaves nothing in the app's caches; the next run computes afresh."""
     from streamlit.runtime.scriptrunner_utils.exceptions import StopException
 
-    from app_pages import runtime
     from rotviz import app as rapp
+    from rotviz.ui import runtime
 
     a, s = str(roots / "vit-s0"), str(roots / "vit-s1")
     cfg = {"anchor": a, "source": s, "data": "digits", "seed": 0, "n_eval": N_EVAL,
@@ -885,7 +916,7 @@ def test_stopped_page_waits_for_run(pair):
     at = AppTest.from_file(APP, default_timeout=120)
     at.query_params["n"] = str(N_EVAL)
     at.query_params["m_barrier"] = "false"
-    at.switch_page("app_pages/match.py")
+    at.switch_page("views/match.py")
     at.session_state["_stopped_match"] = True
     at.run()
     assert not at.exception
@@ -919,7 +950,7 @@ def test_match_page_residual_alternation_never_goes_up(pair):
 
 
 def load_cached(ref: str):
-    from app_pages import runtime
+    from rotviz.ui import runtime
 
     return runtime.resources().load_eval(ref)
 
@@ -1201,8 +1232,8 @@ def test_barrier_page_plane_has_a_3d_view(pair):
 def test_stop_reaches_a_training_measurement_and_nothing_is_cached(roots):
     """The app's cancel() reaches bend's training (Context.cancel): a stopped bend raises
     Cancelled, one line, and leaves nothing in the results cache."""
-    from app_pages import runtime
     from rotviz import app as rapp
+    from rotviz.ui import runtime
 
     a, s = str(roots / "vit-s0"), str(roots / "vit-s1")
     base = {"anchor": a, "source": s, "data": "digits", "seed": 0, "n_eval": N_EVAL,

@@ -1,5 +1,7 @@
-"""The library boundary: no module of rotviz/ imports streamlit (app.py and app_pages/ are the
-only UI layer), and what the pages import on their first line costs no engine import."""
+"""The library boundary: no module of rotviz/ outside rotviz.ui imports streamlit (rotviz/ui/ and
+the checkout's app.py are the only UI layer; rotviz.ui's __init__ and options import none
+either, so that rotviz.cli reads the options without it), and what the pages import on their
+first line costs no engine import."""
 
 import ast
 import pkgutil
@@ -7,17 +9,28 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import rotviz
+from rotviz.ui import options
 
 ROOT = Path(__file__).resolve().parents[1]
-# the app's helper modules (app_pages/), which app_main.py does not list as pages
+UI = ROOT / "rotviz" / "ui"
+# the app's helper modules (rotviz/ui/), which rotviz/ui/main.py does not list as pages
 HELPERS = ("boot.py", "sidebar.py", "runtime.py", "run.py", "show.py", "section.py")
+# what rotviz.ui holds that imports no streamlit (rotviz.cli reads the options)
+NO_STREAMLIT = ("rotviz.ui", "rotviz.ui.options", "rotviz.ui.views")
+
+
+def _in_ui(name: str) -> bool:
+    return name == "rotviz.ui" or name.startswith("rotviz.ui.")
 
 
 def test_importing_every_rotviz_module_leaves_streamlit_unloaded():
-    names = [m.name for m in pkgutil.walk_packages(rotviz.__path__, "rotviz.")]
+    every = [m.name for m in pkgutil.walk_packages(rotviz.__path__, "rotviz.")]
     assert {"rotviz.match.layers", "rotviz.measures.barrier", "rotviz.plots",
-            "rotviz.app.roots"} <= set(names)
+            "rotviz.app.roots", "rotviz.ui.options", "rotviz.ui.views.barrier"} <= set(every)
+    names = [n for n in every if not _in_ui(n) or n in NO_STREAMLIT]
     code = (
         "import importlib, sys\n"
         f"for n in {names!r}:\n"
@@ -32,16 +45,20 @@ def test_importing_every_rotviz_module_leaves_streamlit_unloaded():
 
 
 def test_no_source_file_of_rotviz_mentions_a_streamlit_import():
+    """Outside rotviz/ui/, and in rotviz.ui's own __init__, options and views/__init__."""
+    quiet = {UI / "__init__.py", UI / "options.py", UI / "views" / "__init__.py"}
     offenders = [
         str(p.relative_to(ROOT))
         for p in (ROOT / "rotviz").rglob("*.py")
-        if "import streamlit" in p.read_text() or "from streamlit" in p.read_text()
+        if (UI not in p.parents or p in quiet)
+        and ("import streamlit" in p.read_text() or "from streamlit" in p.read_text())
     ]
     assert offenders == []
+    assert "import streamlit" in (UI / "app.py").read_text()  # the check sees the app's files
 
 
 def _page_files() -> list[Path]:
-    return [ROOT / "app.py", ROOT / "app_main.py", *sorted((ROOT / "app_pages").glob("*.py"))]
+    return [ROOT / "app.py", *sorted(UI.glob("*.py")), *sorted((UI / "views").glob("*.py"))]
 
 
 def _top_level_rotviz_imports(path: Path) -> list[str]:
@@ -57,7 +74,7 @@ def _top_level_rotviz_imports(path: Path) -> list[str]:
 
 
 def test_pages_import_the_engine_only_inside_functions():
-    """A page paints before torch loads: what app.py and app_pages/ import at module level
+    """A page paints before torch loads: what app.py and rotviz/ui/ import at module level
     from rotviz loads no torch, transformers or scipy. A page that needs an engine name
     imports it from its home inside the function that uses it."""
     names = sorted({n for p in _page_files() for n in _top_level_rotviz_imports(p)})
@@ -74,12 +91,32 @@ def test_pages_import_the_engine_only_inside_functions():
     assert out.stdout.strip() == "[]", names
 
 
-def test_no_folder_named_pages():
-    """Streamlit lists a folder named pages/ next to the entrypoint as pages of its own; the
-    app's pages live in app_pages/ and app_main.py's st.navigation is the only page list
-    (boot.py and the helpers in HELPERS are not pages)."""
-    assert not (ROOT / "pages").exists()
-    app_py = (ROOT / "app_main.py").read_text()
-    for page in sorted((ROOT / "app_pages").glob("*.py")):
-        if page.name not in HELPERS:
-            assert f'st.Page("app_pages/{page.name}"' in app_py, page.name
+def test_every_page_is_listed_in_main_navigation():
+    """The app's pages live in rotviz/ui/views/ and rotviz/ui/main.py's st.navigation is the
+    only page list (boot.py and the helpers in HELPERS are not pages). No folder named pages/
+    sits beside main.py or the checkout's app.py: streamlit would take the app for an old-style
+    multipage app (PagesManager.uses_pages_directory) and run a fresh server's first script
+    run, and every AppTest run, over its own listing of that folder, without main.py's frame
+    (its navigation then reads "main", "barrier", ... and the page title is the file name)."""
+    assert not (ROOT / "pages").exists() and not (UI / "pages").exists()
+    main = (UI / "main.py").read_text()
+    pages = sorted(p for p in (UI / "views").glob("*.py") if p.name != "__init__.py")
+    assert len(pages) == 10
+    for page in pages:
+        assert page.name not in HELPERS
+        assert f'st.Page(PAGE_DIR / "{page.name}"' in main, page.name
+    assert main.count("st.Page(") == len(pages)
+    assert not {p.name for p in UI.glob("*.py")} - {*HELPERS, "__init__.py", "app.py", "main.py",
+                                                    "options.py"}
+
+
+def test_streamlit_config_toml_equals_the_options():
+    """The checkout's .streamlit/config.toml (for `streamlit run app.py`) holds the settings
+    `rotviz serve` passes as flags (rotviz.ui.options), no more and no less."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    with open(ROOT / ".streamlit" / "config.toml", "rb") as f:
+        assert tomllib.load(f) == options.OPTIONS
+    flags = options.flags()
+    assert flags[flags.index("--theme.primaryColor") + 1] == "#0072B2"
+    assert flags[flags.index("--server.headless") + 1] == "true"
+    assert len(flags) == 2 * sum(len(v) for v in options.OPTIONS.values())

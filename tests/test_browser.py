@@ -263,9 +263,9 @@ def ladder(page, server: str) -> None:
 
 def first_request_is_a_page_url(base: str, page) -> None:
     """A fresh server whose very first request is /barrier with a query string: the visitor
-    gets the real app (app_main.py's sidebar and navigation, the pages by title) on the Barrier
-    page, with the URL and every query parameter kept, and the page computes with them (7
-    points on the path)."""
+    gets the real app (rotviz/ui/main.py's sidebar and navigation, the pages by title) on the
+    Barrier page, with the URL and every query parameter kept, and the page computes with them
+    (7 points on the path)."""
     specs = ["no matching", "FFN + attention + rescale (seed paper)"]  # as the URL has them
     page.goto(f"{base}/barrier?n={N}&b_points=7&" + urlencode({"b_specs": specs}, doseq=True))
     drawn(page)

@@ -1,7 +1,7 @@
 """rotviz is built in layers: no import cycle, counting imports inside functions too (an ast
 walk over the package, the app's pages and the benchmarks), and no module imports a layer
-above its own. The pages (app_pages/) sit above the library and the benchmarks (bench/) above
-them: rotviz never imports either."""
+above its own. The app (rotviz.ui: its launcher, helpers and pages) sits above the rest of the
+library and the benchmarks (bench/) above it: nothing else in rotviz imports either."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PKG = REPO / "rotviz"
-ROOTS = (PKG, REPO / "app_pages", REPO / "bench")
+ROOTS = (PKG, REPO / "bench")
 
 
 def modules(*roots: Path) -> dict[str, Path]:
@@ -124,8 +124,12 @@ LAYERS = [
     ("plots", ["rotviz.plots"]),
     ("measures", ["rotviz.measures"]),
     ("runner", ["rotviz.runner"]),
-    ("top", ["rotviz.zoo", "rotviz.app", "rotviz.gallery", "rotviz.cli", "rotviz"]),
-    ("pages", ["app_pages"]),
+    # rotviz.ui.options: the app's streamlit settings as plain data (no streamlit), which
+    # `rotviz serve` (rotviz.cli) passes as flags
+    ("top", ["rotviz.zoo", "rotviz.app", "rotviz.gallery", "rotviz.cli", "rotviz",
+             "rotviz.ui.options"]),
+    # the Streamlit app: the launcher, the helpers and the pages (rotviz/ui/views/)
+    ("pages", ["rotviz.ui"]),
     ("bench", ["bench"]),
 ]
 
@@ -149,11 +153,12 @@ def test_no_module_imports_a_layer_above_its_own(module):
 
 
 def test_the_pages_draw_figures_through_records_and_rotviz_app():
-    """No module of app_pages/ imports rotviz.plots: a page draws a record's figure through
-    the record (its `plot` or its section's `figures`, in the page's Style) and any other
-    through rotviz.app.figures; only the Style itself (rotviz.plots.figure_style, free of
-    plotly) is the pages' to build."""
-    pages = modules(REPO / "app_pages")
+    """No module of rotviz/ui/ (helpers and pages) imports rotviz.plots: a page draws a record's
+    figure through the record (its `plot` or its section's `figures`, in the page's Style) and
+    any other through rotviz.app.figures; only the Style itself (rotviz.plots.figure_style, free
+    of plotly) is the pages' to build."""
+    pages = {m: p for m, p in modules().items() if m == "rotviz.ui" or m.startswith("rotviz.ui.")}
+    assert "rotviz.ui.views.barrier" in pages and "rotviz.ui.section" in pages
     known = set(modules())
     found = {m: sorted(i for i in imports(p, known) if i.startswith("rotviz.plots")
                        and i != "rotviz.plots.figure_style")

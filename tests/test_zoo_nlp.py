@@ -293,7 +293,7 @@ def test_the_app_offers_the_nlp_pairs_and_scores_them_by_f1():
     assert shown == [f"{v:.3f}" for v in want]
     assert "token classification" in "\n".join(c.value for c in at.caption)
     assert (at.selectbox(key="anchor").value, at.selectbox(key="source").value) == (a, b)
-    from app_pages import runtime
+    from rotviz.ui import runtime
 
     with runtime._WARMING, runtime._AHEAD:  # the page's warm-up thread is done
         pass

@@ -1,8 +1,8 @@
-"""The app-facing library: what the Streamlit pages (app_pages/) call, and nothing of
+"""The app-facing library: what the Streamlit pages (rotviz/ui/) call, and nothing of
 Streamlit.
 
 Layers, top to bottom:
-- app.py (the launcher), app_main.py and app_pages/ (the helpers the pages share: sidebar,
+- rotviz.ui: app.py (the launcher), main.py, pages/ and the helpers the pages share (sidebar,
   runtime (caches, locks, start-up), run (gating, checks, warm-up), show (progress boxes,
   Stop, badges, exports) and section (a record's section, drawn from what it declares)).
   The only code that imports streamlit.

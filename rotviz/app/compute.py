@@ -6,7 +6,7 @@ configuration dict (JSON types only) and returns plain data the pages cache, dra
     info = run("match", res, {"anchor": "zoo:vit-digits-s3", "source": "zoo:vit-digits-s6",
                               "spec": "seed", "layers": "", "device": "cpu"})
 
-The pages pass their own `Resources` (rotviz.app.resources; app_pages/runtime.py): models and
+The pages pass their own `Resources` (rotviz.app.resources; rotviz/ui/runtime.py): models and
 splits shared by every session, a lock per model, a bounded cache of matched sources. Long
 steps report through a `progress(done, total, message)` callback; nothing here keeps state
 between calls. A registered measurement runs through the one runner (rotviz.runner), as the

@@ -4,7 +4,7 @@ A record draws its results (`Measurement.plot(result, style)`, and a section's `
 for the runs of one section, one per matching). A page also draws figures of its own: a
 slice beside its gauge-fixed twin, the bend on the A/B/B' plane, the matching's views (the
 Match and Spectra pages: distances, the alternation, the cross-matrix spectra) and the Learn
-page's demo. They are here, so that the pages (app_pages/) draw every figure through a
+page's demo. They are here, so that the pages (rotviz/ui/) draw every figure through a
 record or this module and never reach into rotviz.plots; with the words the figures and
 tables share (a matching's label, a score's name and help). Plotly is imported inside each
 function, as the records do.
@@ -20,7 +20,7 @@ from rotviz.plots.figure_style import Style
 
 def preload() -> None:
     """Import what every figure imports (plotly and rotviz's look), ahead of the first page
-    that draws one (app_pages/boot.py's start-up thread)."""
+    that draws one (rotviz/ui/boot.py's start-up thread)."""
     import rotviz.plots.style  # noqa: F401
 
 

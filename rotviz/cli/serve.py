@@ -37,21 +37,19 @@ def register(sub, wanted: Callable[[str], bool] = lambda name: True) -> None:
 
 
 def serve_command(port: int = 8501, address: str = "localhost") -> list[str]:
-    """The streamlit command line that runs the app."""
-    from rotviz.app.roots import REPO
+    """The streamlit command line that runs the app: `python -m streamlit run` on the
+    package's launcher (rotviz/ui/app.py), with the app's settings (rotviz.ui.options: a run
+    from a wheel has no .streamlit/config.toml beside it), then the port and address."""
+    from rotviz.ui.options import flags
 
-    app = REPO / "app.py"
-    if not app.is_file():
-        raise RotvizError(f"no app.py at {app}: `rotviz serve` runs from a source checkout "
-                          "(pip install -e .)")
     PORT.check(port)
-    return [sys.executable, "-m", "streamlit", "run", str(app), "--server.headless", "true",
-            "--server.fileWatcherType", "none", "--server.port", str(port),
-            "--server.address", address, "--browser.gatherUsageStats", "false"]
+    app = Path(__file__).resolve().parent.parent / "ui" / "app.py"
+    return [sys.executable, "-m", "streamlit", "run", str(app), *flags(),
+            "--server.port", str(port), "--server.address", address]
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from rotviz.app.roots import ENV_ROOTS, REPO
+    from rotviz.app.roots import ENV_ROOTS
 
     cmd = serve_command(args.port, args.address)
     env = dict(os.environ)
@@ -66,6 +64,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"rotviz: serving the app on http://{args.address}:{args.port} (Ctrl-C stops it)",
           file=sys.stderr)
     try:
-        return subprocess.call(cmd, cwd=REPO, env=env)
+        # streamlit runs in a child process (this one never imports it), in the user's own
+        # working folder: the app finds its files by the package's paths.
+        return subprocess.call(cmd, cwd=None, env=env)
     except KeyboardInterrupt:
         return 0

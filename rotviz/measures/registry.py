@@ -110,7 +110,7 @@ class OutputFile:
 @dataclass(frozen=True)
 class Section:
     """Where a record appears on one of the app's topic pages, and how (`Measurement.section`):
-    the page's generic section renderer (app_pages/section.py) draws its header and intro, a
+    the page's generic section renderer (rotviz/ui/section.py) draws its header and intro, a
     form of the record's parameters (the essential ones, `Param.essential`, at first sight,
     the rest under one "More options" expander), runs it through the app's cache, and shows
     its figure (`Measurement.plot` in the page's Style), its caption, its table and its

@@ -20,13 +20,13 @@ from typing import Any
 
 import streamlit as st
 
-from app_pages import run, runtime, show
-from app_pages.sidebar import Setup
 from rotviz.app import figures as app_figures
 from rotviz.app.export import measurement_files
 from rotviz.measures import Measurement, sections
 from rotviz.measures.registry import runs as combined
 from rotviz.plots.figure_style import Style
+from rotviz.ui import run, runtime, show
+from rotviz.ui.sidebar import Setup
 
 COLUMNS = 4  # widgets per row, in the form and in its "More options"
 

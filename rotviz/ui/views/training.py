@@ -2,7 +2,7 @@
 2020).
 
 Its sections are the records of series that declare one on this page (rotviz.measures:
-training and spawn), composed by app_pages/section.py with the page's matchings and data.
+training and spawn), composed by rotviz/ui/section.py with the page's matchings and data.
 They open on the zoo's spawn series, so both charts run out of the box; nothing computes
 before its Run is pressed.
 """
@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app_pages import section, sidebar
 from rotviz import app
 from rotviz.app import figures
 from rotviz.app.specs import SPEC_CHOICES
 from rotviz.measures import Measurement
+from rotviz.ui import section, sidebar
 
 # the references each section opens on: the zoo's two runs, and its spawn folder
 REFS = {"training": {"series_a": ("Series A", "zoo:vit-digits-run-a"),

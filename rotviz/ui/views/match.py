@@ -2,7 +2,6 @@
 
 import streamlit as st
 
-from app_pages import run, runtime, show, sidebar
 from rotviz import app
 from rotviz.app import figures, summaries
 from rotviz.app.specs import (
@@ -16,6 +15,7 @@ from rotviz.app.specs import (
 from rotviz.limits import MAX_LAYERS_TEXT
 from rotviz.measures.barrier import BARRIER
 from rotviz.symmetry.registry import BY_NAME, SYMMETRIES
+from rotviz.ui import run, runtime, show, sidebar
 
 s = sidebar.setup()
 LEARNED_NAMES = {"residual": "the residual map", "qk": "every head's Q-K rotation",

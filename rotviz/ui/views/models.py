@@ -2,9 +2,9 @@
 
 import streamlit as st
 
-from app_pages import boot, run, runtime, show, sidebar
 from rotviz.app import summaries
 from rotviz.app.roots import card_of, recorded_card, short_name
+from rotviz.ui import boot, run, runtime, show, sidebar
 
 s = sidebar.setup()
 st.title("rotviz: the symmetries of transformers")
@@ -20,7 +20,7 @@ st.markdown(
 
 def body() -> None:
     # the zoo cards' recorded numbers first, where they apply: checking the pair and the
-    # functional check need torch, which may still be loading (app_pages/boot.py)
+    # functional check need torch, which may still be loading (rotviz/ui/boot.py)
     cfgs = {role: {"ref": ref, "data": s.data, "seed": s.seed, "n_eval": s.n_eval}
             for role, ref in (("anchor", s.anchor), ("source", s.source))}
     early = recorded(cfgs) if s.anchor and s.source and not s.error else None
@@ -28,7 +28,7 @@ def body() -> None:
     if early:
         with slot.container():
             draw_recorded(early)
-    boot.ready()  # torch: the start-up thread's imports (app_pages/boot.py)
+    boot.ready()  # torch: the start-up thread's imports (rotviz/ui/boot.py)
     if not run.require_pair(s, loss=False):  # a card of a head no loss scores has none
         slot.empty()
         return

@@ -12,11 +12,11 @@ from typing import Any
 
 import streamlit as st
 
-from app_pages import runtime
 from rotviz import app
 from rotviz.app import cache
 from rotviz.app import export as app_export
 from rotviz.errors import RotvizError
+from rotviz.ui import runtime
 
 
 class Steps:

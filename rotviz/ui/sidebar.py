@@ -1,5 +1,5 @@
 """The app's sidebar (model pair, data, seed, device, memory budget, display, presenter
-mode), bound to the URL, and the `Setup` it hands every page: app_main.py draws it, then runs
+mode), bound to the URL, and the `Setup` it hands every page: rotviz/ui/main.py draws it, then runs
 the page picked in its `st.navigation`. A page reads it with `setup()`.
 """
 
@@ -12,7 +12,6 @@ from typing import Any
 
 import streamlit as st
 
-from app_pages import runtime
 from rotviz.app import roots as app_roots
 from rotviz.devices import (
     device_badge,
@@ -24,6 +23,7 @@ from rotviz.devices import (
 )
 from rotviz.errors import RotvizError
 from rotviz.plots.figure_style import Style
+from rotviz.ui import runtime
 
 PAIR_NAMES = {"default": "two seeds", "finetuned": "two fine-tunes",
               "lineage": "fine-tunes of two seeds", "gpt2": "GPT-2 pair",
@@ -97,7 +97,7 @@ def _typed(key: str) -> str:
 def sidebar(before_torch: Callable[[], None] | None = None) -> Setup:
     """Draw the sidebar and return the setup. Every widget is mirrored in the URL.
     `before_torch()` runs before the device picker, the first widget that needs torch
-    (app_main.py passes the wait for the launcher's start-up thread, app_pages/boot.py): the
+    (rotviz/ui/main.py passes the wait for the launcher's start-up thread, rotviz/ui/boot.py): the
     widgets above it are drawn, and shown, while torch loads."""
     sb = st.sidebar
     roots = tuple(str(r) for r in app_roots.model_roots())
@@ -223,7 +223,7 @@ def presenting() -> bool:
 
 
 def setup() -> Setup:
-    """The setup the sidebar drew in this run (app_main.py draws it before the page)."""
+    """The setup the sidebar drew in this run (rotviz/ui/main.py draws it before the page)."""
     runtime._SIZED_SHOWN.set(False)  # a page calls this first: its run shows the at-size note once
     s = st.session_state.get("_setup")
     return s if s is not None else sidebar()

@@ -3,9 +3,9 @@
 import numpy as np
 import streamlit as st
 
-from app_pages import run, runtime, show, sidebar
 from rotviz.app import figures
 from rotviz.app.roots import short_name
+from rotviz.ui import run, runtime, show, sidebar
 
 s = sidebar.setup()
 st.title("Learn: same function, different weights")

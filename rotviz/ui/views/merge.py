@@ -5,7 +5,6 @@ barycentre, the merged accuracy against N)."""
 
 import streamlit as st
 
-from app_pages import run, section, sidebar
 from rotviz import app, zoo_registry
 from rotviz.app import figures
 from rotviz.app import roots as app_roots
@@ -13,6 +12,7 @@ from rotviz.app.specs import MERGE_SPECS, learns, spec_label
 from rotviz.errors import RotvizError
 from rotviz.measures import Measurement
 from rotviz.merging.registry import methods as merge_methods
+from rotviz.ui import run, section, sidebar
 
 s = sidebar.setup()
 st.title("Merge the two models")

@@ -6,12 +6,12 @@ and the computations run through them (no widgets here but a spinner).
   configuration; splits are `st.cache_resource`. Results compute outside any
   Streamlit-cached function, so a long computation can show its progress and be stopped,
   and only finished results are stored (`compute`).
-- Starting up: before the first visitor's run, the launcher's thread (app_pages/boot.py)
+- Starting up: before the first visitor's run, the launcher's thread (rotviz/ui/boot.py)
   computes the Models page's cards for the pair the app opens on (`opening_cards`).
 - Per-model locks: evaluating parameter sets through `torch.func.functional_call` swaps
   tensors on the shared module for the duration of a call, so two sessions must not run a
   model at the same moment (`using`).
-- The warm-up's locks (`_WARMING`, `_AHEAD`): app_pages/run.py's `warm_up` holds them while
+- The warm-up's locks (`_WARMING`, `_AHEAD`): rotviz/ui/run.py's `warm_up` holds them while
   it gets the next page ready; scripts wait for `_WARMING` before they import the engine.
 """
 
@@ -141,7 +141,7 @@ def opening_cards(seed: int = 0, n_eval: int = 0) -> list[dict]:
     """The Models page's two cards for the pair the app opens on (the sidebar's defaults: the
     default pair, its card's data, seed 0, the whole test split), computed into the results
     cache as the page computes them. The launcher's start-up thread calls it before the
-    browser has connected (app_pages/boot.py); a visitor whose URL chose otherwise computes
+    browser has connected (rotviz/ui/boot.py); a visitor whose URL chose otherwise computes
     their own. Only for a small pair read whole (as `warm_up`): nothing otherwise."""
     roots = tuple(str(r) for r in app_roots.model_roots())
     anchor, source = default_pair(roots)

@@ -6,7 +6,7 @@ then torch, the Models page's modules and plotly) and computes the Models page's
 for the pair the app opens on into the app's result cache (`runtime.opening_cards`).
 
 The first paint needs no torch on a machine without a GPU: the first run waits for the
-helpers' imports (`ready_frame`, in app_main.py: they load no torch), draws the navigation
+helpers' imports (`ready_frame`, in rotviz/ui/main.py: they load no torch), draws the navigation
 and the sidebar (its device picker asks torch only where a GPU may be present:
 rotviz.devices.surely_cpu_only), and the Models page shows the zoo cards' recorded numbers.
 Meanwhile the thread holds back its torch import (HOLD_S at most), which would otherwise take
@@ -18,7 +18,8 @@ way (a result cache computes each key once).
 
 A failure leaves nothing behind: an import that fails is not kept in sys.modules, a card that
 fails is not cached, and the page then computes as it would have and says what went wrong.
-Process state (one thread per server process) lives here, in app_pages: rotviz/ keeps none.
+Process state (one thread per server process) lives here, in rotviz.ui: the library below
+keeps none.
 This module imports nothing heavy itself: the launcher imports it before the server starts.
 """
 
@@ -103,8 +104,8 @@ def start() -> threading.Thread | None:
 def _work() -> None:
     try:
         try:
-            # the first run's own imports (app_main.py's helpers), in its order
-            from app_pages import run, runtime, show, sidebar  # noqa: F401
+            # the first run's own imports (rotviz/ui/main.py's helpers), in its order
+            from rotviz.ui import run, runtime, show, sidebar  # noqa: F401
         finally:
             _FRAME.release()
         _GO.wait(HOLD_S)
@@ -121,8 +122,8 @@ def _work() -> None:
 
 
 def _import_first_run() -> None:
-    """What app_main.py, the sidebar and the Models page import beyond the app's helpers
-    (app_pages/sidebar.py, runtime.py, run.py, show.py):
+    """What rotviz/ui/main.py, the sidebar and the Models page import beyond the app's helpers
+    (rotviz/ui/sidebar.py, runtime.py, run.py, show.py):
     torch (through the device picker), the page's engine names and plotly's figures."""
     import plotly.graph_objects  # noqa: F401
 

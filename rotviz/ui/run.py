@@ -12,12 +12,12 @@ from typing import Any
 
 import streamlit as st
 
-from app_pages import runtime
-from app_pages.runtime import SMALL_PAIR, AppResources, resources
-from app_pages.sidebar import Setup
 from rotviz import app
 from rotviz.app import specs, summaries
 from rotviz.errors import RotvizError
+from rotviz.ui import runtime
+from rotviz.ui.runtime import SMALL_PAIR, AppResources, resources
+from rotviz.ui.sidebar import Setup
 
 
 def warm_up(s: Setup) -> None:

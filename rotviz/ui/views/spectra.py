@@ -3,12 +3,12 @@
 
 import streamlit as st
 
-from app_pages import run, runtime, show, sidebar
 from rotviz import app
 from rotviz.app import figures
 from rotviz.app.summaries import head_rows
 from rotviz.limits import MAX_LAYERS_TEXT
 from rotviz.plots.figure_style import Style
+from rotviz.ui import run, runtime, show, sidebar
 
 s = sidebar.setup()
 st.title("Attention spectra")

@@ -2,7 +2,7 @@
 and the 2D loss plane through A, B and B'.
 
 Its sections are the records that declare one on this page (rotviz.measures: the barrier,
-run once per matching picked, and the plane), composed by app_pages/section.py; the page
+run once per matching picked, and the plane), composed by rotviz/ui/section.py; the page
 adds what no record holds: the matchings, layers and step budget in the barrier's form, the
 summary table with its verdict, the model at any α, the animated path, and the plane's
 table of the marked points.
@@ -10,7 +10,6 @@ table of the marked points.
 
 import streamlit as st
 
-from app_pages import run, section, show, sidebar
 from rotviz import app
 from rotviz.app import figures, summaries
 from rotviz.app.specs import DEFAULT_SPECS, SPEC_CHOICES
@@ -18,6 +17,7 @@ from rotviz.limits import MAX_LAYERS_TEXT
 from rotviz.measures import Measurement
 from rotviz.measures.barrier import BARRIER
 from rotviz.plots.figure_style import Style
+from rotviz.ui import run, section, show, sidebar
 
 s = sidebar.setup()
 st.title("Loss barriers between the two models")

@@ -2,7 +2,7 @@
 
 Its sections are the records that declare one on this page (rotviz.measures' `Section`:
 the slice, the trained bend, layer-wise barriers, the Hessian's top eigenvalues), composed
-by app_pages/section.py with the page's matching; the page adds what no record holds: a
+by rotviz/ui/section.py with the page's matching; the page adds what no record holds: a
 random plane beside its gauge-fixed twin, and the bend drawn on the A/B/B' plane. Nothing
 computes before its Run is pressed (first paint stays cheap), and the sections' defaults are
 small (an 11 x 11 grid, few training steps) so that a first Run answers in seconds on a CPU.
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app_pages import run, runtime, section, show, sidebar
 from rotviz import app
 from rotviz.app import figures
 from rotviz.app.export import measurement_files
@@ -21,6 +20,7 @@ from rotviz.limits import MAX_LAYERS_TEXT
 from rotviz.measures import Measurement, measurement
 from rotviz.measures.registry import matched
 from rotviz.plots.figure_style import Style
+from rotviz.ui import run, runtime, section, show, sidebar
 
 PLANE_GRID = 11  # the A/B/B' plane under the curved path
 

@@ -7,13 +7,13 @@ names an anchor and a source), its matchings, once each, and computes on Run onl
 
 import streamlit as st
 
-from app_pages import run, runtime, section, show, sidebar
 from rotviz import app
 from rotviz.app import figures
 from rotviz.app.export import measurement_animation, measurement_files
 from rotviz.app.specs import SPEC_CHOICES, spec_label
 from rotviz.limits import MAX_LAYERS_TEXT
 from rotviz.measures import measurements
+from rotviz.ui import run, runtime, section, show, sidebar
 
 s = sidebar.setup()
 st.title("Every measurement")
