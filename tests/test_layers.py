@@ -101,7 +101,7 @@ def test_the_check_finds_a_planted_cycle(tmp_path):
 LAYERS = [
     ("core", ["rotviz.errors", "rotviz.limits", "rotviz.params", "rotviz.records",
               "rotviz.version", "rotviz.types", "rotviz.outputs", "rotviz.dist", "rotviz.memory",
-              "rotviz.confine", "rotviz.devices",
+              "rotviz.confine", "rotviz.devices", "rotviz.user_cache",
               # results kept while tensors live: matching's, and the residual solver's below it
               "rotviz.match.memo"]),
     ("arch", ["rotviz.arch"]),
