@@ -112,7 +112,8 @@ def draw_cards(cards: dict[str, dict], tolerance: float) -> None:
                     f"{zoo_card.get('description', '')}. {recipe.get('description', '')}; "
                     f"seed {zoo_card.get('seed')}, trained in "
                     f"{zoo_card.get('train_seconds', float('nan')):.0f} s "
-                    f"(zoo card; rebuild with `rotviz zoo build {zoo_card.get('name')}`)."
+                    f"(zoo card; train it again with "
+                    f"`rotviz zoo build {zoo_card.get('name')} --out DIR`)."
                 )
             chk = card["check"]
             st.caption("Functional check: a random symmetry (every FFN permuted, every head "
