@@ -131,6 +131,7 @@ def _modules_after(statement: str) -> list[str]:
 
 def test_the_zoo_registry_is_a_leaf_and_arch_is_data():
     assert _modules_after("import rotviz.zoo_registry") == [
-        "rotviz", "rotviz.confine", "rotviz.errors", "rotviz.version", "rotviz.zoo_registry"]
+        "rotviz", "rotviz.confine", "rotviz.errors", "rotviz.user_cache", "rotviz.version",
+        "rotviz.zoo_registry"]
     loaded = _modules_after("import rotviz.arch")
     assert "torch" not in loaded and not any(m.startswith("rotviz.sources") for m in loaded)
