@@ -35,7 +35,8 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PAGES = ("models", "match", "barrier", "spectra", "merge", "landscape", "training", "learn",
+PAGES = ("models", "match", "barrier", "spectra", "merge", "landscape", "function", "training",
+         "learn",
          "measure")
 IDLE = "[data-testid='stApp'][data-test-script-state='notRunning']"
 # The Models page's own cards (its "test accuracy"), which replace the zoo cards' recorded

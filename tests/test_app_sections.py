@@ -9,7 +9,8 @@ import pytest
 
 from rotviz.measures import measurements, sections
 
-TOPIC_PAGES = ("barrier", "landscape", "match", "merge", "spectra", "training")
+TOPIC_PAGES = ("barrier", "landscape", "match", "merge", "spectra", "training",
+               "function")
 DECLARED = [m for m in measurements() if m.section is not None]
 
 

@@ -101,7 +101,7 @@ def test_every_page_is_listed_in_main_navigation():
     assert not (ROOT / "pages").exists() and not (UI / "pages").exists()
     main = (UI / "main.py").read_text()
     pages = sorted(p for p in (UI / "views").glob("*.py") if p.name != "__init__.py")
-    assert len(pages) == 10
+    assert len(pages) >= 10  # the app has its pages (an empty glob would pass the rest)
     for page in pages:
         assert page.name not in HELPERS
         assert f'st.Page(PAGE_DIR / "{page.name}"' in main, page.name

@@ -42,6 +42,7 @@ PAGES = [
     st.Page(PAGE_DIR / "spectra.py", title="Spectra", icon=":material/equalizer:"),
     st.Page(PAGE_DIR / "merge.py", title="Merge", icon=":material/merge:"),
     st.Page(PAGE_DIR / "landscape.py", title="Landscape", icon=":material/landscape:"),
+    st.Page(PAGE_DIR / "function.py", title="Function", icon=":material/compare_arrows:"),
     st.Page(PAGE_DIR / "training.py", title="Training", icon=":material/timeline:"),
     st.Page(PAGE_DIR / "learn.py", title="Learn", icon=":material/school:"),
     st.Page(PAGE_DIR / "measure.py", title="Measure", icon=":material/science:"),
