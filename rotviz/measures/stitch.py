@@ -100,8 +100,13 @@ def stitch_on(ends: HeldEndpoints, split: Split, learn: bool = False, steps: int
     a stitching layer trained on `train` (default: the split's train sibling)."""
     import time
 
-    from rotviz.analysis.stitching import Parts, check_same_shape, depth_and_width, hybrid_state
-    from rotviz.analysis.stitching import learned_stitches
+    from rotviz.analysis.stitching import (
+        Parts,
+        check_same_shape,
+        depth_and_width,
+        hybrid_state,
+        learned_stitches,
+    )
     from rotviz.evaluation import Evaluator
 
     t0 = time.perf_counter()
