@@ -1,0 +1,160 @@
+"""The stitch record (rotviz.measures.stitch, rotviz.analysis.stitching): hybrids 0 and L and
+a middle hybrid equal state dicts written out by hand in this file; on the default pair the
+weight-matched hybrids beat the unmatched ones at every boundary; a learned stitch is seeded,
+reproducible and beats the identity stitch where the identity is bad; models of other depths
+or widths are refused in one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import refused
+from pairs import assert_unchanged, default_pair, digits
+
+from rotviz.analysis.stitching import Parts, check_same_shape, hybrid_state
+from rotviz.errors import RotvizError
+from rotviz.evaluation import evaluate
+from rotviz.match.endpoints import match_endpoints
+from rotviz.measures.stitch import STITCH, stitch_on
+from rotviz.plots.figure_style import Style
+
+# The default pair's tensors outside the blocks (two 4-block digits ViTs), by hand
+FRONT = ("vit.embeddings.cls_token", "vit.embeddings.position_embeddings",
+         "vit.embeddings.patch_embeddings.projection.weight",
+         "vit.embeddings.patch_embeddings.projection.bias")
+BACK = ("vit.layernorm.weight", "vit.layernorm.bias", "classifier.weight", "classifier.bias")
+
+
+@pytest.fixture(scope="module")
+def pair():
+    a, b = default_pair()
+    before = {k: v.clone() for k, v in a.state.items()}
+    ends = {spec: match_endpoints(a, b, spec) for spec in ("weight", "none")}
+    res = {spec: stitch_on(e, digits()) for spec, e in ends.items()}
+    assert_unchanged(a, before)
+    return ends, res
+
+
+def _loss(ends, state) -> float:
+    """The loss of a state dict on the anchor's module, through rotviz.evaluation.evaluate
+    (not the Evaluator the record uses)."""
+    return evaluate(ends.anchor, digits(), state)["loss"]
+
+
+def _with(ends, names, k: int | None) -> dict:
+    """By hand: the matched source with the anchor's `names` (k = 0), or the anchor with the
+    matched source's `names` (k = None)."""
+    base, other = (ends.matched, ends.anchor.state) if k == 0 else (ends.anchor.state,
+                                                                      ends.matched)
+    out = dict(base)
+    for n in names:
+        out[n] = other[n]
+    return out
+
+
+def test_hybrid_ends_written_out(pair):
+    ends, res = pair
+    e = ends["weight"]
+    r = res["weight"]
+    assert r.loss[0] == pytest.approx(_loss(e, _with(e, FRONT, 0)), rel=1e-6, abs=1e-6)
+    assert r.loss[-1] == pytest.approx(_loss(e, _with(e, BACK, None)), rel=1e-6, abs=1e-6)
+    assert r.loss_anchor == pytest.approx(_loss(e, e.anchor.state), rel=1e-6)
+    assert r.loss_source == pytest.approx(_loss(e, e.matched), rel=1e-6)
+    # the matched source computes the source's function
+    assert r.loss_source == pytest.approx(r.loss_source_unmatched, abs=1e-5)
+
+
+def test_a_middle_hybrid_equals_a_state_dict_assembled_by_hand(pair):
+    ends, res = pair
+    e = ends["weight"]
+    a, m = e.anchor.state, e.matched
+    mine = FRONT + tuple(n for n in a if n.startswith(("vit.layers.0.", "vit.layers.1.")))
+    hand = {n: (a[n] if n in mine else m[n]) for n in a}
+    got = hybrid_state(Parts(e.anchor), a, m, 2)
+    assert set(got) == set(hand)
+    assert all(got[n] is hand[n] for n in hand)  # the same tensors, shared
+    assert res["weight"].loss[2] == pytest.approx(_loss(e, hand), rel=1e-6, abs=1e-6)
+    assert res["weight"].acc[2] == pytest.approx(evaluate(e.anchor, digits(), hand)["acc"],
+                                                 abs=1e-9)
+
+
+def test_weight_matching_lets_the_halves_swap_better_than_none(pair):
+    """Measured on the default pair (docs/function.md): worst hybrid loss 5.24 matched vs 6.32
+    unmatched; the anchor with the matched source's head 1.09 vs 2.38."""
+    _, res = pair
+    w, n = res["weight"], res["none"]
+    assert n.loss == n.loss_unmatched and n.acc == n.acc_unmatched  # --match none: one list
+    assert w.loss_unmatched == pytest.approx(n.loss, rel=1e-6)
+    assert max(w.loss) < max(w.loss_unmatched)
+    assert all(x < y for x, y in zip(w.loss, w.loss_unmatched, strict=True))
+    assert all(x > y for x, y in zip(w.acc, w.acc_unmatched, strict=True))
+    assert max(w.loss) == pytest.approx(5.2418, abs=2e-3)
+    assert max(w.loss_unmatched) == pytest.approx(6.3151, abs=2e-3)
+    assert w.loss[-1] == pytest.approx(1.085, abs=2e-3)
+    assert w.loss_unmatched[-1] == pytest.approx(2.382, abs=2e-3)
+    # but no hybrid comes near the endpoints' own loss without a stitching layer
+    assert min(w.loss) > 4 * max(w.loss_anchor, w.loss_source)
+
+
+def test_a_learned_stitch_beats_the_identity_and_is_reproducible(pair):
+    ends, _ = pair
+    e = ends["weight"]
+    split, train = digits().subset(120), digits("train").subset(300)
+    runs = [stitch_on(e, split, learn=True, steps=15, lr=0.01, seed=3, train=train)
+            for _ in range(2)]
+    r = runs[0]
+    assert r.loss_learned == runs[1].loss_learned and r.train_loss == runs[1].train_loss
+    assert r.stopped == "steps" and r.steps == 15 and len(r.train_loss) == 5
+    assert r.loss[0] > 4  # the identity stitch at boundary 0 is bad
+    assert r.loss_learned[0] < 0.5 * r.loss[0]
+    assert all(x <= y for x, y in zip(r.loss_learned, r.loss, strict=True))
+
+
+def test_a_cancelled_stitch_reports_the_boundaries_it_trained(pair):
+    ends, _ = pair
+    calls = []
+
+    def cancel() -> bool:
+        calls.append(1)
+        return len(calls) > 3  # two steps at boundary 0, then stop at boundary 1's first
+
+    r = stitch_on(ends["weight"], digits().subset(40), learn=True, steps=2, cancel=cancel,
+                  train=digits("train").subset(64))
+    assert r.stopped == "cancelled" and r.loss_learned[1:] == [None] * 4
+    assert r.loss_learned[0] is not None
+
+
+def test_the_figure_rows_and_summary(pair):
+    _, res = pair
+    d = res["weight"].to_dict()
+    json.dumps(d)
+    fig = STITCH.figure(d, Style())
+    names = [t.name for t in fig.data]
+    assert len(names) == 4 and "anchor alone" in names[2]
+    assert list(fig.data[1].y) == d["loss"]
+    assert len(STITCH.rows(d)) == 5
+    assert "worst loss 5.24" in STITCH.summary(res["weight"], "")
+
+
+def test_other_depths_or_widths_are_refused_in_one_line(loaded, saved, capfd, ws):
+    a = loaded("vit", 0)
+    for sizes, word in (({"layers": 3}, "depths"), ({"d": 48, "heads": 4}, "widths")):
+        b = saved("vit", 1, **sizes)
+        with pytest.raises(RotvizError, match=f"different {word}"):
+            from rotviz.sources.loading import load_model
+
+            check_same_shape(a, load_model(b))
+        refused(["stitch", str(saved("vit", 0)), str(b), "--data", "digits", "--match", "none",
+                 "--json", "o.json"], capfd, ws, "differ")
+
+
+def test_hybrids_of_a_tied_model_keep_the_anchors_embedding_and_head(loaded):
+    """GPT-2 ties its head to its word embedding: the hybrid's head follows the anchor's."""
+    a, b = loaded("gpt2", 0), loaded("gpt2", 1)
+    parts = Parts(a)
+    h = hybrid_state(parts, a.state, b.state, 0)
+    wte = "transformer.wte.weight"
+    assert h[wte] is a.state[wte]
+    assert all(h[n] is b.state[n] for n in a.state if n.startswith("transformer.h."))
+    assert h["transformer.ln_f.weight"] is b.state["transformer.ln_f.weight"]
