@@ -39,7 +39,7 @@ PARAMS = (
     Param("learn", "no", "yes: also train an affine stitching layer (d x d and a bias, from "
           "the identity) at each boundary on the train split (default no)",
           choices=("no", "yes"), label="Also train a stitching layer", essential=True),
-    Param("steps", 60, f"Adam steps training each stitching layer (default 60, {STEPS.text})",
+    Param("steps", 30, f"Adam steps training each stitching layer (default 30, {STEPS.text})",
           STEPS, label="Training steps", widget=(10, 500, 10), needs=("learn", ("yes",))),
     Param("lr", 0.01, f"Adam learning rate of the stitching layers (default 0.01, {LR.text})",
           LR, label="Learning rate", needs=("learn", ("yes",))),
@@ -89,7 +89,7 @@ class Stitched:
         return asdict(self)
 
 
-def stitch_on(ends: HeldEndpoints, split: Split, learn: bool = False, steps: int = 60,
+def stitch_on(ends: HeldEndpoints, split: Split, learn: bool = False, steps: int = 30,
               lr: float = 0.01, seed: int = 0, device: str | torch.device = "cpu",
               progress: Progress | None = None, batch_size: int = 512,
               cancel=None, train: Split | None = None) -> Stitched:
@@ -250,7 +250,7 @@ SECTION = Section(
     "in another basis and the hybrid fails; after matching the stream (weight matching), "
     "no stitching layer is needed. Optionally an affine stitching layer is trained at each "
     "boundary for comparison.",
-    defaults={"steps": 30}, caption=_caption, figures=_figures, tabs=("Loss", "Accuracy"),
+    caption=_caption, figures=_figures, tabs=("Loss", "Accuracy"),
     doing=lambda v: "matching, then every hybrid" + (" and a stitch per boundary"
                                                      if v.get("learn") == "yes" else ""))
 
