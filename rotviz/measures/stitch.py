@@ -184,11 +184,11 @@ def stitch_figure(d: Mapping, metric: str = "loss", font_size: int = 14,
     ks = [int(k) for k in d["layers"]]
     series = []
     if d["match"] != "none":
-        series.append(("source unmatched (identity stitch)", d[key + "_unmatched"]))
-    series.append((f"source matched: {style.nice_label(str(d['match']))} (identity stitch)",
+        series.append(("source as it is, no stitching layer", d[key + "_unmatched"]))
+    series.append((f"matched source ({style.nice_label(str(d['match']))}), no stitching layer",
                    d[key]))
     if d.get(key + "_learned") is not None:
-        series.append(("matched, learned affine stitch", d[key + "_learned"]))
+        series.append(("matched source, trained affine stitch", d[key + "_learned"]))
     fig = go.Figure()
     for i, (name, ys) in enumerate(series):
         fig.add_scatter(x=ks, y=ys, mode="lines+markers", name=name,
@@ -245,9 +245,12 @@ def _caption(d: dict) -> str:
     if worst <= 2 * ends:
         text += ("After matching the residual stream, the halves of the two independently "
                  "trained models swap with no stitching layer at all.")
+    elif all(x < y for x, y in zip(d["loss"], d["loss_unmatched"], strict=True)):
+        text += ("Matching the residual stream makes every swap better, but with no "
+                 "stitching layer the hybrids stay far from the endpoints here: the two "
+                 "streams are not the same up to the map matching found.")
     elif worst < worst_u:
-        text += ("Matching puts both residual streams in one basis, and every swap gets "
-                 "better; what is left is not a change of basis, which no symmetry removes.")
+        text += "Matching makes the worst swap better, not every one."
     else:
         text += ("This matching does not map the residual stream (only `residual` or "
                  "`weight` does), so the swaps are no better than without it.")

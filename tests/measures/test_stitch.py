@@ -135,6 +135,10 @@ def test_the_figure_rows_and_summary(pair):
     assert list(fig.data[1].y) == d["loss"]
     assert len(STITCH.rows(d)) == 5
     assert "worst loss 5.24" in STITCH.summary(res["weight"], "")
+    caption = STITCH.section.caption(d)
+    assert "loss 5.242 after matching, 6.315 without" in caption
+    assert "makes every swap better" in caption
+    assert "another basis" in STITCH.section.caption(res["none"].to_dict())
 
 
 def test_other_depths_or_widths_are_refused_in_one_line(loaded, saved, capfd, ws):
