@@ -61,9 +61,24 @@ class Parts:
     """Where each tensor of a model lives for a swap: block i, the front or the back."""
 
     def __init__(self, anchor: Loaded):
-        self.layout: Layout = resolve_layout(anchor.spec, anchor.state)
-        self.depth = len(self.layout.blocks)
-        self.owner = dict(anchor.spec.tied)  # alias -> owner (full names)
+        self._set(resolve_layout(anchor.spec, anchor.state), anchor.spec.tied)
+
+    @classmethod
+    def of(cls, layout: Layout, tied) -> Parts:
+        """The parts of a model read at size (its resolved layout and live ties)."""
+        out = cls.__new__(cls)
+        out._set(layout, tied)
+        return out
+
+    def _set(self, layout: Layout, tied) -> None:
+        self.layout = layout
+        self.depth = len(layout.blocks)
+        self.owner = dict(tied)  # alias -> owner (full names)
+
+    def from_other(self, name: str, k: int) -> bool:
+        """Whether hybrid k takes the floating tensor `name` from the other model."""
+        p = self.part(name)
+        return p == BACK or (isinstance(p, int) and p >= k)
 
     def part(self, name: str) -> int | str:
         """Block index, FRONT or BACK of the tensor `name`."""
@@ -86,11 +101,51 @@ def hybrid_state(parts: Parts, a: Mapping[str, Tensor], b: Mapping[str, Tensor],
     if not 0 <= k <= parts.depth:
         raise RotvizError(f"no boundary {k}: use 0 .. {parts.depth}")
 
-    def from_b(name: str) -> bool:
-        p = parts.part(name)
-        return p == BACK or (isinstance(p, int) and p >= k)
+    return {n: (b[n] if t.is_floating_point() and parts.from_other(n, k) else t)
+            for n, t in a.items()}
 
-    return {n: (b[n] if t.is_floating_point() and from_b(n) else t) for n, t in a.items()}
+
+def sized_hybrids(refs: list[str], split, device, batch_size: int, targets: int,
+                  progress: Progress | None = None) -> tuple[list[list[tuple[float, float]]],
+                                                             list[tuple[float, float]]]:
+    """The hybrids at size: `refs` are the anchor's folder, then the `targets` others' (the
+    matched source, then the source), opened headers only (rotviz.atsize.points.Opened);
+    each hybrid runs block by block, each block read from the model it comes from just
+    before it runs, nothing held between hybrids. Returns (loss, acc) per target per k, and
+    of each model on its own (the anchor, then each target)."""
+    from rotviz.atsize.points import Opened
+
+    op = Opened(refs, split, device, batch_size)
+    model = op.models[0]
+    parts = Parts.of(model.layout, model.tied)
+    keys = model.block_keys
+    floating = {n: model.checkpoint.entries[n].dtype.is_floating_point for n in model.rest}
+    total, done = targets * (parts.depth + 1) + targets + 1, [0]
+
+    def hybrid(t: int, k: int, alone: bool = False) -> tuple[float, float]:
+        """Target t (a model index, 0 = the anchor alone) after the anchor's front and k
+        blocks; `alone`: target t's front too (the model on its own)."""
+        def source(n: str) -> int:
+            take = floating.get(n, True) and (alone or parts.from_other(n, k))
+            return t if take else 0
+
+        def rest(names) -> dict[str, Tensor]:
+            out: dict[str, Tensor] = {}
+            for i in dict.fromkeys((0, t)):
+                mine = [n for n in names if source(n) == i]
+                if mine:
+                    out.update(op.read(i, mine))
+            return out
+
+        per, _ = op.run(rest, lambda b: op.read(0 if b < k else t, keys[b]))
+        done[0] += 1
+        if progress:
+            progress(done[0], total, "hybrids at size")
+        return float(per[0].sum() / per[2].sum()), float(per[1].sum() / per[2].sum())
+
+    got = [[hybrid(t, k) for k in range(parts.depth + 1)] for t in range(1, targets + 1)]
+    own = [hybrid(0, 0)] + [hybrid(t, 0, alone=True) for t in range(1, targets + 1)]
+    return got, own
 
 
 # ---- the stitching layer --------------------------------------------------------------------

@@ -149,9 +149,45 @@ def stitch_on(ends: HeldEndpoints, split: Split, learn: bool = False, steps: int
     return out
 
 
+def sized_stitch(ends, split: Split, device: str | torch.device = "cpu",
+                 progress: Progress | None = None, batch_size: int = 512) -> Stitched:
+    """`stitch_on` (identity stitches) on streamed endpoints (rotviz.atsize.endpoints:
+    checkpoint folders), each hybrid run block by block, each block read from the model it
+    comes from as it runs."""
+    import time
+
+    from rotviz.analysis.stitching import sized_hybrids
+    from rotviz.match.endpoints import MatchInfo
+
+    t0 = time.perf_counter()
+    unmatched = ends.matched_path == ends.source_path  # --match none: one target
+    refs = [ends.anchor_path, ends.matched_path] + ([] if unmatched else [ends.source_path])
+    got, own = sized_hybrids(refs, split, device, batch_size, len(refs) - 1, progress)
+    info: MatchInfo = ends.info or MatchInfo("none", 0.0, 0.0, None, 0.0)
+    m, u = got[0], got[-1]
+    return Stitched(
+        list(range(len(m))), [x[0] for x in m], [x[1] for x in m], [x[0] for x in u],
+        [x[1] for x in u], own[0][0], own[0][1], own[1][0], own[1][1], own[-1][0], own[-1][1],
+        info.match, split.data, split.split, str(device), time.perf_counter() - t0 + info.seconds,
+        split.n, anchor=ends.anchor_ref, source=ends.source_ref, layers_matched=ends.layers)
+
+
 def _run(ends, ctx: Context, v: dict):
     return stitch_on(ends, ctx.split, v["learn"] == "yes", v["steps"], v["lr"], v["seed"],
                      ctx.device, ctx.progress, v["batch_size"], ctx.cancel)
+
+
+def _at_size(ends, ctx: Context, v: dict):
+    return sized_stitch(ends, ctx.split, ctx.device, ctx.progress, v["batch_size"])
+
+
+def _at_size_check(v: dict) -> None:
+    from rotviz.errors import RotvizError
+
+    if v.get("learn") == "yes":
+        raise RotvizError("the pair is evaluated block by block (--max-memory), and --learn yes "
+                          "trains a stitch through a model held in memory; raise --max-memory "
+                          "or drop --learn")
 
 
 def _summary(r: Stitched, how: str) -> str:
@@ -279,5 +315,7 @@ STITCH = register(Measurement(
     "hybrids of the anchor's first k blocks and the matched source's rest (model stitching), "
     "matched against unmatched; --learn yes trains an affine stitch at each boundary",
     _run, PARAMS, summary=_summary, plot=_plot, rows=_rows, section=SECTION,
-    refusal="stitch evaluates whole hybrid models held in memory; it has no block-by-block "
-            "implementation yet", progress=True, order=215))
+    at_size=_at_size, at_size_check=_at_size_check,
+    at_size_help="matched at size, each hybrid run block by block, each block read from "
+                 "the model it comes from (--learn yes needs the models in memory)",
+    at_size_how=" (at size: each hybrid run block by block)", progress=True, order=215))
