@@ -162,3 +162,37 @@ def test_hybrids_of_a_tied_model_keep_the_anchors_embedding_and_head(loaded):
     assert h[wte] is a.state[wte]
     assert all(h[n] is b.state[n] for n in a.state if n.startswith("transformer.h."))
     assert h["transformer.ln_f.weight"] is b.state["transformer.ln_f.weight"]
+
+
+@pytest.mark.parametrize("fam,match", [("gpt2", "none"), ("gpt2", "seed"), ("bert", "seed")])
+def test_at_size_equals_in_memory_on_tied_and_post_norm_models(saved, fam, match):
+    """Block by block (each block read from its model as it runs) gives the in-memory
+    hybrids to 1e-5: GPT-2's tied head, BERT's embedding norm on the stream."""
+    from pairs import synthetic_split
+
+    from rotviz.atsize.blocks import open_streamed
+    from rotviz.atsize.endpoints import streamed_endpoints
+    from rotviz.match.selection import match_options
+    from rotviz.measures.stitch import sized_stitch
+    from rotviz.sources.loading import load_model
+
+    paths = [str(saved(fam, s)) for s in (0, 1)]
+    a, b = load_model(paths[0]), load_model(paths[1])
+    split = synthetic_split(a, 8)
+    want = stitch_on(match_endpoints(a, b, match), split).to_dict()
+    with streamed_endpoints(open_streamed(paths[0]), open_streamed(paths[1]),
+                            match_options(match), "cpu") as ends:
+        got = sized_stitch(ends, split).to_dict()
+    assert set(got) == set(want)
+    for k in ("loss", "acc", "loss_unmatched", "acc_unmatched"):
+        assert got[k] == pytest.approx(want[k], rel=1e-5, abs=1e-5), k
+    for k in ("loss_anchor", "loss_source", "loss_source_unmatched"):
+        assert got[k] == pytest.approx(want[k], rel=1e-5, abs=1e-5), k
+    assert got["layers"] == want["layers"] == [0, 1, 2]
+    assert want["loss"][0] != pytest.approx(want["loss_source"], abs=1e-6)  # a real swap
+
+
+def test_learn_at_size_is_refused_in_one_line(capfd, ws):
+    refused(["stitch", "zoo:vit-digits-s3", "zoo:vit-digits-s6", "--data", "digits",
+             "--learn", "yes", "--max-memory", "0", "--json", "o.json"], capfd, ws,
+            "--learn yes", "--max-memory")
