@@ -109,6 +109,12 @@ def test_a_learned_stitch_beats_the_identity_and_is_reproducible(pair):
     assert r.loss[0] > 4  # the identity stitch at boundary 0 is bad
     assert r.loss_learned[0] < 0.5 * r.loss[0]
     assert all(x <= y for x, y in zip(r.loss_learned, r.loss, strict=True))
+    # the hooks sat on copies: the caller's module runs as before, with no hook
+    mods = list(e.anchor.model.modules())
+    assert not any(m._forward_pre_hooks or m._forward_hooks for m in mods)
+    fig = STITCH.figure(r.to_dict(), Style())
+    assert "trained affine stitch" in fig.data[2].name
+    assert list(fig.data[2].y) == r.loss_learned
 
 
 def test_a_cancelled_stitch_reports_the_boundaries_it_trained(pair):
