@@ -13,7 +13,10 @@ two independently trained models fit together with no stitching layer at all.
 With `--match none` the matched source is the source, so `loss` and `loss_unmatched` are
 the same list (computed once). `--learn yes` trains an affine stitching layer (d x d and a
 bias, from the identity) at each boundary on the train split and reports its loss beside
-the identity stitch's.
+the identity stitch's (a choice, `--learn yes`, as every record's options take a value).
+
+Here: the record, the hybrids in memory (`stitch_on`) and at size (`sized_stitch`: each
+hybrid run block by block), and the figure (`stitch_figure`).
 """
 
 from __future__ import annotations
