@@ -224,8 +224,7 @@ def stitch_figure(d: Mapping, metric: str = "loss", font_size: int = 14,
     series = []
     if d["match"] != "none":
         series.append(("source as it is, no stitching layer", d[key + "_unmatched"]))
-    series.append((f"matched source ({style.nice_label(str(d['match']))}), no stitching layer",
-                   d[key]))
+    series.append((f"matched source ({d['match']}), no stitching layer", d[key]))
     if d.get(key + "_learned") is not None:
         series.append(("matched source, trained affine stitch", d[key + "_learned"]))
     fig = go.Figure()
@@ -245,6 +244,7 @@ def stitch_figure(d: Mapping, metric: str = "loss", font_size: int = 14,
                        K_AXIS, style.LOSS if key == "loss" else style.ACCURACY, "hybrid",
                        font_size)
     fig.update_xaxes(tickmode="array", tickvals=ks)
+    fig.update_layout(legend={"orientation": "h", "y": -0.25, "x": 0})
     if key == "acc":
         fig.update_yaxes(range=list(style.ACC_FIXED))
     return fig
