@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from conftest import refused
 from pairs import assert_unchanged, default_pair, digits
 
@@ -202,3 +203,28 @@ def test_learn_at_size_is_refused_in_one_line(capfd, ws):
     refused(["stitch", "zoo:vit-digits-s3", "zoo:vit-digits-s6", "--data", "digits",
              "--learn", "yes", "--max-memory", "0", "--json", "o.json"], capfd, ws,
             "--learn yes", "--max-memory")
+
+
+def test_the_stitch_sits_on_the_stream_at_every_boundary(loaded, family):
+    """In every family, a stitch at boundary k changes what hybrid k computes (the hooks
+    find the stream entering block k, and leaving the last block for k = L), and the
+    identity stitch changes nothing (1e-6)."""
+    from pairs import synthetic_split
+
+    from rotviz.analysis.stitching import Stitch, depth_and_width, stitched
+    from rotviz.evaluation import Evaluator
+
+    a, b = loaded(family, 0), loaded(family, 1)
+    ev = Evaluator(a, synthetic_split(a, 4))
+    parts = Parts(a)
+    d = depth_and_width(a)[1]
+    gen = torch.Generator().manual_seed(0)
+    for k in range(parts.depth + 1):
+        params = ev.params(hybrid_state(parts, a.state, b.state, k))
+        plain = ev.evaluate(params)[0]
+        identity = Stitch(d, ev.device).requires_grad_(False)
+        assert stitched(ev, parts, k, identity).evaluate(params)[0] == pytest.approx(
+            plain, rel=1e-6, abs=1e-6)
+        moved = Stitch(d, ev.device).requires_grad_(False)
+        moved.bias.copy_(torch.randn(d, generator=gen))
+        assert abs(stitched(ev, parts, k, moved).evaluate(params)[0] - plain) > 1e-4, k
