@@ -79,6 +79,10 @@ class _Sums:
         return mean, var.clamp_min(0.0).sqrt()
 
 
+class _Stop(Exception):
+    """Raised by the last hook of a pass: the layers after it are not needed."""
+
+
 def _first(out):
     """A block's output: the hidden states (the first item of a tuple)."""
     return out[0] if isinstance(out, tuple | list) else out
@@ -91,9 +95,10 @@ def activation_stats(loaded: Loaded, state: Mapping[str, Tensor], split: Split,
     """activation_stats(loaded, state, split, device=) -> UnitStats
 
     The per-unit statistics of parameter set `state` (of `loaded`'s architecture) on every
-    non-padding token of `split`, for `kinds` of units in `blocks` (default all; the others
-    get empty lists). `evaluator` (rotviz.evaluation.Evaluator on this split) reuses batches
-    already on the device."""
+    non-padding token of `split`, for `kinds` of units in `blocks` (default all; each kind's
+    lists follow `blocks`' order). A pass stops at the last module it needs, so the
+    statistics of early blocks cost a part of a forward pass. `evaluator`
+    (rotviz.evaluation.Evaluator on this split) reuses batches already on the device."""
     from rotviz.evaluation import Evaluator
     from rotviz.sources.adapters import call
     from rotviz.sources.running import module_copy
@@ -105,13 +110,19 @@ def activation_stats(loaded: Loaded, state: Mapping[str, Tensor], split: Split,
     wanted = list(range(n_blocks)) if blocks is None else list(blocks)
     module = module_copy(ev.module)  # hooks on a copy: the caller's module stays as it was
     sums = {(k, i): _Sums() for k in kinds for i in wanted}
-    current: dict[str, Tensor | None] = {"mask": None}
+    current: dict = {"mask": None, "hit": set()}
+
+    def take(key, h: Tensor) -> None:
+        sums[key].add(h.detach(), current["mask"])
+        current["hit"].add(key)
+        if len(current["hit"]) == len(sums):  # every site seen: the rest of the pass is moot
+            raise _Stop
 
     def out_hook(key):
-        return lambda mod, args, out: sums[key].add(_first(out).detach(), current["mask"])
+        return lambda mod, args, out: take(key, _first(out))
 
     def in_hook(key):
-        return lambda mod, args: sums[key].add(args[0].detach(), current["mask"])
+        return lambda mod, args: take(key, args[0])
 
     handles = []
     for k, i in sums:
@@ -122,8 +133,11 @@ def activation_stats(loaded: Loaded, state: Mapping[str, Tensor], split: Split,
     try:
         with torch.inference_mode():
             for x, _ in ev.batches:
-                current["mask"] = token_mask(x)
-                call(loaded.spec, module, {**ev.buffers, **params}, x)
+                current["mask"], current["hit"] = token_mask(x), set()
+                try:
+                    call(loaded.spec, module, {**ev.buffers, **params}, x)
+                except _Stop:
+                    pass
     finally:
         for h in handles:
             h.remove()
