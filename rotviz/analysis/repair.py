@@ -174,13 +174,14 @@ def repaired_fields(ev, loaded: Loaded, state_a: Mapping[str, Tensor],
                        group or SINGLE)
 
 
-def repaired_curve(plain: Curve, fields: dict) -> RepairedCurve:
-    """The repaired curve (`fields`), with the plain one's barrier, loss and accuracy."""
-    from dataclasses import asdict
+def repaired_curve(curve: Curve, plain: dict) -> RepairedCurve:
+    """The repaired `curve`, with the barrier, loss and accuracy of the same path without
+    REPAIR (`plain`: `path_curve`'s fields)."""
+    from dataclasses import fields
 
-    base = {**asdict(plain), **fields}
-    return RepairedCurve(**base, barrier_unrepaired=plain.barrier,
-                         loss_unrepaired=list(plain.loss), acc_unrepaired=list(plain.acc))
+    base = {f.name: getattr(curve, f.name) for f in fields(Curve)}
+    return RepairedCurve(**base, barrier_unrepaired=plain["barrier"],
+                         loss_unrepaired=list(plain["loss"]), acc_unrepaired=list(plain["acc"]))
 
 
 @dataclass
