@@ -177,3 +177,22 @@ def test_collapse_cli_writes_its_json(ws):
                  "--match", "weight", "--points", "3", "--json", str(out)]) == 0
     d = json.loads(out.read_text())
     assert set(d["ratio"]) == set(KINDS) and len(d["anchor_std"]["ffn"]) == 4
+
+
+def test_merge_with_repair_is_the_repaired_midpoint():
+    """A simple merge at weight 0.5 is the path's midpoint: with --repair its loss is the
+    REPAIRed midpoint's (1e-6), beside the unrepaired merge's; the merged state is stock."""
+    from rotviz import measure
+
+    ends = _ends()
+    split = digits("test")
+    plain = measure("merge", ends, split, weight=0.5)
+    fixed = measure("merge", ends, split, weight=0.5, repair="yes")
+    d = fixed.to_dict()
+    assert d["repair"] is True and "state" not in d
+    assert d["loss_unrepaired"] == plain.loss and d["acc_unrepaired"] == plain.acc
+    sa, sb = ends.anchor.state, ends.matched
+    want = repair(ends.anchor, path_point(sa, sb, 0.5), sa, sb, 0.5, digits("train"))
+    assert max(float((fixed.state[k] - want[k]).abs().max()) for k in want) < 1e-6
+    with pytest.raises(RotvizError, match="--repair"):
+        measure("merge", ends, split, repair="maybe")
