@@ -39,6 +39,10 @@ PARAMS = (
           "on this many fixed test inputs at each alpha, for the path's animation (default 0: "
           f"none, or 4 with --animation; {EXAMPLES.text})", EXAMPLES,
           label="Test inputs shown in the animation"),
+    Param("repair", "no", "yes: REPAIR each point of the path (rotviz.analysis.repair: each "
+          "FFN hidden unit's and head output's mean and std reset to the interpolation of the "
+          "endpoints', on the train split), beside the barrier without it (default no)",
+          choices=("no", "yes"), label="REPAIR each point (reset unit statistics)"),
 )
 
 
@@ -50,7 +54,16 @@ def _check(values: dict, given: set[str]) -> None:
 def _run(ends, ctx: Context, v: dict):
     return curve_on(ends, ctx.split, v["points"], ctx.device, ctx.progress, v["repeats"],
                     v["seed"], v["batch_size"], group=ctx.group,
-                    examples=v["examples"])
+                    examples=v["examples"], repair=v["repair"] == "yes")
+
+
+def _sized_check(v: dict) -> None:
+    """REPAIR measures whole interpolated models: in memory only."""
+    from rotviz.errors import RotvizError
+
+    if v.get("repair") == "yes":
+        raise RotvizError("--repair measures each point's activations with the whole model "
+                          "held; raise --max-memory, or drop --repair")
 
 
 def _at_size(ends, ctx: Context, v: dict):
@@ -68,8 +81,11 @@ def _at_size(ends, ctx: Context, v: dict):
 def _summary(c, how: str) -> str:
     spread = f" (mean {c.barrier_mean:.4f} +- {c.barrier_std:.4f} over {c.repeats} subsets)" \
         if c.repeats > 1 else ""
+    fixed = (f" with REPAIR ({c.barrier_unrepaired:.4f} without)"
+             if getattr(c, "repair", False) else "")
     return (f"barrier [{match_label(c.match, c.layers)}] on {c.device}{how}: {c.barrier:.4f}"
-            f"{spread}, loss range {c.loss_range:.4f}, accuracy at alpha 0.5 {c.mid_acc:.4f}; "
+            f"{fixed}{spread}, loss range {c.loss_range:.4f}, accuracy at alpha 0.5 "
+            f"{c.mid_acc:.4f}; "
             f"endpoint losses {c.loss[0]:.4f} / {c.loss[-1]:.4f}; distance "
             f"{c.distance_before:.3f} -> {c.distance_after:.3f}; {len(c.alphas)} points on "
             f"{c.n} {c.split} samples in {c.seconds:.2f} s")
@@ -92,6 +108,7 @@ def curve_on(
     evaluator: Evaluator | None = None,
     group: Group | None = None,
     examples: int = 0,
+    repair: bool = False,
 ) -> Curve | None:
     """curve_on(endpoints, split, points=21, device=) -> Curve
 
@@ -101,7 +118,8 @@ def curve_on(
     already on the device. Under torchrun (`group`) the points are shared among the
     processes and rank 0 returns the curve (None elsewhere). `examples` > 0: the model's
     answers on that many fixed test inputs at each alpha too (`Curve.examples`, for the
-    path's animation: rotviz.analysis.examples).
+    path's animation: rotviz.analysis.examples). `repair`: each point REPAIRed on the train
+    split (rotviz.analysis.repair), the curve without it kept beside (a `RepairedCurve`).
     """
     import time
 
@@ -118,10 +136,19 @@ def curve_on(
     info = ends.info
     alphas = np.linspace(0.0, 1.0, points).tolist()
     probe = ex.probe(ev, split, examples) if examples else None
+    fixed = None
+    if repair:
+        from rotviz.analysis.repair import repaired_fields
+
+        fixed = repaired_fields(ev, ends.anchor, ends.anchor.state, ends.matched, alphas,
+                                split.sibling("train"), repeats, seed, progress, group, probe)
     fields = path_curve(ev, ev.params(ends.anchor.state), ev.params(ends.matched), alphas,
-                        repeats, seed, progress, group or SINGLE, probe)
+                        repeats, seed, None if repair else progress, group or SINGLE,
+                        None if repair else probe)
     if fields is None:  # another rank than 0: its points are with rank 0
         return None
+    if fixed is not None:  # the curve is the repaired path's (its answers too), plain beside
+        fields, fixed = fixed, fields
     shown = {}
     if probe is not None:
         shown, name = ex.describe(split, examples), ex.namer(split)
@@ -129,7 +156,7 @@ def curve_on(
         shown["pred"] = [p for p, _ in answers]
         shown["prob"] = [q for _, q in answers]
         shown["pred_names"] = [[name(i) for i in p] for p, _ in answers]
-    return Curve(
+    curve = Curve(
         **fields, examples=shown, match=info.match, data=split.data, split=split.split,
         device=str(ev.device),
         seconds=time.perf_counter() - t0 + info.seconds, n=split.n, layers=ends.layers,
@@ -137,6 +164,11 @@ def curve_on(
         distance_after=info.distance_after, max_output_diff=info.max_output_diff,
         match_seconds=info.seconds,
     )
+    if fixed is None:
+        return curve
+    from rotviz.analysis.repair import repaired_curve
+
+    return repaired_curve(curve, fixed)
 
 
 def interpolate(
@@ -251,7 +283,7 @@ BARRIER = register(Measurement(
     "barrier", "Barrier (loss along the path)",
     "loss and accuracy on the path anchor -> matched source",
     _run, PARAMS, summary=_summary, plot=_plot, rows=_rows, at_size=_at_size, check=_check,
-    animate=_animate, animate_params={"examples": 4},
+    at_size_check=_sized_check, animate=_animate, animate_params={"examples": 4},
     narrower=True,
     at_size_help="matched at size and evaluated with both checkpoints held as "
                  "stored, each point built block by block", section=SECTION, order=10))

@@ -54,6 +54,18 @@ def _params() -> tuple[Param, ...]:
     return tuple(out)
 
 
+REPAIR = Param("repair", "no", "yes: REPAIR the merged model (rotviz.analysis.repair, alpha "
+               "= --weight): each FFN hidden unit's and head output's mean and std reset to "
+               "the interpolation of the endpoints', on the train split; reports the merge "
+               "without it beside (default no)", choices=("no", "yes"),
+               label="REPAIR the merged model (reset unit statistics)")
+
+
+def _record_params() -> tuple[Param, ...]:
+    """The merge's options and --repair (the record's own: the sweep takes the rest)."""
+    return (*_params(), REPAIR)
+
+
 def _names() -> tuple[str, ...]:
     from rotviz.merging import names
 
@@ -75,7 +87,8 @@ def _check(values: dict, given: set[str]) -> None:
     from rotviz.merging import check_base, check_models, method
 
     m = method(values["method"])
-    method_params(m, {k: values[k] for k in given if k not in ("method", "weight", "base")})
+    method_params(m, {k: values[k] for k in given
+                      if k not in ("method", "weight", "base", "repair")})
     check_base(m, bool(values["base"]))
     check_models(m, 2)
 
@@ -94,8 +107,13 @@ def _load_base(ctx: Context, v: dict):
 def _run(ends, ctx: Context, v: dict):
     from rotviz.analysis.merges import merge_on
 
-    return merge_on(ends, v["method"], ctx.split, v["weight"], ctx.device, ctx.progress,
-                    base=_load_base(ctx, v), **_given(v))
+    r = merge_on(ends, v["method"], ctx.split, v["weight"], ctx.device, ctx.progress,
+                 base=_load_base(ctx, v), **_given(v))
+    if v.get("repair") == "yes":
+        from rotviz.analysis.repair import repair_merged
+
+        r = repair_merged(r, ends.anchor, ends.matched, ctx.split, ctx.device)
+    return r
 
 
 def _sized_check(v: dict) -> None:
@@ -103,6 +121,9 @@ def _sized_check(v: dict) -> None:
     from rotviz.errors import RotvizError
     from rotviz.merging import method
 
+    if v.get("repair") == "yes":
+        raise RotvizError("--repair measures the merged model's activations with the whole "
+                          "model held; raise --max-memory, or drop --repair")
     m = method(v["method"])
     if not m.at_size:
         from rotviz.merging import methods
@@ -128,6 +149,8 @@ def _summary(r, how: str) -> str:
     """One line: the merged model's accuracy, loss and the task's own scores (F1 where the
     task has it, as the seed paper's Table 1 reports merges), beside both end models'."""
     base = f", base {r.base}" if getattr(r, "base", "") else ""
+    if getattr(r, "repair", False):
+        base += f", REPAIR (without: accuracy {r.acc_unrepaired:.4f}, loss {r.loss_unrepaired:.4f})"
     return (f"merged [{r.method}, match {match_label(r.match, r.layers)}, weight {r.weight:g}"
             f"{base}] "
             f"on {r.device}{how}: accuracy {r.acc:.4f} (loss {r.loss:.4f})"
@@ -251,6 +274,10 @@ def _mergekit_check(v: dict) -> None:
     from rotviz.merging import names
     from rotviz.merging.mergekit import check
 
+    if v.get("repair") == "yes":
+        from rotviz.errors import RotvizError
+
+        raise RotvizError("--mergekit-config: mergekit cannot express REPAIR; drop --repair")
     check(v["method"], _given(v), names(), base=bool(v.get("base")), weight=v["weight"])
 
 
@@ -311,7 +338,7 @@ MERGEKIT_FILE = OutputFile(
 
 MERGE = register(Measurement(
     "merge", "Merge", "merge the matched source into the anchor and evaluate it",
-    _run, _params, summary=_summary, plot=_plot, rows=_rows, at_size=_at_size, check=_check,
+    _run, _record_params, summary=_summary, plot=_plot, rows=_rows, at_size=_at_size, check=_check,
     writes_model=True, at_size_check=_sized_check, narrower=True, models=("base",),
     files=(MERGEKIT_FILE,),
     more=lambda: f" (methods: {', '.join(_names())})",
