@@ -12,6 +12,14 @@ attention mask; `cls`: the first token) or many (`all`: every non-padding token 
 an image model the tokens are its patches and its class token. Rows of every batch are
 gathered in float64 and concatenated, so a statistic of the whole split is computed once,
 never averaged over batches.
+
+In a LayerNorm family each hidden state is read modulo the all-ones direction (each token's
+mean over the features removed): every reader of the stream reads it through a LayerNorm,
+which discards that direction, so it carries nothing of the function. rotviz's canonical
+forms centre the stream's writers and its residual maps fix the all-ones vector, so a matched
+source's stream is the source's, centred and rotated: without this, a matching that keeps
+the function would seem to change the representations (by 1e-3 in CKA on the zoo's pair).
+RMSNorm families (no centring) keep the stream as it is.
 """
 
 from __future__ import annotations
@@ -49,9 +57,17 @@ def check_tokens(spec: ArchSpec, tokens: str) -> None:
                           "use --tokens mean or all")
 
 
-def pool(h: Tensor, mask: Tensor | None, tokens: str) -> Tensor:
-    """(batch, positions, d) hidden states as rows (float64) per `tokens`."""
+def centres(spec: ArchSpec) -> bool:
+    """Whether the stream is read modulo the all-ones direction (LayerNorm families)."""
+    return spec.norm_kind == "layernorm"
+
+
+def pool(h: Tensor, mask: Tensor | None, tokens: str, centre: bool = False) -> Tensor:
+    """(batch, positions, d) hidden states as rows (float64) per `tokens`; `centre`: each
+    token's mean over the features removed first."""
     h = h.double()
+    if centre:
+        h = h - h.mean(-1, keepdim=True)
     if h.dim() == 2:  # no positions: one row per example already
         return h
     if tokens == "cls":
@@ -87,9 +103,10 @@ def hidden_states(ev: Evaluator, params: Mapping[str, Tensor], tokens: str = "me
     blocks = [module.get_submodule(p.rstrip(".")) for p in prefixes]
     parts: list[list[Tensor]] = [[] for _ in range(len(blocks) + 1)]
     mask: list[Tensor | None] = [None]
+    centre = centres(ev.loaded.spec)
 
     def keep(k: int, h: Tensor) -> None:
-        parts[k].append(pool(h.detach(), mask[0], tokens).cpu())
+        parts[k].append(pool(h.detach(), mask[0], tokens, centre).cpu())
 
     def before(_m, args, kwargs):
         keep(0, args[0] if args else kwargs["hidden_states"])

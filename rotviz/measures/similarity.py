@@ -209,8 +209,7 @@ def similarity_figure(d: dict, font_size: int = 14) -> go.Figure:
     matched = "matrix_matched" in d
     maps = [("A vs B (source as trained)", d["matrix"])]
     if matched:
-        maps.append((f"A vs B' (matched: {style.nice_label(str(d['match']))})",
-                     d["matrix_matched"]))
+        maps.append((f"A vs B' (matched: {d['match']})", d["matrix_matched"]))
     titles = [t for t, _ in maps]
     if d.get("distance_per_layer_before"):
         titles.append("parameter distance per layer")
@@ -244,13 +243,14 @@ def similarity_figure(d: dict, font_size: int = 14) -> go.Figure:
     fig.update_yaxes(title_text="shape distance (radians)", row=1, col=col)
     fig.update_layout(coloraxis={"colorscale": style.SEQUENTIAL, "cmin": lo, "cmax": hi,
                                  "colorbar": {"title": {"text": cbar, "side": "right"},
-                                              "x": -0.12}},
+                                              "x": 1.0}},
                       barmode="group")
     title = (f"Representations layer by layer ({d['metric']}, {d['tokens']} tokens, "
              f"{d['n']} rows): matching moves the weights, not the function")
     style.finish(fig, title, "source layer (representation)", "anchor layer (representation)",
                  "series", font_size, height=460)
-    fig.update_layout(width=430 * len(titles))
+    fig.update_layout(width=430 * len(titles),
+                      legend={"orientation": "h", "y": -0.28, "x": 0.5})
     return fig
 
 
