@@ -44,8 +44,11 @@ if TYPE_CHECKING:
 RBF_ROWS = 20_000
 SIGMA = 0.5  # RBF bandwidth: this fraction of the median pairwise distance (Kornblith et al.)
 # whitening (linear shape metric): singular values below this fraction of the largest are
-# dropped, as directions with no variance carry no canonical correlation
-RANK_TOL = 1e-10
+# dropped. Whitening blows every direction up to unit variance, roundoff included: a direction
+# 1e-6 as strong as the largest is float32 noise in a hidden state (and a LayerNorm stream's
+# all-ones direction is exactly null), and kept it would move the distance by 1e-2 under a
+# rotation that cannot change it
+RANK_TOL = 1e-6
 
 
 def _wide(x: Tensor) -> Tensor:
