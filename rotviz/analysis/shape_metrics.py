@@ -141,12 +141,24 @@ def _angle(cos: float) -> float:
     return float(math.acos(min(1.0, max(-1.0, cos))))
 
 
+def cross_singular_values(x: Tensor, y: Tensor) -> Tensor:
+    """Singular values of X^T Y (p x q). With fewer rows n than columns, from the n x n
+    product R_x R_y^T of the thin QR factors of X^T and Y^T (X^T Y = Q_x R_x R_y^T Q_y^T,
+    Q orthonormal): the same non-zero values at a fraction of the cost (32 examples of a
+    768-wide layer: 32 x 32, not 768 x 768)."""
+    import torch
+
+    if x.shape[0] >= min(x.shape[1], y.shape[1]):
+        return torch.linalg.svdvals(x.T @ y)
+    _, rx = torch.linalg.qr(x.T)
+    _, ry = torch.linalg.qr(y.T)
+    return torch.linalg.svdvals(rx @ ry.T)
+
+
 def procrustes(x: Tensor, y: Tensor) -> float:
     """Angular Procrustes distance (radians, 0 to pi/2): arccos ||X^T Y||_* of the normalised
     representations (zero padding to equal width leaves the nuclear norm unchanged)."""
-    import torch
-
-    return _angle(float(torch.linalg.svdvals(normalised(x).T @ normalised(y)).sum()))
+    return _angle(float(cross_singular_values(normalised(x), normalised(y)).sum()))
 
 
 def permutation(x: Tensor, y: Tensor) -> float:
@@ -173,13 +185,11 @@ def linear_shape(x: Tensor, y: Tensor) -> float:
     """Angular distance modulo invertible linear maps (netrep's alpha = 0): Procrustes of the
     whitened representations, each of norm sqrt(rank) scaled to 1: arccos of the sum of the
     canonical correlations over sqrt(rank_x rank_y)."""
-    import torch
-
     ux, rx = whitened(x)
     uy, ry = whitened(y)
     if rx == 0 or ry == 0:
         return _angle(0.0)
-    return _angle(float(torch.linalg.svdvals(ux.T @ uy).sum()) / math.sqrt(rx * ry))
+    return _angle(float(cross_singular_values(ux, uy).sum()) / math.sqrt(rx * ry))
 
 
 METRICS = {
