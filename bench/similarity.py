@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -77,6 +78,13 @@ def main() -> None:
                      f"{len(d['layers_anchor'])} x {len(d['layers_source'])}", med, low, change))
         print(rows[-1], flush=True)
     with tempfile.TemporaryDirectory() as tmp:
+        cli = [sys.executable, "-m", "rotviz", "similarity", a.ref, b.ref, "--data", "digits",
+               "--match", "seed", "--json", str(Path(tmp) / "s.json"), "--overwrite"]
+        med, low, _ = timed(lambda: subprocess.run(cli, cwd=ROOT, check=True,
+                                                   capture_output=True), args.repeat)
+        rows.append(("`rotviz similarity` end to end (fresh process: imports, loading, "
+                     "matching seed)", "cka", "mean", split.n, "5 x 5", med, low, "-"))
+        print(rows[-1], flush=True)
         refs = [save_random("roberta", Path(tmp) / f"r{s}", seed=s, **ROBERTA_BASE)
                 for s in (0, 1)]
         ra, rb = (load_model(r) for r in refs)
@@ -110,8 +118,8 @@ def main() -> None:
         "",
         "The roberta-base shape is a random model from `rotviz.random_models` (12 blocks, d 768, "
         "12 heads, FFN 3072, a 61-token vocabulary) on 32 random sequences of 128 tokens, timed "
-        "once: its forward passes (one per model, about 10 s each for 4,096 tokens on 2 cores) "
-        "are nearly all of it; every layer pair's CKA and the ladder take under a second. No "
+        "once: its forward passes (one per model and B', 4,096 tokens each) are nearly all of "
+        "it; every layer pair's CKA and the ladder take under a second. No "
         "GPU was lent to this session: every row ran on the CPU. `similarity` refuses "
         "`--max-memory` (it holds every layer's hidden states of both models in memory; no "
         "block-by-block pass yet).",

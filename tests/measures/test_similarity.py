@@ -17,6 +17,7 @@ from pairs import default_pair, digits, synthetic_split
 from rotviz.analysis import shape_metrics as S
 from rotviz.analysis.representations import first_token_convention
 from rotviz.arch import spec_named
+from rotviz.cli import main
 from rotviz.errors import RotvizError
 from rotviz.match.endpoints import match_endpoints, unmatched
 from rotviz.measures.similarity import matrix, similarity_figure, similarity_on
@@ -174,7 +175,7 @@ def test_matching_changes_the_weights_not_the_representations(base, spec):
 
 def test_cli_json_and_bad_values(tmp_path, capfd, ws):
     out = tmp_path / "s.json"
-    rc = __import__("rotviz.cli", fromlist=["main"]).main(
+    rc = main(
         ["similarity", "zoo:vit-digits-s3", "zoo:vit-digits-s6", "--data", "digits",
          "--metric", "procrustes", "--match", "none", "--json", str(out)])
     assert rc == 0
