@@ -120,9 +120,7 @@ def main() -> None:
         "12 heads, FFN 3072, a 61-token vocabulary) on 32 random sequences of 128 tokens, timed "
         "once: its forward passes (one per model and B', 4,096 tokens each) are nearly all of "
         "it; every layer pair's CKA and the ladder take under a second. No "
-        "GPU was lent to this session: every row ran on the CPU. `similarity` refuses "
-        "`--max-memory` (it holds every layer's hidden states of both models in memory; no "
-        "block-by-block pass yet).",
+        "GPU was lent to this session: every row ran on the CPU.",
     ]
     write_section("similarity", "\n".join(lines), args.results)
     print("\n".join(lines))

@@ -84,17 +84,20 @@ def _first(out):
     return out[0] if isinstance(out, tuple | list) else out
 
 
-def hidden_states(ev: Evaluator, params: Mapping[str, Tensor], tokens: str = "mean"
-                  ) -> list[Tensor]:
+def hidden_states(ev: Evaluator, params: Mapping[str, Tensor], tokens: str = "mean",
+                  private: bool = False) -> list[Tensor]:
     """The L + 1 representations (float64, on the CPU) of the parameter set `params` run on
-    `ev`'s module over its whole split: embeddings' output, then each block's output."""
+    `ev`'s module over its whole split: embeddings' output, then each block's output.
+    `private`: the evaluator's module is this caller's alone (at size, where it runs block by
+    block under the runner's hooks), so the hooks go on it, not on a copy."""
     import torch
 
     from rotviz.data.inputs import token_mask
     from rotviz.symmetry.view import resolve_layout
 
     check_tokens(ev.loaded.spec, tokens)
-    own = ev.twin()  # hooks on a module of our own: another thread may run the evaluator's
+    # hooks on a module of our own: another thread may run the evaluator's
+    own = ev if private else ev.twin()
     module = own.module
     prefixes = resolve_layout(ev.loaded.spec, module.state_dict()).blocks
     if not prefixes:
@@ -123,3 +126,23 @@ def hidden_states(ev: Evaluator, params: Mapping[str, Tensor], tokens: str = "me
         for h in hooks:
             h.remove()
     return [torch.cat(p) for p in parts]
+
+
+def sized_hidden_states(ref: str, split, tokens: str = "mean", device="cpu",
+                        batch_size: int = 512) -> list[Tensor]:
+    """`hidden_states` of the model folder `ref` at size: its module on meta, each block's
+    weights read just before it runs and dropped after (rotviz.atsize.points.Opened), so
+    memory holds one block, the tensors outside the blocks and the pooled rows."""
+    from rotviz.atsize.points import Opened
+    from rotviz.memory import release
+
+    op = Opened([ref], split, device, batch_size)
+    model = op.models[0]
+    check_tokens(model.spec, tokens)
+    runner = model.runner(op.module, lambda names: op.read(0, names),
+                          lambda k: op.read(0, model.block_keys[k]))
+    try:
+        return hidden_states(op.ev, {}, tokens, private=True)
+    finally:
+        runner.close()
+        release()

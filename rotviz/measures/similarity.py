@@ -142,20 +142,69 @@ def similarity_on(ends, split: Split, metric: str = "cka", tokens: str = "mean",
     if matched:
         tick(2, "hidden states of the matched source")
         xm = hidden_states(ev_b, ev_b.params(ends.matched), tokens)
-        out["matrix_matched"] = matrix(metric, xa, xm, sigma)
-        out["ladder_matched"] = ladder(xa, xm)
-        out["max_change"] = max(abs(p - q) for r, s in zip(out["matrix"], out["matrix_matched"],
-                                                           strict=True)
-                                for p, q in zip(r, s, strict=True))
-        info = ends.info
-        out.update(distance_before=info.distance_before, distance_after=info.distance_after,
-                   max_output_diff=info.max_output_diff)
-        if info.before.get("per_layer"):
-            out["distance_per_layer_before"] = dict(info.before["per_layer"])
-            out["distance_per_layer_after"] = dict(info.after.get("per_layer") or {})
+        _matched_part(out, metric, xa, xm, sigma, ends.info)
     out["seconds"] = time.perf_counter() - t0
     tick(total + 1, "done")
     return out
+
+
+def sized_similarity(ends, split: Split, metric: str = "cka", tokens: str = "mean",
+                     sigma: float = SIGMA, device: str | torch.device = "cpu",
+                     progress: Progress | None = None, batch_size: int = 512) -> Similarity:
+    """`similarity_on` on streamed endpoints (rotviz.atsize.endpoints: checkpoint folders):
+    each model's hidden states gathered with one block in memory at a time."""
+    import time
+
+    from rotviz.analysis.representations import check_tokens, sized_hidden_states
+    from rotviz.errors import RotvizError
+    from rotviz.match.endpoints import MatchInfo
+
+    if metric not in METRICS:
+        raise RotvizError(f"unknown --metric '{metric}': use one of {', '.join(METRICS)}")
+    check_tokens(ends.anchor.spec, tokens)
+    t0 = time.perf_counter()
+    info: MatchInfo = ends.info or MatchInfo("none", 0.0, 0.0, None, 0.0)
+    matched = info.match != "none" and ends.matched_path != ends.source_path
+    paths = [ends.anchor_path, ends.source_path] + ([ends.matched_path] if matched else [])
+    reps = []
+    for k, path in enumerate(paths):
+        if progress:
+            progress(k, len(paths) + 1, "hidden states, block by block")
+        reps.append(sized_hidden_states(path, split, tokens, device, batch_size))
+    xa, xb = reps[0], reps[1]
+    out = Similarity(
+        metric=metric, tokens=tokens, n=int(xa[0].shape[0]), n_examples=split.n,
+        layers_anchor=layer_names(len(xa)), layers_source=layer_names(len(xb)),
+        match=match_label(info.match, ends.layers), anchor=ends.anchor_ref,
+        source=ends.source_ref, data=split.data, split=split.split, device=str(device))
+    if metric == "cka-rbf":
+        out["sigma"] = sigma
+    out["matrix"] = matrix(metric, xa, xb, sigma)
+    out["ladder"] = ladder(xa, xb)
+    if matched:
+        _matched_part(out, metric, xa, reps[2], sigma, info)
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+def _matched_part(out: Similarity, metric: str, xa: list, xm: list, sigma: float,
+                  info) -> None:
+    """What a matching adds: A against B', the change, the parameter distances."""
+    out["matrix_matched"] = matrix(metric, xa, xm, sigma)
+    out["ladder_matched"] = ladder(xa, xm)
+    out["max_change"] = max(abs(p - q) for r, s in zip(out["matrix"], out["matrix_matched"],
+                                                       strict=True)
+                            for p, q in zip(r, s, strict=True))
+    out.update(distance_before=info.distance_before, distance_after=info.distance_after,
+               max_output_diff=info.max_output_diff)
+    if info.before.get("per_layer"):
+        out["distance_per_layer_before"] = dict(info.before["per_layer"])
+        out["distance_per_layer_after"] = dict(info.after.get("per_layer") or {})
+
+
+def _at_size(ends, ctx: Context, v: dict) -> Similarity:
+    return sized_similarity(ends, ctx.split, v["metric"], v["tokens"], v["sigma"], ctx.device,
+                            ctx.progress, v["batch_size"])
 
 
 def _run(ends, ctx: Context, v: dict) -> Similarity:
@@ -280,5 +329,7 @@ SIMILARITY = register(Measurement(
     "similarity", "Representation similarity",
     "CKA or shape distance between every layer of the anchor and the source, before and "
     "after matching", _run, PARAMS, summary=_summary, plot=_plot, rows=_rows,
-    refusal="similarity holds the hidden states of every layer of two models over the split "
-            "in memory; it has no block-by-block pass yet", section=SECTION, order=95))
+    at_size=_at_size, at_size_help="each model's hidden states gathered block by block (one "
+    "block's weights in memory at a time), then compared in memory",
+    at_size_how=" (at size: hidden states gathered block by block)",
+    section=SECTION, order=95))
