@@ -58,8 +58,10 @@ def main() -> None:
     p.add_argument("--results", type=Path, default=RESULTS)
     args = p.parse_args()
 
+    from rotviz.atsize.blocks import open_streamed
+    from rotviz.atsize.endpoints import streamed_endpoints
     from rotviz.match.endpoints import match_endpoints, unmatched
-    from rotviz.measures.similarity import similarity_on
+    from rotviz.measures.similarity import similarity_on, sized_similarity
     from rotviz.random_models import save_random
     from rotviz.sources.loading import load_model
 
@@ -99,6 +101,14 @@ def main() -> None:
                          f"{len(d['layers_anchor'])} x {len(d['layers_source'])}", med, low,
                          change))
             print(rows[-1], flush=True)
+        with streamed_endpoints(open_streamed(refs[0]), open_streamed(refs[1]), None,
+                                args.device) as ends:
+            med, low, d = timed(lambda e=ends: sized_similarity(e, rsplit, "cka", "mean",
+                                                                device=args.device), 1)
+        rows.append(("roberta-base shape (random), none, at size (block by block)", "cka",
+                     "mean", d["n"], f"{len(d['layers_anchor'])} x {len(d['layers_source'])}",
+                     med, low, "-"))
+        print(rows[-1], flush=True)
     load = max(load, os.getloadavg()[0])
     lines = [
         f"Machine: {machine(args.device)}; device {args.device}; load average up to {load:.1f} "
