@@ -187,3 +187,26 @@ def test_cli_json_and_bad_values(tmp_path, capfd, ws):
              "--metric", "cosine", "--json", str(tmp_path / "x.json")], capfd, ws, "--metric")
     refused(["similarity", "zoo:gpt2-pystdlib-s0", "zoo:gpt2-pystdlib-s1", "--data", "pystdlib",
              "--tokens", "cls", "--json", str(tmp_path / "y.json")], capfd, ws, "--tokens cls")
+
+
+@pytest.mark.parametrize("fam,tokens,metric", [("vit", "all", "cka-unbiased"),
+                                               ("gpt2", "mean", "procrustes")])
+def test_at_size_equals_in_memory(saved, loaded, fam, tokens, metric):
+    """Block by block (each model's module on meta, a block's weights read as it runs), the
+    same hidden states, so the same numbers."""
+    from rotviz.atsize.blocks import open_streamed
+    from rotviz.atsize.endpoints import streamed_endpoints
+    from rotviz.match.selection import match_options
+    from rotviz.measures.similarity import sized_similarity
+
+    a, b = loaded(fam, 0), loaded(fam, 1)
+    split = synthetic_split(a, 6)
+    mem = similarity_on(match_endpoints(a, b, "ffn"), split, metric, tokens)
+    with streamed_endpoints(open_streamed(saved(fam, 0)), open_streamed(saved(fam, 1)),
+                            match_options("ffn"), "cpu") as ends:
+        big = sized_similarity(ends, split, metric, tokens, batch_size=4)
+    assert big["n"] == mem["n"] and big["layers_anchor"] == mem["layers_anchor"]
+    for key in ("matrix", "matrix_matched"):
+        assert max(abs(p - q) for r, s in zip(big[key], mem[key], strict=True)
+                   for p, q in zip(r, s, strict=True)) < 1e-6
+    assert abs(big["distance_after"] - mem["distance_after"]) < 1e-4
