@@ -58,7 +58,8 @@ def serving(root):
         proc.wait(timeout=30)
 
 
-NAV = ["Models", "Match", "Barrier", "Spectra", "Merge", "Landscape", "Training", "Learn",
+NAV = ["Models", "Match", "Barrier", "Spectra", "Merge", "Landscape", "Function", "Training",
+       "Learn",
        "Measure", "Gallery"]
 
 
