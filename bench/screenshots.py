@@ -186,7 +186,7 @@ def measure(args, out: Path, shots: bool) -> dict[str, float]:
                 t0 = time.perf_counter()
                 page.goto(f"{base}/{name}{q}")
                 settle(page)
-                if name in ("landscape", "training"):  # compute only on Run: press each Run
+                if name in ("landscape", "function", "training"):  # computed on Run: press each
                     runs = page.locator("[data-testid='stFormSubmitButton'] button")
                     for i in range(runs.count()):
                         runs.nth(i).click()

@@ -131,7 +131,7 @@ def test_every_page_then_a_users_classifier_pair_and_csv(tmp_path, monkeypatch):
         assert anchor.bounding_box()["y"] < source.bounding_box()["y"]
         for name in PAGES:
             page.goto(f"{server}/{'' if name == 'models' else name}?n={N}{SMALL.get(name, '')}")
-            if name in ("landscape", "training"):  # compute only on Run
+            if name in ("landscape", "function", "training"):  # compute only on Run
                 press_first_run(page)
             # the page's own results, not only an idle script: right after a navigation the
             # app may still read "not running" before this page's run has begun (busy CPUs)
