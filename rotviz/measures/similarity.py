@@ -249,57 +249,59 @@ def _scale(d: dict) -> tuple[float, float, str]:
 
 
 def similarity_figure(d: dict, font_size: int = 14) -> go.Figure:
-    """Heat maps of A vs B and A vs B' on one colour scale, the per-layer parameter distance
-    before and after matching, and the ladder of shape distances on the diagonal."""
+    """Top: heat maps of A vs B and A vs B' on one colour scale (its bar beside them).
+    Bottom: the per-layer parameter distance before and after matching, and the ladder of
+    shape distances on the diagonal (their legend beside them). A panel the result lacks
+    (no matching, no per-layer distances) leaves its neighbour the whole row."""
     from plotly.subplots import make_subplots
 
     from rotviz.plots import style
 
-    matched = "matrix_matched" in d
     maps = [("A vs B (source as trained)", d["matrix"])]
-    if matched:
+    if "matrix_matched" in d:
         maps.append((f"A vs B' (matched: {d['match']})", d["matrix_matched"]))
-    titles = [t for t, _ in maps]
-    if d.get("distance_per_layer_before"):
-        titles.append("parameter distance per layer")
-    titles.append("function-space ladder (diagonal)")
-    fig = make_subplots(rows=1, cols=len(titles), subplot_titles=titles,
-                        horizontal_spacing=0.07)
+    distances = bool(d.get("distance_per_layer_before"))
+    top = [{}, {}] if len(maps) == 2 else [{"colspan": 2}, None]
+    bottom = [{}, {}] if distances else [{"colspan": 2}, None]
+    titles = [t for t, _ in maps] + (["parameter distance per layer"] if distances else []) \
+        + ["function-space ladder (diagonal layer pairs)"]
+    fig = make_subplots(rows=2, cols=2, specs=[top, bottom], subplot_titles=titles,
+                        horizontal_spacing=0.12, vertical_spacing=0.2)
     lo, hi, cbar = _scale(d)
     for col, (_, m) in enumerate(maps, start=1):
         fig.add_heatmap(z=m, x=d["layers_source"], y=d["layers_anchor"], coloraxis="coloraxis",
                         hovertemplate="A %{y}, B %{x}: %{z:.4f}<extra></extra>", row=1, col=col)
-        fig.update_xaxes(title_text="source layer (representation)", row=1, col=col)
-        fig.update_yaxes(title_text="anchor layer (representation)", row=1, col=col)
-    col = len(maps)
-    if d.get("distance_per_layer_before"):
-        col += 1
+        fig.update_xaxes(title_text="source layer", row=1, col=col)
+        fig.update_yaxes(title_text="anchor layer" if col == 1 else None, row=1, col=col)
+    if distances:
         for i, key in enumerate(("before", "after")):
             per = d[f"distance_per_layer_{key}"]
             fig.add_bar(x=[str(k) for k in per], y=list(per.values()),
-                        name=f"{key} matching", marker_color=style.color(i * 3),
-                        marker_pattern_shape="" if i == 0 else "/", row=1, col=col)
-        fig.update_xaxes(title_text=style.LAYER, row=1, col=col)
-        fig.update_yaxes(title_text=style.DISTANCE, row=1, col=col)
-    col += 1
+                        name=f"parameter distance, {key} matching",
+                        marker_color=style.color(i * 3),
+                        marker_pattern_shape="" if i == 0 else "/", row=2, col=1)
+        fig.update_xaxes(title_text="block ('rest': embeddings, final norm, head)", row=2,
+                         col=1)
+        fig.update_yaxes(title_text=style.DISTANCE, row=2, col=1)
+    col = 2 if distances else 1
     steps = d.get("ladder_matched") or d["ladder"]
     for i, (group, _) in enumerate(LADDER):
         fig.add_scatter(x=[s["layer"] for s in steps], y=[s[group] for s in steps],
-                        mode="lines+markers", name=f"modulo {group}",
+                        mode="lines+markers", name=f"shape distance modulo {group}",
                         line={"color": style.color(i + 1), "dash": style.dash(i)},
-                        marker={"symbol": style.marker(i)}, row=1, col=col)
-    fig.update_xaxes(title_text="layer (both models)", row=1, col=col)
-    fig.update_yaxes(title_text="shape distance (radians)", row=1, col=col)
-    fig.update_layout(coloraxis={"colorscale": style.SEQUENTIAL, "cmin": lo, "cmax": hi,
-                                 "colorbar": {"title": {"text": cbar, "side": "right"},
-                                              "x": 1.0}},
-                      barmode="group")
+                        marker={"symbol": style.marker(i)}, row=2, col=col)
+    fig.update_xaxes(title_text="layer (both models)", row=2, col=col)
+    fig.update_yaxes(title_text="shape distance (radians)", row=2, col=col)
     title = (f"Representations layer by layer ({d['metric']}, {d['tokens']} tokens, "
              f"{d['n']} rows): matching moves the weights, not the function")
-    style.finish(fig, title, "source layer (representation)", "anchor layer (representation)",
-                 "series", font_size, height=460)
-    fig.update_layout(width=430 * len(titles),
-                      legend={"orientation": "h", "y": -0.28, "x": 0.5})
+    style.finish(fig, title, "source layer", "anchor layer", "bottom panels", font_size,
+                 height=860)
+    fig.update_layout(
+        coloraxis={"colorscale": style.SEQUENTIAL, "cmin": lo, "cmax": hi,
+                   "colorbar": {"title": {"text": cbar, "side": "right"}, "x": 1.02,
+                                "y": 1.0, "yanchor": "top", "len": 0.42}},
+        barmode="group", margin={"l": 90, "r": 40, "t": 90, "b": 70},
+        legend={"x": 1.02, "y": 0.42, "yanchor": "top", "xanchor": "left"})
     return fig
 
 
