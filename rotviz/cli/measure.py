@@ -50,11 +50,13 @@ def _param_type(p: Param):
 
 def add_params(parser: argparse.ArgumentParser, params: tuple[Param, ...]) -> None:
     """One option per parameter; its default is None, so that the command knows what was
-    given (the record's defaults fill the rest)."""
+    given (the record's defaults fill the rest). A yes/no choice is also a switch: the flag
+    alone means yes (`--repair`, `--learn`), as a user of any other tool would type it."""
     for p in params:
         metavar = "NAME" if p.choices else (p.metavar or None)
+        switch = {"nargs": "?", "const": "yes"} if set(p.choices) == {"yes", "no"} else {}
         parser.add_argument(p.flag, dest=p.name, type=_param_type(p), default=None,
-                            metavar=metavar, help=p.help)
+                            metavar=metavar, help=p.help, **switch)
 
 
 def register(sub, wanted: Callable[[str], bool] = lambda name: True) -> None:

@@ -236,3 +236,14 @@ def test_the_stitch_sits_on_the_stream_at_every_boundary(loaded, family):
         moved = Stitch(d, ev.device).requires_grad_(False)
         moved.bias.copy_(torch.randn(d, generator=gen))
         assert abs(stitched(ev, parts, k, moved).evaluate(params)[0] - plain) > 1e-4, k
+
+
+def test_a_yes_no_option_is_also_a_bare_switch():
+    """`--learn` alone means `--learn yes` (any yes/no choice of any record: rotviz.cli's
+    add_params), and `--learn no` still says no."""
+    from rotviz.cli import build_parser
+
+    def learn(*extra: str):
+        return build_parser().parse_args(["stitch", "a", "b", "--data", "digits", *extra]).learn
+
+    assert learn("--learn") == "yes" and learn("--learn", "no") == "no" and learn() is None
