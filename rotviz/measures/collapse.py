@@ -188,7 +188,7 @@ def _caption(d: dict) -> str:
     mids = ", ".join(f"{KIND_LABELS[k]} {_mid(d, k):.3f}" for k in d["ratio"])
     return (f"Std ratio at α = 0.5, mean over layers: {mids}. 1 means the midpoint model's "
             "activations spread as much as the endpoints' interpolated; below 1 they "
-            "collapsed (REPAIR resets them: `--repair yes` on barrier and merge).")
+            "collapsed (REPAIR resets them: `--repair` on barrier and merge).")
 
 
 SECTION = Section(

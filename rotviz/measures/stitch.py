@@ -11,9 +11,9 @@ swap breaks the model; after matching the residual stream (`--match weight`) the
 two independently trained models fit together with no stitching layer at all.
 
 With `--match none` the matched source is the source, so `loss` and `loss_unmatched` are
-the same list (computed once). `--learn yes` trains an affine stitching layer (d x d and a
+the same list (computed once). `--learn` trains an affine stitching layer (d x d and a
 bias, from the identity) at each boundary on the train split and reports its loss beside
-the identity stitch's (a choice, `--learn yes`, as every record's options take a value).
+the identity stitch's (`--learn`, or `--learn yes`: a yes/no choice is also a switch).
 
 Here: the record, the hybrids in memory (`stitch_on`) and at size (`sized_stitch`: each
 hybrid run block by block), and the figure (`stitch_figure`).
@@ -188,7 +188,7 @@ def _at_size_check(v: dict) -> None:
     from rotviz.errors import RotvizError
 
     if v.get("learn") == "yes":
-        raise RotvizError("the pair is evaluated block by block (--max-memory), and --learn yes "
+        raise RotvizError("the pair is evaluated block by block (--max-memory), and --learn "
                           "trains a stitch through a model held in memory; raise --max-memory "
                           "or drop --learn")
 
@@ -316,9 +316,9 @@ SECTION = Section(
 STITCH = register(Measurement(
     "stitch", "Layer swaps",
     "hybrids of the anchor's first k blocks and the matched source's rest (model stitching), "
-    "matched against unmatched; --learn yes trains an affine stitch at each boundary",
+    "matched against unmatched; --learn trains an affine stitch at each boundary",
     _run, PARAMS, summary=_summary, plot=_plot, rows=_rows, section=SECTION,
     at_size=_at_size, at_size_check=_at_size_check,
     at_size_help="matched at size, each hybrid run block by block, each block read from "
-                 "the model it comes from (--learn yes needs the models in memory)",
+                 "the model it comes from (--learn needs the models in memory)",
     at_size_how=" (at size: each hybrid run block by block)", progress=True, order=215))
