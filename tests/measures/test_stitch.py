@@ -209,8 +209,8 @@ def test_at_size_equals_in_memory_on_tied_and_post_norm_models(saved, fam, match
 
 def test_learn_at_size_is_refused_in_one_line(capfd, ws):
     refused(["stitch", "zoo:vit-digits-s3", "zoo:vit-digits-s6", "--data", "digits",
-             "--learn", "yes", "--max-memory", "0", "--json", "o.json"], capfd, ws,
-            "--learn yes", "--max-memory")
+             "--learn", "--max-memory", "0", "--json", "o.json"], capfd, ws,
+            "--learn", "--max-memory")
 
 
 def test_the_stitch_sits_on_the_stream_at_every_boundary(loaded, family):
