@@ -105,3 +105,31 @@ def test_a_figure_format_is_checked_before_any_work(capfd, ws, monkeypatch):
     # HTML needs no browser
     assert images.format_of("b.HTML") == "html"
     images.check_format("html")
+
+
+def test_kaleidos_start_up_race_is_retried_and_nothing_else(monkeypatch):
+    """kaleido's tab may evaluate in the page it opened with, before its own script (then
+    `kaleido_scopes is not defined`): the drawing runs again in a fresh browser, up to
+    UNREADY_TRIES times; any other error is raised at once."""
+    calls = []
+
+    def flaky(coro, fail=(images.UNREADY, images.UNREADY)):
+        coro.close()  # the drawing itself is not what is tested here
+        calls.append(1)
+        if len(calls) <= len(fail):
+            raise RuntimeError(f"ReferenceError: {fail[len(calls) - 1]} at <anonymous>:1:26")
+        return [b"png"]
+
+    monkeypatch.setattr(images, "why_not", lambda: None)
+    monkeypatch.setattr(images, "_run", flaky)
+    assert images.render(["fig"]) == [b"png"] and len(calls) == 3
+    calls.clear()
+    monkeypatch.setattr(images, "_run", lambda coro: flaky(coro, ("x is not defined",)))
+    with pytest.raises(RuntimeError, match="x is not defined"):
+        images.render(["fig"])
+    assert len(calls) == 1
+    calls.clear()
+    monkeypatch.setattr(images, "_run", lambda coro: flaky(coro, (images.UNREADY,) * 3))
+    with pytest.raises(RuntimeError, match=images.UNREADY):
+        images.render(["fig"])
+    assert len(calls) == images.UNREADY_TRIES
