@@ -91,14 +91,19 @@ def _first(out):
 def activation_stats(loaded: Loaded, state: Mapping[str, Tensor], split: Split,
                      device: str | torch.device = "cpu", batch_size: int = 256,
                      kinds: Iterable[str] = KINDS, blocks: Iterable[int] | None = None,
-                     evaluator=None) -> UnitStats:
+                     evaluator=None, at_size: bool = False) -> UnitStats:
     """activation_stats(loaded, state, split, device=) -> UnitStats
 
     The per-unit statistics of parameter set `state` (of `loaded`'s architecture) on every
     non-padding token of `split`, for `kinds` of units in `blocks` (default all; each kind's
     lists follow `blocks`' order). A pass stops at the last module it needs, so the
     statistics of early blocks cost a part of a forward pass. `evaluator`
-    (rotviz.evaluation.Evaluator on this split) reuses batches already on the device."""
+    (rotviz.evaluation.Evaluator on this split) reuses batches already on the device.
+
+    `at_size`: the evaluator's module runs block by block under a runner that gives each
+    block its weights as it starts (rotviz.atsize.blocks; `state` names the tensors, its
+    values unused): the hooks then go on that module itself, no parameters are passed, and
+    every pass runs to its end (the runner releases each block as it finishes)."""
     from rotviz.evaluation import Evaluator
     from rotviz.sources.adapters import call
     from rotviz.sources.running import module_copy
@@ -108,14 +113,15 @@ def activation_stats(loaded: Loaded, state: Mapping[str, Tensor], split: Split,
     kinds = tuple(kinds)
     n_blocks = len(names["residual"])
     wanted = list(range(n_blocks)) if blocks is None else list(blocks)
-    module = module_copy(ev.module)  # hooks on a copy: the caller's module stays as it was
+    # hooks on a copy: the caller's module stays as it was (at size: the runner's own module)
+    module = ev.module if at_size else module_copy(ev.module)
     sums = {(k, i): _Sums() for k in kinds for i in wanted}
     current: dict = {"mask": None, "hit": set()}
 
     def take(key, h: Tensor) -> None:
         sums[key].add(h.detach(), current["mask"])
         current["hit"].add(key)
-        if len(current["hit"]) == len(sums):  # every site seen: the rest of the pass is moot
+        if len(current["hit"]) == len(sums) and not at_size:  # the rest of the pass is moot
             raise _Stop
 
     def out_hook(key):
@@ -129,7 +135,7 @@ def activation_stats(loaded: Loaded, state: Mapping[str, Tensor], split: Split,
         sub = module.get_submodule(names[k][i])
         handles.append(sub.register_forward_pre_hook(in_hook((k, i))) if k == "heads"
                        else sub.register_forward_hook(out_hook((k, i))))
-    params = ev.params(state)
+    params = {} if at_size else ev.params(state)
     try:
         with torch.inference_mode():
             for x, _ in ev.batches:

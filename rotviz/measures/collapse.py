@@ -122,6 +122,67 @@ def collapse_on(ends: HeldEndpoints, split: Split, points: int = 11,
         distance_before=info.distance_before, distance_after=info.distance_after)
 
 
+def sized_collapse(ends, split: Split, points: int = 11, device: str | torch.device = "cpu",
+                   progress: Progress | None = None, batch_size: int = 256) -> Collapse:
+    """`collapse_on` at size: each model of the path (the anchor, the matched source and
+    each point between) runs block by block, every block's tensors the lerp of the two
+    checkpoints' read just before it runs (rotviz.atsize.points.Opened), its statistics taken
+    by the same hooks (rotviz.analysis.activations, `at_size`)."""
+    import numpy as np
+    import torch
+
+    from rotviz.analysis.activations import KINDS, activation_stats, std_ratio
+    from rotviz.atsize.points import Opened
+    from rotviz.match.endpoints import MatchInfo
+    from rotviz.memory import release
+
+    POINTS.check(points)
+    t0 = time.perf_counter()
+    op = Opened([ends.anchor_path, ends.matched_path], split, device, batch_size)
+    model = op.models[0]
+
+    def mix(alpha: float, names) -> dict:
+        a, b = op.read(0, names), op.read(1, names)
+        if alpha == 0.0:
+            return a
+        if alpha == 1.0:
+            return {n: b[n] if a[n].is_floating_point() else a[n] for n in names}
+        return {n: torch.lerp(a[n], b[n], alpha) if a[n].is_floating_point() else a[n]
+                for n in names}
+
+    alphas = np.linspace(0.0, 1.0, points).tolist()
+    stats = []
+    for j, alpha in enumerate(alphas):
+        runner = model.runner(op.module, lambda names, al=alpha: mix(al, names),
+                              lambda k, al=alpha: mix(al, model.block_keys[k]))
+        try:
+            stats.append(activation_stats(op.ev.loaded, op.ev.loaded.state, split,
+                                          evaluator=op.ev, at_size=True))
+        finally:
+            runner.close()
+            release()
+        if progress is not None:
+            progress(j + 1, len(alphas), f"alpha = {alpha:.3f}")
+    sa, sb = stats[0], stats[-1]
+    n_layers = len(sa.std["residual"])
+    ratio = {k: [[std_ratio(s.std[k][i], sa.std[k][i], sb.std[k][i], a)
+                  for a, s in zip(alphas, stats, strict=True)] for i in range(n_layers)]
+             for k in KINDS}
+    info: MatchInfo = ends.info or MatchInfo("none", 0.0, 0.0, None, 0.0)
+    return Collapse(
+        alphas=alphas, layers=list(range(n_layers)), ratio=ratio,
+        anchor_std=sa.summary(), source_std=sb.summary(), match=info.match,
+        data=split.data, split=split.split, n=split.n, tokens=sa.n, device=str(op.device),
+        seconds=time.perf_counter() - t0 + info.seconds, anchor=ends.anchor_ref,
+        source=ends.source_ref, layers_matched=ends.layers,
+        distance_before=info.distance_before, distance_after=info.distance_after)
+
+
+def _at_size(ends, ctx: Context, v: dict) -> Collapse:
+    return sized_collapse(ends, ctx.split, v["points"], ctx.device, ctx.progress,
+                          v["batch_size"])
+
+
 def _run(ends, ctx: Context, v: dict) -> Collapse:
     return collapse_on(ends, ctx.split, v["points"], ctx.device, ctx.progress, v["batch_size"])
 
@@ -204,7 +265,9 @@ SECTION = Section(
 COLLAPSE = register(Measurement(
     "collapse", "Variance collapse",
     "std of the activations along the path over the interpolated endpoints' (per block)",
-    _run, PARAMS, summary=_summary, plot=_plot, rows=_rows,
-    refusal="it needs the activations of whole interpolated models on the split; run it "
-            "in memory (raise --max-memory)",
+    _run, PARAMS, summary=_summary, plot=_plot, rows=_rows, at_size=_at_size,
+    at_size_help="matched at size, each model of the path run block by block (each block's "
+                 "tensors interpolated as it starts), its activations measured by the same "
+                 "hooks",
+    at_size_how=" (at size: each point run block by block)",
     section=SECTION, order=75))

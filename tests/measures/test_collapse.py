@@ -196,3 +196,33 @@ def test_merge_with_repair_is_the_repaired_midpoint():
     assert max(float((fixed.state[k] - want[k]).abs().max()) for k in want) < 1e-6
     with pytest.raises(RotvizError, match="--repair"):
         measure("merge", ends, split, repair="maybe")
+
+
+@pytest.mark.parametrize("fam", ["gpt2", "bert"])
+def test_collapse_at_size_equals_in_memory_on_tied_and_post_norm_models(saved, fam):
+    """Each model of the path run block by block, its blocks interpolated as they start,
+    gives the in-memory ratios and stds to 1e-5, at 5 points (3 inside the path): GPT-2's
+    fused attention and tied head, BERT's post-norm blocks."""
+    from pairs import synthetic_split
+
+    from rotviz.atsize.blocks import open_streamed
+    from rotviz.atsize.endpoints import streamed_endpoints
+    from rotviz.match.endpoints import match_endpoints
+    from rotviz.match.selection import match_options
+    from rotviz.measures.collapse import collapse_on, sized_collapse
+    from rotviz.sources.loading import load_model
+
+    paths = [str(saved(fam, s)) for s in (0, 1)]
+    a, b = load_model(paths[0]), load_model(paths[1])
+    split = synthetic_split(a, 8)
+    want = collapse_on(match_endpoints(a, b, "seed"), split, points=5).to_dict()
+    with streamed_endpoints(open_streamed(paths[0]), open_streamed(paths[1]),
+                            match_options("seed"), "cpu") as ends:
+        got = sized_collapse(ends, split, points=5).to_dict()
+    assert got["tokens"] == want["tokens"] and got["layers"] == want["layers"]
+    for key in ("ratio", "anchor_std", "source_std"):
+        for kind in want[key]:
+            assert np.allclose(got[key][kind], want[key][kind], rtol=1e-5, atol=1e-5), (key,
+                                                                                        kind)
+    mid = np.asarray(want["ratio"]["ffn"])[:, 2]
+    assert not np.allclose(mid, 1.0, atol=1e-3)  # a real interpolation between two models
