@@ -54,3 +54,13 @@ def test_the_fusion_record_combines_its_matchings_as_one_table():
     assert t["distance"] == {"none": 0.5, "seed": 1.0}
     assert t["checks"] == [{"spec": "seed", "max_output_diff": 2e-6, "tolerance": 1e-3}]
     assert [(r["matching"], r["acc"]) for r in rows(t)] == [("none", 0.25), ("seed", 0.5)]
+
+
+def test_the_table_offers_no_repair_it_would_refuse():
+    """REPAIR is an option of one merge (`rotviz merge --repair`); the fusion table takes the
+    merge record's other options, not --repair (it would refuse it: no method takes it)."""
+    from rotviz.measures import measurement
+
+    assert "repair" in {p.name for p in measurement("merge").parameters()}
+    assert "repair" not in {p.name for p in measurement("fusion").parameters()}
+    assert "repair" not in {p.name for p in measurement("merge_sweep").parameters()}
