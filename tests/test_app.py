@@ -1248,6 +1248,27 @@ def test_stop_reaches_a_training_measurement_and_nothing_is_cached(roots):
     assert runtime.is_cached("bend", cfg)
 
 
+def test_a_section_that_fails_says_so_once(tmp_path, monkeypatch):
+    """A wheel's zoo holds the default pair only: the Training page's Run then fails on the
+    spawn series, in one line, said once (in the section's failed progress box, not again
+    below it), with what to do next."""
+    import shutil
+
+    from rotviz import zoo_registry as zoo
+
+    for name in zoo.PAIRS["default"]:
+        shutil.copytree(zoo.SHIPPED / name, tmp_path / name)
+    monkeypatch.setenv("ROTVIZ_ZOO", str(tmp_path))
+    # 4 points: a setting no other test computes (the app's result cache keys on settings)
+    at = app("training", t_training_points="4")
+    at.button(key="t_training_run").click().run()
+    assert not at.exception, [e.message for e in at.exception]
+    errors = [e.value for e in at.error]
+    assert len(errors) == 1 and "not built" in errors[0], errors
+    assert "rotviz zoo build vit-digits-spawn" in errors[0]
+    assert any("Pick another pair or setting" in i.value for i in at.info)
+
+
 def test_training_page_runs_both_charts_on_the_zoo_series(roots):
     """The Training page opens on the zoo's spawn series and computes nothing before Run;
     each Run draws its chart (framed: title, axes with units, legend, palette), whose lines

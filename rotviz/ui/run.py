@@ -148,7 +148,8 @@ def guard(fn: Callable[[], Any]) -> Any:
     try:
         return fn()
     except RotvizError as e:
-        st.error(f"{e}", icon=":material/error:")
+        if not getattr(e, "shown", False):  # a failed progress box shows it already, once
+            st.error(f"{e}", icon=":material/error:")
         st.info("Pick another pair or setting in the sidebar; the rest of the app keeps working.")
     except Exception as e:  # noqa: BLE001 - a page must never take the session down
         st.error(f"This computation failed ({e.__class__.__name__}: {str(e)[:200]}). Pick "

@@ -102,6 +102,7 @@ def progress(label: str, steps: int, stop: str | None = None) -> Iterator[Steps]
             slot.empty()
         box.update(label=f"{label}: failed", state="error", expanded=True)
         box.error(str(e))
+        e.shown = True  # type: ignore[attr-defined]  # run.guard then says it no second time
         raise
     finally:
         runtime._TALLY.reset(token)
