@@ -66,6 +66,25 @@ def offered_specs(s: Setup, choices) -> tuple[list[str], str | None]:
 
 
 
+def pair_matching(s: Setup, prefix: str, label: str, default: str, help: str
+                  ) -> tuple[str, str]:
+    """A page's one matching for B' (the SPECs this pair can use, `none` left out where any
+    other is offered; `default` first when offered) and its layers to match, side by side,
+    kept in the URL under `{prefix}_spec` and `{prefix}_layers`."""
+    from rotviz.app import figures
+    from rotviz.limits import MAX_LAYERS_TEXT
+
+    offered, _ = offered_specs(s, specs.SPEC_CHOICES)
+    choices = [sp for sp in offered if sp != "none"] or offered
+    c = st.columns(2)
+    spec = c[0].selectbox(label, choices, choices.index(default) if default in choices else 0,
+                          format_func=figures.nice_label, key=f"{prefix}_spec",
+                          bind="query-params", help=help)
+    layers = c[1].text_input("Layers to match (empty = all)", "", key=f"{prefix}_layers",
+                             max_chars=MAX_LAYERS_TEXT, bind="query-params")
+    return spec, layers
+
+
 def params_in_pair(s: Setup) -> int:
     return runtime._params_in(resources(), (s.anchor, s.source))
 

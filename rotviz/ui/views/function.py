@@ -11,9 +11,6 @@ from __future__ import annotations
 import streamlit as st
 
 from rotviz import app
-from rotviz.app import figures
-from rotviz.app.specs import SPEC_CHOICES
-from rotviz.limits import MAX_LAYERS_TEXT
 from rotviz.measures import Measurement
 from rotviz.ui import run, section, sidebar
 
@@ -27,17 +24,10 @@ st.markdown(
     "**Run**."
 )
 
-offered, _ = run.offered_specs(s, SPEC_CHOICES)
-pair_choices = [sp for sp in offered if sp != "none"] or offered
-c = st.columns(2)
-spec = c[0].selectbox(
-    "Matching for B'", pair_choices,
-    pair_choices.index("weight") if "weight" in pair_choices else 0,
-    format_func=figures.nice_label, key="f_spec", bind="query-params",
-    help="How the source is moved inside its symmetry class; each section compares the "
-         "anchor with the source before and after.")
-layers = c[1].text_input("Layers to match (empty = all)", "", key="f_layers",
-                         max_chars=MAX_LAYERS_TEXT, bind="query-params")
+spec, layers = run.pair_matching(
+    s, "f", "Matching for B'", "weight",
+    "How the source is moved inside its symmetry class; each section compares the anchor "
+    "with the source before and after.")
 
 READY = run.require_pair(s)
 

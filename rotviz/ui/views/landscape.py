@@ -15,8 +15,6 @@ import streamlit as st
 from rotviz import app
 from rotviz.app import figures
 from rotviz.app.export import measurement_files
-from rotviz.app.specs import SPEC_CHOICES
-from rotviz.limits import MAX_LAYERS_TEXT
 from rotviz.measures import Measurement, measurement
 from rotviz.measures.registry import matched
 from rotviz.plots.figure_style import Style
@@ -34,18 +32,11 @@ st.markdown(
     "its **Run**."
 )
 
-offered, _ = run.offered_specs(s, SPEC_CHOICES)
-pair_choices = [sp for sp in offered if sp != "none"] or offered
-c = st.columns(2)
-spec = c[0].selectbox(
-    "Matching for B' (curved path and layer-wise barriers)", pair_choices,
-    pair_choices.index("seed") if "seed" in pair_choices else 0,
-    format_func=figures.nice_label, key="l_spec", bind="query-params",
-    help="How the source is moved inside its symmetry class before the curved path and the "
-         "layer-wise barriers are measured, and B' for a slice around B' (or the path, or the "
-         "merge) or toward B'. The Hessian is of the anchor alone.")
-layers = c[1].text_input("Layers to match (empty = all)", "", key="l_layers",
-                         max_chars=MAX_LAYERS_TEXT, bind="query-params")
+spec, layers = run.pair_matching(
+    s, "l", "Matching for B' (curved path and layer-wise barriers)", "seed",
+    "How the source is moved inside its symmetry class before the curved path and the "
+    "layer-wise barriers are measured, and B' for a slice around B' (or the path, or the "
+    "merge) or toward B'. The Hessian is of the anchor alone.")
 
 
 READY = run.require_pair(s)  # checked once; each section then says nothing more about it
