@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rotviz.analysis.representations import block_output
 from rotviz.data.inputs import token_mask, without_padding
 from rotviz.data.split import Split
 from rotviz.sources.loading import Loaded
@@ -83,11 +84,6 @@ class _Stop(Exception):
     """Raised by the last hook of a pass: the layers after it are not needed."""
 
 
-def _first(out):
-    """A block's output: the hidden states (the first item of a tuple)."""
-    return out[0] if isinstance(out, tuple | list) else out
-
-
 def activation_stats(loaded: Loaded, state: Mapping[str, Tensor], split: Split,
                      device: str | torch.device = "cpu", batch_size: int = 256,
                      kinds: Iterable[str] = KINDS, blocks: Iterable[int] | None = None,
@@ -125,7 +121,7 @@ def activation_stats(loaded: Loaded, state: Mapping[str, Tensor], split: Split,
             raise _Stop
 
     def out_hook(key):
-        return lambda mod, args, out: take(key, _first(out))
+        return lambda mod, args, out: take(key, block_output(out))
 
     def in_hook(key):
         return lambda mod, args: take(key, args[0])

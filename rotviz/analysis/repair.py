@@ -43,10 +43,6 @@ from rotviz.sources.loading import Loaded
 
 Tensor = torch.Tensor
 TINY = 1e-12  # a unit whose std is below this is only shifted (its scale stays 1)
-HELP = ("yes: REPAIR each model built (Jordan et al. 2023): reset each FFN hidden unit's and "
-        "each head output's mean and std to the interpolation of the endpoints', measured on "
-        "the train split, folded into the weights; also reports the result without it "
-        "(default no)")
 
 
 def refusal(loaded: Loaded) -> str | None:

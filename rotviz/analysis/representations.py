@@ -72,15 +72,18 @@ def pool(h: Tensor, mask: Tensor | None, tokens: str, centre: bool = False) -> T
         return h
     if tokens == "cls":
         return h[:, 0]
+    if tokens == "all":
+        from rotviz.data.inputs import without_padding
+
+        return without_padding(h, mask).reshape(-1, h.shape[-1])
     if mask is None:
-        return h.mean(1) if tokens == "mean" else h.reshape(-1, h.shape[-1])
+        return h.mean(1)
     m = mask.to(h.device, h.dtype)
-    if tokens == "mean":
-        return (h * m[..., None]).sum(1) / m.sum(1, keepdim=True).clamp_min(1)
-    return h[mask.bool()]
+    return (h * m[..., None]).sum(1) / m.sum(1, keepdim=True).clamp_min(1)
 
 
-def _first(out):
+def block_output(out):
+    """A block's output: the hidden states (the first item of a tuple)."""
     return out[0] if isinstance(out, tuple | list) else out
 
 
@@ -115,7 +118,7 @@ def hidden_states(ev: Evaluator, params: Mapping[str, Tensor], tokens: str = "me
         keep(0, args[0] if args else kwargs["hidden_states"])
 
     hooks = [blocks[0].register_forward_pre_hook(before, with_kwargs=True)]
-    hooks += [b.register_forward_hook(lambda _m, _a, out, k=k: keep(k + 1, _first(out)))
+    hooks += [b.register_forward_hook(lambda _m, _a, out, k=k: keep(k + 1, block_output(out)))
               for k, b in enumerate(blocks)]
     try:
         with torch.inference_mode():

@@ -89,9 +89,7 @@ def collapse_on(ends: HeldEndpoints, split: Split, points: int = 11,
     The activation statistics of the anchor, the matched source and each interpolated model
     at `points` evenly spaced alphas (rotviz.analysis.paths.path_point), on every
     non-padding token of `split`, and their std ratios."""
-    import numpy as np
-
-    from rotviz.analysis.activations import KINDS, activation_stats, std_ratio
+    from rotviz.analysis.activations import activation_stats
     from rotviz.analysis.paths import path_point
     from rotviz.evaluation import Evaluator
 
@@ -100,38 +98,22 @@ def collapse_on(ends: HeldEndpoints, split: Split, points: int = 11,
     anchor = ends.anchor
     ev = Evaluator(anchor, split, device, batch_size)
     a_params, b_params = ev.params(anchor.state), ev.params(ends.matched)
-    alphas = np.linspace(0.0, 1.0, points).tolist()
-    stats = []
-    for j, a in enumerate(alphas):
-        stats.append(activation_stats(anchor, path_point(a_params, b_params, a), split,
-                                      evaluator=ev))
-        if progress is not None:
-            progress(j + 1, len(alphas), f"alpha = {a:.3f}")
-    sa, sb = stats[0], stats[-1]
-    n_layers = len(sa.std["residual"])
-    ratio = {k: [[std_ratio(s.std[k][i], sa.std[k][i], sb.std[k][i], a)
-                  for a, s in zip(alphas, stats, strict=True)] for i in range(n_layers)]
-             for k in KINDS}
-    info = ends.info
-    return Collapse(
-        alphas=alphas, layers=list(range(n_layers)), ratio=ratio,
-        anchor_std=sa.summary(), source_std=sb.summary(), match=info.match,
-        data=split.data, split=split.split, n=split.n, tokens=sa.n, device=str(ev.device),
-        seconds=time.perf_counter() - t0 + info.seconds, anchor=ends.anchor_ref,
-        source=ends.source_ref, layers_matched=ends.layers,
-        distance_before=info.distance_before, distance_after=info.distance_after)
+
+    def stats_at(alpha: float):
+        return activation_stats(anchor, path_point(a_params, b_params, alpha), split,
+                                evaluator=ev)
+
+    return _collapse(ends, ends.info, split, points, stats_at, str(ev.device), t0, progress)
 
 
 def sized_collapse(ends, split: Split, points: int = 11, device: str | torch.device = "cpu",
                    progress: Progress | None = None, batch_size: int = 256) -> Collapse:
     """`collapse_on` at size: each model of the path (the anchor, the matched source and
-    each point between) runs block by block, every block's tensors the lerp of the two
-    checkpoints' read just before it runs (rotviz.atsize.points.Opened), its statistics taken
-    by the same hooks (rotviz.analysis.activations, `at_size`)."""
-    import numpy as np
-    import torch
-
-    from rotviz.analysis.activations import KINDS, activation_stats, std_ratio
+    each point between) runs block by block, every block's tensors the path's point of the
+    two checkpoints' read just before it runs (rotviz.atsize.points.Opened), its statistics
+    taken by the same hooks (rotviz.analysis.activations, `at_size`)."""
+    from rotviz.analysis.activations import activation_stats
+    from rotviz.analysis.paths import path_point
     from rotviz.atsize.points import Opened
     from rotviz.match.endpoints import MatchInfo
     from rotviz.memory import release
@@ -142,25 +124,34 @@ def sized_collapse(ends, split: Split, points: int = 11, device: str | torch.dev
     model = op.models[0]
 
     def mix(alpha: float, names) -> dict:
-        a, b = op.read(0, names), op.read(1, names)
-        if alpha == 0.0:
-            return a
-        if alpha == 1.0:
-            return {n: b[n] if a[n].is_floating_point() else a[n] for n in names}
-        return {n: torch.lerp(a[n], b[n], alpha) if a[n].is_floating_point() else a[n]
-                for n in names}
+        return path_point(op.read(0, names), op.read(1, names), alpha)
+
+    def stats_at(alpha: float):
+        runner = model.runner(op.module, lambda names: mix(alpha, names),
+                              lambda k: mix(alpha, model.block_keys[k]))
+        try:
+            return activation_stats(op.ev.loaded, op.ev.loaded.state, split, evaluator=op.ev,
+                                    at_size=True)
+        finally:
+            runner.close()
+            release()
+
+    info = ends.info or MatchInfo("none", 0.0, 0.0, None, 0.0)
+    return _collapse(ends, info, split, points, stats_at, str(op.device), t0, progress)
+
+
+def _collapse(ends, info, split: Split, points: int, stats_at, device: str, t0: float,
+              progress: Progress | None) -> Collapse:
+    """The statistics `stats_at(alpha)` of each of `points` evenly spaced alphas (in memory
+    or at size alike), their std ratios to the interpolated endpoints', as a Collapse."""
+    import numpy as np
+
+    from rotviz.analysis.activations import KINDS, std_ratio
 
     alphas = np.linspace(0.0, 1.0, points).tolist()
     stats = []
     for j, alpha in enumerate(alphas):
-        runner = model.runner(op.module, lambda names, al=alpha: mix(al, names),
-                              lambda k, al=alpha: mix(al, model.block_keys[k]))
-        try:
-            stats.append(activation_stats(op.ev.loaded, op.ev.loaded.state, split,
-                                          evaluator=op.ev, at_size=True))
-        finally:
-            runner.close()
-            release()
+        stats.append(stats_at(alpha))
         if progress is not None:
             progress(j + 1, len(alphas), f"alpha = {alpha:.3f}")
     sa, sb = stats[0], stats[-1]
@@ -168,11 +159,10 @@ def sized_collapse(ends, split: Split, points: int = 11, device: str | torch.dev
     ratio = {k: [[std_ratio(s.std[k][i], sa.std[k][i], sb.std[k][i], a)
                   for a, s in zip(alphas, stats, strict=True)] for i in range(n_layers)]
              for k in KINDS}
-    info: MatchInfo = ends.info or MatchInfo("none", 0.0, 0.0, None, 0.0)
     return Collapse(
         alphas=alphas, layers=list(range(n_layers)), ratio=ratio,
         anchor_std=sa.summary(), source_std=sb.summary(), match=info.match,
-        data=split.data, split=split.split, n=split.n, tokens=sa.n, device=str(op.device),
+        data=split.data, split=split.split, n=split.n, tokens=sa.n, device=device,
         seconds=time.perf_counter() - t0 + info.seconds, anchor=ends.anchor_ref,
         source=ends.source_ref, layers_matched=ends.layers,
         distance_before=info.distance_before, distance_after=info.distance_after)
