@@ -9,6 +9,14 @@ never formed: H v is a double backward pass through the anchor's module run func
 (`Evaluator.logits` -> torch.func.functional_call), batch by batch, summed, so neither the
 caller's tensors nor the loaded model are touched.
 
+Products are the costly part (a Lanczos run takes one per step, a trace one per probe), so
+the graph of each batch's gradient (forward pass, then a backward pass that builds its own
+graph) is kept after the first product and every later product is one backward pass through
+it: about 0.6 of the cost of building it afresh (docs/landscape.md, "hessian"). The graphs
+are kept only while their saved tensors fit `RETAIN_BYTES` in all (counted on the first
+build, batch by batch): the batches past that budget are differentiated afresh each time,
+as before, so a large model or split costs time, never the memory of the whole split.
+
 A restriction to a group G of parameters is the principal sub-matrix H_GG: the probe is zero
 outside G and only G's part of H v is kept (`restricted`). Its eigenvalues interlace the full
 ones (Cauchy), and its trace is the part of the full trace that G holds, so the groups'
@@ -36,6 +44,9 @@ from rotviz.sources.loading import Loaded
 
 Tensor = torch.Tensor
 CHUNK = 64  # unit vectors per batched Hessian-vector product of a dense block
+# the most bytes of saved tensors the kept gradient graphs may hold, all batches together
+# (the digits ViT on its 397 test images needs about 0.3 GB; a batch past it is recomputed)
+RETAIN_BYTES = 2 << 30
 
 
 class Curvature:
@@ -43,10 +54,12 @@ class Curvature:
 
     The parameters that count are the module's trainable floating parameters (tied weights
     once, as `Evaluator.names` lists them; floating buffers are held fixed). `dtype` casts
-    the parameters, buffers and inputs (float64 gives exact comparisons on tiny models)."""
+    the parameters, buffers and inputs (float64 gives exact comparisons on tiny models).
+    `retain`: the byte budget of the kept gradient graphs (0: keep none, every product
+    differentiates afresh)."""
 
     def __init__(self, ev: Evaluator, state: Mapping[str, Tensor],
-                 dtype: torch.dtype | None = None):
+                 dtype: torch.dtype | None = None, retain: int = RETAIN_BYTES):
         params = ev.params(state)
         module_params = {n for n, _ in ev.loaded.model.named_parameters()}
         self.ev = ev
@@ -70,6 +83,10 @@ class Curvature:
         for _, y in ev.batches:
             self.count += float(self._count(y))
         self.hvps = 0  # how many products were taken (for the summary)
+        self.retain = int(retain)
+        self.kept_bytes = 0  # saved-tensor bytes of the kept graphs
+        self._kept: dict[int, _Graph] = {}  # batch index -> its kept gradient graph
+        self._built = False  # every batch's graph built once (kept or dropped)
 
     def _count(self, y: Tensor) -> int:
         """Predictions a batch's labels count (tokens, labels or outputs), as the loss does."""
@@ -112,53 +129,108 @@ class Curvature:
         return [p.reshape(s) for p, s in zip(torch.split(v, self.sizes), self.shapes,
                                               strict=True)]
 
+    def _build(self, x, y, count: bool) -> _Graph:
+        """One batch's loss and the graph of its gradient; with `count`, the bytes of the
+        tensors the graph saves (each storage once) go in its `bytes`."""
+        seen: dict[tuple[int, int], int] = {}
+
+        def pack(t: Tensor) -> Tensor:
+            try:
+                st = t.untyped_storage()
+                seen[(st.data_ptr(), t.device.index or 0)] = st.nbytes()
+            except (RuntimeError, NotImplementedError):  # no plain storage: as its elements
+                seen[(id(t), -1)] = t.numel() * t.element_size()
+            return t
+
+        ps = [p.clone().requires_grad_(True) for p in self.point]
+        with torch.enable_grad():
+            if count:
+                with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                    loss = self._loss(ps, x, y)
+                    g = self._grads(loss, ps)
+            else:
+                loss = self._loss(ps, x, y)
+                g = self._grads(loss, ps)
+        return _Graph(ps, g, float(loss.detach()), int(sum(seen.values())))
+
+    def _graphs(self):
+        """(batch's graph, keep it for later products) for each batch: the kept ones as they
+        are; the others built afresh. On the first pass every batch is built and kept while
+        the kept graphs' bytes stay within `retain`."""
+        for i, (x, y) in enumerate(self.ev.batches):
+            if i in self._kept:
+                yield self._kept[i], True
+                continue
+            graph = self._build(x, y, count=not self._built and self.retain > 0)
+            keep = not self._built and 0 < graph.bytes <= self.retain - self.kept_bytes
+            if keep:
+                self._kept[i] = graph
+                self.kept_bytes += graph.bytes
+            yield graph, keep
+        self._built = True
+
+    def release(self) -> None:
+        """Drop the kept graphs (their memory); later products differentiate afresh."""
+        self._kept.clear()
+        self.kept_bytes = 0
+        self._built = True
+
     def loss(self) -> float:
+        if self._built and len(self._kept) == len(self.ev.batches):
+            return float(sum(g.loss for g in self._kept.values()))
         with torch.no_grad():
             return float(sum(self._loss(self.point, x, y) for x, y in self.ev.batches))
 
     def gradient(self) -> Tensor:
         total = torch.zeros(self.n, dtype=self.dtype, device=self.device)
-        for x, y in self.ev.batches:
+        for i, (x, y) in enumerate(self.ev.batches):
+            if i in self._kept:
+                total += self.flat([gi.detach() for gi in self._kept[i].g])
+                continue
             ps = [p.clone().requires_grad_(True) for p in self.point]
             g = self._grads(self._loss(ps, x, y), ps, create_graph=False)
             total += self.flat(list(g))
         return total
 
     def hvp(self, v: Tensor) -> Tensor:
-        """H v (v flat, of length `n`): a double backward pass per batch, summed."""
+        """H v (v flat, of length `n`): one backward pass per batch through the batch's
+        gradient graph (kept, or built afresh), summed."""
         vs = self.unflat(v.to(self.dtype))
         total = torch.zeros(self.n, dtype=self.dtype, device=self.device)
         with torch.enable_grad():
-            for x, y in self.ev.batches:
-                ps = [p.clone().requires_grad_(True) for p in self.point]
-                g = self._grads(self._loss(ps, x, y), ps)
-                dot = sum((gi * vi).sum() for gi, vi in zip(g, vs, strict=True))
-                hv = torch.autograd.grad(dot, ps, allow_unused=True)
+            for graph, keep in self._graphs():
+                live = graph.live()  # the others' H rows are 0
+                if not live:
+                    continue
+                hv = torch.autograd.grad([graph.g[i] for i in live], graph.ps,
+                                         [vs[i] for i in live], retain_graph=keep,
+                                         allow_unused=True)
                 total += self.flat([h if h is not None else torch.zeros_like(p)
-                                    for h, p in zip(hv, ps, strict=True)])
+                                    for h, p in zip(hv, graph.ps, strict=True)])
         self.hvps += 1
         return total.detach()
 
     def hvp_rows(self, vs: Tensor) -> Tensor:
-        """H V for the rows of `vs` (k, n) at once: one double backward pass per batch with
-        k batched output gradients (torch.autograd.grad's is_grads_batched, a vmap over the
+        """H V for the rows of `vs` (k, n) at once: one backward pass per batch with k
+        batched output gradients (torch.autograd.grad's is_grads_batched, a vmap over the
         second backward), the same numbers as k calls of `hvp`."""
         vs = vs.to(dtype=self.dtype, device=self.device)
         k = vs.shape[0]
         total = torch.zeros(k, self.n, dtype=self.dtype, device=self.device)
         parts = torch.split(vs, self.sizes, dim=1)
         with torch.enable_grad():
-            for x, y in self.ev.batches:
-                ps = [p.clone().requires_grad_(True) for p in self.point]
-                g = self._grads(self._loss(ps, x, y), ps)
-                live = [i for i, gi in enumerate(g) if gi.requires_grad]  # others: H rows 0
+            for graph, keep in self._graphs():
+                live = graph.live()
+                if not live:
+                    continue
                 outs = [parts[i].reshape(k, *self.shapes[i]) for i in live]
-                hv = torch.autograd.grad([g[i] for i in live], ps, outs, allow_unused=True,
+                hv = torch.autograd.grad([graph.g[i] for i in live], graph.ps, outs,
+                                         retain_graph=keep, allow_unused=True,
                                          is_grads_batched=True)
                 total += torch.cat([h.reshape(k, -1) if h is not None else
                                     torch.zeros(k, p.numel(), dtype=self.dtype,
                                                 device=self.device)
-                                    for h, p in zip(hv, ps, strict=True)], dim=1)
+                                    for h, p in zip(hv, graph.ps, strict=True)], dim=1)
         self.hvps += k
         return total.detach()
 
@@ -174,6 +246,18 @@ class Curvature:
             out[g][start:start + size] = True
             start += size
         return out
+
+
+class _Graph:
+    """One batch's gradient graph: the leaf copies of the parameters `ps`, the gradient `g`
+    (built with create_graph), the batch's loss and the bytes the graph saves."""
+
+    def __init__(self, ps: list[Tensor], g: list[Tensor], loss: float, nbytes: int):
+        self.ps, self.g, self.loss, self.bytes = ps, g, loss, nbytes
+
+    def live(self) -> list[int]:
+        """The parameters whose gradient depends on the parameters (the rest: H rows 0)."""
+        return [i for i, gi in enumerate(self.g) if gi.requires_grad]
 
 
 def math_attention():
