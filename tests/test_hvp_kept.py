@@ -10,7 +10,7 @@ import torch
 from pairs import synthetic_split
 
 from rotviz.analysis.hvp import Curvature
-from rotviz.analysis.lanczos import CONVERGED, top_ritz
+from rotviz.analysis.lanczos import CONVERGED, top_eigenvectors, top_ritz
 from rotviz.evaluation import Evaluator
 
 F64 = torch.float64
@@ -76,3 +76,7 @@ def test_lanczos_stops_at_the_convergence_bar_and_starts_warm(tiny):
     assert cur.hvps - before < cold and cur.hvps - before <= 3
     assert warm[0] == pytest.approx(top, rel=1e-6)
     assert torch.equal(gen.get_state(), state)  # a warm start draws nothing
+    # top_eigenvectors too, and its vector is the top eigenvector (up to sign)
+    vals, vecs = top_eigenvectors(cur.hvp, cur.n, 1, gen, F64, cur.device, v0=near)
+    assert vals[0] == pytest.approx(top, rel=1e-9)
+    assert abs(float(vecs[0] @ top_vec)) == pytest.approx(1.0, abs=1e-6)

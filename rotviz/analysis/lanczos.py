@@ -214,15 +214,19 @@ def converged(eigenvalues: list[float], residuals: list[float], want: int = 0) -
 
 def top_eigenvectors(hvp: Hvp, n: int, k: int, gen: torch.Generator, dtype, device,
                      mask: Tensor | None = None, steps: int = 100, tol: float = 1e-7,
-                     info: dict | None = None) -> tuple[list[float], list[Tensor]]:
+                     info: dict | None = None, v0: Tensor | None = None
+                     ) -> tuple[list[float], list[Tensor]]:
     """The k largest eigenvalues (largest first) and their unit eigenvectors (flat, zero
     outside `mask`), as Ritz pairs of the same seeded Lanczos run as `top_eigenvalues`: the
     Ritz vector of Ritz value theta_i is sum_j s_ji q_j over the Lanczos vectors q_j. The
     vectors are orthonormal (full reorthogonalisation keeps the q_j so). With a dict `info`,
     info["residual"] and info["converged"] say how far the pairs are from converged (as
-    `hessian` reports them), for a slice along them."""
+    `hessian` reports them), for a slice along them. `v0`: a warm start, as in `top_ritz`
+    (e.g. the previous point's top eigenvector, which these vectors then give the next)."""
     m = n if mask is None else int(mask.sum())
-    v0 = torch.randn(n, generator=gen, dtype=torch.float64).to(dtype=dtype, device=device)
+    if v0 is None:
+        v0 = torch.randn(n, generator=gen, dtype=torch.float64)
+    v0 = v0.to(dtype=dtype, device=device)
     if mask is not None:
         v0 = v0 * mask
     basis: list[Tensor] = []
