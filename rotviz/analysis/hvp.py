@@ -45,7 +45,7 @@ from rotviz.sources.loading import Loaded
 Tensor = torch.Tensor
 CHUNK = 64  # unit vectors per batched Hessian-vector product of a dense block
 # the most bytes of saved tensors the kept gradient graphs may hold, all batches together
-# (the digits ViT on its 397 test images needs about 0.3 GB; a batch past it is recomputed)
+# (the digits ViT on its 397 test images needs about 0.2 GB; a batch past it is recomputed)
 RETAIN_BYTES = 2 << 30
 
 
