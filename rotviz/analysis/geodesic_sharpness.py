@@ -218,21 +218,45 @@ def _cg(op, b: Tensor, tol: float = 1e-13, iters: int = 1000) -> Tensor:
     return x
 
 
-def _project_pair(f1, f2, p1, p2, x1, x2, basis: Tensor | None):
-    """Remove from (x1, x2) its g-orthogonal projection on the vertical space
-    {(F1 L, -F2 L^T): L in the algebra} of a pair F1 -> F1 A, F2 -> F2 A^-T. `basis`:
-    orthonormal (h^2, k) columns spanning the algebra (None: all of gl(h))."""
+DIRECT = 32  # up to this h, the Gram system is solved directly (h^2 x h^2), else by CG
+
+
+def _pair_solver(f1, f2, p1, p2, basis: Tensor | None):
+    """L(m): the algebra element whose vertical direction (F1 L, -F2 L^T) has the metric
+    moments m, i.e. the solution of Pi(P1^-1 L P1 + P2 L P2^-1) = m on the algebra (Pi: the
+    Frobenius projection on it; `basis`: its orthonormal (h^2, k) columns, None: gl(h)).
+    Factorised once per point and pair, reused by every direction."""
     h = f1.shape[-1]
+    p1i, p2i = torch.linalg.inv(p1), torch.linalg.inv(p2)
+    if h <= DIRECT:
+        k = (torch.einsum("bik,blj->bijkl", p1i, p1) + torch.einsum("bik,blj->bijkl", p2, p2i))
+        k = k.reshape(k.shape[0], h * h, h * h)
+        if basis is not None:
+            k = basis.t() @ k @ basis
+        lu = torch.linalg.lu_factor(k)
+
+        def direct(m: Tensor) -> Tensor:
+            v = m.reshape(m.shape[0], -1)
+            v = v if basis is None else v @ basis
+            x = torch.linalg.lu_solve(*lu, v[..., None])[..., 0]
+            x = x if basis is None else x @ basis.t()
+            return x.reshape(m.shape[0], h, h)
+
+        return direct
 
     def proj(m: Tensor) -> Tensor:
         if basis is None:
             return m
-        v = m.reshape(m.shape[0], -1) @ basis
-        return (v @ basis.t()).reshape(m.shape[0], h, h)
+        return ((m.reshape(m.shape[0], -1) @ basis) @ basis.t()).reshape(m.shape[0], h, h)
 
-    p1i, p2i = torch.linalg.inv(p1), torch.linalg.inv(p2)
-    rhs = proj(f1.transpose(1, 2) @ x1 @ p1 - p2 @ x2.transpose(1, 2) @ f2)
-    lam = _cg(lambda m: proj(p1i @ m @ p1 + p2 @ m @ p2i), rhs)
+    return lambda m: _cg(lambda x: proj(p1i @ x @ p1 + p2 @ x @ p2i), proj(m))
+
+
+def _project_pair(f1, f2, p1, p2, x1, x2, solve):
+    """Remove from (x1, x2) its g-orthogonal projection on the vertical space
+    {(F1 L, -F2 L^T): L in the algebra} of a pair F1 -> F1 A, F2 -> F2 A^-T: its moments
+    m = F1^T x1 P1 - P2 x2^T F2 against the algebra, solved by `solve` (_pair_solver)."""
+    lam = solve(f1.transpose(1, 2) @ x1 @ p1 - p2 @ x2.transpose(1, 2) @ f2)
     return x1 - f1 @ lam, x2 + f2 @ lam.transpose(1, 2)
 
 
@@ -249,20 +273,25 @@ def _qk_basis(view: ModelView, i: int) -> Tensor | None:
     return q.to(a.wq)
 
 
-def horizontal(view: ModelView, fs, p, xi) -> dict[str, Tensor]:
+def horizontal(view: ModelView, fs, p, xi, cache: dict | None = None) -> dict[str, Tensor]:
     """The g-orthogonal projection of `xi` on the horizontal space (orthogonal to every
-    orbit direction of the group: Q-K, V-O maps, FFN unit scales where they are symmetries)."""
+    orbit direction of the group: Q-K, V-O maps, FFN unit scales where they are symmetries).
+    `cache`: the pairs' solvers at this point, kept for the next direction."""
     from rotviz.analysis.tangents import ffn_has_scales
 
+    cache = {} if cache is None else cache
     out = dict(xi)
     for i, blk in enumerate(view.blocks):
-        pairs = [("q", "k", _qk_basis(view, i)), ("v", "o", None)]
+        pairs = [("q", "k", True), ("v", "o", False)]
         if ffn_has_scales(blk.ffn):
-            pairs.append(("in", "out", None))
-        for a, b, basis in pairs:
+            pairs.append(("in", "out", False))
+        for a, b, qk in pairs:
             ka, kb = f"m:{i}.{a}", f"m:{i}.{b}"
+            if ka not in cache:
+                cache[ka] = _pair_solver(fs[ka], fs[kb], p[ka], p[kb],
+                                         _qk_basis(view, i) if qk else None)
             out[ka], out[kb] = _project_pair(fs[ka], fs[kb], p[ka], p[kb], out[ka], out[kb],
-                                             basis)
+                                             cache[ka])
     return out
 
 
@@ -297,6 +326,7 @@ class Landscape:
         self.fs, self.chunk = factors(self.view, set(parameter_names(loaded)))
         self.p = _inv_gram(self.fs)
         self.base = self.cur.loss()
+        self.solvers: dict = {}  # the horizontal projection's, at this point
 
     def _tensors(self, fs) -> list[Tensor]:
         from rotviz.symmetry.view import write_state
@@ -326,7 +356,8 @@ class Landscape:
         """A seeded horizontal direction (equivariant, see above): the metric's isotropic
         Gaussian on the horizontal space times `rho` (each number's scale rho in the
         metric), or with `sphere` scaled to metric length `rho`."""
-        xi = horizontal(self.view, self.fs, self.p, draw(self.fs, self.chunk, gen))
+        xi = horizontal(self.view, self.fs, self.p, draw(self.fs, self.chunk, gen),
+                        self.solvers)
         return scaled(xi, rho / float(norm(self.fs, self.p, xi)) if sphere else rho)
 
 
@@ -358,7 +389,8 @@ def worst(land: Landscape, rho: float, steps: int, gen: torch.Generator, order: 
         rises.append(value - land.base)
         if s == steps:
             break
-        rg = horizontal(land.view, land.fs, land.p, riemannian_gradient(land.fs, egrad))
+        rg = horizontal(land.view, land.fs, land.p, riemannian_gradient(land.fs, egrad),
+                        land.solvers)
         size = float(norm(land.fs, land.p, rg))
         if size == 0.0:
             break
