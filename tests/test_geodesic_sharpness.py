@@ -7,6 +7,8 @@ Euler-Lagrange acceleration computed here by autograd."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from conftest import clone_state
@@ -19,7 +21,7 @@ from rotviz.evaluation import Evaluator
 from rotviz.groups import rope_pairs
 from rotviz.measures.hessian import hessian
 from rotviz.sources.loading import Loaded, load_model
-from rotviz.symmetry.actions import LayerTransform, apply
+from rotviz.symmetry.actions import LayerTransform, apply, random_element
 from rotviz.symmetry.view import read_view, write_state
 
 F64 = torch.float64
@@ -82,6 +84,13 @@ def test_a_planted_element_doubles_the_top_eigenvalue_and_keeps_geodesic_sharpne
             assert g0["first_order"] != pytest.approx(g0["value"], rel=1e-3)
         else:  # the ascent climbs
             assert g0["rises"][-1] > g0["rises"][0]
+    # discrete permutations and orthogonal maps too (FFN units, heads, Q-K and V-O rotations)
+    dims = view.dims
+    turned = write_state(apply(view, random_element(dims, 2, rescale=False)))
+    for kind in gs.KINDS:
+        g0 = gs.geodesic_sharpness(tiny, None, split, kind=kind, dtype=F64)
+        g2 = gs.geodesic_sharpness(tiny, turned, split, kind=kind, dtype=F64)
+        assert g2["value"] == pytest.approx(g0["value"], rel=1e-6)
     assert_unchanged(tiny, before)
     # the plain (Euclidean, first-order) rise along the same seeded draw is not invariant:
     # what the quotient removes is real
@@ -174,7 +183,7 @@ def test_the_second_order_term_is_the_metrics_geodesic_acceleration():
     torch.testing.assert_close(acc, z * z / w, atol=1e-15, rtol=0)  # (w e^{tz/w})'' at 0
 
 
-def test_seeded_and_refuses_an_unknown_kind(tiny):
+def test_seeded_and_refuses_an_unknown_kind_and_a_dead_unit(tiny):
     split = synthetic_split(tiny, 4)
     a = gs.geodesic_sharpness(tiny, None, split, samples=2, seed=5, dtype=F64)
     b = gs.geodesic_sharpness(tiny, None, split, samples=2, seed=5, dtype=F64)
@@ -182,3 +191,13 @@ def test_seeded_and_refuses_an_unknown_kind(tiny):
     assert a["rises"] == b["rises"] != c["rises"] and len(a["rises"]) == 2
     with pytest.raises(RotvizError, match="use average or worst"):
         gs.geodesic_sharpness(tiny, None, split, kind="best")
+    dead = clone_state(tiny.state)
+    view = read_view(tiny.spec, tiny.config, dead)
+    w_in = view.blocks[0].ffn.w_in.clone()
+    w_in[0] = 0
+    b_in = view.blocks[0].ffn.b_in
+    ffn = replace(view.blocks[0].ffn, w_in=w_in,
+                  b_in=None if b_in is None else torch.cat([b_in.new_zeros(1), b_in[1:]]))
+    dead = write_state(view.with_block(0, replace(view.blocks[0], ffn=ffn)))
+    with pytest.raises(RotvizError, match="rank-deficient"):
+        gs.geodesic_sharpness(tiny, dead, split, dtype=F64)

@@ -143,9 +143,20 @@ def rebuild(view: ModelView, fs: Mapping[str, Tensor]) -> ModelView:
 
 
 def _inv_gram(fs: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """P = (F^T F)^-1 of every matrix factor."""
-    return {k: torch.linalg.inv(t.transpose(1, 2) @ t) for k, t in fs.items()
-            if k.startswith("m:")}
+    """P = (F^T F)^-1 of every matrix factor; a rank-deficient one (a dead unit, a zero
+    head) has no such metric and is refused."""
+    from rotviz.errors import RotvizError
+
+    out = {}
+    for k, t in fs.items():
+        if k.startswith("m:"):
+            p, info = torch.linalg.inv_ex(t.transpose(1, 2) @ t)
+            if bool((info != 0).any()) or not bool(torch.isfinite(p).all()):
+                raise RotvizError(f"geodesic sharpness needs every head's and unit's weights "
+                                  f"of full rank, and block {k[2:]} has a rank-deficient one "
+                                  "(a zero unit or head); use --geodesic no")
+            out[k] = p
+    return out
 
 
 def inner(fs, p, xi, eta) -> Tensor:

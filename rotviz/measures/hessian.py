@@ -1,9 +1,10 @@
 """Curvature of one model's test loss: the top Hessian eigenvalues (Lanczos), the trace
 (Hutchinson, with its standard error), the eigenvalue density (stochastic Lanczos
-quadrature), for the whole model and per block or module kind (docs/landscape.md,
-"hessian"): the record, its computation (`hessian`, on rotviz.analysis.hvp's products and
-rotviz.analysis.lanczos) and its figure (the eigenvalues as bars, or the density on a log
-axis)."""
+quadrature), for the whole model and per block or module kind, and on request the geodesic
+sharpness that no symmetry changes (rotviz.analysis.geodesic_sharpness; docs/landscape.md,
+"hessian" and "geodesic sharpness"): the record, its computation (`hessian`, on
+rotviz.analysis.hvp's products and rotviz.analysis.lanczos) and its figure (the eigenvalues
+as bars, or the density on a log axis)."""
 
 from __future__ import annotations
 
