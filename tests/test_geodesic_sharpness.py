@@ -201,3 +201,34 @@ def test_seeded_and_refuses_an_unknown_kind_and_a_dead_unit(tiny):
     dead = write_state(view.with_block(0, replace(view.blocks[0], ffn=ffn)))
     with pytest.raises(RotvizError, match="rank-deficient"):
         gs.geodesic_sharpness(tiny, dead, split, dtype=F64)
+
+
+def test_second_order_is_the_riemannian_hessian_quadratic_form(saved):
+    """Along the second-order geodesic f(t) = L(theta + t xi + t^2 a / 2), f''(0) is the
+    quadratic form of the Riemannian Hessian on the horizontal space, xi^T H xi + grad . a
+    (H, grad: the Euclidean Hessian and gradient, by rotviz.analysis.hvp here); f''(0) by a
+    central difference of the measure's own losses. On the ViT: the Llama's rotary tables
+    are float32 even in a float64 model, too coarse for a second difference."""
+    tiny = load_model(saved("vit", 0, **SMALL), dtype=F64)
+    split = synthetic_split(tiny, 6)
+    land = gs.Landscape(tiny, None, split, dtype=F64)
+    xi = land.direction(torch.Generator().manual_seed(1), 1.0, sphere=True)
+    acc = gs.acceleration(land.fs, land.p, xi)
+    cur = land.cur
+
+    def flat(fs) -> torch.Tensor:
+        zero = {k: torch.zeros_like(v) for k, v in land.fs.items()}
+        st = write_state(gs.rebuild(land.view, {**zero, **fs}))
+        return cur.flat([st[n].to(F64) for n in cur.names])
+
+    v, a = flat(xi), flat(acc)
+    direct = float(v @ cur.hvp(v) + cur.gradient() @ a)
+    h = 1e-4
+
+    def f(t: float) -> float:
+        return land.loss({k: land.fs[k] + t * xi[k] + 0.5 * t * t * acc[k] for k in xi})
+
+    second = (f(h) - 2 * f(0.0) + f(-h)) / h ** 2
+    assert second == pytest.approx(direct, rel=1e-6, abs=1e-9)
+    # and it is not the Euclidean quadratic form alone: the Christoffel term counts
+    assert abs(direct - float(v @ cur.hvp(v))) > 1e-3 * abs(direct)
