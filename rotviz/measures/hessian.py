@@ -303,6 +303,10 @@ def _rows(d: dict) -> list[dict]:
     for g in d.get("groups") or []:
         rows += [{"group": g["group"], "rank": i + 1, "eigenvalue": e, "trace": g["trace"],
                   "trace_se": g["trace_se"]} for i, e in enumerate(g["eigenvalues"])]
+    if d.get("geodesic"):  # the whole model's, beside its eigenvalues (a column only when on)
+        for r in rows:
+            r["geodesic_sharpness"] = d["geodesic"]["value"] if r["group"] == "whole model" \
+                else None
     return rows
 
 

@@ -312,6 +312,10 @@ def test_geodesic_sharpness_beside_the_eigenvalues_leaves_them_as_they_were(tiny
     assert g["value"] == pytest.approx(sum(g["rises"]) / 2, rel=1e-12)
     assert "geodesic sharpness (average-case, rho 0.1, 2 directions)" in _summary(on, "")
     assert "Geodesic sharpness (average-case" in _caption(on.to_dict())
+    from rotviz.measures.hessian import _rows
+
+    assert all("geodesic_sharpness" not in r for r in _rows(off.to_dict()))
+    assert _rows(on.to_dict())[0]["geodesic_sharpness"] == g["value"]
 
 
 def test_geodesic_options_on_the_command_line(ws, capfd):
