@@ -232,3 +232,15 @@ def test_second_order_is_the_riemannian_hessian_quadratic_form(saved):
     assert second == pytest.approx(direct, rel=1e-6, abs=1e-9)
     # and it is not the Euclidean quadratic form alone: the Christoffel term counts
     assert abs(direct - float(v @ cur.hvp(v))) > 1e-3 * abs(direct)
+
+
+def test_conjugate_gradients_give_the_direct_projection(tiny, monkeypatch):
+    """Heads wider than gs.DIRECT solve the Gram system by conjugate gradients: the same
+    projection as the direct solve."""
+    land = gs.Landscape(tiny, None, synthetic_split(tiny, 4), dtype=F64)
+    xi = gs.draw(land.fs, land.chunk, torch.Generator().manual_seed(2))
+    direct = gs.horizontal(land.view, land.fs, land.p, xi)
+    monkeypatch.setattr(gs, "DIRECT", 0)
+    cg = gs.horizontal(land.view, land.fs, land.p, xi)
+    err = float(gs.norm(land.fs, land.p, {k: cg[k] - direct[k] for k in xi}))
+    assert err <= 1e-8 * float(gs.norm(land.fs, land.p, xi))
