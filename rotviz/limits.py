@@ -87,6 +87,11 @@ HESSIAN_PROBES = Bound("--trace", 0, 100_000)  # Hutchinson probes (0: no trace)
 HESSIAN_DENSITY = Bound("--density", 0, 100)  # spectral-density probes (0: no density)
 HESSIAN_ITERATIONS = Bound("--iterations", 2, 1_000)  # Lanczos steps at most
 HESSIAN_EXAMPLES = Bound("--examples", 1, 100_000)  # examples of the split the loss is on
+# geodesic sharpness (Hide & Seek): the perturbation scale rho (metric units: a relative
+# size per weight), average-case directions and worst-case ascent steps
+GEODESIC_RHO = Bound("--geodesic-rho", 1e-6, 10.0, integer=False)
+GEODESIC_SAMPLES = Bound("--geodesic-samples", 1, 1_000)
+GEODESIC_STEPS = Bound("--geodesic-steps", 0, 1_000)
 SHARPNESS_POINTS = Bound("--points", 2, 101)  # alphas on the path where the Hessian is taken
 FLAT_TANGENTS = Bound("--per-layer", 1, 100_000)  # symmetry tangents checked per block and kind
 FLAT_STEP = Bound("--step", 1e-6, 3.0, integer=False)  # orbit step s of exp(s E) (flat)

@@ -1,9 +1,10 @@
 """Curvature of one model's test loss: the top Hessian eigenvalues (Lanczos), the trace
 (Hutchinson, with its standard error), the eigenvalue density (stochastic Lanczos
-quadrature), for the whole model and per block or module kind (docs/landscape.md,
-"hessian"): the record, its computation (`hessian`, on rotviz.analysis.hvp's products and
-rotviz.analysis.lanczos) and its figure (the eigenvalues as bars, or the density on a log
-axis)."""
+quadrature), for the whole model and per block or module kind, and on request the geodesic
+sharpness that no symmetry changes (rotviz.analysis.geodesic_sharpness; docs/landscape.md,
+"hessian" and "geodesic sharpness"): the record, its computation (`hessian`, on
+rotviz.analysis.hvp's products and rotviz.analysis.lanczos) and its figure (the eigenvalues
+as bars, or the density on a log axis)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from typing import TYPE_CHECKING
 
 from rotviz.limits import (
     BATCH_SIZE,
+    GEODESIC_RHO,
+    GEODESIC_SAMPLES,
+    GEODESIC_STEPS,
     HESSIAN_DENSITY,
     HESSIAN_EXAMPLES,
     HESSIAN_ITERATIONS,
@@ -34,6 +38,7 @@ if TYPE_CHECKING:
     Tensor = torch.Tensor
 
 BY = ("none", "block", "kind")
+GEODESIC = ("no", "average", "worst")  # geodesic sharpness: off, average-case, worst-case
 ONE_PROBE = "n/a (one probe)"  # the text for a standard error one probe cannot give
 
 
@@ -61,6 +66,19 @@ def _params():
               label="Seed"),
         Param("batch_size", 512, f"evaluation batch size (default 512, {BATCH_SIZE.text})",
               BATCH_SIZE, label="Evaluation batch size"),
+        Param("geodesic", "no", "also the geodesic sharpness (Hide & Seek, da Silva et al. "
+              "2025), which no symmetry of the model changes: average-case or worst-case "
+              "(default no)", choices=GEODESIC, label="Geodesic sharpness"),
+        Param("geodesic_rho", 0.1, "geodesic sharpness' rho: the scale of the average-case "
+              "directions (per weight, relative), or the worst-case ball's radius "
+              f"({GEODESIC_RHO.text})", GEODESIC_RHO, label="Geodesic rho",
+              needs=("geodesic", ("average", "worst"))),
+        Param("geodesic_samples", 4, "average-case geodesic sharpness: seeded directions "
+              f"averaged ({GEODESIC_SAMPLES.text})", GEODESIC_SAMPLES,
+              label="Geodesic directions", widget=(1, 64, 1), needs=("geodesic", ("average",))),
+        Param("geodesic_steps", 3, "worst-case geodesic sharpness: Riemannian gradient-ascent "
+              f"steps ({GEODESIC_STEPS.text})", GEODESIC_STEPS, label="Geodesic ascent steps",
+              widget=(0, 50, 1), needs=("geodesic", ("worst",))),
     )
 
 
@@ -111,6 +129,8 @@ class HessianResult:
     residual: float = 0.0
     converged: bool = True
     data: str = ""  # the data reference the split was read from (digits, text:FILE)
+    # rotviz.analysis.geodesic_sharpness' dict (value, kind, rho, ...), None when not asked
+    geodesic: dict | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -119,12 +139,14 @@ class HessianResult:
 def hessian(loaded: Loaded, state: Mapping[str, Tensor] | None, split, device="cpu",
             top: int = 3, probes: int = 0, by: str = "none", seed: int = 0,
             batch_size: int = 512, steps: int = 100, density_probes: int = 0,
-            dtype: torch.dtype | None = None, progress: Progress | None = None
-            ) -> HessianResult:
+            dtype: torch.dtype | None = None, progress: Progress | None = None,
+            geodesic: Mapping | None = None) -> HessianResult:
     """Top-`top` eigenvalues of the Hessian of the split's mean loss at `state` (the model's
     own state by default), its Hutchinson trace with `probes` probes (0: none), and with `by`
     ('block' or 'kind') the same per group of parameters; with `density_probes`, the SLQ
-    density. Seeded: the same call gives the same numbers."""
+    density. Seeded: the same call gives the same numbers. `geodesic`: keywords of
+    rotviz.analysis.geodesic_sharpness.geodesic_sharpness (kind, rho, samples, steps, ...),
+    taken after everything else with a generator of its own (the other numbers stay)."""
     import torch
 
     from rotviz.analysis.hvp import Curvature, restricted
@@ -158,18 +180,44 @@ def hessian(loaded: Loaded, state: Mapping[str, Tensor] | None, split, device="c
                                          converged(ge, gr, min(top, int(mask.sum())))))
     dens = density(cur.hvp, cur.n, density_probes, min(steps, cur.n), gen, dt, dev) \
         if density_probes else None
+    geo = None
+    if geodesic:
+        from rotviz.analysis.geodesic_sharpness import geodesic_sharpness
+
+        geo = geodesic_sharpness(loaded, state, split, device, batch_size=batch_size,
+                                 dtype=dtype, progress=progress, **{"seed": seed, **geodesic})
     return HessianResult(loaded.ref, split.split, split.n, cur.n, cur.loss(), eig, tr, se,
                          probes, by, groups, dens, cur.hvps, time.perf_counter() - t0,
-                         str(ev.device), max(res, default=0.0), ok, data=split.data)
+                         str(ev.device), max(res, default=0.0), ok, data=split.data,
+                         geodesic=geo)
 
 
 def _run(ends, ctx: Context, v: dict):
     split = ctx.split.subset(min(v["examples"], ctx.split.n))
     r = hessian(ends.anchor, None, split, ctx.device, v["top"], v["trace"], v["by"],
                 v["seed"], v["batch_size"], v["iterations"], v["density"],
-                progress=ctx.progress)
+                progress=ctx.progress, geodesic=_geodesic_settings(v))
     r.model = ends.anchor_ref
     return r
+
+
+def _geodesic_settings(v: dict) -> dict | None:
+    """The geodesic-sharpness keywords the record's values ask for (None: off)."""
+    if v.get("geodesic", "no") == "no":
+        return None
+    return {"kind": v["geodesic"], "rho": v["geodesic_rho"], "samples": v["geodesic_samples"],
+            "steps": v["geodesic_steps"]}
+
+
+def geodesic_text(g: dict | None) -> str:
+    """The geodesic sharpness in words (summary and caption); empty when it was not asked."""
+    if not g:
+        return ""
+    how = (f"{g['samples']} directions" if g["kind"] == "average" else
+           f"{g['steps']} ascent steps")
+    first = f", first order {g['first_order']:.4g}" if "first_order" in g else ""
+    return (f"geodesic sharpness ({g['kind']}-case, rho {g['rho']:g}, {how}) "
+            f"{g['value']:.4g}{first}")
 
 
 def _summary(r, how: str) -> str:
@@ -179,6 +227,8 @@ def _summary(r, how: str) -> str:
     se = ONE_PROBE if r.trace_se is None else f"{r.trace_se:.2g}"  # None: from one probe
     tr = "" if r.trace is None else f"; trace {r.trace:.4g} +- {se}"
     by = "" if not r.groups else f"; {len(r.groups)} groups by {r.by}"
+    geo = geodesic_text(r.geodesic)
+    by += f"; {geo}" if geo else ""
     return (f"hessian on {r.device}{how}: top eigenvalues {eig}{tr}{by}; loss {r.loss:.4f} "
             f"on {r.n} {r.split} samples, {r.n_params} parameters, {r.hvps} Hessian-vector "
             f"products in {r.seconds:.2f} s")
@@ -253,6 +303,10 @@ def _rows(d: dict) -> list[dict]:
     for g in d.get("groups") or []:
         rows += [{"group": g["group"], "rank": i + 1, "eigenvalue": e, "trace": g["trace"],
                   "trace_se": g["trace_se"]} for i, e in enumerate(g["eigenvalues"])]
+    if d.get("geodesic"):  # the whole model's, beside its eigenvalues (a column only when on)
+        for r in rows:
+            r["geodesic_sharpness"] = d["geodesic"]["value"] if r["group"] == "whole model" \
+                else None
     return rows
 
 
@@ -266,7 +320,9 @@ def _caption(d: dict) -> str:
                if isinstance(trace, float) else "")
             + ("" if d.get("converged") is not False else
                f" Not converged (residual {d['residual']:.2g}): these are Ritz values short "
-               "of the Hessian's eigenvalues; raise the Lanczos steps."))
+               "of the Hessian's eigenvalues; raise the Lanczos steps.")
+            + (f" {geodesic_text(d['geodesic']).capitalize()}: the same at every point of "
+               "the symmetry orbit (Hide & Seek)." if d.get("geodesic") else ""))
 
 
 SECTION = Section(

@@ -293,3 +293,44 @@ def test_the_hessian_json_says_the_split_and_the_data(ws, capfd):
                  "s.json"]) == 0
     d = json.loads((ws / "s.json").read_text())
     assert d["split"] == "train" and d["data"] == "digits"
+
+
+def test_geodesic_sharpness_beside_the_eigenvalues_leaves_them_as_they_were(tiny, capsys):
+    """`--geodesic average|worst` adds the invariant sharpness (rotviz.analysis.
+    geodesic_sharpness) as the JSON's `geodesic`, in the summary and the caption; off (the
+    default) the field is null and every other number is the same either way."""
+    from rotviz.measures.hessian import _caption, _summary
+
+    split = split_of(tiny)
+    off = hessian(tiny, None, split, top=2, probes=3, seed=1)
+    on = hessian(tiny, None, split, top=2, probes=3, seed=1,
+                 geodesic={"kind": "average", "rho": 0.1, "samples": 2})
+    assert off.geodesic is None and "geodesic" not in _summary(off, "")
+    assert on.eigenvalues == off.eigenvalues and on.trace == off.trace and on.loss == off.loss
+    g = on.geodesic
+    assert g["kind"] == "average" and len(g["rises"]) == 2 and g["samples"] == 2
+    assert g["value"] == pytest.approx(sum(g["rises"]) / 2, rel=1e-12)
+    assert "geodesic sharpness (average-case, rho 0.1, 2 directions)" in _summary(on, "")
+    assert "Geodesic sharpness (average-case" in _caption(on.to_dict())
+    from rotviz.measures.hessian import _rows
+
+    assert all("geodesic_sharpness" not in r for r in _rows(off.to_dict()))
+    assert _rows(on.to_dict())[0]["geodesic_sharpness"] == g["value"]
+
+
+def test_geodesic_options_on_the_command_line(ws, capfd):
+    rc = main(["hessian", "zoo:vit-digits-s3", "--data", "digits", "--top", "1",
+               "--examples", "16", "--iterations", "4", "--geodesic", "worst",
+               "--geodesic-steps", "1", "--json", "g.json"])
+    out = capfd.readouterr().out
+    d = json.loads((ws / "g.json").read_text())
+    assert rc == 0 and "geodesic sharpness (worst-case, rho 0.1, 1 ascent steps)" in out
+    assert d["geodesic"]["kind"] == "worst" and len(d["geodesic"]["rises"]) == 2
+    assert d["geodesic"]["value"] == max(d["geodesic"]["rises"]) > 0
+    for argv, says in ((["--geodesic-steps", "2"], "--geodesic-steps needs --geodesic worst"),
+                       (["--geodesic", "average", "--geodesic-rho", "0"],
+                        "--geodesic-rho must be a number from 1e-06 to 10"),
+                       (["--geodesic", "yes"], "--geodesic")):
+        rc = main(["hessian", "zoo:vit-digits-s3", "--data", "digits", *argv])
+        err = capfd.readouterr().err
+        assert rc == 2 and says in err and err.count("\n") == 1
