@@ -198,7 +198,7 @@ def _inputs_parser(p: argparse.ArgumentParser, m: Measurement) -> None:
     for i, (name, text) in enumerate(m.inputs.args):
         last = i == len(m.inputs.args) - 1
         p.add_argument(name, help=text, nargs="+" if last and m.inputs.least else None)
-    p.add_argument("--data", required=True,
+    p.add_argument("--data", required=m.data,  # a record of the weights alone takes none
                    help="data reference: digits, pystdlib, text:FILE, csv:FILE, tsv:FILE, "
                         "jsonl:FILE, conll:FILE, hf:DIR, imagefolder:DIR or cifar10:DIR")
     p.add_argument("--split", default="test", help="split to evaluate on (default test)")
