@@ -319,8 +319,8 @@ def conserved_figure(d: Mapping, style: Style | None = None, title: str | None =
                                                                           "median"))
         color, name = st.color(i), LABELS.get(kind, kind)
         fig.add_scatter(x=x + x[::-1], y=hi + lo[::-1], fill="toself", fillcolor=color,
-                        mode="lines", opacity=0.18, line={"width": 0}, hoverinfo="skip", showlegend=False,
-                        legendgroup=kind)
+                        mode="lines", opacity=0.18, line={"width": 0}, hoverinfo="skip",
+                        showlegend=False, legendgroup=kind)
         fig.add_scatter(x=x, y=mid, mode="lines+markers", name=name, legendgroup=kind,
                         line={"color": color, "dash": st.dash(i), "width": 2.5},
                         marker={"symbol": st.marker(i), "size": 8},
