@@ -27,6 +27,7 @@ A, B = "zoo:vit-digits-s3", "zoo:vit-digits-s6"
 # What a record's inputs are, by the name of its argument (rotviz.measures.Inputs.args).
 REFS = {"anchor": (A,), "source": (B,), "series_a": ("zoo:vit-digits-run-a",),
         "series_b": ("zoo:vit-digits-run-b",), "spawn_dir": ("zoo:vit-digits-spawn",),
+        "series": ("zoo:vit-digits-sgd",),
         "models": (A, B, "zoo:vit-digits-s7")}
 
 RECORDS = [m.name for m in measurements()]
