@@ -23,7 +23,7 @@ from rotviz.confine import ANYWHERE, Confined
 from rotviz.errors import RotvizError
 from rotviz.limits import Bound
 from rotviz.measures.registry import Context, Inputs, Measurement, Section, register
-from rotviz.measures.training import SERIES_HELP, STEP, Series, read_series
+from rotviz.measures.training import SERIES_HELP, STEP, Series, read_series, specs_of
 from rotviz.params import Param
 from rotviz.plots.figure_style import Style
 
@@ -54,7 +54,9 @@ class OneSeries:
     @classmethod
     def read(cls, refs: Sequence[str], specs: Sequence[str] | None = None,
              confined: Confined = ANYWHERE) -> OneSeries:
-        """The series; matchings are none of its business (a page's are ignored)."""
+        """The series; matchings are none of its business (checked, then ignored: a page
+        passes its own to every section)."""
+        specs_of(specs)  # a bad SPEC is still one line
         series = read_series(refs[0], confined)
         _enough(series.ref, list(series.steps))
         _one_architecture(series, confined)

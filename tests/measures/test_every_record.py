@@ -90,7 +90,8 @@ def cli_argv(m: Measurement, params: dict) -> list[str]:
     opts = [x for k, v in params.items() for x in (by_name[k].flag, str(v))]
     if m.inputs is not None:
         specs = [x for sp in specs_of(m) for x in ("--match", sp)]
-        return [m.name, *refs_of(m), "--data", "digits", *specs, "--device", "cpu", *opts]
+        data = ["--data", "digits"] if m.data else []  # conserved reads weights only
+        return [m.name, *refs_of(m), *data, *specs, "--device", "cpu", *opts]
     models = [A, B] if m.pair else [A]
     data = ["--data", "digits"] if m.data else []
     match = ["--match", m.match_default] if m.pair else []
