@@ -148,3 +148,21 @@ def test_the_zoo_sgd_series_keeps_what_adamw_moves(tmp_path, capsys):
     assert adam["steps"] == [0, 64, 304]
     assert sgd["summary"]["qk"]["max"][-1] < 1e-5 < 0.1 < adam["summary"]["qk"]["median"][-1]
     assert sgd["summary"]["vo"]["max"][-1] < 0.01 < 0.1 < adam["summary"]["vo"]["median"][-1]
+
+
+def test_every_family_reads_its_quantities(family, saved, tmp_path):
+    """Three copies of one random model of each family: every kind the family's symmetry has
+    is measured (fused QKV, position projections, rotary, q/k norms, gated FFNs), and its
+    drift is exactly 0; a kind it lacks says why."""
+    import shutil
+
+    for step in (0, 1, 2):
+        shutil.copytree(saved(family), tmp_path / f"checkpoint-{step}")
+    r = measure("conserved", [str(tmp_path)], None).to_dict()
+    assert r["family"] == family and r["steps"] == [0, 1, 2]
+    for kind, s in r["summary"].items():
+        assert r["conserved"][kind] and s["max"] == [0.0, 0.0, 0.0], kind
+    for kind, on in r["conserved"].items():
+        assert on == (kind in r["summary"]) and (on or r["what"][kind].startswith("none"))
+    assert r["conserved"]["qk"] == (family != "qwen3")  # q/k norms: rotations only
+    assert r["conserved"]["vo"]
