@@ -127,7 +127,8 @@ class Conserved:
     units: int
     conserved: dict[str, bool]  # kind -> whether this architecture conserves anything
     what: dict[str, str]  # kind -> the components, or why none
-    # qk, vo: [block][group][step] -> the components; ffn: {} (per unit, summarised)
+    # qk, vo: [block][group][i] -> the components at step values_steps[i] (every step, or
+    # the first and last where all would pass VALUES_CAP numbers); no ffn (summarised)
     values: dict[str, list]
     scale: dict[str, list]  # qk, vo: [block][group]; ffn: [block] -> median unit scale
     drift: dict[str, list]  # qk, vo: [block][group][step]; ffn: [block][step] (median)
@@ -137,10 +138,14 @@ class Conserved:
     device: str
     seconds: float
     stopped: str = ""
+    values_steps: list[int] = field(default_factory=list)
     extra: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+VALUES_CAP = 2_000_000  # components kept in the JSON at most (a 7B model's series: far more)
 
 
 def conserved_over(inputs: OneSeries, every: int = 1, progress: Progress | None = None,
@@ -179,7 +184,7 @@ def conserved_over(inputs: OneSeries, every: int = 1, progress: Progress | None 
         if out is None:
             first = q
             out = _empty(series.ref, steps, loaded.spec.family, view, scales)
-        _add(out, first, q)
+        _add(out, first, q, _keep_values(q, len(steps), i))
         del loaded, view
         if progress is not None:
             progress(i + 1, len(steps), f"step {step}")
@@ -212,11 +217,22 @@ def _empty(ref: str, steps: list[int], family: str, view, scales: bool) -> Conse
         summary={}, device="cpu", seconds=0.0, extra={"units": {}})
 
 
-def _add(out: Conserved, first, q) -> None:
-    """One checkpoint's quantities, measured against the first's."""
+def _keep_values(q, n_steps: int, i: int) -> bool:
+    """Whether the JSON keeps step i's components: always, unless every step's would pass
+    VALUES_CAP numbers; then the first and the last only."""
+    per_step = sum(v.numel() for kind in (q.qk, q.vo) for b in kind for v in b)
+    return per_step * n_steps <= VALUES_CAP or i in (0, n_steps - 1)
+
+
+def _add(out: Conserved, first, q, keep: bool = True) -> None:
+    """One checkpoint's quantities, measured against the first's (its components kept in
+    the JSON when `keep`)."""
     import torch
 
     from rotviz.analysis.conserved import relative
+
+    if keep:
+        out.values_steps.append(out.steps[len(out.norm["vo"][0][0])])
 
     for kind in ("qk", "vo"):
         if not out.conserved[kind]:
@@ -226,7 +242,8 @@ def _add(out: Conserved, first, q) -> None:
             out.scale[kind] = [list(s) for s in s0]
         for b, groups in enumerate(vals):
             for g, v in enumerate(groups):
-                out.values[kind][b][g].append(v.tolist())
+                if keep:
+                    out.values[kind][b][g].append(v.tolist())
                 change = torch.linalg.norm(v - v0[b][g])
                 out.drift[kind][b][g].append(float(relative(change, s0[b][g])))
                 out.norm[kind][b][g].append(float(torch.linalg.norm(v)))

@@ -76,7 +76,7 @@ def test_gradient_descent_keeps_every_quantity(kind, tmp_path):
     assert losses[-1] < losses[0] - 0.05  # it trains
     r = measure("conserved", [str(root)], None).to_dict()
     assert r["conserved"] == {"qk": True, "vo": True, "ffn": True}
-    assert r["steps"] == [0, 20, 40, 60]
+    assert r["steps"] == r["values_steps"] == [0, 20, 40, 60]
     drifts = [x for k in ("qk", "vo") for b in r["drift"][k] for g in b for x in g]
     drifts += [x for b in r["drift_max"]["ffn"] for x in b]
     assert len(drifts) == 4 * (2 * 2 * (4 if kind == "vit-relu" else 2) + 2)
