@@ -152,40 +152,23 @@ def conserved_over(inputs: OneSeries, every: int = 1, progress: Progress | None 
                    cancel: Callable[[], bool] | None = None) -> Conserved:
     """Read the checkpoints one by one, in float64, and measure every conserved quantity
     against its value at the first step kept."""
-    import torch
-
+    from rotviz.analysis import conserved as cq
     from rotviz.analysis.tangents import ffn_has_scales
-    from rotviz.sources.loading import load_model
-    from rotviz.symmetry.view import read_view
 
     t0 = time.perf_counter()
-    series = inputs.series
-    steps = kept_steps(list(series.steps), every)
-    first, shapes, out = None, None, None
+    steps = kept_steps(list(inputs.series.steps), every)
+    first, shapes, out = None, {}, None
     for i, step in enumerate(steps):
         if out is not None and cancel is not None and cancel():
             out.stopped = "cancelled"
             break
-        loaded = load_model(series.steps[step], confined=inputs.confined)
-        now = {k: tuple(v.shape) for k, v in loaded.state.items()}
-        if shapes is None:
-            shapes = now
-        elif now != shapes:
-            key = sorted(k for k in set(now) | set(shapes) if now.get(k) != shapes.get(k))[0]
-            raise RotvizError(f"series '{series.ref}': the checkpoint of step {step} has "
-                              f"another architecture than step {steps[0]} ({key}: "
-                              f"{now.get(key)} against {shapes.get(key)}); give the "
-                              "checkpoints of one model")
-        view = read_view(loaded.spec, loaded.config, loaded.state).to(torch.float64)
+        family, view = _view_at(inputs, step, steps[0], shapes)
         scales = ffn_has_scales(view.blocks[0].ffn)
-        from rotviz.analysis import conserved as cq
-
         q = cq.quantities(view, scales)
         if out is None:
-            first = q
-            out = _empty(series.ref, steps, loaded.spec.family, view, scales)
+            first, out = q, _empty(inputs.series.ref, steps, family, view, scales)
         _add(out, first, q, _keep_values(q, len(steps), i))
-        del loaded, view
+        del view
         if progress is not None:
             progress(i + 1, len(steps), f"step {step}")
     out.steps = out.steps[:len(out.norm["vo"][0][0])]
@@ -194,26 +177,48 @@ def conserved_over(inputs: OneSeries, every: int = 1, progress: Progress | None 
     return out
 
 
+def _view_at(inputs: OneSeries, step: int, start: int, shapes: dict):
+    """(family, the float64 view) of the checkpoint of `step`; one line when its tensors'
+    shapes differ from the first's (`shapes`, filled on the first call)."""
+    import torch
+
+    from rotviz.sources.loading import load_model
+    from rotviz.symmetry.view import read_view
+
+    loaded = load_model(inputs.series.steps[step], confined=inputs.confined)
+    now = {k: tuple(v.shape) for k, v in loaded.state.items()}
+    if not shapes:
+        shapes.update(now)
+    elif now != shapes:
+        key = sorted(k for k in set(now) | set(shapes) if now.get(k) != shapes.get(k))[0]
+        raise RotvizError(f"series '{inputs.series.ref}': the checkpoint of step {step} has "
+                          f"another architecture than step {start} ({key}: {now.get(key)} "
+                          f"against {shapes.get(key)}); give the checkpoints of one model")
+    view = read_view(loaded.spec, loaded.config, loaded.state).to(torch.float64)
+    return loaded.spec.family, view
+
+
 def _empty(ref: str, steps: list[int], family: str, view, scales: bool) -> Conserved:
+    """The result before any step: empty lists per block and group of each kind conserved."""
     from rotviz.analysis import conserved as cq
 
     dims = view.dims
     on = cq.conserves(dims, scales)
     nb, ng = len(view.blocks), dims.n_kv_heads
-    per_group = {k: ([[[] for _ in range(ng)] for _ in range(nb)] if on[k] else [])
-                 for k in ("qk", "vo")}
-    per_block = [[] for _ in range(nb)] if on["ffn"] else []
+
+    def groups(kind: str) -> list:
+        return [[[] for _ in range(ng)] for _ in range(nb)] if on[kind] else []
+
+    def blocks() -> list:
+        return [[] for _ in range(nb)] if on["ffn"] else []
+
     return Conserved(
         ref, list(steps), family, nb, ng, dims.d_ffn, on, cq.which(dims, scales),
-        values={k: [[list(g) for g in b] for b in per_group[k]] for k in ("qk", "vo")},
+        values={"qk": groups("qk"), "vo": groups("vo")},
         scale={"qk": [], "vo": [], "ffn": []},
-        drift={"qk": [[list(g) for g in b] for b in per_group["qk"]],
-               "vo": [[list(g) for g in b] for b in per_group["vo"]],
-               "ffn": [list(b) for b in per_block]},
-        drift_max={"ffn": [list(b) for b in per_block]},
-        norm={"qk": [[list(g) for g in b] for b in per_group["qk"]],
-              "vo": [[list(g) for g in b] for b in per_group["vo"]],
-              "ffn": [list(b) for b in per_block]},
+        drift={"qk": groups("qk"), "vo": groups("vo"), "ffn": blocks()},
+        drift_max={"ffn": blocks()},
+        norm={"qk": groups("qk"), "vo": groups("vo"), "ffn": blocks()},
         summary={}, device="cpu", seconds=0.0, extra={"units": {}})
 
 
