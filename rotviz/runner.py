@@ -162,7 +162,7 @@ def run_inputs(m: Measurement, inputs: Any, params: dict,
         m.inputs.check(inputs, values, named)
     if sized:
         raise words.refuse(f"{m.name} is refused at size: {m.why_not_at_size()}")
-    split = split_of(inputs.first_pair()[0])
+    split = split_of(inputs.first_pair()[0]) if m.data else None  # weights only: no split
     ctx = Context(split, resolve_device(device), progress=progress, cancel=cancel, load=load)
     return m.run(inputs, ctx, values)
 

@@ -135,12 +135,41 @@ SPAWNS: tuple[SpawnEntry, ...] = (
                "ViT on digits (vit-digits-s3's architecture), 304 steps; children spawned at "
                "steps 0, 16, 64 and 304, each trained to the end in two data orders"),
 )
+
+
+@dataclass(frozen=True)
+class RunEntry:
+    """A short series of the zoo on its own (rotviz.zoo.series builds it): one run of `recipe`
+    from `seed` in data order `order`, its checkpoints kept at `steps` (the last is where it
+    stops), written as `NAME/checkpoint-<step>/` with the series' card."""
+
+    name: str
+    recipe: str
+    seed: int
+    order: int
+    steps: tuple[int, ...]
+    description: str
+
+
+RUNS: tuple[RunEntry, ...] = (
+    RunEntry("vit-digits-sgd", "vit-digits-sgd", 3, 1, (0, 10, 20, 40, 80),
+             "vit-digits-run-a's model, seed and data order, 80 steps of plain SGD without "
+             "weight decay: the conserved quantities stay put"),
+)
 # Series of checkpoints (Hugging Face Trainer's checkpoint-<step>/ layout) in the zoo: name ->
-# (spawn folder, the folder inside it).
+# (spawn folder or run, the folder inside it).
 SERIES: dict[str, tuple[str, str]] = {
     "vit-digits-run-a": ("vit-digits-spawn", "run-a"),
     "vit-digits-run-b": ("vit-digits-spawn", "run-b"),
+    **{e.name: (e.name, "") for e in RUNS},
 }
+
+
+def run_entry(name: str) -> RunEntry:
+    for e in RUNS:
+        if e.name == name:
+            return e
+    raise RotvizError(f"unknown zoo series '{name}': known are {', '.join(e.name for e in RUNS)}")
 
 
 def spawn_entry(name: str) -> SpawnEntry:

@@ -1278,7 +1278,7 @@ def test_training_page_runs_both_charts_on_the_zoo_series(roots):
 
     at = app("training", t_training_points="3", t_spawn_points="3")
     assert not figures(at)
-    assert texts(at).count("Press **Run** to compute this section.") == 2
+    assert texts(at).count("Press **Run** to compute this section.") == 3  # and conserved
     for name in ("training", "spawn"):
         at.button(key=f"t_{name}_run").click().run()
         assert not at.exception, [e.message for e in at.exception]
@@ -1299,6 +1299,26 @@ def test_training_page_runs_both_charts_on_the_zoo_series(roots):
             assert np.allclose(numbers(tr["y"]), want.barrier[m], rtol=1e-9, atol=1e-12)
     assert numbers(spawn["data"][0]["y"])[-1] == 0.0  # spawned at the end: the parent twice
     assert "common steps on 100 test samples." in "\n".join(str(c.value) for c in at.caption)
+
+
+def test_training_page_draws_the_conserved_quantities_of_a_zoo_series(roots):
+    """The conserved section opens on the zoo's run a; its Run draws the library's median
+    drifts (a framed chart, log axis), every step but the first."""
+    from rotviz import measure
+
+    at = app("training", t_conserved_every="2")
+    at.button(key="t_conserved_run").click().run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    fig = next(f for t, f in figures(at).items() if t.startswith("Conserved quantities"))
+    _framed(fig)
+    want = measure("conserved", ["zoo:vit-digits-run-a"], None, every=2).to_dict()
+    lines = [tr for tr in fig["data"] if tr.get("showlegend") is not False]
+    assert [tr["name"] for tr in lines] == ["Q-K map (per head)", "V-O map (per head)"]
+    for tr, kind in zip(lines, ("qk", "vo"), strict=True):
+        assert numbers(tr["x"]) == want["steps"][1:]
+        assert np.allclose(numbers(tr["y"]), want["summary"][kind]["median"][1:], rtol=1e-9)
+    assert fig["layout"]["yaxis"]["type"] == "log"
 
 
 def measure_lib(name: str, refs: list[str], split):

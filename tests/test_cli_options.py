@@ -26,7 +26,7 @@ MEASURES = {m.name: m for m in measurements()}  # one command each (rotviz.cli.m
 
 # The zoo's series and spawn folder, for the records whose inputs they are (training, spawn).
 SERIES = {"series_a": "zoo:vit-digits-run-a", "series_b": "zoo:vit-digits-run-b",
-          "spawn_dir": "zoo:vit-digits-spawn"}
+          "spawn_dir": "zoo:vit-digits-spawn", "series": "zoo:vit-digits-sgd"}
 
 
 def _inputs(m) -> list[str]:
@@ -213,7 +213,7 @@ def _argv(cmd: str, opt: str, value: str) -> list[str]:
         if cmd == "zoo build":
             return ["zoo", "build", value]
         i = {"anchor": 1, "source": 2, "model": 1, "series_a": 1, "series_b": 2,
-             "spawn_dir": 1, "models": 1}[opt]
+             "spawn_dir": 1, "models": 1, "series": 1}[opt]
         base[i] = value
         return base
     if opt in base:  # --out or --data: replace its value

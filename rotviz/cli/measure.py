@@ -198,11 +198,12 @@ def _inputs_parser(p: argparse.ArgumentParser, m: Measurement) -> None:
     for i, (name, text) in enumerate(m.inputs.args):
         last = i == len(m.inputs.args) - 1
         p.add_argument(name, help=text, nargs="+" if last and m.inputs.least else None)
-    p.add_argument("--data", required=True,
-                   help="data reference: digits, pystdlib, text:FILE, csv:FILE, tsv:FILE, "
-                        "jsonl:FILE, conll:FILE, hf:DIR, imagefolder:DIR or cifar10:DIR")
-    p.add_argument("--split", default="test", help="split to evaluate on (default test)")
-    add_reading(p)
+    if m.data:  # a record of the weights alone (conserved) takes no data
+        p.add_argument("--data", required=True,
+                       help="data reference: digits, pystdlib, text:FILE, csv:FILE, tsv:FILE, "
+                            "jsonl:FILE, conll:FILE, hf:DIR, imagefolder:DIR or cifar10:DIR")
+        p.add_argument("--split", default="test", help="split to evaluate on (default test)")
+        add_reading(p)
     default = " and ".join(m.inputs.default_specs)
     if m.inputs.one_spec:
         p.add_argument("--match", action="append", default=None, metavar="SPEC",
@@ -251,12 +252,13 @@ def run_inputs_command(m: Measurement, args: argparse.Namespace) -> int:
     first = inputs.first_pair()
     outputs = Outputs(m.name)
     further = [given[n] for n in m.models if given.get(n)]  # a merge's base: an input too
+    data = args.data if m.data else None
     guard_inputs(outputs, [r for r in (*refs, *further) if ":" not in r]
-                 + [str(p) for p in first], args.data)
+                 + [str(p) for p in first], data)
     js = outputs.add(args.json, "--json", folder=False, overwrite=args.overwrite)
     _check_drawings(outputs, args)
     args.anchor, args.source = map(str, first)
-    columns, seq_len = reading(args, args.data)
+    columns, seq_len = reading(args, data) if m.data else (None, None)
 
     def split_of(folder):
         return split_for(_load_eval(str(folder)), args.data, args.split, seq_len=seq_len,

@@ -33,7 +33,8 @@ def _add_zoo(sub) -> None:
     zs = z.add_subparsers(dest="zoo_command", required=True)
     b = zs.add_parser("build", help="train zoo models from their recipes and seeds")
     b.add_argument("names", nargs="+", metavar="NAME",
-                   help=f"zoo model names, a spawn series (vit-digits-spawn), or a pair "
+                   help=f"zoo model names, a spawn series (vit-digits-spawn), a short "
+                        f"series (vit-digits-sgd), or a pair "
                         f"({', '.join(PAIRS)}), or all")
     b.add_argument("--out", default=None, metavar="DIR",
                    help="write NAME folders under DIR (default: the zoo's build folder, "
@@ -84,11 +85,12 @@ def _expand(names: list[str]) -> list[str]:
 
 def cmd_build(args: argparse.Namespace) -> int:
     from rotviz import zoo_registry as zoo
-    from rotviz.zoo import spawn
+    from rotviz.zoo import series, spawn
     from rotviz.zoo.build import build, build_output
 
     spawns = [n for n in args.names if n in {e.name for e in zoo.SPAWNS}]
-    names = _expand([n for n in args.names if n not in spawns])
+    runs = [n for n in args.names if n in {e.name for e in zoo.RUNS}]
+    names = _expand([n for n in args.names if n not in spawns and n not in runs])
     if args.out is not None and not args.out.strip():
         raise RotvizError("--out is empty: give a folder for the NAME folders, or leave it out "
                           "to build in the zoo's build folder")
@@ -102,6 +104,8 @@ def cmd_build(args: argparse.Namespace) -> int:
         build_output(name, _out_of(args, name), args.overwrite)
     for name in spawns:
         spawn.build_output(name, _out_of(args, name), args.overwrite)
+    for name in runs:
+        series.build_output(name, _out_of(args, name), args.overwrite)
     for name in names:
         bar = _bar(name)
         try:
@@ -124,6 +128,17 @@ def cmd_build(args: argparse.Namespace) -> int:
         final = card["test"][f"spawn-{card['steps']}/a"]
         print(f"built {name} ({len(card['test'])} models) in {card['train_seconds']:.1f} s: "
               f"final test loss {final['loss']:.4f}, acc {final['acc']:.4f}; wrote {path}")
+    for name in runs:
+        bar = _bar(name)
+        try:
+            path = series.build(name, _out_of(args, name), progress=bar.update_to,
+                                overwrite=args.overwrite)
+        finally:
+            bar.close()
+        card = zoo.read_card(path)
+        final = card["test"][f"checkpoint-{card['steps']}"]
+        print(f"built {name} ({len(card['test'])} checkpoints) in {card['train_seconds']:.1f} "
+              f"s: final test loss {final['loss']:.4f}, acc {final['acc']:.4f}; wrote {path}")
     return 0
 
 
@@ -166,6 +181,14 @@ def cmd_list(args: argparse.Namespace) -> int:
                          f"{t['acc']:.4f}", str(t["n"])))
         else:
             rows.append((e.name, e.pair, e.recipe, str(e.seed), "not built", "-", "-"))
+    for r in zoo.RUNS:  # the short series: its last checkpoint's metrics
+        folder = zoo.where(r.name)
+        if (folder / "card.json").is_file():
+            t = zoo.read_card(folder)["test"][f"checkpoint-{r.steps[-1]}"]
+            rows.append((r.name, "series", r.recipe, str(r.seed), f"{t['loss']:.4f}",
+                         f"{t['acc']:.4f}", f"{len(r.steps)} steps"))
+        else:
+            rows.append((r.name, "series", r.recipe, str(r.seed), "not built", "-", "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())

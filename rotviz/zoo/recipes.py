@@ -38,6 +38,9 @@ class Recipe:
     init: str | None = None  # zoo model to start from (fine-tunes)
     description: str = ""
     tokenizer: str | None = None  # tokenizer folder of a text model (rotviz.zoo.nlp.TOKENIZER)
+    # "adamw" (decoupled weight decay) or "sgd": plain SGD, no momentum, weight decay as L2
+    # (the short series whose conserved quantities stay put: docs/landscape.md, "conserved")
+    optimizer: str = "adamw"
 
     def to_dict(self) -> dict:
         """The recipe as its card records it (without `tokenizer` where it has none, so
@@ -45,6 +48,8 @@ class Recipe:
         out = asdict(self)
         if out["tokenizer"] is None:
             del out["tokenizer"]
+        if out["optimizer"] == "adamw":  # likewise the cards older than the optimizer field
+            del out["optimizer"]
         return out
 
     @property
@@ -186,6 +191,15 @@ RECIPES: dict[str, Recipe] = {
             weight_decay=0.05, warmup_epochs=1.0,
             description="the spawn series' run: vit-digits for 16 epochs (304 steps), one "
                         "epoch of warm-up then cosine decay, AdamW, lr 2e-3, batch 64",
+        ),
+        # The conserved quantities' contrast (docs/landscape.md, "conserved"): the spawn
+        # run's model and seed, 80 steps of plain SGD (no momentum) without weight decay, so
+        # that every symmetry's quantity stays put (the AdamW runs' drift away)
+        Recipe(
+            "vit-digits-sgd", "vit", "digits", _VIT_DIGITS, epochs=5, batch_size=64, lr=0.05,
+            weight_decay=0.0, warmup_epochs=0.0, schedule="constant", optimizer="sgd",
+            description="vit-digits-spawn's model trained 80 steps by plain SGD (no "
+                        "momentum), lr 0.05, batch 64, no weight decay, constant rate",
         ),
         Recipe(
             "gpt2-pystdlib", "gpt2", "pystdlib", _GPT2_PYSTDLIB, epochs=6, batch_size=32, lr=2e-3,

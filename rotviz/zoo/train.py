@@ -88,6 +88,18 @@ def _update(model: nn.Module, opt, sched, loss: torch.Tensor, grad_clip: float) 
     sched.step()
 
 
+def optimiser(recipe: Recipe, params):
+    """The recipe's optimiser: AdamW (decoupled weight decay), or plain SGD (no momentum;
+    weight decay as an L2 term, the gradient flow d theta/dt = -grad L - lambda theta)."""
+    if recipe.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=recipe.lr, weight_decay=recipe.weight_decay)
+    if recipe.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=recipe.lr, momentum=0.0,
+                               weight_decay=recipe.weight_decay)
+    raise RotvizError(f"recipe '{recipe.name}' names optimizer '{recipe.optimizer}': use "
+                      "adamw or sgd")
+
+
 def _loss(model: nn.Module, family: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     logits = model(**{spec_named(family).input_key: x}).logits
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
@@ -198,7 +210,7 @@ def train(
                     or [k for k in unexpected if not k.startswith(dropped)]):
                 raise RotvizError(f"the initial weights do not fit recipe '{recipe.name}'")
         model.train()
-        opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
+        opt = optimiser(recipe, model.parameters())
         per_epoch = math.ceil(data.n / recipe.batch_size)
         total = recipe.epochs * per_epoch
         warmup = round(recipe.warmup_epochs * per_epoch)
@@ -260,12 +272,13 @@ def data_order(n: int, order_seed: int, epoch: int) -> torch.Tensor:
 
 
 def run_steps(recipe: Recipe, seed: int, data: Split, order_seed: int, keep: set[int],
-              start: RunState | None = None, progress: Progress | None = None
-              ) -> dict[int, RunState]:
+              start: RunState | None = None, progress: Progress | None = None,
+              stop: int | None = None) -> dict[int, RunState]:
     """Train the recipe's model (initialised from `seed`, or from `start`) on `data` in the
     order `order_seed` draws, from step `start.step` (0 without) to the recipe's last step;
     returns the states at the steps in `keep` (a copy each). Images only (the ViT recipes):
-    the spawn series of the zoo (rotviz.zoo.spawn). Deterministic like `train`."""
+    the spawn series of the zoo (rotviz.zoo.spawn). Deterministic like `train`. `stop`: end
+    there instead (a short series, rotviz.zoo.series)."""
     if recipe.tokenizer is not None or recipe.family != "vit":
         raise RotvizError(f"recipe '{recipe.name}' is not an image recipe; spawn runs train "
                           "the ViT recipes")
@@ -279,7 +292,7 @@ def run_steps(recipe: Recipe, seed: int, data: Split, order_seed: int, keep: set
     kept: dict[int, RunState] = {}
     with deterministic_cpu(seed):
         model = recipe.build_model()
-        opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
+        opt = optimiser(recipe, model.parameters())
         sched = torch.optim.lr_scheduler.LambdaLR(
             opt, (lambda s: 1.0) if recipe.schedule == "constant"
             else (lambda s: _schedule(s, warmup, total)))
@@ -297,7 +310,7 @@ def run_steps(recipe: Recipe, seed: int, data: Split, order_seed: int, keep: set
 
         keep_now(first)
         order = None
-        for step in range(first, total):
+        for step in range(first, total if stop is None else min(stop, total)):
             epoch, b = divmod(step, per_epoch)
             if order is None or b == 0:
                 order = data_order(data.n, order_seed, epoch)

@@ -27,6 +27,7 @@ A, B = "zoo:vit-digits-s3", "zoo:vit-digits-s6"
 # What a record's inputs are, by the name of its argument (rotviz.measures.Inputs.args).
 REFS = {"anchor": (A,), "source": (B,), "series_a": ("zoo:vit-digits-run-a",),
         "series_b": ("zoo:vit-digits-run-b",), "spawn_dir": ("zoo:vit-digits-spawn",),
+        "series": ("zoo:vit-digits-sgd",),
         "models": (A, B, "zoo:vit-digits-s7")}
 
 RECORDS = [m.name for m in measurements()]
@@ -89,7 +90,8 @@ def cli_argv(m: Measurement, params: dict) -> list[str]:
     opts = [x for k, v in params.items() for x in (by_name[k].flag, str(v))]
     if m.inputs is not None:
         specs = [x for sp in specs_of(m) for x in ("--match", sp)]
-        return [m.name, *refs_of(m), "--data", "digits", *specs, "--device", "cpu", *opts]
+        data = ["--data", "digits"] if m.data else []  # conserved reads weights only
+        return [m.name, *refs_of(m), *data, *specs, "--device", "cpu", *opts]
     models = [A, B] if m.pair else [A]
     data = ["--data", "digits"] if m.data else []
     match = ["--match", m.match_default] if m.pair else []

@@ -17,10 +17,12 @@ from rotviz.app.specs import SPEC_CHOICES
 from rotviz.measures import Measurement
 from rotviz.ui import section, sidebar
 
-# the references each section opens on: the zoo's two runs, and its spawn folder
+# the references each section opens on: the zoo's two runs, its spawn folder, and run a alone
+# (conserved quantities; the zoo's SGD series, zoo:vit-digits-sgd, is their contrast)
 REFS = {"training": {"series_a": ("Series A", "zoo:vit-digits-run-a"),
                      "series_b": ("Series B", "zoo:vit-digits-run-b")},
-        "spawn": {"spawn_dir": ("Spawn folder", "zoo:vit-digits-spawn")}}
+        "spawn": {"spawn_dir": ("Spawn folder", "zoo:vit-digits-spawn")},
+        "conserved": {"series": ("Series", "zoo:vit-digits-run-a")}}
 
 s = sidebar.setup()
 st.title("Barriers over training and spawn instability")

@@ -1,0 +1,88 @@
+"""Building a short series of the zoo (rotviz.zoo_registry.RUNS): one seeded run of a recipe,
+its checkpoints kept at a few steps, written as the layout rotviz reads for a series
+(rotviz.measures.training.read_series):
+
+    vit-digits-sgd/
+      card.json                 recipe, seed, data order, steps, each checkpoint's test metrics
+      checkpoint-<step>/        Hugging Face Trainer's layout, one model folder per step
+
+The zoo's SGD series (no weight decay) is the conserved quantities' contrast to its AdamW
+runs (docs/landscape.md, "conserved"). The series folder is one output (rotviz.outputs),
+checked before any training and renamed into place when all of it is written.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from rotviz.arch import spec_named
+from rotviz.data.split import load_split
+from rotviz.evaluation import evaluate
+from rotviz.outputs import Outputs, write_json_file
+from rotviz.sources import loading as models
+from rotviz.sources.adapters import source_of
+from rotviz.types import Progress
+from rotviz.zoo import recipes, train
+from rotviz.zoo_registry import build_dir, refuse_shipped, run_entry
+
+
+def build_output(name: str, out_dir: str | os.PathLike | None = None,
+                 overwrite: bool = False) -> Outputs:
+    """The checked outputs (each checkpoint folder and the card), before any training;
+    without `out_dir`, in the zoo's build folder (a shipped series is refused there)."""
+    ent = run_entry(name)
+    if out_dir is None:
+        refuse_shipped(ent.name)
+    root = build_dir() / ent.name if out_dir is None else Path(out_dir)
+    again = overwrite or out_dir is None
+    outputs = Outputs("zoo build")
+    outputs.add(root, "zoo folder" if out_dir is None else "--out", folder=True,
+                overwrite=again)
+    return outputs
+
+
+def build(name: str, out_dir: str | os.PathLike | None = None,
+          progress: Progress | None = None, overwrite: bool = False) -> Path:
+    """Train the run to its last kept step and write every kept checkpoint and the card."""
+    ent = run_entry(name)
+    rec = recipes.recipe(ent.recipe)
+    outputs = build_output(name, out_dir, overwrite)
+    data = train.select(train.recipe_split(rec, "train"), rec.subset)
+    t0 = time.perf_counter()
+    states = train.run_steps(rec, ent.seed, data, ent.order, set(ent.steps), progress=progress,
+                             stop=ent.steps[-1])
+    if set(states) != set(ent.steps):
+        raise RuntimeError(f"the run of {name} stopped short of step {ent.steps[-1]}")
+    seconds = time.perf_counter() - t0
+    test = load_split(rec.data, "test")
+    spec = spec_named(rec.family)
+    with train.deterministic_cpu(ent.seed):  # a shell for the weights; the caller's RNG kept
+        module = rec.build_model()
+    metrics = {}
+    folder = outputs.items[0]
+    with outputs.write() as temps:
+        tmp = temps[folder]
+        for step in ent.steps:
+            where = tmp / f"checkpoint-{step}"
+            where.mkdir()
+            module.load_state_dict(states[step].model)
+            source_of(spec).save_module(module, rec.hf_config().to_dict(), where)
+            with train.deterministic_cpu(0, train.TRAIN_THREADS):
+                m = evaluate(models.load_model(where), test)
+            metrics[where.name] = {"loss": m["loss"], "acc": m["acc"]}
+        card = {
+            "name": name, "description": ent.description, "recipe": rec.to_dict(),
+            "seed": ent.seed, "order": ent.order, "series_steps": list(ent.steps),
+            "steps": ent.steps[-1], "data": {"ref": rec.data, "split_seed": 0,
+                                             "n_train": data.n, "n_test": test.n},
+            "test": metrics, "train_seconds": round(seconds, 2),
+            "threads": train.TRAIN_THREADS, "python": platform.python_version(),
+            "platform": f"{platform.system()} {platform.machine()}",
+            "built": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        }
+        write_json_file(tmp / "card.json", card, "zoo build")
+    return folder.path
