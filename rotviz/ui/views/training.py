@@ -20,7 +20,10 @@ from rotviz.ui import section, sidebar
 # the references each section opens on: the zoo's two runs, and its spawn folder
 REFS = {"training": {"series_a": ("Series A", "zoo:vit-digits-run-a"),
                      "series_b": ("Series B", "zoo:vit-digits-run-b")},
-        "spawn": {"spawn_dir": ("Spawn folder", "zoo:vit-digits-spawn")}}
+        "spawn": {"spawn_dir": ("Spawn folder", "zoo:vit-digits-spawn")},
+        "trajectory": {"series_a": ("Series A", "zoo:vit-digits-run-a"),
+                       "series_b": ("Series B (moved by the matching)",
+                                    "zoo:vit-digits-run-b")}}
 
 s = sidebar.setup()
 st.title("Barriers over training and spawn instability")
