@@ -93,7 +93,7 @@ class Runs:
     @classmethod
     def read(cls, refs: Sequence[str], specs: Sequence[str] | None = None,
              confined: Confined = ANYWHERE) -> Runs:
-        labels = [s for s in specs_of(specs) if s != "none"]
+        labels = [s for s in specs_of(specs or ("none",)) if s != "none"]
         if len(labels) > 1:
             raise RotvizError(f"trajectory moves B by one matching, got {', '.join(labels)}: "
                               "give one --match")
@@ -473,6 +473,5 @@ TRAJECTORY = register(Measurement(
     "(with a second series: unmatched and matched)",
     _run, PARAMS, summary=_summary, plot=trajectory_figure, rows=rows, refusal=AT_SIZE,
     inputs=Inputs((("series_a", "the " + SERIES_HELP + "; at least three checkpoints"),),
-                  Runs.read, spec_help="the matching that moves series B (--with) onto A's "
-                  "final, once (none: B unmatched only)", check=_check),
+                  Runs.read, default_specs=("none",), one_spec=True, check=_check),
     progress=True, section=SECTION, order=145))
