@@ -217,7 +217,7 @@ def _run_of(name: str, steps, states, final: Loaded, names, ev: Evaluator) -> Ru
     import torch
 
     offsets = torch.stack([flat_offset(s, final.state, names) for s in states])
-    own = [ev.evaluate(ev.params({**final.state, **s})) for s in states]
+    own = ev.evaluate_each(lambda s: ev.params({**final.state, **s}), states)  # side by side
     return Run(name, list(steps), offsets, own)
 
 
@@ -293,9 +293,12 @@ def _plane(name: str, runs: list[Run], final: Loaded, names, norm: str, grid: in
     def node(p: tuple[float, float]):
         return ev.params(node_state(final.state, d, names, *p))
 
-    loss, acc, p_loss, p_acc = plane_grid(
-        lambda x, y: ev.evaluate(node((x, y))), lambda k: ev.evaluate(node(pts[k])), pts,
-        xs, ys, progress, each=lambda nodes, done: ev.evaluate_each(node, nodes, done))
+    loss, acc, _, _ = plane_grid(
+        lambda x, y: ev.evaluate(node((x, y))), lambda k: (0.0, 0.0), {}, xs, ys, progress,
+        each=lambda nodes, done: ev.evaluate_each(node, nodes, done))
+    # the surface under each checkpoint, exactly (not interpolated), side by side too
+    under = dict(zip(pts, ev.evaluate_each(node, list(pts.values())), strict=True))
+    p_loss, p_acc = ({k: v[j] for k, v in under.items()} for j in (0, 1))
     paths = {}
     for r in runs:
         coords, proj, rest = found[r.name]
