@@ -420,7 +420,7 @@ def trajectory_figure(d: dict, style: Style | None = None):
             dashed = s == "B" and p["name"] == "unmatched"
             xy = np.asarray(q["coordinates"])
             fig.add_scatter(
-                x=xy[:, 0], y=xy[:, 1], mode="lines+markers+text",
+                x=xy[:, 0].tolist(), y=xy[:, 1].tolist(), mode="lines+markers+text",
                 text=[str(t) for t in q["steps"]], textposition="top center",
                 name=name + (" (unmatched)" if dashed else ""), legendgroup=f"{s}{dashed}",
                 showlegend=j == 0 or dashed or p["name"] == "matched" and s == "B",
@@ -428,7 +428,8 @@ def trajectory_figure(d: dict, style: Style | None = None):
                 marker={"symbol": st.marker(i), "size": 9, "color": st.color(i),
                         "line": {"color": "white", "width": 1}},
                 textfont={"color": "white", "size": look.font_size - 2},
-                customdata=np.stack([q["loss"], q["surface_loss"], q["off_plane"]], axis=1),
+                customdata=np.stack([q["loss"], q["surface_loss"], q["off_plane"]], axis=1)
+                .tolist(),
                 hovertemplate=(f"{s} step %{{text}}: own loss %{{customdata[0]:.3f}}, surface "
                                "%{customdata[1]:.3f}, off the plane %{customdata[2]:.3f}"
                                f"<extra>{name}</extra>"), row=1, col=j + 1)

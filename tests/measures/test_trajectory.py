@@ -197,3 +197,23 @@ def test_refusals_are_one_line(tmp_path, capfd, ws):
             "trajectory is refused at size")
     with pytest.raises(RotvizError, match="series B is given twice"):
         measure("trajectory", [RUN_A, RUN_B], object(), **{"with": RUN_B})
+
+
+def test_the_training_page_draws_both_runs_unmatched_and_matched():
+    """Section 4 of the Training page opens on run A with run B; its Run draws the two
+    planes (the page's matchings: none and seed), framed, with the library's numbers."""
+    from rotviz.data.split import load_split
+    from tests.test_app import N_EVAL, _framed, app, figures
+
+    at = app("training", t_trajectory_grid="5")
+    at.button(key="t_trajectory_run").click().run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    (fig,) = [f for t, f in figures(at).items() if t.startswith("Training trajectories")]
+    _framed(fig)
+    want = measure("trajectory", [RUN_A, RUN_B], load_split("digits", "test", 0).subset(N_EVAL),
+                   grid=5, match=["none", "seed"]).to_dict()
+    contours = [tr for tr in fig["data"] if tr["type"] == "contour"]
+    assert len(contours) == 2 == len(want["planes"])
+    for tr, p in zip(contours, want["planes"], strict=True):
+        np.testing.assert_allclose(np.asarray(tr["z"], float), p["surface"], rtol=1e-9)
