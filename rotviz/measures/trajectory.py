@@ -112,6 +112,9 @@ class Runs:
 
 def _check(runs: Runs, values: dict, named: set[str]) -> None:
     """Before any model loads: B given once, a matching only with B, B's checkpoints."""
+    if "with" in named and not values["with"].strip():
+        raise RotvizError("--with is empty: give series B (a folder of checkpoint-<step>/, "
+                          "zoo:NAME or ORG/NAME), or drop --with")
     if runs.b is not None and values["with"]:
         raise RotvizError("series B is given twice (a second reference and --with): give it "
                           "once")
