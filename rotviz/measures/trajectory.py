@@ -439,9 +439,9 @@ def trajectory_figure(d: dict, style: Style | None = None):
         ev = p["explained_variance"]
         fig.update_xaxes(title_text=f"PC1 ({100 * ev[0]:.1f}% of variance)", row=1, col=j + 1)
         fig.update_yaxes(title_text=f"PC2 ({100 * ev[1]:.1f}% of variance)", row=1, col=j + 1)
-    norm = ", filter-normalised" if d["norm"] == "filter" else ""
-    fig = st.finish(fig, f"Training trajectories on the loss surface, top two principal "
-                    f"directions{norm} ({st.evaluated_on(d)})",
+    norm = " (filter-normalised)" if d["norm"] == "filter" else ""
+    fig = st.finish(fig, f"Training trajectories on the loss surface{norm} "
+                    f"({st.evaluated_on(d)})",
                     fig.layout.xaxis.title.text, fig.layout.yaxis.title.text, "series",
                     look.font_size, height=560)
     if len(planes) > 1:
