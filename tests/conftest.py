@@ -242,6 +242,7 @@ LONG_FIRST = (
     "test_landscape_page_computes_each_section_on_run",
     "test_models_barrier_and_merge_pages_show_the_task_and_f1",
     "test_training_page_runs_both_charts_on_the_zoo_series",
+    "test_the_training_page_draws_both_runs_unmatched_and_matched",
 )
 
 

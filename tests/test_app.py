@@ -1278,7 +1278,7 @@ def test_training_page_runs_both_charts_on_the_zoo_series(roots):
 
     at = app("training", t_training_points="3", t_spawn_points="3")
     assert not figures(at)
-    assert texts(at).count("Press **Run** to compute this section.") == 3  # and conserved
+    assert texts(at).count("Press **Run** to compute this section.") == 4  # + conserved, trajectory
     for name in ("training", "spawn"):
         at.button(key=f"t_{name}_run").click().run()
         assert not at.exception, [e.message for e in at.exception]

@@ -10,7 +10,7 @@ nothing written. To stay within seconds (each run well under one) it draws from 
 end of the bounds where the work grows with a value (points, grid, Lanczos steps, probes,
 examples, training steps, the blocks counted with a dense Hessian: `CAP`; batch sizes from
 32: `FLOOR`) and leaves out the records that train models or read three and more
-(`SLOW`: training, spawn, many, ladder); the values that only change numbers (spans,
+(`SLOW`: training, spawn, many, ladder, trajectory); the values that only change numbers (spans,
 margins, weights, scales, seeds, tolerances) take their whole range, extremes included.
 """
 
@@ -32,7 +32,7 @@ from rotviz.outputs import write_json_file
 
 VIT = dict(layers=1, d=8, heads=2, ffn=16, image=8, patch=2, channels=1, labels=10)  # digits
 ONE_PROBE = "n/a (one probe)"
-SLOW = {"training", "spawn", "many", "ladder"}  # training runs, or three and more models
+SLOW = {"training", "spawn", "many", "ladder", "trajectory"}  # training runs, or 3+ models
 CAP = {"points": 3, "grid": 4, "repeats": 2, "batches": 2, "iterations": 6, "top": 3,
        "trace": 3, "density": 2, "steps": 3, "per_layer": 2, "nullity_probes": 2,
        "nullity_steps": 6, "examples": 32,

@@ -22,7 +22,10 @@ from rotviz.ui import section, sidebar
 REFS = {"training": {"series_a": ("Series A", "zoo:vit-digits-run-a"),
                      "series_b": ("Series B", "zoo:vit-digits-run-b")},
         "spawn": {"spawn_dir": ("Spawn folder", "zoo:vit-digits-spawn")},
-        "conserved": {"series": ("Series", "zoo:vit-digits-run-a")}}
+        "conserved": {"series": ("Series", "zoo:vit-digits-run-a")},
+        "trajectory": {"series_a": ("Series A", "zoo:vit-digits-run-a"),
+                       "series_b": ("Series B (moved by the matching)",
+                                    "zoo:vit-digits-run-b")}}
 
 s = sidebar.setup()
 st.title("Barriers over training and spawn instability")
