@@ -193,13 +193,14 @@ RECIPES: dict[str, Recipe] = {
                         "epoch of warm-up then cosine decay, AdamW, lr 2e-3, batch 64",
         ),
         # The conserved quantities' contrast (docs/landscape.md, "conserved"): the spawn
-        # run's model and seed, 80 steps of plain SGD (no momentum) without weight decay, so
-        # that every symmetry's quantity stays put (the AdamW runs' drift away)
+        # run's model from its step 64, 200 steps of plain SGD (no momentum) without weight
+        # decay, so that every symmetry's quantity stays put (the AdamW runs' drift away)
         Recipe(
-            "vit-digits-sgd", "vit", "digits", _VIT_DIGITS, epochs=5, batch_size=64, lr=0.05,
+            "vit-digits-sgd", "vit", "digits", _VIT_DIGITS, epochs=11, batch_size=64, lr=0.03,
             weight_decay=0.0, warmup_epochs=0.0, schedule="constant", optimizer="sgd",
-            description="vit-digits-spawn's model trained 80 steps by plain SGD (no "
-                        "momentum), lr 0.05, batch 64, no weight decay, constant rate",
+            description="vit-digits-spawn's model trained on from run a's step 64 for 200 "
+                        "steps by plain SGD (no momentum), lr 0.03, batch 64, no weight "
+                        "decay, constant rate",
         ),
         Recipe(
             "gpt2-pystdlib", "gpt2", "pystdlib", _GPT2_PYSTDLIB, epochs=6, batch_size=32, lr=2e-3,

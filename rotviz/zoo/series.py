@@ -45,6 +45,26 @@ def build_output(name: str, out_dir: str | os.PathLike | None = None,
     return outputs
 
 
+def _start(rec: recipes.Recipe, seed: int, series: str, step: int) -> train.RunState:
+    """Where a run that starts from another series' checkpoint begins: that checkpoint's
+    weights (read through the loader, as any model), the recipe's optimiser fresh, at step 0.
+    The other series must be built (one line naming its build command otherwise)."""
+    from rotviz.errors import RotvizError
+    from rotviz.zoo_registry import collection_path
+
+    where = collection_path(series) / f"checkpoint-{step}"
+    if not where.is_dir():
+        raise RotvizError(f"zoo series '{series}' has no checkpoint-{step}; rebuild it: "
+                          f"rotviz zoo build {series}")
+    weights = models.load_model(where).state
+    with train.deterministic_cpu(seed):
+        module = rec.build_model()
+    module.load_state_dict(weights)
+    opt = train.optimiser(rec, module.parameters())
+    return train.RunState(0, {k: v.detach().clone() for k, v in module.state_dict().items()},
+                          opt.state_dict())
+
+
 def build(name: str, out_dir: str | os.PathLike | None = None,
           progress: Progress | None = None, overwrite: bool = False) -> Path:
     """Train the run to its last kept step and write every kept checkpoint and the card."""
@@ -53,8 +73,9 @@ def build(name: str, out_dir: str | os.PathLike | None = None,
     outputs = build_output(name, out_dir, overwrite)
     data = train.select(train.recipe_split(rec, "train"), rec.subset)
     t0 = time.perf_counter()
-    states = train.run_steps(rec, ent.seed, data, ent.order, set(ent.steps), progress=progress,
-                             stop=ent.steps[-1])
+    begin = None if ent.start is None else _start(rec, ent.seed, *ent.start)
+    states = train.run_steps(rec, ent.seed, data, ent.order, set(ent.steps), start=begin,
+                             progress=progress, stop=ent.steps[-1])
     if set(states) != set(ent.steps):
         raise RuntimeError(f"the run of {name} stopped short of step {ent.steps[-1]}")
     seconds = time.perf_counter() - t0
@@ -77,6 +98,8 @@ def build(name: str, out_dir: str | os.PathLike | None = None,
         card = {
             "name": name, "description": ent.description, "recipe": rec.to_dict(),
             "seed": ent.seed, "order": ent.order, "series_steps": list(ent.steps),
+            "start": None if ent.start is None else
+            {"series": f"zoo:{ent.start[0]}", "step": ent.start[1]},
             "steps": ent.steps[-1], "data": {"ref": rec.data, "split_seed": 0,
                                              "n_train": data.n, "n_test": test.n},
             "test": metrics, "train_seconds": round(seconds, 2),

@@ -142,12 +142,15 @@ def test_the_zoo_sgd_series_keeps_what_adamw_moves(tmp_path, capsys):
                  str(png)]) == 0
     assert "conserved quantities of zoo:vit-digits-sgd" in capsys.readouterr().out
     sgd = json.loads(js.read_text())
-    assert sgd["steps"] == [0, 10, 20, 40, 80] and png.stat().st_size > 10_000
+    assert sgd["steps"] == [0, 25, 50, 100, 200] and png.stat().st_size > 10_000
     assert sgd["conserved"]["ffn"] is False and "gelu" in sgd["what"]["ffn"]
     adam = measure("conserved", ["zoo:vit-digits-run-a"], None, every=2).to_dict()
     assert adam["steps"] == [0, 64, 304]
-    assert sgd["summary"]["qk"]["max"][-1] < 1e-5 < 0.1 < adam["summary"]["qk"]["median"][-1]
-    assert sgd["summary"]["vo"]["max"][-1] < 0.01 < 0.1 < adam["summary"]["vo"]["median"][-1]
+    # the SGD series learns (test loss 1.08 -> 0.49), its quantities stay within a few % of
+    # their scale (the finite step's eta^2 term); AdamW with weight decay moves them by 25-110%
+    for kind in ("qk", "vo"):
+        assert sgd["summary"][kind]["median"][-1] < 0.01 < 0.1 < adam["summary"][kind]["median"][-1]
+        assert sgd["summary"][kind]["max"][-1] < 0.1
 
 
 def test_every_family_reads_its_quantities(family, saved, tmp_path):
