@@ -46,8 +46,8 @@ PROBES = Bound("--trace-probes", 0, 100_000)
 CONDITION = Bound("--max-condition", 1.0, 1e6, integer=False)
 LOGIT_TOL = 1e-4  # the teleported model's logits, relative to the largest |logit|
 LOSS_TOL = 1e-6  # its test loss, relative
-FIRST_STEP = 0.1  # eta of the first step: the norm of X in Lie-algebra coordinates
-MAX_STEP = 1.0
+FIRST_STEP = 0.25  # eta of the first step: the norm of X in Lie-algebra coordinates
+MAX_STEP = 2.0
 TRIES = 6  # halvings of eta before a step is given up (the path has then converged)
 PATH_TOL = 1e-6  # Lanczos's relative residual on the path (warm-started each step)
 
@@ -315,7 +315,7 @@ def teleport(loaded: Loaded, train: Split, test: Split, objective: str = "grad-m
             break
         element, here = moved
         taken += 1
-        eta = min(eta * 1.5, MAX_STEP)
+        eta = min(eta * 2, MAX_STEP)
         path.append({"step": taken, "objective": here.value, "loss": here.loss,
                      "grad_norm": here.grad_norm, "top": here.top, "trace": None})
     top1, tr1 = _measures(here.cur, trace_probes, seed, iterations)
