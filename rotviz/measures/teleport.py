@@ -49,7 +49,9 @@ LOSS_TOL = 1e-6  # its test loss, relative
 FIRST_STEP = 0.25  # eta of the first step: the norm of X in Lie-algebra coordinates
 MAX_STEP = 2.0
 TRIES = 6  # halvings of eta before a step is given up (the path has then converged)
-PATH_TOL = 1e-6  # Lanczos's relative residual on the path (warm-started each step)
+PATH_TOL = 1e-5  # Lanczos's relative residual on the path (warm-started each step)
+PATH_LANCZOS = 8  # Lanczos steps at most per path point (warm-started: few are needed)
+PROBE_ROWS = 16  # trace probes per batched Hessian-vector product
 
 
 def _params():
@@ -137,36 +139,46 @@ def _curvature(ev, state) -> Curvature:
     return Curvature(ev, state)
 
 
-def _grad(cur: Curvature, ps: list[Tensor], create_graph: bool) -> list[Tensor]:
-    """grad_theta L at the tensors `ps` (functions of the coordinates, or leaves)."""
-    loss = sum(cur._loss(ps, x, y) for x, y in cur.ev.batches)
-    return cur._grads(loss, ps, create_graph=create_graph)
+def _theta_grad(cur: Curvature, objective: str, g: Tensor, v: Tensor | None) -> Tensor:
+    """The objective's gradient in the parameters theta (flat), at the current point:
+    grad-max: d|g|^2 = 2 H g (one Hessian-vector product); sharp: d(v^T H v) with v fixed
+    (Hellmann-Feynman), a third-order pass through the functional model."""
+    import torch
+
+    if objective == "grad-max":
+        return 2 * cur.hvp(g)
+    vs = cur.unflat(v.to(cur.dtype))
+    total = torch.zeros(cur.n, dtype=cur.dtype, device=cur.device)
+    with torch.enable_grad():
+        for x, y in cur.ev.batches:
+            ps = [p.clone().requires_grad_(True) for p in cur.point]
+            gr = cur._grads(cur._loss(ps, x, y), ps)
+            gv = sum((gi * vi).sum() for gi, vi in zip(gr, vs, strict=True))
+            hv = torch.autograd.grad(gv, ps, create_graph=True, allow_unused=True)
+            f = sum((h * vi).sum() for h, vi in zip(hv, vs, strict=True) if h is not None)
+            if not f.requires_grad:  # a model linear in every parameter: no third order
+                continue
+            d = torch.autograd.grad(f, ps, allow_unused=True)
+            total += cur.flat([x if x is not None else torch.zeros_like(p)
+                               for x, p in zip(d, ps, strict=True)])
+    return total.detach()
 
 
-def _objective_grad(orbit: Orbit, cur: Curvature, state, objective: str,
-                    v: Tensor | None) -> tuple[float, dict]:
-    """(f at X = 0, df/dX): f = |grad L|^2, or v^T H v with v fixed (Hellmann-Feynman)."""
+def _pullback(orbit: Orbit, cur: Curvature, state, w: Tensor) -> dict:
+    """df/dX at X = 0 from df/dtheta = w: the vector-Jacobian product of the action (no
+    model run: the chain rule through theta(X) = act(X, theta))."""
     import torch
 
     coords = orbit.zeros(requires_grad=True)
+    ws = dict(zip(cur.names, cur.unflat(w), strict=True))
     with torch.enable_grad():
         moved = orbit.act(coords, state)
-        ps = [moved[n] if n in moved else p for n, p in zip(cur.names, cur.point, strict=True)]
-        # tensors the group does not move (embeddings, head) enter as leaves: grad_theta L
-        # needs every parameter, df/dX only the moved ones
-        ps = [p if p.requires_grad else p.detach().requires_grad_(True) for p in ps]
-        g = _grad(cur, ps, True)
-        if objective == "grad-max":
-            f = sum((gi * gi).sum() for gi in g)
-        else:
-            vs = cur.unflat(v)
-            gv = sum((gi * vi).sum() for gi, vi in zip(g, vs, strict=True))
-            hv = torch.autograd.grad(gv, ps, create_graph=True, allow_unused=True)
-            f = sum((h * vi).sum() for h, vi in zip(hv, vs, strict=True) if h is not None)
+        f = sum((moved[n] * ws[n].to(moved[n].dtype)).sum() for n in ws
+                if n in moved and moved[n].requires_grad)
         keys = list(coords)
         d = torch.autograd.grad(f, [coords[k] for k in keys], allow_unused=True)
-    return float(f.detach()), {k: (x if x is not None else torch.zeros_like(coords[k])).detach()
-                      for k, x in zip(keys, d, strict=True)}
+    return {k: (x if x is not None else torch.zeros_like(coords[k])).detach()
+            for k, x in zip(keys, d, strict=True)}
 
 
 def _top(cur: Curvature, v0: Tensor, steps: int, tol: float) -> tuple[float, Tensor]:
@@ -186,41 +198,54 @@ def _top(cur: Curvature, v0: Tensor, steps: int, tol: float) -> tuple[float, Ten
 
 @dataclass
 class _Point:
-    """One point of the path: its state, measures, and the eigenvector (sharp objectives)."""
+    """One point of the path: its state, gradient, measures, and the eigenvector (sharp
+    objectives)."""
 
     state: dict
     cur: Curvature
+    g: Tensor
     value: float
-    grad_norm: float
     loss: float
     top: float | None = None
     v: Tensor | None = None
 
+    @property
+    def grad_norm(self) -> float:
+        return float(self.g.norm())
 
-def _point(ev, state, objective, v0, iterations, tol=PATH_TOL) -> _Point:
+
+def _point(ev, state, objective, v0, steps) -> _Point:
     cur = _curvature(ev, state)
-    gn = float(cur.gradient().norm())
+    g = cur.gradient()
     top = v = None
     if objective != "grad-max":
-        top, v = _top(cur, v0, iterations, tol)
-    value = gn * gn if objective == "grad-max" else top
-    return _Point(state, cur, value, gn, cur.loss(), top, v)
+        top, v = _top(cur, v0, steps, PATH_TOL)
+    value = float(g @ g) if objective == "grad-max" else top
+    return _Point(state, cur, g, value, cur.loss(), top, v)
 
 
-def _measures(cur: Curvature, probes: int, seed: int, iterations: int) -> tuple:
-    """(top eigenvalue, trace or None): seeded, so before and after see the same probes."""
+def _measures(cur: Curvature, probes: int, seed: int, iterations: int,
+              v0: Tensor | None = None) -> tuple:
+    """(top eigenvalue, its eigenvector, trace or None). Lanczos from v0 (a warm start: the
+    eigenvector at the start of the path) or a seeded random vector; the trace from seeded
+    Rademacher probes, the same before and after, taken in one batched pass
+    (Curvature.hvp_rows) per chunk of probes."""
     import torch
 
-    from rotviz.analysis.lanczos import hutchinson, top_eigenvalues
+    from rotviz.analysis.lanczos import rademacher
 
-    gen = torch.Generator().manual_seed(int(seed))
-    top = top_eigenvalues(cur.hvp, cur.n, 1, gen, cur.dtype, cur.device,
-                          steps=iterations)[0]
+    if v0 is None:
+        gen = torch.Generator().manual_seed(int(seed))
+        v0 = torch.randn(cur.n, generator=gen, dtype=torch.float64).to(cur.dtype)
+    top, v = _top(cur, v0, iterations, 1e-7)
     tr = None
     if probes:
-        tr = hutchinson(cur.hvp, cur.n, probes, torch.Generator().manual_seed(int(seed) + 1),
-                        cur.dtype, cur.device, rows=cur.hvp_rows)[0]
-    return top, tr
+        gen = torch.Generator().manual_seed(int(seed) + 1)
+        zs = torch.stack([rademacher(cur.n, gen, cur.dtype, cur.device)
+                          for _ in range(probes)])
+        tr = float(sum(float((z * cur.hvp_rows(z)).sum()) for z in zs.split(PROBE_ROWS))
+                   / probes)
+    return top, v, tr
 
 
 def _function_check(loaded: Loaded, test: Split, before, after, device, batch_size) -> dict:
@@ -283,8 +308,9 @@ def teleport(loaded: Loaded, train: Split, test: Split, objective: str = "grad-m
     ev = Evaluator(loaded, train, device, batch_size)
     start = _curvature(ev, state0)
     v0 = torch.randn(start.n, generator=gen, dtype=torch.float64).to(start.dtype)
+    steps_path = min(iterations, PATH_LANCZOS)
     here = _point(ev, state0, objective, v0, iterations)
-    top0, tr0 = _measures(here.cur, trace_probes, seed, iterations)
+    top0, vtop, tr0 = _measures(here.cur, trace_probes, seed, iterations)
     path = [{"step": 0, "objective": here.value, "loss": here.loss,
              "grad_norm": here.grad_norm, "top": top0, "trace": tr0}]
     element: dict = {}
@@ -293,7 +319,8 @@ def teleport(loaded: Loaded, train: Split, test: Split, objective: str = "grad-m
     for k in range(steps):
         if progress is not None:
             progress(k, steps, f"teleport step {k + 1} of {steps}")
-        _, d = _objective_grad(orbit, here.cur, here.state, objective, here.v)
+        d = _pullback(orbit, here.cur, here.state,
+                      _theta_grad(here.cur, objective, here.g, here.v))
         norm = float(orbit.flat(d).norm())
         if not math.isfinite(norm) or norm == 0.0:
             break
@@ -306,7 +333,7 @@ def teleport(loaded: Loaded, train: Split, test: Split, objective: str = "grad-m
                 continue
             st = act_element(loaded, trial, state0, torch.float64)
             cand = _point(ev, st, objective, here.v if here.v is not None else v0,
-                          iterations)
+                          steps_path)
             if sign * (cand.value - here.value) > 0:
                 moved = (trial, cand)
                 break
@@ -318,7 +345,8 @@ def teleport(loaded: Loaded, train: Split, test: Split, objective: str = "grad-m
         eta = min(eta * 2, MAX_STEP)
         path.append({"step": taken, "objective": here.value, "loss": here.loss,
                      "grad_norm": here.grad_norm, "top": here.top, "trace": None})
-    top1, tr1 = _measures(here.cur, trace_probes, seed, iterations)
+    top1, _, tr1 = _measures(here.cur, trace_probes, seed, iterations,
+                             here.v if here.v is not None else vtop)
     path[-1].update(top=top1, trace=tr1)
     check = _function_check(loaded, test, state0, here.state, device, batch_size)
     rows = conditions(element) if element else [{} for _ in orbit.bases]
