@@ -281,15 +281,8 @@ def teleport(loaded: Loaded, train: Split, test: Split, objective: str = "grad-m
     teleported model (the checkpoint's dtypes)."""
     import torch
 
-    from rotviz.analysis.orbit import (
-        Orbit,
-        act_element,
-        compose,
-        conditions,
-    )
-    from rotviz.analysis.orbit import (
-        max_condition as cond_of,
-    )
+    import rotviz.analysis.orbit as orb
+    from rotviz.analysis.orbit import Orbit, act_element, compose, conditions
     from rotviz.analysis.tangents import ffn_has_scales
     from rotviz.errors import RotvizError
     from rotviz.evaluation import Evaluator
@@ -328,7 +321,7 @@ def teleport(loaded: Loaded, train: Split, test: Split, objective: str = "grad-m
         for _ in range(TRIES):
             x = {key: sign * eta * g / norm for key, g in d.items()}
             trial = compose(element, orbit.transforms(x))
-            if cond_of(trial) > max_condition:
+            if orb.max_condition(trial) > max_condition:
                 eta /= 2
                 continue
             st = act_element(loaded, trial, state0, torch.float64)
@@ -354,7 +347,8 @@ def teleport(loaded: Loaded, train: Split, test: Split, objective: str = "grad-m
         loaded.ref, objective, list(orbit.groups), train.n, train.split, test.split,
         train.data, start.n, orbit.dimension(), taken, check["loss_before"],
         check["loss_after"], top0, top1, tr0, tr1, path[0]["grad_norm"], here.grad_norm,
-        path[0]["loss"], here.loss, rows, cond_of(element) if element else 1.0, path, check,
+        path[0]["loss"], here.loss, rows, orb.max_condition(element) if element else 1.0,
+        path, check,
         time.perf_counter() - t0, str(start.device), dict(here.state))
 
 
