@@ -50,7 +50,7 @@ FIRST_STEP = 0.25  # eta of the first step: the norm of X in Lie-algebra coordin
 MAX_STEP = 2.0
 TRIES = 6  # halvings of eta before a step is given up (the path has then converged)
 PATH_TOL = 1e-5  # Lanczos's relative residual on the path (warm-started each step)
-PATH_LANCZOS = 8  # Lanczos steps at most per path point (warm-started: few are needed)
+PATH_LANCZOS = 5  # Lanczos steps at most per path point (warm-started: few are needed)
 PROBE_ROWS = 16  # trace probes per batched Hessian-vector product
 
 
@@ -214,12 +214,17 @@ class _Point:
         return float(self.g.norm())
 
 
-def _point(ev, state, objective, v0, steps) -> _Point:
-    cur = _curvature(ev, state)
+def _point(ev, state, objective, v0, steps, cur: Curvature | None = None,
+           top: tuple | None = None) -> _Point:
+    """The path's point at `state`; `cur` and `top` (the top eigenpair): where the caller
+    has them already (the start, whose measures take them), not taken again."""
+    cur = cur or _curvature(ev, state)
     g = cur.gradient()
-    top = v = None
+    v = None
     if objective != "grad-max":
-        top, v = _top(cur, v0, steps, PATH_TOL)
+        top, v = top or _top(cur, v0, steps, PATH_TOL)
+    else:
+        top = None
     value = float(g @ g) if objective == "grad-max" else top
     return _Point(state, cur, g, value, cur.loss(), top, v)
 
@@ -302,8 +307,8 @@ def teleport(loaded: Loaded, train: Split, test: Split, objective: str = "grad-m
     start = _curvature(ev, state0)
     v0 = torch.randn(start.n, generator=gen, dtype=torch.float64).to(start.dtype)
     steps_path = min(iterations, PATH_LANCZOS)
-    here = _point(ev, state0, objective, v0, iterations)
-    top0, vtop, tr0 = _measures(here.cur, trace_probes, seed, iterations)
+    top0, vtop, tr0 = _measures(start, trace_probes, seed, iterations)
+    here = _point(ev, state0, objective, v0, iterations, cur=start, top=(top0, vtop))
     path = [{"step": 0, "objective": here.value, "loss": here.loss,
              "grad_norm": here.grad_norm, "top": top0, "trace": tr0}]
     element: dict = {}
