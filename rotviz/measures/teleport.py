@@ -50,7 +50,7 @@ FIRST_STEP = 0.25  # eta of the first step: the norm of X in Lie-algebra coordin
 MAX_STEP = 2.0
 TRIES = 6  # halvings of eta before a step is given up (the path has then converged)
 PATH_TOL = 1e-5  # Lanczos's relative residual on the path (warm-started each step)
-PATH_LANCZOS = 5  # Lanczos steps at most per path point (warm-started: few are needed)
+PATH_LANCZOS = 3  # Lanczos steps at most per path point (warm-started: few are needed)
 PROBE_ROWS = 16  # trace probes per batched Hessian-vector product
 
 
