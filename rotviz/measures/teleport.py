@@ -424,7 +424,7 @@ def teleport_figure(d: dict, style: Style | None = None):
                      col=1)
     fig.update_yaxes(title_text="loss change (relative)", row=1, col=1)
     fig.update_yaxes(title_text="relative to start (×)", row=2, col=1)
-    st.log_axis(fig, "y", row=2, col=1)
+    fig.update_yaxes(type="log", row=2, col=1)  # plotly's ticks: ranges under a decade too
     return fig
 
 
