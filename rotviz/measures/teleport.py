@@ -64,18 +64,21 @@ def _params():
         Param("group", "all", "the symmetries to move along, a comma list of qk, vo, "
               "ffn-scale (gated and ReLU FFNs only); all: qk,vo and ffn-scale where the "
               "model has it (default all)", label="Symmetry groups", metavar="GROUPS"),
-        Param("steps", 20, f"teleport steps ({STEPS.text})", STEPS, label="Steps",
+        Param("steps", 20, f"teleport steps (default 20, {STEPS.text})", STEPS, label="Steps",
               widget=(1, 200, 1), essential=True),
         Param("examples", 128, "examples of the train split the objective is taken on, the "
-              f"first ones ({HESSIAN_EXAMPLES.text})", HESSIAN_EXAMPLES, label="Examples",
+              f"first ones (default 128, {HESSIAN_EXAMPLES.text})", HESSIAN_EXAMPLES,
+              label="Examples",
               widget=(8, 1024, 8)),
         Param("trace_probes", 10, "Hutchinson probes of the trace before and after (the same "
-              f"probes; 0: no trace; {PROBES.text})", PROBES, label="Trace probes",
+              f"probes; 0: no trace; default 10, {PROBES.text})", PROBES, label="Trace probes",
               widget=(0, 100, 1)),
-        Param("iterations", 30, f"Lanczos steps at most ({HESSIAN_ITERATIONS.text})",
+        Param("iterations", 30, "Lanczos steps at most for the top eigenvalue before and "
+              f"after (default 30, {HESSIAN_ITERATIONS.text})",
               HESSIAN_ITERATIONS, label="Lanczos steps", widget=(2, 200, 1)),
         Param("max_condition", 30.0, "the largest condition number any Q-K or V-O map (or "
-              f"ratio of unit scales) of the element may reach ({CONDITION.text})", CONDITION,
+              f"ratio of unit scales) of the element may reach (default 30, {CONDITION.text})",
+              CONDITION,
               label="Largest condition number"),
         Param("seed", 0, "seed of the Lanczos start and the trace probes (default 0)", SEED,
               label="Seed"),
