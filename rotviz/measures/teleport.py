@@ -51,7 +51,6 @@ MAX_STEP = 2.0
 TRIES = 6  # halvings of eta before a step is given up (the path has then converged)
 PATH_TOL = 1e-5  # Lanczos's relative residual on the path (warm-started each step)
 PATH_LANCZOS = 3  # Lanczos steps at most per path point (warm-started: few are needed)
-PROBE_ROWS = 16  # trace probes per batched Hessian-vector product
 
 
 def _params():
@@ -142,29 +141,67 @@ def _curvature(ev, state) -> Curvature:
     return Curvature(ev, state)
 
 
-def _theta_grad(cur: Curvature, objective: str, g: Tensor, v: Tensor | None) -> Tensor:
+class _Graph:
+    """The train loss's gradient graph at one point, kept for several products: a Hessian-
+    vector product is then one more backward pass (Curvature.hvp rebuilds the forward and
+    the first backward for each), and the third-order pass one more on top."""
+
+    def __init__(self, cur: Curvature):
+        import torch
+
+        self.cur = cur
+        self.ps = [p.clone().requires_grad_(True) for p in cur.point]
+        with torch.enable_grad():
+            loss = sum(cur._loss(self.ps, x, y) for x, y in cur.ev.batches)
+            self.g = cur._grads(loss, self.ps)
+        self.loss = float(loss.detach())
+        self.grad = cur.flat([gi.detach() for gi in self.g])
+        self.live = [i for i, gi in enumerate(self.g) if gi.requires_grad]
+
+    def _flat(self, parts) -> Tensor:
+        import torch
+
+        return self.cur.flat([h if h is not None else torch.zeros_like(p)
+                              for h, p in zip(parts, self.ps, strict=True)]).detach()
+
+    def _hv(self, v: Tensor, create_graph: bool):
+        import torch
+
+        vs = self.cur.unflat(v.to(self.cur.dtype))
+        dot = sum((self.g[i] * vs[i]).sum() for i in self.live)
+        return vs, torch.autograd.grad(dot, self.ps, retain_graph=True,
+                                       create_graph=create_graph, allow_unused=True)
+
+    def hvp(self, v: Tensor) -> Tensor:
+        import torch
+
+        if not self.live:
+            return torch.zeros_like(self.grad)
+        with torch.enable_grad():
+            return self._flat(self._hv(v, False)[1])
+
+    def third(self, v: Tensor) -> Tensor:
+        """d(v^T H v)/dtheta with v held fixed (Hellmann-Feynman's d lambda)."""
+        import torch
+
+        if not self.live:
+            return torch.zeros_like(self.grad)
+        with torch.enable_grad():
+            vs, hv = self._hv(v, True)
+            f = sum((h * vi).sum() for h, vi in zip(hv, vs, strict=True) if h is not None)
+            if not f.requires_grad:  # a model linear in every parameter: no third order
+                return torch.zeros_like(self.grad)
+            return self._flat(torch.autograd.grad(f, self.ps, retain_graph=True,
+                                                  allow_unused=True))
+
+
+def _theta_grad(graph: _Graph, objective: str, v: Tensor | None) -> Tensor:
     """The objective's gradient in the parameters theta (flat), at the current point:
     grad-max: d|g|^2 = 2 H g (one Hessian-vector product); sharp: d(v^T H v) with v fixed
     (Hellmann-Feynman), a third-order pass through the functional model."""
-    import torch
-
     if objective == "grad-max":
-        return 2 * cur.hvp(g)
-    vs = cur.unflat(v.to(cur.dtype))
-    total = torch.zeros(cur.n, dtype=cur.dtype, device=cur.device)
-    with torch.enable_grad():
-        for x, y in cur.ev.batches:
-            ps = [p.clone().requires_grad_(True) for p in cur.point]
-            gr = cur._grads(cur._loss(ps, x, y), ps)
-            gv = sum((gi * vi).sum() for gi, vi in zip(gr, vs, strict=True))
-            hv = torch.autograd.grad(gv, ps, create_graph=True, allow_unused=True)
-            f = sum((h * vi).sum() for h, vi in zip(hv, vs, strict=True) if h is not None)
-            if not f.requires_grad:  # a model linear in every parameter: no third order
-                continue
-            d = torch.autograd.grad(f, ps, allow_unused=True)
-            total += cur.flat([x if x is not None else torch.zeros_like(p)
-                               for x, p in zip(d, ps, strict=True)])
-    return total.detach()
+        return 2 * graph.hvp(graph.grad)
+    return graph.third(v)
 
 
 def _pullback(orbit: Orbit, cur: Curvature, state, w: Tensor) -> dict:
@@ -184,7 +221,7 @@ def _pullback(orbit: Orbit, cur: Curvature, state, w: Tensor) -> dict:
             for k, x in zip(keys, d, strict=True)}
 
 
-def _top(cur: Curvature, v0: Tensor, steps: int, tol: float) -> tuple[float, Tensor]:
+def _top(graph: _Graph, v0: Tensor, steps: int, tol: float) -> tuple[float, Tensor]:
     """The top eigenvalue and its unit eigenvector by Lanczos from v0 (a warm start)."""
     import numpy as np
     import torch
@@ -192,7 +229,7 @@ def _top(cur: Curvature, v0: Tensor, steps: int, tol: float) -> tuple[float, Ten
     from rotviz.analysis.lanczos import lanczos, ritz
 
     basis: list[Tensor] = []
-    a, b = lanczos(cur.hvp, v0, min(steps, cur.n), top=1, tol=tol, keep=basis)
+    a, b = lanczos(graph.hvp, v0, min(steps, graph.cur.n), top=1, tol=tol, keep=basis)
     theta, s = ritz(list(a), list(b))
     qs = torch.stack(basis[:len(a)])
     vec = qs.T @ torch.as_tensor(np.ascontiguousarray(s[:, -1]), dtype=qs.dtype)
@@ -205,8 +242,7 @@ class _Point:
     objectives)."""
 
     state: dict
-    cur: Curvature
-    g: Tensor
+    graph: _Graph
     value: float
     loss: float
     top: float | None = None
@@ -214,45 +250,42 @@ class _Point:
 
     @property
     def grad_norm(self) -> float:
-        return float(self.g.norm())
+        return float(self.graph.grad.norm())
 
 
-def _point(ev, state, objective, v0, steps, cur: Curvature | None = None,
+def _point(ev, state, objective, v0, steps, graph: _Graph | None = None,
            top: tuple | None = None) -> _Point:
-    """The path's point at `state`; `cur` and `top` (the top eigenpair): where the caller
+    """The path's point at `state`; `graph` and `top` (the top eigenpair): where the caller
     has them already (the start, whose measures take them), not taken again."""
-    cur = cur or _curvature(ev, state)
-    g = cur.gradient()
+    graph = graph or _Graph(_curvature(ev, state))
     v = None
     if objective != "grad-max":
-        top, v = top or _top(cur, v0, steps, PATH_TOL)
+        top, v = top or _top(graph, v0, steps, PATH_TOL)
     else:
         top = None
-    value = float(g @ g) if objective == "grad-max" else top
-    return _Point(state, cur, g, value, cur.loss(), top, v)
+    value = float(graph.grad @ graph.grad) if objective == "grad-max" else top
+    return _Point(state, graph, value, graph.loss, top, v)
 
 
-def _measures(cur: Curvature, probes: int, seed: int, iterations: int,
+def _measures(graph: _Graph, probes: int, seed: int, iterations: int,
               v0: Tensor | None = None) -> tuple:
     """(top eigenvalue, its eigenvector, trace or None). Lanczos from v0 (a warm start: the
-    eigenvector at the start of the path) or a seeded random vector; the trace from seeded
-    Rademacher probes, the same before and after, taken in one batched pass
-    (Curvature.hvp_rows) per chunk of probes."""
+    eigenvector at the end of the path) or a seeded random vector; the trace from seeded
+    Rademacher probes, the same before and after."""
     import torch
 
     from rotviz.analysis.lanczos import rademacher
 
+    cur = graph.cur
     if v0 is None:
         gen = torch.Generator().manual_seed(int(seed))
         v0 = torch.randn(cur.n, generator=gen, dtype=torch.float64).to(cur.dtype)
-    top, v = _top(cur, v0, iterations, 1e-7)
+    top, v = _top(graph, v0, iterations, 1e-7)
     tr = None
     if probes:
         gen = torch.Generator().manual_seed(int(seed) + 1)
-        zs = torch.stack([rademacher(cur.n, gen, cur.dtype, cur.device)
-                          for _ in range(probes)])
-        tr = float(sum(float((z * cur.hvp_rows(z)).sum()) for z in zs.split(PROBE_ROWS))
-                   / probes)
+        zs = [rademacher(cur.n, gen, cur.dtype, cur.device) for _ in range(probes)]
+        tr = sum(float(z @ graph.hvp(z)) for z in zs) / probes
     return top, v, tr
 
 
@@ -310,8 +343,9 @@ def teleport(loaded: Loaded, train: Split, test: Split, objective: str = "grad-m
     start = _curvature(ev, state0)
     v0 = torch.randn(start.n, generator=gen, dtype=torch.float64).to(start.dtype)
     steps_path = min(iterations, PATH_LANCZOS)
-    top0, vtop, tr0 = _measures(start, trace_probes, seed, iterations)
-    here = _point(ev, state0, objective, v0, iterations, cur=start, top=(top0, vtop))
+    graph0 = _Graph(start)
+    top0, vtop, tr0 = _measures(graph0, trace_probes, seed, iterations)
+    here = _point(ev, state0, objective, v0, iterations, graph=graph0, top=(top0, vtop))
     path = [{"step": 0, "objective": here.value, "loss": here.loss,
              "grad_norm": here.grad_norm, "top": top0, "trace": tr0}]
     element: dict = {}
@@ -320,8 +354,7 @@ def teleport(loaded: Loaded, train: Split, test: Split, objective: str = "grad-m
     for k in range(steps):
         if progress is not None:
             progress(k, steps, f"teleport step {k + 1} of {steps}")
-        d = _pullback(orbit, here.cur, here.state,
-                      _theta_grad(here.cur, objective, here.g, here.v))
+        d = _pullback(orbit, start, here.state, _theta_grad(here.graph, objective, here.v))
         norm = float(orbit.flat(d).norm())
         if not math.isfinite(norm) or norm == 0.0:
             break
@@ -346,7 +379,7 @@ def teleport(loaded: Loaded, train: Split, test: Split, objective: str = "grad-m
         eta = min(eta * 2, MAX_STEP)
         path.append({"step": taken, "objective": here.value, "loss": here.loss,
                      "grad_norm": here.grad_norm, "top": here.top, "trace": None})
-    top1, _, tr1 = _measures(here.cur, trace_probes, seed, iterations,
+    top1, _, tr1 = _measures(here.graph, trace_probes, seed, iterations,
                              here.v if here.v is not None else vtop)
     path[-1].update(top=top1, trace=tr1)
     check = _function_check(loaded, test, state0, here.state, device, batch_size)
