@@ -14,7 +14,10 @@ the step tried again). The objective:
 - grad-max: |grad_theta L|^2, a double backward pass through the functional model;
 - sharp-max / sharp-min: the top Hessian eigenvalue lambda (Lanczos on Hessian-vector
   products, warm-started from the last step's eigenvector), its gradient by Hellmann-
-  Feynman: d lambda = v^T (dH) v with the eigenvector v held fixed (a third-order pass).
+  Feynman: d lambda = v^T (dH) v with the eigenvector v held fixed. Directly that is a
+  third-order pass; since the group acts linearly on theta and keeps the loss, it equals
+  the action's pullback at v of -2 H v, one product (`_coordinate_grad`), which the path
+  takes (the two agree to rounding: tests/measures/test_teleport.py).
 The model is always the original moved by the accumulated element, in float64 and then
 rounded once, so no rounding gathers along the path."""
 
@@ -196,12 +199,33 @@ class _Graph:
 
 
 def _theta_grad(graph: _Graph, objective: str, v: Tensor | None) -> Tensor:
-    """The objective's gradient in the parameters theta (flat), at the current point:
-    grad-max: d|g|^2 = 2 H g (one Hessian-vector product); sharp: d(v^T H v) with v fixed
-    (Hellmann-Feynman), a third-order pass through the functional model."""
+    """The objective's gradient in the parameters theta (flat), at the current point, for
+    the sharp objectives in the direct form: d(v^T H v) with v fixed (Hellmann-Feynman), a
+    third-order pass through the functional model. (`_coordinate_grad` takes the cheaper
+    route the group offers; tests check that the two agree.)"""
     if objective == "grad-max":
         return 2 * graph.hvp(graph.grad)
     return graph.third(v)
+
+
+def _coordinate_grad(orbit: Orbit, cur: Curvature, point: _Point, objective: str) -> dict:
+    """df/dX at X = 0. grad-max: the action's pullback of 2 H g. sharp: the action
+    theta -> g.theta is linear in theta for a fixed element g, say J_g, and L(J_g theta) =
+    L(theta) for every theta; differentiating twice, H(g.theta) = J_g^-T H(theta) J_g^-1, so
+    with v held fixed v^T H(exp(X).theta) v = (J_exp(-X) v)^T H (J_exp(-X) v), whose
+    derivative at 0 is the action's pullback *at v* (v read as a parameter set) of -2 H v:
+    one Hessian-vector product instead of a third-order pass (the same numbers to
+    rounding: tests/measures/test_teleport.py)."""
+    import torch
+
+    graph = point.graph
+    if objective == "grad-max":
+        return _pullback(orbit, cur, point.state, 2 * graph.hvp(graph.grad))
+    at_v = {k: torch.zeros_like(t) for k, t in point.state.items()}
+    at_v |= {n: part.to(point.state[n].dtype)
+             for n, part in zip(cur.names, cur.unflat(point.v), strict=True)
+             if n in point.state}
+    return _pullback(orbit, cur, at_v, -2 * graph.hvp(point.v))
 
 
 def _pullback(orbit: Orbit, cur: Curvature, state, w: Tensor) -> dict:
@@ -354,7 +378,7 @@ def teleport(loaded: Loaded, train: Split, test: Split, objective: str = "grad-m
     for k in range(steps):
         if progress is not None:
             progress(k, steps, f"teleport step {k + 1} of {steps}")
-        d = _pullback(orbit, start, here.state, _theta_grad(here.graph, objective, here.v))
+        d = _coordinate_grad(orbit, start, here, objective)
         norm = float(orbit.flat(d).norm())
         if not math.isfinite(norm) or norm == 0.0:
             break
