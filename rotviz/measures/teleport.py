@@ -523,5 +523,6 @@ TELEPORT = register(Measurement(
     "raise or lower its top Hessian eigenvalue; --out writes the teleported model",
     _run, _params, summary=_summary, plot=teleport_figure, rows=_rows, pair=False,
     check=_check, writes_model=True, progress=True,
-    refusal="teleporting takes third-order derivatives of the whole model, held in memory",
+    refusal="teleporting takes Hessian-vector products of the whole model at every step, "
+            "held in memory",
     section=SECTION, order=105))
