@@ -79,6 +79,13 @@ def test_the_derivative_at_zero_is_the_tangent(name, loaded, relu):
     _, jvp = torch.autograd.functional.jvp(moved, torch.zeros_like(u), u)
     want = u @ t
     assert float((jvp - want).abs().max()) < 1e-6 * float(want.abs().max())
+    # the pullback is its transpose: <pullback(w), u> = <w, T^T u> for a cotangent w
+    w = torch.randn(t.shape[1], generator=torch.Generator().manual_seed(2), dtype=t.dtype)
+    sizes = [model.state[n].numel() for n in names]
+    cot = {n: p.reshape(model.state[n].shape)
+           for n, p in zip(names, torch.split(w, sizes), strict=True)}
+    back = orbit.flat(orbit.pullback(model.state, cot))
+    assert float(back @ u) == pytest.approx(float(w @ want), rel=1e-8)
 
 
 def test_state_is_never_mutated_and_elements_compose(loaded):

@@ -138,6 +138,23 @@ class Orbit:
             out[li] = LayerTransform(qk=qk, vo=vo, ffn_scale=sc)
         return out
 
+    def pullback(self, state: Mapping[str, Tensor], cotangent: Mapping[str, Tensor]
+                 ) -> Coords:
+        """d/dX <cotangent, act(X, state)> at X = 0: the vector-Jacobian product of the
+        action (a function f of the parameters with df/dtheta = cotangent has df/dX this;
+        no model runs). `cotangent` names some of the state's tensors; the rest count 0."""
+        coords = self.zeros(requires_grad=True)
+        with torch.enable_grad():
+            moved = self.act(coords, state)
+            f = sum((moved[n] * w.to(moved[n].dtype)).sum() for n, w in cotangent.items()
+                    if n in moved and moved[n].requires_grad)
+            keys = list(coords)
+            if not isinstance(f, torch.Tensor):  # nothing the cotangent names moves
+                return {k: torch.zeros_like(coords[k]).detach() for k in keys}
+            d = torch.autograd.grad(f, [coords[k] for k in keys], allow_unused=True)
+        return {k: (x if x is not None else torch.zeros_like(coords[k])).detach()
+                for k, x in zip(keys, d, strict=True)}
+
     def act(self, coords: Coords, state: Mapping[str, Tensor] | None = None
             ) -> dict[str, Tensor]:
         """The state dict moved by the element of `coords` (never mutating `state`),

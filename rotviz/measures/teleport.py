@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     import torch
 
     from rotviz.analysis.hvp import Curvature
+    from rotviz.analysis.loss_graph import LossGraph
     from rotviz.analysis.orbit import Orbit
     from rotviz.data.split import Split
     from rotviz.sources.loading import Loaded
@@ -137,6 +138,11 @@ class TeleportResult:
 
 # ---- the objective and its gradient in the orbit's coordinates ----------------------------
 
+def _pullback(orbit: Orbit, cur: Curvature, state, w: Tensor) -> dict:
+    """df/dX at X = 0 from df/dtheta = w (flat over `cur.names`): Orbit.pullback."""
+    return orbit.pullback(state, dict(zip(cur.names, cur.unflat(w), strict=True)))
+
+
 def _curvature(ev, state) -> Curvature:
     """The train loss's curvature at `state`, on the evaluator `ev` made once per run."""
     from rotviz.analysis.hvp import Curvature
@@ -144,61 +150,7 @@ def _curvature(ev, state) -> Curvature:
     return Curvature(ev, state)
 
 
-class _Graph:
-    """The train loss's gradient graph at one point, kept for several products: a Hessian-
-    vector product is then one more backward pass (Curvature.hvp rebuilds the forward and
-    the first backward for each), and the third-order pass one more on top."""
-
-    def __init__(self, cur: Curvature):
-        import torch
-
-        self.cur = cur
-        self.ps = [p.clone().requires_grad_(True) for p in cur.point]
-        with torch.enable_grad():
-            loss = sum(cur._loss(self.ps, x, y) for x, y in cur.ev.batches)
-            self.g = cur._grads(loss, self.ps)
-        self.loss = float(loss.detach())
-        self.grad = cur.flat([gi.detach() for gi in self.g])
-        self.live = [i for i, gi in enumerate(self.g) if gi.requires_grad]
-
-    def _flat(self, parts) -> Tensor:
-        import torch
-
-        return self.cur.flat([h if h is not None else torch.zeros_like(p)
-                              for h, p in zip(parts, self.ps, strict=True)]).detach()
-
-    def _hv(self, v: Tensor, create_graph: bool):
-        import torch
-
-        vs = self.cur.unflat(v.to(self.cur.dtype))
-        dot = sum((self.g[i] * vs[i]).sum() for i in self.live)
-        return vs, torch.autograd.grad(dot, self.ps, retain_graph=True,
-                                       create_graph=create_graph, allow_unused=True)
-
-    def hvp(self, v: Tensor) -> Tensor:
-        import torch
-
-        if not self.live:
-            return torch.zeros_like(self.grad)
-        with torch.enable_grad():
-            return self._flat(self._hv(v, False)[1])
-
-    def third(self, v: Tensor) -> Tensor:
-        """d(v^T H v)/dtheta with v held fixed (Hellmann-Feynman's d lambda)."""
-        import torch
-
-        if not self.live:
-            return torch.zeros_like(self.grad)
-        with torch.enable_grad():
-            vs, hv = self._hv(v, True)
-            f = sum((h * vi).sum() for h, vi in zip(hv, vs, strict=True) if h is not None)
-            if not f.requires_grad:  # a model linear in every parameter: no third order
-                return torch.zeros_like(self.grad)
-            return self._flat(torch.autograd.grad(f, self.ps, retain_graph=True,
-                                                  allow_unused=True))
-
-
-def _theta_grad(graph: _Graph, objective: str, v: Tensor | None) -> Tensor:
+def _theta_grad(graph: LossGraph, objective: str, v: Tensor | None) -> Tensor:
     """The objective's gradient in the parameters theta (flat), at the current point, for
     the sharp objectives in the direct form: d(v^T H v) with v fixed (Hellmann-Feynman), a
     third-order pass through the functional model. (`_coordinate_grad` takes the cheaper
@@ -228,45 +180,13 @@ def _coordinate_grad(orbit: Orbit, cur: Curvature, point: _Point, objective: str
     return _pullback(orbit, cur, at_v, -2 * graph.hvp(point.v))
 
 
-def _pullback(orbit: Orbit, cur: Curvature, state, w: Tensor) -> dict:
-    """df/dX at X = 0 from df/dtheta = w: the vector-Jacobian product of the action (no
-    model run: the chain rule through theta(X) = act(X, theta))."""
-    import torch
-
-    coords = orbit.zeros(requires_grad=True)
-    ws = dict(zip(cur.names, cur.unflat(w), strict=True))
-    with torch.enable_grad():
-        moved = orbit.act(coords, state)
-        f = sum((moved[n] * ws[n].to(moved[n].dtype)).sum() for n in ws
-                if n in moved and moved[n].requires_grad)
-        keys = list(coords)
-        d = torch.autograd.grad(f, [coords[k] for k in keys], allow_unused=True)
-    return {k: (x if x is not None else torch.zeros_like(coords[k])).detach()
-            for k, x in zip(keys, d, strict=True)}
-
-
-def _top(graph: _Graph, v0: Tensor, steps: int, tol: float) -> tuple[float, Tensor]:
-    """The top eigenvalue and its unit eigenvector by Lanczos from v0 (a warm start)."""
-    import numpy as np
-    import torch
-
-    from rotviz.analysis.lanczos import lanczos, ritz
-
-    basis: list[Tensor] = []
-    a, b = lanczos(graph.hvp, v0, min(steps, graph.cur.n), top=1, tol=tol, keep=basis)
-    theta, s = ritz(list(a), list(b))
-    qs = torch.stack(basis[:len(a)])
-    vec = qs.T @ torch.as_tensor(np.ascontiguousarray(s[:, -1]), dtype=qs.dtype)
-    return float(theta[-1]), vec / vec.norm()
-
-
 @dataclass
 class _Point:
     """One point of the path: its state, gradient, measures, and the eigenvector (sharp
     objectives)."""
 
     state: dict
-    graph: _Graph
+    graph: LossGraph
     value: float
     loss: float
     top: float | None = None
@@ -277,21 +197,23 @@ class _Point:
         return float(self.graph.grad.norm())
 
 
-def _point(ev, state, objective, v0, steps, graph: _Graph | None = None,
+def _point(ev, state, objective, v0, steps, graph: LossGraph | None = None,
            top: tuple | None = None) -> _Point:
     """The path's point at `state`; `graph` and `top` (the top eigenpair): where the caller
     has them already (the start, whose measures take them), not taken again."""
-    graph = graph or _Graph(_curvature(ev, state))
+    from rotviz.analysis.loss_graph import LossGraph, top_pair
+
+    graph = graph or LossGraph(_curvature(ev, state))
     v = None
     if objective != "grad-max":
-        top, v = top or _top(graph, v0, steps, PATH_TOL)
+        top, v = top or top_pair(graph, v0, steps, PATH_TOL)
     else:
         top = None
     value = float(graph.grad @ graph.grad) if objective == "grad-max" else top
     return _Point(state, graph, value, graph.loss, top, v)
 
 
-def _measures(graph: _Graph, probes: int, seed: int, iterations: int,
+def _measures(graph: LossGraph, probes: int, seed: int, iterations: int,
               v0: Tensor | None = None) -> tuple:
     """(top eigenvalue, its eigenvector, trace or None). Lanczos from v0 (a warm start: the
     eigenvector at the end of the path) or a seeded random vector; the trace from seeded
@@ -299,12 +221,13 @@ def _measures(graph: _Graph, probes: int, seed: int, iterations: int,
     import torch
 
     from rotviz.analysis.lanczos import rademacher
+    from rotviz.analysis.loss_graph import top_pair
 
     cur = graph.cur
     if v0 is None:
         gen = torch.Generator().manual_seed(int(seed))
         v0 = torch.randn(cur.n, generator=gen, dtype=torch.float64).to(cur.dtype)
-    top, v = _top(graph, v0, iterations, 1e-7)
+    top, v = top_pair(graph, v0, iterations, 1e-7)
     tr = None
     if probes:
         gen = torch.Generator().manual_seed(int(seed) + 1)
@@ -347,6 +270,7 @@ def teleport(loaded: Loaded, train: Split, test: Split, objective: str = "grad-m
     import torch
 
     import rotviz.analysis.orbit as orb
+    from rotviz.analysis.loss_graph import LossGraph
     from rotviz.analysis.orbit import Orbit, act_element, compose, conditions
     from rotviz.analysis.tangents import ffn_has_scales
     from rotviz.errors import RotvizError
@@ -367,7 +291,7 @@ def teleport(loaded: Loaded, train: Split, test: Split, objective: str = "grad-m
     start = _curvature(ev, state0)
     v0 = torch.randn(start.n, generator=gen, dtype=torch.float64).to(start.dtype)
     steps_path = min(iterations, PATH_LANCZOS)
-    graph0 = _Graph(start)
+    graph0 = LossGraph(start)
     top0, vtop, tr0 = _measures(graph0, trace_probes, seed, iterations)
     here = _point(ev, state0, objective, v0, iterations, graph=graph0, top=(top0, vtop))
     path = [{"step": 0, "objective": here.value, "loss": here.loss,

@@ -144,20 +144,15 @@ def test_the_groups_route_equals_the_third_order_pass(family, groups, saved):
     """d(v^T H v)/dX at 0, v fixed: the pullback at v of -2 H v (one product, what the path
     takes) equals the pullback at theta of the third-order pass, for any v (1e-6)."""
     from rotviz.analysis.hvp import Curvature
+    from rotviz.analysis.loss_graph import LossGraph
     from rotviz.analysis.orbit import Orbit
     from rotviz.evaluation import Evaluator
-    from rotviz.measures.teleport import (
-        _coordinate_grad,
-        _Graph,
-        _Point,
-        _pullback,
-        _theta_grad,
-    )
+    from rotviz.measures.teleport import _coordinate_grad, _Point, _pullback, _theta_grad
 
     sizes = SMALL if family == "vit" else dict(layers=1, d=16, heads=2, ffn=16)
     model = load_model(saved(family, 0, **sizes), dtype=F64)
     cur = Curvature(Evaluator(model, synthetic_split(model, 6, 0)), model.state)
-    graph = _Graph(cur)
+    graph = LossGraph(cur)
     v = torch.randn(cur.n, generator=torch.Generator().manual_seed(0), dtype=F64)
     orbit = Orbit.of(model, groups)
     point = _Point(model.state, graph, 0.0, graph.loss, 0.0, v)
