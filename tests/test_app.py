@@ -1101,9 +1101,9 @@ def test_landscape_page_computes_each_section_on_run(pair):
     at = app("landscape", l_slice_grid="5", l_bend_steps="10", l_bend_points="5",
              l_layerwise_points="3", l_hessian_iterations="16", l_hessian_examples="64")
     assert not figures(at)
-    assert texts(at).count("Press **Run** to compute this section.") == 5
+    assert texts(at).count("Press **Run** to compute this section.") == 6
     seen: dict[str, dict] = {}
-    for name in ("slice", "layerwise", "hessian", "bend"):
+    for name in ("slice", "layerwise", "hessian", "bend", "teleport"):
         at.button(key=f"l_{name}_run").click().run()
         assert not at.exception, [e.message for e in at.exception]
         assert not at.error, [e.value for e in at.error]
@@ -1114,6 +1114,7 @@ def test_landscape_page_computes_each_section_on_run(pair):
     plane_t = "Test loss on the plane through A, B and B'"
     lw_t = next(t for t in titles if t.startswith("Layer-wise barriers"))
     hess_t = next(t for t in titles if t.startswith("Top Hessian eigenvalues of"))
+    assert any(t.startswith("Teleporting ") for t in titles)
     assert plane_t in titles
     for t in (slice_t, bend_t, plane_t, lw_t, hess_t):
         _framed(seen[t])
