@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     Tensor = torch.Tensor
 
 OBJECTIVES = ("grad-max", "sharp-max", "sharp-min")
+GEODESIC = ("average", "worst", "no")
 STEPS = Bound("--steps", 1, 10_000)
 PROBES = Bound("--trace-probes", 0, 100_000)
 CONDITION = Bound("--max-condition", 1.0, 1e6, integer=False)
@@ -83,8 +84,12 @@ def _params():
               f"ratio of unit scales) of the element may reach (default 30, {CONDITION.text})",
               CONDITION,
               label="Largest condition number"),
-        Param("seed", 0, "seed of the Lanczos start and the trace probes (default 0)", SEED,
-              label="Seed"),
+        Param("geodesic", "average", "geodesic sharpness (Hide & Seek; docs/landscape.md) before "
+              "and after, the sharpness no symmetry changes: average or worst (as `rotviz "
+              "hessian --geodesic`, its default settings), or no (default average)",
+              choices=GEODESIC, label="Geodesic sharpness"),
+        Param("seed", 0, "seed of the Lanczos start, the trace probes and the geodesic "
+              "sharpness's directions (default 0)", SEED, label="Seed"),
         Param("batch_size", 512, f"evaluation batch size (default 512, {BATCH_SIZE.text})",
               BATCH_SIZE, label="Evaluation batch size"),
     )
@@ -126,6 +131,11 @@ class TeleportResult:
     max_condition: float
     path: list[dict]
     function_check: dict
+    # geodesic sharpness (rotviz.analysis.geodesic_sharpness) on the train examples before and
+    # after, with the same seed: what the orbit cannot move; None with --geodesic no
+    geodesic_before: float | None = None
+    geodesic_after: float | None = None
+    geodesic: dict | None = None  # its settings (kind, rho, order, seed, n)
     seconds: float = 0.0
     device: str = "cpu"
     state: dict = field(default_factory=dict, repr=False)
@@ -261,12 +271,13 @@ def _function_check(loaded: Loaded, test: Split, before, after, device, batch_si
 def teleport(loaded: Loaded, train: Split, test: Split, objective: str = "grad-max",
              group: str = "all", steps: int = 20, trace_probes: int = 10,
              iterations: int = 30, max_condition: float = 30.0, seed: int = 0,
-             device="cpu", batch_size: int = 512, progress: Progress | None = None
-             ) -> TeleportResult:
+             device="cpu", batch_size: int = 512, progress: Progress | None = None,
+             geodesic: str = "average") -> TeleportResult:
     """Teleport `loaded` (its own state) along its symmetry orbit for `steps` steps on the
     objective taken on `train` (all of it: pass the examples wanted), the loss checked on
     `test`. Seeded: the same call gives the same numbers. The result's `state` is the
-    teleported model (the checkpoint's dtypes)."""
+    teleported model (the checkpoint's dtypes). `geodesic` (average, worst or no): the
+    geodesic sharpness before and after, on `train`."""
     import torch
 
     import rotviz.analysis.orbit as orb
@@ -331,14 +342,32 @@ def teleport(loaded: Loaded, train: Split, test: Split, objective: str = "grad-m
                              here.v if here.v is not None else vtop)
     path[-1].update(top=top1, trace=tr1)
     check = _function_check(loaded, test, state0, here.state, device, batch_size)
+    geo = _geodesic(loaded, train, (state0, here.state), geodesic, seed, device, batch_size)
+    if geo[0] is not None:
+        path[0]["geodesic"], path[-1]["geodesic"] = geo[0], geo[1]
     rows = conditions(element) if element else [{} for _ in orbit.bases]
     return TeleportResult(
         loaded.ref, objective, list(orbit.groups), train.n, train.split, test.split,
         train.data, start.n, orbit.dimension(), taken, check["loss_before"],
         check["loss_after"], top0, top1, tr0, tr1, path[0]["grad_norm"], here.grad_norm,
         path[0]["loss"], here.loss, rows, orb.max_condition(element) if element else 1.0,
-        path, check,
-        time.perf_counter() - t0, str(start.device), dict(here.state))
+        path, check, *geo, seconds=time.perf_counter() - t0, device=str(start.device),
+        state=dict(here.state))
+
+
+def _geodesic(loaded: Loaded, train: Split, states: tuple, kind: str, seed: int, device,
+              batch_size: int) -> tuple:
+    """The geodesic sharpness of each state on the train examples (the same seeded
+    directions: the measure, unlike the top eigenvalue and the trace, is one number along
+    the orbit), and its settings; (None, None, None) for 'no'."""
+    if kind == "no":
+        return None, None, None
+    from rotviz.analysis.geodesic_sharpness import geodesic_sharpness
+
+    got = [geodesic_sharpness(loaded, st, train, device, kind=kind, seed=seed,
+                              batch_size=batch_size) for st in states]
+    keep = {k: got[0][k] for k in ("kind", "rho", "order", "seed", "n")}
+    return got[0]["value"], got[1]["value"], keep
 
 
 def _run(ends, ctx: Context, v: dict):
@@ -348,7 +377,7 @@ def _run(ends, ctx: Context, v: dict):
     train = train.subset(min(v["examples"], train.n))
     r = teleport(ends.anchor, train, ctx.split, v["objective"], v["group"], v["steps"],
                  v["trace_probes"], v["iterations"], v["max_condition"], v["seed"],
-                 ctx.device, v["batch_size"], ctx.progress)
+                 ctx.device, v["batch_size"], ctx.progress, v["geodesic"])
     r.model = ends.anchor_ref
     c = r.function_check
     if not c["preserved"]:
@@ -363,6 +392,8 @@ def _summary(r, how: str) -> str:
     c = r.function_check
     tr = "" if r.trace_before is None else \
         f"; trace {r.trace_before:.4g} -> {r.trace_after:.4g}"
+    if r.geodesic_before is not None:
+        tr += f"; geodesic sharpness {r.geodesic_before:.6g} -> {r.geodesic_after:.6g}"
     return (f"teleport ({r.objective}, {','.join(r.group)}) on {r.device}{how}: {r.steps} "
             f"steps; top eigenvalue {r.top_before:.4g} -> {r.top_after:.4g}{tr}; gradient "
             f"norm {r.grad_norm_before:.4g} -> {r.grad_norm_after:.4g} on {r.examples} "
@@ -372,14 +403,16 @@ def _summary(r, how: str) -> str:
 
 
 MEASURES = (("grad_norm", "gradient norm"), ("top", "top Hessian eigenvalue"),
-            ("trace", "Hessian trace (Hutchinson)"))
+            ("trace", "Hessian trace (Hutchinson)"),
+            ("geodesic", "geodesic sharpness (invariant)"))
 
 
 def teleport_figure(d: dict, style: Style | None = None):
     """The orbit as a path: x = teleport step; above, the train loss relative to its start
-    (flat: the function does not change); below, the gradient norm, top eigenvalue and
-    trace, each relative to its start, on a log axis (the trace and, for grad-max, the top
-    eigenvalue are taken at the two ends only)."""
+    (flat: the function does not change); below, the gradient norm, top eigenvalue, trace
+    and geodesic sharpness, each relative to its start, on a log axis (the trace, the
+    geodesic sharpness and, for grad-max, the top eigenvalue are taken at the two ends
+    only)."""
     from plotly.subplots import make_subplots
 
     from rotviz.plots import style as st
@@ -414,8 +447,16 @@ def teleport_figure(d: dict, style: Style | None = None):
 
 def _rows(d: dict) -> list[dict]:
     return [{"step": p["step"], "objective": p["objective"], "train_loss": p["loss"],
-             "grad_norm": p["grad_norm"], "top": p["top"], "trace": p["trace"]}
+             "grad_norm": p["grad_norm"], "top": p["top"], "trace": p["trace"],
+             "geodesic": p.get("geodesic")}
             for p in d["path"]]
+
+
+def _geo_text(d: dict) -> str:
+    if d.get("geodesic_before") is None:
+        return ""
+    return (f", geodesic sharpness {d['geodesic_before']:.5g} → {d['geodesic_after']:.5g} "
+            "(the one the orbit cannot move)")
 
 
 def _caption(d: dict) -> str:
@@ -424,7 +465,7 @@ def _caption(d: dict) -> str:
     return (f"{d['steps']} steps ({d['objective']}): test loss {d['loss_before']:.6f} → "
             f"{d['loss_after']:.6f} (relative change "
             f"{d['function_check']['loss_relative']:.1g}), top eigenvalue "
-            f"{d['top_before']:.4g} → {d['top_after']:.4g}{tr}, gradient norm "
+            f"{d['top_before']:.4g} → {d['top_after']:.4g}{tr}{_geo_text(d)}, gradient norm "
             f"{d['grad_norm_before']:.4g} → {d['grad_norm_after']:.4g}; the largest "
             f"condition number of the element {d['max_condition']:.3g}.")
 

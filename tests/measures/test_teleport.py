@@ -69,6 +69,10 @@ def test_the_objectives_move_the_measures(runs):
     # same probes before and after: the trace moves with the curvature
     assert up.trace_after > up.trace_before
     assert all(r.top_before == pytest.approx(up.top_before) for r in runs.values())
+    # what the orbit cannot move: the geodesic sharpness (Hide & Seek), same seeded directions
+    for r in runs.values():
+        assert r.geodesic_before > 0
+        assert abs(r.geodesic_after - r.geodesic_before) <= 1e-4 * r.geodesic_before
 
 
 def test_the_reported_eigenvalues_are_the_dense_hessians(saved):
