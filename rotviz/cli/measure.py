@@ -106,7 +106,8 @@ def register(sub, wanted: Callable[[str], bool] = lambda name: True) -> None:
         p.add_argument("--device", default="auto", help="auto, cpu, cuda or mps (default auto)")
         if m.writes_model:
             p.add_argument("--out", default=None, metavar="DIR",
-                           help="write the merged model to this new folder")
+                           help="write the model the command makes (the merge, the "
+                                "teleported model) to this new folder")
         p.add_argument("--json", default=None, metavar="FILE",
                        help="also write the result as JSON to this new file")
         _figure_option(p, m)
@@ -205,7 +206,9 @@ def _inputs_parser(p: argparse.ArgumentParser, m: Measurement) -> None:
         p.add_argument("--split", default="test", help="split to evaluate on (default test)")
         add_reading(p)
     default = " and ".join(m.inputs.default_specs)
-    if m.inputs.one_spec:
+    if not m.inputs.default_specs:
+        p.set_defaults(match=None)
+    elif m.inputs.one_spec:
         p.add_argument("--match", action="append", default=None, metavar="SPEC",
                        help="the matching that aligns the models (once): a comma list of ffn, "
                             "attn, rescale, heads, residual, act, learned; seed = "

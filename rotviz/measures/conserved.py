@@ -54,9 +54,12 @@ class OneSeries:
     @classmethod
     def read(cls, refs: Sequence[str], specs: Sequence[str] | None = None,
              confined: Confined = ANYWHERE) -> OneSeries:
-        """The series; matchings are none of its business (checked, then ignored: a page
-        passes its own to every section)."""
-        specs_of(specs)  # a bad SPEC is still one line
+        """The series; it takes no matching (the weights of one series: nothing to align),
+        so one asked for is refused in one line."""
+        asked = [s for s in specs_of(specs) if s != "none"] if specs else []
+        if asked:
+            raise RotvizError(f"conserved reads one series' weights and aligns nothing: drop "
+                              f"the matching {', '.join(asked)}")
         series = read_series(refs[0], confined)
         _enough(series.ref, list(series.steps))
         _one_architecture(series, confined)
@@ -388,5 +391,5 @@ CONSERVED = register(Measurement(
     "scales) over a series of checkpoints, and its drift from its start",
     _run, PARAMS, summary=_summary, plot=conserved_figure, rows=rows, refusal=AT_SIZE,
     data=False, inputs=Inputs((("series", "the " + SERIES_HELP),), OneSeries.read,
-                              default_specs=("none",), one_spec=True, check=_check),
+                              default_specs=(), check=_check),
     progress=True, section=SECTION, order=155))

@@ -66,6 +66,8 @@ class Inputs:
 
     args: tuple[tuple[str, str], ...]  # (name, help) of each positional argument
     read: Callable[..., Any]  # (refs, specs, confined) -> the record's input value
+    # empty: the record reads no matching at all (conserved: the weights of one series): the
+    # CLI offers no --match, the app's pages pass it none, and `read` refuses one
     default_specs: tuple[str, ...] = ("none", "seed")
     # N models at once (rotviz many): the last argument takes one or more references, and
     # `refs` holds them all, in order; `read` refuses fewer than `least` of them (0: every

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from rotviz import measure
 from rotviz.arch import spec_named
 from rotviz.cli import main
+from rotviz.errors import RotvizError
 from rotviz.random_models import random_model
 from rotviz.sources.adapters import source_of
 
@@ -133,6 +134,10 @@ def test_a_short_series_and_mixed_architectures_are_refused(tmp_path, saved, cap
     for step in (0, 5, 9):
         shutil.copytree(saved("vit"), three / f"checkpoint-{step}")
     _refused(["conserved", str(three), "--every", "5"], capsys, "--every")
+    # it aligns nothing: no --match in the CLI, and the library refuses one
+    _refused(["conserved", str(three), "--match", "seed"], capsys, "--match")
+    with pytest.raises(RotvizError, match="aligns nothing"):
+        measure("conserved", [str(three)], None, match=["seed"])
 
 
 def test_the_zoo_sgd_series_keeps_what_adamw_moves(tmp_path, capsys):

@@ -54,7 +54,9 @@ with st.form("measure_form"):
         choices = run.offered_specs(s, inputs.default_specs + tuple(
             sp for sp in SPEC_CHOICES if spec_label(sp) not in mine))[0]
         default = [sp for sp in inputs.default_specs if sp in choices]
-        if inputs.one_spec:
+        if not inputs.default_specs:
+            specs = []
+        elif inputs.one_spec:
             specs = [st.selectbox("Matching", choices, key=f"x_{name}_spec",
                                   format_func=figures.nice_label)]
         else:

@@ -53,7 +53,8 @@ if not specs:
 def cfg_of(record: Measurement, values: dict, refs: list[str], spec: str | None = None
            ) -> dict:
     """A section's configuration: its references, the page's matchings and data."""
-    return app.inputs_cfg({**s.base(), "data": data}, refs, specs, **values)
+    return app.inputs_cfg({**s.base(), "data": data}, refs,
+                          specs if record.inputs and record.inputs.default_specs else [], **values)
 
 
 section.compose("training", s, "t", section.Hooks(cfg=cfg_of, refs=REFS, ready=bool(specs)))
