@@ -28,15 +28,16 @@ st.markdown(
     "The Barrier page walks the straight line from the anchor **A** to the source. This page "
     "looks around it: the loss on a random plane through A, a *curved* path to the matched "
     "source **B'** whose bend is trained to avoid the barrier, which layers make the "
-    "barrier, and how sharp the minimum at A is. Each section computes only when you press "
-    "its **Run**."
+    "barrier, how sharp the minimum at A is, and how moving A along its symmetry orbit "
+    "(*teleporting*) changes that sharpness while the loss stays put. Each section computes "
+    "only when you press its **Run**."
 )
 
 spec, layers = run.pair_matching(
     s, "l", "Matching for B' (curved path and layer-wise barriers)", "seed",
     "How the source is moved inside its symmetry class before the curved path and the "
     "layer-wise barriers are measured, and B' for a slice around B' (or the path, or the "
-    "merge) or toward B'. The Hessian is of the anchor alone.")
+    "merge) or toward B'. The Hessian and teleportation are of the anchor alone.")
 
 
 READY = run.require_pair(s)  # checked once; each section then says nothing more about it

@@ -1,10 +1,12 @@
 """Training: barriers over training and instability against the spawn step (Frankle et al.,
-2020).
+2020), the conserved quantities of the symmetries along a run (Zhao et al., 2023), and the
+runs' paths on the loss surface of their principal directions (Li et al., 2018).
 
 Its sections are the records of series that declare one on this page (rotviz.measures:
-training and spawn), composed by rotviz/ui/section.py with the page's matchings and data.
-They open on the zoo's spawn series, so both charts run out of the box; nothing computes
-before its Run is pressed.
+training, spawn, conserved, trajectory), composed by rotviz/ui/section.py with the page's
+matchings and data (a record that takes no matching, conserved, gets none). They open on the
+zoo's spawn series, so every chart runs out of the box; nothing computes before its Run is
+pressed.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ REFS = {"training": {"series_a": ("Series A", "zoo:vit-digits-run-a"),
                                     "zoo:vit-digits-run-b")}}
 
 s = sidebar.setup()
-st.title("Barriers over training and spawn instability")
+st.title("Training: barriers, conserved quantities and paths")
 st.markdown(
     "Frankle et al. (2020) asked when two runs that share their start stop ending up in "
     "different basins. **Over training**: two runs saved at the same steps, the barrier "
@@ -37,7 +39,11 @@ st.markdown(
     "them is zero, training is *stable* from *k* on. Each pair is matched (every matching "
     "you pick) and its barrier measured exactly as on the Barrier page. The defaults are the "
     "zoo's spawn series (a digits ViT); folders under the model roots work too "
-    "(docs/landscape.md gives the layouts)."
+    "(docs/landscape.md gives the layouts). **Conserved quantities**: what each continuous "
+    "symmetry keeps fixed under gradient flow, and how far a real run (AdamW, weight decay) "
+    "drifts from it; the zoo's SGD series `zoo:vit-digits-sgd` keeps them. **Trajectories**: "
+    "a run's checkpoints on the loss surface of their top two principal directions, and a "
+    "second run drawn on the same plane before and after matching."
 )
 
 c = st.columns([2, 1])
