@@ -204,10 +204,9 @@ def main() -> None:
     met = "met" if speed >= 2 and ours_err <= peer_err else "not met"
     lines = [
         f"Run as `python bench/hessian_peer.py --threads {args.threads}`. Machine: "
-        f"{machine('cpu')}; device cpu; load average up to {load:.1f} while measured. Other "
-        "helpers were loading the 2 shared cores while this ran: the times are pessimistic "
-        "and noisy, the ratio between rows is what counts (the integrator reruns on an idle "
-        "machine).",
+        f"{machine('cpu')}; device cpu; load average up to {load:.1f} while measured "
+        "(above 1, other work shared the cores: the times are pessimistic, the ratio between "
+        "rows, measured side by side, is what counts).",
         "",
         f"The anchor zoo:vit-digits-s3 ({sum(t.numel() for t in anchor.model.parameters()):,}"
         f" parameters) on {split.n} digits test images, float32, one process, one thread. "

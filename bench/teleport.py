@@ -56,8 +56,7 @@ def main() -> None:
         print(rows[-1], flush=True)
     lines = [
         f"Machine: {machine()}; device cpu; load average up to {load:.1f} while measured "
-        "(the VM is shared with four other engineers' runs, so these are pessimistic; the "
-        "integrator reruns on an idle machine).",
+        "(above 1, other work shared the cores: the times are pessimistic).",
         "",
         f"Target: `teleport` on zoo:vit-digits-s3, digits, {args.steps} steps, at most 30 s. "
         "Defaults: 128 train examples, 10 trace probes, 30 Lanczos steps, --group all "

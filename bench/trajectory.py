@@ -75,8 +75,7 @@ def main() -> None:
     load = max(load, os.getloadavg()[0])
     lines = [
         f"Machine: {machine(args.device)}; device {args.device}; load average up to {load:.1f} "
-        "while measured (the VM is shared with other engineers' runs, so higher loads mean "
-        "pessimistic numbers; the integrator reruns on an idle machine).",
+        "while measured (above 1, other work shared the cores: the times are pessimistic).",
         "",
         "Target: `rotviz trajectory zoo:vit-digits-run-a --data digits` with a 21 x 21 surface, "
         f"<= 60 s on this CPU. The command, end to end (a fresh process): **{cmd:.1f} s**.",
