@@ -10,8 +10,9 @@ generator, so the batches are the same in both runs). After steps K, 2K, ... (be
 next step; never after the last) the teleport run draws `examples` train examples (a fresh
 random batch each time, as Zhao et al.'s code draws a teleport batch from its own shuffled
 loader) and climbs the gradient norm on them. The group element is not applied to Adam's
-moments: as in Zhao et al.'s code (the optimiser is made anew after each teleport), the
-optimiser's state is reset."""
+moments: by default (`moments` "reset"), as in Zhao et al.'s code (the optimiser is made
+anew after each teleport), the optimiser's state is reset; "keep" keeps the moments taken
+at the old point (their coordinates no longer match the moved parameters)."""
 
 from __future__ import annotations
 
@@ -108,6 +109,7 @@ class Schedule:
     examples: int = 128  # train examples each teleport climbs on
     max_condition: float = 30.0
     group: str = "qk,vo"
+    moments: str = "reset"  # Adam's moments after a teleport: reset (Zhao et al.) or keep
 
 
 def _optimizer(params: list[Tensor], how: Schedule):
@@ -210,7 +212,8 @@ def train_run(loaded: Loaded, train: Evaluator, test: Evaluator, init: Mapping[s
                 with torch.no_grad():
                     for k, v in params.items():
                         v.copy_(new[k].to(v.device, v.dtype))
-                optim = _optimizer(trained, how)  # Adam's moments reset (Zhao et al.)
+                if how.moments == "reset":  # a new optimiser, as Zhao et al.'s code
+                    optim = _optimizer(trained, how)
     final = state_now()
     log.final_test_loss, log.final_test_acc = test.evaluate(test.params(final))
     last = log.evals[-1]["step"] if log.evals else -1
