@@ -43,6 +43,19 @@ def fresh_state(loaded: Loaded, seed: int) -> dict[str, Tensor]:
     (`_init_weights` on every module) under a private RNG seeded with `seed`: the caller's
     RNG and the loaded model are untouched (a deep copy is initialised; a lite module,
     which has no Hugging Face init, is read again as the full model first)."""
+    with torch.random.fork_rng(devices=[]):  # building a module draws numbers too
+        model = _hf_module(loaded)
+        _forget_loading(model)
+        torch.manual_seed(int(seed))
+        with torch.no_grad():
+            model.apply(model._init_weights)
+    st = model.state_dict()
+    return {k: st[k].detach().clone().to(v.dtype) for k, v in loaded.state.items()}
+
+
+def _hf_module(loaded: Loaded):
+    """A copy of `loaded`'s module with its Hugging Face init: a deep copy, or for a lite
+    module (which has none) the full model read again."""
     model = loaded.model
     if not hasattr(model, "_init_weights"):
         from rotviz.sources.loading import load_model
@@ -54,14 +67,8 @@ def fresh_state(loaded: Loaded, seed: int) -> dict[str, Tensor]:
         if model is None or not hasattr(model, "_init_weights"):
             raise RotvizError(f"--init fresh needs a Hugging Face model's own init "
                               f"(_init_weights), which {loaded.ref} lacks; use --init model")
-    model = copy.deepcopy(model)
-    _forget_loading(model)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(seed))
-        with torch.no_grad():
-            model.apply(model._init_weights)
-    st = model.state_dict()
-    return {k: st[k].detach().clone().to(v.dtype) for k, v in loaded.state.items()}
+        return model
+    return copy.deepcopy(model)
 
 
 def _forget_loading(model) -> None:
