@@ -36,11 +36,12 @@ def _params():
     return (
         Param("steps", 300, f"training steps of each run (default 300, {STEPS.text})", STEPS,
               label="Training steps", widget=(10, 1000, 10), essential=True),
-        Param("every", 100, "teleport after every K-th step (never after the last; K >= "
-              f"--steps: no teleport; default 100, {EVERY.text})", EVERY,
+        Param("every", 25, "teleport after every K-th step (never after the last; K >= "
+              f"--steps: no teleport; default 25, {EVERY.text})", EVERY,
               label="Teleport every K steps", widget=(1, 500, 1), essential=True),
-        Param("teleport_steps", 10, "gradient-ascent steps along the orbit per teleport "
-              f"(default 10, {TELEPORT_STEPS.text})", TELEPORT_STEPS,
+        Param("teleport_steps", 1, "gradient-ascent steps along the orbit per teleport "
+              f"(default 1; more climb further, to sharper points; {TELEPORT_STEPS.text})",
+              TELEPORT_STEPS,
               label="Steps per teleport", widget=(1, 50, 1)),
         Param("optimizer", "adam", "the optimiser of both runs: sgd (plain) or adam (its "
               "moments reset after each teleport; default adam)", choices=OPTIMIZERS,
@@ -124,7 +125,7 @@ def _groups(loaded: Loaded, group: str) -> str:
 
 
 def teleport_train(loaded: Loaded, train: Split, test: Split, steps: int = 300,
-                   every: int = 100, teleport_steps: int = 10, optimizer: str = "adam",
+                   every: int = 25, teleport_steps: int = 1, optimizer: str = "adam",
                    lr: float = 0.002, init: str = "fresh", group: str = "all",
                    teleport_examples: int = 128, eval_every: int = 50,
                    max_condition: float = 30.0, seed: int = 0, batch_size: int = 64,
@@ -282,10 +283,9 @@ SECTION = Section(
     "teleports (the dotted lines); Adam's moments are reset after each teleport. Whether "
     "it speeds training up depends on the optimiser and the step: see docs/landscape.md "
     "for what we measured (on the zoo's digits ViT with Adam, no consistent gain: a "
-    "larger gradient on the orbit comes with a sharper point). Small defaults: a CPU Run "
-    "takes about 20 s.",
-    defaults={"steps": 120, "every": 40, "teleport_steps": 5, "teleport_examples": 64,
-              "eval_every": 40},
+    "larger gradient on the orbit comes with a sharper point, and resetting Adam's moments "
+    "alone gives most of the early speed-up). Small defaults: a CPU Run takes seconds.",
+    defaults={"steps": 200, "every": 25, "teleport_examples": 64, "eval_every": 25},
     caption=_caption,
     doing=lambda v: f"two training runs of {v['steps']} steps (teleport every {v['every']})")
 
