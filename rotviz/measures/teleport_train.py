@@ -192,8 +192,9 @@ def _events_text(d: dict) -> str:
     ev = d["teleport"]["events"]
     if not ev:
         return "no teleport"
-    g = " ".join(f"{e['grad_norm_before']:.3g}→{e['grad_norm_after']:.3g}" for e in ev)
-    return f"{len(ev)} teleports (gradient norm {g})"
+    g = ", ".join(f"{e['grad_norm_before']:.3g}→{e['grad_norm_after']:.3g}" for e in ev[:4])
+    more = ", ..." if len(ev) > 4 else ""
+    return f"{len(ev)} teleports (gradient norm on their examples {g}{more})"
 
 
 def _summary(r, how: str) -> str:
@@ -239,7 +240,7 @@ def teleport_train_figure(d: dict, style: Style | None = None):
     for j, e in enumerate(d["teleport"]["events"]):
         fig.add_vline(x=e["step"], line={"color": st.color(2), "dash": "dot", "width": 1})
         fig.add_scatter(x=[e["step"]], y=[e["train_loss_before"]], mode="markers",
-                        name="teleport", showlegend=j == 0,
+                        name="teleport (loss on its examples)", showlegend=j == 0,
                         marker={"color": st.color(2), "symbol": "star", "size": 12})
     st.finish(fig, f"Training {d['model']} ({d['init']} init, {d['optimizer']} lr "
               f"{d['lr']:g}) with and without teleporting every {d['every']} steps",
