@@ -1101,7 +1101,7 @@ def test_landscape_page_computes_each_section_on_run(pair):
     at = app("landscape", l_slice_grid="5", l_bend_steps="10", l_bend_points="5",
              l_layerwise_points="3", l_hessian_iterations="16", l_hessian_examples="64")
     assert not figures(at)
-    assert texts(at).count("Press **Run** to compute this section.") == 6
+    assert texts(at).count("Press **Run** to compute this section.") == 7
     seen: dict[str, dict] = {}
     for name in ("slice", "layerwise", "hessian", "bend", "teleport"):
         at.button(key=f"l_{name}_run").click().run()

@@ -16,7 +16,7 @@ DECLARED = [m for m in measurements() if m.section is not None]
 
 def test_the_topic_pages_get_their_sections_in_order():
     assert [m.name for m in sections("landscape")] == ["slice", "bend", "layerwise", "hessian",
-                                                     "teleport"]
+                                                     "teleport", "teleport_train"]
     assert [m.name for m in sections("training")] == ["training", "spawn", "conserved",
                                                        "trajectory"]
     assert [m.name for m in sections("merge")] == ["fusion", "merge_sweep", "many"]

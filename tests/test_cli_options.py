@@ -137,6 +137,7 @@ KINDS = {
     **{(c, o): "series" for c, m in MEASURES.items() if m.inputs is not None
        for o, _ in m.inputs.args if o in SERIES},  # series and spawn folders (training, spawn)
     ("trajectory", "--with"): "series",  # its second series, an option
+    ("teleport_train", "--group"): "name",  # a comma list of symmetry groups
     **{(c, m.inputs.args[-1][0]): "model" for c, m in MEASURES.items()
        if m.inputs is not None and m.inputs.least},  # N models (many): the first replaced
 }

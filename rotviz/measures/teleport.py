@@ -19,15 +19,23 @@ the step tried again). The objective:
   the action's pullback at v of -2 H v, one product (`_coordinate_grad`), which the path
   takes (the two agree to rounding: tests/measures/test_teleport.py).
 The model is always the original moved by the accumulated element, in float64 and then
-rounded once, so no rounding gathers along the path."""
+rounded once, so no rounding gathers along the path. The step loop lives in
+rotviz.analysis.teleporting (shared with rotviz.measures.teleport_train)."""
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
+from rotviz.analysis.teleporting import (  # noqa: F401  (the loop's parts, re-exported)
+    PATH_LANCZOS,
+    _coordinate_grad,
+    _curvature,
+    _Point,
+    _point,
+    _pullback,
+)
 from rotviz.limits import BATCH_SIZE, HESSIAN_EXAMPLES, HESSIAN_ITERATIONS, SEED, Bound
 from rotviz.measures.registry import Context, Measurement, Section, register
 from rotviz.plots.figure_style import Style
@@ -35,9 +43,7 @@ from rotviz.plots.figure_style import Style
 if TYPE_CHECKING:
     import torch
 
-    from rotviz.analysis.hvp import Curvature
     from rotviz.analysis.loss_graph import LossGraph
-    from rotviz.analysis.orbit import Orbit
     from rotviz.data.split import Split
     from rotviz.sources.loading import Loaded
     from rotviz.types import Progress
@@ -51,11 +57,6 @@ PROBES = Bound("--trace-probes", 0, 100_000)
 CONDITION = Bound("--max-condition", 1.0, 1e6, integer=False)
 LOGIT_TOL = 1e-4  # the teleported model's logits, relative to the largest |logit|
 LOSS_TOL = 1e-6  # its test loss, relative
-FIRST_STEP = 0.25  # eta of the first step: the norm of X in Lie-algebra coordinates
-MAX_STEP = 2.0
-TRIES = 6  # halvings of eta before a step is given up (the path has then converged)
-PATH_TOL = 1e-5  # Lanczos's relative residual on the path (warm-started each step)
-PATH_LANCZOS = 3  # Lanczos steps at most per path point (warm-started: few are needed)
 
 
 def _params():
@@ -148,18 +149,6 @@ class TeleportResult:
 
 # ---- the objective and its gradient in the orbit's coordinates ----------------------------
 
-def _pullback(orbit: Orbit, cur: Curvature, state, w: Tensor) -> dict:
-    """df/dX at X = 0 from df/dtheta = w (flat over `cur.names`): Orbit.pullback."""
-    return orbit.pullback(state, dict(zip(cur.names, cur.unflat(w), strict=True)))
-
-
-def _curvature(ev, state) -> Curvature:
-    """The train loss's curvature at `state`, on the evaluator `ev` made once per run."""
-    from rotviz.analysis.hvp import Curvature
-
-    return Curvature(ev, state)
-
-
 def _theta_grad(graph: LossGraph, objective: str, v: Tensor | None) -> Tensor:
     """The objective's gradient in the parameters theta (flat), at the current point, for
     the sharp objectives in the direct form: d(v^T H v) with v fixed (Hellmann-Feynman), a
@@ -168,59 +157,6 @@ def _theta_grad(graph: LossGraph, objective: str, v: Tensor | None) -> Tensor:
     if objective == "grad-max":
         return 2 * graph.hvp(graph.grad)
     return graph.third(v)
-
-
-def _coordinate_grad(orbit: Orbit, cur: Curvature, point: _Point, objective: str) -> dict:
-    """df/dX at X = 0. grad-max: the action's pullback of 2 H g. sharp: the action
-    theta -> g.theta is linear in theta for a fixed element g, say J_g, and L(J_g theta) =
-    L(theta) for every theta; differentiating twice, H(g.theta) = J_g^-T H(theta) J_g^-1, so
-    with v held fixed v^T H(exp(X).theta) v = (J_exp(-X) v)^T H (J_exp(-X) v), whose
-    derivative at 0 is the action's pullback *at v* (v read as a parameter set) of -2 H v:
-    one Hessian-vector product instead of a third-order pass (the same numbers to
-    rounding: tests/measures/test_teleport.py)."""
-    import torch
-
-    graph = point.graph
-    if objective == "grad-max":
-        return _pullback(orbit, cur, point.state, 2 * graph.hvp(graph.grad))
-    at_v = {k: torch.zeros_like(t) for k, t in point.state.items()}
-    at_v |= {n: part.to(point.state[n].dtype)
-             for n, part in zip(cur.names, cur.unflat(point.v), strict=True)
-             if n in point.state}
-    return _pullback(orbit, cur, at_v, -2 * graph.hvp(point.v))
-
-
-@dataclass
-class _Point:
-    """One point of the path: its state, gradient, measures, and the eigenvector (sharp
-    objectives)."""
-
-    state: dict
-    graph: LossGraph
-    value: float
-    loss: float
-    top: float | None = None
-    v: Tensor | None = None
-
-    @property
-    def grad_norm(self) -> float:
-        return float(self.graph.grad.norm())
-
-
-def _point(ev, state, objective, v0, steps, graph: LossGraph | None = None,
-           top: tuple | None = None) -> _Point:
-    """The path's point at `state`; `graph` and `top` (the top eigenpair): where the caller
-    has them already (the start, whose measures take them), not taken again."""
-    from rotviz.analysis.loss_graph import LossGraph, top_pair
-
-    graph = graph or LossGraph(_curvature(ev, state))
-    v = None
-    if objective != "grad-max":
-        top, v = top or top_pair(graph, v0, steps, PATH_TOL)
-    else:
-        top = None
-    value = float(graph.grad @ graph.grad) if objective == "grad-max" else top
-    return _Point(state, graph, value, graph.loss, top, v)
 
 
 def _measures(graph: LossGraph, probes: int, seed: int, iterations: int,
@@ -282,8 +218,9 @@ def teleport(loaded: Loaded, train: Split, test: Split, objective: str = "grad-m
 
     import rotviz.analysis.orbit as orb
     from rotviz.analysis.loss_graph import LossGraph
-    from rotviz.analysis.orbit import Orbit, act_element, compose, conditions
+    from rotviz.analysis.orbit import Orbit, conditions
     from rotviz.analysis.tangents import ffn_has_scales
+    from rotviz.analysis.teleporting import climb
     from rotviz.errors import RotvizError
     from rotviz.evaluation import Evaluator
     from rotviz.symmetry.view import read_view
@@ -305,39 +242,11 @@ def teleport(loaded: Loaded, train: Split, test: Split, objective: str = "grad-m
     graph0 = LossGraph(start)
     top0, vtop, tr0 = _measures(graph0, trace_probes, seed, iterations)
     here = _point(ev, state0, objective, v0, iterations, graph=graph0, top=(top0, vtop))
-    path = [{"step": 0, "objective": here.value, "loss": here.loss,
-             "grad_norm": here.grad_norm, "top": top0, "trace": tr0}]
-    element: dict = {}
-    sign = -1.0 if objective == "sharp-min" else 1.0
-    eta, taken = FIRST_STEP, 0
-    for k in range(steps):
-        if progress is not None:
-            progress(k, steps, f"teleport step {k + 1} of {steps}")
-        d = _coordinate_grad(orbit, start, here, objective)
-        norm = float(orbit.flat(d).norm())
-        if not math.isfinite(norm) or norm == 0.0:
-            break
-        moved = None
-        for _ in range(TRIES):
-            x = {key: sign * eta * g / norm for key, g in d.items()}
-            trial = compose(element, orbit.transforms(x))
-            if orb.max_condition(trial) > max_condition:
-                eta /= 2
-                continue
-            st = act_element(loaded, trial, state0, torch.float64)
-            cand = _point(ev, st, objective, here.v if here.v is not None else v0,
-                          steps_path)
-            if sign * (cand.value - here.value) > 0:
-                moved = (trial, cand)
-                break
-            eta /= 2
-        if moved is None:  # no step of any size improves: the path has converged
-            break
-        element, here = moved
-        taken += 1
-        eta = min(eta * 2, MAX_STEP)
-        path.append({"step": taken, "objective": here.value, "loss": here.loss,
-                     "grad_norm": here.grad_norm, "top": here.top, "trace": None})
+    run = climb(loaded, orbit, ev, here, objective, steps, max_condition, v0, steps_path,
+                progress)
+    element, here, taken = run.element, run.here, run.taken
+    path = [{**p, "trace": None} for p in run.path]
+    path[0].update(top=top0, trace=tr0)
     top1, _, tr1 = _measures(here.graph, trace_probes, seed, iterations,
                              here.v if here.v is not None else vtop)
     path[-1].update(top=top1, trace=tr1)
