@@ -28,14 +28,6 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
-from rotviz.analysis.teleporting import (  # noqa: F401  (the loop's parts, re-exported)
-    PATH_LANCZOS,
-    _coordinate_grad,
-    _curvature,
-    _Point,
-    _point,
-    _pullback,
-)
 from rotviz.limits import BATCH_SIZE, HESSIAN_EXAMPLES, HESSIAN_ITERATIONS, SEED, Bound
 from rotviz.measures.registry import Context, Measurement, Section, register
 from rotviz.plots.figure_style import Style
@@ -220,7 +212,7 @@ def teleport(loaded: Loaded, train: Split, test: Split, objective: str = "grad-m
     from rotviz.analysis.loss_graph import LossGraph
     from rotviz.analysis.orbit import Orbit, conditions
     from rotviz.analysis.tangents import ffn_has_scales
-    from rotviz.analysis.teleporting import climb
+    from rotviz.analysis.teleporting import PATH_LANCZOS, _curvature, _point, climb
     from rotviz.errors import RotvizError
     from rotviz.evaluation import Evaluator
     from rotviz.symmetry.view import read_view

@@ -150,8 +150,9 @@ def test_the_groups_route_equals_the_third_order_pass(family, groups, saved):
     from rotviz.analysis.hvp import Curvature
     from rotviz.analysis.loss_graph import LossGraph
     from rotviz.analysis.orbit import Orbit
+    from rotviz.analysis.teleporting import _coordinate_grad, _Point, _pullback
     from rotviz.evaluation import Evaluator
-    from rotviz.measures.teleport import _coordinate_grad, _Point, _pullback, _theta_grad
+    from rotviz.measures.teleport import _theta_grad
 
     sizes = SMALL if family == "vit" else dict(layers=1, d=16, heads=2, ffn=16)
     model = load_model(saved(family, 0, **sizes), dtype=F64)
