@@ -1115,6 +1115,11 @@ def test_landscape_page_computes_each_section_on_run(pair):
     lw_t = next(t for t in titles if t.startswith("Layer-wise barriers"))
     hess_t = next(t for t in titles if t.startswith("Top Hessian eigenvalues of"))
     assert any(t.startswith("Teleporting ") for t in titles)
+    # teleport shows its own function check (logits relative, the teleported model against
+    # the original), not a pair's: the page's one-model sections matched nothing
+    shown = texts(at)
+    assert "PASS · function preserved · max relative logit change" in shown
+    assert any("the teleported model vs. the original" in str(c.value) for c in at.caption)
     assert plane_t in titles
     for t in (slice_t, bend_t, plane_t, lw_t, hess_t):
         _framed(seen[t])

@@ -191,6 +191,8 @@ def _function_check(loaded: Loaded, test: Split, before, after, device, batch_si
     la, lb = (Curvature(ev, s, torch.float64).loss() for s in (before, after))
     loss_rel = abs(lb - la) / max(abs(la), 1e-30)
     return {"max_output_diff": diff, "relative": rel, "tolerance": LOGIT_TOL,
+            "what": "the teleported model vs. the original, on seeded probe inputs (its test "
+                    f"loss changed by {loss_rel:.1g}, relative)",
             "loss_relative": loss_rel, "loss_tolerance": LOSS_TOL,
             "preserved": rel <= LOGIT_TOL and loss_rel <= LOSS_TOL,
             "loss_before": la, "loss_after": lb}

@@ -106,6 +106,9 @@ class TeleportTrainResult:
     seconds: float = 0.0
     device: str = "cpu"
     states: dict = field(default_factory=dict, repr=False)
+    # the teleports' function check: the largest relative logit change of a teleport kept
+    # (each on its own train examples), against the tolerance; None without a teleport
+    function_check: dict | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -175,7 +178,23 @@ def teleport_train(loaded: Loaded, train: Split, test: Split, steps: int = 300,
         steps, every, teleport_steps, teleport_examples, optimizer, lr, init, moments, seed,
         batch_size, eval_every, max_condition, plain.to_dict(), tel.to_dict(),
         seconds=time.perf_counter() - t0, device=str(ev_train.device),
-        states={"plain": s_plain, "teleport": s_tel})
+        states={"plain": s_plain, "teleport": s_tel}, function_check=_checked(tel.to_dict()))
+
+
+def _checked(run: dict) -> dict | None:
+    """The worst kept teleport's logit change (relative) and train-loss change, or None."""
+    from rotviz.analysis.teleport_training import LOGIT_TOL, LOSS_TOL
+
+    kept = [e for e in run.get("events", []) if e.get("kept")]
+    if not kept:
+        return None
+    rel = max(e["logits_relative"] for e in kept)
+    loss = max(e["loss_relative"] for e in kept)
+    return {"relative": rel, "tolerance": LOGIT_TOL, "loss_relative": loss,
+            "loss_tolerance": LOSS_TOL, "preserved": rel <= LOGIT_TOL and loss <= LOSS_TOL,
+            "what": f"the worst of the {len(kept)} teleports vs. the model before it, on the "
+                    f"first batch of its train examples (train loss changed by at most "
+                    f"{loss:.1g}, relative)"}
 
 
 def _run(ends, ctx: Context, v: dict):

@@ -23,6 +23,7 @@ import streamlit as st
 from rotviz.app import figures as app_figures
 from rotviz.app.export import measurement_files
 from rotviz.measures import Measurement, sections
+from rotviz.measures.registry import matched
 from rotviz.measures.registry import runs as combined
 from rotviz.plots.figure_style import Style
 from rotviz.ui import run, runtime, show
@@ -130,11 +131,21 @@ def figures(record: Measurement, result: dict, style: Style) -> tuple[dict, dict
     return tables, figs
 
 
-def checked(result: dict) -> None:
+def checked(result: dict, record: Measurement | None = None, values: Mapping | None = None
+            ) -> None:
     """The function check of what the section measured (the worst of its matchings), and
-    what was left off for a pair read block by block."""
+    what was left off for a pair read block by block. A record that makes a model of one
+    (teleport: `function_check`, its logits relative to the original's) shows that check;
+    a one-model record that made none shows no pair's check (it matched nothing)."""
     for what, why in (result.get("off") or {}).items():
         st.info(f"**{what}** is off for this pair: {why}.", icon=":material/memory:")
+    own = result.get("function_check")
+    if isinstance(own, dict) and own.get("relative") is not None:
+        show.function_badge(own["relative"], own["tolerance"], relative=True,
+                            compared=own.get("what", "the moved model vs. the original"))
+        return
+    if record is not None and not matched(record, values or {}):
+        return
     checks = result.get("checks") or ([result] if "max_output_diff" in result else [])
     diffs = [c["max_output_diff"] for c in checks if c.get("max_output_diff") is not None]
     if diffs:
@@ -160,7 +171,7 @@ def results(record: Measurement, key: str, cfg: dict, result: dict, style: Style
         st.caption(sec.caption(result))
     if record.markdown is not None:
         st.markdown(record.markdown(result))
-    checked(result)
+    checked(result, record, values)
     more: dict = {}
     shown = tables  # the record's tables, folded; what the page adds shows itself
     if extend is not None:

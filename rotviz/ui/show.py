@@ -137,19 +137,23 @@ def done_label(seconds: float, computed: int, cached: int, trigger: str | None) 
 
 
 
-def function_badge(diff: float | None, tol: float, what: str = "matched source") -> None:
+def function_badge(diff: float | None, tol: float, what: str = "matched source",
+                   relative: bool = False, compared: str = "") -> None:
     """The function-preservation check of a transform, as a pass/fail badge (icon and words,
-    not colour alone), with what was compared in a caption."""
+    not colour alone), with what was compared in a caption (`relative`: the change is
+    relative to the largest |logit|; `compared`: the caption in full, for a record's own
+    check)."""
+    change = "relative logit change" if relative else "logit change"
     with st.container(horizontal=True, vertical_alignment="center", gap="small"):
         if diff is None:
             st.badge("function check: not run", color="gray", icon=":material/help:")
         elif diff <= tol:
-            st.badge(f"PASS · function preserved · max logit change {diff:.1e} ≤ {tol:g}",
+            st.badge(f"PASS · function preserved · max {change} {diff:.1e} ≤ {tol:g}",
                      color="green", icon=":material/check_circle:")
         else:
-            st.badge(f"FAIL · function changed · max logit change {diff:.1e} > {tol:g}",
+            st.badge(f"FAIL · function changed · max {change} {diff:.1e} > {tol:g}",
                      color="red", icon=":material/cancel:")
-        st.caption(f"{what} vs. the model it came from, on seeded probe inputs")
+        st.caption(compared or f"{what} vs. the model it came from, on seeded probe inputs")
 
 
 def param_input(where: Any, p: Any, key: str, value: Any = None) -> Any:
