@@ -425,7 +425,9 @@ def trajectory_figure(d: dict, style: Style | None = None):
             fig.add_scatter(
                 x=xy[:, 0].tolist(), y=xy[:, 1].tolist(), mode="lines+markers+text",
                 text=[str(t) for t in q["steps"]], textposition="top center",
-                name=name + (" (unmatched)" if dashed else ""), legendgroup=f"{s}{dashed}",
+                name=name + (" (unmatched)" if dashed else " (matched)"
+                             if s == "B" and p["name"] == "matched" else ""),
+                legendgroup=f"{s}{dashed}",
                 showlegend=j == 0 or dashed or p["name"] == "matched" and s == "B",
                 line={"color": st.color(i), "dash": "dash" if dashed else "solid", "width": 2.5},
                 marker={"symbol": st.marker(i), "size": 9, "color": st.color(i),
