@@ -234,7 +234,7 @@ def _summary(r, how: str) -> str:
             f"products in {r.seconds:.2f} s")
 
 
-EIGENVALUE = "Hessian eigenvalue (nats per unit parameter², curvature of the test loss)"
+EIGENVALUE = "Hessian eigenvalue<br>(nats per unit parameter², test-loss curvature)"
 
 
 def eigenvalue_bars(d: dict, font_size: int = 14, log: bool = False):
