@@ -14,17 +14,11 @@ checked before any training and renamed into place when all of it is written.
 from __future__ import annotations
 
 import os
-import platform
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
-from rotviz.arch import spec_named
-from rotviz.data.split import load_split
-from rotviz.evaluation import evaluate
 from rotviz.outputs import Outputs, write_json_file
 from rotviz.sources import loading as models
-from rotviz.sources.adapters import source_of
 from rotviz.types import Progress
 from rotviz.zoo import recipes, train
 from rotviz.zoo_registry import build_dir, refuse_shipped, run_entry
@@ -79,10 +73,7 @@ def build(name: str, out_dir: str | os.PathLike | None = None,
     if set(states) != set(ent.steps):
         raise RuntimeError(f"the run of {name} stopped short of step {ent.steps[-1]}")
     seconds = time.perf_counter() - t0
-    test = load_split(rec.data, "test")
-    spec = spec_named(rec.family)
-    with train.deterministic_cpu(ent.seed):  # a shell for the weights; the caller's RNG kept
-        module = rec.build_model()
+    saver = train.Saver(rec, ent.seed)
     metrics = {}
     folder = outputs.items[0]
     with outputs.write() as temps:
@@ -90,22 +81,15 @@ def build(name: str, out_dir: str | os.PathLike | None = None,
         for step in ent.steps:
             where = tmp / f"checkpoint-{step}"
             where.mkdir()
-            module.load_state_dict(states[step].model)
-            source_of(spec).save_module(module, rec.hf_config().to_dict(), where)
-            with train.deterministic_cpu(0, train.TRAIN_THREADS):
-                m = evaluate(models.load_model(where), test)
-            metrics[where.name] = {"loss": m["loss"], "acc": m["acc"]}
+            metrics[where.name] = saver.save(states[step].model, where)
         card = {
             "name": name, "description": ent.description, "recipe": rec.to_dict(),
             "seed": ent.seed, "order": ent.order, "series_steps": list(ent.steps),
             "start": None if ent.start is None else
             {"series": f"zoo:{ent.start[0]}", "step": ent.start[1]},
             "steps": ent.steps[-1], "data": {"ref": rec.data, "split_seed": 0,
-                                             "n_train": data.n, "n_test": test.n},
-            "test": metrics, "train_seconds": round(seconds, 2),
-            "threads": train.TRAIN_THREADS, "python": platform.python_version(),
-            "platform": f"{platform.system()} {platform.machine()}",
-            "built": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                                             "n_train": data.n, "n_test": saver.test.n},
+            "test": metrics, "train_seconds": round(seconds, 2), **train.built_on(),
         }
         write_json_file(tmp / "card.json", card, "zoo build")
     return folder.path

@@ -17,17 +17,10 @@ training, renamed into place when all of it is written.
 from __future__ import annotations
 
 import os
-import platform
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
-from rotviz.arch import spec_named
-from rotviz.data.split import load_split
-from rotviz.evaluation import evaluate
 from rotviz.outputs import Outputs, write_json_file
-from rotviz.sources import loading as models
-from rotviz.sources.adapters import source_of
 from rotviz.types import Progress
 from rotviz.zoo import recipes, train
 from rotviz.zoo_registry import SpawnEntry, build_dir, refuse_shipped, spawn_entry
@@ -81,10 +74,7 @@ def build(name: str, out_dir: str | os.PathLike | None = None,
             kept = train.run_steps(rec, ent.seed, data, order, keep, parent[k], progress)
             states[(run, k)] = kept
     seconds = time.perf_counter() - t0
-    test = load_split(rec.data, "test")
-    spec = spec_named(rec.family)
-    with train.deterministic_cpu(ent.seed):  # a shell for the weights; the caller's RNG kept
-        module = rec.build_model()
+    saver = train.Saver(rec, ent.seed)
     metrics = {}
     with outputs.write() as temps:
         for out, tmp in temps.items():
@@ -92,21 +82,15 @@ def build(name: str, out_dir: str | os.PathLike | None = None,
                 continue
             rel = out.path.relative_to(outputs.items[-1].path.parent).as_posix()
             _, run, k, step = next(x for x in layout(ent) if x[0] == rel)
-            module.load_state_dict(states[(run, k)][step].model)
-            source_of(spec).save_module(module, rec.hf_config().to_dict(), tmp)
-            with train.deterministic_cpu(0, train.TRAIN_THREADS):
-                m = evaluate(models.load_model(tmp), test)
-            metrics[rel] = {"loss": m["loss"], "acc": m["acc"]}
+            metrics[rel] = saver.save(states[(run, k)][step].model, tmp)
         card = {
             "name": name, "description": ent.description, "recipe": rec.to_dict(),
             "seed": ent.seed, "parent_order": ent.parent_order, "orders": list(ent.orders),
             "spawn_steps": list(ent.spawn_steps), "series_steps": list(ent.series_steps),
             "steps": last, "data": {"ref": rec.data, "split_seed": 0, "n_train": data.n,
-                                    "n_test": test.n},
+                                    "n_test": saver.test.n},
             "test": dict(sorted(metrics.items())), "train_seconds": round(seconds, 2),
-            "threads": train.TRAIN_THREADS, "python": platform.python_version(),
-            "platform": f"{platform.system()} {platform.machine()}",
-            "built": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            **train.built_on(),
         }
         card_out = outputs.items[-1]
         write_json_file(temps[card_out], card, "zoo build")

@@ -331,3 +331,40 @@ def _copied(state: dict) -> dict:
     import copy
 
     return copy.deepcopy(state)
+
+
+class Saver:
+    """Writes a recipe's trained states as model folders and scores each on the test split:
+    one shell module of the recipe (built under the run's seed, so the caller's RNG is kept)
+    that every state is loaded into, saved by the family's weight source, and read back
+    through the loader, as a user would, for its test loss and accuracy (the card's)."""
+
+    def __init__(self, rec: Recipe, seed: int):
+        from rotviz.sources.adapters import source_of
+
+        self.rec = rec
+        self.test = load_split(rec.data, "test")
+        self.source = source_of(spec_named(rec.family))
+        with deterministic_cpu(seed):
+            self.module = rec.build_model()
+
+    def save(self, state: Mapping[str, torch.Tensor], folder) -> dict[str, float]:
+        """`state` written into `folder` (which exists); its test loss and accuracy."""
+        from rotviz.evaluation import evaluate
+        from rotviz.sources import loading
+
+        self.module.load_state_dict(state)
+        self.source.save_module(self.module, self.rec.hf_config().to_dict(), folder)
+        with deterministic_cpu(0, TRAIN_THREADS):
+            m = evaluate(loading.load_model(folder), self.test)
+        return {"loss": m["loss"], "acc": m["acc"]}
+
+
+def built_on() -> dict:
+    """Where and when a zoo model was built, for its card."""
+    import platform
+    from datetime import datetime, timezone
+
+    return {"threads": TRAIN_THREADS, "python": platform.python_version(),
+            "platform": f"{platform.system()} {platform.machine()}",
+            "built": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
