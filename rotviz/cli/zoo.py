@@ -117,28 +117,19 @@ def cmd_build(args: argparse.Namespace) -> int:
         t = card["test"]
         print(f"built {name} in {card['train_seconds']:.1f} s: test loss {t['loss']:.4f}, "
               f"acc {t['acc']:.4f} (n={t['n']}); wrote {path}")
-    for name in spawns:
+    for name in spawns + runs:  # the spawn series first: a short series may start from one
+        builder, what, last = ((spawn.build, "models", "spawn-{steps}/a") if name in spawns
+                               else (series.build, "checkpoints", "checkpoint-{steps}"))
         bar = _bar(name)
         try:
-            path = spawn.build(name, _out_of(args, name), progress=bar.update_to,
-                               overwrite=args.overwrite)
+            path = builder(name, _out_of(args, name), progress=bar.update_to,
+                           overwrite=args.overwrite)
         finally:
             bar.close()
         card = zoo.read_card(path)
-        final = card["test"][f"spawn-{card['steps']}/a"]
-        print(f"built {name} ({len(card['test'])} models) in {card['train_seconds']:.1f} s: "
+        final = card["test"][last.format(steps=card["steps"])]
+        print(f"built {name} ({len(card['test'])} {what}) in {card['train_seconds']:.1f} s: "
               f"final test loss {final['loss']:.4f}, acc {final['acc']:.4f}; wrote {path}")
-    for name in runs:
-        bar = _bar(name)
-        try:
-            path = series.build(name, _out_of(args, name), progress=bar.update_to,
-                                overwrite=args.overwrite)
-        finally:
-            bar.close()
-        card = zoo.read_card(path)
-        final = card["test"][f"checkpoint-{card['steps']}"]
-        print(f"built {name} ({len(card['test'])} checkpoints) in {card['train_seconds']:.1f} "
-              f"s: final test loss {final['loss']:.4f}, acc {final['acc']:.4f}; wrote {path}")
     return 0
 
 
