@@ -19,7 +19,8 @@ def test_the_topic_pages_get_their_sections_in_order():
                                                      "teleport", "teleport_train"]
     assert [m.name for m in sections("training")] == ["training", "spawn", "conserved",
                                                        "trajectory"]
-    assert [m.name for m in sections("merge")] == ["fusion", "merge_sweep", "many"]
+    assert [m.name for m in sections("merge")] == ["fusion", "merge_sweep", "many",
+                                                   "taskvectors"]
     assert [m.name for m in sections("barrier")] == ["barrier", "plane"]
     assert sections("nowhere") == ()
 

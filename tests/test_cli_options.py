@@ -140,8 +140,10 @@ KINDS = {
     ("teleport_train", "--group"): "name",  # a comma list of symmetry groups
     **{(c, m.inputs.args[-1][0]): "model" for c, m in MEASURES.items()
        if m.inputs is not None and m.inputs.least},  # N models (many): the first replaced
+    ("taskvectors", "base"): "model",  # the base before its fine-tunes
 }
-FREE = {("serve", "--address")}  # any text is a host name for streamlit to bind
+FREE = {("serve", "--address"),  # any text is a host name for streamlit to bind
+        ("taskvectors", "--skip")}  # any text is a comma list of name patterns
 
 
 def _commands(parser: argparse.ArgumentParser, prefix: str = ""):
@@ -216,7 +218,7 @@ def _argv(cmd: str, opt: str, value: str) -> list[str]:
         if cmd == "zoo build":
             return ["zoo", "build", value]
         i = {"anchor": 1, "source": 2, "model": 1, "series_a": 1, "series_b": 2,
-             "spawn_dir": 1, "models": 1, "series": 1}[opt]
+             "spawn_dir": 1, "models": 1, "series": 1, "base": 1, "finetuned": 2}[opt]
         base[i] = value
         return base
     if opt in base:  # --out or --data: replace its value

@@ -28,7 +28,9 @@ A, B = "zoo:vit-digits-s3", "zoo:vit-digits-s6"
 REFS = {"anchor": (A,), "source": (B,), "series_a": ("zoo:vit-digits-run-a",),
         "series_b": ("zoo:vit-digits-run-b",), "spawn_dir": ("zoo:vit-digits-spawn",),
         "series": ("zoo:vit-digits-sgd",),
-        "models": (A, B, "zoo:vit-digits-s7")}
+        "models": (A, B, "zoo:vit-digits-s7"),
+        "base": ("zoo:vit-digits-base",),
+        "finetuned": ("zoo:vit-digits-ft-a", "zoo:vit-digits-ft-b")}
 
 RECORDS = [m.name for m in measurements()]
 AT_SIZE = [m.name for m in measurements() if m.at_size is not None and m.inputs is None]

@@ -14,6 +14,12 @@ from rotviz.measures import Measurement
 from rotviz.merging.registry import methods as merge_methods
 from rotviz.ui import run, section, sidebar
 
+# the references each section of inputs opens on (Hooks.refs): task vectors on the zoo's
+# fine-tune lineage, a base and the two models fine-tuned from it (a comma list)
+REFS = {"taskvectors": {"base": ("Base model", "zoo:vit-digits-base"),
+                        "finetuned": ("Fine-tuned models (a comma list)",
+                                      "zoo:vit-digits-ft-a, zoo:vit-digits-ft-b")}}
+
 s = sidebar.setup()
 st.title("Merge the two models")
 METHODS = {m.name: m for m in merge_methods()}
@@ -57,6 +63,9 @@ def cfg_of(record: Measurement, values: dict, refs: list[str], spec: str | None)
     and base (where a chosen method needs one, resolved as every later read means it), the
     learned matching's step budget, the sidebar's seed; many models: the models and their
     one matching from the section's own fields."""
+    if record.name in REFS:  # references from the section's own fields, no matching
+        listed = [r.strip() for ref in refs for r in ref.split(",") if r.strip()]
+        return app.inputs_cfg(s.base(), listed, [], **values)
     if record.inputs is not None:
         values = dict(values)
         models, many_spec = values.pop("models"), values.pop("spec")
@@ -87,6 +96,6 @@ def many_fields() -> dict:
 
 
 section.compose("merge", s, "g", section.Hooks(
-    cfg=cfg_of, ready=run.require_pair(s), matchings=tuple(labels),
+    cfg=cfg_of, ready=run.require_pair(s), matchings=tuple(labels), refs=REFS,
     fields={"many": many_fields}, keys={"many": "n"}))
 
