@@ -1,7 +1,8 @@
 """Merge: fuse the two models with each method, with and without matching first (the
 fusion table, a record's section: rotviz.measures.fusion), one number of a merge swept,
 then many models at once (the registered measurement `many`: N models aligned onto their
-barycentre, the merged accuracy against N)."""
+barycentre, the merged accuracy against N), and the task vectors of fine-tunes of one base
+(`taskvectors`: their cosines flattened and per layer; its references from REFS)."""
 
 import streamlit as st
 
