@@ -1367,6 +1367,29 @@ def test_merge_page_aligns_many_models_on_run(roots):
     assert row == pytest.approx(want.alignment.before[0], rel=1e-9)
 
 
+def test_merge_page_draws_task_vectors_of_the_zoo_lineage_on_run(roots):
+    """The Merge page's task-vector section opens on the zoo's lineage (a base, two
+    fine-tunes), computes nothing before Run, and its Run draws the flattened cosine matrix
+    and the per-layer lines, equal to the library's."""
+    from rotviz import measure
+
+    at = app("merge", g_methods="simple average")
+    assert "Task vectors: how alike the fine-tunes are" in [h.value for h in at.header]
+    assert at.text_input(key="g_taskvectors_base").value == "zoo:vit-digits-base"
+    at.button(key="g_taskvectors_run").click().run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    fig = next(f for t, f in figures(at).items() if t.startswith("Task vectors of 2"))
+    want = measure("taskvectors", ["zoo:vit-digits-base", "zoo:vit-digits-ft-a",
+                                   "zoo:vit-digits-ft-b"], None).to_dict()
+    heat = next(tr for tr in fig["data"] if tr["type"] == "heatmap")
+    z = heat["z"]
+    got = numbers(z)[1] if isinstance(z, dict) else float(z[0][1])
+    assert got == pytest.approx(want["cosine"][0][1], rel=1e-9)
+    line = next(tr for tr in fig["data"] if tr.get("mode") == "lines+markers")
+    assert numbers(line["y"]) == pytest.approx(want["pairs"][0]["per_layer"], rel=1e-9)
+
+
 def test_measure_page_runs_the_ladder_a_record_of_other_inputs(roots):
     """The Measure page takes a record of other inputs (the symmetry ladder): the sidebar's
     pair, its rungs in order, nothing before Run; Run draws its figure and its table, whose
