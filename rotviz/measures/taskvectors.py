@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
@@ -41,19 +41,33 @@ PARAMS = (
 )
 
 
+def spec_of(specs: Sequence[str] | None) -> str:
+    """The one data-free matching (--match, default none) that aligns each fine-tune onto
+    the first before the task vectors are taken; one line for more than one, or for one that
+    trains on data (the record reads no data)."""
+    from rotviz.match.selection import label_of, match_options
+
+    given = [str(s) for s in (specs or ())]
+    if len(given) > 1:
+        raise RotvizError(f"taskvectors aligns with one matching, got {len(given)} --match "
+                          "options; give one --match SPEC")
+    options = match_options(given[0] if given else "none")
+    if options is not None and options.needs_data:
+        raise RotvizError(f"matching [{label_of(options)}] runs the models on data, and "
+                          "taskvectors reads none; use a data-free SPEC (seed, weight) or none")
+    return "none" if options is None else label_of(options)
+
+
 class FineTunes:
     """What `rotviz taskvectors` takes: a base and two or more models fine-tuned from it, all
-    of one architecture; it aligns nothing (task vectors are differences in the base's own
-    basis), so a matching asked for is refused in one line."""
+    of one architecture, and one data-free matching (default none: task vectors are
+    differences in the base's own basis, which fine-tunes of one base share)."""
 
     def __init__(self, refs: Sequence[str], specs: Sequence[str] | None = None,
                  confined: Confined = ANYWHERE) -> None:
         from rotviz.sources.loading import resolve_ref
 
-        asked = [s for s in (specs or ()) if str(s).strip() not in ("", "none")]
-        if asked:
-            raise RotvizError(f"taskvectors compares fine-tunes in their base's own basis and "
-                              f"aligns nothing: drop the matching {', '.join(asked)}")
+        self.spec = spec_of(specs)
         if len(refs) < 1 + LEAST:  # before any model is loaded
             raise RotvizError(f"task vectors need a base and at least {LEAST} fine-tuned "
                               f"models, got {max(len(refs) - 1, 0)} fine-tuned; give BASE FT1 "
@@ -95,11 +109,17 @@ class TaskVectors:
     params: int  # their entries
     geometry: dict
     seconds: float
+    match: str = "none"  # the matching each fine-tune was aligned onto the first with
+    # the function check of each aligned fine-tune (its largest output change; the first: 0),
+    # or [] unaligned; the app's badge shows the largest (`max_output_diff`, None unaligned)
+    output_diffs: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {"base": self.base, "finetuned": self.finetuned, "group": self.group,
-                "skip": self.skip, "tensors": self.tensors, "params": self.params,
-                **self.geometry, "seconds": self.seconds}
+                "skip": self.skip, "match": self.match, "output_diffs": self.output_diffs,
+                "max_output_diff": max(self.output_diffs) if self.output_diffs else None,
+                "tensors": self.tensors, "params": self.params, **self.geometry,
+                "seconds": self.seconds}
 
 
 def compared_names(base: Loaded, skip: Sequence[str]) -> list[str]:
@@ -150,11 +170,31 @@ def task_vectors(base: Loaded, finetuned: Sequence[Loaded], group: str = "block"
                        time.perf_counter() - t0)
 
 
+def aligned(finetuned: Sequence[Loaded], spec: str, device) -> tuple[list[Loaded], list[float]]:
+    """Each fine-tune after the first matched onto it with `spec` (its function kept: the
+    check's largest output change each), as models of the first's architecture."""
+    import dataclasses
+
+    from rotviz.match.endpoints import match_endpoints
+
+    first, out, diffs = finetuned[0], [finetuned[0]], [0.0]
+    for m in finetuned[1:]:
+        ends = match_endpoints(first, m, spec, device)
+        out.append(dataclasses.replace(m, state=dict(ends.matched)))
+        diffs.append(float(ends.info.max_output_diff))
+    return out, diffs
+
+
 def _run(inputs: FineTunes, ctx: Context, v: dict) -> TaskVectors:
     from rotviz.analysis.task_vector_geometry import patterns_of
 
     base, *fts = inputs.models
-    return task_vectors(base, fts, v["group"], patterns_of(v["skip"]))
+    diffs: list[float] = []
+    if inputs.spec != "none":
+        fts, diffs = aligned(fts, inputs.spec, ctx.device)
+    r = task_vectors(base, fts, v["group"], patterns_of(v["skip"]))
+    r.match, r.output_diffs = inputs.spec, diffs
+    return r
 
 
 def _f(x: float | None) -> str:
@@ -166,7 +206,8 @@ def _summary(r: TaskVectors, how: str) -> str:
     pairs = "; ".join(f"{_name(d, p['i'])}~{_name(d, p['j'])} {_f(p['flattened'])} "
                       f"(per {d['group']} {_f(p['min'])}/{_f(p['median'])}/{_f(p['max'])})"
                       for p in d["pairs"])
-    return (f"taskvectors of {len(d['finetuned'])} fine-tunes of {d['base']}{how}: cosine "
+    said = "" if d["match"] == "none" else f" [aligned onto the first: {d['match']}]"
+    return (f"taskvectors of {len(d['finetuned'])} fine-tunes of {d['base']}{said}{how}: cosine "
             f"flattened (per-layer min/median/max) {pairs}; norms "
             f"{', '.join(f'{n:.4f}' for n in d['norm'])}; {r.seconds:.2f} s")
 
@@ -276,5 +317,5 @@ TASKVECTORS = register(Measurement(
     refusal="it holds every model in memory; run it on models that fit",
     inputs=Inputs((("base", f"the base model ({hf_cache.MODEL_HELP})"),
                    ("finetuned", "two or more models fine-tuned from the base, of its "
-                    "architecture")), FineTunes, (), least=LEAST),
+                    "architecture")), FineTunes, ("none",), least=LEAST, one_spec=True),
     section=SECTION, order=165))

@@ -130,18 +130,27 @@ def test_the_cli_writes_the_json_and_figure(ws, capsys):
     ([BASE, FT_A], "at least 2 fine-tuned models, got 1"),
     ([BASE, FT_A, "zoo:gpt2-pystdlib-s0"], "architecture"),
     ([BASE, FT_A, BASE], "task vector is zero and its cosine undefined"),
-    ([BASE, FT_A, FT_B, "--match", "seed"], "unrecognized arguments: --match"),
+    ([BASE, FT_A, FT_B, "--match", "act"], "runs the models on data"),
+    ([BASE, FT_A, FT_B, "--match", "seed", "--match", "weight"], "one --match SPEC"),
     ([BASE, FT_A, FT_B, "--skip", "*"], "leaves out every trainable tensor"),
 ])
 def test_bad_inputs_are_one_line_and_exit_2(ws, capfd, argv, says):
     refused(["taskvectors", *argv, "--device", "cpu"], capfd, ws, says)
 
 
-def test_the_library_refuses_a_matching():
-    """Task vectors live in the base's basis: the CLI offers no --match (above), the library
-    refuses one in a line."""
+def test_a_matching_aligns_each_fine_tune_onto_the_first():
+    """--match seed: each fine-tune after the first is matched onto it (its function kept)
+    before its task vector is taken; a fine-tune against itself stays at cosine 1."""
     from rotviz import measure
-    from rotviz.errors import RotvizError
 
-    with pytest.raises(RotvizError, match="aligns nothing"):
-        measure("taskvectors", [BASE, FT_A, FT_B], None, match=["seed"])
+    d = measure("taskvectors", [BASE, FT_A, FT_B], None, match=["seed"]).to_dict()
+    assert d["match"] == "seed" and d["output_diffs"][0] == 0.0
+    assert 0 < d["output_diffs"][1] == d["max_output_diff"] < 1e-3
+    assert d["cosine"][0][1] == pytest.approx(0.5300, abs=1e-4)  # 0.5217 as given
+    assert d["norm"][0] == pytest.approx(1.6489, abs=1e-4)  # the first is not moved
+    identity_holds(d)
+    same = measure("taskvectors", [BASE, FT_A, FT_A], None, match=["seed"]).to_dict()
+    assert same["cosine"][0][1] == pytest.approx(1.0, abs=1e-9)
+    plain = measure("taskvectors", [BASE, FT_A, FT_B], None).to_dict()
+    assert plain["match"] == "none" and plain["output_diffs"] == []
+    assert plain["max_output_diff"] is None
