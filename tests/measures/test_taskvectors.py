@@ -154,3 +154,22 @@ def test_a_matching_aligns_each_fine_tune_onto_the_first():
     plain = measure("taskvectors", [BASE, FT_A, FT_B], None).to_dict()
     assert plain["match"] == "none" and plain["output_diffs"] == []
     assert plain["max_output_diff"] is None
+
+
+def test_a_layer_one_fine_tune_left_alone_has_no_cosine(lineage):
+    """A block equal to the base in one fine-tune (frozen there): its cosine is null and its
+    weight 0; the spread leaves it out, the identity still holds, and the figure draws."""
+    import dataclasses
+
+    from rotviz.measures.taskvectors import TASKVECTORS, layers_of
+
+    base, a, b = lineage
+    where, _ = layers_of(base, list(base.state), "block")
+    frozen = {n: (base.state[n] if where.get(n) == "block 0" else t) for n, t in a.state.items()}
+    d = task_vectors(base, [dataclasses.replace(a, state=frozen), b]).to_dict()
+    p = d["pairs"][0]
+    assert p["per_layer"][0] is None and p["weights"][0] == 0.0
+    assert d["layer_norms"][0][0] == 0.0 and d["layer_norms"][1][0] > 0
+    assert p["min"] == min(c for c in p["per_layer"] if c is not None)
+    identity_holds(d)
+    assert TASKVECTORS.figure(d) is not None
