@@ -90,7 +90,7 @@ def test_all_zero_task_vectors_and_ties_in_sign_as_mergekit(monkeypatch):
     same_draws(monkeypatch, base.shape, 3)
     for method, consensus in (("della", "sum"), ("della_linear", None)):
         theirs = mergekit_merge(method, models, base, ws, density=0.6, epsilon=0.2)
-        ours = della(models, base, ws, "w", 0.6, 0.2, consensus=consensus)
+        ours = della(models, base, ws, "w", 0.6, 0.2, rescale="l1", consensus=consensus)
         assert _off(ours, theirs) < TOL
     zero = [base.clone(), base.clone()]
     theirs = mergekit_merge("della", zero, base, ws[:2], density=0.6, epsilon=0.2)
@@ -127,10 +127,10 @@ def test_keep_rate_per_rank_and_rescaling_over_many_seeds():
 
 def test_a_seed_reproduces_and_another_differs_and_slices_equal_the_whole():
     models, base = _models(2, (30, 11))
-    a = della(models, base, WEIGHTS, "w", 0.5, 0.1, 3)
-    assert torch.equal(a, della(models, base, WEIGHTS, "w", 0.5, 0.1, 3))
-    assert not torch.equal(a, della(models, base, WEIGHTS, "w", 0.5, 0.1, 4))
-    assert not torch.equal(a, della(models, base, WEIGHTS, "x", 0.5, 0.1, 3))  # per tensor
+    a = della(models, base, WEIGHTS, "w", 0.5, 0.1, 3, "l1")
+    assert torch.equal(a, della(models, base, WEIGHTS, "w", 0.5, 0.1, 3, "l1"))
+    assert not torch.equal(a, della(models, base, WEIGHTS, "w", 0.5, 0.1, 4, "l1"))
+    assert not torch.equal(a, della(models, base, WEIGHTS, "x", 0.5, 0.1, 3, "l1"))  # per name
     # read 23 entries at a time: the same masks (the draws run in row order), so the same
     # bits but for the L1 norms, summed by slices in another order (float64 rounding)
     def rows(src, rescale="l1"):
