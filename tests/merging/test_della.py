@@ -11,6 +11,7 @@ import math
 
 import pytest
 import torch
+from conftest import refused
 
 from rotviz.errors import RotvizError
 from rotviz.merging import della as della_module
@@ -158,3 +159,16 @@ def test_epsilon_outside_its_range_is_one_line(density, epsilon):
     assert "\n" not in msg and "--epsilon must be in [0, " in msg
     check_epsilon(1.0, 0.5)  # unused where nothing or everything is kept
     check_epsilon(0.5, 0.49)
+
+
+def test_the_command_line_refuses_a_bad_epsilon_and_a_missing_base(ws, capfd):
+    """One line, exit 2, nothing written: epsilon beyond min(density, 1 - density) (its range
+    said), beyond its bound, and DELLA (or Breadcrumbs) without a base."""
+    a, b, base = (f"zoo:vit-digits-{n}" for n in ("ft-a", "ft-b", "base"))
+    cmd = ["merge", a, b, "--data", "digits", "--match", "none", "--out", "m"]
+    refused([*cmd, "--method", "della", "--base", base, "--density", "0.9", "--epsilon", "0.2"],
+            capfd, ws, "--epsilon must be in [0, 0.1) at --density 0.9", "got 0.2")
+    refused([*cmd, "--method", "della_linear", "--base", base, "--epsilon", "0.7"], capfd, ws,
+            "--epsilon must be a number from 0 to 0.5, got 0.7")
+    for name in ("della", "della_linear", "breadcrumbs", "breadcrumbs_ties"):
+        refused([*cmd, "--method", name], capfd, ws, f"--method {name} needs --base MODEL")
