@@ -62,3 +62,13 @@ def test_slices_of_rows_equal_the_whole_tensor():
     def rows(src):
         return breadcrumbs_rows(src, WEIGHTS, 0.4, 0.05, 1.3)
     assert torch.equal(whole(rows, models, base, chunk=37), whole(rows, models, base))
+
+
+@pytest.mark.parametrize("name,kw", [("breadcrumbs", {"density": 0.6, "gamma": 0.05}),
+                                     ("breadcrumbs_ties", {"density": 0.4, "gamma": 0.1})])
+def test_at_size_equals_in_memory(name, kw, tmp_path):
+    """The fine-tuned demo merged at size (rotviz.atsize.merge, block by block) equals the
+    in-memory merge (1e-6) and its evaluation (tests/test_merge_methods.py's check)."""
+    from tests.test_merge_methods import test_streamed_merge_equals_the_in_memory_one as sized
+
+    sized(name, kw, tmp_path)

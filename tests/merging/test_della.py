@@ -172,3 +172,14 @@ def test_the_command_line_refuses_a_bad_epsilon_and_a_missing_base(ws, capfd):
             "--epsilon must be a number from 0 to 0.5, got 0.7")
     for name in ("della", "della_linear", "breadcrumbs", "breadcrumbs_ties"):
         refused([*cmd, "--method", name], capfd, ws, f"--method {name} needs --base MODEL")
+
+
+@pytest.mark.parametrize("name,kw", [
+    ("della", {"density": 0.5, "epsilon": 0.1, "seed": 5, "rescale": "l1"}),
+    ("della_linear", {"density": 0.6, "epsilon": 0.2, "seed": 2})])
+def test_at_size_equals_in_memory(name, kw, tmp_path):
+    """The fine-tuned demo merged at size (block by block, the same seeded masks) equals the
+    in-memory merge (1e-6) and its evaluation (tests/test_merge_methods.py's check)."""
+    from tests.test_merge_methods import test_streamed_merge_equals_the_in_memory_one as sized
+
+    sized(name, kw, tmp_path)
