@@ -95,7 +95,10 @@ def keep_probabilities(d: Tensor, density: float, epsilon: float) -> Tensor:
 
     x = _as_rows(d)
     n = x.shape[1]
-    ranks = x.abs().argsort(dim=1).argsort(dim=1).double()
+    order = x.abs().argsort(dim=1)  # the rank of each entry: one sort, then a scatter
+    along = [1, n] + [1] * (x.dim() - 2)  # ranked along the second dimension, as mergekit
+    place = torch.arange(n, dtype=torch.float64, device=x.device).reshape(along).expand(x.shape)
+    ranks = torch.empty(x.shape, dtype=torch.float64, device=x.device).scatter_(1, order, place)
     spread = ranks / (n - 1) if n > 1 else torch.full_like(ranks, 0.5)
     return ((density - epsilon) + spread * (2 * epsilon)).reshape(d.shape)
 

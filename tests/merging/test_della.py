@@ -183,3 +183,14 @@ def test_at_size_equals_in_memory(name, kw, tmp_path):
     from tests.test_merge_methods import test_streamed_merge_equals_the_in_memory_one as sized
 
     sized(name, kw, tmp_path)
+
+
+def test_a_four_dimensional_tensor_is_ranked_along_its_second_dimension(monkeypatch):
+    """A convolution's weight (out, in, h, w), as mergekit ranks it: along dimension 1."""
+    models, base = _models(6, (4, 6, 3, 3))
+    asked = same_draws(monkeypatch, base.shape, len(models))
+    theirs = mergekit_merge("della", models, base, WEIGHTS, density=0.5, epsilon=0.2)
+    ours = della(models, base, WEIGHTS, "w", 0.5, 0.2, rescale="l1")
+    assert _off(ours, theirs) < TOL
+    for m, p in zip(models, asked, strict=True):
+        assert (keep_probabilities(m - base, 0.5, 0.2) - p.double()).abs().max().item() < TOL
