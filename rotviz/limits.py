@@ -76,6 +76,7 @@ SWEEP_START = Bound("--start", -10.0, 10.0, integer=False)
 SWEEP_STOP = Bound("--stop", -10.0, 10.0, integer=False)
 ALPHA = Bound("--alpha", 0.0, 1.0, integer=False)  # RegMean off-diagonal scale
 DENSITY = Bound("--density", 0.0, 1.0, integer=False)  # share of a task vector kept (TIES, DARE)
+EPSILON = Bound("--epsilon", 0.0, 0.5, integer=False)  # DELLA: spread of keep rates
 SCALE = Bound("--scale", -10.0, 10.0, integer=False)  # lambda: scale of the merged task vector
 SEED = Bound("--seed", 0, 2**32 - 1)  # numpy's seed range
 PORT = Bound("--port", 1, 65_535)

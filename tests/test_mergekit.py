@@ -55,6 +55,15 @@ ROWS = [
         base=True),
     Row("dare_ties", 0.3, ("--density", "1", "--rescale", "none"), base=True),
     Row("model_stock", 0.5, base=True),  # mergekit's plain mean: rotviz's at weight 0.5
+    # Breadcrumbs cut by magnitude (deterministic); DELLA keeps everything at density 1
+    Row("breadcrumbs", 0.3, ("--density", "0.6", "--gamma", "0.05", "--scale", "0.9"),
+        base=True),
+    Row("breadcrumbs_ties", 0.3, ("--density", "0.7", "--gamma", "0.02"), base=True),
+    Row("breadcrumbs_ties", 0.3, ("--density", "0.7", "--gamma", "0.02"), at_size=True,
+        base=True),
+    Row("della", 0.3, ("--density", "1", "--epsilon", "0.1", "--rescale", "l1", "--scale",
+                       "1.1"), base=True),
+    Row("della_linear", 0.3, ("--density", "1", "--rescale", "none"), base=True),
 ]
 
 
