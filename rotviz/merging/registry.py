@@ -74,7 +74,8 @@ class Mergekit:
     """How one rotviz method is said to mergekit (0.1.5; rotviz.merging.mergekit).
 
     `method`: mergekit's name. `base`: which model is mergekit's `base_model` ("anchor",
-    "base": the --base model, "given": the --base model where one is given, or None). `weight`: where rotviz's weight w goes ("models":
+    "base": the --base model, "given": the --base model where one is given, or None).
+    `weight`: where rotviz's weight w goes ("models":
     weights 1 - w and w per model; "t": SLERP's t = w; None: not written, mergekit taking the
     plain mean, so only w = 0.5 says the same). `shared`: rotviz parameter -> mergekit
     parameter written once under `parameters`; `per_model`: the same, written under each
