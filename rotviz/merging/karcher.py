@@ -10,8 +10,12 @@ models' own weights. mergekit weighs the models equally (rotviz's --weight 0.5) 
 base. One model is returned as it is.
 The mean stays a combination of the units, so it runs at size: the Gram matrix first (a pass,
 rotviz.merging.spherical), N x N numbers for the iterations, then the combination. Cosines
-within SNAP of +-1 are taken as +-1, so exactly colinear or opposite models stop as
-mergekit's do instead of amplifying rounding.
+within SNAP of +-1 are taken as +-1, and a unit at +-m adds nothing to the tangent (as in
+exact arithmetic, where u_i -+ m = 0), so colinear or opposite models stop as mergekit's do
+where its rounding is exact. Antipodal models have no unique Karcher mean (a whole sphere of
+minimisers): there mergekit's result is its rounding noise amplified by theta / sin theta ~
+1e16, and rotviz's the deterministic exact-arithmetic one (the mean direction it starts
+from, scaled by the mean norm).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ if TYPE_CHECKING:
     Tensor = torch.Tensor
 
 MAX_ITER, TOL = 10, 1e-5  # mergekit's defaults
-SNAP = 1e-12  # cosines this close to +-1 are +-1 (exact in the tensors, rounded in the Gram)
+SNAP = 1e-13  # cosines this close to +-1 are +-1 (exact in the tensors, rounded in the Gram)
 
 
 def _units_gram(g: Sequence[Sequence[float]], norms: Sequence[float]) -> list[list[float]]:
@@ -69,7 +73,7 @@ def karcher_coefficients(g: Sequence[Sequence[float]], weights: Sequence[float],
         for i in valid:
             dot = min(1.0, max(-1.0, um[i]))
             theta = math.acos(dot)
-            if theta < tol:
+            if theta < tol or abs(abs(dot) - 1.0) < SNAP:  # u_i = +-m: its tangent is 0
                 continue
             k = alpha[i] * theta / math.sin(theta)
             v = [v[j] + k * (float(j == i) - dot * m[j]) for j in range(n)]
