@@ -55,6 +55,12 @@ ROWS = [
         base=True),
     Row("dare_ties", 0.3, ("--density", "1", "--rescale", "none"), base=True),
     Row("model_stock", 0.5, base=True),  # mergekit's plain mean: rotviz's at weight 0.5
+    Row("nuslerp", 0.3),  # the whole tensors flattened (mergekit's default)
+    Row("nuslerp", 0.3, ("--nuslerp-flatten", "no", "--nuslerp-row-wise", "yes"), base=True),
+    Row("nuslerp", 0.3, ("--nuslerp-flatten", "no"), at_size=True),  # row by row
+    Row("multislerp", 0.3),
+    Row("multislerp", 0.3, base=True, at_size=True),
+    Row("karcher", 0.5, ("--karcher-max-iter", "20")),  # mergekit's equal weights
 ]
 
 
