@@ -109,3 +109,20 @@ def test_rounded_antipodes_give_the_exact_arithmetic_mean():
         got = ours([a, k * a], ws)
         scale = ws[0] * a.norm() + ws[1] * abs(k) * a.norm()
         assert _diff(got, scale * a / a.norm()) < TOL
+
+
+def test_cli_refusals_are_one_line(ws, capfd):
+    from conftest import refused
+
+    a, b, base = (f"zoo:vit-digits-{n}" for n in ("ft-a", "ft-b", "base"))
+    cmd = ["merge", a, b, "--data", "digits", "--match", "none", "--out", "m"]
+    refused([*cmd, "--method", "karcher", "--base", base], capfd, ws,
+            "--method karcher takes no --base")
+    refused([*cmd, "--method", "karcher", "--karcher-tol", "2"], capfd, ws,
+            "--karcher-tol must be a number from 0 to 1, got 2")
+    refused([*cmd, "--method", "karcher", "--karcher-max-iter", "-1"], capfd, ws,
+            "--karcher-max-iter must be an integer from 0 to 10000")
+    refused([*cmd, "--method", "simple", "--karcher-tol", "0.1"], capfd, ws,
+            "--karcher-tol needs --method karcher")
+    refused([*cmd, "--method", "nuslerp", "--nuslerp-flatten", "maybe"], capfd, ws,
+            "unknown --nuslerp-flatten 'maybe'")
