@@ -80,3 +80,23 @@ def test_the_record_runs_as_its_definition():
     got = m.merge(job, "w", [a.float(), b.float()], base.float())
     assert got.dtype == torch.float32
     assert _diff(got, mk_multislerp([a, b], (0.6, 0.4), base)) < 1e-5
+
+
+def test_the_default_pair_merged_on_the_sphere():
+    """zoo:vit-digits-s3 and -s6 matched (seed), weight 0.5, digits test (397 images): two
+    models at equal weights have one spherical mean, so Multi-SLERP and the Karcher mean give
+    the same merge (0.3854; the simple average 0.3375); flattened NuSLERP is SLERP (0.3602)."""
+    from pairs import default_pair, digits
+
+    from rotviz.measures.merge import merge
+
+    a, b = default_pair()
+    r = {m: merge(a, b, m, "seed", digits()) for m in ("multislerp", "karcher", "nuslerp",
+                                                       "slerp")}
+    for name, other in (("karcher", "multislerp"), ("nuslerp", "slerp")):
+        worst = max((r[name].state[k].double() - r[other].state[k].double()).abs().max().item()
+                    for k in r[name].state)
+        assert worst < 1e-5, (name, worst)
+    assert r["multislerp"].acc == pytest.approx(0.3854, abs=1e-4)
+    assert r["karcher"].acc == pytest.approx(0.3854, abs=1e-4)
+    assert r["nuslerp"].acc == r["slerp"].acc == pytest.approx(0.3602, abs=1e-4)
