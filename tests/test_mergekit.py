@@ -61,6 +61,7 @@ ROWS = [
     Row("multislerp", 0.3),
     Row("multislerp", 0.3, base=True, at_size=True),
     Row("karcher", 0.5, ("--karcher-max-iter", "20")),  # mergekit's equal weights
+    Row("karcher", 0.5, ("--karcher-tol", "1e-6"), at_size=True),
 ]
 
 

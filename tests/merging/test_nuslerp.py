@@ -101,3 +101,30 @@ def test_rounded_colinear_is_linear_where_mergekit_blows_up():
     got = ours(a, b, (0.7, 0.3), None, False, False)
     assert _diff(got, 0.7 * a + 0.3 * b) < TOL
     assert mk_nuslerp(a, b, (0.7, 0.3), None, False, False).abs().max().item() > 1e3
+
+
+def test_the_yaml_says_what_rotviz_does():
+    """nuslerp's and multislerp's base_model only where --base is given; the modes as
+    mergekit's booleans; karcher without weights (its plain mean: --weight 0.5 only)."""
+    from pathlib import Path
+
+    import yaml
+
+    from rotviz.merging.mergekit import mergekit_config
+
+    a, m, base = Path("/m/a"), Path("/m/b"), Path("/m/base")
+    nu = yaml.safe_load(mergekit_config("nuslerp", {"nuslerp_flatten": "no",
+                                                    "nuslerp_row_wise": "yes"}, 0.3, a, m))
+    assert nu["merge_method"] == "nuslerp" and "base_model" not in nu
+    assert nu["parameters"] == {"nuslerp_flatten": False, "nuslerp_row_wise": True}
+    assert [x["parameters"]["weight"] for x in nu["models"]] == [0.7, 0.3]
+    based = yaml.safe_load(mergekit_config("nuslerp", {}, 0.3, a, m, base=base))
+    assert based["base_model"] == str(base)
+    ms = yaml.safe_load(mergekit_config("multislerp", {}, 0.3, a, m, base=base))
+    assert ms["base_model"] == str(base) and ms["parameters"] == {"normalize_weights": True}
+    k = yaml.safe_load(mergekit_config("karcher", {"karcher_max_iter": 20,
+                                                   "karcher_tol": 1e-6}, 0.5, a, m))
+    assert k["parameters"] == {"max_iter": 20, "tol": 1e-6} and "base_model" not in k
+    assert all("parameters" not in x for x in k["models"])
+    with pytest.raises(RotvizError, match="plain mean of the models"):
+        mergekit_config("karcher", {}, 0.3, a, m)
