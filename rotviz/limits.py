@@ -159,3 +159,5 @@ def memory_size(text: str, flag: str = "--max-memory") -> int:
     if value > 2**60:
         raise RotvizError(f"{flag} must be a size such as 16GB, 512MiB or 0, got {_show(text)}")
     return int(value)
+KARCHER_MAX_ITER = Bound("--karcher-max-iter", 0, 10_000)  # Karcher mean's steps at most
+KARCHER_TOL = Bound("--karcher-tol", 0.0, 1.0, integer=False)  # Karcher mean's stop (radians)

@@ -64,6 +64,13 @@ ROWS = [
     Row("della", 0.3, ("--density", "1", "--epsilon", "0.1", "--rescale", "l1", "--scale",
                        "1.1"), base=True),
     Row("della_linear", 0.3, ("--density", "1", "--rescale", "none"), base=True),
+    Row("nuslerp", 0.3),  # the whole tensors flattened (mergekit's default)
+    Row("nuslerp", 0.3, ("--nuslerp-flatten", "no", "--nuslerp-row-wise", "yes"), base=True),
+    Row("nuslerp", 0.3, ("--nuslerp-flatten", "no"), at_size=True),  # row by row
+    Row("multislerp", 0.3),
+    Row("multislerp", 0.3, base=True, at_size=True),
+    Row("karcher", 0.5, ("--karcher-max-iter", "20")),  # mergekit's equal weights
+    Row("karcher", 0.5, ("--karcher-tol", "1e-6"), at_size=True),
 ]
 
 

@@ -118,7 +118,7 @@ def mergekit_config(method: str, values: Mapping[str, Any], weight: float, ancho
             params = {"weight": share, **params}
         models.append({"model": str(folder), **({"parameters": params} if params else {})})
     body: dict[str, Any] = {"merge_method": e.method}
-    base_folder = {"anchor": anchor, "base": base}.get(e.base or "")
+    base_folder = {"anchor": anchor, "base": base, "given": base}.get(e.base or "")
     if base_folder is not None:
         body["base_model"] = str(base_folder)
     body["models"] = models

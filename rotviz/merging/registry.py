@@ -74,7 +74,8 @@ class Mergekit:
     """How one rotviz method is said to mergekit (0.1.5; rotviz.merging.mergekit).
 
     `method`: mergekit's name. `base`: which model is mergekit's `base_model` ("anchor",
-    "base": the --base model, or None). `weight`: where rotviz's weight w goes ("models":
+    "base": the --base model, "given": the --base model where one is given, or None).
+    `weight`: where rotviz's weight w goes ("models":
     weights 1 - w and w per model; "t": SLERP's t = w; None: not written, mergekit taking the
     plain mean, so only w = 0.5 says the same). `shared`: rotviz parameter -> mergekit
     parameter written once under `parameters`; `per_model`: the same, written under each
@@ -106,6 +107,9 @@ class MergeMethod:
     rows: RowCombine | None = None  # a slice of rows at a time: it then runs at size
     extra: tuple[str, ...] = field(default=())  # parameter names reported under "params"
     needs_base: bool = False  # True: needs a base model; False: a base given is refused
+    # True: merges about a base model where one is given, and the models themselves without
+    # (mergekit's optional base: nuslerp, multislerp); needs_base must then be False
+    base_optional: bool = False
     max_models: int | None = None  # the most models it combines (None: any N >= 2)
     # how mergekit says the same merge (rotviz.merging.mergekit writes its YAML); None: no
     # mergekit equivalent (fisher, regmean), --mergekit-config refuses the method
@@ -199,8 +203,8 @@ def check_base(m: MergeMethod, has_base: bool) -> None:
     if m.needs_base and not has_base:
         raise RotvizError(f"--method {m.name} needs --base MODEL: the model the merged ones "
                           "were fine-tuned from (task vectors are taken from it); add --base")
-    if has_base and not m.needs_base:
-        based = " or ".join(x.name for x in methods() if x.needs_base)
+    if has_base and not (m.needs_base or m.base_optional):
+        based = " or ".join(x.name for x in methods() if x.needs_base or x.base_optional)
         raise RotvizError(f"--method {m.name} takes no --base (it combines the models "
                           f"themselves); drop --base, or use --method {based}")
 
