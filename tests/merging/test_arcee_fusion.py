@@ -1,0 +1,51 @@
+"""Arcee Fusion equals mergekit 0.1.5's `arcee_fusion` (the anchor its base) on random
+tensors of at most a million entries (1e-6), matrices, vectors and scalars, with identical
+models, and whole = a slice of rows at a time; the share of entries taken is the outliers'."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rotviz.merging import method
+from rotviz.merging.arcee_fusion import arcee_fusion, arcee_fusion_rows, importance, threshold
+from rotviz.merging.rows import held, whole
+from tests.merging.reference import SHAPES, TOL, randoms, theirs, worst
+
+
+@pytest.mark.parametrize("shape", [*SHAPES, (200, 64), (3, 1)])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_arcee_fusion_equals_mergekit(shape, seed):
+    _, (a, b) = randoms(seed, shape, n=2, spread=0.5)
+    assert worst(arcee_fusion(a, b), theirs("arcee_fusion", [a, b])) < TOL
+
+
+def test_slices_give_the_same_merge():
+    _, (a, b) = randoms(3, (96, 50), n=2, spread=0.5)
+    sliced = whole(arcee_fusion_rows, [a, b], None, chunk=120)  # 2 rows a slice
+    assert worst(sliced, arcee_fusion(a, b)) == 0.0
+
+
+def test_the_threshold_is_median_plus_one_and_a_half_iqr():
+    _, (a, b) = randoms(4, (41, 30), n=2, spread=0.5)
+    s = importance(a, b).expand_as(a).reshape(-1).sort().values
+    n = s.numel()
+    q1, med, q3 = (s[int(q * (n - 1))].item() for q in (0.25, 0.5, 0.75))
+    t = threshold(held([a, b]))
+    assert t == pytest.approx(med + 1.5 * (q3 - q1), rel=1e-15)
+    taken = (arcee_fusion(a, b) != a).double().mean().item()
+    assert taken == pytest.approx((s >= t).double().mean().item())
+    assert 0.0 < taken < 0.25  # outliers only
+
+
+def test_identical_models_and_a_scalar():
+    _, (a,) = randoms(5, (12, 9), n=1)
+    assert worst(arcee_fusion(a, a.clone()), a) == 0.0
+    x, y = torch.tensor(0.3, dtype=torch.float64), torch.tensor(-1.0, dtype=torch.float64)
+    assert arcee_fusion(x, y).item() == -1.0 == theirs("arcee_fusion", [x, y]).item()
+
+
+def test_the_record():
+    m = method("arcee_fusion")
+    assert not m.needs_base and m.at_size and m.max_models == 2 and m.params == ()
+    assert m.mergekit.method == "arcee_fusion" and m.mergekit.base == "anchor"

@@ -1,0 +1,88 @@
+"""SCE equals mergekit 0.1.5's `sce` on random tensors (1e-6), at the ends of select_topk,
+with all-zero task vectors, ties in sign and in variance, identical models and tiny task
+vectors (equal weights), whole and a slice of rows at a time."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rotviz.merging import method
+from rotviz.merging.rows import whole
+from rotviz.merging.sce import sce, sce_rows
+from tests.merging.reference import SHAPES, TOL, randoms, theirs, worst
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("topk", [0.0, 0.01, 0.3, 0.5, 0.999, 1.0])
+def test_sce_equals_mergekit(shape, topk):
+    base, models = randoms(1, shape, n=3)
+    assert worst(sce(models, base, topk), theirs("sce", models, base, select_topk=topk)) < TOL
+
+
+def test_two_models_and_a_slice_at_a_time():
+    base, models = randoms(2, (64, 40), n=2)
+    ref = theirs("sce", models, base, select_topk=0.4)
+    assert worst(sce(models, base, 0.4), ref) < TOL
+    sliced = whole(lambda src: sce_rows(src, 0.4), models, base, chunk=100)  # 2 rows a slice
+    assert worst(sliced, ref) < TOL
+
+
+@pytest.mark.parametrize("topk", [0.0, 0.5, 1.0])
+def test_all_zero_task_vectors_give_the_base(topk):
+    base, _ = randoms(3, (9, 8))
+    models = [base.clone(), base.clone()]
+    out = sce(models, base, topk)
+    assert worst(out, base) == 0.0
+    assert worst(out, theirs("sce", models, base, select_topk=topk)) < TOL
+
+
+def test_identical_models():
+    """No entry varies: select_topk < 1 selects none (the base); 1 keeps the common vector."""
+    base, (m,) = randoms(4, (6, 5), n=1)
+    models = [m, m.clone(), m.clone()]
+    assert worst(sce(models, base, 0.5), base) == 0.0
+    assert worst(sce(models, base, 1.0), m) < 1e-12
+    for k in (0.5, 1.0):
+        assert worst(sce(models, base, k), theirs("sce", models, base, select_topk=k)) < TOL
+
+
+def test_ties_in_sign_go_to_plus():
+    """d1 = -d2 at an entry: the elected sign is + and d1 (positive) alone is taken there."""
+    base = torch.zeros(4, dtype=torch.float64)
+    d = torch.tensor([0.5, -0.5, 0.25, 0.0], dtype=torch.float64)
+    models = [base + d, base - d]
+    out = sce(models, base, 1.0)
+    assert out.tolist() == [0.5, 0.5, 0.25, 0.0]
+    assert worst(out, theirs("sce", models, base, select_topk=1.0)) < TOL
+
+
+def test_tiny_task_vectors_weigh_equally():
+    """Mean squares summing below 1e-6: weights 1/N (mergekit's), here the plain mean of
+    the agreeing entries."""
+    base, models = randoms(5, (20, 10), n=3, spread=1e-4)
+    out = sce(models, base, 1.0)
+    assert worst(out, theirs("sce", models, base, select_topk=1.0)) < TOL
+    d = torch.stack([m - base for m in models])
+    elected = torch.where(d.sum(0) >= 0, 1.0, -1.0)
+    carry = (d.sign() == elected).double()
+    plain = base + (d * carry).sum(0) / carry.sum(0).clamp(min=1e-6)
+    assert worst(out, plain) < 1e-15
+
+
+def test_ties_in_variance_keep_the_first_entries():
+    """Equal variances at the threshold: exactly k entries are kept, the first ones."""
+    base = torch.zeros(10, dtype=torch.float64)
+    a = torch.tensor([1.0, 1, 1, 1, 2, 2, 2, 2, 3, 3], dtype=torch.float64)
+    models = [base + a, base - a]  # variance a^2; k = floor(10 x 0.5) = 5
+    out = sce(models, base, 0.5)
+    # selected: both 3s (largest), then the first three 2s; then + elected (sum 0): d1 taken
+    assert out.tolist() == [0, 0, 0, 0, 2, 2, 2, 0, 3, 3]
+
+
+def test_the_record():
+    m = method("sce")
+    assert m.needs_base and m.at_size and m.mergekit.method == "sce"
+    assert m.mergekit.shared == {"select_topk": "select_topk"} and m.mergekit.weight is None
+    assert [(p.name, p.default, p.bound.lo, p.bound.hi) for p in m.params] == \
+        [("select_topk", 1.0, 0.0, 1.0)]
