@@ -55,6 +55,12 @@ ROWS = [
         base=True),
     Row("dare_ties", 0.3, ("--density", "1", "--rescale", "none"), base=True),
     Row("model_stock", 0.5, base=True),  # mergekit's plain mean: rotviz's at weight 0.5
+    # mergekit's sce, ram, nearswap and arcee_fusion take no weights (written at 0.5)
+    Row("sce", 0.5, ("--select-topk", "0.5"), base=True),
+    Row("sce", 0.5, ("--select-topk", "0.5"), base=True, at_size=True),
+    Row("ram", 0.5, ("--ram-epsilon", "0.01"), base=True),
+    Row("nearswap", 0.5, ("--nearswap-t", "0.05",)),
+    Row("arcee_fusion", 0.5),
 ]
 
 
