@@ -34,4 +34,17 @@ def worst(x: torch.Tensor, y: torch.Tensor) -> float:
     return float((x.double() - y.double()).abs().max()) if x.numel() else 0.0
 
 
+BASE = ["--base", "zoo:vit-digits-base"]  # the lineage pair's base
 SHAPES = [(37, 23), (50,), (), (4, 5, 6), (1, 7)]
+
+
+def refused(argv: list[str], capsys, text: str) -> None:
+    """`rotviz merge` on the zoo's lineage pair with `argv` exits 2 with one line holding
+    `text`, before any model is read."""
+    from rotviz.cli import main
+
+    pair = ["merge", "zoo:vit-digits-s3-ft", "zoo:vit-digits-s6-ft", "--data", "digits"]
+    capsys.readouterr()
+    assert main([*pair, *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and text in err, err

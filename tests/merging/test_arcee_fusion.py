@@ -10,7 +10,7 @@ import torch
 from rotviz.merging import method
 from rotviz.merging.arcee_fusion import arcee_fusion, arcee_fusion_rows, importance, threshold
 from rotviz.merging.rows import held, whole
-from tests.merging.reference import SHAPES, TOL, randoms, theirs, worst
+from tests.merging.reference import BASE, SHAPES, TOL, randoms, refused, theirs, worst
 
 
 @pytest.mark.parametrize("shape", [*SHAPES, (200, 64), (3, 1)])
@@ -49,3 +49,7 @@ def test_the_record():
     m = method("arcee_fusion")
     assert not m.needs_base and m.at_size and m.max_models == 2 and m.params == ()
     assert m.mergekit.method == "arcee_fusion" and m.mergekit.base == "anchor"
+
+
+def test_bad_input_is_one_line(capsys):
+    refused(["--method", "arcee_fusion", *BASE], capsys, "--method arcee_fusion takes no --base")

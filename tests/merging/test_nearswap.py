@@ -9,7 +9,7 @@ import torch
 
 from rotviz.merging import method
 from rotviz.merging.nearswap import nearswap
-from tests.merging.reference import SHAPES, TOL, randoms, theirs, worst
+from tests.merging.reference import BASE, SHAPES, TOL, randoms, refused, theirs, worst
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -39,3 +39,11 @@ def test_the_record():
     assert m.mergekit.base == "anchor" and m.mergekit.shared == {"nearswap_t": "t"}
     assert [(p.name, p.default, p.bound.lo, p.bound.hi) for p in m.params] == \
         [("nearswap_t", 1e-4, 0.0, 100.0)]
+
+
+@pytest.mark.parametrize("argv, text", [
+    (["--method", "nearswap", "--nearswap-t", "-1"], "--nearswap-t must be a number from 0 to 100"),
+    (["--method", "nearswap", *BASE], "--method nearswap takes no --base"),
+])
+def test_bad_input_is_one_line(capsys, argv, text):
+    refused(argv, capsys, text)

@@ -9,7 +9,7 @@ import torch
 
 from rotviz.merging import method
 from rotviz.merging.ram import ram
-from tests.merging.reference import SHAPES, TOL, randoms, theirs, worst
+from tests.merging.reference import BASE, SHAPES, TOL, randoms, refused, theirs, worst
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -41,3 +41,13 @@ def test_the_record():
     assert m.needs_base and m.at_size and m.mergekit.shared == {"ram_epsilon": "epsilon"}
     assert [(p.name, p.default, p.bound.lo, p.bound.hi) for p in m.params] == \
         [("ram_epsilon", 1e-5, 0.0, 1.0)]
+
+
+@pytest.mark.parametrize("argv, text", [
+    (["--method", "ram"], "--method ram needs --base MODEL"),
+    (["--method", "ram", "--ram-epsilon", "2", *BASE],
+     "--ram-epsilon must be a number from 0 to 1"),
+    (["--method", "ram", "--ram-epsilon=-1e-5", *BASE], "--ram-epsilon must be"),
+])
+def test_bad_input_is_one_line(capsys, argv, text):
+    refused(argv, capsys, text)

@@ -10,7 +10,7 @@ import torch
 from rotviz.merging import method
 from rotviz.merging.rows import whole
 from rotviz.merging.sce import sce, sce_rows
-from tests.merging.reference import SHAPES, TOL, randoms, theirs, worst
+from tests.merging.reference import BASE, SHAPES, TOL, randoms, refused, theirs, worst
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -86,3 +86,14 @@ def test_the_record():
     assert m.mergekit.shared == {"select_topk": "select_topk"} and m.mergekit.weight is None
     assert [(p.name, p.default, p.bound.lo, p.bound.hi) for p in m.params] == \
         [("select_topk", 1.0, 0.0, 1.0)]
+
+
+@pytest.mark.parametrize("argv, text", [
+    (["--method", "sce"], "--method sce needs --base MODEL"),
+    (["--method", "sce", "--select-topk", "1.5", *BASE],
+     "--select-topk must be a number from 0 to 1"),
+    (["--method", "sce", "--select-topk", "-0.1", *BASE], "--select-topk must be"),
+    (["--method", "ties", "--select-topk", "0.5", *BASE], "--select-topk needs --method sce"),
+])
+def test_bad_input_is_one_line(capsys, argv, text):
+    refused(argv, capsys, text)
