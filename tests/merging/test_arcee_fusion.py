@@ -35,7 +35,7 @@ def test_the_threshold_is_median_plus_one_and_a_half_iqr():
     assert t == pytest.approx(med + 1.5 * (q3 - q1), rel=1e-15)
     taken = (arcee_fusion(a, b) != a).double().mean().item()
     assert taken == pytest.approx((s >= t).double().mean().item())
-    assert 0.0 < taken < 0.25  # outliers only
+    assert 0.05 < taken < 0.12  # outliers only: 8.6% here
 
 
 def test_identical_models_and_a_scalar():
