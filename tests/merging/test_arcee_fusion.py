@@ -53,3 +53,14 @@ def test_the_record():
 
 def test_bad_input_is_one_line(capsys):
     refused(["--method", "arcee_fusion", *BASE], capsys, "--method arcee_fusion takes no --base")
+
+
+def test_the_yaml(tmp_path):
+    import yaml
+
+    from rotviz.merging.mergekit import mergekit_config
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    cfg = yaml.safe_load(mergekit_config("arcee_fusion", {}, 0.5, a, b))
+    assert cfg["merge_method"] == "arcee_fusion" and cfg["base_model"] == str(a)
+    assert "parameters" not in cfg and cfg["models"] == [{"model": str(a)}, {"model": str(b)}]

@@ -47,3 +47,16 @@ def test_the_record():
 ])
 def test_bad_input_is_one_line(capsys, argv, text):
     refused(argv, capsys, text)
+
+
+def test_the_yaml(tmp_path):
+    """mergekit's base model is the anchor, t shared, no weights."""
+    import yaml
+
+    from rotviz.merging.mergekit import mergekit_config
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    cfg = yaml.safe_load(mergekit_config("nearswap", {"nearswap_t": 0.05}, 0.5, a, b))
+    assert cfg["merge_method"] == "nearswap" and cfg["base_model"] == str(a)
+    assert cfg["parameters"] == {"t": 0.05}
+    assert cfg["models"] == [{"model": str(a)}, {"model": str(b)}]

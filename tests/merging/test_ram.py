@@ -51,3 +51,14 @@ def test_the_record():
 ])
 def test_bad_input_is_one_line(capsys, argv, text):
     refused(argv, capsys, text)
+
+
+def test_the_yaml(tmp_path):
+    import yaml
+
+    from rotviz.merging.mergekit import mergekit_config
+
+    a, b, base = tmp_path / "a", tmp_path / "b", tmp_path / "base"
+    cfg = yaml.safe_load(mergekit_config("ram", {"ram_epsilon": 0.01}, 0.5, a, b, base=base))
+    assert cfg["merge_method"] == "ram" and cfg["base_model"] == str(base)
+    assert cfg["parameters"] == {"epsilon": 0.01}

@@ -97,3 +97,21 @@ def test_the_record():
 ])
 def test_bad_input_is_one_line(capsys, argv, text):
     refused(argv, capsys, text)
+
+
+def test_the_yaml(tmp_path):
+    """About the base, select_topk shared, no weights; another --weight than 0.5 refused."""
+    import yaml
+
+    from rotviz.errors import RotvizError
+    from rotviz.merging.mergekit import mergekit_config
+
+    a, b, base = tmp_path / "a", tmp_path / "b", tmp_path / "base"
+    cfg = yaml.safe_load(mergekit_config("sce", {"select_topk": 0.3}, 0.5, a, b, base=base))
+    assert cfg["merge_method"] == "sce" and cfg["base_model"] == str(base)
+    assert cfg["parameters"] == {"select_topk": 0.3}
+    assert cfg["models"] == [{"model": str(a)}, {"model": str(b)}]
+    with pytest.raises(RotvizError, match="takes no weights"):
+        mergekit_config("sce", {"select_topk": 0.3}, 0.3, a, b, base=base)
+    with pytest.raises(RotvizError, match="give --base"):
+        mergekit_config("sce", {"select_topk": 0.3}, 0.5, a, b)
