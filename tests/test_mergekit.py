@@ -61,6 +61,7 @@ ROWS = [
     Row("ram", 0.5, ("--ram-epsilon", "0.01"), base=True),
     Row("nearswap", 0.5, ("--nearswap-t", "0.05",)),
     Row("arcee_fusion", 0.5),
+    Row("arcee_fusion", 0.5, at_size=True),  # slices written in the shapes they were read
 ]
 
 

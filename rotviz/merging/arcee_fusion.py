@@ -90,8 +90,14 @@ def arcee_fusion_rows(src: RowSource) -> Iterator[Tensor]:
     if src.numel == 0:
         return
     t = threshold(src)
-    for a, b in _pairs(src):
-        yield (a + (b - a) * (importance(a, b) >= t)).reshape(-1)
+    if len(src.shape) >= 2:
+        for a, b in _pairs(src):
+            yield a + (b - a) * (importance(a, b) >= t)
+        return
+    (a, b), = _pairs(src)  # a vector, read whole: given back in the slices it was read in
+    merged = a + (b - a) * (importance(a, b) >= t)
+    for lo, hi in src.bounds():
+        yield merged[lo:hi]
 
 
 def arcee_fusion(a: Tensor, b: Tensor) -> Tensor:

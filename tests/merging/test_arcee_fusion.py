@@ -64,3 +64,15 @@ def test_the_yaml(tmp_path):
     cfg = yaml.safe_load(mergekit_config("arcee_fusion", {}, 0.5, a, b))
     assert cfg["merge_method"] == "arcee_fusion" and cfg["base_model"] == str(a)
     assert "parameters" not in cfg and cfg["models"] == [{"model": str(a)}, {"model": str(b)}]
+
+
+def test_slices_come_in_the_shapes_read():
+    """The at-size writer takes each slice in the shape it was read in (rows), a vector's
+    too, even one read in several slices."""
+    for shape, chunk in (((30, 8), 40), ((100,), 32), ((), 8)):
+        _, (a, b) = randoms(6, shape, n=2, spread=0.5)
+        src = held([a, b], chunk=chunk)
+        got = [s.shape for s in arcee_fusion_rows(src)]
+        assert got == [m[0].shape for m, _ in src.slices()]
+        assert worst(whole(arcee_fusion_rows, [a, b], None, chunk=chunk),
+                     theirs("arcee_fusion", [a, b])) < TOL
