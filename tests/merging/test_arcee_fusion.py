@@ -76,3 +76,12 @@ def test_slices_come_in_the_shapes_read():
         assert got == [m[0].shape for m, _ in src.slices()]
         assert worst(whole(arcee_fusion_rows, [a, b], None, chunk=chunk),
                      theirs("arcee_fusion", [a, b])) < TOL
+
+
+def test_the_quartiles_found_in_histogram_passes(monkeypatch):
+    import rotviz.merging.task_vectors as tv
+
+    monkeypatch.setattr(tv, "COLLECT", 16)
+    _, (a, b) = randoms(8, (60, 30), n=2, spread=0.5)
+    sliced = whole(arcee_fusion_rows, [a, b], None, chunk=90)
+    assert worst(sliced, theirs("arcee_fusion", [a, b])) < TOL
