@@ -1,4 +1,5 @@
-"""Benchmark: TIES at size, rotviz streamed against mergekit's own executor, same files.
+"""Benchmark: a merge at size (TIES, or --method), rotviz streamed against mergekit's own
+executor, same files.
 
 Writes three random LLaMA-layout models of a real shape as bfloat16 safetensors shards (a base
 and two models about it; rotviz.random_models.save_random_sharded), then merges the two about
@@ -8,9 +9,10 @@ block, the merged model evaluated on a short text and written) and mergekit 0.1.
 Records seconds, CPU seconds (user and system: what the other work on a shared machine
 inflates less) and each process's peak resident memory (the kernel's high-water mark).
 Targets: rotviz's peak <= 25% of the pair's bytes + 1.5 GB; time within 1.5x of mergekit's.
-Writes the section `merge-size-<shape>` of bench/RESULTS.md.
+Writes the section `merge-size-<shape>` of bench/RESULTS.md (TIES), or
+`merge-size-<method>-<shape>` (another method, with the parameters of METHODS).
 
-    python bench/merge_size.py [--shape llama-1b] [--layers 4] [--density 0.5]
+    python bench/merge_size.py [--shape llama-1b] [--layers 4] [--density 0.5] [--method sce]
 """
 
 from __future__ import annotations
@@ -29,6 +31,12 @@ sys.path.insert(0, str(ROOT))
 
 from bench.results import RESULTS, machine, write_section  # noqa: E402
 from bench.stream import RUN, SHAPES, baseline  # noqa: E402
+
+# the methods besides TIES and the parameters each is benchmarked with (options, values)
+METHODS: dict[str, dict[str, float]] = {
+    "sce": {"select_topk": 0.5}, "ram": {"ram_epsilon": 1e-5},
+    "nearswap": {"nearswap_t": 1e-3}, "arcee_fusion": {},
+}
 
 MERGEKIT = """
 import json, resource, sys, time
@@ -64,10 +72,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shape", default="llama-1b", choices=list(SHAPES))
     p.add_argument("--layers", type=int, default=4, help="layers built at the shape's width")
     p.add_argument("--density", type=float, default=0.5)
+    p.add_argument("--method", default="ties", choices=["ties", *METHODS])
     p.add_argument("--results", type=Path, default=RESULTS)
     args = p.parse_args(argv)
     import torch
 
+    from rotviz.merging import method as method_record
     from rotviz.merging.mergekit import mergekit_config
     from rotviz.random_models import save_random_sharded
     from rotviz.sources.checkpoint import Checkpoint
@@ -85,20 +95,26 @@ def main(argv: list[str] | None = None) -> int:
         pair = Checkpoint(a).nbytes + Checkpoint(b).nbytes
         text = t / "text.txt"
         text.write_text((ROOT / "rotviz" / "merging" / "ties.py").read_text()[:4000])
-        values = {"density": args.density}
+        values = {"density": args.density} if args.method == "ties" else METHODS[args.method]
+        based = method_record(args.method).needs_base
+        options = [x for k, v in values.items() for x in (f"--{k.replace('_', '-')}", str(v))]
         rz = _child(RUN, t / "rotviz.json", [
             "merge", str(a), str(b), "--data", f"text:{text}", "--match", "none", "--method",
-            "ties", "--density", str(args.density), "--base", str(base), "--max-memory", "0",
-            "--out", str(t / "merged-rotviz")])
-        config = t / "ties.yaml"
-        config.write_text(mergekit_config("ties", values, 0.5, a, b, "bfloat16", base=base))
+            args.method, *options, *(["--base", str(base)] if based else []),
+            "--max-memory", "0", "--out", str(t / "merged-rotviz")])
+        config = t / f"{args.method}.yaml"
+        config.write_text(mergekit_config(args.method, values, 0.5, a, b, "bfloat16",
+                                          base=base if based else None))
         load.append(os.getloadavg()[0])
         mk = _child(MERGEKIT, t / "mergekit.json", [str(config), str(t / "merged-mergekit")])
         load.append(os.getloadavg()[0])
     bound = 0.25 * pair + 1.5e9
+    what = (f"TIES (density {args.density})" if args.method == "ties" else
+            f"{args.method} ({', '.join(f'{k} {v:g}' for k, v in values.items()) or 'defaults'})")
+    about = " about a third" if based else " (the anchor mergekit's base)"
     fixed = baseline()
     lines = [
-        f"TIES (density {args.density}) of two random LLaMA-layout models about a third, shape "
+        f"{what} of two random LLaMA-layout models{about}, shape "
         f"**{args.shape}** with {args.layers} layers "
         f"({', '.join(f'{k} {v}' for k, v in sizes.items())}), bfloat16 safetensors in 4 "
         f"shards ({pair / 1e9:.2f} GB the pair), built in {built:.0f} s. "
@@ -131,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     if rz.get("said"):
         lines += ["", f"rotviz said: `{rz['said']}`"]
     print("\n".join(lines))
-    write_section(f"merge-size-{args.shape}", "\n".join(lines), args.results)
+    section = "merge-size" + ("" if args.method == "ties" else f"-{args.method}")
+    write_section(f"{section}-{args.shape}", "\n".join(lines), args.results)
     return 0
 
 

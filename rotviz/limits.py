@@ -78,6 +78,9 @@ ALPHA = Bound("--alpha", 0.0, 1.0, integer=False)  # RegMean off-diagonal scale
 DENSITY = Bound("--density", 0.0, 1.0, integer=False)  # share of a task vector kept (TIES, DARE)
 EPSILON = Bound("--epsilon", 0.0, 0.5, integer=False)  # DELLA: spread of keep rates
 SCALE = Bound("--scale", -10.0, 10.0, integer=False)  # lambda: scale of the merged task vector
+SELECT_TOPK = Bound("--select-topk", 0.0, 1.0, integer=False)  # SCE: share of entries kept
+NEARSWAP_T = Bound("--nearswap-t", 0.0, 100.0, integer=False)  # NearSwap: distance scale
+RAM_EPSILON = Bound("--ram-epsilon", 0.0, 1.0, integer=False)  # RAM: |d| counted as nonzero
 SEED = Bound("--seed", 0, 2**32 - 1)  # numpy's seed range
 PORT = Bound("--port", 1, 65_535)
 EXAMPLES = Bound("--examples", 0, 16)  # fixed test inputs whose answers a path records

@@ -71,6 +71,13 @@ ROWS = [
     Row("multislerp", 0.3, base=True, at_size=True),
     Row("karcher", 0.5, ("--karcher-max-iter", "20")),  # mergekit's equal weights
     Row("karcher", 0.5, ("--karcher-tol", "1e-6"), at_size=True),
+    # mergekit's sce, ram, nearswap and arcee_fusion take no weights (written at 0.5)
+    Row("sce", 0.5, ("--select-topk", "0.5"), base=True),
+    Row("sce", 0.5, ("--select-topk", "0.5"), base=True, at_size=True),
+    Row("ram", 0.5, ("--ram-epsilon", "0.01"), base=True),
+    Row("nearswap", 0.5, ("--nearswap-t", "0.05",)),
+    Row("arcee_fusion", 0.5),
+    Row("arcee_fusion", 0.5, at_size=True),  # slices written in the shapes they were read
 ]
 
 

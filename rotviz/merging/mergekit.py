@@ -74,9 +74,9 @@ def check(method: str, values: Mapping[str, Any], registered: tuple[str, ...] | 
     if e.base == "base" and not base:
         raise RotvizError(f"mergekit's {e.method} merges about a base model: give --base")
     if e.weight is None and float(weight) != 0.5:
-        raise RotvizError(f"mergekit's {e.method} takes the plain mean of the models (no "
-                          f"weights), which is rotviz's at --weight 0.5 only; use --weight 0.5 "
-                          "with --mergekit-config")
+        raise RotvizError(f"mergekit's {e.method} takes no weights (the plain mean of the "
+                          f"models, or weights of its own), which is rotviz's at --weight 0.5 "
+                          "only; use --weight 0.5 with --mergekit-config")
     for name, v in values.items():
         _value(e, name, v)
     return e

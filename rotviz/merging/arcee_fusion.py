@@ -1,0 +1,118 @@
+"""Arcee Fusion (Arcee AI), as mergekit 0.1.5 defines its `arcee_fusion`: of two models, the
+anchor a (mergekit's base model) takes the source b's entries where b differs from it
+importantly, and keeps its own elsewhere. An entry's importance is
+
+    s = |b - a| * KL(softmax(b) + 1e-8 || softmax(a) + 1e-8),
+
+the KL taken along the tensor's last dimension (one number per row of a matrix, one for a
+whole vector), and the entries with s >= median(s) + 1.5 (q3(s) - q1(s)) are taken:
+
+    theta = a + (b - a) [s >= threshold].
+
+The quartiles are order statistics of the tensor's s, the sorted s at floor(q (n - 1)).
+mergekit samples a million entries (with replacement, unseeded) of a larger tensor to
+estimate them; rotviz takes them exactly, so the two agree on tensors of at most a million
+entries and differ where sampling moves mergekit's threshold. An s below 0 (a KL that
+rounds below 0) counts as 0. It combines two models and takes no base and no weight
+(--weight does not change it); it runs at size, the quartiles found in passes over the
+slices of the matrix's rows (a vector is read whole: its KL spans it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from rotviz.merging.registry import Mergekit, MergeMethod, register
+from rotviz.merging.rows import whole
+from rotviz.merging.task_vectors import _Select
+
+if TYPE_CHECKING:
+    import torch
+
+    from rotviz.merging.registry import MergeJob
+    from rotviz.merging.rows import RowSource
+
+    Tensor = torch.Tensor
+
+EPS = 1e-8  # mergekit's: added to each softmax before the KL
+QUARTILES = (0.25, 0.5, 0.75)
+FENCE = 1.5  # the threshold: median + FENCE x the interquartile range
+
+
+def importance(a: Tensor, b: Tensor) -> Tensor:
+    """s = |b - a| x KL(softmax(b) || softmax(a)) along the last dimension (each + EPS),
+    of a slice holding whole rows (or of a whole vector); never below 0."""
+    import torch
+
+    if a.dim() == 0:
+        a, b = a.reshape(1), b.reshape(1)
+    p = torch.softmax(b, dim=-1) + EPS
+    q = torch.softmax(a, dim=-1) + EPS
+    kl = (p * (p / q).log()).sum(-1, keepdim=True)
+    return ((b - a).abs() * kl).clamp(min=0.0) + 0.0  # + 0.0: no -0.0 (ranked by its bits)
+
+
+def _pairs(src: RowSource) -> Iterator[tuple[Tensor, Tensor]]:
+    """The (a, b) slices whose importance is local: a matrix's rows; a vector read whole."""
+    import torch
+
+    if len(src.shape) >= 2:
+        for (a, b), _ in src.slices():
+            yield a, b
+        return
+    parts = list(src.slices())
+    yield (torch.cat([p[0][0] for p in parts]), torch.cat([p[0][1] for p in parts]))
+
+
+def threshold(src: RowSource) -> float:
+    """median(s) + FENCE (q3 - q1), the quartiles the sorted s at floor(q (n - 1)), found
+    in passes over the slices (each the k-th largest: k = n - floor(q (n - 1)))."""
+    n = src.numel
+    found = [_Select(n - int(q * (n - 1)), n) for q in QUARTILES]
+    while any(f.value is None for f in found):
+        live = [f for f in found if f.value is None]
+        for f in live:
+            f.begin()
+        for a, b in _pairs(src):
+            s = importance(a, b).expand_as(a).reshape(-1)
+            for f in live:
+                f.see(s)
+        for f in live:
+            f.end()
+    q1, median, q3 = (float(f.value) for f in found)  # type: ignore[arg-type]
+    return median + FENCE * (q3 - q1)
+
+
+def arcee_fusion_rows(src: RowSource) -> Iterator[Tensor]:
+    """Arcee Fusion of one tensor of two models (the anchor first), slice by slice in
+    float64: the threshold first (passes), then the important entries taken."""
+    if src.numel == 0:
+        return
+    t = threshold(src)
+    if len(src.shape) >= 2:
+        for a, b in _pairs(src):
+            yield a + (b - a) * (importance(a, b) >= t)
+        return
+    (a, b), = _pairs(src)  # a vector, read whole: given back in the slices it was read in
+    merged = a + (b - a) * (importance(a, b) >= t)
+    for lo, hi in src.bounds():
+        yield merged[lo:hi]
+
+
+def arcee_fusion(a: Tensor, b: Tensor) -> Tensor:
+    """Arcee Fusion of one tensor from the anchor `a` and the source `b`, in float64, cast
+    to a's dtype."""
+    return whole(arcee_fusion_rows, [a, b], None)
+
+
+def _rows(job: MergeJob, name: str, src: RowSource) -> Iterator[Tensor]:
+    return arcee_fusion_rows(src)
+
+
+ARCEE_FUSION = register(MergeMethod(
+    "arcee_fusion", "Arcee Fusion",
+    "the anchor takes the source's entries whose change, times the KL of the rows' softmax, "
+    "is an outlier (above median + 1.5 IQR) (Arcee AI)",
+    rows=_rows, max_models=2,
+    mergekit=Mergekit("arcee_fusion", base="anchor", weight=None), order=180))
