@@ -39,8 +39,8 @@ from rotviz.merging.registry import Mergekit, MergeMethod, register
 from rotviz.merging.rows import whole
 from rotviz.merging.task_vectors import (
     CONSENSUS_PARAM,
-    L1_EPS,
     SCALE_PARAM,
+    Drop,
     combine_deltas,
     density_param,
     drop_seed,
@@ -103,36 +103,18 @@ def keep_probabilities(d: Tensor, density: float, epsilon: float) -> Tensor:
     return ((density - epsilon) + spread * (2 * epsilon)).reshape(d.shape)
 
 
-class MagPrune:
-    """DELLA's drop of each model's task vector in `src`: kept with `keep_probabilities`,
-    drawn from a CPU generator per model (seeded `seeds[i]`) slice after slice, then
-    rescaled. Called once per slice in order, `drop(i, d)`; `uniform` draws the numbers a
-    mask compares with (a test may replace it)."""
+class MagPrune(Drop):
+    """DELLA's drop of each model's task vector in `src`: DARE's (`Drop`: seeded generators
+    slice after slice, the L1 pass, the rescaling) with each entry kept with its own
+    `keep_probabilities` and rescaled by it. `uniform` draws the numbers a mask compares
+    with (a test may replace it)."""
 
     def __init__(self, src: RowSource, density: float, epsilon: float, seeds: Sequence[int],
                  rescale: str = "density") -> None:
-        self.density, self.epsilon, self.seeds = density, epsilon, list(seeds)
-        self.rescale = rescale
-        self.factor: list[float | None] = [None] * src.n
-        self.active = 0.0 < density < 1.0 and src.numel > 0
-        if self.active:
+        self.epsilon = epsilon
+        if 0.0 < density < 1.0 and src.numel > 0:
             check_epsilon(density, epsilon)
-        if rescale == "l1" and self.active:
-            before, after = [0.0] * src.n, [0.0] * src.n
-            self.gens = self._generators()
-            for models, base in src.slices():
-                for i, m in enumerate(models):
-                    d = m - base
-                    before[i] += float(d.abs().sum())
-                    after[i] += float(self._kept(i, d)[0].abs().sum())
-            self.factor = [None if b < L1_EPS or a < L1_EPS else b / a
-                           for b, a in zip(before, after, strict=True)]
-        self.gens = self._generators()
-
-    def _generators(self) -> list:
-        import torch
-
-        return [torch.Generator(device="cpu").manual_seed(s) for s in self.seeds]
+        super().__init__(src, density, seeds, rescale)
 
     def uniform(self, i: int, d: Tensor) -> Tensor:
         """Uniform [0, 1) numbers of d's shape, float64, from model i's generator."""
@@ -147,20 +129,6 @@ class MagPrune:
         p = keep_probabilities(d, self.density, self.epsilon)
         keep = self.uniform(i, d) < p
         return torch.where(keep, d, torch.zeros((), dtype=d.dtype, device=d.device)), p
-
-    def __call__(self, i: int, d: Tensor) -> Tensor:
-        import torch
-
-        if self.density >= 1.0:
-            return d
-        if not self.active:
-            return torch.zeros_like(d)
-        kept, p = self._kept(i, d)
-        if self.rescale == "density":
-            return kept / p
-        if self.rescale == "l1" and self.factor[i] is not None:
-            return kept * self.factor[i]
-        return kept
 
 
 def della_rows(src: RowSource, weights: Sequence[float], name: str, density: float = 1.0,

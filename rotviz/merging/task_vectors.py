@@ -199,9 +199,11 @@ def drop_seed(seed: int, name: str, index: int) -> int:
 class Drop:
     """DARE's random drop of each model's task vector in `src`: each entry kept with
     probability `density`, drawn from a CPU generator seeded by `seeds[i]` slice after slice
-    (so a slice's mask is the rows of the whole tensor's mask), then rescaled by 1 / density
-    (`density`), to the L1 norm before dropping (`l1`: the norms of the whole tensor, a first
-    pass) or not (`none`). Called once per slice in order, `drop(i, d)`."""
+    (so a slice's mask is the rows of the whole tensor's mask), then rescaled by 1 / its keep
+    probability (`density`), to the L1 norm before dropping (`l1`: the norms of the whole
+    tensor, a first pass) or not (`none`). Called once per slice in order, `drop(i, d)`.
+    DELLA's drop (rotviz.merging.della.MagPrune) is this with per-entry keep probabilities:
+    it replaces `_kept`."""
 
     def __init__(self, src: RowSource, density: float, seeds: Sequence[int],
                  rescale: str = "density") -> None:
@@ -214,7 +216,7 @@ class Drop:
                 for i, m in enumerate(models):
                     d = m - base
                     before[i] += float(d.abs().sum())
-                    after[i] += float((d * self._mask(i, d)).abs().sum())
+                    after[i] += float(self._kept(i, d)[0].abs().sum())
             self.factor = [None if b < L1_EPS or a < L1_EPS else b / a
                            for b, a in zip(before, after, strict=True)]
         self.gens = self._generators()
@@ -231,6 +233,10 @@ class Drop:
         draw = torch.rand(d.shape, generator=self.gens[i], dtype=torch.float64)
         return (draw < self.density).double().to(d.device)
 
+    def _kept(self, i: int, d: Tensor) -> tuple[Tensor, Tensor | float]:
+        """d with its dropped entries zero, and the keep probability (one for all here)."""
+        return d * self._mask(i, d), self.density
+
     def __call__(self, i: int, d: Tensor) -> Tensor:
         import torch
 
@@ -238,12 +244,11 @@ class Drop:
             return d
         if self.density <= 0.0 or d.numel() == 0:
             return torch.zeros_like(d)
-        kept = d * self._mask(i, d)
+        kept, p = self._kept(i, d)
         if self.rescale == "density":
-            return kept / self.density
-        if self.rescale == "l1":
-            factor = self.factor[i]
-            return kept if factor is None else kept * factor
+            return kept / p
+        if self.rescale == "l1" and self.factor[i] is not None:
+            return kept * self.factor[i]
         return kept
 
 
