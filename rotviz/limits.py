@@ -164,3 +164,8 @@ def memory_size(text: str, flag: str = "--max-memory") -> int:
     return int(value)
 KARCHER_MAX_ITER = Bound("--karcher-max-iter", 0, 10_000)  # Karcher mean's steps at most
 KARCHER_TOL = Bound("--karcher-tol", 0.0, 1.0, integer=False)  # Karcher mean's stop (radians)
+# ZipIt!: blocks zipped (-1: every block and the head; 0: none, the two models side by side),
+# the factor a merged feature's similarities take per merge, and the share of within-model merges
+ZIP_LAYERS = Bound("--zip-layers", -1, 100_000)
+ZIP_ALPHA = Bound("--zip-alpha", 0.0, 1.0, integer=False)
+ZIP_BETA = Bound("--zip-beta", 0.0, 1.0, integer=False)

@@ -164,9 +164,15 @@ def merge_on(
     t1 = time.perf_counter()
     st_split, sa, sb = pair_statistics(m, ends, split, ev.device, values, stats_data, progress)
     stats_s = time.perf_counter() - t1
-    merged = merge_states(anchor, m.name, anchor.state, ends.matched, weight, sa, sb,
-                          None if base is None else base.state, **values)
-    loss, acc = ev.evaluate(ev.params(merged))
+    own = None if m.evaluate is None else m.evaluate(
+        anchor, (anchor.state, ends.matched), (sa, sb), (1.0 - weight, weight), values, ev)
+    if own is None:
+        merged = merge_states(anchor, m.name, anchor.state, ends.matched, weight, sa, sb,
+                              None if base is None else base.state, **values)
+        loss, acc = ev.evaluate(ev.params(merged))
+        scores = ev.scores(ev.params(merged))
+    else:  # no single parameter set (ZipIt!'s partial zip): the method evaluated it
+        merged, (loss, acc), scores = {}, own, {}
     a_loss, a_acc = ev.evaluate(ev.params(anchor.state))
     s_loss, s_acc = ev.evaluate(ev.params(ends.matched))
     return Merged(
@@ -181,7 +187,7 @@ def merge_on(
         distance_after=info.distance_after, anchor=anchor.ref, source=ends.source_ref,
         layers=ends.layers, base="" if base is None else base.ref, state=merged,
         anchor_stats=sa, source_stats=sb,
-        scores=ev.scores(ev.params(merged)), anchor_scores=ev.scores(ev.params(anchor.state)),
+        scores=scores, anchor_scores=ev.scores(ev.params(anchor.state)),
         source_scores=ev.scores(ev.params(ends.matched)),
         params={k: v for k, v in values.items() if k in m.extra},
     )

@@ -376,6 +376,12 @@ def run_command(m: Measurement, args: argparse.Namespace) -> int:
                 if folder is not None:
                     from rotviz.sources.writing import write_model
 
+                    if not result.state:  # ZipIt!'s partial zip: each model keeps its tail
+                        raise RotvizError("this merge keeps each model's later blocks and "
+                                          "head (a partial zip), so it is no single model "
+                                          "to write; drop --out, or zip every block "
+                                          "(--zip-layers -1)")
+
                     write_model(ends.anchor, result.state, tmp[folder])
                 _write_outputs(m, args, ends, result, values, tmp, js, files)
 

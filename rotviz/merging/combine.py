@@ -81,6 +81,11 @@ def merge_many(loaded: Loaded, name: str, states: Sequence[Mapping[str, Tensor]]
     if m.needs_statistics and (stats is None or len(stats) != len(states)
                                or any(s is None for s in stats)):
         raise RotvizError(f"{m.name} merging needs statistics of every model")
+    if m.whole is not None:  # the method merges whole models (its zips span the layers)
+        values = {p.name: params.get(p.name, p.default) for p in m.params}
+        out = m.whole(loaded, states, stats, ws, values)
+        _retie(loaded, out)
+        return out
     job = merge_job(loaded, m, ws, stats if m.needs_statistics else None, params)
     out: dict[str, Tensor] = {}
     for k, a in states[0].items():

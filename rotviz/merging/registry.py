@@ -115,6 +115,13 @@ class MergeMethod:
     # mergekit equivalent (fisher, regmean), --mergekit-config refuses the method
     mergekit: Mergekit | None = None
     order: int = 1000  # place in menus and help (built-ins 10-990; plug-ins after)
+    # a method that merges whole models, not tensor by tensor (ZipIt!: its zips span every
+    # layer): whole(loaded, states, stats, weights, params) -> the merged state dict
+    whole: Callable[..., Any] | None = None
+    # a method whose merge may be no single parameter set of the architecture (ZipIt!'s
+    # partial zip): evaluate(loaded, states, stats, weights, params, evaluator) -> (loss,
+    # accuracy) of that merge, or None where it is one parameter set (then evaluated as such)
+    evaluate: Callable[..., Any] | None = None
 
     @property
     def needs_statistics(self) -> bool:
