@@ -60,6 +60,7 @@ if TYPE_CHECKING:
 
     Tensor = torch.Tensor
 
+HEADS = "attn,rescale,heads"  # rotviz's attention matching the source's heads get
 STREAM = "stream"  # statistics key of the pooled stream features; FFN units: "ffn.<block>"
 
 
@@ -335,56 +336,64 @@ class Zipped:
 
 def zip_models(loaded: Loaded, states: Sequence[Mapping[str, Tensor]],
                stats: Sequence[Mapping[str, Tensor]], weights: Sequence[float] = (0.5, 0.5),
-               zip_layers: int = -1, zip_alpha: float = 0.3, zip_beta: float = 0.125
-               ) -> Zipped:
+               zip_layers: int = -1, zip_alpha: float = 0.3, zip_beta: float = 0.125,
+               heads: str = HEADS) -> Zipped:
     """zip_models(loaded, [anchor, source], [features(anchor), features(source)]) -> Zipped
 
     ZipIt! of two parameter sets of `loaded`'s architecture from their `features` (same
     examples, same seed). `zip_layers`: blocks zipped (-1: all; 0: none, the ensemble)."""
     if len(states) != 2 or len(stats) != 2:
         raise RotvizError(f"ZipIt! zips two models, got {len(states)}")
+    k = _check_depth(loaded, states[0], zip_layers)
     va, vb = canonical(loaded, states[0]), canonical(loaded, states[1])
-    depth = len(va.blocks)
-    k = depth if zip_layers == -1 else ZIP_LAYERS.check(zip_layers)
-    if not 0 <= k <= depth:
-        raise RotvizError(f"--zip-layers must be -1 (all) or from 0 to {depth} (this model's "
-                          f"blocks), got {zip_layers}")
     total = float(weights[0]) + float(weights[1])
     ws = (float(weights[0]) / total, float(weights[1]) / total)
     stream = zip_space(stats[0][STREAM], stats[1][STREAM], ws, zip_alpha, zip_beta)
     ffn = tuple(zip_space(stats[0][f"ffn.{i}"], stats[1][f"ffn.{i}"], ws, zip_alpha, zip_beta)
-                for i in range(depth))
+                for i in range(len(va.blocks)))
     pa = _carried(va, ws[0], stream, ffn, 0)
     pb = _carried(vb, ws[1], stream, ffn, 1)
-    heads = []
-    from rotviz.match.layer_solvers import head_permutation
-    from rotviz.symmetry.actions import permute_heads
+    # the heads: rotviz's attention matching (head permutation, then the Q-K and V-O maps
+    # and their scales, from the weights) moves the source's heads onto the anchor's, both
+    # read in the merged stream; a symmetry of the source's attention, so its path keeps
+    # its function
+    from rotviz.match.layers import match_layers
+    from rotviz.match.selection import match_options
 
-    blocks = []
-    for i, (ba, bb) in enumerate(zip(pa.blocks, pb.blocks, strict=True)):
-        perm = head_permutation(bb.attn, ba.attn, va.dims.rope)
-        heads.append(perm)
-        blocks.append(replace(bb, attn=permute_heads(bb.attn, perm)))
-        del i
-    pb = replace(pb, blocks=tuple(blocks))
+    step = match_layers(pa, pb, match_options(heads))
+    pb = step.view
+    moved = tuple(step.transforms[i].heads for i in range(len(va.blocks)))
     merged = replace(pa, blocks=tuple(_add(x, y) for x, y in zip(pa.blocks, pb.blocks,
                                                                    strict=True)),
                      other=_add(pa.other, pb.other))
-    return Zipped(merged, stream, ffn, tuple(heads), (va, vb), k)
+    return Zipped(merged, stream, ffn, moved, (va, vb), k)
+
+
+def _check_depth(loaded: Loaded, state: Mapping[str, Tensor], zip_layers: int) -> int:
+    """The blocks zipped, 0..depth, from --zip-layers (-1: all; one line beyond the depth)."""
+    from rotviz.symmetry.view import resolve_layout
+
+    depth = len(resolve_layout(loaded.spec, state).blocks)
+    k = depth if zip_layers == -1 else ZIP_LAYERS.check(zip_layers)
+    if not 0 <= k <= depth:
+        raise RotvizError(f"--zip-layers must be -1 (all) or from 0 to {depth} (this model's "
+                          f"blocks), got {zip_layers}")
+    return k
 
 
 def zipped_logits(loaded: Loaded, zipped: Zipped, x, device, buffers: Mapping[str, Tensor]
                   | None = None, module=None) -> Tensor:
-    """The zipped model's output on inputs `x`: one model for a full zip, else the mean of
-    both paths' logits (each model's own later blocks after the unmerge; k = 0: the
-    ensemble)."""
+    """The zipped model's output on inputs `x` (on `device`, as `module` is: default the
+    loaded model's): one model for a full zip, else the mean of both paths' logits (each
+    model's own later blocks after the unmerge; k = 0: the ensemble)."""
     import torch
 
     from rotviz.sources.adapters import call
     from rotviz.sources.running import module_copy
     from rotviz.symmetry.view import write_state
 
-    module = module_copy(module if module is not None else loaded.model).to(device)
+    # hooks go on a copy (it shares the weights: never moved here, `module` is on `device`)
+    module = module_copy(module if module is not None else loaded.model)
     buffers = dict(buffers or {})
 
     def run(view: ModelView, u: Tensor | None) -> Tensor:
@@ -429,7 +438,8 @@ def _unmerging(u: Tensor):
 
 def _statistics(loaded: Loaded, state: Mapping[str, Tensor], split: Split, device,
                 seed: int = 0, progress: Progress | None = None, batches: int = 8,
-                batch_size: int = 32, **_) -> dict[str, Tensor]:
+                batch_size: int = 32, zip_layers: int = -1, **_) -> dict[str, Tensor]:
+    _check_depth(loaded, state, zip_layers)  # before the features are taken
     out = features(loaded, state, split, device, batches, batch_size, seed)
     if progress:
         progress(1, 1, "ZipIt! features")
