@@ -241,13 +241,8 @@ def _carried(view: ModelView, share: float, stream: Zip, ffn: Sequence[Zip], x: 
                     gq=avg(a.gq), gk=avg(a.gk), wo=m.to(a.wo) @ a.wo, bo=vec(a.bo))
         uf, mf = ffn[i].unmerge[x], ffn[i].merge[x]
 
-        def unit_in(w, b):  # rows are FFN units, columns read the stream
-            if w is None:
-                return None, None
-            return mf.to(w) @ w @ u.to(w), None if b is None else mf.to(b) @ b
-
-        w_in, b_in = unit_in(f.w_in, f.b_in)
-        w_gate, b_gate = unit_in(f.w_gate, f.b_gate)
+        w_in, b_in = _unit_in(f.w_in, f.b_in, mf, u)
+        w_gate, b_gate = _unit_in(f.w_gate, f.b_gate, mf, u)
         f = FFN(w_in, b_in, m.to(f.w_out) @ f.w_out @ uf.to(f.w_out), vec(f.b_out),
                 f.activation, w_gate, b_gate)
         norms = {}
@@ -275,6 +270,14 @@ def _carried(view: ModelView, share: float, stream: Zip, ffn: Sequence[Zip], x: 
     for alias, owner in rs.tied_pairs(view):  # one tensor: the alias follows its owner
         other[alias] = other[owner]
     return replace(view, blocks=tuple(blocks), other=other)
+
+
+def _unit_in(w: Tensor | None, b: Tensor | None, mf: Tensor, u: Tensor
+             ) -> tuple[Tensor | None, Tensor | None]:
+    """An FFN input map (rows: units, columns: the stream) and its bias, zipped: M_f W U."""
+    if w is None:
+        return None, None
+    return mf.to(w) @ w @ u.to(w), None if b is None else mf.to(b) @ b
 
 
 def _add(x: Any, y: Any) -> Any:
