@@ -177,16 +177,20 @@ def zip_space(fa: Tensor, fb: Tensor, weights: Sequence[float], alpha: float, be
 # ---- features ----------------------------------------------------------------------------------
 
 
-def canonical(loaded: Loaded, state: Mapping[str, Tensor]) -> ModelView:
-    """The model's canonical view in float64 (gains folded, LayerNorm writers centred): the
-    basis ZipIt! reads features in and merges weights in."""
+def canonical(loaded: Loaded, state: Mapping[str, Tensor]) -> tuple[ModelView, Any]:
+    """(the model's canonical view in float64, its gauge): gains folded and LayerNorm writers
+    centred, the basis ZipIt! reads features in and merges weights in. A model whose gains
+    cannot be folded (an output head tied to the embedding) is taken as it is, its gains
+    then zipped as vectors in the stream (gauge None)."""
     import torch
 
     from rotviz.symmetry import residual as rs
     from rotviz.symmetry.view import read_view
 
-    view = read_view(loaded.spec, loaded.config, state)
-    return rs.canonicalise(view.to(torch.float64))[0]
+    view = read_view(loaded.spec, loaded.config, state).to(torch.float64)
+    if rs.unsupported(view) is not None:
+        return view, None
+    return rs.canonicalise(view)
 
 
 def features(loaded: Loaded, state: Mapping[str, Tensor], split: Split, device,
@@ -205,24 +209,26 @@ def features(loaded: Loaded, state: Mapping[str, Tensor], split: Split, device,
     stats_batches(split, batches, batch_size, seed)  # the same one-line checks as the others
     index = np.random.default_rng(seed).permutation(split.n)[: batches * batch_size]
     part = split.take(torch.as_tensor(np.sort(index)))
-    streams, hidden = activations(loaded, canonical(loaded, state), part, resolve_device(device),
-                                  batch_size)
+    streams, hidden = activations(loaded, canonical(loaded, state)[0], part,
+                                  resolve_device(device), batch_size)
     return {STREAM: torch.cat(streams), **{f"ffn.{i}": h for i, h in enumerate(hidden)}}
 
 
 # ---- carrying one model into the merged basis --------------------------------------------------
 
 
-def _carried(view: ModelView, share: float, stream: Zip, ffn: Sequence[Zip], x: int
-             ) -> ModelView:
+def _carried(view: ModelView, share: float, stream: Zip, ffn: Sequence[Zip], x: int,
+             folded: bool = True) -> ModelView:
     """Model x's part of the merged model (the merged model is the sum of both parts): readers
     of the stream W w_x U_x, writers M_x W, FFN units through their own zip, every other
-    floating tensor times w_x (`share`). x = 0: the anchor, 1: the source."""
+    floating tensor times w_x (`share`). x = 0: the anchor, 1: the source. `folded`: the
+    view is canonical (pre-norm gains folded into their readers); otherwise every gain is
+    a vector in the stream, zipped as the stream's features are."""
     from rotviz.symmetry import residual as rs
     from rotviz.symmetry.view import FFN, Block, Norm
 
     u, m = stream.unmerge[x], stream.merge[x]
-    group = rs.group_of(view)
+    group = rs.group_of(view) if folded else "permutation"
 
     def rd(t):  # a reader of the stream (..., d) -> (..., d_merged), averaged
         return None if t is None else share * (t @ u.to(t))
@@ -297,8 +303,8 @@ def _add(x: Any, y: Any) -> Any:
 @dataclass(frozen=True)
 class Zipped:
     """Two models zipped: the merged canonical view (every block zipped), the zips, the
-    source's head permutation per block, each model's canonical view and the depth zipped
-    (`layers`, 0..depth)."""
+    source's head permutation per block, each model's canonical view, the depth zipped
+    (`layers`, 0..depth) and the anchor's gauge, which the written model is put back in."""
 
     merged: ModelView
     stream: Zip
@@ -306,6 +312,7 @@ class Zipped:
     heads: tuple[Tensor, ...]
     views: tuple[ModelView, ModelView]
     layers: int
+    gauge: Any = None  # the anchor's (rotviz.symmetry.residual.Gauge); None: not canonical
 
     @property
     def depth(self) -> int:
@@ -320,7 +327,13 @@ class Zipped:
                 f"a zip of {self.layers} of {self.depth} blocks keeps each model's later blocks "
                 "and head, so it is no single model; zip every block (--zip-layers -1), or "
                 "evaluate it with `rotviz merge` (without --out)")
-        return write_state(self.merged)
+        if self.gauge is None:
+            return write_state(self.merged)
+        from rotviz.symmetry import residual as rs
+
+        # in the anchor's gauge (its gains and writer means): a model zipped with itself
+        # is given back as it was, not only as the same function
+        return write_state(rs.restore(self.merged, self.gauge))
 
     def part(self, x: int) -> ModelView:
         """Model x's path through a partial zip, as one view: the zipped embeddings and first
@@ -348,14 +361,15 @@ def zip_models(loaded: Loaded, states: Sequence[Mapping[str, Tensor]],
     if len(states) != 2 or len(stats) != 2:
         raise RotvizError(f"ZipIt! zips two models, got {len(states)}")
     k = _check_depth(loaded, states[0], zip_layers)
-    va, vb = canonical(loaded, states[0]), canonical(loaded, states[1])
+    (va, gauge), (vb, _) = canonical(loaded, states[0]), canonical(loaded, states[1])
+    folded = gauge is not None
     total = float(weights[0]) + float(weights[1])
     ws = (float(weights[0]) / total, float(weights[1]) / total)
     stream = zip_space(stats[0][STREAM], stats[1][STREAM], ws, zip_alpha, zip_beta)
     ffn = tuple(zip_space(stats[0][f"ffn.{i}"], stats[1][f"ffn.{i}"], ws, zip_alpha, zip_beta)
                 for i in range(len(va.blocks)))
-    pa = _carried(va, ws[0], stream, ffn, 0)
-    pb = _carried(vb, ws[1], stream, ffn, 1)
+    pa = _carried(va, ws[0], stream, ffn, 0, folded)
+    pb = _carried(vb, ws[1], stream, ffn, 1, folded)
     # the heads: rotviz's attention matching (head permutation, then the Q-K and V-O maps
     # and their scales, from the weights) moves the source's heads onto the anchor's, both
     # read in the merged stream; a symmetry of the source's attention, so its path keeps
@@ -369,7 +383,7 @@ def zip_models(loaded: Loaded, states: Sequence[Mapping[str, Tensor]],
     merged = replace(pa, blocks=tuple(_add(x, y) for x, y in zip(pa.blocks, pb.blocks,
                                                                    strict=True)),
                      other=_add(pa.other, pb.other))
-    return Zipped(merged, stream, ffn, moved, (va, vb), k)
+    return Zipped(merged, stream, ffn, moved, (va, vb), k, gauge)
 
 
 def _check_depth(loaded: Loaded, state: Mapping[str, Tensor], zip_layers: int) -> int:
@@ -511,4 +525,4 @@ ZIPIT = register(MergeMethod(
                   "features of one model (default 0.125)", ZIP_BETA,
                   label="ZipIt!: beta (within-model share)", widget=(0.0, 1.0, 0.025))),
     statistics=_statistics, prepare=_prepare, extra=("zip_layers", "zip_alpha", "zip_beta"),
-    max_models=2, whole=_whole, evaluate=_evaluate, order=40))
+    max_models=2, whole=_whole, evaluate=_evaluate, order=210))
