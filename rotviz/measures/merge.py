@@ -112,6 +112,13 @@ def _run(ends, ctx: Context, v: dict):
     if v.get("repair") == "yes":
         from rotviz.analysis.repair import repair_merged
 
+        if not r.state:  # ZipIt!'s partial zip: two paths, no one model to measure
+            from rotviz.errors import RotvizError
+
+            raise RotvizError("--repair resets the units of one merged model, and a partial "
+                              "zip keeps each model's later blocks; drop --repair, or zip "
+                              "every block (--zip-layers -1)")
+
         r = repair_merged(r, ends.anchor, ends.matched, ctx.split, ctx.device)
     return r
 
