@@ -20,19 +20,20 @@ first (rotviz.symmetry.residual: norm gains folded into their readers, LayerNorm
 centred), so what reads the stream is a plain linear map. Every tensor then becomes
 M_out [W_A 0; 0 W_B] U_in: a reader of the stream W -> sum_X w_X W_X U_X, a writer
 W -> sum_X M_X W_X, the FFN input M_f,X W_in,X U_X and output M_X W_out,X U_f,X. Heads are
-not zipped: rotviz's head matching (rotviz.match.layer_solvers.head_permutation, from the
-weights) rearranges the source's heads onto the anchor's once both are read in the merged
-stream, and each head's Q, K, V are averaged (the head dimensions zip across only, as
-gstoica27/ZipIt #31 asks for transformers; positions are embeddings, writers of the stream).
-LayerNorm acts on the merged stream: exact when the zip is a permutation, an approximation
-otherwise, as ZipIt's own LayerNorm handling is.
+not zipped: rotviz's attention matching (rotviz.match.layers.match_layers with
+attn,rescale,heads: head permutation, per-head Q-K and V-O maps and scales, from the weights)
+moves the source's heads onto the anchor's once both are read in the merged stream, and each
+head's Q, K, V are averaged (the head dimensions zip across only, as gstoica27/ZipIt #31 asks
+for transformers; positions are embeddings, writers of the stream). LayerNorm acts on the
+merged stream: exact when the zip is a permutation, an approximation otherwise.
 
 Partial zip (`zip_layers` k): the embeddings and the first k blocks are zipped; the merged
 stream entering block k is unmerged (x_X = U_X x) into each model's own blocks k.., final
-norm and head, and the two outputs (logits) are averaged, as the paper evaluates partial
-zips. k = 0 is the two models side by side (their logits averaged: the ensemble); k = -1 (or
-the depth) zips everything and makes one model of the family. A partial zip is no single
-parameter set: the merge record evaluates it here (`evaluate`) and refuses to write it.
+norm and head, and the two outputs (logits) are averaged with the models' weights (equal at
+--weight 0.5), as the paper evaluates partial zips. k = 0 is the two models side by side
+(their logits averaged: the ensemble); k = -1 (or the depth) zips everything and makes one
+model of the family. A partial zip is no single parameter set: the merge record evaluates it
+here (`evaluate`) and refuses to write it.
 """
 
 from __future__ import annotations
@@ -151,7 +152,10 @@ class Zip:
         for g, mem in enumerate(groups):
             p[list(mem), g] = 1.0
         w = torch.tensor([float(weights[0])] * n + [float(weights[1])] * n, dtype=torch.float64)
-        m = (p * w[:, None]) / (p * w[:, None]).sum(0, keepdim=True)
+        pw = p * w[:, None]
+        total = pw.sum(0, keepdim=True)
+        # a merged feature of a model weighted 0 only: the plain mean of its members
+        m = torch.where(total > 0, pw / total.clamp_min(1e-300), p / p.sum(0, keepdim=True))
         return Zip(tuple(tuple(g) for g in groups), (p[:n], p[n:]), (m[:n].T, m[n:].T))
 
     def across(self) -> Tensor:
@@ -309,10 +313,11 @@ class Zipped:
     merged: ModelView
     stream: Zip
     ffn: tuple[Zip, ...]
-    heads: tuple[Tensor, ...]
+    heads: tuple[Tensor | None, ...]
     views: tuple[ModelView, ModelView]
     layers: int
     gauge: Any = None  # the anchor's (rotviz.symmetry.residual.Gauge); None: not canonical
+    weights: tuple[float, float] = (0.5, 0.5)  # the models', summing to 1
 
     @property
     def depth(self) -> int:
@@ -379,11 +384,12 @@ def zip_models(loaded: Loaded, states: Sequence[Mapping[str, Tensor]],
 
     step = match_layers(pa, pb, match_options(heads))
     pb = step.view
-    moved = tuple(step.transforms[i].heads for i in range(len(va.blocks)))
+    moved = tuple(step.transforms[i].heads if i in step.transforms else None
+                  for i in range(len(va.blocks)))
     merged = replace(pa, blocks=tuple(_add(x, y) for x, y in zip(pa.blocks, pb.blocks,
                                                                    strict=True)),
                      other=_add(pa.other, pb.other))
-    return Zipped(merged, stream, ffn, moved, (va, vb), k, gauge)
+    return Zipped(merged, stream, ffn, moved, (va, vb), k, gauge, ws)
 
 
 def _check_depth(loaded: Loaded, state: Mapping[str, Tensor], zip_layers: int) -> int:
@@ -401,8 +407,9 @@ def _check_depth(loaded: Loaded, state: Mapping[str, Tensor], zip_layers: int) -
 def zipped_logits(loaded: Loaded, zipped: Zipped, x, device, buffers: Mapping[str, Tensor]
                   | None = None, module=None) -> Tensor:
     """The zipped model's output on inputs `x` (on `device`, as `module` is: default the
-    loaded model's): one model for a full zip, else the mean of both paths' logits (each
-    model's own later blocks after the unmerge; k = 0: the ensemble)."""
+    loaded model's): one model for a full zip, else both paths' logits averaged with the
+    models' weights (each model's own later blocks after the unmerge; k = 0: the
+    ensemble)."""
     import torch
 
     from rotviz.sources.adapters import call
@@ -433,7 +440,7 @@ def zipped_logits(loaded: Loaded, zipped: Zipped, x, device, buffers: Mapping[st
     for side in (0, 1):
         view = zipped.views[side] if zipped.layers == 0 else zipped.part(side)
         outs.append(run(view, None if zipped.layers == 0 else zipped.unmerge(side)))
-    return (outs[0] + outs[1]) / 2
+    return zipped.weights[0] * outs[0] + zipped.weights[1] * outs[1]
 
 
 def _unmerging(u: Tensor):
@@ -463,11 +470,6 @@ def _statistics(loaded: Loaded, state: Mapping[str, Tensor], split: Split, devic
     return out
 
 
-def _prepare(loaded: Loaded) -> dict:
-    """A per-merge memo: the zip is made once, on the first tensor asked for."""
-    return {}
-
-
 def _combine(job: MergeJob, name: str, tensors: Sequence[Tensor],
              base: Tensor | None) -> Tensor | None:
     raise RotvizError("ZipIt! merges whole models, not tensor by tensor: use "
@@ -493,7 +495,7 @@ def _whole(loaded: Loaded, states: Sequence[Mapping[str, Tensor]],
 def _evaluate(loaded: Loaded, states: Sequence[Mapping[str, Tensor]],
               stats: Sequence[Mapping[str, Tensor]], weights: Sequence[float],
               params: Mapping[str, Any], ev: Evaluator) -> tuple[float, float] | None:
-    """(loss, accuracy) of a partial zip, the mean of both paths' logits; None for a full
+    """(loss, accuracy) of a partial zip, both paths' logits averaged; None for a full
     zip, which is one model of the family (the caller evaluates its state)."""
     from rotviz.data.tasks import batch_loss
 
@@ -524,5 +526,5 @@ ZIPIT = register(MergeMethod(
             Param("zip_beta", 0.125, "ZipIt!'s beta: the share of merges that may join two "
                   "features of one model (default 0.125)", ZIP_BETA,
                   label="ZipIt!: beta (within-model share)", widget=(0.0, 1.0, 0.025))),
-    statistics=_statistics, prepare=_prepare, extra=("zip_layers", "zip_alpha", "zip_beta"),
+    statistics=_statistics, extra=("zip_layers", "zip_alpha", "zip_beta"),
     max_models=2, whole=_whole, evaluate=_evaluate, order=210))

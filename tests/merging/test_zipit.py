@@ -100,6 +100,9 @@ def test_the_greedy_zip_merges_within_a_model_when_beta_allows():
     assert torch.equal(z.unmerge[0], torch.tensor([[1.0, 0.0], [1.0, 0.0]], dtype=torch.float64))
     assert torch.equal(z.merge[1], torch.tensor([[0.0, 0.0], [0.5, 0.5]], dtype=torch.float64))
     assert z.across().tolist() == [-1, -1]
+    # a merged feature of a model weighted 0 only: its members' plain mean, not 0 / 0
+    z = Zip.of([[0, 1], [2, 3]], (1.0, 0.0))
+    assert torch.equal(z.merge[1], torch.tensor([[0.0, 0.0], [0.5, 0.5]], dtype=torch.float64))
 
 
 def test_the_record_and_its_refusals(loaded):
