@@ -318,6 +318,7 @@ class Zipped:
     layers: int
     gauge: Any = None  # the anchor's (rotviz.symmetry.residual.Gauge); None: not canonical
     weights: tuple[float, float] = (0.5, 0.5)  # the models', summing to 1
+    states: tuple[Mapping[str, Tensor], ...] = ()  # the models as given (k = 0 runs them)
 
     @property
     def depth(self) -> int:
@@ -389,7 +390,7 @@ def zip_models(loaded: Loaded, states: Sequence[Mapping[str, Tensor]],
     merged = replace(pa, blocks=tuple(_add(x, y) for x, y in zip(pa.blocks, pb.blocks,
                                                                    strict=True)),
                      other=_add(pa.other, pb.other))
-    return Zipped(merged, stream, ffn, moved, (va, vb), k, gauge, ws)
+    return Zipped(merged, stream, ffn, moved, (va, vb), k, gauge, ws, tuple(states))
 
 
 def _check_depth(loaded: Loaded, state: Mapping[str, Tensor], zip_layers: int) -> int:
@@ -420,12 +421,12 @@ def zipped_logits(loaded: Loaded, zipped: Zipped, x, device, buffers: Mapping[st
     module = module_copy(module if module is not None else loaded.model)
     buffers = dict(buffers or {})
 
-    def run(view: ModelView, u: Tensor | None) -> Tensor:
-        state = write_state(view)
+    def run(view: ModelView | Mapping[str, Tensor], u: Tensor | None) -> Tensor:
+        state = view if isinstance(view, Mapping) else write_state(view)
         params = {k: v.to(device) for k, v in state.items()}
         handle = None
         if u is not None:
-            block = module.get_submodule(view.layout.blocks[zipped.layers].rstrip("."))
+            block = module.get_submodule(zipped.merged.layout.blocks[zipped.layers].rstrip("."))
             handle = block.register_forward_pre_hook(_unmerging(u), with_kwargs=True)
         try:
             with torch.inference_mode():
@@ -438,7 +439,7 @@ def zipped_logits(loaded: Loaded, zipped: Zipped, x, device, buffers: Mapping[st
         return run(zipped.merged, None)
     outs = []
     for side in (0, 1):
-        view = zipped.views[side] if zipped.layers == 0 else zipped.part(side)
+        view = zipped.states[side] if zipped.layers == 0 else zipped.part(side)
         outs.append(run(view, None if zipped.layers == 0 else zipped.unmerge(side)))
     return zipped.weights[0] * outs[0] + zipped.weights[1] * outs[1]
 

@@ -79,7 +79,7 @@ def test_no_block_zipped_is_the_ensemble(loaded, planted):
     x = _inputs(a)
     want = (forward(a, x) + forward(a, x, b.state)) / 2
     got = zipped_logits(a, z, next(iter(x.values())), "cpu")
-    assert (got - want).abs().max() < 1e-6
+    assert (got - want).abs().max() < 1e-5  # float32 logits of two runs
     with pytest.raises(RotvizError, match=r"--zip-layers must be -1 \(all\) or from 0 to 2"):
         zip_models(a, [a.state, b.state], stats, zip_layers=3)
 
