@@ -210,7 +210,7 @@ def features(loaded: Loaded, state: Mapping[str, Tensor], split: Split, device,
     from rotviz.match.datamatch import activations
     from rotviz.merging.statistics import stats_batches
 
-    stats_batches(split, batches, batch_size, seed)  # the same one-line checks as the others
+    next(stats_batches(split, batches, batch_size, seed))  # the others' one-line checks
     index = np.random.default_rng(seed).permutation(split.n)[: batches * batch_size]
     part = split.take(torch.as_tensor(np.sort(index)))
     streams, hidden = activations(loaded, canonical(loaded, state)[0], part,
