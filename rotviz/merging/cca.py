@@ -114,7 +114,7 @@ def cca_map(s_aa: Tensor, s_bb: Tensor, s_ab: Tensor) -> tuple[Tensor, Tensor, T
 
     a_half, a_inv = _sqrt_pair(s_aa)
     b_half, b_inv = _sqrt_pair(s_bb)
-    u, rho, vh = torch.linalg.svd(a_inv @ s_ab @ b_inv)
+    u, rho, vh = torch.linalg.svd(a_inv @ s_ab @ b_inv, full_matrices=False)
     return b_inv @ vh.T @ u.T @ a_half, a_inv @ u @ vh @ b_half, rho
 
 
