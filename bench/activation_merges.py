@@ -78,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
                                                          for s in x.specs) + " |")
     for label, cells in extra_rows(anchor, source, test, t.specs):
         rows.append(f"| {label} | " + " | ".join(cells) + " |")
+    ridges = ", ".join(f"{r:g}" for r in regs)
     timing = ", ".join(f"{k} {v:.1f} s" for k, v in t.timing.items())
     body = (f"Machine: {machine()} (shared with other jobs: seconds for scale only).\n\n"
             f"Run as `python bench/activation_merges.py --threads {args.threads}` (side by side "
@@ -85,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
             f"pair `{anchor.ref}` (accuracy {t.anchor_acc:.3f}) and `{source.ref}` "
             f"(accuracy {t.source_acc:.3f}) on the digits {t.split} split ({test.n} images); "
             f"statistics from {t.batches} x {t.batch_size} train examples, weight {t.weight}, "
-            f"RegMean alpha {t.alpha}, CCA Merge at ridges (`--cca-reg`) {', '.join(f'{r:g}' for r in regs)} (default 0.01). Each cell is the merged model's "
+            f"RegMean alpha {t.alpha}, CCA Merge at ridges (`--cca-reg`) {ridges} "
+            "(default 0.01). Each cell is the merged model's "
             "accuracy; `cca` is CCA Merge after that matching (its own maps for the stream "
             "and the FFN units, the heads as matched). ZipIt! (helper `zipit`) adds its row "
             f"here.\n\n" + "\n".join(rows) + f"\n\n{seconds:.0f} s for the table ({timing}).\n")
