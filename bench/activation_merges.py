@@ -33,7 +33,8 @@ sys.path.insert(0, str(ROOT))
 from bench.results import RESULTS, default_pair_on_test, machine, write_section  # noqa: E402
 
 METHODS = ("simple", "regmean", "cca", "zipit")  # rows, where registered
-LABELS = {"weight": "weight matching", "act": "activation matching", "none": "no matching"}
+LABELS = {"weight": "weight matching", "act": "activation matching",
+          "weight,act": "activation matching", "none": "no matching"}
 
 
 def extra_rows(anchor, source, test, specs: list[str]) -> list[tuple[str, list[str]]]:
