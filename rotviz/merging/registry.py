@@ -99,9 +99,10 @@ class Mergekit:
     plain mean, so only w = 0.5 says the same). `shared`: rotviz parameter -> mergekit
     parameter written once under `parameters`; `per_model`: the same, written under each
     merged model (not the base). `slices`, `ends`: see below. `values`: rotviz
-    parameter -> {rotviz value: mergekit value}, a value missing there being refused; a mergekit value of None writes nothing
-    (mergekit's own default is the same). `fixed`: mergekit parameters always written, so the
-    file says what it relies on rather than a default."""
+    parameter -> {rotviz value: mergekit value}, a value missing there being refused; a
+    mergekit value of None writes nothing (mergekit's own default is the same). `fixed`:
+    mergekit parameters always written, so the file says what it relies on rather than a
+    default."""
 
     method: str
     base: str | None = None
