@@ -41,12 +41,12 @@ if TYPE_CHECKING:
 
     Tensor = torch.Tensor
 
-SLICES = Param("slices", "", "passthrough: the blocks of the new model, in order, as "
+SLICES = Param("slices", "", "the blocks of the new model, in order, as "
                "MODEL:START-STOP ranges (a: the anchor, b: the source; STOP not included, as "
                "mergekit's layer_range), e.g. a:0-4,b:2-6; default: the anchor's blocks "
                "below the middle, the source's from it", label="Passthrough: slices (e.g. "
                "a:0-4,b:2-6)", metavar="SLICES")
-ENDS = Param("passthrough_ends", "anchor", "passthrough: where the embeddings, final norm and "
+ENDS = Param("passthrough_ends", "anchor", "where the embeddings, final norm and "
              "head come from: anchor, or slices (mergekit's: the first slice's model's "
              "embeddings, the last slice's final norm and head) (default anchor)",
              choices=("anchor", "slices"), label="Passthrough: embeddings and head from")
