@@ -93,6 +93,19 @@ def _check(values: dict, given: set[str]) -> None:
     check_models(m, 2)
 
 
+def _pair_check(anchor, source, v: dict) -> None:
+    """A method that builds the model from whole blocks (passthrough) is tried on the pair
+    as loaded (references only, nothing copied), so slices beyond a model's depth are
+    refused before the pair is matched."""
+    from rotviz.merging import method
+
+    m = method(v["method"])
+    if m.assemble is not None:
+        from rotviz.merging.combine import build_pair
+
+        build_pair(anchor, m.name, anchor.state, source.state, **_given(v))
+
+
 def _load_base(ctx: Context, v: dict):
     """The base model, read through the host's loading (the app's confined roots), or None."""
     if not v["base"]:
@@ -228,6 +241,10 @@ def merge(
     weight = check_weight(weight)
     method_params(m, params)  # a bad parameter is refused before matching
     check_base_model(m, anchor, base)
+    if m.assemble is not None:  # the slices against the depths, before matching
+        from rotviz.merging.combine import build_pair
+
+        build_pair(anchor, m.name, anchor.state, source.state, **params)
     ends = match_endpoints(anchor, source, options, device, data=split)
     if isinstance(stats_split, str):  # a split's name, as the method's parameter takes it
         params, stats_split = {**params, "stats_split": stats_split}, None
@@ -362,7 +379,8 @@ MERGEKIT_FILE = OutputFile(
 MERGE = register(Measurement(
     "merge", "Merge", "merge the matched source into the anchor and evaluate it",
     _run, _record_params, summary=_summary, plot=_plot, rows=_rows, at_size=_at_size, check=_check,
-    writes_model=True, at_size_check=_sized_check, narrower=True, models=("base",),
+    writes_model=True, at_size_check=_sized_check, pair_check=_pair_check, narrower=True,
+    models=("base",),
     files=(MERGEKIT_FILE,),
     more=lambda: f" (methods: {', '.join(_names())})",
     at_size_how=" (at size: built block by block)",

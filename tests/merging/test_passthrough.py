@@ -149,6 +149,23 @@ def test_bad_slices_one_line_exit_2(stacked, tmp_path, capsys, slices, says):
     assert not (tmp_path / "o").exists()
 
 
+def test_depths_are_checked_before_matching(loaded, monkeypatch):
+    """The slices against the loaded pair's depths, before any matching is computed."""
+    import rotviz.match.endpoints as endpoints
+    from rotviz.measures.merge import merge
+    from tests.pairs import synthetic_split
+
+    a = loaded("llama", 0)
+
+    def no_matching(*_, **__):
+        raise AssertionError("matched before the slices were checked")
+
+    monkeypatch.setattr(endpoints, "match_endpoints", no_matching)
+    with pytest.raises(RotvizError, match="'a:1-3' reaches block 2, but the anchor"):
+        merge(a, loaded("llama", 1), "passthrough", "seed", synthetic_split(a, 4),
+              slices="a:1-3")
+
+
 def test_at_size_and_mergekit_refusals(stacked, tmp_path, capsys):
     _, _, _, _, _, argv, _ = stacked
     for extra, says in ((["--max-memory", "0"], "builds a model of its own depth"),
