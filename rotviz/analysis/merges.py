@@ -258,16 +258,17 @@ def block_check(spec, built: Mapping[str, Tensor], states: Sequence[Mapping[str,
     for j, (model, index) in enumerate(blocks):
         names = [(k, b) for k, b in ((k, block_of(spec, k)) for k in states[model])
                  if b is not None and b[1] == index]
-        worst, equal = 0.0, bool(names)
+        worst: float | None = 0.0  # None: a tensor missing or of another shape
+        equal = bool(names)
         for k, b in names:
             mine = built.get(f"{b[0]}{j}{b[2]}")
             theirs = states[model][k]
             if mine is None or mine.shape != theirs.shape:
-                equal, worst = False, float("inf")
+                equal, worst = False, None
                 continue
             same = torch.equal(mine.to(theirs.dtype), theirs)
             equal = equal and same
-            if not same:
+            if not same and worst is not None:
                 worst = max(worst, (mine.double() - theirs.double()).abs().max().item())
         rows.append({"block": j, "model": MODEL_WORDS[model], "from": index,
                      "tensors": len(names), "equal": equal, "max_diff": worst})
