@@ -10,9 +10,9 @@ Blocks are found by the family's own naming (`ArchSpec.roots` and `ArchSpec.bloc
 `model.layers.{i}.` or `transformer.h.{i}.`), never by one family's names: a tensor is a
 block's when its name is a root, the block template with a number, and the rest. A stacked
 model's config is the anchor's with every depth key of the family (`n_layers_key`) set to the
-new depth, and every per-layer list of the config (as `layer_types`: sliding or full
-attention) rebuilt from the lists of the models the blocks came from, so that each block keeps
-the attention it was trained with.
+new depth, and every per-layer list of the config (a list named for layers, one entry per
+block, as `layer_types`: sliding or full attention) rebuilt from the lists of the models
+the blocks came from, so that each block keeps the attention it was trained with.
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ def stacked_config(spec: ArchSpec, configs: Sequence[Mapping[str, Any]],
             if key in holder and holder[key] is not None:
                 holder[key] = len(blocks)
         for key, value in list(holder.items()):
-            if isinstance(value, list) and len(value) == old[ends] and all(
+            if "layer" in key and isinstance(value, list) and len(value) == old[ends] and all(
                     isinstance(c.get(key), list) and len(c[key]) == d
                     for c, d in zip(configs, old, strict=True)):
                 holder[key] = [configs[m][key][i] for m, i in blocks]

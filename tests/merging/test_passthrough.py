@@ -20,7 +20,15 @@ from rotviz.cli import main
 from rotviz.errors import RotvizError
 from rotviz.merging import method
 from rotviz.merging.combine import build_pair, merge_states
-from rotviz.merging.slices import Slice, block_of, check_depths, depth_of, parse, plan
+from rotviz.merging.slices import (
+    Slice,
+    block_of,
+    check_depths,
+    depth_of,
+    parse,
+    plan,
+    stacked_config,
+)
 from rotviz.sources.running import forward, probe_inputs
 
 TEXT = dict(vocab=98, positions=64)  # the text data's characters
@@ -71,6 +79,10 @@ def test_per_layer_settings_follow_their_blocks(loaded):
     a = loaded("gemma2", 0)
     built = build_pair(a, "passthrough", a.state, a.state, slices="a:1-2,b:0-2")
     assert built.config["layer_types"] == [a.config["layer_types"][i] for i in (1, 0, 1)]
+    # a one-block model: only lists named for layers follow the blocks, not `architectures`
+    one = {"num_hidden_layers": 1, "architectures": ["X"], "layer_types": ["full"]}
+    assert stacked_config(a.spec, [one, one], ((0, 0), (1, 0))) == \
+        {"num_hidden_layers": 2, "architectures": ["X"], "layer_types": ["full", "full"]}
 
 
 def test_the_ends_and_a_kept_depth(loaded):
