@@ -264,6 +264,8 @@ def _in_memory(m: Measurement, pair: Pair, values: dict, host: Host) -> Any:
     source = host.load(pair.source) if m.pair or pair.second else anchor
     if check_pair(anchor, source, heads=not m.data) and not m.narrower:  # narrower: embedded
         refuse_narrower(m)
+    if m.pair_check is not None:
+        m.pair_check(anchor, source, values)
     further = {values[n]: (host.further or _load_model)(values[n])
                for n in m.models if values.get(n)}
     split = host.split(anchor)

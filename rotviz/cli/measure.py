@@ -376,7 +376,8 @@ def run_command(m: Measurement, args: argparse.Namespace) -> int:
                 if folder is not None:
                     from rotviz.sources.writing import write_model
 
-                    write_model(ends.anchor, result.state, tmp[folder])
+                    built = getattr(result, "config", None)  # another depth (passthrough)
+                    write_model(ends.anchor, result.state, tmp[folder], config=built)
                 _write_outputs(m, args, ends, result, values, tmp, js, files)
 
     _open: list = []

@@ -93,6 +93,19 @@ def _check(values: dict, given: set[str]) -> None:
     check_models(m, 2)
 
 
+def _pair_check(anchor, source, v: dict) -> None:
+    """A method that builds the model from whole blocks (passthrough) is tried on the pair
+    as loaded (references only, nothing copied), so slices beyond a model's depth are
+    refused before the pair is matched."""
+    from rotviz.merging import method
+
+    m = method(v["method"])
+    if m.assemble is not None:
+        from rotviz.merging.combine import build_pair
+
+        build_pair(anchor, m.name, anchor.state, source.state, **_given(v))
+
+
 def _load_base(ctx: Context, v: dict):
     """The base model, read through the host's loading (the app's confined roots), or None."""
     if not v["base"]:
@@ -125,6 +138,10 @@ def _sized_check(v: dict) -> None:
         raise RotvizError("--repair measures the merged model's activations with the whole "
                           "model held; raise --max-memory, or drop --repair")
     m = method(v["method"])
+    if m.assemble is not None:
+        raise RotvizError(f"--method {m.name} builds a model of its own depth from whole "
+                          "blocks, and the at-size merge writes and evaluates the anchor's "
+                          "blocks in place, one by one; raise --max-memory")
     if not m.at_size:
         from rotviz.merging import methods
 
@@ -151,12 +168,31 @@ def _summary(r, how: str) -> str:
     base = f", base {r.base}" if getattr(r, "base", "") else ""
     if getattr(r, "repair", False):
         base += f", REPAIR (without: accuracy {r.acc_unrepaired:.4f}, loss {r.loss_unrepaired:.4f})"
+    if getattr(r, "blocks", None) is not None:
+        base += f", {_blocks(r.blocks)}"
     return (f"merged [{r.method}, match {match_label(r.match, r.layers)}, weight {r.weight:g}"
             f"{base}] "
             f"on {r.device}{how}: accuracy {r.acc:.4f} (loss {r.loss:.4f})"
             f"{_scores(r.scores, ', ')}; anchor {r.anchor_acc:.4f}"
             f"{_scores(r.anchor_scores, ' ', True)}, source {r.source_acc:.4f}"
             f"{_scores(r.source_scores, ' ', True)}; {r.seconds:.2f} s")
+
+
+def _blocks(rows: Sequence[Mapping]) -> str:
+    """A stacked model's blocks in words, with their check against the blocks they were
+    copied from: '5 blocks (anchor 0-1, source 1-2, anchor 2), each equal to its source
+    block bit for bit'."""
+    runs: list[list] = []
+    for r in rows:
+        if runs and runs[-1][0] == r["model"] and runs[-1][2] == r["from"] - 1:
+            runs[-1][2] = r["from"]
+        else:
+            runs.append([r["model"], r["from"], r["from"]])
+    where = ", ".join(f"{m} {a}" + (f"-{b}" if b != a else "") for m, a, b in runs)
+    bad = [str(r["block"]) for r in rows if not r["equal"]]
+    check = "each equal to its source block bit for bit" if not bad else \
+        f"blocks {', '.join(bad)} NOT equal to their source blocks"
+    return f"{len(rows)} blocks ({where}), {check}"
 
 
 def _scores(scores: dict[str, float] | None, lead: str, paren: bool = False) -> str:
@@ -205,6 +241,10 @@ def merge(
     weight = check_weight(weight)
     method_params(m, params)  # a bad parameter is refused before matching
     check_base_model(m, anchor, base)
+    if m.assemble is not None:  # the slices against the depths, before matching
+        from rotviz.merging.combine import build_pair
+
+        build_pair(anchor, m.name, anchor.state, source.state, **params)
     ends = match_endpoints(anchor, source, options, device, data=split)
     if isinstance(stats_split, str):  # a split's name, as the method's parameter takes it
         params, stats_split = {**params, "stats_split": stats_split}, None
@@ -339,7 +379,8 @@ MERGEKIT_FILE = OutputFile(
 MERGE = register(Measurement(
     "merge", "Merge", "merge the matched source into the anchor and evaluate it",
     _run, _record_params, summary=_summary, plot=_plot, rows=_rows, at_size=_at_size, check=_check,
-    writes_model=True, at_size_check=_sized_check, narrower=True, models=("base",),
+    writes_model=True, at_size_check=_sized_check, pair_check=_pair_check, narrower=True,
+    models=("base",),
     files=(MERGEKIT_FILE,),
     more=lambda: f" (methods: {', '.join(_names())})",
     at_size_how=" (at size: built block by block)",

@@ -198,6 +198,9 @@ class Measurement:
     match_check: Callable[[Any], str | None] | None = None
     needs_match: bool = False  # at size it needs a matched source (not 'none')
     at_size_check: Callable[[dict], None] | None = None  # refuse values at size, early
+    # (anchor, source, values) -> refuse in one line what only the loaded pair tells (a
+    # passthrough's slices beyond a model's depth): in memory, before the pair is matched
+    pair_check: Callable[[Any, Any, dict], None] | None = None
     inputs: Inputs | None = None  # None: a matched pair (or one model, pair=False)
     # runs on a source whose FFN is narrower than the anchor's (rotviz.match.widths): it
     # reads only the anchor and the matched source (anchor's width), never the source as is
