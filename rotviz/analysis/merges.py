@@ -75,9 +75,13 @@ class Merged:
 
     # values of the method's own parameters beyond those above (a registered method's)
     params: dict[str, Any] = field(default_factory=dict)
+    # a pair of different depths: how it was brought to one (rotviz.analysis.depths) and the
+    # shallower and deeper models' loss and accuracy as they were; None: one depth
+    depths: dict[str, Any] | None = None
 
     def to_dict(self) -> dict:
         skip = {"state", "anchor_stats", "source_stats"} | (set() if self.params else {"params"})
+        skip |= set() if self.depths is not None else {"depths"}
         return {k: v for k, v in asdict(self).items() if k not in skip}
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from rotviz.arch.spec import ArchSpec
+from rotviz.arch.spec import ArchSpec, config_value
 from rotviz.confine import ANYWHERE, Confined
 from rotviz.errors import RotvizError
 from rotviz.sources.base import Source
@@ -186,13 +186,18 @@ class HFSource(Source):
         from rotviz.sources.plain import write_plain
 
         if not write_plain(path, state, folder):
-            self.save_fresh(spec, path, state, folder)
+            self.save_fresh(spec, path, state, folder, config_value(config, spec.n_layers_key))
 
     def save_fresh(self, spec: ArchSpec, path: Path, state: Mapping[str, Tensor],
-                   folder: Path) -> None:
+                   folder: Path, depth: int | None = None) -> None:
         """`write_state` through transformers: a fresh module of the checkpoint's own
-        config.json, given `state`, saved with `save_pretrained`."""
+        config.json (with `depth` blocks where given: a model stacked to another depth than
+        its folder's, rotviz.sources.stacking), given `state`, saved with `save_pretrained`."""
         own = ANYWHERE.read_json(path / "config.json", "re-save the model", "config")
+        if depth is not None and config_value(own, spec.n_layers_key) != depth:
+            from rotviz.sources.stacking import with_depth
+
+            own = with_depth(own, spec, depth)
         model, _ = self.build(own, spec)
         cast_like(model, state)
         model.load_state_dict(state, strict=False)

@@ -19,6 +19,7 @@ from rotviz.data.tokens import (
 from rotviz.outputs import Outputs
 from rotviz.sources.adapters import source_of
 from rotviz.sources.loading import Loaded
+from rotviz.sources.stacking import keep_depth
 
 Tensor = torch.Tensor
 
@@ -55,6 +56,7 @@ def write_model(
     cpu = {k: v.detach().to("cpu", dtypes.get(k, v.dtype)).contiguous()
            for k, v in state.items()}
     source_of(template.spec).write_state(template.spec, template.path, template.config, cpu, tmp)
+    keep_depth(template, tmp)  # a model stacked to another depth than its folder's
     copy_reading_files(template.path, tmp)
     for name, text in (extra_files or {}).items():
         (tmp / name).write_text(text)
