@@ -223,6 +223,37 @@ def identity_block(model: Loaded) -> dict[str, Tensor]:
     return out
 
 
+def silent_copy(model: Loaded, i: int) -> dict[str, Tensor]:
+    """Block i of `model` with its attention and FFN output projections (weights and biases)
+    zeroed: in a pre-norm family it computes the identity, and unlike `identity_block` it
+    still learns (its hidden units are alive, so the zeroed projections get gradients): how
+    a model is grown deeper before training on (the zoo's vit-digits-deep)."""
+    import torch
+
+    from rotviz.symmetry.view import resolve_layout
+
+    identity_block(model)  # a post-norm family is refused
+    layout = resolve_layout(model.spec, model.state)
+    outs = (layout.roles["o"], layout.roles["ffn_out"])
+    return {k: torch.zeros_like(v) if k.rsplit(".", 1)[0] in outs else v.clone()
+            for k, v in block_state(model, i).items()}
+
+
+def grown(model: Loaded, slots: Sequence[int], ref: str) -> Loaded:
+    """`model` grown to `slots[-1] + 1` blocks: its block i at `slots[i]` (increasing, the
+    first at 0), each other slot a `silent_copy` of the block before it. Same function."""
+    if list(slots) != sorted(set(slots)) or not slots or slots[0] != 0 or \
+            len(slots) != depth(model):
+        raise RotvizError(f"growing a model of {depth(model)} blocks needs that many "
+                          f"increasing slots from 0, got {list(slots)}")
+    blocks: list[Mapping[str, Tensor]] = []
+    for i, slot in enumerate(slots):
+        nxt = slots[i + 1] if i + 1 < len(slots) else slot + 1
+        blocks.append(block_state(model, i))
+        blocks += [silent_copy(model, i) for _ in range(slot + 1, nxt)]
+    return stacked(model, blocks, ref)
+
+
 def collapse(b: Loaded, groups: Sequence[Sequence[int]]
              ) -> tuple[Loaded, tuple[tuple[float, ...], ...]]:
     """B with each group averaged into one block, weighted by its blocks' residual writes
