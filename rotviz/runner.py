@@ -306,9 +306,9 @@ def _at_size(m: Measurement, pair: Pair, values: dict, host: Host) -> Any:
     into a temporary folder, then the record's at-size implementation, with the host's
     outputs written while the endpoints are open (a record that writes a model writes it
     into `host.out()`, on the main process only)."""
+    from rotviz.analysis.depths import depth_refusal, differs_in_depth
     from rotviz.atsize.blocks import open_streamed
     from rotviz.atsize.endpoints import streamed_endpoints
-    from rotviz.analysis.depths import depth_refusal, differs_in_depth
     from rotviz.atsize.points import sized_loaded
     from rotviz.confine import ANYWHERE
     from rotviz.match.options import parse_layers
@@ -327,9 +327,10 @@ def _at_size(m: Measurement, pair: Pair, values: dict, host: Host) -> Any:
         refuse("it is embedded into the anchor's width in memory only, not at size",
                host.words.fix or "hold the pair in memory")
     if differs_in_depth(anchor, source):  # type: ignore[arg-type]  # duck-typed: meta state
-        raise RotvizError(depth_refusal(anchor, source, "a pair of different depths is "  # type: ignore[arg-type]
-                                        "brought to one depth in memory only; raise "
-                                        "--max-memory"))
+        raise RotvizError(depth_refusal(
+            anchor, source,  # type: ignore[arg-type]
+            "a pair of different depths is brought to one depth in memory only; raise "
+            "--max-memory"))
     check_compatible(anchor, source)  # type: ignore[arg-type]  # duck-typed: meta state
     options = match_options(pair.spec, parse_layers(pair.layers, source.dims.n_layers))
     split = host.split(sized_loaded(anchor))
