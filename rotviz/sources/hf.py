@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from rotviz.arch.spec import ArchSpec, config_value
+from rotviz.arch.spec import ArchSpec, config_value, with_depth
 from rotviz.confine import ANYWHERE, Confined
 from rotviz.errors import RotvizError
 from rotviz.sources.base import Source
@@ -195,8 +195,6 @@ class HFSource(Source):
         its folder's, rotviz.sources.stacking), given `state`, saved with `save_pretrained`."""
         own = ANYWHERE.read_json(path / "config.json", "re-save the model", "config")
         if depth is not None and config_value(own, spec.n_layers_key) != depth:
-            from rotviz.sources.stacking import with_depth
-
             own = with_depth(own, spec, depth)
         model, _ = self.build(own, spec)
         cast_like(model, state)

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rotviz.arch.spec import config_value
+from rotviz.arch.spec import config_value, with_depth
 from rotviz.errors import RotvizError
 
 if TYPE_CHECKING:
@@ -48,23 +48,6 @@ def outside_blocks(model: Loaded) -> dict[str, Tensor]:
     """The tensors outside every block: embeddings, final norm, head (shared: never modify)."""
     prefixes = block_prefixes(model)
     return {k: v for k, v in model.state.items() if not k.startswith(prefixes)}
-
-
-def with_depth(config: Mapping, spec, n: int) -> dict:
-    """`config` saying `n` blocks: its key for the depth (the family's `n_layers_key`, at the
-    top or under timm's `model_args`) set to n; a config without one is refused."""
-    if config_value(config, spec.n_layers_key) is None:
-        raise RotvizError(f"the {spec.family} config names no depth ({spec.n_layers_key[0]}): "
-                          "rotviz cannot build a model of another depth from it")
-    out = dict(config)
-    for src in (out, dict(out.get("model_args") or {})):
-        for key in spec.n_layers_key:
-            if key in src and src[key] is not None:
-                src[key] = int(n)
-                if src is not out:
-                    out["model_args"] = src
-                return out
-    return out  # unreachable: config_value found it
 
 
 def _module(template: Loaded, config: dict):
