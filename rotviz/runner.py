@@ -250,10 +250,11 @@ def _context(m: Measurement, split: Any, host: Host, group: Any, load: Any = Non
                    host.progress if group.main else None, out, host.cancel, load, depths)
 
 
-def one_depth(m: Measurement, anchor: Any, source: Any, values: dict, split: Any,
-              device: Any) -> tuple[Any, Any, Any]:
+def one_depth(m: Measurement, anchor: Any, source: Any, values: dict,
+              split: Callable[[], Any], device: Any) -> tuple[Any, Any, Any]:
     """A pair of different depths brought to one by the record's `depths` hook (the merge),
-    or refused in one line by a record without one; a pair of one depth as it is (None)."""
+    given the evaluation split (`split()`, read only then), or refused in one line by a
+    record without one; a pair of one depth as it is (None)."""
     from rotviz.analysis.depths import depth_refusal, differs_in_depth
 
     if not (m.pair and differs_in_depth(anchor, source)):
@@ -262,7 +263,7 @@ def one_depth(m: Measurement, anchor: Any, source: Any, values: dict, split: Any
         able = ", ".join(r.name for r in measurements() if r.depths is not None)
         raise RotvizError(depth_refusal(anchor, source, f"{m.name} measures a pair of one "
                                         f"depth; {able} takes such a pair"))
-    return m.depths(anchor, source, values, split, device)
+    return m.depths(anchor, source, values, split(), device)
 
 
 def _in_memory(m: Measurement, pair: Pair, values: dict, host: Host) -> Any:
@@ -277,12 +278,19 @@ def _in_memory(m: Measurement, pair: Pair, values: dict, host: Host) -> Any:
 
     anchor = host.load(pair.anchor)
     source = host.load(pair.source) if m.pair or pair.second else anchor
-    split = host.split(anchor)
-    anchor, source, depths = one_depth(m, anchor, source, values, split, host.device)
+    read: list[Any] = []  # the split, read once: by a pair of different depths' hook first
+
+    def split_of(model: Any = anchor) -> Any:
+        if not read:
+            read.append(host.split(model))
+        return read[0]
+
+    anchor, source, depths = one_depth(m, anchor, source, values, split_of, host.device)
     if check_pair(anchor, source, heads=not m.data) and not m.narrower:  # narrower: embedded
         refuse_narrower(m)
     further = {values[n]: (host.further or _load_model)(values[n])
                for n in m.models if values.get(n)}
+    split = split_of()
     options = match_options(pair.spec, parse_layers(pair.layers,
                                                     view_of(anchor).dims.n_layers))
     with _group(host) as group:
