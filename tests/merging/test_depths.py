@@ -121,8 +121,8 @@ def test_growing_keeps_the_function(pair):
 
 def test_cli_merges_two_depths_and_refuses_bad_pairs(pair, saved, capfd, ws):
     """The CLI reports the pairing and both models' accuracy; a pair of other widths or
-    families, a method with a base, and a record that measures one depth each get one line,
-    exit 2."""
+    families, a deeper anchor, a method with a base, a record that measures one depth, at
+    size and a mergekit file each get one line, exit 2, nothing written."""
     a, b = pair
     out = ws / "m.json"
     assert main(["merge", str(a.path), str(b.path), "--data", "digits", "--depth-pairing",
@@ -141,3 +141,7 @@ def test_cli_merges_two_depths_and_refuses_bad_pairs(pair, saved, capfd, ws):
     refused(["merge", str(a.path), str(b.path), "--data", "digits", "--method",
              "task_arithmetic", "--base", str(a.path)], capfd, ws, "3 blocks", "--base")
     refused(["distances", str(a.path), str(b.path)], capfd, ws, "one depth", "merge")
+    refused(["merge", str(a.path), str(b.path), "--data", "digits", "--max-memory", "1KB"],
+            capfd, ws, "in memory only")
+    refused(["merge", str(a.path), str(b.path), "--data", "digits", "--depth-pairing",
+             "position", "--mergekit-config", "m.yaml"], capfd, ws, "one depth")
