@@ -81,11 +81,15 @@ class Merged:
     depth: int | None = None
     blocks: list[dict] | None = None
     config: dict | None = field(default=None, repr=False)
+    # a pair of different depths: how it was brought to one (rotviz.analysis.depths) and the
+    # shallower and deeper models' loss and accuracy as they were; None: one depth
+    depths: dict[str, Any] | None = None
 
     def to_dict(self) -> dict:
         skip = {"state", "anchor_stats", "source_stats", "config"} | \
             (set() if self.params else {"params"}) | \
-            (set() if self.blocks is not None else {"blocks", "depth"})
+            (set() if self.blocks is not None else {"blocks", "depth"}) | \
+            (set() if self.depths is not None else {"depths"})
         return {k: v for k, v in asdict(self).items() if k not in skip}
 
 

@@ -19,6 +19,7 @@ from rotviz.data.tokens import (
 from rotviz.outputs import Outputs
 from rotviz.sources.adapters import source_of
 from rotviz.sources.loading import Loaded
+from rotviz.sources.stacking import keep_depth
 
 Tensor = torch.Tensor
 
@@ -62,6 +63,8 @@ def write_model(
            for k, v in state.items()}
     source_of(template.spec).write_state(template.spec, template.path, template.config, cpu, tmp,
                                          None if config is None else dict(config))
+    if config is None:
+        keep_depth(template, tmp)  # a model stacked to another depth than its folder's
     copy_reading_files(template.path, tmp)
     for name, text in (extra_files or {}).items():
         (tmp / name).write_text(text)
