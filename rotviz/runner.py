@@ -244,10 +244,26 @@ def _group(host: Host) -> Iterator[Any]:
 
 
 def _context(m: Measurement, split: Any, host: Host, group: Any, load: Any = None,
-             out: Path | None = None) -> Context:
+             out: Path | None = None, depths: Any = None) -> Context:
     return Context(split if m.data else None, host.device,
                    group if host.processes is not None else None,
-                   host.progress if group.main else None, out, host.cancel, load)
+                   host.progress if group.main else None, out, host.cancel, load, depths)
+
+
+def one_depth(m: Measurement, anchor: Any, source: Any, values: dict,
+              split: Callable[[], Any], device: Any) -> tuple[Any, Any, Any]:
+    """A pair of different depths brought to one by the record's `depths` hook (the merge),
+    given the evaluation split (`split()`, read only then), or refused in one line by a
+    record without one; a pair of one depth as it is (None)."""
+    from rotviz.analysis.depths import depth_refusal, differs_in_depth
+
+    if not (m.pair and differs_in_depth(anchor, source)):
+        return anchor, source, None
+    if m.depths is None:
+        able = ", ".join(r.name for r in measurements() if r.depths is not None)
+        raise RotvizError(depth_refusal(anchor, source, f"{m.name} measures a pair of one "
+                                        f"depth; {able} takes such a pair"))
+    return m.depths(anchor, source, values, split(), device)
 
 
 def _in_memory(m: Measurement, pair: Pair, values: dict, host: Host) -> Any:
@@ -262,11 +278,21 @@ def _in_memory(m: Measurement, pair: Pair, values: dict, host: Host) -> Any:
 
     anchor = host.load(pair.anchor)
     source = host.load(pair.source) if m.pair or pair.second else anchor
+    read: list[Any] = []  # the split, read once: by a pair of different depths' hook first
+
+    def split_of(model: Any = anchor) -> Any:
+        if not read:
+            read.append(host.split(model))
+        return read[0]
+
+    anchor, source, depths = one_depth(m, anchor, source, values, split_of, host.device)
     if check_pair(anchor, source, heads=not m.data) and not m.narrower:  # narrower: embedded
         refuse_narrower(m)
+    if m.pair_check is not None:
+        m.pair_check(anchor, source, values)
     further = {values[n]: (host.further or _load_model)(values[n])
                for n in m.models if values.get(n)}
-    split = host.split(anchor)
+    split = split_of()
     options = match_options(pair.spec, parse_layers(pair.layers,
                                                     view_of(anchor).dims.n_layers))
     with _group(host) as group:
@@ -274,7 +300,8 @@ def _in_memory(m: Measurement, pair: Pair, values: dict, host: Host) -> Any:
             ends = host.match(anchor, source, options, split)
         else:
             ends = match_endpoints(anchor, source, options, host.device, data=split)
-        ctx = _context(m, split, host, group, further.__getitem__ if further else None)
+        ctx = _context(m, split, host, group, further.__getitem__ if further else None,
+                       depths=depths)
         with host.using(pair.anchor, pair.source):
             result = _run_checked(m, ends, ctx, values)
         if result is None or not group.main:
@@ -289,6 +316,7 @@ def _at_size(m: Measurement, pair: Pair, values: dict, host: Host) -> Any:
     into a temporary folder, then the record's at-size implementation, with the host's
     outputs written while the endpoints are open (a record that writes a model writes it
     into `host.out()`, on the main process only)."""
+    from rotviz.analysis.depths import depth_refusal, differs_in_depth
     from rotviz.atsize.blocks import open_streamed
     from rotviz.atsize.endpoints import streamed_endpoints
     from rotviz.atsize.points import sized_loaded
@@ -308,6 +336,11 @@ def _at_size(m: Measurement, pair: Pair, values: dict, host: Host) -> Any:
     if differs_only_in_ffn(anchor, source):
         refuse("it is embedded into the anchor's width in memory only, not at size",
                host.words.fix or "hold the pair in memory")
+    if differs_in_depth(anchor, source):  # type: ignore[arg-type]  # duck-typed: meta state
+        raise RotvizError(depth_refusal(
+            anchor, source,  # type: ignore[arg-type]
+            "a pair of different depths is brought to one depth in memory only; raise "
+            "--max-memory"))
     check_compatible(anchor, source)  # type: ignore[arg-type]  # duck-typed: meta state
     options = match_options(pair.spec, parse_layers(pair.layers, source.dims.n_layers))
     split = host.split(sized_loaded(anchor))

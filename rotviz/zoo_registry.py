@@ -25,6 +25,9 @@ Pairs:
 - lineage (`vit-digits-s3-ft`, `vit-digits-s6-ft`): the default pair's two seeds as pretrained
   bases, each fine-tuned briefly on one half of the training split: two lineages that
   symmetry separates (move one with its base's matching element: `rotviz match --also`);
+- depths (`vit-digits-s3`, `vit-digits-deep`): different depths (4 and 6 blocks, one width):
+  the deeper one is `vit-digits-s6` grown by two identity blocks and trained on; `rotviz merge`
+  pairs their blocks and brings them to one depth (docs/merging.md, "depths");
 - gpt2 (`gpt2-pystdlib-s0`, `gpt2-pystdlib-s1`): independent seeds of a character LM;
 - nlp-mlm (`roberta-pydocs-s0`, `roberta-pydocs-s1`): RoBERTa masked LMs pretrained on the
   standard library's docstrings from two seeds (like the seed paper's MultiBERTs);
@@ -77,6 +80,8 @@ ENTRIES: tuple[Entry, ...] = (
           "vit-digits-s3 fine-tuned on the even half, 3 epochs, lr 1e-3"),
     Entry("vit-digits-s6-ft", "vit-digits-lineage-odd", 8, "lineage",
           "vit-digits-s6 fine-tuned on the odd half, 3 epochs, lr 1e-3"),
+    Entry("vit-digits-deep", "vit-digits-deep", 9, "depths",
+          "vit-digits-s6 grown to 6 blocks and trained on: the depths pair's deeper model"),
     Entry("gpt2-pystdlib-s0", "gpt2-pystdlib", 0, "gpt2", "GPT-2 character LM, seed 0"),
     Entry("gpt2-pystdlib-s1", "gpt2-pystdlib", 1, "gpt2", "GPT-2 character LM, seed 1"),
     Entry("roberta-pydocs-s0", "roberta-pydocs", 0, "nlp-mlm",
@@ -98,6 +103,9 @@ PAIRS = {
     "seeds": ("vit-digits-s7", "vit-digits-s8"),
     "finetuned": ("vit-digits-ft-a", "vit-digits-ft-b"),
     "lineage": ("vit-digits-s3-ft", "vit-digits-s6-ft"),
+    # models of different depths: the default pair's first seed (4 blocks) and a 6-block
+    # ViT grown from the second seed (rotviz merge brings them to one depth)
+    "depths": ("vit-digits-s3", "vit-digits-deep"),
     "gpt2": ("gpt2-pystdlib-s0", "gpt2-pystdlib-s1"),
     "nlp-mlm": ("roberta-pydocs-s0", "roberta-pydocs-s1"),
     "nlp-cls": ("roberta-topics-a", "roberta-topics-b"),

@@ -78,6 +78,9 @@ ROWS = [
     Row("nearswap", 0.5, ("--nearswap-t", "0.05",)),
     Row("arcee_fusion", 0.5),
     Row("arcee_fusion", 0.5, at_size=True),  # slices written in the shapes they were read
+    # layer stacking: four blocks (a0, b0, b1, a1), mergekit's `slices:`; starting and ending
+    # with the anchor's, both tools take its embeddings, final norm and head
+    Row("passthrough", 0.5, ("--slices", "a:0-1,b:0-2,a:1-2")),
 ]
 
 
@@ -151,6 +154,8 @@ def test_mergekit_merges_as_rotviz(pairs, tmp_path, row: Row):
     worst = max((theirs[k].double() - expected[k].double()).abs().max().item() for k in theirs)
     print(f"{row.id}: mergekit - rotviz max |diff| {worst:.2e}")
     assert worst < TOL, f"{row.id}: mergekit differs from rotviz by {worst:.2e}"
+    if row.method == "passthrough":  # a copy of tensors: bit for bit
+        assert all(torch.equal(theirs[k], expected[k]) for k in theirs)
     # and the merge is not the anchor (the weight and the method took effect)
     anchor = _state(a)
     assert max((theirs[k] - anchor[k]).abs().max().item() for k in anchor) > 1e-2

@@ -14,7 +14,7 @@ the fusion table, the slice around a merge and the at-size merge all build on th
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -26,7 +26,7 @@ from rotviz.evaluation import Evaluator
 from rotviz.match.endpoints import HeldEndpoints
 from rotviz.merging import MergeMethod, check_base, check_weight, users
 from rotviz.merging import method as method_record
-from rotviz.merging.combine import merge_states
+from rotviz.merging.combine import build_pair, merge_states
 from rotviz.params import needs, read_params
 from rotviz.sources.loading import Loaded
 from rotviz.sources.pairs import check_compatible
@@ -75,9 +75,21 @@ class Merged:
 
     # values of the method's own parameters beyond those above (a registered method's)
     params: dict[str, Any] = field(default_factory=dict)
+    # A method that builds the model from whole blocks (passthrough): its depth, where each
+    # block came from and whether it equals that block bit for bit (`block_check`), and its
+    # config where the architecture differs from the anchor's (written with the model)
+    depth: int | None = None
+    blocks: list[dict] | None = None
+    config: dict | None = field(default=None, repr=False)
+    # a pair of different depths: how it was brought to one (rotviz.analysis.depths) and the
+    # shallower and deeper models' loss and accuracy as they were; None: one depth
+    depths: dict[str, Any] | None = None
 
     def to_dict(self) -> dict:
-        skip = {"state", "anchor_stats", "source_stats"} | (set() if self.params else {"params"})
+        skip = {"state", "anchor_stats", "source_stats", "config"} | \
+            (set() if self.params else {"params"}) | \
+            (set() if self.blocks is not None else {"blocks", "depth"}) | \
+            (set() if self.depths is not None else {"depths"})
         return {k: v for k, v in asdict(self).items() if k not in skip}
 
 
@@ -92,8 +104,11 @@ def method_params(m: MergeMethod, given: Mapping[str, Any]) -> dict[str, Any]:
             if not who:
                 raise RotvizError(f"no merge method takes {flag}; drop it")
             needs(flag, True, f"--method {' or '.join(who)}", False)
-    return read_params(m.params, {k: v for k, v in given.items() if k in declared},
-                       f"--method {m.name}")
+    values = read_params(m.params, {k: v for k, v in given.items() if k in declared},
+                         f"--method {m.name}")
+    if m.check is not None:
+        m.check(values)
+    return values
 
 
 def check_base_model(m: MergeMethod, anchor: Loaded, base: Loaded | None) -> None:
@@ -164,15 +179,22 @@ def merge_on(
     t1 = time.perf_counter()
     st_split, sa, sb = pair_statistics(m, ends, split, ev.device, values, stats_data, progress)
     stats_s = time.perf_counter() - t1
+    built = None
     own = None if m.evaluate is None else m.evaluate(
         anchor, (anchor.state, ends.matched), (sa, sb), (1.0 - weight, weight), values, ev)
-    if own is None:
-        merged = merge_states(anchor, m.name, anchor.state, ends.matched, weight, sa, sb,
-                              None if base is None else base.state, **values)
-        loss, acc = ev.evaluate(ev.params(merged))
-        scores = ev.scores(ev.params(merged))
-    else:  # no single parameter set (ZipIt!'s partial zip): the method evaluated it
+    if own is not None:  # no single parameter set (ZipIt!'s partial zip): the method evaluated it
         merged, (loss, acc), scores = {}, own, {}
+    else:
+        if m.assemble is not None:
+            built = build_pair(anchor, m.name, anchor.state, ends.matched, **values)
+            model = built_model(anchor, built.state, built.config)
+            merged, mev = model.state, Evaluator(model, split, device)
+        else:
+            merged = merge_states(anchor, m.name, anchor.state, ends.matched, weight, sa, sb,
+                                  None if base is None else base.state, **values)
+            mev = ev
+        loss, acc = mev.evaluate(mev.params(merged))
+        scores = mev.scores(mev.params(merged))
     a_loss, a_acc = ev.evaluate(ev.params(anchor.state))
     s_loss, s_acc = ev.evaluate(ev.params(ends.matched))
     return Merged(
@@ -190,7 +212,77 @@ def merge_on(
         scores=scores, anchor_scores=ev.scores(ev.params(anchor.state)),
         source_scores=ev.scores(ev.params(ends.matched)),
         params={k: v for k, v in values.items() if k in m.extra},
+        depth=None if built is None else len(built.blocks),
+        blocks=None if built is None else block_check(
+            anchor.spec, merged, [anchor.state, ends.matched], built.blocks),
+        config=None if built is None else built.config,
     )
+
+
+def built_model(anchor: Loaded, state: Mapping[str, Tensor],
+                config: Mapping[str, Any] | None) -> Loaded:
+    """The model a block-building method made, as a module of its own config (the anchor's
+    where None) holding `state` (copied in: the inputs are left alone), so that it is
+    evaluated, checked and written as what transformers or timm would load."""
+    from rotviz.sources.adapters import source_of
+
+    cfg = dict(anchor.config if config is None else config)
+    src = source_of(anchor.spec)
+    module, full = src.build(cfg, anchor.spec)
+    module = module.to(torch.float32)
+    missing, unexpected = module.load_state_dict(dict(state), strict=False)
+    tied = {a for a, _ in anchor.spec.tied}
+    missing = [k for k in missing if k not in tied]
+    if missing or unexpected:
+        raise RotvizError(f"the built model does not fit its config: missing "
+                          f"{missing[:3]}, unexpected {unexpected[:3]}")
+    if hasattr(module, "tie_weights"):
+        module.tie_weights()
+    module.eval()
+    module.requires_grad_(False)
+    own = dict(module.state_dict())
+    stored = {k: anchor.stored_dtypes[_anchor_name(anchor, k)] for k in own
+              if _anchor_name(anchor, k) in anchor.stored_dtypes}
+    return Loaded(f"{anchor.ref} (built)", anchor.path, full if config is not None
+                  else anchor.config, anchor.spec, module, own, stored)
+
+
+def _anchor_name(anchor: Loaded, name: str) -> str:
+    """A built model's tensor name as the anchor's block 0 names it (its dtype in the
+    checkpoint: one dtype per tensor kind)."""
+    from rotviz.merging.slices import block_of
+
+    b = block_of(anchor.spec, name)
+    return name if b is None else f"{b[0]}0{b[2]}"
+
+
+def block_check(spec, built: Mapping[str, Tensor], states: Sequence[Mapping[str, Tensor]],
+                blocks: Sequence[tuple[int, int]]) -> list[dict]:
+    """The function check of a stacked model: each of its blocks against the block it was
+    copied from, tensor by tensor (`torch.equal`: bit for bit), as the built module holds
+    them. A block whose every tensor is equal computes what its source block computed on
+    the same input (the stream it reads is then the question of matching, not of copying)."""
+    from rotviz.merging.slices import MODEL_WORDS, block_of
+
+    rows = []
+    for j, (model, index) in enumerate(blocks):
+        names = [(k, b) for k, b in ((k, block_of(spec, k)) for k in states[model])
+                 if b is not None and b[1] == index]
+        worst: float | None = 0.0  # None: a tensor missing or of another shape
+        equal = bool(names)
+        for k, b in names:
+            mine = built.get(f"{b[0]}{j}{b[2]}")
+            theirs = states[model][k]
+            if mine is None or mine.shape != theirs.shape:
+                equal, worst = False, None
+                continue
+            same = torch.equal(mine.to(theirs.dtype), theirs)
+            equal = equal and same
+            if not same and worst is not None:
+                worst = max(worst, (mine.double() - theirs.double()).abs().max().item())
+        rows.append({"block": j, "model": MODEL_WORDS[model], "from": index,
+                     "tensors": len(names), "equal": equal, "max_diff": worst})
+    return rows
 
 
 def default_stats_split(split: Split) -> Split:

@@ -63,6 +63,10 @@ def sized_merge(anchor: str | os.PathLike, source: str | os.PathLike, split: Spl
     m = method_record(method)
     weight = check_weight(weight)
     values = method_params(m, params)
+    if m.assemble is not None:
+        raise RotvizError(f"--method {m.name} builds a model of its own depth from whole "
+                          "blocks, and the at-size merge writes and evaluates the anchor's "
+                          "blocks in place, one by one; raise --max-memory")
     if not m.at_size:
         raise RotvizError(f"--method {m.name} needs statistics of whole models and cannot merge "
                           "block by block; use a method without statistics, or raise "

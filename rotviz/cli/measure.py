@@ -382,7 +382,8 @@ def run_command(m: Measurement, args: argparse.Namespace) -> int:
                                           "to write; drop --out, or zip every block "
                                           "(--zip-layers -1)")
 
-                    write_model(ends.anchor, result.state, tmp[folder])
+                    built = getattr(result, "config", None)  # another depth (passthrough)
+                    write_model(ends.anchor, result.state, tmp[folder], config=built)
                 _write_outputs(m, args, ends, result, values, tmp, js, files)
 
     _open: list = []

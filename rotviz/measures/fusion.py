@@ -33,15 +33,16 @@ def _merge_record() -> Measurement:
 
 def _params() -> tuple[Param, ...]:
     """--methods, then the merge record's own (weight, base, each method's parameters), not
-    its --repair: REPAIR is an option of one merge (`rotviz merge --repair`, the Measure
-    page), not of the table, as merge_sweep leaves it too."""
+    its --repair (REPAIR is an option of one merge, `rotviz merge --repair`, the Measure
+    page, not of the table, as merge_sweep leaves it too) nor its routes for a pair of
+    different depths (the table measures a pair of one depth)."""
     from rotviz.merging import names
 
     return (Param("methods", "", f"comma-separated merge methods, of {', '.join(names())} "
                   "(default: every one that needs no base model, and with --base every one)",
                   label="Merge methods", metavar="NAMES", essential=True),
             ) + tuple(p for p in _merge_record().parameters()
-                      if p.name not in ("method", "repair"))  # REPAIR: one merge, `merge`'s
+                      if p.name not in ("method", "repair", "depth_pairing", "depth_route"))
 
 
 def methods_of(v: dict) -> list[str]:

@@ -61,9 +61,45 @@ REPAIR = Param("repair", "no", "yes: REPAIR the merged model (rotviz.analysis.re
                label="REPAIR the merged model (reset unit statistics)")
 
 
+DEPTH_PAIRING = Param(
+    "depth_pairing", "similarity", "a source with more blocks than the anchor (one family and "
+    "width): how the anchor's blocks are paired with the source's; similarity: by the linear "
+    "CKA of their outputs on the train split, position: spread evenly (default similarity)",
+    choices=("similarity", "position"), label="Depths: pair blocks by")
+DEPTH_ROUTE = Param(
+    "depth_route", "groups", "a source with more blocks than the anchor: groups: each group "
+    "of the source's blocks paired with one of the anchor's collapsed into one block (the "
+    "merge has the anchor's depth); expand: the anchor expanded with identity blocks (the "
+    "merge has the source's depth) (default groups)",
+    choices=("groups", "expand"), label="Depths: route to one depth")
+
+
 def _record_params() -> tuple[Param, ...]:
-    """The merge's options and --repair (the record's own: the sweep takes the rest)."""
-    return (*_params(), REPAIR)
+    """The merge's options, --repair and the routes for a pair of different depths (the
+    record's own: the sweep takes the rest)."""
+    return (*_params(), REPAIR, DEPTH_PAIRING, DEPTH_ROUTE)
+
+
+def _one_depth(anchor: Loaded, source: Loaded, v: dict, split: Split | None, device):
+    """A source deeper than the anchor brought to the anchor's depth (`groups`) or the anchor
+    to the source's (`expand`), rotviz.analysis.depths; the block pairing by similarity reads
+    the train split of the evaluation data. A method that takes a base is refused: the base
+    has one depth, the merged pair may have another."""
+    from rotviz.analysis.depths import OneDepth, depth_refusal, same_depth
+    from rotviz.errors import RotvizError
+    from rotviz.merging import method, methods
+
+    m = method(v["method"])
+    if m.needs_base or v.get("base"):
+        free = ", ".join(x.name for x in methods() if not x.needs_base)
+        raise RotvizError(depth_refusal(anchor, source, f"--method {m.name} with --base takes "
+                                        f"task vectors from a base of one depth; use --method "
+                                        f"{free} without --base"))
+    train = split.sibling("train") if split is not None and \
+        v["depth_pairing"] == "similarity" else None
+    a, b, info = same_depth(anchor, source, v["depth_pairing"], v["depth_route"], train,
+                            device)
+    return a, b, OneDepth(info, anchor, source)
 
 
 def _names() -> tuple[str, ...]:
@@ -88,9 +124,23 @@ def _check(values: dict, given: set[str]) -> None:
 
     m = method(values["method"])
     method_params(m, {k: values[k] for k in given
-                      if k not in ("method", "weight", "base", "repair")})
+                      if k not in ("method", "weight", "base", "repair", "depth_pairing",
+                                   "depth_route")})
     check_base(m, bool(values["base"]))
     check_models(m, 2)
+
+
+def _pair_check(anchor, source, v: dict) -> None:
+    """A method that builds the model from whole blocks (passthrough) is tried on the pair
+    as loaded (references only, nothing copied), so slices beyond a model's depth are
+    refused before the pair is matched."""
+    from rotviz.merging import method
+
+    m = method(v["method"])
+    if m.assemble is not None:
+        from rotviz.merging.combine import build_pair
+
+        build_pair(anchor, m.name, anchor.state, source.state, **_given(v))
 
 
 def _load_base(ctx: Context, v: dict):
@@ -120,7 +170,22 @@ def _run(ends, ctx: Context, v: dict):
                               "every block (--zip-layers -1)")
 
         r = repair_merged(r, ends.anchor, ends.matched, ctx.split, ctx.device)
+    if ctx.depths is not None:
+        r.depths = _depth_report(ctx.depths, ctx.split, ctx.device)
     return r
+
+
+def _depth_report(one, split: Split, device) -> dict:
+    """What the pairing did, and the two models as they were (the shallower, the deeper:
+    the source collapsed or the anchor expanded are not them) evaluated on the split."""
+    from rotviz.evaluation import Evaluator
+
+    out = one.depths.to_dict()
+    for name, model in (("shallow", one.shallow), ("deep", one.deep)):
+        ev = Evaluator(model, split, device)
+        out[f"{name}_loss"], out[f"{name}_acc"] = ev.evaluate(ev.params(model.state))
+        out[name] = model.ref
+    return out
 
 
 def _sized_check(v: dict) -> None:
@@ -132,6 +197,10 @@ def _sized_check(v: dict) -> None:
         raise RotvizError("--repair measures the merged model's activations with the whole "
                           "model held; raise --max-memory, or drop --repair")
     m = method(v["method"])
+    if m.assemble is not None:
+        raise RotvizError(f"--method {m.name} builds a model of its own depth from whole "
+                          "blocks, and the at-size merge writes and evaluates the anchor's "
+                          "blocks in place, one by one; raise --max-memory")
     if not m.at_size:
         from rotviz.merging import methods
 
@@ -156,14 +225,39 @@ def _summary(r, how: str) -> str:
     """One line: the merged model's accuracy, loss and the task's own scores (F1 where the
     task has it, as the seed paper's Table 1 reports merges), beside both end models'."""
     base = f", base {r.base}" if getattr(r, "base", "") else ""
+    d = getattr(r, "depths", None)
+    if d:
+        base += (f", depths {d['blocks'][0]} and {d['blocks'][1]} blocks by {d['route']} "
+                 f"paired by {d['pairing']} {d['paired']}")
     if getattr(r, "repair", False):
         base += f", REPAIR (without: accuracy {r.acc_unrepaired:.4f}, loss {r.loss_unrepaired:.4f})"
+    if getattr(r, "blocks", None) is not None:
+        base += f", {_blocks(r.blocks)}"
     return (f"merged [{r.method}, match {match_label(r.match, r.layers)}, weight {r.weight:g}"
             f"{base}] "
             f"on {r.device}{how}: accuracy {r.acc:.4f} (loss {r.loss:.4f})"
             f"{_scores(r.scores, ', ')}; anchor {r.anchor_acc:.4f}"
             f"{_scores(r.anchor_scores, ' ', True)}, source {r.source_acc:.4f}"
-            f"{_scores(r.source_scores, ' ', True)}; {r.seconds:.2f} s")
+            f"{_scores(r.source_scores, ' ', True)}"
+            + (f"; shallower {d['shallow_acc']:.4f}, deeper {d['deep_acc']:.4f}" if d else "")
+            + f"; {r.seconds:.2f} s")
+
+
+def _blocks(rows: Sequence[Mapping]) -> str:
+    """A stacked model's blocks in words, with their check against the blocks they were
+    copied from: '5 blocks (anchor 0-1, source 1-2, anchor 2), each equal to its source
+    block bit for bit'."""
+    runs: list[list] = []
+    for r in rows:
+        if runs and runs[-1][0] == r["model"] and runs[-1][2] == r["from"] - 1:
+            runs[-1][2] = r["from"]
+        else:
+            runs.append([r["model"], r["from"], r["from"]])
+    where = ", ".join(f"{m} {a}" + (f"-{b}" if b != a else "") for m, a, b in runs)
+    bad = [str(r["block"]) for r in rows if not r["equal"]]
+    check = "each equal to its source block bit for bit" if not bad else \
+        f"blocks {', '.join(bad)} NOT equal to their source blocks"
+    return f"{len(rows)} blocks ({where}), {check}"
 
 
 def _scores(scores: dict[str, float] | None, lead: str, paren: bool = False) -> str:
@@ -195,6 +289,8 @@ def merge(
     device: str | torch.device = "cpu",
     progress: Progress | None = None,
     base: Loaded | None = None,
+    depth_pairing: str = "similarity",
+    depth_route: str = "groups",
     **params: Any,
 ) -> Merged:
     """merge(anchor, source, method, options, split, stats_split=None, weight=0.5, ...) -> Merged
@@ -202,7 +298,16 @@ def merge(
     Match the source onto the anchor with `options` (MatchOptions, SPEC or None), then
     `merge_on` the endpoints with `method` (any registered merge method, rotviz.merging),
     its parameters (`batches`, `alpha`, `density`, ...) and, for a method built on task
-    vectors, the `base` (not matched: it must share the anchor's basis)."""
+    vectors, the `base` (not matched: it must share the anchor's basis). A source with more
+    blocks than the anchor is first brought to one depth by `depth_pairing` and
+    `depth_route` (rotviz.analysis.depths; `Merged.depths` then says how)."""
+    from rotviz.analysis.depths import differs_in_depth
+
+    one = None
+    if differs_in_depth(anchor, source):
+        anchor, source, one = _one_depth(
+            anchor, source, {"method": method, "base": base, "depth_pairing": depth_pairing,
+                             "depth_route": depth_route}, split, device)
     from rotviz.analysis.merges import check_base_model, merge_on, method_params
     from rotviz.match.endpoints import match_endpoints
     from rotviz.merging import check_weight
@@ -212,10 +317,17 @@ def merge(
     weight = check_weight(weight)
     method_params(m, params)  # a bad parameter is refused before matching
     check_base_model(m, anchor, base)
+    if m.assemble is not None:  # the slices against the depths, before matching
+        from rotviz.merging.combine import build_pair
+
+        build_pair(anchor, m.name, anchor.state, source.state, **params)
     ends = match_endpoints(anchor, source, options, device, data=split)
     if isinstance(stats_split, str):  # a split's name, as the method's parameter takes it
         params, stats_split = {**params, "stats_split": stats_split}, None
-    return merge_on(ends, m.name, split, weight, device, progress, stats_split, base, **params)
+    r = merge_on(ends, m.name, split, weight, device, progress, stats_split, base, **params)
+    if one is not None:
+        r.depths = _depth_report(one, split, device)
+    return r
 
 
 def fusion_chart(rows: Sequence[Mapping], metric: str = "acc", font_size: int = 14,
@@ -302,6 +414,11 @@ def _mergekit_write(ends, result, v: dict, file, folders, final) -> None:
     from rotviz.outputs import text_stamp
     from rotviz.sources.loading import resolve_ref
 
+    if getattr(result, "depths", None):
+        from rotviz.errors import RotvizError
+
+        raise RotvizError("--mergekit-config: mergekit merges models of one depth, and this "
+                          "pair's depths differ; drop --mergekit-config")
     (matched,) = folders
     if hasattr(ends, "matched_path"):  # at size: the matched source is a checkpoint folder
         _copy_model(resolve_ref(ends.matched_path), matched)
@@ -346,7 +463,8 @@ MERGEKIT_FILE = OutputFile(
 MERGE = register(Measurement(
     "merge", "Merge", "merge the matched source into the anchor and evaluate it",
     _run, _record_params, summary=_summary, plot=_plot, rows=_rows, at_size=_at_size, check=_check,
-    writes_model=True, at_size_check=_sized_check, narrower=True, models=("base",),
+    writes_model=True, at_size_check=_sized_check, pair_check=_pair_check, narrower=True,
+    models=("base",), depths=_one_depth,
     files=(MERGEKIT_FILE,),
     more=lambda: f" (methods: {', '.join(_names())})",
     at_size_how=" (at size: built block by block)",

@@ -48,6 +48,10 @@ class Context:
     # how a further model a parameter names (a merge's --base) is loaded, through the host's
     # confined reading (the app's roots); None: rotviz.sources.loading.load_model, as the CLI reads
     load: Callable[[str], Any] | None = None
+    # a pair of different depths brought to one by the record's `depths` before matching:
+    # what its hook returned for the record's report (rotviz.analysis.depths.OneDepth);
+    # None for a pair of one depth
+    depths: Any = None
 
 
 Runner = Callable[[Any, Context, dict], Any]  # (endpoints, context, parameter values) -> result
@@ -198,10 +202,18 @@ class Measurement:
     match_check: Callable[[Any], str | None] | None = None
     needs_match: bool = False  # at size it needs a matched source (not 'none')
     at_size_check: Callable[[dict], None] | None = None  # refuse values at size, early
+    # (anchor, source, values) -> refuse in one line what only the loaded pair tells (a
+    # passthrough's slices beyond a model's depth): in memory, before the pair is matched
+    pair_check: Callable[[Any, Any, dict], None] | None = None
     inputs: Inputs | None = None  # None: a matched pair (or one model, pair=False)
     # runs on a source whose FFN is narrower than the anchor's (rotviz.match.widths): it
     # reads only the anchor and the matched source (anchor's width), never the source as is
     narrower: bool = False
+    # takes two models of one family and width but different depths: (anchor, source,
+    # values, evaluation split or None, device) -> (anchor, source, what was done), a pair
+    # of one depth (rotviz.analysis.depths) the host then matches, the last item reaching the
+    # record as `Context.depths`; None: such a pair is refused in one line
+    depths: Callable[..., tuple[Any, Any, Any]] | None = None
     # parameters whose value names a further model (a merge's base): guarded as an input
     # (no output may overwrite it) and read through `Context.load`
     models: tuple[str, ...] = ()

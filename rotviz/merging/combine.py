@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from rotviz.errors import RotvizError
 from rotviz.merging.registry import (
+    Built,
     MergeJob,
     MergeMethod,
     check_base,
@@ -87,12 +88,38 @@ def merge_many(loaded: Loaded, name: str, states: Sequence[Mapping[str, Tensor]]
         _retie(loaded, out)
         return out
     job = merge_job(loaded, m, ws, stats if m.needs_statistics else None, params)
+    if m.assemble is not None:
+        built = assemble(loaded, m, job, states)
+        if built.config is not None:
+            raise RotvizError(f"--method {m.name} with these settings builds a model of "
+                              f"another architecture ({len(built.blocks)} blocks) than the "
+                              "anchor's; only `rotviz merge` evaluates and writes it")
+        return built.state
     out: dict[str, Tensor] = {}
     for k, a in states[0].items():
         ts = [a, *(s[k] for s in states[1:])]
         out[k] = combine_one(m, job, k, ts, None if base_state is None else base_state[k])
     _retie(loaded, out)
     return out
+
+
+def assemble(loaded: Loaded, m: MergeMethod, job: MergeJob,
+             states: Sequence[Mapping[str, Tensor]]) -> Built:
+    """The model method `m` (one with `assemble`) builds from whole blocks of `states`, tied
+    aliases given their owner's tensor."""
+    assert m.assemble is not None
+    built = m.assemble(job, states)
+    _retie(loaded, built.state)
+    return built
+
+
+def build_pair(loaded: Loaded, name: str, anchor_state: Mapping[str, Tensor],
+               source_state: Mapping[str, Tensor], **params: Any) -> Built:
+    """The model an `assemble` method (passthrough) builds of the anchor and the source,
+    with its config where the architecture changes (another depth)."""
+    m = method(name)
+    job = merge_job(loaded, m, (0.5, 0.5), None, params)
+    return assemble(loaded, m, job, [anchor_state, source_state])
 
 
 def merge_states(loaded: Loaded, name: str, anchor_state: Mapping[str, Tensor],

@@ -79,7 +79,29 @@ def check(method: str, values: Mapping[str, Any], registered: tuple[str, ...] | 
                           "only; use --weight 0.5 with --mergekit-config")
     for name, v in values.items():
         _value(e, name, v)
+    if e.slices:
+        _slices(e, values)
     return e
+
+
+def _slices(e: Mergekit, values: Mapping[str, Any]):
+    """The slices a layer-stacking method writes, refused where mergekit would build another
+    model: no slices given (mergekit names every range), or the anchor's embeddings and head
+    kept under slices that do not start and end with the anchor's blocks (mergekit takes
+    the embeddings from the first slice's model and the final norm and head from the
+    last's)."""
+    from rotviz.merging.slices import parse
+
+    text = str(values.get(e.slices) or "").strip()
+    if not text:
+        raise RotvizError(f"mergekit's {e.method} names every layer range: give --slices with "
+                          "--mergekit-config, e.g. --slices a:0-2,b:1-2")
+    slices = parse(text)
+    if values.get(e.ends, "anchor") == "anchor" and (slices[0].model or slices[-1].model):
+        raise RotvizError("mergekit takes the embeddings from the first slice's model and the "
+                          "final norm and head from the last's: use --passthrough-ends slices, "
+                          "or slices that start and end with the anchor's (a:...)")
+    return slices
 
 
 def _number(x: Any) -> Any:
@@ -98,6 +120,16 @@ def mergekit_config(method: str, values: Mapping[str, Any], weight: float, ancho
     import yaml
 
     e = check(method, values, base=base is not None, weight=weight)
+    head = (f"# mergekit {MERGEKIT_VERSION} configuration written by rotviz{note}\n"
+            "# Run: mergekit-yaml THIS_FILE OUTPUT_FOLDER (models by absolute path)\n")
+    if e.slices:  # layer stacking: the ranges, each of one model, in place of `models:`
+        folders = (anchor, source)
+        stacked = [{"sources": [{"model": str(folders[s.model]),
+                                 "layer_range": [s.start, s.stop]}]}
+                   for s in _slices(e, values)]
+        body = {"merge_method": e.method, "slices": stacked, "dtype": "float32",
+                "out_dtype": dtype}
+        return head + yaml.safe_dump(body, sort_keys=False, default_flow_style=False)
     w = float(weight)
     shared: dict[str, Any] = dict(e.fixed)
     per_model: dict[str, Any] = {}
@@ -126,8 +158,6 @@ def mergekit_config(method: str, values: Mapping[str, Any], weight: float, ancho
         body["parameters"] = shared
     body["dtype"] = "float32"
     body["out_dtype"] = dtype
-    head = (f"# mergekit {MERGEKIT_VERSION} configuration written by rotviz{note}\n"
-            "# Run: mergekit-yaml THIS_FILE OUTPUT_FOLDER (models by absolute path)\n")
     return head + yaml.safe_dump(body, sort_keys=False, default_flow_style=False)
 
 

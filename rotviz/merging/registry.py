@@ -70,6 +70,25 @@ RowCombine = Callable[["MergeJob", str, "RowSource"], "Iterator[Tensor]"]
 
 
 @dataclass(frozen=True)
+class Built:
+    """A model a method builds from whole blocks of the models (`MergeMethod.assemble`)
+    rather than tensor by tensor: its state dict (the inputs' own tensors, never to be
+    modified), its config where the architecture differs from the anchor's (another depth,
+    other per-layer settings; None: the anchor's), and where each of its blocks came from,
+    (model, block) with 0 the anchor and 1 the source."""
+
+    state: dict[str, Tensor]
+    config: dict[str, Any] | None
+    blocks: tuple[tuple[int, int], ...]
+
+
+# assemble(job, states) -> the model built from the models' whole blocks (the anchor first);
+# a method declaring it (passthrough) may change the depth: only a caller that evaluates and
+# writes a model of its own config (rotviz.analysis.merges.merge_on) takes such a model
+Assemble = Callable[["MergeJob", "Sequence[Mapping[str, Tensor]]"], Built]
+
+
+@dataclass(frozen=True)
 class Mergekit:
     """How one rotviz method is said to mergekit (0.1.5; rotviz.merging.mergekit).
 
@@ -79,10 +98,11 @@ class Mergekit:
     weights 1 - w and w per model; "t": SLERP's t = w; None: not written, mergekit taking the
     plain mean, so only w = 0.5 says the same). `shared`: rotviz parameter -> mergekit
     parameter written once under `parameters`; `per_model`: the same, written under each
-    merged model (not the base). `values`: rotviz parameter -> {rotviz value: mergekit
-    value}, a value missing there being refused; a mergekit value of None writes nothing
-    (mergekit's own default is the same). `fixed`: mergekit parameters always written, so the
-    file says what it relies on rather than a default."""
+    merged model (not the base). `slices`, `ends`: see below. `values`: rotviz
+    parameter -> {rotviz value: mergekit value}, a value missing there being refused; a
+    mergekit value of None writes nothing (mergekit's own default is the same). `fixed`:
+    mergekit parameters always written, so the file says what it relies on rather than a
+    default."""
 
     method: str
     base: str | None = None
@@ -91,6 +111,11 @@ class Mergekit:
     per_model: Mapping[str, str] = field(default_factory=dict)
     values: Mapping[str, Mapping[Any, Any]] = field(default_factory=dict)
     fixed: Mapping[str, Any] = field(default_factory=dict)
+    # layer stacking (passthrough): the rotviz parameter holding the slices, written as
+    # mergekit's `slices:` in place of `models:`, and the one saying where the embeddings and
+    # head come from ("" for a method that merges tensor by tensor)
+    slices: str = ""
+    ends: str = ""
 
 
 @dataclass(frozen=True)
@@ -115,6 +140,11 @@ class MergeMethod:
     # mergekit equivalent (fisher, regmean), --mergekit-config refuses the method
     mergekit: Mergekit | None = None
     order: int = 1000  # place in menus and help (built-ins 10-990; plug-ins after)
+    # builds the model from whole blocks instead of combining tensors (passthrough's layer
+    # stacking); such a method has neither `combine` nor `rows`
+    assemble: Assemble | None = None
+    # checks its parameter values together before any model is read (one-line RotvizError)
+    check: Callable[[Mapping[str, Any]], None] | None = None
     # a method that merges whole models, not tensor by tensor (ZipIt!: its zips span every
     # layer): whole(loaded, states, stats, weights, params) -> the merged state dict
     whole: Callable[..., Any] | None = None
@@ -137,6 +167,9 @@ class MergeMethod:
         """One merged tensor in the base's dtype (else the first tensor's), or None where
         `combine` declines (the simple average is then taken): by `rows` where the method
         has them, read from the tensors a slice at a time."""
+        if self.assemble is not None:
+            raise RotvizError(f"--method {self.name} builds a model from whole blocks, not "
+                              "tensor by tensor; merge whole models with it")
         if self.rows is not None:
             from rotviz.merging.rows import whole
 
@@ -150,10 +183,11 @@ METHODS: Records[MergeMethod] = Records("merge method")
 
 
 def register(method: MergeMethod) -> MergeMethod:
-    """Add a method (its name must be new, and it must say how it combines: `combine` or
-    `rows`); returns it, so a module can keep it."""
-    if method.combine is None and method.rows is None:
-        raise ValueError(f"merge method {method.name} gives neither combine nor rows")
+    """Add a method (its name must be new, and it must say how it combines: `combine`,
+    `rows` or `assemble`); returns it, so a module can keep it."""
+    if method.combine is None and method.rows is None and method.assemble is None:
+        raise ValueError(f"merge method {method.name} gives neither combine, rows nor "
+                         "assemble")
     return METHODS.register(method)
 
 

@@ -86,9 +86,10 @@ class Source:
         raise NotImplementedError
 
     def write_state(self, spec: ArchSpec, path: Path, config: dict,
-                    state: Mapping[str, Tensor], folder: Path) -> None:
+                    state: Mapping[str, Tensor], folder: Path, own: dict | None = None) -> None:
         """`state` (CPU tensors in their final dtypes) as a checkpoint of the model loaded
-        from `path` (full config `config`), into the (empty) `folder`."""
+        from `path` (full config `config`), into the (empty) `folder`; with `own`, a model
+        of that config instead (another depth than the one in `path`)."""
         raise NotImplementedError
 
     # ---- running ----------------------------------------------------------------------------

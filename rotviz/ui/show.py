@@ -156,6 +156,24 @@ def function_badge(diff: float | None, tol: float, what: str = "matched source",
         st.caption(compared or f"{what} vs. the model it came from, on seeded probe inputs")
 
 
+def blocks_badge(rows: Sequence[dict] | None) -> None:
+    """The check of a model stacked from blocks (passthrough): each of its blocks against
+    the block it was copied from, tensor by tensor, as a pass/fail badge; nothing for a
+    result without blocks."""
+    if not rows:
+        return
+    bad = [str(r["block"]) for r in rows if not r["equal"]]
+    with st.container(horizontal=True, vertical_alignment="center", gap="small"):
+        if not bad:
+            st.badge(f"PASS · {len(rows)} blocks, each equal to its source block bit for bit",
+                     color="green", icon=":material/check_circle:")
+        else:
+            st.badge(f"FAIL · blocks {', '.join(bad)} differ from their source blocks",
+                     color="red", icon=":material/cancel:")
+        st.caption("each block of the built model vs. the anchor's or the matched source's "
+                   "block it was copied from (tensor equality)")
+
+
 def param_input(where: Any, p: Any, key: str, value: Any = None) -> Any:
     """The widget of a declared parameter (rotviz.params.Param, from a measurement's or a
     merge method's record): a slider within its `widget` range, a number input within its

@@ -109,6 +109,8 @@ def build(
     outputs = build_output(name, out_dir, overwrite)
     folder = outputs.items[0]
     init_state = _base_state(rec.init, progress) if rec.init else None
+    if rec.grow is not None:
+        init_state = _grown_state(rec, init_state)
     data = train.select(train.recipe_split(rec, "train"), rec.subset)
     result = train.train(rec, ent.seed, data, init_state, progress)
 
@@ -163,6 +165,20 @@ def _base_state(base: str, progress: Progress | None):
     rec = recipes.recipe(ent.recipe)
     data = train.select(train.recipe_split(rec, "train"), rec.subset)
     return train.train(rec, ent.seed, data, None, progress).model.state_dict()
+
+
+def _grown_state(rec: recipes.Recipe, state):
+    """The base's weights grown to the recipe's depth (rotviz.analysis.depths.grown)."""
+    from rotviz.analysis.depths import grown
+
+    assert rec.init is not None and rec.grow is not None
+    spec = spec_named(rec.family)
+    base = recipes.recipe(entry(rec.init).recipe)
+    module, config = source_of(spec).build(base.hf_config().to_dict(), spec)
+    module.load_state_dict(dict(state))
+    loaded = models.Loaded(rec.init, Path("."), config, spec, module.eval(),
+                           dict(module.state_dict()))
+    return grown(loaded, rec.grow, rec.name).state
 
 
 def _eval_split(rec: recipes.Recipe, loaded: models.Loaded, split: str) -> Split:

@@ -41,6 +41,11 @@ class Recipe:
     # "adamw" (decoupled weight decay) or "sgd": plain SGD, no momentum, weight decay as L2
     # (the short series whose conserved quantities stay put: docs/landscape.md, "conserved")
     optimizer: str = "adamw"
+    # a deeper model grown from `init` before training (rotviz.analysis.depths.grown): the
+    # slot of each of init's blocks; every other slot starts as a copy of the block before
+    # it with its output projections zeroed (the identity), so training starts from init's
+    # function. None: init's own depth
+    grow: tuple[int, ...] | None = None
 
     def to_dict(self) -> dict:
         """The recipe as its card records it (without `tokenizer` where it has none, so
@@ -50,6 +55,10 @@ class Recipe:
             del out["tokenizer"]
         if out["optimizer"] == "adamw":  # likewise the cards older than the optimizer field
             del out["optimizer"]
+        if out["grow"] is None:  # and those older than the grow field
+            del out["grow"]
+        else:
+            out["grow"] = list(out["grow"])  # as JSON reads it back
         return out
 
     @property
@@ -201,6 +210,18 @@ RECIPES: dict[str, Recipe] = {
             description="vit-digits-spawn's model trained on from run a's step 64 for 200 "
                         "steps by plain SGD (no momentum), lr 0.03, batch 64, no weight "
                         "decay, constant rate",
+        ),
+        # The depths pair's deeper model (docs/merging.md, "depths"): vit-digits-s6 grown
+        # from 4 blocks to 6 (new blocks at slots 2 and 4, copies of the block before with
+        # their output projections zeroed), then trained 5 epochs on the whole training
+        # split (95 steps: a rebuild takes seconds), so its new blocks learn.
+        Recipe(
+            "vit-digits-deep", "vit", "digits", dict(_VIT_DIGITS, num_hidden_layers=6),
+            epochs=5, batch_size=64, lr=1e-3, weight_decay=0.05, warmup_epochs=0.5,
+            init="vit-digits-s6", grow=(0, 1, 3, 5),
+            description="vit-digits-s6 grown to 6 blocks (identity blocks, copies of the "
+                        "block before with zeroed output projections, at slots 2 and 4), "
+                        "then trained 5 epochs AdamW, lr 1e-3, batch 64",
         ),
         Recipe(
             "gpt2-pystdlib", "gpt2", "pystdlib", _GPT2_PYSTDLIB, epochs=6, batch_size=32, lr=2e-3,

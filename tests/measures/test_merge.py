@@ -20,6 +20,7 @@ from pairs import (
 )
 from test_plots import _check_frame
 
+from rotviz.arch import FAMILIES
 from rotviz.cli import main
 from rotviz.data.split import Split
 from rotviz.errors import RotvizError
@@ -167,7 +168,17 @@ def test_ffn_statistics_move_with_the_permutation():
 # ---- merging -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("method", names())
+# Every method on two families (a ViT classifier; a gated, rotary, grouped-query LM), and on
+# every family the methods whose code differs by family: the statistics (hooks on each
+# family's modules) and one elementwise method of each kind (the plain mean, one about a base,
+# one row-wise). The other elementwise methods run the same rows code on any family's tensors.
+BY_FAMILY = ("simple", "fisher", "regmean", "ties", "nuslerp")
+SELF_MERGES = sorted({(f, m) for f in ("vit", "llama") for m in names()}
+                     | {(f, m) for f in FAMILIES for m in BY_FAMILY})
+
+
+@pytest.mark.parametrize(("family", "method"), SELF_MERGES,
+                         ids=[f"{f}-{m}" for f, m in SELF_MERGES])
 def test_merging_a_model_with_itself_returns_it(family, loaded, method):
     m = loaded(family)
     before = clone_state(m.state)
