@@ -8,10 +8,13 @@ from dataclasses import dataclass, field, make_dataclass
 from rotviz.errors import RotvizError
 from rotviz.limits import (
     DEFAULT_ROUNDS,
+    DEFAULT_STALL,
     DEFAULT_STEPS,
     DEFAULT_TOL,
     ROUNDS,
+    STALL,
     STEPS,
+    TIME_LIMIT,
     TOL,
     check_layer_ranges,
     layer_ranges,
@@ -71,6 +74,9 @@ class _Options:
                                       f"turn {r} on or {s.name} off")
         ROUNDS.check(self.rounds)
         TOL.check(self.tol)  # also refuses NaN and inf
+        STALL.check(self.stall)
+        if self.time_limit is not None:
+            TIME_LIMIT.check(self.time_limit)
 
     @property
     def needs_data(self) -> bool:
@@ -90,10 +96,15 @@ MatchOptions = make_dataclass(
         # start, and hold the FFN maps for 1, 2, 4, ... rounds after an FFN solve moves no
         # unit (faster on large models, another local optimum; rotviz.match.alternating);
         # plain_rounds: the alternation as it was before joint steps on rotation streams
-        # (plain rounds only: per-layer maps, then a Procrustes step; rotviz.match.joint)
+        # (plain rounds only: per-layer maps, then a Procrustes step; rotviz.match.joint);
+        # stall: also stop when a round gains less than this share of the total gain so far
+        # (0: only `tol` and `rounds`, the old rule); time_limit: seconds, the alternation
+        # stops at the end of the round that crosses it (None: no limit)
         ("residual_group", str, field(default="auto")),
         ("rounds", int, field(default=DEFAULT_ROUNDS)),
         ("tol", float, field(default=DEFAULT_TOL)),
+        ("stall", float, field(default=DEFAULT_STALL)),
+        ("time_limit", float | None, field(default=None)),
         ("ffn_backoff", bool, field(default=False)),
         ("plain_rounds", bool, field(default=False)),
         ("learn", LearnOptions, field(default_factory=LearnOptions)),  # with learned

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from typing import TypeVar
 
 import torch
 
@@ -26,6 +27,8 @@ from rotviz.symmetry import residual as rs
 from rotviz.symmetry.actions import LayerTransform, apply_layer
 from rotviz.symmetry.view import ModelView
 from rotviz.types import Progress
+
+T = TypeVar("T")
 
 RoundHook = Callable[[int, int, Callable[[], ModelView]], None]
 
@@ -154,6 +157,9 @@ class _InMemory:
     def load(self, saved: object) -> None:
         self.src_c, self.lazy.pending, maps, self.q = saved  # type: ignore[misc]
         self.maps = dict(maps)
+
+    def agree(self, decision: T) -> T:
+        return decision  # one process
 
     def _rebuilt(self) -> ModelView:
         """The source as matched so far, in the anchor's gauge: the composed maps applied
