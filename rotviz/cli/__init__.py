@@ -277,7 +277,7 @@ def _say_matched(args, options, rep, device, how: str = "") -> None:
         rounds = (f" ({rep.residual['rounds']} alternation rounds"
                   f"{f', {held} holding the FFN maps' if options.ffn_backoff else ''}"
                   f"{f', {joint} joint steps' if joint else ''}"
-                  f"{'; ended by --rounds, still gaining' if capped else ''})")
+                  f"{'; ended by --rounds, still gaining more than --tol' if capped else ''})")
     ran_on = wide_device(device)  # MPS has no float64: the solvers run on the CPU
     where = f"{ran_on}" + (f" ({device} has no float64)" if ran_on != device else "")
     print(
