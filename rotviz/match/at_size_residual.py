@@ -404,11 +404,10 @@ def match_streamed_residual(
         if progress:
             progress(now[0], now[1], f"{now[2]}, {message}")
 
-    if group.world > 1 and not options.plain_rounds:
-        # the joint steps' line searches are not yet dealt among torchrun's processes (their
-        # collectives fall out of step and the run hangs): several processes take the plain
-        # rounds, which the report's options then say (docs/solvers.md)
-        options = replace(options, plain_rounds=True)
+    # Under torchrun every process takes the same joint steps: each pass's cross term and
+    # objective come from rank 0 (`Group.share`), the moved units count every rank's blocks
+    # (`Step.units`), and every branch the alternation takes (a step kept or undone, a block
+    # or a phase ended, the clock) is rank 0's decision (`StreamedState.agree`).
     state = StreamedState(anchor, source, options, device, group, rest, tick)
     out = alternate(state, options, kind, report_progress)
     parts = group.gather(state.transforms)
