@@ -10,11 +10,13 @@ import json
 
 import pytest
 import torch
+from conftest import view_of
 
 import rotviz.match.alternating as alt
 from rotviz.cli import main
 from rotviz.match.options import MatchOptions
 from rotviz.match.pipeline import match_models
+from rotviz.match.residual import match_residual
 from rotviz.sources.loading import load_model
 
 
@@ -58,6 +60,11 @@ def test_time_limit_ends_at_the_round_that_crosses_it(llama_pair, monkeypatch):
     assert _totals(timed) == _totals(capped)
     for k, v in capped.state.items():
         assert torch.equal(timed.state[k], v), k
+    # a replay (the rounds record) repeats the timed run's rounds whatever its own clock says
+    again = match_residual(view_of(llama_pair[0]), view_of(llama_pair[1]),
+                           MatchOptions(residual=True, time_limit=0.0), replay=[3])
+    assert again.report.residual["objective"] == _totals(timed)
+    assert again.report.residual["ended"] == "time"
     gains = [x["gain"] for x in res["history"]]
     assert abs(sum(gains) - res["gain"]) <= 1e-6 * res["objective"][0]
     assert abs(sum(x["share"] for x in res["history"]) - 1.0) <= 1e-6

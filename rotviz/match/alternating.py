@@ -23,7 +23,7 @@ The rounds (`alternate`) run on a state that holds the two canonical models: in 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol, TypeVar
 
@@ -238,7 +238,8 @@ class _Best:
 
 def alternate(state: State, options: MatchOptions, group: str,
               progress: Progress | None = None,
-              on_round: Callable[[int, int], None] | None = None) -> Alternated:
+              on_round: Callable[[int, int], None] | None = None,
+              replay: Sequence[int] | None = None) -> Alternated:
     """The rounds and phases of the alternation (see module) on `state`. `on_round(phase,
     round)` is called after each round (phase 0 without head permutation, 1 with it; rounds
     from 1), while the state holds that round's result.
@@ -247,7 +248,9 @@ def alternate(state: State, options: MatchOptions, group: str,
     says so, or at `options.rounds`; the whole run stops at the end of the round that
     crosses `options.time_limit` seconds (0: after the first round), and then returns the
     lowest-objective state any round ended at. `state.agree` makes every stopping decision
-    one decision across torchrun's processes."""
+    one decision across torchrun's processes. `replay` (rounds per phase, a report's
+    `phase_rounds`) takes the clock's place: the last of those phases ends after its rounds,
+    so a run its time limit stopped is repeated round for round (rotviz.measures.rounds)."""
     # Head assignments made before the stream is aligned lock in poor choices, so with heads
     # on, a first phase alternates without them until it converges, then a second with them.
     phases = [replace(options, residual=False, heads=False)]
@@ -289,7 +292,9 @@ def alternate(state: State, options: MatchOptions, group: str,
             gains[-1] = (start - run.history[-1]) / origin if origin else 0.0
             why = None if counts[0] else stop_reason(
                 start - run.history[-1], origin - run.history[-1], origin, options)
-            if options.time_limit is not None and why is None:
+            if replay is not None:  # the rules are deterministic, the clock is not
+                out_of_time = why is None and k == len(replay) - 1 and r + 1 >= replay[k]
+            elif options.time_limit is not None and why is None:
                 out_of_time = now - t0 >= options.time_limit
             why, out_of_time = state.agree((why, out_of_time))
             if out_of_time:
