@@ -288,6 +288,7 @@ def alternate(state: State, options: MatchOptions, group: str,
             best.keep(run)
             if on_round is not None:
                 on_round(k, r + 1)
+                clock = _now()  # the hook's time (the rounds record measures) is no round's
             origin = run.history[0]
             gains[-1] = (start - run.history[-1]) / origin if origin else 0.0
             why = None if counts[0] else stop_reason(
