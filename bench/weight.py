@@ -23,7 +23,7 @@ memory, on two independently seeded random models (seeds 0 and 1) per size:
   4096, relative attention; stream permutations). Run them by name with --sizes.
 
 Every weight-matching run reports the rounds it ran and the seconds per round, from the
-progress callback's time stamps. Where the default misses the target (weight matching <= 2x
+progress callback's time stamps. Where the default misses the target (weight matching <= 3x
 the seed matching's time), the round caps in --caps are measured as well (e.g. 1, 2, 3), each
 with the distance it reaches; --plain adds the rounds as they were before joint steps
 (`plain_rounds=True`, the same --budget), for the final distance side by side; --backoff adds
@@ -97,7 +97,7 @@ WEIGHT = MatchOptions(heads=True, residual=True)
 BACKOFF = replace(WEIGHT, ffn_backoff=True)
 PLAIN = replace(WEIGHT, plain_rounds=True)  # the rounds before joint steps (docs/solvers.md)
 REFERENCE = "reference: the rule before `stall`, stopped by `time_limit={:g}`"
-TARGET = 2.0  # weight matching's time <= TARGET x the seed matching's, same size
+TARGET = 3.0  # weight matching's time <= TARGET x the seed matching's, same size (issue 49)
 MEMORY_TARGET = 3.0  # as in bench/match.py
 GB = 1024**3
 
@@ -391,7 +391,7 @@ INTRO = (
     "on views already in memory; random float32 models, seeds 0 (anchor) and 1 (source). "
     "With --repeats N every matching runs N times, interleaved (seed, weight, caps, then "
     "again), and the table has the fastest run of each, all runs listed. "
-    "Target: weight matching <= 2x the seed matching's time at the same size; where the "
+    "Target: weight matching <= 3x the seed matching's time at the same size; where the "
     "default misses it, round caps are measured too. s / round splits each alternation round "
     "into the per-layer maps and the residual step (map, its application and the objective). "
     "Peak memory: process high-water mark above the level before the models were built "
