@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         c = interpolate(anchor, source, test, options, 21)
         res = m.report.residual or {}
         ended = ", ".join(f"{e} ({g:.1e})" for e, g in
-                          zip(res.get("ended", []), res.get("last_gain", []), strict=True))
+                          zip(res.get("phase_ended", []), res.get("last_gain", []), strict=True))
         steps = (f"{res['joint_steps']} + {res['plain_steps']}"
                  if res.get("joint_steps") is not None else "-")
         phases = " + ".join(str(r) for r in res["phase_rounds"]) if res else "-"

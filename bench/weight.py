@@ -23,7 +23,7 @@ memory, on two independently seeded random models (seeds 0 and 1) per size:
   4096, relative attention; stream permutations). Run them by name with --sizes.
 
 Every weight-matching run reports the rounds it ran and the seconds per round, from the
-progress callback's time stamps. Where the default misses the target (weight matching <= 2x
+progress callback's time stamps. Where the default misses the target (weight matching <= 3x
 the seed matching's time), the round caps in --caps are measured as well (e.g. 1, 2, 3), each
 with the distance it reaches; --plain adds the rounds as they were before joint steps
 (`plain_rounds=True`, the same --budget), for the final distance side by side; --backoff adds
@@ -35,8 +35,18 @@ weight bytes. On CUDA it is the allocator's peak with the two views on the GPU.
 
     python bench/weight.py [--device cpu|cuda] [--sizes roberta-base,llama-1b]
         [--layers llama-1b=4] [--caps 1,2,3] [--always-caps] [--skip-default]
-        [--backoff] [--plain] [--budget SECONDS] [--repeats N] [--threads N] [--label NAME]
+        [--backoff] [--plain] [--budget SECONDS] [--time-limit SECONDS]
+        [--reference SECONDS] [--repeats N] [--threads N] [--label NAME]
         [--note TEXT] [--results PATH]
+
+Every weight-matching row also records how the alternation ended (`ended`: converged,
+stalled, time or rounds; rotviz.match.alternating) and the share of its gain in squared
+canonical distance that the first round earned. --time-limit S adds the default with
+`time_limit=S` (the alternation stops at the end of the round that crosses S seconds and keeps
+its best state). --reference S adds the rule before `stall` (`stall=0, tol=0`, no round cap)
+stopped by `time_limit=S` (e.g. 1800: "what 30 minutes of rounds earn"), and every weight row
+then says what share of that run's gain in squared canonical distance it earned (the issue's
+95% target).
 
 Each run replaces its own blocks (label/size, and the depth where --layers cuts it) of the
 `weight` section of bench/RESULTS.md and keeps the others, so sizes measured in separate
@@ -86,7 +96,8 @@ SEED = MatchOptions()
 WEIGHT = MatchOptions(heads=True, residual=True)
 BACKOFF = replace(WEIGHT, ffn_backoff=True)
 PLAIN = replace(WEIGHT, plain_rounds=True)  # the rounds before joint steps (docs/solvers.md)
-TARGET = 2.0  # weight matching's time <= TARGET x the seed matching's, same size
+REFERENCE = "reference: the rule before `stall`, stopped by `time_limit={:g}`"
+TARGET = 3.0  # weight matching's time <= TARGET x the seed matching's, same size (issue 49)
 MEMORY_TARGET = 3.0  # as in bench/match.py
 GB = 1024**3
 
@@ -176,6 +187,9 @@ class Row:
     stopped: bool = False  # cut off by --budget
     runs: list[float] = field(default_factory=list)  # every repeat's seconds
     held: int = 0  # rounds that held the FFN maps (ffn_backoff)
+    ended: str = ""  # how the alternation ended: converged, stalled, time or rounds
+    first_share: float | None = None  # the first round's share of the gain (squared, canonical)
+    gain: float | None = None  # squared canonical distance gained in all
 
     @property
     def outside(self) -> float:
@@ -230,6 +244,9 @@ def run_once(va, vs, options: MatchOptions, what: str, device: str, baseline: in
             row.rounds = rep.residual["rounds"]
             row.held = rep.residual.get("ffn_held", 0)
             row.history = [x**0.5 for x in rep.residual["objective"]]
+            row.ended = rep.residual.get("ended", "")
+            row.first_share = rep.residual.get("first_share")
+            row.gain = rep.residual.get("gain")
     if options.residual:
         row.per_round = stamps.rounds()
         if stopped:  # the round it was in when cut off did not finish
@@ -240,8 +257,9 @@ def run_once(va, vs, options: MatchOptions, what: str, device: str, baseline: in
 
 def bench_size(size: str, layers: int | None, device: str, caps: list[int], always_caps: bool,
                skip_default: bool, budget: float | None, repeats: int,
-               baseline: int, backoff: bool = False,
-               plain: bool = False) -> tuple[list[Row], int, int]:
+               baseline: int, backoff: bool = False, plain: bool = False,
+               time_limit: float | None = None,
+               reference: float | None = None) -> tuple[list[Row], int, int]:
     anchor, source = build(size, 0, layers), build(size, 1, layers)
     weights = weight_bytes(anchor, source)
     va = read_view(anchor.spec, anchor.config, anchor.state).to(device=device)
@@ -254,16 +272,24 @@ def bench_size(size: str, layers: int | None, device: str, caps: list[int], alwa
     configs = [("seed (`MatchOptions()`)", SEED, None)]
     if not skip_default:
         configs.append((f"weight (heads + residual, default: rounds <= {WEIGHT.rounds}, "
-                        f"tol {WEIGHT.tol:g})", WEIGHT, budget))
+                        f"tol {WEIGHT.tol:g}, stall {WEIGHT.stall:g})", WEIGHT, budget))
     if backoff:  # after the default, which decides the caps below
         configs.append(("weight, FFN back-off (`ffn_backoff=True`, default rounds and tol)",
                         BACKOFF, budget))
     if plain:
         configs.append(("weight, plain rounds (`plain_rounds=True`, default rounds and tol)",
                         PLAIN, budget))
+    if time_limit is not None:
+        configs.append((f"weight, `time_limit={time_limit:g}`",
+                        replace(WEIGHT, time_limit=time_limit), None))
+    if reference is not None:  # once: it is the yardstick, not a contender
+        configs.append((REFERENCE.format(reference), replace(
+            WEIGHT, stall=0.0, tol=0.0, rounds=10_000, time_limit=reference), None))
     runs: dict[str, list[Row]] = {}
     for rep in range(repeats):
         for what, options, limit in configs:
+            if rep and what.startswith("reference"):
+                continue
             row = run_once(va, vs, options, what, device, baseline, limit)
             runs.setdefault(what, []).append(row)
             show(size, row, runs[configs[0][0]][-1].seconds, weights)
@@ -288,7 +314,9 @@ def show(size: str, r: Row, seed_s: float, weights: int) -> None:
     rounds = "" if r.rounds is None else f"  rounds {r.rounds}{' (cut off)' if r.stopped else ''}"
     print(f"  {size:13s} {r.what:60s} {r.seconds:8.2f} s = {r.seconds / seed_s:5.2f}x seed"
           f" (CPU {r.cpu:.1f} s)"
-          f"{rounds}  distance {r.before:.2f} -> {r.after:.2f}  peak {r.peak / GB:.2f} GB"
+          f"{rounds}{f'  ended {r.ended}' if r.ended else ''}"
+          f"{'' if r.first_share is None else f'  first round {100 * r.first_share:.1f}%'}"
+          f"  distance {r.before:.2f} -> {r.after:.2f}  peak {r.peak / GB:.2f} GB"
           f" = {r.peak / weights:.2f}x weights  load {r.load[0]:.2f} -> {r.load[1]:.2f}",
           flush=True)
 
@@ -300,8 +328,10 @@ def table(size: str, rows: list[Row], weights: int, n_layers: int, head: str) ->
     seed_s = rows[0].seconds
     cols = ("matching", "rounds run", "seconds", "s / layer", "s / round (per-layer + residual)",
             "s outside rounds", "weight / seed", "CPU s (weight / seed)",
-            "distance before -> after", "peak memory (GB)", "peak / weights",
+            "distance before -> after", "ended", "first round's share of the gain",
+            "gain / reference's", "peak memory (GB)", "peak / weights",
             "load (1 min) start -> end", "target")
+    ref = next((r for r in rows if r.what.startswith("reference") and r.gain), None)
     lines = [head, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         ratio = r.seconds / seed_s
@@ -327,11 +357,14 @@ def table(size: str, rows: list[Row], weights: int, n_layers: int, head: str) ->
         secs = f"{'> ' if r.stopped else ''}{r.seconds:.2f}"
         if len(r.runs) > 1:
             secs += f" (fastest of {', '.join(f'{x:.1f}' for x in r.runs)})"
+        share = "-" if r.first_share is None else f"{100 * r.first_share:.1f}%"
+        versus = ("-" if ref is None or r.gain is None or r.cap is None
+                  else f"{100 * r.gain / ref.gain:.1f}%")
         lines.append(
             f"| {r.what} | {rounds} | {secs} | {r.seconds / n_layers:.2f} "
             f"| {per_round} | {outside} | {'> ' if r.stopped else ''}{ratio:.2f}x "
             f"| {r.cpu:.1f} ({r.cpu / rows[0].cpu:.2f}x) "
-            f"| {dist} | {r.peak / GB:.2f} | "
+            f"| {dist} | {r.ended or '-'} | {share} | {versus} | {r.peak / GB:.2f} | "
             f"{r.peak / weights:.2f}x | {r.load[0]:.2f} -> {r.load[1]:.2f} "
             f"| {'; '.join(x for x in (target, mem) if x)} |"
         )
@@ -352,12 +385,13 @@ SECTION = re.compile(r"<!-- weight:start -->(.*?)<!-- weight:end -->", re.S)
 INTRO = (
     "Written by `bench/weight.py`: weight matching (`MatchOptions(heads=True, residual=True)`: "
     "the seed paper's per-layer maps, head permutation and the residual-stream map, "
-    "alternated until a round gains less than tol = 1e-6 of the start, at most 50 rounds) "
+    "alternated until a round gains less than tol = 1e-6 of the start or less than stall = "
+    "0.1% of the total gain so far, at most 50 rounds; `ended` says which) "
     "against the seed paper's matching (`MatchOptions()`), timed with `rotviz.match.engine.match` "
     "on views already in memory; random float32 models, seeds 0 (anchor) and 1 (source). "
     "With --repeats N every matching runs N times, interleaved (seed, weight, caps, then "
     "again), and the table has the fastest run of each, all runs listed. "
-    "Target: weight matching <= 2x the seed matching's time at the same size; where the "
+    "Target: weight matching <= 3x the seed matching's time at the same size; where the "
     "default misses it, round caps are measured too. s / round splits each alternation round "
     "into the per-layer maps and the residual step (map, its application and the objective). "
     "Peak memory: process high-water mark above the level before the models were built "
@@ -413,6 +447,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", type=float, default=None,
                    help="cut the default weight matching off after this many seconds (at a "
                         "step boundary; the table says so)")
+    p.add_argument("--time-limit", type=float, default=None,
+                   help="also time the default with time_limit=SECONDS (the library's own "
+                        "stop: the best state of the round that crosses it)")
+    p.add_argument("--reference", type=float, default=None,
+                   help="also run the rule before stall (tol 0, no cap) for SECONDS, once: the "
+                        "yardstick of each weight row's gain (e.g. 1800)")
     p.add_argument("--repeats", type=int, default=1,
                    help="passes over all the matchings; the table has each one's fastest run")
     p.add_argument("--threads", type=int, default=None,
@@ -448,7 +488,8 @@ def main(argv: list[str] | None = None) -> int:
         rows, weights, n_layers = bench_size(size, layers.get(size), args.device, caps,
                                              args.always_caps, args.skip_default,
                                              args.budget, args.repeats, baseline,
-                                             args.backoff, args.plain)
+                                             args.backoff, args.plain, args.time_limit,
+                                             args.reference)
         load1 = os.getloadavg()
         family, dims = SIZES[size]
         shape = dict(dims, layers=n_layers)

@@ -179,6 +179,18 @@ class Pair:
     layers: str | None = None
     second: bool = True  # a one-model record (pair=False) given a second model
     sized: bool = False
+    # seconds weight matching's alternation may take (rotviz.match.options.MATCH_PARAMS;
+    # None: no limit)
+    time_limit: float | None = None
+
+    def options(self, n_layers: int | None = None) -> Any:
+        """The MatchOptions this pair is matched with (None: no matching), the layers read
+        against the model's `n_layers` (None: not yet known, so every layer)."""
+        from rotviz.match.options import limited, parse_layers
+        from rotviz.match.selection import match_options
+
+        layers = None if n_layers is None else parse_layers(self.layers, n_layers)
+        return limited(match_options(self.spec, layers), self.time_limit)
 
 
 def _load_model(ref: str) -> Any:
@@ -222,10 +234,8 @@ def run(m: Measurement, pair: Pair, params: dict, host: Host) -> Any:
     any model loads, then in memory or at size, the endpoints, the context, the record
     (`run_on`) and the host's outputs. Returns the result; None on a torchrun process other
     than the main one (the main one writes and reports)."""
-    from rotviz.match.selection import match_options
-
     values = m.values(params)
-    check(m, values, match_options(pair.spec), pair.sized, host.words)
+    check(m, values, pair.options(), pair.sized, host.words)
     if pair.sized:
         return _at_size(m, pair, values, host)
     return _in_memory(m, pair, values, host)
@@ -271,9 +281,7 @@ def _in_memory(m: Measurement, pair: Pair, values: dict, host: Host) -> Any:
     heads for a record that evaluates a loss), its further models read (a bad one refused
     before any matching), matched by the host, measured."""
     from rotviz.match.endpoints import match_endpoints
-    from rotviz.match.options import parse_layers
     from rotviz.match.pipeline import view_of
-    from rotviz.match.selection import match_options
     from rotviz.match.widths import check_pair
 
     anchor = host.load(pair.anchor)
@@ -293,8 +301,7 @@ def _in_memory(m: Measurement, pair: Pair, values: dict, host: Host) -> Any:
     further = {values[n]: (host.further or _load_model)(values[n])
                for n in m.models if values.get(n)}
     split = split_of()
-    options = match_options(pair.spec, parse_layers(pair.layers,
-                                                    view_of(anchor).dims.n_layers))
+    options = pair.options(view_of(anchor).dims.n_layers)
     with _group(host) as group:
         if host.match is not None:  # outside `using`: the host's matching holds its own
             ends = host.match(anchor, source, options, split)
@@ -321,8 +328,6 @@ def _at_size(m: Measurement, pair: Pair, values: dict, host: Host) -> Any:
     from rotviz.atsize.endpoints import streamed_endpoints
     from rotviz.atsize.points import sized_loaded
     from rotviz.confine import ANYWHERE
-    from rotviz.match.options import parse_layers
-    from rotviz.match.selection import match_options
     from rotviz.match.widths import differs_only_in_ffn
     from rotviz.match.widths import refuse_narrower as refuse
     from rotviz.sources.pairs import check_compatible
@@ -342,7 +347,7 @@ def _at_size(m: Measurement, pair: Pair, values: dict, host: Host) -> Any:
             "a pair of different depths is brought to one depth in memory only; raise "
             "--max-memory"))
     check_compatible(anchor, source)  # type: ignore[arg-type]  # duck-typed: meta state
-    options = match_options(pair.spec, parse_layers(pair.layers, source.dims.n_layers))
+    options = pair.options(source.dims.n_layers)
     split = host.split(sized_loaded(anchor))
     with _group(host) as group, streamed_endpoints(anchor, source, options, host.device,
                                                    group) as ends:

@@ -947,6 +947,19 @@ def test_match_page_residual_alternation_never_goes_up(pair):
     assert "✓ never went up" in "\n".join(c.value for c in at.caption)
     assert "function preserved" in texts(at)
     assert float(metrics["distance after"]) < float(metrics["distance before"])
+    # the rounds beside the match: each round's share of the gain (adding up to 100%) and
+    # the distance after it, ending at the canonical distance; why it stopped, in words
+    rnd = figs["Weight matching, round by round: what each round earned"]
+    share, dist = (numbers(tr["y"]) for tr in rnd["data"])
+    assert [tr["name"] for tr in rnd["data"]] == ["round's share of the gain (%)",
+                                                  "distance after the round"]
+    assert sum(share) == pytest.approx(100.0, rel=1e-6) and share[0] > 50.0
+    assert dist[-1] == pytest.approx(canon, rel=1e-3)
+    layout = rnd["layout"]
+    assert layout["xaxis"]["title"]["text"] == "round of the alternation"
+    assert layout["yaxis"]["title"]["text"] == "canonical distance to anchor (L2)"
+    assert layout["yaxis2"]["title"]["text"] == "share of the total gain (%)"
+    assert "Stopped (stalled)" in "\n".join(c.value for c in at.caption)
 
 
 def load_cached(ref: str):

@@ -6,6 +6,7 @@ Runs on the zoo's default pair (two digits ViTs) on 100 test images, on the CPU.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -87,6 +88,13 @@ def test_match_equals_match_models(base, engine, spec):
         assert got["report"]["residual"]["rounds"] >= 1 and seen
     a, b, _ = engine
     want = match_models(a, b, match_options(spec, None), "cpu").report.to_dict()
+    if spec == "weight":  # the default stopping rule ends within 0.5% of the old rule's
+        # canonical distance (tests/data/old_rule.json: 18.5209, converged in 39 rounds)
+        old = json.loads((Path(__file__).parent / "data" / "old_rule.json").read_text())
+        res = want["residual"]
+        assert res["distance_canonical_after"] <= 1.005 * old["default pair"] ** 0.5
+        assert abs(sum(x["gain"] for x in res["history"]) - res["gain"]) <= \
+            1e-6 * res["objective"][0]
     assert got["before_total"] == want["distance_before"]["total"]
     assert got["after_total"] == want["distance_after"]["total"]
     assert got["report"]["distance_after"] == want["distance_after"]

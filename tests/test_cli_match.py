@@ -326,7 +326,8 @@ def test_rounds_caps_the_alternation(saved, tmp_path, capsys):
     large models); a cap of 1 round per phase runs exactly 2 (without, then with heads)."""
     report = tmp_path / "r.json"
     argv = ["match", str(saved("bert", 0)), str(saved("bert", 1)), "--out", str(tmp_path / "o"),
-            "--residual", "--heads", "--rounds", "1", "--tol", "0", "--report", str(report)]
+            "--residual", "--heads", "--rounds", "1", "--tol", "0", "--stall", "0", "--report",
+            str(report)]
     assert main(argv) == 0
     out = capsys.readouterr().out
     res = json.loads(report.read_text())["residual"]
@@ -342,8 +343,8 @@ def test_ffn_backoff_is_reported(saved, tmp_path, capsys):
     options it ran with, and the written model keeps the function (checked before writing)."""
     report = tmp_path / "r.json"
     argv = ["match", str(saved("llama", 0)), str(saved("llama", 1)), "--out",
-            str(tmp_path / "o"), "--residual", "--rounds", "8", "--tol", "0", "--ffn-backoff",
-            "--report", str(report)]
+            str(tmp_path / "o"), "--residual", "--rounds", "8", "--tol", "0", "--stall", "0",
+            "--ffn-backoff", "--report", str(report)]
     assert main(argv) == 0
     rep = json.loads(report.read_text())
     held = rep["residual"]["ffn_held"]

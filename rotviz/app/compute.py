@@ -191,7 +191,7 @@ def measure_pair(record: Measurement, res: Resources, c: PairConfig, params: dic
         words=runner.Words(over, "raise the memory budget in the sidebar", "pick a matching"))
     with Watch() as held:
         result = runner.run(record, runner.Pair(c.anchor, c.source, c.label, c.layers or None,
-                                                second, sized), params, host)
+                                                second, sized, c.time_limit), params, host)
     out = result.to_dict()
     if out.get("stopped") == "cancelled":
         raise Cancelled(f"{record.label} was stopped before it finished; nothing was kept. "

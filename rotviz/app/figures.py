@@ -108,6 +108,12 @@ def objective_history(rows: Sequence[Mapping], style: Style) -> Any:
     return draw(rows, style.font_size)
 
 
+def round_history(rows: Sequence[Mapping], style: Style) -> Any:
+    from rotviz.plots.matching import round_history as draw
+
+    return draw(rows, style.font_size)
+
+
 def angle_spectrum(series: Mapping[str, Sequence[float]], style: Style,
                    title: str | None = None) -> Any:
     from rotviz.plots.matching import angle_spectrum as draw

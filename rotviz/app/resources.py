@@ -161,6 +161,9 @@ class PairConfig:
     n_eval: int = 0
     learn_steps: int = 0
     params: tuple[tuple[str, Any], ...] = ()
+    # seconds weight matching's alternation may take: the sidebar's budget, kept only for a
+    # SPEC with the residual map (no other matching alternates); None: no limit
+    time_limit: float | None = None
 
     @classmethod
     def of(cls, cfg: dict) -> PairConfig:
@@ -176,7 +179,9 @@ class PairConfig:
             layers=(cfg.get("layers") or "").strip(), device=cfg.get("device", "cpu"),
             data=cfg.get("data", ""), seed=int(cfg.get("seed", 0)),
             n_eval=int(cfg.get("n_eval", 0)), learn_steps=steps,
-            params=tuple(sorted((cfg.get("params") or {}).items())))
+            params=tuple(sorted((cfg.get("params") or {}).items())),
+            time_limit=float(cfg["match_time"]) if cfg.get("match_time") and getattr(
+                sel, "residual", False) else None)
 
     @property
     def matched_key(self) -> str:
@@ -186,7 +191,9 @@ class PairConfig:
             "anchor": self.anchor, "source": self.source, "spec": self.label,
             "layers": self.layers, "device": self.device,
             "data": self.data if self.needs_data else "", "learn_steps": self.learn_steps,
-            "learn_seed": self.seed if self.learns else 0})
+            "learn_seed": self.seed if self.learns else 0,
+            # only a budget that applies: every other matching keeps its key
+            **({"time_limit": self.time_limit} if self.time_limit is not None else {})})
 
 
 def spec_cfg(spec: str, learn_steps: int = 0) -> dict:
@@ -235,10 +242,10 @@ def n_layers(loaded: Loaded) -> int:
 
 def options_of(c: PairConfig, a: Loaded):
     """The MatchOptions a configuration asks for (None for 'none'), on anchor `a`."""
-    from rotviz.match.options import LearnOptions
+    from rotviz.match.options import LearnOptions, limited
     from rotviz.match.selection import match_options
 
-    opts = match_options(c.label, layers_of(c.layers, n_layers(a)))
+    opts = limited(match_options(c.label, layers_of(c.layers, n_layers(a))), c.time_limit)
     if opts is not None and c.learns:
         opts = dataclasses.replace(opts, learn=LearnOptions(steps=c.learn_steps, seed=c.seed))
     return opts

@@ -231,6 +231,23 @@ def objective_rows(summary: Mapping) -> list[dict]:
     return rows
 
 
+def round_rows(summary: Mapping) -> list[dict]:
+    """The weight-matching alternation, one row per round (the report's `history`): phase,
+    round (labelled, `2h` for the second phase's, heads on), the canonical distance after it,
+    its gain in squared distance, its share of the total gain and its seconds. Empty when no
+    residual map was matched (or the report predates the history)."""
+    res = summary["report"].get("residual") or {}
+    return [{"label": f"{x['round']}{'h' if x['phase'] else ''}", "phase": x["phase"],
+             "round": x["round"], "distance": x["distance"], "gain": x["gain"],
+             "share": x["share"], "seconds": x["seconds"]} for x in res.get("history") or []]
+
+
+ENDED = {"converged": "a round gained less than the tolerance of the start",
+         "stalled": "a round gained less than the stall share of the total gain so far",
+         "time": "the sidebar's matching time budget ran out (the best state is kept)",
+         "rounds": "the round cap was reached while rounds still gained"}
+
+
 def never_increases(values, rtol: float = 1e-9) -> bool:
     """True when no value is above the one before it (up to float rounding)."""
     v = [float(x) for x in values]

@@ -22,9 +22,20 @@ from rotviz.cli.args import (
     layers_text,
     reading,
 )
+from rotviz.cli.measure import add_params
 from rotviz.devices import calm_before_torch
 from rotviz.errors import RotvizError
-from rotviz.limits import DEFAULT_ROUNDS, DEFAULT_STEPS, DEFAULT_TOL, ROUNDS, STEPS, TOL
+from rotviz.limits import (
+    DEFAULT_ROUNDS,
+    DEFAULT_STALL,
+    DEFAULT_STEPS,
+    DEFAULT_TOL,
+    ROUNDS,
+    STALL,
+    STEPS,
+    TOL,
+)
+from rotviz.match.options import MATCH_PARAMS
 from rotviz.params import needs
 from rotviz.sources import hf_cache as hub
 from rotviz.symmetry.registry import SYMMETRIES
@@ -93,6 +104,11 @@ def _add_match(sub) -> None:
     m.add_argument("--tol", type=bounded(TOL), default=None,
                    help="with --residual: stop when a round gains less than this fraction of "
                         f"the starting squared distance (default {DEFAULT_TOL:g}, in [0, 1])")
+    m.add_argument("--stall", type=bounded(STALL), default=None,
+                   help="with --residual: also stop when a round gains less than this share "
+                        f"of the total gain so far (default {DEFAULT_STALL:g}, in [0, 1]; 0: "
+                        "only --tol and --rounds, the rule before it)")
+    add_params(m, MATCH_PARAMS)  # what every command that matches takes (--time-limit)
     m.add_argument("--ffn-backoff", action="store_true",
                    help="with --residual: after an FFN solve that moves no unit, hold the FFN "
                         "maps for 1, 2, 4, ... rounds while the others re-solve (cheaper rounds "
@@ -142,7 +158,7 @@ def cmd_match(args: argparse.Namespace) -> int:
     from rotviz.data.reading import split_for
     from rotviz.devices import pick_device
     from rotviz.match.lineage import check_lineage, move_model
-    from rotviz.match.options import LearnOptions, MatchOptions, parse_layers
+    from rotviz.match.options import LearnOptions, MatchOptions, limited, parse_layers
     from rotviz.match.pipeline import match_models, stored_check_words
     from rotviz.outputs import Outputs, write_json_file
     from rotviz.sources.loading import load_model
@@ -155,6 +171,7 @@ def cmd_match(args: argparse.Namespace) -> int:
     needs("--data", args.data is not None, "--act or --learned", args.act or args.learned)
     needs("--steps", args.steps is not None, "--learned", args.learned)
     for flag, given in (("--rounds", args.rounds is not None), ("--tol", args.tol is not None),
+                        ("--stall", args.stall is not None),
                         ("--residual-group", args.residual_group is not None),
                         ("--ffn-backoff", args.ffn_backoff),
                         ("--plain-rounds", args.plain_rounds)):
@@ -172,8 +189,10 @@ def cmd_match(args: argparse.Namespace) -> int:
         residual_group=args.residual_group or "auto",
         rounds=DEFAULT_ROUNDS if args.rounds is None else args.rounds,
         tol=DEFAULT_TOL if args.tol is None else args.tol, ffn_backoff=args.ffn_backoff,
+        stall=DEFAULT_STALL if args.stall is None else args.stall,
         plain_rounds=args.plain_rounds,
         learn=LearnOptions(steps=DEFAULT_STEPS if args.steps is None else args.steps))
+    options = limited(options, args.time_limit)
     also = [_also_pair(text) for text in args.also or []]
     if also and args.learned:
         raise RotvizError("--also moves other models by the element that matched the source, "
@@ -269,6 +288,10 @@ def _say_matched(args, options, rep, device, how: str = "") -> None:
     )
     if rep.different_heads:  # two heads of one body: what was matched, what left alone
         print(rep.different_heads["summary"])
+    if rep.residual and rep.residual.get("history"):
+        from rotviz.match.alternating import summary_line
+
+        print(summary_line(rep.residual))
 
 
 def _streams(args, options) -> bool:

@@ -28,6 +28,7 @@ from rotviz.cli.args import (
     reading,
 )
 from rotviz.errors import RotvizError
+from rotviz.match.options import MATCH_PARAMS
 from rotviz.measures import Measurement, measurements
 from rotviz.params import Param
 from rotviz.sources import hf_cache
@@ -101,8 +102,9 @@ def register(sub, wanted: Callable[[str], bool] = lambda name: True) -> None:
                                 f"--data (default {m.match_default}){with_source}")
             p.add_argument("--layers", type=layers_text, default=None,
                            help=f"match only these layers, e.g. 0,2-5{with_source}")
+            add_params(p, MATCH_PARAMS)  # the matching's own options (--time-limit)
         else:
-            p.set_defaults(match="none", layers=None)
+            p.set_defaults(match="none", layers=None, time_limit=None)
         p.add_argument("--device", default="auto", help="auto, cpu, cuda or mps (default auto)")
         if m.writes_model:
             p.add_argument("--out", default=None, metavar="DIR",
@@ -340,6 +342,7 @@ def run_command(m: Measurement, args: argparse.Namespace) -> int:
     from rotviz import runner
     from rotviz.data.reading import split_for
     from rotviz.devices import device_for, pick_device
+    from rotviz.match.options import limited
     from rotviz.match.selection import match_options
 
     given = {p.name: getattr(args, p.name) for p in m.parameters()}
@@ -351,7 +354,7 @@ def run_command(m: Measurement, args: argparse.Namespace) -> int:
             f.check(values)
     if not m.pair:  # one model: the endpoints are it, twice, unmatched (or with --source)
         _one_model(m, args, values)
-    options = match_options(args.match)  # SPEC errors come first
+    options = limited(match_options(args.match), args.time_limit)  # SPEC errors come first
     if m.data is False and options is not None and options.needs_data and args.data is None:
         raise RotvizError("--match act and learned learn from data: add --data, e.g. "
                           "--data digits")
@@ -407,7 +410,7 @@ def run_command(m: Measurement, args: argparse.Namespace) -> int:
                        processes=_processes, progress=_progress(m, _Main()), write=write,
                        out=out, words=runner.CLI)
     pair = runner.Pair(args.anchor, args.source, args.match, args.layers,
-                       getattr(args, "second", True), sized)
+                       getattr(args, "second", True), sized, args.time_limit)
     result = runner.run(m, pair, given, host)
     if result is None:  # under torchrun, a rank other than 0: rank 0 writes and reports
         return 0
@@ -445,7 +448,8 @@ def _one_model(m: Measurement, args, values: dict) -> None:
     if second is None:
         if why:
             raise RotvizError(f"{why} needs a second model: add --source MODEL")
-        for flag, v in (("--match", args.match), ("--layers", args.layers)):
+        for flag, v in (("--match", args.match), ("--layers", args.layers),
+                        ("--time-limit", args.time_limit)):
             if v is not None:
                 raise RotvizError(f"{flag} matches a second model: add --source MODEL, or "
                                   f"drop {flag}")

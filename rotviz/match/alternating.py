@@ -22,9 +22,10 @@ The rounds (`alternate`) run on a state that holds the two canonical models: in 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import torch
 
@@ -39,6 +40,8 @@ from rotviz.symmetry.actions import LayerTransform
 from rotviz.symmetry.view import ModelView
 from rotviz.types import Progress
 
+T = TypeVar("T")
+
 
 def objective(src: ModelView, anc: ModelView, memo: TensorMemo | None = None) -> float:
     """The squared Euclidean distance that weight matching minimises."""
@@ -47,8 +50,22 @@ def objective(src: ModelView, anc: ModelView, memo: TensorMemo | None = None) ->
 
 def ended_by_cap(info: dict) -> bool:
     """Whether a report's residual info (`MatchReport.residual`) says the round cap, not
-    the tolerance, ended some phase of the alternation."""
-    return not all(info.get("converged", [True]))
+    the stopping rule, ended some phase of the alternation."""
+    return "rounds" in info.get("phase_ended", ["converged" if c else "rounds"
+                                               for c in info.get("converged", [True])])
+
+
+def summary_line(info: dict) -> str:
+    """The alternation in words, one line: rounds run, the gain, the first round's share of
+    it and why it stopped (the command line prints it at the end of a match)."""
+    why = {"converged": "a round gained less than --tol of the start",
+           "stalled": "a round gained less than --stall of the total gain",
+           "time": "--time-limit was reached", "rounds": "--rounds was reached"}
+    before = info["distance_canonical_before"]
+    return (f"alternation: {info['rounds']} round(s), canonical distance {before:.4f} -> "
+            f"{info['distance_canonical_after']:.4f} (gain {info.get('gain', 0.0):.4g} in "
+            f"squared distance), first round {100 * info.get('first_share', 0.0):.1f}% of it; "
+            f"ended {info['ended']}: {why.get(info['ended'], info['ended'])}")
 
 
 def check_residual(view: ModelView, options: MatchOptions) -> str:
@@ -67,6 +84,15 @@ class Step:
     transforms: dict[int, LayerTransform]
     layers: list[HeadReport]
     objective: float
+    # FFN units of the chosen layers, where `transforms` holds only some of them (one torchrun
+    # process's blocks); None: count them in `transforms`
+    units: int | None = None
+
+    def moved(self) -> float:
+        """The share of the FFN units this step moved (the same on every process)."""
+        units = self.units if self.units is not None else sum(
+            len(t.perm) for t in self.transforms.values() if t.perm is not None)
+        return sum(rep.ffn_moved for rep in self.layers) / max(units, 1)
 
 
 class State(Protocol):
@@ -94,6 +120,10 @@ class State(Protocol):
 
     def load(self, saved: object) -> None:
         """Come back to a state `save` returned."""
+
+    def agree(self, decision: T) -> T:
+        """The main process's `decision`, on every process (one process: `decision`), so
+        that all of torchrun's processes stop, step or go back together."""
 
 
 @dataclass
@@ -151,27 +181,96 @@ class _Run:
         self.q_total = q if self.q_total is None else self.q_total @ q
 
 
+ENDINGS = ("converged", "stalled", "time", "rounds")  # how an alternation ends (`ended`)
+
+
+def _now() -> float:
+    """The alternation's clock, in seconds (a function of its own so that a test can drive
+    the time limit round by round)."""
+    return time.perf_counter()
+
+
+def stop_reason(gain: float, total: float, start: float, options: MatchOptions) -> str | None:
+    """Why the alternation stops after a round that gained `gain` (squared distance), with
+    `total` gained since the start `start`: `converged` when the round gained at most `tol` of
+    the start (the old rule), `stalled` when it gained less than `stall` of the total so far
+    (the first rounds earn nearly everything; the later ones creep: docs/solvers.md), else
+    None. When both hold, `converged` is said: it is the stronger statement."""
+    if gain <= options.tol * start:
+        return "converged"
+    if gain < options.stall * total:
+        return "stalled"
+    return None
+
+
+def _worst(endings: list[str]) -> str:
+    """The one word for the whole run: the phase ending that says the most was left (time,
+    then the round cap, then a stall, then convergence)."""
+    for word in ("time", "rounds", "stalled"):
+        if word in endings:
+            return word
+    return "converged"
+
+
+class _Best:
+    """The lowest objective at the end of any round, and what `State.load` and the run need
+    to come back to it: the steps never raise the objective beyond float32 roundoff, but a
+    run stopped by the clock returns its best state, not merely its last."""
+
+    def __init__(self) -> None:
+        self.value = float("inf")
+        self.saved: tuple | None = None
+
+    def keep(self, run: _Run) -> None:
+        if run.history[-1] < self.value:
+            self.value = run.history[-1]
+            self.saved = (run.state.save(), dict(run.transforms), run.q_total)
+
+    def restore(self, run: _Run) -> bool:
+        """Come back to the best state when the last is higher; whether it did."""
+        if self.saved is None or run.history[-1] <= self.value:
+            return False
+        saved, transforms, run.q_total = self.saved
+        run.state.load(saved)
+        run.transforms = dict(transforms)
+        return True
+
+
 def alternate(state: State, options: MatchOptions, group: str,
               progress: Progress | None = None,
-              on_round: Callable[[int, int], None] | None = None) -> Alternated:
+              on_round: Callable[[int, int], None] | None = None,
+              replay: Sequence[int] | None = None) -> Alternated:
     """The rounds and phases of the alternation (see module) on `state`. `on_round(phase,
     round)` is called after each round (phase 0 without head permutation, 1 with it; rounds
-    from 1), while the state holds that round's result."""
+    from 1), while the state holds that round's result.
+
+    A phase stops at the first round (one that solved everything) for which `stop_reason`
+    says so, or at `options.rounds`; the whole run stops at the end of the round that
+    crosses `options.time_limit` seconds (0: after the first round), and then returns the
+    lowest-objective state any round ended at. `state.agree` makes every stopping decision
+    one decision across torchrun's processes. `replay` (rounds per phase, a report's
+    `phase_rounds`) takes the clock's place: the last of those phases ends after its rounds,
+    so a run its time limit stopped is repeated round for round (rotviz.measures.rounds)."""
     # Head assignments made before the stream is aligned lock in poor choices, so with heads
     # on, a first phase alternates without them until it converges, then a second with them.
     phases = [replace(options, residual=False, heads=False)]
     if options.heads:
         phases.append(replace(options, residual=False))
     run = _Run(state)
+    best = _Best()
     total = options.rounds * len(phases)
     rounds: list[int] = []
-    converged: list[bool] = []  # per phase: ended by a round gaining < tol (not the cap)
+    endings: list[str] = []  # per phase: one of ENDINGS
     gains: list[float | None] = []  # per phase: its last round's gain / the start
+    per_round: list[dict] = []  # the report's history, one entry per round
     held = steps = plain = 0
     joint = joint_steps(options, group)
+    t0 = _now()
+    clock = t0
+    out_of_time = False
     for k, inner in enumerate(phases):
         rounds.append(0)
-        converged.append(False)
+        endings.append("rounds")
         gains.append(None)
         phase = _joint_phase if joint else _plain_phase
         for r, start, counts in phase(run, inner, options, group, k, total, progress):
@@ -180,25 +279,53 @@ def alternate(state: State, options: MatchOptions, group: str,
             plain += counts[2]
             start = run.history[0] if start is None else start
             rounds[-1] = r + 1
+            now = _now()
+            per_round.append({"phase": k, "round": r + 1, "objective": run.history[-1],
+                              "gain": start - run.history[-1], "seconds": now - clock,
+                              "ffn_held": bool(counts[0]), "steps": counts[1] + counts[2],
+                              "units_moved": counts[3]})
+            clock = now
+            best.keep(run)
             if on_round is not None:
                 on_round(k, r + 1)
-            gains[-1] = (start - run.history[-1]) / run.history[0] if run.history[0] else 0.0
-            if gains[-1] <= options.tol and counts[0] == 0:
-                converged[-1] = True
+                clock = _now()  # the hook's time (the rounds record measures) is no round's
+            origin = run.history[0]
+            gains[-1] = (start - run.history[-1]) / origin if origin else 0.0
+            why = None if counts[0] else stop_reason(
+                start - run.history[-1], origin - run.history[-1], origin, options)
+            if replay is not None:  # the rules are deterministic, the clock is not
+                out_of_time = why is None and k == len(replay) - 1 and r + 1 >= replay[k]
+            elif options.time_limit is not None and why is None:
+                out_of_time = now - t0 >= options.time_limit
+            why, out_of_time = state.agree((why, out_of_time))
+            if out_of_time:
+                endings[-1] = "time"
                 break
+            if why is not None:
+                endings[-1] = why
+                break
+        if out_of_time:
+            break
     if progress:
         progress(total, total, "done")
+    restored = best.restore(run)
     layers = run.first.layers if run.first is not None else []
     describe(layers, run.transforms)
     q_total, history = run.q_total, run.history
+    after = best.value if restored else history[-1]
+    gained = history[0] - history[-1]  # what the rounds' gains add up to
+    for x in per_round:
+        x["distance"] = max(x["objective"], 0.0) ** 0.5
+        x["share"] = x["gain"] / gained if gained > 0 else 0.0
     info = {
         "group": group,
         "rounds": sum(rounds),
         "phase_rounds": rounds,  # without head permutation, then with it (when on)
-        "converged": converged,  # per phase: False where the round cap ended it
-        # per phase: how it ended ("converged" or "rounds") and its last round's gain, as a
-        # fraction of the starting squared distance
-        "ended": ["converged" if c else "rounds" for c in converged],
+        # per phase: False where the round cap or the clock ended it
+        "converged": [e in ("converged", "stalled") for e in endings],
+        "ended": _worst(endings),  # one of ENDINGS, for the whole run
+        "phase_ended": endings,  # per phase
+        # per phase: its last round's gain, as a fraction of the starting squared distance
         "last_gain": gains,
         "ffn_held": held,  # rounds that held the FFN maps (options.ffn_backoff)
         # rotation streams: the continuous block's steps taken (joint quasi-Newton steps and
@@ -206,8 +333,16 @@ def alternate(state: State, options: MatchOptions, group: str,
         "joint_steps": steps,
         "plain_steps": plain,
         "objective": history,  # squared canonical distance after each step
+        # per round: phase, round, squared canonical distance after it ("objective") and its
+        # root ("distance"), the round's gain in squared distance, its share of the total gain
+        # and its seconds; the gains add up to the total gain
+        "history": per_round,
+        "gain": gained,  # squared canonical distance gained in all
+        "first_share": per_round[0]["share"] if per_round else 0.0,
+        "seconds": _now() - t0,
+        "restored_best": restored,  # a later round ended higher (roundoff): the best came back
         "distance_canonical_before": history[0] ** 0.5,
-        "distance_canonical_after": history[-1] ** 0.5,
+        "distance_canonical_after": after ** 0.5,
         "angles": rs.angles(q_total, group) if q_total is not None else [],
         "moved": int((q_total.diagonal() < 0.5).sum()) if group == "permutation" else None,
     }
@@ -221,6 +356,7 @@ def _plain_phase(run: _Run, inner: MatchOptions, options: MatchOptions, group: s
     round counts for the stopping rule only when it solved everything."""
     state = run.state
     per_layer = options.ffn or options.attn or options.rescale
+    moved_share = 0.0
     # The FFN solve costs the most (an m x m cost matrix per layer). While it moves units it
     # runs every round; after a solve that moves none it waits 1, then 2, 4, ... rounds
     # (back to every round once it moves units again), and always runs in the round after
@@ -240,6 +376,7 @@ def _plain_phase(run: _Run, inner: MatchOptions, options: MatchOptions, group: s
             step = state.layers(step_options, full)
             if full and options.ffn:  # back off while the units stay put
                 moved = any(rep.ffn_moved for rep in step.layers)
+                moved_share = step.moved()
                 waiting, wait_next = (0, 1) if moved else (wait_next, 2 * wait_next)
             elif waiting:
                 waiting -= 1
@@ -253,7 +390,7 @@ def _plain_phase(run: _Run, inner: MatchOptions, options: MatchOptions, group: s
         settled = before - run.history[-1] <= options.tol * run.history[0]
         if settled and not full:
             waiting = 0
-        yield r, start, (0 if full else 1, 0, 0)
+        yield r, start, (0 if full else 1, 0, 0, moved_share if full else 0.0)
 
 
 def _joint_phase(run: _Run, inner: MatchOptions, options: MatchOptions, group: str, k: int,
@@ -273,15 +410,14 @@ def _joint_phase(run: _Run, inner: MatchOptions, options: MatchOptions, group: s
         moved = 0.0
         if per_layer:
             step = state.layers(inner, True)
-            units = sum(len(t.perm) for t in step.transforms.values() if t.perm is not None)
-            moved = sum(rep.ffn_moved for rep in step.layers) / max(units, 1)
+            moved = step.moved()
             run.take(step)
-        steps = 1 if moved > FOLLOW else BLOCK_STEPS
+        steps = 1 if state.agree(moved > FOLLOW) else BLOCK_STEPS
         counts = _block(run, inner, options, group, steps, lambda i, tag=tag, r=r: progress(
             k * options.rounds + r, total,
             f"{tag}: {'residual map' if i == 0 else f'joint step {i + 1}'}")
             if progress else None)
-        yield r, start, (0, *counts)
+        yield r, start, (0, *counts, moved)
 
 
 def _block(run: _Run, inner: MatchOptions, options: MatchOptions, group: str, steps: int,
@@ -313,7 +449,7 @@ def _block(run: _Run, inner: MatchOptions, options: MatchOptions, group: str, st
                 a, size = a * (radius / size), radius
             saved = state.save()
             tried = _try(state, frame.lift(jn.cayley(a)), m, value, held, follow)
-            if tried[0] > value:  # it would go up: back, and the plain step
+            if state.agree(tried[0] > value):  # it would go up: back, and the plain step
                 state.load(saved)
                 tried = None
                 memory.pairs.clear()
@@ -337,7 +473,7 @@ def _block(run: _Run, inner: MatchOptions, options: MatchOptions, group: str, st
             memory.push(a, grad, grad_new)
         gain = value - new_value
         value, m, grad = new_value, m_new, grad_new
-        if gain <= BLOCK_TOL * options.tol * run.history[0]:
+        if state.agree(gain <= BLOCK_TOL * options.tol * run.history[0]):
             break
     return counts[0], counts[1]
 

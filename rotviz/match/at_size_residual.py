@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -55,6 +56,8 @@ from rotviz.symmetry.actions import LayerTransform, apply_layer
 from rotviz.symmetry.kinds import kind_of
 from rotviz.symmetry.view import Layout, ModelView
 from rotviz.types import Progress
+
+T = TypeVar("T")
 
 Tensor = torch.Tensor
 
@@ -266,7 +269,7 @@ class StreamedState:
     def _pass(self, options: MatchOptions | None) -> Step:
         """One pass: the per-layer maps of `options` (None: none) on every chosen block, the
         cross term of the new state and its objective."""
-        found: dict[int, tuple[HeadReport | None, float, float]] = {}
+        found: dict[int, tuple[HeadReport | None, float, float, int]] = {}
         maps: dict[int, LayerTransform] = {}
 
         def part(i: int) -> Tensor:
@@ -278,11 +281,12 @@ class StreamedState:
                 self.transforms[i] = self.transforms[i].then(t) if i in self.transforms else t
                 rep = res.report.layers[0]
                 rep.layer = i
-                found[i] = (rep, _total(res.report.before), _total(res.report.after))
+                units = len(t.perm) if t.perm is not None else 0
+                found[i] = (rep, _total(res.report.before), _total(res.report.after), units)
                 s = res.view
             else:
                 v = _total(distances(s, a))
-                found[i] = (None, v, v)
+                found[i] = (None, v, v, 0)
             m = rs.cross(s, a)
             del a, s
             release()
@@ -291,7 +295,7 @@ class StreamedState:
         d = self.source.dims.d_model
         like = torch.zeros(d, d, dtype=torch.float64, device=self.device)
         blocks = self.group.ordered_sum(part, self.n, like)
-        every: dict[int, tuple[HeadReport | None, float, float]] = {}
+        every: dict[int, tuple[HeadReport | None, float, float, int]] = {}
         for piece in self.group.all(found):
             every.update(piece)
         before = sum(every[i][1] for i in range(self.n))
@@ -306,7 +310,8 @@ class StreamedState:
             self._initial = first
         self.fresh = True
         reports = [every[i][0] for i in sorted(every) if every[i][0] is not None]
-        return Step(maps, reports, self.value)  # type: ignore[arg-type]
+        units = sum(every[i][3] for i in every)  # every rank's blocks
+        return Step(maps, reports, self.value, units)  # type: ignore[arg-type]
 
     def initial(self) -> float:
         assert self._initial is not None, "no pass has run"
@@ -353,6 +358,12 @@ class StreamedState:
         transforms, self.q, self.cross_m, self.fresh, self.value = saved  # type: ignore[misc]
         self.transforms = dict(transforms)
 
+    def agree(self, decision: T) -> T:
+        """Rank 0's decision on every rank: a branch taken on a number one rank sees
+        differently (a clock, this rank's layers' reports) would put the collectives out of
+        step."""
+        return self.group.share(decision)
+
 
 def match_streamed_residual(
     anchor: Streamed,
@@ -393,11 +404,10 @@ def match_streamed_residual(
         if progress:
             progress(now[0], now[1], f"{now[2]}, {message}")
 
-    if group.world > 1 and not options.plain_rounds:
-        # the joint steps' line searches are not yet dealt among torchrun's processes (their
-        # collectives fall out of step and the run hangs): several processes take the plain
-        # rounds, which the report's options then say (docs/solvers.md)
-        options = replace(options, plain_rounds=True)
+    # Under torchrun every process takes the same joint steps: each pass's cross term and
+    # objective come from rank 0 (`Group.share`), the moved units count every rank's blocks
+    # (`Step.units`), and every branch the alternation takes (a step kept or undone, a block
+    # or a phase ended, the clock) is rank 0's decision (`StreamedState.agree`).
     state = StreamedState(anchor, source, options, device, group, rest, tick)
     out = alternate(state, options, kind, report_progress)
     parts = group.gather(state.transforms)

@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, make_dataclass
+from dataclasses import dataclass, field, make_dataclass, replace
 
 from rotviz.errors import RotvizError
 from rotviz.limits import (
     DEFAULT_ROUNDS,
+    DEFAULT_STALL,
     DEFAULT_STEPS,
     DEFAULT_TOL,
     ROUNDS,
+    STALL,
     STEPS,
+    TIME_LIMIT,
     TOL,
     check_layer_ranges,
     layer_ranges,
 )
+from rotviz.params import Param
 from rotviz.symmetry.registry import BY_NAME, SYMMETRIES
 
 
@@ -71,6 +75,9 @@ class _Options:
                                       f"turn {r} on or {s.name} off")
         ROUNDS.check(self.rounds)
         TOL.check(self.tol)  # also refuses NaN and inf
+        STALL.check(self.stall)
+        if self.time_limit is not None:
+            TIME_LIMIT.check(self.time_limit)
 
     @property
     def needs_data(self) -> bool:
@@ -90,10 +97,15 @@ MatchOptions = make_dataclass(
         # start, and hold the FFN maps for 1, 2, 4, ... rounds after an FFN solve moves no
         # unit (faster on large models, another local optimum; rotviz.match.alternating);
         # plain_rounds: the alternation as it was before joint steps on rotation streams
-        # (plain rounds only: per-layer maps, then a Procrustes step; rotviz.match.joint)
+        # (plain rounds only: per-layer maps, then a Procrustes step; rotviz.match.joint);
+        # stall: also stop when a round gains less than this share of the total gain so far
+        # (0: only `tol` and `rounds`, the old rule); time_limit: seconds, the alternation
+        # stops at the end of the round that crosses it (None: no limit)
         ("residual_group", str, field(default="auto")),
         ("rounds", int, field(default=DEFAULT_ROUNDS)),
         ("tol", float, field(default=DEFAULT_TOL)),
+        ("stall", float, field(default=DEFAULT_STALL)),
+        ("time_limit", float | None, field(default=None)),
         ("ffn_backoff", bool, field(default=False)),
         ("plain_rounds", bool, field(default=False)),
         ("learn", LearnOptions, field(default_factory=LearnOptions)),  # with learned
@@ -104,6 +116,32 @@ MatchOptions.__module__ = __name__  # for repr, pickling and documentation
 MatchOptions.__doc__ = ("What to match: one flag per symmetry of rotviz.symmetry.registry "
                         "(keyword-only), the layer subset, and how the residual alternation and "
                         "learned matching run.")
+
+
+# The options of a matching that every command taking `--match` also takes (the command line's
+# options and the library's keywords are made from these records: rotviz.cli.measure,
+# rotviz.runner.Pair). The app's sidebar sets the same time budget for every matching.
+TIME_LIMIT_PARAM = Param(
+    "time_limit", None,
+    "with weight matching (--match weight, or residual): stop the alternation at the end of "
+    "the round that crosses this many seconds and keep the lowest-distance state it reached "
+    f"(0: after the first round; default: no limit; {TIME_LIMIT.text})",
+    TIME_LIMIT, label="Matching time budget (s)", metavar="SECONDS")
+MATCH_PARAMS = (TIME_LIMIT_PARAM,)
+
+
+def limited(options: MatchOptions | None, time_limit: float | None,
+            flag: str = "--time-limit") -> MatchOptions | None:
+    """`options` with the alternation's time limit (None: as they are), refused in one line
+    where no alternation runs: a limit nothing would honour is an error, not a quiet no-op."""
+    if time_limit is None:
+        return options
+    time_limit = float(TIME_LIMIT_PARAM.check(time_limit))
+    if options is None or not options.residual:
+        raise RotvizError(f"{flag} limits weight matching's alternation, and this matching "
+                          "has none: match with residual (--match weight), or drop "
+                          f"{flag}")
+    return replace(options, time_limit=time_limit)
 
 
 def parse_layers(spec: str | Sequence[int] | None, n_layers: int) -> tuple[int, ...] | None:

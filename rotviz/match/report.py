@@ -80,6 +80,7 @@ class MatchReport:
         return {
             "options": {**{s.name: getattr(o, s.name) for s in SYMMETRIES},
                         "residual_group": o.residual_group, "rounds": o.rounds, "tol": o.tol,
+                        "stall": o.stall, "time_limit": o.time_limit,
                         "ffn_backoff": o.ffn_backoff, "plain_rounds": o.plain_rounds,
                         "layers": list(o.layers) if o.layers is not None else None},
             "distance_before": self.before.to_dict(),

@@ -10,8 +10,9 @@ look-ups.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import TypeVar
 
 import torch
 
@@ -27,20 +28,25 @@ from rotviz.symmetry.actions import LayerTransform, apply_layer
 from rotviz.symmetry.view import ModelView
 from rotviz.types import Progress
 
+T = TypeVar("T")
+
 RoundHook = Callable[[int, int, Callable[[], ModelView]], None]
 
 
 def match_residual(anchor: ModelView, source: ModelView, options: MatchOptions,
                    progress: Progress | None = None,
-                   on_round: RoundHook | None = None) -> MatchResult:
+                   on_round: RoundHook | None = None,
+                   replay: Sequence[int] | None = None) -> MatchResult:
     """Weight matching with per-layer maps and the residual map, alternated (see module).
     `on_round(phase, round, matched)` after each round: `matched()` builds the source as
-    matched so far (in the anchor's gauge, a new view: nothing of it is kept here)."""
+    matched so far (in the anchor's gauge, a new view: nothing of it is kept here).
+    `replay`: the rounds per phase of a run its time limit stopped, for the clock's stop
+    (rotviz.match.alternating.alternate)."""
     t0 = time.perf_counter()
     group = check_residual(source, options)
     state = _InMemory(anchor, source)
     hook = None if on_round is None else (lambda k, r: on_round(k, r, state.snapshot))
-    out = alternate(state, options, group, progress, hook)
+    out = alternate(state, options, group, progress, hook, replay)
     view = state.finish()
     before = distances(source, anchor)
     after = distances(view, anchor)
@@ -154,6 +160,9 @@ class _InMemory:
     def load(self, saved: object) -> None:
         self.src_c, self.lazy.pending, maps, self.q = saved  # type: ignore[misc]
         self.maps = dict(maps)
+
+    def agree(self, decision: T) -> T:
+        return decision  # one process
 
     def _rebuilt(self) -> ModelView:
         """The source as matched so far, in the anchor's gauge: the composed maps applied

@@ -130,7 +130,12 @@ def rounds_on(ends: HeldEndpoints, split: Split, points: int = 5,
         last.clear()
         last.update(state)  # only the latest round's parameters are held
 
-    result = match_residual(va, vs, ends.report.options, progress, on_round)
+    res = ends.report.residual or {}
+    # a run its time limit stopped: the same rounds, whatever this replay's clock says (the
+    # barriers measured between rounds would count against the limit)
+    timed = res.get("ended") == "time"
+    result = match_residual(va, vs, ends.report.options, progress, on_round,
+                            res["phase_rounds"] if timed else None)
     diff = max((float((last[k].double() - ends.matched[k].double()).abs().max())
                 for k in ends.matched if k in last), default=0.0)
     return Rounds(alphas, out, ends.match, split.data, split.split, split.n, str(ev.device),

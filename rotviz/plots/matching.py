@@ -41,6 +41,35 @@ def objective_history(rows: Sequence[Mapping], font_size: int = 14,
     return _legend_below(fig)
 
 
+ROUND = "round of the alternation"
+DISTANCE = "canonical distance to anchor (L2)"
+SHARE = "share of the total gain (%)"
+
+
+def round_history(rows: Sequence[Mapping], font_size: int = 14,
+                  title: str = "Weight matching, round by round: what each round earned",
+                  ) -> go.Figure:
+    """The alternation's rounds (`rotviz.app.summaries.round_rows`): the canonical distance
+    after each (a line, left axis) and each round's share of the total gain in squared
+    distance (bars, right axis), so a run that stopped early shows what it left behind."""
+    fig = go.Figure()
+    x = [str(r["label"]) for r in rows]
+    fig.add_bar(x=x, y=[100.0 * float(r["share"]) for r in rows], yaxis="y2",
+                name="round's share of the gain (%)", marker={"color": style.color(1)},
+                opacity=0.55, hovertemplate="round %{x}: %{y:.2f}% of the gain<extra></extra>")
+    fig.add_scatter(x=x, y=[float(r["distance"]) for r in rows], mode="lines+markers",
+                    name="distance after the round", line={"color": style.color(0), "width": 2},
+                    marker={"symbol": style.marker(0), "size": 8},
+                    hovertemplate="round %{x}: %{y:.4f}<extra></extra>")
+    style.finish(fig, title, ROUND, DISTANCE, None, font_size, height=360)
+    fig.update_layout(yaxis2={"title": {"text": SHARE, "font": {"size": font_size}},
+                              "overlaying": "y", "side": "right", "rangemode": "tozero",
+                              "showgrid": False, "tickfont": {"size": font_size - 2}},
+                      margin={"r": 80})
+    fig.update_xaxes(type="category")
+    return _legend_below(fig)
+
+
 def _legend_below(fig: go.Figure) -> go.Figure:
     """A horizontal legend under the x-axis title: long entry names leave the plot its width."""
     fig.update_layout(legend={"orientation": "h", "x": 0, "xanchor": "left", "y": -0.22,

@@ -22,6 +22,7 @@ from rotviz.devices import (
     surely_cpu_only,
 )
 from rotviz.errors import RotvizError
+from rotviz.limits import TIME_LIMIT
 from rotviz.plots.figure_style import Style
 from rotviz.ui import runtime
 
@@ -47,6 +48,7 @@ class Setup:
     error: str | None = None  # a message when the pair cannot be used
     acc_fixed: bool = False  # accuracy axes on the fixed 0-1 scale (else they follow the data)
     max_memory: int = 0  # bytes the pair may take in memory (0: what the machine has free)
+    match_time: float = 0.0  # seconds weight matching's alternation may take (0: no limit)
 
     @property
     def font(self) -> int:
@@ -66,6 +68,8 @@ class Setup:
                 "seed": self.seed, "n_eval": self.n_eval, "device": self.device}
         if self.max_memory:  # only a budget the user set: results keep their keys otherwise
             base["max_memory"] = self.max_memory
+        if self.match_time:  # likewise: only a time budget the user set
+            base["match_time"] = self.match_time
         return base
 
     @property
@@ -199,6 +203,13 @@ def sidebar(before_torch: Callable[[], None] | None = None) -> Setup:
         help="A pair that needs more than this in memory is read block by block: the "
              "barrier, slices and elementwise merges run as `--max-memory` runs them on the "
              "command line, and the other views say why they are off."))
+    match_time = float(sb.number_input(
+        "Weight matching time budget (s, 0 = no limit)", 0.0, TIME_LIMIT.hi, 0.0, step=10.0,
+        key="match_s", bind="query-params",
+        help="Weight matching alternates rounds until they stop paying. With a budget, it "
+             "stops at the end of the round that crosses it and keeps the closest state it "
+             "reached, as `--time-limit` does on the command line; the Match page shows "
+             "what each round earned."))
     sb.markdown("### Display")
     acc_fixed = sb.toggle("Accuracy axes on the fixed 0-1 scale", key="acc01",
                           bind="query-params",
@@ -210,7 +221,7 @@ def sidebar(before_torch: Callable[[], None] | None = None) -> Setup:
               help="Wide layout, large fonts, controls hidden. Turn off with the button on top "
                    "or by removing present from the URL.")
     setup = Setup(anchor or "", source or "", data, seed, n_eval, device, bool(presenter),
-                  error, bool(acc_fixed), int(budget * 1e9))
+                  error, bool(acc_fixed), int(budget * 1e9), match_time)
     st.session_state["_setup"] = setup
     return setup
 

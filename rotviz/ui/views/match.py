@@ -114,26 +114,38 @@ def beyond(res: dict) -> tuple[dict, dict]:
     res_info, act, learned = rep.get("residual"), rep.get("act"), rep.get("learned")
     if res_info:
         st.subheader("The residual stream")
-        m = st.columns(3)
+        left, right = st.columns([2, 3])
+        m = left.columns(2)
         m[0].metric("residual group", res_info["group"], help=GROUP_TEXT.get(res_info["group"]))
         m[1].metric("alternation rounds", res_info["rounds"],
                     help="rounds of (per-layer maps, then the residual map), until a round "
-                         "gains less than the tolerance or the round cap is reached (the "
-                         "caption below says which)")
+                         "gains little, the time budget runs out or the round cap is reached "
+                         "(the caption below says which)")
         d0, d1 = res_info["distance_canonical_before"], res_info["distance_canonical_after"]
-        m[2].metric("distance between canonical forms", f"{d1:.3f}", delta=f"{d1 - d0:+.3f}",
+        left.metric("distance between canonical forms", f"{d1:.3f}", delta=f"{d1 - d0:+.3f}",
                     delta_color="inverse",
                     help="Both models with their norm gains folded into the readers (and, for "
                          "LayerNorm, their writers centred): the distance the alternation "
                          "minimises.")
+        ended = res_info.get("ended")
+        if isinstance(ended, str):  # reports before the stopping rule kept a list
+            left.caption(f"Stopped ({ended}): {summaries.ENDED.get(ended, ended)}. The first "
+                         f"round earned {100 * res_info.get('first_share', 0.0):.1f}% of the "
+                         "gain.")
+        rounds_rows = summaries.round_rows(res)
+        if rounds_rows:
+            fig_rounds = figures.round_history(rounds_rows, s.style())
+            with right:
+                show.chart(fig_rounds, "match_rounds_history")
+            figs["round_history"] = fig_rounds
+            tables["rounds"] = rounds_rows
         group = GROUP_TEXT.get(res_info["group"]) or res_info["group"]
         st.caption(f"Group: {group}. Each step "
                    "solves one kind of map exactly with the others held fixed, and keeping the "
                    "old map is always one of its choices, so the distance can only go down. "
                    + ("The round cap ended it while rounds still gained a little; more rounds "
                       "lower the distance further, but not always the barrier."
-                      if ended_by_cap(res_info) else
-                      "It stopped when a round gained less than the tolerance."))
+                      if ended_by_cap(res_info) else ""))
         rows = summaries.objective_rows(res)
         fig_obj = figures.objective_history(rows, s.style())
         fig_ang = figures.angle_spectrum({"residual map (weight matching)": res_info["angles"]},
