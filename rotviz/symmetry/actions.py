@@ -26,6 +26,16 @@ Conventions (row vectors, `y = x W^T + b`, docs/conventions.md):
   g_i = g_j or theta is 0 or pi. So per pair: any angle where both gains are equal on the
   pair (e.g. at their all-ones init), else only a sign flip of the pair (`qk_fixed_pairs`).
   The group never shrinks to the identity: the sign flips always remain.
+- q/k RMSNorms over the whole projection (OLMo-2: one norm over all H d_h query values, one
+  over the H_kv d_h key values, a gain per head and dim): RMS([q_1 A, ..., q_H A]) =
+  RMS([q_1, ..., q_H]) for every input iff each head's A is orthogonal (no scale: scaling one
+  head's queries changes the RMS that divides every head's), and then each head's
+  normalised q_h A diag(g_h) = q_h diag(g_h) A needs A to commute with the gains of every
+  query head of its group and with its key head's: per pair, a free angle where all of those
+  gains are equal on the pair, else a sign flip. rotviz turns a pair only where the gains are
+  equal on it in every head of the layer (`qk_fixed_pairs`: a subgroup that a head
+  permutation does not change); `qk_norm_admits` checks the exact per-group condition. Head
+  permutations keep the RMS and move each head's gain rows with it (`permute_heads`).
 The seed paper's group uses A = a R and B = b R with R orthogonal and a, b non-zero scalars.
 """
 
@@ -174,6 +184,9 @@ def permute_heads(attn: Attention, heads: Tensor) -> Attention:
     def pick(t: Tensor | None, idx: Tensor) -> Tensor | None:
         return None if t is None else t[idx]
 
+    per_head = attn.gq is not None and attn.gq.dim() == 2  # projection q/k norms (OLMo-2)
+    if per_head:
+        attn = replace(attn, gq=attn.gq[heads], gk=attn.gk[groups])
     return replace(attn, wq=pick(attn.wq, heads), wk=pick(attn.wk, groups),
                    wv=pick(attn.wv, groups), wo=pick(attn.wo, heads), bq=pick(attn.bq, heads),
                    bk=pick(attn.bk, groups), bv=pick(attn.bv, groups),
@@ -209,8 +222,15 @@ def qk_fixed_pairs(attn: Attention, rope: str | None) -> Tensor | None:
     if attn.gq is None or rope is None:
         return None
     i, j = rope_pairs(attn.wq.shape[1], rope)
-    gq, gk = attn.gq.detach().cpu(), attn.gk.detach().cpu()
-    return (gq[i] != gq[j]) | (gk[i] != gk[j])
+    gq, gk = gain_rows(attn)
+    return ((gq[:, i] != gq[:, j]).any(0)) | ((gk[:, i] != gk[:, j]).any(0))
+
+
+def gain_rows(attn: Attention) -> tuple[Tensor, Tensor]:
+    """The q and k norms' gains as rows (n, d_h) on the CPU: one row shared by the heads
+    (Qwen3) or one per head (OLMo-2's projection norms)."""
+    dh = attn.wq.shape[1]
+    return attn.gq.detach().cpu().reshape(-1, dh), attn.gk.detach().cpu().reshape(-1, dh)
 
 
 def qk_norm_admits(attn: Attention, a: Tensor, rope: str | None) -> bool:
@@ -220,9 +240,15 @@ def qk_norm_admits(attn: Attention, a: Tensor, rope: str | None) -> bool:
     tol = 1000 * torch.finfo(a.dtype).eps
     if float((a.transpose(-1, -2) @ a - eye).abs().max()) > tol:
         return False
+    h_kv, dh = a.shape[0], a.shape[-1]
     for g in (attn.gq, attn.gk):
-        gd = g.detach().to(a)
-        if float((a * gd[None, :] - gd[:, None] * a).abs().max()) > tol * float(gd.abs().max()):
+        # (H_kv, rows, d_h): the gains each group's map must commute with (every query head
+        # of the group, or the key head, under projection norms; the shared row otherwise)
+        gd = g.detach().to(a).reshape(-1, dh)
+        gd = gd[None] if gd.shape[0] == 1 else gd.reshape(h_kv, -1, dh)
+        am = a[:, None]
+        gap = (am * gd[..., None, :] - gd[..., :, None] * am).abs().max()
+        if float(gap) > tol * float(gd.abs().max()):
             return False
     return True
 
