@@ -53,6 +53,7 @@ from rotviz.match.report import HeadReport, MatchReport, MatchResult
 from rotviz.symmetry.actions import (
     LayerTransform,
     apply_layer,
+    check_heads_movable,
     permute_ffn,
     permute_heads,
     qk_fixed_pairs,
@@ -189,6 +190,8 @@ def match_layers(
     the group element and a report. `memo` lets repeated calls on partly unchanged views
     (alternation rounds) skip the FFN solves and distances of tensors they have seen."""
     t0 = time.perf_counter()
+    if options.heads:
+        check_heads_movable(source)
     layers = options.layers if options.layers is not None else tuple(range(anchor.dims.n_layers))
     reports = {i: HeadReport(layer=i) for i in layers}
     do_attn = options.attn or options.rescale

@@ -315,9 +315,22 @@ def transform_vo(attn: Attention, b: Tensor) -> Attention:
     )
 
 
+ALIBI_HEADS = ("its heads use ALiBi, each with a slope of its own (all different), so a head "
+               "permutation changes the function; match without heads")
+
+
+def check_heads_movable(view: ModelView, what: str = "head permutation") -> None:
+    """Refuse moving heads where they are tied to their places (ALiBi's per-head slopes:
+    the only permutation keeping every head's slope is the identity)."""
+    if view.dims.alibi:
+        raise RotvizError(f"no {what} on this {view.spec.family} model: {ALIBI_HEADS}")
+
+
 def apply_layer(view: ModelView, i: int, t: LayerTransform) -> ModelView:
     blk = view.blocks[i]
     attn, ffn = blk.attn, blk.ffn
+    if t.heads is not None and not torch.equal(t.heads.cpu(), torch.arange(len(t.heads))):
+        check_heads_movable(view)
     if t.heads is not None:
         attn = permute_heads(attn, t.heads)
     if t.qk is not None and attn.gq is not None and not qk_norm_admits(attn, t.qk, view.dims.rope):
@@ -352,6 +365,8 @@ def random_head_permutation(dims: Dims, gen: torch.Generator) -> Tensor:
     """A random head permutation that keeps KV groups whole: a random order of the groups and
     a random order of the query heads inside each (a plain random permutation if H_kv = H)."""
     h, h_kv = dims.n_heads, dims.n_kv_heads
+    if dims.alibi:  # every head keeps its slope: only the identity (check_heads_movable)
+        return torch.arange(h)
     if h_kv == h:
         return torch.randperm(h, generator=gen)
     r = h // h_kv

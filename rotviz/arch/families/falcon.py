@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from rotviz.arch.spec import ArchSpec, LinearSpec, NormSpec, Sizes
 
-ORDER = 14
+ORDER = 15
 UNTIED: dict | None = {"tie": False}  # Falcon ties lm_head to the embeddings by default
 
 SPEC = ArchSpec(

@@ -18,7 +18,7 @@ from dataclasses import replace
 from rotviz.arch.families import llama
 from rotviz.arch.spec import NormSpec, Sizes
 
-ORDER = 13
+ORDER = 14
 UNTIED: dict | None = {}  # its output head is its own by default
 
 SPEC = replace(
