@@ -334,11 +334,13 @@ def apply_layer(view: ModelView, i: int, t: LayerTransform) -> ModelView:
     if t.heads is not None:
         attn = permute_heads(attn, t.heads)
     if t.qk is not None and attn.gq is not None and not qk_norm_admits(attn, t.qk, view.dims.rope):
+        whose = ("each head's" if view.spec.qk_norm_scope == "head"
+                 else "the whole projection of its")
         raise RotvizError(
-            f"{view.spec.family} normalises each head's queries and keys (q_norm, k_norm): a "
+            f"{view.spec.family} normalises {whose} queries and keys (q_norm, k_norm): a "
             "Q-K map must be orthogonal (no scale) and commute with both gains, i.e. turn a "
-            "frequency pair only where its gains are equal and else flip its sign; use attn "
-            "matching, which keeps to that group"
+            "frequency pair only where its gains are equal (in every head of the group) and "
+            "else flip its sign; use attn matching, which keeps to that group"
         )
     if t.qk is not None:
         attn = transform_qk(attn, t.qk, view.dims.rope)
