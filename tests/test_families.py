@@ -230,7 +230,7 @@ def test_deberta_position_projections_must_move_with_queries_and_keys():
         0, replace(view.blocks[0], attn=half)))) > BROKEN
 
 
-@pytest.mark.parametrize("family", ["deberta-v2", "gemma2"])
+@pytest.mark.parametrize("family", ["deberta-v2", "gemma2", "olmo2"])
 def test_a_rotation_of_a_permutation_only_stream_breaks_the_function(family):
     model = _loaded(family, **(family_module(family).UNTIED or {}))
     view = _view(model)
@@ -268,7 +268,8 @@ def test_phi3_moves_both_halves_of_its_fused_gate_up():
 
 # ---- the matched model reloads with the stock class -----------------------------------------
 
-NEW = ("mistral", "qwen2", "gemma", "gemma2", "gpt-neox", "phi3", "qwen3", "deberta-v2")
+NEW = ("mistral", "qwen2", "gemma", "gemma2", "gpt-neox", "phi3", "qwen3", "deberta-v2", "olmo2",
+       "falcon")
 
 
 @pytest.mark.parametrize("family", NEW)

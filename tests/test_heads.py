@@ -99,7 +99,12 @@ def _group_gain(src, anc, heads, gs, ga, rope):
         ha = ga * r + k
         mqk = mqk + src.wq[hs] @ anc.wq[ha].T + _outer(src.bq, anc.bq, hs, ha)
         mvo = mvo + src.wo[hs].T @ anc.wo[ha]
-    return _qk_gain(mqk, rope, qk_fixed_pairs(src, rope)) + torch.linalg.svdvals(mvo).sum()
+    moved = 0.0  # q/k norms over the whole projection (OLMo-2): gain rows move with heads
+    if src.gq is not None and src.gq.dim() == 2:
+        moved = src.gk[gs] @ anc.gk[ga] + sum(src.gq[hs] @ anc.gq[ga * r + k]
+                                              for k, hs in enumerate(heads))
+    return (_qk_gain(mqk, rope, qk_fixed_pairs(src, rope)) + torch.linalg.svdvals(mvo).sum()
+            + moved)
 
 
 def test_head_assignment_is_optimal_over_all_permutations(family, loaded):

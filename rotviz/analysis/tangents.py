@@ -50,7 +50,7 @@ import torch
 from rotviz.errors import RotvizError
 from rotviz.groups import rope_free, rope_pairs
 from rotviz.sources.loading import Loaded
-from rotviz.symmetry.actions import LayerTransform, apply_layer, qk_fixed_pairs
+from rotviz.symmetry.actions import LayerTransform, apply_layer, gain_rows, qk_fixed_pairs
 from rotviz.symmetry.view import FFN, Attention, ModelView, read_view, write_block, write_state
 
 Tensor = torch.Tensor
@@ -110,10 +110,10 @@ def qk_generators(attn: Attention, rope: str | None, qk_norm: bool) -> list[tupl
 def _antisymmetric(attn: Attention, dims: list[int]) -> list[tuple[Tensor, str]]:
     """Rotations of dim pairs (u, v) whose query and key gains are equal (q/k norms)."""
     dh = attn.wq.shape[1]
-    gq, gk = attn.gq.detach().cpu(), attn.gk.detach().cpu()
+    gq, gk = gain_rows(attn)  # every head's gains where the norm spans the projection
     return [(_elementary(dh, v, u) - _elementary(dh, u, v), f"rot{u},{v}")
             for a, u in enumerate(dims) for v in dims[a + 1:]
-            if gq[u] == gq[v] and gk[u] == gk[v]]
+            if bool((gq[:, u] == gq[:, v]).all()) and bool((gk[:, u] == gk[:, v]).all())]
 
 
 def ffn_has_scales(ffn: FFN) -> bool:

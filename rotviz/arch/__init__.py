@@ -21,6 +21,7 @@ from rotviz.arch.spec import (
     Names,
     NormSpec,
     Sizes,
+    check_config,
     config_value,
     max_positions,
     position_offset,
@@ -77,6 +78,7 @@ def spec_for(config: Mapping) -> ArchSpec:
     """Pick the spec for a model config (an HF config dict or a timm config dict)."""
     for spec in SPECS:
         if spec.describes(config):
+            check_config(spec, config)
             return spec
     keys = dict.fromkeys(s.type_key for s in SPECS)
     found = next((config.get(k) for k in keys if config.get(k)), None) or "unknown"

@@ -122,6 +122,12 @@ class ArchSpec:
     # the key's norm relative to a block. Their gains (one d_h vector per layer, shared by the
     # heads) restrict the Q-K maps to rotations that commute with them (rotviz.symmetry.actions)
     qk_norms: tuple[Names, Names] | None = None
+    # What one q/k norm normalises: "head" (each head's d_h values, one gain shared by the
+    # heads: Qwen3) or "projection" (the whole query or key projection, H x d_h values, one
+    # gain per head and dim: OLMo-2). A projection norm's RMS is kept by per-head orthogonal
+    # maps and head permutations (which move the gains with the heads), and each head's map
+    # must commute with that head's own gains (rotviz.symmetry.actions)
+    qk_norm_scope: str = "head"
     # Linears that project something other than the stream into a head's query or key space
     # and must move exactly as W_Q (`q_like`) or W_K (`k_like`) do: DeBERTa's pos_query_proj
     # and pos_key_proj, which project the relative position embeddings (absent when the
@@ -143,6 +149,20 @@ class ArchSpec:
     # here; rotviz.sources.legacy reads the rest from the classes and reads past small buffer-like
     # tensors only
     legacy_buffers: Names = ()
+    # Key/value heads decided by config flags (Falcon): (flag, override). Where `override` is
+    # true the heads are `n_kv_heads_key`'s; else one where `flag` is true (multi-query),
+    # else one per query head. Empty: `n_kv_heads_key` alone decides
+    kv_heads_flags: tuple[str, str] | None = None
+    # Config keys whose true value means ALiBi in place of the rotary embeddings (Falcon's
+    # `alibi`): no rotary map constraint on Q-K, but each head has its own fixed slope, so
+    # heads do not permute
+    alibi_key: Names = ()
+    # Parallel blocks that may feed attention and the FFN from one norm (Falcon-7B): where a
+    # block has an attn_in norm and no ffn_in norm, the FFN reads the attn_in norm's output
+    shared_input_norm: bool = False
+    # Configs rotviz does not model, refused in one line: (what they are, the (key, value)
+    # pairs that all hold in them; an absent key reads as None)
+    refused_configs: tuple[tuple[str, tuple[tuple[str, object], ...]], ...] = ()
 
     def describes(self, config: Mapping) -> bool:
         """Whether `config` (config.json of a checkpoint) is a model of this family."""
@@ -227,3 +247,30 @@ def max_positions(spec: ArchSpec, config: Mapping, default: int) -> int:
     config names none), less `position_offset`."""
     table = int(config.get("n_positions") or config.get("max_position_embeddings") or default)
     return table - position_offset(spec, config)
+
+
+def n_kv_heads(spec: ArchSpec, config: Mapping, heads: int) -> int:
+    """How many key/value heads a model of `spec` with `heads` query heads has."""
+    if spec.kv_heads_flags is not None:
+        flag, override = spec.kv_heads_flags
+        if not config.get(override):
+            return 1 if config.get(flag) else heads
+    if not spec.n_kv_heads_key:
+        return heads
+    return int(config_value(config, spec.n_kv_heads_key, heads))
+
+
+def uses_alibi(spec: ArchSpec, config: Mapping) -> bool:
+    """Whether the config turns ALiBi on in place of rotary embeddings (`spec.alibi_key`)."""
+    return bool(spec.alibi_key) and bool(config_value(config, spec.alibi_key, False))
+
+
+def check_config(spec: ArchSpec, config: Mapping) -> None:
+    """Refuse, in one line, a config that `spec.refused_configs` lists."""
+    from rotviz.errors import RotvizError
+
+    for what, pairs in spec.refused_configs:
+        if all(config.get(k) == v for k, v in pairs):
+            shown = ", ".join(f"{k}={v}" for k, v in pairs)
+            raise RotvizError(f"this {spec.family} config ({shown}) is {what}, which rotviz "
+                              "does not model; use a checkpoint without it")

@@ -178,8 +178,19 @@ def _pair_gain(qk: Tensor, vo: Tensor, rope: str | None, solve,
             + torch.linalg.svdvals(vo.to(solve)).double().sum(dim=-1))
 
 
+def gain_dots(src: Attention, anc: Attention) -> tuple[Tensor, Tensor] | None:
+    """Under q/k norms over the whole projection (OLMo-2), whose gain rows move with their
+    heads: the inner products of every (source, anchor) pair of query heads' q gains (H, H)
+    and of key heads' k gains (H_kv, H_kv), float64, which a head assignment adds to its gain
+    (the gains' distance is their norms less twice these). None for other models."""
+    if src.gq is None or src.gq.dim() != 2:
+        return None
+    return tuple(x.detach().double().cpu() @ y.detach().double().cpu().t()
+                 for x, y in ((src.gq, anc.gq), (src.gk, anc.gk)))
+
+
 def _group_pairs(parts: tuple[Tensor, Tensor, Tensor, Tensor], rope: str | None, solve,
-                 fixed: Tensor | None = None):
+                 fixed: Tensor | None = None, dots: tuple[Tensor, Tensor] | None = None):
     """For every (source group g, anchor group g'): the assignment of g's query heads to those
     of g' that maximises the pair's gain, and that gain.
 
@@ -188,12 +199,19 @@ def _group_pairs(parts: tuple[Tensor, Tensor, Tensor, Tensor], rope: str | None,
     (H_kv, H_kv, d_h, d_h)). Without grouped-query attention (r = 1) the gain is what
     `head_gain` always gave: ||M_QK[i, j]||_* + ||M_VO[i, j]||_*. With r! <= EXACT_INNER
     every order is tried (exact); beyond, the order comes from a linear assignment on the
-    gains of single query-head pairs (their Q and O terms), a heuristic."""
+    gains of single query-head pairs (their Q and O terms), a heuristic. `dots`
+    (`gain_dots`): the q/k norm gains that move with the heads, added to each pair's gain."""
     mq, mk, mv, mo = parts
     h, h_kv = mq.shape[0], mk.shape[0]
     r = h // h_kv
     g_idx = torch.arange(h_kv)
     anc_heads = (g_idx[None, :, None] * r + torch.arange(r)).expand(h_kv, h_kv, r)
+
+    def moved_gains(inner: Tensor) -> Tensor | float:
+        if dots is None:
+            return 0.0
+        src_heads = g_idx[:, None, None] * r + inner
+        return dots[0][src_heads, anc_heads].sum(dim=2) + dots[1]
 
     def summed(inner: Tensor) -> tuple[Tensor, Tensor]:
         src_heads = g_idx[:, None, None] * r + inner  # (H_kv, H_kv, r)
@@ -208,7 +226,8 @@ def _group_pairs(parts: tuple[Tensor, Tensor, Tensor, Tensor], rope: str | None,
         pick = torch.zeros(h_kv, h_kv, dtype=torch.long)
         for n, order in enumerate(orders):
             sq, so = summed(order.expand(h_kv, h_kv, r))
-            gain = _pair_gain(sq + mk, so + mv, rope, solve, fixed)
+            gain = (_pair_gain(sq + mk, so + mv, rope, solve, fixed)
+                    + moved_gains(order.expand(h_kv, h_kv, r)))
             better = gain > best
             best, pick = torch.where(better, gain, best), torch.where(better, n, pick)
         inner = orders[pick]
@@ -217,11 +236,14 @@ def _group_pairs(parts: tuple[Tensor, Tensor, Tensor, Tensor], rope: str | None,
         # per query-head pair: the Q-K and O gains it brings (an upper bound on what it adds)
         q_score = (qk_gain(mq.to(solve), rope, fixed)
                    + torch.linalg.svdvals(mo.to(solve)).sum(-1))
+        if dots is not None:
+            q_score = q_score.double() + dots[0]
         blocks = q_score.double().reshape(h_kv, r, h_kv, r).permute(0, 2, 1, 3).numpy()
         inner = torch.stack([torch.stack([assign(blocks[g, g2]) for g2 in range(h_kv)])
                              for g in range(h_kv)])
         sq, so = summed(inner)
-    return _pair_gain(sq + mk, so + mv, rope, solve, fixed), inner, (sq, mk, mv, so)
+    gain = _pair_gain(sq + mk, so + mv, rope, solve, fixed) + moved_gains(inner)
+    return gain, inner, (sq, mk, mv, so)
 
 
 def head_gain(src: Attention, anc: Attention,
@@ -238,15 +260,16 @@ def head_gain(src: Attention, anc: Attention,
     over KV groups (H_kv, H_kv), each with its query heads assigned inside first."""
     parts = tuple(p.cpu() for p in (parts if parts is not None else pair_parts(src, anc)))
     solve = torch.float64 if src.wq.dtype == torch.float64 else torch.float32
-    return _group_pairs(parts, rope, solve, qk_fixed_pairs(src, rope))[0]
+    return _group_pairs(parts, rope, solve, qk_fixed_pairs(src, rope), gain_dots(src, anc))[0]
 
 
-def _assign_heads(parts, rope: str | None, solve, fixed: Tensor | None = None
+def _assign_heads(parts, rope: str | None, solve, fixed: Tensor | None = None,
+                  dots: tuple[Tensor, Tensor] | None = None
                   ) -> tuple[Tensor, tuple[Tensor, ...]]:
     """The head permutation (new head k = source head perm[k]) maximising the summed gain,
     keeping KV groups whole, and the Q, K, V, O cross terms of each new group vs the anchor's
     group (H_kv, d_h, d_h) each."""
-    gain, inner, (sq, mk, mv, so) = _group_pairs(parts, rope, solve, fixed)
+    gain, inner, (sq, mk, mv, so) = _group_pairs(parts, rope, solve, fixed, dots)
     groups = assign(gain.numpy())  # new group g' = source group groups[g']
     h_kv, r = inner.shape[0], inner.shape[-1]
     idx = torch.arange(h_kv)
@@ -259,7 +282,7 @@ def head_permutation(src: Attention, anc: Attention, rope: str | None = None) ->
     under grouped-query attention it moves whole KV groups."""
     solve = torch.float64 if src.wq.dtype == torch.float64 else torch.float32
     parts = tuple(p.cpu() for p in pair_parts(src, anc))
-    return _assign_heads(parts, rope, solve, qk_fixed_pairs(src, rope))[0]
+    return _assign_heads(parts, rope, solve, qk_fixed_pairs(src, rope), gain_dots(src, anc))[0]
 
 
 def _head_sq(w: Tensor, b: Tensor | None = None) -> Tensor:

@@ -41,6 +41,7 @@ from rotviz.match.layer_solvers import (
     ffn_cost,
     ffn_scales,
     free_scales_after,
+    gain_dots,
     pair_parts,
     qk_parts,
     rope_scales_after,
@@ -53,6 +54,7 @@ from rotviz.match.report import HeadReport, MatchReport, MatchResult
 from rotviz.symmetry.actions import (
     LayerTransform,
     apply_layer,
+    check_heads_movable,
     permute_ffn,
     permute_heads,
     qk_fixed_pairs,
@@ -131,7 +133,7 @@ def _match_attention(
     heads = None
     if options.heads:
         parts = tuple(p.cpu() for p in pair_parts(src, anc))
-        heads, (mq, mk, mv, mo) = _assign_heads(parts, rope, solve, fixed)
+        heads, (mq, mk, mv, mo) = _assign_heads(parts, rope, solve, fixed, gain_dots(src, anc))
         rep.head_perm = heads.tolist()
         parts_qk, parts_vo = (mq, mk), (mv, mo)
         src = permute_heads(src, heads)
@@ -189,6 +191,8 @@ def match_layers(
     the group element and a report. `memo` lets repeated calls on partly unchanged views
     (alternation rounds) skip the FFN solves and distances of tensors they have seen."""
     t0 = time.perf_counter()
+    if options.heads:
+        check_heads_movable(source)
     layers = options.layers if options.layers is not None else tuple(range(anchor.dims.n_layers))
     reports = {i: HeadReport(layer=i) for i in layers}
     do_attn = options.attn or options.rescale
@@ -232,7 +236,9 @@ def match_layers(
         progress(total, total, "done")
     before = distances(source, anchor, memo=memo)
     kinds = (("ffn_in", "ffn_out") if options.ffn else ()) + (
-        ("q", "k", "v", "o") if options.attn or options.rescale else ())
+        ("q", "k", "v", "o") if options.attn or options.rescale else ()) + (
+        # projection q/k norms (OLMo-2): a head permutation moves the gain rows too
+        ("norms",) if options.heads and source.spec.qk_norm_scope == "projection" else ())
     touched = {(i, k) for i in layers for k in kinds}  # every other cell is the same tensors
     after = Distances({**before.cells,
                        **distances(view, anchor, only=touched, memo=memo).cells})

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rotviz.arch.spec import uses_alibi
 from rotviz.data.split import Split
 from rotviz.devices import pair_params, threads_for, wide_device
 from rotviz.errors import RotvizError
@@ -22,6 +23,7 @@ from rotviz.sources.loading import HALF, Loaded, check_finite
 from rotviz.sources.pairs import HeadsDiffer, heads_differ
 from rotviz.sources.running import max_output_diff, stored_output_diff
 from rotviz.symmetry import residual as rs
+from rotviz.symmetry.actions import ALIBI_HEADS
 from rotviz.symmetry.element import Element, apply_element
 from rotviz.symmetry.view import ModelView, read_view, write_state
 from rotviz.types import Progress
@@ -142,6 +144,9 @@ def match_models(
     instead of solving it again (the symmetry ladder, rotviz.measures.ladder)."""
     narrower = check_pair(anchor, source, heads=True)
     options = options or MatchOptions()
+    if options.heads and uses_alibi(source.spec, source.config):  # before any computing
+        raise RotvizError(f"no head permutation on this {source.spec.family} model: "
+                          f"{ALIBI_HEADS}")
     if options.residual:
         refuse_residual(anchor, source)
     if narrower and options.needs_data:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from rotviz.arch.spec import ArchSpec, config_value
+from rotviz.arch.spec import ArchSpec, config_value, n_kv_heads
 from rotviz.errors import RotvizError
 
 Tensor = torch.Tensor
@@ -34,6 +34,7 @@ SIZE_LIMITS: Mapping[str, int] = {
     "n_inner": 1 << 20, "intermediate_size": 1 << 20,
     "n_head": 1 << 14, "num_attention_heads": 1 << 14, "num_key_value_heads": 1 << 14,
     "num_heads": 1 << 14, "head_dim": 1 << 14,
+    "num_kv_heads": 1 << 14, "ffn_hidden_size": 1 << 20,
     # tables
     "vocab_size": 1 << 23, "n_positions": 1 << 22, "max_position_embeddings": 1 << 22,
     # images
@@ -125,7 +126,7 @@ def check_against(spec: ArchSpec, config: Mapping, meta: Mapping[str, Tensor], w
         if dh is None and d % heads:
             refuse(f"{spec.n_heads_key[0]} {heads} does not divide {spec.d_model_key[0]} {d}")
         dh = dh or d // heads
-        kv = config_value(config, spec.n_kv_heads_key, heads) if spec.n_kv_heads_key else heads
+        kv = n_kv_heads(spec, config, heads)
         if heads % kv:
             refuse(f"{kv} key/value heads do not divide {heads} heads")
         lin = spec.qkv or spec.q

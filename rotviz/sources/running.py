@@ -52,7 +52,9 @@ def attends_unfused(module: nn.Module, positions: int | None, device: torch.devi
     config = getattr(module, "config", None)
     return (device.type == "cpu" and positions is not None and positions <= SHORT_ATTENTION
             and getattr(config, "_attn_implementation", None) == "sdpa"
-            and hasattr(module, "set_attn_implementation"))
+            and hasattr(module, "set_attn_implementation")
+            # classes that pick their attention themselves (Falcon) only warn when asked
+            and getattr(module, "_can_set_attn_implementation", lambda: True)())
 
 
 def module_copy(module: nn.Module) -> nn.Module:

@@ -26,6 +26,16 @@ Conventions (row vectors, `y = x W^T + b`, docs/conventions.md):
   g_i = g_j or theta is 0 or pi. So per pair: any angle where both gains are equal on the
   pair (e.g. at their all-ones init), else only a sign flip of the pair (`qk_fixed_pairs`).
   The group never shrinks to the identity: the sign flips always remain.
+- q/k RMSNorms over the whole projection (OLMo-2: one norm over all H d_h query values, one
+  over the H_kv d_h key values, a gain per head and dim): RMS([q_1 A, ..., q_H A]) =
+  RMS([q_1, ..., q_H]) for every input iff each head's A is orthogonal (no scale: scaling one
+  head's queries changes the RMS that divides every head's), and then each head's
+  normalised q_h A diag(g_h) = q_h diag(g_h) A needs A to commute with the gains of every
+  query head of its group and with its key head's: per pair, a free angle where all of those
+  gains are equal on the pair, else a sign flip. rotviz turns a pair only where the gains are
+  equal on it in every head of the layer (`qk_fixed_pairs`: a subgroup that a head
+  permutation does not change); `qk_norm_admits` checks the exact per-group condition. Head
+  permutations keep the RMS and move each head's gain rows with it (`permute_heads`).
 The seed paper's group uses A = a R and B = b R with R orthogonal and a, b non-zero scalars.
 """
 
@@ -174,6 +184,9 @@ def permute_heads(attn: Attention, heads: Tensor) -> Attention:
     def pick(t: Tensor | None, idx: Tensor) -> Tensor | None:
         return None if t is None else t[idx]
 
+    per_head = attn.gq is not None and attn.gq.dim() == 2  # projection q/k norms (OLMo-2)
+    if per_head:
+        attn = replace(attn, gq=attn.gq[heads], gk=attn.gk[groups])
     return replace(attn, wq=pick(attn.wq, heads), wk=pick(attn.wk, groups),
                    wv=pick(attn.wv, groups), wo=pick(attn.wo, heads), bq=pick(attn.bq, heads),
                    bk=pick(attn.bk, groups), bv=pick(attn.bv, groups),
@@ -209,8 +222,15 @@ def qk_fixed_pairs(attn: Attention, rope: str | None) -> Tensor | None:
     if attn.gq is None or rope is None:
         return None
     i, j = rope_pairs(attn.wq.shape[1], rope)
-    gq, gk = attn.gq.detach().cpu(), attn.gk.detach().cpu()
-    return (gq[i] != gq[j]) | (gk[i] != gk[j])
+    gq, gk = gain_rows(attn)
+    return ((gq[:, i] != gq[:, j]).any(0)) | ((gk[:, i] != gk[:, j]).any(0))
+
+
+def gain_rows(attn: Attention) -> tuple[Tensor, Tensor]:
+    """The q and k norms' gains as rows (n, d_h) on the CPU: one row shared by the heads
+    (Qwen3) or one per head (OLMo-2's projection norms)."""
+    dh = attn.wq.shape[1]
+    return attn.gq.detach().cpu().reshape(-1, dh), attn.gk.detach().cpu().reshape(-1, dh)
 
 
 def qk_norm_admits(attn: Attention, a: Tensor, rope: str | None) -> bool:
@@ -220,9 +240,15 @@ def qk_norm_admits(attn: Attention, a: Tensor, rope: str | None) -> bool:
     tol = 1000 * torch.finfo(a.dtype).eps
     if float((a.transpose(-1, -2) @ a - eye).abs().max()) > tol:
         return False
+    h_kv, dh = a.shape[0], a.shape[-1]
     for g in (attn.gq, attn.gk):
-        gd = g.detach().to(a)
-        if float((a * gd[None, :] - gd[:, None] * a).abs().max()) > tol * float(gd.abs().max()):
+        # (H_kv, rows, d_h): the gains each group's map must commute with (every query head
+        # of the group, or the key head, under projection norms; the shared row otherwise)
+        gd = g.detach().to(a).reshape(-1, dh)
+        gd = gd[None] if gd.shape[0] == 1 else gd.reshape(h_kv, -1, dh)
+        am = a[:, None]
+        gap = (am * gd[..., None, :] - gd[..., :, None] * am).abs().max()
+        if float(gap) > tol * float(gd.abs().max()):
             return False
     return True
 
@@ -289,17 +315,32 @@ def transform_vo(attn: Attention, b: Tensor) -> Attention:
     )
 
 
+ALIBI_HEADS = ("its heads use ALiBi, each with a slope of its own (all different), so a head "
+               "permutation changes the function; match without heads")
+
+
+def check_heads_movable(view: ModelView, what: str = "head permutation") -> None:
+    """Refuse moving heads where they are tied to their places (ALiBi's per-head slopes:
+    the only permutation keeping every head's slope is the identity)."""
+    if view.dims.alibi:
+        raise RotvizError(f"no {what} on this {view.spec.family} model: {ALIBI_HEADS}")
+
+
 def apply_layer(view: ModelView, i: int, t: LayerTransform) -> ModelView:
     blk = view.blocks[i]
     attn, ffn = blk.attn, blk.ffn
+    if t.heads is not None and not torch.equal(t.heads.cpu(), torch.arange(len(t.heads))):
+        check_heads_movable(view)
     if t.heads is not None:
         attn = permute_heads(attn, t.heads)
     if t.qk is not None and attn.gq is not None and not qk_norm_admits(attn, t.qk, view.dims.rope):
+        whose = ("each head's" if view.spec.qk_norm_scope == "head"
+                 else "the whole projection of its")
         raise RotvizError(
-            f"{view.spec.family} normalises each head's queries and keys (q_norm, k_norm): a "
+            f"{view.spec.family} normalises {whose} queries and keys (q_norm, k_norm): a "
             "Q-K map must be orthogonal (no scale) and commute with both gains, i.e. turn a "
-            "frequency pair only where its gains are equal and else flip its sign; use attn "
-            "matching, which keeps to that group"
+            "frequency pair only where its gains are equal (in every head of the group) and "
+            "else flip its sign; use attn matching, which keeps to that group"
         )
     if t.qk is not None:
         attn = transform_qk(attn, t.qk, view.dims.rope)
@@ -326,6 +367,8 @@ def random_head_permutation(dims: Dims, gen: torch.Generator) -> Tensor:
     """A random head permutation that keeps KV groups whole: a random order of the groups and
     a random order of the query heads inside each (a plain random permutation if H_kv = H)."""
     h, h_kv = dims.n_heads, dims.n_kv_heads
+    if dims.alibi:  # every head keeps its slope: only the identity (check_heads_movable)
+        return torch.arange(h)
     if h_kv == h:
         return torch.randperm(h, generator=gen)
     r = h // h_kv

@@ -186,11 +186,14 @@ def _fold(view: ModelView, gains: Mapping[str, Tensor], inverse: bool) -> ModelV
         bias = None if norm.bias is None else (norm.bias * g if inverse else norm.bias / g)
         new_norm = Norm(stored(view, g.clone() if inverse else torch.ones_like(norm.weight)),
                         bias, site)
+        # one norm feeding both sub-layers (spec.shared_input_norm, Falcon-7B's parallel block)
+        both = (site == "attn_in" and view.spec.shared_input_norm
+                and "ffn_in" not in blk.norms)
         if site == "attn_in":
             a = blk.attn
             attn = replace(a, wq=a.wq * f, wk=a.wk * f, wv=a.wv * f)
             blk = replace(blk, attn=attn)
-        else:
+        if site == "ffn_in" or both:
             fn = blk.ffn
             blk = replace(blk, ffn=replace(fn, w_in=fn.w_in * f,
                                            w_gate=None if fn.w_gate is None else fn.w_gate * f))

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from rotviz.arch import ArchSpec, LinearSpec, config_value
+from rotviz.arch.spec import check_config, n_kv_heads, uses_alibi
 from rotviz.errors import RotvizError
 
 Tensor = torch.Tensor
@@ -36,6 +37,7 @@ class Dims:
     rope: str | None = None  # rotary layout of Q and K ("rotate_half", "interleaved") or None
     gated: bool = False  # gated FFN (SwiGLU): up rows may be rescaled, down columns inversely
     qk_norm: bool = False  # per-head q/k RMSNorms (Qwen3): Q-K maps restricted, see actions
+    alibi: bool = False  # ALiBi (Falcon): each head has its own slope, so heads do not permute
 
     def __post_init__(self) -> None:
         if self.n_kv_heads is None:
@@ -75,9 +77,11 @@ class Attention:
     bk: Tensor | None  # (H_kv, d_h)
     bv: Tensor | None  # (H_kv, d_h)
     bo: Tensor | None  # (d,)
-    # per-head RMSNorm gains on queries and keys (Qwen3), shared by the heads; stored weights
-    gq: Tensor | None = None  # (d_h,)
-    gk: Tensor | None = None  # (d_h,)
+    # q/k RMSNorm gains, stored weights: per head and shared by the heads (Qwen3: (d_h,)), or
+    # over the whole projection, one row per head (OLMo-2, ArchSpec.qk_norm_scope: (H, d_h)
+    # and (H_kv, d_h))
+    gq: Tensor | None = None
+    gk: Tensor | None = None
     # projections that move exactly as W_Q / W_K (ArchSpec.q_like / k_like: DeBERTa's
     # position projections), per head like them
     wpq: Tensor | None = None  # (H, d_h, d)
@@ -229,7 +233,8 @@ def model_dims(
                 f"hidden size {d} is not divisible by {h} heads; the config is invalid"
             )
         dh = d // h
-    h_kv = int(config_value(config, spec.n_kv_heads_key, h) if spec.n_kv_heads_key else h)
+    check_config(spec, config)
+    h_kv = n_kv_heads(spec, config, h)
     if h_kv <= 0 or h % h_kv:
         raise RotvizError(
             f"{h} attention heads cannot be shared by {h_kv} key/value heads (it must divide "
@@ -238,8 +243,10 @@ def model_dims(
     w_in = _weight(state, layout.blocks[0] + layout.roles["ffn_in"], spec.ffn_in)
     m = w_in.shape[0] // 2 if spec.ffn_gate_up else w_in.shape[0]
     act = config_value(config, spec.activation_key, spec.default_activation)
+    alibi = uses_alibi(spec, config)
     return Dims(n_layers, d, h, int(dh), int(m), str(act), h_kv,
-                _rope(spec, config, int(dh)), spec.gated, spec.qk_norms is not None)
+                None if alibi else _rope(spec, config, int(dh)), spec.gated,
+                spec.qk_norms is not None, alibi)
 
 
 def _rope(spec: ArchSpec, config: Mapping, dh: int) -> str | None:
@@ -285,13 +292,20 @@ def _split_qkv(spec: ArchSpec, t: Tensor, rows: tuple[int, int, int], h: int, dh
     `blocks` [Q; K; V] or `heads` (per head [q; k; v])."""
     if spec.qkv_layout == "blocks":
         return torch.split(t, rows)
+    if spec.qkv_layout == "groups":  # per KV group [q_1; ...; q_r; k; v] (Falcon)
+        h_kv = rows[1] // dh
+        per = t.reshape(h_kv, h // h_kv + 2, dh, *t.shape[1:])
+        return (per[:, :-2].reshape(h * dh, *t.shape[1:]),
+                per[:, -2].reshape(h_kv * dh, *t.shape[1:]),
+                per[:, -1].reshape(h_kv * dh, *t.shape[1:]))
     if spec.qkv_layout == "heads":
         if rows[0] != rows[1]:
             raise RotvizError(f"{spec.family}'s per-head fused QKV cannot hold grouped-query "
                               "attention; check the config's key/value heads")
         per = t.reshape(h, 3, dh, *t.shape[1:])
         return tuple(per[:, n].reshape(h * dh, *t.shape[1:]) for n in range(3))
-    raise RotvizError(f"unknown fused QKV layout '{spec.qkv_layout}': use blocks or heads")
+    raise RotvizError(f"unknown fused QKV layout '{spec.qkv_layout}': use blocks, heads or "
+                      "groups")
 
 
 def _join_qkv(spec: ArchSpec, parts: list[Tensor], dh: int) -> Tensor:
@@ -299,6 +313,11 @@ def _join_qkv(spec: ArchSpec, parts: list[Tensor], dh: int) -> Tensor:
     if spec.qkv_layout == "blocks":
         return torch.cat(parts)
     rest = parts[0].shape[1:]
+    if spec.qkv_layout == "groups":
+        h_kv = parts[1].shape[0] // dh
+        per = [parts[0].reshape(h_kv, -1, dh, *rest)] + [
+            p.reshape(h_kv, 1, dh, *rest) for p in parts[1:]]
+        return torch.cat(per, dim=1).reshape(-1, *rest)
     per = [p.reshape(-1, 1, dh, *rest) for p in parts]
     return torch.cat(per, dim=1).reshape(-1, *rest)
 
@@ -361,7 +380,15 @@ def read_block(spec: ArchSpec, dims: Dims, layout: Layout, state: Mapping[str, T
             raise RotvizError(f"weights do not look like {spec.family}: no tensor "
                               f"'{prefix}{names[0]}.weight'; is the weights file complete?")
         used.add(f"{prefix}{alt}.weight")
-        gains.append(state[f"{prefix}{alt}.weight"])
+        g = state[f"{prefix}{alt}.weight"]
+        if spec.qk_norm_scope == "projection":  # one gain row per head (OLMo-2)
+            n = h if not gains else h_kv
+            if g.numel() != n * dh:
+                raise RotvizError(f"{prefix}{alt}.weight has {g.numel()} values but the config "
+                                  f"({n} heads of size {dh}) needs {n * dh}; the weights do not "
+                                  "fit config.json")
+            g = g.reshape(n, dh)
+        gains.append(g)
     like = {}
     for role, n, w_key, b_key in (("q_like", h, "wpq", "bpq"), ("k_like", h_kv, "wpk", "bpk")):
         if role in layout.roles:
@@ -434,7 +461,7 @@ def write_block(view: ModelView, blk: Block, prefix: str) -> dict[str, Tensor]:
     for names, g in zip(spec.qk_norms or (), (a.gq, a.gk), strict=False):
         key = next((f"{prefix}{n}.weight" for n in names
                     if f"{prefix}{n}.weight" in view.dtypes), f"{prefix}{names[0]}.weight")
-        out[key] = g.contiguous().to(view.dtypes.get(key, g.dtype))
+        out[key] = g.contiguous().reshape(-1).to(view.dtypes.get(key, g.dtype))
     f = blk.ffn
     if spec.ffn_gate_up:
         put(prefix, "ffn_in", torch.cat([f.w_gate, f.w_in]),
