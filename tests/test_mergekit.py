@@ -75,6 +75,8 @@ ROWS = [
     Row("sce", 0.5, ("--select-topk", "0.5"), base=True),
     Row("sce", 0.5, ("--select-topk", "0.5"), base=True, at_size=True),
     Row("ram", 0.5, ("--ram-epsilon", "0.01"), base=True),
+    Row("ramplus_tl", 0.5, ("--ramplus-r", "0.5", "--ramplus-alpha", "0.8", "--ram-epsilon",
+                            "0.03"), base=True, at_size=True),  # unique entries: a gain
     Row("nearswap", 0.5, ("--nearswap-t", "0.05",)),
     Row("arcee_fusion", 0.5),
     Row("arcee_fusion", 0.5, at_size=True),  # slices written in the shapes they were read
