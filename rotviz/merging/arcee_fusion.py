@@ -115,4 +115,4 @@ ARCEE_FUSION = register(MergeMethod(
     "the anchor takes the source's entries whose change, times the KL of the rows' softmax, "
     "is an outlier (above median + 1.5 IQR) (Arcee AI)",
     rows=_rows, max_models=2,
-    mergekit=Mergekit("arcee_fusion", base="anchor", weight=None), order=180))
+    weighted=False, mergekit=Mergekit("arcee_fusion", base="anchor", weight=None), order=180))

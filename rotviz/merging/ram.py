@@ -68,5 +68,6 @@ RAM = register(MergeMethod(
     "task vector entries only one model changes kept whole, shared ones averaged over the "
     "models that change them (Reinforced Agent Merging, 2026)",
     rows=_rows, params=(EPSILON,), needs_base=True, extra=("ram_epsilon",),
+    weighted=False,
     mergekit=Mergekit("ram", base="base", weight=None, shared={"ram_epsilon": "epsilon"}),
     order=160))

@@ -108,7 +108,7 @@ RAMPLUS_TL = register(MergeMethod(
     "the others in the tensor (Reinforced Agent Merging Plus, 2026)",
     rows=_rows, params=(R, ALPHA, EPSILON), needs_base=True,
     extra=("ramplus_r", "ramplus_alpha", "ram_epsilon"),
-    mergekit=Mergekit("ramplus_tl", base="base", weight=None,
+    weighted=False, mergekit=Mergekit("ramplus_tl", base="base", weight=None,
                       shared={"ramplus_r": "r", "ramplus_alpha": "alpha",
                               "ram_epsilon": "epsilon"}),
     order=165))
