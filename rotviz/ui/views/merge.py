@@ -35,8 +35,7 @@ st.markdown("\n".join(f"- **{m.name}** ({m.label}): {m.help}"
 offered, residual_why = run.offered_specs(s, MERGE_SPECS)
 
 c = st.columns(2)
-methods = c[0].multiselect("Fusion methods", list(METHODS),
-                           [n for n, m in METHODS.items() if not m.needs_base],
+methods = c[0].multiselect("Fusion methods", list(METHODS), list(METHODS),
                            format_func=lambda m: METHODS[m].label, key="g_methods",
                            bind="query-params")
 specs = c[1].multiselect("Matching before fusion", offered, ["none", "seed"],
@@ -77,13 +76,18 @@ def cfg_of(record: Measurement, values: dict, refs: list[str], spec: str | None)
         values = dict(values)
         models, many_spec = values.pop("models"), values.pop("spec")
         return app.inputs_cfg(s.base(), models, [many_spec], **values)
-    mine = {"methods": ",".join(methods)} if record.name == "fusion" else {}
-    if mine and not methods:
-        raise RotvizError("pick at least one fusion method above")
+    # the table runs every method picked that can run: without a base, those that need one
+    # are left out (listed under the table), not an error
+    runnable = [n for n in methods if base_ref.strip() or not METHODS[n].needs_base]
+    mine = {"methods": ",".join(runnable)} if record.name == "fusion" else {}
+    if mine and not runnable:
+        raise RotvizError("pick at least one fusion method above" if not methods else
+                          "every method picked needs a base model: give one above, or pick "
+                          "a method that needs none")
     if record.name == "merge_sweep" and not values["param"]:
         raise RotvizError(f"{METHODS[values['method']].label} has no number a sweep can turn "
                           "(no weight, no parameter of its own): pick another method")
-    chosen = [METHODS[m] for m in methods] if mine else [METHODS[values["method"]]]
+    chosen = [METHODS[m] for m in runnable] if mine else [METHODS[values["method"]]]
     if any(m.needs_base for m in chosen) and not base_ref.strip():
         who = ", ".join(m.label for m in chosen if m.needs_base)
         raise RotvizError(f"{who} need(s) a base model: give one above, or drop them")
@@ -106,33 +110,40 @@ def many_fields() -> dict:
     return {"models": [r.strip() for r in text.splitlines() if r.strip()], "spec": spec}
 
 
-def grid_rows(result: dict) -> list[dict]:
-    """The seed paper's Table 1 over every registered method: a row each, its merged accuracy
-    and loss under each matching side by side (before matching: `none`); a method the run
-    left out says why (it needs a base model, it was not picked, or it was off at size)."""
+def grid_rows(result: dict) -> tuple[list[dict], dict[str, list[str]]]:
+    """The seed paper's Table 1 over every registered method: a row for each method run, its
+    merged accuracy and loss under each matching side by side (before matching: `none`);
+    and the methods not run, by why (no base model given, not picked, off at size)."""
     off = result.get("off") or {}
-    rows = []
+    rows, skipped = [], {}
     for name, m in METHODS.items():
-        ran = name in result["methods"]
-        row: dict = {"method": m.label, "not run": "" if ran else (
-            off.get(name) or ("needs a base model: give one above"
-                              if m.needs_base and not base_ref.strip() else "not picked above"))}
+        if name not in result["methods"]:
+            why = off.get(name) or ("need a base model: give one above"
+                                    if m.needs_base and not base_ref.strip()
+                                    else "not picked above")
+            skipped.setdefault(why, []).append(m.label)
+            continue
+        row: dict = {"method": m.label}
         for what, key in (("accuracy", "acc"), ("loss", "loss")):
             for sp in result["specs"]:
-                row[f"{what}, {figures.nice_label(sp)}"] = (
-                    result[key][name].get(sp) if ran else None)
+                row[f"{what}, {figures.nice_label(sp)}"] = result[key][name].get(sp)
         rows.append(row)
-    return rows
+    return rows, skipped
 
 
 def grid(record: Measurement, values: dict, result: dict, look) -> tuple[dict, dict, dict]:
-    """Under the fusion chart: every method's row of Table 1 (drawn here; exported too)."""
-    rows = grid_rows(result)
+    """Under the fusion chart: Table 1, every method's row (drawn here; exported too), and
+    the methods left out, with why."""
+    rows, skipped = grid_rows(result)
     st.subheader("Every method, before and after matching")
-    st.caption("Merged accuracy (fraction correct, 0-1) and loss (cross-entropy, nats) of each "
-               "registered method under each matching picked above; `none` is the raw pair. "
-               f"Anchor {result['anchor_acc']:.3f}, source {result['source_acc']:.3f}.")
+    st.caption("Merged test accuracy (fraction correct, 0-1, higher is better) and loss "
+               "(cross-entropy, nats, lower is better) of each method under each matching "
+               "picked above; *no matching* is the raw pair. Anchor "
+               f"{result['anchor_acc']:.3f}, source {result['source_acc']:.3f}.")
     show.table(rows)
+    if skipped:
+        st.caption("Not run: " + "; ".join(f"{', '.join(who)} ({why})"
+                                           for why, who in skipped.items()) + ".")
     return {}, {}, {"fusion_grid": rows}
 
 
