@@ -76,7 +76,7 @@ def test_a_base_given_goes_to_the_methods_that_take_one_optionally():
     from rotviz.measures import measurement
 
     a, b = default_pair()
-    few = digits().subset(48)
+    few = digits().subset(16)
     t = fusion_table(a, b, few, methods=("nuslerp",), specs=("none",), base=a)
     ends = match_endpoints(a, b, None)
     assert t.loss["nuslerp"]["none"] == merge_on(ends, "nuslerp", few, base=a).loss
