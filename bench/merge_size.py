@@ -36,6 +36,9 @@ from bench.stream import RUN, SHAPES, baseline  # noqa: E402
 METHODS: dict[str, dict[str, float]] = {
     "sce": {"select_topk": 0.5}, "ram": {"ram_epsilon": 1e-5},
     "nearswap": {"nearswap_t": 1e-3}, "arcee_fusion": {},
+    "ramplus_tl": {"ramplus_r": 0.1, "ramplus_alpha": 0.2, "ram_epsilon": 1e-5},
+    "breadcrumbs": {"density": 0.5, "gamma": 0.01}, "della": {"density": 0.5, "epsilon": 0.1},
+    "karcher": {}, "multislerp": {},
 }
 
 MERGEKIT = """

@@ -85,6 +85,8 @@ SELECT_TOPK = Bound("--select-topk", 0.0, 1.0, integer=False)  # SCE: share of e
 NEARSWAP_T = Bound("--nearswap-t", 0.0, 100.0, integer=False)  # NearSwap: distance scale
 RAM_EPSILON = Bound("--ram-epsilon", 0.0, 1.0, integer=False)  # RAM: |d| counted as nonzero
 CCA_REG = Bound("--cca-reg", 0.0, 10.0, integer=False)  # CCA Merge: ridge, relative to scale
+RAMPLUS_R = Bound("--ramplus-r", 0.0, 10.0, integer=False)  # RAM+: unique entries' gain
+RAMPLUS_ALPHA = Bound("--ramplus-alpha", 0.0, 10.0, integer=False)  # RAM+: overlap ratio cap
 SEED = Bound("--seed", 0, 2**32 - 1)  # numpy's seed range
 PORT = Bound("--port", 1, 65_535)
 EXAMPLES = Bound("--examples", 0, 16)  # fixed test inputs whose answers a path records

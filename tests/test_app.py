@@ -765,6 +765,16 @@ def test_merge_page_chart_holds_fusion_table(pair):
     assert got["FFN + attention + rescale (seed paper)"] == pytest.approx(want.acc, abs=1e-12)
     assert len(got["no matching"]) == 6 and got["no matching"][0] == pytest.approx(
         ref.anchor_acc)
+    # Table 1 over every method: the one run, the others said not picked; the sweep offers
+    # a weightless method only its own number, and no weight
+    assert "Every method, before and after matching" in [h.value for h in at.subheader]
+    assert any(c.value.startswith("Not run: Fisher") and "(not picked above)" in c.value
+               for c in at.caption)
+    at.selectbox(key="g_merge_sweep_method").set_value("sce").run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert at.selectbox(key="g_merge_sweep_param_sce").options == ["SCE: share of entries "
+                                                                   "selected"]
+    assert "g_merge_sweep_weight" not in [w.key for w in at.slider]
 
 
 def test_learn_page(pair):

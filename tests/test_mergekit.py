@@ -75,6 +75,8 @@ ROWS = [
     Row("sce", 0.5, ("--select-topk", "0.5"), base=True),
     Row("sce", 0.5, ("--select-topk", "0.5"), base=True, at_size=True),
     Row("ram", 0.5, ("--ram-epsilon", "0.01"), base=True),
+    Row("ramplus_tl", 0.5, ("--ramplus-r", "0.5", "--ramplus-alpha", "0.8", "--ram-epsilon",
+                            "0.03"), base=True, at_size=True),  # unique entries: a gain
     Row("nearswap", 0.5, ("--nearswap-t", "0.05",)),
     Row("arcee_fusion", 0.5),
     Row("arcee_fusion", 0.5, at_size=True),  # slices written in the shapes they were read
@@ -230,3 +232,31 @@ def test_the_yaml_is_an_output_like_any_other(pair, tmp_path, capsys):
     assert main([*cmd[:-1], str(theirs), "--overwrite"]) == 2
     assert "was not written by rotviz" in capsys.readouterr().err
     assert theirs.read_text() == "merge_method: linear\n"
+
+
+def test_every_default_is_mergekits():
+    """Each parameter a method says to mergekit has mergekit 0.1.5's default as its own (its
+    spec's; a required one, nearswap's t, has none), so a merge at rotviz's defaults is the
+    merge mergekit makes at its own: DARE's and DELLA's --rescale is l1 (rescale: true)."""
+    from mergekit.merge_methods.registry import get
+
+    from rotviz.merging import methods
+
+    compared = []
+    for m in methods():
+        e = m.mergekit
+        if e is None:
+            continue
+        spec = {p.name: p for p in get(e.method).spec.parameters}
+        for p in m.params:
+            name = {**e.shared, **e.per_model}.get(p.name) or (p.name if p.name in e.values
+                                                                else None)
+            if name not in spec or spec[name].required:  # seed: --random-seed; no consensus
+                continue
+            ours = e.values[p.name][p.default] if p.name in e.values else p.default
+            if ours is None:  # written as nothing: mergekit's own default
+                continue
+            assert ours == spec[name].default, (m.name, p.name, ours, spec[name].default)
+            compared.append((m.name, name))
+    assert {("della", "rescale"), ("della_linear", "rescale"), ("dare_linear", "rescale"),
+            ("karcher", "max_iter"), ("ram", "epsilon")} <= set(compared)

@@ -98,7 +98,7 @@ def fusion_on(
     anchor = first.anchor
     for m in records:
         check_models(m, 2)
-        check_base_model(m, anchor, base if m.needs_base else None)
+        check_base_model(m, anchor, base if takes_base(m) else None)
     ev = Evaluator(anchor, split, device)
     stats_name = params.get("stats_split") or "train"
     st_split = stats_data if stats_data is not None else (
@@ -133,7 +133,7 @@ def fusion_on(
             t = time.perf_counter()
             merged = merge_states(anchor, m.name, anchor.state, e.matched, weight,
                                   anchor_stats[m.name], sb,
-                                  base.state if m.needs_base and base is not None else None,
+                                  base.state if takes_base(m) and base is not None else None,
                                   **values[m.name])
             timing[f"merge:{m.name}"] = timing.get(f"merge:{m.name}", 0.0) + \
                 time.perf_counter() - t
@@ -154,6 +154,12 @@ def fusion_on(
         anchor_scores=ev.scores(ev.params(anchor.state)),
         source_scores=ev.scores(ev.params(first.source.state)),
     )
+
+
+def takes_base(m) -> bool:
+    """A base given goes to the methods that need one and to those that merge about one where
+    it is given (nuslerp, multislerp: `base_optional`); the others combine the models."""
+    return m.needs_base or m.base_optional
 
 
 def default_methods(has_base: bool) -> list[str]:

@@ -79,7 +79,7 @@ def _check(values: dict, given: set[str]) -> None:
         if m.needs_base:
             check_base(m, bool(values["base"]))
         check_models(m, 2)
-    if values["base"] and not any(m.needs_base for m in chosen):
+    if values["base"] and not any(m.needs_base or m.base_optional for m in chosen):
         check_base(chosen[0], True)  # its one line: drop --base, or a method that takes one
     for k in given - {"methods", "weight", "base"}:
         takers = [m for m in chosen if any(p.name == k for p in m.params)]
@@ -121,7 +121,8 @@ def _at_size(ends, ctx: Context, v: dict) -> Table:
             off[name] = (f"{m.label} needs statistics of whole models (Fisher information, "
                          "Gram matrices), which a pair read block by block does not hold")
             continue
-        values = merge.values({"method": name, "weight": v["weight"], "base": v["base"],
+        base = v["base"] if m.needs_base or m.base_optional else ""  # as in memory
+        values = merge.values({"method": name, "weight": v["weight"], "base": base,
                                **{p.name: v[p.name] for p in m.params if p.name in v}})
         runs[name] = merge.at_size(ends, ctx, values).to_dict()
     if not runs:

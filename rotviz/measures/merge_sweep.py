@@ -41,7 +41,8 @@ def _params() -> tuple[Param, ...]:
     names = _swept_names()
     return (*_merge_params(),
             Param("param", "weight", f"the number swept: {', '.join(names)} (default weight; "
-                  "each method sweeps the weight and its own real parameters)", choices=names,
+                  "each method sweeps its own real parameters, and the weight where it "
+                  "changes the merge)", choices=names,
                   label="Swept parameter", essential=True),
             Param("start", 0.0, f"first value (default 0, {SWEEP_START.text})", SWEEP_START,
                   label="From", essential=True),
@@ -54,16 +55,32 @@ def _params() -> tuple[Param, ...]:
 
 def _check(values: dict, given: set[str]) -> None:
     """The merge's own checks, and a parameter the chosen method can sweep (one line)."""
-    from rotviz.errors import RotvizError
     from rotviz.merging import method
-    from rotviz.merging.registry import sweepable
 
     _merge_check(values, given - {"param", "start", "stop", "points"})
     m = method(values["method"])
-    if values["param"] not in sweepable(m):
-        raise RotvizError(f"--param {values['param']} is not a number --method {m.name} can "
-                          f"sweep; use one of {', '.join(sweepable(m))}")
+    check_param(m, values["param"])
     _check_range(values, m)
+
+
+def check_param(m, param: str) -> None:
+    """A number method `m` can sweep (`sweepable`), else one line saying which it has: the
+    weight of a method that ignores it would only draw a flat line."""
+    from rotviz.errors import RotvizError
+    from rotviz.merging.registry import sweepable
+
+    choices = sweepable(m)
+    if param in choices:
+        return
+    if not choices:
+        raise RotvizError(f"--method {m.name} has no number a sweep can turn (it takes no "
+                          "weight and no parameter of its own); sweep another method, or run "
+                          "rotviz merge")
+    if param == "weight":
+        raise RotvizError(f"--method {m.name} takes no weight (--weight does not change it, "
+                          f"a sweep of it is flat); use --param {' or '.join(choices)}")
+    raise RotvizError(f"--param {param} is not a number --method {m.name} can sweep; use one "
+                      f"of {', '.join(choices)}")
 
 
 def _check_range(values: dict, m) -> None:
@@ -173,13 +190,9 @@ def sweep_on(
     from rotviz.merging import check_weight
     from rotviz.merging import method as method_record
     from rotviz.merging.combine import merge_states
-    from rotviz.merging.registry import sweepable
 
     m = method_record(method_name)
-    choices = sweepable(m)
-    if param not in choices:
-        raise RotvizError(f"--param {param} is not a number --method {m.name} can sweep; use "
-                          f"one of {', '.join(choices)}")
+    check_param(m, param)
     if not values:
         raise RotvizError("a sweep needs at least one value")
     bound = next((p.bound for p in m.params if p.name == param), None)
@@ -222,6 +235,17 @@ SWEPT = {"weight": "weight of the source (0 = anchor, 1 = source)",
          "alpha": "RegMean's off-diagonal scale α (0-1)"}
 
 
+def axis_label(method_name: str, param: str) -> str:
+    """The swept number in words for the x axis: the common ones' plain words, else the
+    method's own label of its parameter (its widget's), then its name."""
+    from rotviz.merging import method
+
+    if param in SWEPT:
+        return SWEPT[param]
+    own = next((p for p in method(method_name).params if p.name == param), None)
+    return own.title if own is not None else param
+
+
 def sweep_chart(sweeps: Sequence[Mapping], metric: str = "acc", font_size: int = 14,
                 acc_range: Sequence[float] | None = None) -> go.Figure:
     """Merged accuracy (or loss) against the swept number, one line per matching setting
@@ -253,7 +277,8 @@ def sweep_chart(sweeps: Sequence[Mapping], metric: str = "acc", font_size: int =
     word, y = named.get(metric, (metric, metric))
     title = (f"Merged model {word} against {param} ({first['method']}"
              f"{', base ' + first['base'] if first.get('base') else ''})")
-    fig = style.finish(fig, title, SWEPT.get(param, param), y, "matching before merging",
+    fig = style.finish(fig, title, axis_label(str(first["method"]), param), y,
+                       "matching before merging",
                        font_size)
     if metric == "acc":
         fig.update_yaxes(range=list(acc_range) if acc_range is not None else style.acc_range(

@@ -2,8 +2,9 @@
 Homologous Models as a Free Lunch"), as mergekit defines its `dare_linear` and `dare_ties`:
 drop each entry of each task vector d_i = theta_i - base at random with probability
 1 - `density` (a generator seeded by `seed`, the tensor's name and the model's index), rescale
-what is kept (`rescale`: by 1 / density, the paper's, which keeps each entry's expectation; l1,
-to the task vector's L1 norm before dropping, mergekit 0.1.5's; or none), then
+what is kept (`rescale`: l1, to the task vector's L1 norm before dropping, mergekit 0.1.5's
+default (its `rescale: true`) and so rotviz's, which lets the defaults export to mergekit;
+density, by 1 / density, the paper's, which keeps each entry's expectation; or none), then
 
 - dare_linear: theta = base + λ sum_i w_i d~_i;
 - dare_ties: TIES's sign election on the weighted vectors, and theta = base + λ sum_i w_i d~_i
@@ -39,14 +40,14 @@ if TYPE_CHECKING:
     Tensor = torch.Tensor
 
 DENSITY = density_param(1.0, "kept by magnitude (TIES) or at random (DARE)")
-RESCALE = Param("rescale", "density", "what DARE's kept entries are rescaled by: density (1 / "
-                "density, the paper's), l1 (to the L1 norm before dropping, mergekit's) or none "
-                "(default density)", choices=RESCALES, label="DARE: rescaling")
+RESCALE = Param("rescale", "l1", "what DARE's kept entries are rescaled by: l1 (to the L1 norm "
+                "before dropping, mergekit's default), density (1 / density, the paper's) or "
+                "none (default l1)", choices=RESCALES, label="DARE: rescaling")
 DROP_SEED = Param("seed", 0, "seed of DARE's random drop (default 0)", SEED, label="Seed")
 
 
 def dare_rows(src: RowSource, weights: Sequence[float], name: str, density: float = 1.0,
-              seed: int = 0, rescale: str = "density", scale: float = 1.0,
+              seed: int = 0, rescale: str = "l1", scale: float = 1.0,
               consensus: str | None = None) -> Iterator[Tensor]:
     """DARE of one tensor (named `name`, which seeds its masks), slice by slice in float64:
     linear without `consensus`, TIES's election with it."""
@@ -57,7 +58,7 @@ def dare_rows(src: RowSource, weights: Sequence[float], name: str, density: floa
 
 
 def dare(tensors: Sequence[Tensor], base: Tensor, weights: Sequence[float], name: str,
-         density: float = 1.0, seed: int = 0, rescale: str = "density", scale: float = 1.0,
+         density: float = 1.0, seed: int = 0, rescale: str = "l1", scale: float = 1.0,
          consensus: str | None = None) -> Tensor:
     """DARE of one tensor (named `name`, which seeds its masks): linear without `consensus`,
     TIES's election with it; in float64, cast to the base's dtype."""

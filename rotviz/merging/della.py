@@ -8,9 +8,9 @@ within its row,
 
 n the row's length (mergekit ranks along a tensor's second dimension, a vector as one row;
 a row of one entry, where mergekit fails, has p = density), then the kept entries are
-rescaled (`rescale`: density, each by 1 / p, the paper's, which keeps each entry's
-expectation, and rotviz's default as for DARE; l1, to the task vector's L1 norm before
-dropping over the whole tensor, mergekit's default (rescale: true); or none), and
+rescaled (`rescale`: l1, to the task vector's L1 norm before dropping over the whole tensor,
+mergekit's default (rescale: true) and so rotviz's, as for DARE; density, each by 1 / p, the
+paper's, which keeps each entry's expectation; or none), and
 
 - della: TIES's sign election on the weighted vectors and the disjoint mean (mergekit's
   `normalize` on): per entry, sum_i w_i d~_i over the vectors carrying the elected sign,
@@ -63,11 +63,11 @@ EPSILON_PARAM = Param("epsilon", 0.15, "DELLA's spread of keep probabilities: de
                       "epsilon from the smallest entry of a row to the largest; 0 <= epsilon "
                       "< min(density, 1 - density) (default 0.15, mergekit's)", EPSILON,
                       label="ε: spread of keep probabilities", widget=(0.0, 0.45, 0.01))
-# one --rescale option serves DARE and DELLA, with one default: the papers' rescaling (1 / the
-# keep probability), as DARE's; mergekit's (its rescale: true) is l1
-RESCALE = Param("rescale", "density", "what DELLA's kept entries are rescaled by: density "
-                "(1 / each entry's keep probability, the paper's), l1 (to the L1 norm before "
-                "dropping, mergekit's default) or none (default density)", choices=RESCALES,
+# one --rescale option serves DARE and DELLA, with one default: mergekit's for all four
+# methods (its rescale: true, the L1 norm), so a merge at the defaults exports to mergekit
+RESCALE = Param("rescale", "l1", "what DELLA's kept entries are rescaled by: l1 (to the L1 "
+                "norm before dropping, mergekit's default), density (1 / each entry's keep "
+                "probability, the paper's) or none (default l1)", choices=RESCALES,
                 label="DELLA: rescaling")
 
 
@@ -110,7 +110,7 @@ class MagPrune(Drop):
     with (a test may replace it)."""
 
     def __init__(self, src: RowSource, density: float, epsilon: float, seeds: Sequence[int],
-                 rescale: str = "density") -> None:
+                 rescale: str = "l1") -> None:
         self.epsilon = epsilon
         if 0.0 < density < 1.0 and src.numel > 0:
             check_epsilon(density, epsilon)
@@ -132,7 +132,7 @@ class MagPrune(Drop):
 
 
 def della_rows(src: RowSource, weights: Sequence[float], name: str, density: float = 1.0,
-               epsilon: float = 0.15, seed: int = 0, rescale: str = "density",
+               epsilon: float = 0.15, seed: int = 0, rescale: str = "l1",
                scale: float = 1.0, consensus: str | None = "sum") -> Iterator[Tensor]:
     """DELLA of one tensor (named `name`, which seeds its masks), slice by slice in float64:
     with `consensus`, TIES's election and the disjoint mean (della); without, the weighted
@@ -150,7 +150,7 @@ def della_rows(src: RowSource, weights: Sequence[float], name: str, density: flo
 
 
 def della(tensors: Sequence[Tensor], base: Tensor, weights: Sequence[float], name: str,
-          density: float = 1.0, epsilon: float = 0.15, seed: int = 0, rescale: str = "density",
+          density: float = 1.0, epsilon: float = 0.15, seed: int = 0, rescale: str = "l1",
           scale: float = 1.0, consensus: str | None = "sum") -> Tensor:
     """DELLA of one tensor (della with `consensus`, della_linear without), in float64, cast to
     the base's dtype."""

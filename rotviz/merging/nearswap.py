@@ -57,5 +57,6 @@ NEARSWAP = register(MergeMethod(
     "the anchor's entries swapped for the source's where they lie within t of them, moved "
     "by t toward them elsewhere (NearSwap, alchemonaut)",
     rows=_rows, params=(T,), max_models=2, extra=("nearswap_t",),
+    weighted=False,
     mergekit=Mergekit("nearswap", base="anchor", weight=None, shared={"nearswap_t": "t"}),
     order=170))

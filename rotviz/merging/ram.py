@@ -9,7 +9,7 @@ over those that count; where none counts, the base is kept:
 
 mergekit takes no weights here (a model's entry counts or not), so rotviz's --weight does
 not change it either. It needs the base; it is elementwise and runs at size. mergekit's
-`ramplus_tl` (RAM+ with its tensor-local rescaling of the unique entries) is not offered.
+`ramplus_tl` (RAM+, the unique entries rescaled tensor by tensor) is rotviz.merging.ramplus_tl.
 """
 
 from __future__ import annotations
@@ -68,5 +68,6 @@ RAM = register(MergeMethod(
     "task vector entries only one model changes kept whole, shared ones averaged over the "
     "models that change them (Reinforced Agent Merging, 2026)",
     rows=_rows, params=(EPSILON,), needs_base=True, extra=("ram_epsilon",),
+    weighted=False,
     mergekit=Mergekit("ram", base="base", weight=None, shared={"ram_epsilon": "epsilon"}),
     order=160))

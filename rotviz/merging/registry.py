@@ -136,6 +136,10 @@ class MergeMethod:
     # (mergekit's optional base: nuslerp, multislerp); needs_base must then be False
     base_optional: bool = False
     max_models: int | None = None  # the most models it combines (None: any N >= 2)
+    # False: the models' weights do not enter the merge (it weighs entries by rules of its
+    # own: sce, ram, nearswap, arcee_fusion), so --weight changes nothing and a sweep of it
+    # would draw a flat line: `sweepable` leaves it out
+    weighted: bool = True
     # how mergekit says the same merge (rotviz.merging.mergekit writes its YAML); None: no
     # mergekit equivalent (fisher, regmean), --mergekit-config refuses the method
     mergekit: Mergekit | None = None
@@ -225,11 +229,12 @@ def users(param: str) -> tuple[str, ...]:
 
 def sweepable(m: MergeMethod) -> tuple[str, ...]:
     """The numbers of method `m` a sweep can turn (rotviz.measures.merge_sweep.sweep_on): the
-    weight, then its own real-valued parameters with a bound (integers such as batch counts
-    are not swept)."""
+    weight where it enters the merge (`weighted`), then its own real-valued parameters with a
+    bound (integers such as batch counts are not swept). Empty for a method with neither
+    (arcee_fusion): nothing of it can be swept."""
     own = [p.name for p in m.params
            if p.bound is not None and not p.bound.integer and p.name != "weight"]
-    return ("weight", *own)
+    return ("weight", *own) if m.weighted else tuple(own)
 
 
 def check_weight(weight: float) -> float:

@@ -142,5 +142,6 @@ SCE = register(MergeMethod(
     "task vector entries that vary most across the models selected, weighted by each "
     "model's mean square, signs elected and the agreeing entries averaged (Wan et al., 2024)",
     rows=_rows, params=(SELECT,), needs_base=True, extra=("select_topk",),
+    weighted=False,
     mergekit=Mergekit("sce", base="base", weight=None, shared={"select_topk": "select_topk"}),
     order=150))

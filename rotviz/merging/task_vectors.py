@@ -206,7 +206,7 @@ class Drop:
     it replaces `_kept`."""
 
     def __init__(self, src: RowSource, density: float, seeds: Sequence[int],
-                 rescale: str = "density") -> None:
+                 rescale: str = "l1") -> None:
         self.density, self.seeds, self.rescale = density, list(seeds), rescale
         self.factor: list[float | None] = [None] * src.n
         if rescale == "l1" and 0.0 < density < 1.0 and src.numel:

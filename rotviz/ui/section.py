@@ -65,6 +65,10 @@ class Hooks:
     # matchings, layers and step budget): () -> their values, handed to `cfg` with the
     # record's; "matchings" among them overrides `matchings`
     fields: Mapping[str, Callable[[], dict]] = field(default_factory=dict)
+    # record name -> the page's widgets drawn above the section's form, outside it, so they
+    # apply at once and the form can follow them (the sweep's method decides which numbers
+    # it offers): () -> their values, which the form then leaves out; handed to `cfg`
+    before: Mapping[str, Callable[[], dict]] = field(default_factory=dict)
     # record name -> the key its widgets start with (default PREFIX_NAME): the URL a page
     # had before its sections keeps working (the Barrier page's b_points)
     keys: Mapping[str, str] = field(default_factory=dict)
@@ -94,10 +98,11 @@ def widgets(record: Measurement, key: str, hidden: tuple[str, ...] = (),
 
 
 def form(record: Measurement, key: str, refs: Mapping[str, tuple[str, str]] | None = None,
-         fields: Callable[[], dict] | None = None,
+         fields: Callable[[], dict] | None = None, lead: Mapping[str, Any] | None = None,
          ) -> tuple[bool, dict[str, Any], dict[str, str]]:
     """The section's form: the page's own fields, its inputs' references (`refs`: argument
-    -> (label, default)), the record's parameters (`widgets`) and a Run button. Returns
+    -> (label, default)), the record's parameters (`widgets`; those in `lead`, drawn above
+    the form, left out and their values taken) and a Run button. Returns
     whether Run was pressed, the values (the page's fields among them) and the references."""
     sec = record.section
     with st.form(f"{key}_form"):
@@ -108,8 +113,9 @@ def form(record: Measurement, key: str, refs: Mapping[str, tuple[str, str]] | No
             given = {arg: cols[i].text_input(label, default, key=f"{key}_{arg}",
                                              bind="query-params")
                      for i, (arg, (label, default)) in enumerate(refs.items())}
-        values = own | widgets(record, key, sec.hidden if sec else (),
-                               sec.defaults if sec else None)
+        lead = dict(lead or {})  # drawn above the form (Hooks.before): not again in it
+        hidden = (*(sec.hidden if sec else ()), *lead)
+        values = own | widgets(record, key, hidden, sec.defaults if sec else None) | lead
         submitted = st.form_submit_button("Run", type="primary", icon=":material/play_arrow:",
                                           key=f"{key}_run")
     return submitted, values, given
@@ -227,8 +233,10 @@ def draw(record: Measurement, s: Setup, page: str, prefix: str, hooks: Hooks) ->
         st.header(sec.title, anchor=record.name)
     if sec.intro:
         st.markdown(sec.intro)
+    before = hooks.before.get(record.name)
     submitted, values, refs = form(record, key, hooks.refs.get(record.name),
-                                   hooks.fields.get(record.name))
+                                   hooks.fields.get(record.name),
+                                   before() if before is not None else None)
     specs = tuple(values.pop("matchings", hooks.matchings)) if sec.per_matching else (None,)
     log = bool(sec.log) and st.toggle(sec.log, False, key=f"{key}_log", bind="query-params")
     style = s.style(log=log)

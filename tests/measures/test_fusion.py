@@ -64,3 +64,22 @@ def test_the_table_offers_no_repair_it_would_refuse():
     assert "repair" in {p.name for p in measurement("merge").parameters()}
     assert "repair" not in {p.name for p in measurement("fusion").parameters()}
     assert "repair" not in {p.name for p in measurement("merge_sweep").parameters()}
+
+
+def test_a_base_given_goes_to_the_methods_that_take_one_optionally():
+    """nuslerp and multislerp merge about a base where one is given (`base_optional`): the
+    table hands them the base as `rotviz merge --base` does, and their numbers are those of
+    `merge_on` with it, not without (here the anchor is the base: the source's task vector
+    alone, nuslerp's about-the-base branch)."""
+    from rotviz.analysis.merges import merge_on
+    from rotviz.match.endpoints import match_endpoints
+    from rotviz.measures import measurement
+
+    a, b = default_pair()
+    few = digits().subset(16)
+    t = fusion_table(a, b, few, methods=("nuslerp",), specs=("none",), base=a)
+    ends = match_endpoints(a, b, None)
+    assert t.loss["nuslerp"]["none"] == merge_on(ends, "nuslerp", few, base=a).loss
+    assert t.loss["nuslerp"]["none"] != merge_on(ends, "nuslerp", few).loss
+    fusion = measurement("fusion")  # a base for only optional takers is no longer refused
+    assert fusion.values({"methods": "nuslerp,multislerp", "base": "zoo:vit-digits-s3"})

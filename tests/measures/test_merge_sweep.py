@@ -71,3 +71,41 @@ def test_a_sweep_is_one_merge_per_value(tmp_path, capfd, ws):
     refused([*args[:-6], "--param", "density"], capfd, ws, "--param density is not a number")
     refused([*args[:-8], "--method", "ties", "--param", "density", "--stop", "1.5"], capfd, ws,
             "--stop 1.5 is outside --density's range", "a number from 0 to 1")
+
+
+def test_a_sweep_offers_only_numbers_that_change_the_merge(capfd, ws):
+    """Each method's `weighted` says what it does: on random tensors its merge at weights
+    (0.8, 0.2) and (0.2, 0.8) is the same exactly where it declares the weight unused, and
+    differs elsewhere; the sweep then offers no weight to those methods (a flat line), a
+    method's own numbers by its widget's label, and refuses the rest in one line each before
+    any model loads."""
+    import torch
+
+    from rotviz.measures.merge_sweep import axis_label
+    from rotviz.merging import method, methods
+    from rotviz.merging.combine import combine_one, merge_job
+    from rotviz.merging.registry import sweepable
+
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(6, 5, generator=g, dtype=torch.float64)
+    ts = [base + 0.3 * torch.randn(6, 5, generator=g, dtype=torch.float64) for _ in range(2)]
+    weightless = []
+    for m in methods():
+        if m.needs_statistics:  # fisher, regmean: weighted, and need whole models
+            assert m.weighted
+            continue
+        b = base if m.needs_base else None
+        one, other = (combine_one(m, merge_job(None, m, w, None, {}), "w", ts, b)
+                      for w in ((0.8, 0.2), (0.2, 0.8)))
+        assert torch.equal(one, other) == (not m.weighted), m.name
+        weightless += [] if m.weighted else [m.name]
+    assert set(weightless) == {"sce", "ram", "ramplus_tl", "nearswap", "arcee_fusion"}
+    assert sweepable(method("sce")) == ("select_topk",)
+    assert sweepable(method("arcee_fusion")) == ()
+    assert sweepable(method("karcher")) == ("weight", "karcher_tol")  # its steps: an integer
+    assert axis_label("nearswap", "nearswap_t") == method("nearswap").params[0].title
+    pair = ["merge_sweep", *_refs()[:2], "--data", "digits", "--match", "none"]
+    refused([*pair, "--method", "sce", "--base", _refs()[2]], capfd, ws,
+            "--method sce takes no weight", "use --param select_topk")
+    refused([*pair, "--method", "arcee_fusion", "--param", "weight"], capfd, ws,
+            "--method arcee_fusion has no number a sweep can turn")

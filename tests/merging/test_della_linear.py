@@ -43,7 +43,7 @@ def test_record_says_mergekit_name_defaults_and_runs_at_size():
     m = method("della_linear")
     assert (m.needs_base, m.at_size, m.mergekit.method) == (True, True, "della_linear")
     defaults = {p.name: p.default for p in m.params}
-    assert defaults == {"density": 1.0, "epsilon": 0.15, "seed": 0, "rescale": "density",
+    assert defaults == {"density": 1.0, "epsilon": 0.15, "seed": 0, "rescale": "l1",
                         "scale": 1.0}
     assert dict(m.mergekit.fixed) == {"normalize": False}
     assert dict(method("della").mergekit.fixed) == {"normalize": True}
