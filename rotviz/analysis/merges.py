@@ -244,7 +244,7 @@ def built_model(anchor: Loaded, state: Mapping[str, Tensor],
 def _anchor_name(anchor: Loaded, name: str) -> str:
     """A built model's tensor name as the anchor's block 0 names it (its dtype in the
     checkpoint: one dtype per tensor kind)."""
-    from rotviz.merging.slices import block_of
+    from rotviz.sources.stacking import block_of
 
     b = block_of(anchor.spec, name)
     return name if b is None else f"{b[0]}0{b[2]}"
@@ -256,7 +256,8 @@ def block_check(spec, built: Mapping[str, Tensor], states: Sequence[Mapping[str,
     copied from, tensor by tensor (`torch.equal`: bit for bit), as the built module holds
     them. A block whose every tensor is equal computes what its source block computed on
     the same input (the stream it reads is then the question of matching, not of copying)."""
-    from rotviz.merging.slices import MODEL_WORDS, block_of
+    from rotviz.merging.slices import MODEL_WORDS
+    from rotviz.sources.stacking import block_of
 
     rows = []
     for j, (model, index) in enumerate(blocks):

@@ -374,10 +374,13 @@ def run_command(m: Measurement, args: argparse.Namespace) -> int:
         elif outputs.items:
             with outputs.write() as tmp:
                 if folder is not None:
+                    from dataclasses import replace
+
                     from rotviz.sources.writing import write_model
 
-                    built = getattr(result, "config", None)  # another depth (passthrough)
-                    write_model(ends.anchor, result.state, tmp[folder], config=built)
+                    own = getattr(result, "config", None)  # a stacked model's (passthrough)
+                    write_model(ends.anchor if own is None else replace(ends.anchor, config=own),
+                                result.state, tmp[folder])
                 _write_outputs(m, args, ends, result, values, tmp, js, files)
 
     _open: list = []

@@ -19,7 +19,6 @@ from rotviz.data.tokens import (
 from rotviz.outputs import Outputs
 from rotviz.sources.adapters import source_of
 from rotviz.sources.loading import Loaded
-from rotviz.sources.stacking import keep_depth
 
 Tensor = torch.Tensor
 
@@ -49,11 +48,10 @@ def write_model(
     state: Mapping[str, Tensor],
     folder: Path,
     extra_files: Mapping[str, str] | None = None,
-    config: Mapping | None = None,
 ) -> None:
-    """The files of `state` as a model of `template`'s class, into the (empty) `folder`;
-    `config`: the model's own config where it is not the template's (a model of another
-    depth, built by stacking blocks), written in its place."""
+    """The files of `state` as a model of `template`'s class and config, into the (empty)
+    `folder`. A model stacked to other blocks than its folder's (rotviz.sources.stacking)
+    holds its own config, which the source writes in place of the folder's."""
     tmp = folder
     dtypes = template.stored_dtypes  # each tensor back in the checkpoint's dtype; one the
     # template lacks (a block beyond its depth) in the checkpoint's dominant floating dtype
@@ -61,10 +59,7 @@ def write_model(
     cpu = {k: v.detach().to("cpu", dtypes.get(k, wide if v.is_floating_point() and wide
                                                else v.dtype)).contiguous()
            for k, v in state.items()}
-    source_of(template.spec).write_state(template.spec, template.path, template.config, cpu, tmp,
-                                         None if config is None else dict(config))
-    if config is None:
-        keep_depth(template, tmp)  # a model stacked to another depth than its folder's
+    source_of(template.spec).write_state(template.spec, template.path, template.config, cpu, tmp)
     copy_reading_files(template.path, tmp)
     for name, text in (extra_files or {}).items():
         (tmp / name).write_text(text)

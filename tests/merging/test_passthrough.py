@@ -20,16 +20,9 @@ from rotviz.cli import main
 from rotviz.errors import RotvizError
 from rotviz.merging import method
 from rotviz.merging.combine import build_pair, merge_states
-from rotviz.merging.slices import (
-    Slice,
-    block_of,
-    check_depths,
-    depth_of,
-    parse,
-    plan,
-    stacked_config,
-)
+from rotviz.merging.slices import Slice, check_depths, parse, plan
 from rotviz.sources.running import forward, probe_inputs
+from rotviz.sources.stacking import block_of, depth_of, stacked_config
 
 TEXT = dict(vocab=98, positions=64)  # the text data's characters
 
