@@ -192,8 +192,6 @@ def stacked(template: Loaded, blocks: Sequence[Mapping[str, Tensor]], ref: str,
     template's block `origins[i]`, the block it was made from (default: block i, the last
     beyond the template's depth). Every tensor is a new copy, so neither the template nor
     the blocks given are shared with it. `ref` names it in reports."""
-    from rotviz.sources.loading import Loaded
-
     prefixes = block_prefixes(template)
     if not prefixes:
         raise RotvizError(f"{template.ref}: no transformer blocks found")
@@ -214,32 +212,50 @@ def stacked(template: Loaded, blocks: Sequence[Mapping[str, Tensor]], ref: str,
         raise RotvizError(f"{ref}: {len(blocks)} blocks need as many origins among the "
                           f"template's {n} blocks, got {made_from}")
     config = stacked_config(template.spec, [template.config], [(0, o) for o in made_from])
-    state = {k: v.detach().clone() for k, v in (outside or outside_blocks(template)).items()}
+    state = dict(outside or outside_blocks(template))
     want = set(block_state(template, 0))
     for i, b in enumerate(blocks):
         if set(b) != want:
             raise RotvizError(f"block {i} of the stacked model holds other tensors than the "
                               f"template's blocks: {sorted(set(b) ^ want)[:3]}")
-        state.update({f"{head}.{i}.{tail}{k}": v.detach().clone() for k, v in b.items()})
-    module = _module(template, config)
-    dtype = next(iter(template.state.values())).dtype
-    device = next(iter(template.state.values())).device
-    module = module.to(device=device, dtype=dtype)
-    missing, unexpected = module.load_state_dict(state, strict=False)
+        state.update({f"{head}.{i}.{tail}{k}": v for k, v in b.items()})
+    return model_of(template, state, ref, config)
+
+
+def model_of(template: Loaded, state: Mapping[str, Tensor], ref: str,
+             config: Mapping[str, Any] | None = None) -> Loaded:
+    """A new model of `template`'s kind, dtype and device holding `state` (full tensor
+    names; copied in, so the inputs are left alone), of its own `config` (the template's
+    where None): a model built from blocks (`stacked`, passthrough's merge), evaluated,
+    checked and written as what transformers or timm would load. Each tensor is written
+    back in the checkpoint dtype of the template's tensor of its kind (a block beyond the
+    template's depth: that of its block 0)."""
+    from rotviz.sources.loading import Loaded
+
+    cfg = dict(template.config if config is None else config)
+    held = next(iter(template.state.values()))
+    module = _module(template, cfg).to(device=held.device, dtype=held.dtype)
+    missing, unexpected = module.load_state_dict(dict(state), strict=False)
     if unexpected or set(missing) - _tied_names(template):
-        raise RotvizError(f"the stacked model's tensors do not fit its class: missing "
-                          f"{sorted(set(missing))[:3]}, unexpected {sorted(unexpected)[:3]}")
+        raise RotvizError(f"the model built from blocks does not fit its config: missing "
+                          f"{sorted(set(missing) - _tied_names(template))[:3]}, unexpected "
+                          f"{sorted(unexpected)[:3]}")
     if hasattr(module, "tie_weights"):
         module.tie_weights()
     elif hasattr(module, "tie"):
         module.tie()
     module.eval()
     module.requires_grad_(False)
-    # written back in the template's checkpoint dtype (none recorded: float32 as held)
-    stored = {k: template.stored_dtype for k, v in module.state_dict().items()
-              if v.is_floating_point()} if template.stored_dtypes else {}
-    return Loaded(ref, template.path, config, template.spec, module,
-                  dict(module.state_dict()), stored)
+    own = dict(module.state_dict())
+    stored = {k: template.stored_dtypes[_as_block_0(template, k)] for k in own
+              if _as_block_0(template, k) in template.stored_dtypes}
+    return Loaded(ref, template.path, cfg, template.spec, module, own, stored)
+
+
+def _as_block_0(template: Loaded, name: str) -> str:
+    """A tensor name as the template's block 0 names it (a name outside the blocks: itself)."""
+    b = block_of(template.spec, name)
+    return name if b is None else f"{b[0]}0{b[2]}"
 
 
 def _tied_names(template: Loaded) -> set[str]:

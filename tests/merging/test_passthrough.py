@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rotviz.analysis.merges import block_check, built_model
+from rotviz.analysis.merges import block_check
 from rotviz.arch import FAMILIES
 from rotviz.arch.spec import config_value
 from rotviz.cli import main
@@ -22,7 +22,7 @@ from rotviz.merging import method
 from rotviz.merging.combine import build_pair, merge_states
 from rotviz.merging.slices import Slice, check_depths, parse, plan
 from rotviz.sources.running import forward, probe_inputs
-from rotviz.sources.stacking import block_of, depth_of, stacked_config
+from rotviz.sources.stacking import block_of, depth_of, model_of, stacked_config
 
 TEXT = dict(vocab=98, positions=64)  # the text data's characters
 
@@ -53,7 +53,7 @@ def test_every_family_stacks_block_by_block(loaded):
         built = build_pair(a, "passthrough", a.state, b.state, slices="a:0-1,b:1-2,a:1-2")
         assert built.blocks == ((0, 0), (1, 1), (0, 1)) and built.config is not None
         assert config_value(built.config, a.spec.n_layers_key) == 3
-        model = built_model(a, built.state, built.config)
+        model = model_of(a, built.state, "built", built.config)
         assert depth_of(a.spec, model.state) == 3
         rows = block_check(a.spec, model.state, [a.state, b.state], built.blocks)
         assert all(r["equal"] and r["tensors"] > 0 for r in rows), (fam, rows)
