@@ -233,7 +233,8 @@ def model_of(template: Loaded, state: Mapping[str, Tensor], ref: str,
     from rotviz.sources.loading import Loaded
 
     cfg = dict(template.config if config is None else config)
-    held = next(iter(template.state.values()))
+    held = next((v for v in template.state.values() if v.is_floating_point()),
+                next(iter(template.state.values())))
     module = _module(template, cfg).to(device=held.device, dtype=held.dtype)
     missing, unexpected = module.load_state_dict(dict(state), strict=False)
     if unexpected or set(missing) - _tied_names(template):
