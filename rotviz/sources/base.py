@@ -86,11 +86,11 @@ class Source:
         raise NotImplementedError
 
     def write_state(self, spec: ArchSpec, path: Path, config: dict,
-                    state: Mapping[str, Tensor], folder: Path) -> None:
+                    state: Mapping[str, Tensor], folder: Path, own: dict | None = None) -> None:
         """`state` (CPU tensors in their final dtypes) as a checkpoint of the model loaded
-        from `path` (full config `config`), into the (empty) `folder`; a config that
-        describes other blocks than `path`'s (a stacked model's own:
-        rotviz.sources.stacking.own_config) is written in place of the folder's."""
+        from `path` (full config `config`), into the (empty) `folder`; with `own`, a model of
+        that config instead: a stacked model's own, which describes other blocks than
+        `path`'s (rotviz.sources.stacking.own_config, as rotviz.sources.writing finds it)."""
         raise NotImplementedError
 
     # ---- running ----------------------------------------------------------------------------

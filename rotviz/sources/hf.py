@@ -179,18 +179,15 @@ class HFSource(Source):
                 hf_logging.enable_progress_bar()
 
     def write_state(self, spec: ArchSpec, path: Path, config: dict,
-                    state: Mapping[str, Tensor], folder: Path) -> None:
-        """Through a fresh module of the checkpoint's own config.json (or of `config`, where
-        it describes other blocks: a stacked model, rotviz.sources.stacking.own_config), so
-        that `save_pretrained` writes what transformers itself would; without transformers
-        where those files are known (rotviz.sources.plain: the zoo's ViT and GPT-2)."""
+                    state: Mapping[str, Tensor], folder: Path, own: dict | None = None) -> None:
+        """Through a fresh module of the checkpoint's own config.json (or of `own`, the
+        model's own config where it describes other blocks: a stacked model), so that
+        `save_pretrained` writes what transformers itself would; without transformers where
+        those files are known (rotviz.sources.plain: the zoo's ViT and GPT-2)."""
         from rotviz.sources.plain import write_plain
-        from rotviz.sources.stacking import own_config
 
-        folder_config = ANYWHERE.read_json(path / "config.json", "re-save the model", "config")
-        own = own_config(spec, config, folder_config)
         if own is not None or not write_plain(path, state, folder):
-            self.save_fresh(spec, path, state, folder, own or folder_config)
+            self.save_fresh(spec, path, state, folder, own)
 
     def save_fresh(self, spec: ArchSpec, path: Path, state: Mapping[str, Tensor],
                    folder: Path, own: dict | None = None) -> None:

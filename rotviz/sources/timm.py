@@ -66,10 +66,11 @@ class TimmSource(Source):
                   str(folder / "model.safetensors"))
 
     def write_state(self, spec: ArchSpec, path: Path, config: dict,
-                    state: Mapping[str, Tensor], folder: Path) -> None:
+                    state: Mapping[str, Tensor], folder: Path, own: dict | None = None) -> None:
         from safetensors.torch import save_file
 
-        (folder / "config.json").write_text(json.dumps(config, indent=2))
+        (folder / "config.json").write_text(json.dumps(config if own is None else own,
+                                                       indent=2))
         save_file(dict(state), str(folder / "model.safetensors"), metadata={"format": "pt"})
 
     def arguments(self, spec: ArchSpec, inputs: Mapping[str, Tensor]) -> tuple[tuple, dict]:

@@ -19,6 +19,7 @@ from rotviz.data.tokens import (
 from rotviz.outputs import Outputs
 from rotviz.sources.adapters import source_of
 from rotviz.sources.loading import Loaded
+from rotviz.sources.stacking import own_config
 
 Tensor = torch.Tensor
 
@@ -59,10 +60,19 @@ def write_model(
     cpu = {k: v.detach().to("cpu", dtypes.get(k, wide if v.is_floating_point() and wide
                                                else v.dtype)).contiguous()
            for k, v in state.items()}
-    source_of(template.spec).write_state(template.spec, template.path, template.config, cpu, tmp)
+    source_of(template.spec).write_state(template.spec, template.path, template.config, cpu, tmp,
+                                         own_config(template.spec, template.config,
+                                                    _folder_config(template.path)))
     copy_reading_files(template.path, tmp)
     for name, text in (extra_files or {}).items():
         (tmp / name).write_text(text)
+
+
+def _folder_config(path: Path) -> dict:
+    """The config.json of the model folder `path` ({} where it has none: a model read from
+    elsewhere is written with its own config)."""
+    f = Path(path) / "config.json"
+    return ANYWHERE.read_json(f, "re-save the model", "config") if f.is_file() else {}
 
 
 def copy_reading_files(src: Path, folder: Path, confined: Confined = ANYWHERE) -> list[str]:
