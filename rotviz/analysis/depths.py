@@ -247,11 +247,13 @@ def grown(model: Loaded, slots: Sequence[int], ref: str) -> Loaded:
         raise RotvizError(f"growing a model of {depth(model)} blocks needs that many "
                           f"increasing slots from 0, got {list(slots)}")
     blocks: list[Mapping[str, Tensor]] = []
+    origins: list[int] = []
     for i, slot in enumerate(slots):
         nxt = slots[i + 1] if i + 1 < len(slots) else slot + 1
         blocks.append(block_state(model, i))
         blocks += [silent_copy(model, i) for _ in range(slot + 1, nxt)]
-    return stacked(model, blocks, ref)
+        origins += [i] * (nxt - slot)
+    return stacked(model, blocks, ref, origins=origins)
 
 
 def collapse(b: Loaded, groups: Sequence[Sequence[int]]
@@ -266,8 +268,10 @@ def collapse(b: Loaded, groups: Sequence[Sequence[int]]
         states = [block_state(b, j) for j in g]
         blocks.append({k: _weighted([s[k] for s in states], w) for k in states[0]})
         weights.append(tuple(w))
-    return stacked(b, blocks, f"{b.ref} (groups collapsed to {len(groups)} blocks)"), \
-        tuple(weights)
+    # each collapsed block keeps the per-layer settings of its group's block that writes most
+    origins = [max(g, key=lambda j: (sizes[j], -j)) for g in groups]
+    return stacked(b, blocks, f"{b.ref} (groups collapsed to {len(groups)} blocks)",
+                   origins=origins), tuple(weights)
 
 
 def _weighted(tensors: Sequence[Tensor], w: Sequence[float]) -> Tensor:
@@ -291,7 +295,10 @@ def expand(a: Loaded, b: Loaded, groups: Sequence[Sequence[int]]
         slot = max(g, key=lambda j: (sizes[j], -j))
         slots.append(slot)
         blocks += [block_state(a, i) if j == slot else ident for j in g]
-    return stacked(a, blocks, f"{a.ref} (expanded to {len(blocks)} blocks)"), tuple(slots)
+    # every slot of group i has the per-layer settings of A's block i (identities write zero)
+    origins = [i for i, g in enumerate(groups) for _ in g]
+    return stacked(a, blocks, f"{a.ref} (expanded to {len(blocks)} blocks)",
+                   origins=origins), tuple(slots)
 
 
 def pairing_of(a: Loaded, b: Loaded, pairing: str, split: Split | None, device: Any = "cpu"

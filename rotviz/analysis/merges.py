@@ -30,6 +30,7 @@ from rotviz.merging.combine import build_pair, merge_states
 from rotviz.params import needs, read_params
 from rotviz.sources.loading import Loaded
 from rotviz.sources.pairs import check_compatible
+from rotviz.sources.stacking import block_of, model_of
 from rotviz.types import Progress
 
 Tensor = torch.Tensor
@@ -187,7 +188,7 @@ def merge_on(
     else:
         if m.assemble is not None:
             built = build_pair(anchor, m.name, anchor.state, ends.matched, **values)
-            model = built_model(anchor, built.state, built.config)
+            model = model_of(anchor, built.state, f"{anchor.ref} (built)", built.config)
             merged, mev = model.state, Evaluator(model, split, device)
         else:
             merged = merge_states(anchor, m.name, anchor.state, ends.matched, weight, sa, sb,
@@ -219,50 +220,13 @@ def merge_on(
     )
 
 
-def built_model(anchor: Loaded, state: Mapping[str, Tensor],
-                config: Mapping[str, Any] | None) -> Loaded:
-    """The model a block-building method made, as a module of its own config (the anchor's
-    where None) holding `state` (copied in: the inputs are left alone), so that it is
-    evaluated, checked and written as what transformers or timm would load."""
-    from rotviz.sources.adapters import source_of
-
-    cfg = dict(anchor.config if config is None else config)
-    src = source_of(anchor.spec)
-    module, full = src.build(cfg, anchor.spec)
-    module = module.to(torch.float32)
-    missing, unexpected = module.load_state_dict(dict(state), strict=False)
-    tied = {a for a, _ in anchor.spec.tied}
-    missing = [k for k in missing if k not in tied]
-    if missing or unexpected:
-        raise RotvizError(f"the built model does not fit its config: missing "
-                          f"{missing[:3]}, unexpected {unexpected[:3]}")
-    if hasattr(module, "tie_weights"):
-        module.tie_weights()
-    module.eval()
-    module.requires_grad_(False)
-    own = dict(module.state_dict())
-    stored = {k: anchor.stored_dtypes[_anchor_name(anchor, k)] for k in own
-              if _anchor_name(anchor, k) in anchor.stored_dtypes}
-    return Loaded(f"{anchor.ref} (built)", anchor.path, full if config is not None
-                  else anchor.config, anchor.spec, module, own, stored)
-
-
-def _anchor_name(anchor: Loaded, name: str) -> str:
-    """A built model's tensor name as the anchor's block 0 names it (its dtype in the
-    checkpoint: one dtype per tensor kind)."""
-    from rotviz.merging.slices import block_of
-
-    b = block_of(anchor.spec, name)
-    return name if b is None else f"{b[0]}0{b[2]}"
-
-
 def block_check(spec, built: Mapping[str, Tensor], states: Sequence[Mapping[str, Tensor]],
                 blocks: Sequence[tuple[int, int]]) -> list[dict]:
     """The function check of a stacked model: each of its blocks against the block it was
     copied from, tensor by tensor (`torch.equal`: bit for bit), as the built module holds
     them. A block whose every tensor is equal computes what its source block computed on
     the same input (the stream it reads is then the question of matching, not of copying)."""
-    from rotviz.merging.slices import MODEL_WORDS, block_of
+    from rotviz.merging.slices import MODEL_WORDS
 
     rows = []
     for j, (model, index) in enumerate(blocks):

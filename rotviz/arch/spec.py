@@ -15,8 +15,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from rotviz.errors import RotvizError
-
 Names = tuple[str, ...]
 STREAM_SITES = ("attn_out", "ffn_out")  # post-norms: on the stream
 BRANCH_SITES = ("attn_post", "ffn_post")  # on a sub-layer's output, before the add
@@ -215,23 +213,6 @@ def config_value(config: Mapping, keys: Names, default=None):
             if key in src and src[key] is not None:
                 return src[key]
     return default
-
-
-def with_depth(config: Mapping, spec: ArchSpec, n: int) -> dict:
-    """`config` saying `n` blocks: its key for the depth (the family's `n_layers_key`, at the
-    top or under timm's `model_args`) set to n; a config without one is refused."""
-    if config_value(config, spec.n_layers_key) is None:
-        raise RotvizError(f"the {spec.family} config names no depth ({spec.n_layers_key[0]}): "
-                          "rotviz cannot build a model of another depth from it")
-    out = dict(config)
-    for src in (out, dict(out.get("model_args") or {})):
-        for key in spec.n_layers_key:
-            if key in src and src[key] is not None:
-                src[key] = int(n)
-                if src is not out:
-                    out["model_args"] = src
-                return out
-    return out  # unreachable: config_value found it
 
 
 def position_offset(spec: ArchSpec, config: Mapping) -> int:

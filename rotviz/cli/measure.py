@@ -377,6 +377,8 @@ def run_command(m: Measurement, args: argparse.Namespace) -> int:
         elif outputs.items:
             with outputs.write() as tmp:
                 if folder is not None:
+                    from dataclasses import replace
+
                     from rotviz.sources.writing import write_model
 
                     if not result.state:  # ZipIt!'s partial zip: each model keeps its tail
@@ -385,8 +387,9 @@ def run_command(m: Measurement, args: argparse.Namespace) -> int:
                                           "to write; drop --out, or zip every block "
                                           "(--zip-layers -1)")
 
-                    built = getattr(result, "config", None)  # another depth (passthrough)
-                    write_model(ends.anchor, result.state, tmp[folder], config=built)
+                    own = getattr(result, "config", None)  # a stacked model's (passthrough)
+                    write_model(ends.anchor if own is None else replace(ends.anchor, config=own),
+                                result.state, tmp[folder])
                 _write_outputs(m, args, ends, result, values, tmp, js, files)
 
     _open: list = []

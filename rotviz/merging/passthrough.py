@@ -3,7 +3,8 @@ from layer ranges of the two models, its blocks copied, not combined, so it may 
 shallower than either.
 
 `--slices a:0-4,b:2-6` builds the anchor's blocks 0-3 and then the source's blocks 2-5 (six
-blocks; ranges half-open, as mergekit's `layer_range`; rotviz.merging.slices). The source is
+blocks; ranges half-open, as mergekit's `layer_range`; read in rotviz.merging.slices, stacked
+with the model's own config in rotviz.sources.stacking). The source is
 the matched source, as in every rotviz merge: its blocks are taken in the anchor's basis, so
 a stream that matching rotated (`--match` with residual) reads the same coordinates in the
 source's blocks as in the anchor's; matching that moves only hidden units and heads leaves
@@ -23,16 +24,9 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from rotviz.merging.registry import Built, Mergekit, MergeMethod, register
-from rotviz.merging.slices import (
-    check_depths,
-    depth_of,
-    halves,
-    parse,
-    plan,
-    stack,
-    stacked_config,
-)
+from rotviz.merging.slices import check_depths, halves, parse, plan
 from rotviz.params import Param
+from rotviz.sources.stacking import depth_of, own_config, stack, stacked_config
 
 if TYPE_CHECKING:
     import torch
@@ -63,8 +57,7 @@ def _assemble(job: MergeJob, states: Sequence[Mapping[str, Tensor]]) -> Built:
         else (0, 0)
     state = stack(spec, states, blocks, first, last)
     config = stacked_config(spec, [job.loaded.config] * len(states), blocks)
-    changed = len(blocks) != depths[0] or config != job.loaded.config
-    return Built(state, config if changed else None, blocks)
+    return Built(state, own_config(spec, config, job.loaded.config), blocks)
 
 
 def _check(values: Mapping[str, object]) -> None:

@@ -88,8 +88,9 @@ class Source:
     def write_state(self, spec: ArchSpec, path: Path, config: dict,
                     state: Mapping[str, Tensor], folder: Path, own: dict | None = None) -> None:
         """`state` (CPU tensors in their final dtypes) as a checkpoint of the model loaded
-        from `path` (full config `config`), into the (empty) `folder`; with `own`, a model
-        of that config instead (another depth than the one in `path`)."""
+        from `path` (full config `config`), into the (empty) `folder`; with `own`, a model of
+        that config instead: a stacked model's own, which describes other blocks than
+        `path`'s (rotviz.sources.stacking.own_config, as rotviz.sources.writing finds it)."""
         raise NotImplementedError
 
     # ---- running ----------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from rotviz.arch.spec import ArchSpec, config_value, with_depth
+from rotviz.arch.spec import ArchSpec
 from rotviz.confine import ANYWHERE, Confined
 from rotviz.errors import RotvizError
 from rotviz.sources.base import Source
@@ -180,25 +180,22 @@ class HFSource(Source):
 
     def write_state(self, spec: ArchSpec, path: Path, config: dict,
                     state: Mapping[str, Tensor], folder: Path, own: dict | None = None) -> None:
-        """Through a fresh module of the checkpoint's own config.json (or `own`), so that
+        """Through a fresh module of the checkpoint's own config.json (or of `own`, the
+        model's own config where it describes other blocks: a stacked model), so that
         `save_pretrained` writes what transformers itself would; without transformers where
         those files are known (rotviz.sources.plain: the zoo's ViT and GPT-2)."""
         from rotviz.sources.plain import write_plain
 
         if own is not None or not write_plain(path, state, folder):
-            self.save_fresh(spec, path, state, folder, own,
-                            None if own is not None else config_value(config, spec.n_layers_key))
+            self.save_fresh(spec, path, state, folder, own)
 
     def save_fresh(self, spec: ArchSpec, path: Path, state: Mapping[str, Tensor],
-                   folder: Path, own: dict | None = None, depth: int | None = None) -> None:
-        """`write_state` through transformers: a fresh module of `own` (a model built to its
-        own architecture: passthrough) or of the checkpoint's own config.json (with `depth`
-        blocks where given: a model stacked to another depth than its folder's,
-        rotviz.sources.stacking), given `state`, saved with `save_pretrained`."""
+                   folder: Path, own: dict | None = None) -> None:
+        """`write_state` through transformers: a fresh module of `own` (the model's own
+        config) or of the checkpoint's own config.json, given `state`, saved with
+        `save_pretrained`."""
         if own is None:
             own = ANYWHERE.read_json(path / "config.json", "re-save the model", "config")
-            if depth is not None and config_value(own, spec.n_layers_key) != depth:
-                own = with_depth(own, spec, depth)
         model, _ = self.build(own, spec)
         cast_like(model, state)
         model.load_state_dict(state, strict=False)

@@ -19,7 +19,7 @@ from rotviz.data.tokens import (
 from rotviz.outputs import Outputs
 from rotviz.sources.adapters import source_of
 from rotviz.sources.loading import Loaded
-from rotviz.sources.stacking import keep_depth
+from rotviz.sources.stacking import own_config
 
 Tensor = torch.Tensor
 
@@ -49,11 +49,10 @@ def write_model(
     state: Mapping[str, Tensor],
     folder: Path,
     extra_files: Mapping[str, str] | None = None,
-    config: Mapping | None = None,
 ) -> None:
-    """The files of `state` as a model of `template`'s class, into the (empty) `folder`;
-    `config`: the model's own config where it is not the template's (a model of another
-    depth, built by stacking blocks), written in its place."""
+    """The files of `state` as a model of `template`'s class and config, into the (empty)
+    `folder`. A model stacked to other blocks than its folder's (rotviz.sources.stacking)
+    holds its own config, which the source writes in place of the folder's."""
     tmp = folder
     dtypes = template.stored_dtypes  # each tensor back in the checkpoint's dtype; one the
     # template lacks (a block beyond its depth) in the checkpoint's dominant floating dtype
@@ -62,12 +61,18 @@ def write_model(
                                                else v.dtype)).contiguous()
            for k, v in state.items()}
     source_of(template.spec).write_state(template.spec, template.path, template.config, cpu, tmp,
-                                         None if config is None else dict(config))
-    if config is None:
-        keep_depth(template, tmp)  # a model stacked to another depth than its folder's
+                                         own_config(template.spec, template.config,
+                                                    _folder_config(template.path)))
     copy_reading_files(template.path, tmp)
     for name, text in (extra_files or {}).items():
         (tmp / name).write_text(text)
+
+
+def _folder_config(path: Path) -> dict:
+    """The config.json of the model folder `path` ({} where it has none: a model read from
+    elsewhere is written with its own config)."""
+    f = Path(path) / "config.json"
+    return ANYWHERE.read_json(f, "re-save the model", "config") if f.is_file() else {}
 
 
 def copy_reading_files(src: Path, folder: Path, confined: Confined = ANYWHERE) -> list[str]:

@@ -13,23 +13,26 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rotviz.analysis.merges import block_check, built_model
+from rotviz.analysis.merges import block_check
 from rotviz.arch import FAMILIES
 from rotviz.arch.spec import config_value
 from rotviz.cli import main
 from rotviz.errors import RotvizError
 from rotviz.merging import method
 from rotviz.merging.combine import build_pair, merge_states
-from rotviz.merging.slices import (
-    Slice,
+from rotviz.merging.slices import Slice, check_depths, parse, plan
+from rotviz.sources.loading import load_model
+from rotviz.sources.running import forward, probe_inputs
+from rotviz.sources.stacking import (
     block_of,
-    check_depths,
+    block_state,
     depth_of,
-    parse,
-    plan,
+    model_of,
+    own_config,
     stacked_config,
 )
-from rotviz.sources.running import forward, probe_inputs
+from rotviz.sources.stacking import stacked as stacked_model
+from rotviz.sources.writing import write_model
 
 TEXT = dict(vocab=98, positions=64)  # the text data's characters
 
@@ -60,7 +63,7 @@ def test_every_family_stacks_block_by_block(loaded):
         built = build_pair(a, "passthrough", a.state, b.state, slices="a:0-1,b:1-2,a:1-2")
         assert built.blocks == ((0, 0), (1, 1), (0, 1)) and built.config is not None
         assert config_value(built.config, a.spec.n_layers_key) == 3
-        model = built_model(a, built.state, built.config)
+        model = model_of(a, built.state, "built", built.config)
         assert depth_of(a.spec, model.state) == 3
         rows = block_check(a.spec, model.state, [a.state, b.state], built.blocks)
         assert all(r["equal"] and r["tensors"] > 0 for r in rows), (fam, rows)
@@ -74,11 +77,28 @@ def test_every_family_stacks_block_by_block(loaded):
         assert torch.isfinite(logits).all(), fam
 
 
-def test_per_layer_settings_follow_their_blocks(loaded):
-    """Gemma2 alternates sliding and full attention per layer: each block keeps its own."""
+def test_per_layer_settings_follow_their_blocks(loaded, tmp_path):
+    """Gemma2 alternates sliding and full attention per layer: each block keeps its own.
+    Two ways in, one model: stacked from blocks 1, 0, 1 by passthrough (state dicts) and by
+    `stacked` (a model's blocks, as depth merging builds) it has the same tensors and config;
+    the writer writes that config (it names other blocks than the folder's) and the folder
+    loads back as that model."""
     a = loaded("gemma2", 0)
+    kinds = a.config["layer_types"]
+    assert len(set(kinds)) == 2  # else the blocks' settings could not be told apart
     built = build_pair(a, "passthrough", a.state, a.state, slices="a:1-2,b:0-2")
-    assert built.config["layer_types"] == [a.config["layer_types"][i] for i in (1, 0, 1)]
+    assert built.config["layer_types"] == [kinds[i] for i in (1, 0, 1)]
+    via = model_of(a, built.state, "via", built.config)
+    b = stacked_model(a, [block_state(a, i) for i in (1, 0, 1)], "b", origins=(1, 0, 1))
+    assert b.config == built.config and via.state.keys() == b.state.keys()
+    assert all(torch.equal(via.state[k], b.state[k]) for k in b.state)
+    assert own_config(a.spec, b.config, a.config) == b.config
+    assert own_config(a.spec, a.config, a.config) is None
+    write_model(b, b.state, tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["layer_types"] == \
+        b.config["layer_types"]
+    x = probe_inputs(b, 2, 0)
+    assert (forward(load_model(tmp_path), x) - forward(b, x)).abs().max() < 1e-5
     # a one-block model: only lists named for layers follow the blocks, not `architectures`
     one = {"num_hidden_layers": 1, "architectures": ["X"], "layer_types": ["full"]}
     assert stacked_config(a.spec, [one, one], ((0, 0), (1, 0))) == \
@@ -90,15 +110,13 @@ def test_the_ends_and_a_kept_depth(loaded):
     last's (mergekit's rule); a kept depth is a plain merge the sweep and table take, another
     depth is refused there in one line."""
     a, b = loaded("llama", 0), loaded("llama", 1)
-    st = build_pair(a, "passthrough", a.state, b.state, slices="b:0-1,a:1-2",
-                    passthrough_ends="slices").state
-    assert torch.equal(st["model.embed_tokens.weight"], b.state["model.embed_tokens.weight"])
-    assert torch.equal(st["model.norm.weight"], a.state["model.norm.weight"])
-    assert torch.equal(st["lm_head.weight"], a.state["lm_head.weight"])
-    st = build_pair(a, "passthrough", a.state, b.state, slices="a:0-1,b:1-2",
-                    passthrough_ends="slices").state
-    assert torch.equal(st["model.norm.weight"], b.state["model.norm.weight"])
-    assert torch.equal(st["model.embed_tokens.weight"], a.state["model.embed_tokens.weight"])
+    for slices, first, last in (("b:0-1,a:1-2", b, a), ("a:0-1,b:1-2", a, b)):
+        st = build_pair(a, "passthrough", a.state, b.state, slices=slices,
+                        passthrough_ends="slices").state
+        assert torch.equal(st["model.embed_tokens.weight"],
+                           first.state["model.embed_tokens.weight"]), slices
+        for k in ("model.norm.weight", "lm_head.weight"):
+            assert torch.equal(st[k], last.state[k]), (slices, k)
     kept = merge_states(a, "passthrough", a.state, b.state)  # default: a's half, then b's
     assert torch.equal(kept["model.layers.1.mlp.up_proj.weight"],
                        b.state["model.layers.1.mlp.up_proj.weight"])
