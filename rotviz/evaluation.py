@@ -52,8 +52,8 @@ SIDE_BY_SIDE_PARAMS = 20_000_000
 # bound by arithmetic, which batching does not reduce, and vmap's batched linear layers (a
 # bmm and a separate bias add) run slower than one point's fused addmm: the default pair's
 # 397 digits (0.9e9) took 1.3 to 1.5x longer batched; the tiny family models' passes, bound by
-# dispatching each operation, run faster batched (bench/RESULTS.md, `batched`). On a GPU the
-# memory budget alone decides.
+# dispatching each operation, run 1.3 to 2.8x faster batched (docs/conventions.md,
+# Evaluation; bench/RESULTS.md, `landscape-peer`). On a GPU the memory budget alone decides.
 MAX_POINTS_PER_PASS = 32
 BATCHED_WORK = 50_000_000
 # the share of free memory (the GPU's, or the machine's on the CPU) a pass of stacked points
