@@ -112,6 +112,7 @@ def peer_section(a, split, ends, threads: list[int]) -> str:
         theirs = peer_plane(Evaluator(a, split).module, split)
         rows.append(f"| 21 x 21 plane, {n} thread{'s' if n > 1 else ''} | {ours:.2f} | "
                     f"{theirs:.2f} | {theirs / ours:.2f}x | centre loss {s.centre_loss:.4f} |")
+        print(rows[-1], flush=True)  # a row as it comes: the machine may be slow
     return ("| what | rotviz s | loss-landscapes s | speed-up | note |\n|---|---|---|---|---|\n"
             + "\n".join(rows))
 
@@ -171,6 +172,7 @@ def paths_section(ends, split, threads: list[int]) -> str:
             before, rule, eight = (times[h][k] for h in ("before", "rule", "eight"))
             rows.append(f"| {what} | {n} | {before:.2f} | {rule:.2f} ({before / rule:.2f}x) | "
                         f"{eight:.2f} ({before / eight:.2f}x) |")
+            print(rows[-1], flush=True)
         rule_n = points_per_pass(ev, 21)
     torch.set_num_threads(threads[0])
     return (f"The rule takes {rule_n} point(s) a pass for the default pair on the CPU (its pass "
