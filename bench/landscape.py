@@ -14,6 +14,14 @@ and, timed without a target, the top Hessian eigenvalue of a roberta-base-shaped
 sequences of 128 random tokens: on a GPU by default, to convergence; on a CPU only with
 `--roberta yes`, its Lanczos run bounded by `--roberta-steps` (each step is one
 Hessian-vector product through the whole model), the table saying how many steps ran.
+
+With `--peer yes` (alone: `--only peer`) it also writes the `landscape-peer` section: the
+21 x 21 filter-normalised plane around the anchor, rotviz's against loss-landscapes 3.0.6's
+`random_plane` on the same module and the same 397 digits, side by side in one process at
+one thread and at two; with `--peer yes` (alone: `--only paths`) also the
+`landscape-batched` section: the 21-point barrier and the layer-wise barriers evaluated as
+before (the points in turn), as rotviz's rule picks now (rotviz.evaluation.points_per_pass),
+and eight points a pass (torch.func.vmap) forced.
 """
 
 from __future__ import annotations
@@ -60,6 +68,120 @@ def roberta_base_shape(folder: Path, seqs: int = 32, length: int = 128):
     return model, split
 
 
+def peer_plane(module, split, steps: int = 21) -> float:
+    """Seconds loss-landscapes' random_plane takes for a `steps` x `steps` filter-normalised
+    plane of `module` (a transformers image classifier) on the whole split as one batch, its
+    Loss metric being the mean cross-entropy. Run under torch.no_grad (its metric would
+    otherwise record a graph at every point), on a copy of the module."""
+    import copy
+
+    import loss_landscapes
+    import torch
+    import torch.nn.functional as F
+    from loss_landscapes.metrics import Loss
+
+    class Logits(torch.nn.Module):
+        def __init__(self, inner: torch.nn.Module):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            return self.inner(pixel_values=x).logits
+
+    model = Logits(copy.deepcopy(module)).eval()
+    metric = Loss(F.cross_entropy, split.inputs.to(torch.float32), split.labels)
+    torch.manual_seed(0)
+    t = time.perf_counter()
+    with torch.no_grad():
+        loss_landscapes.random_plane(model, metric, distance=1, steps=steps,
+                                     normalization="filter")
+    return time.perf_counter() - t
+
+
+def peer_section(a, split, ends, threads: list[int]) -> str:
+    """The `landscape-peer` section's body (see the module docstring)."""
+    import torch
+
+    from rotviz.analysis.loss_grid import slice_at
+    from rotviz.evaluation import Evaluator
+
+    rows = []
+    for n in threads:
+        torch.set_num_threads(n)
+        ours, s = _timed(lambda: slice_at(a, split, dims=2, grid=21))
+        theirs = peer_plane(Evaluator(a, split).module, split)
+        rows.append(f"| 21 x 21 plane, {n} thread{'s' if n > 1 else ''} | {ours:.2f} | "
+                    f"{theirs:.2f} | {theirs / ours:.2f}x | centre loss {s.centre_loss:.4f} |")
+        print(rows[-1], flush=True)  # a row as it comes: the machine may be slow
+    return ("| what | rotviz s | loss-landscapes s | speed-up | note |\n|---|---|---|---|---|\n"
+            + "\n".join(rows))
+
+
+def paths_section(ends, split, threads: list[int]) -> str:
+    """The `landscape-batched` section's body: the 21-point barrier and the layer-wise
+    barriers timed three ways in one process: as before this change (the points in turn,
+    on torch's own threads), as rotviz's rule picks now (several points a pass where that
+    pays, else one a pass shared among workers, one per thread), and eight points a pass
+    forced (torch.func.vmap)."""
+    import contextlib
+
+    import numpy as np
+    import torch
+
+    import rotviz.analysis.paths as paths
+    import rotviz.analysis.tensor_groups as tensor_groups
+    import rotviz.evaluation as evaluation
+    from rotviz.evaluation import Evaluator, points_per_pass
+    from rotviz.measures.layerwise import layerwise_on
+
+    @contextlib.contextmanager
+    def way(how: str):
+        saved = (evaluation.MAX_POINTS_PER_PASS, evaluation.BATCHED_WORK, paths.path_many,
+                 tensor_groups.series)
+        if how == "eight":
+            evaluation.MAX_POINTS_PER_PASS, evaluation.BATCHED_WORK = 8, 10**18
+        if how == "before":
+            paths.path_many = lambda ev, point: None
+            series = saved[3]
+            tensor_groups.series = lambda *a, many=None, **k: series(*a, **k)
+        try:
+            yield
+        finally:
+            (evaluation.MAX_POINTS_PER_PASS, evaluation.BATCHED_WORK, paths.path_many,
+             tensor_groups.series) = saved
+
+    rows = []
+    for n in threads:
+        torch.set_num_threads(n)
+        ev = Evaluator(ends.anchor, split)
+        pa, pm = ev.params(ends.anchor.state), ev.params(ends.matched)
+        alphas = np.linspace(0, 1, 21)
+        times: dict[str, list[float]] = {}
+        for how in ("before", "rule", "eight"):
+            with way(how):
+                bar, c = _timed(lambda e=ev, x=pa, y=pm, al=alphas:
+                                paths.path_curve(e, x, y, al))
+                lw, lay = _timed(lambda e=ev: layerwise_on(ends, split, 11, "block", True,
+                                                           evaluator=e))
+            times[how] = [bar, lw]
+            if how == "before":
+                want = (c["barrier"], lay.full_barrier)
+            assert abs(c["barrier"] - want[0]) <= 1e-6 and abs(lay.full_barrier - want[1]) <= 1e-6
+        for k, what in enumerate(("21-point barrier (22 points)", "layer-wise barriers by "
+                                  "block, 11 points, with the unmatched comparison")):
+            before, rule, eight = (times[h][k] for h in ("before", "rule", "eight"))
+            rows.append(f"| {what} | {n} | {before:.2f} | {rule:.2f} ({before / rule:.2f}x) | "
+                        f"{eight:.2f} ({before / eight:.2f}x) |")
+            print(rows[-1], flush=True)
+        rule_n = points_per_pass(ev, 21)
+    torch.set_num_threads(threads[0])
+    return (f"The rule takes {rule_n} point(s) a pass for the default pair on the CPU (its pass "
+            f"is bound by arithmetic: docs/conventions.md, Evaluation). Every way gives the "
+            f"same barriers (1e-6, asserted).\n\n| what | threads | before s (points in turn) "
+            f"| now s (the rule) | eight a pass s (vmap) |\n|---|---|---|---|---|\n"
+            + "\n".join(rows))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu")
@@ -70,6 +192,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--roberta-steps", type=int, default=0,
                     help="Lanczos steps for the roberta-base shape (0: 100 on a GPU, 3 on a "
                          "CPU)")
+    ap.add_argument("--peer", default="no", choices=("yes", "no"),
+                    help="also time the plane against loss-landscapes' random_plane and the "
+                         "barriers batched against one point a pass (section landscape-peer)")
+    ap.add_argument("--only", default="", choices=("", "peer", "paths"),
+                    help="peer: only the landscape-peer section; paths: only the "
+                         "landscape-batched section")
     ap.add_argument("--no-write", action="store_true", help="print only")
     args = ap.parse_args(argv)
 
@@ -86,6 +214,31 @@ def main(argv: list[str] | None = None) -> int:
     device = resolve_device(args.device)
     a, b, split = default_pair_on_test()
     ends = match_endpoints(a, b, "seed", device)
+    shared = ("the machine was shared with other jobs: compare the columns of a row, "
+              "measured in one process, not the absolute seconds")
+    if args.peer == "yes" or args.only == "paths":
+        body = (f"Run as `python bench/landscape.py --only paths` (the CPU; {shared}).\n\n"
+                f"Machine: {machine('cpu')}.\n\nDefault pair ({a.ref}, {b.ref}) matched "
+                f"with seed, on the digits test split ({split.n} images).\n\n"
+                + paths_section(ends, split, [1, 2]))
+        print(body)
+        if not args.no_write:
+            write_section("landscape-batched", body)
+        torch.set_num_threads(args.threads)
+        if args.only == "paths":
+            return 0
+    if args.peer == "yes" or args.only == "peer":
+        body = (f"Run as `python bench/landscape.py --only peer` (the CPU; {shared}).\n\n"
+                f"Machine: {machine('cpu')}.\n\n"
+                f"Default pair ({a.ref}, {b.ref}) on the digits test split ({split.n} "
+                f"images); loss-landscapes 3.0.6 run under torch.no_grad on the module rotviz "
+                f"evaluates.\n\n" + peer_section(a, split, ends, [1, 2]))
+        print(body)
+        if not args.no_write:
+            write_section("landscape-peer", body)
+        torch.set_num_threads(args.threads)
+        if args.only == "peer":
+            return 0
     rows: list[tuple[str, float, str, str]] = []
 
     took, s = _timed(lambda: slice_at(a, split, dims=2, grid=21, device=device))

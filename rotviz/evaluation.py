@@ -46,6 +46,19 @@ LOGIT_ELEMENTS = 2**25
 # one single-threaded worker per thread gains 20 to 25% (the default pair's 21 x 21 plane, on
 # 2 cores). Larger models keep torch's own threads, and one point's memory at a time.
 SIDE_BY_SIDE_PARAMS = 20_000_000
+# Several points in one pass (Evaluator.per_sample_many: torch.func.vmap over stacked parameter
+# sets): at most this many at once, and on the CPU only while one point's pass over the split
+# costs at most BATCHED_WORK multiply-adds (parameters x positions read). Above it a pass is
+# bound by arithmetic, which batching does not reduce, and vmap's batched linear layers (a
+# bmm and a separate bias add) run slower than one point's fused addmm: the default pair's
+# 397 digits (0.9e9) took 1.3 to 1.5x longer batched; the tiny family models' passes, bound by
+# dispatching each operation, run 1.3 to 2.8x faster batched (docs/conventions.md,
+# Evaluation; bench/RESULTS.md, `landscape-peer`). On a GPU the memory budget alone decides.
+MAX_POINTS_PER_PASS = 32
+BATCHED_WORK = 50_000_000
+# the share of free memory (the GPU's, or the machine's on the CPU) a pass of stacked points
+# may fill: its stacked parameter sets and a few activations of each point
+POINTS_MEMORY_SHARE = 0.25
 Item = TypeVar("Item")
 Out = TypeVar("Out")
 
@@ -147,6 +160,8 @@ class Evaluator:
         dtype = next(module.parameters()).dtype  # images in it (rotviz.data.inputs.to_device)
         self.batches = [(to_device(x, dev, dtype), y.to(dev))
                         for x, y in split.batches(fit_batch(loaded, split, batch_size))]
+        # set when vmap cannot run the module: its points are then evaluated one at a time
+        self.unbatchable = False
 
     @property
     def n(self) -> int:
@@ -196,9 +211,92 @@ class Evaluator:
                       done: Callable[[int], None] | None = None) -> list[tuple[float, float]]:
         """(mean loss, accuracy) at the parameter set `make(item)` for each item, in order;
         `done(k)` after the first k (in the calling thread, so an app's progress bar and Stop
-        work; an exception raised there cancels the points not yet started). Shared among
-        workers as `each` shares them."""
-        return self.each(lambda ev, item: ev.evaluate(make(item)), items, done)
+        work; an exception raised there cancels the points not yet started). Several points a
+        pass where that pays (`points_per_pass`), else shared among workers as `each` shares
+        them."""
+        per = self.per_sample_each(make, items, done)
+        return [(float(lo.sum() / n.sum()), float(c.sum() / n.sum())) for lo, c, n in per]
+
+    def per_sample_each(self, make: Callable[[Item], Mapping[str, Tensor]],
+                        items: Sequence[Item], done: Callable[[int], None] | None = None,
+                        scored: list | None = None, points: int | None = None
+                        ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """`per_sample(make(item))` for each item, in order (with a list `scored`, each
+        point's metrics appended to it), `done(k)` after the first k: `points` (default
+        `points_per_pass`) parameter sets a pass, or, one a pass, shared among workers as
+        `each` shares them. Parameter sets are made only as their pass comes, so at most one
+        pass's sets are held."""
+        size = points or points_per_pass(self, len(items))
+        if size < 2:
+            def one(ev: Evaluator, item: Item) -> tuple:
+                got: list = []
+                return ev.per_sample(make(item), got if scored is not None else None), got
+
+            out = self.each(one, items, done)
+            if scored is not None:
+                scored.extend(got[0] for _, got in out)
+            return [per for per, _ in out]
+        out: list = []
+        for start in range(0, len(items), size):
+            chunk = items[start:start + size]
+            out.extend(self.per_sample_many([make(item) for item in chunk], scored))
+            if done:
+                done(len(out))
+        return out
+
+    def per_sample_many(self, sets: Sequence[Mapping[str, Tensor]], scored: list | None = None
+                        ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """`per_sample` of each parameter set, all of them in one pass over the split: the sets
+        are stacked tensor by tensor and the module runs once per batch under torch.func.vmap
+        (its functional_call on a leading axis of parameter sets), so a small model's many
+        small operations are dispatched once for all the points. Each point's losses are
+        then reduced exactly as `per_sample` reduces one point's logits; they differ from
+        one point at a time only by the rounding of batched matrix products (1e-7 relative
+        on the families' models, tests/test_eval.py). A module vmap cannot run
+        (data-dependent control flow on the weights) is evaluated one set at a time."""
+        if len(sets) == 1 or self.unbatchable:
+            return [self.per_sample(s, scored) for s in sets]
+        stacked = {n: torch.stack([self.params_one(s, n) for s in sets]) for n in self.names}
+        task = self.split.task
+        keep = scored is not None and task not in LM_TASKS
+        k = len(sets)
+        losses: list[list[Tensor]] = [[] for _ in range(k)]
+        corrects: list[list[Tensor]] = [[] for _ in range(k)]
+        counts: list[list[Tensor]] = [[] for _ in range(k)]
+        preds: list[list[Tensor]] = [[] for _ in range(k)]
+        from torch.func import vmap
+
+        run = vmap(self.logits, in_dims=(0, None))
+        with torch.inference_mode():
+            for x, y in self.batches:
+                try:
+                    logits = run(stacked, x)
+                except (RuntimeError, NotImplementedError):
+                    self.unbatchable = True  # e.g. .item() on a weight-dependent tensor
+                    return [self.per_sample(s, scored) for s in sets]
+                for j in range(k):
+                    loss, correct, count = sample_losses(task, logits[j], y, to_wide)
+                    losses[j].append(loss)
+                    corrects[j].append(correct)
+                    counts[j].append(count)
+                    if keep:
+                        preds[j].append(predictions(task, logits[j]).cpu())
+        labels = _cat([y.cpu() for _, y in self.batches]) if keep else None
+        out = []
+        for j in range(k):
+            arr = [torch.cat(t).cpu().numpy() for t in (losses[j], corrects[j], counts[j])]
+            out.append((arr[0], arr[1].astype(np.float64), arr[2].astype(np.float64)))
+            if scored is not None:
+                scored.append(scores(task, _cat(preds[j]), labels, self.split.label_names,
+                                     self.split.n_classes) if keep else {})
+        return out
+
+    def params_one(self, state: Mapping[str, Tensor], name: str) -> Tensor:
+        """`state[name]` on the device, as `params` takes it (one line if it is missing)."""
+        if name not in state:
+            raise RotvizError(f"parameter set lacks {name!r}; it is not a "
+                              f"{self.loaded.spec.family} model")
+        return state[name].detach().to(self.device)
 
     def each(self, run: Callable[[Evaluator, Item], Out], items: Sequence[Item],
              done: Callable[[int], None] | None = None) -> list[Out]:
@@ -262,6 +360,47 @@ def side_by_side(ev: Evaluator) -> int:
     if sum(p.numel() for p in ev.module.parameters()) > SIDE_BY_SIDE_PARAMS:
         return 1
     return torch.get_num_threads()
+
+
+def points_per_pass(ev: Evaluator, n_points: int, free: int | None = None) -> int:
+    """How many of `n_points` parameter sets `Evaluator.per_sample_many` takes in one pass:
+    1 on the CPU for a model whose pass over the split is bound by arithmetic (more than
+    BATCHED_WORK multiply-adds: parameters x positions), else as many as fit
+    POINTS_MEMORY_SHARE of the free memory (`free` bytes; default the GPU's free memory, or
+    the machine's available memory), at most MAX_POINTS_PER_PASS. Each point holds its own
+    parameter set and, per batch, about four activations as wide as the model's widest
+    layer at every position (the stacked logits among them)."""
+    if n_points < 2 or ev.unbatchable:
+        return 1
+    params = sum(ev.params_one(ev.loaded.state, n).numel() for n in ev.names)
+    positions = sum(_positions(ev, x) for x, _ in ev.batches)
+    if ev.device.type == "cpu" and params * positions > BATCHED_WORK:
+        return 1
+    if free is None:
+        free = _free_memory(ev.device)
+    first = next(iter(ev.loaded.state.values()))
+    item = first.element_size() if first.is_floating_point() else 4
+    rows = max(_positions(ev, x) for x, _ in ev.batches)
+    config = ev.loaded.config
+    widest = max(int(config.get("intermediate_size") or 0), 4 * int(config.get("hidden_size")
+                 or 0), int(config.get("vocab_size") or 0), ev.split.n_classes or 0, 1)
+    per_point = item * (params + 4 * rows * widest)
+    fit = int(POINTS_MEMORY_SHARE * free // max(1, per_point)) if free else 1
+    return max(1, min(n_points, MAX_POINTS_PER_PASS, fit))
+
+
+def _positions(ev: Evaluator, x: Inputs) -> int:
+    """Rows times positions (tokens, or an image's patches and class token) of one batch."""
+    t = next(iter(x.values())) if isinstance(x, dict) else x
+    return int(t.shape[0]) * (attention_positions(ev.loaded.config, x) or 1)
+
+
+def _free_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    from rotviz.memory import available_memory
+
+    return available_memory() or 0
 
 
 def barrier_of(alphas: Sequence[float], loss: Sequence[float]) -> float:

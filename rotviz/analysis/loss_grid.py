@@ -198,12 +198,21 @@ def slice_at(
             torch._foreach_add_(moved, second, alpha=y)
         return dict(zip(keys, moved, strict=True))
 
+    # The centre first, on its own: the grid's node there is the point's own loss exactly,
+    # not a point of a batched pass (rotviz.evaluation.Evaluator.per_sample_many), whose
+    # batched products round differently.
+    centre_loss, centre_acc = ev.evaluate(theta)
+    centre = [c for c in g.cells if g.xy(c) == (0.0, 0.0)]
+    others = [c for c in g.cells if c not in centre]
+
     def done(count: int) -> None:
         if progress:
+            count += len(centre)
             progress(count, len(g.cells), f"grid point {count} of {len(g.cells)}")
 
-    loss, acc = g.fill(ev.evaluate_each(at, g.cells, done))
-    centre_loss, centre_acc = ev.evaluate(theta)
+    found = dict(zip(others, ev.evaluate_each(at, others, done), strict=True))
+    found.update({c: (centre_loss, centre_acc) for c in centre})
+    loss, acc = g.fill([found[c] for c in g.cells])
     norms = [norm_of(d) for d in ds]
     cos = None
     if dims == 2 and norms[0] > 0 and norms[1] > 0:

@@ -120,20 +120,52 @@ def path_curve(ev: Evaluator, anchor_params: Mapping[str, Tensor],
         per = ev.per_sample(params, one)
         return (per, one[0]) if probe is None else (per, one[0], probe(params))
 
-    return path_points(evaluate, alphas, ev.n, ev.split.task, repeats, seed, progress, group)
+    many = None if probe is not None else path_many(
+        ev, lambda a: path_point(anchor_params, source_params, a))
+    return path_points(evaluate, alphas, ev.n, ev.split.task, repeats, seed, progress, group,
+                       many)
+
+
+def path_many(ev: Evaluator, point: Callable[[float], Mapping[str, Tensor]]
+              ) -> Callable[[list[float], Callable[[int], None]], list[tuple]]:
+    """`path_points`' `many` for the parameter sets `point(alpha)` on `ev`: the points
+    several a pass where that pays (Evaluator.per_sample_each), each with its scores."""
+    def many(alphas: list[float], done: Callable[[int], None]) -> list[tuple]:
+        scored: list[dict[str, float]] = []
+        per = ev.per_sample_each(point, alphas, done, scored)
+        return list(zip(per, scored, strict=True))
+    return many
 
 
 def path_points(evaluate: Callable[[float], tuple], alphas: Sequence[float], n: int,
                 task: str, repeats: int = 1, seed: int = 0, progress: Progress | None = None,
-                group: Group = SINGLE) -> dict | None:
+                group: Group = SINGLE,
+                many: Callable[[list[float], Callable[[int], None]], list[tuple]] | None = None
+                ) -> dict | None:
     """`path_curve` for any way of evaluating a point: `evaluate(alpha)` gives the per-sample
     arrays and the scores of `Evaluator.per_sample` (rotviz.atsize.points builds each point
-    block by block) on a split of `n` samples."""
+    block by block) on a split of `n` samples. `many(alphas, done)`, when given, evaluates
+    this process's points at once instead (several a pass: `path_many`), `done(k)` after the
+    first k."""
     alphas = [float(a) for a in alphas]
     extra = [] if any(abs(a - 0.5) < 1e-12 for a in alphas) else [0.5]
     todo = alphas + extra
-    done = group.each(len(todo), lambda j: evaluate(todo[j]), progress,
-                      lambda n, total, j: f"alpha = {todo[j]:.3f}")
+    if many is None:
+        done = group.each(len(todo), lambda j: evaluate(todo[j]), progress,
+                          lambda n, total, j: f"alpha = {todo[j]:.3f}")
+    else:
+        mine = group.mine(list(range(len(todo))))
+
+        def tick(k: int) -> None:
+            if progress:
+                progress(k, len(mine), f"alpha = {todo[mine[k - 1]]:.3f}")
+
+        done = dict(zip(mine, many([todo[j] for j in mine], tick), strict=True))
+        parts = group.gather(done)
+        if parts is None:
+            return None
+        for part in parts:
+            done.update(part)
     if done is None:
         return None
     per = [done[j][0] for j in range(len(todo))]

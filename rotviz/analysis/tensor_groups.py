@@ -168,7 +168,9 @@ def series(groups: Sequence[str], targets: int, alphas: Sequence[float],
            anchor: Callable[[], tuple[float, float]],
            path: Callable[[int, tuple[str, ...]], Point],
            same: Callable[[str], bool] | None = None, group: Group | None = None,
-           tick: Callable[[int, int, str], None] | None = None) -> list[dict] | None:
+           tick: Callable[[int, int, str], None] | None = None,
+           many: Callable[[list[tuple[int, tuple[str, ...], float]], Callable[[int], None]],
+                          list[tuple[float, float]]] | None = None) -> list[dict] | None:
     """Loss, accuracy and barrier of each group's path and of each cumulative step, toward
     each of `targets` parameter sets (the matched source, then the source unmatched).
 
@@ -178,7 +180,10 @@ def series(groups: Sequence[str], targets: int, alphas: Sequence[float],
     first cumulative step is the first group's own path; a path toward a later target whose
     groups are all `same` (the group's tensors bit for bit equal in both targets: a part
     that matching left alone) is target 0's path. The points are dealt among torchrun's
-    processes (`group`); rank 0 returns one dict per target, the others None."""
+    processes (`group`); rank 0 returns one dict per target, the others None. `many(points,
+    done)`, when given, evaluates this process's points (target, groups, alpha) at once
+    instead of `path` (several a pass: rotviz.evaluation.Evaluator.evaluate_each), `done(k)`
+    after the first k."""
 
     keys: list[tuple[int, tuple[str, ...]]] = []
     for t in range(targets):
@@ -193,6 +198,20 @@ def series(groups: Sequence[str], targets: int, alphas: Sequence[float],
     mine = group.mine(list(range(len(tasks))))
     found: dict[int, tuple[float, float]] = {}
     current: tuple = (None, None)
+    if many is not None:  # the anchor first, then the paths' points together
+        points = [i for i in mine if tasks[i] is not None]
+        if len(points) < len(mine):
+            found[0] = anchor()
+        first = len(mine) - len(points)
+
+        def done(k: int) -> None:
+            if tick:
+                k_task = tasks[points[k - 1]]
+                tick(first + k, len(mine), _step_name(k_task[0][1], len(k_task[0][1]) - 1))
+
+        got = many([(*tasks[i][0], float(alphas[tasks[i][1]])) for i in points], done)
+        found.update(zip(points, got, strict=True))
+        mine = []
     for count, i in enumerate(mine):
         if tasks[i] is None:
             found[i] = anchor()

@@ -284,7 +284,7 @@ def bend_on(ends: HeldEndpoints, split: Split, kind: str = "bezier", steps: int 
 
     import numpy as np
 
-    from rotviz.analysis.paths import path_curve, path_points
+    from rotviz.analysis.paths import path_curve, path_many, path_points
     from rotviz.dist import SINGLE
     from rotviz.evaluation import Evaluator
 
@@ -302,7 +302,8 @@ def bend_on(ends: HeldEndpoints, split: Split, kind: str = "bezier", steps: int 
         one: list[dict[str, float]] = []
         return ev.per_sample(curve_point(a, c, bm, t, kind), one), one[0]
 
-    curve = path_points(evaluate, ts, ev.n, split.task, group=SINGLE)
+    curve = path_points(evaluate, ts, ev.n, split.task, group=SINGLE,
+                        many=path_many(ev, lambda t: curve_point(a, c, bm, t, kind)))
     line = path_curve(ev, a, bm, ts)
     assert curve is not None and line is not None  # one process: never None
     where = bend_in_plane(a, ev.params(ends.source.state), bm, c)

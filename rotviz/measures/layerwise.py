@@ -155,8 +155,20 @@ def layerwise_on(ends: HeldEndpoints, split: Split, points: int = 11, by: str = 
         if progress:
             progress(done, total, f"{by} {what}")
 
+    # the latest path's target, (key, parameters): replaced whole, never edited, so workers
+    # evaluating points side by side (Evaluator.evaluate_each) read a consistent pair
+    latest: list = [None]
+
+    def point(item: tuple[int, tuple[str, ...], float]) -> dict:
+        t, groups, al = item
+        last = latest[0]
+        if last is None or last[0] != (t, groups):
+            last = latest[0] = ((t, groups), ev.params(states[t].state(groups)))
+        return path_point(pa, last[1], al)
+
     found = series(states[0].groups, len(states), alphas, lambda: ev.evaluate(pa), path,
-                   same, tick=tick)
+                   same, tick=tick, many=lambda items, done: ev.evaluate_each(point, items,
+                                                                              done))
     assert found is not None  # one process
     return assemble(by, alphas, found[0], found[1] if compare else None, ends.info, split,
                     str(ev.device), time.perf_counter() - t0, ends.layers, ends.anchor_ref,
