@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from rotviz.arch.spec import ArchSpec, config_value
+from rotviz.arch.spec import ArchSpec, config_value, unchecked_option
 from rotviz.errors import RotvizError
 
 Tensor = torch.Tensor
@@ -105,6 +105,9 @@ def check_against(spec: ArchSpec, config: Mapping, meta: Mapping[str, Tensor], w
 
     layout = resolve_layout(spec, meta)
     blocks = len(layout.blocks)
+    why = unchecked_option(spec, config)
+    if why:
+        raise RotvizError(why)
 
     def refuse(what: str) -> None:
         raise RotvizError(f"'{where}' does not fit the checkpoint's weights: {what}; {_REMEDY}")
