@@ -38,6 +38,7 @@ VARIANTS = {
     "distilbert": ("distilbert", {}),
     "electra-projected": ("electra", {}),  # embedding_size d / 2: embeddings_project
     "electra-equal": ("electra", dict(embedding=32)),  # tables and their norm on the stream
+    "electra-discriminator": ("electra", dict(discriminator=True)),  # ElectraForPreTraining
 }
 _CACHE: dict[tuple, tuple] = {}
 

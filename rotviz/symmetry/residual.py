@@ -68,7 +68,7 @@ def moves_with_stream(site: str, group: str) -> bool:
 def group_of(view: ModelView) -> str:
     """The residual group this architecture has."""
     spec = view.spec
-    if spec.placement == "post" or spec.branch_norms or view.layout.stream_norms:
+    if spec.placement == "post" or spec.branch_norms or spec.stream_norms:
         return "permutation"  # (a pre-norm model's embedding norm sits on the stream too)
     return "orthogonal" if spec.norm_kind == "rmsnorm" else "centred"
 
@@ -87,7 +87,7 @@ def check_group(view: ModelView, wanted: str | None) -> str:
     spec = view.spec
     where = ("norms on its sub-layers' outputs" if spec.branch_norms
              else "a norm on its embeddings' output"
-             if spec.placement == "pre" and view.layout.stream_norms
+             if spec.placement == "pre" and spec.stream_norms
              else f"{spec.placement}-norm {spec.norm_kind}")
     raise RotvizError(
         f"residual {wanted} maps do not exist on {spec.family} ({where}): its stream allows "

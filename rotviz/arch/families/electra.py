@@ -13,7 +13,7 @@ from rotviz.arch.spec import ArchSpec, LinearSpec, NormSpec, Sizes
 
 ORDER = 22
 # random_config options of a variant whose output head is its own: the default's
-# (the discriminator, ElectraForPreTraining)
+# (a sequence classifier)
 UNTIED: dict | None = {}
 
 SPEC = ArchSpec(
@@ -61,16 +61,19 @@ SPEC = ArchSpec(
 )
 
 
-def random_config(s: Sizes, *, embedding: int | None = None, lm: bool = False,
-                  positions: int = 32) -> dict:
-    """An ElectraForPreTraining (the discriminator; with `lm` the generator,
-    ElectraForMaskedLM, whose decoder is tied to the embeddings) with embeddings of size
-    `embedding` (default d / 2: projected into the stream, as ELECTRA-small's generator and
-    every ELECTRA generator are), `positions` tokens of context."""
+def random_config(s: Sizes, *, embedding: int | None = None, discriminator: bool = False,
+                  lm: bool = False, positions: int = 32) -> dict:
+    """An ElectraForSequenceClassification (with `discriminator` ElectraForPreTraining, its
+    replaced-token detector; with `lm` the generator, ElectraForMaskedLM, whose decoder is
+    tied to the embeddings) with embeddings of size `embedding` (default d / 2: projected
+    into the stream, as every ELECTRA generator's and ELECTRA-small's are), `positions`
+    tokens of context."""
     import transformers as T
 
-    cls = "ElectraForMaskedLM" if lm else "ElectraForPreTraining"
+    cls = ("ElectraForMaskedLM" if lm else "ElectraForPreTraining" if discriminator
+           else "ElectraForSequenceClassification")
+    head = {} if lm or discriminator else dict(num_labels=s.labels)
     return T.ElectraConfig(
         vocab_size=s.vocab, embedding_size=embedding or s.d // 2,
-        max_position_embeddings=positions, architectures=[cls], **bert.blocks(s),
+        max_position_embeddings=positions, architectures=[cls], **head, **bert.blocks(s),
     ).to_dict()
