@@ -271,6 +271,7 @@ def test_phi3_moves_both_halves_of_its_fused_gate_up():
 # ---- the matched model reloads with the stock class -----------------------------------------
 
 NEW = ("mistral", "qwen2", "gemma", "gemma2", "gpt-neox", "phi3", "qwen3", "deberta-v2")
+NEW += ("modernbert", "distilbert", "electra")  # issue 50's encoders
 
 
 @pytest.mark.parametrize("family", NEW)
