@@ -163,3 +163,21 @@ def test_modernbert_rotary_scaling_is_refused_in_one_line():
     with pytest.raises(RotvizError) as e:
         read_view(spec_for(config), config, state)
     assert "\n" not in str(e.value) and "rope_type" in str(e.value) and "'linear'" in str(e.value)
+
+
+def test_distilbert_sizes_under_its_own_names_are_checked_in_one_line(tmp_path, capsys):
+    """DistilBERT names its sizes dim, n_layers, n_heads, hidden_dim: a config that lies
+    about its FFN width is refused before anything is built."""
+    import json
+
+    from rotviz.cli import main
+    from rotviz.random_models import save_random
+
+    path = save_random("distilbert", tmp_path / "m", seed=0)
+    config = json.loads((path / "config.json").read_text()) | {"hidden_dim": 48}
+    (path / "config.json").write_text(json.dumps(config))
+    capsys.readouterr()
+    rc = main(["match", str(path), str(path), "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "\n" not in err and "48 wide" in err
+    assert not (tmp_path / "o").exists()
