@@ -37,7 +37,8 @@ def test_every_family_file_is_found_once_in_its_listed_order():
     assert sorted(m.__name__.rsplit(".", 1)[1] for m in map(family_module, FAMILIES)) == files
     assert len(set(FAMILIES)) == len(FAMILIES) == len(SPECS) == len(files)
     assert FAMILIES == ("gpt2", "bert", "roberta", "vit", "timm-vit", "llama", "mistral", "qwen2",
-                        "gemma", "gemma2", "gpt-neox", "phi3", "qwen3", "deberta-v2")
+                        "gemma", "gemma2", "gpt-neox", "phi3", "qwen3", "deberta-v2",
+                        "modernbert", "distilbert", "electra")
     assert [s.family for s in SPECS] == list(FAMILIES)
 
 
