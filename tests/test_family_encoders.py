@@ -181,3 +181,43 @@ def test_distilbert_sizes_under_its_own_names_are_checked_in_one_line(tmp_path, 
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "\n" not in err and "48 wide" in err
     assert not (tmp_path / "o").exists()
+
+
+def _head_cells() -> list[tuple[str, str]]:
+    from test_compatibility import head_classes
+
+    return [(f, c) for f in ("modernbert", "distilbert", "electra") for c in head_classes(f)]
+
+
+@pytest.mark.parametrize(("family", "cls"), _head_cells())
+def test_every_head_class_keeps_its_outputs_under_a_stream_permutation(family, cls):
+    """Each head reads the stream where its family file says (ELECTRA's multiple-choice
+    classifier reads the summary, not the stream; ModernBERT's heads all read head.dense);
+    a headless model or a tied decoder reading a space of its own is refused in one line."""
+    from pathlib import Path
+
+    import transformers as T
+
+    from rotviz.heads import residual_refusal
+    from rotviz.sources.loading import Loaded
+
+    config = family_module(family).random_config(Sizes()) | {"architectures": [cls]}
+    if "Classification" in cls or "QuestionAnswering" in cls:
+        config |= {"num_labels": 2, "id2label": {0: "a", 1: "b"}, "label2id": {"a": 0, "b": 1}}
+    hf = T.AutoConfig.for_model(**config)
+    torch.manual_seed(0)
+    module = getattr(T, cls)(hf).eval()
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(torch.randn_like(p) * 0.05)  # biases and gains off their init
+    config, state = hf.to_dict(), dict(module.state_dict())
+    view = read_view(spec_for(config), config, state)
+    why = rs.unsupported(view) or residual_refusal(config)
+    if cls.endswith("Model") or cls.endswith("ForMaskedLM") and family != "electra":
+        assert why is not None and "\n" not in why
+        return
+    assert why is None
+    moved = write_state(rs.apply_residual(view, _stream_element(view, 6)))
+    loaded = Loaded(cls, Path("."), config, view.spec, module, state)
+    assert max_output_diff(loaded, state, moved) <= KEPT
+    assert any(not torch.equal(moved[k], state[k]) for k in view.other)  # the head moved

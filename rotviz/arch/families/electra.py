@@ -53,10 +53,12 @@ SPEC = ArchSpec(
     projections=("embeddings_project",),
     embed_project=("embeddings_project",),
     # the discriminator and generator heads, a sequence classifier's classifier.dense and a
-    # multiple-choice summary read the stream (first token); a token classifier's classifier
-    # and qa_outputs read every position
+    # multiple-choice summary read the stream (first token); qa_outputs and a token
+    # classifier's classifier read every position (a multiple-choice classifier reads the
+    # summary's output instead)
     readers=("discriminator_predictions.dense", "generator_predictions.dense",
-             "classifier.dense", "sequence_summary.summary", "qa_outputs", "classifier"),
+             "classifier.dense", "sequence_summary.summary", "qa_outputs"),
+    readers_unless=(("classifier", ("sequence_summary.summary",)),),
     tied=(("generator_lm_head.weight", "electra.embeddings.word_embeddings.weight"),),
 )
 
