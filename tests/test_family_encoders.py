@@ -221,3 +221,25 @@ def test_every_head_class_keeps_its_outputs_under_a_stream_permutation(family, c
     loaded = Loaded(cls, Path("."), config, view.spec, module, state)
     assert max_output_diff(loaded, state, moved) <= KEPT
     assert any(not torch.equal(moved[k], state[k]) for k in view.other)  # the head moved
+
+
+def test_modernbert_probes_reach_past_its_sliding_window():
+    """The random model's layer 1 is windowed: the same weights with a window wider than
+    the probes give other logits, so the planted elements above are checked on local
+    attention too."""
+    from pathlib import Path
+
+    import transformers as T
+
+    from rotviz.sources.loading import Loaded
+    from rotviz.sources.running import forward, probe_inputs
+
+    module, state, view = _model("modernbert")
+    wide = module.config.to_dict() | {"local_attention": 64}
+    other = T.ModernBertForSequenceClassification(T.AutoConfig.for_model(**wide)).eval()
+    other.load_state_dict(state)
+    loaded = Loaded("m", Path("."), module.config.to_dict(), view.spec, module, state)
+    x = probe_inputs(loaded)
+    assert x["input_ids"].shape[-1] > 4
+    with torch.no_grad():
+        assert (other(**x).logits - forward(loaded, x)).abs().max() > BROKEN
