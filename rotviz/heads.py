@@ -25,6 +25,7 @@ Tensor = torch.Tensor
 
 # (class-name suffix, head kind), the first match wins (LMHeadModel before Model)
 _SUFFIXES = (
+    ("ElectraForPreTraining", "discriminator"),  # one logit per token, not BERT's heads
     ("ForPreTraining", "pretraining"),
     ("ForMaskedLM", "masked-lm"),
     ("LMHeadModel", "causal-lm"),
@@ -48,6 +49,7 @@ KINDS: Mapping[str, tuple[str, str | None]] = {
     "seq-cls": ("a sequence classifier", "seq-cls"),
     "token-cls": ("a token classifier", "token-cls"),
     "qa": ("a question-answering head (answer start and end)", None),
+    "discriminator": ("a replaced-token discriminator (ELECTRA: one logit per token)", None),
     "multiple-choice": ("a multiple-choice head", None),
     "next-sentence": ("a next-sentence-prediction head", None),
     "image-cls": ("an image classifier", "image"),

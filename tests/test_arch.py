@@ -38,7 +38,8 @@ def test_every_family_file_is_found_once_in_its_listed_order():
     assert len(set(FAMILIES)) == len(FAMILIES) == len(SPECS) == len(files)
     assert FAMILIES == ("gpt2", "bert", "roberta", "vit", "timm-vit", "llama", "mistral", "qwen2",
                         "gemma", "gemma2", "gpt-neox", "phi3", "qwen3", "deberta-v2",
-                        "olmo2", "falcon")
+                        "olmo2", "falcon",
+                        "modernbert", "distilbert", "electra")
     assert [s.family for s in SPECS] == list(FAMILIES)
 
 

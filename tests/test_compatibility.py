@@ -80,6 +80,8 @@ def _legacy(family: str, state: dict[str, torch.Tensor]) -> dict[str, torch.Tens
     if family in ("bert", "roberta", "deberta-v2"):
         emb = next(k for k in state if k.endswith("embeddings.word_embeddings.weight"))
         out[emb.replace("word_embeddings.weight", "position_ids")] = torch.arange(32)[None]
+    if family == "electra":  # BERT's position ids, saved until transformers 4.31
+        out["electra.embeddings.position_ids"] = torch.arange(32)[None]
     for base in blocks:
         for i in layers:
             p = f"{base}.{i}."

@@ -36,8 +36,10 @@ def expected_group(spec) -> str:
     permutations, a pre-norm RMSNorm stream any orthogonal map, a pre-norm LayerNorm stream
     orthogonal maps that keep the all-ones vector (on centred writers). A norm on each
     sub-layer's output (Gemma 2) scales what is written coordinate by coordinate, which only
-    permutations commute with."""
+    permutations commute with; nor does an embedding norm on a pre-norm stream (ModernBERT)."""
     if spec.placement == "post" or any(n.site in ("attn_post", "ffn_post") for n in spec.norms):
+        return "permutation"
+    if spec.stream_norms:
         return "permutation"
     return "orthogonal" if spec.norm_kind == "rmsnorm" else "centred"
 

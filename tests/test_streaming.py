@@ -592,7 +592,8 @@ def test_streaming_memory_does_not_grow_with_depth(tmp_path):
 
 @pytest.mark.parametrize("fam, opts", [("gpt2", {}), ("llama", {}), ("timm-vit", {}),
                                        ("deberta-v2", {"lm": True}),
-                                       ("bert", {"lm": True})])
+                                       ("bert", {"lm": True}),
+                                       ("electra", {"lm": True})])  # projected, tied
 def test_function_check_with_streamed_embeddings(fam, opts, sharded, tmp_path, monkeypatch):
     """Embeddings and output heads above `runtime.LARGE` elements load only while their
     module runs (tied heads read their embedding; a head that decodes with the embedding

@@ -161,6 +161,16 @@ class ArchSpec:
     # Configs rotviz does not model, refused in one line: (what they are, the (key, value)
     # pairs that all hold in them; an absent key reads as None)
     refused_configs: tuple[tuple[str, tuple[tuple[str, object], ...]], ...] = ()
+    # Linears (relative to a root, listed among `writers` and `projections` too) that carry the
+    # embeddings from a space of their own into the stream (ELECTRA's embeddings_project, saved
+    # only where embedding_size != hidden_size): where one is present it is the stream's only
+    # writer, and the tables and norm before it, which it reads, are not on the stream
+    embed_project: Names = ()
+    # Config options rotviz has checked only at some values: (key, the checked values, what the
+    # option is). A dotted key reads nested objects, `*` every value of one (ModernBERT's
+    # rope_parameters.*.rope_type, per layer type); an absent key takes its checked default.
+    # A config with another value is refused in one line (`unchecked_option`)
+    checked_options: tuple[tuple[str, tuple, str], ...] = ()
 
     def describes(self, config: Mapping) -> bool:
         """Whether `config` (config.json of a checkpoint) is a model of this family."""
@@ -255,3 +265,24 @@ def check_config(spec: ArchSpec, config: Mapping) -> None:
             shown = ", ".join(f"{k}={v}" for k, v in pairs)
             raise RotvizError(f"this {spec.family} config ({shown}) is {what}, which rotviz "
                               "does not model; use a checkpoint without it")
+def _option_values(config: object, path: list[str]) -> list:
+    """The values at a dotted `path` in `config` (`*`: every value of an object)."""
+    if not path:
+        return [config]
+    if not isinstance(config, Mapping):
+        return []
+    head, rest = path[0], path[1:]
+    subs = list(config.values()) if head == "*" else [config[head]] if head in config else []
+    return [v for sub in subs for v in _option_values(sub, rest)]
+
+
+def unchecked_option(spec: ArchSpec, config: Mapping) -> str | None:
+    """One line naming a config option of `spec.checked_options` set to a value rotviz has
+    not checked, or None when there is none."""
+    for key, values, what in spec.checked_options:
+        for value in _option_values(config, key.split(".")):
+            if value is not None and value not in values:
+                return (f"this {spec.family} model sets {key} to {value!r} ({what}), which "
+                        f"rotviz has checked only at {', '.join(map(repr, values))}; use a "
+                        "checkpoint without it")
+    return None

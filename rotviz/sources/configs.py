@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from rotviz.arch.spec import ArchSpec, config_value, n_kv_heads
+from rotviz.arch.spec import ArchSpec, config_value, n_kv_heads, unchecked_option
 from rotviz.errors import RotvizError
 
 Tensor = torch.Tensor
@@ -35,6 +35,8 @@ SIZE_LIMITS: Mapping[str, int] = {
     "n_head": 1 << 14, "num_attention_heads": 1 << 14, "num_key_value_heads": 1 << 14,
     "num_heads": 1 << 14, "head_dim": 1 << 14,
     "num_kv_heads": 1 << 14, "ffn_hidden_size": 1 << 20,
+    "n_layers": 10_000, "dim": 1 << 17, "hidden_dim": 1 << 20, "n_heads": 1 << 14,  # DistilBERT
+    "embedding_size": 1 << 17,  # ELECTRA's embeddings
     # tables
     "vocab_size": 1 << 23, "n_positions": 1 << 22, "max_position_embeddings": 1 << 22,
     # images
@@ -106,6 +108,9 @@ def check_against(spec: ArchSpec, config: Mapping, meta: Mapping[str, Tensor], w
 
     layout = resolve_layout(spec, meta)
     blocks = len(layout.blocks)
+    why = unchecked_option(spec, config)
+    if why:
+        raise RotvizError(why)
 
     def refuse(what: str) -> None:
         raise RotvizError(f"'{where}' does not fit the checkpoint's weights: {what}; {_REMEDY}")
@@ -137,7 +142,7 @@ def check_against(spec: ArchSpec, config: Mapping, meta: Mapping[str, Tensor], w
             if have != rows:
                 refuse(f"{heads} heads of {dh} dims make {rows} query rows, the weights "
                        f"have {have}")
-    ffn = next((config[k] for k in ("intermediate_size", "n_inner")
+    ffn = next((config[k] for k in ("intermediate_size", "n_inner", "hidden_dim")
                 if config.get(k) is not None), None)
     w_in = meta.get(f"{first}{layout.roles['ffn_in']}.weight")
     if ffn is not None and w_in is not None and w_in.dim() == 2:

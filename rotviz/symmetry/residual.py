@@ -68,8 +68,8 @@ def moves_with_stream(site: str, group: str) -> bool:
 def group_of(view: ModelView) -> str:
     """The residual group this architecture has."""
     spec = view.spec
-    if spec.placement == "post" or spec.branch_norms:
-        return "permutation"
+    if spec.placement == "post" or spec.branch_norms or spec.stream_norms:
+        return "permutation"  # (a pre-norm model's embedding norm sits on the stream too)
     return "orthogonal" if spec.norm_kind == "rmsnorm" else "centred"
 
 
@@ -86,6 +86,8 @@ def check_group(view: ModelView, wanted: str | None) -> str:
         return wanted
     spec = view.spec
     where = ("norms on its sub-layers' outputs" if spec.branch_norms
+             else "a norm on its embeddings' output"
+             if spec.placement == "pre" and spec.stream_norms
              else f"{spec.placement}-norm {spec.norm_kind}")
     raise RotvizError(
         f"residual {wanted} maps do not exist on {spec.family} ({where}): its stream allows "
@@ -301,7 +303,7 @@ def _check_element(view: ModelView, q: Tensor, group: str, tol: float = 1e-6) ->
             )
     if group == "permutation" and not bool(((qd - qd.round()).abs() <= tol).all()):
         raise RotvizError(
-            f"on {view.spec.family} (post-norm: LayerNorm sits on the stream) residual rotations "
+            f"on {view.spec.family} (a norm sits on the stream) residual rotations "
             "change the function; only coordinate permutations keep it"
         )
     if group != "permutation":

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from rotviz.arch import ArchSpec, LinearSpec, config_value
-from rotviz.arch.spec import check_config, n_kv_heads, uses_alibi
+from rotviz.arch.spec import check_config, n_kv_heads, unchecked_option, uses_alibi
 from rotviz.errors import RotvizError
 
 Tensor = torch.Tensor
@@ -198,8 +198,9 @@ def resolve_layout(spec: ArchSpec, state: Mapping[str, Tensor]) -> Layout:
                     )
                 roles[role] = alt
             norms = {}
-            for ns in spec.norms:
-                alt = next((a for a in ns.names if f"{first}{a}.weight" in state), None)
+            for ns in spec.norms:  # any block's: ModernBERT's block 0 reads the stream unnormed
+                alt = next((a for a in ns.names
+                            if any(f"{b}{a}.weight" in state for b in blocks)), None)
                 if alt is not None:
                     norms[ns.site] = alt
             final = next((root + n for n in spec.final_norm if _present(state, root + n)), None)
@@ -210,6 +211,10 @@ def resolve_layout(spec: ArchSpec, state: Mapping[str, Tensor]) -> Layout:
                 if key in state
             )
             stream_norms = tuple(root + n for n in spec.stream_norms if _present(state, root + n))
+            entry = next((root + p for p in spec.embed_project if _present(state, root + p)), None)
+            if entry is not None:  # the tables and their norm sit before it, off the stream
+                writers = tuple(k for k in writers if k.startswith(entry + "."))
+                stream_norms = ()
             readers = tuple(r for r in spec.readers if _present(state, r)) + tuple(
                 r for r, behind in spec.readers_unless
                 if _present(state, r) and not any(_present(state, b) for b in behind))
@@ -223,6 +228,9 @@ def resolve_layout(spec: ArchSpec, state: Mapping[str, Tensor]) -> Layout:
 def model_dims(
     spec: ArchSpec, config: Mapping, state: Mapping[str, Tensor], layout: Layout
 ) -> Dims:
+    why = unchecked_option(spec, config)
+    if why:
+        raise RotvizError(why)
     n_layers = len(layout.blocks)
     d = int(config_value(config, spec.d_model_key))
     h = int(config_value(config, spec.n_heads_key))
@@ -411,6 +419,8 @@ def read_block(spec: ArchSpec, dims: Dims, layout: Layout, state: Mapping[str, T
     norms = {}
     for site, alt in layout.norms.items():
         nw, nb = state.get(f"{prefix}{alt}.weight"), state.get(f"{prefix}{alt}.bias")
+        if nw is None and nb is None:  # this block has none (ModernBERT's first attn_norm)
+            continue
         used.update(k for k in (f"{prefix}{alt}.weight", f"{prefix}{alt}.bias") if k in state)
         norms[site] = Norm(nw, nb, site)
     return Block(attn, ffn, norms)
@@ -472,7 +482,9 @@ def write_block(view: ModelView, blk: Block, prefix: str) -> dict[str, Tensor]:
         put(prefix, "ffn_gate", f.w_gate, f.b_gate)
     put(prefix, "ffn_out", f.w_out, f.b_out)
     for site, alt in layout.norms.items():
-        norm = blk.norms[site]
+        norm = blk.norms.get(site)
+        if norm is None:  # this block has none
+            continue
         for part, t in (("weight", norm.weight), ("bias", norm.bias)):
             if t is not None:
                 key = f"{prefix}{alt}.{part}"
