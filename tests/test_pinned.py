@@ -22,27 +22,55 @@ REL, ABS = 1e-5, 1e-6
 # difference, and the angles (degrees) of rotations at the identity, where arccos turns a
 # roundoff of 1e-16 in a cosine into 8e-7 degrees (seen: 0.0 vs 1.2e-6 on another CPU)
 ROUNDOFF = {"max_output_diff": 1e-5, "residual_angles": 1e-5}
+# Angles of the seed matching's per-head maps (degrees, from float32 SVDs) are compared across
+# environments by their cosines: at 0 and 180 degrees arccos turns a float32 roundoff of 1e-7
+# in a cosine into 0.03 degrees (seen: 180.0 vs 179.972 between an AMD EPYC and an Intel Xeon)
+COSINES = {"qk_angles", "vo_angles"}
+COSINE_ABS = 1e-6
+# The weight-matching alternation takes discrete steps (unit permutations, joint block steps)
+# whose choices flip under another CPU's rounding: measured between an AMD EPYC and an Intel
+# Xeon, 35 against 38 rounds and a canonical distance of 18.5273 against 18.5209 (3.4e-4).
+# Across environments, the results built on it are checked as a whole to LOOSE (relative, or
+# absolute below 1e-3), per-round records (whose number may differ) by their common part, and
+# round and step counts not at all; in their own environment, bit for bit like the rest.
+# The stream map's rotation angles are not compared there: the alternation ends in a valley
+# along which the map turns by degrees at an unchanged distance (docs/solvers.md), so which
+# point of it a run stops at is a matter of rounding (seen: 41.66 against 44.56 degrees).
+WEIGHT = {"match weight", "barrier weight"}
+LOOSE = 5e-2
+UNSTABLE = {".residual.angles"}
 
 
-def _diffs(want, got, path="", exact=True) -> list[str]:
-    """Where two JSON values differ (floats exactly, or within REL/ABS when not `exact`; NaN
-    equal to NaN)."""
+def _diffs(want, got, path="", exact=True, loose=False) -> list[str]:
+    """Where two JSON values differ (floats exactly, or within REL/ABS when not `exact`, LOOSE
+    when `loose`; NaN equal to NaN)."""
     if isinstance(want, dict) and isinstance(got, dict):
         out = [f"{path}.{k}: missing" for k in want.keys() - got.keys()]
         out += [f"{path}.{k}: new" for k in got.keys() - want.keys()]
         for k in want.keys() & got.keys():
-            out += _diffs(want[k], got[k], f"{path}.{k}", exact)
+            out += _diffs(want[k], got[k], f"{path}.{k}", exact, loose)
         return out
+    if loose and path in UNSTABLE:
+        return []
     if isinstance(want, list) and isinstance(got, list):
-        if len(want) != len(got):
+        if len(want) != len(got) and not loose:
             return [f"{path}: length {len(want)} != {len(got)}"]
-        return [d for i, (a, b) in enumerate(zip(want, got, strict=True))
-                for d in _diffs(a, b, f"{path}[{i}]", exact)]
+        n = min(len(want), len(got))
+        return [d for i, (a, b) in enumerate(zip(want[:n], got[:n], strict=True))
+                for d in _diffs(a, b, f"{path}[{i}]", exact, loose)]
+    name = path.rsplit(".", 1)[-1].split("[", 1)[0]
+    if loose and isinstance(want, int) and isinstance(got, int) and not isinstance(want, bool):
+        return []  # counts of rounds and steps
+    if not exact and name in COSINES and isinstance(want, float) and isinstance(got, float):
+        a, b = math.cos(math.radians(want)), math.cos(math.radians(got))
+        return [] if abs(a - b) <= (1e-3 if loose else COSINE_ABS) else \
+            [f"{path}: {want!r} != {got!r}"]
     if isinstance(want, float) and isinstance(got, float):
         if math.isnan(want):
             return [] if math.isnan(got) else [f"{path}: nan != {got!r}"]
-        tol = ROUNDOFF.get(path.rsplit(".", 1)[-1].split("[", 1)[0], ABS)
-        if not exact and math.isclose(want, got, rel_tol=REL, abs_tol=tol):
+        tol = ROUNDOFF.get(name, ABS)
+        if not exact and math.isclose(want, got, rel_tol=LOOSE if loose else REL,
+                                      abs_tol=1e-3 if loose else tol):
             return []
     return [] if want == got and type(want) is type(got) else [f"{path}: {want!r} != {got!r}"]
 
@@ -63,7 +91,7 @@ def test_default_pair_results_are_pinned():
     exact = _same_environment()
     failed = {}
     for key in KEYS:
-        diffs = _diffs(pins[key], results[key], exact=exact)
+        diffs = _diffs(pins[key], results[key], exact=exact, loose=not exact and key in WEIGHT)
         if diffs:
             failed[key] = f"{len(diffs)} differences, first: {diffs[:5]}"
     assert not failed, f"({'bit for bit' if exact else 'to rounding'}) {failed}"
