@@ -137,3 +137,22 @@ def test_the_zoo_registry_is_a_leaf_and_arch_is_data():
         "rotviz.zoo_registry"]
     loaded = _modules_after("import rotviz.arch")
     assert "torch" not in loaded and not any(m.startswith("rotviz.sources") for m in loaded)
+
+
+def test_an_alias_family_is_its_twin_under_other_names(saved):
+    """The families the suite's `family` fixture leaves out (conftest.ALIASES) are described
+    exactly as their twin but for names, and their random models hold the same tensors."""
+    from dataclasses import fields
+
+    from conftest import ALIASES
+
+    from rotviz.sources.loading import load_model
+
+    names = {"family", "description", "model_types"}
+    for alias, twin in ALIASES.items():
+        a, b = spec_named(alias), spec_named(twin)
+        assert [getattr(a, f.name) for f in fields(a) if f.name not in names] == \
+            [getattr(b, f.name) for f in fields(b) if f.name not in names]
+        ma, mb = load_model(saved(alias)), load_model(saved(twin))
+        assert {k: tuple(v.shape) for k, v in ma.state.items()} == \
+            {k: tuple(v.shape) for k, v in mb.state.items()}
