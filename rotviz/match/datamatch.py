@@ -139,32 +139,6 @@ def as_written(loaded: Loaded, view: ModelView, device: torch.device) -> ModelVi
     return read_view(loaded.spec, loaded.config, write_state(view)).to(device=device)
 
 
-def warm_start(anchor: Loaded, anchor_view: ModelView, source_view: ModelView,
-               options: MatchOptions, group: str | None, split: Split, device: torch.device,
-               progress: Progress | None = None) -> tuple[MatchResult, dict]:
-    """Weight matching whose alternation starts from activation matching (`options.start`
-    "act"): the residual map and FFN permutations from activations on `split`, attention maps
-    from the weights (no head permutation: heads join after the stream is aligned), then the
-    rounds from there. Its element is the two composed (the per-layer maps act on the heads'
-    and units' axes, the residual map on the stream's, so they commute). Returns the result
-    (the alternation's report) and the activation step's report."""
-    anc_c, gauge = rs.canonicalise(anchor_view)
-    src_c, _ = rs.canonicalise(source_view)
-    if progress:
-        progress(0, 1, "activations (the alternation's start)")
-    moved, first, q, info = match_activations(
-        anchor, anc_c, src_c, replace(options, act=True, heads=False, start="cold"), group,
-        split, device)
-    res = match(anchor_view, as_written(anchor, rs.restore(moved, gauge), device),
-                replace(options, start="cold"), progress)
-    transforms = dict(first)
-    for i, t in res.transforms.items():
-        transforms[i] = transforms[i].then(t) if i in transforms else t
-    residual = q if res.residual is None else res.residual if q is None else (
-        q.to(res.residual) @ res.residual)
-    return MatchResult(res.view, transforms, res.report, residual=residual), info
-
-
 def match_with_data(anchor: Loaded, anchor_view: ModelView, source_view: ModelView,
                     options: MatchOptions, data: str | Split | None, device: torch.device,
                     progress: Progress | None = None,
@@ -203,9 +177,6 @@ def match_with_data(anchor: Loaded, anchor_view: ModelView, source_view: ModelVi
                              f"[{before_learning.label}], not [{start.report.options.label}]")
         if options.act:
             report_extra["act"] = start.report.act
-    elif options.start == "act":
-        start, report_extra["act"] = warm_start(anchor, anchor_view, source_view, options,
-                                                group, train, torch.device(device), progress)
     elif options.act:
         src_c, _ = canonical(source_view)
         if progress:

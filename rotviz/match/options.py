@@ -62,10 +62,6 @@ class LearnOptions:
 
 
 KEEP = ("last", "best")  # which learned maps LearnOptions.keep keeps
-# where weight matching's alternation starts (MatchOptions.start): cold, the default, reached
-# the lowest distance per round of the data-free starts (docs/solvers.md, "Where the
-# alternation starts"); act needs data
-STARTS = ("cold", "act")
 
 
 class _Options:
@@ -82,16 +78,10 @@ class _Options:
         STALL.check(self.stall)
         if self.time_limit is not None:
             TIME_LIMIT.check(self.time_limit)
-        if self.start not in STARTS:
-            raise RotvizError(f"start={self.start!r}: use one of {', '.join(STARTS)}")
-        if self.start == "act" and (not self.residual or self.act or self.learned):
-            raise RotvizError("start='act' starts weight matching's alternation from "
-                              "activation matching: turn residual on and act and learned off")
 
     @property
     def needs_data(self) -> bool:
-        return self.start == "act" or any(getattr(self, s.name) for s in SYMMETRIES
-                                          if s.needs_data)
+        return any(getattr(self, s.name) for s in SYMMETRIES if s.needs_data)
 
     @property
     def label(self) -> str:
@@ -116,9 +106,6 @@ MatchOptions = make_dataclass(
         ("tol", float, field(default=DEFAULT_TOL)),
         ("stall", float, field(default=DEFAULT_STALL)),
         ("time_limit", float | None, field(default=None)),
-        # where the alternation starts: "cold" (the source as it is) or "act" (activation
-        # matching's maps on the data; rotviz.match.datamatch; bench/RESULTS.md, warmstart)
-        ("start", str, field(default="cold")),
         ("ffn_backoff", bool, field(default=False)),
         ("plain_rounds", bool, field(default=False)),
         ("learn", LearnOptions, field(default_factory=LearnOptions)),  # with learned
