@@ -148,22 +148,28 @@ def run_inputs(m: Measurement, inputs: Any, params: dict,
                split_of: Callable[[Any], Any], device: Any,
                progress: Progress | None = None, cancel: Callable[[], bool] | None = None,
                load: Callable[[str], Any] | None = None, sized: bool = False,
-               words: Words = LIBRARY) -> Any:
+               words: Words = LIBRARY, time_limit: float | None = None) -> Any:
     """Run a record of series or of N models (`Measurement.inputs`) on its read `inputs`:
     values and the inputs' check (before any model loads), the record's refusal at size,
     the split as `split_of(the first pair's first model folder)` reads it, then the
-    record."""
+    record. `time_limit`: seconds weight matching's alternation may take in each matching
+    the record makes (Context.matching), checked here before any model loads."""
     from rotviz.devices import resolve_device
 
     assert m.inputs is not None
     named = set(given(m, params))
     values = m.values(params)
+    if time_limit is not None:
+        from rotviz.match.options import TIME_LIMIT_PARAM
+
+        time_limit = float(TIME_LIMIT_PARAM.check(time_limit))
     if m.inputs.check is not None:
         m.inputs.check(inputs, values, named)
     if sized:
         raise words.refuse(f"{m.name} is refused at size: {m.why_not_at_size()}")
     split = split_of(inputs.first_pair()[0]) if m.data else None  # weights only: no split
-    ctx = Context(split, resolve_device(device), progress=progress, cancel=cancel, load=load)
+    ctx = Context(split, resolve_device(device), progress=progress, cancel=cancel, load=load,
+                  time_limit=time_limit)
     return m.run(inputs, ctx, values)
 
 
@@ -254,10 +260,12 @@ def _group(host: Host) -> Iterator[Any]:
 
 
 def _context(m: Measurement, split: Any, host: Host, group: Any, load: Any = None,
-             out: Path | None = None, depths: Any = None) -> Context:
+             out: Path | None = None, depths: Any = None,
+             time_limit: float | None = None) -> Context:
     return Context(split if m.data else None, host.device,
                    group if host.processes is not None else None,
-                   host.progress if group.main else None, out, host.cancel, load, depths)
+                   host.progress if group.main else None, out, host.cancel, load, depths,
+                   time_limit)
 
 
 def one_depth(m: Measurement, anchor: Any, source: Any, values: dict,
@@ -308,7 +316,7 @@ def _in_memory(m: Measurement, pair: Pair, values: dict, host: Host) -> Any:
         else:
             ends = match_endpoints(anchor, source, options, host.device, data=split)
         ctx = _context(m, split, host, group, further.__getitem__ if further else None,
-                       depths=depths)
+                       depths=depths, time_limit=pair.time_limit)
         with host.using(pair.anchor, pair.source):
             result = _run_checked(m, ends, ctx, values)
         if result is None or not group.main:
@@ -354,7 +362,7 @@ def _at_size(m: Measurement, pair: Pair, values: dict, host: Host) -> Any:
         if m.writes_model and not group.main:  # the main process writes the model
             return None
         with host.out() as out:
-            ctx = _context(m, split, host, group, out=out)
+            ctx = _context(m, split, host, group, out=out, time_limit=pair.time_limit)
             result = _run_checked(m, ends, ctx, values)
             if result is not None and group.main and host.write is not None:
                 host.write(ends, result, ctx)

@@ -153,3 +153,36 @@ def test_time_limit_on_the_command_line(saved, tmp_path, capsys):
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and fragment in err[0], err
     assert not (tmp_path / "x").exists()
+
+
+def test_time_limit_reaches_a_record_of_several_models(saved, tmp_path, capsys, monkeypatch):
+    """A record that makes its own matchings (taskvectors: each fine-tune matched onto the
+    first) takes --time-limit from the same parameter record, through its Context: with a
+    limit of 0 each of its weight matchings runs one round and ends `time`, its function
+    kept. On such a command a bad limit is one line and exit 2, and so is a limit that none
+    of its matchings would honour (many --match seed), before any model loads."""
+    import rotviz.match.endpoints as ep
+
+    real, seen = ep.match_endpoints, []
+
+    def spy(anchor, source, options=None, *args, **kwargs):
+        ends = real(anchor, source, options, *args, **kwargs)
+        seen.append((options, ends.report.residual, ends.info.max_output_diff))
+        return ends
+
+    monkeypatch.setattr(ep, "match_endpoints", spy)
+    base, a, b = (str(saved("llama", s)) for s in (0, 1, 2))
+    assert main(["taskvectors", base, a, b, "--match", "weight", "--time-limit", "0"]) == 0
+    capsys.readouterr()
+    assert len(seen) == 1  # b matched onto a
+    options, residual, diff = seen[0]
+    assert options.time_limit == 0.0 and options.residual
+    assert residual["ended"] == "time" and residual["rounds"] == 1 and diff <= 1e-4
+    bad = [(["taskvectors", base, a, b, "--match", "weight", "--time-limit", "-1"],
+            "--time-limit must be a number from 0 to"),
+           (["many", base, a, b, "--data", "digits", "--match", "seed", "--time-limit", "5"],
+            "none of these matchings has one")]
+    for argv, fragment in bad:
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and fragment in err[0], err

@@ -243,7 +243,10 @@ def measure_inputs(record: Measurement, res: Resources, cfg: dict,
 
     result = runner.run_inputs(record, inputs,
                                runner.given(record, cfg.get("params") or {}, moved=True),
-                               split, cfg.get("device", "cpu"), progress, cancel, res.load)
+                               split, cfg.get("device", "cpu"), progress, cancel, res.load,
+                               # the sidebar's budget: it reaches the matchings that alternate
+                               time_limit=float(cfg["match_time"]) if cfg.get("match_time")
+                               else None)
     out = result.to_dict()
     if out.get("stopped") == "cancelled":
         raise Cancelled(f"{record.label} was stopped before it finished; nothing was kept. "

@@ -224,6 +224,10 @@ def _inputs_parser(p: argparse.ArgumentParser, m: Measurement) -> None:
                        help=f"{what}: none, or a comma list of ffn, attn, rescale, heads, "
                             "residual, act, learned; seed = ffn,attn,rescale, weight = "
                             f"seed,heads,residual (default {default})")
+    if m.inputs.default_specs:  # a record that matches: its matchings take the limit too
+        add_params(p, MATCH_PARAMS)
+    else:
+        p.set_defaults(time_limit=None)
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or mps (default auto)")
     p.add_argument("--json", default=None, metavar="FILE",
                    help="also write the result as JSON to this new file")
@@ -244,6 +248,8 @@ def run_inputs_command(m: Measurement, args: argparse.Namespace) -> int:
     from rotviz.confine import ANYWHERE
     from rotviz.data.reading import split_for
     from rotviz.devices import device_for, pick_device
+    from rotviz.match.options import limited_specs
+    from rotviz.match.selection import match_options
     from rotviz.outputs import Outputs, write_json_file
 
     assert m.inputs is not None
@@ -254,6 +260,8 @@ def run_inputs_command(m: Measurement, args: argparse.Namespace) -> int:
         got = getattr(args, name)
         refs += tuple(got) if isinstance(got, list) else (got,)
     inputs = m.inputs.read(refs, args.match, ANYWHERE)  # SPECs and folders: one line each
+    limited_specs([match_options(s) for s in args.match or m.inputs.default_specs],
+                  args.time_limit)
     first = inputs.first_pair()
     outputs = Outputs(m.name)
     further = [given[n] for n in m.models if given.get(n)]  # a merge's base: an input too
@@ -271,7 +279,7 @@ def run_inputs_command(m: Measurement, args: argparse.Namespace) -> int:
 
     result = runner.run_inputs(m, inputs, given, split_of, device_for(pick_device(args.device)),
                                _progress(m, _Main()), sized=beyond_memory(args)[0],
-                               words=runner.CLI)
+                               words=runner.CLI, time_limit=args.time_limit)
     if outputs.items:
         with outputs.write() as tmp:
             if js is not None:

@@ -144,6 +144,30 @@ def limited(options: MatchOptions | None, time_limit: float | None,
     return replace(options, time_limit=time_limit)
 
 
+def with_time_limit(options: MatchOptions | None,
+                    time_limit: float | None) -> MatchOptions | None:
+    """`options` with the alternation's time limit where they alternate (residual), as they
+    are otherwise: in a command of several matchings (a ladder's rungs, --match seed and
+    --match weight) the limit reaches the ones it can; `limited_specs` refuses a limit that
+    reaches none."""
+    if time_limit is None or options is None or not options.residual:
+        return options
+    return replace(options, time_limit=float(TIME_LIMIT_PARAM.check(time_limit)))
+
+
+def limited_specs(options: Sequence[MatchOptions | None], time_limit: float | None,
+                  flag: str = "--time-limit") -> None:
+    """Refuse, in one line and before any model loads, a time limit that is out of bounds or
+    that none of a command's matchings `options` would honour."""
+    if time_limit is None:
+        return
+    TIME_LIMIT_PARAM.check(time_limit)
+    if not any(o is not None and o.residual for o in options):
+        raise RotvizError(f"{flag} limits weight matching's alternation, and none of these "
+                          "matchings has one: match with residual (--match weight), or drop "
+                          f"{flag}")
+
+
 def parse_layers(spec: str | Sequence[int] | None, n_layers: int) -> tuple[int, ...] | None:
     """'0,2-5' -> (0, 2, 3, 4, 5); checked against the model's layer count before any range
     is expanded, so a huge range costs nothing and its message quotes the input."""

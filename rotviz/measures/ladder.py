@@ -161,14 +161,16 @@ def _inputs_check(inputs, values: dict, given: set[str]) -> None:
 def ladder(pair: LadderPair, split: Split, points: int = 11, device: str | torch.device = "cpu",
            batch_size: int = 512, steps: int = DEFAULT_STEPS,
            progress: Progress | None = None,
-           cancel: Callable[[], bool] | None = None) -> Ladder:
+           cancel: Callable[[], bool] | None = None,
+           time_limit: float | None = None) -> Ladder:
     """ladder(LadderPair.read([anchor, source]), split) -> Ladder
 
     Match the source onto the anchor with each rung's SPEC (activation and learned matching
     train on `split`'s train sibling, learned matching for at most `steps` steps), and for
     each: the barrier on `points` alphas as `rotviz barrier` measures it, the distance after
     matching, and the simple merge at 0.5 evaluated as `rotviz merge --method simple` does.
-    Then the align-to-self rung. Each rung dict holds: kind (rung or self), spec, asked,
+    Then the align-to-self rung (`time_limit`: seconds each weight matching's alternation
+    may take, in every rung that has one). Each rung dict holds: kind (rung or self), spec, asked,
     words, adds, reason, barrier, loss_range, distance_before, distance, mid_acc (the path's
     point at 0.5), merged_acc, merged_loss, scores of the merge, loss and acc along the path,
     max_output_diff, match_seconds, seconds (its evaluations', summed).
@@ -195,7 +197,7 @@ def ladder(pair: LadderPair, split: Split, points: int = 11, device: str | torch
     from rotviz.evaluation import Evaluator
     from rotviz.limits import STEPS
     from rotviz.match.endpoints import from_matched, unmatched
-    from rotviz.match.options import LearnOptions
+    from rotviz.match.options import LearnOptions, with_time_limit
     from rotviz.match.pipeline import match_models
     from rotviz.match.rungs import describe, start_of, why_not
     from rotviz.match.selection import match_options, parse_selection
@@ -321,7 +323,7 @@ def ladder(pair: LadderPair, split: Split, points: int = 11, device: str | torch
         for n, k in enumerate(order):
             rung = rungs[k]
             t1 = time.perf_counter()
-            options = match_options(rung["spec"])
+            options = with_time_limit(match_options(rung["spec"]), time_limit)
             if options is not None and options.learned:
                 if progress:
                     progress(n, total, f"{rung['words']}: matching")
@@ -342,7 +344,7 @@ def ladder(pair: LadderPair, split: Split, points: int = 11, device: str | torch
         else:  # before learning ends: its points join the queue meanwhile
             t1 = time.perf_counter()
             with matching(len(rungs), "align-to-self: the anchor matched onto itself"):
-                options = match_options(self_spec)
+                options = with_time_limit(match_options(self_spec), time_limit)
                 ends = (unmatched(anchor, anchor) if options is None else
                         from_matched(anchor, anchor, match_models(anchor, anchor, options, dev),
                                      options))
@@ -376,7 +378,7 @@ def ladder(pair: LadderPair, split: Split, points: int = 11, device: str | torch
 
 def _run(inputs, ctx: Context, v: dict):
     return ladder(inputs, ctx.split, v["points"], ctx.device, v["batch_size"], v["steps"],
-                  ctx.progress, ctx.cancel)
+                  ctx.progress, ctx.cancel, ctx.time_limit)
 
 
 def _summary(r, how: str) -> str:

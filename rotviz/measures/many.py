@@ -237,7 +237,7 @@ def _run(inputs: ManyModels, ctx: Context, v: dict):
         base = _load_base(ctx, v)
         final = registered_merge(v["method"], None if base is None else base.state,
                                  **_given(v))
-    r = many(inputs.models, ctx.split, inputs.spec, v["to"], v["rounds"], v["tol"],
+    r = many(inputs.models, ctx.split, ctx.matching(inputs.spec), v["to"], v["rounds"], v["tol"],
              ctx.device, ctx.progress, final=final)
     r.method, r.base = v["method"], v["base"]
     return r

@@ -52,6 +52,18 @@ class Context:
     # what its hook returned for the record's report (rotviz.analysis.depths.OneDepth);
     # None for a pair of one depth
     depths: Any = None
+    # seconds weight matching's alternation may take, in every matching the record makes
+    # (rotviz.match.options.MATCH_PARAMS: the same --time-limit as a pair's); None: no limit
+    time_limit: float | None = None
+
+    def matching(self, spec: Any) -> Any:
+        """The MatchOptions of `spec` (a SPEC string, MatchOptions or None) with this
+        context's time limit where it alternates: the one place where a record that makes
+        its own matchings (series, spawns, N models, a ladder's rungs) gets the limit."""
+        from rotviz.match.endpoints import as_options
+        from rotviz.match.options import with_time_limit
+
+        return with_time_limit(as_options(spec), self.time_limit)
 
 
 Runner = Callable[[Any, Context, dict], Any]  # (endpoints, context, parameter values) -> result

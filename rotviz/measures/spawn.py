@@ -88,17 +88,19 @@ class SpawnFolder:
 def spawn_instability(inputs: SpawnFolder, split: Split, points: int = 11,
                       device: str | torch.device = "cpu", batch_size: int = 512,
                       progress: Progress | None = None,
-                      cancel: Callable[[], bool] | None = None) -> Barriers:
-    """The barrier between the two children of each spawn step k, for each matching."""
+                      cancel: Callable[[], bool] | None = None,
+                      time_limit: float | None = None) -> Barriers:
+    """The barrier between the two children of each spawn step k, for each matching
+    (`time_limit`: seconds each weight matching's alternation may take)."""
     r = barriers_of([(k, a, b) for k, (a, b) in inputs.children.items()], inputs.specs, split,
-                    points, device, batch_size, progress, cancel, inputs.confined)
+                    points, device, batch_size, progress, cancel, inputs.confined, time_limit)
     r.extra = {"kind": "spawn", "folder": inputs.ref}
     return r
 
 
 def _run(inputs, ctx: Context, v: dict):
     return spawn_instability(inputs, ctx.split, v["points"], ctx.device, v["batch_size"],
-                             ctx.progress, ctx.cancel)
+                             ctx.progress, ctx.cancel, ctx.time_limit)
 
 
 def _summary(r, how: str) -> str:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rotviz.confine import ANYWHERE, Confined
 from rotviz.errors import RotvizError
@@ -170,8 +170,10 @@ def task_vectors(base: Loaded, finetuned: Sequence[Loaded], group: str = "block"
                        time.perf_counter() - t0)
 
 
-def aligned(finetuned: Sequence[Loaded], spec: str, device) -> tuple[list[Loaded], list[float]]:
-    """Each fine-tune after the first matched onto it with `spec` (its function kept: the
+def aligned(finetuned: Sequence[Loaded], spec: Any,
+            device) -> tuple[list[Loaded], list[float]]:
+    """Each fine-tune after the first matched onto it with `spec` (a SPEC or MatchOptions;
+    its function kept: the
     check's largest output change each), as models of the first's architecture."""
     import dataclasses
 
@@ -191,7 +193,7 @@ def _run(inputs: FineTunes, ctx: Context, v: dict) -> TaskVectors:
     base, *fts = inputs.models
     diffs: list[float] = []
     if inputs.spec != "none":
-        fts, diffs = aligned(fts, inputs.spec, ctx.device)
+        fts, diffs = aligned(fts, ctx.matching(inputs.spec), ctx.device)
     r = task_vectors(base, fts, v["group"], patterns_of(v["skip"]))
     r.match, r.output_diffs = inputs.spec, diffs
     return r

@@ -232,13 +232,15 @@ class Barriers:
 def barriers_of(pairs: Sequence[tuple[int, Path, Path]], specs: Sequence[str], split: Split,
                 points: int = 11, device: str | torch.device = "cpu", batch_size: int = 512,
                 progress: Progress | None = None, cancel: Callable[[], bool] | None = None,
-                confined: Confined = ANYWHERE) -> Barriers:
+                confined: Confined = ANYWHERE, time_limit: float | None = None) -> Barriers:
     """For each (x, model folder a, model folder b): both loaded through `confined`, matched
-    with each SPEC (match_endpoints) and the barrier measured as `rotviz barrier` does
-    (curve_on on `split`, `points` alphas). The spawn record measures its pairs here too."""
+    with each SPEC (match_endpoints; `time_limit` bounds each weight matching's alternation)
+    and the barrier measured as `rotviz barrier` does (curve_on on `split`, `points` alphas).
+    The spawn record measures its pairs here too."""
     from rotviz.analysis.paths import check_path
     from rotviz.devices import resolve_device
-    from rotviz.match.endpoints import match_endpoints
+    from rotviz.match.endpoints import as_options, match_endpoints
+    from rotviz.match.options import with_time_limit
     from rotviz.measures.barrier import curve_on
     from rotviz.sources.loading import load_model
 
@@ -256,7 +258,8 @@ def barriers_of(pairs: Sequence[tuple[int, Path, Path]], specs: Sequence[str], s
             break
         a, b = load_model(pa, confined=confined), load_model(pb, confined=confined)
         for spec in specs:
-            ends = match_endpoints(a, b, spec, dev, data=split)
+            ends = match_endpoints(a, b, with_time_limit(as_options(spec), time_limit), dev,
+                                   data=split)
             c = curve_on(ends, split, points, dev, None, 1, 0, batch_size)
             assert c is not None  # one process
             out.barrier[spec].append(c.barrier)
@@ -279,12 +282,14 @@ def barriers_of(pairs: Sequence[tuple[int, Path, Path]], specs: Sequence[str], s
 def barriers_over_training(inputs: TwoSeries, split: Split, points: int = 11,
                            device: str | torch.device = "cpu", batch_size: int = 512,
                            progress: Progress | None = None,
-                           cancel: Callable[[], bool] | None = None) -> Barriers:
+                           cancel: Callable[[], bool] | None = None,
+                           time_limit: float | None = None) -> Barriers:
     """The barrier between the two series at each common step, for each matching; the steps
     only one series holds are listed in `extra` (only_a, only_b)."""
     steps, only_a, only_b = paired(inputs.a, inputs.b)
     r = barriers_of([(s, inputs.a.steps[s], inputs.b.steps[s]) for s in steps], inputs.specs,
-                    split, points, device, batch_size, progress, cancel, inputs.confined)
+                    split, points, device, batch_size, progress, cancel, inputs.confined,
+                    time_limit)
     r.extra = {"kind": "training", "series_a": inputs.a.ref, "series_b": inputs.b.ref,
                "only_a": only_a, "only_b": only_b}
     return r
@@ -292,7 +297,7 @@ def barriers_over_training(inputs: TwoSeries, split: Split, points: int = 11,
 
 def _run(inputs, ctx: Context, v: dict):
     return barriers_over_training(inputs, ctx.split, v["points"], ctx.device, v["batch_size"],
-                                  ctx.progress, ctx.cancel)
+                                  ctx.progress, ctx.cancel, ctx.time_limit)
 
 
 def steps_note(r) -> str:

@@ -318,16 +318,19 @@ def _plane(name: str, runs: list[Run], final: Loaded, names, norm: str, grid: in
 def trajectory(runs: Runs, split: Split, grid: int = 21, margin: float = 0.25,
                norm: str = "none", device: str | torch.device = "cpu", batch_size: int = 512,
                with_ref: str = "", progress: Progress | None = None,
-               cancel: Callable[[], bool] | None = None) -> Trajectory:
+               cancel: Callable[[], bool] | None = None,
+               time_limit: float | None = None) -> Trajectory:
     """trajectory(Runs.read(["zoo:vit-digits-run-a"]), split) -> Trajectory
 
     Series A's path on the plane of the top two principal directions of its checkpoints'
     offsets from its final one, over that plane's loss surface (module docstring); with
     series B (`runs.b` or `with_ref`), both on the plane of both runs' offsets, B unmatched
-    and, with a matching, B moved by the element that matches its final onto A's."""
+    and, with a matching, B moved by the element that matches its final onto A's
+    (`time_limit`: seconds that matching's alternation may take)."""
     from rotviz.evaluation import Evaluator
     from rotviz.match.endpoints import as_options
     from rotviz.match.lineage import element_of_matched, move_state
+    from rotviz.match.options import with_time_limit
     from rotviz.match.pipeline import match_models
 
     GRID.check(grid)
@@ -352,8 +355,9 @@ def trajectory(runs: Runs, split: Split, grid: int = 21, margin: float = 0.25,
         out.planes.append(_plane("unmatched", [a, b], final, names, norm, grid, margin, ev,
                                  progress))
         if runs.spec != "none" and not (cancel and cancel()):
-            matched = match_models(final, b_models[-1], as_options(runs.spec), ev.device,
-                                   data=split)
+            matched = match_models(final, b_models[-1],
+                                   with_time_limit(as_options(runs.spec), time_limit),
+                                   ev.device, data=split)
             if not matched.preserved:
                 raise RotvizError(f"matching [{runs.spec}]: {matched.failure}; please report "
                                   "this as a bug")
@@ -369,7 +373,7 @@ def trajectory(runs: Runs, split: Split, grid: int = 21, margin: float = 0.25,
 
 def _run(runs: Runs, ctx: Context, v: dict) -> Trajectory:
     return trajectory(runs, ctx.split, v["grid"], v["margin"], v["norm"], ctx.device,
-                      v["batch_size"], v["with"], ctx.progress, ctx.cancel)
+                      v["batch_size"], v["with"], ctx.progress, ctx.cancel, ctx.time_limit)
 
 
 def _summary(r: Trajectory, how: str) -> str:
