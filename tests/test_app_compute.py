@@ -156,7 +156,12 @@ def test_card_and_residual_check_on_the_gpt2_pair():
     res = app.Resources()
     full = load_model(ref)
     got = app.run("card", res, {"ref": ref, "data": "pystdlib", "seed": 0, "n_eval": 16})
-    assert got == summaries.model_card(full, res.split("pystdlib", 0, 16, ref))
+    want = summaries.model_card(full, res.split("pystdlib", 0, 16, ref))
+    # the function check's largest logit change is roundoff of its own: the app's lighter
+    # module and transformers' sum in other orders (6.88e-6 against 6.91e-6)
+    diffs = [d.pop("max_output_diff") for d in (got["check"], want["check"])]
+    assert diffs[0] == pytest.approx(diffs[1], abs=1e-6) and max(diffs) <= 1e-4
+    assert got == want
     why = summaries.residual_unsupported(res.load_eval(ref))
     assert why and "tied" in why and why == summaries.residual_unsupported(full)
 

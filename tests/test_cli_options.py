@@ -91,6 +91,9 @@ PATHS = {
     "roots": ["f.txt", "/proc/x", "f.txt/x", ""],
     "layers": ["a-b", "-1", "nan", "inf", "0-99999999999", "3-1", "", "1.5", "0," * 120],
     "name": ["nope", "", "-5", "nan"],
+    # passthrough's layer ranges: a model letter it does not know, a range past the models'
+    # depth, an empty or reversed range, no range ("" is the default split)
+    "slices": ["x:0-1", "a:0-99", "a:2-2", "b:3-1", "a"],
     "spec": ["nope", "ffn,nope", "-5", "nan"],  # "" is a SPEC: none
     # column names: empty, or given for data without columns (the commands' digits)
     "column": ["", " ", "nope", "text"],
@@ -111,6 +114,7 @@ KINDS = {
     ("eval", "--split"): "name", ("eval", "--device"): "name",
     **{(n, "--out"): "out folder" for n, m in MEASURES.items() if m.writes_model},
     ("merge", "--method"): "name", ("teleport", "--group"): "name",
+    **{(c, "--slices"): "slices" for c in ("merge", "merge_sweep", "fusion")},
     ("merge", "--stats-split"): "name", ("merge", "--base"): "model",
     ("merge", "--mergekit-config"): "out file",
     ("merge_sweep", "--stats-split"): "name", ("merge_sweep", "--base"): "model",

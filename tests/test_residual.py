@@ -322,7 +322,7 @@ def test_ffn_backoff_holds_the_ffn_and_keeps_every_guarantee(saved):
     before = clone_state(source.state)
     runs = {}
     for backoff in (False, True):
-        options = MatchOptions(heads=True, residual=True, rounds=12, tol=0.0,
+        options = MatchOptions(heads=True, residual=True, rounds=12, tol=0.0, stall=0.0,
                                ffn_backoff=backoff, plain_rounds=not backoff)
         runs[backoff] = match_models(anchor, source, options)
     held, plain = runs[True].report.residual, runs[False].report.residual

@@ -316,12 +316,13 @@ def test_rebuilding_a_shipped_model_reproduces_its_card(tmp_path):
     assert calls == list(range(1, card["steps"] + 1))
     got = evaluate(load_model(out), split("digits"))
     assert got["loss"] == pytest.approx(card["test"]["loss"], abs=1e-4)
-    # bit for bit where the zoo was built (the pins' environment: CPU vector extensions and
-    # library versions); elsewhere 57 steps of training round differently (seen with
-    # AVX-512: every tensor differs, the card's numbers above still agree to 1e-4)
-    from pinned import FILE, environment
+    # bit for bit where the zoo was built (tests/data/zoo_environment.json: CPU vector
+    # extensions and library versions); elsewhere 57 steps of training round differently
+    # (seen with AVX-512: every tensor differs, the card's numbers above still agree to 1e-4)
+    from pinned import environment
 
-    if json.loads(FILE.read_text()).get("_environment") == environment():
+    built_in = json.loads((Path(__file__).parent / "data" / "zoo_environment.json").read_text())
+    if built_in == environment():
         shipped, rebuilt = model("vit-digits-s6-ft").state, load_model(out).state
         assert all(torch.equal(shipped[k], rebuilt[k]) for k in shipped)
 

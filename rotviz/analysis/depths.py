@@ -98,7 +98,7 @@ def differs_in_depth(a: Loaded, b: Loaded) -> bool:
 
 def depth_refusal(a: Loaded, b: Loaded, why: str) -> str:
     """One line: the two depths, and `why` this use of them is refused (with the fix)."""
-    return f"'{a.ref}' has {depth(a)} blocks and '{b.ref}' {depth(b)}: {why}"
+    return f"different depths: '{a.ref}' has {depth(a)} blocks and '{b.ref}' {depth(b)}: {why}"
 
 
 def check_depths(a: Loaded, b: Loaded) -> None:

@@ -72,6 +72,6 @@ PASSTHROUGH = register(MergeMethod(
     "a new model stacked from layer ranges of the two (--slices a:0-4,b:2-6), blocks copied, "
     "not combined; the depth may change (mergekit's passthrough; frankenmerges)",
     assemble=_assemble, check=_check, params=(SLICES, ENDS), max_models=2,
-    extra=("slices", "passthrough_ends"),
+    extra=("slices", "passthrough_ends"), weighted=False,  # blocks are copied, not weighed
     mergekit=Mergekit("passthrough", weight=None, slices="slices", ends="passthrough_ends"),
     order=990))

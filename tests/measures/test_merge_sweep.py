@@ -94,6 +94,8 @@ def test_a_sweep_offers_only_numbers_that_change_the_merge(capfd, ws):
         if m.needs_statistics:  # fisher, regmean: weighted, and need whole models
             assert m.weighted
             continue
+        if m.assemble is not None or m.whole is not None:  # whole models, not tensor by tensor
+            continue  # (passthrough stacks blocks; zipit's statistics are the models' features)
         b = base if m.needs_base else None
         one, other = (combine_one(m, merge_job(None, m, w, None, {}), "w", ts, b)
                       for w in ((0.8, 0.2), (0.2, 0.8)))
@@ -102,6 +104,7 @@ def test_a_sweep_offers_only_numbers_that_change_the_merge(capfd, ws):
     assert set(weightless) == {"sce", "ram", "ramplus_tl", "nearswap", "arcee_fusion"}
     assert sweepable(method("sce")) == ("select_topk",)
     assert sweepable(method("arcee_fusion")) == ()
+    assert not method("passthrough").weighted and sweepable(method("passthrough")) == ()
     assert sweepable(method("karcher")) == ("weight", "karcher_tol")  # its steps: an integer
     assert axis_label("nearswap", "nearswap_t") == method("nearswap").params[0].title
     pair = ["merge_sweep", *_refs()[:2], "--data", "digits", "--match", "none"]

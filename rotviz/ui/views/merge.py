@@ -140,7 +140,11 @@ def grid(record: Measurement, values: dict, result: dict, look) -> tuple[dict, d
                "(cross-entropy, nats, lower is better) of each method under each matching "
                "picked above; *no matching* is the raw pair. Anchor "
                f"{result['anchor_acc']:.3f}, source {result['source_acc']:.3f}.")
-    show.table(rows)
+    # one table per number, so that every matching's column fits the page's width
+    for what in ("accuracy", "loss"):
+        st.markdown(f"**{what.capitalize()}**")
+        show.table([{"method": r["method"], **{k.split(", ", 1)[1]: v for k, v in r.items()
+                                               if k.startswith(what + ", ")}} for r in rows])
     if skipped:
         st.caption("Not run: " + "; ".join(f"{', '.join(who)} ({why})"
                                            for why, who in skipped.items()) + ".")
