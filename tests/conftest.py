@@ -234,12 +234,13 @@ def refused(argv: list[str], capfd, ws: Path, *fragments: str) -> str:
 # queue; a long test left near the end kept one worker busy for minutes after the other had
 # finished. Run first, they end while the short tests still balance the two queues.
 LONG_FIRST = (
-    "test_every_page_in_chromium",
+    "test_every_page_then_a_users_classifier_pair_and_csv",  # Chromium: 60-120 s
+    "test_installed_wheel_runs_from_anywhere",
+    "test_every_command_gives_a_number_or_one_line",
     "test_default_pair_results_are_pinned",
     "test_the_tutorial_runs_and_agrees_with_the_cli",
     "test_streaming_memory_does_not_grow_with_depth",
     "test_torchrun_commands_equal_one_process_and_a_failing_rank_leaves_nothing",
-    "test_a_fresh_server_then_a_users_classifier_pair_and_csv",
     "test_sigint_leaves_no_output_and_a_rerun_succeeds",
     "test_the_cli_the_library_and_the_app_give_the_same_numbers[rounds]",
     "test_the_readme_modules_drop_in",
@@ -252,6 +253,8 @@ LONG_FIRST = (
     "test_models_barrier_and_merge_pages_show_the_task_and_f1",
     "test_training_page_runs_both_charts_on_the_zoo_series",
     "test_the_training_page_draws_both_runs_unmatched_and_matched",
+    "test_match_equals_match_models[weight]",
+    "test_subprocess_error_is_one_line",
 )
 
 
