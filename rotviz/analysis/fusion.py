@@ -164,10 +164,12 @@ def takes_base(m) -> bool:
 
 def default_methods(has_base: bool) -> list[str]:
     """The registered methods a table runs by default: every one, less those that need a
-    base when none is given."""
+    base when none is given and those that build whole models of their own (passthrough
+    stacks blocks; ZipIt! zips features): they run when named."""
     from rotviz.merging import methods as all_methods
 
-    return [m.name for m in all_methods() if has_base or not m.needs_base]
+    return [m.name for m in all_methods() if (has_base or not m.needs_base)
+            and m.assemble is None and m.whole is None]
 
 
 def _given(params: Mapping[str, Any], name: str, default: Any) -> Any:

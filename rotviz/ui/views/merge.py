@@ -7,6 +7,7 @@ barycentre, the merged accuracy against N), and the task vectors of fine-tunes o
 import streamlit as st
 
 from rotviz import app, zoo_registry
+from rotviz.analysis.fusion import default_methods
 from rotviz.app import figures
 from rotviz.app import roots as app_roots
 from rotviz.app.specs import MERGE_SPECS, learns, spec_label
@@ -35,11 +36,9 @@ st.markdown("\n".join(f"- **{m.name}** ({m.label}): {m.help}"
 offered, residual_why = run.offered_specs(s, MERGE_SPECS)
 
 c = st.columns(2)
-# every method is offered; those picked at first are the ones that need neither a base model
-# nor whole models of their own making (passthrough stacks blocks, ZipIt! zips features), so
-# that the page opens in seconds; the rest join the table when picked
-FIRST = [n for n, m in METHODS.items() if not m.needs_base and m.assemble is None
-         and m.whole is None]
+# every method is offered; those picked at first are the library's default table
+# (rotviz.analysis.fusion.default_methods), so that the page opens in seconds
+FIRST = default_methods(False)
 methods = c[0].multiselect("Fusion methods", list(METHODS), FIRST,
                            format_func=lambda m: METHODS[m].label, key="g_methods",
                            bind="query-params")
