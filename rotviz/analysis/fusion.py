@@ -163,13 +163,10 @@ def takes_base(m) -> bool:
 
 
 def default_methods(has_base: bool) -> list[str]:
-    """The registered methods a table runs by default: every one, less those that need a
-    base when none is given and those that build whole models of their own (passthrough
-    stacks blocks; ZipIt! zips features): they run when named."""
-    from rotviz.merging import methods as all_methods
+    """The registered methods a table runs by default (rotviz.merging.registry.table_methods)."""
+    from rotviz.merging.registry import table_methods
 
-    return [m.name for m in all_methods() if (has_base or not m.needs_base)
-            and m.assemble is None and m.whole is None]
+    return table_methods(has_base)
 
 
 def _given(params: Mapping[str, Any], name: str, default: Any) -> Any:

@@ -269,3 +269,11 @@ def merges_at_size() -> str:
     refusal: found in the registry, so a new method is named without a list to update."""
     found = [m.label for m in methods() if m.at_size]
     return ", ".join(found[:-1]) + f" or {found[-1]}" if len(found) > 1 else "".join(found)
+
+
+def table_methods(has_base: bool) -> list[str]:
+    """The methods a fusion table (and the Merge page) runs by default: every registered one,
+    less those that need a base when none is given and those that build whole models of
+    their own (passthrough stacks blocks; ZipIt! zips features): they run when named."""
+    return [m.name for m in methods() if (has_base or not m.needs_base)
+            and m.assemble is None and m.whole is None]

@@ -7,7 +7,6 @@ barycentre, the merged accuracy against N), and the task vectors of fine-tunes o
 import streamlit as st
 
 from rotviz import app, zoo_registry
-from rotviz.analysis.fusion import default_methods
 from rotviz.app import figures
 from rotviz.app import roots as app_roots
 from rotviz.app.specs import MERGE_SPECS, learns, spec_label
@@ -15,7 +14,7 @@ from rotviz.errors import RotvizError
 from rotviz.measures import Measurement
 from rotviz.measures.merge_sweep import axis_label
 from rotviz.merging.registry import methods as merge_methods
-from rotviz.merging.registry import sweepable
+from rotviz.merging.registry import sweepable, table_methods
 from rotviz.ui import run, section, show, sidebar
 
 # the references each section of inputs opens on (Hooks.refs): task vectors on the zoo's
@@ -37,8 +36,8 @@ offered, residual_why = run.offered_specs(s, MERGE_SPECS)
 
 c = st.columns(2)
 # every method is offered; those picked at first are the library's default table
-# (rotviz.analysis.fusion.default_methods), so that the page opens in seconds
-FIRST = default_methods(False)
+# (rotviz.merging.registry.table_methods), so that the page opens in seconds
+FIRST = table_methods(False)
 methods = c[0].multiselect("Fusion methods", list(METHODS), FIRST,
                            format_func=lambda m: METHODS[m].label, key="g_methods",
                            bind="query-params")
