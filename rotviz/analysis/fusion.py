@@ -88,7 +88,9 @@ def fusion_on(
     matching). The methods built on task vectors use `base` (never matched)."""
     t0 = time.perf_counter()
     if methods is None:
-        methods = default_methods(base is not None)
+        from rotviz.merging.registry import table_methods
+
+        methods = table_methods(base is not None)
     records = [method_record(m) for m in methods]
     weight = check_weight(weight)
     values = {m.name: method_params(m, {k: v for k, v in params.items()
@@ -160,13 +162,6 @@ def takes_base(m) -> bool:
     """A base given goes to the methods that need one and to those that merge about one where
     it is given (nuslerp, multislerp: `base_optional`); the others combine the models."""
     return m.needs_base or m.base_optional
-
-
-def default_methods(has_base: bool) -> list[str]:
-    """The registered methods a table runs by default (rotviz.merging.registry.table_methods)."""
-    from rotviz.merging.registry import table_methods
-
-    return table_methods(has_base)
 
 
 def _given(params: Mapping[str, Any], name: str, default: Any) -> Any:

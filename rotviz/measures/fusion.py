@@ -46,17 +46,17 @@ def _params() -> tuple[Param, ...]:
 
 
 def methods_of(v: dict) -> list[str]:
-    """The methods a run merges with: those named, else the default set (rotviz.analysis.
-    fusion.default_methods: with a base, every one)."""
-    from rotviz.analysis.fusion import default_methods
+    """The methods a run merges with: those named, else the default set
+    (rotviz.merging.registry.table_methods: with a base, also those built on task vectors)."""
     from rotviz.merging import names
+    from rotviz.merging.registry import table_methods
 
     named = [m.strip() for m in str(v["methods"]).split(",") if m.strip()]
     unknown = [m for m in named if m not in names()]
     if unknown:
         raise RotvizError(f"--methods {','.join(unknown)}: no such merge method; use "
                           f"{', '.join(names())}")
-    return named or default_methods(bool(v.get("base")))
+    return named or table_methods(bool(v.get("base")))
 
 
 def _own(v: dict) -> dict:
