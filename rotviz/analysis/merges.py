@@ -30,7 +30,7 @@ from rotviz.merging.combine import build_pair, merge_states
 from rotviz.params import needs, read_params
 from rotviz.sources.loading import Loaded
 from rotviz.sources.pairs import check_compatible
-from rotviz.sources.stacking import block_of, model_of
+from rotviz.sources.stacking import at_block, block_of, model_of
 from rotviz.types import Progress
 
 Tensor = torch.Tensor
@@ -230,12 +230,12 @@ def block_check(spec, built: Mapping[str, Tensor], states: Sequence[Mapping[str,
 
     rows = []
     for j, (model, index) in enumerate(blocks):
-        names = [(k, b) for k, b in ((k, block_of(spec, k)) for k in states[model])
-                 if b is not None and b[1] == index]
+        names = [k for k in states[model]
+                 if (b := block_of(spec, k)) is not None and b[1] == index]
         worst: float | None = 0.0  # None: a tensor missing or of another shape
         equal = bool(names)
-        for k, b in names:
-            mine = built.get(f"{b[0]}{j}{b[2]}")
+        for k in names:
+            mine = built.get(at_block(spec, k, j))
             theirs = states[model][k]
             if mine is None or mine.shape != theirs.shape:
                 equal, worst = False, None

@@ -63,6 +63,17 @@ def block_of(spec: ArchSpec, name: str) -> tuple[str, int, str] | None:
     return None
 
 
+def at_block(spec: ArchSpec, name: str, index: int) -> str:
+    """`name`, a block's tensor name or a block's prefix, as block `index` names it. The one
+    renaming between depths (`stack`, `stacked` and the checks of both): through the
+    family's block naming (`block_of`), so a root or a tail holding a number of its own
+    (`.0.`) is never taken for the block's index."""
+    b = block_of(spec, name)
+    if b is None:
+        raise ValueError(f"'{name}' is no tensor of a {spec.family} block")
+    return f"{b[0]}{index}{b[2]}"
+
+
 def depth_of(spec: ArchSpec, state: Mapping[str, Any]) -> int:
     """The number of blocks a state dict holds (by its tensor names)."""
     found = {b[1] for b in (block_of(spec, k) for k in state) if b is not None}
@@ -87,7 +98,7 @@ def stack(spec: ArchSpec, states: Sequence[Mapping[str, Tensor]],
         for k in states[model]:
             b = block_of(spec, k)
             if b is not None and b[1] == index:
-                out[f"{b[0]}{j}{b[2]}"] = states[model][k]
+                out[at_block(spec, k, j)] = states[model][k]
     for k, b in zip(names[start:], inside[start:], strict=True):
         if b is None:
             out[k] = states[last][k]
@@ -196,9 +207,7 @@ def stacked(template: Loaded, blocks: Sequence[Mapping[str, Tensor]], ref: str,
     if not prefixes:
         raise RotvizError(f"{template.ref}: no transformer blocks found")
     first = prefixes[0]
-    # the template's block prefix with its index replaced: block i of the new model
-    head, _, tail = first.rpartition(".0.")
-    if not head:
+    if block_of(template.spec, first) is None:
         raise RotvizError(f"{template.ref}: blocks are not numbered as rotviz expects "
                           f"('{first}')")
     n = len(prefixes)
@@ -218,7 +227,8 @@ def stacked(template: Loaded, blocks: Sequence[Mapping[str, Tensor]], ref: str,
         if set(b) != want:
             raise RotvizError(f"block {i} of the stacked model holds other tensors than the "
                               f"template's blocks: {sorted(set(b) ^ want)[:3]}")
-        state.update({f"{head}.{i}.{tail}{k}": v for k, v in b.items()})
+        prefix = at_block(template.spec, first, i)  # block i of the new model
+        state.update({prefix + k: v for k, v in b.items()})
     return model_of(template, state, ref, config)
 
 
@@ -255,8 +265,7 @@ def model_of(template: Loaded, state: Mapping[str, Tensor], ref: str,
 
 def _as_block_0(template: Loaded, name: str) -> str:
     """A tensor name as the template's block 0 names it (a name outside the blocks: itself)."""
-    b = block_of(template.spec, name)
-    return name if b is None else f"{b[0]}0{b[2]}"
+    return name if block_of(template.spec, name) is None else at_block(template.spec, name, 0)
 
 
 def _tied_names(template: Loaded) -> set[str]:

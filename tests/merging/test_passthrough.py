@@ -7,6 +7,7 @@ record's loss; bad slices are refused in one line (exit 2). mergekit runs the YA
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -14,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from rotviz.analysis.merges import block_check
-from rotviz.arch import FAMILIES
+from rotviz.arch import FAMILIES, spec_named
 from rotviz.arch.spec import config_value
 from rotviz.cli import main
 from rotviz.errors import RotvizError
@@ -24,6 +25,7 @@ from rotviz.merging.slices import Slice, check_depths, parse, plan
 from rotviz.sources.loading import load_model
 from rotviz.sources.running import forward, probe_inputs
 from rotviz.sources.stacking import (
+    at_block,
     block_of,
     block_state,
     depth_of,
@@ -52,6 +54,18 @@ def test_slices_read_as_mergekit_layer_ranges():
     m = method("passthrough")
     assert m.assemble is not None and not m.at_size and m.max_models == 2
     assert m.mergekit.method == "passthrough" and m.mergekit.slices == "slices"
+
+
+def test_blocks_are_renamed_by_the_family_naming_only():
+    """One renaming for both ways in (`stack`, `stacked`): the index the block template
+    names, never a `.0.` elsewhere in the name (a root of its own numbered, a template
+    with no dot before its index)."""
+    spec = dataclasses.replace(spec_named("gpt2"), roots=("net.0.",), block=("h_{i}.",))
+    assert block_of(spec, "net.0.h_3.attn.c_attn.weight") == ("net.0.h_", 3, ".attn.c_attn.weight")
+    assert at_block(spec, "net.0.h_3.attn.c_attn.weight", 7) == "net.0.h_7.attn.c_attn.weight"
+    assert at_block(spec, "net.0.h_0.", 12) == "net.0.h_12."
+    with pytest.raises(ValueError, match="no tensor of a gpt2 block"):
+        at_block(spec, "net.0.wte.weight", 1)
 
 
 def test_every_family_stacks_block_by_block(loaded):
