@@ -80,7 +80,7 @@ class Merged:
     # block came from and whether it equals that block bit for bit (`block_check`), and its
     # config where the architecture differs from the anchor's (written with the model)
     depth: int | None = None
-    blocks: list[dict] | None = None
+    block_checks: list[dict] | None = None
     config: dict | None = field(default=None, repr=False)
     # a pair of different depths: how it was brought to one (rotviz.analysis.depths) and the
     # shallower and deeper models' loss and accuracy as they were; None: one depth
@@ -89,7 +89,7 @@ class Merged:
     def to_dict(self) -> dict:
         skip = {"state", "anchor_stats", "source_stats", "config"} | \
             (set() if self.params else {"params"}) | \
-            (set() if self.blocks is not None else {"blocks", "depth"}) | \
+            (set() if self.block_checks is not None else {"block_checks", "depth"}) | \
             (set() if self.depths is not None else {"depths"})
         return {k: v for k, v in asdict(self).items() if k not in skip}
 
@@ -214,7 +214,7 @@ def merge_on(
         source_scores=ev.scores(ev.params(ends.matched)),
         params={k: v for k, v in values.items() if k in m.extra},
         depth=None if built is None else len(built.blocks),
-        blocks=None if built is None else block_check(
+        block_checks=None if built is None else block_check(
             anchor.spec, merged, [anchor.state, ends.matched], built.blocks),
         config=None if built is None else built.config,
     )

@@ -231,8 +231,8 @@ def _summary(r, how: str) -> str:
                  f"paired by {d['pairing']} {d['paired']}")
     if getattr(r, "repair", False):
         base += f", REPAIR (without: accuracy {r.acc_unrepaired:.4f}, loss {r.loss_unrepaired:.4f})"
-    if getattr(r, "blocks", None) is not None:
-        base += f", {_blocks(r.blocks)}"
+    if getattr(r, "block_checks", None) is not None:
+        base += f", {_blocks(r.block_checks)}"
     return (f"merged [{r.method}, match {match_label(r.match, r.layers)}, weight {r.weight:g}"
             f"{base}] "
             f"on {r.device}{how}: accuracy {r.acc:.4f} (loss {r.loss:.4f})"

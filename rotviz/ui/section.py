@@ -145,7 +145,7 @@ def checked(result: dict, record: Measurement | None = None, values: Mapping | N
     a one-model record that made none shows no pair's check (it matched nothing)."""
     for what, why in (result.get("off") or {}).items():
         st.info(f"**{what}** is off for this pair: {why}.", icon=":material/memory:")
-    show.blocks_badge(result.get("blocks"))  # a model stacked from blocks (passthrough)
+    show.blocks_badge(result.get("block_checks"))  # a model stacked from blocks (passthrough)
     own = result.get("function_check")
     if isinstance(own, dict) and own.get("relative") is not None:
         show.function_badge(own["relative"], own["tolerance"], relative=True,

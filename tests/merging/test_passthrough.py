@@ -156,9 +156,9 @@ def stacked(saved, tmp_path_factory):
 
 def test_the_written_model_is_its_blocks_and_evaluates(stacked, capsys):
     a, _, root, out, d, _, text = stacked
-    assert d["depth"] == 4 and [(r["model"], r["from"]) for r in d["blocks"]] == \
+    assert d["depth"] == 4 and [(r["model"], r["from"]) for r in d["block_checks"]] == \
         [("anchor", 0), ("anchor", 1), ("source", 1), ("anchor", 1)]
-    assert all(r["equal"] and r["max_diff"] == 0.0 for r in d["blocks"])
+    assert all(r["equal"] and r["max_diff"] == 0.0 for r in d["block_checks"])
     assert d["params"] == {"slices": "a:0-2,b:1-2,a:1-2", "passthrough_ends": "anchor"}
     # the files, bit for bit: each block against the anchor's or the matched source's file
     mine, anchor = load_file(out / "model.safetensors"), load_file(a / "model.safetensors")

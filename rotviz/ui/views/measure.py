@@ -98,7 +98,7 @@ def body() -> None:
         step(f"{record.label}: matching with {figures.nice_label(spec)}, then measuring")
         result = runtime.compute(name, cfg, step.detail)
     show.function_badge(result.get("max_output_diff"), result["tolerance"])
-    show.blocks_badge(result.get("blocks"))  # a model stacked from blocks (passthrough)
+    show.blocks_badge(result.get("block_checks"))  # a model stacked from blocks (passthrough)
     draw(result, cfg)
 
 
