@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.results import RESULTS, machine, write_section  # noqa: E402
-from bench.stream import RUN, SHAPES, baseline  # noqa: E402
+from bench.stream import SHAPES, baseline  # noqa: E402
 
 # The fraction of a task vector kept: mergekit's default (1.0) prunes nothing, in both tools,
 # so a method with it would be timed without its selection; the bench's --density sets it.
@@ -61,6 +61,25 @@ METHODS: dict[str, dict[str, Any]] = {
     "nearswap": {"nearswap_t": 1e-3}, "arcee_fusion": {},
 }
 
+# Each child's seconds and CPU seconds run from its timer's start, after the imports it makes
+# up front (torch and rotviz.cli for rotviz, whose command imports the rest itself; mergekit's
+# whole import, peft and transformers' models, about 9 CPU s): the CPU seconds once counted
+# those imports too, unequally. Peaks are the kernel's high-water mark of each child's own
+# address space (VmHWM), imports included, as in bench/stream.py.
+RUN = """
+import json, resource, sys, time
+import torch
+from rotviz.cli import main
+from rotviz.memory import resident_peak
+def cpu():
+    use = resource.getrusage(resource.RUSAGE_SELF)
+    return use.ru_utime + use.ru_stime
+t, c = time.perf_counter(), cpu()
+rc = main(sys.argv[2:])
+open(sys.argv[1], "w").write(json.dumps({"rc": rc, "seconds": time.perf_counter() - t,
+                                         "peak": resident_peak(), "cpu": cpu() - c}))
+"""
+
 MERGEKIT = """
 import json, resource, sys, time
 import yaml
@@ -68,14 +87,15 @@ from mergekit.config import MergeConfiguration
 from mergekit.merge import run_merge
 from mergekit.options import MergeOptions
 from rotviz.memory import resident_peak
+def cpu():
+    use = resource.getrusage(resource.RUSAGE_SELF)
+    return use.ru_utime + use.ru_stime
 cfg = MergeConfiguration.model_validate(yaml.safe_load(open(sys.argv[2]).read()))
-t = time.perf_counter()
+t, c = time.perf_counter(), cpu()
 run_merge(cfg, sys.argv[3], MergeOptions(cuda=False, copy_tokenizer=False, lazy_unpickle=True,
                                          random_seed=0, quiet=True))
-use = resource.getrusage(resource.RUSAGE_SELF)
 open(sys.argv[1], "w").write(json.dumps({"rc": 0, "seconds": time.perf_counter() - t,
-                                         "peak": resident_peak(),
-                                         "cpu": use.ru_utime + use.ru_stime}))
+                                         "peak": resident_peak(), "cpu": cpu() - c}))
 """
 
 # stderr lines that are not the error: warnings (Python's, transformers' deprecations), the
@@ -99,6 +119,8 @@ def _child(code: str, log: Path, args: list[str]) -> dict:
     if res.returncode != 0 or not log.exists():
         return {"error": error_line(res.stderr, res.returncode)}
     out = json.loads(log.read_text())
+    if out.get("rc"):  # rotviz's own refusal: its one line on stderr
+        return {"error": error_line(res.stderr, out["rc"])}
     lines = res.stdout.strip().splitlines()
     out["said"] = next((x for x in reversed(lines) if x.startswith("merged")),
                        lines[-1] if lines else "")
@@ -273,7 +295,11 @@ def section(rows: list[Row], todo: int, pair: Pair, sizes: dict, args, argv: lis
         f"{' '.join(argv)}`. Machine: {machine('cpu')}. rotviz: `rotviz merge --max-memory 0` "
         "(streamed, in a fresh process; the merged model also evaluated on a short text "
         "with the two models, and written: `rotviz merge s` is the merge alone, as its line "
-        f"says). {mergekit} Bound on the peak: 25% of the pair + 1.5 GB = "
+        f"says). {mergekit} Seconds and CPU seconds from each child's timer: rotviz's after "
+        "importing torch and rotviz.cli (its command imports the rest, and evaluates), "
+        "mergekit's around `run_merge` alone (after its imports, about 9 CPU s here); at a "
+        "small shape these fixed costs, not the merge, set the ratio. Bound on the peak: "
+        "25% of the pair + 1.5 GB = "
         f"{bound / 1e9:.2f} GB; time target: rotviz's wall seconds within 1.5x mergekit's. "
         f"One-minute load average at the start: {start:.1f}; per method, at the start of "
         "rotviz's run and of mergekit's (on a shared machine the seconds are inflated by "
