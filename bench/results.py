@@ -59,3 +59,19 @@ def write_section(name: str, body: str, path: Path = RESULTS) -> None:
         else text.rstrip() + "\n\n" + block + "\n"
     )
     path.write_text(text)
+
+
+def remove_section(name: str, path: Path = RESULTS) -> bool:
+    """Drop the section `name` of RESULTS.md (one a script no longer writes, whose numbers
+    another section now holds), and the blank line it leaves; False where there is none."""
+    text = path.read_text()
+    found = re.search(
+        rf"<!-- {re.escape(name)}:start -->.*?<!-- {re.escape(name)}:end -->\n?", text, re.S
+    )
+    if found is None:
+        return False
+    before, after = text[: found.start()], text[found.end() :]
+    if before.endswith("\n\n") and after.startswith("\n"):
+        after = after[1:]
+    path.write_text(before + after)
+    return True

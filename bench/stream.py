@@ -36,6 +36,8 @@ SHAPES = {
     "tinyllama": dict(d=2048, heads=32, kv_heads=4, ffn=5632, vocab=32000, layers=22),
     # LLaMA-2-7B
     "llama-7b": dict(d=4096, heads=32, kv_heads=32, ffn=11008, vocab=32000, layers=32),
+    # a LLaMA layout small enough to check a benchmark end to end in seconds (not a real model)
+    "llama-tiny": dict(d=256, heads=4, kv_heads=2, ffn=512, vocab=1024, layers=16),
 }
 
 # Peaks are the kernel's high-water mark of each child's own address space (VmHWM), not
