@@ -249,7 +249,11 @@ def test_every_command_gives_a_number_or_one_line(family, head, tmp_path, text_f
              "bend": ["--steps", "2", "--points", "3"],
              "sharpness": ["--points", "3", "--iterations", "3", "--examples", "16"],
              "flat": ["--per-layer", "1", "--examples", "16", "--curvature", "no"],
-             "rounds": ["--points", "3"]}
+             "rounds": ["--points", "3"],
+             "teleport": ["--steps", "2", "--examples", "16", "--trace-probes", "2",
+                          "--iterations", "3"],
+             "teleport_train": ["--steps", "4", "--every", "2", "--eval-every", "2",
+                                "--teleport-examples", "16"]}
     ran = 0
     commands = [(m.name, [m.name, str(a)] + ([str(b)] if m.pair else []) +
                  (["--data", data] if m.data else []) + small.get(m.name, []))
