@@ -1121,8 +1121,10 @@ def test_landscape_page_computes_each_section_on_run(pair):
     from rotviz.runner import measure
     from rotviz.sources.loading import load_model
 
-    at = app("landscape", l_slice_grid="5", l_bend_steps="10", l_bend_points="5",
-             l_layerwise_points="3", l_hessian_iterations="16", l_hessian_examples="64")
+    at = app("landscape", l_slice_grid="5", l_bend_steps="5", l_bend_points="5",
+             l_layerwise_points="3", l_hessian_iterations="16", l_hessian_examples="64",
+             l_teleport_steps="2", l_teleport_examples="16", l_teleport_trace_probes="2",
+             l_teleport_iterations="3")
     assert not figures(at)
     assert texts(at).count("Press **Run** to compute this section.") == 7
     seen: dict[str, dict] = {}
