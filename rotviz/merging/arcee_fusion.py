@@ -134,19 +134,37 @@ class _Quartiles:
             g[0].begin()
 
     def see(self, s: Tensor) -> None:
-        """One slice's s, flat."""
+        """One slice's s, flat. Groups that gather their candidates pick them together, one
+        selection of the entries in any of their bins split among them (a selection costs
+        more than a comparison, and few entries are picked)."""
         import torch
 
         keys = s.view(torch.int64)
-        high: dict[int, Tensor] = {}
+        high: dict[int, Tensor] = {}  # bits >> shift, per shift
+        gathering: dict[int, list[_Select]] = {}
         for g in self.groups:
             lead = g[0]
-            if lead.shift < 64:
-                if lead.shift not in high:
-                    high[lead.shift] = keys >> lead.shift
-                lead.take(s[high[lead.shift] == lead.prefix])
-            else:
+            if lead.shift == 64:
                 lead.take(s)
+                continue
+            if lead.shift not in high:
+                high[lead.shift] = keys >> lead.shift
+            if lead.width:
+                lead.take(s.masked_select(high[lead.shift] == lead.prefix))
+            else:
+                gathering.setdefault(lead.shift, []).append(lead)
+        for shift, leads in gathering.items():
+            h = high[shift]
+            if len(leads) == 1:
+                leads[0].take(s.masked_select(h == leads[0].prefix))
+                continue
+            picked = h == leads[0].prefix
+            for lead in leads[1:]:
+                picked |= h == lead.prefix
+            cs = s.masked_select(picked)
+            hs = cs.view(torch.int64) >> shift
+            for lead in leads:
+                lead.take(cs.masked_select(hs == lead.prefix))
 
     def end(self) -> None:
         for g in self.groups:
