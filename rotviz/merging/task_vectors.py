@@ -94,6 +94,13 @@ class _Select:
 
         if self.shift < 64:
             a = a[(a.view(torch.int64) >> self.shift) == self.prefix]
+        self.take(a)
+
+    def take(self, a: Tensor) -> None:
+        """One slice's candidates, flat: its entries whose bits >> `shift` are `prefix`
+        (`see` picks them; several selectors of the same values pick them once)."""
+        import torch
+
         keys = a.view(torch.int64)
         if not self.width:  # into one buffer: small tensors left between large ones
             if self.found is None:  # would keep the allocator from giving memory back

@@ -85,3 +85,20 @@ def test_the_quartiles_found_in_histogram_passes(monkeypatch):
     _, (a, b) = randoms(8, (60, 30), n=2, spread=0.5)
     sliced = whole(arcee_fusion_rows, [a, b], None, chunk=90)
     assert worst(sliced, theirs("arcee_fusion", [a, b])) < TOL
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_the_quartiles_found_in_passes_are_exact(monkeypatch, tied):
+    """With few entries gathered at once, the quartiles take histogram passes (shared by the
+    three, then refined apart) before their bins' entries are ranked; with half the rows
+    unchanged (s = 0 there), two quartiles share their bin in every pass."""
+    import rotviz.merging.task_vectors as tv
+
+    monkeypatch.setattr(tv, "COLLECT", 64)
+    _, (a, b) = randoms(7, (300, 40), n=2, spread=0.5)
+    if tied:
+        b[::2] = a[::2]
+    s = importance(a, b).reshape(-1).sort().values
+    n = s.numel()
+    q1, med, q3 = (s[int(q * (n - 1))].item() for q in (0.25, 0.5, 0.75))
+    assert threshold(held([a, b], chunk=400)) == med + 1.5 * (q3 - q1)
