@@ -193,6 +193,10 @@ class Checkpoint:
     def __init__(self, folder: str | Path, confined: Confined = ANYWHERE) -> None:
         self.folder = Path(folder)
         self.confined = confined
+        # the byte ranges (tensor, offset, length) already read and found finite: a run at
+        # size reads each block's tensors once per batch and each merged slice once per
+        # pass, and checking them again each time took most of an evaluation's CPU
+        self._finite: set[tuple[str, int, int]] = set()
         index = self.folder / INDEX
         single = self.folder / SINGLE
         has_index, has_single = _exists(index), _exists(single)
@@ -311,8 +315,9 @@ class Checkpoint:
             if cast:
                 flat[done // size:(done + n) // size] = buf.view(e.dtype)
             done += n
-        if out.is_floating_point():
+        if out.is_floating_point() and (name, skip, nbytes) not in self._finite:
             check_finite_tensor(out, name, self.folder)
+            self._finite.add((name, skip, nbytes))
         return out
 
 
