@@ -242,7 +242,6 @@ LONG_FIRST = (
     "test_streaming_memory_does_not_grow_with_depth",
     "test_torchrun_commands_equal_one_process_and_a_failing_rank_leaves_nothing",
     "test_sigint_leaves_no_output_and_a_rerun_succeeds",
-    "test_the_cli_the_library_and_the_app_give_the_same_numbers[rounds]",
     "test_the_readme_modules_drop_in",
     "test_rebuilding_a_fine_tune_reproduces_its_card",
     "test_top_eigenvalues_and_trace_equal_the_dense_hessian",
