@@ -78,10 +78,15 @@ def test_models_barrier_and_merge_pages_show_the_task_and_f1(user_roots):
     captions = "\n".join(c.value for c in at.caption)
     assert f"macro-F1 {ref.scores['macro_f1'][2]:.3f}" in captions  # at alpha 0.5
 
-    at = _pages(user_roots, "merge", g_specs=["none", "seed"])
+    # a method without statistics and one that reads them (every method's own numbers are
+    # its module's tests'; the page's table of all of them, tests/test_app.py's)
+    at = _pages(user_roots, "merge", g_specs=["none", "seed"],
+                g_methods=["simple average", "RegMean"])
     assert not at.exception and not at.error, [e.value for e in at.error]
     f1 = figures(at)["Merged model macro-F1 per fusion method"]
-    t = fusion_table(a, b, split, split.sibling("train"), specs=["none", "seed"])
+    t = fusion_table(a, b, split, split.sibling("train"), methods=["simple", "regmean"],
+                     specs=["none", "seed"])
+    assert t.methods == ["simple", "regmean"]
     bars = {tr["name"]: numbers(tr["y"]) for tr in f1["data"] if tr["type"] == "bar"}
     assert bars["FFN + attention + rescale (seed paper)"] == pytest.approx(
         [t.scores[m]["seed"]["macro_f1"] for m in t.methods], abs=1e-9)
