@@ -282,15 +282,14 @@ def test_match_writes_the_checkpoints_dtype_and_keeps_the_function(family, dtype
     # the residual alternation writes as the per-layer maps do: each family runs it in the
     # half dtype that TURNS does not give it, so both dtypes of every such family are written
     if family in RESIDUAL:
-        dtype = HALF[1 - HALF.index(dtype)]
-        name = str(dtype)[6:]
-        a_dir, b_dir = half_pair(family, dtype, lm=False)
+        other = HALF[1 - HALF.index(dtype)]
+        a_dir, b_dir = half_pair(family, other, lm=False)
         out2 = tmp_path / "w"
         line = _run(["match", str(a_dir), str(b_dir), "--out", str(out2), "--heads",
                      "--residual", "--rounds", "2", "--device", "cpu"], capsys)
-        assert "alternation rounds" in line and f"in {name} (tolerance" in line
-        assert _dtypes(out2) == {dtype}
-        assert_same_function_in(dtype, b_dir, out2, load_model(b_dir))
+        assert "alternation rounds" in line and f"in {str(other)[6:]} (tolerance" in line
+        assert _dtypes(out2) == {other}
+        assert_same_function_in(other, b_dir, out2, load_model(b_dir))
 
 
 # The commands on half pairs: what is half-specific (reading, casting, the stored dtype and
