@@ -4,12 +4,13 @@ executor, same files, side by side (issue 48).
 Writes three random LLaMA-layout models of a real shape as bfloat16 safetensors shards ONCE (a
 base and two models about it; rotviz.random_models.save_random_sharded), then, for each method
 of `--methods`, merges the two (about the base where the method needs one) twice, each in a
-fresh process: `rotviz merge --max-memory 0` (block by block, the merged model evaluated on a
-short text and written) and mergekit 0.1.5's `run_merge` on the YAML that rotviz's
-`--mergekit-config` writer makes for the same merge. Records seconds, CPU seconds (user and
-system: what the other work on a shared machine inflates less), each process's peak resident
-memory (the kernel's high-water mark) and rotviz's own merge seconds (its line says them; its
-process also evaluates three models, which mergekit's does not).
+fresh process: `rotviz merge --max-memory 0 --evaluate no` (block by block, the merged model
+only written: the work mergekit does; `--evaluate yes` also evaluates it and the two models on
+a short text, as `rotviz merge` does by default) and mergekit 0.1.5's `run_merge` on the YAML
+that rotviz's `--mergekit-config` writer makes for the same merge. Records seconds, CPU
+seconds (user and system: what the other work on a shared machine inflates less), each
+process's peak resident memory (the kernel's high-water mark) and rotviz's own merge seconds
+(its line says them).
 Targets: rotviz's peak <= 25% of the pair's bytes + 1.5 GB; time within 1.5x of mergekit's.
 `--methods all` is every registered method that runs at size and has a mergekit equivalent
 (read from rotviz.merging.registry, so a new method joins without a list to update). Writes
@@ -19,6 +20,7 @@ version of this script, kept as written.)
 
     python bench/merge_size.py [--shape llama-1b] [--layers 4] [--density 0.5]
                                [--methods all | ties,sce,...] [--skip-mergekit]
+                               [--evaluate no | yes]
 """
 
 from __future__ import annotations
@@ -61,14 +63,17 @@ METHODS: dict[str, dict[str, Any]] = {
     "nearswap": {"nearswap_t": 1e-3}, "arcee_fusion": {},
 }
 
-# Each child's seconds and CPU seconds run from its timer's start, after the imports it makes
-# up front (torch and rotviz.cli for rotviz, whose command imports the rest itself; mergekit's
-# whole import, peft and transformers' models, about 9 CPU s): the CPU seconds once counted
-# those imports too, unequally. Peaks are the kernel's high-water mark of each child's own
-# address space (VmHWM), imports included, as in bench/stream.py.
+# Each child's seconds and CPU seconds run from its timer's start, after its imports: rotviz's
+# CLI, the modules its merge command imports when it runs (the runner, the at-size merge and
+# the family's transformers modeling module, which builds the meta module), and mergekit's
+# whole import (peft and transformers' models, about 9 CPU s): the CPU seconds once counted
+# rotviz's lazy imports and not mergekit's. Peaks are the kernel's high-water mark of each
+# child's own address space (VmHWM), imports included, as in bench/stream.py.
 RUN = """
 import json, resource, sys, time
 import torch
+import rotviz.atsize.endpoints, rotviz.atsize.merge, rotviz.measures.merge, rotviz.runner
+import transformers.models.llama.modeling_llama
 from rotviz.cli import main
 from rotviz.memory import resident_peak
 def cpu():
@@ -199,7 +204,8 @@ class Row:
     load: list[float] = field(default_factory=list)
 
 
-def run_method(name: str, pair: Pair, tmp: Path, density: float, skip_mergekit: bool) -> Row:
+def run_method(name: str, pair: Pair, tmp: Path, density: float, skip_mergekit: bool,
+               evaluate: str = "no") -> Row:
     """Merge the pair with `name` in rotviz's process, then in mergekit's (fresh each)."""
     from rotviz.merging import method
     from rotviz.merging.mergekit import mergekit_config
@@ -213,7 +219,7 @@ def run_method(name: str, pair: Pair, tmp: Path, density: float, skip_mergekit: 
     row.rotviz = _child(RUN, out / "rotviz.json", [
         "merge", str(pair.a), str(pair.b), "--data", f"text:{pair.text}", "--match", "none",
         "--method", name, *options, *(["--base", str(pair.base)] if row.based else []),
-        "--max-memory", "0", "--out", str(out / "merged-rotviz")])
+        "--max-memory", "0", "--evaluate", evaluate, "--out", str(out / "merged-rotviz")])
     _remove(out / "merged-rotviz")
     if skip_mergekit:
         return row
@@ -292,13 +298,16 @@ def section(rows: list[Row], todo: int, pair: Pair, sizes: dict, args, argv: lis
         f"marked (base)), built once in {pair.built:.0f} s. Weight 0.5; density-like "
         f"parameters (the fraction kept) at --density {args.density:g}, the others at "
         "mergekit's defaults. `python bench/merge_size.py "
-        f"{' '.join(argv)}`. Machine: {machine('cpu')}. rotviz: `rotviz merge --max-memory 0` "
-        "(streamed, in a fresh process; the merged model also evaluated on a short text "
-        "with the two models, and written: `rotviz merge s` is the merge alone, as its line "
-        f"says). {mergekit} Seconds and CPU seconds from each child's timer: rotviz's after "
-        "importing torch and rotviz.cli (its command imports the rest, and evaluates), "
-        "mergekit's around `run_merge` alone (after its imports, about 9 CPU s here); at a "
-        "small shape these fixed costs, not the merge, set the ratio. Bound on the peak: "
+        f"{' '.join(argv)}`. Machine: {machine('cpu')}. rotviz: `rotviz merge --max-memory 0 "
+        f"--evaluate {args.evaluate}` (streamed, in a fresh process; "
+        + ("the merged model only written, as mergekit's is" if args.evaluate == "no" else
+           "the merged model also evaluated on a short text with the two models, and "
+           "written")
+        + "; `rotviz merge s`: the merge's own seconds, as its line says). "
+        f"{mergekit} Seconds and CPU seconds from each child's timer, started after its "
+        "imports: rotviz's CLI, runner, at-size merge and transformers' LLaMA module; "
+        "mergekit's whole import (about 9 CPU s here), its timer around `run_merge` alone. "
+        "Bound on the peak: "
         "25% of the pair + 1.5 GB = "
         f"{bound / 1e9:.2f} GB; time target: rotviz's wall seconds within 1.5x mergekit's. "
         f"One-minute load average at the start: {start:.1f}; per method, at the start of "
@@ -317,6 +326,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--methods", default="all",
                    help=f"all, or a comma list of: {', '.join(at_size_methods())}")
     p.add_argument("--skip-mergekit", action="store_true", help="rotviz's runs only")
+    p.add_argument("--evaluate", default="no", choices=("no", "yes"),
+                   help="rotviz's --evaluate: no (default) only merges and writes, as "
+                        "mergekit does; yes also evaluates the merge and the two models")
     p.add_argument("--results", type=Path, default=RESULTS)
     args = p.parse_args(argv)
     names = chosen(args.methods)
@@ -330,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as tmp:
         pair = build(Path(tmp), dict(sizes))
         for method in names:
-            rows.append(run_method(method, pair, Path(tmp), args.density, args.skip_mergekit))
+            rows.append(run_method(method, pair, Path(tmp), args.density, args.skip_mergekit,
+                                   args.evaluate))
             text = section(rows, len(names), pair, sizes, args, said, start, fixed)
             print(table_row(rows[-1], 0.25 * pair.nbytes + 1.5e9), flush=True)
             write_section(name, text, args.results)

@@ -356,17 +356,22 @@ def test_header_length_beyond_the_file(saved, tmp_path, capsys):
     assert not (tmp_path / "O").exists()
 
 
-def test_the_finiteness_check_by_sums_misses_nothing_and_accuses_nothing():
-    """Slices are checked by their float64 sums, which a NaN or an Inf anywhere makes NaN or
-    Inf; finite entries whose sum overflows are then checked one by one, and pass."""
+def test_the_finiteness_check_misses_nothing_and_accuses_nothing():
+    """Slices are checked by their least and largest entries, which a NaN or an Inf anywhere
+    makes NaN or infinite; entries at the dtype's edge (whose sum would overflow) pass, in
+    every floating dtype, in a slice past the first too."""
     from rotviz.sources.checkpoint import check_finite_tensor
 
-    big = torch.full((3, 5), 1e308, dtype=torch.float64)  # the sum overflows to inf
+    big = torch.full((3, 5), 1e308, dtype=torch.float64)  # a sum would overflow to inf
     check_finite_tensor(big, "w", "here")
     check_finite_tensor(torch.tensor([-3e38, 3e38, 3e38], dtype=torch.bfloat16), "w", "here")
+    check_finite_tensor(torch.tensor([-65504.0, 65504.0], dtype=torch.float16), "w", "here")
+    check_finite_tensor(torch.empty(0, 4), "w", "here")
+    long = torch.zeros((1 << 22) + 7, dtype=torch.float32)  # two slices
     for bad in (float("nan"), float("inf"), float("-inf")):
-        for t in (big.clone(), torch.ones(4, 3, dtype=torch.bfloat16)):
-            t[2, 1] = bad
+        for t in (big.clone(), torch.ones(4, 3, dtype=torch.bfloat16),
+                  torch.ones(4, 3, dtype=torch.float16), long.clone().view(-1, 1)):
+            t[2 if len(t) < 8 else -3, 0] = bad  # the long one: in its second slice
             with pytest.raises(RotvizError, match="'here' has NaN or Inf weights in w;"):
                 check_finite_tensor(t, "w", "here")
 

@@ -43,12 +43,14 @@ class Merged:
     method: str
     match: str
     weight: float  # of the source; 0 = anchor, 1 = source
-    loss: float
-    acc: float
-    anchor_loss: float
-    anchor_acc: float
-    source_loss: float
-    source_acc: float
+    # the merged model's and the endpoints' loss and accuracy; None: not evaluated (a merge
+    # only written, `evaluate=False`)
+    loss: float | None
+    acc: float | None
+    anchor_loss: float | None
+    anchor_acc: float | None
+    source_loss: float | None
+    source_acc: float | None
     data: str
     split: str  # evaluation split
     stats_split: str | None  # split the Fisher / Gram statistics came from (None: simple)
@@ -160,6 +162,7 @@ def merge_on(
     progress: Progress | None = None,
     stats_data: Split | None = None,
     base: Loaded | None = None,
+    evaluate: bool = True,
     **params: Any,
 ) -> Merged:
     """merge_on(endpoints, "regmean", split, weight=0.5, device=, alpha=0.9) -> Merged
@@ -169,7 +172,9 @@ def merge_on(
     `split`. Statistics come from `stats_data` (default: the split named by the method's
     `stats_split` parameter, train, of the same data), computed on the matched source. A
     method built on task vectors takes `base`, the model both were fine-tuned from (never
-    matched). `Merged.state` holds the merged weights."""
+    matched). `Merged.state` holds the merged weights. `evaluate=False` only merges (the
+    losses and scores are then None and empty: the work mergekit does, for a merge that is
+    to be written; a merge that is not one model, ZipIt!'s partial zip, is refused)."""
     m = method_record(method_name)
     weight = check_weight(weight)
     values = method_params(m, params)
@@ -181,10 +186,14 @@ def merge_on(
     st_split, sa, sb = pair_statistics(m, ends, split, ev.device, values, stats_data, progress)
     stats_s = time.perf_counter() - t1
     built = None
-    own = None if m.evaluate is None else m.evaluate(
+    own = None if m.evaluate is None or not evaluate else m.evaluate(
         anchor, (anchor.state, ends.matched), (sa, sb), (1.0 - weight, weight), values, ev)
+    loss = acc = a_loss = a_acc = s_loss = s_acc = None
+    scores: dict[str, float] = {}
+    a_scores: dict[str, float] = {}
+    s_scores: dict[str, float] = {}
     if own is not None:  # no single parameter set (ZipIt!'s partial zip): the method evaluated it
-        merged, (loss, acc), scores = {}, own, {}
+        merged, (loss, acc) = {}, own
     else:
         if m.assemble is not None:
             built = build_pair(anchor, m.name, anchor.state, ends.matched, **values)
@@ -194,10 +203,14 @@ def merge_on(
             merged = merge_states(anchor, m.name, anchor.state, ends.matched, weight, sa, sb,
                                   None if base is None else base.state, **values)
             mev = ev
-        loss, acc = mev.evaluate(mev.params(merged))
-        scores = mev.scores(mev.params(merged))
-    a_loss, a_acc = ev.evaluate(ev.params(anchor.state))
-    s_loss, s_acc = ev.evaluate(ev.params(ends.matched))
+        if evaluate:
+            loss, acc = mev.evaluate(mev.params(merged))
+            scores = mev.scores(mev.params(merged))
+    if evaluate:
+        a_loss, a_acc = ev.evaluate(ev.params(anchor.state))
+        s_loss, s_acc = ev.evaluate(ev.params(ends.matched))
+        a_scores = ev.scores(ev.params(anchor.state))
+        s_scores = ev.scores(ev.params(ends.matched))
     return Merged(
         method=m.name, match=info.match, weight=weight, loss=loss, acc=acc,
         anchor_loss=a_loss, anchor_acc=a_acc, source_loss=s_loss, source_acc=s_acc,
@@ -210,8 +223,7 @@ def merge_on(
         distance_after=info.distance_after, anchor=anchor.ref, source=ends.source_ref,
         layers=ends.layers, base="" if base is None else base.ref, state=merged,
         anchor_stats=sa, source_stats=sb,
-        scores=scores, anchor_scores=ev.scores(ev.params(anchor.state)),
-        source_scores=ev.scores(ev.params(ends.matched)),
+        scores=scores, anchor_scores=a_scores, source_scores=s_scores,
         params={k: v for k, v in values.items() if k in m.extra},
         depth=None if built is None else len(built.blocks),
         block_checks=None if built is None else block_check(

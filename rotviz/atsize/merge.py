@@ -39,7 +39,7 @@ def sized_merge(anchor: str | os.PathLike, source: str | os.PathLike, split: Spl
                 batch_size: int = 512, folder: Path | None = None,
                 match_info: MatchInfo | None = None, layers: list[int] | None = None,
                 method: str = "simple", base: str | os.PathLike | None = None,
-                **params) -> Merged:
+                evaluate: bool = True, **params) -> Merged:
     """The merge of two checkpoint folders (the source already matched: `match_info` says
     how) with a registered method that merges a slice of rows at a time without statistics
     (`MergeMethod.at_size`; rotviz.merging.merges_at_size names them) and its
@@ -54,7 +54,9 @@ def sized_merge(anchor: str | os.PathLike, source: str | os.PathLike, split: Spl
     TMPDIR that the evaluation then reads block by block (an evaluation runs every block
     once per batch). The peak is about the largest tensor in float32 (an embedding, while
     its module runs) and a slice's float64 working copies. Fisher and RegMean need
-    statistics of whole models and are refused."""
+    statistics of whole models and are refused. `evaluate=False` only merges and writes (the
+    work mergekit does): no float32 cache and no evaluation, so the losses are None; it
+    needs `folder`."""
     from rotviz.analysis.merges import method_params
     from rotviz.merging import check_base
     from rotviz.merging import method as method_record
@@ -72,21 +74,31 @@ def sized_merge(anchor: str | os.PathLike, source: str | os.PathLike, split: Spl
                           "block by block; use a method without statistics, or raise "
                           "--max-memory")
     check_base(m, base is not None)
+    if not evaluate and folder is None:
+        raise RotvizError("a merge that is not evaluated is only written: give it a folder "
+                          "(--out DIR), or evaluate it")
     t0 = time.perf_counter()
     refs = [anchor, source] if base is None else [anchor, source, base]
     opened = Opened(refs, split, device, batch_size)
     first = opened.models[0]
     job = merge_job(sized_loaded(first), m, (1.0 - weight, weight), None, values)
     rows = MergedRows(opened, m, job)
-    with tempfile.TemporaryDirectory(prefix="rotviz-merged-") as tmp:
-        cache = Path(tmp)
-        check_cache_space(first, cache)
-        rows.write_all(cache, folder)
-        merged = Checkpoint(cache)
-        loss, acc, scores = opened.scores(
-            lambda ns: float32(merged.read(ns, torch.float32), opened.device))
-    a_loss, a_acc, a_scores = opened.scores(lambda ns: opened.read(0, ns))
-    s_loss, s_acc, s_scores = opened.scores(lambda ns: opened.read(1, ns))
+    loss = acc = a_loss = a_acc = s_loss = s_acc = None
+    scores: dict[str, float] = {}
+    a_scores: dict[str, float] = {}
+    s_scores: dict[str, float] = {}
+    if not evaluate:
+        rows.write_all(None, folder)
+    else:
+        with tempfile.TemporaryDirectory(prefix="rotviz-merged-") as tmp:
+            cache = Path(tmp)
+            check_cache_space(first, cache)
+            rows.write_all(cache, folder)
+            merged = Checkpoint(cache)
+            loss, acc, scores = opened.scores(
+                lambda ns: float32(merged.read(ns, torch.float32), opened.device))
+        a_loss, a_acc, a_scores = opened.scores(lambda ns: opened.read(0, ns))
+        s_loss, s_acc, s_scores = opened.scores(lambda ns: opened.read(1, ns))
     if folder is not None:
         shutil.copyfile(first.path / "config.json", folder / "config.json")
         copy_reading_files(first.path, folder)
@@ -151,15 +163,15 @@ class MergedRows:
         src = RowSource(tuple(checkpoints[0].entries[key].shape), 2, read)
         return self.m.rows(self.job, self.module_name.get(key, key), src)
 
-    def write_all(self, cache: Path, folder: Path | None) -> None:
+    def write_all(self, cache: Path | None, folder: Path | None) -> None:
         """Every tensor merged once, its slices rounded to float32 and written to `cache`
-        and, rounded again to the stored dtype (as the in-memory merge is written), to
-        `folder` when given."""
+        when given and, rounded again to the stored dtype (as the in-memory merge is
+        written), to `folder` when given."""
         first = self.opened.models[0]
         entries = first.checkpoint.entries
         stored = {n: entries[n].dtype for n in self.opened.keys}
-        kinds = [{n: torch.float32 if d.is_floating_point else d for n, d in stored.items()}]
-        dirs = [cache]
+        f32 = {n: torch.float32 if d.is_floating_point else d for n, d in stored.items()}
+        kinds, dirs = ([f32], [cache]) if cache is not None else ([], [])
         if folder is not None:
             kinds.append(stored)
             dirs.append(folder)

@@ -360,6 +360,9 @@ def run_command(m: Measurement, args: argparse.Namespace) -> int:
     for f in _files_given(m, args):  # a value the further file cannot express: refused first
         if f.check is not None:
             f.check(values)
+    if m.writes_model and values.get("evaluate") == "no" and args.out is None:
+        raise RotvizError("--evaluate no only makes the model and writes it: give --out DIR, "
+                          "or drop --evaluate no")
     if not m.pair:  # one model: the endpoints are it, twice, unmatched (or with --source)
         _one_model(m, args, values)
     options = limited(match_options(args.match), args.time_limit)  # SPEC errors come first

@@ -74,10 +74,17 @@ DEPTH_ROUTE = Param(
     choices=("groups", "expand"), label="Depths: route to one depth")
 
 
+EVALUATE = Param(
+    "evaluate", "yes", "no: only merge and write the model (--out DIR), the work mergekit "
+    "does: neither it nor the two models are evaluated (at size: no float32 cache, no "
+    "passes over the data), so the result holds no losses (default yes)",
+    choices=("yes", "no"), label="Evaluate the merged model")
+
+
 def _record_params() -> tuple[Param, ...]:
-    """The merge's options, --repair and the routes for a pair of different depths (the
-    record's own: the sweep takes the rest)."""
-    return (*_params(), REPAIR, DEPTH_PAIRING, DEPTH_ROUTE)
+    """The merge's options, --repair, the routes for a pair of different depths and
+    --evaluate (the record's own: the sweep takes the rest)."""
+    return (*_params(), REPAIR, DEPTH_PAIRING, DEPTH_ROUTE, EVALUATE)
 
 
 def _one_depth(anchor: Loaded, source: Loaded, v: dict, split: Split | None, device):
@@ -125,7 +132,12 @@ def _check(values: dict, given: set[str]) -> None:
     m = method(values["method"])
     method_params(m, {k: values[k] for k in given
                       if k not in ("method", "weight", "base", "repair", "depth_pairing",
-                                   "depth_route")})
+                                   "depth_route", "evaluate")})
+    if values.get("evaluate") == "no" and values.get("repair") == "yes":
+        from rotviz.errors import RotvizError
+
+        raise RotvizError("--repair is judged by evaluating the merged model, and --evaluate "
+                          "no skips that; drop one of them")
     check_base(m, bool(values["base"]))
     check_models(m, 2)
 
@@ -158,7 +170,7 @@ def _run(ends, ctx: Context, v: dict):
     from rotviz.analysis.merges import merge_on
 
     r = merge_on(ends, v["method"], ctx.split, v["weight"], ctx.device, ctx.progress,
-                 base=_load_base(ctx, v), **_given(v))
+                 base=_load_base(ctx, v), evaluate=_evaluates(v), **_given(v))
     if v.get("repair") == "yes":
         from rotviz.analysis.repair import repair_merged
 
@@ -171,17 +183,23 @@ def _run(ends, ctx: Context, v: dict):
 
         r = repair_merged(r, ends.anchor, ends.matched, ctx.split, ctx.device)
     if ctx.depths is not None:
-        r.depths = _depth_report(ctx.depths, ctx.split, ctx.device)
+        r.depths = _depth_report(ctx.depths, ctx.split, ctx.device, _evaluates(v))
     return r
 
 
-def _depth_report(one, split: Split, device) -> dict:
+def _evaluates(v: dict) -> bool:
+    """Whether the merge is evaluated (--evaluate; a caller's values without it: yes)."""
+    return v.get("evaluate", "yes") != "no"
+
+
+def _depth_report(one, split: Split, device, evaluate: bool = True) -> dict:
     """What the pairing did, and the two models as they were (the shallower, the deeper:
-    the source collapsed or the anchor expanded are not them) evaluated on the split."""
+    the source collapsed or the anchor expanded are not them) evaluated on the split
+    (unless the merge is not evaluated)."""
     from rotviz.evaluation import Evaluator
 
     out = one.depths.to_dict()
-    for name, model in (("shallow", one.shallow), ("deep", one.deep)):
+    for name, model in (("shallow", one.shallow), ("deep", one.deep)) if evaluate else ():
         ev = Evaluator(model, split, device)
         out[f"{name}_loss"], out[f"{name}_acc"] = ev.evaluate(ev.params(model.state))
         out[name] = model.ref
@@ -216,7 +234,8 @@ def _at_size(ends, ctx: Context, v: dict):
     _sized_check(v)
     r = sized_merge(ends.anchor_path, ends.matched_path, ctx.split, v["weight"], ctx.device,
                     folder=ctx.out, match_info=ends.info, layers=ends.layers,
-                    method=v["method"], base=v["base"] or None, **_given(v))
+                    method=v["method"], base=v["base"] or None, evaluate=_evaluates(v),
+                    **_given(v))
     r.source = ends.source_ref
     return r
 
@@ -233,13 +252,18 @@ def _summary(r, how: str) -> str:
         base += f", REPAIR (without: accuracy {r.acc_unrepaired:.4f}, loss {r.loss_unrepaired:.4f})"
     if getattr(r, "block_checks", None) is not None:
         base += f", {_blocks(r.block_checks)}"
+    if r.acc is None:  # only merged and written (--evaluate no)
+        return (f"merged [{r.method}, match {match_label(r.match, r.layers)}, weight "
+                f"{r.weight:g}{base}] on {r.device}{how}: not evaluated (--evaluate no); "
+                f"{r.seconds:.2f} s")
     return (f"merged [{r.method}, match {match_label(r.match, r.layers)}, weight {r.weight:g}"
             f"{base}] "
             f"on {r.device}{how}: accuracy {r.acc:.4f} (loss {r.loss:.4f})"
             f"{_scores(r.scores, ', ')}; anchor {r.anchor_acc:.4f}"
             f"{_scores(r.anchor_scores, ' ', True)}, source {r.source_acc:.4f}"
             f"{_scores(r.source_scores, ' ', True)}"
-            + (f"; shallower {d['shallow_acc']:.4f}, deeper {d['deep_acc']:.4f}" if d else "")
+            + (f"; shallower {d['shallow_acc']:.4f}, deeper {d['deep_acc']:.4f}"
+               if d and "shallow_acc" in d else "")
             + f"; {r.seconds:.2f} s")
 
 
@@ -291,6 +315,7 @@ def merge(
     base: Loaded | None = None,
     depth_pairing: str = "similarity",
     depth_route: str = "groups",
+    evaluate: bool = True,
     **params: Any,
 ) -> Merged:
     """merge(anchor, source, method, options, split, stats_split=None, weight=0.5, ...) -> Merged
@@ -300,7 +325,8 @@ def merge(
     its parameters (`batches`, `alpha`, `density`, ...) and, for a method built on task
     vectors, the `base` (not matched: it must share the anchor's basis). A source with more
     blocks than the anchor is first brought to one depth by `depth_pairing` and
-    `depth_route` (rotviz.analysis.depths; `Merged.depths` then says how)."""
+    `depth_route` (rotviz.analysis.depths; `Merged.depths` then says how). `evaluate=False`
+    only merges: `Merged.state` holds the merge, and its losses are None."""
     from rotviz.analysis.depths import differs_in_depth
 
     one = None
@@ -324,9 +350,10 @@ def merge(
     ends = match_endpoints(anchor, source, options, device, data=split)
     if isinstance(stats_split, str):  # a split's name, as the method's parameter takes it
         params, stats_split = {**params, "stats_split": stats_split}, None
-    r = merge_on(ends, m.name, split, weight, device, progress, stats_split, base, **params)
+    r = merge_on(ends, m.name, split, weight, device, progress, stats_split, base,
+                 evaluate=evaluate, **params)
     if one is not None:
-        r.depths = _depth_report(one, split, device)
+        r.depths = _depth_report(one, split, device, evaluate)
     return r
 
 
@@ -382,10 +409,29 @@ def bar_range(values: Sequence[float], fixed: bool = False) -> list[float]:
 
 
 def _plot(d: dict, look: Style):
+    if d["acc"] is None:  # only merged and written (--evaluate no): nothing measured
+        return _unevaluated(d, look)
     return fusion_chart([{"method": d["method"], "matching": d["match"], "acc": d["acc"]}],
                         font_size=look.font_size,
                         references={"anchor": d["anchor_acc"], "source": d["source_acc"]},
                         y_range=look.accuracy_axis())
+
+
+def _unevaluated(d: dict, look: Style) -> go.Figure:
+    """The figure of a merge that was not evaluated: its method's empty bar and a note
+    saying so, on the accuracy axis it would have had."""
+    import plotly.graph_objects as go
+
+    from rotviz.plots import style
+
+    fig = go.Figure()
+    fig.add_bar(x=[d["method"]], y=[None], name=style.nice_label(d["match"]),
+                marker_color=style.color(0))
+    fig.add_annotation(text="not evaluated (--evaluate no): the merge was only written",
+                       x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False)
+    fig.update_yaxes(range=[0.0, 1.0])
+    return style.finish(fig, f"Merged model ({d['method']}): not evaluated", "fusion method",
+                        style.ACCURACY, "matching before fusion", look.font_size)
 
 
 def _mergekit_check(v: dict) -> None:

@@ -324,16 +324,14 @@ class Checkpoint:
 def check_finite_tensor(t: Tensor, name: str, where: object) -> None:
     """One line, as the in-memory sources.loading.check_finite says it, where `t` holds a NaN or
     Inf: blocks read at size are checked as they are read, so a bad late block stops the run before
-    a solver meets it. Checked in slices, so the check costs no copy of a large tensor, by
-    their float64 sums: a NaN or Inf entry makes a sum NaN or Inf, and a finite one can only
-    overflow where entries are near float64's largest, so the entry by entry check (several
-    times slower) runs only on a slice whose sum is not finite."""
+    a solver meets it. Checked in slices (no copy of a large tensor) by their least and
+    largest entries (`torch.aminmax`, which a NaN anywhere makes NaN and an infinity makes
+    infinite): exact, with nothing to overflow, and in the tensor's own dtype several times
+    faster than a float64 sum (which cast every float32 or half entry first)."""
     flat = t.reshape(-1)
-    step = 1 << 22  # a float32 slice's sum casts it: 32 MB at a time
+    step = 1 << 22
     for lo in range(0, flat.numel(), step):
-        part = flat[lo:lo + step]
-        if math.isfinite(float(part.sum(dtype=torch.float64))):
-            continue
-        if not bool(torch.isfinite(part).all()):
+        least, largest = torch.aminmax(flat[lo:lo + step])
+        if not (math.isfinite(float(least)) and math.isfinite(float(largest))):
             raise RotvizError(f"'{where}' has NaN or Inf weights in {name}; the checkpoint is "
                               "corrupt or diverged")

@@ -295,3 +295,38 @@ def test_the_record_draws_in_the_hosts_style():
     assert list(rec.plot(d, Style(fixed_accuracy=True)).layout.yaxis.range) == [0.0, 1.02]
     shared = rec.plot(d, Style(font_size=18, accuracy_range=(0.0, 0.7)))
     assert list(shared.layout.yaxis.range) == [0.0, 0.7] and shared.layout.font.size == 18
+
+
+def test_a_merge_not_evaluated_writes_the_same_model(tmp_path, capsys):
+    """--evaluate no writes, in memory and at size, the bytes the evaluated merge writes,
+    with no losses in its result and a line that says so; without --out (nothing would be
+    made) or with --repair (judged by evaluating) it is one line, exit 2, nothing written."""
+    from safetensors.torch import load_file
+
+    a, b = default_pair_refs()
+    common = ["merge", a, b, "--data", "digits", "--method", "simple", "--device", "cpu"]
+    for sized in ([], ["--max-memory", "0"]):
+        done = {}
+        for ev in ("yes", "no"):
+            out, js = tmp_path / f"{ev}{len(sized)}", tmp_path / f"{ev}{len(sized)}.json"
+            assert main([*common, *sized, "--evaluate", ev, "--out", str(out),
+                         "--json", str(js)]) == 0
+            line = capsys.readouterr().out
+            d = json.loads(js.read_text())
+            done[ev] = load_file(out / "model.safetensors")
+            if ev == "no":
+                assert "not evaluated (--evaluate no)" in line and "accuracy" not in line
+                assert all(d[k] is None for k in ("loss", "acc", "anchor_loss", "anchor_acc",
+                                                  "source_loss", "source_acc"))
+                assert d["scores"] == d["anchor_scores"] == {}
+            else:
+                assert 0.0 <= d["acc"] <= 1.0 and d["scores"]
+        assert done["yes"].keys() == done["no"].keys()
+        for k, t in done["yes"].items():
+            assert torch.equal(t, done["no"][k]), k
+    for extra, pattern in (([], "give --out DIR"),
+                           (["--repair", "yes", "--out", str(tmp_path / "r")], "--repair")):
+        rc = main([*common, "--evaluate", "no", *extra])
+        err = capsys.readouterr().err
+        assert rc == 2 and err.count("\n") == 1 and pattern in err
+        assert not (tmp_path / "r").exists()
