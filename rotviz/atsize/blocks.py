@@ -17,7 +17,15 @@ from pathlib import Path
 import torch
 
 from rotviz.arch import ArchSpec, spec_for
-from rotviz.atsize.runtime import BlockStreamed, Provider, Reader, build_meta, legacy_tensors
+from rotviz.atsize.runtime import (
+    BlockStreamed,
+    Provider,
+    Reader,
+    build_meta,
+    check_fits,
+    checked_meta,
+    legacy_tensors,
+)
 from rotviz.confine import ANYWHERE, Confined
 from rotviz.errors import RotvizError
 from rotviz.memory import release
@@ -102,10 +110,11 @@ def open_streamed(ref: str | os.PathLike, confined: Confined = ANYWHERE) -> Stre
         raise RotvizError(
             f"'{path}' needs remote code (auto_map in config.json); rotviz never runs it")
     spec = spec_for(config)
-    checkpoint = check_weights(path, config, spec, confined, streamed=True)
+    checkpoint = check_weights(path, config, spec, confined, streamed=True, fits=False)
     assert checkpoint is not None
-    module, full = build_meta(spec, config)
     meta = checkpoint.meta_state()
+    module, full = checked_meta(spec, config, path)
+    check_fits(spec, config, meta, path, (module, full))  # the check check_weights leaves
     try:
         dropped = legacy_tensors(spec, config, module, meta)
     except RotvizError:  # names the loader converts: the runner says so, as before

@@ -34,7 +34,7 @@ from rotviz.sources.writing import copy_reading_files
 Tensor = torch.Tensor
 
 
-def sized_merge(anchor: str | os.PathLike, source: str | os.PathLike, split: Split,
+def sized_merge(anchor: str | os.PathLike | Streamed, source: str | os.PathLike, split: Split,
                 weight: float = 0.5, device: str | torch.device = "cpu",
                 batch_size: int = 512, folder: Path | None = None,
                 match_info: MatchInfo | None = None, layers: list[int] | None = None,

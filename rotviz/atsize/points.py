@@ -43,10 +43,11 @@ class Opened:
     module (on meta) with its evaluator on a split: a point runs block by block, its tensors
     given as each block needs them, and nothing is held between points."""
 
-    def __init__(self, refs: list[str | os.PathLike], split: Split,
+    def __init__(self, refs: list[str | os.PathLike | Streamed], split: Split,
                  device: str | torch.device = "cpu", batch_size: int = 512):
         check_split(split)
-        self.models = [open_streamed(r) for r in refs]
+        # a model the caller has opened already (the runner's anchor) is not opened again
+        self.models = [r if isinstance(r, Streamed) else open_streamed(r) for r in refs]
         for m in self.models[1:]:
             check_compatible(self.models[0], m)  # type: ignore[arg-type]  # duck-typed
         self.device = torch.device(wide_device(device))

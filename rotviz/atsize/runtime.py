@@ -192,7 +192,19 @@ class BlockStreamed:
             return call(self.spec, self.module, None, inputs, every=True)
 
 
-def check_fits(spec: ArchSpec, config: dict, meta: Mapping[str, Tensor], where) -> None:
+def checked_meta(spec: ArchSpec, config: dict, where) -> tuple[nn.Module, dict]:
+    """`build_meta`'s module and full config of the model folder `where`, or one line saying
+    its config.json is refused (a class the config names that cannot be built)."""
+    from pathlib import Path
+
+    try:
+        return build_meta(spec, config)
+    except RotvizError as e:
+        raise RotvizError(f"'{Path(where) / 'config.json'}' is refused: {e}") from None
+
+
+def check_fits(spec: ArchSpec, config: dict, meta: Mapping[str, Tensor], where,
+               built: tuple[nn.Module, dict] | None = None) -> None:
     """One line (sources.files.fit_error) where the checkpoint's tensors `meta` (names,
     shapes, from its headers) do not fit the module `config` builds: tensors the module needs
     and the checkpoint lacks, tensors it does not have, tensors of the wrong shape. The
@@ -200,16 +212,14 @@ def check_fits(spec: ArchSpec, config: dict, meta: Mapping[str, Tensor], where) 
     class the weights do not fit is refused before a real module is built; the paths at size
     and in memory both ask here. Old-format buffers the module's class reads past
     (rotviz.sources.legacy) are not unexpected. A checkpoint whose names the loader converts (split,
-    merged) cannot be compared name by name: the loader's own check decides there."""
+    merged) cannot be compared name by name: the loader's own check decides there. `built`:
+    `checked_meta`'s module and config where the caller has built them already (a module
+    built on meta takes a second or more at a real vocabulary: once per opening is enough)."""
     import re
-    from pathlib import Path
 
     from rotviz.sources.files import fit_error
 
-    try:
-        module, _ = build_meta(spec, config)
-    except RotvizError as e:
-        raise RotvizError(f"'{Path(where) / 'config.json'}' is refused: {e}") from None
+    module, _ = built if built is not None else checked_meta(spec, config, where)
     try:
         names = source_of(spec).checkpoint_names(module, list(meta))
     except RotvizError:
