@@ -166,6 +166,33 @@ def test_dare_is_reproducible_from_its_seed():
     assert not torch.equal(one, dare(ts, base, (0.5, 0.5), "other", 0.5, 11))
 
 
+def test_dare_l1_in_slices_is_the_drop_of_the_whole_tensor():
+    """The L1 rescaling's two passes over slices (the second reads back the first's masks)
+    give the definition on the whole tensor: one mask per model drawn at once from its seeded
+    generator, the kept entries scaled to the L1 norm before dropping; every mask used."""
+    from rotviz.merging.dare import dare_rows
+    from rotviz.merging.rows import held, whole
+
+    *ts, base = _rand(40, 30, seed=5, n=3)
+    ws = (0.7, 0.3)
+    got = whole(lambda src: dare_rows(src, ws, "w", 0.4, 9, "l1"), ts, base, chunk=90)
+    want = base.clone()
+    for i, (t, w) in enumerate(zip(ts, ws, strict=True)):
+        gen = torch.Generator().manual_seed(drop_seed(9, "w", i))
+        d = t - base
+        kept = d * (torch.rand(d.shape, generator=gen, dtype=torch.float64) < 0.4)
+        want += w * kept * (d.abs().sum() / kept.abs().sum())
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    from rotviz.merging.task_vectors import Drop
+
+    drop = Drop(held(ts, base, chunk=90), 0.4, [1, 2], "l1")
+    assert [len(m) for m in drop.masks] == [14, 14]  # 40 rows, 3 a slice: one mask each
+    for lo in range(0, 40, 3):
+        for i in range(2):
+            drop(i, ts[i][lo:lo + 3] - base[lo:lo + 3])
+    assert drop.masks == [[], []]
+
+
 @pytest.mark.parametrize("t", [0.0, 0.3, 0.5, 1.0])
 def test_slerp_follows_the_great_circle(t):
     v0, v1 = _rand(9, 4, seed=4, n=2)

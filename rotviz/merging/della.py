@@ -122,13 +122,15 @@ class MagPrune(Drop):
 
         return torch.rand(d.shape, generator=self.gens[i], dtype=torch.float64).to(d.device)
 
-    def _kept(self, i: int, d: Tensor) -> tuple[Tensor, Tensor]:
-        """d with its dropped entries zero, and the keep probabilities."""
+    def _keep(self, i: int, d: Tensor) -> tuple[Tensor, Tensor]:
+        """The slice's mask (True: kept) and the keep probabilities."""
+        p = keep_probabilities(d, self.density, self.epsilon)
+        return self.uniform(i, d) < p, p
+
+    def _apply(self, d: Tensor, keep: Tensor) -> Tensor:
         import torch
 
-        p = keep_probabilities(d, self.density, self.epsilon)
-        keep = self.uniform(i, d) < p
-        return torch.where(keep, d, torch.zeros((), dtype=d.dtype, device=d.device)), p
+        return torch.where(keep, d, torch.zeros((), dtype=d.dtype, device=d.device))
 
 
 def della_rows(src: RowSource, weights: Sequence[float], name: str, density: float = 1.0,

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rotviz.limits import DENSITY, SCALE
 from rotviz.params import Param
@@ -210,22 +210,33 @@ class Drop:
     probability (`density`), to the L1 norm before dropping (`l1`: the norms of the whole
     tensor, a first pass) or not (`none`). Called once per slice in order, `drop(i, d)`.
     DELLA's drop (rotviz.merging.della.MagPrune) is this with per-entry keep probabilities:
-    it replaces `_kept`."""
+    it replaces `_keep` and `_apply`.
+
+    The `l1` pass keeps each slice's mask, one bit an entry (an embedding's 262M entries:
+    33 MB a model), and the second pass reads them back in order instead of drawing and
+    ranking again (DELLA's rank sort was half of its merge); the masks, and so the merge, are
+    the same bits."""
 
     def __init__(self, src: RowSource, density: float, seeds: Sequence[int],
                  rescale: str = "l1") -> None:
         self.density, self.seeds, self.rescale = density, list(seeds), rescale
         self.factor: list[float | None] = [None] * src.n
+        self.masks: list[list[tuple[Any, tuple[int, ...]]]] | None = None
         if rescale == "l1" and 0.0 < density < 1.0 and src.numel:
             before, after = [0.0] * src.n, [0.0] * src.n
+            self.masks = [[] for _ in range(src.n)]
             self.gens = self._generators()
             for models, base in src.slices():
                 for i, m in enumerate(models):
                     d = m - base
+                    keep, _ = self._keep(i, d)
                     before[i] += float(d.abs().sum())
-                    after[i] += float(self._kept(i, d)[0].abs().sum())
+                    after[i] += float(self._apply(d, keep).abs().sum())
+                    self.masks[i].append(_packed(keep))
             self.factor = [None if b < L1_EPS or a < L1_EPS else b / a
                            for b, a in zip(before, after, strict=True)]
+            for m in self.masks:
+                m.reverse()  # popped from the end, in slice order
         self.gens = self._generators()
 
     def _generators(self) -> list:
@@ -233,16 +244,17 @@ class Drop:
 
         return [torch.Generator(device="cpu").manual_seed(s) for s in self.seeds]
 
-    def _mask(self, i: int, d: Tensor) -> Tensor:
-        """Bernoulli(density) entries (1 kept, 0 dropped) of the slice, float64."""
+    def _keep(self, i: int, d: Tensor) -> tuple[Tensor, Tensor | float]:
+        """The slice's mask (True: kept), Bernoulli(density), and the keep probability (one
+        for all here)."""
         import torch
 
         draw = torch.rand(d.shape, generator=self.gens[i], dtype=torch.float64)
-        return (draw < self.density).double().to(d.device)
+        return (draw < self.density).to(d.device), self.density
 
-    def _kept(self, i: int, d: Tensor) -> tuple[Tensor, Tensor | float]:
-        """d with its dropped entries zero, and the keep probability (one for all here)."""
-        return d * self._mask(i, d), self.density
+    def _apply(self, d: Tensor, keep: Tensor) -> Tensor:
+        """d with its dropped entries zero."""
+        return d * keep.double()
 
     def __call__(self, i: int, d: Tensor) -> Tensor:
         import torch
@@ -251,12 +263,34 @@ class Drop:
             return d
         if self.density <= 0.0 or d.numel() == 0:
             return torch.zeros_like(d)
-        kept, p = self._kept(i, d)
-        if self.rescale == "density":
-            return kept / p
+        if self.masks is not None:  # the l1 pass's mask of this slice
+            kept = self._apply(d, _unpacked(self.masks[i].pop(), d.device))
+        else:
+            keep, p = self._keep(i, d)
+            kept = self._apply(d, keep)
+            if self.rescale == "density":
+                return kept / p
         if self.rescale == "l1" and self.factor[i] is not None:
             return kept * self.factor[i]
         return kept
+
+
+def _packed(keep: Tensor) -> tuple[Any, tuple[int, ...]]:
+    """A mask as one bit an entry (numpy.packbits), with its shape."""
+    import numpy as np
+
+    return np.packbits(keep.reshape(-1).cpu().numpy()), tuple(keep.shape)
+
+
+def _unpacked(packed: tuple[Any, tuple[int, ...]], device: Any) -> Tensor:
+    import math
+
+    import numpy as np
+    import torch
+
+    bits, shape = packed
+    flat = np.unpackbits(bits, count=math.prod(shape)).view(np.bool_)
+    return torch.from_numpy(flat).reshape(shape).to(device)
 
 
 # ---- elect and combine: entry by entry -------------------------------------------------------
