@@ -166,31 +166,52 @@ def _unchanged(inst: dict) -> None:
     assert after == inst["before"], sorted(set(after.items()) ^ set(inst["before"].items()))[:5]
 
 
+# The installed commands that read or build models, run one after another by one interpreter
+# of the installed environment through the entry point the `rotviz` script calls
+# (rotviz.cli:main): each fresh interpreter pays about 3 s of CPU importing torch and
+# transformers, and a process of their own would test nothing more here (the `rotviz` script
+# itself runs below for --version, zoo list and serve). Each command's stdout and stderr are
+# told apart by a line of their own, written and flushed between commands; the refusal runs
+# first, so that its one line of stderr is counted in a fresh interpreter, imports included.
+SEVERAL = """
+import json, sys
+import rotviz
+from rotviz.cli import main
+from rotviz.data.files import data_path
+print(json.dumps({"file": rotviz.__file__,
+                  "data": str(data_path("assets/data/pydoc-topics.jsonl"))}), flush=True)
+rcs = []
+for argv in json.loads(sys.argv[1]):
+    for f in (sys.stdout, sys.stderr):
+        print("\\x00next", flush=True, file=f)
+    rcs.append(main(argv))
+    sys.stdout.flush(), sys.stderr.flush()
+for f in (sys.stdout, sys.stderr):
+    print("\\x00next", flush=True, file=f)
+print(json.dumps(rcs), flush=True)
+"""
+MARK = "\x00next\n"  # the line SEVERAL writes between commands
+
+
+def _several(inst: dict, *commands: list[str]) -> tuple[dict, list]:
+    """Run `commands` in one interpreter of the installed environment: (where rotviz and its data
+    resolve there, each command as (returncode, stdout, stderr))."""
+    done = subprocess.run([str(inst["venv"] / "bin" / "python"), "-c", SEVERAL,
+                           json.dumps(commands)], cwd=inst["work"], env=inst["env"],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    outs, errs = done.stdout.split(MARK), done.stderr.split(MARK)
+    assert len(outs) == len(errs) == len(commands) + 2, done.stderr[-3000:]
+    rcs = json.loads(outs[-1])
+    assert len(rcs) == len(commands)
+    return json.loads(outs[0]), [subprocess.CompletedProcess(c, rc, out, err) for c, rc, out, err
+                                 in zip(commands, rcs, outs[1:-1], errs[1:-1], strict=True)]
+
+
 def test_installed_wheel_runs_from_anywhere(installed, tmp_path):
     inst = installed
-    where = subprocess.run([str(inst["venv"] / "bin" / "python"), "-c",
-                            "import rotviz; print(rotviz.__file__)"], cwd=inst["work"],
-                           env=inst["env"], capture_output=True, text=True, timeout=120)
-    assert where.stdout.strip() == str(inst["site"] / "rotviz" / "__init__.py"), where.stderr
     version = _run(inst, "--version")
     assert version.returncode == 0 and version.stdout == f"rotviz {rotviz.__version__}\n"
-
-    # the default pair ships: the barrier is the checkout's, to 1e-6
-    out = _run(inst, *BARRIER, "--json", "barrier.json")
-    assert out.returncode == 0, out.stderr[-3000:]
-    got = json.loads((inst["work"] / "barrier.json").read_text())
-    assert main([*BARRIER, "--json", str(tmp_path / "here.json")]) == 0
-    want = json.loads((tmp_path / "here.json").read_text())
-    assert got["barrier"] == pytest.approx(want["barrier"], abs=1e-6)
-    assert got["loss"] == pytest.approx(want["loss"], abs=1e-6)
-    assert got["distance_after"] == pytest.approx(want["distance_after"], abs=1e-6)
-
-    # the shipped data, named as the zoo's cards name it, resolves inside the installed package
-    code = ("from rotviz.data.files import data_path; "
-            "print(data_path('assets/data/pydoc-topics.jsonl'))")
-    data = subprocess.run([str(inst["venv"] / "bin" / "python"), "-c", code], cwd=inst["work"],
-                          env=inst["env"], capture_output=True, text=True, timeout=120)
-    assert data.stdout.strip() == str(inst["site"] / "rotviz/assets/data/pydoc-topics.jsonl")
 
     listing = _run(inst, "zoo", "list")
     assert listing.returncode == 0, listing.stderr
@@ -202,7 +223,27 @@ def test_installed_wheel_runs_from_anywhere(installed, tmp_path):
     # (vit-digits-s6-ft: the cheapest, 57 steps from the shipped vit-digits-s6; its card's
     # numbers reproduce to 1e-4 on any CPU, its weights bit for bit only where the zoo was
     # built: tests/test_zoo.py)
-    built = _run(inst, "zoo", "build", "vit-digits-s6-ft")
+    where, (again, out, built, ev) = _several(
+        inst, ["zoo", "build", "vit-digits-s3"], [*BARRIER, "--json", "barrier.json"],
+        ["zoo", "build", "vit-digits-s6-ft"],
+        ["eval", "zoo:vit-digits-s6-ft", "--data", "digits", "--json", "ev.json"])
+    assert where["file"] == str(inst["site"] / "rotviz" / "__init__.py"), where
+    # the shipped data, named as the zoo's cards name it, resolves inside the installed package
+    assert where["data"] == str(inst["site"] / "rotviz/assets/data/pydoc-topics.jsonl")
+
+    # a shipped model is not built again where it would never be read: one line, exit 2
+    assert again.returncode == 2 and "ships with rotviz" in again.stderr
+    assert len(again.stderr.strip().splitlines()) == 1, again.stderr
+
+    # the default pair ships: the barrier is the checkout's, to 1e-6
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads((inst["work"] / "barrier.json").read_text())
+    assert main([*BARRIER, "--json", str(tmp_path / "here.json")]) == 0
+    want = json.loads((tmp_path / "here.json").read_text())
+    assert got["barrier"] == pytest.approx(want["barrier"], abs=1e-6)
+    assert got["loss"] == pytest.approx(want["loss"], abs=1e-6)
+    assert got["distance_after"] == pytest.approx(want["distance_after"], abs=1e-6)
+
     assert built.returncode == 0, built.stderr[-3000:]
     folder = inst["cache"] / "zoo" / "vit-digits-s6-ft"
     assert str(folder) in built.stdout
@@ -210,15 +251,9 @@ def test_installed_wheel_runs_from_anywhere(installed, tmp_path):
     for key in ("loss", "acc"):
         assert card["test"][key] == pytest.approx(zoo.read_card("vit-digits-s6-ft")["test"][key],
                                                   abs=1e-4)
-    ev = _run(inst, "eval", "zoo:vit-digits-s6-ft", "--data", "digits", "--json", "ev.json")
     assert ev.returncode == 0, ev.stderr[-3000:]
     scored = json.loads((inst["work"] / "ev.json").read_text())
     assert scored["loss"] == pytest.approx(card["test"]["loss"], abs=1e-6)
-
-    # a shipped model is not built again where it would never be read: one line, exit 2
-    again = _run(inst, "zoo", "build", "vit-digits-s3")
-    assert again.returncode == 2 and "ships with rotviz" in again.stderr
-    assert len(again.stderr.strip().splitlines()) == 1, again.stderr
     _unchanged(inst)
 
 

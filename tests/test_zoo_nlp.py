@@ -174,13 +174,18 @@ def test_code_taggers_beat_the_majority_class(name):
 # ---- merging: the seed paper's Table 1 question -----------------------------------------------
 
 
+@cache
+def simple_merge(pair: tuple[str, str], spec: str):
+    """The pair's simple average after matching `spec`, on the anchor's test split: computed
+    once per process and read by the two tests below (each merge evaluates three models)."""
+    return merge(model(pair[0]), model(pair[1]), "simple", spec, test_split(pair[0]))
+
+
 def test_fine_tunes_of_different_encoders_do_not_average_for_free():
     """Plain averaging loses accuracy on both tasks (the two encoders come from different
     seeds); seed matching lowers the topic pair's loss barrier."""
-    for a, b in (TOPICS, PYTOKENS):
-        ma, mb = model(a), model(b)
-        split = test_split(a)
-        none = merge(ma, mb, "simple", "none", split)
+    for pair in (TOPICS, PYTOKENS):
+        none = simple_merge(pair, "none")
         assert none.acc < min(none.anchor_acc, none.source_acc) - 0.04
     ma, mb = model(TOPICS[0]), model(TOPICS[1])
     split = test_split(TOPICS[0])
@@ -194,10 +199,7 @@ def test_seed_matching_helps_simple_averaging(pair, margin):
     """Table 1's finding: simple averaging scores higher (macro-F1 and accuracy) after the
     seed paper's matching than without (measured: topics 0.421 -> 0.520, code tags 0.507 ->
     0.571 macro-F1; bench/RESULTS.md, section table1)."""
-    a, b = (model(n) for n in pair)
-    split = test_split(pair[0])
-    none = merge(a, b, "simple", "none", split)
-    seed = merge(a, b, "simple", "seed", split)
+    none, seed = simple_merge(pair, "none"), simple_merge(pair, "seed")
     assert seed.acc > none.acc
     assert seed.scores["macro_f1"] > none.scores["macro_f1"] + margin
     assert seed.distance_after < seed.distance_before
