@@ -193,6 +193,41 @@ def test_dare_l1_in_slices_is_the_drop_of_the_whole_tensor():
     assert drop.masks == [[], []]
 
 
+def test_slices_read_ahead_are_the_same_slices_and_merges():
+    """A RowSource that reads each next slice on its own thread (as the at-size merge does)
+    gives the same slices in the same order, so multi-pass merges (DARE's L1 pass, Arcee
+    Fusion's threshold passes) give the same bits; a failing read reaches the caller at
+    its own slice."""
+    from dataclasses import replace
+
+    from rotviz.merging.arcee_fusion import arcee_fusion_rows
+    from rotviz.merging.dare import dare_rows
+    from rotviz.merging.rows import gather, held
+
+    *ts, base = _rand(41, 30, seed=6, n=3)
+    src = held(ts, base, chunk=90)  # 3 rows a slice: 14 slices
+    ahead = replace(src, prefetch=True)
+    pairs = list(zip(src.slices(), ahead.slices(), strict=True))
+    assert len(pairs) == 14
+    for (m1, b1), (m2, b2) in pairs:
+        assert torch.equal(b1, b2) and all(torch.equal(x, y) for x, y in zip(m1, m2, strict=True))
+    for rows in (lambda s: dare_rows(s, (0.6, 0.4), "w", 0.4, 3, "l1"),
+                 lambda s: arcee_fusion_rows(replace(s, read=lambda lo, hi: (s.read(lo, hi)[0],
+                                                                             None)))):
+        assert torch.equal(gather(rows(ahead), src.shape, torch.float64),
+                           gather(rows(src), src.shape, torch.float64))
+
+    def read(lo: int, hi: int):
+        if lo >= 30:
+            raise RotvizError("bad slice")
+        return src.read(lo, hi)
+
+    slices = replace(src, read=read, prefetch=True).slices()
+    assert len([next(slices) for _ in range(10)]) == 10  # rows 0-29
+    with pytest.raises(RotvizError, match="bad slice"):
+        next(slices)
+
+
 @pytest.mark.parametrize("t", [0.0, 0.3, 0.5, 1.0])
 def test_slerp_follows_the_great_circle(t):
     v0, v1 = _rand(9, 4, seed=4, n=2)

@@ -160,7 +160,7 @@ class MergedRows:
             ts = [c.read_rows(key, lo, hi, torch.float64).to(device) for c in checkpoints]
             return ts[:2], (ts[2] if len(ts) > 2 else None)
 
-        src = RowSource(tuple(checkpoints[0].entries[key].shape), 2, read)
+        src = RowSource(tuple(checkpoints[0].entries[key].shape), 2, read, prefetch=True)
         return self.m.rows(self.job, self.module_name.get(key, key), src)
 
     def write_all(self, cache: Path | None, folder: Path | None) -> None:

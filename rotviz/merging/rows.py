@@ -44,6 +44,11 @@ class RowSource:
     n: int
     read: Read
     chunk: int = CHUNK
+    # read each next slice on a thread of its own while the method merges this one (slices
+    # read from files: the reading and its cast overlap the arithmetic); the same reads in
+    # the same order, so the same bits. Off for tensors held in memory, whose slices are
+    # views and copies a thread would only slow.
+    prefetch: bool = False
 
     @property
     def numel(self) -> int:
@@ -62,9 +67,23 @@ class RowSource:
             yield lo, min(rows, lo + self.step)
 
     def slices(self) -> Iterator[tuple[list[Tensor], Tensor | None]]:
-        """Each slice's tensors: one per model, and the base's (None without one)."""
-        for lo, hi in self.bounds():
-            yield self.read(lo, hi)
+        """Each slice's tensors: one per model, and the base's (None without one); with
+        `prefetch`, the next slice read while this one is merged (one slice ahead, so one
+        more slice is held)."""
+        bounds = list(self.bounds())
+        if not self.prefetch or len(bounds) < 2:
+            for lo, hi in bounds:
+                yield self.read(lo, hi)
+            return
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(1, thread_name_prefix="rotviz-rows") as ahead:
+            coming = ahead.submit(self.read, *bounds[0])
+            for k in range(len(bounds)):
+                now = coming.result()
+                if k + 1 < len(bounds):
+                    coming = ahead.submit(self.read, *bounds[k + 1])
+                yield now
 
 
 def held(tensors: Sequence[Tensor], base: Tensor | None = None, chunk: int = CHUNK
