@@ -20,11 +20,11 @@ slices of the matrix's rows (a vector is read whole: its KL spans it).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rotviz.merging.registry import Mergekit, MergeMethod, register
-from rotviz.merging.rows import whole
+from rotviz.merging.rows import in_order, whole
 from rotviz.merging.task_vectors import _Select
 
 if TYPE_CHECKING:
@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     from rotviz.merging.rows import RowSource
 
     Tensor = torch.Tensor
+
+Done = TypeVar("Done")
 
 EPS = 1e-8  # mergekit's: added to each softmax before the KL
 QUARTILES = (0.25, 0.5, 0.75)
@@ -89,7 +91,11 @@ class _Scored:
         self.kl: Tensor | None = None  # a matrix's, (*shape[:-1], 1)
         self.whole: tuple[Tensor, Tensor, Tensor] | None = None  # a vector, read whole
 
-    def __iter__(self) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
+    def each(self, task: Callable[[Tensor, Tensor, Tensor], Done]) -> Iterator[Done]:
+        """task(a, b, kl) of each slice, in order: the slices read and worked on
+        `slice_workers` threads at once (rotviz.merging.rows.in_order), so `task` must
+        change nothing but what it makes. In the first pass each slice's KL is taken where
+        it is read and kept here by this thread, in row order."""
         import torch
 
         src = self.src
@@ -97,17 +103,25 @@ class _Scored:
             if self.whole is None:
                 (a, b), = _pairs(src)
                 self.whole = (a, b, row_kl(a, b))
-            yield self.whole
+            yield task(*self.whole)
             return
         first = self.kl is None
-        for lo, hi in src.bounds():
+        kept = self.kl
+
+        def work(bounds: tuple[int, int]) -> tuple[Tensor, Done]:
+            lo, hi = bounds
             (a, b), _ = src.read(lo, hi)
+            kl = row_kl(a, b) if kept is None else kept[lo:hi]
+            return kl, task(a, b, kl)
+
+        for (lo, hi), (kl, done) in zip(src.bounds(), in_order(work, src.bounds()),
+                                        strict=True):
             if first:
                 if self.kl is None:
-                    self.kl = torch.empty((*src.shape[:-1], 1), dtype=a.dtype,
-                                          device=a.device)
-                self.kl[lo:hi] = row_kl(a, b)
-            yield a, b, self.kl[lo:hi]
+                    self.kl = torch.empty((*src.shape[:-1], 1), dtype=kl.dtype,
+                                          device=kl.device)
+                self.kl[lo:hi] = kl
+            yield done
 
 
 class _Quartiles:
@@ -133,38 +147,46 @@ class _Quartiles:
         for g in self.groups:
             g[0].begin()
 
-    def see(self, s: Tensor) -> None:
-        """One slice's s, flat. Groups that gather their candidates pick them together, one
-        selection of the entries in any of their bins split among them (a selection costs
-        more than a comparison, and few entries are picked)."""
+    def parts(self, s: Tensor) -> list[tuple[_Select, Any]]:
+        """What one slice's s, flat, adds to each group's lead (`_Select.part`), changing
+        nothing (slices are counted on several threads; `add` keeps each in order). Groups
+        that gather their candidates pick them together, one selection of the entries in
+        any of their bins split among them (a selection costs more than a comparison, and
+        few entries are picked)."""
         import torch
 
         keys = s.view(torch.int64)
         high: dict[int, Tensor] = {}  # bits >> shift, per shift
         gathering: dict[int, list[_Select]] = {}
+        out: list[tuple[_Select, Any]] = []
         for g in self.groups:
             lead = g[0]
             if lead.shift == 64:
-                lead.take(s)
+                out.append((lead, lead.part(s)))
                 continue
             if lead.shift not in high:
                 high[lead.shift] = keys >> lead.shift
             if lead.width:
-                lead.take(s.masked_select(high[lead.shift] == lead.prefix))
+                out.append((lead, lead.part(s.masked_select(high[lead.shift] == lead.prefix))))
             else:
                 gathering.setdefault(lead.shift, []).append(lead)
         for shift, leads in gathering.items():
             h = high[shift]
             if len(leads) == 1:
-                leads[0].take(s.masked_select(h == leads[0].prefix))
+                out.append((leads[0], leads[0].part(s.masked_select(h == leads[0].prefix))))
                 continue
             picked = h == leads[0].prefix
             for lead in leads[1:]:
                 picked |= h == lead.prefix
             cs = s.masked_select(picked)
             hs = cs.view(torch.int64) >> shift
-            for lead in leads:
-                lead.take(cs.masked_select(hs == lead.prefix))
+            out.extend((lead, lead.part(cs.masked_select(hs == lead.prefix))) for lead in leads)
+        return out
+
+    @staticmethod
+    def add(parts: list[tuple[_Select, Any]]) -> None:
+        for lead, part in parts:
+            lead.add(part)
 
     def end(self) -> None:
         for g in self.groups:
@@ -184,8 +206,9 @@ def threshold(src: RowSource, scored: _Scored | None = None) -> float:
     quartiles = _Quartiles([n - int(q * (n - 1)) for q in QUARTILES], n)
     while not quartiles.done():
         quartiles.begin()
-        for a, b, kl in scored:
-            quartiles.see(importance(a, b, kl).reshape(-1))
+        for parts in scored.each(lambda a, b, kl: quartiles.parts(
+                importance(a, b, kl).reshape(-1))):
+            quartiles.add(parts)
         quartiles.end()
     q1, median, q3 = (float(f.value) for f in quartiles.found)  # type: ignore[arg-type]
     return median + FENCE * (q3 - q1)
@@ -208,12 +231,11 @@ def arcee_fusion_rows(src: RowSource) -> Iterator[Tensor]:
         return
     scored = _Scored(src)
     t = threshold(src, scored)
+    fused = scored.each(lambda a, b, kl: _fused(a, b, kl, t))
     if len(src.shape) >= 2:
-        for a, b, kl in scored:
-            yield _fused(a, b, kl, t)
+        yield from fused
         return
-    (a, b, kl), = scored  # a vector, read whole: given back in the slices it was read in
-    merged = _fused(a, b, kl, t)
+    merged, = fused  # a vector, read whole: given back in the slices it was read in
     for lo, hi in src.bounds():
         yield merged[lo:hi]
 

@@ -99,26 +99,46 @@ class _Select:
     def take(self, a: Tensor) -> None:
         """One slice's candidates, flat: its entries whose bits >> `shift` are `prefix`
         (`see` picks them; several selectors of the same values pick them once)."""
+        self.add(self.part(a))
+
+    def part(self, a: Tensor) -> Tensor | tuple[int, Tensor] | None:
+        """What one slice's candidates (as `take` has them) add to this pass: the candidates
+        themselves when it gathers, else their histogram's counts from its lowest bin. It
+        changes nothing, so slices can be counted on other threads (`add` keeps them)."""
         import torch
 
+        if not self.width:
+            return a
         keys = a.view(torch.int64)
-        if not self.width:  # into one buffer: small tensors left between large ones
-            if self.found is None:  # would keep the allocator from giving memory back
-                self.found = torch.empty(self.count, dtype=a.dtype, device=a.device)
-            self.found[self.at:self.at + a.numel()] = a
-            self.at += a.numel()
-            return
         if not keys.numel():
-            return
+            return None
         low = self.shift - self.width
         bins = keys >> low if self.shift == 64 else (keys >> low) & ((1 << self.width) - 1)
         # counted from the slice's lowest bin: its magnitudes span few of the 2^width bins,
         # and a histogram of them all per slice would cost more than the slice
         first = int(bins.min())
-        counts = torch.bincount(bins.sub_(first))
-        if self.hist is None:
-            self.hist = torch.zeros(1 << self.width, dtype=torch.int64, device=a.device)
-        self.hist[first:first + counts.numel()] += counts
+        return first, torch.bincount(bins.sub_(first))
+
+    def add(self, part: Tensor | tuple[int, Tensor] | None) -> None:
+        """A slice's `part`, kept: its candidates copied into one buffer (small tensors left
+        between large ones would keep the allocator from giving memory back), or its counts
+        added to the histogram. Integer counts and copies: the order of the slices does
+        not change the pass's answer."""
+        import torch
+
+        if part is None:
+            return
+        if isinstance(part, tuple):
+            first, counts = part
+            if self.hist is None:
+                self.hist = torch.zeros(1 << self.width, dtype=torch.int64,
+                                        device=counts.device)
+            self.hist[first:first + counts.numel()] += counts
+            return
+        if self.found is None:
+            self.found = torch.empty(self.count, dtype=part.dtype, device=part.device)
+        self.found[self.at:self.at + part.numel()] = part
+        self.at += part.numel()
 
     def end(self) -> None:
         import torch
