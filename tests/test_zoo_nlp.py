@@ -128,13 +128,10 @@ def test_registry_pairs_and_cards():
         assert (ca["data"]["subset"], cb["data"]["subset"]) == ("even", "odd")
 
 
-@pytest.mark.parametrize("name", NLP)
-def test_shipped_model_matches_its_card(name):
-    card = zoo.read_card(name)
-    got = evaluate(model(name), test_split(name))
-    assert got["n"] == card["test"]["n"]
-    for key, value in card["test"].items():
-        assert got[key] == pytest.approx(value, abs=1e-4), key
+# Each shipped model matching its card on its test split (every metric to 1e-4): the same
+# check, on the same split, is tests/test_zoo.py's test_shipped_model_matches_its_card, run
+# for every zoo entry, these six included (their cards record no pystdlib corpus, so none
+# of them skips).
 
 
 @pytest.mark.parametrize("name", BASES)
