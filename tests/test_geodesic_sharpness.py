@@ -129,8 +129,12 @@ def test_the_horizontal_projection_is_the_metric_projection_off_the_group_tangen
     # the group of rotviz.symmetry.actions (the residual stream's rotations are another's)
     _, t, _ = tangents(tiny, gens=generators(f64_view(tiny, None), residual=False))
     tf = [_factors_of_flat(tiny, row) for row in t]
-    gram = torch.tensor([[float(gs.inner(land.fs, land.p, a, b)) for b in tf] for a in tf],
-                        dtype=F64)
+    # g is symmetric (P = (F^T F)^-1 is): each pair's inner product once, mirrored (the
+    # Gram matrix was most of this test's time: 64 tangents on vit)
+    gram = torch.zeros(len(tf), len(tf), dtype=F64)
+    for i, a in enumerate(tf):
+        for j in range(i, len(tf)):
+            gram[i, j] = gram[j, i] = float(gs.inner(land.fs, land.p, a, tf[j]))
     rhs = torch.tensor([float(gs.inner(land.fs, land.p, a, xi)) for a in tf], dtype=F64)
     c = torch.linalg.lstsq(gram, rhs[:, None]).solution[:, 0]
     expect = {k: v - sum(float(ci) * f[k] for ci, f in zip(c, tf, strict=True))

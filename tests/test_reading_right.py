@@ -381,6 +381,15 @@ def _refused(argv: list[str], out: Path, capfd) -> str:
     return _one_line(capfd)
 
 
+def test_the_good_rows_evaluate(tmp_path):
+    """The rows the cases below put around their one bad row evaluate (so each refusal is the
+    bad row's): one eval, which each case ran alike before."""
+    out = tmp_path / "eval.json"
+    ok = _jsonl(tmp_path / "ok.jsonl", GOOD)
+    assert main(["eval", str(TOPICS), "--data", ok, "--split", "train", "--json", str(out)]
+                ) == 0
+
+
 @pytest.mark.parametrize("bad, column, said", [
     ({"text": None, "label": "http"}, "text", "null"),
     ({"text": {"a": 1}, "label": "http"}, "text", "an object"),
@@ -393,11 +402,7 @@ def _refused(argv: list[str], out: Path, capfd) -> str:
     ({"text": "fine", "label": ["http"]}, "label", "a list"),
 ])
 def test_jsonl_rows_of_the_wrong_type_are_refused(tmp_path, capfd, bad, column, said):
-    out = tmp_path / "eval.json"
-    ok = _jsonl(tmp_path / "ok.jsonl", GOOD)
-    assert main(["eval", str(TOPICS), "--data", ok, "--split", "train", "--json", str(out)]
-                ) == 0
-    out.unlink()
+    out = tmp_path / "eval.json"  # GOOD itself evaluates: test_the_good_rows_evaluate
     data = _jsonl(tmp_path / "rows.jsonl", [*GOOD[:6], bad, *GOOD[6:]])
     want = "text (a string)" if column == "text" else "a label name or id"
     # refused whichever split the row falls in, by its row in the file

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import clone_state, view_of
+from conftest import DISTINCT, clone_state, view_of
 
-from rotviz.arch import FAMILIES, family_module
+from rotviz.arch import family_module
 from rotviz.errors import RotvizError
 from rotviz.groups import random_orthogonal
 from rotviz.match.distances import distances, norm
@@ -25,9 +25,11 @@ from rotviz.symmetry.view import write_state
 
 F64 = torch.float64
 RESIDUAL_ONLY = MatchOptions(ffn=False, attn=False, rescale=False, residual=True)
-# (family, options of its random model): every family whose stream has a symmetry we can use,
-# on a random model with an output head of its own (the family module's UNTIED)
-WITH_RESIDUAL = [(f, family_module(f).UNTIED) for f in FAMILIES
+# (family, options of its random model): every distinct family (conftest.ALIASES: an alias
+# runs the same symmetry and matching code as the family it names) whose stream has a
+# symmetry we can use, on a random model with an output head of its own (the family
+# module's UNTIED)
+WITH_RESIDUAL = [(f, family_module(f).UNTIED) for f in DISTINCT
                  if family_module(f).UNTIED is not None]
 
 
@@ -44,16 +46,22 @@ def expected_group(spec) -> str:
     return "orthogonal" if spec.norm_kind == "rmsnorm" else "centred"
 
 
+# (family, seed, dtype) -> the loaded model, shared by every test of this module (as the
+# conftest's `loaded`; never modify it: the tests that match check that nothing is mutated)
+_STREAM_MODELS: dict[tuple, object] = {}
+
+
 @pytest.fixture(params=WITH_RESIDUAL, ids=[f for f, _ in WITH_RESIDUAL])
 def stream_model(request, saved):
-    """`get(seed, dtype)`: a tiny model of one family whose residual stream can be mapped."""
+    """`get(seed, dtype)`: a tiny model of one family whose residual stream can be mapped,
+    loaded once per module (each test took its own loads before: 14 per family)."""
     fam, extra = request.param
-    cache = {}
 
     def get(seed: int = 0, dtype=None):
-        if (seed, dtype) not in cache:
-            cache[(seed, dtype)] = load_model(saved(fam, seed, **extra), dtype=dtype)
-        return cache[(seed, dtype)]
+        key = (fam, seed, dtype)
+        if key not in _STREAM_MODELS:
+            _STREAM_MODELS[key] = load_model(saved(fam, seed, **extra), dtype=dtype)
+        return _STREAM_MODELS[key]
 
     return get
 
@@ -88,10 +96,22 @@ def test_planted_residual_map_keeps_the_function(stream_model):
     assert max_output_diff(model, model.state, write_state(image)) <= 1e-4
 
 
+_PLANTED: dict[int, tuple] = {}
+
+
+def planted_match(stream_model):
+    """(canonical form, the match of its planted image with RESIDUAL_ONLY) of a family's
+    float64 model: computed once, read by the two tests below (never modify it)."""
+    model = stream_model(0, F64)
+    if id(model) not in _PLANTED:
+        canon, _ = rs.canonicalise(view_of(model))
+        image = rs.apply_residual(canon, rs.random_map(canon, seed=7))
+        _PLANTED[id(model)] = (canon, match(canon, image, RESIDUAL_ONLY))
+    return _PLANTED[id(model)]
+
+
 def test_matching_recovers_a_planted_residual_map(stream_model):
-    canon, _ = rs.canonicalise(view_of(stream_model(0, F64)))
-    image = rs.apply_residual(canon, rs.random_map(canon, seed=7))
-    out = match(canon, image, RESIDUAL_ONLY)
+    canon, out = planted_match(stream_model)
     assert distances(out.view, canon).total / norm(canon) <= 1e-5
     assert out.report.residual["group"] == rs.group_of(canon)
 
@@ -122,9 +142,7 @@ def test_alternating_objective_never_goes_up(stream_model):
 def test_the_report_says_whether_the_alternation_converged(stream_model):
     """A planted map is recovered and then nothing gains: the phase ends by the tolerance,
     long before the cap. A real pair under a cap of 2 rounds (tol 0) is still gaining."""
-    canon, _ = rs.canonicalise(view_of(stream_model(0, F64)))
-    image = rs.apply_residual(canon, rs.random_map(canon, seed=7))
-    res = match(canon, image, RESIDUAL_ONLY).report.residual
+    res = planted_match(stream_model)[1].report.residual
     assert res["converged"] == [True] and res["phase_rounds"][0] <= 3
     anchor, source = view_of(stream_model(0, F64)), view_of(stream_model(1, F64))
     capped = match(anchor, source, MatchOptions(heads=True, residual=True, rounds=2, tol=0.0,

@@ -131,25 +131,52 @@ def files(tmp_path_factory):
     return root, rows
 
 
+class _Models:
+    """(family, head) -> the two seeds' folders, each saved with one tokenizer trained here
+    when a test first asks for it (the multi-label and regression heads' seed 1 no test
+    reads). The same model whatever the order: each is made right after its seed is set."""
+
+    def __init__(self, root):
+        self.root, self.toks, self.made = root, {}, {}
+
+    def tokenizer(self, family: str):
+        kind = "bpe" if _decoder(family) else "wordpiece"
+        if kind not in self.toks:
+            self.toks[kind] = _bpe() if kind == "bpe" else _wordpiece("[CLS]", "[SEP]")
+        return self.toks[kind]
+
+    def folder(self, family: str, head: str, seed: int):
+        if (family, head, seed) not in self.made:
+            tok = self.tokenizer(family)
+            torch.manual_seed(seed)
+            cfg = _config(family, len(tok), head)
+            model = _head_class(family, head)(cfg).eval()
+            d = self.root / f"{family}-{head}-{seed}"
+            model.save_pretrained(d)
+            tok.save_pretrained(d)
+            self.made[family, head, seed] = d
+        return self.made[family, head, seed]
+
+    def __getitem__(self, key: tuple[str, str]) -> _Pair:
+        return _Pair(self, *key)
+
+
+class _Pair:
+    """A (family, head)'s two folders, each made when first read."""
+
+    def __init__(self, models: _Models, family: str, head: str):
+        self.models, self.key = models, (family, head)
+
+    def __getitem__(self, seed: int):
+        if seed not in (0, 1):
+            raise IndexError(seed)
+        return self.models.folder(*self.key, seed)
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    """(family, head) -> two seeds saved with one tokenizer trained here."""
-    root = tmp_path_factory.mktemp("heads")
-    bpe, wordpiece = _bpe(), _wordpiece("[CLS]", "[SEP]")
-    toks = {f: bpe if _decoder(f) else wordpiece for f in FAMILIES}
-    out = {}
-    for family, head in _cases(HEADS):
-        pair = []
-        for seed in (0, 1):
-            torch.manual_seed(seed)
-            cfg = _config(family, len(toks[family]), head)
-            model = _head_class(family, head)(cfg).eval()
-            d = root / f"{family}-{head}-{seed}"
-            model.save_pretrained(d)
-            toks[family].save_pretrained(d)
-            pair.append(d)
-        out[family, head] = pair
-    return out
+    """(family, head) -> two seeds saved with one tokenizer trained here (made on demand)."""
+    return _Models(tmp_path_factory.mktemp("heads"))
 
 
 def _data(files, head: str) -> tuple[str, Columns]:
