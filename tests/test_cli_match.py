@@ -1,7 +1,7 @@
 """`rotviz match` end to end: round trips for every family, and every kind of bad input.
 
 Most runs call `rotviz.cli.main` in-process (a fresh python costs seconds for the torch and
-transformers imports); two tests run the real `python -m rotviz` in a subprocess.
+transformers imports); one test runs the real `python -m rotviz`, twice, in a subprocess.
 """
 
 from __future__ import annotations
@@ -289,36 +289,70 @@ def test_existing_out_is_left_alone_on_error(saved, tmp_path, capsys):
 
 # ---- the real command, in a fresh interpreter ---------------------------------------------
 
+# Both commands run as `python -m rotviz` runs them (rotviz/__main__.py, by runpy), one after the
+# other in one fresh interpreter: each interpreter pays seconds of CPU for the torch and
+# transformers imports. The refusal runs first, so that its one line of stderr is counted with
+# the imports' own output (BERT loads through transformers: all of its imports); each command's
+# stdout and stderr are told apart by a line of their own written between them.
+FRESH = """
+import json, runpy, sys
+codes = []
+for argv in json.loads(sys.argv[1]):
+    for f in (sys.stdout, sys.stderr):
+        print("\\x00next", flush=True, file=f)
+    sys.argv = ["rotviz", *argv]
+    try:
+        runpy.run_module("rotviz", run_name="__main__", alter_sys=True)
+    except SystemExit as e:
+        codes.append(e.code)
+    sys.stdout.flush(), sys.stderr.flush()
+for f in (sys.stdout, sys.stderr):
+    print("\\x00next", flush=True, file=f)
+print(json.dumps(codes), flush=True)
+"""
+MARK = "\x00next\n"  # the line FRESH writes between commands
 
-def _run(*args: str) -> subprocess.CompletedProcess:
+
+def _run(*commands: list[str]) -> list[subprocess.CompletedProcess]:
+    """Each command as `python -m rotviz` runs it, all in one fresh interpreter."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "rotviz", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", FRESH, json.dumps(commands)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    outs, errs = done.stdout.split(MARK), done.stderr.split(MARK)
+    assert len(outs) == len(errs) == len(commands) + 2, done.stderr[-3000:]
+    assert outs[0] == errs[0] == ""  # nothing before the first command
+    codes = json.loads(outs[-1])
+    return [subprocess.CompletedProcess(c, rc, out, err) for c, rc, out, err
+            in zip(commands, codes, outs[1:-1], errs[1:-1], strict=True)]
 
 
-def test_subprocess_round_trip(saved, loaded, tmp_path):
+def test_subprocess_error_is_one_line(saved, loaded, tmp_path):
+    """A refusal is one line on stderr, imports included, exit 2 and nothing written; then a
+    round trip: a match writes one line and a model that gives the source's logits. (One test,
+    named as tests/conftest.py's LONG_FIRST names it: two would each start an interpreter.)"""
+    bad = tmp_path / "bad"
     out, rep = tmp_path / "matched", tmp_path / "report.json"
-    proc = _run("match", str(saved("gpt2", 0)), str(saved("gpt2", 1)), "--out", str(out),
-                "--report", str(rep), "--layers", "0-1")
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stderr == ""
-    lines = proc.stdout.strip().splitlines()
+    proc, done = _run(
+        ["match", str(saved("bert", 0)), str(saved("bert", 1, heads=8)), "--out", str(bad)],
+        ["match", str(saved("gpt2", 0)), str(saved("gpt2", 1)), "--out", str(out),
+         "--report", str(rep), "--layers", "0-1"])
+
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rotviz: error: "), proc.stderr
+    assert "num_attention_heads" in lines[0]
+    assert proc.stdout == "" and not bad.exists()
+
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    lines = done.stdout.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("matched [ffn,attn,rescale]")
     assert REPORT_KEYS <= set(json.loads(rep.read_text()))
     source = loaded("gpt2", 1)
     x = probe_inputs(source, n=2, seed=3)
     assert (_logits(_load_with_own_class(out, source), source, x)
             - forward(source, x)).abs().max() <= 1e-4
-
-
-def test_subprocess_error_is_one_line(saved, tmp_path):
-    out = tmp_path / "out"
-    proc = _run("match", str(saved("bert", 0)), str(saved("bert", 1, heads=8)), "--out", str(out))
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("rotviz: error: "), proc.stderr
-    assert "num_attention_heads" in lines[0]
-    assert proc.stdout == "" and not out.exists()
 
 
 def test_rounds_caps_the_alternation(saved, tmp_path, capsys):
