@@ -621,3 +621,27 @@ def test_fuzz_configs(saved, tmp_path_factory, data):
             verdicts.append(str(e))
     event("refused" if verdicts[0] else "accepted")
     assert verdicts[0] == verdicts[1]
+
+
+def test_a_fit_check_passed_is_not_made_again_and_a_changed_folder_is(saved, tmp_path,
+                                                                       monkeypatch):
+    """The fit check (the module built on meta, compared with the checkpoint's names and
+    shapes) is kept once passed, by the family, the config and the headers: loading the same
+    folder again builds no meta module, and the same folder with a config its weights no
+    longer fit is refused as before."""
+    import rotviz.atsize.runtime as runtime
+
+    path = tmp_path / "m"
+    shutil.copytree(saved("gpt2", 0), path)
+    load_model(path)
+    built = []
+    real = runtime.checked_meta
+    monkeypatch.setattr(runtime, "checked_meta", lambda *a: built.append(a) or real(*a))
+    load_model(path)
+    assert built == []
+    cfg = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps(
+        {**cfg, "architectures": ["GPT2ForSequenceClassification"]}))
+    with pytest.raises(RotvizError, match=r"do not fit its config \(missing \['score.weight'\]\)"):
+        load_model(path)
+    assert len(built) == 1

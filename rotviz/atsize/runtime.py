@@ -11,6 +11,9 @@ source adapter (rotviz.sources) builds and calls the module as for a loaded mode
 
 from __future__ import annotations
 
+import json
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 
@@ -203,6 +206,22 @@ def checked_meta(spec: ArchSpec, config: dict, where) -> tuple[nn.Module, dict]:
         raise RotvizError(f"'{Path(where) / 'config.json'}' is refused: {e}") from None
 
 
+# The fit checks passed in this process, by all that decides them: the family, the config and
+# the checkpoint's tensor names and shapes. The check is a pure function of these, and each one
+# builds the module on meta (a third of a small model's load); the app, the gallery and a run of
+# many records load the same folders again and again. A memo, not state: a folder whose
+# config or headers change has another key and is checked again. Bounded, and locked for the
+# app's threads.
+_FITTED: OrderedDict[tuple, None] = OrderedDict()
+_FITTED_MAX = 256
+_FITTED_LOCK = threading.Lock()
+
+
+def _fit_key(spec: ArchSpec, config: dict, meta: Mapping[str, Tensor]) -> tuple:
+    return (spec, json.dumps(config, sort_keys=True, default=repr),
+            tuple(sorted((n, tuple(t.shape)) for n, t in meta.items())))
+
+
 def check_fits(spec: ArchSpec, config: dict, meta: Mapping[str, Tensor], where,
                built: tuple[nn.Module, dict] | None = None) -> None:
     """One line (sources.files.fit_error) where the checkpoint's tensors `meta` (names,
@@ -214,7 +233,22 @@ def check_fits(spec: ArchSpec, config: dict, meta: Mapping[str, Tensor], where,
     (rotviz.sources.legacy) are not unexpected. A checkpoint whose names the loader converts (split,
     merged) cannot be compared name by name: the loader's own check decides there. `built`:
     `checked_meta`'s module and config where the caller has built them already (a module
-    built on meta takes a second or more at a real vocabulary: once per opening is enough)."""
+    built on meta takes a second or more at a real vocabulary: once per opening is enough).
+    A check passed once in this process is not made again (_FITTED)."""
+    key = _fit_key(spec, config, meta)
+    with _FITTED_LOCK:
+        if key in _FITTED:
+            _FITTED.move_to_end(key)
+            return
+    _check_fits(spec, config, meta, where, built)
+    with _FITTED_LOCK:
+        _FITTED[key] = None
+        while len(_FITTED) > _FITTED_MAX:
+            _FITTED.popitem(last=False)
+
+
+def _check_fits(spec: ArchSpec, config: dict, meta: Mapping[str, Tensor], where,
+                built: tuple[nn.Module, dict] | None) -> None:
     import re
 
     from rotviz.sources.files import fit_error
