@@ -1192,11 +1192,13 @@ def _grid(trace: dict) -> np.ndarray:
     return np.asarray([numbers(r) if isinstance(r, dict) else r for r in trace["z"]], float)
 
 
-def test_landscape_slice_around_b_prime_and_its_gauge_fixed_twin(pair):
+def test_landscape_slice_around_b_prime_and_its_gauge_fixed_twin(pair, roots):
     """The record's new widgets reach the library: a 1D slice toward B' from the middle of
     the matched path (the page's matching) draws the library's numbers, B' marked at x = 1;
     the random plane beside the gauge-fixed plane share one colour scale, each panel the
-    library's grid (1e-5), captioned."""
+    library's grid (1e-5), captioned. The gauge-fixed plane is drawn on the tiny random
+    ViTs: its symmetry tangents cost about a minute on the zoo's ViT, seconds there, and the
+    page and the library are wired the same for any ViT."""
     from rotviz.analysis.loss_grid import slice_with
     from rotviz.data.split import load_split
     from rotviz.match.endpoints import match_endpoints
@@ -1222,7 +1224,9 @@ def test_landscape_slice_around_b_prime_and_its_gauge_fixed_twin(pair):
     assert numbers(mark["x"]) == [1.0] and numbers(mark["y"])[0] == pytest.approx(
         want.loss[-1], rel=1e-6)  # span 1: the line's last point is B' itself
 
-    at = app("landscape", l_slice_grid="5")
+    tiny = str(roots / "vit-s0")
+    at = app("landscape", anchor=tiny, source=str(roots / "vit-s1"), l_slice_grid="5")
+    assert at.selectbox(key="anchor").value == tiny
     at.button(key="l_gauge_run").click().run()
     assert not at.exception and not at.error, [e.value for e in at.error]
     fig = figures(at)["Test loss on a random plane and on its gauge-fixed twin, one colour "
@@ -1230,6 +1234,7 @@ def test_landscape_slice_around_b_prime_and_its_gauge_fixed_twin(pair):
     _framed(fig)
     left, right = (tr for tr in fig["data"] if tr["type"] == "contour")
     assert (left["zmin"], left["zmax"]) == (right["zmin"], right["zmax"])
+    a = load_model(tiny)
     ev_kw = dict(dims=2, grid=5, span=1.0, seed=0)
     plain = slice_with(a, split, directions="random", **ev_kw)
     fixed = slice_with(a, split, directions="gauge", **ev_kw)
