@@ -1112,19 +1112,32 @@ def _framed(fig: dict) -> None:
     assert colours <= safe, colours - safe
 
 
-def test_landscape_page_computes_each_section_on_run(pair):
+@pytest.fixture(scope="module")
+def tiny_pair(roots) -> tuple[str, str]:
+    """The two tiny random ViTs: for pages whose sections cost seconds per model size (the
+    bend's 11 x 11 plane, the Hessian, the gauge-fixed plane) and whose checks compare the
+    page with the library on whatever pair it shows."""
+    return str(roots / "vit-s0"), str(roots / "vit-s1")
+
+
+def test_landscape_page_computes_each_section_on_run(tiny_pair):
     """First paint computes nothing; each section's Run draws its figures, whose numbers are
-    the library's (the slice's grid, the Hessian's top eigenvalues, the bend's barrier)."""
+    the library's (the slice's grid, the Hessian's top eigenvalues, the bend's barrier). On
+    the tiny pair: the bend's plane is always 11 x 11 on the split."""
     from rotviz.analysis.loss_grid import slice_at
     from rotviz.data.split import load_split
     from rotviz.match.endpoints import match_endpoints
     from rotviz.runner import measure
     from rotviz.sources.loading import load_model
 
-    at = app("landscape", l_slice_grid="5", l_bend_steps="5", l_bend_points="5",
+    pair = tiny_pair
+
+    at = app("landscape", anchor=pair[0], source=pair[1], l_slice_grid="5",
+             l_bend_steps="5", l_bend_points="5",
              l_layerwise_points="3", l_hessian_iterations="16", l_hessian_examples="64",
              l_teleport_steps="2", l_teleport_examples="16", l_teleport_trace_probes="2",
              l_teleport_iterations="3")
+    assert at.selectbox(key="anchor").value == pair[0]
     assert not figures(at)
     assert texts(at).count("Press **Run** to compute this section.") == 7
     seen: dict[str, dict] = {}
@@ -1192,11 +1205,13 @@ def _grid(trace: dict) -> np.ndarray:
     return np.asarray([numbers(r) if isinstance(r, dict) else r for r in trace["z"]], float)
 
 
-def test_landscape_slice_around_b_prime_and_its_gauge_fixed_twin(pair):
+def test_landscape_slice_around_b_prime_and_its_gauge_fixed_twin(pair, tiny_pair):
     """The record's new widgets reach the library: a 1D slice toward B' from the middle of
     the matched path (the page's matching) draws the library's numbers, B' marked at x = 1;
     the random plane beside the gauge-fixed plane share one colour scale, each panel the
-    library's grid (1e-5), captioned."""
+    library's grid (1e-5), captioned. The gauge-fixed plane is drawn on the tiny random
+    ViTs: its symmetry tangents cost about a minute on the zoo's ViT, seconds there, and the
+    page and the library are wired the same for any ViT."""
     from rotviz.analysis.loss_grid import slice_with
     from rotviz.data.split import load_split
     from rotviz.match.endpoints import match_endpoints
@@ -1222,7 +1237,9 @@ def test_landscape_slice_around_b_prime_and_its_gauge_fixed_twin(pair):
     assert numbers(mark["x"]) == [1.0] and numbers(mark["y"])[0] == pytest.approx(
         want.loss[-1], rel=1e-6)  # span 1: the line's last point is B' itself
 
-    at = app("landscape", l_slice_grid="5")
+    tiny = tiny_pair[0]
+    at = app("landscape", anchor=tiny, source=tiny_pair[1], l_slice_grid="5")
+    assert at.selectbox(key="anchor").value == tiny
     at.button(key="l_gauge_run").click().run()
     assert not at.exception and not at.error, [e.value for e in at.error]
     fig = figures(at)["Test loss on a random plane and on its gauge-fixed twin, one colour "
@@ -1230,6 +1247,7 @@ def test_landscape_slice_around_b_prime_and_its_gauge_fixed_twin(pair):
     _framed(fig)
     left, right = (tr for tr in fig["data"] if tr["type"] == "contour")
     assert (left["zmin"], left["zmax"]) == (right["zmin"], right["zmax"])
+    a = load_model(tiny)
     ev_kw = dict(dims=2, grid=5, span=1.0, seed=0)
     plain = slice_with(a, split, directions="random", **ev_kw)
     fixed = slice_with(a, split, directions="gauge", **ev_kw)
