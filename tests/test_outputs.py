@@ -339,6 +339,20 @@ def test_sigint_leaves_no_output_and_a_rerun_succeeds(ws, capfd, argv):
     assert not [p for p in ws.rglob("*") if p.name.startswith(".rotviz-")]
 
 
+def test_an_interrupt_while_the_commands_load_is_one_line(monkeypatch, capsys):
+    """An interrupt that comes before the command runs (while its modules load, as on a busy
+    machine right after the interpreter starts) is the same one line and exit 130, not a
+    traceback."""
+    import rotviz.cli as cli
+
+    def loading(*_):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", loading)
+    assert cli.main(["match", "a", "b", "--out", "o"]) == 130
+    assert capsys.readouterr().err == "rotviz: interrupted; nothing was written\n"
+
+
 # ---- outputs never touch inputs ---------------------------------------------------------------
 
 

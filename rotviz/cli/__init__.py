@@ -390,12 +390,12 @@ def main(argv: list[str] | None = None) -> int:
     temporary behind (rotviz.outputs)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     calm_before_torch()
-    parser = build_parser(argv[0] if argv and not argv[0].startswith("-") else None)
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:  # argparse: --help (0) or a one-line error (2)
-        return e.code if isinstance(e.code, int) else 2
-    try:
+    try:  # from the start: an interrupt while the commands' modules load is one line too
+        parser = build_parser(argv[0] if argv and not argv[0].startswith("-") else None)
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as e:  # argparse: --help (0) or a one-line error (2)
+            return e.code if isinstance(e.code, int) else 2
         with _terminable(), warnings.catch_warnings():
             if not sys.warnoptions:  # -W or PYTHONWARNINGS still shows them
                 warnings.simplefilter("ignore")  # library warnings are no user's business
