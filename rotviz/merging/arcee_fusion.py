@@ -105,8 +105,7 @@ class _Scored:
                 self.whole = (a, b, row_kl(a, b))
             yield task(*self.whole)
             return
-        first = self.kl is None
-        kept = self.kl
+        kept = self.kl  # None in the first pass, which takes the KL
 
         def work(bounds: tuple[int, int]) -> tuple[Tensor, Done]:
             lo, hi = bounds
@@ -116,7 +115,7 @@ class _Scored:
 
         for (lo, hi), (kl, done) in zip(src.bounds(), in_order(work, src.bounds()),
                                         strict=True):
-            if first:
+            if kept is None:
                 if self.kl is None:
                     self.kl = torch.empty((*src.shape[:-1], 1), dtype=kl.dtype,
                                           device=kl.device)
