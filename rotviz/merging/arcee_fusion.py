@@ -15,7 +15,8 @@ estimate them; rotviz takes them exactly, so the two agree on tensors of at most
 entries and differ where sampling moves mergekit's threshold. An s below 0 (a KL that
 rounds below 0) counts as 0. It combines two models and takes no base and no weight
 (--weight does not change it); it runs at size, the quartiles found in passes over the
-slices of the matrix's rows (a vector is read whole: its KL spans it).
+slices of the matrix's rows (a vector is read whole: its KL spans it), the first pass also
+gathering the bins that a sample of rows says hold the quartiles (`_Guess`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import rotviz.merging.task_vectors as tv
 from rotviz.merging.registry import Mergekit, MergeMethod, register
 from rotviz.merging.rows import in_order, whole
 from rotviz.merging.task_vectors import _Select
@@ -40,6 +42,17 @@ Done = TypeVar("Done")
 EPS = 1e-8  # mergekit's: added to each softmax before the KL
 QUARTILES = (0.25, 0.5, 0.75)
 FENCE = 1.5  # the threshold: median + FENCE x the interquartile range
+
+# The first pass also gathers the entries of the bins that a sample of rows says hold the
+# quartiles. Where the histogram then puts a quartile in a bin gathered whole (nearly
+# always), it is ranked there, and the pass that would gather its bin is not made: on a
+# 128256 x 2048 embedding that pass read and cast both tensors again. The sample only
+# guesses: a quartile whose bin was not gathered takes the passes it took before, so the
+# quartiles, and the merge, are the same bits either way.
+SAMPLE = 1 << 20  # entries of the sampled rows, about
+SAMPLE_RUNS = 32  # the sample's runs of rows, spread evenly over the tensor
+MARGIN = 5.0  # the bins gathered: the sample's quartile +- MARGIN standard errors of its rank
+GUESS_SHARE = 16  # entries gathered at most: numel / GUESS_SHARE (and at least COLLECT)
 
 
 def row_kl(a: Tensor, b: Tensor) -> Tensor:
@@ -123,6 +136,129 @@ class _Scored:
             yield done
 
 
+def _sample(src: RowSource) -> list[Tensor] | None:
+    """The importances of SAMPLE_RUNS runs of rows spread evenly over a matrix, about SAMPLE
+    entries in all (each run's rows read at once); None where sampling cannot save a pass:
+    a vector (read whole), a tensor the first pass gathers whole, or too few rows."""
+    import math
+
+    rows = src.shape[0] if len(src.shape) >= 2 else 0
+    if rows < 2 * SAMPLE_RUNS or src.numel <= tv.COLLECT:
+        return None
+    per_row = math.prod(src.shape[1:])
+    take = max(1, SAMPLE // (SAMPLE_RUNS * per_row))
+    if take * SAMPLE_RUNS * 2 > rows:  # half the tensor or more: not a sample
+        return None
+    runs = []
+    for r in range(SAMPLE_RUNS):
+        lo = r * rows // SAMPLE_RUNS
+        (a, b), _ = src.read(lo, lo + take)
+        runs.append(importance(a, b).reshape(-1))
+    return runs
+
+
+class _Guess:
+    """The first pass's bins (bits >> `low`) that a sample says hold the quartiles, as a
+    table, and the entries of those bins that the pass gathers (in one buffer, given up
+    when they outgrow it: the pass then gathers nothing more, and the quartiles take their
+    passes as without a guess). A quartile the sample puts at 0 (where many entries are
+    unchanged) has its bin's zeros counted instead: the first bin holds the zeros and the
+    subnormal numbers, and where it holds only zeros, its quartile is 0."""
+
+    def __init__(self, table: Tensor, low: int, room: int, zeros: bool) -> None:
+        self.table: Tensor | None = table
+        self.low, self.room, self.zeros = low, room, zeros
+        self.found: Tensor | None = None
+        self.at = 0
+        self.zero = 0  # entries equal to 0, where counted
+
+    @classmethod
+    def of(cls, runs: list[Tensor], ks: list[int], numel: int, width: int) -> _Guess | None:
+        """The bins about each quartile of the sampled importances `runs` (the k-th
+        largest of `numel` for k in `ks`): from the sample's entries MARGIN standard errors
+        of rank below it to as many above, the error the larger of the spread of the runs'
+        shares below it (rows differ) and a simple random sample's. A quartile whose bins
+        would hold more than numel / GUESS_SHARE entries is left to its passes; None where
+        no quartile is guessed."""
+        import math
+
+        import torch
+
+        low = 64 - width
+        flat = torch.cat(runs).sort().values
+        m = flat.numel()
+        bins = flat.view(torch.int64) >> low  # ascending: a nonnegative float64 orders as its bits
+        table = torch.zeros(1 << width, dtype=torch.bool)
+        room = max(tv.COLLECT, numel // GUESS_SHARE)
+        zeros = False
+        for k in ks:
+            p = (numel - k) / max(1, numel - 1)  # the quartile's place, from the smallest
+            v = flat[round(p * (m - 1))]
+            below = torch.stack([(r <= v).double().mean() for r in runs])
+            err = max(float(below.std()) / math.sqrt(len(runs)), math.sqrt(p * (1 - p) / m),
+                      1 / m)
+            lo = int(bins[max(0, math.floor((p - MARGIN * err) * (m - 1)))])
+            hi = int(bins[min(m - 1, math.ceil((p + MARGIN * err) * (m - 1)))])
+            if hi == 0:
+                zeros = True
+                continue
+            more = table.clone()
+            more[lo:hi + 1] = True
+            if float(more[bins].double().mean()) * numel * 1.5 <= room:
+                table = more
+        expected = float(table[bins].double().mean()) * numel
+        if not zeros and not expected:
+            return None
+        return cls(table, low, min(room, int(expected * 1.5) + 1024), zeros)
+
+    def part(self, s: Tensor, bins: Tensor) -> tuple[Tensor, int] | None:
+        """One slice's entries in the guessed bins and its zeros' count, given its s, flat,
+        and their bins (read, not changed)."""
+        import torch
+
+        table = self.table
+        if table is None:
+            return None
+        zero = int(torch.count_nonzero(s == 0)) if self.zeros else 0
+        return s.masked_select(table[bins]), zero
+
+    def add(self, part: tuple[Tensor, int] | None) -> None:
+        import torch
+
+        if part is None or self.table is None:
+            return
+        picked, zero = part
+        self.zero += zero
+        if self.at + picked.numel() > self.room:  # the sample was wrong: give up the guess
+            self.table, self.found = None, None
+            return
+        if self.found is None:
+            self.found = torch.empty(self.room, dtype=picked.dtype, device=picked.device)
+        self.found[self.at:self.at + picked.numel()] = picked
+        self.at += picked.numel()
+
+    def finish(self, f: _Select) -> None:
+        """After the first pass: the quartile `f`, where the histogram put it in a bin
+        gathered whole, ranked among its entries; or 0, where it put it in the first bin
+        and all of that bin's entries are zeros."""
+        import torch
+
+        if self.table is None or f.value is not None or f.shift != self.low:
+            return
+        if self.zeros and f.prefix == 0 and self.zero == f.count:
+            f.value = 0.0  # every candidate is 0: none is larger
+            return
+        if not bool(self.table[f.prefix]):
+            return
+        got = self.found[:self.at] if self.found is not None else torch.empty(
+            0, dtype=torch.float64)
+        vals = got.masked_select((got.view(torch.int64) >> self.low) == f.prefix)
+        if vals.numel() != f.count:
+            raise RuntimeError(f"Arcee Fusion gathered {vals.numel()} of a bin's "
+                               f"{f.count} entries")
+        f.pick(vals)
+
+
 class _Quartiles:
     """The order statistics of one tensor's importances, each the k-th largest of `ks`,
     found together: each pass computes a slice's s once and gives it to every selector
@@ -131,8 +267,10 @@ class _Quartiles:
     each slice's bits shifted once per distinct shift."""
 
     def __init__(self, ks: list[int], numel: int) -> None:
+        self.ks, self.numel = ks, numel
         self.found = [_Select(k, numel) for k in ks]
         self.groups: list[list[_Select]] = []
+        self.guess: _Guess | None = None  # the first pass's, where a sample made one
 
     def done(self) -> bool:
         return all(f.value is not None for f in self.found)
@@ -146,7 +284,14 @@ class _Quartiles:
         for g in self.groups:
             g[0].begin()
 
-    def parts(self, s: Tensor) -> list[tuple[_Select, Any]]:
+    def guess_from(self, runs: list[Tensor] | None) -> None:
+        """Before the first pass (after `begin`): the bins its histogram counts that the
+        sampled importances `runs` say hold the quartiles, to gather as well."""
+        lead = self.groups[0][0]
+        if runs is not None and len(self.groups) == 1 and lead.shift == 64 and lead.width:
+            self.guess = _Guess.of(runs, self.ks, self.numel, lead.width)
+
+    def parts(self, s: Tensor) -> list[tuple[_Select | _Guess, Any]]:
         """What one slice's s, flat, adds to each group's lead (`_Select.part`), changing
         nothing (slices are counted on several threads; `add` keeps each in order). Groups
         that gather their candidates pick them together, one selection of the entries in
@@ -157,11 +302,16 @@ class _Quartiles:
         keys = s.view(torch.int64)
         high: dict[int, Tensor] = {}  # bits >> shift, per shift
         gathering: dict[int, list[_Select]] = {}
-        out: list[tuple[_Select, Any]] = []
+        out: list[tuple[_Select | _Guess, Any]] = []
         for g in self.groups:
             lead = g[0]
             if lead.shift == 64:
-                out.append((lead, lead.part(s)))
+                if self.guess is not None and lead.width:
+                    bins = keys >> self.guess.low
+                    out.append((self.guess, self.guess.part(s, bins)))  # before `part` counts
+                    out.append((lead, lead.part(s, bins)))  # them in place
+                else:
+                    out.append((lead, lead.part(s)))
                 continue
             if lead.shift not in high:
                 high[lead.shift] = keys >> lead.shift
@@ -183,7 +333,7 @@ class _Quartiles:
         return out
 
     @staticmethod
-    def add(parts: list[tuple[_Select, Any]]) -> None:
+    def add(parts: list[tuple[_Select | _Guess, Any]]) -> None:
         for lead, part in parts:
             lead.add(part)
 
@@ -194,6 +344,10 @@ class _Quartiles:
                 f.width, f.hist, f.found, f.at = lead.width, lead.hist, lead.found, lead.at
             for f in g:
                 f.end()
+        if self.guess is not None:
+            for f in self.found:
+                self.guess.finish(f)
+            self.guess = None
         self.groups = []
 
 
@@ -203,8 +357,11 @@ def threshold(src: RowSource, scored: _Scored | None = None) -> float:
     scored = _Scored(src) if scored is None else scored
     n = src.numel
     quartiles = _Quartiles([n - int(q * (n - 1)) for q in QUARTILES], n)
+    runs = _sample(src)
     while not quartiles.done():
         quartiles.begin()
+        quartiles.guess_from(runs)
+        runs = None  # the first pass's only
         for parts in scored.each(lambda a, b, kl: quartiles.parts(
                 importance(a, b, kl).reshape(-1))):
             quartiles.add(parts)

@@ -101,10 +101,12 @@ class _Select:
         (`see` picks them; several selectors of the same values pick them once)."""
         self.add(self.part(a))
 
-    def part(self, a: Tensor) -> Tensor | tuple[int, Tensor] | None:
+    def part(self, a: Tensor, bins: Tensor | None = None) -> Tensor | tuple[int, Tensor] | None:
         """What one slice's candidates (as `take` has them) add to this pass: the candidates
         themselves when it gathers, else their histogram's counts from its lowest bin. It
-        changes nothing, so slices can be counted on other threads (`add` keeps them)."""
+        changes nothing but `bins` (the first pass's bins of `a`, bits >> (64 - width),
+        where the caller has them: they are counted in place), so slices can be counted on
+        other threads (`add` keeps them)."""
         import torch
 
         if not self.width:
@@ -113,7 +115,8 @@ class _Select:
         if not keys.numel():
             return None
         low = self.shift - self.width
-        bins = keys >> low if self.shift == 64 else (keys >> low) & ((1 << self.width) - 1)
+        if bins is None:
+            bins = keys >> low if self.shift == 64 else (keys >> low) & ((1 << self.width) - 1)
         # counted from the slice's lowest bin: its magnitudes span few of the 2^width bins,
         # and a histogram of them all per slice would cost more than the slice
         first = int(bins.min())
@@ -145,9 +148,7 @@ class _Select:
 
         if not self.width:
             vals, self.found = self.found, None
-            v = torch.kthvalue(vals, vals.numel() - self.need + 1).values
-            self.greater += int((vals > v).sum())
-            self.value = float(v)
+            self.pick(vals)
             return
         h, self.hist = self.hist, None
         above = h.flip(0).cumsum(0)  # entries in the top j + 1 buckets
@@ -162,6 +163,15 @@ class _Select:
         if self.shift == 0:  # every bit fixed: the answer, and all candidates equal it
             self.value = float(torch.tensor([self.prefix], dtype=torch.int64).view(
                 torch.float64))
+
+
+    def pick(self, vals: Tensor) -> None:
+        """The answer, ranked among its candidates `vals` (all of them, in any order)."""
+        import torch
+
+        v = torch.kthvalue(vals, vals.numel() - self.need + 1).values
+        self.greater += int((vals > v).sum())
+        self.value = float(v)
 
 
 class Trim:

@@ -102,3 +102,65 @@ def test_the_quartiles_found_in_passes_are_exact(monkeypatch, tied):
     n = s.numel()
     q1, med, q3 = (s[int(q * (n - 1))].item() for q in (0.25, 0.5, 0.75))
     assert threshold(held([a, b], chunk=400)) == med + 1.5 * (q3 - q1)
+
+
+def _counted(src):
+    """`src` with its reads counted, and the passes they make."""
+    from dataclasses import replace
+
+    reads: list[tuple[int, int]] = []
+
+    def read(lo, hi):
+        reads.append((lo, hi))
+        return src.read(lo, hi)
+
+    return replace(src, read=read), reads
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_a_sampled_guess_saves_the_gathering_pass_with_the_same_bits(monkeypatch, tied):
+    """Where a sample of rows puts each quartile's bin, the first pass gathers those bins
+    and the quartiles are ranked there: the threshold is one pass over the slices, not two,
+    and equals the sorted importances' formula; with a third of the rows unchanged, the
+    first quartile is 0, found by counting zeros. A guess that is wrong (a sample 1000x off)
+    or whose entries outgrow its buffer leaves the quartiles to their passes: the same
+    threshold, and the same merged bits."""
+    import rotviz.merging.arcee_fusion as af
+    import rotviz.merging.task_vectors as tv
+
+    monkeypatch.setattr(tv, "COLLECT", 64)
+    monkeypatch.setattr(af, "SAMPLE", 9600)  # one row in each of 32 runs: 1.6% of the rows
+    monkeypatch.setattr(af, "GUESS_SHARE", 1)  # this small tensor's bins are wide (1/16)
+    _, (a, b) = randoms(9, (2000, 300), n=2, spread=0.5)
+    if tied:  # a third of the entries, spread over every row, as a fine-tune leaves them
+        same = torch.rand(a.shape, generator=torch.Generator().manual_seed(9)) < 1 / 3
+        b[same] = a[same]
+    s = importance(a, b).reshape(-1).sort().values
+    n = s.numel()
+    q1, med, q3 = (s[int(q * (n - 1))].item() for q in (0.25, 0.5, 0.75))
+    assert (q1 == 0.0) is tied
+    src, reads = _counted(held([a, b], chunk=7500))  # 25 rows a slice: 80 slices
+    assert threshold(src) == med + 1.5 * (q3 - q1)
+    assert len(reads) == 32 + 80  # the sample's runs, then one pass
+    want = whole(arcee_fusion_rows, [a, b], None, chunk=7500)
+
+    sample = af._sample
+    monkeypatch.setattr(af, "_sample", lambda src: [r * 1000 for r in sample(src)])
+    src, reads = _counted(held([a, b], chunk=7500))
+    assert threshold(src) == med + 1.5 * (q3 - q1)
+    assert len(reads) >= 32 + 2 * 80
+    assert torch.equal(whole(arcee_fusion_rows, [a, b], None, chunk=7500), want)
+
+    monkeypatch.setattr(af, "_sample", sample)
+    of = af._Guess.of.__func__
+
+    def cramped(cls, *args):
+        guess = of(cls, *args)
+        guess.room = 1
+        return guess
+
+    monkeypatch.setattr(af._Guess, "of", classmethod(cramped))
+    src, reads = _counted(held([a, b], chunk=7500))
+    assert threshold(src) == med + 1.5 * (q3 - q1)
+    assert len(reads) >= 32 + 2 * 80
+    assert torch.equal(whole(arcee_fusion_rows, [a, b], None, chunk=7500), want)
