@@ -27,6 +27,7 @@ from bench.screenshots import (  # noqa: E402
     drawn,
     free_port,
     start_server,
+    still_page,
     wait_healthy,
 )
 
@@ -125,7 +126,7 @@ def test_every_page_then_a_users_classifier_pair_and_csv(tmp_path, monkeypatch):
     monkeypatch.setenv(app_roots.ENV_ROOTS, str(root))
     with serving(tmp_path) as server, playwright.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1280, "height": 1600})
+        page = still_page(browser, viewport={"width": 1280, "height": 1600})
         first_request_is_a_page_url(server, page)
         # the sidebar's labels, in the order shown, as `rotviz barrier ANCHOR SOURCE` reads
         anchor = page.get_by_text("Anchor (model 1, stays fixed)")
