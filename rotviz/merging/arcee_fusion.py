@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import rotviz.merging.task_vectors as tv
 from rotviz.merging.registry import Mergekit, MergeMethod, register
 from rotviz.merging.rows import in_order, whole
-from rotviz.merging.task_vectors import _Select
+from rotviz.merging.task_vectors import _Select, picked
 
 if TYPE_CHECKING:
     import torch
@@ -220,7 +220,7 @@ class _Guess:
         if table is None:
             return None
         zero = int(torch.count_nonzero(s == 0)) if self.zeros else 0
-        return s.masked_select(table[bins]), zero
+        return picked(s, table.index_select(0, bins)), zero
 
     def add(self, part: tuple[Tensor, int] | None) -> None:
         import torch
@@ -252,7 +252,7 @@ class _Guess:
             return
         got = self.found[:self.at] if self.found is not None else torch.empty(
             0, dtype=torch.float64)
-        vals = got.masked_select((got.view(torch.int64) >> self.low) == f.prefix)
+        vals = picked(got, (got.view(torch.int64) >> self.low) == f.prefix)
         if vals.numel() != f.count:
             raise RuntimeError(f"Arcee Fusion gathered {vals.numel()} of a bin's "
                                f"{f.count} entries")
@@ -316,20 +316,20 @@ class _Quartiles:
             if lead.shift not in high:
                 high[lead.shift] = keys >> lead.shift
             if lead.width:
-                out.append((lead, lead.part(s.masked_select(high[lead.shift] == lead.prefix))))
+                out.append((lead, lead.part(picked(s, high[lead.shift] == lead.prefix))))
             else:
                 gathering.setdefault(lead.shift, []).append(lead)
         for shift, leads in gathering.items():
             h = high[shift]
             if len(leads) == 1:
-                out.append((leads[0], leads[0].part(s.masked_select(h == leads[0].prefix))))
+                out.append((leads[0], leads[0].part(picked(s, h == leads[0].prefix))))
                 continue
-            picked = h == leads[0].prefix
+            chosen = h == leads[0].prefix
             for lead in leads[1:]:
-                picked |= h == lead.prefix
-            cs = s.masked_select(picked)
+                chosen |= h == lead.prefix
+            cs = picked(s, chosen)
             hs = cs.view(torch.int64) >> shift
-            out.extend((lead, lead.part(cs.masked_select(hs == lead.prefix))) for lead in leads)
+            out.extend((lead, lead.part(picked(cs, hs == lead.prefix))) for lead in leads)
         return out
 
     @staticmethod
