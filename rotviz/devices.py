@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import os
 import platform
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rotviz.errors import RotvizError
 
@@ -68,6 +68,56 @@ def one_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+# Threads that work on slices at once, where the work on a slice is independent of the other
+# slices' (`in_order`: a merge's, a streamed distance's); each runs torch on one thread
+# (`one_thread`), so the slices are worked on exactly as on one thread. Two: slices are read
+# from files and cast, and more threads would mostly wait for the disk and for each other.
+SLICE_WORKERS = 2
+
+Item = TypeVar("Item")
+Done = TypeVar("Done")
+
+
+def slice_workers() -> int:
+    """Threads for `in_order`: SLICE_WORKERS, at most the processors this process may run on."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS has no affinity: every processor
+        cores = os.cpu_count() or 1
+    return max(1, min(SLICE_WORKERS, cores))
+
+
+def in_order(work: Callable[[Item], Done], items: Iterable[Item],
+             workers: int | None = None) -> Iterator[Done]:
+    """work(item) for each item, given back in the items' order, worked on `workers` threads
+    (default `slice_workers()`) at most `workers` items ahead of the one given back, so that
+    few results are held. For slices whose work needs no other slice's (a pass that counts
+    or gathers, a merge of rows): torch lets go of Python's lock inside its operations, so
+    two threads work two slices at once, each as it would alone (the same operations on the
+    same numbers: the same bits). An error in one item's work is raised when its turn comes."""
+    workers = slice_workers() if workers is None else workers
+    if workers <= 1:
+        yield from map(work, items)
+        return
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+    from itertools import islice
+
+    left = iter(items)
+    with ThreadPoolExecutor(workers, thread_name_prefix="rotviz-slices") as pool:
+        coming = deque(pool.submit(work, item) for item in islice(left, workers))
+        try:
+            while coming:
+                done = coming.popleft().result()
+                for item in left:  # the next item, if any
+                    coming.append(pool.submit(work, item))
+                    break
+                yield done
+        finally:
+            for f in coming:  # given up early (an error, or the merge stopped): drop the rest
+                f.cancel()
 
 
 # Parameters in a pair (both models) below which its matching runs on one CPU thread. A small

@@ -235,6 +235,7 @@ def test_slices_worked_on_two_threads_come_in_order_with_the_same_bits(monkeypat
     import threading
     import time
 
+    import rotviz.devices as devices
     import rotviz.merging.rows as rows
     from rotviz.merging.arcee_fusion import arcee_fusion_rows
 
@@ -247,7 +248,7 @@ def test_slices_worked_on_two_threads_come_in_order_with_the_same_bits(monkeypat
             raise RotvizError("bad slice")
         return k
 
-    got = rows.in_order(work, range(20), workers=2)
+    got = devices.in_order(work, range(20), workers=2)
     assert [next(got) for _ in range(13)] == list(range(13))
     with pytest.raises(RotvizError, match="bad slice"):
         next(got)
@@ -255,7 +256,7 @@ def test_slices_worked_on_two_threads_come_in_order_with_the_same_bits(monkeypat
     a, b = _rand(41, 30, seed=7, n=2)
     merged = {}
     for workers in (1, 2):
-        monkeypatch.setattr(rows, "SLICE_WORKERS", workers)
+        monkeypatch.setattr(devices, "SLICE_WORKERS", workers)
         merged[workers] = rows.whole(arcee_fusion_rows, [a, b], None, chunk=90)
     assert torch.equal(merged[1], merged[2]) and not torch.equal(merged[1], a)
 

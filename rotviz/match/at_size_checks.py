@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -20,6 +21,7 @@ from rotviz.atsize.blocks import (
     read_block_view,
 )
 from rotviz.atsize.runtime import Provider, Reader, build_meta
+from rotviz.devices import in_order, one_thread
 from rotviz.match.distances import Distances, distances, squared_distance
 from rotviz.match.options import MatchOptions
 from rotviz.match.pipeline import record_stored_check
@@ -48,7 +50,9 @@ def kind_cells(d: Distances) -> dict[str, float]:
 def rest_cells(anchor: Streamed, source: Streamed) -> dict[tuple[int | None, str], float]:
     """Distances outside the blocks (unchanged by per-layer maps), one tensor at a time and
     the largest (embeddings, output heads) in slices of rows, in the kinds
-    `rotviz.symmetry.kinds.groups` gives them (tie aliases counted once)."""
+    `rotviz.symmetry.kinds.groups` gives them (tie aliases counted once). The slices are
+    read and summed on two threads at once (`in_order`, torch on one thread in each: the
+    reading and casting of a vocabulary's rows is most of it), their sums added in order."""
     tied = {alias for alias, _ in source.tied}
     cells: dict[tuple[int | None, str], float] = {}
     for name in source.rest:
@@ -58,17 +62,25 @@ def rest_cells(anchor: Streamed, source: Streamed) -> dict[tuple[int | None, str
         rows = shape[0] if shape else 1
         step = max(1, (1 << 22) // max(1, math.prod(shape[1:]))) if shape else 1
         total = 0.0
-        for lo in range(0, rows, step):
-            if shape:
-                a = anchor.checkpoint.read_rows(name, lo, lo + step, torch.float32)
-                s = source.checkpoint.read_rows(name, lo, lo + step, torch.float32)
-            else:
-                a = anchor.checkpoint.read([name], torch.float32)[name]
-                s = source.checkpoint.read([name], torch.float32)[name]
-            total += squared_distance(s, a)
+        with one_thread():
+            for d in in_order(partial(_squared, anchor, source, name),
+                              [(lo, lo + step) for lo in range(0, rows, step)]):
+                total += d
         key = (None, kind_of(name, source.layout))
         cells[key] = cells.get(key, 0.0) + total
     return cells
+
+
+def _squared(anchor: Streamed, source: Streamed, name: str, bounds: tuple[int, int]) -> float:
+    """||source - anchor||^2 of rows lo:hi of tensor `name` (a 0-dimensional one whole)."""
+    lo, hi = bounds
+    if source.checkpoint.entries[name].shape:
+        a = anchor.checkpoint.read_rows(name, lo, hi, torch.float32)
+        s = source.checkpoint.read_rows(name, lo, hi, torch.float32)
+    else:
+        a = anchor.checkpoint.read([name], torch.float32)[name]
+        s = source.checkpoint.read([name], torch.float32)[name]
+    return squared_distance(s, a)
 
 
 def streamed_distance(anchor: Streamed, source: Streamed) -> Distances:

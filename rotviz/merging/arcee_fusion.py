@@ -25,8 +25,9 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import rotviz.merging.task_vectors as tv
+from rotviz.devices import in_order
 from rotviz.merging.registry import Mergekit, MergeMethod, register
-from rotviz.merging.rows import in_order, whole
+from rotviz.merging.rows import whole
 from rotviz.merging.task_vectors import _Select, picked
 
 if TYPE_CHECKING:
@@ -106,7 +107,7 @@ class _Scored:
 
     def each(self, task: Callable[[Tensor, Tensor, Tensor], Done]) -> Iterator[Done]:
         """task(a, b, kl) of each slice, in order: the slices read and worked on
-        `slice_workers` threads at once (rotviz.merging.rows.in_order), so `task` must
+        `slice_workers` threads at once (rotviz.devices.in_order), so `task` must
         change nothing but what it makes. In the first pass each slice's KL is taken where
         it is read and kept here by this thread, in row order."""
         import torch
