@@ -50,12 +50,18 @@ def _pages(user_roots, page: str, **params):
                data=data, n="0", **params)
 
 
-def test_models_barrier_and_merge_pages_show_the_task_and_f1(user_roots):
+def test_models_barrier_and_merge_pages_show_the_task_and_f1(user_roots, monkeypatch):
+    """The Models page's warm-up (the Barrier page's default curves, weight matching among
+    them, computed ahead in a thread) is left out: nothing here reads it (the Barrier page
+    below draws other options), and tests/test_app.py tests it."""
     from rotviz.analysis.fusion import fusion_table
     from rotviz.data.reading import split_for
     from rotviz.evaluation import evaluate
     from rotviz.measures.barrier import interpolate
     from rotviz.sources.loading import load_model
+    from rotviz.ui import run
+
+    monkeypatch.setattr(run, "warm_up", lambda s: None)
 
     a, b = load_model(str(user_roots / "cls-0")), load_model(str(user_roots / "cls-1"))
     split = split_for(a, f"csv:{user_roots / 'data' / 'reviews.csv'}", "test")

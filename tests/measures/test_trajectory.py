@@ -41,6 +41,14 @@ def alone(split):
     return measure("trajectory", [RUN_A], split, grid=5).to_dict()
 
 
+@pytest.fixture(scope="module")
+def both(split):
+    """Runs A and B, unmatched and seed-matched (the Training page's matchings, none and seed:
+    the same record as match=["seed"]), on the page's smallest grid: read by the recipe test
+    and as the library's side of the page test (never modify it)."""
+    return measure("trajectory", [RUN_A, RUN_B], split, grid=5, match=["none", "seed"]).to_dict()
+
+
 def _offsets(checkpoints) -> tuple[np.ndarray, list[str]]:
     """theta_i - theta_final over the model's floating parameters, written here."""
     final = checkpoints[max(checkpoints)]
@@ -129,8 +137,8 @@ def test_one_series_twice_gives_one_path_twice(spec, split):
         np.testing.assert_allclose(b["loss"], a["loss"], atol=1e-6)
 
 
-def test_two_runs_unmatched_and_matched_share_the_recipe(split):
-    r = measure("trajectory", [RUN_A, RUN_B], split, grid=3, match=["seed"]).to_dict()
+def test_two_runs_unmatched_and_matched_share_the_recipe(both):
+    r = both
     un, ma = r["planes"]
     assert (un["name"], ma["name"], r["match"], r["series_b"]) == ("unmatched", "matched",
                                                                     "seed", RUN_B)
@@ -199,20 +207,20 @@ def test_refusals_are_one_line(tmp_path, capfd, ws):
         measure("trajectory", [RUN_A, RUN_B], object(), **{"with": RUN_B})
 
 
-def test_the_training_page_draws_both_runs_unmatched_and_matched():
+def test_the_training_page_draws_both_runs_unmatched_and_matched(both):
     """Section 4 of the Training page opens on run A with run B; its Run draws the two
-    planes (the page's matchings: none and seed), framed, with the library's numbers."""
-    from rotviz.data.split import load_split
-    from tests.test_app import N_EVAL, _framed, app, figures
+    planes (the page's matchings: none and seed), framed, with the library's numbers (on
+    this module's N test samples: the library's side is the `both` fixture)."""
+    from tests.test_app import _framed, app, figures
 
-    at = app("training", t_trajectory_grid="5")
+    at = app("training", n=str(N), t_trajectory_grid="5")
     at.button(key="t_trajectory_run").click().run()
     assert not at.exception, [e.message for e in at.exception]
     assert not at.error, [e.value for e in at.error]
     (fig,) = [f for t, f in figures(at).items() if t.startswith("Training trajectories")]
     _framed(fig)
-    want = measure("trajectory", [RUN_A, RUN_B], load_split("digits", "test", 0).subset(N_EVAL),
-                   grid=5, match=["none", "seed"]).to_dict()
+    want = both
+    assert want["n"] == N
     contours = [tr for tr in fig["data"] if tr["type"] == "contour"]
     assert len(contours) == 2 == len(want["planes"])
     for tr, p in zip(contours, want["planes"], strict=True):
