@@ -228,15 +228,15 @@ class _Guess:
 
         if part is None or self.table is None:
             return
-        picked, zero = part
+        got, zero = part
         self.zero += zero
-        if self.at + picked.numel() > self.room:  # the sample was wrong: give up the guess
+        if self.at + got.numel() > self.room:  # the sample was wrong: give up the guess
             self.table, self.found = None, None
             return
         if self.found is None:
-            self.found = torch.empty(self.room, dtype=picked.dtype, device=picked.device)
-        self.found[self.at:self.at + picked.numel()] = picked
-        self.at += picked.numel()
+            self.found = torch.empty(self.room, dtype=got.dtype, device=got.device)
+        self.found[self.at:self.at + got.numel()] = got
+        self.at += got.numel()
 
     def finish(self, f: _Select) -> None:
         """After the first pass: the quartile `f`, where the histogram put it in a bin

@@ -171,7 +171,6 @@ class _Select:
             self.value = float(torch.tensor([self.prefix], dtype=torch.int64).view(
                 torch.float64))
 
-
     def pick(self, vals: Tensor) -> None:
         """The answer, ranked among its candidates `vals` (all of them, in any order)."""
         import torch
