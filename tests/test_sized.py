@@ -140,3 +140,44 @@ def test_cli_plane_at_size_refuses_no_matching(capsys):
                  "--grid", "5", "--match", "none", "--max-memory", "0"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--match" in err
+
+
+def test_a_pairs_distance_worked_out_beside_the_caller_is_the_same_bits(monkeypatch):
+    """The distance outside the blocks of a pair not matched (`RestLater`, begun while an
+    at-size merge works) is the same bits as `rest_cells` alone, whether its thread finished
+    or was stopped after some slices (the caller sums the rest); its thread sums on one torch
+    thread whatever the caller's count, leaves the caller's count alone, and is gone after."""
+    import threading
+
+    import torch
+
+    from rotviz.match import at_size_checks as checks
+
+    a, b = open_streamed("zoo:vit-digits-s3"), open_streamed("zoo:vit-digits-s6")
+    ref = checks.streamed_distance(a, b).cells
+    real, seen, go = checks._squared, [], threading.Event()
+
+    def held(*args):
+        if threading.current_thread().name.startswith("rotviz-distance"):
+            seen.append(torch.get_num_threads())
+            if len(seen) == 2:  # the second slice waits until the caller stops the thread
+                assert go.wait(60)
+        return real(*args)
+
+    monkeypatch.setattr(checks, "_squared", held)
+    threads = torch.get_num_threads()
+    later = checks.RestLater(a, b)
+    assert torch.get_num_threads() == threads
+    for _ in range(600):
+        if len(seen) >= 2:
+            break
+        threading.Event().wait(0.1)
+    later.stop.set()
+    go.set()
+    assert checks.streamed_distance(a, b, later).cells == ref
+    assert len(later.sums) == 2 < len(later.todo) and seen == [1, 1]
+    finished = checks.RestLater(a, b)
+    finished.running.result()
+    assert len(finished.sums) == len(finished.todo) and set(seen) == {1}
+    assert checks.streamed_distance(a, b, finished).cells == ref
+    assert not [t for t in threading.enumerate() if t.name.startswith("rotviz-distance")]

@@ -11,9 +11,10 @@ context ends.
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +36,17 @@ class StreamedEndpoints:
     anchor_path: str
     source_path: str
     matched_path: str
-    info: MatchInfo | None
+    # the match's brief (`info`), made when first read: the distance of a pair not matched
+    # is worked out meanwhile (rotviz.match.at_size_checks.RestLater)
+    brief: Callable[[], MatchInfo | None]
     layers: list[int] | None
     anchor: Any  # the opened anchor (rotviz.atsize.blocks.Streamed)
     at_size: bool = True
+
+    @cached_property
+    def info(self) -> MatchInfo | None:
+        """What matching did, in brief (rank 0's; None on torchrun's other ranks)."""
+        return self.brief()
 
     @property
     def match(self) -> str:
@@ -61,9 +69,10 @@ def streamed_endpoints(anchor: Any, source: Any, options: MatchOptions | None, d
     """Match the opened streamed pair (rotviz.atsize.blocks.open_streamed) with `options`
     into a temporary folder shared by every torchrun rank, and yield the endpoints."""
     from rotviz.match.at_size import match_streamed
-    from rotviz.match.at_size_checks import streamed_distance
+    from rotviz.match.at_size_checks import RestLater, streamed_distance
 
     refuse(options)
+    rest = None
     with tempfile.TemporaryDirectory(prefix="rotviz-matched-") as tmp:
         matched, info = str(source.ref), None
         if options is not None:
@@ -81,7 +90,17 @@ def streamed_endpoints(anchor: Any, source: Any, options: MatchOptions | None, d
         elif group.main and anchor.path == source.path:  # one model (a slice): nothing to read
             info = MatchInfo("none", 0.0, 0.0, 0.0, 0.0)
         elif group.main:
-            d = streamed_distance(anchor, source)
-            info = MatchInfo("none", d.total, d.total, 0.0, 0.0, d.to_dict(), d.to_dict())
-        yield StreamedEndpoints(str(anchor.ref), str(source.ref), str(anchor.ref),
-                                str(source.ref), matched, info, layers_of(options), anchor)
+            rest = RestLater(anchor, source)
+
+        def brief() -> MatchInfo | None:
+            if rest is None:
+                return info
+            d = streamed_distance(anchor, source, rest)
+            return MatchInfo("none", d.total, d.total, 0.0, 0.0, d.to_dict(), d.to_dict())
+
+        try:
+            yield StreamedEndpoints(str(anchor.ref), str(source.ref), str(anchor.ref),
+                                    str(source.ref), matched, brief, layers_of(options), anchor)
+        finally:
+            if rest is not None:
+                rest.close()

@@ -13,6 +13,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -37,13 +38,15 @@ Tensor = torch.Tensor
 def sized_merge(anchor: str | os.PathLike | Streamed, source: str | os.PathLike, split: Split,
                 weight: float = 0.5, device: str | torch.device = "cpu",
                 batch_size: int = 512, folder: Path | None = None,
-                match_info: MatchInfo | None = None, layers: list[int] | None = None,
+                match_info: MatchInfo | Callable[[], MatchInfo | None] | None = None,
+                layers: list[int] | None = None,
                 method: str = "simple", base: str | os.PathLike | None = None,
                 evaluate: bool = True, **params) -> Merged:
-    """The merge of two checkpoint folders (the source already matched: `match_info` says
-    how) with a registered method that merges a slice of rows at a time without statistics
-    (`MergeMethod.at_size`; rotviz.merging.merges_at_size names them) and its
-    `params`, about the checkpoint folder `base` for a method that needs one; written as
+    """The merge of two checkpoint folders (the source already matched: `match_info`, or a
+    function giving it that is called once the merge is written, says how) with a registered
+    method that merges a slice of rows at a time without statistics (`MergeMethod.at_size`;
+    rotviz.merging.merges_at_size names them) and its `params`, about the checkpoint folder
+    `base` for a method that needs one; written as
     shards in the anchor's dtypes into the empty `folder` when given, with its config and
     tokenizer and processor files, and evaluated on `split` with the two endpoints as
     `rotviz.measures.merge.merge` does.
@@ -102,7 +105,10 @@ def sized_merge(anchor: str | os.PathLike | Streamed, source: str | os.PathLike,
     if folder is not None:
         shutil.copyfile(first.path / "config.json", folder / "config.json")
         copy_reading_files(first.path, folder)
-    info = match_info or MatchInfo("none", 0.0, 0.0, None, 0.0)
+    # read only now: a pair not matched has its distance worked out beside the merge
+    # (rotviz.atsize.endpoints.StreamedEndpoints.info)
+    info = (match_info() if callable(match_info) else match_info) or MatchInfo(
+        "none", 0.0, 0.0, None, 0.0)
     return Merged(
         method=m.name, match=info.match, weight=weight, loss=loss, acc=acc,
         anchor_loss=a_loss, anchor_acc=a_acc, source_loss=s_loss, source_acc=s_acc,

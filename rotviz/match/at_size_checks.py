@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -47,28 +46,105 @@ def kind_cells(d: Distances) -> dict[str, float]:
     return {kind: v for (_, kind), v in d.cells.items()}
 
 
-def rest_cells(anchor: Streamed, source: Streamed) -> dict[tuple[int | None, str], float]:
-    """Distances outside the blocks (unchanged by per-layer maps), one tensor at a time and
-    the largest (embeddings, output heads) in slices of rows, in the kinds
-    `rotviz.symmetry.kinds.groups` gives them (tie aliases counted once). The slices are
-    read and summed on two threads at once (`in_order`, torch on one thread in each: the
-    reading and casting of a vocabulary's rows is most of it), their sums added in order."""
+Slices = list[tuple[tuple[int | None, str], str, list[tuple[int, int]]]]
+
+
+def _rest_slices(anchor: Streamed, source: Streamed) -> Slices:
+    """The tensors outside the blocks whose distance counts (tie aliases and integer tensors
+    left out), each with its cell and its slices of rows, in the order their sums are added."""
     tied = {alias for alias, _ in source.tied}
-    cells: dict[tuple[int | None, str], float] = {}
+    out: Slices = []
     for name in source.rest:
         if name in tied or not source.checkpoint.entries[name].dtype.is_floating_point:
             continue
         shape = source.checkpoint.entries[name].shape
         rows = shape[0] if shape else 1
         step = max(1, (1 << 22) // max(1, math.prod(shape[1:]))) if shape else 1
+        out.append(((None, kind_of(name, source.layout)), name,
+                    [(lo, lo + step) for lo in range(0, rows, step)]))
+    return out
+
+
+def _rest_sums(slices: Slices, sums: list[float]) -> dict[tuple[int | None, str], float]:
+    """The cells of `slices`, given each slice's squared distance in order: a tensor's
+    slices added in order, then the tensors of a cell."""
+    cells: dict[tuple[int | None, str], float] = {}
+    at = 0
+    for key, _, bounds in slices:
         total = 0.0
-        with one_thread():
-            for d in in_order(partial(_squared, anchor, source, name),
-                              [(lo, lo + step) for lo in range(0, rows, step)]):
-                total += d
-        key = (None, kind_of(name, source.layout))
+        for d in sums[at:at + len(bounds)]:
+            total += d
+        at += len(bounds)
         cells[key] = cells.get(key, 0.0) + total
     return cells
+
+
+def _squared_slices(anchor: Streamed, source: Streamed, todo: list[tuple[str, tuple[int, int]]]
+                    ) -> list[float]:
+    """The squared distance of each (tensor, rows) of `todo`, in order, read and summed on
+    two threads at once (`in_order`, torch on one thread in each: the reading and casting of
+    a vocabulary's rows is most of it)."""
+    with one_thread():
+        return list(in_order(lambda job: _squared(anchor, source, *job), todo))
+
+
+def rest_cells(anchor: Streamed, source: Streamed) -> dict[tuple[int | None, str], float]:
+    """Distances outside the blocks (unchanged by per-layer maps), one tensor at a time and
+    the largest (embeddings, output heads) in slices of rows, in the kinds
+    `rotviz.symmetry.kinds.groups` gives them (tie aliases counted once), their slices' sums
+    added in order."""
+    slices = _rest_slices(anchor, source)
+    todo = [(name, b) for _, name, bounds in slices for b in bounds]
+    return _rest_sums(slices, _squared_slices(anchor, source, todo))
+
+
+class RestLater:
+    """`rest_cells`, begun on a thread of its own, so that a caller that reads it only at its
+    end (an at-size merge of a pair not matched, which reports the pair's distance) works
+    meanwhile: a merge keeps both cores busy only part of the time, and an embedding's
+    distance reads and casts both models' rows (seconds, on a vocabulary of 128k).
+
+    The thread sums slices in order while it is allowed to; `cells` stops it after the
+    slice it is on and sums the rest as `rest_cells` does. Either way each slice is summed by
+    torch on one thread: the thread is made inside `one_thread`, and torch's count is a
+    thread's own from then on, so the caller's later counts do not reach it. The cells are
+    therefore the same bits however the work was split. `close` stops it (an error, a
+    signal) without waiting for more than the slice it is on."""
+
+    def __init__(self, anchor: Streamed, source: Streamed) -> None:
+        import threading
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.anchor, self.source = anchor, source
+        self.slices = _rest_slices(anchor, source)
+        self.todo = [(name, b) for _, name, bounds in self.slices for b in bounds]
+        self.sums: list[float] = []
+        self.stop = threading.Event()
+        with one_thread():  # the thread starts, and takes torch's count, in here
+            self.pool = ThreadPoolExecutor(1, thread_name_prefix="rotviz-distance",
+                                           initializer=torch.get_num_threads)
+            self.pool.submit(int).result()
+        self.running = self.pool.submit(self._run)
+
+    def _run(self) -> None:
+        for job in self.todo:
+            if self.stop.is_set():
+                return
+            self.sums.append(_squared(self.anchor, self.source, *job))
+
+    def close(self) -> None:
+        """Stop the thread after the slice it is on, and wait for that."""
+        self.stop.set()
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+    def cells(self) -> dict[tuple[int | None, str], float]:
+        """The rest's cells: the thread's slices, and the ones it had not reached."""
+        self.close()
+        if not self.running.cancelled():
+            self.running.result()  # its error, if any, is raised here
+        left = self.todo[len(self.sums):]
+        sums = self.sums + (_squared_slices(self.anchor, self.source, left) if left else [])
+        return _rest_sums(self.slices, sums)
 
 
 def _squared(anchor: Streamed, source: Streamed, name: str, bounds: tuple[int, int]) -> float:
@@ -83,15 +159,18 @@ def _squared(anchor: Streamed, source: Streamed, name: str, bounds: tuple[int, i
     return squared_distance(s, a)
 
 
-def streamed_distance(anchor: Streamed, source: Streamed) -> Distances:
+def streamed_distance(anchor: Streamed, source: Streamed, rest: RestLater | None = None
+                      ) -> Distances:
     """The parameter distance of two checkpoints, read block by block (as the in-memory
-    `rotviz.match.distances.distances` of the loaded models)."""
+    `rotviz.match.distances.distances` of the loaded models); the cells outside the blocks
+    from `rest` where it was begun earlier."""
     cells: dict[tuple[int | None, str], float] = {}
     for i in range(source.dims.n_layers):
         d = distances(read_block_view(source, i), read_block_view(anchor, i))
         cells.update({(i, k): v for k, v in kind_cells(d).items()})
         release()
-    return Distances({**cells, **rest_cells(anchor, source)})
+    return Distances({**cells, **(rest.cells() if rest is not None else
+                                  rest_cells(anchor, source))})
 
 
 Dtype = torch.dtype | None  # float32, or None: as stored

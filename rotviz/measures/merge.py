@@ -233,7 +233,7 @@ def _at_size(ends, ctx: Context, v: dict):
 
     _sized_check(v)
     r = sized_merge(ends.anchor, ends.matched_path, ctx.split, v["weight"], ctx.device,
-                    folder=ctx.out, match_info=ends.info, layers=ends.layers,
+                    folder=ctx.out, match_info=lambda: ends.info, layers=ends.layers,
                     method=v["method"], base=v["base"] or None, evaluate=_evaluates(v),
                     **_given(v))
     r.source = ends.source_ref
