@@ -7,6 +7,7 @@ behind, the umask is followed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -290,31 +291,63 @@ def test_a_failure_while_writing_leaves_nothing(ws, capfd, monkeypatch):
 # ---- Ctrl-C in a real process -----------------------------------------------------------------
 
 
-READY = ("import sys, torch, transformers, timm, scipy.optimize, rotviz.cli, "
-         "rotviz.match.pipeline, rotviz.analysis.paths, rotviz.analysis.fusion, "
-         "rotviz.zoo.train, rotviz.match.datamatch\n"
-         "print('ready', flush=True)\n"
-         "sys.exit(rotviz.cli.main(sys.argv[1:]))\n")
+# A server that imports what the commands use once (torch, transformers, timm, scipy: about
+# 10 s of CPU in each fresh interpreter), then runs each command it is sent in a process of its
+# own, forked from it: the command's process is interrupted, exits and is waited for as a
+# fresh interpreter's would be, with its stdout and stderr in files. Protocol: a line of JSON
+# (argv, cwd, out, err) in; the command's pid, then its exit code (os.waitstatus_to_exitcode:
+# -2 for a process that SIGINT ended) out.
+SERVER = """
+import json, os, signal, sys
+import torch, transformers, timm, scipy.optimize  # noqa: F401
+import rotviz.cli, rotviz.match.pipeline, rotviz.analysis.paths, rotviz.analysis.fusion
+import rotviz.zoo.train, rotviz.match.datamatch  # noqa: F401
+print("ready", flush=True)
+for line in sys.stdin:
+    job = json.loads(line)
+    pid = os.fork()
+    if pid == 0:  # the command's process: never back into this loop
+        rc = 1
+        try:
+            os.chdir(job["cwd"])
+            for fd, name, flags in ((0, os.devnull, os.O_RDONLY),
+                                    (1, job["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+                                    (2, job["err"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)):
+                os.dup2(os.open(name, flags, 0o600), fd)
+            rc = rotviz.cli.main(job["argv"])
+            sys.stdout.flush(), sys.stderr.flush()
+        except KeyboardInterrupt:  # the command had returned: end as the interpreter would
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+        finally:
+            os._exit(rc)
+    print(pid, flush=True)
+    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+"""
 
 
-def _interrupt(argv: list[str], cwd: Path, delays: tuple[float, ...]) -> subprocess.Popen:
-    """Run the command with imports done, and send SIGINT `delay` seconds into it; the
-    shortest delay that still finds it working is used."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    for delay in delays:
-        proc = subprocess.Popen([sys.executable, "-c", READY, *argv], cwd=cwd, env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert proc.stdout.readline().strip() == "ready"
+def _interrupt(server: subprocess.Popen, argv: list[str], cwd: Path, logs: Path,
+               delays: tuple[float, ...]) -> None:
+    """Run the command in a process of its own and send it SIGINT `delay` seconds into it;
+    the shortest delay that still finds it working is used."""
+    for k, delay in enumerate(delays):
+        out, err = logs / f"{k}.out", logs / f"{k}.err"
+        job = {"argv": argv, "cwd": str(cwd), "out": str(out), "err": str(err)}
+        server.stdin.write(json.dumps(job) + "\n")
+        server.stdin.flush()
+        pid = int(server.stdout.readline())
         time.sleep(delay)
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=300)
-        if proc.returncode == 130:
-            assert "rotviz: interrupted; nothing was written" in err and "Traceback" not in err
-            return proc
+        with contextlib.suppress(ProcessLookupError):  # it may have ended and been waited for
+            os.kill(pid, signal.SIGINT)
+        rc = int(server.stdout.readline())
+        text = err.read_text()
+        if rc == 130:
+            assert "rotviz: interrupted; nothing was written" in text and "Traceback" not in text
+            return
         # finished before the signal: try an earlier one. -SIGINT: the command had returned
         # (it catches the interrupt while it runs, exit 130) and the signal met the
         # interpreter on its way out, with the outputs in place
-        assert proc.returncode in (0, -signal.SIGINT), err
+        assert rc in (0, -signal.SIGINT), text
         for p in cwd.iterdir():
             if p.name not in ("a.txt", "sub", "f.txt", "full", "link"):
                 subprocess.run(["rm", "-rf", str(p)], check=True)
@@ -323,22 +356,35 @@ def _interrupt(argv: list[str], cwd: Path, delays: tuple[float, ...]) -> subproc
 
 # The two writers a command can use: rotviz.outputs (match, merge and every measurement write a
 # folder and files through it; match's learned training is long enough to interrupt) and the
-# zoo's builder. Each case is a fresh interpreter importing torch and transformers (about 10 s
-# of CPU) and a full rerun; merge, the same writer as match, was dropped to keep the suite
-# within its time.
-@pytest.mark.parametrize("argv", [
-    ["match", A, B, "--out", "o", "--report", "r.json", "--learned", "--data", "digits",
-     "--steps", "30"],
-    ["zoo", "build", "vit-digits-s6-ft", "--out", "o"],
-], ids=["match", "zoo-build"])
-def test_sigint_leaves_no_output_and_a_rerun_succeeds(ws, capfd, argv):
-    before = snapshot(ws.parent, ZOO)
-    _interrupt(argv, ws, (2.0, 0.8, 0.3, 0.05))
-    assert snapshot(ws.parent, ZOO) == before  # no output, no temporary folder
-    capfd.readouterr()
-    assert main(argv) == 0, capfd.readouterr().err
-    assert (ws / "o" / outputs.MARKER).is_file() or (ws / "o" / "vit-digits-s6-ft").is_dir()
-    assert not [p for p in ws.rglob("*") if p.name.startswith(".rotviz-")]
+# zoo's builder; merge, the same writer as match, was dropped to keep the suite within its
+# time. Both commands in one test, served by one interpreter (two tests would each start one),
+# each followed by a full rerun in this process.
+def test_sigint_leaves_no_output_and_a_rerun_succeeds(ws, capfd, tmp_path_factory):
+    commands = {
+        "match": ["match", A, B, "--out", "o", "--report", "r.json", "--learned", "--data",
+                  "digits", "--steps", "30"],
+        "zoo-build": ["zoo", "build", "vit-digits-s6-ft", "--out", "o"],
+    }
+    logs = tmp_path_factory.mktemp("sigint-logs")  # outside the workspace snapshot below
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    server = subprocess.Popen([sys.executable, "-c", SERVER], cwd=ws, env=env,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout.readline().strip() == "ready"
+        for name, argv in commands.items():
+            before = snapshot(ws.parent, ZOO)
+            (logs / name).mkdir()
+            _interrupt(server, argv, ws, logs / name, (2.0, 0.8, 0.3, 0.05))
+            assert snapshot(ws.parent, ZOO) == before, name  # no output, no temporary folder
+            capfd.readouterr()
+            assert main(argv) == 0, (name, capfd.readouterr().err)
+            assert (ws / "o" / outputs.MARKER).is_file() or (ws / "o" / "vit-digits-s6-ft").is_dir()
+            assert not [p for p in ws.rglob("*") if p.name.startswith(".rotviz-")], name
+            for p in ("o", "r.json"):  # the next command starts from the same workspace
+                subprocess.run(["rm", "-rf", str(ws / p)], check=True)
+    finally:
+        server.stdin.close()
+        server.wait(timeout=60)
 
 
 def test_an_interrupt_while_the_commands_load_is_one_line(monkeypatch, capsys):
