@@ -927,8 +927,13 @@ def test_cancelled_or_interrupted_learned_matching_is_not_cached(roots):
     from rotviz.ui import runtime
 
     a, s = str(roots / "vit-s0"), str(roots / "vit-s1")
+    # the sidebar's time budget, below any round's seconds: the weight matching that learned
+    # matching starts from stops after its first round (the rule: tests/test_alternation_stop.py),
+    # where its whole alternation took 1.5 CPU-s of each of the three runs; what is checked
+    # here is what a stop leaves in the caches
     cfg = {"anchor": a, "source": s, "data": "digits", "seed": 0, "n_eval": N_EVAL,
-           "device": "cpu", "layers": "", **rapp.spec_cfg("weight,learned", 6)}
+           "device": "cpu", "layers": "", "match_time": 1e-9,
+           **rapp.spec_cfg("weight,learned", 6)}
     with pytest.raises(rapp.Cancelled, match="cancelled after 0 of 6 steps"):
         rapp.matched(runtime.resources(), cfg, cancel=lambda: True)
     assert cfg["learn_steps"] == 6
