@@ -56,6 +56,40 @@ def _scan_streamlit_components_once() -> None:
 
 _scan_streamlit_components_once()
 
+# AppTest's run waits for the script thread by checking every millisecond whether the run has
+# ended, each check reading every event of the run so far (one per message sent): about
+# 40,000 checks and 4.6 million event reads in tests/test_app.py alone, on the CPU the
+# script's own thread needs. Checking every WAIT_S instead changes nothing the tests read.
+WAIT_S = 0.02
+
+
+def _require_widgets_deltas(runner, timeout: float = 3) -> None:
+    """streamlit.testing.v1.local_script_runner.require_widgets_deltas, checking for the
+    run's end every WAIT_S seconds, not every millisecond (same timeout, same error)."""
+    import time
+
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if runner.script_stopped():
+            return
+        time.sleep(WAIT_S)
+    runner.request_stop()
+    runner.join()
+    raise RuntimeError(f"AppTest script run timed out after {timeout}(s)")
+
+
+def _wait_for_runs_less_often() -> None:
+    """Every AppTest run of the session waits with `_require_widgets_deltas`."""
+    try:
+        from streamlit.testing.v1 import local_script_runner
+    except ImportError:  # another streamlit: its runs wait as they do
+        return
+    if hasattr(local_script_runner, "require_widgets_deltas"):
+        local_script_runner.require_widgets_deltas = _require_widgets_deltas
+
+
+_wait_for_runs_less_often()
+
 # Tiny models gain nothing from intra-op threads, and on a shared 2-core machine OpenMP
 # spin-waiting makes each tiny op up to 100x slower when another process holds a core.
 torch.set_num_threads(1)

@@ -64,38 +64,6 @@ def pair(roots) -> tuple[str, str]:
         pytest.skip("no model pair")
 
 
-# AppTest's run waits for the script thread by checking every millisecond whether the run has
-# ended, each check reading every event of the run so far (one per message sent): about
-# 40,000 checks and 4.6 million event reads in this file, on the CPU the script's own thread
-# needs. Checking every WAIT_S instead changes nothing the tests read.
-WAIT_S = 0.02
-
-
-def _require_widgets_deltas(runner, timeout: float = 3) -> None:
-    """streamlit.testing.v1.local_script_runner.require_widgets_deltas, checking for the
-    run's end every WAIT_S seconds, not every millisecond (same timeout, same error)."""
-    import time
-
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if runner.script_stopped():
-            return
-        time.sleep(WAIT_S)
-    runner.request_stop()
-    runner.join()
-    raise RuntimeError(f"AppTest script run timed out after {timeout}(s)")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def quiet_wait():
-    """Every AppTest run of the module waits with `_require_widgets_deltas`."""
-    from streamlit.testing.v1 import local_script_runner
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(local_script_runner, "require_widgets_deltas", _require_widgets_deltas)
-        yield
-
-
 def app(page: str | None = None, **params):
     from streamlit.testing.v1 import AppTest
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import app_roots_with
-from test_app import app, figures, numbers, quiet_wait, texts  # noqa: F401 (autouse)
+from test_app import app, figures, numbers, texts
 from test_tokens import _wordpiece
 
 from rotviz.arch import FAMILIES, Sizes, family_module, spec_named
