@@ -148,6 +148,7 @@ def test_a_pairs_distance_worked_out_beside_the_caller_is_the_same_bits(monkeypa
     or was stopped after some slices (the caller sums the rest); its thread sums on one torch
     thread whatever the caller's count, leaves the caller's count alone, and is gone after."""
     import threading
+    import time
 
     import torch
 
@@ -171,7 +172,7 @@ def test_a_pairs_distance_worked_out_beside_the_caller_is_the_same_bits(monkeypa
     for _ in range(600):
         if len(seen) >= 2:
             break
-        threading.Event().wait(0.1)
+        time.sleep(0.1)
     later.stop.set()
     go.set()
     assert checks.streamed_distance(a, b, later).cells == ref

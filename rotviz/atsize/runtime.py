@@ -47,7 +47,8 @@ def parameters_on_meta() -> Iterator[None]:
     # every parameter; on meta tensors torch runs each draw through its Python reference
     # kernels, a quarter of a small streamed match's CPU time, for tensors that hold no values.
     # Skipped on meta tensors only; real ones (buffers) are initialised as before.
-    inits = {name: getattr(nn.init, name) for name in _INITS}
+    # (a torch without one of these private helpers initialises as it does)
+    inits = {name: getattr(nn.init, name) for name in _INITS if hasattr(nn.init, name)}
 
     def skipping(name: str) -> Callable:
         def init(tensor: Tensor, *args, **kwargs) -> Tensor:
@@ -55,7 +56,7 @@ def parameters_on_meta() -> Iterator[None]:
         return init
 
     nn.Module.register_parameter = on_meta  # type: ignore[method-assign]
-    for name in _INITS:
+    for name in inits:
         setattr(nn.init, name, skipping(name))
     try:
         yield

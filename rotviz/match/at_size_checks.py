@@ -65,6 +65,11 @@ def _rest_slices(anchor: Streamed, source: Streamed) -> Slices:
     return out
 
 
+def _jobs(slices: Slices) -> list[tuple[str, tuple[int, int]]]:
+    """Every (tensor, rows) of `slices`, in the order their sums are added."""
+    return [(name, b) for _, name, bounds in slices for b in bounds]
+
+
 def _rest_sums(slices: Slices, sums: list[float]) -> dict[tuple[int | None, str], float]:
     """The cells of `slices`, given each slice's squared distance in order: a tensor's
     slices added in order, then the tensors of a cell."""
@@ -94,8 +99,7 @@ def rest_cells(anchor: Streamed, source: Streamed) -> dict[tuple[int | None, str
     `rotviz.symmetry.kinds.groups` gives them (tie aliases counted once), their slices' sums
     added in order."""
     slices = _rest_slices(anchor, source)
-    todo = [(name, b) for _, name, bounds in slices for b in bounds]
-    return _rest_sums(slices, _squared_slices(anchor, source, todo))
+    return _rest_sums(slices, _squared_slices(anchor, source, _jobs(slices)))
 
 
 class RestLater:
@@ -117,7 +121,7 @@ class RestLater:
 
         self.anchor, self.source = anchor, source
         self.slices = _rest_slices(anchor, source)
-        self.todo = [(name, b) for _, name, bounds in self.slices for b in bounds]
+        self.todo = _jobs(self.slices)
         self.sums: list[float] = []
         self.stop = threading.Event()
         with one_thread():  # the thread starts, and takes torch's count, in here
