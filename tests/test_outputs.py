@@ -326,6 +326,12 @@ for line in sys.stdin:
 """
 
 
+def _default_sigint() -> None:
+    """SIGINT as a terminal leaves it (Python then raises KeyboardInterrupt), even where pytest
+    itself started with it ignored (nohup, a background job), which children inherit."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _interrupt(server: subprocess.Popen, argv: list[str], cwd: Path, logs: Path,
                delays: tuple[float, ...]) -> None:
     """Run the command in a process of its own and send it SIGINT `delay` seconds into it;
@@ -368,7 +374,8 @@ def test_sigint_leaves_no_output_and_a_rerun_succeeds(ws, capfd, tmp_path_factor
     logs = tmp_path_factory.mktemp("sigint-logs")  # outside the workspace snapshot below
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     server = subprocess.Popen([sys.executable, "-c", SERVER], cwd=ws, env=env,
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              preexec_fn=_default_sigint)
     try:
         assert server.stdout.readline().strip() == "ready"
         for name, argv in commands.items():
