@@ -8,7 +8,8 @@ the command on a pair of tiny random ViTs (890 parameters) on the digits data: e
 JSON that a strict parser reads (no NaN, no Infinity), or a one-line refusal with exit 2 and
 nothing written. To stay within seconds (each run well under one) it draws from the cheap
 end of the bounds where the work grows with a value (points, grid, Lanczos steps, probes,
-examples, training steps, the blocks counted with a dense Hessian: `CAP`; batch sizes from
+examples, training and teleport steps, Karcher iterations, geodesic samples, the blocks
+counted with a dense Hessian: `CAP`; batch sizes from
 32: `FLOOR`) and leaves out the records that train models or read three and more
 (`SLOW`: training, spawn, many, ladder, trajectory); the values that only change numbers (spans,
 margins, weights, scales, seeds, tolerances) take their whole range, extremes included.
@@ -37,13 +38,18 @@ CAP = {"points": 3, "grid": 4, "repeats": 2, "batches": 2, "iterations": 6, "top
        "trace": 3, "density": 2, "steps": 3, "per_layer": 2, "nullity_probes": 2,
        "nullity_steps": 6, "examples": 32,
        "nullity_exact": 256,  # the largest value drawn, below the bound's (dense: seconds)
-       "trace_probes": 3}  # teleport's Hutchinson probes: 226 drawn took 3.8 s, 23841 3 min
+       "trace_probes": 3,  # teleport's Hutchinson probes: 226 drawn took 3.8 s, 23841 3 min
+       "teleport_steps": 3, "teleport_examples": 32,  # teleport_train's (bounds 1000, 1e5)
+       "karcher_max_iter": 3,  # the Karcher mean's iterations (bound 10000)
+       "geodesic_samples": 2, "geodesic_steps": 3}  # hessian's geodesic average (1000 each)
 FLOOR = {"batch_size": 32}  # the smallest value drawn, above the bound's
 # a capped value is always given (its default may cost seconds), but for these, which a
-# record refuses without another option (--iterations needs --directions hessian in slice)
-# and whose default is cheap on the tiny pair: given or left out, as every other parameter
+# record refuses without another option (--iterations needs --directions hessian in slice,
+# --karcher-max-iter --method karcher, --geodesic-* --geodesic average) and whose default
+# is cheap on the tiny pair: given or left out, as every other parameter
 OPTIONAL = {("slice", "iterations"), *((r, p) for r in ("merge", "merge_sweep")
-                                        for p in ("batches", "batch_size"))}
+                                        for p in ("batches", "batch_size", "karcher_max_iter")),
+            ("hessian", "geodesic_samples"), ("hessian", "geodesic_steps")}
 # records whose parameters depend on each other (--density needs --method ties, ...) are
 # mostly refused, in milliseconds: more draws, so that some run
 EXAMPLES = {"merge": 12, "merge_sweep": 12, "slice": 8}

@@ -180,13 +180,14 @@ def simple_merge(pair: tuple[str, str], spec: str):
 
 def test_fine_tunes_of_different_encoders_do_not_average_for_free():
     """Plain averaging loses accuracy on both tasks (the two encoders come from different
-    seeds); seed matching lowers the topic pair's loss barrier."""
+    seeds); seed matching lowers the topic pair's loss barrier. Three points: at five, both
+    curves' barriers are at the midpoint (none 0.1109, seed 0.0), so three give them exactly."""
     for pair in (TOPICS, PYTOKENS):
         none = simple_merge(pair, "none")
         assert none.acc < min(none.anchor_acc, none.source_acc) - 0.04
     ma, mb = model(TOPICS[0]), model(TOPICS[1])
     split = test_split(TOPICS[0])
-    curves = {spec: interpolate(ma, mb, split, spec, points=5) for spec in ("none", "seed")}
+    curves = {spec: interpolate(ma, mb, split, spec, points=3) for spec in ("none", "seed")}
     assert curves["seed"].barrier < curves["none"].barrier - 0.05
 
 
