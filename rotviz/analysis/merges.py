@@ -23,7 +23,7 @@ import torch
 from rotviz.data.split import Split
 from rotviz.errors import RotvizError
 from rotviz.evaluation import Evaluator
-from rotviz.match.endpoints import HeldEndpoints
+from rotviz.match.endpoints import HeldEndpoints, unmeasured
 from rotviz.merging import MergeMethod, check_base, check_weight, users
 from rotviz.merging import method as method_record
 from rotviz.merging.combine import build_pair, merge_states
@@ -62,8 +62,8 @@ class Merged:
     seconds: float
     match_seconds: float
     stats_seconds: float
-    distance_before: float
-    distance_after: float
+    distance_before: float | None  # None: a pair not matched, merged only to be written
+    distance_after: float | None
     anchor: str = ""
     source: str = ""
     layers: list[int] | None = None  # layers matched (None: all)
@@ -180,7 +180,7 @@ def merge_on(
     values = method_params(m, params)
     check_base_model(m, ends.anchor, base)
     t0 = time.perf_counter()
-    anchor, info = ends.anchor, ends.info
+    anchor, info = ends.anchor, ends.info if evaluate else unmeasured(ends.info)
     ev = Evaluator(anchor, split, device)
     t1 = time.perf_counter()
     st_split, sa, sb = pair_statistics(m, ends, split, ev.device, values, stats_data, progress)

@@ -20,7 +20,7 @@ from typing import Any
 
 from rotviz.dist import SINGLE, Group
 from rotviz.errors import RotvizError
-from rotviz.match.endpoints import MatchInfo, info_of, layers_of
+from rotviz.match.endpoints import MatchInfo, info_of, layers_of, unmeasured
 from rotviz.match.options import MatchOptions
 from rotviz.match.pipeline import Matched
 from rotviz.match.selection import label_of
@@ -37,16 +37,26 @@ class StreamedEndpoints:
     source_path: str
     matched_path: str
     # the match's brief (`info`), made when first read: the distance of a pair not matched
-    # is worked out meanwhile (rotviz.match.at_size_checks.RestLater)
-    brief: Callable[[], MatchInfo | None]
+    # is worked out meanwhile (rotviz.match.at_size_checks.RestLater); brief(False) stops
+    # that work and leaves the distance out (`unmeasured`)
+    brief: Callable[[bool], MatchInfo | None]
     layers: list[int] | None
     anchor: Any  # the opened anchor (rotviz.atsize.blocks.Streamed)
     at_size: bool = True
+    # the match's `different_heads` (None without matching), known before the brief is made
+    different_heads: dict | None = None
 
     @cached_property
     def info(self) -> MatchInfo | None:
         """What matching did, in brief (rank 0's; None on torchrun's other ranks)."""
-        return self.brief()
+        return self.brief(True)
+
+    def unmeasured(self) -> MatchInfo | None:
+        """The brief of a caller that measures nothing (rotviz.match.endpoints.unmeasured):
+        the distance of a pair not matched is neither waited for nor reported, and its thread
+        stops after the slice it is on."""
+        info = self.brief(False)
+        return None if info is None else unmeasured(info)
 
     @property
     def match(self) -> str:
@@ -92,15 +102,20 @@ def streamed_endpoints(anchor: Any, source: Any, options: MatchOptions | None, d
         elif group.main:
             rest = RestLater(anchor, source)
 
-        def brief() -> MatchInfo | None:
+        def brief(measure: bool) -> MatchInfo | None:
             if rest is None:
                 return info
+            if not measure:
+                rest.close()
+                return MatchInfo("none", None, None, None, 0.0)
             d = streamed_distance(anchor, source, rest)
             return MatchInfo("none", d.total, d.total, 0.0, 0.0, d.to_dict(), d.to_dict())
 
         try:
             yield StreamedEndpoints(str(anchor.ref), str(source.ref), str(anchor.ref),
-                                    str(source.ref), matched, brief, layers_of(options), anchor)
+                                    str(source.ref), matched, brief, layers_of(options), anchor,
+                                    different_heads=None if info is None else
+                                    info.different_heads)
         finally:
             if rest is not None:
                 rest.close()

@@ -15,7 +15,7 @@ Two variants share one interface (`Endpoints`):
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -42,8 +42,9 @@ class MatchInfo:
     """What matching did, in brief: for curves, tables and exports."""
 
     match: str  # canonical matching SPEC ("none" without matching)
-    distance_before: float
-    distance_after: float
+    # None: not measured (a pair not matched, merged only to be written: `unmeasured`)
+    distance_before: float | None
+    distance_after: float | None
     max_output_diff: float | None
     seconds: float
     before: dict = field(default_factory=dict)  # Distances.to_dict(): total, per_layer, per_kind
@@ -51,6 +52,15 @@ class MatchInfo:
     # one body under two heads (rotviz.sources.pairs.HeadsDiffer.to_dict): distances are over the
     # tensors both hold, and a measurement of the loss is refused
     different_heads: dict | None = None
+
+
+def unmeasured(info: MatchInfo) -> MatchInfo:
+    """`info` as a caller that measures nothing reports it (a merge only written, the work
+    mergekit does: `--evaluate no`): a pair not matched without its parameter distance, which
+    at size is a pass over both models; a matched pair's brief is its match's, as it was."""
+    if info.match != "none":
+        return info
+    return replace(info, distance_before=None, distance_after=None, before={}, after={})
 
 
 class Endpoints(Protocol):
@@ -64,6 +74,11 @@ class Endpoints(Protocol):
 
     @property
     def match(self) -> str: ...
+
+    @property
+    def different_heads(self) -> dict | None:
+        """`info.different_heads`, read without making a brief that is made when first read
+        (at size, the distance of a pair not matched)."""
 
 
 def layers_of(options: MatchOptions | None) -> list[int] | None:
@@ -96,6 +111,10 @@ class HeldEndpoints:
     @property
     def match(self) -> str:
         return self.info.match
+
+    @property
+    def different_heads(self) -> dict | None:
+        return self.info.different_heads
 
     @property
     def anchor_ref(self) -> str:  # type: ignore[override]

@@ -76,8 +76,9 @@ DEPTH_ROUTE = Param(
 
 EVALUATE = Param(
     "evaluate", "yes", "no: only merge and write the model (--out DIR), the work mergekit "
-    "does: neither it nor the two models are evaluated (at size: no float32 cache, no "
-    "passes over the data), so the result holds no losses (default yes)",
+    "does: neither it nor the two models are evaluated, nor a pair not matched measured (at "
+    "size: no float32 cache, no passes over the data or the pair), so the result holds no "
+    "losses, and no distance of a pair not matched (default yes)",
     choices=("yes", "no"), label="Evaluate the merged model")
 
 
@@ -233,7 +234,11 @@ def _at_size(ends, ctx: Context, v: dict):
 
     _sized_check(v)
     r = sized_merge(ends.anchor, ends.matched_path, ctx.split, v["weight"], ctx.device,
-                    folder=ctx.out, match_info=lambda: ends.info, layers=ends.layers,
+                    folder=ctx.out, layers=ends.layers,
+                    # a merge only written measures nothing: not the distance of a pair it did
+                    # not match either (at size a pass over both models, as long as the merge
+                    # itself), whose thread is stopped before the merge begins
+                    match_info=(lambda: ends.info) if _evaluates(v) else ends.unmeasured(),
                     method=v["method"], base=v["base"] or None, evaluate=_evaluates(v),
                     **_given(v))
     r.source = ends.source_ref

@@ -302,8 +302,8 @@ def refuse_heads(m: Measurement, ends: Any) -> None:
     """One line when `ends` pair one body under two heads (a pre-training checkpoint and a
     classifier) and `m` evaluates a loss, which runs one head on both: only the views of the
     weights (distances, spectra) compare such a pair."""
-    info = getattr(ends, "info", None)
-    heads = getattr(info, "different_heads", None)
+    # not `ends.info`: at size that would wait for the distance of a pair not matched
+    heads = getattr(ends, "different_heads", None)
     if heads and m.data:
         able = ", ".join(r.name for r in measurements() if not r.data and r.pair)
         raise RotvizError(

@@ -297,11 +297,18 @@ def test_the_record_draws_in_the_hosts_style():
     assert list(shared.layout.yaxis.range) == [0.0, 0.7] and shared.layout.font.size == 18
 
 
+def _never(*args, **kwargs):
+    raise AssertionError("the distance of a pair not matched was measured")
+
+
 def test_a_merge_not_evaluated_writes_the_same_model(tmp_path, capsys):
     """--evaluate no writes, in memory and at size, the bytes the evaluated merge writes,
-    with no losses in its result and a line that says so; without --out (nothing would be
+    with no losses in its result and a line that says so, and no distance of a pair it did
+    not match (at size not even measured); without --out (nothing would be
     made) or with --repair (judged by evaluating) it is one line, exit 2, nothing written."""
     from safetensors.torch import load_file
+
+    from rotviz.match import at_size_checks
 
     a, b = default_pair_refs()
     common = ["merge", a, b, "--data", "digits", "--method", "simple", "--device", "cpu"]
@@ -324,6 +331,18 @@ def test_a_merge_not_evaluated_writes_the_same_model(tmp_path, capsys):
         assert done["yes"].keys() == done["no"].keys()
         for k, t in done["yes"].items():
             assert torch.equal(t, done["no"][k]), k
+        # a matched pair keeps its match's distances; one not matched is not measured at all
+        # (at size that would be a pass over both models: its thread is never waited for)
+        yes, no = (json.loads((tmp_path / f"{ev}{len(sized)}.json").read_text())
+                   for ev in ("yes", "no"))
+        assert no["distance_after"] == yes["distance_after"] > 0.0
+        js = tmp_path / f"none{len(sized)}.json"
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(at_size_checks, "streamed_distance", _never)
+            assert main([*common, *sized, "--match", "none", "--evaluate", "no", "--out",
+                         str(tmp_path / f"none{len(sized)}"), "--json", str(js)]) == 0
+        d = json.loads(js.read_text())
+        assert d["match"] == "none" and d["distance_before"] is d["distance_after"] is None
     for extra, pattern in (([], "give --out DIR"),
                            (["--repair", "yes", "--out", str(tmp_path / "r")], "--repair")):
         rc = main([*common, "--evaluate", "no", *extra])
