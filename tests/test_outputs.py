@@ -13,10 +13,10 @@ import os
 import signal
 import stat
 import subprocess
-import sys
 import time
 from pathlib import Path
 
+import forkserver
 import pytest
 from conftest import ZOO, refused, snapshot
 
@@ -291,45 +291,13 @@ def test_a_failure_while_writing_leaves_nothing(ws, capfd, monkeypatch):
 # ---- Ctrl-C in a real process -----------------------------------------------------------------
 
 
-# A server that imports what the commands use once (torch, transformers, timm, scipy: about
-# 10 s of CPU in each fresh interpreter), then runs each command it is sent in a process of its
-# own, forked from it: the command's process is interrupted, exits and is waited for as a
-# fresh interpreter's would be, with its stdout and stderr in files. Protocol: a line of JSON
-# (argv, cwd, out, err) in; the command's pid, then its exit code (os.waitstatus_to_exitcode:
-# -2 for a process that SIGINT ended) out.
-SERVER = """
-import json, os, signal, sys
+# What the commands use, imported once by the fork server (tests/forkserver.py): torch,
+# transformers, timm, scipy, about 10 s of CPU in each fresh interpreter.
+IMPORTS = """
 import torch, transformers, timm, scipy.optimize  # noqa: F401
 import rotviz.cli, rotviz.match.pipeline, rotviz.analysis.paths, rotviz.analysis.fusion
 import rotviz.zoo.train, rotviz.match.datamatch  # noqa: F401
-print("ready", flush=True)
-for line in sys.stdin:
-    job = json.loads(line)
-    pid = os.fork()
-    if pid == 0:  # the command's process: never back into this loop
-        rc = 1
-        try:
-            os.chdir(job["cwd"])
-            for fd, name, flags in ((0, os.devnull, os.O_RDONLY),
-                                    (1, job["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
-                                    (2, job["err"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)):
-                os.dup2(os.open(name, flags, 0o600), fd)
-            rc = rotviz.cli.main(job["argv"])
-            sys.stdout.flush(), sys.stderr.flush()
-        except KeyboardInterrupt:  # the command had returned: end as the interpreter would
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGINT)
-        finally:
-            os._exit(rc)
-    print(pid, flush=True)
-    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
 """
-
-
-def _default_sigint() -> None:
-    """SIGINT as a terminal leaves it (Python then raises KeyboardInterrupt), even where pytest
-    itself started with it ignored (nohup, a background job), which children inherit."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _interrupt(server: subprocess.Popen, argv: list[str], cwd: Path, logs: Path,
@@ -338,14 +306,12 @@ def _interrupt(server: subprocess.Popen, argv: list[str], cwd: Path, logs: Path,
     the shortest delay that still finds it working is used."""
     for k, delay in enumerate(delays):
         out, err = logs / f"{k}.out", logs / f"{k}.err"
-        job = {"argv": argv, "cwd": str(cwd), "out": str(out), "err": str(err)}
-        server.stdin.write(json.dumps(job) + "\n")
-        server.stdin.flush()
-        pid = int(server.stdout.readline())
+        pid = forkserver.send(server, {"argv": argv, "cwd": str(cwd), "out": str(out),
+                                       "err": str(err)})
         time.sleep(delay)
         with contextlib.suppress(ProcessLookupError):  # it may have ended and been waited for
             os.kill(pid, signal.SIGINT)
-        rc = int(server.stdout.readline())
+        rc = forkserver.exit_code(server)
         text = err.read_text()
         if rc == 130:
             assert "rotviz: interrupted; nothing was written" in text and "Traceback" not in text
@@ -373,11 +339,8 @@ def test_sigint_leaves_no_output_and_a_rerun_succeeds(ws, capfd, tmp_path_factor
     }
     logs = tmp_path_factory.mktemp("sigint-logs")  # outside the workspace snapshot below
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    server = subprocess.Popen([sys.executable, "-c", SERVER], cwd=ws, env=env,
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                              preexec_fn=_default_sigint)
+    server = forkserver.start(IMPORTS, env, ws)
     try:
-        assert server.stdout.readline().strip() == "ready"
         for name, argv in commands.items():
             before = snapshot(ws.parent, ZOO)
             (logs / name).mkdir()

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import forkserver
 import numpy as np
 import pytest
 import torch
@@ -432,52 +433,23 @@ def signal_pair(tmp_path_factory) -> tuple[Path, Path]:
                                      ffn=1024, vocab=256) for n, seed in (("a", 0), ("s", 1)))
 
 
-# A server that imports what a streamed match uses once (torch, transformers and its LLaMA
-# model, rotviz: about 4 CPU-s in each fresh interpreter), then runs each command it is sent in
-# a process of its own, forked from it (as tests/test_outputs.py's SIGINT test does): the signal
-# lands on the command's process, which exits and is waited for as a fresh interpreter's would.
-# Protocol: a line of JSON (argv, err) in; the command's pid, then its exit code
-# (os.waitstatus_to_exitcode) out.
-SERVER = """
-import json, os, sys
+# What a streamed match uses, imported once by the fork server (tests/forkserver.py): torch,
+# transformers and its LLaMA model, rotviz: about 4 CPU-s in each fresh interpreter.
+IMPORTS = """
 import torch, transformers  # noqa: F401
 import transformers.models.llama.modeling_llama  # noqa: F401
 import rotviz.cli, rotviz.match.at_size  # noqa: F401
-print("ready", flush=True)
-for line in sys.stdin:
-    job = json.loads(line)
-    pid = os.fork()
-    if pid == 0:  # the command's process: never back into this loop
-        rc = 1
-        try:
-            for fd, name, flags in ((0, os.devnull, os.O_RDONLY), (1, os.devnull, os.O_WRONLY),
-                                    (2, job["err"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)):
-                os.dup2(os.open(name, flags, 0o600), fd)
-            rc = rotviz.cli.main(job["argv"])
-            sys.stdout.flush(), sys.stderr.flush()
-        finally:
-            os._exit(rc)
-    print(pid, flush=True)
-    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
 """
-
-
-def _default_sigint() -> None:
-    """SIGINT as a terminal leaves it (Python then raises KeyboardInterrupt), even where pytest
-    itself started with it ignored (nohup, a background job), which children inherit."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def test_a_signal_leaves_nothing(signal_pair, tmp_path):
     """Ctrl-C, or SIGTERM (what `timeout` and torchrun send), in the middle of a streamed
     match while it writes shards: exit 130 or 143, no output folder, no temporary sibling;
     the next run writes the output. Both signals in one test, their commands run by one
-    interpreter (SERVER; two tests would each start one)."""
+    interpreter (tests/forkserver.py; two tests would each start one)."""
     a, s = signal_pair
-    server = subprocess.Popen([sys.executable, "-c", SERVER], env=_env(), stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True, preexec_fn=_default_sigint)
+    server = forkserver.start(IMPORTS, _env())
     try:
-        assert server.stdout.readline().strip() == "ready"
         for sig, code, words in ((signal.SIGINT, 130, "interrupted; nothing was written"),
                                  (signal.SIGTERM, 143, "terminated; nothing was written")):
             folder = tmp_path / sig.name
@@ -486,9 +458,7 @@ def test_a_signal_leaves_nothing(signal_pair, tmp_path):
             argv = ["match", str(a), str(s), "--out", str(out), "--max-memory", "0"]
             for attempt in range(3):  # on a busy machine the match may end before the signal
                 err_file = tmp_path / f"{sig.name}-{attempt}.err"
-                server.stdin.write(json.dumps({"argv": argv, "err": str(err_file)}) + "\n")
-                server.stdin.flush()
-                pid = int(server.stdout.readline())
+                pid = forkserver.send(server, {"argv": argv, "err": str(err_file)})
                 deadline = time.monotonic() + 300
                 while time.monotonic() < deadline:  # wait until it is writing shards
                     tmp = [p for p in folder.iterdir() if p.name.startswith(".rotviz-tmp-")]
@@ -501,7 +471,7 @@ def test_a_signal_leaves_nothing(signal_pair, tmp_path):
                     pytest.fail("the streamed match never started writing")
                 with contextlib.suppress(ProcessLookupError):  # it may have ended meanwhile
                     os.kill(pid, sig)
-                rc = int(server.stdout.readline())
+                rc = forkserver.exit_code(server)
                 err = err_file.read_text()
                 if rc != 0:
                     break
