@@ -15,6 +15,8 @@ import json
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 CODE = """
@@ -52,14 +54,20 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def start(imports: str, env: dict[str, str], cwd: Path | None = None) -> subprocess.Popen:
+@contextmanager
+def serving(imports: str, env: dict[str, str], cwd: Path | None = None
+            ) -> Iterator[subprocess.Popen]:
     """The server, once it has imported `imports` (Python lines; rotviz.cli among them) and
-    said it is ready. Close its stdin and wait for it when done."""
+    said it is ready; told to end (its stdin closed) and waited for on leaving."""
     server = subprocess.Popen([sys.executable, "-c", CODE.replace("IMPORTS", imports)],
                               cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               text=True, preexec_fn=_default_sigint)
-    assert server.stdout.readline().strip() == "ready"
-    return server
+    try:
+        assert server.stdout.readline().strip() == "ready"
+        yield server
+    finally:
+        server.stdin.close()
+        server.wait(timeout=60)
 
 
 def send(server: subprocess.Popen, job: dict) -> int:

@@ -339,8 +339,7 @@ def test_sigint_leaves_no_output_and_a_rerun_succeeds(ws, capfd, tmp_path_factor
     }
     logs = tmp_path_factory.mktemp("sigint-logs")  # outside the workspace snapshot below
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    server = forkserver.start(IMPORTS, env, ws)
-    try:
+    with forkserver.serving(IMPORTS, env, ws) as server:
         for name, argv in commands.items():
             before = snapshot(ws.parent, ZOO)
             (logs / name).mkdir()
@@ -352,9 +351,6 @@ def test_sigint_leaves_no_output_and_a_rerun_succeeds(ws, capfd, tmp_path_factor
             assert not [p for p in ws.rglob("*") if p.name.startswith(".rotviz-")], name
             for p in ("o", "r.json"):  # the next command starts from the same workspace
                 subprocess.run(["rm", "-rf", str(ws / p)], check=True)
-    finally:
-        server.stdin.close()
-        server.wait(timeout=60)
 
 
 def test_an_interrupt_while_the_commands_load_is_one_line(monkeypatch, capsys):

@@ -106,27 +106,25 @@ def _same(x, y) -> bool:
     return x == y
 
 
-def _weight_matching_once(monkeypatch) -> list[int]:
+def _weight_matching_once(monkeypatch) -> None:
     """`match --heads --residual` and `barrier --match weight` both run weight matching (the
     residual alternation, about 6 CPU-s each here) on the default pair with the same
     options: a call whose inputs (every tensor bit for bit, the options) are an earlier
     call's gets a copy of that call's result, which the solver, deterministic, would compute
-    again; other inputs are solved as before. Returns the count of served calls (one)."""
+    again; other inputs are solved as before."""
     import rotviz.match.engine as engine
 
-    solve, done, served = engine.match_residual, [], [0]
+    solve, done = engine.match_residual, []
 
     def once(anchor, source, options, progress=None):
         for inputs, result in done:
             if _same(inputs, (anchor, source, options)):
-                served[0] += 1
                 return copy.deepcopy(result)
         result = solve(anchor, source, options, progress)
         done.append((copy.deepcopy((anchor, source, options)), copy.deepcopy(result)))
         return result
 
     monkeypatch.setattr(engine, "match_residual", once)
-    return served
 
 
 def test_default_pair_results_are_pinned(monkeypatch):

@@ -448,8 +448,7 @@ def test_a_signal_leaves_nothing(signal_pair, tmp_path):
     the next run writes the output. Both signals in one test, their commands run by one
     interpreter (tests/forkserver.py; two tests would each start one)."""
     a, s = signal_pair
-    server = forkserver.start(IMPORTS, _env())
-    try:
+    with forkserver.serving(IMPORTS, _env()) as server:
         for sig, code, words in ((signal.SIGINT, 130, "interrupted; nothing was written"),
                                  (signal.SIGTERM, 143, "terminated; nothing was written")):
             folder = tmp_path / sig.name
@@ -483,9 +482,6 @@ def test_a_signal_leaves_nothing(signal_pair, tmp_path):
             if sig == signal.SIGINT:  # the rerun is the same for either signal
                 assert main(argv) == 0  # the same command, in this process
                 assert len(Checkpoint(out).files) >= 3
-    finally:
-        server.stdin.close()
-        server.wait(timeout=60)
 
 
 def test_torchrun_commands_equal_one_process_and_a_failing_rank_leaves_nothing(sharded,
