@@ -240,11 +240,24 @@ def test_every_option_has_a_row():
     assert {c for c, _, _ in _options()} >= FULL
 
 
-@pytest.fixture
-def ws_full(ws):
-    (ws / "zoofull" / "vit-digits-ft-b").mkdir(parents=True)
-    (ws / "zoofull" / "vit-digits-ft-b" / "keep.txt").write_text("a user's file")
-    return ws
+@pytest.fixture(scope="module")
+def ws_full(tmp_path_factory):
+    """conftest's workspace (a.txt, sub/, f.txt, full/, link) and zoofull/, made once for the
+    module and the current folder while its tests run: each refusal checks that it wrote and
+    removed nothing there, so every case meets the same workspace (one that changes it fails
+    itself). A new one for each of the 1,600 cases cost about 4 ms of CPU each."""
+    d = tmp_path_factory.mktemp("ws") / "in"
+    (d / "sub").mkdir(parents=True)
+    (d / "a.txt").write_text("a user's file")
+    (d / "f.txt").write_text("another")
+    (d / "full").mkdir()
+    (d / "full" / "keep.txt").write_text("keep me")
+    (d / "link").symlink_to(d / "sub")
+    (d / "zoofull" / "vit-digits-ft-b").mkdir(parents=True)
+    (d / "zoofull" / "vit-digits-ft-b" / "keep.txt").write_text("a user's file")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(d)
+        yield d
 
 
 @pytest.mark.parametrize(("cmd", "opt", "value"), list(_cases()))
