@@ -87,25 +87,29 @@ def _config(family: str, vocab: int, head: str):
                                      or k in labels})
 
 
-def _head_class(family: str, head: str):
+def _head_name(family: str, head: str) -> str:
     """`<Family>ForSequenceClassification` / `...ForTokenClassification`, named after the
     family's own model class (GPT2LMHeadModel -> GPT2, LlamaForCausalLM -> Llama)."""
-    import transformers as T
-
     model = _base(family, 61)["architectures"][0]
     prefix = re.split("For|LMHead", model)[0]
     kind = "TokenClassification" if head == "token-cls" else "SequenceClassification"
-    return getattr(T, f"{prefix}For{kind}")
+    return f"{prefix}For{kind}"
+
+
+def _head_class(family: str, head: str):
+    import transformers as T
+
+    return getattr(T, _head_name(family, head))
 
 
 def _offered(family: str, head: str) -> bool:
     """Whether transformers has the family's class for `head` (OLMo-2 has no token
-    classifier)."""
-    try:
-        _head_class(family, head)
-    except AttributeError:
-        return False
-    return True
+    classifier). Read from the names transformers exports, not by importing the class: the
+    parametrization below is computed when each pytest-xdist worker collects this file, and
+    importing every family's modeling code there cost about 2 s of CPU in each."""
+    import transformers as T
+
+    return _head_name(family, head) in T.__all__
 
 
 def _cases(heads) -> list[tuple[str, str]]:
