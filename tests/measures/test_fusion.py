@@ -19,8 +19,12 @@ from rotviz.merging import names
 
 def test_fusion_table_shape_and_agreement_with_the_curve():
     a, b = default_pair()
+    # the first 100 test images (the table evaluates 22 models, the curves 6): the
+    # agreement holds on any split, and the endpoints still score 0.96 and 0.95 (0.947 and
+    # 0.960 on all 397)
+    few = digits().subset(100)
     calls = []
-    t = fusion_table(a, b, digits(), stats_split=digits("train"), batches=2, batch_size=16,
+    t = fusion_table(a, b, few, stats_split=digits("train"), batches=2, batch_size=16,
                      progress=lambda d, n, m: calls.append((d, n)))
     # no base given: every method that needs none, less those that build whole models of
     # their own (passthrough, zipit: run when named)
@@ -30,8 +34,8 @@ def test_fusion_table_shape_and_agreement_with_the_curve():
     assert t.methods == unbased and t.specs == ["none", "seed"]
     assert set(t.acc) == set(unbased) and all(set(r) == {"none", "seed"} for r in t.acc.values())
     assert calls[-1][0] == calls[-1][1] == 2 * (1 + len(unbased))
-    none = interpolate(a, b, digits(), None, points=3)
-    seed = interpolate(a, b, digits(), "seed", points=3)
+    none = interpolate(a, b, few, None, points=3)
+    seed = interpolate(a, b, few, "seed", points=3)
     assert t.acc["simple"]["none"] == pytest.approx(none.mid_acc)
     assert t.acc["simple"]["seed"] == pytest.approx(seed.mid_acc)
     assert t.distance["seed"] < t.distance["none"]
