@@ -17,8 +17,9 @@ Hessian-vector product through the whole model), the table saying how many steps
 
 With `--peer yes` (alone: `--only peer`) it also writes the `landscape-peer` section: the
 21 x 21 filter-normalised plane around the anchor, rotviz's against loss-landscapes 3.0.6's
-`random_plane` on the same module and the same 397 digits, side by side in one process at
-one thread and at two; with `--peer yes` (alone: `--only paths`) also the
+`random_plane` on the same 397 digits, on the module rotviz evaluates and on the model as
+transformers loads it, side by side in one process at one thread and at two; with
+`--peer yes` (alone: `--only paths`) also the
 `landscape-batched` section: the 21-point barrier and the layer-wise barriers evaluated as
 before (the points in turn), as rotviz's rule picks now (rotviz.evaluation.points_per_pass),
 and eight points a pass (torch.func.vmap) forced.
@@ -27,6 +28,7 @@ and eight points a pass (torch.func.vmap) forced.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -99,22 +101,30 @@ def peer_plane(module, split, steps: int = 21) -> float:
 
 
 def peer_section(a, split, ends, threads: list[int]) -> str:
-    """The `landscape-peer` section's body (see the module docstring)."""
+    """The `landscape-peer` section's body (see the module docstring): rotviz's plane, then
+    loss-landscapes' on the module rotviz evaluates (the same arithmetic a point: on the CPU
+    the unfused twin, rotviz.sources.running.attending_module) and on the model as
+    transformers loads it (its default attention), which is what a user of the peer runs."""
     import torch
+    from transformers import AutoModelForImageClassification
 
     from rotviz.analysis.loss_grid import slice_at
     from rotviz.evaluation import Evaluator
 
+    as_loaded = AutoModelForImageClassification.from_pretrained(str(a.path)).eval()
     rows = []
     for n in threads:
         torch.set_num_threads(n)
         ours, s = _timed(lambda: slice_at(a, split, dims=2, grid=21))
-        theirs = peer_plane(Evaluator(a, split).module, split)
+        same = peer_plane(Evaluator(a, split).module, split)
+        theirs = peer_plane(as_loaded, split)
         rows.append(f"| 21 x 21 plane, {n} thread{'s' if n > 1 else ''} | {ours:.2f} | "
-                    f"{theirs:.2f} | {theirs / ours:.2f}x | centre loss {s.centre_loss:.4f} |")
+                    f"{same:.2f} ({same / ours:.2f}x) | {theirs:.2f} ({theirs / ours:.2f}x) | "
+                    f"centre loss {s.centre_loss:.4f} |")
         print(rows[-1], flush=True)  # a row as it comes: the machine may be slow
-    return ("| what | rotviz s | loss-landscapes s | speed-up | note |\n|---|---|---|---|---|\n"
-            + "\n".join(rows))
+    return ("| what | rotviz s | loss-landscapes on rotviz's module s (speed-up) | "
+            "loss-landscapes on the model as loaded s (speed-up) | note |\n"
+            "|---|---|---|---|---|\n" + "\n".join(rows))
 
 
 def paths_section(ends, split, threads: list[int]) -> str:
@@ -214,8 +224,10 @@ def main(argv: list[str] | None = None) -> int:
     device = resolve_device(args.device)
     a, b, split = default_pair_on_test()
     ends = match_endpoints(a, b, "seed", device)
-    shared = ("the machine was shared with other jobs: compare the columns of a row, "
-              "measured in one process, not the absolute seconds")
+    load = os.getloadavg()[0]
+    shared = (f"1-minute load average {load:.1f} at the start on {os.cpu_count()} cores; "
+              "compare the columns of a row, measured in one process, rather than the "
+              "absolute seconds")
     if args.peer == "yes" or args.only == "paths":
         body = (f"Run as `python bench/landscape.py --only paths` (the CPU; {shared}).\n\n"
                 f"Machine: {machine('cpu')}.\n\nDefault pair ({a.ref}, {b.ref}) matched "
@@ -231,8 +243,9 @@ def main(argv: list[str] | None = None) -> int:
         body = (f"Run as `python bench/landscape.py --only peer` (the CPU; {shared}).\n\n"
                 f"Machine: {machine('cpu')}.\n\n"
                 f"Default pair ({a.ref}, {b.ref}) on the digits test split ({split.n} "
-                f"images); loss-landscapes 3.0.6 run under torch.no_grad on the module rotviz "
-                f"evaluates.\n\n" + peer_section(a, split, ends, [1, 2]))
+                f"images); loss-landscapes 3.0.6 run under torch.no_grad, on the module rotviz "
+                f"evaluates and on the model as transformers loads it.\n\n"
+                + peer_section(a, split, ends, [1, 2]))
         print(body)
         if not args.no_write:
             write_section("landscape-peer", body)
