@@ -227,16 +227,22 @@ def _walk(folder: str, contents: bool, out: dict[str, tuple]) -> None:
             _walk(e.path, contents, out)
 
 
-@pytest.fixture
-def ws(tmp_path, monkeypatch):
-    """A workspace (the current folder) holding a user's files: a.txt, sub/, f.txt, full/."""
-    d = tmp_path / "in"
+def workspace(root: Path) -> Path:
+    """A user's files under `root`/in: a.txt, sub/, f.txt, full/ and link (to sub/)."""
+    d = root / "in"
     (d / "sub").mkdir(parents=True)
     (d / "a.txt").write_text("a user's file")
     (d / "f.txt").write_text("another")
     (d / "full").mkdir()
     (d / "full" / "keep.txt").write_text("keep me")
     (d / "link").symlink_to(d / "sub")
+    return d
+
+
+@pytest.fixture
+def ws(tmp_path, monkeypatch):
+    """A workspace (the current folder) holding a user's files (`workspace`)."""
+    d = workspace(tmp_path)
     monkeypatch.chdir(d)
     return d
 

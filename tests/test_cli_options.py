@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import refused
+from conftest import refused, workspace
 
 from rotviz.cli import build_parser
 from rotviz.measures import measurements
@@ -242,17 +242,11 @@ def test_every_option_has_a_row():
 
 @pytest.fixture(scope="module")
 def ws_full(tmp_path_factory):
-    """conftest's workspace (a.txt, sub/, f.txt, full/, link) and zoofull/, made once for the
-    module and the current folder while its tests run: each refusal checks that it wrote and
-    removed nothing there, so every case meets the same workspace (one that changes it fails
-    itself). A new one for each of the 1,600 cases cost about 4 ms of CPU each."""
-    d = tmp_path_factory.mktemp("ws") / "in"
-    (d / "sub").mkdir(parents=True)
-    (d / "a.txt").write_text("a user's file")
-    (d / "f.txt").write_text("another")
-    (d / "full").mkdir()
-    (d / "full" / "keep.txt").write_text("keep me")
-    (d / "link").symlink_to(d / "sub")
+    """conftest's `workspace` and zoofull/, made once for the module and the current folder
+    while its tests run: each refusal checks that it wrote and removed nothing there, so
+    every case meets the same workspace (one that changes it fails itself). A new one for
+    each of the 1,600 cases cost about 4 ms of CPU each."""
+    d = workspace(tmp_path_factory.mktemp("ws"))
     (d / "zoofull" / "vit-digits-ft-b").mkdir(parents=True)
     (d / "zoofull" / "vit-digits-ft-b" / "keep.txt").write_text("a user's file")
     with pytest.MonkeyPatch.context() as mp:
