@@ -18,7 +18,8 @@ Hessian-vector product through the whole model), the table saying how many steps
 With `--peer yes` (alone: `--only peer`) it also writes the `landscape-peer` section: the
 21 x 21 filter-normalised plane around the anchor, rotviz's against loss-landscapes 3.0.6's
 `random_plane` on the same 397 digits, on the module rotviz evaluates and on the model as
-transformers loads it, side by side in one process at one thread and at two; with
+transformers loads it, side by side in one process at one thread and at two (with
+`--device cuda`, section `landscape-peer-gpu`: both on the GPU, at --threads); with
 `--peer yes` (alone: `--only paths`) also the
 `landscape-batched` section: the 21-point barrier and the layer-wise barriers evaluated as
 before (the points in turn), as rotviz's rule picks now (rotviz.evaluation.points_per_pass),
@@ -70,11 +71,12 @@ def roberta_base_shape(folder: Path, seqs: int = 32, length: int = 128):
     return model, split
 
 
-def peer_plane(module, split, steps: int = 21) -> float:
+def peer_plane(module, split, steps: int = 21, device: str = "cpu") -> float:
     """Seconds loss-landscapes' random_plane takes for a `steps` x `steps` filter-normalised
     plane of `module` (a transformers image classifier) on the whole split as one batch, its
     Loss metric being the mean cross-entropy. Run under torch.no_grad (its metric would
-    otherwise record a graph at every point), on a copy of the module."""
+    otherwise record a graph at every point), on a copy of the module moved to `device`
+    with the split (on a GPU the clock stops after the device has finished)."""
     import copy
 
     import loss_landscapes
@@ -90,21 +92,25 @@ def peer_plane(module, split, steps: int = 21) -> float:
         def forward(self, x):
             return self.inner(pixel_values=x).logits
 
-    model = Logits(copy.deepcopy(module)).eval()
-    metric = Loss(F.cross_entropy, split.inputs.to(torch.float32), split.labels)
+    model = Logits(copy.deepcopy(module)).eval().to(device)
+    metric = Loss(F.cross_entropy, split.inputs.to(device, torch.float32),
+                  split.labels.to(device))
     torch.manual_seed(0)
     t = time.perf_counter()
     with torch.no_grad():
         loss_landscapes.random_plane(model, metric, distance=1, steps=steps,
                                      normalization="filter")
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
     return time.perf_counter() - t
 
 
-def peer_section(a, split, ends, threads: list[int]) -> str:
+def peer_section(a, split, ends, threads: list[int], device: str = "cpu") -> str:
     """The `landscape-peer` section's body (see the module docstring): rotviz's plane, then
     loss-landscapes' on the module rotviz evaluates (the same arithmetic a point: on the CPU
     the unfused twin, rotviz.sources.running.attending_module) and on the model as
-    transformers loads it (its default attention), which is what a user of the peer runs."""
+    transformers loads it (its default attention), which is what a user of the peer runs.
+    On a GPU (`device` cuda) one row, both on the GPU, at the threads given."""
     import torch
     from transformers import AutoModelForImageClassification
 
@@ -113,12 +119,16 @@ def peer_section(a, split, ends, threads: list[int]) -> str:
 
     as_loaded = AutoModelForImageClassification.from_pretrained(str(a.path)).eval()
     rows = []
+    gpu = device.startswith("cuda")
     for n in threads:
         torch.set_num_threads(n)
-        ours, s = _timed(lambda: slice_at(a, split, dims=2, grid=21))
-        same = peer_plane(Evaluator(a, split).module, split)
-        theirs = peer_plane(as_loaded, split)
-        rows.append(f"| 21 x 21 plane, {n} thread{'s' if n > 1 else ''} | {ours:.2f} | "
+        if gpu:  # the first plane pays CUDA's start-up (kernels, allocator) for both
+            slice_at(a, split, dims=2, grid=3, device=device)
+        ours, s = _timed(lambda: slice_at(a, split, dims=2, grid=21, device=device))
+        same = peer_plane(Evaluator(a, split, device=device).module, split, device=device)
+        theirs = peer_plane(as_loaded, split, device=device)
+        where = f"{device}, " if gpu else ""
+        rows.append(f"| 21 x 21 plane, {where}{n} thread{'s' if n > 1 else ''} | {ours:.2f} | "
                     f"{same:.2f} ({same / ours:.2f}x) | {theirs:.2f} ({theirs / ours:.2f}x) | "
                     f"centre loss {s.centre_loss:.4f} |")
         print(rows[-1], flush=True)  # a row as it comes: the machine may be slow
@@ -215,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from rotviz.analysis.loss_grid import slice_at
     from rotviz.devices import resolve_device
+    from rotviz.evaluation import Evaluator, points_per_pass
     from rotviz.match.endpoints import match_endpoints
     from rotviz.measures.bend import bend_on
     from rotviz.measures.hessian import hessian
@@ -238,6 +249,21 @@ def main(argv: list[str] | None = None) -> int:
             write_section("landscape-batched", body)
         torch.set_num_threads(args.threads)
         if args.only == "paths":
+            return 0
+    if (args.peer == "yes" or args.only == "peer") and device.type == "cuda":
+        body = (f"Run as `python bench/landscape.py --only peer --device cuda --threads "
+                f"{args.threads}`: both on the GPU, one process.\n\n"
+                f"Machine: {machine('cuda')}.\n\n"
+                f"Default pair ({a.ref}, {b.ref}) on the digits test split ({split.n} "
+                f"images); loss-landscapes 3.0.6 run under torch.no_grad, on the module rotviz "
+                f"evaluates and on the model as transformers loads it; rotviz evaluates "
+                f"{points_per_pass(Evaluator(a, split, device=device), 441)} points a pass "
+                f"here (rotviz.evaluation.points_per_pass).\n\n"
+                + peer_section(a, split, ends, [args.threads], str(device)))
+        print(body)
+        if not args.no_write:
+            write_section("landscape-peer-gpu", body)
+        if args.only == "peer":
             return 0
     if args.peer == "yes" or args.only == "peer":
         body = (f"Run as `python bench/landscape.py --only peer` (the CPU; {shared}).\n\n"
