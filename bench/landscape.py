@@ -97,7 +97,9 @@ def peer_plane(module, split, steps: int = 21, device: str = "cpu") -> float:
                   split.labels.to(device))
     torch.manual_seed(0)
     t = time.perf_counter()
-    with torch.no_grad():
+    # The peer makes its random directions with torch's factory functions and no device, so
+    # on a GPU they would land on the CPU (a device mismatch): make the GPU the default device.
+    with torch.no_grad(), torch.device(device):
         loss_landscapes.random_plane(model, metric, distance=1, steps=steps,
                                      normalization="filter")
     if str(device).startswith("cuda"):
