@@ -7,7 +7,8 @@ records seconds, the process's peak resident memory (the kernel's high-water mar
 a GPU, its peak GPU memory. Targets: streamed within 1.3x of in-memory time at the
 same size; streamed peak <= 25% of the pair's bytes + 1.5 GB. `--match weight` runs weight
 matching (`--heads --residual`, at most `--rounds` rounds per phase: one pass over the blocks
-each, streamed). Writes the section `stream-<device>-<shape>[-weight]` of bench/RESULTS.md.
+each, streamed; `--rounds 0`: the library's default stopping rule, rotviz.match.alternating).
+Writes the section `stream-<device>-<shape>[-weight]` of bench/RESULTS.md.
 
     python bench/stream.py [--device cpu|cuda] [--shape llama-1b] [--layers 16,4]
                            [--match seed|weight] [--rounds 1]
@@ -96,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
                         "this (default: 90%% of the memory available now)")
     p.add_argument("--match", default="seed", choices=["seed", "weight"])
     p.add_argument("--rounds", type=int, default=1,
-                   help="with --match weight: alternation rounds per phase")
+                   help="with --match weight: alternation rounds per phase (0: the default "
+                        "stopping rule)")
     p.add_argument("--results", type=Path, default=RESULTS)
     args = p.parse_args(argv)
     import torch
@@ -123,7 +125,9 @@ def main(argv: list[str] | None = None) -> int:
             need = IN_MEMORY_FACTOR * 4 * params
             common = ["match", str(a), str(s), "--device", args.device]
             if args.match == "weight":
-                common += ["--heads", "--residual", "--rounds", str(args.rounds)]
+                common += ["--heads", "--residual"]
+                if args.rounds:
+                    common += ["--rounds", str(args.rounds)]
             results = {}
             results["streamed"] = run([*common, "--out", str(Path(tmp) / "o1"),
                                        "--max-memory", "0"], Path(tmp) / "l1.json")
@@ -142,8 +146,10 @@ def main(argv: list[str] | None = None) -> int:
         f"({', '.join(f'{k} {v}' for k, v in SHAPES[args.shape].items() if k != 'layers')}), "
         "bfloat16 safetensors in 4+ shards, "
         + ("seed matching (`rotviz match`, default options), " if args.match == "seed" else
-           f"weight matching (`rotviz match --heads --residual --rounds {args.rounds}`: at most "
-           f"{args.rounds} round(s) per phase, two phases), ")
+           ("weight matching (`rotviz match --heads --residual`: the default stopping rule, "
+            "two phases), " if not args.rounds else
+            f"weight matching (`rotviz match --heads --residual --rounds {args.rounds}`: at "
+            f"most {args.rounds} round(s) per phase, two phases), "))
         + "one fresh process per run. `python bench/stream.py "
         f"{' '.join(argv if argv is not None else sys.argv[1:])}`, device {args.device}. "
         f"Machine: {machine(args.device)}; {os.cpu_count()} cores, "
