@@ -252,31 +252,24 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
         if args.only == "paths":
             return 0
-    if (args.peer == "yes" or args.only == "peer") and device.type == "cuda":
-        body = (f"Run as `python bench/landscape.py --only peer --device cuda --threads "
-                f"{args.threads}`: both on the GPU, one process.\n\n"
-                f"Machine: {machine('cuda')}.\n\n"
-                f"Default pair ({a.ref}, {b.ref}) on the digits test split ({split.n} "
-                f"images); loss-landscapes 3.0.6 run under torch.no_grad, on the module rotviz "
-                f"evaluates and on the model as transformers loads it; rotviz evaluates "
-                f"{points_per_pass(Evaluator(a, split, device=device), 441)} points a pass "
-                f"here (rotviz.evaluation.points_per_pass).\n\n"
-                + peer_section(a, split, ends, [args.threads], str(device)))
-        print(body)
-        if not args.no_write:
-            write_section("landscape-peer-gpu", body)
-        if args.only == "peer":
-            return 0
     if args.peer == "yes" or args.only == "peer":
-        body = (f"Run as `python bench/landscape.py --only peer` (the CPU; {shared}).\n\n"
-                f"Machine: {machine('cpu')}.\n\n"
+        gpu = device.type == "cuda"  # one row, both on the GPU, in a section of its own
+        if gpu:
+            run_as = (f"`python bench/landscape.py --only peer --device cuda --threads "
+                      f"{args.threads}`: both on the GPU, one process")
+            per_pass = points_per_pass(Evaluator(a, split, device=device), 441)
+            batched = (f"; rotviz evaluates {per_pass} points a pass here "
+                       "(rotviz.evaluation.points_per_pass)")
+        else:
+            run_as, batched = f"`python bench/landscape.py --only peer` (the CPU; {shared})", ""
+        body = (f"Run as {run_as}.\n\nMachine: {machine(device.type)}.\n\n"
                 f"Default pair ({a.ref}, {b.ref}) on the digits test split ({split.n} "
                 f"images); loss-landscapes 3.0.6 run under torch.no_grad, on the module rotviz "
-                f"evaluates and on the model as transformers loads it.\n\n"
-                + peer_section(a, split, ends, [1, 2]))
+                f"evaluates and on the model as transformers loads it{batched}.\n\n"
+                + peer_section(a, split, ends, [args.threads] if gpu else [1, 2], str(device)))
         print(body)
         if not args.no_write:
-            write_section("landscape-peer", body)
+            write_section("landscape-peer-gpu" if gpu else "landscape-peer", body)
         torch.set_num_threads(args.threads)
         if args.only == "peer":
             return 0

@@ -110,6 +110,11 @@ def main(argv: list[str] | None = None) -> int:
 
     limit = (args.in_memory_up_to * 1e9 if args.in_memory_up_to is not None
              else 0.9 * (available_memory() or 0))
+    # --rounds 0: no cap, the library's default stopping rule
+    weight_flags = ["--heads", "--residual"] + (["--rounds", str(args.rounds)] if args.rounds
+                                                else [])
+    rule = (f"at most {args.rounds} round(s) per phase" if args.rounds
+            else "the default stopping rule")
     rows = []
     for layers in [int(x) for x in args.layers.split(",")]:
         sizes = {**SHAPES[args.shape], "layers": layers}
@@ -125,9 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             need = IN_MEMORY_FACTOR * 4 * params
             common = ["match", str(a), str(s), "--device", args.device]
             if args.match == "weight":
-                common += ["--heads", "--residual"]
-                if args.rounds:
-                    common += ["--rounds", str(args.rounds)]
+                common += weight_flags
             results = {}
             results["streamed"] = run([*common, "--out", str(Path(tmp) / "o1"),
                                        "--max-memory", "0"], Path(tmp) / "l1.json")
@@ -146,10 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         f"({', '.join(f'{k} {v}' for k, v in SHAPES[args.shape].items() if k != 'layers')}), "
         "bfloat16 safetensors in 4+ shards, "
         + ("seed matching (`rotviz match`, default options), " if args.match == "seed" else
-           ("weight matching (`rotviz match --heads --residual`: the default stopping rule, "
-            "two phases), " if not args.rounds else
-            f"weight matching (`rotviz match --heads --residual --rounds {args.rounds}`: at "
-            f"most {args.rounds} round(s) per phase, two phases), "))
+           f"weight matching (`rotviz match {' '.join(weight_flags)}`: {rule}, two phases), ")
         + "one fresh process per run. `python bench/stream.py "
         f"{' '.join(argv if argv is not None else sys.argv[1:])}`, device {args.device}. "
         f"Machine: {machine(args.device)}; {os.cpu_count()} cores, "
