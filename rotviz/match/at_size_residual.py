@@ -259,12 +259,25 @@ class StreamedState:
         a0 = read_block_view(self.anchor, i).to(device=self.device)
         a, gauge = rs.canonicalise(a0)
         s0 = read_block_view(self.source, i).to(device=self.device)
-        s, _ = rs.canonicalise(s0)
+        return a0, s0, a, self._current(rs.canonicalise(s0)[0], i), gauge
+
+    def canonical(self, i: int) -> tuple[ModelView, ModelView]:
+        """Block i's anchor in canonical form and source in the current state, without
+        holding either as stored: a pass needs only these, and the stored blocks (two
+        float32 copies of a block, about 0.5 GB at d 2048 / FFN 8192) would otherwise stay
+        alive through the source's maps, a streamed run's peak."""
+        a = rs.canonicalise(read_block_view(self.anchor, i).to(device=self.device))[0]
+        return a, self._current(
+            rs.canonicalise(read_block_view(self.source, i).to(device=self.device))[0], i)
+
+    def _current(self, s: ModelView, i: int) -> ModelView:
+        """The canonical source block i in the current state: its composed per-layer maps,
+        then the residual map."""
         if i in self.transforms:
             s = apply_layer(s, 0, self.transforms[i])
         if self.q is not None:
             s = rs.apply_residual(s, self.q.to(s.blocks[0].attn.wq), check=False)
-        return a0, s0, a, s, gauge
+        return s
 
     def _pass(self, options: MatchOptions | None) -> Step:
         """One pass: the per-layer maps of `options` (None: none) on every chosen block, the
@@ -274,7 +287,7 @@ class StreamedState:
 
         def part(i: int) -> Tensor:
             self.tick(f"block {i}")
-            _, _, a, s, _ = self.block(i)
+            a, s = self.canonical(i)
             if options is not None and i in self.chosen:
                 res = match_layers(a, s, replace(options, layers=None))
                 t = maps[i] = res.transforms[0]
