@@ -13,10 +13,14 @@ Trimming between blocks does not reach what the heap keeps *within* a block. gli
 allocation on its own only above a threshold that it raises, after each large free, up to
 32 MB; below it, tensors of 1-32 MB (a d x d float32 map, a head's weights) come from the
 heap, whose freed pieces stay resident until the next trim and interleave with live ones.
-So the first `release()` fixes the threshold at 1 MB: such tensors are then mapped alone and
-freed at once. Weight matching at LLaMA-1B width (2 layers, one round a phase, streamed)
-peaked at 2.42 GB instead of 2.67 GB, for about 24% more page faults (bench/RESULTS.md,
-`stream-cpu-llama-1b-weight`).
+While a streamed match runs, `mapped_alone()` fixes the threshold at 1 MB: such tensors are
+then mapped alone and freed at once. Weight matching at LLaMA-1B width (2 layers, one round
+a phase, streamed) peaked at 2.42 GB instead of 2.67 GB, for about 24% more page faults
+(bench/RESULTS.md, `stream-cpu-llama-1b-weight`). Not for the whole process: every mapping
+is a fresh set of zeroed pages, and a forward pass's few-MB activations then cost ten times
+the page faults. On leaving, the threshold is set to 32 MB, where glibc's own rule would
+have brought it after the run's large frees (glibc keeps a set threshold: it cannot be given
+back to its own rule).
 """
 
 from __future__ import annotations
@@ -24,10 +28,13 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cache
 
 M_MMAP_THRESHOLD = -3  # mallopt's parameter number (glibc's malloc.h)
-MMAP_THRESHOLD = 1 << 20  # bytes: allocations from here up are mapped on their own
+MMAP_THRESHOLD = 1 << 20  # bytes: during a streamed match, allocations from here up are mapped
+MMAP_THRESHOLD_MAX = 32 << 20  # glibc's ceiling for its own rule on 64-bit systems
 
 
 @cache
@@ -41,15 +48,25 @@ def _libc_function(name: str):
         return None
 
 
-@cache
-def _map_large_alone() -> bool:
-    """Fix glibc's mmap threshold at MMAP_THRESHOLD, once per process (see module)."""
+def _mmap_threshold(nbytes: int) -> None:
     mallopt = _libc_function("mallopt")
-    return bool(mallopt is not None and mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+    if mallopt is not None:
+        mallopt(M_MMAP_THRESHOLD, nbytes)
+
+
+@contextmanager
+def mapped_alone() -> Iterator[None]:
+    """Within: allocations of MMAP_THRESHOLD bytes and more are mapped on their own, so that
+    freeing them returns them at once (see module); a decorator too. Where there is no glibc
+    it does nothing. The setting is the process's: two streamed matches in threads share it."""
+    _mmap_threshold(MMAP_THRESHOLD)
+    try:
+        yield
+    finally:
+        _mmap_threshold(MMAP_THRESHOLD_MAX)
 
 
 def release() -> None:
-    _map_large_alone()
     gc.collect(1)
     trim = _libc_function("malloc_trim")
     if trim is not None:

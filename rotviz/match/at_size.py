@@ -56,7 +56,7 @@ from rotviz.match.layers import match_layers
 from rotviz.match.options import MatchOptions
 from rotviz.match.pipeline import refuse_residual
 from rotviz.match.report import HeadReport, MatchReport
-from rotviz.memory import release
+from rotviz.memory import mapped_alone, release
 from rotviz.sources.pairs import check_compatible
 from rotviz.symmetry.actions import LayerTransform
 from rotviz.symmetry.view import ModelView
@@ -92,6 +92,7 @@ def _solve(anchor: Streamed, source: Streamed, i: int, options: MatchOptions,
     return found, res.view.to(device="cpu")
 
 
+@mapped_alone()
 def match_streamed(
     anchor: Streamed,
     source: Streamed,
